@@ -1,0 +1,77 @@
+"""The job store layout: one prefix per job holding objects, snapshots, status, control, lease.
+
+```
+<root>/<job>/objects/<sha256>              content-addressed checkpoint files, shared by snapshots
+<root>/<job>/snapshots/<id>/manifest.json  written last, create-if-absent: the snapshot exists iff it does
+<root>/<job>/pending/<id>.json             a snapshot being written (protects its objects from gc)
+<root>/<job>/locks/gc.json                 held while gc deletes objects
+```
+"""
+
+from __future__ import annotations
+
+import re
+
+from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
+
+_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_SNAPSHOT_ID = re.compile(r"^[a-z]+-\d+-\d{8}T\d{6}Z-[0-9a-f]{6}$")
+
+OBJECTS = "objects/"
+SNAPSHOTS = "snapshots/"
+PENDING = "pending/"
+GC_LOCK = "locks/gc.json"
+
+
+def check_job_name(job: str) -> str:
+    if not _JOB_NAME.match(job):
+        raise ConfigError(
+            f"invalid job name {job!r}: expected 1-128 characters of letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return job
+
+
+def check_snapshot_id(snapshot_id: str) -> str:
+    if not _SNAPSHOT_ID.match(snapshot_id):
+        raise ConfigError(
+            f"invalid snapshot id {snapshot_id!r}: expected KIND-BATCH-YYYYMMDDTHHMMSSZ-XXXXXX "
+            "as printed by `ckpt snapshot list`"
+        )
+    return snapshot_id
+
+
+class JobStore:
+    """The store of one job: a Storage rooted at ``<root>/<job>``."""
+
+    def __init__(self, root: Storage, job: str) -> None:
+        self.job = check_job_name(job)
+        self.root = root
+        self.storage = root.child(job)
+
+    @classmethod
+    def open(cls, url: str, job: str, s3: S3Options | None = None) -> JobStore:
+        return cls(open_storage(url, s3), job)
+
+    @property
+    def url(self) -> str:
+        return self.storage.url
+
+    @staticmethod
+    def object_key(sha256: str) -> str:
+        return OBJECTS + sha256
+
+    @staticmethod
+    def manifest_key(snapshot_id: str) -> str:
+        return f"{SNAPSHOTS}{snapshot_id}/manifest.json"
+
+    @staticmethod
+    def pending_key(snapshot_id: str) -> str:
+        return f"{PENDING}{snapshot_id}.json"
+
+    def snapshot_uri(self, snapshot_id: str) -> str:
+        return self.storage.uri(f"{SNAPSHOTS}{snapshot_id}")
+
+    def __repr__(self) -> str:
+        return f"JobStore({self.url!r})"

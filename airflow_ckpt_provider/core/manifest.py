@@ -1,0 +1,170 @@
+"""The snapshot manifest: the one file that makes a snapshot exist, with a checksum of itself."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from airflow_ckpt_provider.core.errors import ConfigError, SnapshotError
+
+FORMAT_VERSION = 1
+
+
+class Kind(StrEnum):
+    """Flink's split: checkpoints are automatic and short-lived, savepoints are owned by the user."""
+
+    CHECKPOINT = "checkpoint"
+    SAVEPOINT = "savepoint"
+
+
+class Trigger(StrEnum):
+    """Why a snapshot was taken."""
+
+    PERIODIC = "periodic"
+    MANUAL = "manual"
+    STOP = "stop"
+    UPGRADE = "upgrade"
+
+
+def parse_enum(enum: type[Kind] | type[Trigger], value: str) -> Any:
+    try:
+        return enum(value.lower())
+    except ValueError:
+        allowed = ", ".join(m.value for m in enum)
+        raise ConfigError(f"invalid {enum.__name__.lower()} {value!r}: expected one of {allowed}") from None
+
+
+def new_snapshot_id(kind: Kind, batch_id: int, now: datetime) -> str:
+    """Sortable and readable: ``savepoint-42-20261122T074142Z-3f9a1c``."""
+    return f"{kind.value}-{batch_id}-{now.astimezone(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True)
+class ManifestFile:
+    """One checkpoint file: its path relative to the checkpoint root, size and SHA-256."""
+
+    path: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Everything needed to restore and to judge a snapshot without reading its objects."""
+
+    job: str
+    snapshot_id: str
+    kind: Kind
+    trigger: Trigger
+    batch_id: int
+    created_at: str
+    query_id: str
+    checkpoint: str
+    files: tuple[ManifestFile, ...]
+    offsets: list[str | None] = field(default_factory=list)
+    next_offsets: list[str | None] | None = None
+    operators: list[dict[str, Any]] = field(default_factory=list)
+    conf: dict[str, str] = field(default_factory=dict)
+    code_version: str | None = None
+    spark_version: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def created(self) -> datetime:
+        return datetime.fromisoformat(self.created_at)
+
+    @property
+    def resume_batch(self) -> int:
+        """The batch Spark runs first after a restore."""
+        return self.batch_id + 1
+
+    def to_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "format": FORMAT_VERSION,
+            "job": self.job,
+            "snapshot_id": self.snapshot_id,
+            "kind": self.kind.value,
+            "trigger": self.trigger.value,
+            "batch_id": self.batch_id,
+            "created_at": self.created_at,
+            "query_id": self.query_id,
+            "checkpoint": self.checkpoint,
+            "offsets": self.offsets,
+            "next_offsets": self.next_offsets,
+            "operators": self.operators,
+            "conf": self.conf,
+            "code_version": self.code_version,
+            "spark_version": self.spark_version,
+            "labels": self.labels,
+            "total_bytes": self.total_bytes,
+            "files": [[f.path, f.size, f.sha256] for f in self.files],
+        }
+        body["checksum"] = _checksum(body)
+        return body
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True).encode()
+
+    def summary(self) -> dict[str, Any]:
+        """The manifest without its file list, for listings."""
+        d = self.to_dict()
+        d.pop("files")
+        d.pop("checksum")
+        d["file_count"] = len(self.files)
+        return d
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str) -> Manifest:
+        """Parse and check a manifest; SnapshotError says what is wrong with it."""
+        try:
+            d = json.loads(data)
+            if not isinstance(d, dict):
+                raise ValueError("not a JSON object")
+            if d.get("format") != FORMAT_VERSION:
+                raise SnapshotError(
+                    f"manifest {where} has format {d.get('format')!r}, this version reads format "
+                    f"{FORMAT_VERSION}; upgrade airflow-ckpt-provider"
+                )
+            expected = d.pop("checksum", None)
+            if expected != _checksum(d):
+                raise ValueError("its checksum does not match its content")
+            files = tuple(ManifestFile(str(p), int(s), str(h)) for p, s, h in d["files"])
+            return cls(
+                job=d["job"],
+                snapshot_id=d["snapshot_id"],
+                kind=Kind(d["kind"]),
+                trigger=Trigger(d["trigger"]),
+                batch_id=int(d["batch_id"]),
+                created_at=d["created_at"],
+                query_id=d["query_id"],
+                checkpoint=d["checkpoint"],
+                files=files,
+                offsets=d["offsets"],
+                next_offsets=d["next_offsets"],
+                operators=d["operators"],
+                conf=d["conf"],
+                code_version=d["code_version"],
+                spark_version=d["spark_version"],
+                labels=d["labels"],
+            )
+        except SnapshotError:
+            raise
+        except (ValueError, KeyError, TypeError) as err:
+            raise SnapshotError(
+                f"manifest {where} is corrupt ({err}); the snapshot cannot be trusted: restore another "
+                "snapshot, and dispose of this one"
+            ) from err
+
+
+def _checksum(body: dict[str, Any]) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(canonical).hexdigest()

@@ -1,0 +1,102 @@
+"""Progress of long transfers: files and bytes done out of a total, and the rate, logged every few seconds."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class TransferStats:
+    """The outcome of a transfer: what moved, what was skipped as already stored, and how fast."""
+
+    files: int
+    bytes: int
+    skipped_files: int
+    skipped_bytes: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        """Bytes per second actually transferred."""
+        return self.bytes / self.seconds if self.seconds > 0 else 0.0
+
+
+class Progress:
+    """Thread-safe counters for one transfer; reports a line at most every ``every`` seconds."""
+
+    def __init__(
+        self,
+        what: str,
+        total_files: int,
+        total_bytes: int,
+        *,
+        every: float = 2.0,
+        report: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.what = what
+        self.total_files = total_files
+        self.total_bytes = total_bytes
+        self._every = every
+        self._report = report or log.info
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._start = clock()
+        self._last = self._start
+        self.files = self.bytes = self.skipped_files = self.skipped_bytes = 0
+
+    def add_bytes(self, n: int) -> None:
+        """Bytes transferred so far within a file (boto3 callback)."""
+        with self._lock:
+            self.bytes += n
+        self._maybe_report()
+
+    def file_done(self) -> None:
+        with self._lock:
+            self.files += 1
+        self._maybe_report()
+
+    def skipped(self, size: int) -> None:
+        """A file not transferred because it is already stored (incremental snapshots)."""
+        with self._lock:
+            self.skipped_files += 1
+            self.skipped_bytes += size
+        self._maybe_report()
+
+    def _maybe_report(self) -> None:
+        now = self._clock()
+        with self._lock:
+            if now - self._last < self._every:
+                return
+            self._last = now
+        self._report(self.line())
+
+    def line(self) -> str:
+        elapsed = max(self._clock() - self._start, 1e-9)
+        done = self.files + self.skipped_files
+        return (
+            f"{self.what}: {done}/{self.total_files} files, "
+            f"{human_bytes(self.bytes + self.skipped_bytes)}/{human_bytes(self.total_bytes)} "
+            f"({self.skipped_files} files already stored), {human_bytes(self.bytes / elapsed)}/s"
+        )
+
+    def finish(self) -> TransferStats:
+        stats = TransferStats(
+            self.files, self.bytes, self.skipped_files, self.skipped_bytes, self._clock() - self._start
+        )
+        self._report(self.line() + f", done in {stats.seconds:.2f} s")
+        return stats

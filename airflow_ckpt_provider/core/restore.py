@@ -1,0 +1,175 @@
+"""Restore a snapshot into a fresh checkpoint location, from which Spark resumes at batch N+1.
+
+Every file is checked against its SHA-256 before it becomes visible. A local target is assembled in
+a sibling staging directory and renamed into place, so it is either the complete checkpoint or
+untouched; a remote target is written with ``metadata`` last and cleaned up on failure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint, is_spark_checkpoint
+from airflow_ckpt_provider.core.errors import CheckpointError, ConflictError, SnapshotError
+from airflow_ckpt_provider.core.jobstore import OBJECTS, JobStore
+from airflow_ckpt_provider.core.manifest import Kind, Manifest, ManifestFile
+from airflow_ckpt_provider.core.progress import Progress, TransferStats
+from airflow_ckpt_provider.core.snapshots import latest_completed, list_snapshots, load_manifest
+from airflow_ckpt_provider.core.storage import LocalStorage, Storage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    """Where a snapshot was restored and the batch Spark runs first."""
+
+    manifest: Manifest
+    target: str
+    replaced: bool
+    stats: TransferStats
+
+    def to_dict(self) -> dict[str, Any]:
+        m = self.manifest
+        return {
+            "snapshot_id": m.snapshot_id,
+            "job": m.job,
+            "kind": m.kind.value,
+            "batch_id": m.batch_id,
+            "resume_batch": m.resume_batch,
+            "target": self.target,
+            "replaced": self.replaced,
+            "files": len(m.files),
+            "bytes": m.total_bytes,
+            "seconds": round(self.stats.seconds, 3),
+        }
+
+
+def describe_target(target: Storage) -> str | None:
+    """What the target already holds, or None if it is empty."""
+    existing = target.list()
+    if not existing:
+        return None
+    if is_spark_checkpoint(target):
+        ckpt = SparkCheckpoint(target)
+        try:
+            latest = ckpt.latest_completed_batch()
+        except CheckpointError:
+            latest = None
+        return f"a Spark checkpoint ({len(existing)} files, latest completed batch {latest})"
+    return f"{len(existing)} files that are not a Spark checkpoint"
+
+
+def restore_snapshot(
+    store: JobStore,
+    snapshot_id: str,
+    target: Storage,
+    *,
+    replace: bool = False,
+    concurrency: int = 8,
+    report: Callable[[str], None] | None = None,
+) -> RestoreResult:
+    """Materialize a snapshot at ``target``; refuse a non-empty target unless ``replace``."""
+    manifest = load_manifest(store, snapshot_id)
+    what = f"job {store.job} snapshot {snapshot_id} (batch {manifest.batch_id})"
+    held = describe_target(target)
+    if held and not replace:
+        raise ConflictError(
+            f"cannot restore {what} into {target.url}: it already holds {held}. Choose an empty "
+            "location, or pass replace to discard what is there"
+        )
+    _check_objects(store, manifest)
+    _warn_time_travel(store, manifest)
+    progress = Progress(f"restore {what}", len(manifest.files), manifest.total_bytes, report=report)
+    if isinstance(target, LocalStorage):
+        _restore_local(store, manifest, target.root, progress, concurrency)
+    else:
+        _restore_remote(store, manifest, target, progress, replace=bool(held), concurrency=concurrency)
+    stats = progress.finish()
+    log.info("%s: restored into %s; Spark resumes at batch %d", what, target.url, manifest.resume_batch)
+    return RestoreResult(manifest, target.url, bool(held), stats)
+
+
+def _check_objects(store: JobStore, manifest: Manifest) -> None:
+    stored = {o.key: o.size for o in store.storage.list(OBJECTS)}
+    for f in manifest.files:
+        key = store.object_key(f.sha256)
+        if stored.get(key) != f.size:
+            found = "missing" if key not in stored else f"{stored[key]} bytes instead of {f.size}"
+            raise SnapshotError(
+                f"snapshot {manifest.snapshot_id} of job {manifest.job} is incomplete: {f.path} "
+                f"(object {store.storage.uri(key)}) is {found}; nothing was restored. Run `ckpt "
+                "snapshot verify` and restore another snapshot"
+            )
+
+
+def _warn_time_travel(store: JobStore, manifest: Manifest) -> None:
+    newest = latest_completed(list_snapshots(store), (Kind.CHECKPOINT, Kind.SAVEPOINT))
+    if newest is not None and newest.batch_id > manifest.batch_id:
+        log.warning(
+            "job %s: restoring batch %d although snapshot %s holds batch %d: sources replay from the "
+            "restored offsets, and sinks that are not exactly-once will see those records again",
+            store.job, manifest.batch_id, newest.snapshot_id, newest.batch_id,
+        )
+
+
+def _fetch(store: JobStore, f: ManifestFile, dest: Storage, progress: Progress) -> None:
+    """Copy one object to ``dest`` under its checkpoint path, checking size and SHA-256 first."""
+    data = store.storage.read(store.object_key(f.sha256))
+    digest = hashlib.sha256(data).hexdigest()
+    if len(data) != f.size or digest != f.sha256:
+        raise SnapshotError(
+            f"snapshot file {f.path} is corrupt: object {store.object_key(f.sha256)} has {len(data)} "
+            f"bytes and SHA-256 {digest}, expected {f.size} bytes and {f.sha256}; nothing was restored. "
+            "Restore another snapshot"
+        )
+    dest.write(f.path, data)
+    progress.add_bytes(len(data))
+    progress.file_done()
+
+
+def _restore_local(
+    store: JobStore, manifest: Manifest, root: Path, progress: Progress, concurrency: int
+) -> None:
+    staging = root.parent / f".{root.name}.ckpt-restore-{uuid.uuid4().hex[:8]}"
+    try:
+        staged = LocalStorage(staging)
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+            list(pool.map(lambda f: _fetch(store, f, staged, progress), manifest.files))
+        if root.exists():
+            old = root.parent / f".{root.name}.ckpt-replaced-{uuid.uuid4().hex[:8]}"
+            os.replace(root, old)
+            os.replace(staging, root)
+            shutil.rmtree(old)
+        else:
+            root.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staging, root)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _restore_remote(
+    store: JobStore, manifest: Manifest, target: Storage, progress: Progress, *, replace: bool, concurrency: int
+) -> None:
+    if replace:
+        target.delete([o.key for o in target.list()])
+    # `metadata` last: until it exists the location is not a checkpoint Spark would resume from.
+    ordered = sorted(manifest.files, key=lambda f: f.path == "metadata")
+    head, last = ordered[:-1], ordered[-1:]
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+            list(pool.map(lambda f: _fetch(store, f, target, progress), head))
+        for f in last:
+            _fetch(store, f, target, progress)
+    except BaseException:
+        target.delete([f.path for f in manifest.files])
+        raise

@@ -1,0 +1,279 @@
+"""S3 storage via boto3: transient errors retried with tenacity at each call, others translated."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import boto3
+from boto3.exceptions import S3UploadFailedError
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionClosedError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    ReadTimeoutError,
+)
+from botocore.exceptions import ConnectTimeoutError as BotoConnectTimeout
+from tenacity import (
+    before_sleep_log,
+    retry,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+from airflow_ckpt_provider.core.errors import StorageError
+from airflow_ckpt_provider.core.storage import (
+    BytesCallback,
+    ObjectInfo,
+    S3Options,
+    Storage,
+    check_key,
+    join,
+)
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_TRANSIENT_CODES = {
+    "InternalError",
+    "ServiceUnavailable",
+    "SlowDown",
+    "RequestTimeout",
+    "RequestTimeTooSkewed",
+    "ConditionalRequestConflict",  # a concurrent conditional write: retry decides the winner
+    "500",
+    "502",
+    "503",
+    "504",
+}
+_AUTH_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "Forbidden"}
+_MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
+
+
+def _code(err: ClientError) -> str:
+    return str(err.response.get("Error", {}).get("Code", ""))
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    """boto3's upload_file hides the ClientError inside an S3UploadFailedError's context."""
+    if isinstance(exc, S3UploadFailedError) and exc.__context__ is not None:
+        return exc.__context__
+    return exc
+
+
+def _is_transient(exc: BaseException) -> bool:
+    exc = _unwrap(exc)
+    if isinstance(exc, (EndpointConnectionError, ConnectionClosedError, ReadTimeoutError, BotoConnectTimeout)):
+        return True
+    return isinstance(exc, ClientError) and _code(exc) in _TRANSIENT_CODES
+
+
+#: Retry one S3 request on network errors and 5xx: 5 attempts over ~3 s, then the error goes up.
+_retry = retry(
+    retry=retry_if_exception(_is_transient),
+    stop=stop_after_attempt(5),
+    wait=wait_exponential(multiplier=0.2, max=2.0),
+    reraise=True,
+    before_sleep=before_sleep_log(log, logging.WARNING),
+)
+
+_clients: dict[tuple[Any, ...], S3Client] = {}
+_clients_lock = threading.Lock()
+
+
+def make_client(opts: S3Options) -> S3Client:
+    """A shared, thread-safe boto3 client for these options."""
+    key = (opts.endpoint_url, opts.region, opts.access_key_id, opts.secret_access_key,
+           opts.session_token, opts.max_concurrency, opts.connect_timeout, opts.read_timeout)
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            config = Config(
+                connect_timeout=opts.connect_timeout,
+                read_timeout=opts.read_timeout,
+                # tenacity retries at our call sites; keep botocore's own retries short.
+                retries={"max_attempts": 2, "mode": "standard"},
+                max_pool_connections=max(10, opts.max_concurrency * 2),
+            )
+            client = boto3.session.Session().client(
+                "s3",
+                endpoint_url=opts.endpoint_url,
+                region_name=opts.region,
+                aws_access_key_id=opts.access_key_id,
+                aws_secret_access_key=opts.secret_access_key,
+                aws_session_token=opts.session_token,
+                config=config,
+            )
+            _clients[key] = client
+        return client
+
+
+class S3Storage(Storage):
+    """Objects under ``s3://bucket/prefix``."""
+
+    def __init__(self, bucket: str, prefix: str, opts: S3Options) -> None:
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.opts = opts
+        self.url = f"s3://{bucket}/{self.prefix}".rstrip("/")
+        self._transfer = TransferConfig(
+            multipart_threshold=16 * 1024 * 1024,
+            multipart_chunksize=16 * 1024 * 1024,
+            max_concurrency=opts.max_concurrency,
+        )
+
+    @property
+    def client(self) -> S3Client:
+        return make_client(self.opts)
+
+    def _key(self, key: str) -> str:
+        return join(self.prefix, check_key(key))
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        """Run one request with retries and turn botocore errors into StorageError."""
+        try:
+            try:
+                return _retry(fn)()
+            except S3UploadFailedError as wrapped:
+                raise _unwrap(wrapped) from None
+        except ClientError as err:
+            raise self._translate(what, err) from err
+        except NoCredentialsError as err:
+            raise StorageError(
+                f"{what}: no S3 credentials found; set them in the connection, or AWS_ACCESS_KEY_ID/"
+                "AWS_SECRET_ACCESS_KEY in the environment"
+            ) from err
+        except (EndpointConnectionError, BotoConnectTimeout, ConnectionClosedError, ReadTimeoutError) as err:
+            raise StorageError(
+                f"{what}: cannot reach S3 endpoint {self.opts.endpoint_url or 'AWS default'} "
+                f"after 5 attempts ({err}); check the endpoint URL and that the server is up"
+            ) from err
+        except BotoCoreError as err:
+            raise StorageError(f"{what}: S3 request failed: {err}") from err
+
+    def _translate(self, what: str, err: ClientError) -> Exception:
+        code = _code(err)
+        if code in _MISSING_CODES:
+            return FileNotFoundError(what)
+        if code == "NoSuchBucket":
+            return StorageError(
+                f"{what}: bucket {self.bucket!r} does not exist at {self.opts.endpoint_url or 'AWS'}; "
+                "create it or fix the store URL"
+            )
+        if code in _AUTH_CODES:
+            creds = self.opts.redacted()
+            return StorageError(
+                f"{what}: S3 refused the credentials ({code}) for bucket {self.bucket!r} "
+                f"(access key id {creds['access_key_id'] or 'from the environment'}, endpoint "
+                f"{creds['endpoint_url'] or 'AWS'}); check the access key, secret and permissions"
+            )
+        return StorageError(f"{what}: S3 error {code}: {err}")
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        full = join(self.prefix, prefix) if prefix else (self.prefix + "/" if self.prefix else "")
+        if prefix.endswith("/") and not full.endswith("/"):
+            full += "/"
+        strip = len(self.prefix) + 1 if self.prefix else 0
+
+        def pages() -> list[ObjectInfo]:
+            found = []
+            paginator = self.client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
+                for obj in page.get("Contents", []):
+                    key = obj["Key"][strip:]
+                    if key and not key.endswith("/"):
+                        found.append(ObjectInfo(key, int(obj["Size"]), obj["LastModified"].timestamp()))
+            return found
+
+        return sorted(self._call(f"list {self.uri(prefix)}", pages), key=lambda o: o.key)
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        try:
+            head = self._call(
+                f"stat {self.uri(key)}", lambda: self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            )
+        except FileNotFoundError:
+            return None
+        return ObjectInfo(key, int(head["ContentLength"]), head["LastModified"].timestamp())
+
+    def read(self, key: str) -> bytes:
+        def get() -> bytes:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+
+        return self._call(f"read {self.uri(key)}", get)
+
+    def write(self, key: str, data: bytes) -> None:
+        self._call(
+            f"write {self.uri(key)}",
+            lambda: self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data),
+        )
+
+    def create(self, key: str, data: bytes) -> bool:
+        def put() -> bool:
+            try:
+                self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*")
+            except ClientError as err:
+                if _code(err) in ("PreconditionFailed", "412"):
+                    return False
+                raise
+            return True
+
+        return self._call(f"create {self.uri(key)}", put)
+
+    def delete(self, keys: Iterable[str]) -> None:
+        batch = [{"Key": self._key(k)} for k in keys]
+        for i in range(0, len(batch), 1000):
+            chunk = batch[i : i + 1000]
+            result = self._call(
+                f"delete {len(chunk)} objects under {self.url}",
+                lambda c=chunk: self.client.delete_objects(  # type: ignore[misc]
+                    Bucket=self.bucket, Delete={"Objects": c, "Quiet": True}
+                ),
+            )
+            errors = [e for e in result.get("Errors", []) if e.get("Code") not in _MISSING_CODES]
+            if errors:
+                first = errors[0]
+                raise StorageError(
+                    f"delete under {self.url}: {len(errors)} objects were not deleted, first "
+                    f"{first.get('Key')}: {first.get('Code')} {first.get('Message')}"
+                )
+
+    def upload(self, path: Path, key: str, callback: BytesCallback | None = None) -> None:
+        size = path.stat().st_size
+        if size < self._transfer.multipart_threshold:
+            # One PUT: for the many small files of a checkpoint this avoids the transfer manager's
+            # extra threads and requests.
+            self.write(key, path.read_bytes())
+            if callback:
+                callback(size)
+            return
+        self._call(
+            f"upload {path} to {self.uri(key)}",
+            lambda: self.client.upload_file(
+                str(path), self.bucket, self._key(key), Config=self._transfer, Callback=callback
+            ),
+        )
+
+    def download(self, key: str, path: Path, callback: BytesCallback | None = None) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._call(
+            f"download {self.uri(key)}",
+            lambda: self.client.download_file(
+                self.bucket, self._key(key), str(path), Config=self._transfer, Callback=callback
+            ),
+        )
+
+    def child(self, prefix: str) -> S3Storage:
+        return S3Storage(self.bucket, join(self.prefix, check_key(prefix)), self.opts)

@@ -1,0 +1,380 @@
+"""Create, list, show, verify and dispose snapshots of a Spark checkpoint in a job store.
+
+Creation is incremental (content-addressed objects shared by all snapshots of a job) and atomic:
+the manifest is written last with a conditional create, so a crash at any step leaves no visible
+snapshot, only unreferenced objects that gc removes later.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from airflow_ckpt_provider.core.checkpoint import BatchView, CheckpointFile, SparkCheckpoint
+from airflow_ckpt_provider.core.errors import ConflictError, SnapshotError, StorageError
+from airflow_ckpt_provider.core.jobstore import (
+    GC_LOCK,
+    OBJECTS,
+    PENDING,
+    SNAPSHOTS,
+    JobStore,
+    check_snapshot_id,
+)
+from airflow_ckpt_provider.core.manifest import Kind, Manifest, ManifestFile, Trigger, new_snapshot_id
+from airflow_ckpt_provider.core.progress import Progress, TransferStats
+from airflow_ckpt_provider.core.retention import Disposal, RetentionPolicy, plan_retention
+from airflow_ckpt_provider.core.storage import Storage
+
+log = logging.getLogger(__name__)
+
+#: Files above this size are hashed and uploaded as files (multipart) instead of through memory.
+_STREAM_THRESHOLD = 16 * 1024 * 1024
+#: A lock or pending marker older than this belongs to a crashed process and is ignored.
+STALE_AFTER_S = 6 * 3600.0
+
+#: Test hook: called with the name of each creation step ("pending", "upload", "uploaded", "manifest").
+StepHook = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class SnapshotResult:
+    """What a new snapshot is and what creating it cost."""
+
+    manifest: Manifest
+    uri: str
+    stats: TransferStats
+
+    def to_dict(self) -> dict[str, Any]:
+        m = self.manifest
+        return {
+            "snapshot_id": m.snapshot_id,
+            "uri": self.uri,
+            "job": m.job,
+            "kind": m.kind.value,
+            "trigger": m.trigger.value,
+            "batch_id": m.batch_id,
+            "files": len(m.files),
+            "bytes": m.total_bytes,
+            "uploaded_files": self.stats.files,
+            "uploaded_bytes": self.stats.bytes,
+            "reused_files": self.stats.skipped_files,
+            "seconds": round(self.stats.seconds, 3),
+        }
+
+
+def _sha256_file(path: os.PathLike[str]) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _store_one(
+    src: Storage, store: JobStore, f: CheckpointFile, known: set[str], progress: Progress
+) -> ManifestFile:
+    """Hash one checkpoint file and upload it unless the job store already has its content."""
+    local = src.local_path(f.path)
+    try:
+        if local is not None and f.size > _STREAM_THRESHOLD:
+            digest = _sha256_file(local)
+            data = None
+        else:
+            data = src.read(f.path)
+            digest = hashlib.sha256(data).hexdigest()
+    except FileNotFoundError as err:
+        raise SnapshotError(
+            f"checkpoint file {src.uri(f.path)} disappeared while the snapshot was taken (Spark "
+            "cleans up old state files and logs); take the snapshot again"
+        ) from err
+    size = f.size if data is None else len(data)
+    if size != f.size:
+        raise SnapshotError(
+            f"checkpoint file {src.uri(f.path)} changed size while the snapshot was taken "
+            f"(listed {f.size} bytes, read {size}); Spark files are immutable once written, so "
+            "something else writes into this checkpoint; take the snapshot again"
+        )
+    if digest in known:
+        progress.skipped(size)
+    else:
+        key = store.object_key(digest)
+        if data is None:
+            assert local is not None
+            store.storage.upload(local, key, callback=progress.add_bytes)
+        else:
+            store.storage.write(key, data)
+            progress.add_bytes(size)
+        progress.file_done()
+    return ManifestFile(f.path, size, digest)
+
+
+def create_snapshot(
+    store: JobStore,
+    checkpoint: Storage,
+    *,
+    kind: Kind = Kind.SAVEPOINT,
+    trigger: Trigger = Trigger.MANUAL,
+    batch_id: int | None = None,
+    code_version: str | None = None,
+    spark_version: str | None = None,
+    labels: dict[str, str] | None = None,
+    concurrency: int = 8,
+    report: Callable[[str], None] | None = None,
+    on_step: StepHook | None = None,
+) -> SnapshotResult:
+    """Snapshot the checkpoint at batch ``batch_id`` (default: the latest completed batch).
+
+    Safe while the query keeps running: the files of a completed batch are immutable.
+    """
+    step = on_step or (lambda _name: None)
+    view = SparkCheckpoint(checkpoint).view(batch_id)
+    now = _now()
+    snapshot_id = new_snapshot_id(kind, view.batch_id, now)
+    what = f"job {store.job} snapshot {snapshot_id} (batch {view.batch_id})"
+    log.info("%s: creating %s from %s, %d files", what, kind.value, checkpoint.url, len(view.files))
+
+    _begin_write(store, snapshot_id, now)
+    try:
+        manifest, stats = _write_snapshot(
+            store, checkpoint, view, snapshot_id=snapshot_id, kind=kind, trigger=trigger, now=now, step=step,
+            concurrency=concurrency, report=report, meta=(code_version, spark_version), labels=labels or {},
+        )
+    finally:
+        # On success the manifest exists; on failure nothing references the uploaded objects (gc
+        # removes them). Either way the marker has served. After kill -9 it stays until stale.
+        store.storage.delete([store.pending_key(snapshot_id)])
+    uri = store.snapshot_uri(snapshot_id)
+    log.info(
+        "%s: completed %s at %s: %d files, %d bytes, %d uploaded (%d bytes), %d reused, %.2f s",
+        what, kind.value, uri, len(manifest.files), manifest.total_bytes, stats.files, stats.bytes,
+        stats.skipped_files, stats.seconds,
+    )
+    return SnapshotResult(manifest, uri, stats)
+
+
+def _write_snapshot(
+    store: JobStore,
+    checkpoint: Storage,
+    view: BatchView,
+    *,
+    snapshot_id: str,
+    kind: Kind,
+    trigger: Trigger,
+    now: datetime,
+    step: StepHook,
+    concurrency: int,
+    report: Callable[[str], None] | None,
+    meta: tuple[str | None, str | None],
+    labels: dict[str, str],
+) -> tuple[Manifest, TransferStats]:
+    """Upload the objects the job store lacks, then create the manifest: the commit point."""
+    what = f"job {store.job} snapshot {snapshot_id} (batch {view.batch_id})"
+    step("pending")
+    known = {o.key[len(OBJECTS) :] for o in store.storage.list(OBJECTS)}
+    progress = Progress(what, len(view.files), sum(f.size for f in view.files), report=report)
+    step("upload")
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        files = list(pool.map(lambda f: _store_one(checkpoint, store, f, known, progress), view.files))
+    stats = progress.finish()
+    step("uploaded")
+    manifest = Manifest(
+        job=store.job,
+        snapshot_id=snapshot_id,
+        kind=kind,
+        trigger=trigger,
+        batch_id=view.batch_id,
+        created_at=now.isoformat(timespec="milliseconds"),
+        query_id=view.query_id,
+        checkpoint=checkpoint.url,
+        files=tuple(files),
+        offsets=list(view.offsets),
+        next_offsets=list(view.next_offsets) if view.next_offsets is not None else None,
+        operators=[op.to_json() for op in view.operators],
+        conf=dict(view.conf),
+        code_version=meta[0],
+        spark_version=meta[1],
+        labels=labels,
+    )
+    step("manifest")
+    if not store.storage.create(store.manifest_key(snapshot_id), manifest.to_bytes()):
+        raise ConflictError(f"{what}: a manifest with this id already exists; take the snapshot again")
+    step("committed")
+    return manifest, stats
+
+
+def _is_fresh(store: JobStore, key: str, now: float) -> bool:
+    info = store.storage.stat(key)
+    return info is not None and now - info.mtime < STALE_AFTER_S
+
+
+def _begin_write(store: JobStore, snapshot_id: str, now: datetime, wait_s: float = 120.0) -> None:
+    """Announce a snapshot being written, then wait while gc holds its lock.
+
+    Writer and gc each write their own marker and then look for the other's (the Dekker pattern on
+    a strongly consistent store): gc backs off when it sees a writer, so at least one always
+    sees the other and gc never deletes an object a new snapshot reuses.
+    """
+    marker = json.dumps({"snapshot_id": snapshot_id, "started_at": now.isoformat()}).encode()
+    store.storage.write(store.pending_key(snapshot_id), marker)
+    deadline = time.monotonic() + wait_s
+    while _is_fresh(store, GC_LOCK, time.time()):
+        if time.monotonic() > deadline:
+            store.storage.delete([store.pending_key(snapshot_id)])
+            raise ConflictError(
+                f"job {store.job}: garbage collection has held {store.storage.uri(GC_LOCK)} for more "
+                f"than {wait_s:.0f} s; retry later, or delete that lock if no gc is running"
+            )
+        time.sleep(0.2)
+
+
+def list_snapshots(store: JobStore, kind: Kind | None = None) -> list[Manifest]:
+    """Completed snapshots, oldest first; a corrupt manifest is skipped with a warning."""
+    keys = [o.key for o in store.storage.list(SNAPSHOTS) if o.key.endswith("/manifest.json")]
+
+    def load(key: str) -> Manifest | None:
+        try:
+            return Manifest.from_bytes(store.storage.read(key), store.storage.uri(key))
+        except FileNotFoundError:  # disposed while we listed
+            return None
+        except SnapshotError as err:
+            log.warning("job %s: skipping snapshot: %s", store.job, err)
+            return None
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        found = [m for m in pool.map(load, keys) if m is not None]
+    return sorted(
+        (m for m in found if kind is None or m.kind == kind), key=lambda m: (m.created_at, m.batch_id)
+    )
+
+
+def latest_completed(manifests: Iterable[Manifest], kinds: Iterable[Kind] = tuple(Kind)) -> Manifest | None:
+    """THE definition of "latest completed": the most recently created completed snapshot of these kinds.
+
+    By creation time, not batch id: after restoring an older savepoint (time travel), new snapshots
+    carry lower batch ids than the abandoned timeline's, and they are the ones to resume from.
+    """
+    wanted = set(kinds)
+    candidates = [m for m in manifests if m.kind in wanted]
+    return max(candidates, key=lambda m: (m.created_at, m.batch_id), default=None)
+
+
+def load_manifest(store: JobStore, snapshot_id: str) -> Manifest:
+    """The manifest of one snapshot of this job; SnapshotError if it is missing, corrupt or foreign."""
+    check_snapshot_id(snapshot_id)
+    key = store.manifest_key(snapshot_id)
+    try:
+        data = store.storage.read(key)
+    except FileNotFoundError:
+        raise SnapshotError(
+            f"snapshot {snapshot_id} not found in job store {store.url}; `ckpt snapshot list` shows "
+            "the snapshots of this job"
+        ) from None
+    manifest = Manifest.from_bytes(data, store.storage.uri(key))
+    if manifest.job != store.job or manifest.snapshot_id != snapshot_id:
+        raise SnapshotError(
+            f"snapshot at {store.storage.uri(key)} belongs to job {manifest.job!r} (id "
+            f"{manifest.snapshot_id}), not to job {store.job!r}; it was copied from another job's store: "
+            f"restore it with --job {manifest.job}"
+        )
+    return manifest
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """Outcome of verifying a snapshot: problems found (empty when the snapshot is intact)."""
+
+    snapshot_id: str
+    files: int
+    bytes_checked: int
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def verify_snapshot(store: JobStore, snapshot_id: str, *, deep: bool = True, concurrency: int = 8) -> VerifyReport:
+    """Check that every object exists with the right size and, if ``deep``, the right SHA-256."""
+    manifest = load_manifest(store, snapshot_id)
+    stored = {o.key: o.size for o in store.storage.list(OBJECTS)}
+
+    def check(f: ManifestFile) -> tuple[str | None, int]:
+        key = store.object_key(f.sha256)
+        if key not in stored:
+            return f"{f.path}: object {key} is missing", 0
+        if stored[key] != f.size:
+            return f"{f.path}: object {key} has {stored[key]} bytes, expected {f.size}", 0
+        if deep:
+            digest = hashlib.sha256(store.storage.read(key)).hexdigest()
+            if digest != f.sha256:
+                return f"{f.path}: object {key} content has SHA-256 {digest}, expected {f.sha256}", f.size
+        return None, f.size if deep else 0
+
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        results = list(pool.map(check, manifest.files))
+    problems = tuple(p for p, _ in results if p)
+    checked = sum(n for _, n in results)
+    level = logging.INFO if not problems else logging.ERROR
+    log.log(level, "job %s snapshot %s: verified %d files, %d problems", store.job, snapshot_id,
+            len(manifest.files), len(problems))
+    return VerifyReport(snapshot_id, len(manifest.files), checked, problems)
+
+
+def dispose_snapshot(store: JobStore, snapshot_id: str, *, force: bool = False) -> Manifest:
+    """Delete a snapshot's manifest (its objects go with the next gc).
+
+    The newest completed savepoint is kept unless ``force``: it is the last safe restore point.
+    """
+    manifest = load_manifest(store, snapshot_id)
+    if manifest.kind == Kind.SAVEPOINT and not force:
+        newest = latest_completed(list_snapshots(store, Kind.SAVEPOINT))
+        if newest is not None and newest.snapshot_id == snapshot_id:
+            raise ConflictError(
+                f"snapshot {snapshot_id} is the newest completed savepoint of job {store.job}; it is "
+                "kept as the last safe restore point. Take a newer savepoint first, or pass force"
+            )
+    store.storage.delete([store.manifest_key(snapshot_id)])
+    log.info("job %s snapshot %s: disposed (%s, batch %d)", store.job, snapshot_id, manifest.kind.value,
+             manifest.batch_id)
+    return manifest
+
+
+def pending_markers(store: JobStore) -> list[tuple[str, float]]:
+    """Snapshots announced but not completed: (snapshot id, mtime)."""
+    return [
+        (o.key[len(PENDING) : -len(".json")], o.mtime)
+        for o in store.storage.list(PENDING)
+        if o.key.endswith(".json")
+    ]
+
+
+def apply_retention(
+    store: JobStore, policy: RetentionPolicy, *, now: datetime | None = None, dry_run: bool = False
+) -> list[Disposal]:
+    """Dispose of what the policy selects; a failed disposal is logged and retried next time."""
+    plan = plan_retention(list_snapshots(store), policy, now or _now())
+    done = []
+    for d in plan:
+        if dry_run:
+            done.append(d)
+            continue
+        try:
+            store.storage.delete([store.manifest_key(d.snapshot_id)])
+        except StorageError as err:
+            log.warning("job %s snapshot %s: disposal failed, will retry: %s", store.job, d.snapshot_id, err)
+            continue
+        log.info("job %s snapshot %s: disposed by retention (%s)", store.job, d.snapshot_id, d.reason)
+        done.append(d)
+    return done

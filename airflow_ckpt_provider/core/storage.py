@@ -1,0 +1,268 @@
+"""One small storage interface for job stores and checkpoints: a local directory or an S3 prefix.
+
+Keys are relative POSIX paths ("snapshots/x/manifest.json"), never starting with "/" and never
+containing empty or "." segments (SeaweedFS maps keys to file paths and rejects those).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from airflow_ckpt_provider.core.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+#: Called with the number of bytes just transferred (boto3's callback convention).
+BytesCallback = Callable[[int], None]
+
+_TMP_MARK = ".ckpt-tmp-"
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One stored object: its key relative to the storage root, size in bytes, modification time."""
+
+    key: str
+    size: int
+    mtime: float
+
+
+def check_key(key: str) -> str:
+    """Return ``key`` if it is a valid relative key, else raise ConfigError saying why."""
+    parts = key.split("/")
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ConfigError(
+            f"invalid storage key {key!r}: expected a relative path without empty, '.' or '..' "
+            "segments (S3 servers such as SeaweedFS reject them)"
+        )
+    if any(len(p.encode()) > 255 for p in parts):
+        raise ConfigError(f"invalid storage key {key!r}: a path segment is longer than 255 bytes")
+    return key
+
+
+def join(*parts: str) -> str:
+    """Join key fragments with '/', ignoring empty fragments and stray slashes."""
+    return "/".join(p.strip("/") for p in parts if p.strip("/"))
+
+
+class Storage(ABC):
+    """A flat key space under a root: list, read, write, create-if-absent, delete, transfer files."""
+
+    url: str
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """All objects whose key starts with ``prefix`` (recursive), sorted by key."""
+
+    @abstractmethod
+    def stat(self, key: str) -> ObjectInfo | None:
+        """The object's info, or None if it does not exist."""
+
+    @abstractmethod
+    def read(self, key: str) -> bytes:
+        """The object's bytes; raises FileNotFoundError if it does not exist."""
+
+    @abstractmethod
+    def write(self, key: str, data: bytes) -> None:
+        """Create or replace the object atomically (readers see the old or the new bytes)."""
+
+    @abstractmethod
+    def create(self, key: str, data: bytes) -> bool:
+        """Create the object only if absent, atomically; True if created, False if it existed."""
+
+    @abstractmethod
+    def delete(self, keys: Iterable[str]) -> None:
+        """Delete objects; missing keys are ignored."""
+
+    @abstractmethod
+    def upload(self, path: Path, key: str, callback: BytesCallback | None = None) -> None:
+        """Store a local file under ``key`` (multipart and parallel for large files on S3)."""
+
+    @abstractmethod
+    def download(self, key: str, path: Path, callback: BytesCallback | None = None) -> None:
+        """Copy the object to a local file (created with its parent directories)."""
+
+    @abstractmethod
+    def child(self, prefix: str) -> Storage:
+        """A storage rooted at ``prefix`` below this one."""
+
+    def local_path(self, key: str) -> Path | None:
+        """The object's path on the local file system, when the storage is local."""
+        return None
+
+    def exists(self, key: str) -> bool:
+        return self.stat(key) is not None
+
+    def uri(self, key: str = "") -> str:
+        """A URL naming ``key`` in this storage, for messages and results."""
+        return self.url.rstrip("/") + ("/" + key if key else "")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+
+class LocalStorage(Storage):
+    """A directory on the local file system; writes go through a temp file and a rename or link."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).absolute()
+        self.url = self.root.as_uri()
+
+    def _path(self, key: str) -> Path:
+        return self.root / check_key(key)
+
+    def local_path(self, key: str) -> Path | None:
+        return self._path(key)
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        # Walk only the deepest directory the prefix names, then filter by the rest of the prefix.
+        base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        top = self.root / base if base else self.root
+        if not top.is_dir():
+            return []
+        found = []
+        for dirpath, _dirs, files in os.walk(top):
+            for name in files:
+                if _TMP_MARK in name:
+                    continue
+                full = Path(dirpath, name)
+                key = full.relative_to(self.root).as_posix()
+                if not key.startswith(prefix):
+                    continue
+                try:
+                    st = full.stat()
+                except FileNotFoundError:  # deleted while we walked
+                    continue
+                found.append(ObjectInfo(key, st.st_size, st.st_mtime))
+        return sorted(found, key=lambda o: o.key)
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        try:
+            st = self._path(key).stat()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return ObjectInfo(key, st.st_size, st.st_mtime) if not _is_dir(st.st_mode) else None
+
+    def read(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except IsADirectoryError:
+            raise FileNotFoundError(self.uri(key)) from None
+
+    def _temp_for(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path.with_name(f".{path.name}{_TMP_MARK}{uuid.uuid4().hex[:8]}")
+
+    def write(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        tmp = self._temp_for(path)
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+
+    def create(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        tmp = self._temp_for(path)
+        tmp.write_bytes(data)
+        try:
+            os.link(tmp, path)  # atomic create-if-absent with the full content already in place
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink()
+
+    def delete(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            path = self._path(key)
+            path.unlink(missing_ok=True)
+            _prune_empty_dirs(path.parent, self.root)
+
+    def upload(self, path: Path, key: str, callback: BytesCallback | None = None) -> None:
+        dest = self._path(key)
+        tmp = self._temp_for(dest)
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, dest)
+        if callback:
+            callback(dest.stat().st_size)
+
+    def download(self, key: str, path: Path, callback: BytesCallback | None = None) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(self._path(key), path)
+        if callback:
+            callback(path.stat().st_size)
+
+    def child(self, prefix: str) -> LocalStorage:
+        return LocalStorage(self.root / check_key(prefix))
+
+
+def _is_dir(mode: int) -> bool:
+    import stat
+
+    return stat.S_ISDIR(mode)
+
+
+def _prune_empty_dirs(directory: Path, root: Path) -> None:
+    while directory != root and root in directory.parents:
+        try:
+            directory.rmdir()
+        except OSError:
+            return
+        directory = directory.parent
+
+
+@dataclass(frozen=True)
+class S3Options:
+    """Where and how to reach S3; unset fields fall back to boto3's usual chain (env, profile)."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    max_concurrency: int = 8
+    connect_timeout: float = 5.0
+    read_timeout: float = 60.0
+
+    def redacted(self) -> dict[str, Any]:
+        """For logs and messages: the key id shortened, secrets never shown."""
+        key = self.access_key_id
+        return {
+            "endpoint_url": self.endpoint_url,
+            "region": self.region,
+            "access_key_id": f"{key[:4]}…" if key else None,
+        }
+
+
+def open_storage(url: str | os.PathLike[str], s3: S3Options | None = None) -> Storage:
+    """Storage for ``s3://bucket/prefix``, ``file:///path`` or a plain local path."""
+    text = os.fspath(url)
+    parsed = urlparse(text)
+    if parsed.scheme in ("s3", "s3a"):
+        if not parsed.netloc:
+            raise ConfigError(f"invalid S3 URL {text!r}: expected s3://BUCKET/PREFIX")
+        from airflow_ckpt_provider.core.s3 import S3Storage
+
+        return S3Storage(parsed.netloc, parsed.path.strip("/"), s3 or S3Options())
+    if parsed.scheme == "file":
+        return LocalStorage(parsed.path)
+    if parsed.scheme == "" or (len(parsed.scheme) == 1 and os.name == "nt"):
+        return LocalStorage(text)
+    raise ConfigError(
+        f"unsupported storage URL {text!r}: expected s3://BUCKET/PREFIX, s3a://..., file:///PATH "
+        "or a local path"
+    )
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A fresh private temporary directory (the caller removes it)."""
+    return Path(tempfile.mkdtemp(prefix=prefix))

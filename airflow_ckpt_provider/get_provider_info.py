@@ -1,0 +1,62 @@
+"""Provider metadata read by Airflow's ProvidersManager (entry point ``apache_airflow_provider``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_ckpt_provider import __version__
+
+
+def get_provider_info() -> dict[str, Any]:
+    return {
+        "package-name": "airflow-ckpt-provider",
+        "name": "Checkpoints for Spark Structured Streaming",
+        "description": "Flink-style snapshots, savepoints, restarts and upgrades for PySpark "
+        "Structured Streaming jobs.",
+        "versions": [__version__],
+        "integrations": [
+            {
+                "integration-name": "Spark Structured Streaming checkpoints",
+                "external-doc-url": "https://spark.apache.org/docs/latest/streaming/",
+                "tags": ["software"],
+            }
+        ],
+        "hooks": [
+            {
+                "integration-name": "Spark Structured Streaming checkpoints",
+                "python-modules": ["airflow_ckpt_provider.hooks.job_store"],
+            }
+        ],
+        "connection-types": [
+            {
+                "hook-class-name": "airflow_ckpt_provider.hooks.job_store.JobStoreHook",
+                "hook-name": "Checkpoint job store (S3 or local)",
+                "connection-type": "ckpt_store",
+                "conn-fields": {
+                    "store_url": {
+                        "label": "Store URL",
+                        "description": "Root of the job stores: s3://BUCKET/PREFIX or a local directory.",
+                        "schema": {"type": ["string", "null"], "pattern": "^(s3a?://[^/]+.*|file://.+|/.+)$"},
+                    },
+                    "region_name": {"label": "S3 region", "schema": {"type": ["string", "null"]}},
+                    "aws_conn_id": {
+                        "label": "AWS connection id",
+                        "description": "Reuse the credentials, endpoint and region of this AWS connection.",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                },
+                "ui-field-behaviour": {
+                    "hidden-fields": ["schema", "port"],
+                    "relabeling": {
+                        "host": "S3 endpoint URL",
+                        "login": "Access key id",
+                        "password": "Secret access key",
+                    },
+                    "placeholders": {
+                        "host": "empty for AWS, e.g. http://127.0.0.1:8333 for SeaweedFS or MinIO",
+                        "store_url": "s3://my-bucket/streaming-jobs",
+                    },
+                },
+            }
+        ],
+    }

@@ -1,0 +1,48 @@
+"""Shared fixtures: a SeaweedFS S3 server for the session, a fresh bucket per test, both storage backends."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from airflow_ckpt_provider.core.storage import LocalStorage, S3Options, Storage, open_storage
+from airflow_ckpt_provider.embedded import EmbeddedS3
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS3]:
+    with EmbeddedS3(workdir=tmp_path_factory.mktemp("seaweedfs")) as server:
+        yield server
+
+
+@pytest.fixture
+def s3_options(s3_server: EmbeddedS3) -> S3Options:
+    return S3Options(
+        endpoint_url=s3_server.endpoint_url,
+        region=s3_server.region,
+        access_key_id=s3_server.access_key,
+        secret_access_key=s3_server.secret_key,
+    )
+
+
+@pytest.fixture
+def bucket(s3_server: EmbeddedS3) -> str:
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    s3_server.create_bucket(name)
+    return name
+
+
+@pytest.fixture
+def s3_root(bucket: str, s3_options: S3Options) -> Storage:
+    return open_storage(f"s3://{bucket}/jobs", s3_options)
+
+
+@pytest.fixture(params=["local", "s3"])
+def store_root(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
+    """A job store root on each backend (the S3 one starts the session's SeaweedFS)."""
+    if request.param == "local":
+        return LocalStorage(tmp_path / "store")
+    return request.getfixturevalue("s3_root")  # type: ignore[no-any-return]

@@ -1,0 +1,247 @@
+"""The snapshot engine on both backends (local directory and SeaweedFS S3) with synthetic checkpoints."""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
+from airflow_ckpt_provider.core.errors import CheckpointError, ConflictError, SnapshotError
+from airflow_ckpt_provider.core.gc import collect_garbage
+from airflow_ckpt_provider.core.jobstore import GC_LOCK, OBJECTS, JobStore
+from airflow_ckpt_provider.core.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.restore import restore_snapshot
+from airflow_ckpt_provider.core.retention import RetentionPolicy
+from airflow_ckpt_provider.core.snapshots import (
+    apply_retention,
+    create_snapshot,
+    dispose_snapshot,
+    latest_completed,
+    list_snapshots,
+    load_manifest,
+    verify_snapshot,
+)
+from airflow_ckpt_provider.core.storage import LocalStorage, Storage
+from tests.ckptfactory import make_checkpoint, write_batch
+
+pytestmark = pytest.mark.integration
+
+
+def distinct_contents(ckpt: Path) -> int:
+    """How many objects a snapshot of this checkpoint stores (identical files share one)."""
+    view = SparkCheckpoint(LocalStorage(ckpt)).view()
+    return len({hashlib.sha256((ckpt / f.path).read_bytes()).digest() for f in view.files})
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def store(store_root: Storage) -> JobStore:
+    return JobStore(store_root, "orders")
+
+
+def test_create_list_verify_restore_round_trip(store: JobStore, tmp_path: Path) -> None:
+    ckpt = make_checkpoint(tmp_path / "ckpt", 3)
+    lines: list[str] = []
+    result = create_snapshot(store, LocalStorage(ckpt), kind=Kind.SAVEPOINT, trigger=Trigger.MANUAL,
+                             code_version="v1", report=lines.append)
+    m = result.manifest
+    assert (m.batch_id, m.resume_batch, m.kind, m.trigger, m.code_version) == (2, 3, Kind.SAVEPOINT,
+                                                                               Trigger.MANUAL, "v1")
+    assert result.stats.files == len(m.files) and result.stats.skipped_files == 0
+    assert lines and "files" in lines[-1] and "/s" in lines[-1]  # progress: files, bytes, rate
+    assert [s.snapshot_id for s in list_snapshots(store)] == [m.snapshot_id]
+    assert load_manifest(store, m.snapshot_id) == m
+    assert verify_snapshot(store, m.snapshot_id).ok
+    assert store.storage.list("pending/") == []
+
+    target = tmp_path / "restored"
+    restored = restore_snapshot(store, m.snapshot_id, LocalStorage(target))
+    assert restored.to_dict()["resume_batch"] == 3
+    original = tree(ckpt)
+    assert tree(target) == {f.path: original[f.path] for f in m.files}
+
+
+def test_second_snapshot_uploads_only_new_files(store: JobStore, tmp_path: Path) -> None:
+    ckpt = make_checkpoint(tmp_path / "ckpt", 4, payload=1000)
+    first = create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT, trigger=Trigger.PERIODIC)
+    for b in (4, 5):
+        write_batch(ckpt, b, payload=1000)
+    second = create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT, trigger=Trigger.PERIODIC)
+    old = {f.sha256 for f in first.manifest.files}
+    new_files = [f for f in second.manifest.files if f.sha256 not in old]
+    assert second.manifest.batch_id == 5
+    assert second.stats.files == len(new_files) > 0
+    assert second.stats.bytes == sum(f.size for f in new_files)
+    assert second.stats.skipped_files == len(second.manifest.files) - len(new_files)
+    assert len(store.storage.list(OBJECTS)) == len(old | {f.sha256 for f in second.manifest.files})
+
+
+@pytest.mark.parametrize("step", ["pending", "upload", "uploaded", "manifest"])
+def test_crash_at_each_step_leaves_no_visible_snapshot(store: JobStore, tmp_path: Path, step: str) -> None:
+    ckpt = make_checkpoint(tmp_path / "ckpt", 3)
+
+    def crash(name: str) -> None:
+        if name == step:
+            raise RuntimeError(f"injected crash at {name}")
+
+    with pytest.raises(RuntimeError, match="injected crash"):
+        create_snapshot(store, LocalStorage(ckpt), on_step=crash)
+    assert list_snapshots(store) == []
+    assert store.storage.list("snapshots/") == []
+    ok = create_snapshot(store, LocalStorage(ckpt))
+    assert [m.snapshot_id for m in list_snapshots(store)] == [ok.manifest.snapshot_id]
+    assert verify_snapshot(store, ok.manifest.snapshot_id).ok
+
+
+def _create_and_die(store_root: Storage, ckpt: str, step: str) -> None:
+    def die(name: str) -> None:
+        if name == step:
+            os._exit(137)  # like kill -9: no finally, no cleanup
+
+    create_snapshot(JobStore(store_root, "orders"), LocalStorage(ckpt), on_step=die)
+
+
+@pytest.mark.parametrize("step", ["upload", "uploaded"])
+def test_killed_process_leaves_no_snapshot_and_gc_cleans_after_marker_is_stale(
+    store: JobStore, tmp_path: Path, step: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ckpt = make_checkpoint(tmp_path / "ckpt", 3)
+    proc = multiprocessing.get_context("fork").Process(target=_create_and_die, args=(store.root, str(ckpt), step))
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 137
+    assert list_snapshots(store) == []
+    # The dead writer's pending marker protects its objects until it is stale.
+    assert len(store.storage.list("pending/")) == 1
+    assert collect_garbage(store, min_age_s=0).deferred is not None
+    monkeypatch.setattr("airflow_ckpt_provider.core.gc.STALE_AFTER_S", 0.0)
+    result = collect_garbage(store, min_age_s=0)
+    assert result.deferred is None
+    assert store.storage.list(OBJECTS) == [] and store.storage.list("pending/") == []
+    assert result.deleted_objects == (0 if step == "upload" else distinct_contents(ckpt))
+
+
+def test_bad_inputs_change_nothing(store: JobStore, tmp_path: Path) -> None:
+    not_ckpt = tmp_path / "random"
+    not_ckpt.mkdir()
+    (not_ckpt / "notes.txt").write_text("hello")
+    with pytest.raises(CheckpointError):
+        create_snapshot(store, LocalStorage(not_ckpt))
+    with pytest.raises(CheckpointError):
+        create_snapshot(store, LocalStorage(tmp_path / "missing"))
+    assert store.storage.list() == []
+
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
+    m = create_snapshot(store, LocalStorage(ckpt)).manifest
+    # a target that holds a checkpoint is refused, and kept intact
+    other = make_checkpoint(tmp_path / "other", 5)
+    before = tree(other)
+    with pytest.raises(ConflictError, match="already holds a Spark checkpoint"):
+        restore_snapshot(store, m.snapshot_id, LocalStorage(other))
+    assert tree(other) == before
+    restore_snapshot(store, m.snapshot_id, LocalStorage(other), replace=True)
+    assert set(tree(other)) == {f.path for f in m.files}
+
+    # a snapshot of another job, copied into this job's store
+    thief = JobStore(store.root, "billing")
+    thief.storage.write(thief.manifest_key(m.snapshot_id), store.storage.read(store.manifest_key(m.snapshot_id)))
+    with pytest.raises(SnapshotError, match="belongs to job 'orders'"):
+        restore_snapshot(thief, m.snapshot_id, LocalStorage(tmp_path / "t1"))
+    with pytest.raises(SnapshotError, match="not found in job store"):
+        load_manifest(JobStore(store.root, "nobody"), m.snapshot_id)
+    assert not (tmp_path / "t1").exists()
+
+
+def test_corrupt_object_and_manifest_are_detected(store: JobStore, tmp_path: Path) -> None:
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
+    m = create_snapshot(store, LocalStorage(ckpt)).manifest
+    victim = m.files[-1]
+    key = store.object_key(victim.sha256)
+    store.storage.write(key, b"X" * victim.size)  # same size, wrong content
+    report = verify_snapshot(store, m.snapshot_id)
+    assert not report.ok and victim.path in report.problems[0] and "SHA-256" in report.problems[0]
+    assert verify_snapshot(store, m.snapshot_id, deep=False).ok  # sizes alone cannot see it
+    with pytest.raises(SnapshotError, match=f"snapshot file {victim.path} is corrupt"):
+        restore_snapshot(store, m.snapshot_id, LocalStorage(tmp_path / "t"))
+    assert not (tmp_path / "t").exists()
+    assert not [p for p in tmp_path.iterdir() if "ckpt-restore" in p.name]  # staging cleaned up
+
+    store.storage.delete([key])
+    with pytest.raises(SnapshotError, match="is incomplete"):
+        restore_snapshot(store, m.snapshot_id, LocalStorage(tmp_path / "t"))
+
+    manifest_key = store.manifest_key(m.snapshot_id)
+    store.storage.write(manifest_key, store.storage.read(manifest_key).replace(b'"batch_id": 1', b'"batch_id": 0'))
+    with pytest.raises(SnapshotError, match="is corrupt"):
+        load_manifest(store, m.snapshot_id)
+    assert list_snapshots(store) == []  # skipped with a warning, never trusted
+
+
+def test_retention_dispose_and_gc_keep_what_is_referenced(store: JobStore, tmp_path: Path) -> None:
+    ckpt = make_checkpoint(tmp_path / "ckpt", 1)
+    made = []
+    for b in range(1, 6):
+        write_batch(ckpt, b)
+        kind = Kind.SAVEPOINT if b in (1, 2) else Kind.CHECKPOINT
+        made.append(create_snapshot(store, LocalStorage(ckpt), kind=kind).manifest)
+        time.sleep(0.002)  # distinct creation timestamps (millisecond resolution)
+    sp1, sp2, cp3, cp4, cp5 = made
+    with pytest.raises(ConflictError, match="newest completed savepoint"):
+        dispose_snapshot(store, sp2.snapshot_id)
+    done = apply_retention(store, RetentionPolicy(checkpoints_keep=1, savepoints_max_count=1))
+    assert {d.snapshot_id for d in done} == {sp1.snapshot_id, cp3.snapshot_id, cp4.snapshot_id}
+    left = list_snapshots(store)
+    assert [m.snapshot_id for m in left] == [sp2.snapshot_id, cp5.snapshot_id]
+    assert latest_completed(left) == cp5
+
+    result = collect_garbage(store, min_age_s=0)
+    referenced = {store.object_key(f.sha256) for m in left for f in m.files}
+    disposed = {store.object_key(f.sha256) for m in (sp1, cp3, cp4) for f in m.files}
+    assert {o.key for o in store.storage.list(OBJECTS)} == referenced
+    assert result.deleted_objects == len(disposed - referenced) > 0
+    for m in left:
+        assert verify_snapshot(store, m.snapshot_id).ok
+    # min_age keeps young unreferenced objects (a snapshot may be about to reference them)
+    store.storage.write(store.object_key("f" * 64), b"young")
+    assert collect_garbage(store, min_age_s=3600).deleted_objects == 0
+
+
+def test_gc_and_a_concurrent_snapshot_never_lose_an_object(store: JobStore, tmp_path: Path) -> None:
+    ckpt = make_checkpoint(tmp_path / "ckpt", 3)
+    first = create_snapshot(store, LocalStorage(ckpt)).manifest
+    # gc holds its lock: a new snapshot waits for it instead of reusing objects gc may delete
+    assert store.storage.create(GC_LOCK, b"{}")
+    done: list[str] = []
+    t = threading.Thread(target=lambda: done.append(create_snapshot(store, LocalStorage(ckpt)).manifest.snapshot_id))
+    t.start()
+    deadline = time.monotonic() + 10
+    while not store.storage.list("pending/") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert store.storage.list("pending/") and not done  # announced, waiting
+    assert "another gc holds" in str(collect_garbage(store, min_age_s=0).deferred)
+    store.storage.delete([GC_LOCK])
+    t.join(30)
+    assert len(done) == 1
+    dispose_snapshot(store, first.snapshot_id, force=True)
+    collect_garbage(store, min_age_s=0)
+    assert verify_snapshot(store, done[0]).ok
+
+
+def test_gc_defers_while_a_snapshot_is_being_written(store: JobStore, tmp_path: Path) -> None:
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
+    m = create_snapshot(store, LocalStorage(ckpt)).manifest
+    dispose_snapshot(store, m.snapshot_id, force=True)
+    store.storage.write(store.pending_key("savepoint-9-20261122T000000Z-abcdef"), b"{}")
+    result = collect_garbage(store, min_age_s=0)
+    assert result.deferred == "snapshot savepoint-9-20261122T000000Z-abcdef is being written"
+    assert len(store.storage.list(OBJECTS)) == distinct_contents(ckpt)  # nothing deleted
+    assert not store.storage.exists(GC_LOCK)  # released

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.storage import LocalStorage, join, open_storage
+
+
+def test_create_is_exclusive_and_atomic(tmp_path: Path) -> None:
+    s = LocalStorage(tmp_path)
+    assert s.create("a/b.json", b"one") is True
+    assert s.create("a/b.json", b"two") is False
+    assert s.read("a/b.json") == b"one"
+    # no temp files are left behind or listed
+    assert [p.name for p in (tmp_path / "a").iterdir()] == ["b.json"]
+
+
+def test_list_is_recursive_sorted_and_prefix_filtered(tmp_path: Path) -> None:
+    s = LocalStorage(tmp_path)
+    for key in ["x/2", "x/1", "x/y/3", "xa/4", "z"]:
+        s.write(key, key.encode())
+    assert [o.key for o in s.list("x/")] == ["x/1", "x/2", "x/y/3"]
+    assert [o.key for o in s.list("x")] == ["x/1", "x/2", "x/y/3", "xa/4"]
+    assert [o.size for o in s.list("z")] == [1]
+    assert s.list("nothing/") == []
+
+
+def test_delete_prunes_empty_dirs_and_ignores_missing(tmp_path: Path) -> None:
+    s = LocalStorage(tmp_path / "root")
+    s.write("a/b/c", b"1")
+    s.delete(["a/b/c", "missing"])
+    assert s.list() == []
+    assert not (tmp_path / "root" / "a").exists()
+    assert (tmp_path / "root").exists()
+
+
+def test_read_missing_raises_file_not_found(tmp_path: Path) -> None:
+    s = LocalStorage(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        s.read("nope")
+    assert s.stat("nope") is None
+
+
+@pytest.mark.parametrize("key", ["", "/abs", "a//b", "./a", "a/./b", "a/../b", "x" * 256])
+def test_invalid_keys_are_refused_with_reason(tmp_path: Path, key: str) -> None:
+    with pytest.raises(ConfigError, match="invalid storage key"):
+        LocalStorage(tmp_path).write(key, b"")
+
+
+def test_child_and_upload_download(tmp_path: Path) -> None:
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"x" * 1000)
+    s = LocalStorage(tmp_path / "root").child("job")
+    seen: list[int] = []
+    s.upload(src, "objects/abc", callback=seen.append)
+    assert seen == [1000]
+    s.download("objects/abc", tmp_path / "out" / "copy.bin")
+    assert (tmp_path / "out" / "copy.bin").read_bytes() == b"x" * 1000
+    assert s.url.endswith("/root/job")
+
+
+def test_open_storage_urls(tmp_path: Path) -> None:
+    assert isinstance(open_storage(tmp_path), LocalStorage)
+    assert isinstance(open_storage(f"file://{tmp_path}"), LocalStorage)
+    with pytest.raises(ConfigError, match="unsupported storage URL"):
+        open_storage("hdfs://nn/path")
+    with pytest.raises(ConfigError, match="expected s3://BUCKET/PREFIX"):
+        open_storage("s3:///nobucket")
+    assert join("a/", "", "/b/", "c") == "a/b/c"
