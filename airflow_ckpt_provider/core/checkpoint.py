@@ -16,6 +16,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlparse
 
 from airflow_ckpt_provider.core.errors import CheckpointError
 from airflow_ckpt_provider.core.storage import Storage
@@ -254,7 +255,7 @@ def relocate(path: str, data: bytes, root_uri: str) -> bytes:
     for store in meta.get("stateStoreInfo", []):
         paths = store.get("stateSchemaFilePaths") or []
         store["stateSchemaFilePaths"] = [_relocated_schema_path(p, root) for p in paths]
-    return (head + "\n" + json.dumps(meta, separators=(",", ":"))).encode("utf-8")
+    return (head + "\n" + json.dumps(meta, separators=(",", ":"), ensure_ascii=False)).encode("utf-8")
 
 
 def _relocated_schema_path(path: str, root: str) -> str:
@@ -296,10 +297,12 @@ class _Plan:
 
     sizes: dict[str, int]
     read: Callable[[str], bytes]
+    uri: Callable[[str], str]
     verify: bool
     chosen: set[str] = field(default_factory=set)
     problems: list[str] = field(default_factory=list)  # a restore from the view would fail
     warnings: list[str] = field(default_factory=list)  # the live checkpoint has broken files
+    batch: int | None = None
 
     def add(self, problem: str) -> None:
         """Record a problem once."""
@@ -350,7 +353,7 @@ class SparkCheckpoint:
         """
         view, plan = self._build(batch_id, write_ahead=write_ahead, verify=verify)
         if view is None or plan.problems:
-            raise CheckpointError(_problem_message(self.storage.url, plan.problems))
+            raise CheckpointError(_problem_message(self.storage.url, plan))
         return view
 
     def validate(self, batch_id: int | None = None, *, write_ahead: bool = True) -> list[str]:
@@ -371,7 +374,7 @@ class SparkCheckpoint:
         # Commits are listed first, then everything: all a batch needs is written before its
         # commit file, so the second listing holds it even if the walk itself is not atomic.
         commits = sorted(_numbered(self._sizes("commits/"), "commits"))
-        plan = _Plan(self._sizes(), self.storage.read, verify)
+        plan = _Plan(self._sizes(), self.storage.read, self.storage.uri, verify)
         if "metadata" not in plan.sizes:
             plan.problems.append(_not_a_checkpoint(plan.sizes))
             return None, plan
@@ -379,6 +382,7 @@ class SparkCheckpoint:
         if isinstance(batch, str):
             plan.problems.append(batch)
             return None, plan
+        plan.batch = batch
         return _build_view(plan, batch, write_ahead=write_ahead), plan
 
 
@@ -391,11 +395,12 @@ def is_spark_checkpoint(storage: Storage) -> bool:
     return isinstance(meta, dict) and isinstance(meta.get("id"), str)
 
 
-def _problem_message(url: str, problems: list[str]) -> str:
-    shown = problems[:_MAX_PROBLEMS_SHOWN]
-    more = len(problems) - len(shown)
-    text = "; ".join(shown) + (f"; and {more} more" if more > 0 else "")
-    return f"checkpoint {url} cannot be restored: {text}"
+def _problem_message(url: str, plan: _Plan) -> str:
+    shown = plan.problems[:_MAX_PROBLEMS_SHOWN]
+    more = len(plan.problems) - len(shown)
+    text = "; ".join(shown) + (f"; and {more} more problems" if more > 0 else "")
+    at = f" at batch {plan.batch}" if plan.batch is not None else ""
+    return f"no restorable view of checkpoint {url}{at}: {text}"
 
 
 def _not_a_checkpoint(sizes: dict[str, int]) -> str:
@@ -604,11 +609,10 @@ def _operator(plan: _Plan, op: int, batch: int, conf: dict[str, str]) -> StateOp
     if provider is None:
         return None
     plan.chosen.update(k for k in keys if k.endswith("/_metadata/schema"))
-    version = batch + 1
-    changelog = False
     for partition in range(partitions):
         for store in stores:
-            changelog |= _store_files(plan, _store_dir(op, partition, store), provider, version, conf)
+            _store_files(plan, _store_dir(op, partition, store), provider, batch + 1, conf)
+    changelog = provider == ROCKSDB and any(k.endswith(".changelog") for k in keys)
     return StateOperator(op, info.name, partitions, tuple(stores), provider, changelog)
 
 
@@ -652,15 +656,32 @@ def _read_operator_metadata(plan: _Plan, key: str, *, with_schemas: bool) -> _Op
 
 def _schema_files(plan: _Plan, key: str, infos: list[dict[str, Any]]) -> None:
     # OperatorStateMetadataV2 names its schema files by ABSOLUTE path; map them back to keys.
-    # Spark skips schema files that do not exist (StateSchemaCompatibilityChecker.readSchemaFiles),
-    # so a missing one is not fatal for a restore, but validate() reports it.
+    # Spark 4.3 reads every one when it plans the next batch (StateSchemaMetadata.
+    # createStateSchemaMetadata) and fails if one is missing, so they are required files.
     for info in infos:
         for path in info.get("stateSchemaFilePaths") or []:
             schema = schema_key(str(path))
-            if schema is not None and schema in plan.sizes:
-                plan.chosen.add(schema)
-            elif plan.verify:
-                plan.problems.append(f"{key} names state schema file {path}, which is not in the checkpoint")
+            if schema is None or schema not in plan.sizes:
+                plan.add(
+                    f"{key} names state schema file {path}, which is not in the checkpoint "
+                    f"(expected {schema or 'a path under state/<op>/_stateSchema/'}); Spark cannot "
+                    "plan the query without it"
+                )
+                continue
+            plan.chosen.add(schema)
+            if not _same_location(str(path), plan.uri(schema)):
+                plan.warnings.append(
+                    f"{key} names state schema file {path} in another location than this checkpoint "
+                    f"({plan.uri(schema)}): it was copied without relocate(), and Spark reads the other "
+                    "location (and fails when it is gone)"
+                )
+
+
+def _same_location(a: str, b: str) -> bool:
+    """Do two URIs name the same object? s3, s3a and s3n are one; file:/x and file:///x are one."""
+    pa, pb = urlparse(a), urlparse(b)
+    schemes = {pa.scheme.replace("s3a", "s3").replace("s3n", "s3"), pb.scheme.replace("s3a", "s3").replace("s3n", "s3")}
+    return len(schemes) == 1 and pa.netloc == pb.netloc and pa.path.lstrip("/") == pb.path.lstrip("/")
 
 
 def _stores_from_listing(keys: list[str], op: int) -> tuple[str, ...]:
@@ -697,8 +718,8 @@ def _provider(plan: _Plan, op: int, conf: dict[str, str], keys: list[str]) -> st
     return provider
 
 
-def _store_files(plan: _Plan, store: str, provider: str, version: int, conf: dict[str, str]) -> bool:
-    """Choose the files that load ``version`` of one store; True if RocksDB changelogs are used."""
+def _store_files(plan: _Plan, store: str, provider: str, version: int, conf: dict[str, str]) -> None:
+    """Choose the files that load ``version`` of one store."""
     files: dict[str, dict[int, str]] = {"delta": {}, "snapshot": {}, "zip": {}, "changelog": {}}
     for key in plan.sizes:
         if key.startswith(store + "/") and "/" not in key[len(store) + 1 :]:
@@ -708,8 +729,8 @@ def _store_files(plan: _Plan, store: str, provider: str, version: int, conf: dic
     codec = conf.get(_CODEC_CONF, "lz4")
     if provider == HDFS:
         _hdfs_files(plan, store, files, version, codec)
-        return False
-    return _rocksdb_files(plan, store, files, version, codec)
+    else:
+        _rocksdb_files(plan, store, files, version, codec)
 
 
 def _hdfs_files(plan: _Plan, store: str, files: dict[str, dict[int, str]], version: int, codec: str) -> None:
@@ -759,13 +780,15 @@ def _stream_problem(plan: _Plan, key: str, codec: str) -> str | None:
     return lz4_stream_problem(data) if data is not None else "deleted while being read"
 
 
-def _rocksdb_files(plan: _Plan, store: str, files: dict[str, dict[int, str]], version: int, codec: str) -> bool:
+def _rocksdb_files(plan: _Plan, store: str, files: dict[str, dict[int, str]], version: int, codec: str) -> None:
     # RocksDB.load: the newest <s>.zip with s <= version (version.zip itself when it exists),
     # its SST/log files, then <c>.changelog for s < c <= version (changelog checkpointing).
     zips, changelogs = files["zip"], files["changelog"]
     rejected: list[str] = []
+    missing: list[int] = []
     for snap in [*sorted((s for s in zips if s <= version), reverse=True), 0]:
-        if any(c not in changelogs for c in range(snap + 1, version + 1)):
+        missing = [c for c in range(snap + 1, version + 1) if c not in changelogs]
+        if missing:
             break  # older zips need even more changelogs
         if snap:
             immutable = _zip_files(plan, store, zips[snap], rejected)
@@ -775,14 +798,23 @@ def _rocksdb_files(plan: _Plan, store: str, files: dict[str, dict[int, str]], ve
             plan.chosen.update(immutable)
         plan.warnings.extend(f"{r}; an older snapshot is used instead" for r in rejected)
         _choose_stream_files(plan, [], changelogs, start=snap, version=version, codec=codec)
-        return snap < version
-    plan.problems.append(
-        f"{store}/{version}.zip is missing and no older <v>.zip is followed by every .changelog up "
-        f"to {version}.changelog: RocksDB state version {version} cannot be loaded"
-        + (f" ({'; '.join(rejected)})" if rejected else "")
-        + "; the files were purged or never copied, restore another batch"
-    )
-    return False
+        return
+    plan.problems.append(_rocksdb_problem(store, version, rejected, missing, files))
+
+
+def _rocksdb_problem(
+    store: str, version: int, rejected: list[str], missing: list[int], files: dict[str, dict[int, str]]
+) -> str:
+    found = ", ".join(f"{v}.{kind}" for kind in ("zip", "changelog") for v in sorted(files[kind]) if v <= version)
+    need = f"the newest older <v>.zip followed by every .changelog up to {version}.changelog"
+    if rejected:
+        head = f"{'; '.join(rejected)}, and no {need} replaces it ({store}/{missing[0]}.changelog is missing)"
+    else:
+        head = (
+            f"{store}/{version}.zip and {store}/{missing[0]}.changelog are missing: RocksDB state "
+            f"version {version} needs {version}.zip, or {need}"
+        )
+    return f"{head} (found: {found or 'none'}); the files were purged or never copied, restore another batch"
 
 
 def _zip_files(plan: _Plan, store: str, key: str, rejected: list[str]) -> list[str] | None:

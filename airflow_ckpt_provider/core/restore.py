@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint, is_spark_checkpoint
+from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint, is_spark_checkpoint, relocate
 from airflow_ckpt_provider.core.errors import CheckpointError, ConflictError, SnapshotError
 from airflow_ckpt_provider.core.jobstore import OBJECTS, JobStore
 from airflow_ckpt_provider.core.manifest import Kind, Manifest, ManifestFile
@@ -122,8 +122,12 @@ def _warn_time_travel(store: JobStore, manifest: Manifest) -> None:
         )
 
 
-def _fetch(store: JobStore, f: ManifestFile, dest: Storage, progress: Progress) -> None:
-    """Copy one object to ``dest`` under its checkpoint path, checking size and SHA-256 first."""
+def _fetch(store: JobStore, f: ManifestFile, dest: Storage, location: str, progress: Progress) -> None:
+    """Copy one object to ``dest`` under its checkpoint path, checking size and SHA-256 first.
+
+    ``location`` is the checkpoint's final URI: the few files that hold absolute paths are
+    rewritten to point there (see checkpoint.relocate).
+    """
     data = store.storage.read(store.object_key(f.sha256))
     digest = hashlib.sha256(data).hexdigest()
     if len(data) != f.size or digest != f.sha256:
@@ -132,7 +136,7 @@ def _fetch(store: JobStore, f: ManifestFile, dest: Storage, progress: Progress) 
             f"bytes and SHA-256 {digest}, expected {f.size} bytes and {f.sha256}; nothing was restored. "
             "Restore another snapshot"
         )
-    dest.write(f.path, data)
+    dest.write(f.path, relocate(f.path, data, location))
     progress.add_bytes(len(data))
     progress.file_done()
 
@@ -144,7 +148,7 @@ def _restore_local(
     try:
         staged = LocalStorage(staging)
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-            list(pool.map(lambda f: _fetch(store, f, staged, progress), manifest.files))
+            list(pool.map(lambda f: _fetch(store, f, staged, root.as_uri(), progress), manifest.files))
         if root.exists():
             old = root.parent / f".{root.name}.ckpt-replaced-{uuid.uuid4().hex[:8]}"
             os.replace(root, old)
@@ -167,9 +171,9 @@ def _restore_remote(
     head, last = ordered[:-1], ordered[-1:]
     try:
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-            list(pool.map(lambda f: _fetch(store, f, target, progress), head))
+            list(pool.map(lambda f: _fetch(store, f, target, target.url, progress), head))
         for f in last:
-            _fetch(store, f, target, progress)
+            _fetch(store, f, target, target.url, progress)
     except BaseException:
         target.delete([f.path for f in manifest.files])
         raise

@@ -123,11 +123,12 @@ def make_client(opts: S3Options) -> S3Client:
 class S3Storage(Storage):
     """Objects under ``s3://bucket/prefix``."""
 
-    def __init__(self, bucket: str, prefix: str, opts: S3Options) -> None:
+    def __init__(self, bucket: str, prefix: str, opts: S3Options, scheme: str = "s3") -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.opts = opts
-        self.url = f"s3://{bucket}/{self.prefix}".rstrip("/")
+        self.scheme = scheme  # "s3a" when named as Spark's Hadoop connector names it: kept in URLs
+        self.url = f"{scheme}://{bucket}/{self.prefix}".rstrip("/")
         self._transfer = TransferConfig(
             multipart_threshold=16 * 1024 * 1024,
             multipart_chunksize=16 * 1024 * 1024,
@@ -276,4 +277,4 @@ class S3Storage(Storage):
         )
 
     def child(self, prefix: str) -> S3Storage:
-        return S3Storage(self.bucket, join(self.prefix, check_key(prefix)), self.opts)
+        return S3Storage(self.bucket, join(self.prefix, check_key(prefix)), self.opts, self.scheme)

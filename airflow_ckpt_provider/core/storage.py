@@ -252,7 +252,7 @@ def open_storage(url: str | os.PathLike[str], s3: S3Options | None = None) -> St
             raise ConfigError(f"invalid S3 URL {text!r}: expected s3://BUCKET/PREFIX")
         from airflow_ckpt_provider.core.s3 import S3Storage
 
-        return S3Storage(parsed.netloc, parsed.path.strip("/"), s3 or S3Options())
+        return S3Storage(parsed.netloc, parsed.path.strip("/"), s3 or S3Options(), parsed.scheme)
     if parsed.scheme == "file":
         return LocalStorage(parsed.path)
     if parsed.scheme == "" or (len(parsed.scheme) == 1 and os.name == "nt"):

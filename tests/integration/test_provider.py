@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from airflow_ckpt_provider.embedded import EmbeddedS3
 
 pytestmark = pytest.mark.integration
 
@@ -43,3 +46,25 @@ def test_core_imports_without_airflow() -> None:
             "bad = [m for m in sys.modules if m == 'airflow' or m.startswith('airflow.')]\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_job_store_hook_test_connection(s3_server: EmbeddedS3, bucket: str, monkeypatch: pytest.MonkeyPatch,
+                                        tmp_path: Path) -> None:
+    from airflow_ckpt_provider.hooks.job_store import JobStoreHook
+
+    def conn(secret: str) -> str:
+        extra = {"store_url": f"s3://{bucket}/jobs", "region_name": "us-east-1"}
+        return json.dumps({"conn_type": "ckpt_store", "host": s3_server.endpoint_url,
+                           "login": s3_server.access_key, "password": secret, "extra": extra})
+
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    monkeypatch.setenv("AIRFLOW_CONN_GOOD_STORE", conn(s3_server.secret_key))
+    monkeypatch.setenv("AIRFLOW_CONN_BAD_STORE", conn("wrong-secret-value"))
+    ok, message = JobStoreHook("good_store").test_connection()
+    assert ok, message
+    ok, message = JobStoreHook("bad_store").test_connection()
+    assert not ok
+    assert "refused the credentials" in message
+    assert "wrong-secret-value" not in message
+    store = JobStoreHook("good_store").job_store("orders")
+    assert store.url == f"s3://{bucket}/jobs/orders"

@@ -1,0 +1,145 @@
+"""Snapshots of real Spark checkpoints through SeaweedFS: restore after losing the checkpoint gives exact results."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
+from airflow_ckpt_provider.core.jobstore import JobStore
+from airflow_ckpt_provider.core.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.restore import restore_snapshot
+from airflow_ckpt_provider.core.snapshots import SnapshotResult, create_snapshot, verify_snapshot
+from airflow_ckpt_provider.core.storage import LocalStorage, Storage
+from tests import sparkjobs
+from tests.sparkjobs import PROVIDERS, SCHEMA, WORKLOADS, run_to_completion, write_input
+
+pytestmark = pytest.mark.integration
+
+CASES = [(w, p) for w in WORKLOADS for p in WORKLOADS[w].providers]
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    session = sparkjobs.spark_session("ckpt-snapshot-tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def store(s3_root: Storage) -> JobStore:
+    return JobStore(s3_root, "stateful")
+
+
+@pytest.mark.parametrize(("workload", "provider"), CASES)
+def test_snapshot_delete_restore_continue_is_exact(
+    spark: Any, store: JobStore, tmp_path: Path, workload: str, provider: str
+) -> None:
+    wl = WORKLOADS[workload]
+    inputs, output = tmp_path / "in", tmp_path / "out"
+    ckpt = tmp_path / "ckpt"
+    for i in range(3):
+        write_input(inputs, i)
+    run_to_completion(spark, wl, input_dir=inputs, checkpoint_dir=ckpt, output_dir=output, provider=provider)
+
+    snap = create_snapshot(store, LocalStorage(ckpt), kind=Kind.SAVEPOINT, trigger=Trigger.MANUAL)
+    assert snap.manifest.batch_id == 2
+    assert {op["provider"] for op in snap.manifest.operators} == {provider.split("-")[0]}
+    shutil.rmtree(ckpt)
+
+    # restore somewhere else, as on another machine
+    moved = tmp_path / "elsewhere" / "ckpt"
+    restored = restore_snapshot(store, snap.manifest.snapshot_id, LocalStorage(moved))
+    assert restored.manifest.resume_batch == 3
+    assert SparkCheckpoint(LocalStorage(moved)).validate() == []
+    for i in range(3, 5):
+        write_input(inputs, i)
+    run_to_completion(spark, wl, input_dir=inputs, checkpoint_dir=moved, output_dir=output, provider=provider)
+    assert SparkCheckpoint(LocalStorage(moved)).latest_completed_batch() == 4
+    assert wl.read_result(output) == wl.expected(5)
+
+
+def test_incremental_snapshot_uploads_only_new_files(spark: Any, store: JobStore, tmp_path: Path) -> None:
+    wl, provider = WORKLOADS["aggregation"], "rocksdb"
+    inputs, output, ckpt = tmp_path / "in", tmp_path / "out", tmp_path / "ckpt"
+    for i in range(3):
+        write_input(inputs, i)
+    run_to_completion(spark, wl, input_dir=inputs, checkpoint_dir=ckpt, output_dir=output, provider=provider)
+    first = create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT, trigger=Trigger.PERIODIC)
+    for i in range(3, 5):
+        write_input(inputs, i)
+    run_to_completion(spark, wl, input_dir=inputs, checkpoint_dir=ckpt, output_dir=output, provider=provider)
+    second = create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT, trigger=Trigger.PERIODIC)
+
+    stored_before = {f.sha256 for f in first.manifest.files}
+    new = {f.sha256: f.size for f in second.manifest.files if f.sha256 not in stored_before}
+    assert second.manifest.batch_id == 4
+    assert 0 < second.stats.files == len(new) < len(second.manifest.files)
+    assert second.stats.bytes == sum(new.values())
+    assert second.stats.skipped_files == len(second.manifest.files) - second.stats.files
+
+
+def _stream_while_snapshotting(spark: Any, store: JobStore, tmp_path: Path, files: int) -> list[SnapshotResult]:
+    """Run the aggregation continuously while input files arrive; snapshot it as batches commit."""
+    wl, inputs, ckpt = WORKLOADS["aggregation"], tmp_path / "in", tmp_path / "ckpt"
+    write_input(inputs, 0)
+    for key, value in PROVIDERS["hdfs"].items():
+        spark.conf.set(key, value)
+    query = (wl.transform(spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(inputs)))
+             .writeStream.outputMode(wl.output_mode)
+             .foreachBatch(sparkjobs._json_sink(str(tmp_path / "out")))  # noqa: SLF001 - the workload's own sink
+             .option("checkpointLocation", str(ckpt)).trigger(processingTime="100 milliseconds").start())
+    snaps: list[SnapshotResult] = []
+    stop = threading.Event()
+
+    def feed() -> None:
+        for i in range(1, files):
+            if stop.wait(0.3):
+                return
+            write_input(inputs, i)
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    try:
+        deadline = time.monotonic() + 180
+        seen: set[int] = set()
+        while len(snaps) < 4 and time.monotonic() < deadline:
+            latest = SparkCheckpoint(LocalStorage(ckpt)).latest_completed_batch() if (ckpt / "commits").exists() else None
+            if latest is not None and latest not in seen:
+                seen.add(latest)
+                snaps.append(create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT,
+                                             trigger=Trigger.PERIODIC))
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        feeder.join()
+        query.stop()
+    return snaps
+
+
+def test_snapshots_taken_while_batches_commit_are_consistent(spark: Any, store: JobStore, tmp_path: Path) -> None:
+    files = 12
+    snaps = _stream_while_snapshotting(spark, store, tmp_path, files)
+    assert len(snaps) >= 3, "the query committed fewer batches than expected"
+    wl = WORKLOADS["aggregation"]
+    for i in range(files):  # whatever the feeder did not write yet
+        write_input(tmp_path / "in", i)
+    for n, snap in enumerate(snaps):
+        m = snap.manifest
+        assert verify_snapshot(store, m.snapshot_id).ok
+        target, output = tmp_path / f"restored-{n}", tmp_path / f"out-{n}"
+        restore_snapshot(store, m.snapshot_id, LocalStorage(target))
+        assert SparkCheckpoint(LocalStorage(target)).validate() == []
+        # the sink output of the batches the snapshot covers, as the sink held them then
+        output.mkdir()
+        for b in range(m.batch_id + 1):
+            shutil.copy(tmp_path / "out" / f"{b:06d}.json", output)
+        run_to_completion(spark, wl, input_dir=tmp_path / "in", checkpoint_dir=target, output_dir=output,
+                          provider="hdfs")
+        assert wl.read_result(output) == wl.expected(files), f"snapshot {m.snapshot_id} at batch {m.batch_id}"
