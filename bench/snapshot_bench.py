@@ -3,7 +3,8 @@
 For each state size: build a checkpoint with a stateful streaming query (batch 0 loads every key), take a
 full snapshot and upload the same files with plain boto3, change 1% of the keys (batch 1), take an
 incremental snapshot, and restore the latest snapshot next to a plain boto3 download of the same objects.
-Figures are ratios measured in one run; targets are reported (pass/miss), never asserted.
+Each figure is the median of --repeat runs, engine and plain boto3 interleaved in one process, so the ratios
+compare like with like; targets are reported (pass/MISS), never asserted.
 
     .venv/bin/python bench/snapshot_bench.py [--sizes 10000,100000,1000000] [--provider rocksdb|hdfs]
 """
@@ -57,8 +58,9 @@ MiB = 1024 * 1024
 MULTIPART_THRESHOLD = 16 * MiB
 FULL_VS_PLAIN_TARGET = 0.8
 INCR_VS_FULL_TARGET = 0.10
-#: Input + state + two uploads + restore + download, per byte of raw payload, with headroom.
-DISK_FACTOR = 10
+#: Copies of the state on disk besides the 2 * repeat uploads: input, checkpoint, warm-up upload, restore,
+#: download, and headroom.
+DISK_COPIES = 6
 
 
 class BenchError(RuntimeError):
@@ -200,23 +202,22 @@ class Budget:
         return time.monotonic() - self.start
 
     def estimate(self, keys: int) -> float:
-        """Seconds a size would take: marginal cost per key of the last two sizes, else proportional."""
-        if len(self.done) >= 2:
-            (k1, t1), (k2, t2) = self.done[-2:]
-            per_key = max(t2 - t1, 0.0) / max(k2 - k1, 1)
-            return t2 + per_key * (keys - k2)
-        if self.done:
-            k, t = self.done[-1]
-            return t * keys / k
-        return 0.0
+        """Seconds a size would take, proportional to the last size measured (pessimistic: fixed costs scale too)."""
+        if not self.done:
+            return 0.0
+        k, t = self.done[-1]
+        return t * keys / k
 
     def fit(self, keys: int) -> int:
-        """The largest key count up to ``keys`` whose estimate fits in what is left (at least 1000)."""
+        """The largest key count up to ``keys`` whose estimate fits in what is left; 0 if none does."""
         left = self.limit_s - self.elapsed()
         fitted = keys
-        while fitted > 1000 and self.estimate(fitted) > left:
+        while fitted >= 1000 and self.estimate(fitted) > left:
             fitted = int(fitted * 0.8)
-        return max(fitted, min(keys, 1000))
+        if fitted < 1000:
+            return 0
+        unit: int = 10 ** (len(str(fitted)) - 2)  # two significant digits: 35183 -> 35000 (label "35k")
+        return fitted // unit * unit
 
 
 def configure_logging() -> None:
@@ -227,17 +228,29 @@ def configure_logging() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+@dataclass
+class Alarm:
+    """A time limit for the whole run; ``expired`` tells a timeout from a failure it caused inside py4j."""
+
+    seconds: float
+    expired: bool = False
+
+    def message(self) -> str:
+        return f"the benchmark exceeded its time limit of {self.seconds:.0f} s; pass a larger --timeout"
+
+
 @contextlib.contextmanager
-def time_limit(seconds: float) -> Iterator[None]:
-    """Raise BenchTimeout in the main thread once ``seconds`` have passed (SIGALRM)."""
+def time_limit(alarm: Alarm) -> Iterator[Alarm]:
+    """Raise BenchTimeout in the main thread once the alarm's seconds have passed (SIGALRM)."""
 
     def expire(_signum: int, _frame: FrameType | None) -> None:
-        raise BenchTimeout(f"the benchmark exceeded its time limit of {seconds:.0f} s; use --timeout")
+        alarm.expired = True
+        raise BenchTimeout(alarm.message())
 
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_REAL, alarm.seconds)
     try:
-        yield
+        yield alarm
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
@@ -245,7 +258,7 @@ def time_limit(seconds: float) -> Iterator[None]:
 
 def check_disk(workdir: Path, opts: Options) -> None:
     """Refuse to start when the work dir's file system cannot hold the largest size."""
-    need = max(opts.sizes) * (opts.payload + 16) * DISK_FACTOR
+    need = max(opts.sizes) * (opts.payload + 16) * (2 * opts.repeat + DISK_COPIES)
     free = shutil.disk_usage(workdir).free
     log.info("disk: need about %.0f MiB, %.0f MiB free under %s", need / MiB, free / MiB, workdir)
     if free < need:
@@ -368,22 +381,23 @@ def plain_upload(client: S3Client, root: Path, paths: Sequence[str], prefix: str
     return timed_pool(one, paths, concurrency)
 
 
-def plain_download(client: S3Client, pairs: Sequence[tuple[str, str]], dest: Path, concurrency: int) -> Transfer:
-    """Download (key, path) pairs under ``dest``: get_object below 16 MiB, download_file (ranged) above."""
+def plain_download(
+    client: S3Client, objects: Sequence[tuple[str, str, int]], dest: Path, concurrency: int
+) -> Transfer:
+    """Download (key, path, size) objects under ``dest``: get_object below 16 MiB, download_file (ranged) above."""
     config = transfer_config(concurrency)
 
-    def one(pair: tuple[str, str]) -> int:
-        key, path = pair
+    def one(obj: tuple[str, str, int]) -> int:
+        key, path, size = obj
         local = dest / path
         local.parent.mkdir(parents=True, exist_ok=True)
-        size = client.head_object(Bucket=BUCKET, Key=key)["ContentLength"]
         if size < MULTIPART_THRESHOLD:
             local.write_bytes(client.get_object(Bucket=BUCKET, Key=key)["Body"].read())
         else:
             client.download_file(BUCKET, key, str(local), Config=config)
         return local.stat().st_size
 
-    return timed_pool(one, pairs, concurrency)
+    return timed_pool(one, objects, concurrency)
 
 
 def warm_up(client: S3Client, engine: JobStore) -> None:
@@ -442,9 +456,10 @@ def restore(store: JobStore, manifest: Manifest, target: Path, concurrency: int)
     started = time.perf_counter()
     result = restore_snapshot(store, manifest.snapshot_id, LocalStorage(target), concurrency=concurrency)
     wall = time.perf_counter() - started
-    sizes = {f.path: (target / f.path).stat().st_size for f in manifest.files}
-    if sizes != {f.path: f.size for f in manifest.files}:
-        raise BenchError(f"expected {len(manifest.files)} restored files of the manifest's sizes under {target}")
+    missing = [f.path for f in manifest.files if not (target / f.path).is_file()]
+    if missing:
+        raise BenchError(f"expected the {len(manifest.files)} files of the snapshot under {target}, "
+                         f"{len(missing)} are missing, e.g. {missing[0]}")
     return Transfer(len(manifest.files), manifest.total_bytes, wall), result.stats.seconds
 
 
@@ -560,11 +575,10 @@ class SizeRun:
         log.info("[%s] warm-up download (not measured): %.2f s", self.tag, warm.seconds)
         for i, (store, manifest) in enumerate(zip(self.stores, manifests, strict=True)):
             target, dest = self.base / f"restored-{i}", self.base / f"plain-download-{i}"
-            pairs = self.objects(store, manifest)
             (engine, transfer_s), plain = interleaved(
                 i,
                 partial(restore, store, manifest, target, self.opts.concurrency),
-                partial(plain_download, self.client, pairs, dest, self.opts.concurrency),
+                partial(plain_download, self.client, self.objects(store, manifest), dest, self.opts.concurrency),
             )
             check_same(f"[{self.tag}] restore #{i}", engine, plain)
             log.info("[%s] restore #%d: %d files, %.1f MiB in %.2f s (%.1f MiB/s); plain boto3 %.2f s (%.1f MiB/s)",
@@ -577,11 +591,10 @@ class SizeRun:
             shutil.rmtree(dest)
         return restored, phases, plains
 
-
     @staticmethod
-    def objects(store: JobStore, manifest: Manifest) -> list[tuple[str, str]]:
-        """(bucket key of the object, checkpoint path) for every file of a snapshot."""
-        return [(f"{STORE_PREFIX}/{store.job}/{store.object_key(f.sha256)}", f.path) for f in manifest.files]
+    def objects(store: JobStore, manifest: Manifest) -> list[tuple[str, str, int]]:
+        """(bucket key of the object, checkpoint path, size) for every file of a snapshot."""
+        return [(f"{STORE_PREFIX}/{store.job}/{store.object_key(f.sha256)}", f.path, f.size) for f in manifest.files]
 
 
 def _sha256(path: Path) -> str:
@@ -632,8 +645,8 @@ def mark(ok: bool) -> str:
 SNAPSHOT_HEADER = ("keys", "ckpt files", "ckpt MiB", "full s", "full MiB/s", "plain s", "plain MiB/s",
                    "full/plain (>=0.8)", "incr files", "incr MiB", "incr/full bytes (<=0.10)", "incr s",
                    "plain incr s")
-RESTORE_HEADER = ("keys", "files", "MiB", "restore s", "restore MiB/s", "plain dl s", "plain dl MiB/s",
-                  "restore/plain")
+RESTORE_HEADER = ("keys", "files", "MiB", "restore s", "of which transfer s", "restore MiB/s", "plain dl s",
+                  "plain dl MiB/s", "restore/plain")
 PHASES_HEADER = ("keys", "snapshot", "wall s", "prepare s", "list s", "hash+upload s", "commit s", "plain s",
                  "re-hash of reused files s")
 RUN_HEADER = ("keys", "requested", "spark batch 0 s", "spark batch 1 s", "size total s", "load avg at start")
@@ -651,8 +664,8 @@ def snapshot_row(r: SizeResult) -> tuple[str, ...]:
 def restore_row(r: SizeResult) -> tuple[str, ...]:
     """One row of the restore table."""
     return (label(r.keys), str(r.restore.files), f"{r.restore.bytes / MiB:.1f}", f"{r.restore.seconds:.2f}",
-            f"{r.restore.mib_s:.1f}", f"{r.plain_download.seconds:.2f}", f"{r.plain_download.mib_s:.1f}",
-            f"{r.restore_vs_plain:.3f}")
+            f"{r.restore_transfer_s:.2f}", f"{r.restore.mib_s:.1f}", f"{r.plain_download.seconds:.2f}",
+            f"{r.plain_download.mib_s:.1f}", f"{r.restore_vs_plain:.3f}")
 
 
 def phase_rows(r: SizeResult) -> list[tuple[str, ...]]:
@@ -698,7 +711,18 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join("| " + " | ".join(line) + " |" for line in lines)
 
 
-def environment(opts: Options) -> dict[str, Any]:
+ENGINE_SOURCES = ("snapshots.py", "restore.py", "s3.py", "storage.py", "checkpoint.py")
+
+
+def engine_digests() -> dict[str, str]:
+    """Short SHA-256 of the engine modules measured: the code changes while the project is young."""
+    import airflow_ckpt_provider.core as core
+
+    root = Path(core.__file__).parent
+    return {name: hashlib.sha256((root / name).read_bytes()).hexdigest()[:12] for name in ENGINE_SOURCES}
+
+
+def environment(opts: Options, engine: dict[str, str]) -> dict[str, Any]:
     """Machine and software facts that the figures depend on."""
     import boto3
     import pyspark
@@ -707,16 +731,18 @@ def environment(opts: Options) -> dict[str, Any]:
         "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
         "pyspark": pyspark.__version__, "boto3": boto3.__version__, "provider": opts.provider,
         "payload_bytes": opts.payload, "change_fraction": opts.change, "concurrency": opts.concurrency,
-        "shuffle_partitions": opts.partitions,
+        "shuffle_partitions": opts.partitions, "repeat": opts.repeat, "engine_sources_sha256": engine,
     }
 
 
-def write_reports(results: Sequence[SizeResult], opts: Options, command: str) -> tuple[Path, Path]:
+def write_reports(
+    results: Sequence[SizeResult], opts: Options, command: str, engine: dict[str, str]
+) -> tuple[Path, Path]:
     """Write the figures as JSON and markdown into the output directory."""
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"snapshot_bench-{opts.provider}"
     json_path, md_path = opts.out_dir / f"{stem}.json", opts.out_dir / f"{stem}.md"
-    body = {"command": command, "environment": environment(opts), "results": [r.to_dict() for r in results]}
+    body = {"command": command, "environment": environment(opts, engine), "results": [r.to_dict() for r in results]}
     json_path.write_text(json.dumps(body, indent=2) + "\n")
     parts = [f"`{command}`"] + [f"{title}\n\n{markdown_table(h, rows)}" for title, h, rows in tables(results)]
     md_path.write_text("\n\n".join(parts) + "\n")
@@ -745,6 +771,10 @@ def run(opts: Options, workdir: Path) -> list[SizeResult]:
         warm_up(client, open_store(s3, "warmup", opts.concurrency))
         for requested in opts.sizes:
             keys = budget.fit(requested)
+            if keys <= max((k for k, _ in budget.done), default=0):
+                log.warning("%d keys would not fit in the %.0f s budget (estimate %.0f s, %.0f s used): skipped",
+                            requested, opts.budget_s, budget.estimate(requested), budget.elapsed())
+                continue
             if keys != requested:
                 log.warning("%d keys would not fit in the %.0f s budget (estimate %.0f s, %.0f s used): "
                             "measuring %d keys instead", requested, opts.budget_s, budget.estimate(requested),
@@ -787,11 +817,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = shlex.join([".venv/bin/python", "bench/snapshot_bench.py", *(sys.argv[1:] if argv is None else argv)])
     workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="snapshot-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    engine = engine_digests()  # before the engine modules are imported: the code that is measured
+    alarm = Alarm(opts.timeout_s)
     try:
-        with time_limit(opts.timeout_s):
+        with time_limit(alarm):
             results = run(opts, workdir)
-    except BenchError as err:
-        log.error("%s", err)
+    except Exception as err:
+        if not (alarm.expired or isinstance(err, BenchError)):
+            raise
+        # py4j turns the alarm's exception into a Py4JError when it fires during a Spark call.
+        log.error("%s", alarm.message() if alarm.expired else err)
         return 1
     finally:
         if opts.keep:
@@ -799,7 +834,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     print_tables(results)
-    json_path, md_path = write_reports(results, opts, command)
+    json_path, md_path = write_reports(results, opts, command, engine)
     log.info("figures written to %s and %s", json_path, md_path)
     return 0
 

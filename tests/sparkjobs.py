@@ -23,7 +23,10 @@ import os
 import random
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -132,7 +135,6 @@ def json_sink(output_dir: str | os.PathLike[str]) -> Callable[[DataFrame, int], 
     return write
 
 
-_json_sink = json_sink  # the name the first snapshot tests used
 
 
 def read_batches(output_dir: str | os.PathLike[str]) -> list[tuple[int, list[dict[str, Any]]]]:
@@ -328,3 +330,61 @@ def run_to_completion(
     finally:
         if query.isActive:
             query.stop()
+
+
+@contextmanager
+def running_query(
+    spark: SparkSession,
+    workload: Workload,
+    *,
+    input_dir: Path,
+    checkpoint_dir: Path,
+    output_dir: Path,
+    provider: str,
+    files: int,
+    every: float = 0.3,
+) -> Iterator[None]:
+    """Run ``workload`` continuously while a feeder adds input files 1..files-1, one every ``every`` s."""
+    write_input(input_dir, 0)
+    for key, value in PROVIDERS[provider].items():
+        spark.conf.set(key, value)
+    stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(os.fspath(input_dir))
+    query = (
+        workload.transform(stream)
+        .writeStream.outputMode(workload.output_mode)
+        .foreachBatch(json_sink(output_dir))
+        .option("checkpointLocation", os.fspath(checkpoint_dir))
+        .trigger(processingTime="50 milliseconds")
+        .start()
+    )
+    stop = threading.Event()
+
+    def feed() -> None:
+        for i in range(1, files):
+            if stop.wait(every):
+                return
+            write_input(input_dir, i)
+
+    feeder = threading.Thread(target=feed, name="input-feeder")
+    feeder.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        feeder.join()
+        query.stop()
+
+
+def new_batches(checkpoint_dir: Path, *, timeout: float = 120.0) -> Iterator[int]:
+    """Each batch id as it completes in ``checkpoint_dir`` (polled), until ``timeout`` seconds pass."""
+    from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
+    from airflow_ckpt_provider.core.storage import LocalStorage
+
+    deadline = time.monotonic() + timeout
+    seen: set[int] = set()
+    while time.monotonic() < deadline:
+        latest = SparkCheckpoint(LocalStorage(checkpoint_dir)).latest_completed_batch()
+        if latest is not None and latest not in seen:
+            seen.add(latest)
+            yield latest
+        time.sleep(0.02)

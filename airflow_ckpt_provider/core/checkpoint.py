@@ -11,13 +11,22 @@ from __future__ import annotations
 import io
 import json
 import re
-import struct
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
+from airflow_ckpt_provider.core.ckptfiles import (
+    STATE_FILE,
+    LogEntry,
+    json_object,
+    lz4_stream_problem,
+    parse_log_entry,
+    schema_key,
+    sst_problem,
+    zip_problem,
+)
 from airflow_ckpt_provider.core.errors import CheckpointError
 from airflow_ckpt_provider.core.storage import Storage
 
@@ -31,8 +40,6 @@ _PROVIDERS = {
     "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider": HDFS,
     "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider": ROCKSDB,
 }
-# HDFSBackedStateStoreProvider.fetchFiles / RocksDBFileManager: "<version>.<kind>" in a store dir.
-_STATE_FILE = re.compile(r"^(\d+)\.(delta|snapshot|zip|changelog)$")
 # checkpointFormatVersion 2 names files "<version>_<uniqueId>.<kind>" (CommitMetadataV2 docs).
 _STATE_FILE_V2 = re.compile(r"^(\d+)_[0-9a-fA-F-]{8,}\.(delta|snapshot|zip|changelog)$")
 _STORE_SUBDIRS = ("_metadata", "SSTs", "logs")
@@ -66,6 +73,7 @@ class StateOperator:
     changelog: bool  # RocksDB changelog checkpointing files are in use
 
     def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict, for manifests."""
         return {
             "operator_id": self.operator_id,
             "name": self.name,
@@ -77,6 +85,7 @@ class StateOperator:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> StateOperator:
+        """The operator ``to_json`` described."""
         return cls(
             operator_id=int(d["operator_id"]),
             name=d.get("name"),
@@ -100,173 +109,14 @@ class BatchView:
     conf: dict[str, str]
     batch_watermark_ms: int = 0
     batch_timestamp_ms: int = 0
+    # Broken files of the live checkpoint the view works around (e.g. a truncated snapshot
+    # replaced by an older one and more deltas), and stale absolute paths: worth a log line.
+    warnings: tuple[str, ...] = ()
 
     @property
     def state_version(self) -> int:
         """The state store version every store is loaded at on resume (batch N commits N+1)."""
         return self.batch_id + 1
-
-
-# --------------------------------------------------------------------------------------------
-# File formats: metadata logs (offsets/, commits/), LZ4 block streams, zips, SST files.
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LogEntry:
-    """One offsets/ or commits/ entry: format version, metadata JSON, and (offsets) source lines."""
-
-    version: int
-    metadata: dict[str, Any]
-    offsets: list[str | None]
-    source_ids: list[str] | None = None  # offsets log v2 (OffsetMap): "sourceId:offset" lines
-
-
-def parse_log_entry(data: bytes, *, kind: str) -> LogEntry:
-    """Parse an offsets/ or commits/ file; ValueError says what is wrong (truncated, bad version)."""
-    lines = data.decode("utf-8").split("\n")
-    version = _log_version(lines[0])
-    if len(lines) < 2 or not lines[1].strip():
-        if kind == "offsets":
-            raise ValueError("the metadata line is missing (file truncated?)")
-        return LogEntry(version, {}, [])
-    metadata = _json_object(lines[1], "metadata line")
-    offsets: list[str | None] = []
-    ids: list[str] | None = [] if kind == "offsets" and version == 2 else None
-    for n, line in enumerate(lines[2:], start=3):
-        text = line
-        if ids is not None:
-            source_id, sep, text = line.partition(":")
-            if not sep:
-                raise ValueError(f"line {n} is not 'sourceId:offset'")
-            ids.append(source_id)
-        offsets.append(_offset_text(text, n))
-    return LogEntry(version, metadata, offsets, ids)
-
-
-def _log_version(line: str) -> int:
-    # MetadataVersionUtil.validateVersion: "v<int>"
-    if not re.fullmatch(r"v[1-9]\d*", line.strip()):
-        raise ValueError(f"first line is {line[:20]!r}, expected a version such as 'v1'")
-    return int(line.strip()[1:])
-
-
-def _offset_text(line: str, n: int) -> str | None:
-    if line == "-":  # OffsetSeqLog.SERIALIZED_VOID_OFFSET: the source has no offset yet
-        return None
-    try:
-        json.loads(line)
-    except ValueError:
-        raise ValueError(f"line {n} is not valid JSON (file truncated?)") from None
-    return line
-
-
-def _json_object(text: str, what: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        raise ValueError(f"the {what} is not valid JSON (file truncated?)") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"the {what} is not a JSON object")
-    return value
-
-
-_LZ4_MAGIC = b"LZ4Block"
-_LZ4_HEADER = 21  # magic(8) + token(1) + compressed length, original length, checksum (3 x LE int32)
-_SST_MAGIC = struct.pack("<Q", 0x88E241B785F4CFF7)  # RocksDB kBlockBasedTableMagicNumber footer
-
-
-def lz4_stream_problem(data: bytes) -> str | None:
-    """Why ``data`` is not a complete lz4-java LZ4BlockOutputStream, or None if it is complete.
-
-    Each block has a 21-byte header; close() writes an end mark (a header with both lengths 0).
-    A file cut short lacks the end mark or ends inside a block.
-    """
-    pos, size, problem = 0, len(data), "the file is empty"
-    while pos < size:
-        problem = "truncated: no LZ4 end mark (the writer never closed the file)"
-        if pos + _LZ4_HEADER > size:
-            return f"truncated: the LZ4 block header at byte {pos} is incomplete ({size} bytes)"
-        compressed, original, _checksum = struct.unpack_from("<iii", data, pos + 9)
-        if data[pos : pos + 8] != _LZ4_MAGIC or compressed < 0 or original < 0:
-            return f"corrupt: no valid LZ4Block header at byte {pos}"
-        pos += _LZ4_HEADER + compressed
-        if compressed == 0 and original == 0 and pos == size:
-            return None  # the end mark, at the end (lz4-java also reads concatenated streams)
-        if pos > size:
-            return f"truncated: the LZ4 block at byte {pos - compressed - _LZ4_HEADER} needs {compressed} bytes"
-    return problem
-
-
-def zip_problem(data: bytes, *, deep: bool = False) -> str | None:
-    """Why ``data`` is not a complete RocksDB checkpoint zip (central directory, ``metadata``)."""
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as zf:
-            if "metadata" not in zf.namelist():
-                return "the zip has no 'metadata' entry"
-            bad = zf.testzip() if deep else None
-    except (zipfile.BadZipFile, EOFError, OSError) as err:
-        return f"not a complete zip file ({err}); its central directory is missing or damaged"
-    return f"corrupt: CRC mismatch in zip entry {bad!r}" if bad else None
-
-
-def sst_problem(data: bytes) -> str | None:
-    """Why ``data`` is not a complete RocksDB block-based SST file (footer magic number)."""
-    if data[-8:] != _SST_MAGIC:
-        return "truncated or corrupt: the SST footer magic number is missing"
-    return None
-
-
-def verify_file(path: str, data: bytes, *, codec: str = "lz4") -> str | None:
-    """Check one checkpoint file's bytes by its kind; a problem description, or None if it is fine.
-
-    The snapshot engine can call this on the bytes it uploads. State files compressed with another
-    codec than lz4 are not checked (None).
-    """
-    name = path.rsplit("/", 1)[-1]
-    top = path.split("/", 1)[0]
-    try:
-        if top in ("offsets", "commits") and name.isdigit():
-            parse_log_entry(data, kind=top)
-        elif path == "metadata":
-            _json_object(data.decode("utf-8"), "metadata file")
-        elif _STATE_FILE.match(name):
-            if name.endswith(".zip"):
-                return zip_problem(data, deep=True)
-            return lz4_stream_problem(data) if codec == "lz4" else None
-        elif name.endswith(".sst"):
-            return sst_problem(data)
-    except (ValueError, UnicodeDecodeError) as err:
-        return f"corrupt: {err}"
-    return None
-
-
-def relocate(path: str, data: bytes, root_uri: str) -> bytes:
-    """Rewrite absolute paths a file holds so they point into the checkpoint at ``root_uri``.
-
-    Only the operator metadata v2 files (``state/<op>/_metadata/v2/<batch>``, transformWithState)
-    hold absolute paths: ``stateSchemaFilePaths``. Other files are returned unchanged.
-    """
-    if not re.fullmatch(r"state/\d+/_metadata/v2/\d+", path):
-        return data
-    head, _, body = data.decode("utf-8").partition("\n")
-    meta = _json_object(body, f"{path} body")
-    root = root_uri.rstrip("/")
-    for store in meta.get("stateStoreInfo", []):
-        paths = store.get("stateSchemaFilePaths") or []
-        store["stateSchemaFilePaths"] = [_relocated_schema_path(p, root) for p in paths]
-    return (head + "\n" + json.dumps(meta, separators=(",", ":"), ensure_ascii=False)).encode("utf-8")
-
-
-def _relocated_schema_path(path: str, root: str) -> str:
-    key = schema_key(path)
-    return f"{root}/{key}" if key else path
-
-
-def schema_key(absolute: str) -> str | None:
-    """The checkpoint-relative key of an absolute state schema path (``.../state/<op>/_stateSchema/...``)."""
-    match = re.search(r"(?:^|/)(state/\d+/_stateSchema/.+)$", absolute)
-    return match.group(1) if match else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -456,6 +306,7 @@ def _build_view(plan: _Plan, batch: int, *, write_ahead: bool) -> BatchView | No
         conf=conf,
         batch_watermark_ms=int(current.metadata.get("batchWatermarkMs", 0)),
         batch_timestamp_ms=int(current.metadata.get("batchTimestampMs", 0)),
+        warnings=tuple(plan.warnings),
     )
 
 
@@ -465,7 +316,7 @@ def _query_id(plan: _Plan) -> str | None:
     if data is None:
         return None
     try:
-        query_id = _json_object(data.decode("utf-8"), "metadata file").get("id")
+        query_id = json_object(data.decode("utf-8"), "metadata file").get("id")
     except (ValueError, UnicodeDecodeError) as err:
         query_id = None
         plan.problems.append(f"metadata is corrupt: {err}")
@@ -641,7 +492,7 @@ def _read_operator_metadata(plan: _Plan, key: str, *, with_schemas: bool) -> _Op
         return _OperatorInfo(None, None, ())
     try:
         _head, _, body = data.decode("utf-8").partition("\n")
-        meta = _json_object(body, "operator metadata")
+        meta = json_object(body, "operator metadata")
     except (ValueError, UnicodeDecodeError) as err:
         plan.problems.append(f"{key} is truncated or corrupt: {err}")
         return _OperatorInfo(None, None, ())
@@ -689,7 +540,7 @@ def _stores_from_listing(keys: list[str], op: int) -> tuple[str, ...]:
     names: set[str] = set()
     for key in keys:
         parts = key.split("/")
-        if len(parts) == 4 and parts[2].isdigit() and _STATE_FILE.match(parts[3]):
+        if len(parts) == 4 and parts[2].isdigit() and STATE_FILE.match(parts[3]):
             names.add(DEFAULT_STORE)
         elif len(parts) >= 5 and parts[2].isdigit() and parts[3] not in _STORE_SUBDIRS:
             names.add(parts[3])
@@ -702,7 +553,7 @@ def _provider(plan: _Plan, op: int, conf: dict[str, str], keys: list[str]) -> st
         if not any(_FORMAT_V2 in p for p in plan.problems):
             plan.add(f"state/{op}/: {_FORMAT_V2}")
         return None
-    kinds = {m.group(2) for k in keys if (m := _STATE_FILE.match(k.rsplit("/", 1)[-1]))}
+    kinds = {m.group(2) for k in keys if (m := STATE_FILE.match(k.rsplit("/", 1)[-1]))}
     by_files = ROCKSDB if kinds & {"zip", "changelog"} else HDFS if kinds else None
     cls = conf.get(_PROVIDER_CONF)
     by_conf = _PROVIDERS.get(cls) if cls else None
@@ -723,7 +574,7 @@ def _store_files(plan: _Plan, store: str, provider: str, version: int, conf: dic
     files: dict[str, dict[int, str]] = {"delta": {}, "snapshot": {}, "zip": {}, "changelog": {}}
     for key in plan.sizes:
         if key.startswith(store + "/") and "/" not in key[len(store) + 1 :]:
-            match = _STATE_FILE.match(key[len(store) + 1 :])
+            match = STATE_FILE.match(key[len(store) + 1 :])
             if match:
                 files[match.group(2)][int(match.group(1))] = key
     codec = conf.get(_CODEC_CONF, "lz4")
@@ -860,7 +711,7 @@ def _zip_metadata(data: bytes) -> tuple[list[tuple[str, int]], str | None]:
     if head.strip() != "v1":
         return [], f"its metadata has version {head.strip()!r}, RocksDBCheckpointMetadata v1 expected"
     try:
-        meta = _json_object(body, "zip metadata")
+        meta = json_object(body, "zip metadata")
         # RocksDBFileManager: SST files live in SSTs/, archived WAL files in logs/.
         out = [(f"SSTs/{f['dfsSstFileName']}", int(f["sizeBytes"])) for f in meta.get("sstFiles") or []]
         out += [(f"logs/{f['dfsLogFileName']}", int(f["sizeBytes"])) for f in meta.get("logFiles") or []]

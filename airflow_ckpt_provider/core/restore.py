@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint, is_spark_checkpoint, relocate
+from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint, is_spark_checkpoint
+from airflow_ckpt_provider.core.ckptfiles import relocate
 from airflow_ckpt_provider.core.errors import CheckpointError, ConflictError, SnapshotError
 from airflow_ckpt_provider.core.jobstore import OBJECTS, JobStore
 from airflow_ckpt_provider.core.manifest import Kind, Manifest, ManifestFile

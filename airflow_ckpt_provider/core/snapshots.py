@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from airflow_ckpt_provider.core.checkpoint import BatchView, CheckpointFile, SparkCheckpoint
+from airflow_ckpt_provider.core.ckptfiles import verify_file
 from airflow_ckpt_provider.core.errors import ConflictError, SnapshotError, StorageError
 from airflow_ckpt_provider.core.jobstore import (
     GC_LOCK,
@@ -35,6 +36,7 @@ from airflow_ckpt_provider.core.storage import Storage
 
 log = logging.getLogger(__name__)
 
+_CODEC = "spark.sql.streaming.stateStore.compression.codec"
 #: Files above this size are hashed and uploaded as files (multipart) instead of through memory.
 _STREAM_THRESHOLD = 16 * 1024 * 1024
 #: A lock or pending marker older than this belongs to a crashed process and is ignored.
@@ -83,9 +85,9 @@ def _now() -> datetime:
 
 
 def _store_one(
-    src: Storage, store: JobStore, f: CheckpointFile, known: set[str], progress: Progress
+    src: Storage, store: JobStore, f: CheckpointFile, known: set[str], progress: Progress, *, codec: str
 ) -> ManifestFile:
-    """Hash one checkpoint file and upload it unless the job store already has its content."""
+    """Check and hash one checkpoint file; upload it unless the job store already has its content."""
     local = src.local_path(f.path)
     try:
         if local is not None and f.size > _STREAM_THRESHOLD:
@@ -105,6 +107,13 @@ def _store_one(
             f"checkpoint file {src.uri(f.path)} changed size while the snapshot was taken "
             f"(listed {f.size} bytes, read {size}); Spark files are immutable once written, so "
             "something else writes into this checkpoint; take the snapshot again"
+        )
+    problem = verify_file(f.path, data, codec=codec) if data is not None else None
+    if problem:
+        raise SnapshotError(
+            f"checkpoint file {src.uri(f.path)} is broken: {problem}; the checkpoint cannot be snapshotted "
+            "at this batch. Run `ckpt snapshot create --batch` with an older completed batch, or restore "
+            "the latest snapshot"
         )
     if digest in known:
         progress.skipped(size)
@@ -186,7 +195,8 @@ def _write_snapshot(
     progress = Progress(what, len(view.files), sum(f.size for f in view.files), report=report)
     step("upload")
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        files = list(pool.map(lambda f: _store_one(checkpoint, store, f, known, progress), view.files))
+        codec = view.conf.get(_CODEC, "lz4")
+        files = list(pool.map(lambda f: _store_one(checkpoint, store, f, known, progress, codec=codec), view.files))
     stats = progress.finish()
     step("uploaded")
     manifest = Manifest(

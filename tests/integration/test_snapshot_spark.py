@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,13 +10,14 @@ from typing import Any
 import pytest
 
 from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
+from airflow_ckpt_provider.core.errors import SnapshotError
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.restore import restore_snapshot
 from airflow_ckpt_provider.core.snapshots import SnapshotResult, create_snapshot, verify_snapshot
 from airflow_ckpt_provider.core.storage import LocalStorage, Storage
 from tests import sparkjobs
-from tests.sparkjobs import PROVIDERS, SCHEMA, WORKLOADS, run_to_completion, write_input
+from tests.sparkjobs import WORKLOADS, run_to_completion, write_input
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +49,7 @@ def test_snapshot_delete_restore_continue_is_exact(
 
     snap = create_snapshot(store, LocalStorage(ckpt), kind=Kind.SAVEPOINT, trigger=Trigger.MANUAL)
     assert snap.manifest.batch_id == 2
-    assert {op["provider"] for op in snap.manifest.operators} == {provider.split("-")[0]}
+    assert {op["provider"] for op in snap.manifest.operators} == {provider.split("-", maxsplit=1)[0]}
     shutil.rmtree(ckpt)
 
     # restore somewhere else, as on another machine
@@ -87,39 +86,14 @@ def test_incremental_snapshot_uploads_only_new_files(spark: Any, store: JobStore
 
 def _stream_while_snapshotting(spark: Any, store: JobStore, tmp_path: Path, files: int) -> list[SnapshotResult]:
     """Run the aggregation continuously while input files arrive; snapshot it as batches commit."""
-    wl, inputs, ckpt = WORKLOADS["aggregation"], tmp_path / "in", tmp_path / "ckpt"
-    write_input(inputs, 0)
-    for key, value in PROVIDERS["hdfs"].items():
-        spark.conf.set(key, value)
-    query = (wl.transform(spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(inputs)))
-             .writeStream.outputMode(wl.output_mode)
-             .foreachBatch(sparkjobs._json_sink(str(tmp_path / "out")))  # noqa: SLF001 - the workload's own sink
-             .option("checkpointLocation", str(ckpt)).trigger(processingTime="100 milliseconds").start())
     snaps: list[SnapshotResult] = []
-    stop = threading.Event()
-
-    def feed() -> None:
-        for i in range(1, files):
-            if stop.wait(0.3):
-                return
-            write_input(inputs, i)
-
-    feeder = threading.Thread(target=feed)
-    feeder.start()
-    try:
-        deadline = time.monotonic() + 180
-        seen: set[int] = set()
-        while len(snaps) < 4 and time.monotonic() < deadline:
-            latest = SparkCheckpoint(LocalStorage(ckpt)).latest_completed_batch() if (ckpt / "commits").exists() else None
-            if latest is not None and latest not in seen:
-                seen.add(latest)
-                snaps.append(create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT,
-                                             trigger=Trigger.PERIODIC))
-            time.sleep(0.05)
-    finally:
-        stop.set()
-        feeder.join()
-        query.stop()
+    ckpt = tmp_path / "ckpt"
+    with sparkjobs.running_query(spark, WORKLOADS["aggregation"], input_dir=tmp_path / "in", checkpoint_dir=ckpt,
+                                 output_dir=tmp_path / "out", provider="hdfs", files=files):
+        for _batch in sparkjobs.new_batches(ckpt, timeout=180):
+            snaps.append(create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT, trigger=Trigger.PERIODIC))
+            if len(snaps) >= 4:
+                break
     return snaps
 
 
@@ -143,3 +117,19 @@ def test_snapshots_taken_while_batches_commit_are_consistent(spark: Any, store: 
         run_to_completion(spark, wl, input_dir=tmp_path / "in", checkpoint_dir=target, output_dir=output,
                           provider="hdfs")
         assert wl.read_result(output) == wl.expected(files), f"snapshot {m.snapshot_id} at batch {m.batch_id}"
+
+
+def test_truncated_state_file_fails_the_snapshot_and_shows_nothing(
+    spark: Any, store: JobStore, tmp_path: Path
+) -> None:
+    wl, inputs, output, ckpt = WORKLOADS["aggregation"], tmp_path / "in", tmp_path / "out", tmp_path / "ckpt"
+    for i in range(2):
+        write_input(inputs, i)
+    run_to_completion(spark, wl, input_dir=inputs, checkpoint_dir=ckpt, output_dir=output, provider="hdfs")
+    delta = next(f.path for f in SparkCheckpoint(LocalStorage(ckpt)).view().files if f.path.endswith("2.delta"))
+    data = (ckpt / delta).read_bytes()
+    (ckpt / delta).write_bytes(data[: len(data) // 2])
+    with pytest.raises(SnapshotError, match=f"{delta} is broken: .*truncated"):
+        create_snapshot(store, LocalStorage(ckpt))
+    assert store.storage.list("snapshots/") == []
+    assert store.storage.list("pending/") == []

@@ -1,0 +1,187 @@
+"""The checkpoint model against real Spark 4.3 checkpoints: a copy of exactly view().files resumes exactly.
+
+Every query runs with trigger(availableNow=True) and maxFilesPerTrigger=1: input file i is batch i.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import shutil
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_ckpt_provider.core.checkpoint import BatchView, SparkCheckpoint
+from airflow_ckpt_provider.core.ckptfiles import relocate
+from airflow_ckpt_provider.core.storage import LocalStorage
+from tests import sparkjobs
+from tests.sparkjobs import PROVIDERS, WORKLOADS, Workload, read_batches, run_to_completion, write_input
+
+pytestmark = pytest.mark.integration
+
+ALL_CASES = [(w, p) for w in WORKLOADS for p in PROVIDERS]
+LOGS = {"metadata", "commits/2", "offsets/1", "offsets/2", "sources/0/0", "sources/0/1", "sources/0/2"}
+# State files (besides SSTs) that load version 3 (= batch 2 + 1) of each partition's store.
+STATE_FILES = {
+    "hdfs": ["1.delta", "2.delta", "3.delta"],
+    "rocksdb": ["3.zip"],
+    "rocksdb-changelog": ["1.changelog", "2.changelog", "3.changelog"],
+}
+# transformWithState creates its column families in version 1, which forces a RocksDB snapshot.
+TWS_CHANGELOG_FILES = ["1.zip", "2.changelog", "3.changelog"]
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    # The state store maintenance thread (snapshots, purging) takes its interval from the first
+    # store an executor loads and keeps it for the SparkContext's life: set it for the whole module.
+    session = sparkjobs.spark_session(
+        "ckpt-checkpoint-model-tests", **{"spark.sql.streaming.stateStore.maintenanceInterval": "200ms"}
+    )
+    yield session
+    session.stop()
+
+
+def copy_view(view: BatchView, source: Path, target: Path) -> None:
+    """Materialize exactly the view's files (no .crc files), relocating absolute paths."""
+    for f in view.files:
+        data = relocate(f.path, (source / f.path).read_bytes(), target.as_uri())
+        (target / f.path).parent.mkdir(parents=True, exist_ok=True)
+        (target / f.path).write_bytes(data)
+
+
+def zip_ssts(zip_file: Path) -> set[str]:
+    """The SSTs/ files a RocksDB checkpoint zip's metadata lists."""
+    with zipfile.ZipFile(io.BytesIO(zip_file.read_bytes())) as zf:
+        meta = json.loads(zf.read("metadata").decode().split("\n", 1)[1])
+    return {f"SSTs/{f['dfsSstFileName']}" for f in meta["sstFiles"]}
+
+
+def expected_state(ckpt: Path, workload: str, provider: str) -> set[str]:
+    names = TWS_CHANGELOG_FILES if (workload, provider) == ("tws", "rocksdb-changelog") else STATE_FILES[provider]
+    files: set[str] = set()
+    for p in (0, 1):
+        files |= {f"state/0/{p}/{n}" for n in names}
+        files |= {f"state/0/{p}/{s}" for n in names if n.endswith(".zip") for s in zip_ssts(ckpt / f"state/0/{p}/{n}")}
+    return files
+
+
+def run_batches(spark: Any, wl: Workload, tmp: Path, provider: str, files: range, **conf: str) -> Path:
+    for i in files:
+        write_input(tmp / "in", i)
+    ckpt = tmp / "ckpt"
+    run_to_completion(
+        spark, wl, input_dir=tmp / "in", checkpoint_dir=ckpt, output_dir=tmp / "out", provider=provider, extra_conf=conf
+    )
+    return ckpt
+
+
+def restore_and_resume(spark: Any, wl: Workload, tmp: Path, provider: str, view: BatchView, files: int) -> Path:
+    """Copy the view to a fresh place, drop the original, add input up to ``files``, run to the end."""
+    ckpt, moved = tmp / "ckpt", tmp / "elsewhere" / "ckpt"
+    copy_view(view, ckpt, moved)
+    shutil.rmtree(ckpt)
+    for i in range(files):
+        if not (tmp / "in" / f"part-{i:05d}.json").exists():
+            write_input(tmp / "in", i)
+    run_to_completion(spark, wl, input_dir=tmp / "in", checkpoint_dir=moved, output_dir=tmp / "out", provider=provider)
+    return moved
+
+
+@pytest.mark.parametrize(("workload", "provider"), ALL_CASES)
+def test_view_of_three_batches_restores_exactly(spark: Any, tmp_path: Path, workload: str, provider: str) -> None:
+    wl = WORKLOADS[workload]
+    if provider not in wl.providers:
+        # Spark 4.3 refuses transformWithState on the HDFS-backed store (no column families).
+        with pytest.raises(Exception, match="STORE_BACKEND_NOT_SUPPORTED_FOR_TWS"):
+            run_batches(spark, dataclasses.replace(wl, providers=(provider,)), tmp_path, provider, range(1))
+        return
+    ckpt = run_batches(spark, wl, tmp_path, provider, range(3))
+    checkpoint = SparkCheckpoint(LocalStorage(ckpt))
+    assert checkpoint.latest_completed_batch() == 2
+
+    view = checkpoint.view()
+    files = {f.path for f in view.files}
+    assert view.batch_id == 2
+    assert view.next_offsets is None
+    assert view.offsets == ['{"logOffset":2}']
+    assert {f for f in files if not f.startswith("state/")} == LOGS
+    metadata = {f for f in files if "/_metadata/" in f or "/_stateSchema/" in f}
+    assert {f for f in files if f.startswith("state/")} - metadata == expected_state(ckpt, workload, provider)
+    assert all(f.size == (ckpt / f.path).stat().st_size for f in view.files)
+    [op] = view.operators
+    assert (op.operator_id, op.partitions, op.provider) == (0, 2, provider.split("-", maxsplit=1)[0])
+    assert op.changelog == (provider == "rocksdb-changelog")
+    assert checkpoint.validate() == []
+
+    moved = restore_and_resume(spark, wl, tmp_path, provider, view, files=5)
+    assert SparkCheckpoint(LocalStorage(moved)).latest_completed_batch() == 4
+    assert wl.read_result(tmp_path / "out") == wl.expected(5)
+
+
+@pytest.mark.parametrize("write_ahead", [True, False])
+def test_older_batch_restores_with_or_without_the_write_ahead_entry(
+    spark: Any, tmp_path: Path, write_ahead: bool
+) -> None:
+    wl, provider = WORKLOADS["aggregation"], "rocksdb-changelog"
+    ckpt = run_batches(spark, wl, tmp_path, provider, range(3))
+    view = SparkCheckpoint(LocalStorage(ckpt)).view(1, write_ahead=write_ahead)
+    logs = {f.path for f in view.files if not f.path.startswith("state/")}
+    if write_ahead:  # offsets/2 is batch 1's successor: Spark re-runs batch 2 with exactly it
+        assert view.next_offsets == ['{"logOffset":2}']
+        assert logs == {"metadata", "commits/1", "offsets/1", "offsets/2", "sources/0/0", "sources/0/1", "sources/0/2"}
+    else:  # Spark plans batch 2 anew and reads offsets/0 to check the log
+        assert view.next_offsets is None
+        assert logs == {"metadata", "commits/1", "offsets/0", "offsets/1", "sources/0/0", "sources/0/1"}
+    restore_and_resume(spark, wl, tmp_path, provider, view, files=5)
+    assert [b for b, _ in read_batches(tmp_path / "out")] == [0, 1, 2, 3, 4]
+    assert wl.read_result(tmp_path / "out") == wl.expected(5)
+
+
+@pytest.mark.parametrize("provider", ["hdfs", "rocksdb-changelog"])
+def test_snapshots_and_purged_files_after_maintenance(spark: Any, tmp_path: Path, provider: str) -> None:
+    wl = WORKLOADS["aggregation"]
+    conf = {
+        "spark.sql.streaming.minBatchesToRetain": "2",
+        "spark.sql.streaming.stateStore.minDeltasForSnapshot": "1",
+    }
+    for i in range(6):  # one run per batch, with time for the maintenance thread in between
+        ckpt = run_batches(spark, wl, tmp_path, provider, range(i, i + 1), **conf)
+        time.sleep(0.5)
+    assert sorted(p.name for p in (ckpt / "commits").iterdir() if not p.name.startswith(".")) == ["3", "4", "5"]
+    view = SparkCheckpoint(LocalStorage(ckpt)).view(verify=True)
+    state = {
+        f.path.rsplit("/", 1)[-1] for f in view.files if f.path.startswith("state/0/0/") and "/SSTs/" not in f.path
+    }
+    snapshot = ".snapshot" if provider == "hdfs" else ".zip"
+    assert any(name.endswith(snapshot) for name in state), f"maintenance wrote no snapshot: {state}"
+    assert {"offsets/4", "offsets/5", "commits/5"} <= {f.path for f in view.files}
+
+    restore_and_resume(spark, wl, tmp_path, provider, view, files=8)
+    assert wl.read_result(tmp_path / "out") == wl.expected(8)
+
+
+def test_views_of_a_running_query_are_consistent(spark: Any, tmp_path: Path) -> None:
+    wl, provider, files = WORKLOADS["aggregation"], "rocksdb-changelog", 10
+    inputs, ckpt = tmp_path / "in", tmp_path / "ckpt"
+    views: dict[int, BatchView] = {}
+    with sparkjobs.running_query(spark, wl, input_dir=inputs, checkpoint_dir=ckpt, output_dir=tmp_path / "out",
+                                 provider=provider, files=files, every=0.4):
+        for _batch in sparkjobs.new_batches(ckpt):
+            view = SparkCheckpoint(LocalStorage(ckpt)).view()  # while Spark writes the next batch
+            copy_view(view, ckpt, tmp_path / "views" / str(view.batch_id))
+            views[view.batch_id] = view
+            if len(views) >= files:
+                break
+    assert len(views) >= 3, f"only {sorted(views)} batches were seen"
+    for batch, view in views.items():
+        copy = SparkCheckpoint(LocalStorage(tmp_path / "views" / str(batch)))
+        assert copy.latest_completed_batch() == batch
+        assert copy.validate() == [], batch
+        assert copy.view().files == view.files
