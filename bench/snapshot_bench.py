@@ -711,15 +711,12 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join("| " + " | ".join(line) + " |" for line in lines)
 
 
-ENGINE_SOURCES = ("snapshots.py", "restore.py", "s3.py", "storage.py", "checkpoint.py")
-
-
 def engine_digests() -> dict[str, str]:
-    """Short SHA-256 of the engine modules measured: the code changes while the project is young."""
+    """Short SHA-256 of every engine module (core/*.py) measured: the code changes while the project is young."""
     import airflow_ckpt_provider.core as core
 
     root = Path(core.__file__).parent
-    return {name: hashlib.sha256((root / name).read_bytes()).hexdigest()[:12] for name in ENGINE_SOURCES}
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:12] for p in sorted(root.glob("*.py"))}
 
 
 def environment(opts: Options, engine: dict[str, str]) -> dict[str, Any]:
