@@ -830,9 +830,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.info("scratch dir kept: %s", workdir)
         else:
             shutil.rmtree(workdir, ignore_errors=True)
-    print_tables(results)
-    json_path, md_path = write_reports(results, opts, command, engine)
+    json_path, md_path = write_reports(results, opts, command, engine)  # first: stdout may be a closed pipe
     log.info("figures written to %s and %s", json_path, md_path)
+    print_tables(results)
     return 0
 
 

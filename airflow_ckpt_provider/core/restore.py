@@ -11,6 +11,7 @@ import hashlib
 import logging
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +25,13 @@ from airflow_ckpt_provider.core.errors import CheckpointError, ConflictError, Sn
 from airflow_ckpt_provider.core.jobstore import OBJECTS, JobStore
 from airflow_ckpt_provider.core.manifest import Kind, Manifest, ManifestFile
 from airflow_ckpt_provider.core.progress import Progress, TransferStats
-from airflow_ckpt_provider.core.snapshots import latest_completed, list_snapshots, load_manifest
+from airflow_ckpt_provider.core.snapshots import (
+    LARGE_FILE,
+    latest_completed,
+    list_snapshots,
+    load_manifest,
+    sha256_file,
+)
 from airflow_ckpt_provider.core.storage import LocalStorage, Storage
 
 log = logging.getLogger(__name__)
@@ -127,19 +134,30 @@ def _fetch(store: JobStore, f: ManifestFile, dest: Storage, location: str, progr
     """Copy one object to ``dest`` under its checkpoint path, checking size and SHA-256 first.
 
     ``location`` is the checkpoint's final URI: the few files that hold absolute paths are
-    rewritten to point there (see checkpoint.relocate).
+    rewritten to point there (see ckptfiles.relocate). Large objects go through a file, never
+    through memory (a state snapshot file can hold a whole partition's state).
     """
-    data = store.storage.read(store.object_key(f.sha256))
-    digest = hashlib.sha256(data).hexdigest()
-    if len(data) != f.size or digest != f.sha256:
-        raise SnapshotError(
-            f"snapshot file {f.path} is corrupt: object {store.object_key(f.sha256)} has {len(data)} "
-            f"bytes and SHA-256 {digest}, expected {f.size} bytes and {f.sha256}; nothing was restored. "
-            "Restore another snapshot"
-        )
-    dest.write(f.path, relocate(f.path, data, location))
-    progress.add_bytes(len(data))
+    key = store.object_key(f.sha256)
+    if f.size >= LARGE_FILE:
+        with tempfile.TemporaryDirectory(prefix="ckpt-restore-") as tmp:
+            path = Path(tmp) / "object"
+            store.storage.download(key, path, callback=progress.add_bytes)
+            _check(f, key, path.stat().st_size, sha256_file(path))
+            dest.upload(path, f.path)
+    else:
+        data = store.storage.read(key)
+        _check(f, key, len(data), hashlib.sha256(data).hexdigest())
+        dest.write(f.path, relocate(f.path, data, location))
+        progress.add_bytes(len(data))
     progress.file_done()
+
+
+def _check(f: ManifestFile, key: str, size: int, digest: str) -> None:
+    if size != f.size or digest != f.sha256:
+        raise SnapshotError(
+            f"snapshot file {f.path} is corrupt: object {key} has {size} bytes and SHA-256 {digest}, "
+            f"expected {f.size} bytes and {f.sha256}; nothing was restored. Restore another snapshot"
+        )
 
 
 def _restore_local(

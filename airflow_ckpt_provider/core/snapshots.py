@@ -11,11 +11,13 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from airflow_ckpt_provider.core.checkpoint import BatchView, CheckpointFile, SparkCheckpoint
@@ -37,8 +39,8 @@ from airflow_ckpt_provider.core.storage import Storage
 log = logging.getLogger(__name__)
 
 _CODEC = "spark.sql.streaming.stateStore.compression.codec"
-#: Files above this size are hashed and uploaded as files (multipart) instead of through memory.
-_STREAM_THRESHOLD = 16 * 1024 * 1024
+#: Files of this size or more are hashed and transferred as files (multipart), never through memory.
+LARGE_FILE = 16 * 1024 * 1024
 #: A lock or pending marker older than this belongs to a crashed process and is ignored.
 STALE_AFTER_S = 6 * 3600.0
 
@@ -73,7 +75,7 @@ class SnapshotResult:
         }
 
 
-def _sha256_file(path: os.PathLike[str]) -> str:
+def sha256_file(path: os.PathLike[str]) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -85,14 +87,36 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+#: SHA-256 of local checkpoint files by (path, size, mtime): Spark never rewrites a file in place,
+#: so periodic snapshots in one process read and hash only files they have not seen.
+_digests: dict[tuple[str, int, int], str] = {}
+_digests_lock = threading.Lock()
+_DIGESTS_MAX = 200_000
+
+
+def _file_identity(local: Path | None, size: int) -> tuple[str, int, int] | None:
+    if local is None:
+        return None
+    try:
+        st = local.stat()
+    except FileNotFoundError:
+        return None
+    return (str(local), size, st.st_mtime_ns) if st.st_size == size else None
+
+
 def _store_one(
     src: Storage, store: JobStore, f: CheckpointFile, known: set[str], progress: Progress, *, codec: str
 ) -> ManifestFile:
     """Check and hash one checkpoint file; upload it unless the job store already has its content."""
     local = src.local_path(f.path)
+    identity = _file_identity(local, f.size)
+    cached = _digests.get(identity) if identity else None
+    if cached is not None and cached in known:
+        progress.skipped(f.size)  # checked and hashed by an earlier snapshot, content already stored
+        return ManifestFile(f.path, f.size, cached)
     try:
-        if local is not None and f.size > _STREAM_THRESHOLD:
-            digest = _sha256_file(local)
+        if local is not None and f.size >= LARGE_FILE:
+            digest = sha256_file(local)
             data = None
         else:
             data = src.read(f.path)
@@ -116,6 +140,11 @@ def _store_one(
             "at this batch. Run `ckpt snapshot create --batch` with an older completed batch, or restore "
             "the latest snapshot"
         )
+    if identity:
+        with _digests_lock:
+            if len(_digests) >= _DIGESTS_MAX:
+                _digests.clear()
+            _digests[identity] = digest
     if digest in known:
         progress.skipped(size)
     else:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_ckpt_provider.core import snapshots
 from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
 from airflow_ckpt_provider.core.errors import CheckpointError, ConflictError, SnapshotError
 from airflow_ckpt_provider.core.gc import collect_garbage
@@ -245,3 +246,28 @@ def test_gc_defers_while_a_snapshot_is_being_written(store: JobStore, tmp_path: 
     assert result.deferred == "snapshot savepoint-9-20261122T000000Z-abcdef is being written"
     assert len(store.storage.list(OBJECTS)) == distinct_contents(ckpt)  # nothing deleted
     assert not store.storage.exists(GC_LOCK)  # released
+
+
+def test_large_files_stream_through_files_and_round_trip(store: JobStore, tmp_path: Path) -> None:
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2, payload=17 * 1024 * 1024)  # offsets files above LARGE_FILE
+    m = create_snapshot(store, LocalStorage(ckpt)).manifest
+    assert max(f.size for f in m.files) > 16 * 1024 * 1024
+    target = tmp_path / "restored"
+    restore_snapshot(store, m.snapshot_id, LocalStorage(target))
+    original = tree(ckpt)
+    assert tree(target) == {f.path: original[f.path] for f in m.files}
+
+
+def test_unchanged_files_are_not_read_again(store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ckpt = make_checkpoint(tmp_path / "ckpt", 3)
+    first = create_snapshot(store, LocalStorage(ckpt))
+    checked: list[str] = []
+    real = snapshots.verify_file
+    monkeypatch.setattr(snapshots, "verify_file",
+                        lambda path, data, **kw: checked.append(path) or real(path, data, **kw))
+    write_batch(ckpt, 3)
+    second = create_snapshot(store, LocalStorage(ckpt))
+    new_paths = {f.path for f in second.manifest.files} - {f.path for f in first.manifest.files}
+    assert set(checked) == new_paths  # only files the first snapshot did not see were read and checked
+    assert second.stats.files == 1  # offsets/3; commits/3 has the same content as commits/2
+    assert second.stats.skipped_files == len(second.manifest.files) - 1
