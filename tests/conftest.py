@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,13 +10,32 @@ from pathlib import Path
 import pytest
 
 from airflow_ckpt_provider.core.storage import LocalStorage, S3Options, Storage, open_storage
-from airflow_ckpt_provider.embedded import EmbeddedS3
+from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
+
+# py4j logs "Closing down clientserver connection" from __del__ at interpreter exit, after pytest
+# closed its capture streams, which prints a "Logging error" traceback under the summary.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS3]:
     with EmbeddedS3(workdir=tmp_path_factory.mktemp("seaweedfs")) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def kafka_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedKafka]:
+    """A tansu broker (in memory) for the session; tests create their own uniquely named topics."""
+    with EmbeddedKafka(workdir=tmp_path_factory.mktemp("tansu")) as server:
+        yield server
+
+
+@pytest.fixture
+def topic(kafka_server: EmbeddedKafka) -> str:
+    """A fresh 3-partition topic."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    kafka_server.create_topic(name, partitions=3)
+    return name
 
 
 @pytest.fixture

@@ -53,6 +53,7 @@ SCHEMA = "k STRING, v LONG, id LONG, cat STRING"
 KEYS = ("k0", "k1", "k2", "k3")
 CATEGORIES = ("a", "b", "c")
 ROWS_PER_FILE = 6
+_MTIME_BASE = 1_790_000_000  # 2026-09: recent enough for the file source's maxFileAge (7 days, relative)
 
 
 # --------------------------------------------------------------------------------------------
@@ -107,6 +108,9 @@ def write_input(input_dir: str | os.PathLike[str], i: int, seed: int = 0) -> Pat
     path = directory / f"part-{i:05d}.json"
     text = "".join(json.dumps(row) + "\n" for row in input_rows(i, seed))
     _atomic_write(path, text)
+    # The file source takes files in modification-time order; files written within the same
+    # millisecond would come in any order. One second apart per index keeps file i in batch i.
+    os.utime(path, (_MTIME_BASE + i, _MTIME_BASE + i))
     return path
 
 

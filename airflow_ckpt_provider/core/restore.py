@@ -138,7 +138,12 @@ def _fetch(store: JobStore, f: ManifestFile, dest: Storage, location: str, progr
     through memory (a state snapshot file can hold a whole partition's state).
     """
     key = store.object_key(f.sha256)
-    if f.size >= LARGE_FILE:
+    staged = dest.local_path(f.path)
+    if f.size >= LARGE_FILE and staged is not None:
+        # A local target is a private staging directory until it is renamed into place.
+        store.storage.download(key, staged, callback=progress.add_bytes)
+        _check(f, key, staged.stat().st_size, sha256_file(staged))
+    elif f.size >= LARGE_FILE:
         with tempfile.TemporaryDirectory(prefix="ckpt-restore-") as tmp:
             path = Path(tmp) / "object"
             store.storage.download(key, path, callback=progress.add_bytes)

@@ -133,3 +133,14 @@ def test_truncated_state_file_fails_the_snapshot_and_shows_nothing(
         create_snapshot(store, LocalStorage(ckpt))
     assert store.storage.list("snapshots/") == []
     assert store.storage.list("pending/") == []
+
+
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_uninterrupted_run_matches_the_expected_result(spark: Any, tmp_path: Path, workload: str) -> None:
+    """The oracle the restore tests compare with is what an uninterrupted Spark run produces."""
+    wl = WORKLOADS[workload]
+    for i in range(5):
+        write_input(tmp_path / "in", i)
+    run_to_completion(spark, wl, input_dir=tmp_path / "in", checkpoint_dir=tmp_path / "ckpt",
+                      output_dir=tmp_path / "out", provider="rocksdb")
+    assert wl.read_result(tmp_path / "out") == wl.expected(5)
