@@ -85,7 +85,7 @@ def cmd_create(args: argparse.Namespace) -> int:
         trigger=parse_enum(Trigger, args.trigger),
         batch_id=args.batch,
         code_version=args.code_version,
-        report=_progress_reporter(args),
+        report=_progress,
     )
     d = result.to_dict()
     _emit(args, d, lambda: (
@@ -145,7 +145,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     from airflow_ckpt_provider.core.restore import restore_snapshot
 
     result = restore_snapshot(*_store_and_snapshot(args), open_storage(args.target, _s3_options(args)),
-                              replace=args.replace, report=_progress_reporter(args))
+                              replace=args.replace, report=_progress)
     d = result.to_dict()
     _emit(args, d, lambda: (
         f"restored {d['snapshot_id']} (batch {d['batch_id']}) into {d['target']}: {d['files']} files, "
@@ -170,7 +170,8 @@ def cmd_retain(args: argparse.Namespace) -> int:
     policy = RetentionPolicy(
         checkpoints_keep=args.keep_checkpoints,
         savepoints_max_count=args.max_savepoints,
-        savepoints_max_age=timedelta(seconds=args.max_savepoint_age) if args.max_savepoint_age else None,
+        savepoints_max_age=(timedelta(seconds=args.max_savepoint_age) if args.max_savepoint_age is not None
+                            else None),
     )
     done = apply_retention(_store(args), policy, dry_run=args.dry_run)
     data = [{"snapshot_id": d.snapshot_id, "kind": d.kind.value, "reason": d.reason} for d in done]
@@ -192,8 +193,57 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress_reporter(args: argparse.Namespace) -> Callable[[str], None]:
-    return lambda line: print(line, file=sys.stderr, flush=True)
+# -- kafka commands ----------------------------------------------------------------------------
+
+
+def _kafka_conf(args: argparse.Namespace) -> dict[str, str]:
+    """librdkafka settings from --config FILE (``key=value`` lines), e.g. SASL: secrets stay off argv."""
+    if not args.config:
+        return {}
+    conf: dict[str, str] = {}
+    with open(args.config, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, 1):
+            text = line.strip()
+            if not text or text.startswith(("#", "!")):
+                continue
+            key, sep, value = text.partition("=")
+            if not sep or not key.strip():
+                raise ConfigError(
+                    f"{args.config} line {number}: expected key=value (a librdkafka setting), found {text!r}"
+                )
+            conf[key.strip()] = value.strip()
+    return conf
+
+
+def cmd_kafka_lag(args: argparse.Namespace) -> int:
+    from airflow_ckpt_provider.kafka.lag import checkpoint_lag, consumer_group_lag
+
+    if not args.bootstrap_servers:
+        raise ConfigError("no Kafka cluster given: pass --bootstrap-servers HOST:PORT or set KAFKA_BOOTSTRAP_SERVERS")
+    topics = args.topic or None
+    if args.group:
+        report = consumer_group_lag(args.bootstrap_servers, args.group, topics, _kafka_conf(args), args.timeout)
+    else:
+        report = checkpoint_lag(args.bootstrap_servers, open_storage(args.checkpoint, _s3_options(args)),
+                                topics=topics, conf=_kafka_conf(args), timeout=args.timeout)
+    d = report.to_dict()
+
+    def human() -> str:
+        if not report.partitions:
+            return f"no committed offsets for {report.kind} {report.name}"
+        rows = [[p.topic, str(p.partition), "-" if p.offset is None else str(p.offset), str(p.high), str(p.lag)]
+                for p in report.partitions]
+        at = f" at batch {report.batch_id}" if report.batch_id is not None else ""
+        return (_table(rows, ["TOPIC", "PARTITION", "OFFSET", "HIGH", "LAG"])
+                + f"\ntotal lag of {report.kind} {report.name}{at}: {report.total_lag}")
+
+    _emit(args, d, human)
+    return 0
+
+
+def _progress(line: str) -> None:
+    """Progress of long transfers (files, bytes, rate) goes to stderr; results go to stdout."""
+    print(line, file=sys.stderr, flush=True)
 
 
 # -- parser --------------------------------------------------------------------------------------
@@ -204,6 +254,27 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="job store root: s3://BUCKET/PREFIX or a directory (env CKPT_STORE)")
     p.add_argument("--job", default=os.environ.get("CKPT_JOB"), help="job name (env CKPT_JOB)")
     p.add_argument("--endpoint-url", help="S3 endpoint URL (env AWS_ENDPOINT_URL); credentials from AWS_* env")
+    p.add_argument("--region", help="S3 region (env AWS_REGION)")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    p.add_argument("-v", "--verbose", action="store_true", help="log every step")
+
+
+def _add_kafka_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`ckpt kafka ...`: offsets and lag (the Kafka client is imported only when a command runs)."""
+    kafka = groups.add_parser("kafka", help="Kafka offsets of consumer groups and checkpoints")
+    ksub = kafka.add_subparsers(dest="command", required=True)
+    p = ksub.add_parser("lag", help="per-partition and total lag of a consumer group or a checkpoint")
+    p.set_defaults(fn=cmd_kafka_lag)
+    p.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"),
+                   help="HOST:PORT[,HOST:PORT] (env KAFKA_BOOTSTRAP_SERVERS)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--group", help="a consumer group: its committed offsets")
+    which.add_argument("--checkpoint", help="a Spark checkpoint (directory or s3://): its latest completed batch")
+    p.add_argument("--topic", action="append", help="only this topic (repeatable; default: all the group or "
+                   "checkpoint has offsets for)")
+    p.add_argument("--config", help="a file of librdkafka settings, one key=value a line (e.g. SASL)")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds per broker request (default 10)")
+    p.add_argument("--endpoint-url", help="S3 endpoint URL for an s3:// checkpoint (env AWS_ENDPOINT_URL)")
     p.add_argument("--region", help="S3 region (env AWS_REGION)")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.add_argument("-v", "--verbose", action="store_true", help="log every step")
@@ -251,6 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-age", type=float, default=600.0,
                    help="keep unreferenced objects younger than this many seconds (default 600)")
     p.add_argument("--dry-run", action="store_true")
+    _add_kafka_commands(groups)
     return parser
 
 
@@ -266,8 +338,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CkptError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_ERROR
-    except FileNotFoundError as err:
-        print(f"error: not found: {err}", file=sys.stderr)
+    except OSError as err:  # local files: a missing path, no permission, a full disk
+        print(f"error: {err.strerror or err} ({err.filename or 'no file name'}); check the path and "
+              "its permissions", file=sys.stderr)
         return EXIT_ERROR
 
 

@@ -101,27 +101,29 @@ def main(argv: list[str] | None = None) -> int:
                              access_key_id=s3.access_key, secret_access_key=s3.secret_key)
             store = JobStore(open_storage("s3://ckpt-demo/jobs", opts), "demo-orders")
             spark = spark_session()
-            spark.sparkContext.setLogLevel("ERROR")
-            rows: list[dict[str, Any]] = []
-            for i in range(args.batches):
-                rows += write_events(input_dir, i)
-            ran1, _ = run_batches(spark, input_dir, checkpoint, "totals_before")
-            log.info("ran %d batches on %s", ran1, checkpoint)
+            try:
+                spark.sparkContext.setLogLevel("ERROR")
+                rows: list[dict[str, Any]] = []
+                for i in range(args.batches):
+                    rows += write_events(input_dir, i)
+                ran1, _ = run_batches(spark, input_dir, checkpoint, "totals_before")
+                log.info("ran %d batches on %s", ran1, checkpoint)
 
-            snap = create_snapshot(store, LocalStorage(checkpoint), kind=Kind.SAVEPOINT, trigger=Trigger.MANUAL,
-                                   code_version="demo-v1", spark_version=spark.version)
-            shutil.rmtree(checkpoint)
-            log.info("deleted the live checkpoint %s", checkpoint)
+                snap = create_snapshot(store, LocalStorage(checkpoint), kind=Kind.SAVEPOINT, trigger=Trigger.MANUAL,
+                                       code_version="demo-v1", spark_version=spark.version)
+                shutil.rmtree(checkpoint)
+                log.info("deleted the live checkpoint %s", checkpoint)
 
-            restored_at = work / "checkpoint-restored"
-            restored = restore_snapshot(store, snap.manifest.snapshot_id, LocalStorage(restored_at))
-            for i in range(args.batches, 2 * args.batches):
-                rows += write_events(input_dir, i)
-            ran2, state = run_batches(spark, input_dir, restored_at, "totals_after")
-            expected = expected_state(rows)
-            final = create_snapshot(store, LocalStorage(restored_at), kind=Kind.SAVEPOINT, trigger=Trigger.STOP)
-            verified = verify_snapshot(store, final.manifest.snapshot_id)
-            spark.stop()
+                restored_at = work / "checkpoint-restored"
+                restored = restore_snapshot(store, snap.manifest.snapshot_id, LocalStorage(restored_at))
+                for i in range(args.batches, 2 * args.batches):
+                    rows += write_events(input_dir, i)
+                ran2, state = run_batches(spark, input_dir, restored_at, "totals_after")
+                expected = expected_state(rows)
+                final = create_snapshot(store, LocalStorage(restored_at), kind=Kind.SAVEPOINT, trigger=Trigger.STOP)
+                verified = verify_snapshot(store, final.manifest.snapshot_id)
+            finally:
+                spark.stop()
             exact = state == expected
             report(store, snap.to_dict(), restored.to_dict(), final.to_dict(),
                    {"ran1": ran1, "ran2": ran2, "events": len(rows), "exact": exact and verified.ok,
@@ -139,7 +141,7 @@ def report(store: JobStore, snap: dict[str, Any], restored: dict[str, Any], fina
     print("\n=== airflow-ckpt-provider demo ===")
     print(f"batches before the savepoint: {run['ran1']}, after the restore: {run['ran2']}; events: {run['events']}")
     print(f"savepoint {snap['snapshot_id']} at batch {snap['batch_id']}: {snap['files']} files, "
-          f"{human_bytes(snap['bytes'])} uploaded in {snap['seconds']} s")
+          f"{human_bytes(snap['bytes'])}, taken in {snap['seconds']} s")
     print(f"live checkpoint deleted; restored into {restored['target']} in {restored['seconds']} s, "
           f"Spark resumed at batch {restored['resume_batch']}")
     print(f"final savepoint {final['snapshot_id']} at batch {final['batch_id']}: uploaded "

@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Any
 
 from airflow_ckpt_provider.core.errors import ConfigError, SnapshotError
+from airflow_ckpt_provider.core.storage import check_key
 
 FORMAT_VERSION = 1
 
@@ -137,7 +138,7 @@ class Manifest:
             expected = d.pop("checksum", None)
             if expected != _checksum(d):
                 raise ValueError("its checksum does not match its content")
-            files = tuple(ManifestFile(str(p), int(s), str(h)) for p, s, h in d["files"])
+            files = tuple(ManifestFile(check_key(str(p)), int(s), _hex64(h)) for p, s, h in d["files"])
             return cls(
                 job=d["job"],
                 snapshot_id=d["snapshot_id"],
@@ -158,11 +159,23 @@ class Manifest:
             )
         except SnapshotError:
             raise
-        except (ValueError, KeyError, TypeError) as err:
+        except (ValueError, KeyError, TypeError, ConfigError) as err:
             raise SnapshotError(
                 f"manifest {where} is corrupt ({err}); the snapshot cannot be trusted: restore another "
                 "snapshot, and dispose of this one"
             ) from err
+
+
+def _hex64(value: object) -> str:
+    text = str(value)
+    if len(text) != 64 or text.strip("0123456789abcdef"):
+        raise ValueError(f"{text!r} is not a SHA-256 hex digest")
+    return text
+
+
+def snapshot_order(m: Manifest) -> tuple[str, int]:
+    """The one ordering of snapshots: by creation time (each writer's UTC clock), then batch id."""
+    return (m.created_at, m.batch_id)
 
 
 def _checksum(body: dict[str, Any]) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 
 from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint, is_spark_checkpoint
 from airflow_ckpt_provider.core.ckptfiles import relocate
-from airflow_ckpt_provider.core.errors import CheckpointError, ConflictError, SnapshotError
+from airflow_ckpt_provider.core.errors import CheckpointError, ConflictError, SnapshotError, StorageError
 from airflow_ckpt_provider.core.jobstore import OBJECTS, JobStore
 from airflow_ckpt_provider.core.manifest import Kind, Manifest, ManifestFile
 from airflow_ckpt_provider.core.progress import Progress, TransferStats
@@ -62,8 +62,8 @@ class RestoreResult:
         }
 
 
-def describe_target(target: Storage) -> str | None:
-    """What the target already holds, or None if it is empty."""
+def describe_target(target: Storage) -> tuple[str, bool] | None:
+    """What the target already holds and whether it is a Spark checkpoint, or None if it is empty."""
     existing = target.list()
     if not existing:
         return None
@@ -73,8 +73,36 @@ def describe_target(target: Storage) -> str | None:
             latest = ckpt.latest_completed_batch()
         except CheckpointError:
             latest = None
-        return f"a Spark checkpoint ({len(existing)} files, latest completed batch {latest})"
-    return f"{len(existing)} files that are not a Spark checkpoint"
+        return f"a Spark checkpoint ({len(existing)} files, latest completed batch {latest})", True
+    return f"{len(existing)} files that are not a Spark checkpoint", False
+
+
+def _location(storage: Storage) -> str:
+    """A comparable form of a location: the absolute path, or bucket/prefix for s3:// and s3a://."""
+    if isinstance(storage, LocalStorage):
+        return storage.root.resolve().as_posix().rstrip("/") + "/"
+    return storage.url.split("://", 1)[-1].rstrip("/") + "/"
+
+
+def _check_target(store: JobStore, target: Storage, what: str, *, replace: bool) -> bool:
+    """Refuse targets that overlap the job store or hold other data; True if a checkpoint is replaced."""
+    ours, theirs = _location(store.root), _location(target)
+    if ours.startswith(theirs) or theirs.startswith(ours):
+        raise ConflictError(
+            f"cannot restore {what} into {target.url}: it overlaps the job store {store.root.url}; "
+            "choose a checkpoint location outside the job store"
+        )
+    if not isinstance(target, LocalStorage) and theirs.count("/") < 2:
+        raise ConflictError(f"cannot restore {what} into {target.url}: a bucket root is never a checkpoint location")
+    held = describe_target(target)
+    if held is None:
+        return False
+    description, is_checkpoint = held
+    if not replace or not is_checkpoint:
+        hint = ("pass replace to discard it" if is_checkpoint
+                else "only a Spark checkpoint is ever replaced: move those files away or choose another location")
+        raise ConflictError(f"cannot restore {what} into {target.url}: it already holds {description}; {hint}")
+    return True
 
 
 def restore_snapshot(
@@ -89,22 +117,17 @@ def restore_snapshot(
     """Materialize a snapshot at ``target``; refuse a non-empty target unless ``replace``."""
     manifest = load_manifest(store, snapshot_id)
     what = f"job {store.job} snapshot {snapshot_id} (batch {manifest.batch_id})"
-    held = describe_target(target)
-    if held and not replace:
-        raise ConflictError(
-            f"cannot restore {what} into {target.url}: it already holds {held}. Choose an empty "
-            "location, or pass replace to discard what is there"
-        )
+    replaced = _check_target(store, target, what, replace=replace)
     _check_objects(store, manifest)
     _warn_time_travel(store, manifest)
     progress = Progress(f"restore {what}", len(manifest.files), manifest.total_bytes, report=report)
     if isinstance(target, LocalStorage):
         _restore_local(store, manifest, target.root, progress, concurrency)
     else:
-        _restore_remote(store, manifest, target, progress, replace=bool(held), concurrency=concurrency)
+        _restore_remote(store, manifest, target, progress, concurrency=concurrency)
     stats = progress.finish()
     log.info("%s: restored into %s; Spark resumes at batch %d", what, target.url, manifest.resume_batch)
-    return RestoreResult(manifest, target.url, bool(held), stats)
+    return RestoreResult(manifest, target.url, replaced, stats)
 
 
 def _check_objects(store: JobStore, manifest: Manifest) -> None:
@@ -130,31 +153,35 @@ def _warn_time_travel(store: JobStore, manifest: Manifest) -> None:
         )
 
 
-def _fetch(store: JobStore, f: ManifestFile, dest: Storage, location: str, progress: Progress) -> None:
-    """Copy one object to ``dest`` under its checkpoint path, checking size and SHA-256 first.
+def _fetch(store: JobStore, f: ManifestFile, dest: LocalStorage, location: str, progress: Progress) -> None:
+    """Copy one object into the staging directory ``dest``, checking size and SHA-256 first.
 
     ``location`` is the checkpoint's final URI: the few files that hold absolute paths are
     rewritten to point there (see ckptfiles.relocate). Large objects go through a file, never
     through memory (a state snapshot file can hold a whole partition's state).
     """
     key = store.object_key(f.sha256)
-    staged = dest.local_path(f.path)
-    if f.size >= LARGE_FILE and staged is not None:
-        # A local target is a private staging directory until it is renamed into place.
+    try:
+        _copy_object(store, f, dest, location, progress)
+    except FileNotFoundError:
+        raise SnapshotError(
+            f"snapshot file {f.path} (object {store.storage.uri(key)}) disappeared during the restore: the "
+            "snapshot was disposed and garbage-collected meanwhile; nothing was restored. Restore another snapshot"
+        ) from None
+    progress.file_done()
+
+
+def _copy_object(store: JobStore, f: ManifestFile, dest: LocalStorage, location: str, progress: Progress) -> None:
+    key = store.object_key(f.sha256)
+    if f.size >= LARGE_FILE:
+        staged = dest.root / f.path  # private until the staging directory is renamed or uploaded
         store.storage.download(key, staged, callback=progress.add_bytes)
         _check(f, key, staged.stat().st_size, sha256_file(staged))
-    elif f.size >= LARGE_FILE:
-        with tempfile.TemporaryDirectory(prefix="ckpt-restore-") as tmp:
-            path = Path(tmp) / "object"
-            store.storage.download(key, path, callback=progress.add_bytes)
-            _check(f, key, path.stat().st_size, sha256_file(path))
-            dest.upload(path, f.path)
     else:
         data = store.storage.read(key)
         _check(f, key, len(data), hashlib.sha256(data).hexdigest())
         dest.write(f.path, relocate(f.path, data, location))
         progress.add_bytes(len(data))
-    progress.file_done()
 
 
 def _check(f: ManifestFile, key: str, size: int, digest: str) -> None:
@@ -186,18 +213,35 @@ def _restore_local(
 
 
 def _restore_remote(
-    store: JobStore, manifest: Manifest, target: Storage, progress: Progress, *, replace: bool, concurrency: int
+    store: JobStore, manifest: Manifest, target: Storage, progress: Progress, *, concurrency: int
 ) -> None:
-    if replace:
-        target.delete([o.key for o in target.list()])
-    # `metadata` last: until it exists the location is not a checkpoint Spark would resume from.
-    ordered = sorted(manifest.files, key=lambda f: f.path == "metadata")
-    head, last = ordered[:-1], ordered[-1:]
-    try:
+    """Fetch and verify everything locally first; only then touch the target.
+
+    Write order: state and source files, then ``metadata``, then ``offsets/`` and ``commits/`` last:
+    Spark resumes from the logs, so until they are complete the location does not look resumable.
+    Keys of a replaced checkpoint that the snapshot lacks are deleted at the end.
+    """
+    with tempfile.TemporaryDirectory(prefix="ckpt-restore-") as tmp:
+        staged = LocalStorage(tmp)
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-            list(pool.map(lambda f: _fetch(store, f, target, target.url, progress), head))
-        for f in last:
-            _fetch(store, f, target, target.url, progress)
-    except BaseException:
-        target.delete([f.path for f in manifest.files])
-        raise
+            list(pool.map(lambda f: _fetch(store, f, staged, target.url, progress), manifest.files))
+        stale = {o.key for o in target.list()} - {f.path for f in manifest.files}
+        order = sorted(manifest.files, key=lambda f: (f.path.split("/", 1)[0] in ("offsets", "commits"),
+                                                      f.path == "metadata" or f.path.startswith("commits/")))
+        written: list[str] = []
+        try:
+            for f in order:
+                target.upload(staged.root / f.path, f.path)
+                written.append(f.path)
+        except BaseException:
+            if not stale:  # a fresh location: leave nothing behind; a replaced one is already mixed
+                _best_effort_delete(target, written)
+            raise
+        _best_effort_delete(target, sorted(stale))
+
+
+def _best_effort_delete(target: Storage, keys: list[str]) -> None:
+    try:
+        target.delete(keys)
+    except StorageError as err:
+        log.warning("could not delete %d files under %s: %s", len(keys), target.url, err)

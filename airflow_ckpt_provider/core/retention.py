@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.manifest import Kind, Manifest
+from airflow_ckpt_provider.core.manifest import Kind, Manifest, snapshot_order
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Disposal:
 
 
 def _newest_first(manifests: Sequence[Manifest], kind: Kind) -> list[Manifest]:
-    return sorted((m for m in manifests if m.kind == kind), key=lambda m: (m.created_at, m.batch_id), reverse=True)
+    return sorted((m for m in manifests if m.kind == kind), key=snapshot_order, reverse=True)
 
 
 def plan_retention(manifests: Sequence[Manifest], policy: RetentionPolicy, now: datetime) -> list[Disposal]:

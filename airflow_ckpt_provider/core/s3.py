@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import boto3
-from boto3.exceptions import S3UploadFailedError
+from boto3.exceptions import Boto3Error, S3TransferFailedError, S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import (
@@ -21,13 +21,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 from botocore.exceptions import ConnectTimeoutError as BotoConnectTimeout
-from tenacity import (
-    before_sleep_log,
-    retry,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential,
-)
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.storage import (
@@ -51,7 +45,6 @@ _TRANSIENT_CODES = {
     "ServiceUnavailable",
     "SlowDown",
     "RequestTimeout",
-    "RequestTimeTooSkewed",
     "ConditionalRequestConflict",  # a concurrent conditional write: retry decides the winner
     "500",
     "502",
@@ -80,14 +73,25 @@ def _is_transient(exc: BaseException) -> bool:
     return isinstance(exc, ClientError) and _code(exc) in _TRANSIENT_CODES
 
 
-#: Retry one S3 request on network errors and 5xx: 5 attempts over ~3 s, then the error goes up.
-_retry = retry(
-    retry=retry_if_exception(_is_transient),
-    stop=stop_after_attempt(5),
-    wait=wait_exponential(multiplier=0.2, max=2.0),
-    reraise=True,
-    before_sleep=before_sleep_log(log, logging.WARNING),
-)
+ATTEMPTS = 5
+
+
+def _retrying(what: str) -> Retrying:
+    """Retry one S3 request on network errors and 5xx: 5 attempts over ~3 s, then the error goes up."""
+
+    def before_sleep(state: RetryCallState) -> None:
+        err = state.outcome.exception() if state.outcome else None
+        wait = state.next_action.sleep if state.next_action else 0.0
+        log.warning("S3 %s: attempt %d of %d failed (%s), retrying in %.1f s",
+                    what, state.attempt_number, ATTEMPTS, type(err).__name__, wait)
+
+    return Retrying(
+        retry=retry_if_exception(_is_transient),
+        stop=stop_after_attempt(ATTEMPTS),
+        wait=wait_exponential(multiplier=0.2, max=2.0),
+        reraise=True,
+        before_sleep=before_sleep,
+    )
 
 _clients: dict[tuple[Any, ...], S3Client] = {}
 _clients_lock = threading.Lock()
@@ -146,8 +150,8 @@ class S3Storage(Storage):
         """Run one request with retries and turn botocore errors into StorageError."""
         try:
             try:
-                return _retry(fn)()
-            except S3UploadFailedError as wrapped:
+                return _retrying(what)(fn)
+            except (S3UploadFailedError, S3TransferFailedError) as wrapped:
                 raise _unwrap(wrapped) from None
         except ClientError as err:
             raise self._translate(what, err) from err
@@ -159,9 +163,9 @@ class S3Storage(Storage):
         except (EndpointConnectionError, BotoConnectTimeout, ConnectionClosedError, ReadTimeoutError) as err:
             raise StorageError(
                 f"{what}: cannot reach S3 endpoint {self.opts.endpoint_url or 'AWS default'} "
-                f"after 5 attempts ({err}); check the endpoint URL and that the server is up"
+                f"after {ATTEMPTS} attempts ({err}); check the endpoint URL and that the server is up"
             ) from err
-        except BotoCoreError as err:
+        except (BotoCoreError, Boto3Error) as err:
             raise StorageError(f"{what}: S3 request failed: {err}") from err
 
     def _translate(self, what: str, err: ClientError) -> Exception:
@@ -172,6 +176,10 @@ class S3Storage(Storage):
             return StorageError(
                 f"{what}: bucket {self.bucket!r} does not exist at {self.opts.endpoint_url or 'AWS'}; "
                 "create it or fix the store URL"
+            )
+        if code == "RequestTimeTooSkewed":
+            return StorageError(
+                f"{what}: the local clock is more than 15 minutes off the S3 server's; sync the clock (NTP)"
             )
         if code in _AUTH_CODES:
             creds = self.opts.redacted()
@@ -231,7 +239,14 @@ class S3Storage(Storage):
                 raise
             return True
 
-        return self._call(f"create {self.uri(key)}", put)
+        if self._call(f"create {self.uri(key)}", put):
+            return True
+        # A 412 after a retried PUT may answer our own first attempt, whose response was lost: the
+        # bytes we write are unique (ids, timestamps, tokens), so equal bytes mean we created it.
+        try:
+            return self.read(key) == data
+        except FileNotFoundError:
+            return False
 
     def delete(self, keys: Iterable[str]) -> None:
         batch = [{"Key": self._key(k)} for k in keys]

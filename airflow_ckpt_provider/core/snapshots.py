@@ -31,7 +31,14 @@ from airflow_ckpt_provider.core.jobstore import (
     JobStore,
     check_snapshot_id,
 )
-from airflow_ckpt_provider.core.manifest import Kind, Manifest, ManifestFile, Trigger, new_snapshot_id
+from airflow_ckpt_provider.core.manifest import (
+    Kind,
+    Manifest,
+    ManifestFile,
+    Trigger,
+    new_snapshot_id,
+    snapshot_order,
+)
 from airflow_ckpt_provider.core.progress import Progress, TransferStats
 from airflow_ckpt_provider.core.retention import Disposal, RetentionPolicy, plan_retention
 from airflow_ckpt_provider.core.storage import Storage
@@ -44,7 +51,8 @@ LARGE_FILE = 16 * 1024 * 1024
 #: A lock or pending marker older than this belongs to a crashed process and is ignored.
 STALE_AFTER_S = 6 * 3600.0
 
-#: Test hook: called with the name of each creation step ("pending", "upload", "uploaded", "manifest").
+#: Test hook: called with the name of each creation step: "pending", "upload", "file" (after each
+#: file is stored), "uploaded", "manifest" (before it is created) and "committed".
 StepHook = Callable[[str], None]
 
 
@@ -185,8 +193,8 @@ def create_snapshot(
     what = f"job {store.job} snapshot {snapshot_id} (batch {view.batch_id})"
     log.info("%s: creating %s from %s, %d files", what, kind.value, checkpoint.url, len(view.files))
 
-    _begin_write(store, snapshot_id, now)
     try:
+        _begin_write(store, snapshot_id, now)
         manifest, stats = _write_snapshot(
             store, checkpoint, view, snapshot_id=snapshot_id, kind=kind, trigger=trigger, now=now, step=step,
             concurrency=concurrency, report=report, meta=(code_version, spark_version), labels=labels or {},
@@ -194,7 +202,7 @@ def create_snapshot(
     finally:
         # On success the manifest exists; on failure nothing references the uploaded objects (gc
         # removes them). Either way the marker has served. After kill -9 it stays until stale.
-        store.storage.delete([store.pending_key(snapshot_id)])
+        _drop_marker(store, snapshot_id)
     uri = store.snapshot_uri(snapshot_id)
     seconds = time.monotonic() - started
     log.info(
@@ -228,7 +236,13 @@ def _write_snapshot(
     step("upload")
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
         codec = view.conf.get(_CODEC, "lz4")
-        files = list(pool.map(lambda f: _store_one(checkpoint, store, f, known, progress, codec=codec), view.files))
+
+        def store_one(f: CheckpointFile) -> ManifestFile:
+            stored = _store_one(checkpoint, store, f, known, progress, codec=codec)
+            step("file")
+            return stored
+
+        files = list(pool.map(store_one, view.files))
     stats = progress.finish()
     step("uploaded")
     manifest = Manifest(
@@ -256,6 +270,14 @@ def _write_snapshot(
     return manifest, stats
 
 
+def _drop_marker(store: JobStore, snapshot_id: str) -> None:
+    """Best effort: a marker left behind only delays gc; it must not hide the snapshot's outcome."""
+    try:
+        store.storage.delete([store.pending_key(snapshot_id)])
+    except StorageError as err:
+        log.warning("job %s snapshot %s: could not delete its pending marker: %s", store.job, snapshot_id, err)
+
+
 def _is_fresh(store: JobStore, key: str, now: float) -> bool:
     info = store.storage.stat(key)
     return info is not None and now - info.mtime < STALE_AFTER_S
@@ -273,7 +295,6 @@ def _begin_write(store: JobStore, snapshot_id: str, now: datetime, wait_s: float
     deadline = time.monotonic() + wait_s
     while _is_fresh(store, GC_LOCK, time.time()):
         if time.monotonic() > deadline:
-            store.storage.delete([store.pending_key(snapshot_id)])
             raise ConflictError(
                 f"job {store.job}: garbage collection has held {store.storage.uri(GC_LOCK)} for more "
                 f"than {wait_s:.0f} s; retry later, or delete that lock if no gc is running"
@@ -281,8 +302,12 @@ def _begin_write(store: JobStore, snapshot_id: str, now: datetime, wait_s: float
         time.sleep(0.2)
 
 
-def list_snapshots(store: JobStore, kind: Kind | None = None) -> list[Manifest]:
-    """Completed snapshots, oldest first; a corrupt manifest is skipped with a warning."""
+def list_snapshots(store: JobStore, kind: Kind | None = None, *, strict: bool = False) -> list[Manifest]:
+    """Completed snapshots, oldest first.
+
+    A corrupt or unreadable manifest is skipped with a warning, or raises SnapshotError if
+    ``strict`` (gc must not mistake the objects of a snapshot it cannot read for garbage).
+    """
     keys = [o.key for o in store.storage.list(SNAPSHOTS) if o.key.endswith("/manifest.json")]
 
     def load(key: str) -> Manifest | None:
@@ -291,14 +316,14 @@ def list_snapshots(store: JobStore, kind: Kind | None = None) -> list[Manifest]:
         except FileNotFoundError:  # disposed while we listed
             return None
         except SnapshotError as err:
+            if strict:
+                raise
             log.warning("job %s: skipping snapshot: %s", store.job, err)
             return None
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         found = [m for m in pool.map(load, keys) if m is not None]
-    return sorted(
-        (m for m in found if kind is None or m.kind == kind), key=lambda m: (m.created_at, m.batch_id)
-    )
+    return sorted((m for m in found if kind is None or m.kind == kind), key=snapshot_order)
 
 
 def latest_completed(manifests: Iterable[Manifest], kinds: Iterable[Kind] = tuple(Kind)) -> Manifest | None:
@@ -308,8 +333,7 @@ def latest_completed(manifests: Iterable[Manifest], kinds: Iterable[Kind] = tupl
     carry lower batch ids than the abandoned timeline's, and they are the ones to resume from.
     """
     wanted = set(kinds)
-    candidates = [m for m in manifests if m.kind in wanted]
-    return max(candidates, key=lambda m: (m.created_at, m.batch_id), default=None)
+    return max((m for m in manifests if m.kind in wanted), key=snapshot_order, default=None)
 
 
 def load_manifest(store: JobStore, snapshot_id: str) -> Manifest:

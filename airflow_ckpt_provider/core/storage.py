@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
+import stat
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
@@ -125,6 +125,8 @@ class LocalStorage(Storage):
         return self._path(key)
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
+        if prefix:
+            check_key(prefix.rstrip("/") or "x")
         # Walk only the deepest directory the prefix names, then filter by the rest of the prefix.
         base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         top = self.root / base if base else self.root
@@ -156,23 +158,33 @@ class LocalStorage(Storage):
     def read(self, key: str) -> bytes:
         try:
             return self._path(key).read_bytes()
-        except IsADirectoryError:
+        except (IsADirectoryError, NotADirectoryError):
             raise FileNotFoundError(self.uri(key)) from None
 
-    def _temp_for(self, path: Path) -> Path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return path.with_name(f".{path.name}{_TMP_MARK}{uuid.uuid4().hex[:8]}")
+    def _temp_with(self, path: Path, data: bytes) -> Path:
+        """A durable temp file next to ``path`` holding ``data``, ready to be renamed or linked."""
+        tmp = path.with_name(f".{path.name}{_TMP_MARK}{uuid.uuid4().hex[:8]}")
+        for attempt in range(5):
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with open(tmp, "xb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                return tmp
+            except (FileNotFoundError, FileExistsError):
+                # A concurrent delete() pruned the empty parent while we created it or wrote into it.
+                if attempt == 4:
+                    raise
+        raise AssertionError("unreachable")
 
     def write(self, key: str, data: bytes) -> None:
         path = self._path(key)
-        tmp = self._temp_for(path)
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        os.replace(self._temp_with(path, data), path)
 
     def create(self, key: str, data: bytes) -> bool:
         path = self._path(key)
-        tmp = self._temp_for(path)
-        tmp.write_bytes(data)
+        tmp = self._temp_with(path, data)
         try:
             os.link(tmp, path)  # atomic create-if-absent with the full content already in place
             return True
@@ -189,9 +201,12 @@ class LocalStorage(Storage):
 
     def upload(self, path: Path, key: str, callback: BytesCallback | None = None) -> None:
         dest = self._path(key)
-        tmp = self._temp_for(dest)
-        shutil.copyfile(path, tmp)
-        os.replace(tmp, dest)
+        tmp = self._temp_with(dest, b"")
+        try:
+            shutil.copyfile(path, tmp)
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
         if callback:
             callback(dest.stat().st_size)
 
@@ -206,8 +221,6 @@ class LocalStorage(Storage):
 
 
 def _is_dir(mode: int) -> bool:
-    import stat
-
     return stat.S_ISDIR(mode)
 
 
@@ -232,6 +245,15 @@ class S3Options:
     max_concurrency: int = 8
     connect_timeout: float = 5.0
     read_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.endpoint_url and urlparse(self.endpoint_url).scheme not in ("http", "https"):
+            raise ConfigError(
+                f"invalid S3 endpoint URL {self.endpoint_url!r}: expected http://HOST:PORT or https://HOST"
+            )
+
+    def __repr__(self) -> str:
+        return f"S3Options({self.redacted()})"
 
     def redacted(self) -> dict[str, Any]:
         """For logs and messages: the key id shortened, secrets never shown."""
@@ -262,7 +284,3 @@ def open_storage(url: str | os.PathLike[str], s3: S3Options | None = None) -> St
         "or a local path"
     )
 
-
-def scratch_dir(prefix: str) -> Path:
-    """A fresh private temporary directory (the caller removes it)."""
-    return Path(tempfile.mkdtemp(prefix=prefix))

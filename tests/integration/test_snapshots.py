@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_ckpt_provider.core import gc as gc_module
 from airflow_ckpt_provider.core import snapshots
 from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
 from airflow_ckpt_provider.core.errors import CheckpointError, ConflictError, SnapshotError
@@ -34,10 +35,10 @@ from tests.ckptfactory import make_checkpoint, write_batch
 pytestmark = pytest.mark.integration
 
 
-def distinct_contents(ckpt: Path) -> int:
+def distinct_contents(ckpt: Path, first: int | None = None) -> int:
     """How many objects a snapshot of this checkpoint stores (identical files share one)."""
-    view = SparkCheckpoint(LocalStorage(ckpt)).view()
-    return len({hashlib.sha256((ckpt / f.path).read_bytes()).digest() for f in view.files})
+    files = SparkCheckpoint(LocalStorage(ckpt)).view().files[:first]
+    return len({hashlib.sha256((ckpt / f.path).read_bytes()).digest() for f in files})
 
 
 def tree(root: Path) -> dict[str, bytes]:
@@ -86,7 +87,7 @@ def test_second_snapshot_uploads_only_new_files(store: JobStore, tmp_path: Path)
     assert len(store.storage.list(OBJECTS)) == len(old | {f.sha256 for f in second.manifest.files})
 
 
-@pytest.mark.parametrize("step", ["pending", "upload", "uploaded", "manifest"])
+@pytest.mark.parametrize("step", ["pending", "upload", "file", "uploaded", "manifest"])
 def test_crash_at_each_step_leaves_no_visible_snapshot(store: JobStore, tmp_path: Path, step: str) -> None:
     ckpt = make_checkpoint(tmp_path / "ckpt", 3)
 
@@ -104,14 +105,17 @@ def test_crash_at_each_step_leaves_no_visible_snapshot(store: JobStore, tmp_path
 
 
 def _create_and_die(store_root: Storage, ckpt: str, step: str) -> None:
+    seen: list[str] = []
+
     def die(name: str) -> None:
-        if name == step:
+        seen.append(name)
+        if name == step and (step != "file" or seen.count("file") == 2):
             os._exit(137)  # like kill -9: no finally, no cleanup
 
-    create_snapshot(JobStore(store_root, "orders"), LocalStorage(ckpt), on_step=die)
+    create_snapshot(JobStore(store_root, "orders"), LocalStorage(ckpt), on_step=die, concurrency=1)
 
 
-@pytest.mark.parametrize("step", ["upload", "uploaded"])
+@pytest.mark.parametrize("step", ["upload", "file", "uploaded", "manifest"])
 def test_killed_process_leaves_no_snapshot_and_gc_cleans_after_marker_is_stale(
     store: JobStore, tmp_path: Path, step: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -128,7 +132,8 @@ def test_killed_process_leaves_no_snapshot_and_gc_cleans_after_marker_is_stale(
     result = collect_garbage(store, min_age_s=0)
     assert result.deferred is None
     assert store.storage.list(OBJECTS) == [] and store.storage.list("pending/") == []
-    assert result.deleted_objects == (0 if step == "upload" else distinct_contents(ckpt))
+    expected = {"upload": 0, "file": distinct_contents(ckpt, first=2)}.get(step, distinct_contents(ckpt))
+    assert result.deleted_objects == expected
 
 
 def test_bad_inputs_change_nothing(store: JobStore, tmp_path: Path) -> None:
@@ -271,3 +276,110 @@ def test_unchanged_files_are_not_read_again(store: JobStore, tmp_path: Path, mon
     assert set(checked) == new_paths  # only files the first snapshot did not see were read and checked
     assert second.stats.files == 1  # offsets/3; commits/3 has the same content as commits/2
     assert second.stats.skipped_files == len(second.manifest.files) - 1
+
+
+def test_gc_sees_a_writer_that_commits_between_its_listings(
+    store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gc lists pending markers, then manifests: a writer finishing in between is never missed."""
+    ckpt = make_checkpoint(tmp_path / "ckpt", 3)
+    old = create_snapshot(store, LocalStorage(ckpt)).manifest
+    dispose_snapshot(store, old.snapshot_id, force=True)  # its objects are unreferenced now
+    at_manifest, finish = threading.Event(), threading.Event()
+
+    def hold(name: str) -> None:
+        if name == "manifest":
+            at_manifest.set()
+            finish.wait(30)
+
+    done: list[str] = []
+    writer = threading.Thread(target=lambda: done.append(
+        create_snapshot(store, LocalStorage(ckpt), on_step=hold).manifest.snapshot_id))
+    writer.start()
+    assert at_manifest.wait(30)  # the writer reused the old objects and is about to commit
+
+    def first_listing(real):  # type: ignore[no-untyped-def]
+        def wrapped(*args, **kwargs):  # type: ignore[no-untyped-def]
+            result = real(*args, **kwargs)
+            if not finish.is_set():  # let the writer commit and drop its marker right after gc's first listing
+                finish.set()
+                writer.join(30)
+            return result
+        return wrapped
+
+    monkeypatch.setattr(gc_module, "pending_markers", first_listing(gc_module.pending_markers))
+    monkeypatch.setattr(gc_module, "list_snapshots", first_listing(gc_module.list_snapshots))
+    result = collect_garbage(store, min_age_s=0)
+    assert len(done) == 1
+    assert result.deleted_objects == 0  # the writer committed before gc listed manifests: all referenced
+    assert verify_snapshot(store, done[0]).ok
+
+
+def test_gc_deletes_nothing_while_a_manifest_is_unreadable(store: JobStore, tmp_path: Path) -> None:
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
+    m = create_snapshot(store, LocalStorage(ckpt)).manifest
+    key = store.manifest_key(m.snapshot_id)
+    store.storage.write(key, store.storage.read(key).replace(b'"format": 1', b'"format": 2'))  # a newer writer
+    before = store.storage.list(OBJECTS)
+    result = collect_garbage(store, min_age_s=0)
+    assert result.deferred is not None and "cannot be read" in result.deferred
+    assert store.storage.list(OBJECTS) == before
+
+
+def test_restore_refuses_targets_that_overlap_the_store_or_hold_other_data(store: JobStore, tmp_path: Path) -> None:
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
+    m = create_snapshot(store, LocalStorage(ckpt)).manifest
+    if isinstance(store.root, LocalStorage):
+        for target in (store.root.root, store.root.root / "orders" / "ckpt", store.root.root.parent):
+            with pytest.raises(ConflictError, match="overlaps the job store"):
+                restore_snapshot(store, m.snapshot_id, LocalStorage(target), replace=True)
+    else:
+        with pytest.raises(ConflictError, match="overlaps the job store"):
+            restore_snapshot(store, m.snapshot_id, store.root.child("orders"), replace=True)
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    with pytest.raises(ConflictError, match="only a Spark checkpoint is ever replaced"):
+        restore_snapshot(store, m.snapshot_id, LocalStorage(precious), replace=True)
+    assert (precious / "notes.txt").read_text() == "keep me"
+    assert verify_snapshot(store, m.snapshot_id).ok
+
+
+def test_local_writes_survive_concurrent_deletes_of_their_directory(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+    errors: list[BaseException] = []
+
+    def churn(name: str) -> None:
+        try:
+            for i in range(500):
+                storage.write(f"pending/{name}.json", str(i).encode())
+                storage.delete([f"pending/{name}.json"])
+        except BaseException as err:
+            errors.append(err)
+
+    threads = [threading.Thread(target=churn, args=(n,)) for n in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_restore_into_s3_is_verified_before_the_target_is_touched(
+    s3_root: Storage, tmp_path: Path
+) -> None:
+    store = JobStore(s3_root.child("stores"), "orders")
+    target = s3_root.child("live").child("orders-ckpt")
+    m1 = create_snapshot(store, LocalStorage(make_checkpoint(tmp_path / "a", 3))).manifest
+    restore_snapshot(store, m1.snapshot_id, target)
+    restored = {o.key for o in target.list()}
+    assert restored == {f.path for f in m1.files}
+    assert SparkCheckpoint(target).latest_completed_batch() == 2
+
+    m2 = create_snapshot(store, LocalStorage(make_checkpoint(tmp_path / "b", 5))).manifest
+    victim = next(f for f in m2.files if f.sha256 not in {g.sha256 for g in m1.files})
+    store.storage.write(store.object_key(victim.sha256), b"Z" * victim.size)
+    with pytest.raises(SnapshotError, match="is corrupt"):
+        restore_snapshot(store, m2.snapshot_id, target, replace=True)
+    assert {o.key for o in target.list()} == restored  # the old checkpoint is untouched
+    assert SparkCheckpoint(target).latest_completed_batch() == 2

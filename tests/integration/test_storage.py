@@ -73,3 +73,18 @@ def test_unreachable_endpoint_fails_after_retries() -> None:
                      access_key_id="AK", secret_access_key="SK", connect_timeout=1.0)
     with pytest.raises(StorageError, match="cannot reach S3 endpoint"):
         open_storage("s3://b/x", opts).list()
+
+
+def test_create_recognizes_its_own_earlier_attempt(s3_root: Storage) -> None:
+    """A PUT that landed but whose response was lost is retried, gets 412, and still counts as ours."""
+    s3_root.write("job/snapshots/x/manifest.json", b"our unique bytes")  # the attempt that landed
+    assert s3_root.create("job/snapshots/x/manifest.json", b"our unique bytes") is True
+    assert s3_root.create("job/snapshots/x/manifest.json", b"someone else's bytes") is False
+
+
+def test_endpoint_without_scheme_is_refused_clearly() -> None:
+    from airflow_ckpt_provider.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="expected http://HOST:PORT"):
+        S3Options(endpoint_url="127.0.0.1:9000")
+    assert "secret" not in repr(S3Options(access_key_id="AKIAEXAMPLE", secret_access_key="secret"))

@@ -1,0 +1,1 @@
+"""Kafka for PySpark without the JVM connector: a streaming source, commit-on-completion, lag."""

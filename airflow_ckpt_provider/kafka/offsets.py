@@ -1,0 +1,82 @@
+"""Kafka offsets as Spark's Kafka source writes them: ``{"topic": {"partition": next_offset}}``.
+
+The same JSON shape is the offset of the ``ckpt-kafka`` source in the Spark checkpoint and the
+``endOffset`` of Spark's own Kafka source in query progress, so one parser serves the committer
+and the lag API for both. An offset is always the NEXT offset to read (last processed + 1), which
+is also what Kafka expects as a committed group offset.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from airflow_ckpt_provider.core.errors import CkptError, ConfigError
+
+#: topic -> partition -> next offset to read
+Offsets = dict[str, dict[int, int]]
+
+class DataLossError(CkptError):
+    """Records a query still had to read are gone from the broker (and failOnDataLoss is true)."""
+
+
+#: In startingOffsets JSON, as in Spark's Kafka source.
+EARLIEST = -2
+LATEST = -1
+
+
+def parse_offsets(value: str | Mapping[str, Any], what: str = "offsets") -> Offsets:
+    """Parse ``{"topic": {"0": 12}}`` (JSON text or a dict); ConfigError says what is wrong."""
+    try:
+        raw = json.loads(value) if isinstance(value, str) else value
+        if not isinstance(raw, Mapping):
+            raise TypeError("not a JSON object")
+        out: Offsets = {}
+        for topic, parts in raw.items():
+            if not isinstance(parts, Mapping):
+                raise TypeError(f"topic {topic!r} maps to {type(parts).__name__}, expected an object")
+            out[str(topic)] = {int(p): int(o) for p, o in parts.items()}
+        return out
+    except (ValueError, TypeError) as err:
+        raise ConfigError(
+            f"invalid {what} {value!r}: expected JSON like {{\"topic\": {{\"0\": 23, \"1\": -2}}}} "
+            f"(partition -> offset; -2 earliest, -1 latest): {err}"
+        ) from err
+
+
+def to_json_dict(offsets: Offsets) -> dict[str, dict[str, int]]:
+    """The checkpoint form: partitions as strings, sorted, so equal offsets serialize equally."""
+    return {t: {str(p): offsets[t][p] for p in sorted(offsets[t])} for t in sorted(offsets)}
+
+
+def format_offsets(offsets: Offsets) -> str:
+    return json.dumps(to_json_dict(offsets), separators=(",", ":"))
+
+
+def total(offsets: Offsets) -> int:
+    return sum(o for parts in offsets.values() for o in parts.values())
+
+
+def flatten(offsets: Offsets) -> dict[tuple[str, int], int]:
+    return {(t, p): o for t, parts in offsets.items() for p, o in parts.items()}
+
+
+def kafka_offsets_or_none(value: str | None) -> Offsets | None:
+    """Offsets if ``value`` (a source offset from query progress or the offsets log) is Kafka-shaped.
+
+    Other sources' offsets (file source ``{"logOffset": 3}``, rate source ``"12"``, ``null``) give
+    None, as do negative or empty offsets: a resolved Kafka end offset is a non-empty map of
+    partitions to offsets >= 0.
+    """
+    if not value or value == "null":
+        return None
+    try:
+        offsets = parse_offsets(value)
+    except ConfigError:
+        return None
+    if not offsets or any(not parts for parts in offsets.values()):
+        return None
+    if any(p < 0 or o < 0 for parts in offsets.values() for p, o in parts.items()):
+        return None
+    return offsets
