@@ -30,7 +30,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
-from airflow_ckpt_provider.kafka.offsets import Offsets, flatten, format_offsets, kafka_offsets_or_none
+from airflow_ckpt_provider.kafka.offsets import (
+    Offsets,
+    commit_target,
+    flatten,
+    format_offsets,
+    kafka_offsets_or_none,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -447,11 +453,77 @@ class KafkaCommitListener(StreamingQueryListener):
         return self.committer.close(timeout)
 
 
+#: Guards the registries below and the routers' committer maps.
+_lock = threading.Lock()
+
+
+class SourceCommitRouter(StreamingQueryListener):
+    """Commits for ``ckpt-kafka`` sources that set ``commitGroupId``: the group is in their end offset.
+
+    One per session (installed by ``source.register``); one :class:`OffsetCommitter` per group.
+    """
+
+    def __init__(self, conf: KafkaConf | None = None, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.conf = dict(conf or {})
+        self.timeout = timeout
+        self.committers: dict[tuple[str, str], OffsetCommitter] = {}
+
+    def onQueryStarted(self, event: QueryStartedEvent) -> None:
+        pass
+
+    def onQueryProgress(self, event: QueryProgressEvent) -> None:
+        progress = event.progress
+        try:
+            for source in progress.sources:
+                target = commit_target(source.endOffset)
+                offsets = kafka_offsets_or_none(source.endOffset)
+                if target is not None and offsets is not None:
+                    self._committer(*target).submit(offsets, progress.batchId, str(progress.id))
+        except Exception:  # never raise into Spark's listener bus
+            log.exception("Cannot submit the offsets of batch %s of query %s", progress.batchId, progress.id)
+
+    def onQueryIdle(self, event: QueryIdleEvent) -> None:
+        pass
+
+    def onQueryTerminated(self, event: QueryTerminatedEvent) -> None:
+        pass
+
+    def _committer(self, group_id: str, servers: str) -> OffsetCommitter:
+        with _lock:
+            committer = self.committers.get((group_id, servers))
+            if committer is None:
+                committer = OffsetCommitter(group_id, servers, self.conf, timeout=self.timeout)
+                self.committers[(group_id, servers)] = committer
+                log.info("Offsets of completed batches are committed to group %s at %s (commitGroupId)",
+                         group_id, servers)
+            return committer
+
+    def close(self, timeout: float | None = None) -> bool:
+        with _lock:
+            committers = list(self.committers.values())
+        closed = [c.close(timeout) for c in committers]  # close every one, even after a failure
+        return all(closed)
+
+
+_routers: dict[int, tuple[Any, SourceCommitRouter]] = {}
+
+
+def ensure_source_router(spark: SparkSession, conf: KafkaConf | None = None) -> SourceCommitRouter:
+    """The session's :class:`SourceCommitRouter`, registered on first call; idempotent."""
+    with _lock:
+        found = _routers.get(id(spark))
+        if found is not None:
+            return found[1]
+        router = SourceCommitRouter(conf)
+        spark.streams.addListener(router)
+        _routers[id(spark)] = (spark, router)
+        return router
+
+
 # ------------------------------------------------------------------------------------------------
 # Registration: one listener per (session, group)
 # ------------------------------------------------------------------------------------------------
 
-_lock = threading.Lock()
 # (id of the Python SparkSession, group) -> (session kept alive so its id is not reused, listener, settings)
 _listeners: dict[tuple[int, str], tuple[Any, KafkaCommitListener, tuple[str, tuple[tuple[str, str], ...]]]] = {}
 
@@ -530,8 +602,12 @@ def _close_all() -> None:
     with _lock:
         listeners = [listener for _session, listener, _settings in _listeners.values()]
         _listeners.clear()
+        routers = [router for _session, router in _routers.values()]
+        _routers.clear()
     for listener in listeners:
         listener.close(timeout=min(listener.committer.timeout, 5.0))
+    for router in routers:
+        router.close(timeout=min(router.timeout, 5.0))
 
 
 atexit.register(_close_all)

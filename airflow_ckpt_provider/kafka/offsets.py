@@ -26,6 +26,11 @@ EARLIEST = -2
 LATEST = -1
 
 
+#: Keys starting with "$" are never Kafka topics (not a legal character): the source keeps its own
+#: metadata under them next to the offsets, e.g. the commitGroupId of the query.
+COMMIT_KEY = "$commit"
+
+
 def parse_offsets(value: str | Mapping[str, Any], what: str = "offsets") -> Offsets:
     """Parse ``{"topic": {"0": 12}}`` (JSON text or a dict); ConfigError says what is wrong."""
     try:
@@ -34,6 +39,8 @@ def parse_offsets(value: str | Mapping[str, Any], what: str = "offsets") -> Offs
             raise TypeError("not a JSON object")
         out: Offsets = {}
         for topic, parts in raw.items():
+            if str(topic).startswith("$"):
+                continue
             if not isinstance(parts, Mapping):
                 raise TypeError(f"topic {topic!r} maps to {type(parts).__name__}, expected an object")
             out[str(topic)] = {int(p): int(o) for p, o in parts.items()}
@@ -80,3 +87,15 @@ def kafka_offsets_or_none(value: str | None) -> Offsets | None:
     if any(p < 0 or o < 0 for parts in offsets.values() for p, o in parts.items()):
         return None
     return offsets
+
+
+def commit_target(value: str | Mapping[str, Any] | None) -> tuple[str, str] | None:
+    """(group, bootstrap servers) a ckpt-kafka source with ``commitGroupId`` wrote into its offset."""
+    try:
+        raw = json.loads(value) if isinstance(value, str) else value
+    except ValueError:
+        return None
+    target = raw.get(COMMIT_KEY) if isinstance(raw, Mapping) else None
+    if not isinstance(target, Mapping) or not target.get("group") or not target.get("servers"):
+        return None
+    return str(target["group"]), str(target["servers"])
