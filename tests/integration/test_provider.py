@@ -40,7 +40,7 @@ def test_connection_fields_are_declared_in_provider_info() -> None:
 
 def test_core_imports_without_airflow() -> None:
     code = ("import sys, importlib\n"
-            "for m in ['snapshots','restore','gc','retention','checkpoint','ckptfiles','storage','s3']:\n"
+            "for m in ['snapshots','restore','gc','retention','checkpoint','ckptfiles','storage','s3','restart']:\n"
             "    importlib.import_module('airflow_ckpt_provider.core.' + m)\n"
             "import airflow_ckpt_provider.cli\n"
             "bad = [m for m in sys.modules if m == 'airflow' or m.startswith('airflow.')]\n"
