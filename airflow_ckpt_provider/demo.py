@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shutil
 import sys
 import tempfile
@@ -25,7 +24,7 @@ from airflow_ckpt_provider.core.progress import human_bytes
 from airflow_ckpt_provider.core.restore import restore_snapshot
 from airflow_ckpt_provider.core.snapshots import create_snapshot, list_snapshots, verify_snapshot
 from airflow_ckpt_provider.core.storage import LocalStorage, S3Options, open_storage
-from airflow_ckpt_provider.embedded import EmbeddedS3
+from airflow_ckpt_provider.embedded import EmbeddedS3, local_spark
 
 log = logging.getLogger("airflow_ckpt_provider.demo")
 
@@ -68,17 +67,10 @@ def expected_state(all_rows: list[dict[str, Any]]) -> dict[str, tuple[int, int]]
 
 
 def spark_session() -> Any:
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # else Spark picks the first non-loopback interface
-    return (SparkSession.builder.master("local[2]").appName("ckpt-demo")
-            .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
-            .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.sql.streaming.stateStore.providerClass",
-                    "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
-            .getOrCreate())
+    return local_spark("ckpt-demo", **{
+        "spark.sql.streaming.stateStore.providerClass":
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    })
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,7 +94,6 @@ def main(argv: list[str] | None = None) -> int:
             store = JobStore(open_storage("s3://ckpt-demo/jobs", opts), "demo-orders")
             spark = spark_session()
             try:
-                spark.sparkContext.setLogLevel("ERROR")
                 rows: list[dict[str, Any]] = []
                 for i in range(args.batches):
                     rows += write_events(input_dir, i)

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from airflow_ckpt_provider.core.errors import CkptError
 
@@ -37,6 +37,35 @@ _MAX_HTTP_PORT = 65_535 - _GRPC_OFFSET
 _LOG_TAIL_LINES = 30
 _WEED_SOCKET_DIR = Path("/tmp")  # noqa: S108 - weed hardcodes its gRPC unix sockets there
 _unclosed: set[_EmbeddedProcess] = set()  # started and not closed yet: closed at exit
+
+
+def local_spark(app_name: str, **conf: str) -> Any:
+    """A local[2] SparkSession that listens on 127.0.0.1 only: driver, block manager, no UI.
+
+    The one place for the embedded default's Spark settings (demo, tests, benchmarks); ``conf``
+    adds or overrides settings. The caller stops the session.
+    """
+    from pyspark.sql import SparkSession
+
+    # Python workers must run this interpreter (pandas, pyarrow, protobuf live here); without
+    # SPARK_LOCAL_IP Spark picks the first non-loopback interface for its block manager.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", HOST)
+    settings = {
+        "spark.driver.bindAddress": HOST,
+        "spark.driver.host": HOST,
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "2",
+        **conf,
+    }
+    builder = SparkSession.builder.master("local[2]").appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
 
 
 class EmbeddedServiceError(CkptError):

@@ -10,14 +10,13 @@ nothing is asserted. Starts its own tansu broker on 127.0.0.1 and a local[2] Spa
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
 import uuid
 from typing import Any
 
-from airflow_ckpt_provider.embedded import EmbeddedKafka
+from airflow_ckpt_provider.embedded import EmbeddedKafka, local_spark
 
 PARTITIONS = 3
 
@@ -134,17 +133,9 @@ def source_run(spark: Any, bootstrap: str, topic: str, records: int, group: str 
 
 
 def spark_session() -> Any:
-    from pyspark.sql import SparkSession
-
     from airflow_ckpt_provider.kafka.source import register
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    spark = (SparkSession.builder.master("local[2]").appName("kafka-bench")
-             .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_spark("kafka-bench")
     register(spark)
     return spark
 

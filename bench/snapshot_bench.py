@@ -272,24 +272,14 @@ def check_disk(workdir: Path, opts: Options) -> None:
 @contextlib.contextmanager
 def spark_session(opts: Options) -> Iterator[SparkSession]:
     """A local[2] session on 127.0.0.1, UI off, few shuffle partitions, the chosen state store."""
-    from pyspark.sql import SparkSession
+    from airflow_ckpt_provider.embedded import local_spark
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     started = time.monotonic()
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("snapshot-bench")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.memory", "4g")  # the HDFS-backed store keeps two versions of the state on heap
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", str(opts.partitions))
-        .config("spark.sql.streaming.stateStore.providerClass", PROVIDERS[opts.provider])
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("WARN")
+    spark = local_spark("snapshot-bench", **{
+        "spark.driver.memory": "4g",  # the HDFS-backed store keeps two versions of the state on heap
+        "spark.sql.shuffle.partitions": str(opts.partitions),
+        "spark.sql.streaming.stateStore.providerClass": PROVIDERS[opts.provider],
+    })
     log.info("spark %s started in %.1f s (local[2], %s state store, %d shuffle partitions)",
              spark.version, time.monotonic() - started, opts.provider, opts.partitions)
     try:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import sys
 import tempfile
 import threading
 import time
@@ -62,28 +61,16 @@ _MTIME_BASE = 1_790_000_000  # 2026-09: recent enough for the file source's maxF
 
 
 def spark_session(app_name: str = "ckpt-tests", **conf: str) -> SparkSession:
-    """A small local[2] session bound to 127.0.0.1, UI off, 2 shuffle partitions."""
-    from pyspark.sql import SparkSession
+    """The embedded default's local Spark (127.0.0.1 only), sized for tests."""
+    from airflow_ckpt_provider.embedded import local_spark
 
-    # Spark's Python workers must run this interpreter (pandas, pyarrow, protobuf live here).
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     settings = {
-        "spark.driver.bindAddress": "127.0.0.1",
-        "spark.driver.host": "127.0.0.1",
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.sql.shuffle.partitions": "2",
         "spark.default.parallelism": "2",
         "spark.driver.memory": "1g",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         **conf,
     }
-    builder = SparkSession.builder.master("local[2]").appName(app_name)
-    for key, value in settings.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    spark: SparkSession = local_spark(app_name, **settings)
     return spark
 
 
@@ -316,24 +303,39 @@ def run_to_completion(
     """Run ``workload`` until every input file is processed (one batch per file); raise on failure."""
     if provider not in workload.providers:
         raise ValueError(f"workload {workload.name} does not run on provider {provider}")
-    stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(os.fspath(input_dir))
-    writer = (
-        workload.transform(stream)
-        .writeStream.outputMode(workload.output_mode)
-        .foreachBatch(json_sink(output_dir))
-        .option("checkpointLocation", os.fspath(checkpoint_dir))
-        .trigger(availableNow=True)
-    )
-    # The query clones the session conf when it starts, so the provider applies to this query only.
-    for key, value in {**PROVIDERS[provider], **(extra_conf or {})}.items():
-        spark.conf.set(key, value)
-    query = writer.start()
+    query = _start(spark, workload, input_dir, checkpoint_dir, output_dir,
+                   conf={**PROVIDERS[provider], **(extra_conf or {})}, trigger={"availableNow": True})
     try:
         if not query.awaitTermination(int(timeout)):
             raise TimeoutError(f"{workload.name} on {provider} did not finish within {timeout} s")
     finally:
         if query.isActive:
             query.stop()
+
+
+def _start(
+    spark: SparkSession,
+    workload: Workload,
+    input_dir: str | os.PathLike[str],
+    checkpoint_dir: str | os.PathLike[str],
+    output_dir: str | os.PathLike[str],
+    *,
+    conf: dict[str, str],
+    trigger: dict[str, Any],
+) -> Any:
+    """Start ``workload`` over the input directory (one file per batch) into the JSON sink."""
+    stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(os.fspath(input_dir))
+    writer = (
+        workload.transform(stream)
+        .writeStream.outputMode(workload.output_mode)
+        .foreachBatch(json_sink(output_dir))
+        .option("checkpointLocation", os.fspath(checkpoint_dir))
+        .trigger(**trigger)
+    )
+    # The query clones the session conf when it starts, so the provider applies to this query only.
+    for key, value in conf.items():
+        spark.conf.set(key, value)
+    return writer.start()
 
 
 @contextmanager
@@ -350,17 +352,8 @@ def running_query(
 ) -> Iterator[None]:
     """Run ``workload`` continuously while a feeder adds input files 1..files-1, one every ``every`` s."""
     write_input(input_dir, 0)
-    for key, value in PROVIDERS[provider].items():
-        spark.conf.set(key, value)
-    stream = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(os.fspath(input_dir))
-    query = (
-        workload.transform(stream)
-        .writeStream.outputMode(workload.output_mode)
-        .foreachBatch(json_sink(output_dir))
-        .option("checkpointLocation", os.fspath(checkpoint_dir))
-        .trigger(processingTime="50 milliseconds")
-        .start()
-    )
+    query = _start(spark, workload, input_dir, checkpoint_dir, output_dir,
+                   conf=PROVIDERS[provider], trigger={"processingTime": "50 milliseconds"})
     stop = threading.Event()
 
     def feed() -> None:

@@ -22,7 +22,7 @@ from typing import Any
 from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint, is_spark_checkpoint
 from airflow_ckpt_provider.core.ckptfiles import relocate
 from airflow_ckpt_provider.core.errors import CheckpointError, ConflictError, SnapshotError, StorageError
-from airflow_ckpt_provider.core.jobstore import OBJECTS, JobStore
+from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.manifest import Kind, Manifest, ManifestFile
 from airflow_ckpt_provider.core.progress import Progress, TransferStats
 from airflow_ckpt_provider.core.snapshots import (
@@ -30,6 +30,7 @@ from airflow_ckpt_provider.core.snapshots import (
     latest_completed,
     list_snapshots,
     load_manifest,
+    object_problems,
     sha256_file,
 )
 from airflow_ckpt_provider.core.storage import LocalStorage, Storage
@@ -131,16 +132,13 @@ def restore_snapshot(
 
 
 def _check_objects(store: JobStore, manifest: Manifest) -> None:
-    stored = {o.key: o.size for o in store.storage.list(OBJECTS)}
-    for f in manifest.files:
-        key = store.object_key(f.sha256)
-        if stored.get(key) != f.size:
-            found = "missing" if key not in stored else f"{stored[key]} bytes instead of {f.size}"
-            raise SnapshotError(
-                f"snapshot {manifest.snapshot_id} of job {manifest.job} is incomplete: {f.path} "
-                f"(object {store.storage.uri(key)}) is {found}; nothing was restored. Run `ckpt "
-                "snapshot verify` and restore another snapshot"
-            )
+    problems = object_problems(store, manifest)
+    if problems:
+        raise SnapshotError(
+            f"snapshot {manifest.snapshot_id} of job {manifest.job} is incomplete ({len(problems)} files), "
+            f"first {next(iter(problems.values()))}; nothing was restored. Run `ckpt snapshot verify` and "
+            "restore another snapshot"
+        )
 
 
 def _warn_time_travel(store: JobStore, manifest: Manifest) -> None:

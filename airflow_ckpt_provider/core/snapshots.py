@@ -371,27 +371,37 @@ class VerifyReport:
         return not self.problems
 
 
+def object_problems(store: JobStore, manifest: Manifest) -> dict[str, str]:
+    """Files of ``manifest`` whose object is missing or has the wrong size: path -> problem (one LIST)."""
+    stored = {o.key: o.size for o in store.storage.list(OBJECTS)}
+    problems = {}
+    for f in manifest.files:
+        key = store.object_key(f.sha256)
+        if key not in stored:
+            problems[f.path] = f"{f.path}: object {key} is missing"
+        elif stored[key] != f.size:
+            problems[f.path] = f"{f.path}: object {key} has {stored[key]} bytes, expected {f.size}"
+    return problems
+
+
 def verify_snapshot(store: JobStore, snapshot_id: str, *, deep: bool = True, concurrency: int = 8) -> VerifyReport:
     """Check that every object exists with the right size and, if ``deep``, the right SHA-256."""
     manifest = load_manifest(store, snapshot_id)
-    stored = {o.key: o.size for o in store.storage.list(OBJECTS)}
+    found = object_problems(store, manifest)
+    present = [f for f in manifest.files if f.path not in found]
 
-    def check(f: ManifestFile) -> tuple[str | None, int]:
+    def check(f: ManifestFile) -> str | None:
         key = store.object_key(f.sha256)
-        if key not in stored:
-            return f"{f.path}: object {key} is missing", 0
-        if stored[key] != f.size:
-            return f"{f.path}: object {key} has {stored[key]} bytes, expected {f.size}", 0
-        if deep:
-            digest = hashlib.sha256(store.storage.read(key)).hexdigest()
-            if digest != f.sha256:
-                return f"{f.path}: object {key} content has SHA-256 {digest}, expected {f.sha256}", f.size
-        return None, f.size if deep else 0
+        digest = hashlib.sha256(store.storage.read(key)).hexdigest()
+        if digest == f.sha256:
+            return None
+        return f"{f.path}: object {key} content has SHA-256 {digest}, expected {f.sha256}"
 
-    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        results = list(pool.map(check, manifest.files))
-    problems = tuple(p for p, _ in results if p)
-    checked = sum(n for _, n in results)
+    if deep:
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+            found.update((f.path, p) for f, p in zip(present, pool.map(check, present), strict=True) if p)
+    problems = tuple(found[f.path] for f in manifest.files if f.path in found)
+    checked = sum(f.size for f in present) if deep else 0
     level = logging.INFO if not problems else logging.ERROR
     log.log(level, "job %s snapshot %s: verified %d files, %d problems", store.job, snapshot_id,
             len(manifest.files), len(problems))

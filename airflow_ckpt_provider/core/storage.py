@@ -161,14 +161,18 @@ class LocalStorage(Storage):
         except (IsADirectoryError, NotADirectoryError):
             raise FileNotFoundError(self.uri(key)) from None
 
-    def _temp_with(self, path: Path, data: bytes) -> Path:
-        """A durable temp file next to ``path`` holding ``data``, ready to be renamed or linked."""
+    def _temp_with(self, path: Path, data: bytes | Path) -> Path:
+        """A durable temp file next to ``path`` holding ``data`` (bytes, or a file's content)."""
         tmp = path.with_name(f".{path.name}{_TMP_MARK}{uuid.uuid4().hex[:8]}")
         for attempt in range(5):
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 with open(tmp, "xb") as f:
-                    f.write(data)
+                    if isinstance(data, Path):
+                        with open(data, "rb") as src:
+                            shutil.copyfileobj(src, f, 1 << 20)
+                    else:
+                        f.write(data)
                     f.flush()
                     os.fsync(f.fileno())
                 return tmp
@@ -201,12 +205,7 @@ class LocalStorage(Storage):
 
     def upload(self, path: Path, key: str, callback: BytesCallback | None = None) -> None:
         dest = self._path(key)
-        tmp = self._temp_with(dest, b"")
-        try:
-            shutil.copyfile(path, tmp)
-            os.replace(tmp, dest)
-        finally:
-            tmp.unlink(missing_ok=True)
+        os.replace(self._temp_with(dest, path), dest)
         if callback:
             callback(dest.stat().st_size)
 

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -250,14 +249,8 @@ def test_ckpt_kafka_lag_command(kafka_server: EmbeddedKafka, topic: str, tmp_pat
 
 
 @pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    from airflow_ckpt_provider.kafka.source import register
-    from tests import sparkjobs
-
-    session = sparkjobs.spark_session("ckpt-kafka-commit-tests")
-    register(session)
-    yield session
-    session.stop()
+def spark(kafka_spark: Any) -> Any:
+    return kafka_spark
 
 
 def batch_end(ckpt: Path, batch: int) -> Offsets | None:

@@ -17,14 +17,13 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from airflow_ckpt_provider.embedded import EmbeddedKafka
-from airflow_ckpt_provider.kafka.source import register
 from tests import sparkjobs
 
 pytestmark = pytest.mark.integration
@@ -36,11 +35,8 @@ JOB = Path(__file__).resolve().parents[1] / "kafkajob.py"
 
 
 @pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = sparkjobs.spark_session("ckpt-kafka-source-tests")
-    register(session)
-    yield session
-    session.stop()
+def spark(kafka_spark: Any) -> Any:
+    return kafka_spark
 
 
 # --------------------------------------------------------------------------------------------

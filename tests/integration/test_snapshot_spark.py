@@ -144,3 +144,16 @@ def test_uninterrupted_run_matches_the_expected_result(spark: Any, tmp_path: Pat
     run_to_completion(spark, wl, input_dir=tmp_path / "in", checkpoint_dir=tmp_path / "ckpt",
                       output_dir=tmp_path / "out", provider="rocksdb")
     assert wl.read_result(tmp_path / "out") == wl.expected(5)
+
+
+def test_local_spark_listens_on_loopback_only(spark: Any) -> None:
+    """The embedded default's Spark (driver, block manager, py4j) binds 127.0.0.1 only."""
+    import os
+
+    from tests.integration.test_embedded import _listening
+
+    spark.range(10).count()  # executors and the block manager are up
+    jvm = spark.sparkContext._gateway.proc.pid
+    tcp = {(addr, port) for proto, addr, port in _listening(os.getpgid(jvm)) if proto.startswith("tcp")}
+    assert tcp, "found no listening socket of the Spark JVM's process group"
+    assert {addr for addr, _ in tcp} <= {"127.0.0.1", "::ffff:127.0.0.1", "::1"}, tcp
