@@ -24,14 +24,7 @@ EXIT_VERIFY_FAILED = 3
 
 
 def _s3_options(args: argparse.Namespace) -> S3Options:
-    # Credentials come from the environment (AWS_ACCESS_KEY_ID, ...) only, never from argv.
-    return S3Options(
-        endpoint_url=args.endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None,
-        region=args.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None,
-        access_key_id=os.environ.get("AWS_ACCESS_KEY_ID") or None,
-        secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY") or None,
-        session_token=os.environ.get("AWS_SESSION_TOKEN") or None,
-    )
+    return S3Options.from_env(args.endpoint_url, args.region)
 
 
 def _store(args: argparse.Namespace) -> JobStore:

@@ -29,6 +29,7 @@ from airflow_ckpt_provider.core.storage import (
     ObjectInfo,
     S3Options,
     Storage,
+    Versioned,
     check_key,
     join,
 )
@@ -247,6 +248,36 @@ class S3Storage(Storage):
             return self.read(key) == data
         except FileNotFoundError:
             return False
+
+    def read_versioned(self, key: str) -> Versioned | None:
+        def get() -> Versioned:
+            answer = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+            return Versioned(answer["Body"].read(), answer["ETag"])
+
+        try:
+            return self._call(f"read {self.uri(key)}", get)
+        except FileNotFoundError:
+            return None
+
+    def write_if(self, key: str, data: bytes, tag: str | None) -> bool:
+        if tag is None:
+            return self.create(key, data)
+
+        def put() -> bool:
+            try:
+                self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfMatch=tag)
+            except ClientError as err:
+                # 412: someone else wrote first; 409: a concurrent conditional write is in progress.
+                if _code(err) in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+                    return False
+                raise
+            return True
+
+        if self._call(f"conditional write {self.uri(key)}", put):
+            return True
+        # As in create(): a lost response to our own successful first attempt also reads as a 412.
+        current = self.read_versioned(key)
+        return current is not None and current.data == data
 
     def delete(self, keys: Iterable[str]) -> None:
         batch = [{"Key": self._key(k)} for k in keys]

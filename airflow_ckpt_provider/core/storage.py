@@ -6,6 +6,8 @@ containing empty or "." segments (SeaweedFS maps keys to file paths and rejects 
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import logging
 import os
 import shutil
@@ -35,6 +37,14 @@ class ObjectInfo:
     key: str
     size: int
     mtime: float
+
+
+@dataclass(frozen=True)
+class Versioned:
+    """An object's bytes and the version tag a conditional write compares against."""
+
+    data: bytes
+    tag: str
 
 
 def check_key(key: str) -> str:
@@ -79,6 +89,15 @@ class Storage(ABC):
     @abstractmethod
     def create(self, key: str, data: bytes) -> bool:
         """Create the object only if absent, atomically; True if created, False if it existed."""
+
+    @abstractmethod
+    def read_versioned(self, key: str) -> Versioned | None:
+        """The object's bytes and version tag, or None if it does not exist."""
+
+    @abstractmethod
+    def write_if(self, key: str, data: bytes, tag: str | None) -> bool:
+        """Compare-and-swap: replace the object only if its tag is still ``tag`` (``None``: only if
+        absent). True if written, False if someone else wrote first."""
 
     @abstractmethod
     def delete(self, keys: Iterable[str]) -> None:
@@ -197,6 +216,27 @@ class LocalStorage(Storage):
         finally:
             tmp.unlink()
 
+    def read_versioned(self, key: str) -> Versioned | None:
+        try:
+            data = self.read(key)
+        except FileNotFoundError:
+            return None
+        return Versioned(data, hashlib.sha256(data).hexdigest())
+
+    def write_if(self, key: str, data: bytes, tag: str | None) -> bool:
+        if tag is None:
+            return self.create(key, data)
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # An advisory lock next to the object serializes compare-and-swap between processes of this host.
+        with open(path.with_name(f".{path.name}{_TMP_MARK}lock"), "ab") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            current = self.read_versioned(key)
+            if current is None or current.tag != tag:
+                return False
+            self.write(key, data)
+            return True
+
     def delete(self, keys: Iterable[str]) -> None:
         for key in keys:
             path = self._path(key)
@@ -253,6 +293,19 @@ class S3Options:
 
     def __repr__(self) -> str:
         return f"S3Options({self.redacted()})"
+
+    @classmethod
+    def from_env(cls, endpoint_url: str | None = None, region: str | None = None) -> S3Options:
+        """Endpoint and region as given or from AWS_ENDPOINT_URL/AWS_REGION; credentials from the
+        environment only (AWS_ACCESS_KEY_ID, ...), never from argv, where ``ps`` would show them."""
+        env = os.environ.get
+        return cls(
+            endpoint_url=endpoint_url or env("AWS_ENDPOINT_URL") or None,
+            region=region or env("AWS_REGION") or env("AWS_DEFAULT_REGION") or None,
+            access_key_id=env("AWS_ACCESS_KEY_ID") or None,
+            secret_access_key=env("AWS_SECRET_ACCESS_KEY") or None,
+            session_token=env("AWS_SESSION_TOKEN") or None,
+        )
 
     def redacted(self) -> dict[str, Any]:
         """For logs and messages: the key id shortened, secrets never shown."""

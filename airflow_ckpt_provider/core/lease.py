@@ -1,0 +1,126 @@
+"""The job lease: at most one driver runs a job. Each driver takes the lease with a higher epoch
+(compare-and-swap on ``lease.json``); a driver that sees a newer epoch is fenced and stops itself,
+as a Kafka transactional producer is fenced by a newer one with the same id."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from airflow_ckpt_provider.core.errors import ConflictError, StorageError
+from airflow_ckpt_provider.core.jobstore import LEASE, JobStore
+
+log = logging.getLogger(__name__)
+
+
+class FencedError(ConflictError):
+    """A newer driver holds the job's lease: this one must not commit another batch."""
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """The content of ``lease.json``: who holds the job, since when, at which epoch."""
+
+    job: str
+    epoch: int
+    owner: str
+    host: str
+    pid: int
+    acquired_at: float
+    released: bool = False
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str) -> LeaseRecord:
+        try:
+            body: dict[str, Any] = json.loads(data)
+            return cls(
+                job=str(body["job"]), epoch=int(body["epoch"]), owner=str(body["owner"]),
+                host=str(body["host"]), pid=int(body["pid"]), acquired_at=float(body["acquired_at"]),
+                released=bool(body.get("released", False)),
+            )
+        except (ValueError, KeyError, TypeError) as err:
+            raise StorageError(
+                f"lease {where} is not a valid lease record ({err}); expected the JSON a ckpt driver writes. "
+                "Delete it only if no driver of this job is running"
+            ) from err
+
+
+def read_lease(store: JobStore) -> LeaseRecord | None:
+    """The current lease of the job, or None if no driver ever took it."""
+    found = store.storage.read_versioned(LEASE)
+    return LeaseRecord.from_bytes(found.data, store.storage.uri(LEASE)) if found else None
+
+
+class Lease:
+    """One driver's hold on a job: ``acquire()`` once, ``check()`` often, ``release()`` at a clean stop."""
+
+    def __init__(self, store: JobStore, *, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.clock = clock
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.record: LeaseRecord | None = None
+        self.previous: LeaseRecord | None = None
+
+    @property
+    def epoch(self) -> int:
+        if self.record is None:
+            raise AssertionError("lease not acquired")
+        return self.record.epoch
+
+    def acquire(self, attempts: int = 20) -> LeaseRecord:
+        """Take the lease with the next epoch, whoever holds it now (the newest driver wins)."""
+        for _ in range(attempts):
+            current = self.store.storage.read_versioned(LEASE)
+            previous = LeaseRecord.from_bytes(current.data, self.store.storage.uri(LEASE)) if current else None
+            mine = LeaseRecord(
+                job=self.store.job, epoch=(previous.epoch if previous else 0) + 1, owner=self.owner,
+                host=socket.gethostname(), pid=os.getpid(), acquired_at=self.clock(),
+            )
+            if self.store.storage.write_if(LEASE, mine.to_bytes(), current.tag if current else None):
+                self.record, self.previous = mine, previous
+                held = "released" if previous is None or previous.released else f"held by {previous.owner}"
+                log.info(
+                    "job %s: lease taken at epoch %d by %s (previous epoch %s, %s)",
+                    self.store.job, mine.epoch, self.owner, previous.epoch if previous else "-", held,
+                )
+                return mine
+        raise ConflictError(
+            f"job {self.store.job}: could not take the lease in {attempts} attempts: other drivers keep "
+            "taking it; check that only one supervisor or Airflow task starts this job"
+        )
+
+    def previous_may_run(self) -> bool:
+        """True if the driver we took the lease from may still be running (it did not release it)."""
+        return self.previous is not None and not self.previous.released
+
+    def check(self) -> LeaseRecord:
+        """Raise FencedError unless the lease still names this driver at its epoch."""
+        current = read_lease(self.store)
+        if current is None or current.epoch != self.epoch or current.owner != self.owner:
+            found = f"epoch {current.epoch} held by {current.owner}" if current else "no lease"
+            raise FencedError(
+                f"job {self.store.job}: this driver ({self.owner}, epoch {self.epoch}) was fenced: the lease "
+                f"now shows {found}. Another driver runs the job; this one stops without committing"
+            )
+        return current
+
+    def release(self) -> bool:
+        """Mark the lease released so the next driver need not wait; False if we no longer hold it."""
+        found = self.store.storage.read_versioned(LEASE)
+        if found is None or self.record is None:
+            return False
+        current = LeaseRecord.from_bytes(found.data, self.store.storage.uri(LEASE))
+        if current.owner != self.owner or current.epoch != self.epoch:
+            return False
+        released = LeaseRecord(**{**asdict(current), "released": True})
+        return self.store.storage.write_if(LEASE, released.to_bytes(), found.tag)

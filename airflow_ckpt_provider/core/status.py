@@ -1,0 +1,85 @@
+"""The job's heartbeat in ``status.json``, and the one table of job states every waiter reads."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from airflow_ckpt_provider.core.errors import StorageError
+from airflow_ckpt_provider.core.jobstore import STATUS, JobStore
+
+
+class JobState(StrEnum):
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    STOPPING = "STOPPING"
+    STOPPED = "STOPPED"
+    FAILED = "FAILED"
+
+
+#: The state vocabulary as data: the CLI wait, the sensor and the trigger all read these sets.
+ACTIVE_STATES = frozenset({JobState.STARTING, JobState.RUNNING, JobState.STOPPING})
+TERMINAL_STATES = frozenset({JobState.STOPPED, JobState.FAILED})
+FAILURE_STATES = frozenset({JobState.FAILED})
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What the driver of epoch ``epoch`` last reported; ``updated_at`` is its heartbeat."""
+
+    job: str
+    state: JobState
+    epoch: int
+    updated_at: float
+    started_at: float
+    reason: str = ""
+    batch_id: int | None = None
+    offsets: dict[str, Any] = field(default_factory=dict)
+    data_waiting: bool = False
+    last_snapshot: dict[str, Any] | None = None
+    restored_from: str | None = None
+    pid: int | None = None
+    host: str | None = None
+    app_id: str | None = None
+    ui_url: str | None = None
+    code_version: str | None = None
+    heartbeat_interval: float = 5.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "state": self.state.value}
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.to_dict(), sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str) -> JobStatus:
+        try:
+            body: dict[str, Any] = json.loads(data)
+            known = set(cls.__dataclass_fields__)
+            return cls(**{k: v for k, v in body.items() if k in known} | {"state": JobState(body["state"])})
+        except (ValueError, KeyError, TypeError) as err:
+            raise StorageError(f"status {where} is not a valid job status ({err})") from err
+
+    def age(self, now: float | None = None) -> float:
+        """Seconds since the last heartbeat."""
+        return (time.time() if now is None else now) - self.updated_at
+
+    def is_stale(self, now: float | None = None) -> bool:
+        """An active state whose driver missed three heartbeats: it probably died (kill -9, lost host)."""
+        return self.state in ACTIVE_STATES and self.age(now) > 3 * self.heartbeat_interval + 5
+
+
+def read_status(store: JobStore) -> JobStatus | None:
+    """The job's last reported status, or None if no driver ever ran it."""
+    try:
+        data = store.storage.read(STATUS)
+    except FileNotFoundError:
+        return None
+    return JobStatus.from_bytes(data, store.storage.uri(STATUS))
+
+
+def write_status(store: JobStore, status: JobStatus) -> None:
+    store.storage.write(STATUS, status.to_bytes())
