@@ -11,6 +11,8 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
+from airflow_ckpt_provider.cli_job import add_job_commands
+from airflow_ckpt_provider.cli_run import add_run_command
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.manifest import Kind, Manifest, Trigger, parse_enum
@@ -315,7 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-age", type=float, default=600.0,
                    help="keep unreferenced objects younger than this many seconds (default 600)")
     p.add_argument("--dry-run", action="store_true")
+    add_job_commands(groups)
     _add_kafka_commands(groups)
+    add_run_command(groups)
     return parser
 
 

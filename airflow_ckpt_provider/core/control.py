@@ -82,7 +82,10 @@ class Ack:
     def from_bytes(cls, data: bytes, where: str) -> Ack:
         try:
             body = json.loads(data)
-            return cls(**body | {"action": Action(body["action"]), "outcome": Outcome(body["outcome"])})
+            if not isinstance(body, dict):
+                raise TypeError(f"expected a JSON object, found {type(body).__name__}")
+            known = {k: v for k, v in body.items() if k in cls.__dataclass_fields__}  # newer drivers may add fields
+            return cls(**known | {"action": Action(body["action"]), "outcome": Outcome(body["outcome"])})
         except (ValueError, KeyError, TypeError) as err:
             raise StorageError(f"control ack {where} is malformed ({err})") from err
 

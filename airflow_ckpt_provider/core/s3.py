@@ -267,8 +267,10 @@ class S3Storage(Storage):
             try:
                 self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfMatch=tag)
             except ClientError as err:
-                # 412: someone else wrote first; 409: a concurrent conditional write is in progress.
-                if _code(err) in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+                # 412: someone else wrote first; 409: a concurrent conditional write is in progress;
+                # 404: the object is gone since we read it (AWS may answer IfMatch on a missing key with
+                # 404 NoSuchKey, which would otherwise surface as FileNotFoundError; SeaweedFS answers 412).
+                if _code(err) in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409", *_MISSING_CODES):
                     return False
                 raise
             return True

@@ -57,9 +57,16 @@ class JobStatus:
     @classmethod
     def from_bytes(cls, data: bytes, where: str) -> JobStatus:
         try:
-            body: dict[str, Any] = json.loads(data)
+            body = json.loads(data)
+            if not isinstance(body, dict):
+                raise TypeError(f"expected a JSON object, found {type(body).__name__}")
             known = set(cls.__dataclass_fields__)
-            return cls(**{k: v for k, v in body.items() if k in known} | {"state": JobState(body["state"])})
+            # The fields age() and is_stale() compute with are coerced, so a bad value fails here, clearly.
+            return cls(**{k: v for k, v in body.items() if k in known} | {
+                "state": JobState(body["state"]), "epoch": int(body["epoch"]),
+                "updated_at": float(body["updated_at"]), "started_at": float(body["started_at"]),
+                "heartbeat_interval": float(body.get("heartbeat_interval", cls.heartbeat_interval)),
+            })
         except (ValueError, KeyError, TypeError) as err:
             raise StorageError(f"status {where} is not a valid job status ({err})") from err
 

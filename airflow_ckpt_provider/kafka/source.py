@@ -54,6 +54,7 @@ from pyspark.sql.types import (
 )
 
 from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.gate import gate_closed
 from airflow_ckpt_provider.kafka.offsets import (
     COMMIT_KEY,
     DataLossError,
@@ -529,6 +530,9 @@ class CkptKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return dict(INITIAL_OFFSET)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        if start is not None and gate_closed():
+            # A stop-with-savepoint is in progress: plan no new batch (equal offsets mean no new data).
+            return start
         end: dict[str, Any] = to_json_dict(self.planner.latest(_decode(start), self._limits(limit)))
         if self.options.commit_group_id:
             # The reader runs in a Python worker without the SparkSession: the group travels in the

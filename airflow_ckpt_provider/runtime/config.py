@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -136,15 +137,23 @@ _FLOATS = {"checkpoint_interval", "savepoint_interval", "heartbeat_interval", "p
 _INTS = {"keep_checkpoints", "keep_savepoints"}
 
 
+#: Fields that may be unset: only these accept "none" (the others would fail later with a TypeError).
+_OPTIONAL = {f.name for f in fields(RuntimeConfig) if "None" in str(f.type)}
+
+
 def _convert(name: str, raw: str, default: object) -> object:
-    if raw.lower() == "none" and name not in ("job", "store", "restore", "checkpoint"):
+    if raw.lower() == "none" and name in _OPTIONAL:
         return None
+    kind = "seconds" if name in _FLOATS else "a whole number"
+    expected = f"{kind} or 'none'" if name in _OPTIONAL else kind
     try:
         if name in _FLOATS:
-            return float(raw)
+            value = float(raw)
+            if not math.isfinite(value):  # nan passes every comparison in __post_init__
+                raise ValueError(raw)
+            return value
         if name in _INTS:
             return int(raw)
     except ValueError:
-        kind = "seconds" if name in _FLOATS else "a whole number"
-        raise ConfigError(f"--{name.replace('_', '-')}: expected {kind} or 'none', found {raw!r}") from None
+        raise ConfigError(f"--{name.replace('_', '-')}: expected {expected}, found {raw!r}") from None
     return raw

@@ -1,0 +1,282 @@
+"""`ckpt job ...`: a job's status, and requests to its running driver (savepoint, stop, cancel).
+
+The commands observe the job (status.json, lease.json) into one value, decide whether the driver can
+answer at all, and only then write a request to ``control/``: a request that no driver would answer
+(unknown job, stopped job, dead driver) is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from airflow_ckpt_provider.core.control import Ack, Action, Outcome, Request, submit_request, wait_ack
+from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
+from airflow_ckpt_provider.core.jobstore import SNAPSHOTS, STATUS, JobStore
+from airflow_ckpt_provider.core.lease import LeaseRecord, read_lease
+from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobStatus, read_status
+from airflow_ckpt_provider.core.storage import Storage
+
+EXIT_ERROR = 1
+EXIT_TIMEOUT = 4
+EXIT_INTERRUPTED = 130
+
+#: Seconds to wait for the driver's answer: a stop or savepoint uploads a snapshot, a cancel does not.
+DEFAULT_TIMEOUT = {Action.SAVEPOINT: 600.0, Action.STOP: 600.0, Action.CANCEL: 120.0}
+#: Seconds between two reads of the ack while waiting.
+ACK_POLL = 0.5
+
+_VERB = {Action.SAVEPOINT: "take a savepoint", Action.STOP: "stop", Action.CANCEL: "cancel"}
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What the store says about a job at ``now``: its last status and its lease (either may be None)."""
+
+    store: JobStore
+    status: JobStatus | None
+    lease: LeaseRecord | None
+    now: float
+
+    @property
+    def stale(self) -> bool:
+        return self.status is not None and self.status.is_stale(self.now)
+
+    @property
+    def newer_lease(self) -> LeaseRecord | None:
+        """The lease when a driver newer than the one that wrote the status took it."""
+        if self.lease is not None and self.status is not None and self.lease.epoch > self.status.epoch:
+            return self.lease
+        return None
+
+
+def job_names(root: Storage) -> list[str]:
+    """The jobs under a store root: the top-level prefixes holding a status.json or snapshots."""
+    names = set()
+    for info in root.list():
+        job, sep, rest = info.key.partition("/")
+        if sep and (rest == STATUS or rest.startswith(SNAPSHOTS)):
+            names.add(job)
+    return sorted(names)
+
+
+def observe(store: JobStore, now: float | None = None) -> JobView:
+    """Read the job's status and lease; ConfigError naming the jobs that do exist if it has neither."""
+    view = JobView(store, read_status(store), read_lease(store), time.time() if now is None else now)
+    if view.status is None and view.lease is None:
+        names = job_names(store.root)
+        found = (f"jobs in this store: {', '.join(names)}" if names
+                 else "this store holds no jobs (no status.json or snapshots under it)")
+        raise ConfigError(
+            f"job {store.job!r} not found in job store {store.root.url}: it has no status.json and no "
+            f"lease.json, so no driver ever ran it there; {found}. Check --job and --store "
+            "(env CKPT_JOB, CKPT_STORE)"
+        )
+    return view
+
+
+def _when(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _state_text(view: JobView) -> str:
+    status = view.status
+    if status is None:
+        lease = view.lease
+        assert lease is not None  # observe() refuses a job with neither
+        return (f"- (no status yet: the driver of epoch {lease.epoch} took the lease at {_when(lease.acquired_at)} "
+                "and has not reported; if this lasts, it died while starting)")
+    if view.stale:
+        return (f"{status.state} (stale: no heartbeat for {status.age(view.now):.0f} s; "
+                "the driver is probably dead)")
+    if status.state not in ACTIVE_STATES:
+        return f"{status.state} since {_when(status.updated_at)}"
+    return status.state.value
+
+
+def _lease_text(lease: LeaseRecord | None) -> str:
+    if lease is None:
+        return "-"
+    held = "released" if lease.released else "held"
+    return f"epoch {lease.epoch}, {held} by {lease.owner} (taken at {_when(lease.acquired_at)})"
+
+
+def _snapshot_text(snapshot: dict[str, Any] | None) -> str:
+    if not snapshot:
+        return "-"
+    # The driver records {"id", "kind", "batch_id", "uri", "created_at"} (runtime/driver.py _snapshot_info).
+    return (f"{snapshot.get('id', '?')} ({snapshot.get('kind', '?')}, "
+            f"batch {snapshot.get('batch_id', '?')})")
+
+
+def _dash(value: object) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
+def describe(view: JobView) -> str:
+    """The human view of ``ckpt job status``."""
+    s = view.status
+    rows: list[tuple[str, str]] = [("job", f"{view.store.job} ({view.store.url})"), ("state", _state_text(view))]
+    if s is not None:
+        driver = f"pid {s.pid} on {s.host}" if s.pid is not None or s.host else None
+        rows += [
+            ("epoch", str(s.epoch)),
+            ("batch", _dash(s.batch_id)),
+            ("heartbeat", f"{s.age(view.now):.0f} s ago ({_when(s.updated_at)})"),
+            ("started", _when(s.started_at)),
+            ("last snapshot", _snapshot_text(s.last_snapshot)),
+            ("restored from", _dash(s.restored_from)),
+            ("driver", _dash(driver)),
+            ("app id", _dash(s.app_id)),
+            ("ui", _dash(s.ui_url)),
+            ("code version", _dash(s.code_version)),
+            ("reason", _dash(s.reason)),
+        ]
+    rows.append(("lease", _lease_text(view.lease)))
+    newer = view.newer_lease
+    if newer is not None and s is not None:
+        rows.append(("note", f"a newer driver (epoch {newer.epoch}, {newer.owner}) took the lease at "
+                             f"{_when(newer.acquired_at)} and is starting; the status above is from epoch {s.epoch}"))
+    width = max(len(label) for label, _ in rows) + 1
+    return "\n".join(f"{label + ':':<{width}} {value}" for label, value in rows)
+
+
+def status_dict(view: JobView) -> dict[str, Any]:
+    """The JSON of ``ckpt job status``: the status record plus ``lease`` and ``stale``."""
+    body = view.status.to_dict() if view.status else {"job": view.store.job, "state": None}
+    return body | {"lease": asdict(view.lease) if view.lease else None, "stale": view.stale}
+
+
+def check_can_request(view: JobView, action: Action) -> JobStatus:
+    """The status of a driver able to answer ``action``; ConflictError saying why not otherwise."""
+    job, s = view.store.job, view.status
+    verb = _VERB[action]
+    hint = ("; to snapshot its checkpoint use `ckpt snapshot create --checkpoint CHECKPOINT`"
+            if action is Action.SAVEPOINT else "")
+    if s is None:
+        lease = view.lease
+        assert lease is not None  # observe() refuses a job with neither
+        raise ConflictError(
+            f"job {job} has no status yet: its driver (epoch {lease.epoch}, {lease.owner}) took the lease at "
+            f"{_when(lease.acquired_at)} but has not reported; nothing was requested. Retry when "
+            "`ckpt job status` shows it RUNNING"
+        )
+    if s.state not in ACTIVE_STATES:
+        reason = f" (reason {s.reason})" if s.reason else ""
+        raise ConflictError(
+            f"job {job} is {s.state} since {_when(s.updated_at)}{reason}: there is no running driver to {verb}; "
+            f"nothing was requested{hint}"
+        )
+    if view.stale:
+        where = f", pid {s.pid} on {s.host}" if s.pid is not None else ""
+        raise ConflictError(
+            f"job {job} is {s.state} but its driver (epoch {s.epoch}{where}) sent no heartbeat "
+            f"for {s.age(view.now):.0f} s: it is probably dead and would never answer; nothing was requested. "
+            f"Restarting the job resumes from its latest checkpoint{hint}"
+        )
+    newer = view.newer_lease
+    if newer is not None:
+        raise ConflictError(
+            f"job {job}: a newer driver (epoch {newer.epoch}, {newer.owner}) took the lease from the driver of "
+            f"epoch {s.epoch}, which stops; nothing was requested. Retry when `ckpt job status` shows epoch "
+            f"{newer.epoch} RUNNING"
+        )
+    return s
+
+
+def _request_dict(request: Request) -> dict[str, Any]:
+    return {**asdict(request), "action": request.action.value}
+
+
+def _ack_text(ack: Ack, job: str) -> str:
+    batch = f" at batch {ack.batch_id}" if ack.batch_id is not None else ""
+    if ack.outcome is not Outcome.COMPLETED:
+        return f"{ack.action} of job {job} {ack.outcome} (request {ack.id}): {ack.message}"
+    if ack.action is Action.CANCEL or ack.snapshot_id is None:
+        return f"{ack.action} of job {job} completed{batch}: {ack.message}"
+    what = "savepoint" if ack.action is Action.SAVEPOINT else f"job {job} stopped with final savepoint"
+    return f"{what} {ack.snapshot_id} completed{batch}\n{ack.snapshot_uri or '-'}"
+
+
+# -- commands ------------------------------------------------------------------------------------
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from airflow_ckpt_provider import cli as _cli
+
+    view = observe(_cli._store(args))
+    _cli._emit(args, status_dict(view), lambda: describe(view))
+    return 0
+
+
+def cmd_request(args: argparse.Namespace) -> int:
+    from airflow_ckpt_provider import cli as _cli
+
+    action = Action(args.request_action)
+    timeout = DEFAULT_TIMEOUT[action] if args.timeout is None else args.timeout
+    if timeout < 0:
+        raise ConfigError(f"--timeout must be >= 0 seconds, found {timeout}")
+    store = _cli._store(args)
+    status = check_can_request(observe(store), action)
+    request = submit_request(store, action, epoch=status.epoch)
+    queued = f"requested {action} of job {store.job}: request {request.id} for the driver of epoch {request.epoch}"
+    if args.no_wait:
+        _cli._emit(args, _request_dict(request), lambda: f"{queued}; `ckpt job status` shows its effect")
+        return 0
+    _cli._progress(f"{queued}; waiting up to {timeout:.0f} s for its answer")
+    try:
+        ack = wait_ack(store, request.id, timeout, poll=ACK_POLL)
+    except KeyboardInterrupt:
+        print(f"interrupted: request {request.id} stays queued and the driver still acts on it; "
+              f"check with `ckpt job status --job {store.job}`", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if ack is None:
+        if args.json:
+            print(_json({**_request_dict(request), "ack": None}))
+        print(f"error: no answer to {action} request {request.id} within {timeout:.0f} s: the request stays "
+              f"queued and the driver of epoch {request.epoch} acts on it when it next polls; check with "
+              f"`ckpt job status --job {store.job}`", file=sys.stderr)
+        return EXIT_TIMEOUT
+    if ack.outcome is Outcome.COMPLETED:
+        _cli._emit(args, ack.to_dict(), lambda: _ack_text(ack, store.job))
+        return 0
+    if args.json:
+        print(_json(ack.to_dict()))
+    print(f"error: {_ack_text(ack, store.job)}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def _json(data: Any) -> str:
+    return json.dumps(data, indent=2, sort_keys=True)
+
+
+# -- parser --------------------------------------------------------------------------------------
+
+
+def add_job_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`ckpt job status|savepoint|stop|cancel`, with the same common options as `ckpt snapshot`."""
+    from airflow_ckpt_provider import cli as _cli
+
+    job = groups.add_parser("job", help="a job's status, and savepoint, stop or cancel of its running driver")
+    sub = job.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("status", help="state, epoch, batch, heartbeat, last snapshot and lease of a job")
+    _cli._common(p)
+    p.set_defaults(fn=cmd_status)
+    helps = {
+        Action.SAVEPOINT: "ask the running driver for a savepoint now; the job keeps running",
+        Action.STOP: "ask the running driver to finish its batch, take a final savepoint and exit",
+        Action.CANCEL: "ask the running driver to stop now; the latest completed checkpoint stays valid",
+    }
+    for action, help_ in helps.items():
+        p = sub.add_parser(action.value, help=help_)
+        _cli._common(p)
+        p.set_defaults(fn=cmd_request, request_action=action.value)
+        p.add_argument("--timeout", type=float, default=None,
+                       help=f"seconds to wait for the driver's answer (default {DEFAULT_TIMEOUT[action]:.0f}; "
+                            "exit 4 when it does not come)")
+        p.add_argument("--no-wait", action="store_true", help="submit the request and return at once")

@@ -1,0 +1,206 @@
+"""`ckpt run JOB_FILE`: run a job with spark-submit, once in the foreground or supervised (Flink-style restarts).
+
+Exit codes follow the driver's (runtime/exitcodes.py): 0 stopped, 1 failed or given up, 2 bad input,
+3 fenced by a newer driver; a driver killed by signal N gives 128+N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.restart import ExponentialDelay, FailureRate, FixedDelay, HealthRule, RestartStrategy
+from airflow_ckpt_provider.runtime.config import RuntimeConfig
+from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG
+from airflow_ckpt_provider.runtime.submit import DEPLOY_MODES, SubmitSpec, build_command, describe, parse_conf
+from airflow_ckpt_provider.runtime.supervisor import Supervisor, describe_strategy, spawn_driver
+
+log = logging.getLogger("airflow_ckpt_provider.runtime.run")
+
+STRATEGIES = ("exponential-delay", "fixed-delay", "failure-rate")
+
+
+def restart_strategy(
+    name: str, attempts: int | None = None, delay: float | None = None, interval: float | None = None
+) -> RestartStrategy:
+    """A restart strategy by Flink's name; unset knobs keep Flink's defaults."""
+    if interval is not None and name != "failure-rate":
+        raise ConfigError(f"--restart-interval applies to failure-rate only, found --restart-strategy {name}")
+    if name == "fixed-delay":
+        return FixedDelay(**_given(attempts=attempts, delay=delay))
+    if name == "failure-rate":
+        return FailureRate(**_given(max_failures=attempts, delay=delay, interval=interval))
+    if name == "exponential-delay":
+        return ExponentialDelay(**_given(attempts=attempts, initial=delay))
+    raise ConfigError(f"unknown restart strategy {name!r}: expected one of {', '.join(STRATEGIES)}")
+
+
+def health_rule(max_restarts: int | None, window: float | None, progress_timeout: float | None) -> HealthRule | None:
+    """The health rule when any of its knobs is given (HealthRule's defaults for the others), else None."""
+    given = _given(max_restarts=max_restarts, window=window, progress_timeout=progress_timeout)
+    if not given:
+        return None
+    for name, value in given.items():
+        if value <= 0:
+            raise ConfigError(f"health rule {name.replace('_', ' ')} must be > 0, found {value}")
+    return HealthRule(**given)
+
+
+def _given(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def spec_from_args(args: argparse.Namespace) -> SubmitSpec:
+    if not args.store:
+        raise ConfigError("no job store given: pass --store s3://BUCKET/PREFIX or a directory, or set CKPT_STORE")
+    if not args.job:
+        raise ConfigError("no job given: pass --job NAME or set CKPT_JOB")
+    return SubmitSpec(
+        job_file=args.job_file,
+        config=RuntimeConfig.from_namespace(args),  # converts and checks the runtime options
+        master=args.master,
+        deploy_mode=args.deploy_mode,
+        conf=parse_conf(args.conf),
+        py_files=_split(args.py_files),
+        files=_split(args.files),
+        name=args.name,
+        spark_submit=args.spark_submit,
+    )
+
+
+def _split(values: list[str]) -> list[str]:
+    return [item for value in values for item in value.split(",") if item]
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        spec = spec_from_args(args)
+        argv, env = build_command(spec)
+        strategy = restart_strategy(args.restart_strategy, args.restart_attempts, args.restart_delay,
+                                    args.restart_interval) if args.supervise else None
+        health = health_rule(args.max_restarts_in_window, args.health_window, args.progress_timeout)
+        if args.dry_run:
+            _print_dry_run(args, argv, env, strategy, health)
+            return 0
+        logging.getLogger("airflow_ckpt_provider.runtime").setLevel(logging.INFO)  # operators read these lines
+        if strategy is None:
+            return run_once(argv, env)
+        return _run_supervised(args, spec, strategy, health)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_CONFIG
+
+
+def run_once(argv: list[str], env: dict[str, str]) -> int:
+    """Run spark-submit once in the foreground; SIGTERM or SIGINT reach the driver as SIGTERM."""
+    log.info("running %s", describe(argv))
+    proc = spawn_driver(argv, env)
+    with _on_stop_signals(lambda: proc.send_signal(signal.SIGTERM)):
+        code = proc.wait()
+    return code if code >= 0 else 128 - code
+
+
+def _run_supervised(args: argparse.Namespace, spec: SubmitSpec, strategy: RestartStrategy,
+                    health: HealthRule | None) -> int:
+    from airflow_ckpt_provider.core.jobstore import JobStore
+    from airflow_ckpt_provider.core.storage import S3Options
+
+    store = JobStore.open(spec.config.store, spec.config.job, S3Options.from_env(args.endpoint_url, args.region))
+    supervisor = Supervisor(spec, strategy, health=health, store=store, poll=args.poll)
+    with _on_stop_signals(supervisor.request_stop):
+        outcome = supervisor.run()
+    d = outcome.to_dict()
+    print(json.dumps(d, indent=2, sort_keys=True) if args.json else
+          f"job {spec.config.job}: {outcome.final.value} after {outcome.attempts} attempts "
+          f"({outcome.restarts} restarts), last exit code {outcome.exit_code}: {outcome.reason}")
+    return outcome.final.exit_code
+
+
+def _print_dry_run(args: argparse.Namespace, argv: list[str], env: dict[str, str],
+                   strategy: RestartStrategy | None, health: HealthRule | None) -> None:
+    rule = None if health is None else {"max_restarts": health.max_restarts, "window": health.window,
+                                        "progress_timeout": health.progress_timeout}
+    supervise = None if strategy is None else {"strategy": describe_strategy(strategy), "health": rule}
+    if args.json:
+        print(json.dumps({"argv": argv, "command": describe(argv), "env": env, "supervise": supervise},
+                         indent=2, sort_keys=True))
+        return
+    lines = [describe(argv), *(f"env: {k}={v}" for k, v in sorted(env.items()))]
+    if strategy is not None:
+        lines.append(f"supervised: restart strategy {describe_strategy(strategy)}; " + (
+            "no health rule" if health is None else
+            f"unhealthy after {health.max_restarts} restarts within {health.window:g} s"
+            + ("" if health.progress_timeout is None else
+               f" or {health.progress_timeout:g} s without a batch while data waits")))
+    print("\n".join(lines))
+
+
+@contextlib.contextmanager
+def _on_stop_signals(stop: Callable[[], None]) -> Iterator[None]:
+    """Call ``stop`` on SIGTERM and SIGINT while inside; the previous handlers come back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, lambda _signum, _frame: stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def add_run_command(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`ckpt run JOB_FILE ...`: spark-submit with the runtime, optionally supervised."""
+    from airflow_ckpt_provider import cli as _cli
+
+    p = groups.add_parser("run", help="run a job file under the runtime with spark-submit, optionally supervised",
+                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _cli._common(p)
+    p.set_defaults(fn=cmd_run)
+    p.add_argument("job_file", metavar="JOB_FILE", help="the Python file defining the job (@streaming_job)")
+    job = p.add_argument_group("job runtime")
+    job.add_argument("--checkpoint", help="the live checkpoint location (default: $CKPT_HOME/jobs/JOB/checkpoint)")
+    job.add_argument("--restore", help="latest-state (default), latest-savepoint, none, or a snapshot id or URI; "
+                     "restarts always resume from latest-state")
+    job.add_argument("--checkpoint-interval", metavar="S",
+                     help="seconds between checkpoint snapshots; 0 after every batch (default), none for never")
+    job.add_argument("--savepoint-interval", metavar="S", help="seconds between periodic savepoints (default none)")
+    job.add_argument("--keep-checkpoints", metavar="N", help="checkpoint snapshots to keep (default 3)")
+    job.add_argument("--keep-savepoints", metavar="N", help="savepoints to keep (default none: all)")
+    job.add_argument("--code-version", help="the code version running the query, recorded in snapshots")
+    spark = p.add_argument_group("spark-submit")
+    spark.add_argument("--master", default="local[2]", help="local[N] (default local[2]), spark://, yarn, k8s://")
+    spark.add_argument("--deploy-mode", default="client", choices=DEPLOY_MODES, help="default client")
+    spark.add_argument("--conf", action="append", default=[], metavar="K=V", help="a Spark setting (repeatable)")
+    spark.add_argument("--py-files", action="append", default=[], metavar="A,B", help="Python dependencies to ship")
+    spark.add_argument("--files", action="append", default=[], metavar="A,B", help="files to ship to the driver")
+    spark.add_argument("--name", help="the Spark application name (default ckpt-JOB)")
+    spark.add_argument("--spark-submit", metavar="PATH",
+                       help="spark-submit to use (default: next to this Python, $SPARK_HOME/bin, PATH)")
+    sup = p.add_argument_group("supervision")
+    sup.add_argument("--supervise", action="store_true", help="restart the driver after failures")
+    sup.add_argument("--restart-strategy", default="exponential-delay", choices=STRATEGIES,
+                     help="Flink's restart strategies with Flink's defaults (default exponential-delay)")
+    sup.add_argument("--restart-attempts", type=int, metavar="N",
+                     help="fixed-delay: restarts (default 1); failure-rate: failures per interval (default 1); "
+                     "exponential-delay: restarts before a backoff reset (default unbounded)")
+    sup.add_argument("--restart-delay", type=float, metavar="S",
+                     help="seconds before a restart; exponential-delay: the initial backoff (default 1)")
+    sup.add_argument("--restart-interval", type=float, metavar="S",
+                     help="failure-rate: the interval failures are counted in (default 60)")
+    sup.add_argument("--max-restarts-in-window", type=int, metavar="N",
+                     help="health rule: give up after N restarts within the window (default 3)")
+    sup.add_argument("--health-window", type=float, metavar="S", help="health rule: the window (default 600)")
+    sup.add_argument("--progress-timeout", type=float, metavar="S",
+                     help="health rule: restart a driver with no batch for S seconds while data waits (default 600)")
+    sup.add_argument("--poll", type=float, default=5.0, metavar="S",
+                     help="seconds between reads of status.json while a driver runs (default 5)")
+    p.add_argument("--dry-run", action="store_true", help="print the spark-submit command and exit")

@@ -1,0 +1,50 @@
+"""The spark-submit entry point: ``launch.py JOB_FILE --job NAME --store URL [runtime options]``.
+
+``ckpt run`` builds that command; the exit code tells a supervisor what to do (runtime/exitcodes.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # One line per event for operators: our INFO, everyone else's warnings.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr, force=True)
+    logging.getLogger("airflow_ckpt_provider").setLevel(logging.INFO)
+    from airflow_ckpt_provider.core.errors import CkptError
+    from airflow_ckpt_provider.runtime.config import RuntimeConfig
+    from airflow_ckpt_provider.runtime.driver import JobDriver
+    from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG
+    from airflow_ckpt_provider.runtime.jobfile import load_builder
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0].startswith("-"):
+        print("usage: launch.py JOB_FILE --job NAME --store URL [options]", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        config = RuntimeConfig.from_args(args[1:])
+        build = load_builder(args[0])
+        driver = JobDriver(config, build)
+    except CkptError as err:
+        logging.getLogger("airflow_ckpt_provider.runtime").error("cannot start: %s", err)
+        return EXIT_CONFIG
+    except Exception:  # the job file itself is broken (SyntaxError, ImportError): a restart fails the same way
+        logging.getLogger("airflow_ckpt_provider.runtime").exception("cannot start: loading %s failed", args[0])
+        return EXIT_CONFIG
+    return driver.run()
+
+
+if __name__ == "__main__":
+    code = main()
+    try:
+        from pyspark.sql import SparkSession
+
+        active = SparkSession.getActiveSession()
+        if active is not None:
+            active.stop()
+    finally:
+        sys.exit(code)

@@ -1,0 +1,147 @@
+"""Snapshots in the background: checkpoints after batches, savepoints on a timer or on request.
+
+One worker thread, so batches never wait for an upload. Checkpoint requests coalesce (only the
+newest completed batch matters); savepoint requests queue, each answered through ``on_done``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
+from airflow_ckpt_provider.core.errors import CkptError
+from airflow_ckpt_provider.core.jobstore import JobStore
+from airflow_ckpt_provider.core.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.retention import RetentionPolicy
+from airflow_ckpt_provider.core.snapshots import SnapshotResult, apply_retention, create_snapshot
+from airflow_ckpt_provider.core.storage import Storage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SnapshotJob:
+    kind: Kind
+    trigger: Trigger
+    request_id: str | None = None
+
+
+@dataclass(frozen=True)
+class SnapshotOutcome:
+    """What one snapshot attempt produced: a result, or the error that stopped it."""
+
+    job: SnapshotJob
+    result: SnapshotResult | None = None
+    error: str | None = None
+
+
+class Snapshotter:
+    """Takes snapshots of ``checkpoint`` into ``store`` on its own thread."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        checkpoint: Storage,
+        *,
+        retention: RetentionPolicy,
+        fence: Callable[[], None],
+        on_done: Callable[[SnapshotOutcome], None],
+        code_version: str | None = None,
+        spark_version: str | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> None:
+        self.store = store
+        self.checkpoint = checkpoint
+        self.retention = retention
+        self.fence = fence
+        self.on_done = on_done
+        self.meta = {"code_version": code_version, "spark_version": spark_version}
+        self.labels = labels or {}
+        self._cond = threading.Condition()
+        self._savepoints: deque[SnapshotJob] = deque()
+        self._checkpoint_due = False
+        self._busy = False
+        self._closed = False
+        self.last_checkpoint_batch: int | None = None
+        self._thread = threading.Thread(target=self._run, name=f"ckpt-snapshots-{store.job}", daemon=True)
+        self._thread.start()
+
+    def checkpoint_now(self) -> None:
+        """Snapshot the latest completed batch as a checkpoint (coalesces with a pending one)."""
+        with self._cond:
+            self._checkpoint_due = True
+            self._cond.notify()
+
+    def savepoint(self, trigger: Trigger, request_id: str | None = None) -> None:
+        with self._cond:
+            self._savepoints.append(SnapshotJob(Kind.SAVEPOINT, trigger, request_id))
+            self._cond.notify()
+
+    def take(self, job: SnapshotJob) -> SnapshotResult:
+        """One snapshot now, on the caller's thread (the final savepoint of a stop)."""
+        self.fence()
+        result = create_snapshot(
+            self.store, self.checkpoint, kind=job.kind, trigger=job.trigger, labels=self.labels,
+            **self.meta,  # type: ignore[arg-type]
+        )
+        if job.kind is Kind.CHECKPOINT:
+            self.last_checkpoint_batch = result.manifest.batch_id
+        try:
+            apply_retention(self.store, self.retention)
+        except CkptError as err:  # retention is retried after the next snapshot
+            log.warning("job %s: retention failed, will retry: %s", self.store.job, err)
+        return result
+
+    def _new_batch_completed(self) -> bool:
+        try:
+            latest = SparkCheckpoint(self.checkpoint).latest_completed_batch()
+        except CkptError:
+            return True  # let create_snapshot report what is wrong
+        return latest is not None and latest != self.last_checkpoint_batch
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until nothing is queued or running; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: not (self._busy or self._checkpoint_due or self._savepoints), timeout=timeout
+            )
+
+    def close(self, timeout: float = 60.0) -> None:
+        with self._cond:
+            self._closed = True
+            self._savepoints.clear()
+            self._checkpoint_due = False
+            self._cond.notify_all()
+        self._thread.join(timeout)
+
+    def _next(self) -> SnapshotJob | None:
+        with self._cond:
+            self._busy = False
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: self._closed or self._checkpoint_due or bool(self._savepoints))
+            if self._closed:
+                return None
+            self._busy = True
+            if self._savepoints:
+                return self._savepoints.popleft()
+            self._checkpoint_due = False
+            return SnapshotJob(Kind.CHECKPOINT, Trigger.PERIODIC)
+
+    def _run(self) -> None:
+        while (job := self._next()) is not None:
+            if job.kind is Kind.CHECKPOINT and not self._new_batch_completed():
+                continue
+            try:
+                outcome = SnapshotOutcome(job, result=self.take(job))
+            except CkptError as err:
+                # Periodic snapshots retry at the next batch; requested ones report the failure.
+                log.warning("job %s: %s snapshot failed: %s", self.store.job, job.kind.value, err)
+                outcome = SnapshotOutcome(job, error=str(err))
+            except Exception as err:
+                log.exception("job %s: %s snapshot failed unexpectedly", self.store.job, job.kind.value)
+                outcome = SnapshotOutcome(job, error=f"{type(err).__name__}: {err}")
+            self.on_done(outcome)

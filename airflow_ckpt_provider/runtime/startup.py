@@ -1,0 +1,196 @@
+"""Where a starting driver resumes from: observe the live checkpoint and the snapshots, decide with
+the restore strategy, then act (restore into the live location). Pure decision, thin IO around it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
+from airflow_ckpt_provider.core.errors import CheckpointError, CkptError, ConfigError, SnapshotError
+from airflow_ckpt_provider.core.jobstore import LEASE, JobStore
+from airflow_ckpt_provider.core.manifest import Kind, Manifest, snapshot_order
+from airflow_ckpt_provider.core.restore import restore_snapshot
+from airflow_ckpt_provider.core.snapshots import list_snapshots, load_manifest, object_problems
+from airflow_ckpt_provider.core.storage import Storage
+from airflow_ckpt_provider.runtime.config import RestoreMode, RestoreSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LiveCheckpoint:
+    """What the live checkpoint location holds: nothing, a usable checkpoint, or a broken one."""
+
+    location: str
+    empty: bool
+    batch_id: int | None = None
+    problem: str | None = None
+
+    @property
+    def usable(self) -> bool:
+        return not self.empty and self.problem is None and self.batch_id is not None
+
+
+class Action(StrEnum):
+    KEEP_LIVE = "keep-live"
+    RESTORE = "restore"
+    FRESH = "fresh"
+
+
+@dataclass(frozen=True)
+class StartPlan:
+    """The decision and why; ``skipped`` lists rejected candidates (snapshot id, problem) for the log."""
+
+    action: Action
+    reason: str
+    snapshot: Manifest | None = None
+    skipped: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+
+def observe_live(storage: Storage) -> LiveCheckpoint:
+    """Read the live checkpoint; every file the latest completed batch needs is read and checked."""
+    if not storage.list():
+        return LiveCheckpoint(storage.url, empty=True)
+    checkpoint = SparkCheckpoint(storage)
+    try:
+        problems = checkpoint.validate()
+        batch = checkpoint.latest_completed_batch()
+    except CkptError as err:
+        return LiveCheckpoint(storage.url, empty=False, problem=str(err))
+    if problems:
+        return LiveCheckpoint(storage.url, empty=False, batch_id=batch, problem="; ".join(problems))
+    if batch is None:  # started but never completed a batch: nothing to keep, nothing lost
+        return LiveCheckpoint(storage.url, empty=False, problem="no completed batch")
+    return LiveCheckpoint(storage.url, empty=False, batch_id=batch)
+
+
+def decide(
+    spec: RestoreSpec,
+    live: LiveCheckpoint,
+    snapshots: Sequence[Manifest],
+    problems: Callable[[Manifest], str | None],
+) -> StartPlan:
+    """The restore strategy as a pure function of what was observed.
+
+    ``snapshots`` are this job's completed snapshots (or the one named); ``problems`` checks that a
+    candidate's objects are all present, so a damaged snapshot is skipped for the next newest.
+    """
+    if spec.mode is RestoreMode.NONE:
+        if not live.empty:
+            raise ConfigError(
+                f"restore strategy 'none' starts without state, but the live checkpoint {live.location} is not "
+                "empty: delete it, choose another --checkpoint, or use --restore latest-state to keep its state"
+            )
+        return StartPlan(Action.FRESH, "restore strategy none: starting without state")
+    if spec.mode is RestoreMode.SNAPSHOT:
+        (named,) = snapshots
+        problem = problems(named)
+        if problem:
+            raise SnapshotError(f"snapshot {named.snapshot_id} cannot be restored: {problem}; choose another one")
+        return StartPlan(Action.RESTORE, f"restore strategy: snapshot {named.snapshot_id} as requested", named)
+
+    kinds = {Kind.SAVEPOINT} if spec.mode is RestoreMode.LATEST_SAVEPOINT else set(Kind)
+    candidates = sorted((m for m in snapshots if m.kind in kinds), key=snapshot_order, reverse=True)
+    newest = candidates[0] if candidates else None
+    if spec.mode is RestoreMode.LATEST_STATE and live.usable:
+        assert live.batch_id is not None
+        if newest is None or live.batch_id >= newest.batch_id:
+            return StartPlan(Action.KEEP_LIVE, f"the live checkpoint is intact at batch {live.batch_id} and newest")
+    skipped: list[tuple[str, str]] = []
+    for m in candidates:
+        problem = problems(m)
+        if problem is None:
+            why = _why(spec, live, m, skipped)
+            return StartPlan(Action.RESTORE, why, m, tuple(skipped))
+        skipped.append((m.snapshot_id, problem))
+    if spec.mode is RestoreMode.LATEST_SAVEPOINT:
+        found = "; ".join(f"{sid}: {p}" for sid, p in skipped) or "none exists"
+        raise SnapshotError(
+            f"restore strategy latest-savepoint: no restorable savepoint ({found}); take one with "
+            "`ckpt job savepoint`, or use --restore latest-state"
+        )
+    if not live.empty and live.problem and live.problem != "no completed batch":
+        found = "; ".join(f"{sid}: {p}" for sid, p in skipped) or "no snapshot exists"
+        raise CheckpointError(
+            f"the live checkpoint {live.location} is broken ({live.problem}) and there is no valid snapshot "
+            f"to fall back to ({found}). Nothing was changed; repair or move the checkpoint away, or "
+            "start over with --restore none on an empty --checkpoint"
+        )
+    return StartPlan(Action.FRESH, "no live checkpoint and no snapshot: first start", skipped=tuple(skipped))
+
+
+def _why(spec: RestoreSpec, live: LiveCheckpoint, m: Manifest, skipped: list[tuple[str, str]]) -> str:
+    what = f"{m.kind.value} {m.snapshot_id} (batch {m.batch_id})"
+    if spec.mode is RestoreMode.LATEST_SAVEPOINT:
+        why = f"restore strategy latest-savepoint: {what}"
+    elif live.empty:
+        why = f"the live checkpoint {live.location} is empty: restoring the newest snapshot, {what}"
+    elif live.problem:
+        why = f"FALLBACK: the live checkpoint {live.location} is broken ({live.problem}); restoring {what}"
+    else:
+        why = f"the live checkpoint is at batch {live.batch_id}, older than the newest snapshot {what}"
+    if skipped:
+        why += "; skipped damaged " + ", ".join(f"{sid} ({p})" for sid, p in skipped)
+    return why
+
+
+def check_restore(store: JobStore, spec: RestoreSpec) -> None:
+    """Refuse, before anything changes, a restore that cannot work: a named snapshot that is missing,
+    foreign or damaged, or latest-savepoint without a savepoint. Also proves the store is reachable."""
+    if spec.mode is RestoreMode.SNAPSHOT:
+        assert spec.snapshot is not None
+        manifest = load_manifest(store, _snapshot_id(store, spec.snapshot))
+        found = object_problems(store, manifest)
+        if found:
+            raise SnapshotError(
+                f"snapshot {manifest.snapshot_id} cannot be restored: {'; '.join(sorted(found.values())[:3])}; "
+                "choose another one (`ckpt snapshot list`)"
+            )
+    elif spec.mode is RestoreMode.LATEST_SAVEPOINT and not list_snapshots(store, Kind.SAVEPOINT):
+        raise SnapshotError(
+            f"restore strategy latest-savepoint: job {store.job} has no savepoint in {store.url}; take one with "
+            "`ckpt job savepoint`, or use --restore latest-state"
+        )
+    else:
+        store.storage.stat(LEASE)
+
+
+def prepare_checkpoint(store: JobStore, live_storage: Storage, spec: RestoreSpec) -> StartPlan:
+    """Observe, decide, act: after this the live location holds what Spark should resume from."""
+    live = observe_live(live_storage)
+    if spec.mode is RestoreMode.SNAPSHOT:
+        assert spec.snapshot is not None
+        snapshots: list[Manifest] = [load_manifest(store, _snapshot_id(store, spec.snapshot))]
+    elif spec.mode is RestoreMode.NONE:
+        snapshots = []
+    else:
+        snapshots = list_snapshots(store)
+    def problems(m: Manifest) -> str | None:
+        found = object_problems(store, m)
+        return "; ".join(sorted(found.values())[:3]) if found else None
+
+    plan = decide(spec, live, snapshots, problems)
+    loud = plan.skipped or (live.problem and plan.action is Action.RESTORE)
+    (log.warning if loud else log.info)("job %s: start: %s", store.job, plan.reason)
+    if plan.action is Action.RESTORE:
+        assert plan.snapshot is not None
+        restore_snapshot(store, plan.snapshot.snapshot_id, live_storage, replace=not live.empty)
+    return plan
+
+
+def _snapshot_id(store: JobStore, ref: str) -> str:
+    """A snapshot id, or its URI ``<root>/<job>/snapshots/<id>`` which must name this job."""
+    ref = ref.rstrip("/")
+    if "/snapshots/" not in ref:
+        return ref
+    root_and_job, snapshot_id = ref.rsplit("/snapshots/", 1)
+    job = root_and_job.rpartition("/")[2]
+    if job != store.job:
+        raise ConfigError(
+            f"snapshot {ref} belongs to job {job!r}, not to job {store.job!r}: restoring another job's state "
+            "is refused; run it as that job, or copy the snapshot on purpose"
+        )
+    return snapshot_id

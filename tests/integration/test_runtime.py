@@ -1,0 +1,236 @@
+"""The job runtime end to end: ``ckpt run`` drivers (spark-submit, local[2]) on tansu and SeaweedFS.
+
+Every driver runs tests/jobs/kafka_count.py: a stateful count per key over a 3-partition topic,
+200 records per batch, one output file per batch id (see tests/runtimejob.py).
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
+from airflow_ckpt_provider.core.control import Action, Outcome
+from airflow_ckpt_provider.core.lease import read_lease
+from airflow_ckpt_provider.core.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.snapshots import list_snapshots, load_manifest
+from airflow_ckpt_provider.core.status import JobState
+from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
+from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_FENCED, EXIT_STOPPED
+from tests.runtimejob import JobEnv, Run, expected_counts, produce
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 180.0
+
+
+@pytest.fixture
+def env(s3_server: EmbeddedS3, kafka_server: EmbeddedKafka, bucket: str, topic: str, tmp_path: Path) -> JobEnv:
+    return JobEnv(s3_server, kafka_server, tmp_path, bucket, topic)
+
+
+@pytest.fixture
+def runs() -> Iterator[list[Run]]:
+    """Runs a test started; whatever is still alive at the end is killed."""
+    started: list[Run] = []
+    yield started
+    for run in started:
+        run.stop()
+
+
+def last_entries(checkpoint: Path) -> tuple[int | None, int | None]:
+    def last(d: str) -> int | None:
+        return max((int(p.name) for p in (checkpoint / d).iterdir() if p.name.isdigit()), default=None)
+
+    return last("offsets"), last("commits")
+
+
+def batches_committed(env: JobEnv) -> list[int]:
+    return sorted(b for entries in env.commits().values() for b, _t in entries)
+
+
+def test_stop_with_savepoint_then_restore_elsewhere_continues_exactly(env: JobEnv, runs: list[Run]) -> None:
+    produce(env.kafka.bootstrap_servers, env.topic, 0, 1200)
+    first = env.work / "machine-a" / "checkpoint"
+    runs.append(a := env.run("a", first, "--checkpoint-interval", "0"))
+    status = env.wait_status("batch 2 completed", lambda s: (s.batch_id or 0) >= 2, TIMEOUT, a)
+    assert status.state is JobState.RUNNING
+
+    ack = env.request(Action.STOP, status.epoch)
+    assert ack.outcome is Outcome.COMPLETED, ack
+    assert a.wait(TIMEOUT) == EXIT_STOPPED
+    stopped = env.status()
+    assert stopped is not None
+    assert stopped.state is JobState.STOPPED
+    assert stopped.reason == f"stopped with savepoint {ack.snapshot_id}"
+    # No half-processed batch: the last offsets entry has its commit, and the savepoint is at it.
+    offsets, commits = last_entries(first)
+    assert offsets == commits == ack.batch_id
+    savepoint = load_manifest(env.store(), str(ack.snapshot_id))
+    assert (savepoint.kind, savepoint.trigger, savepoint.batch_id) == (Kind.SAVEPOINT, Trigger.STOP, ack.batch_id)
+    assert savepoint.next_offsets is None
+    assert read_lease(env.store()).released  # type: ignore[union-attr]
+
+    # Another machine: a fresh checkpoint location, restored from that savepoint, 600 more records.
+    produce(env.kafka.bootstrap_servers, env.topic, 1200, 600)
+    second = env.work / "machine-b" / "checkpoint"
+    runs.append(b := env.run("b", second, "--restore", str(ack.snapshot_uri)))
+    status = env.wait_status("all 1800 records counted", lambda s: env.consumed(s) == 1800, TIMEOUT, b)
+    assert status.restored_from == ack.snapshot_id
+    assert status.epoch == stopped.epoch + 1
+    assert env.request(Action.STOP, status.epoch).outcome is Outcome.COMPLETED
+    assert b.wait(TIMEOUT) == EXIT_STOPPED
+
+    assert env.final_counts() == expected_counts(1800)
+    committed = batches_committed(env)
+    assert committed == list(range(len(committed))), "every batch committed exactly once, none replayed"
+    epochs = env.commits()
+    assert max(batch for batch, _ in epochs[1]) == ack.batch_id
+    assert min(batch for batch, _ in epochs[2]) == int(ack.batch_id or 0) + 1
+
+
+def test_savepoint_and_cancel_requests_and_a_request_for_another_epoch(env: JobEnv, runs: list[Run]) -> None:
+    produce(env.kafka.bootstrap_servers, env.topic, 0, 1000)
+    checkpoint = env.work / "checkpoint"
+    runs.append(a := env.run("a", checkpoint, "--checkpoint-interval", "none"))
+    status = env.wait_status("batch 1 completed", lambda s: (s.batch_id or 0) >= 1, TIMEOUT, a)
+
+    ack = env.request(Action.SAVEPOINT, status.epoch)
+    assert ack.outcome is Outcome.COMPLETED, ack
+    manifest = load_manifest(env.store(), str(ack.snapshot_id))
+    assert (manifest.kind, manifest.trigger) == (Kind.SAVEPOINT, Trigger.MANUAL)
+    assert manifest.batch_id >= 1
+    assert manifest.labels == {"epoch": str(status.epoch)}
+
+    stale = env.request(Action.CANCEL, status.epoch + 7)
+    assert stale.outcome is Outcome.REJECTED
+    assert f"for the driver of epoch {status.epoch + 7}, this driver runs epoch {status.epoch}" in stale.message
+    assert a.proc.poll() is None, "a rejected request must not stop the job"
+    # --checkpoint-interval none: the only snapshot is the requested savepoint.
+    assert [m.snapshot_id for m in list_snapshots(env.store())] == [ack.snapshot_id]
+
+    cancel = env.request(Action.CANCEL, status.epoch)
+    assert cancel.outcome is Outcome.COMPLETED
+    assert a.wait(TIMEOUT) == EXIT_STOPPED
+    final = env.status()
+    assert final is not None
+    assert (final.state, final.reason) == (JobState.STOPPED, "canceled on request")
+    # The latest completed checkpoint stays valid: Spark resumes from it.
+    assert SparkCheckpoint(LocalStorage(checkpoint)).validate() == []
+    assert cancel.batch_id == SparkCheckpoint(LocalStorage(checkpoint)).latest_completed_batch()
+
+
+def test_broken_or_deleted_live_checkpoint_falls_back_to_the_newest_snapshot(env: JobEnv, runs: list[Run]) -> None:
+    produce(env.kafka.bootstrap_servers, env.topic, 0, 2000)
+    checkpoint = env.work / "checkpoint"
+    runs.append(a := env.run("a", checkpoint))
+    status = env.wait_status("batch 3 snapshotted", lambda s: (s.last_snapshot or {}).get("batch_id", 0) >= 3,
+                             TIMEOUT, a)
+    assert env.request(Action.CANCEL, status.epoch).outcome is Outcome.COMPLETED
+    assert a.wait(TIMEOUT) == EXIT_STOPPED
+    newest = max(list_snapshots(env.store()), key=lambda m: m.batch_id)
+
+    # Truncate the state file the latest completed batch committed: the live checkpoint is broken.
+    latest = SparkCheckpoint(LocalStorage(checkpoint)).latest_completed_batch()
+    assert latest is not None
+    delta = checkpoint / "state" / "0" / "0" / f"{latest + 1}.delta"
+    delta.write_bytes(delta.read_bytes()[:10])
+    runs.append(b := env.run("b", checkpoint))
+    status = env.wait_status("restarted after the fallback", lambda s: s.epoch == 2 and s.state is JobState.RUNNING,
+                             TIMEOUT, b)
+    assert status.restored_from == newest.snapshot_id
+    fallback = [ln for ln in b.ckpt_lines() if "FALLBACK" in ln]
+    assert len(fallback) == 1, b.tail()
+    assert f"the live checkpoint {checkpoint.as_uri()} is broken" in fallback[0]
+    assert f"{latest + 1}.delta" in fallback[0]
+    assert "WARNING" in fallback[0]
+    env.wait_status("batch after the restore", lambda s: (s.batch_id or 0) > newest.batch_id, TIMEOUT, b)
+    assert env.request(Action.CANCEL, 2).outcome is Outcome.COMPLETED
+    assert b.wait(TIMEOUT) == EXIT_STOPPED
+
+    # Deleted entirely: the newest snapshot again, then all 2000 records exactly.
+    newest = max(list_snapshots(env.store()), key=lambda m: m.batch_id)
+    shutil.rmtree(checkpoint)
+    runs.append(c := env.run("c", checkpoint))
+    status = env.wait_status("all 2000 records counted", lambda s: env.consumed(s) == 2000, TIMEOUT, c)
+    assert status.restored_from == newest.snapshot_id
+    assert env.request(Action.STOP, status.epoch).outcome is Outcome.COMPLETED
+    assert c.wait(TIMEOUT) == EXIT_STOPPED
+    assert env.final_counts() == expected_counts(2000)
+
+
+def test_a_newer_driver_fences_the_running_one(env: JobEnv, runs: list[Run]) -> None:
+    produce(env.kafka.bootstrap_servers, env.topic, 0, 3000)
+    runs.append(a := env.run("a", env.work / "a" / "checkpoint", max_offsets=100))
+    env.wait_status("batch 2 completed", lambda s: (s.batch_id or 0) >= 2, TIMEOUT, a)
+
+    runs.append(b := env.run("b", env.work / "b" / "checkpoint", max_offsets=100))
+    assert a.wait(TIMEOUT) == EXIT_FENCED, a.tail()
+    assert any("was fenced" in ln for ln in a.ckpt_lines()), a.tail()
+    status = env.wait_status("all 3000 records counted", lambda s: env.consumed(s) == 3000, TIMEOUT * 2, b)
+    assert status.epoch == 2
+    assert env.request(Action.STOP, 2).outcome is Outcome.COMPLETED
+    assert b.wait(TIMEOUT) == EXIT_STOPPED
+
+    commits = env.commits()
+    assert commits[1], "the first driver committed batches before it was fenced"
+    assert max(t for _b, t in commits[1]) < min(t for _b, t in commits[2]), "epoch windows overlap"
+    assert env.final_counts() == expected_counts(3000)
+
+
+def test_two_drivers_started_at_once_exactly_one_runs(env: JobEnv, runs: list[Run]) -> None:
+    produce(env.kafka.bootstrap_servers, env.topic, 0, 600)
+    barrier = threading.Barrier(2)
+    started: list[Run] = []
+
+    def start(name: str) -> None:
+        barrier.wait()
+        started.append(env.run(name, env.work / name / "checkpoint"))
+
+    threads = [threading.Thread(target=start, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    runs.extend(started)
+    status = env.wait_status("all 600 records counted", lambda s: env.consumed(s) == 600, TIMEOUT * 2)
+    exited = [r for r in started if r.proc.poll() is not None]
+    assert len(exited) == 1, "\n".join(r.tail() for r in started)
+    (loser,) = exited
+    winner = next(r for r in started if r is not loser)
+    assert loser.proc.returncode == EXIT_FENCED, loser.tail()
+    assert env.request(Action.STOP, status.epoch).outcome is Outcome.COMPLETED
+    assert winner.wait(TIMEOUT) == EXIT_STOPPED
+    assert list(env.commits()) == [2], "only the driver holding the newest epoch committed batches"
+    assert env.final_counts() == expected_counts(600)
+
+
+def test_bad_input_changes_nothing(env: JobEnv, runs: list[Run], tmp_path: Path) -> None:
+    produce(env.kafka.bootstrap_servers, env.topic, 0, 600)
+    checkpoint = env.work / "checkpoint"
+    runs.append(a := env.run("a", checkpoint))
+    status = env.wait_status("batch 1 completed", lambda s: (s.batch_id or 0) >= 1, TIMEOUT, a)
+
+    # Another job's snapshot, a snapshot that does not exist, latest-savepoint with none: refused
+    # before the lease is taken, so the running driver is not fenced.
+    other = f"{env.store_url}/other-job/snapshots/savepoint-1-20261122T100000Z-abcdef"
+    for name, restore, message in [
+        ("foreign", other, "belongs to job 'other-job'"),
+        ("missing", "savepoint-1-20261122T100000Z-abcdef", "savepoint-1-20261122T100000Z-abcdef"),
+        ("no-savepoint", "latest-savepoint", "has no savepoint"),
+    ]:
+        bad = env.run(name, tmp_path / name, "--restore", restore)
+        assert bad.wait(TIMEOUT) == EXIT_CONFIG, bad.tail()
+        assert any(message in ln for ln in bad.ckpt_lines()), bad.tail()
+        assert not (tmp_path / name).exists()
+    lease = read_lease(env.store())
+    assert lease is not None
+    assert lease.epoch == status.epoch
+    assert a.proc.poll() is None
+    assert env.request(Action.STOP, status.epoch).outcome is Outcome.COMPLETED
+    assert a.wait(TIMEOUT) == EXIT_STOPPED

@@ -1,0 +1,46 @@
+"""A test job: count records per key from a ckpt-kafka topic; one JSON file per batch id.
+
+Configured by environment variables (they travel through spark-submit to the driver):
+CKPT_TEST_TOPIC, CKPT_TEST_BOOTSTRAP, CKPT_TEST_OUT, CKPT_TEST_MAX_OFFSETS (records per batch).
+The sink replaces ``batch-<id>.json`` on replay (idempotent by batch id) and, after the lease check
+that precedes Spark's commit, appends ``<batch id> <time>`` to ``commits-epoch-<epoch>.log``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from airflow_ckpt_provider.runtime import JobContext, streaming_job
+
+
+@streaming_job
+def build(spark: Any, ctx: JobContext) -> Any:
+    out = Path(os.environ["CKPT_TEST_OUT"])
+    out.mkdir(parents=True, exist_ok=True)
+    records = (
+        spark.readStream.format("ckpt-kafka")
+        .option("kafka.bootstrap.servers", os.environ["CKPT_TEST_BOOTSTRAP"])
+        .option("subscribe", os.environ["CKPT_TEST_TOPIC"])
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", os.environ.get("CKPT_TEST_MAX_OFFSETS", "200"))
+        .load()
+    )
+    counts = records.selectExpr("CAST(key AS STRING) AS key").groupBy("key").count()
+
+    def write(batch: Any, batch_id: int) -> None:
+        rows = sorted((r["key"], r["count"]) for r in batch.collect())
+        tmp = out / f".batch-{batch_id:06d}.json.tmp"
+        tmp.write_text(json.dumps(rows))
+        tmp.replace(out / f"batch-{batch_id:06d}.json")
+
+    def commit_log(batch: Any, batch_id: int) -> None:
+        write(batch, batch_id)
+        ctx.check_lease()
+        with open(out / f"commits-epoch-{ctx.epoch}.log", "a") as f:
+            f.write(f"{batch_id} {time.time():.6f}\n")
+
+    return counts.writeStream.outputMode("update").foreachBatch(ctx.fenced(commit_log))

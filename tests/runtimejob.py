@@ -1,0 +1,183 @@
+"""Run the test job (tests/jobs/kafka_count.py) the way users do: ``ckpt run`` in a subprocess.
+
+A ``Run`` holds one ``ckpt run`` process (one driver, or a supervisor with ``--supervise``); its
+output goes to a log file that failing assertions print. Results are read from the job's files:
+``batch-<id>.json`` (the keys a batch updated, with their running counts) and
+``commits-epoch-<epoch>.log`` (``<batch id> <time>`` for every batch the driver of that epoch let
+Spark commit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from airflow_ckpt_provider.core.control import Ack, Action, submit_request, wait_ack
+from airflow_ckpt_provider.core.jobstore import JobStore
+from airflow_ckpt_provider.core.status import JobStatus, read_status
+from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
+
+JOB_FILE = Path(__file__).parent / "jobs" / "kafka_count.py"
+KEYS = 10
+SPARK_CONF = ("spark.ui.enabled=false", "spark.sql.shuffle.partitions=2", "spark.ui.showConsoleProgress=false")
+
+
+def produce(bootstrap: str, topic: str, start: int, count: int) -> None:
+    """Records ``start .. start+count-1``, keyed ``k<i % KEYS>``, round-robin over partitions.
+
+    ``batch.num.messages=1``: tansu's ListOffsets(LATEST) answers the last record BATCH's base offset + 1.
+    """
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                         "batch.num.messages": 1, "linger.ms": 0})
+    try:
+        for i in range(start, start + count):
+            producer.produce(topic, key=f"k{i % KEYS}".encode(), value=str(i).encode(), partition=i % 3)
+        assert producer.flush(30) == 0, "records still queued after 30 s"
+    finally:
+        del producer
+
+
+def expected_counts(total: int) -> dict[str, int]:
+    return dict(Counter(f"k{i % KEYS}" for i in range(total)))
+
+
+@dataclass
+class JobEnv:
+    """One job of a test: its store, topic, output directory, and the environment of its drivers."""
+
+    s3: EmbeddedS3
+    kafka: EmbeddedKafka
+    work: Path
+    bucket: str
+    topic: str
+    job: str = field(default_factory=lambda: f"job-{uuid.uuid4().hex[:8]}")
+
+    @property
+    def store_url(self) -> str:
+        return f"s3://{self.bucket}/jobs"
+
+    @property
+    def out(self) -> Path:
+        return self.work / "out"
+
+    def store(self) -> JobStore:
+        from airflow_ckpt_provider.core.storage import S3Options
+
+        return JobStore.open(self.store_url, self.job, S3Options(
+            endpoint_url=self.s3.endpoint_url, region=self.s3.region, access_key_id=self.s3.access_key,
+            secret_access_key=self.s3.secret_key,
+        ))
+
+    def env(self, max_offsets: int = 200) -> dict[str, str]:
+        return {
+            **os.environ, **self.s3.env(),
+            "CKPT_TEST_TOPIC": self.topic, "CKPT_TEST_BOOTSTRAP": self.kafka.bootstrap_servers,
+            "CKPT_TEST_OUT": str(self.out), "CKPT_TEST_MAX_OFFSETS": str(max_offsets),
+            "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
+        }
+
+    def run(self, name: str, checkpoint: Path, *args: str, max_offsets: int = 200) -> Run:
+        argv = [sys.executable, "-m", "airflow_ckpt_provider.cli", "run", str(JOB_FILE), "--job", self.job,
+                "--store", self.store_url, "--checkpoint", str(checkpoint), "--master", "local[2]"]
+        for conf in SPARK_CONF:
+            argv += ["--conf", conf]
+        log = self.work / f"{name}.log"
+        with open(log, "ab") as out:
+            proc = subprocess.Popen([*argv, *args], env=self.env(max_offsets), stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        return Run(name, proc, log)
+
+    def status(self) -> JobStatus | None:
+        return read_status(self.store())
+
+    def wait_status(self, what: str, ok: Callable[[JobStatus], bool], timeout: float, *runs: Run) -> JobStatus:
+        """Poll status.json until ``ok``; fail early, with the logs, if a run exits meanwhile."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = self.status()
+            if status is not None and ok(status):
+                return status
+            for run in runs:
+                if run.proc.poll() is not None:
+                    raise AssertionError(f"{run.name} exited with {run.proc.returncode} while waiting for {what}; "
+                                         f"status {status}\n{run.tail()}")
+            time.sleep(0.2)
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}; status {self.status()}\n"
+                             + "\n".join(r.tail() for r in runs))
+
+    def request(self, action: Action, epoch: int, timeout: float = 180.0) -> Ack:
+        store = self.store()
+        request = submit_request(store, action, epoch)
+        ack = wait_ack(store, request.id, timeout, poll=0.2)
+        assert ack is not None, f"no ack to {action.value} within {timeout} s"
+        return ack
+
+    def consumed(self, status: JobStatus) -> int:
+        """Records the driver's last completed batch has read, from its reported end offsets."""
+        total = 0
+        for offsets in status.offsets.values():
+            for partitions in (offsets or {}).get(self.topic, {}).values() if isinstance(offsets, dict) else []:
+                total += int(partitions)
+        return total
+
+    def final_counts(self) -> dict[str, int]:
+        """Each key's count in the highest batch that updated it (update mode)."""
+        counts: dict[str, int] = {}
+        for path in sorted(self.out.glob("batch-*.json")):
+            for key, count in json.loads(path.read_text()):
+                counts[key] = count
+        return counts
+
+    def commits(self) -> dict[int, list[tuple[int, float]]]:
+        """Per epoch: (batch id, time) of every batch its driver let Spark commit."""
+        found: dict[int, list[tuple[int, float]]] = {}
+        for path in self.out.glob("commits-epoch-*.log"):
+            epoch = int(path.stem.rsplit("-", 1)[1])
+            found[epoch] = [(int(b), float(t)) for b, t in (line.split() for line in path.read_text().splitlines())]
+        return found
+
+
+@dataclass
+class Run:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.name} still running after {timeout} s\n{self.tail()}") from None
+
+    def tail(self, lines: int = 60) -> str:
+        text = self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
+        ours = [ln for ln in text if "airflow_ckpt_provider" in ln or "Error" in ln or "error" in ln]
+        return f"--- {self.name} ({self.log}) ---\n" + "\n".join((ours or text)[-lines:])
+
+    def ckpt_lines(self) -> list[str]:
+        return [ln for ln in self.log.read_text(errors="replace").splitlines() if "airflow_ckpt_provider" in ln]
+
+    def stop(self) -> None:
+        """Kill what is left of this run (test teardown)."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+
+
+def kill_driver(status: JobStatus) -> None:
+    """kill -9 the driver's whole process group (spark-submit's JVM, the Python driver, its workers)."""
+    assert status.pid is not None
+    os.killpg(os.getpgid(status.pid), signal.SIGKILL)

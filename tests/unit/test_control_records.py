@@ -1,0 +1,173 @@
+"""The records drivers and the CLI exchange through the store: round trips, malformed bytes, staleness."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from airflow_ckpt_provider.core.control import Ack, Action, Outcome, Request
+from airflow_ckpt_provider.core.errors import StorageError
+from airflow_ckpt_provider.core.lease import LeaseRecord
+from airflow_ckpt_provider.core.status import (
+    ACTIVE_STATES,
+    FAILURE_STATES,
+    TERMINAL_STATES,
+    JobState,
+    JobStatus,
+)
+
+WHERE = "s3://b/jobs/orders/x.json"
+
+
+def _status(**changes: Any) -> JobStatus:
+    base: dict[str, Any] = {"job": "orders", "state": JobState.RUNNING, "epoch": 3, "updated_at": 1000.0,
+                            "started_at": 900.0}
+    return JobStatus(**base | changes)
+
+
+# -- round trips -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("action", list(Action))
+def test_request_round_trip(action: Action) -> None:
+    request = Request(id=f"{action}-20261122T101500Z-abc123", action=action, epoch=4, created_at=1700000000.25,
+                      requested_by="ana@host")
+    assert Request.from_bytes(request.to_bytes(), WHERE) == request
+    assert json.loads(request.to_bytes())["action"] == action.value
+
+
+def test_request_without_requested_by_reads_as_empty() -> None:
+    body = {"id": "stop-1", "action": "stop", "epoch": 1, "created_at": 5}
+    assert Request.from_bytes(json.dumps(body).encode(), WHERE) == Request("stop-1", Action.STOP, 1, 5.0, "")
+
+
+@pytest.mark.parametrize(
+    "ack",
+    [
+        Ack("savepoint-1", Action.SAVEPOINT, Outcome.COMPLETED, "savepoint at batch 7", 2, 1700000001.5,
+            snapshot_id="savepoint-7-20261122T101500Z-abc123", snapshot_uri="s3://b/jobs/o/snapshots/x",
+            batch_id=7),
+        Ack("stop-1", Action.STOP, Outcome.FAILED, "upload failed", 2, 1.0),
+        Ack("cancel-1", Action.CANCEL, Outcome.REJECTED, "wrong epoch", 5, 2.0, batch_id=None),
+    ],
+)
+def test_ack_round_trip(ack: Ack) -> None:
+    assert Ack.from_bytes(ack.to_bytes(), WHERE) == ack
+    assert ack.to_dict()["outcome"] == ack.outcome.value and isinstance(ack.to_dict()["outcome"], str)
+
+
+def test_status_round_trip_with_every_field() -> None:
+    status = _status(
+        state=JobState.STOPPING, reason="stop requested", batch_id=41, offsets={"orders": {"0": 17}},
+        data_waiting=True, last_snapshot={"id": "checkpoint-41-20261122T101500Z-abc123", "kind": "checkpoint",
+                                          "batch_id": 41},
+        restored_from="s3://b/jobs/orders/snapshots/savepoint-3-20261122T000000Z-000000", pid=4242, host="h1",
+        app_id="local-1", ui_url="http://127.0.0.1:4040", code_version="v2", heartbeat_interval=2.5,
+    )
+    assert JobStatus.from_bytes(status.to_bytes(), WHERE) == status
+    assert json.loads(status.to_bytes())["state"] == "STOPPING"
+
+
+def test_status_ignores_unknown_fields_from_newer_drivers() -> None:
+    body = json.loads(_status().to_bytes()) | {"written_by_a_newer_version": 1}
+    assert JobStatus.from_bytes(json.dumps(body).encode(), WHERE) == _status()
+
+
+def test_status_coerces_numbers() -> None:
+    body = json.loads(_status().to_bytes()) | {"epoch": "3", "updated_at": 1000, "heartbeat_interval": "5"}
+    parsed = JobStatus.from_bytes(json.dumps(body).encode(), WHERE)
+    assert (parsed.epoch, parsed.updated_at, parsed.heartbeat_interval) == (3, 1000.0, 5.0)
+
+
+def test_lease_round_trip_and_default_released() -> None:
+    lease = LeaseRecord(job="orders", epoch=7, owner="h:1:abcd", host="h", pid=1, acquired_at=12.5, released=True)
+    assert LeaseRecord.from_bytes(lease.to_bytes(), WHERE) == lease
+    body = json.loads(lease.to_bytes())
+    del body["released"]
+    assert LeaseRecord.from_bytes(json.dumps(body).encode(), WHERE).released is False
+
+
+# -- malformed bytes: a clear StorageError naming the object -------------------------------------
+
+_MALFORMED = [b"", b"not json", b"\xff\xfe", b"[]", b"null", b'"text"', b"{}"]
+
+
+@pytest.mark.parametrize("data", [*_MALFORMED, b'{"id": "x", "action": "pause", "epoch": 1, "created_at": 1}',
+                                  b'{"id": "x", "action": "stop", "epoch": "one", "created_at": 1}'])
+def test_malformed_request(data: bytes) -> None:
+    with pytest.raises(StorageError, match=rf"^control request {WHERE} is malformed \(.+\)$"):
+        Request.from_bytes(data, WHERE)
+
+
+_ACK = {"id": "x", "action": "stop", "outcome": "completed", "message": "", "epoch": 1, "finished_at": 1.0}
+
+
+@pytest.mark.parametrize("data", [*_MALFORMED, json.dumps(_ACK | {"outcome": "maybe"}).encode(),
+                                  json.dumps({k: v for k, v in _ACK.items() if k != "message"}).encode()])
+def test_malformed_ack(data: bytes) -> None:
+    with pytest.raises(StorageError, match=rf"^control ack {WHERE} is malformed \(.+\)$"):
+        Ack.from_bytes(data, WHERE)
+
+
+_STATUS = json.loads(_status().to_bytes())
+
+
+@pytest.mark.parametrize("data", [*_MALFORMED, json.dumps(_STATUS | {"state": "PAUSED"}).encode(),
+                                  json.dumps(_STATUS | {"updated_at": "yesterday"}).encode(),
+                                  json.dumps({k: v for k, v in _STATUS.items() if k != "epoch"}).encode()])
+def test_malformed_status(data: bytes) -> None:
+    with pytest.raises(StorageError, match=rf"^status {WHERE} is not a valid job status \(.+\)$"):
+        JobStatus.from_bytes(data, WHERE)
+
+
+def test_malformed_status_says_what_it_found() -> None:
+    with pytest.raises(StorageError, match=r"expected a JSON object, found list"):
+        JobStatus.from_bytes(b"[1]", WHERE)
+    with pytest.raises(StorageError, match=r"'PAUSED' is not a valid JobState"):
+        JobStatus.from_bytes(json.dumps(_STATUS | {"state": "PAUSED"}).encode(), WHERE)
+
+
+_LEASE = {"job": "o", "epoch": 1, "owner": "h:1:x", "host": "h", "pid": 1, "acquired_at": 1.0}
+
+
+@pytest.mark.parametrize("data", [*_MALFORMED, json.dumps(_LEASE | {"epoch": "first"}).encode(),
+                                  json.dumps({k: v for k, v in _LEASE.items() if k != "owner"}).encode()])
+def test_malformed_lease(data: bytes) -> None:
+    with pytest.raises(StorageError, match=rf"^lease {WHERE} is not a valid lease record \(.+\); expected the JSON "
+                                           r"a ckpt driver writes\. Delete it only if no driver of this job is"):
+        LeaseRecord.from_bytes(data, WHERE)
+
+
+# -- staleness -------------------------------------------------------------------------------------
+
+
+def test_state_tables_partition_the_states() -> None:
+    assert set(JobState) == ACTIVE_STATES | TERMINAL_STATES
+    assert not ACTIVE_STATES & TERMINAL_STATES
+    assert FAILURE_STATES <= TERMINAL_STATES
+
+
+def test_age_is_seconds_since_the_heartbeat() -> None:
+    assert _status(updated_at=1000.0).age(now=1042.5) == 42.5
+
+
+@pytest.mark.parametrize("state", sorted(ACTIVE_STATES))
+def test_active_state_is_stale_after_three_missed_heartbeats_plus_five_seconds(state: JobState) -> None:
+    status = _status(state=state, updated_at=1000.0, heartbeat_interval=5.0)  # limit: 3 * 5 + 5 = 20 s
+    assert not status.is_stale(now=1000.0)
+    assert not status.is_stale(now=1020.0)
+    assert status.is_stale(now=1020.001)
+    slow = _status(state=state, updated_at=1000.0, heartbeat_interval=60.0)  # limit: 185 s
+    assert not slow.is_stale(now=1185.0)
+    assert slow.is_stale(now=1185.5)
+
+
+@pytest.mark.parametrize("state", sorted(TERMINAL_STATES))
+def test_terminal_state_is_never_stale(state: JobState) -> None:
+    assert not _status(state=state, updated_at=0.0).is_stale(now=1e9)
+
+
+def test_clock_behind_the_driver_is_not_stale() -> None:
+    assert not _status(updated_at=1000.0).is_stale(now=900.0)

@@ -1,0 +1,85 @@
+"""The restore strategy as a pure decision: what a starting driver resumes from."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from airflow_ckpt_provider.core.errors import CheckpointError, ConfigError, SnapshotError
+from airflow_ckpt_provider.core.manifest import Kind, Manifest
+from airflow_ckpt_provider.runtime.config import RestoreSpec
+from airflow_ckpt_provider.runtime.startup import Action, LiveCheckpoint, decide
+from tests.unit.test_manifest_retention import manifest
+
+EMPTY = LiveCheckpoint("file:///live", empty=True)
+LIVE_AT_5 = LiveCheckpoint("file:///live", empty=False, batch_id=5)
+BROKEN = LiveCheckpoint("file:///live", empty=False, batch_id=5, problem="state/0/0/6.delta is truncated")
+CP4 = manifest(Kind.CHECKPOINT, 4, 10)
+SP3 = manifest(Kind.SAVEPOINT, 3, 5)
+CP7 = manifest(Kind.CHECKPOINT, 7, 20)
+
+
+def ok(_m: Manifest) -> str | None:
+    return None
+
+
+def damaged(*ids: str) -> Callable[[Manifest], str | None]:
+    return lambda m: "object objects/ab is missing" if m.snapshot_id in ids else None
+
+
+def test_latest_state_keeps_an_intact_live_checkpoint_that_is_newest() -> None:
+    plan = decide(RestoreSpec.parse("latest-state"), LIVE_AT_5, [SP3, CP4], ok)
+    assert plan.action is Action.KEEP_LIVE
+    assert plan.snapshot is None
+    assert "intact at batch 5" in plan.reason
+
+
+def test_latest_state_restores_a_newer_snapshot_than_the_live_checkpoint() -> None:
+    plan = decide(RestoreSpec.parse("latest-state"), LIVE_AT_5, [SP3, CP4, CP7], ok)
+    assert (plan.action, plan.snapshot) == (Action.RESTORE, CP7)
+    assert "older than the newest snapshot" in plan.reason
+
+
+def test_latest_state_falls_back_from_a_broken_live_checkpoint_loudly() -> None:
+    plan = decide(RestoreSpec.parse("latest-state"), BROKEN, [SP3, CP4], ok)
+    assert (plan.action, plan.snapshot) == (Action.RESTORE, CP4)
+    assert plan.reason.startswith("FALLBACK: the live checkpoint file:///live is broken (state/0/0/6.delta")
+
+
+def test_damaged_snapshots_are_skipped_for_the_next_newest() -> None:
+    plan = decide(RestoreSpec.parse("latest-state"), EMPTY, [SP3, CP4, CP7], damaged(CP7.snapshot_id))
+    assert (plan.action, plan.snapshot) == (Action.RESTORE, CP4)
+    assert plan.skipped == ((CP7.snapshot_id, "object objects/ab is missing"),)
+    assert f"skipped damaged {CP7.snapshot_id}" in plan.reason
+
+
+def test_broken_live_checkpoint_without_any_valid_snapshot_is_refused() -> None:
+    with pytest.raises(CheckpointError, match=r"is broken .* no valid snapshot to fall back to .*Nothing was changed"):
+        decide(RestoreSpec.parse("latest-state"), BROKEN, [CP4], damaged(CP4.snapshot_id))
+
+
+def test_first_start_and_a_started_but_never_completed_checkpoint_start_fresh() -> None:
+    assert decide(RestoreSpec.parse("latest-state"), EMPTY, [], ok).action is Action.FRESH
+    never = LiveCheckpoint("file:///live", empty=False, problem="no completed batch")
+    assert decide(RestoreSpec.parse("latest-state"), never, [], ok).action is Action.FRESH
+
+
+def test_latest_savepoint_ignores_checkpoints_and_the_live_checkpoint() -> None:
+    plan = decide(RestoreSpec.parse("latest-savepoint"), LIVE_AT_5, [SP3, CP4, CP7], ok)
+    assert (plan.action, plan.snapshot) == (Action.RESTORE, SP3)
+    with pytest.raises(SnapshotError, match=r"no restorable savepoint .*none exists"):
+        decide(RestoreSpec.parse("latest-savepoint"), LIVE_AT_5, [CP4], ok)
+
+
+def test_none_starts_without_state_only_on_an_empty_location() -> None:
+    assert decide(RestoreSpec.parse("none"), EMPTY, [], ok).action is Action.FRESH
+    with pytest.raises(ConfigError, match="not empty: delete it, choose another --checkpoint"):
+        decide(RestoreSpec.parse("none"), LIVE_AT_5, [], ok)
+
+
+def test_a_named_snapshot_is_restored_or_refused_without_fallback() -> None:
+    spec = RestoreSpec.parse(SP3.snapshot_id)
+    assert decide(spec, LIVE_AT_5, [SP3], ok).snapshot == SP3
+    with pytest.raises(SnapshotError, match=f"snapshot {SP3.snapshot_id} cannot be restored: object"):
+        decide(spec, LIVE_AT_5, [SP3], damaged(SP3.snapshot_id))

@@ -1,0 +1,402 @@
+"""The supervisor: restarts, forced latest-state, stop on 0/2/3, giving up, killing a stuck driver.
+
+Fake driver processes run on a fake clock: ``wait`` advances it, so no test sleeps. Two tests at the end
+start real (tiny, Spark-less) processes to check the process group and the immediate detection of exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from airflow_ckpt_provider.core.jobstore import JobStore
+from airflow_ckpt_provider.core.restart import ExponentialDelay, FailureRate, FixedDelay, HealthRule, RestartStrategy
+from airflow_ckpt_provider.core.status import JobState, JobStatus, read_status, write_status
+from airflow_ckpt_provider.runtime.config import RuntimeConfig
+from airflow_ckpt_provider.runtime.submit import LAUNCH_PY, SubmitSpec
+from airflow_ckpt_provider.runtime.supervisor import Ending, Supervisor, SupervisorOutcome
+
+START = 1000.0
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = START
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+@dataclass
+class Run:
+    """A scripted driver: exits with ``code`` after ``runs_for`` seconds (None: runs until killed); on
+    SIGTERM exits with ``term_code`` (None: ignores it); ``tick`` is called on every wait."""
+
+    code: int = 0
+    runs_for: float | None = 10.0
+    term_code: int | None = None
+    tick: Callable[[FakeProcess], None] | None = None
+
+
+@dataclass
+class FakeProcess:
+    clock: FakeClock
+    run: Run
+    pid: int
+    started: float
+    signals: list[int] = field(default_factory=list)
+    returncode: int | None = None
+    ended: float | None = None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def _exit(self, code: int) -> int:
+        self.returncode, self.ended = code, self.clock.now
+        return code
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is not None:
+            return self.returncode
+        if self.run.tick is not None:
+            self.run.tick(self)
+            if self.returncode is not None:
+                return self.returncode
+        end = None if self.run.runs_for is None else self.started + self.run.runs_for
+        if end is not None and (timeout is None or self.clock.now + timeout >= end):
+            self.clock.now = max(self.clock.now, end)
+            return self._exit(self.run.code)
+        if timeout is None:
+            raise AssertionError("wait() without timeout on a driver that never exits")
+        self.clock.now += timeout
+        raise subprocess.TimeoutExpired("spark-submit", timeout)
+
+    def send_signal(self, sig: int) -> None:
+        self.signals.append(sig)
+        if self.returncode is None and sig == signal.SIGKILL:
+            self._exit(-signal.SIGKILL)
+        elif self.returncode is None and sig == signal.SIGTERM and self.run.term_code is not None:
+            self._exit(self.run.term_code)
+
+
+class Spawner:
+    """The process factory: hands out the scripted runs in order and records every command."""
+
+    def __init__(self, clock: FakeClock, runs: list[Run]) -> None:
+        self.clock, self.runs = clock, list(runs)
+        self.argvs: list[list[str]] = []
+        self.envs: list[dict[str, str]] = []
+        self.procs: list[FakeProcess] = []
+
+    def __call__(self, argv: list[str], env: dict[str, str]) -> FakeProcess:
+        self.argvs.append(argv)
+        self.envs.append(env)
+        proc = FakeProcess(self.clock, self.runs.pop(0), 100 + len(self.procs), self.clock.now)
+        self.procs.append(proc)
+        return proc
+
+    @property
+    def restores(self) -> list[str]:
+        return [argv[argv.index("--restore") + 1] for argv in self.argvs]
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> JobStore:
+    return JobStore.open(str(tmp_path / "store"), "orders")
+
+
+@pytest.fixture
+def spec(tmp_path: Path) -> SubmitSpec:
+    job_file = tmp_path / "count.py"
+    job_file.write_text("# a job\n")
+    config = RuntimeConfig(job="orders", store=str(tmp_path / "store"), checkpoint=str(tmp_path / "ckpt"),
+                           restore="latest-savepoint")
+    return SubmitSpec(job_file=str(job_file), config=config, spark_submit="/opt/spark/bin/spark-submit")
+
+
+def supervise(
+    spec: SubmitSpec, clock: FakeClock, runs: list[Run], strategy: RestartStrategy, **kw: object
+) -> tuple[SupervisorOutcome, Spawner]:
+    spawner = Spawner(clock, runs)
+    sup = Supervisor(spec, strategy, clock=clock, sleep=clock.sleep, spawn=spawner, **kw)  # type: ignore[arg-type]
+    outcome = sup.run()
+    assert spawner.runs == []  # every scripted run was used, no more
+    return outcome, spawner
+
+
+def running(batch_id: int, *, data_waiting: bool = True, epoch: int = 4) -> JobStatus:
+    now = time.time()
+    return JobStatus("orders", JobState.RUNNING, epoch, now, now, batch_id=batch_id, data_waiting=data_waiting)
+
+
+def test_restarts_after_the_strategy_delays_from_latest_state(
+    spec: SubmitSpec, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="airflow_ckpt_provider.runtime.supervisor")
+    strategy = FixedDelay(attempts=3, delay=5.0, clock=clock)
+    outcome, spawner = supervise(spec, clock, [Run(1), Run(-9), Run(137), Run(0)], strategy)
+    assert outcome == SupervisorOutcome(Ending.STOPPED, attempts=4, restarts=3, exit_code=0, reason="driver stopped")
+    assert clock.sleeps == [5.0, 5.0, 5.0]
+    assert spawner.restores == ["latest-savepoint", "latest-state", "latest-state", "latest-state"]
+    assert [p.started for p in spawner.procs] == [START, START + 15, START + 30, START + 45]
+    assert strategy.restarts == 3
+    restarting = "job orders: restarting in 5.0 s (strategy fixed-delay: 3 attempts, 5 s apart; restart {})"
+    assert caplog.messages == [
+        "job orders: driver pid 100 started (attempt 1, restore latest-savepoint)",
+        "job orders: driver exited with code 1 after 10.0 s (failed)",
+        restarting.format(1),
+        "job orders: driver pid 101 started (attempt 2, restore latest-state)",
+        "job orders: driver exited with code -9 after 10.0 s (signal 9)",
+        restarting.format(2),
+        "job orders: driver pid 102 started (attempt 3, restore latest-state)",
+        "job orders: driver exited with code 137 after 10.0 s "
+        "(failed: 128+9, the Python driver likely died of signal 9)",
+        restarting.format(3),
+        "job orders: driver pid 103 started (attempt 4, restore latest-state)",
+        "job orders: driver exited with code 0 after 10.0 s (stopped)",
+        "job orders: stopped: driver stopped",
+    ]
+
+
+def test_exponential_delay_backs_off(spec: SubmitSpec, clock: FakeClock) -> None:
+    strategy = ExponentialDelay(jitter=0.0, clock=clock)
+    outcome, _ = supervise(spec, clock, [Run(1, runs_for=2.0)] * 4 + [Run(0)], strategy)
+    assert (outcome.final, outcome.attempts, outcome.restarts) == (Ending.STOPPED, 5, 4)
+    assert clock.sleeps == [1.0, 1.5, 2.25, 3.375]
+
+
+@pytest.mark.parametrize(
+    ("code", "final", "reason"),
+    [
+        (0, Ending.STOPPED, "driver stopped"),
+        (2, Ending.CONFIG_ERROR, "driver exited with code 2 (bad input): a restart would fail again; see its log"),
+        (3, Ending.FENCED, "a newer driver took the job's lease and runs the job: not restarting"),
+    ],
+)
+def test_no_restart_after_stop_bad_input_or_fencing(
+    spec: SubmitSpec, clock: FakeClock, store: JobStore, code: int, final: Ending, reason: str
+) -> None:
+    outcome, spawner = supervise(spec, clock, [Run(code)], FixedDelay(attempts=5, clock=clock), store=store)
+    assert outcome == SupervisorOutcome(final, attempts=1, restarts=0, exit_code=code, reason=reason)
+    assert final.exit_code == code
+    assert clock.sleeps == []
+    assert spawner.restores == ["latest-savepoint"]
+    assert read_status(store) is None  # the supervisor writes FAILED only when it gives up
+
+
+def test_gives_up_when_failure_rate_is_exceeded(
+    spec: SubmitSpec, clock: FakeClock, store: JobStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    write_status(store, running(41))
+    strategy = FailureRate(max_failures=2, interval=60.0, delay=1.0, clock=clock)
+    outcome, spawner = supervise(spec, clock, [Run(1, runs_for=5.0)] * 3, strategy, store=store)
+    reason = ("restart strategy exhausted (failure-rate: at most 2 failures within 60 s, 1 s apart) after 2 restarts; "
+              "last failure: driver exited with code 1 (failed)")
+    assert outcome == SupervisorOutcome(Ending.GAVE_UP, attempts=3, restarts=2, exit_code=1, reason=reason)
+    assert outcome.final.exit_code == 1
+    assert f"job orders: giving up: {reason}" in caplog.messages
+    assert clock.sleeps == [1.0, 1.0]
+    assert len(spawner.procs) == 3
+    status = read_status(store)
+    assert status is not None
+    assert (status.state, status.reason, status.epoch, status.batch_id) == (JobState.FAILED, reason, 4, 41)
+
+
+def test_failures_spread_beyond_the_interval_keep_restarting(spec: SubmitSpec, clock: FakeClock) -> None:
+    strategy = FailureRate(max_failures=1, interval=60.0, delay=1.0, clock=clock)
+    outcome, _ = supervise(spec, clock, [Run(1, runs_for=100.0)] * 3 + [Run(0)], strategy)
+    assert (outcome.final, outcome.attempts, outcome.restarts) == (Ending.STOPPED, 4, 3)
+
+
+def test_gives_up_when_the_health_rule_finds_too_many_restarts(
+    spec: SubmitSpec, clock: FakeClock, store: JobStore
+) -> None:
+    health = HealthRule(max_restarts=2, window=600.0, progress_timeout=None)
+    strategy = ExponentialDelay(jitter=0.0, clock=clock)
+    outcome, _ = supervise(spec, clock, [Run(1, runs_for=3.0)] * 3, strategy, health=health, store=store)
+    reason = "unhealthy: 2 restarts within 600 s (limit 2); last failure: driver exited with code 1 (failed)"
+    assert outcome == SupervisorOutcome(Ending.GAVE_UP, attempts=3, restarts=2, exit_code=1, reason=reason)
+    assert clock.sleeps == [1.0, 1.5]
+    status = read_status(store)
+    assert status is not None
+    assert (status.state, status.reason, status.epoch) == (JobState.FAILED, reason, 0)
+
+
+def test_restarts_outside_the_health_window_do_not_count(spec: SubmitSpec, clock: FakeClock) -> None:
+    health = HealthRule(max_restarts=2, window=600.0, progress_timeout=None)
+    strategy = FixedDelay(attempts=10, delay=1.0, clock=clock)
+    outcome, _ = supervise(spec, clock, [Run(1, runs_for=400.0)] * 4 + [Run(0)], strategy, health=health)
+    assert (outcome.final, outcome.attempts, outcome.restarts) == (Ending.STOPPED, 5, 4)
+
+
+@pytest.mark.parametrize(("term_code", "signals", "killed_at"),
+                         [(None, [signal.SIGTERM, signal.SIGKILL], 40.0), (0, [signal.SIGTERM], 30.0)])
+def test_a_driver_without_progress_while_data_waits_is_killed_and_restarted(
+    spec: SubmitSpec, clock: FakeClock, store: JobStore, term_code: int | None, signals: list[int], killed_at: float
+) -> None:
+    write_status(store, running(7))  # the stuck driver's last report: batch 7, data waiting
+
+    def progress(proc: FakeProcess) -> None:  # the second driver completes a batch every wait
+        status = read_status(store)
+        assert status is not None
+        write_status(store, running((status.batch_id or 0) + 1))
+
+    health = HealthRule(max_restarts=10, window=600.0, progress_timeout=30.0)
+    runs = [Run(runs_for=None, term_code=term_code), Run(0, runs_for=100.0, tick=progress)]
+    outcome, spawner = supervise(spec, clock, runs, FixedDelay(attempts=1, delay=2.0, clock=clock),
+                                 health=health, store=store, poll=5.0, grace=10.0)
+    stuck, healthy = spawner.procs
+    assert outcome == SupervisorOutcome(Ending.STOPPED, attempts=2, restarts=1, exit_code=0, reason="driver stopped")
+    assert stuck.signals == signals
+    assert stuck.ended == START + killed_at  # first look at 5 s, 30 s without a batch, then grace 10 s
+    assert healthy.signals == []
+    assert spawner.restores == ["latest-savepoint", "latest-state"]
+
+
+@pytest.mark.parametrize("status_bytes", [running(7, data_waiting=False).to_bytes(), b"{not json"])
+def test_no_kill_when_no_data_waits_or_status_unreadable(
+    spec: SubmitSpec, clock: FakeClock, store: JobStore, status_bytes: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    store.storage.write("status.json", status_bytes)
+    health = HealthRule(max_restarts=10, window=600.0, progress_timeout=30.0)
+    outcome, spawner = supervise(spec, clock, [Run(0, runs_for=200.0)], FixedDelay(clock=clock),
+                                 health=health, store=store, poll=5.0)
+    assert (outcome.final, outcome.attempts, spawner.procs[0].signals) == (Ending.STOPPED, 1, [])
+    if status_bytes.startswith(b"{not"):
+        assert "cannot read status.json, progress not judged this time" in caplog.text
+
+
+def test_stop_request_forwards_sigterm_and_never_restarts(spec: SubmitSpec, clock: FakeClock) -> None:
+    holder: list[Supervisor] = []
+
+    def stop_twice(proc: FakeProcess) -> None:
+        if clock.now >= START + 10:
+            holder[0].request_stop()
+
+    spawner = Spawner(clock, [Run(runs_for=None, tick=stop_twice)])
+    sup = Supervisor(spec, FixedDelay(attempts=5, clock=clock), clock=clock, sleep=clock.sleep, spawn=spawner,
+                     poll=5.0)
+    holder.append(sup)
+    outcome = sup.run()
+    # the driver ignores the first SIGTERM: the second request sends SIGKILL
+    assert spawner.procs[0].signals == [signal.SIGTERM, signal.SIGKILL]
+    assert outcome == SupervisorOutcome(Ending.STOPPED, attempts=1, restarts=0, exit_code=-9,
+                                        reason="stop requested; driver exited with code -9")
+    assert clock.sleeps == []
+
+
+def test_stop_request_during_the_restart_delay(spec: SubmitSpec, clock: FakeClock) -> None:
+    holder: list[Supervisor] = []
+    spawner = Spawner(clock, [Run(1)])
+    sup = Supervisor(spec, FixedDelay(attempts=5, delay=30.0, clock=clock), clock=clock,
+                     sleep=lambda _s: holder[0].request_stop(), spawn=spawner)
+    holder.append(sup)
+    assert sup.run() == SupervisorOutcome(Ending.STOPPED, attempts=1, restarts=0, exit_code=1,
+                                          reason="stop requested before the restart")
+
+
+# -- real processes (no Spark): the process group and the detection of an exit ----------------------
+
+
+def _fake_spark_submit(tmp_path: Path, body: str) -> str:
+    """An executable standing in for spark-submit; it appends its --restore value to runs.log."""
+    path = tmp_path / "spark-submit"
+    path.write_text(
+        f"#!{sys.executable}\n"
+        "import os, subprocess, sys, time\n"
+        f"log = {str(tmp_path / 'runs.log')!r}\n"
+        "with open(log, 'a') as fh: fh.write(sys.argv[sys.argv.index('--restore') + 1] + '\\n')\n"
+        "runs = len(open(log).read().split())\n" + body
+    )
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_real_driver_exit_is_detected_at_once(spec: SubmitSpec, tmp_path: Path) -> None:
+    submit = _fake_spark_submit(tmp_path, "sys.exit(1 if runs == 1 else 0)\n")
+    real = SubmitSpec(job_file=spec.job_file, config=spec.config, spark_submit=submit)
+    started = time.monotonic()
+    outcome = Supervisor(real, FixedDelay(attempts=1, delay=0.0), poll=30.0).run()
+    assert (outcome.final, outcome.attempts, outcome.exit_code) == (Ending.STOPPED, 2, 0)
+    assert (tmp_path / "runs.log").read_text().split() == ["latest-savepoint", "latest-state"]
+    assert time.monotonic() - started < 10.0  # far below poll: wait() returns when the driver exits
+
+
+def _stop_when(path: Path, sup: Supervisor) -> threading.Thread:
+    """A thread that asks ``sup`` to stop once the fake driver wrote ``path``."""
+
+    def stop() -> None:
+        deadline = time.monotonic() + 20
+        while not (path.exists() and path.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        sup.request_stop()
+
+    thread = threading.Thread(target=stop)
+    thread.start()
+    return thread
+
+
+def test_real_sigterm_goes_to_the_python_driver_not_the_jvm(spec: SubmitSpec, tmp_path: Path) -> None:
+    # The stand-in JVM starts a "Python driver" (a process whose argv holds launch.py's path) and exits
+    # with 7 when that one died of SIGTERM: had the JVM got SIGTERM as well, it would die of it (-15).
+    started = tmp_path / "driver.pid"
+    submit = _fake_spark_submit(
+        tmp_path,
+        f"driver = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', {str(LAUNCH_PY)!r}])\n"
+        f"open({str(started)!r}, 'w').write(str(driver.pid))\n"
+        "sys.exit(7 if driver.wait() == -15 else 1)\n",
+    )
+    sup = Supervisor(SubmitSpec(job_file=spec.job_file, config=spec.config, spark_submit=submit),
+                     FixedDelay(attempts=5, delay=0.0), poll=0.1)
+    stopper = _stop_when(started, sup)
+    outcome = sup.run()
+    stopper.join()
+    assert (outcome.final, outcome.attempts, outcome.exit_code) == (Ending.STOPPED, 1, 7)
+
+
+def test_real_stop_request_reaches_the_whole_process_group(spec: SubmitSpec, tmp_path: Path) -> None:
+    child_pid = tmp_path / "child.pid"
+    submit = _fake_spark_submit(
+        tmp_path,
+        "child = subprocess.Popen(['sleep', '60'])\n"
+        f"open({str(child_pid)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(60)\n",
+    )
+    real = SubmitSpec(job_file=spec.job_file, config=spec.config, spark_submit=submit)
+    sup = Supervisor(real, FixedDelay(attempts=5, delay=0.0), poll=0.1)
+    stopper = _stop_when(child_pid, sup)  # no launch.py process here (as in cluster mode): the group gets it
+    outcome = sup.run()
+    stopper.join()
+    assert (outcome.final, outcome.attempts, outcome.exit_code) == (Ending.STOPPED, 1, -signal.SIGTERM)
+    pid = int(child_pid.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)  # the driver's child got SIGTERM too
