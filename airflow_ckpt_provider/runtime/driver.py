@@ -178,7 +178,8 @@ class JobDriver:
             return EXIT_FAILED
         except CkptError as err:
             log.error("job %s: cannot start: %s", job, err)
-            self._report_final(JobState.FAILED, f"cannot start: {err}")
+            if self.lease.record is not None:  # refused before the lease was taken: nothing changed
+                self._report_final(JobState.FAILED, f"cannot start: {err}")
             return EXIT_CONFIG
         spark = (spark_factory or _default_spark)()
         return self._run_query(spark, plan, grace_until)

@@ -34,6 +34,9 @@ class LiveCheckpoint:
         return not self.empty and self.problem is None and self.batch_id is not None
 
 
+NO_COMPLETED_BATCH = "no completed batch"
+
+
 class Action(StrEnum):
     KEEP_LIVE = "keep-live"
     RESTORE = "restore"
@@ -52,18 +55,18 @@ class StartPlan:
 
 def observe_live(storage: Storage) -> LiveCheckpoint:
     """Read the live checkpoint; every file the latest completed batch needs is read and checked."""
-    if not storage.list():
+    if all(o.key.rsplit("/", 1)[-1].startswith(".") for o in storage.list()):  # nothing, or Spark's temp files
         return LiveCheckpoint(storage.url, empty=True)
     checkpoint = SparkCheckpoint(storage)
     try:
-        problems = checkpoint.validate()
         batch = checkpoint.latest_completed_batch()
+        if batch is None:  # started but never completed a batch (killed early): nothing to keep or lose
+            return LiveCheckpoint(storage.url, empty=False, problem=NO_COMPLETED_BATCH)
+        problems = checkpoint.validate()
     except CkptError as err:
         return LiveCheckpoint(storage.url, empty=False, problem=str(err))
     if problems:
         return LiveCheckpoint(storage.url, empty=False, batch_id=batch, problem="; ".join(problems))
-    if batch is None:  # started but never completed a batch: nothing to keep, nothing lost
-        return LiveCheckpoint(storage.url, empty=False, problem="no completed batch")
     return LiveCheckpoint(storage.url, empty=False, batch_id=batch)
 
 
@@ -112,7 +115,7 @@ def decide(
             f"restore strategy latest-savepoint: no restorable savepoint ({found}); take one with "
             "`ckpt job savepoint`, or use --restore latest-state"
         )
-    if not live.empty and live.problem and live.problem != "no completed batch":
+    if not live.empty and live.problem and live.problem != NO_COMPLETED_BATCH:
         found = "; ".join(f"{sid}: {p}" for sid, p in skipped) or "no snapshot exists"
         raise CheckpointError(
             f"the live checkpoint {live.location} is broken ({live.problem}) and there is no valid snapshot "
@@ -126,8 +129,8 @@ def _why(spec: RestoreSpec, live: LiveCheckpoint, m: Manifest, skipped: list[tup
     what = f"{m.kind.value} {m.snapshot_id} (batch {m.batch_id})"
     if spec.mode is RestoreMode.LATEST_SAVEPOINT:
         why = f"restore strategy latest-savepoint: {what}"
-    elif live.empty:
-        why = f"the live checkpoint {live.location} is empty: restoring the newest snapshot, {what}"
+    elif live.empty or live.problem == NO_COMPLETED_BATCH:
+        why = f"the live checkpoint {live.location} holds no completed batch: restoring the newest snapshot, {what}"
     elif live.problem:
         why = f"FALLBACK: the live checkpoint {live.location} is broken ({live.problem}); restoring {what}"
     else:

@@ -9,7 +9,7 @@ import pytest
 from airflow_ckpt_provider.core.errors import CheckpointError, ConfigError, SnapshotError
 from airflow_ckpt_provider.core.manifest import Kind, Manifest
 from airflow_ckpt_provider.runtime.config import RestoreSpec
-from airflow_ckpt_provider.runtime.startup import Action, LiveCheckpoint, decide
+from airflow_ckpt_provider.runtime.startup import NO_COMPLETED_BATCH, Action, LiveCheckpoint, decide
 from tests.unit.test_manifest_retention import manifest
 
 EMPTY = LiveCheckpoint("file:///live", empty=True)
@@ -61,8 +61,11 @@ def test_broken_live_checkpoint_without_any_valid_snapshot_is_refused() -> None:
 
 def test_first_start_and_a_started_but_never_completed_checkpoint_start_fresh() -> None:
     assert decide(RestoreSpec.parse("latest-state"), EMPTY, [], ok).action is Action.FRESH
-    never = LiveCheckpoint("file:///live", empty=False, problem="no completed batch")
+    never = LiveCheckpoint("file:///live", empty=False, problem=NO_COMPLETED_BATCH)
     assert decide(RestoreSpec.parse("latest-state"), never, [], ok).action is Action.FRESH
+    plan = decide(RestoreSpec.parse("latest-state"), never, [CP4], ok)
+    assert (plan.action, plan.snapshot) == (Action.RESTORE, CP4)
+    assert "holds no completed batch" in plan.reason
 
 
 def test_latest_savepoint_ignores_checkpoints_and_the_live_checkpoint() -> None:
