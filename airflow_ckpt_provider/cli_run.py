@@ -176,7 +176,8 @@ def add_run_command(groups: argparse._SubParsersAction[argparse.ArgumentParser])
     job.add_argument("--keep-checkpoints", metavar="N", help="checkpoint snapshots to keep (default 3)")
     job.add_argument("--keep-savepoints", metavar="N", help="savepoints to keep (default none: all)")
     job.add_argument("--code-version", help="the code version running the query, recorded in snapshots")
-    job.add_argument("--heartbeat-interval", metavar="S", help="seconds between status heartbeats when idle (default 5)")
+    job.add_argument("--heartbeat-interval", metavar="S",
+                     help="seconds between status heartbeats when idle (default 5)")
     job.add_argument("--poll-interval", metavar="S",
                      help="seconds between looks at control requests and the lease (default 1)")
     job.add_argument("--fence-grace", metavar="S", help="seconds a new driver waits for a fenced one to notice "

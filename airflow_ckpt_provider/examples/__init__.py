@@ -1,0 +1,1 @@
+"""Example jobs for the runtime (``ckpt run``), used by the demo."""

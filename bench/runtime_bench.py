@@ -1,0 +1,561 @@
+"""Benchmark of the job runtime: recovery after kill -9 versus a cold start, and the throughput cost of
+periodic snapshots, measured side by side in one run.
+
+    .venv/bin/python bench/runtime_bench.py [--rounds 3] [--kills 2] [--window 35] [--quick]
+
+Runs the test job (tests/jobs/kafka_count.py: a stateful count per key over a ckpt-kafka topic) with
+``ckpt run --supervise`` exactly as users do, on one backlog topic that every run reads from the
+start (fresh job, fresh checkpoint). Times come from the ``ckpt run -v`` log lines (supervisor and
+driver, millisecond timestamps) and from this script's clock at spawn and kill.
+
+1. Recovery: per round one job; cold start (spawn to the first batch that read rows), then --kills
+   times: kill -9 of the driver's process group once its epoch completed 2 batches with rows, and
+   the time to the first batch its successor completes, split into detection, restart delay, JVM +
+   Python start, start decision, Spark session + query start, and that first batch.
+   Targets: recovery <= 1.3x a cold start; detection < 5 s.
+2. Snapshot overhead: records/s with checkpoint snapshots after every batch and savepoints every 30 s
+   (A) versus none (B), runs interleaved A B B A A B ...; target < 5% difference.
+
+Prints tables and a verdict per target; nothing is asserted. Starts its own SeaweedFS and tansu on
+127.0.0.1 and stops every process it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import os
+import re
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make `tests` importable
+
+from airflow_ckpt_provider.core.manifest import Kind
+from airflow_ckpt_provider.core.snapshots import list_snapshots
+from airflow_ckpt_provider.embedded import EmbeddedServices
+from tests.runtimejob import JobEnv, Run
+
+PARTITIONS = 3
+RECOVERY_TARGET = 1.3
+DETECTION_TARGET_S = 5.0
+OVERHEAD_TARGET = 0.05
+WAIT_S = 240.0  # the longest any single step may take before the bench gives up
+
+
+class BenchError(RuntimeError):
+    """The benchmark could not measure what it set out to measure."""
+
+
+@dataclass(frozen=True)
+class Options:
+    rounds: int
+    kills: int
+    records: int
+    keys: int
+    max_offsets: int
+    window: float
+    savepoint_interval: float
+    restart_delay: float
+    kill_after: float
+    workdir: Path
+    skip_recovery: bool
+    skip_throughput: bool
+
+
+# -- the ckpt run log ------------------------------------------------------------------------------
+
+LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) [A-Z]+ \S+: (.*)$")
+PATTERNS = {
+    "spawn": re.compile(r"^job \S+: driver pid (\d+) started \(attempt (\d+)"),
+    "exit": re.compile(r"^job \S+: driver exited with code (-?\d+) after"),
+    "lease": re.compile(r"^job \S+: lease taken at epoch (\d+)"),
+    "start": re.compile(r"^job \S+: start: (.*)"),
+    "restored": re.compile(r"restored into .*; Spark resumes at batch (\d+)"),
+    "grace": re.compile(r"^job \S+ epoch \d+: waiting ([\d.]+) s for the previous driver"),
+    "query": re.compile(r"^job \S+ epoch (\d+): query \S+ started"),
+    "batch": re.compile(r"^job \S+ epoch (\d+) batch (\d+): completed, (\d+) rows"),
+    "snapshot": re.compile(r"^job \S+ snapshot \S+ \(batch (\d+)\): completed (checkpoint|savepoint) .* ([\d.]+) s$"),
+}
+
+
+@dataclass(frozen=True)
+class Event:
+    """One log line the bench cares about: its time (epoch seconds, ms resolution), kind and fields."""
+
+    t: float
+    kind: str
+    fields: tuple[str, ...]
+
+    def int(self, i: int) -> int:
+        return int(self.fields[i])
+
+
+@dataclass
+class LogWatch:
+    """Follows one ``ckpt run -v`` log file and turns its lines into events."""
+
+    run: Run
+    events: list[Event] = field(default_factory=list)
+    _offset: int = 0
+    _partial: bytes = b""
+
+    def poll(self) -> list[Event]:
+        with open(self.run.log, "rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+        self._offset += len(data)
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        for raw in lines:
+            m = LINE.match(raw.decode(errors="replace"))
+            if m is None:
+                continue
+            for kind, pattern in PATTERNS.items():
+                found = pattern.search(m.group(2))
+                if found:
+                    t = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                    self.events.append(Event(t, kind, found.groups()))
+                    break
+        return self.events
+
+    def wait(self, what: str, found: Callable[[list[Event]], Event | None], timeout: float = WAIT_S) -> Event:
+        """Poll until ``found`` picks an event; fail with the log's tail if the run exits or time runs out."""
+        deadline = time.monotonic() + timeout
+        while True:
+            event = found(self.poll())
+            if event is not None:
+                return event
+            if self.run.proc.poll() is not None:
+                raise BenchError(f"{self.run.name} exited with {self.run.proc.returncode} while waiting for "
+                                 f"{what}\n{self.run.tail()}")
+            if time.monotonic() > deadline:
+                raise BenchError(f"timed out after {timeout:.0f} s waiting for {what}\n{self.run.tail()}")
+            time.sleep(0.05)
+
+
+def first(events: Sequence[Event], kind: str, after: float = 0.0, test: Callable[[Event], bool] | None = None,
+          start: int = 0) -> Event | None:
+    """The first event of ``kind`` from index ``start`` at or after time ``after`` that passes ``test``."""
+    for e in events[start:]:
+        if e.kind == kind and e.t >= after and (test is None or test(e)):
+            return e
+    return None
+
+
+def need(event: Event | None, what: str, watch: LogWatch) -> Event:
+    """``event``, or BenchError: a line the bench relies on is missing from the log."""
+    if event is None:
+        raise BenchError(f"no log line for {what} in {watch.run.log}\n{watch.run.tail()}")
+    return event
+
+
+def batches(events: Sequence[Event], epoch: int) -> list[Event]:
+    return [e for e in events if e.kind == "batch" and e.int(0) == epoch]
+
+
+# -- processes -------------------------------------------------------------------------------------
+
+def _stat(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name (state, ppid, pgrp, session, ...), or None."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _pids() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+
+
+def stop_run(run: Run) -> None:
+    """Kill a supervised ``ckpt run`` and every driver it started, with all their processes.
+
+    The supervisor runs in a session of its own and starts each driver (spark-submit, its JVM, the
+    Python driver and workers) in another; PySpark's worker daemon leaves the driver's process group
+    (setpgid), so each session is swept by its id. The supervisor is frozen first so that it cannot
+    start a driver meanwhile.
+    """
+    leader = run.proc.pid
+    if run.proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(leader, signal.SIGSTOP)
+    sessions = {leader} | {pid for pid in _pids() if (s := _stat(pid)) and int(s[1]) == leader}
+    for pid in _pids():
+        s = _stat(pid)
+        if s is not None and int(s[3]) in sessions:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(leader, signal.SIGCONT)
+    run.proc.wait(30)
+
+
+def leftovers(sessions: set[int]) -> list[int]:
+    return [pid for pid in _pids() if (s := _stat(pid)) and int(s[3]) in sessions and s[0] != "Z"]
+
+
+# -- data ------------------------------------------------------------------------------------------
+
+def produce(bootstrap: str, topic: str, records: int, keys: int) -> None:
+    """``records`` records keyed ``k<i % keys>``: fast batched produce, then one single-record batch per partition.
+
+    tansu answers ListOffsets(LATEST) with the base offset of the last record batch + 1 (see
+    ENVIRONMENT.md); a final one-record batch per partition makes that the true end.
+    """
+    from confluent_kafka import Producer
+
+    payload = b"x" * 100
+    bulk = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 20,
+                     "batch.num.messages": 10000, "compression.type": "none"})
+    for i in range(records - PARTITIONS):
+        while True:
+            try:
+                bulk.produce(topic, value=payload, key=f"k{i % keys}".encode(), partition=i % PARTITIONS)
+                break
+            except BufferError:
+                bulk.poll(0.05)
+        if i % 10000 == 0:
+            bulk.poll(0)
+    assert bulk.flush(120) == 0, "records still queued after 120 s"
+    last = Producer({"bootstrap.servers": bootstrap, "acks": "all", "batch.num.messages": 1})
+    for p in range(PARTITIONS):
+        last.produce(topic, value=payload, key=b"end", partition=p)
+    assert last.flush(30) == 0, "records still queued after 30 s"
+
+
+# -- 1. recovery -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Start:
+    """One start of the job: cold (spawn of ``ckpt run``) or a recovery (kill -9 of the driver).
+
+    Phases in seconds; ``cli`` and ``batch0`` only for cold starts, ``detect`` and ``delay`` only
+    for recoveries. ``total`` runs to the first batch that read rows.
+    """
+
+    round: int
+    kind: str
+    total: float
+    detect: float | None
+    delay: float | None
+    cli: float | None
+    jvm: float
+    decide: float
+    spark: float
+    batch0: float | None
+    first_batch: float
+    batch_id: int
+    rows: int
+    to_batch0: float | None = None
+    grace: float = 0.0
+    note: str = ""
+
+
+def cold_start(watch: LogWatch, spawned: float, rnd: int) -> Start:
+    has_rows = watch.wait("the first batch with rows of epoch 1",
+                          lambda ev: first(ev, "batch", test=lambda e: e.int(0) == 1 and e.int(2) > 0))
+    ev = watch.events
+    spawn, lease, start, query = (need(first(ev, k), k, watch) for k in ("spawn", "lease", "start", "query"))
+    batch0 = need(first(ev, "batch", test=lambda e: e.int(0) == 1), "batch 0", watch)
+    gap = batch0.t - query.t if batch0 is not has_rows else None
+    return Start(rnd, "cold", has_rows.t - spawned, None, None, spawn.t - spawned, lease.t - spawn.t,
+                 start.t - lease.t, query.t - start.t, gap, has_rows.t - (batch0.t if gap is not None else query.t),
+                 has_rows.int(1), has_rows.int(2), to_batch0=batch0.t - spawned)
+
+
+def recover(watch: LogWatch, opts: Options, rnd: int, epoch: int) -> Start:
+    """Wait for 2 batches with rows of ``epoch``, kill -9 its driver, measure until its successor's first batch."""
+    watch.wait(f"2 batches with rows of epoch {epoch}",
+               lambda ev: b[1] if len(b := [e for e in batches(ev, epoch) if e.int(2) > 0]) >= 2 else None)
+    time.sleep(opts.kill_after)
+    spawn = [e for e in watch.poll() if e.kind == "spawn"][-1]
+    if watch.run.proc.poll() is not None or [e for e in watch.events if e.kind == "exit" and e.t >= spawn.t]:
+        raise BenchError(f"the driver of epoch {epoch} is not running\n{watch.run.tail()}")
+    mark = len(watch.events)
+    killed = time.time()
+    os.killpg(spawn.int(0), signal.SIGKILL)  # spark-submit leads the driver's process group
+    nxt = epoch + 1
+    done = watch.wait(f"the first batch of epoch {nxt}",
+                      lambda ev: first(ev, "batch", test=lambda e: e.int(0) == nxt, start=mark))
+    ev = watch.events
+    exited = need(first(ev, "exit", start=mark), "the supervisor's exit line", watch)
+    respawn = need(first(ev, "spawn", start=mark), "the restart", watch)
+    lease = need(first(ev, "lease", start=mark, test=lambda e: e.int(0) == nxt), f"lease epoch {nxt}", watch)
+    start = need(first(ev, "start", after=lease.t, start=mark), "the start decision", watch)
+    query = need(first(ev, "query", start=mark, test=lambda e: e.int(0) == nxt), f"query of epoch {nxt}", watch)
+    grace = first(ev, "grace", start=mark)
+    restored = first(ev, "restored", start=mark)
+    note = f"restored a snapshot (batch {restored.fields[0]})" if restored else ""
+    return Start(rnd, "recovery", done.t - killed, exited.t - killed, respawn.t - exited.t, None,
+                 lease.t - respawn.t, start.t - lease.t, query.t - start.t, None, done.t - query.t, done.int(1),
+                 done.int(2), grace=float(grace.fields[0]) if grace else 0.0, note=note)
+
+
+def recovery_round(env: JobEnv, opts: Options, rnd: int) -> list[Start]:
+    checkpoint = opts.workdir / f"recovery-{rnd}" / "checkpoint"
+    spawned = time.time()
+    run = env.run(f"recovery-{rnd}", checkpoint, "--supervise", "-v", "--restart-strategy", "fixed-delay",
+                  "--restart-attempts", str(opts.kills + 1), "--restart-delay", str(opts.restart_delay),
+                  max_offsets=opts.max_offsets)
+    sessions = {run.proc.pid}
+    try:
+        watch = LogWatch(run)
+        starts = [cold_start(watch, spawned, rnd)]
+        log_start(starts[-1])
+        for k in range(opts.kills):
+            starts.append(recover(watch, opts, rnd, epoch=k + 1))
+            log_start(starts[-1])
+        sessions |= {e.int(0) for e in watch.poll() if e.kind == "spawn"}
+        return starts
+    finally:
+        stop_run(run)
+        left = leftovers(sessions)
+        if left:
+            print(f"warning: processes {left} of {run.name} still alive after the stop", file=sys.stderr)
+
+
+def log_start(s: Start) -> None:
+    print(f"  round {s.round} {s.kind}: {s.total:.1f} s to batch {s.batch_id} ({s.rows} rows)", file=sys.stderr)
+
+
+# -- 2. snapshot overhead --------------------------------------------------------------------------
+
+CONFIGS = {
+    "A": ("--checkpoint-interval", "0", "--savepoint-interval", "{sp}"),
+    "B": ("--checkpoint-interval", "none", "--savepoint-interval", "none"),
+}
+
+
+@dataclass(frozen=True)
+class Throughput:
+    round: int
+    config: str
+    batches: int
+    rows: int
+    seconds: float
+    batch_s: float  # median time between consecutive batch completions
+    checkpoints: int = 0  # completed during the run (log)
+    savepoints: int = 0
+    stored: str = ""  # what list_snapshots finds in the store after the run
+    snapshot_s: float | None = None  # median seconds per checkpoint snapshot
+
+    @property
+    def rate(self) -> float:
+        return self.rows / self.seconds
+
+
+def throughput_run(env: JobEnv, opts: Options, rnd: int, config: str) -> Throughput:
+    name = f"throughput-{rnd}-{config}"
+    args = [a.format(sp=f"{opts.savepoint_interval:g}") for a in CONFIGS[config]]
+    run = env.run(name, opts.workdir / name / "checkpoint", "--supervise", "-v", "--restart-strategy",
+                  "fixed-delay", "--restart-attempts", "1", *args, max_offsets=opts.max_offsets)
+    sessions = {run.proc.pid}
+    try:
+        watch = LogWatch(run)
+        begin = watch.wait("the first batch with rows", lambda ev: first(ev, "batch", test=lambda e: e.int(2) > 0))
+        last = watch.wait(f"a batch {opts.window:g} s after the first",
+                          lambda ev: first(ev, "batch", after=begin.t + opts.window))
+        sessions |= {e.int(0) for e in watch.poll() if e.kind == "spawn"}
+    finally:
+        stop_run(run)
+        left = leftovers(sessions)
+        if left:
+            print(f"warning: processes {left} of {run.name} still alive after the stop", file=sys.stderr)
+    if [e for e in watch.events if e.kind == "exit"]:
+        raise BenchError(f"{name}: the driver exited during the measurement\n{run.tail()}")
+    done = [e for e in batches(watch.events, 1) if begin.t <= e.t <= last.t]
+    short = [e.int(1) for e in done if e.int(2) != opts.max_offsets]
+    if short:
+        raise BenchError(f"{name}: batches {short} read fewer than {opts.max_offsets} rows: the backlog ran out; "
+                         "raise --records")
+    snaps = [e for e in watch.events if e.kind == "snapshot"]
+    ckpts = [float(e.fields[2]) for e in snaps if e.fields[1] == "checkpoint"]
+    stored = ""
+    if config == "A":
+        found = list_snapshots(env.store())
+        stored = (f"{sum(m.kind is Kind.CHECKPOINT for m in found)} ckpt + "
+                  f"{sum(m.kind is Kind.SAVEPOINT for m in found)} sp")
+    result = Throughput(
+        rnd, config, len(done) - 1, sum(e.int(2) for e in done[1:]), last.t - begin.t,
+        statistics.median(b.t - a.t for a, b in itertools.pairwise(done)),
+        len(ckpts), len(snaps) - len(ckpts), stored, statistics.median(ckpts) if ckpts else None,
+    )
+    print(f"  round {rnd} {config}: {result.rows} rows in {result.seconds:.1f} s = {result.rate:,.0f}/s, "
+          f"batch {result.batch_s:.2f} s, snapshots {result.checkpoints} ckpt + {result.savepoints} sp",
+          file=sys.stderr)
+    return result
+
+
+# -- report ----------------------------------------------------------------------------------------
+
+def _f(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _med(values: Sequence[float | None]) -> float | None:
+    found = [v for v in values if v is not None]
+    return statistics.median(found) if found else None
+
+
+PHASES = ("total", "detect", "delay", "cli", "jvm", "decide", "spark", "batch0", "first_batch")
+
+
+def report_recovery(starts: list[Start], opts: Options) -> list[str]:
+    print("\n## Recovery after kill -9 versus a cold start (seconds)\n")
+    print(f"Cold: spawn of `ckpt run --supervise` to the first batch with rows (batch 1; batch 0 reads nothing). "
+          f"Recovery: kill -9 to the first batch the restarted driver completes. "
+          f"Restart delay {opts.restart_delay:g} s, {opts.max_offsets} records per batch.\n")
+    print("| round | start | total | detection | restart delay | CLI start | JVM + Python | start decision "
+          "| Spark session + query | batch 0 | first batch (rows) | batch id |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for s in starts:
+        note = f" {s.note}" if s.note else ""
+        print(f"| {s.round} | {s.kind} | {s.total:.1f} | {_f(s.detect, 2)} | {_f(s.delay, 2)} | {_f(s.cli)} "
+              f"| {s.jvm:.1f} | {s.decide:.2f} | {s.spark:.1f} | {_f(s.batch0)} | {s.first_batch:.1f} ({s.rows}) "
+              f"| {s.batch_id}{note} |")
+    for kind in ("cold", "recovery"):
+        group = [s for s in starts if s.kind == kind]
+        med = {p: _med([getattr(s, p) for s in group]) for p in PHASES}
+        print(f"| median | {kind} (n={len(group)}) | {_f(med['total'])} | {_f(med['detect'], 2)} "
+              f"| {_f(med['delay'], 2)} | {_f(med['cli'])} | {_f(med['jvm'])} | {_f(med['decide'], 2)} "
+              f"| {_f(med['spark'])} | {_f(med['batch0'])} | {_f(med['first_batch'])} | |")
+    cold = statistics.median(s.total for s in starts if s.kind == "cold")
+    cold0 = statistics.median(s.to_batch0 or 0.0 for s in starts if s.kind == "cold")
+    recs = [s for s in starts if s.kind == "recovery"]
+    rec = statistics.median(s.total for s in recs)
+    detect = [s.detect or 0.0 for s in recs]
+    ratio = rec / cold
+    graces = [s.grace for s in recs if s.grace]
+    print(f"\nrecovery / cold start (first batch with rows): {ratio:.2f}; per round "
+          + ", ".join(f"{statistics.median(s.total for s in recs if s.round == r) / c.total:.2f}"
+                      for r in sorted({s.round for s in starts})
+                      for c in starts if c.kind == "cold" and c.round == r)
+          + f"; recovery / cold start to batch 0 (the first batch committed): {rec / cold0:.2f}")
+    if graces:
+        print(f"restarted drivers waited {', '.join(f'{g:.1f}' for g in graces)} s for the fenced one (fence grace)")
+    return [
+        f"recovery <= {RECOVERY_TARGET}x cold start: {'met' if ratio <= RECOVERY_TARGET else 'MISSED'} "
+        f"(median {rec:.1f} s vs {cold:.1f} s = {ratio:.2f}x)",
+        f"detection < {DETECTION_TARGET_S:g} s: {'met' if max(detect) < DETECTION_TARGET_S else 'MISSED'} "
+        f"(median {statistics.median(detect):.2f} s, max {max(detect):.2f} s)",
+    ]
+
+
+def report_throughput(runs: list[Throughput], opts: Options) -> list[str]:
+    print(f"\n## Snapshot overhead: records/s, A = checkpoint every batch + savepoint every "
+          f"{opts.savepoint_interval:g} s, B = no snapshots\n")
+    print(f"Rows of the batches completed after the first batch with rows, over the time between their "
+          f"completion lines ({opts.window:g} s window, {opts.max_offsets} records per batch).\n")
+    print("| round | config | batches | rows | s | records/s | s per batch | snapshots in the run "
+          "| in the store after | s per checkpoint snapshot |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: |")
+    for r in runs:
+        snaps = f"{r.checkpoints} ckpt + {r.savepoints} sp" if r.config == "A" else "-"
+        print(f"| {r.round} | {r.config} | {r.batches} | {r.rows} | {r.seconds:.1f} | {r.rate:,.0f} | {r.batch_s:.2f} "
+              f"| {snaps} | {r.stored or '-'} | {_f(r.snapshot_s, 2)} |")
+    ratios = []
+    for rnd in sorted({r.round for r in runs}):
+        a = next(r for r in runs if r.round == rnd and r.config == "A")
+        b = next(r for r in runs if r.round == rnd and r.config == "B")
+        ratios.append(a.rate / b.rate)
+    med_a = statistics.median(r.rate for r in runs if r.config == "A")
+    med_b = statistics.median(r.rate for r in runs if r.config == "B")
+    ratio = statistics.median(ratios)
+    print(f"\nmedian A {med_a:,.0f}/s, B {med_b:,.0f}/s; A/B per round "
+          + ", ".join(f"{x:.3f}" for x in ratios) + f"; median of per-round ratios {ratio:.3f}")
+    diff = 1 - ratio
+    return [f"snapshot overhead < {OVERHEAD_TARGET:.0%}: {'met' if abs(diff) < OVERHEAD_TARGET else 'MISSED'} "
+            f"(A/B {ratio:.3f}, i.e. {diff:+.1%}; per round {min(ratios):.3f} to {max(ratios):.3f})"]
+
+
+# -- main ------------------------------------------------------------------------------------------
+
+def parse_args(argv: Sequence[str] | None) -> tuple[Options, bool]:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--rounds", type=int, help="recovery jobs, and A/B pairs of throughput runs (default 3)")
+    parser.add_argument("--kills", type=int, help="kill -9s per recovery job (default 2)")
+    parser.add_argument("--records", type=int, help="backlog records (default 1,000,000)")
+    parser.add_argument("--keys", type=int, default=10_000, help="distinct keys (default 10000)")
+    parser.add_argument("--max-offsets", type=int, default=20_000, help="maxOffsetsPerTrigger (default 20000)")
+    parser.add_argument("--window", type=float, help="seconds of batches per throughput run (default 35)")
+    parser.add_argument("--savepoint-interval", type=float, help="config A's savepoint interval (default 30)")
+    parser.add_argument("--restart-delay", type=float, default=0.5, help="fixed-delay restart delay (default 0.5)")
+    parser.add_argument("--kill-after", type=float, default=1.0,
+                        help="seconds after a driver's second batch with rows before the kill (default 1)")
+    parser.add_argument("--only", choices=("recovery", "throughput"), help="run one part only")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 1 round, 1 kill, short windows")
+    parser.add_argument("--workdir", type=Path, help="keep logs and checkpoints here (default: a temp dir, removed)")
+    args = parser.parse_args(argv)
+    quick = {"rounds": 1, "kills": 1, "records": 300_000, "window": 15.0, "savepoint_interval": 10.0}
+    full = {"rounds": 3, "kills": 2, "records": 1_000_000, "window": 35.0, "savepoint_interval": 30.0}
+    chosen: dict[str, Any] = {k: getattr(args, k) if getattr(args, k) is not None else (quick if args.quick else full)[k]
+              for k in full}
+    keep = args.workdir is not None
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="runtime-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    opts = Options(**chosen, keys=args.keys, max_offsets=args.max_offsets, restart_delay=args.restart_delay,
+                   kill_after=args.kill_after, workdir=workdir, skip_recovery=args.only == "throughput",
+                   skip_throughput=args.only == "recovery")
+    return opts, keep
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    opts, keep = parse_args(argv)
+    started = time.monotonic()
+    starts: list[Start] = []
+    runs: list[Throughput] = []
+    try:
+        with EmbeddedServices() as services:
+            bucket = "bench"
+            services.s3.create_bucket(bucket)
+            topic = f"bench-{uuid.uuid4().hex[:6]}"
+            services.kafka.create_topic(topic, PARTITIONS)
+            t0 = time.perf_counter()
+            produce(services.kafka.bootstrap_servers, topic, opts.records, opts.keys)
+            print(f"produced {opts.records:,} records ({opts.keys} keys, 100 B values) in "
+                  f"{time.perf_counter() - t0:.1f} s; work dir {opts.workdir}", file=sys.stderr)
+
+            def env() -> JobEnv:
+                return JobEnv(services.s3, services.kafka, opts.workdir, bucket, topic,
+                              job=f"bench-{uuid.uuid4().hex[:8]}")
+
+            # Throughput first: it warms the page cache (Spark's jars) before any start is timed.
+            if not opts.skip_throughput:
+                print("snapshot overhead (A: snapshots, B: none):", file=sys.stderr)
+                for rnd in range(1, opts.rounds + 1):
+                    for config in ("A", "B") if rnd % 2 else ("B", "A"):
+                        runs.append(throughput_run(env(), opts, rnd, config))
+            if not opts.skip_recovery:
+                print("recovery:", file=sys.stderr)
+                for rnd in range(1, opts.rounds + 1):
+                    starts.extend(recovery_round(env(), opts, rnd))
+    finally:
+        if not keep:
+            shutil.rmtree(opts.workdir, ignore_errors=True)
+    print(f"# Job runtime benchmark ({time.monotonic() - started:.0f} s, load average "
+          f"{os.getloadavg()[0]:.1f} at the end)")
+    verdicts = []
+    if runs:
+        verdicts += report_throughput(runs, opts)
+    if starts:
+        verdicts += report_recovery(starts, opts)
+    print("\n## Verdicts\n")
+    for line in verdicts:
+        print(f"- {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
