@@ -11,8 +11,10 @@ import contextlib
 import json
 import logging
 import signal
+import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,12 +22,21 @@ from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.restart import ExponentialDelay, FailureRate, FixedDelay, HealthRule, RestartStrategy
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG
-from airflow_ckpt_provider.runtime.submit import DEPLOY_MODES, SubmitSpec, build_command, describe, parse_conf
-from airflow_ckpt_provider.runtime.supervisor import Supervisor, describe_strategy, spawn_driver
+from airflow_ckpt_provider.runtime.submit import (
+    DEPLOY_MODES,
+    SubmitSpec,
+    build_command,
+    describe,
+    parse_conf,
+    redact,
+)
+from airflow_ckpt_provider.runtime.supervisor import ProcessLike, Spawn, Supervisor, describe_strategy, spawn_driver
 
 log = logging.getLogger("airflow_ckpt_provider.runtime.run")
 
 STRATEGIES = ("exponential-delay", "fixed-delay", "failure-rate")
+#: Seconds a driver asked to stop (SIGTERM) gets before its process group is killed.
+STOP_GRACE = 60.0
 
 
 def restart_strategy(
@@ -99,13 +110,39 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
 
 
-def run_once(argv: list[str], env: dict[str, str]) -> int:
-    """Run spark-submit once in the foreground; SIGTERM or SIGINT reach the driver as SIGTERM."""
+def run_once(
+    argv: list[str],
+    env: dict[str, str],
+    *,
+    grace: float = STOP_GRACE,
+    spawn: Spawn = spawn_driver,
+    clock: Callable[[], float] = time.monotonic,
+) -> int:
+    """Run spark-submit once in the foreground; SIGTERM or SIGINT reach the driver as SIGTERM, and a driver
+    still running ``grace`` seconds later gets SIGKILL with its whole process group."""
     log.info("running %s", describe(argv))
-    proc = spawn_driver(argv, env)
-    with _on_stop_signals(lambda: proc.send_signal(signal.SIGTERM)):
-        code = proc.wait()
+    proc = spawn(argv, env)
+    stop_at: list[float] = []
+
+    def stop() -> None:
+        stop_at.append(clock())
+        proc.send_signal(signal.SIGTERM)
+
+    with _on_stop_signals(stop):
+        code = _wait(proc, stop_at, grace, clock)
     return code if code >= 0 else 128 - code
+
+
+def _wait(proc: ProcessLike, stop_at: list[float], grace: float, clock: Callable[[], float]) -> int:
+    """The driver's exit code; once a stop was asked (``stop_at``), wait ``grace`` seconds at most."""
+    while True:
+        left = stop_at[0] + grace - clock() if stop_at else 1.0  # no stop yet: look again in 1 s
+        if stop_at and left <= 0:
+            log.warning("driver pid %d still runs %.0f s after SIGTERM: SIGKILL", proc.pid, grace)
+            proc.send_signal(signal.SIGKILL)
+            return proc.wait()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return proc.wait(timeout=min(1.0, left))
 
 
 def _run_supervised(args: argparse.Namespace, spec: SubmitSpec, strategy: RestartStrategy,
@@ -130,7 +167,7 @@ def _print_dry_run(args: argparse.Namespace, argv: list[str], env: dict[str, str
                                         "progress_timeout": health.progress_timeout}
     supervise = None if strategy is None else {"strategy": describe_strategy(strategy), "health": rule}
     if args.json:
-        print(json.dumps({"argv": argv, "command": describe(argv), "env": env, "supervise": supervise},
+        print(json.dumps({"argv": redact(argv), "command": describe(argv), "env": env, "supervise": supervise},
                          indent=2, sort_keys=True))
         return
     lines = [describe(argv), *(f"env: {k}={v}" for k, v in sorted(env.items()))]
@@ -169,7 +206,7 @@ def add_run_command(groups: argparse._SubParsersAction[argparse.ArgumentParser])
     job = p.add_argument_group("job runtime")
     job.add_argument("--checkpoint", help="the live checkpoint location (default: $CKPT_HOME/jobs/JOB/checkpoint)")
     job.add_argument("--restore", help="latest-state (default), latest-savepoint, none, or a snapshot id or URI; "
-                     "restarts always resume from latest-state")
+                     "restarts resume from latest-state once a driver reported RUNNING")
     job.add_argument("--checkpoint-interval", metavar="S",
                      help="seconds between checkpoint snapshots; 0 after every batch (default), none for never")
     job.add_argument("--savepoint-interval", metavar="S", help="seconds between periodic savepoints (default none)")

@@ -35,7 +35,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -104,12 +104,32 @@ class Event:
 
 @dataclass
 class LogWatch:
-    """Follows one ``ckpt run -v`` log file and turns its lines into events."""
+    """Follows one ``ckpt run -v`` log file and turns its lines into events; samples the machine's load
+    (1-min load average, and JVMs this bench did not start: other people's Spark on the shared VM)."""
 
     run: Run
     events: list[Event] = field(default_factory=list)
+    loads: list[float] = field(default_factory=list)
+    others: int = 0
     _offset: int = 0
     _partial: bytes = b""
+    _sampled: float = 0.0
+
+    def sample(self) -> None:
+        if time.monotonic() - self._sampled >= 1.0:
+            self._sampled = time.monotonic()
+            self.loads.append(os.getloadavg()[0])
+            self.others = max(self.others, foreign_jvms())
+
+    def mark(self) -> int:
+        """Start a new noise interval: the index of its first load sample."""
+        self.others = 0
+        return len(self.loads)
+
+    def noise(self, since: int = 0) -> str:
+        """Mean load average / most foreign JVMs seen, since ``mark()`` returned ``since``."""
+        loads = self.loads[since:]
+        return f"{statistics.mean(loads):.1f} / {self.others}" if loads else "-"
 
     def poll(self) -> list[Event]:
         with open(self.run.log, "rb") as f:
@@ -134,6 +154,7 @@ class LogWatch:
         """Poll until ``found`` picks an event; fail with the log's tail if the run exits or time runs out."""
         deadline = time.monotonic() + timeout
         while True:
+            self.sample()
             event = found(self.poll())
             if event is not None:
                 return event
@@ -179,19 +200,22 @@ def _pids() -> list[int]:
     return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
 
 
-def stop_run(run: Run) -> None:
-    """Kill a supervised ``ckpt run`` and every driver it started, with all their processes.
+def stop_run(run: Run, watch: LogWatch | None) -> None:
+    """Kill a supervised ``ckpt run`` and every driver it started, with all their processes; warn about survivors.
 
     The supervisor runs in a session of its own and starts each driver (spark-submit, its JVM, the
     Python driver and workers) in another; PySpark's worker daemon leaves the driver's process group
-    (setpgid), so each session is swept by its id. The supervisor is frozen first so that it cannot
-    start a driver meanwhile.
+    (setpgid), so each session is swept by its id: the supervisor's, its children's, and those of the
+    drivers the log shows it started (killed ones included). The supervisor is frozen first so that it
+    cannot start a driver meanwhile.
     """
     leader = run.proc.pid
     if run.proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(leader, signal.SIGSTOP)
     sessions = {leader} | {pid for pid in _pids() if (s := _stat(pid)) and int(s[1]) == leader}
+    if watch is not None:
+        sessions |= {e.int(0) for e in watch.poll() if e.kind == "spawn"}
     for pid in _pids():
         s = _stat(pid)
         if s is not None and int(s[3]) in sessions:
@@ -200,10 +224,36 @@ def stop_run(run: Run) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(leader, signal.SIGCONT)
     run.proc.wait(30)
+    left = leftovers(sessions)
+    if left:
+        print(f"warning: processes {left} of {run.name} still alive after the stop", file=sys.stderr)
 
 
-def leftovers(sessions: set[int]) -> list[int]:
-    return [pid for pid in _pids() if (s := _stat(pid)) and int(s[3]) in sessions and s[0] != "Z"]
+def leftovers(sessions: set[int], timeout: float = 10.0) -> list[int]:
+    """Processes of ``sessions`` still alive after ``timeout`` (SIGKILL is not instant under load)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = [pid for pid in _pids() if (s := _stat(pid)) and int(s[3]) in sessions and s[0] != "Z"]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
+def foreign_jvms() -> int:
+    """Running JVMs that this process did not start (walks each one's parents)."""
+    me, count = os.getpid(), 0
+    for pid in _pids():
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() != "java":
+                continue
+        except OSError:
+            continue
+        parent = pid
+        while parent > 1 and parent != me:
+            s = _stat(parent)
+            parent = int(s[1]) if s else 1
+        count += parent != me
+    return count
 
 
 # -- data ------------------------------------------------------------------------------------------
@@ -261,6 +311,7 @@ class Start:
     to_batch0: float | None = None
     grace: float = 0.0
     note: str = ""
+    noise: str = ""
 
 
 def cold_start(watch: LogWatch, spawned: float, rnd: int) -> Start:
@@ -309,25 +360,22 @@ def recovery_round(env: JobEnv, opts: Options, rnd: int) -> list[Start]:
     run = env.run(f"recovery-{rnd}", checkpoint, "--supervise", "-v", "--restart-strategy", "fixed-delay",
                   "--restart-attempts", str(opts.kills + 1), "--restart-delay", str(opts.restart_delay),
                   max_offsets=opts.max_offsets)
-    sessions = {run.proc.pid}
+    watch = LogWatch(run)
     try:
-        watch = LogWatch(run)
-        starts = [cold_start(watch, spawned, rnd)]
+        starts = [replace(cold_start(watch, spawned, rnd), noise=watch.noise())]
         log_start(starts[-1])
         for k in range(opts.kills):
-            starts.append(recover(watch, opts, rnd, epoch=k + 1))
+            since = watch.mark()
+            starts.append(replace(recover(watch, opts, rnd, epoch=k + 1), noise=watch.noise(since)))
             log_start(starts[-1])
-        sessions |= {e.int(0) for e in watch.poll() if e.kind == "spawn"}
         return starts
     finally:
-        stop_run(run)
-        left = leftovers(sessions)
-        if left:
-            print(f"warning: processes {left} of {run.name} still alive after the stop", file=sys.stderr)
+        stop_run(run, watch)
 
 
 def log_start(s: Start) -> None:
-    print(f"  round {s.round} {s.kind}: {s.total:.1f} s to batch {s.batch_id} ({s.rows} rows)", file=sys.stderr)
+    print(f"  round {s.round} {s.kind}: {s.total:.1f} s to batch {s.batch_id} ({s.rows} rows); load / other JVMs "
+          f"{s.noise}", file=sys.stderr)
 
 
 # -- 2. snapshot overhead --------------------------------------------------------------------------
@@ -350,6 +398,7 @@ class Throughput:
     savepoints: int = 0
     stored: str = ""  # what list_snapshots finds in the store after the run
     snapshot_s: float | None = None  # median seconds per checkpoint snapshot
+    noise: str = ""  # mean load average / most foreign JVMs during the run
 
     @property
     def rate(self) -> float:
@@ -361,25 +410,22 @@ def throughput_run(env: JobEnv, opts: Options, rnd: int, config: str) -> Through
     args = [a.format(sp=f"{opts.savepoint_interval:g}") for a in CONFIGS[config]]
     run = env.run(name, opts.workdir / name / "checkpoint", "--supervise", "-v", "--restart-strategy",
                   "fixed-delay", "--restart-attempts", "1", *args, max_offsets=opts.max_offsets)
-    sessions = {run.proc.pid}
+    watch = LogWatch(run)
     try:
-        watch = LogWatch(run)
         begin = watch.wait("the first batch with rows", lambda ev: first(ev, "batch", test=lambda e: e.int(2) > 0))
-        last = watch.wait(f"a batch {opts.window:g} s after the first",
-                          lambda ev: first(ev, "batch", after=begin.t + opts.window))
-        sessions |= {e.int(0) for e in watch.poll() if e.kind == "spawn"}
+        def window_end(ev: list[Event]) -> Event | None:
+            short = first(ev, "batch", after=begin.t, test=lambda e: e.int(2) < opts.max_offsets)
+            if short is not None:
+                raise BenchError(f"{name}: batch {short.int(1)} read {short.int(2)} rows, fewer than "
+                                 f"{opts.max_offsets}: the backlog ran out within the window; raise --records")
+            return first(ev, "batch", after=begin.t + opts.window)
+
+        last = watch.wait(f"a batch {opts.window:g} s after the first", window_end)
     finally:
-        stop_run(run)
-        left = leftovers(sessions)
-        if left:
-            print(f"warning: processes {left} of {run.name} still alive after the stop", file=sys.stderr)
+        stop_run(run, watch)
     if [e for e in watch.events if e.kind == "exit"]:
         raise BenchError(f"{name}: the driver exited during the measurement\n{run.tail()}")
     done = [e for e in batches(watch.events, 1) if begin.t <= e.t <= last.t]
-    short = [e.int(1) for e in done if e.int(2) != opts.max_offsets]
-    if short:
-        raise BenchError(f"{name}: batches {short} read fewer than {opts.max_offsets} rows: the backlog ran out; "
-                         "raise --records")
     snaps = [e for e in watch.events if e.kind == "snapshot"]
     ckpts = [float(e.fields[2]) for e in snaps if e.fields[1] == "checkpoint"]
     stored = ""
@@ -390,10 +436,11 @@ def throughput_run(env: JobEnv, opts: Options, rnd: int, config: str) -> Through
     result = Throughput(
         rnd, config, len(done) - 1, sum(e.int(2) for e in done[1:]), last.t - begin.t,
         statistics.median(b.t - a.t for a, b in itertools.pairwise(done)),
-        len(ckpts), len(snaps) - len(ckpts), stored, statistics.median(ckpts) if ckpts else None,
+        len(ckpts), len(snaps) - len(ckpts), stored, statistics.median(ckpts) if ckpts else None, watch.noise(),
     )
     print(f"  round {rnd} {config}: {result.rows} rows in {result.seconds:.1f} s = {result.rate:,.0f}/s, "
-          f"batch {result.batch_s:.2f} s, snapshots {result.checkpoints} ckpt + {result.savepoints} sp",
+          f"batch {result.batch_s:.2f} s, snapshots {result.checkpoints} ckpt + {result.savepoints} sp; "
+          f"load / other JVMs {result.noise}",
           file=sys.stderr)
     return result
 
@@ -418,19 +465,19 @@ def report_recovery(starts: list[Start], opts: Options) -> list[str]:
           f"Recovery: kill -9 to the first batch the restarted driver completes. "
           f"Restart delay {opts.restart_delay:g} s, {opts.max_offsets} records per batch.\n")
     print("| round | start | total | detection | restart delay | CLI start | JVM + Python | start decision "
-          "| Spark session + query | batch 0 | first batch (rows) | batch id |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "| Spark session + query | batch 0 | first batch (rows) | batch id | load / other JVMs |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for s in starts:
         note = f" {s.note}" if s.note else ""
         print(f"| {s.round} | {s.kind} | {s.total:.1f} | {_f(s.detect, 2)} | {_f(s.delay, 2)} | {_f(s.cli)} "
               f"| {s.jvm:.1f} | {s.decide:.2f} | {s.spark:.1f} | {_f(s.batch0)} | {s.first_batch:.1f} ({s.rows}) "
-              f"| {s.batch_id}{note} |")
+              f"| {s.batch_id}{note} | {s.noise} |")
     for kind in ("cold", "recovery"):
         group = [s for s in starts if s.kind == kind]
         med = {p: _med([getattr(s, p) for s in group]) for p in PHASES}
         print(f"| median | {kind} (n={len(group)}) | {_f(med['total'])} | {_f(med['detect'], 2)} "
               f"| {_f(med['delay'], 2)} | {_f(med['cli'])} | {_f(med['jvm'])} | {_f(med['decide'], 2)} "
-              f"| {_f(med['spark'])} | {_f(med['batch0'])} | {_f(med['first_batch'])} | |")
+              f"| {_f(med['spark'])} | {_f(med['batch0'])} | {_f(med['first_batch'])} | | |")
     cold = statistics.median(s.total for s in starts if s.kind == "cold")
     cold0 = statistics.median(s.to_batch0 or 0.0 for s in starts if s.kind == "cold")
     recs = [s for s in starts if s.kind == "recovery"]
@@ -459,12 +506,12 @@ def report_throughput(runs: list[Throughput], opts: Options) -> list[str]:
     print(f"Rows of the batches completed after the first batch with rows, over the time between their "
           f"completion lines ({opts.window:g} s window, {opts.max_offsets} records per batch).\n")
     print("| round | config | batches | rows | s | records/s | s per batch | snapshots in the run "
-          "| in the store after | s per checkpoint snapshot |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: |")
+          "| in the store after | s per checkpoint snapshot | load / other JVMs |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: |")
     for r in runs:
         snaps = f"{r.checkpoints} ckpt + {r.savepoints} sp" if r.config == "A" else "-"
         print(f"| {r.round} | {r.config} | {r.batches} | {r.rows} | {r.seconds:.1f} | {r.rate:,.0f} | {r.batch_s:.2f} "
-              f"| {snaps} | {r.stored or '-'} | {_f(r.snapshot_s, 2)} |")
+              f"| {snaps} | {r.stored or '-'} | {_f(r.snapshot_s, 2)} | {r.noise} |")
     ratios = []
     for rnd in sorted({r.round for r in runs}):
         a = next(r for r in runs if r.round == rnd and r.config == "A")
@@ -486,7 +533,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Options, bool]:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, help="recovery jobs, and A/B pairs of throughput runs (default 3)")
     parser.add_argument("--kills", type=int, help="kill -9s per recovery job (default 2)")
-    parser.add_argument("--records", type=int, help="backlog records (default 1,000,000)")
+    parser.add_argument("--records", type=int, help="backlog records (default 1,500,000)")
     parser.add_argument("--keys", type=int, default=10_000, help="distinct keys (default 10000)")
     parser.add_argument("--max-offsets", type=int, default=20_000, help="maxOffsetsPerTrigger (default 20000)")
     parser.add_argument("--window", type=float, help="seconds of batches per throughput run (default 35)")
@@ -498,10 +545,10 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Options, bool]:
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 round, 1 kill, short windows")
     parser.add_argument("--workdir", type=Path, help="keep logs and checkpoints here (default: a temp dir, removed)")
     args = parser.parse_args(argv)
-    quick = {"rounds": 1, "kills": 1, "records": 300_000, "window": 15.0, "savepoint_interval": 10.0}
-    full = {"rounds": 3, "kills": 2, "records": 1_000_000, "window": 35.0, "savepoint_interval": 30.0}
-    chosen: dict[str, Any] = {k: getattr(args, k) if getattr(args, k) is not None else (quick if args.quick else full)[k]
-              for k in full}
+    quick = {"rounds": 1, "kills": 1, "records": 600_000, "window": 15.0, "savepoint_interval": 10.0}
+    full = {"rounds": 3, "kills": 2, "records": 1_500_000, "window": 35.0, "savepoint_interval": 30.0}
+    defaults = quick if args.quick else full
+    chosen: dict[str, Any] = {k: defaults[k] if getattr(args, k) is None else getattr(args, k) for k in full}
     keep = args.workdir is not None
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="runtime-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)

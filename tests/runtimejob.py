@@ -170,11 +170,21 @@ class Run:
         return [ln for ln in self.log.read_text(errors="replace").splitlines() if "airflow_ckpt_provider" in ln]
 
     def stop(self) -> None:
-        """Kill what is left of this run (test teardown)."""
-        if self.proc.poll() is None:
+        """Kill what is left of this run (test teardown): ``ckpt run`` and the drivers it started in
+        their own process groups (found by the group's leader, a child of ``ckpt run``)."""
+        if self.proc.poll() is not None:
+            return
+        for child in _children(self.proc.pid):
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(30)
+                os.killpg(child, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in path.read_text().split()] if path.exists() else []
 
 
 def kill_driver(status: JobStatus) -> None:

@@ -63,7 +63,7 @@ class Ack:
     """The driver's answer: outcome, a message for humans, and for savepoints the snapshot."""
 
     id: str
-    action: Action
+    action: Action | None  # None: the request could not be read
     outcome: Outcome
     message: str
     epoch: int
@@ -73,7 +73,7 @@ class Ack:
     batch_id: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "action": self.action.value, "outcome": self.outcome.value}
+        return {**asdict(self), "action": self.action.value if self.action else None, "outcome": self.outcome.value}
 
     def to_bytes(self) -> bytes:
         return json.dumps(self.to_dict(), sort_keys=True).encode()
@@ -85,7 +85,8 @@ class Ack:
             if not isinstance(body, dict):
                 raise TypeError(f"expected a JSON object, found {type(body).__name__}")
             known = {k: v for k, v in body.items() if k in cls.__dataclass_fields__}  # newer drivers may add fields
-            return cls(**known | {"action": Action(body["action"]), "outcome": Outcome(body["outcome"])})
+            action = Action(body["action"]) if body.get("action") is not None else None
+            return cls(**known | {"action": action, "outcome": Outcome(body["outcome"])})
         except (ValueError, KeyError, TypeError) as err:
             raise StorageError(f"control ack {where} is malformed ({err})") from err
 
@@ -111,8 +112,9 @@ def submit_request(store: JobStore, action: Action, epoch: int, *, now: float | 
     return request
 
 
-def open_requests(store: JobStore) -> list[Request]:
-    """Requests without an ack, oldest first."""
+def open_requests(store: JobStore, on_malformed: Callable[[str, str], None] | None = None) -> list[Request]:
+    """Requests without an ack, oldest first. A request that cannot be read raises StorageError, or
+    with ``on_malformed`` is reported as (request id, problem) and skipped, so it blocks no other."""
     keys = {o.key for o in store.storage.list(CONTROL)}
     found = []
     for key in sorted(keys):
@@ -124,6 +126,10 @@ def open_requests(store: JobStore) -> list[Request]:
             found.append(Request.from_bytes(store.storage.read(key), store.storage.uri(key)))
         except FileNotFoundError:
             continue
+        except StorageError as err:
+            if on_malformed is None:
+                raise
+            on_malformed(key[len(CONTROL) : -len(".json")], str(err))
     return sorted(found, key=lambda r: r.created_at)
 
 

@@ -8,6 +8,7 @@
 <root>/<job>/lease.json                    owner + epoch; a newer epoch fences an older driver
 <root>/<job>/status.json                   the driver's heartbeat: state, epoch, batch, offsets, ...
 <root>/<job>/control/<id>.json             a request (savepoint, stop, cancel); <id>.ack.json its answer
+<root>/<job>/deployments/<epoch>.json      how each driver started: restore decision, snapshot, lineage
 ```
 """
 
@@ -28,6 +29,7 @@ GC_LOCK = "locks/gc.json"
 LEASE = "lease.json"
 STATUS = "status.json"
 CONTROL = "control/"
+DEPLOYMENTS = "deployments/"
 
 
 def check_job_name(job: str) -> str:

@@ -35,6 +35,7 @@ class LeaseRecord:
     pid: int
     acquired_at: float
     released: bool = False
+    poll_interval: float = 1.0  # how often this driver looks at the lease: a newer one waits for that
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -47,6 +48,7 @@ class LeaseRecord:
                 job=str(body["job"]), epoch=int(body["epoch"]), owner=str(body["owner"]),
                 host=str(body["host"]), pid=int(body["pid"]), acquired_at=float(body["acquired_at"]),
                 released=bool(body.get("released", False)),
+                poll_interval=float(body.get("poll_interval", 1.0)),
             )
         except (ValueError, KeyError, TypeError) as err:
             raise StorageError(
@@ -64,8 +66,11 @@ def read_lease(store: JobStore) -> LeaseRecord | None:
 class Lease:
     """One driver's hold on a job: ``acquire()`` once, ``check()`` often, ``release()`` at a clean stop."""
 
-    def __init__(self, store: JobStore, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, store: JobStore, *, poll_interval: float = 1.0, clock: Callable[[], float] = time.time
+    ) -> None:
         self.store = store
+        self.poll_interval = poll_interval
         self.clock = clock
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.record: LeaseRecord | None = None
@@ -85,6 +90,7 @@ class Lease:
             mine = LeaseRecord(
                 job=self.store.job, epoch=(previous.epoch if previous else 0) + 1, owner=self.owner,
                 host=socket.gethostname(), pid=os.getpid(), acquired_at=self.clock(),
+                poll_interval=self.poll_interval,
             )
             if self.store.storage.write_if(LEASE, mine.to_bytes(), current.tag if current else None):
                 self.record, self.previous = mine, previous
@@ -100,8 +106,19 @@ class Lease:
         )
 
     def previous_may_run(self) -> bool:
-        """True if the driver we took the lease from may still be running (it did not release it)."""
-        return self.previous is not None and not self.previous.released
+        """True if the driver we took the lease from may still be running: it did not release the
+        lease, and it is not a process of this host that is known to be gone (a supervisor's restart)."""
+        prev = self.previous
+        if prev is None or prev.released:
+            return False
+        return prev.host != socket.gethostname() or _alive(prev.pid)
+
+    def grace(self, minimum: float) -> float:
+        """Seconds to wait before the first commit: long enough for the previous driver to notice."""
+        if not self.previous_may_run():
+            return 0.0
+        assert self.previous is not None
+        return max(minimum, 2 * self.previous.poll_interval + 1.0)
 
     def check(self) -> LeaseRecord:
         """Raise FencedError unless the lease still names this driver at its epoch."""
@@ -124,3 +141,13 @@ class Lease:
             return False
         released = LeaseRecord(**{**asdict(current), "released": True})
         return self.store.storage.write_if(LEASE, released.to_bytes(), found.tag)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True

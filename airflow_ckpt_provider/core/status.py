@@ -88,5 +88,13 @@ def read_status(store: JobStore) -> JobStatus | None:
     return JobStatus.from_bytes(data, store.storage.uri(STATUS))
 
 
-def write_status(store: JobStore, status: JobStatus) -> None:
+def write_status(store: JobStore, status: JobStatus) -> bool:
+    """Write the status unless a newer driver (higher epoch) already reports there; True if written."""
+    try:
+        current = read_status(store)
+    except StorageError:  # unreadable: replace it
+        current = None
+    if current is not None and current.epoch > status.epoch:
+        return False
     store.storage.write(STATUS, status.to_bytes())
+    return True

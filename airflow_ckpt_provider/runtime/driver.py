@@ -30,10 +30,10 @@ from airflow_ckpt_provider.core.retention import RetentionPolicy
 from airflow_ckpt_provider.core.snapshots import SnapshotResult
 from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
 from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
-from airflow_ckpt_provider.runtime.config import RuntimeConfig
+from airflow_ckpt_provider.runtime.config import RestoreSpec, RuntimeConfig
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_FAILED, EXIT_FENCED, EXIT_STOPPED
 from airflow_ckpt_provider.runtime.snapshotter import SnapshotJob, SnapshotOutcome, Snapshotter
-from airflow_ckpt_provider.runtime.startup import StartPlan, check_restore, prepare_checkpoint
+from airflow_ckpt_provider.runtime.startup import plan_start, prepare_checkpoint
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -145,7 +145,7 @@ class JobDriver:
         s3 = S3Options.from_env(config.endpoint_url, config.region)
         self.store = JobStore.open(config.store, config.job, s3)
         self.live: Storage = open_storage(config.checkpoint, s3)
-        self.lease = Lease(self.store)
+        self.lease = Lease(self.store, poll_interval=config.poll_interval)
         self.events: queue.Queue[BatchEvent] = queue.Queue()
         self.outcomes: queue.Queue[SnapshotOutcome] = queue.Queue()
         self.started_at = time.time()
@@ -154,67 +154,83 @@ class JobDriver:
         self.snapshotter: Snapshotter | None = None
         self._signal: str | None = None
         self._new_batches = 0
+        self._handled: set[str] = set()  # requests taken on (a savepoint is acked only when done)
         self._lease_confirmed = clock()
 
     # -- entry -------------------------------------------------------------------------------
 
     def run(self, spark_factory: Callable[[], SparkSession] | None = None) -> int:
-        job = self.config.job
+        """Refuse bad input, build the query, take the lease, restore, run; returns the exit code.
+
+        Everything that can be refused (the restore, the job's build function) is checked before the
+        lease is taken: taking it fences the running driver, and an invalid start must not stop it.
+        """
+        job, spec = self.config.job, self.config.restore_spec()
         try:
-            # Everything that can be refused is checked before the lease is taken: taking it fences
-            # a running driver, and a request that turns out invalid must not stop a running job.
-            check_restore(self.store, self.config.restore_spec())
-            self.lease.acquire()
-            grace_until = self.clock() + (self.config.fence_grace if self.lease.previous_may_run() else 0.0)
-            self._report(JobState.STARTING, "taking the lease and restoring state")
-            plan = prepare_checkpoint(self.store, self.live, self.config.restore_spec())
-            restored = plan.snapshot.snapshot_id if plan.snapshot else None
-            self._report(JobState.STARTING, plan.reason, restored_from=restored)
-        except FencedError as err:
-            log.error("job %s: %s", job, err)
-            return EXIT_FENCED
+            plan_start(self.store, self.live, spec)
         except StorageError as err:
             log.error("job %s: cannot start: %s", job, err)
             return EXIT_FAILED
         except CkptError as err:
             log.error("job %s: cannot start: %s", job, err)
-            if self.lease.record is not None:  # refused before the lease was taken: nothing changed
-                self._report_final(JobState.FAILED, f"cannot start: {err}")
             return EXIT_CONFIG
         spark = (spark_factory or _default_spark)()
-        return self._run_query(spark, plan, grace_until)
-
-    def _run_query(self, spark: SparkSession, plan: StartPlan, grace_until: float) -> int:
         from airflow_ckpt_provider.kafka.source import register
 
         register(spark)
         spark.sparkContext.setLogLevel("WARN")
-        self._report(JobState.STARTING, plan.reason, app_id=spark.sparkContext.applicationId,
-                     ui_url=spark.sparkContext.uiWebUrl)
-        listener = _Listener(self.events).as_spark_listener()
-        spark.streams.addListener(listener)
-        gate.open_gate()
         try:
             writer = self.build(spark, JobContext(self.config, self.lease))
         except Exception as err:
-            log.exception("job %s: the job's build function failed", self.config.job)
-            self._report_final(JobState.FAILED, f"build function failed: {type(err).__name__}: {err}")
-            return EXIT_CONFIG
-        self._wait_for_grace(grace_until)
+            return self._build_failed(err)
+        listener = _Listener(self.events).as_spark_listener()
+        spark.streams.addListener(listener)
         try:
+            return self._start(spark, writer, spec)
+        finally:
+            if self.snapshotter is not None:
+                for dropped in self.snapshotter.close():
+                    self._ack(str(dropped.request_id), Action.SAVEPOINT, None, "the driver stopped before taking it")
+            spark.streams.removeListener(listener)
+
+    def _build_failed(self, err: Exception) -> int:
+        from pyspark.errors import AnalysisException
+
+        log.error("job %s: the job's build function failed: %s: %s", self.config.job, type(err).__name__, err,
+                  exc_info=err)
+        # The same code fails the same way after a restart; anything else (a metastore hiccup) may not.
+        deterministic = isinstance(err, (CkptError, AnalysisException, SyntaxError, ImportError, NameError, TypeError))
+        return EXIT_CONFIG if deterministic else EXIT_FAILED
+
+    def _start(self, spark: SparkSession, writer: DataStreamWriter, spec: RestoreSpec) -> int:
+        job = self.config.job
+        try:
+            self.lease.acquire()
+            self._report(JobState.STARTING, "lease taken", app_id=spark.sparkContext.applicationId,
+                         ui_url=spark.sparkContext.uiWebUrl)
+            self._wait_for_grace(self.lease.grace(self.config.fence_grace))
+            plan = prepare_checkpoint(self.store, self.live, spec, epoch=self.lease.epoch)
+            self._report(JobState.STARTING, plan.reason,
+                         restored_from=plan.snapshot.snapshot_id if plan.snapshot else None)
             self.lease.check()
+            self._lease_confirmed = self.clock()
             self.snapshotter = self._snapshotter(spark)
-            self.query = writer.option("checkpointLocation", self.config.checkpoint).queryName(self.config.job).start()
-            log.info("job %s epoch %d: query %s started (run %s), checkpoint %s", self.config.job,
-                     self.lease.epoch, self.query.id, self.query.runId, self.config.checkpoint)
+            gate.open_gate()
+            self.query = writer.option("checkpointLocation", self.config.checkpoint).queryName(job).start()
+            log.info("job %s epoch %d: query %s started (run %s), checkpoint %s", job, self.lease.epoch,
+                     self.query.id, self.query.runId, self.config.checkpoint)
             self._report(JobState.RUNNING, "running")
             return self._loop()
         except FencedError as err:
             return self._fenced(err)
-        finally:
-            if self.snapshotter is not None:
-                self.snapshotter.close()
-            spark.streams.removeListener(listener)
+        except StorageError as err:
+            log.error("job %s: %s", job, err)
+            self._report_final(JobState.FAILED, f"job store error: {err}")
+            return EXIT_FAILED
+        except CkptError as err:  # the checkpoint changed while the previous driver was stopping
+            log.error("job %s: cannot start: %s", job, err)
+            self._report_final(JobState.FAILED, f"cannot start: {err}")
+            return EXIT_CONFIG
 
     def _snapshotter(self, spark: SparkSession) -> Snapshotter:
         retention = RetentionPolicy(checkpoints_keep=self.config.keep_checkpoints,
@@ -225,13 +241,12 @@ class JobDriver:
             labels={"epoch": str(self.lease.epoch)},
         )
 
-    def _wait_for_grace(self, until: float) -> None:
+    def _wait_for_grace(self, seconds: float) -> None:
         """A driver we took the lease from may still be running: give it the time to notice."""
-        left = until - self.clock()
-        if left > 0:
+        if seconds > 0:
             log.info("job %s epoch %d: waiting %.1f s for the previous driver to notice it is fenced",
-                     self.config.job, self.lease.epoch, left)
-            time.sleep(left)
+                     self.config.job, self.lease.epoch, seconds)
+            time.sleep(seconds)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -275,6 +290,12 @@ class JobDriver:
                 self._report(JobState.RUNNING, "running")
             time.sleep(TICK)
 
+    def _state(self) -> JobState:
+        return self.status.state if self.status else JobState.RUNNING
+
+    def _reason(self) -> str:
+        return self.status.reason if self.status else "running"
+
     def _fence(self) -> None:
         self.lease.check()
 
@@ -298,7 +319,7 @@ class JobDriver:
             self._new_batches += 1
             log.info("job %s epoch %d batch %d: completed, %d rows", self.config.job, self.lease.epoch,
                      event.batch_id, event.rows)
-            self._report(JobState.RUNNING, "running", batch_id=event.batch_id, offsets=event.offsets,
+            self._report(self._state(), self._reason(), batch_id=event.batch_id, offsets=event.offsets,
                          data_waiting=event.data_waiting)
 
     def _drain_outcomes(self) -> None:
@@ -308,16 +329,24 @@ class JobDriver:
             except queue.Empty:
                 return
             if outcome.result is not None:
-                self._report(JobState.RUNNING, "running", last_snapshot=_snapshot_info(outcome.result))
+                self._report(self._state(), self._reason(), last_snapshot=_snapshot_info(outcome.result))
             if outcome.job.request_id is not None:
                 self._ack(outcome.job.request_id, Action.SAVEPOINT, outcome.result, outcome.error)
 
     def _requests(self) -> list[Request]:
         try:
-            return open_requests(self.store)
+            found = open_requests(self.store, on_malformed=self._reject_malformed)
         except StorageError as err:
             log.warning("job %s: cannot read control requests, will retry: %s", self.config.job, err)
             return []
+        fresh = [r for r in found if r.id not in self._handled]
+        self._handled.update(r.id for r in fresh)
+        return fresh
+
+    def _reject_malformed(self, request_id: str, problem: str) -> None:
+        self._write_ack(Ack(request_id, None, Outcome.REJECTED,
+                            f"rejected: {problem}; expected a request written by `ckpt job` (action savepoint, "
+                            "stop or cancel, and the driver's epoch)", self.lease.epoch, time.time()))
 
     # -- control requests --------------------------------------------------------------------
 
@@ -344,20 +373,30 @@ class JobDriver:
         assert self.snapshotter is not None
         job, epoch = self.config.job, self.lease.epoch
         self._report(JobState.STOPPING, f"stop with savepoint ({request.id})")
-        gated = gate.close_gate()
-        if not gated:
+        if not gate.close_gate():
             log.warning("job %s: no admission gate (CKPT_GATE_FILE unset): stopping at the next batch boundary "
                         "as seen from the driver; a batch planned in that instant is replayed after restore", job)
-        if not self._wait_for_boundary(STOP_BOUNDARY_TIMEOUT):
+        try:
+            if not self._wait_for_boundary(STOP_BOUNDARY_TIMEOUT):
+                self._report(JobState.RUNNING, "running")
+                self._ack(request.id, request.action, None,
+                          f"the batch in flight did not complete within {STOP_BOUNDARY_TIMEOUT:.0f} s; the job keeps "
+                          "running: check its progress, or cancel it", Outcome.FAILED)
+                return None
+            failure = self.query.exception() if not self.query.isActive else None
+            self.query.stop()
+        finally:
             gate.open_gate()
-            self._ack(request.id, request.action, None,
-                      f"the batch in flight did not complete within {STOP_BOUNDARY_TIMEOUT:.0f} s; the job keeps "
-                      "running: check its progress, or cancel it", Outcome.FAILED)
-            self._report(JobState.RUNNING, "running")
-            return None
-        self.query.stop()
         self._drain_events()
-        self.snapshotter.drain(timeout=300)
+        if failure is not None:
+            self._ack(request.id, request.action, None, f"the query failed while stopping: {failure}", Outcome.FAILED)
+            return self._failed()
+        offsets, commits = _last_entry(self.live, "offsets/"), _last_entry(self.live, "commits/")
+        if offsets != commits:  # e.g. a no-data batch a watermark planned: it is replayed after a restore
+            log.warning("job %s: stopped with offsets/%s not committed (last commit %s); a restore replays it",
+                        job, offsets, commits)
+        if not self.snapshotter.drain(timeout=300):
+            log.warning("job %s: a background snapshot still runs after 300 s; taking the final savepoint anyway", job)
         self._drain_outcomes()
         try:
             result = self.snapshotter.take(SnapshotJob(Kind.SAVEPOINT, Trigger.STOP, request.id))
@@ -365,23 +404,23 @@ class JobDriver:
             return self._fenced(err)
         except CkptError as err:
             # The query is stopped at a completed batch: the live checkpoint is intact and a restart resumes.
+            self._report_final(JobState.STOPPED, f"stopped; final savepoint failed: {err}")
             self._ack(request.id, request.action, None, f"stopped, but the final savepoint failed: {err}",
                       Outcome.FAILED)
-            self._report_final(JobState.STOPPED, f"stopped; final savepoint failed: {err}")
             return EXIT_STOPPED
-        finally:
-            gate.open_gate()
         log.info("job %s epoch %d: stopped with savepoint %s at batch %d", job, epoch,
                  result.manifest.snapshot_id, result.manifest.batch_id)
-        self._ack(request.id, request.action, result, None)
+        # Status first, then the ack: whoever waits for the ack (an upgrade) may start the next driver.
         self._report_final(JobState.STOPPED, f"stopped with savepoint {result.manifest.snapshot_id}",
                            last_snapshot=_snapshot_info(result), batch_id=result.manifest.batch_id)
+        self._ack(request.id, request.action, result, None)
         return EXIT_STOPPED
 
     def _wait_for_boundary(self, timeout: float) -> bool:
-        """True once no trigger runs and every offsets entry has its commit."""
+        """True once no trigger runs and every offsets entry has its commit (heartbeats go on)."""
         assert self.query is not None
         deadline = self.clock() + timeout
+        next_beat = self.clock() + self.config.heartbeat_interval
         while self.clock() < deadline:
             if not self.query.isActive:
                 return True
@@ -390,22 +429,26 @@ class JobDriver:
             ):
                 return True
             self._drain_events()
+            if self.clock() >= next_beat:
+                next_beat = self.clock() + self.config.heartbeat_interval
+                self._report(self._state(), self._reason())
             time.sleep(TICK)
         return False
 
     def _cancel(self, request: Request | None, reason: str) -> int:
         """Stop now: a batch in flight is dropped and replayed after a restart."""
         assert self.query is not None
+        self._report(JobState.STOPPING, reason)
         self.query.stop()
         self._drain_events()
         batch = _last_entry(self.live, "commits/")
         log.info("job %s epoch %d: %s; the latest completed batch is %s", self.config.job, self.lease.epoch,
                  reason, batch)
+        self._report_final(JobState.STOPPED, reason)
         if request is not None:
             self._write_ack(Ack(request.id, request.action, Outcome.COMPLETED,
                                 f"canceled; the latest completed batch is {batch}", self.lease.epoch, time.time(),
                                 batch_id=batch))
-        self._report_final(JobState.STOPPED, reason)
         return EXIT_STOPPED
 
     def _failed(self, why: str | None = None) -> int:

@@ -67,6 +67,7 @@ class Snapshotter:
         self._busy = False
         self._closed = False
         self.last_checkpoint_batch: int | None = None
+        self.last_savepoint_batch: int | None = None
         self._thread = threading.Thread(target=self._run, name=f"ckpt-snapshots-{store.job}", daemon=True)
         self._thread.start()
 
@@ -77,31 +78,51 @@ class Snapshotter:
             self._cond.notify()
 
     def savepoint(self, trigger: Trigger, request_id: str | None = None) -> None:
+        """Queue a savepoint; a periodic one is skipped while another waits or nothing new completed."""
         with self._cond:
+            if trigger is Trigger.PERIODIC and (
+                any(j.trigger is Trigger.PERIODIC for j in self._savepoints) or not self._new_since_savepoint()
+            ):
+                return
             self._savepoints.append(SnapshotJob(Kind.SAVEPOINT, trigger, request_id))
             self._cond.notify()
 
     def take(self, job: SnapshotJob) -> SnapshotResult:
-        """One snapshot now, on the caller's thread (the final savepoint of a stop)."""
+        """One snapshot now, on the caller's thread (the final savepoint of a stop).
+
+        The lease is checked before the upload and again right before the manifest, the commit
+        point: a driver fenced meanwhile publishes nothing.
+        """
         self.fence()
         result = create_snapshot(
             self.store, self.checkpoint, kind=job.kind, trigger=job.trigger, labels=self.labels,
+            on_step=lambda step: self.fence() if step == "uploaded" else None,
             **self.meta,  # type: ignore[arg-type]
         )
         if job.kind is Kind.CHECKPOINT:
             self.last_checkpoint_batch = result.manifest.batch_id
+        else:
+            self.last_savepoint_batch = result.manifest.batch_id
+        self.fence()
         try:
             apply_retention(self.store, self.retention)
         except CkptError as err:  # retention is retried after the next snapshot
             log.warning("job %s: retention failed, will retry: %s", self.store.job, err)
         return result
 
-    def _new_batch_completed(self) -> bool:
+    def _latest(self) -> int | None:
         try:
-            latest = SparkCheckpoint(self.checkpoint).latest_completed_batch()
+            return SparkCheckpoint(self.checkpoint).latest_completed_batch()
         except CkptError:
-            return True  # let create_snapshot report what is wrong
+            return -1  # let create_snapshot report what is wrong
+
+    def _new_batch_completed(self) -> bool:
+        latest = self._latest()
         return latest is not None and latest != self.last_checkpoint_batch
+
+    def _new_since_savepoint(self) -> bool:
+        latest = self._latest()
+        return latest is not None and latest != self.last_savepoint_batch
 
     def drain(self, timeout: float) -> bool:
         """Wait until nothing is queued or running; False on timeout."""
@@ -110,13 +131,16 @@ class Snapshotter:
                 lambda: not (self._busy or self._checkpoint_due or self._savepoints), timeout=timeout
             )
 
-    def close(self, timeout: float = 60.0) -> None:
+    def close(self, timeout: float = 60.0) -> list[SnapshotJob]:
+        """Stop the thread after the snapshot in progress; returns requested savepoints never taken."""
         with self._cond:
             self._closed = True
+            dropped = [j for j in self._savepoints if j.request_id is not None]
             self._savepoints.clear()
             self._checkpoint_due = False
             self._cond.notify_all()
         self._thread.join(timeout)
+        return dropped
 
     def _next(self) -> SnapshotJob | None:
         with self._cond:

@@ -3,14 +3,16 @@ the restore strategy, then act (restore into the live location). Pure decision, 
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
 from airflow_ckpt_provider.core.errors import CheckpointError, CkptError, ConfigError, SnapshotError
-from airflow_ckpt_provider.core.jobstore import LEASE, JobStore
+from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, JobStore
 from airflow_ckpt_provider.core.manifest import Kind, Manifest, snapshot_order
 from airflow_ckpt_provider.core.restore import restore_snapshot
 from airflow_ckpt_provider.core.snapshots import list_snapshots, load_manifest, object_problems
@@ -97,18 +99,20 @@ def decide(
 
     kinds = {Kind.SAVEPOINT} if spec.mode is RestoreMode.LATEST_SAVEPOINT else set(Kind)
     candidates = sorted((m for m in snapshots if m.kind in kinds), key=snapshot_order, reverse=True)
-    newest = candidates[0] if candidates else None
-    if spec.mode is RestoreMode.LATEST_STATE and live.usable:
-        assert live.batch_id is not None
-        if newest is None or live.batch_id >= newest.batch_id:
-            return StartPlan(Action.KEEP_LIVE, f"the live checkpoint is intact at batch {live.batch_id} and newest")
+    keep_live = spec.mode is RestoreMode.LATEST_STATE and live.usable
     skipped: list[tuple[str, str]] = []
     for m in candidates:
+        if keep_live and (live.batch_id or 0) >= m.batch_id:
+            break
         problem = problems(m)
         if problem is None:
-            why = _why(spec, live, m, skipped)
-            return StartPlan(Action.RESTORE, why, m, tuple(skipped))
+            return StartPlan(Action.RESTORE, _why(spec, live, m, skipped), m, tuple(skipped))
         skipped.append((m.snapshot_id, problem))
+    if keep_live:
+        why = f"the live checkpoint is intact at batch {live.batch_id} and newest"
+        if skipped:
+            why += "; skipped damaged " + ", ".join(f"{sid} ({p})" for sid, p in skipped)
+        return StartPlan(Action.KEEP_LIVE, why, skipped=tuple(skipped))
     if spec.mode is RestoreMode.LATEST_SAVEPOINT:
         found = "; ".join(f"{sid}: {p}" for sid, p in skipped) or "none exists"
         raise SnapshotError(
@@ -140,29 +144,34 @@ def _why(spec: RestoreSpec, live: LiveCheckpoint, m: Manifest, skipped: list[tup
     return why
 
 
-def check_restore(store: JobStore, spec: RestoreSpec) -> None:
-    """Refuse, before anything changes, a restore that cannot work: a named snapshot that is missing,
-    foreign or damaged, or latest-savepoint without a savepoint. Also proves the store is reachable."""
-    if spec.mode is RestoreMode.SNAPSHOT:
-        assert spec.snapshot is not None
-        manifest = load_manifest(store, _snapshot_id(store, spec.snapshot))
-        found = object_problems(store, manifest)
-        if found:
-            raise SnapshotError(
-                f"snapshot {manifest.snapshot_id} cannot be restored: {'; '.join(sorted(found.values())[:3])}; "
-                "choose another one (`ckpt snapshot list`)"
-            )
-    elif spec.mode is RestoreMode.LATEST_SAVEPOINT and not list_snapshots(store, Kind.SAVEPOINT):
-        raise SnapshotError(
-            f"restore strategy latest-savepoint: job {store.job} has no savepoint in {store.url}; take one with "
-            "`ckpt job savepoint`, or use --restore latest-state"
-        )
-    else:
-        store.storage.stat(LEASE)
+@dataclass(frozen=True)
+class Lineage:
+    """Where the running deployment's state comes from: ``base`` (the snapshot it was restored from)
+    and the snapshots taken since ``since``. A restart with latest-state never leaves it, so it
+    cannot undo a time travel or a fresh start by restoring an older timeline's newer snapshot."""
+
+    since: float
+    base: str | None = None
+
+    def holds(self, m: Manifest) -> bool:
+        return m.snapshot_id == self.base or m.created.timestamp() >= self.since
 
 
-def prepare_checkpoint(store: JobStore, live_storage: Storage, spec: RestoreSpec) -> StartPlan:
-    """Observe, decide, act: after this the live location holds what Spark should resume from."""
+def read_lineage(store: JobStore) -> Lineage | None:
+    """The lineage the last deployment recorded, or None before the first."""
+    keys = sorted(o.key for o in store.storage.list(DEPLOYMENTS) if o.key.endswith(".json"))
+    if not keys:
+        return None
+    try:
+        body = json.loads(store.storage.read(keys[-1]))
+        return Lineage(float(body["lineage_since"]), body.get("lineage_base"))
+    except (FileNotFoundError, ValueError, KeyError, TypeError) as err:
+        log.warning("job %s: ignoring unreadable deployment record %s: %s", store.job, keys[-1], err)
+        return None
+
+
+def plan_start(store: JobStore, live_storage: Storage, spec: RestoreSpec) -> tuple[StartPlan, LiveCheckpoint]:
+    """Observe and decide, changing nothing: raises when the restore must be refused."""
     live = observe_live(live_storage)
     if spec.mode is RestoreMode.SNAPSHOT:
         assert spec.snapshot is not None
@@ -171,16 +180,34 @@ def prepare_checkpoint(store: JobStore, live_storage: Storage, spec: RestoreSpec
         snapshots = []
     else:
         snapshots = list_snapshots(store)
+        lineage = read_lineage(store) if spec.mode is RestoreMode.LATEST_STATE else None
+        if lineage is not None:
+            snapshots = [m for m in snapshots if lineage.holds(m)]
+
     def problems(m: Manifest) -> str | None:
         found = object_problems(store, m)
         return "; ".join(sorted(found.values())[:3]) if found else None
 
-    plan = decide(spec, live, snapshots, problems)
-    loud = plan.skipped or (live.problem and plan.action is Action.RESTORE)
+    return decide(spec, live, snapshots, problems), live
+
+
+def prepare_checkpoint(store: JobStore, live_storage: Storage, spec: RestoreSpec, *, epoch: int) -> StartPlan:
+    """Observe, decide, act, record: after this the live location holds what Spark resumes from."""
+    plan, live = plan_start(store, live_storage, spec)
+    loud = plan.skipped or (live.problem and live.problem != NO_COMPLETED_BATCH and plan.action is Action.RESTORE)
     (log.warning if loud else log.info)("job %s: start: %s", store.job, plan.reason)
     if plan.action is Action.RESTORE:
         assert plan.snapshot is not None
         restore_snapshot(store, plan.snapshot.snapshot_id, live_storage, replace=not live.empty)
+    previous = read_lineage(store)
+    if spec.mode is RestoreMode.LATEST_STATE and plan.action is not Action.FRESH:
+        lineage = previous or Lineage(0.0)
+    else:
+        lineage = Lineage(time.time(), plan.snapshot.snapshot_id if plan.snapshot else None)
+    record = {"epoch": epoch, "at": time.time(), "restore": str(spec), "action": plan.action.value,
+              "snapshot": plan.snapshot.snapshot_id if plan.snapshot else None, "reason": plan.reason,
+              "lineage_since": lineage.since, "lineage_base": lineage.base}
+    store.storage.write(f"{DEPLOYMENTS}{epoch:010d}.json", json.dumps(record, sort_keys=True).encode())
     return plan
 
 

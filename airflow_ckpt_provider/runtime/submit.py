@@ -1,8 +1,9 @@
 """The spark-submit command that runs one job under the runtime: ``launch.py`` as the primary resource.
 
 Only combinations spark-submit accepts are built, so a bad one fails here with a clear message instead
-of in the JVM. Credentials travel only through the inherited environment, never on the command line,
-where ``ps`` shows them to every user of the host.
+of in the JVM. Credentials travel only through the inherited environment or the cluster's secret mechanism,
+never on the command line, where ``ps`` shows them to every user of the host; ``describe`` redacts the values
+of secret-looking settings as Spark's UI does.
 """
 
 from __future__ import annotations
@@ -28,8 +29,12 @@ LAUNCH_PY = Path(__file__).absolute().parent / "launch.py"
 LOOPBACK = "127.0.0.1"
 DEPLOY_MODES = ("client", "cluster")
 
-# Hadoop S3A secrets ("spark.hadoop.fs.s3a.secret.key", per-bucket variants): refused on argv.
-_SECRET_CONF = re.compile(r"(?:^|\.)(?:access\.key|secret\.key|session\.token)$", re.IGNORECASE)
+#: Settings whose values are secrets: Spark's default spark.redaction.regex plus Azure's account keys
+#: (spark.hadoop.fs.azure.account.key.<account>...). Refused on argv, redacted by ``describe``.
+_SECRET_CONF = re.compile(r"secret|password|token|access[.]key|account[.]key", re.IGNORECASE)
+#: Secret-looking settings that only name a secret: Kubernetes secret references, token files.
+_SECRET_REFERENCE = re.compile(r"^spark\.kubernetes\.(?:driver|executor)\.(?:secrets|secretKeyRef)\.|File$")
+REDACTED = "*********(redacted)"  # what Spark shows in place of a redacted value
 
 
 @dataclass(frozen=True)
@@ -117,10 +122,12 @@ def _check(spec: SubmitSpec) -> str:
     for key in spec.conf:
         if not key or "=" in key:
             raise ConfigError(f"invalid Spark setting name {key!r}: expected a name such as spark.executor.memory")
-        if _SECRET_CONF.search(key):
+        if _SECRET_CONF.search(key) and not _SECRET_REFERENCE.search(key):
             raise ConfigError(
                 f"refusing --conf {key}: a credential on the command line is visible to every user of the host; "
-                "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in the environment instead"
+                "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in the environment, use the cluster's secret "
+                "mechanism (Kubernetes secrets: spark.kubernetes.driver.secretKeyRef.ENV=SECRET:KEY; YARN: a "
+                "Hadoop credential provider) or an instance role instead"
             )
     path = _job_path(spec.job_file)
     if path is None and spec.deploy_mode == "client":
@@ -198,6 +205,16 @@ def build_command(spec: SubmitSpec) -> tuple[list[str], dict[str, str]]:
     return argv, env
 
 
+def redact(argv: Sequence[str]) -> list[str]:
+    """``argv`` with the value of every ``--conf K=V`` whose key looks secret replaced, as Spark's UI does."""
+    out = list(argv)
+    for i in range(1, len(out)):
+        key, sep, _ = out[i].partition("=")
+        if out[i - 1] == "--conf" and sep and _SECRET_CONF.search(key):
+            out[i] = f"{key}={REDACTED}"
+    return out
+
+
 def describe(argv: Sequence[str]) -> str:
-    """The command as a shell would take it, for logs."""
-    return shlex.join(argv)
+    """The command as a shell would take it, secrets redacted, for logs."""
+    return shlex.join(redact(argv))

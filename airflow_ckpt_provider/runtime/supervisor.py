@@ -1,9 +1,11 @@
 """Keeps a job alive the way Flink does: restart its driver after a failure, as a restart strategy allows.
 
-The first run restores what the user chose; every restart resumes from the latest completed state. Exit
-codes 2 (bad input) and 3 (fenced) end supervision at once: restarting cannot help, or would compete
-with the newer driver. While a driver runs, ``status.json`` shows whether batches still complete; a
-driver without progress while data waits is killed and restarted like a failed one.
+Drivers restore what the user chose until one of them reported RUNNING in ``status.json``; later restarts
+resume from the latest completed state. Exit codes 2 (bad input) and 3 (fenced) end supervision at once:
+restarting cannot help, or would compete with the newer driver; so does a lease and a live status of a
+newer driver (the exit code is lost in cluster mode). While a driver runs, ``status.json`` shows whether
+batches still complete and heartbeats arrive; a driver without either is killed and restarted like a
+failed one.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -23,6 +26,7 @@ from typing import Any, Protocol
 
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.jobstore import JobStore
+from airflow_ckpt_provider.core.lease import read_lease
 from airflow_ckpt_provider.core.restart import (
     ExponentialDelay,
     FailureRate,
@@ -31,7 +35,7 @@ from airflow_ckpt_provider.core.restart import (
     HealthRule,
     RestartStrategy,
 )
-from airflow_ckpt_provider.core.status import JobState, JobStatus, read_status, write_status
+from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobState, JobStatus, read_status, write_status
 from airflow_ckpt_provider.runtime.config import RestoreMode
 from airflow_ckpt_provider.runtime.exitcodes import (
     EXIT_CONFIG,
@@ -91,6 +95,8 @@ class ProcessLike(Protocol):
 
 
 Spawn = Callable[[list[str], dict[str, str]], ProcessLike]
+#: The process group of a pid on this host, or None if no such process runs here.
+GroupOf = Callable[[int], int | None]
 
 
 class DriverProcess:
@@ -143,6 +149,14 @@ def _python_driver(pgid: int) -> int | None:
     return None
 
 
+def process_group(pid: int) -> int | None:
+    """The process group of ``pid`` on this host, or None if it does not run (any more)."""
+    try:
+        return os.getpgid(pid)
+    except OSError:  # ProcessLookupError: gone
+        return None
+
+
 def spawn_driver(argv: list[str], env: dict[str, str]) -> DriverProcess:
     """Start ``argv`` with ``env`` added to the inherited environment, as a process group leader."""
     return DriverProcess(subprocess.Popen(argv, env={**os.environ, **env}, start_new_session=True))
@@ -170,11 +184,27 @@ class _Progress:
     seen: bool = False
 
 
+@dataclass
+class _Driver:
+    """One driver this supervisor started, and what its own statuses (see ``Supervisor._own``) told."""
+
+    proc: ProcessLike
+    started: float  # supervisor clock
+    started_wall: float  # wall clock, as lease.json's acquired_at
+    baseline: int | None  # cluster mode: the lease epoch before it started (None: unknown or client mode)
+    epoch: int | None = None  # the epoch its statuses carry
+    running: bool = False  # it reported RUNNING
+    code: int = 0
+    stuck: str = ""  # why it was killed, "" if not
+    ran: float = 0.0
+
+
 class Supervisor:
     """Runs a job's driver until it stops, is fenced, has bad input, or the strategy gives up.
 
-    ``poll`` is the seconds between reads of status.json; ``grace`` the seconds a stuck driver gets
-    between SIGTERM and SIGKILL. A dead driver is noticed at once: ``wait`` returns when it exits.
+    ``poll`` is the seconds between reads of status.json; ``grace`` the seconds a stuck or stopping driver
+    gets between SIGTERM and SIGKILL. A dead driver is noticed at once: ``wait`` returns when it exits.
+    ``wall`` is the clock of ``status.json`` and ``lease.json``; ``group_of`` finds a pid's process group.
     """
 
     def __init__(
@@ -189,6 +219,8 @@ class Supervisor:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], object] | None = None,
         spawn: Spawn = spawn_driver,
+        wall: Callable[[], float] = time.time,
+        group_of: GroupOf = process_group,
     ) -> None:
         self.spec = spec
         self.strategy = strategy
@@ -200,8 +232,14 @@ class Supervisor:
         self._stopping = threading.Event()
         self.sleep = sleep or self._stopping.wait  # a stop request cuts the restart delay short
         self.spawn = spawn
+        self.wall = wall
+        self.group_of = group_of
+        self._host = socket.gethostname()
         self._stop_requests = 0
+        self._stop_at: float | None = None  # supervisor clock at the first stop request
         self._proc: ProcessLike | None = None
+        self._ran = False  # a driver of ours reported RUNNING: restarts resume from latest-state
+        self._epoch: int | None = None  # the epoch our drivers last reported
 
     @property
     def job(self) -> str:
@@ -212,6 +250,8 @@ class Supervisor:
 
         Safe in a signal handler; the CLI installs it for SIGTERM and SIGINT.
         """
+        if self._stop_at is None:
+            self._stop_at = self.clock()
         self._stop_requests += 1
         self._stopping.set()
         proc = self._proc
@@ -224,12 +264,13 @@ class Supervisor:
         resume = replace(self.spec, config=replace(self.spec.config, restore=RestoreMode.LATEST_STATE.value))
         while True:
             attempts += 1
-            code, stuck, ran = self._run_driver(self.spec if attempts == 1 else resume, attempts)
-            ending = self._ending(code, stuck)
+            driver = self._run_driver(resume if self._ran else self.spec, attempts)
+            code = driver.code
+            ending = self._ending(code, driver.stuck) or self._taken_over(driver)
             if ending is not None:
                 return self._end(ending[0], attempts, code, ending[1])
-            failure = stuck or f"driver exited with code {code} ({exit_meaning(code)})"
-            delay, why_not = self._restart_delay(restart_times, ran)
+            failure = driver.stuck or f"driver exited with code {code} ({exit_meaning(code)})"
+            delay, why_not = self._restart_delay(restart_times, driver.ran)
             if delay is None:
                 return self._give_up(attempts, code, f"{why_not}; last failure: {failure}")
             log.warning("job %s: restarting in %.1f s (strategy %s; restart %d)", self.job, delay,
@@ -251,6 +292,30 @@ class Supervisor:
             return Ending.STOPPED, "driver stopped"
         return None
 
+    def _taken_over(self, driver: _Driver) -> tuple[Ending, str] | None:
+        """FENCED if, after our driver failed, a newer driver holds the lease and reports a live status.
+
+        A fenced driver may exit 1, and in cluster mode spark-submit's exit code says nothing of the driver's.
+        """
+        if self.store is None:
+            return None
+        try:
+            lease, status = read_lease(self.store), read_status(self.store)
+        except StorageError as err:
+            log.warning("job %s: cannot read the lease or status.json, restarting as usual: %s", self.job, err)
+            return None
+        if lease is None or lease.released or status is None or status.epoch != lease.epoch:
+            return None
+        if driver.epoch is not None:
+            newer = lease.epoch > driver.epoch
+        else:  # ours never reported: a lease taken since it started is another's unless the status is ours
+            newer = lease.acquired_at >= driver.started_wall and not self._own(driver, status)
+        if (not newer or status.state not in ACTIVE_STATES or status.is_stale(self.wall())
+                or self._gone_here(status)):
+            return None
+        return Ending.FENCED, (f"another driver (owner {lease.owner}, epoch {lease.epoch}) runs the job: "
+                               "not restarting")
+
     def _restart_delay(self, restart_times: list[float], ran: float) -> tuple[float | None, str]:
         """Seconds to wait before restarting, or None and why not (health rule first, then the strategy)."""
         if self.health is not None:
@@ -263,47 +328,102 @@ class Supervisor:
                           f"after {len(restart_times)} restarts")
         return delay, ""
 
-    def _run_driver(self, spec: SubmitSpec, attempt: int) -> tuple[int, str, float]:
-        """Start one driver and wait for it: its exit code, why it was killed ("" if not), seconds it ran."""
+    def _run_driver(self, spec: SubmitSpec, attempt: int) -> _Driver:
+        """Start one driver and wait for it: its exit code, why it was killed, seconds it ran."""
         argv, env = build_command(spec)
-        started = self.clock()
+        baseline = self._lease_epoch() if self.spec.deploy_mode == "cluster" else None
+        started, started_wall = self.clock(), self.wall()
         proc = self._proc = self.spawn(argv, env)
         if self._stop_requests:  # a stop that came while it started
             proc.send_signal(signal.SIGTERM)
         log.info("job %s: driver pid %d started (attempt %d, restore %s)", self.job, proc.pid, attempt,
                  spec.config.restore)
+        driver = _Driver(proc, started, started_wall, baseline)
         try:
-            code, stuck = self._watch(proc, started)
+            driver.code, driver.stuck = self._watch(driver)
         finally:
             self._proc = None
-        ran = self.clock() - started
-        log.info("job %s: driver exited with code %d after %.1f s (%s)", self.job, code, ran, exit_meaning(code))
-        return code, stuck, ran
+        driver.ran = self.clock() - started
+        log.info("job %s: driver exited with code %d after %.1f s (%s)", self.job, driver.code, driver.ran,
+                 exit_meaning(driver.code))
+        return driver
 
-    def _watch(self, proc: ProcessLike, started: float) -> tuple[int, str]:
-        progress = _Progress(since=started)
+    def _lease_epoch(self) -> int | None:
+        """The lease's epoch now (0: never taken), or None if unknown."""
+        if self.store is None:
+            return None
+        try:
+            lease = read_lease(self.store)
+        except StorageError as err:
+            log.warning("job %s: cannot read the lease: %s", self.job, err)
+            return None
+        return 0 if lease is None else lease.epoch
+
+    def _watch(self, driver: _Driver) -> tuple[int, str]:
+        proc = driver.proc
+        progress = _Progress(since=driver.started)
+        timeout = self.poll
         while True:
             try:
-                return proc.wait(timeout=self.poll), ""
+                return proc.wait(timeout=timeout), ""
             except subprocess.TimeoutExpired:
                 pass
-            if self._stop_requests:
-                continue  # the driver got SIGTERM: let it finish its stop
-            stuck = self._stuck(progress)
+            if self._stop_at is not None:  # the driver got SIGTERM: it has ``grace`` seconds to stop
+                left = max(self._stop_at, driver.started) + self.grace - self.clock()
+                if left <= 0:
+                    log.warning("job %s: driver pid %d still runs %.0f s after the stop request: SIGKILL",
+                                self.job, proc.pid, self.grace)
+                    proc.send_signal(signal.SIGKILL)
+                    return proc.wait(), ""
+                timeout = min(self.poll, left)
+                continue
+            stuck = self._stuck(driver, progress, self._observe(driver))
             if stuck:
                 log.warning("job %s: %s: terminating driver pid %d", self.job, stuck, proc.pid)
                 return self._terminate(proc), stuck
 
-    def _stuck(self, progress: _Progress) -> str:
-        """Why the running driver counts as stuck (health rule on status.json), or ""."""
-        if self.store is None or self.health is None or self.health.progress_timeout is None:
-            return ""
+    def _observe(self, driver: _Driver) -> JobStatus | None:
+        """status.json now, noting the epoch and a RUNNING state when our driver wrote it."""
+        if self.store is None:
+            return None
         try:
             status = read_status(self.store)
         except StorageError as err:
             log.warning("job %s: cannot read status.json, progress not judged this time: %s", self.job, err)
+            return None
+        if status is not None and self._own(driver, status):
+            driver.epoch = self._epoch = status.epoch
+            if status.state is JobState.RUNNING and not driver.running:
+                driver.running = self._ran = True
+                log.info("job %s: driver pid %d runs the job at epoch %d: restarts resume from latest-state",
+                         self.job, driver.proc.pid, status.epoch)
+        return status
+
+    def _own(self, driver: _Driver, status: JobStatus) -> bool:
+        """Whether ``driver`` wrote ``status``: once known, by its epoch; before, by the pid in status.json
+        (in client mode the Python driver runs in the group spark-submit leads), or in cluster mode, where
+        that pid is another host's, by an epoch above the lease's before the driver started."""
+        if driver.epoch is not None:
+            return status.epoch == driver.epoch
+        if driver.baseline is not None:
+            return status.epoch > driver.baseline
+        return status.host == self._host and status.pid is not None and self.group_of(status.pid) == driver.proc.pid
+
+    def _gone_here(self, status: JobStatus) -> bool:
+        """The driver that wrote ``status`` ran on this host and no longer runs: no one runs that epoch."""
+        return status.host == self._host and status.pid is not None and self.group_of(status.pid) is None
+
+    def _stuck(self, driver: _Driver, progress: _Progress, status: JobStatus | None) -> str:
+        """Why the running driver counts as stuck (its heartbeat stopped, or the health rule), or ""."""
+        if status is None:
             return ""
-        if status is None or status.state is not JobState.RUNNING:
+        wall = self.wall()
+        # RUNNING only: a driver STOPPING with a savepoint sends no heartbeat while it takes the final one
+        if driver.running and status.state is JobState.RUNNING and status.epoch == driver.epoch \
+                and status.is_stale(wall):
+            return (f"no heartbeat in status.json for {status.age(wall):.0f} s "
+                    f"(every {status.heartbeat_interval:g} s expected)")
+        if self.health is None or self.health.progress_timeout is None or status.state is not JobState.RUNNING:
             return ""  # starting, restoring or stopping: no batches expected
         now = self.clock()
         if not progress.seen:  # a first look, possibly at the previous driver's status: not progress
@@ -327,14 +447,25 @@ class Supervisor:
         log.error("job %s: giving up: %s", self.job, reason)
         if self.store is not None:
             try:
-                now = time.time()
-                last = read_status(self.store)
-                status = (replace(last, state=JobState.FAILED, reason=reason, updated_at=now, data_waiting=False)
-                          if last else JobStatus(self.job, JobState.FAILED, 0, now, now, reason=reason))
-                write_status(self.store, status)
+                self._record_failed(self.store, reason)
             except StorageError as err:
                 log.warning("job %s: cannot record FAILED in status.json: %s", self.job, err)
         return SupervisorOutcome(Ending.GAVE_UP, attempts, attempts - 1, code, reason)
+
+    def _record_failed(self, store: JobStore, reason: str) -> None:
+        """FAILED in status.json, unless it is another driver's: its epoch is not ours and that driver holds
+        the lease (a newer driver runs the job, or starts to)."""
+        now = self.wall()
+        last = read_status(store)
+        if last is None or last.epoch != self._epoch:
+            lease = read_lease(store)
+            if lease is not None and not lease.released and lease.epoch != self._epoch:
+                log.warning("job %s: another driver (owner %s, epoch %d) owns the job: not recording FAILED",
+                            self.job, lease.owner, lease.epoch)
+                return
+        status = (replace(last, state=JobState.FAILED, reason=reason, updated_at=now, data_waiting=False)
+                  if last else JobStatus(self.job, JobState.FAILED, 0, now, now, reason=reason))
+        write_status(store, status)
 
     def _end(self, final: Ending, attempts: int, code: int, reason: str) -> SupervisorOutcome:
         log.info("job %s: %s: %s", self.job, final.value, reason)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
-from airflow_ckpt_provider.core.control import Action, Outcome
+from airflow_ckpt_provider.core.control import Action, Outcome, wait_ack
 from airflow_ckpt_provider.core.lease import read_lease
 from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.snapshots import list_snapshots, load_manifest
@@ -110,7 +110,14 @@ def test_savepoint_and_cancel_requests_and_a_request_for_another_epoch(env: JobE
     stale = env.request(Action.CANCEL, status.epoch + 7)
     assert stale.outcome is Outcome.REJECTED
     assert f"for the driver of epoch {status.epoch + 7}, this driver runs epoch {status.epoch}" in stale.message
-    assert a.proc.poll() is None, "a rejected request must not stop the job"
+    # A file in control/ that is not a request is answered, and blocks no later request.
+    env.store().storage.write("control/garbage.json", b"{not json")
+    garbage = wait_ack(env.store(), "garbage", TIMEOUT, poll=0.2)
+    assert garbage is not None
+    assert (garbage.outcome, garbage.action) == (Outcome.REJECTED, None)
+    assert "expected a request written by `ckpt job`" in garbage.message
+    beat = env.wait_status("a heartbeat after the rejections", lambda s: s.updated_at > garbage.finished_at, TIMEOUT, a)
+    assert beat.state is JobState.RUNNING, "a rejected request must not stop the job"
     # --checkpoint-interval none: the only snapshot is the requested savepoint.
     assert [m.snapshot_id for m in list_snapshots(env.store())] == [ack.snapshot_id]
 
@@ -219,15 +226,17 @@ def test_bad_input_changes_nothing(env: JobEnv, runs: list[Run], tmp_path: Path)
     # Another job's snapshot, a snapshot that does not exist, latest-savepoint with none: refused
     # before the lease is taken, so the running driver is not fenced.
     other = f"{env.store_url}/other-job/snapshots/savepoint-1-20261122T100000Z-abcdef"
-    for name, restore, message in [
-        ("foreign", other, "belongs to job 'other-job'"),
-        ("missing", "savepoint-1-20261122T100000Z-abcdef", "savepoint-1-20261122T100000Z-abcdef"),
-        ("no-savepoint", "latest-savepoint", "has no savepoint"),
+    # --restore none on the running driver's own live checkpoint: refused, not discarded.
+    for name, target, restore, message in [
+        ("foreign", tmp_path / "foreign", other, "belongs to job 'other-job'"),
+        ("missing", tmp_path / "missing", "savepoint-1-20261122T100000Z-abcdef", "savepoint-1-20261122T100000Z-abcdef"),
+        ("no-savepoint", tmp_path / "no-savepoint", "latest-savepoint", "no restorable savepoint (none exists)"),
+        ("none-on-live", checkpoint, "none", "is not empty: delete it, choose another --checkpoint"),
     ]:
-        bad = env.run(name, tmp_path / name, "--restore", restore)
+        runs.append(bad := env.run(name, target, "--restore", restore))
         assert bad.wait(TIMEOUT) == EXIT_CONFIG, bad.tail()
         assert any(message in ln for ln in bad.ckpt_lines()), bad.tail()
-        assert not (tmp_path / name).exists()
+        assert target == checkpoint or not target.exists()
     lease = read_lease(env.store())
     assert lease is not None
     assert lease.epoch == status.epoch

@@ -2,8 +2,8 @@
 
 Configured by environment variables (they travel through spark-submit to the driver):
 CKPT_TEST_TOPIC, CKPT_TEST_BOOTSTRAP, CKPT_TEST_OUT, CKPT_TEST_MAX_OFFSETS (records per batch).
-The sink replaces ``batch-<id>.json`` on replay (idempotent by batch id) and, after the lease check
-that precedes Spark's commit, appends ``<batch id> <time>`` to ``commits-epoch-<epoch>.log``.
+The sink replaces ``batch-<id>.json`` on replay (idempotent by batch id) and, once the lease check
+right before Spark's commit passed, appends ``<batch id> <time>`` to ``commits-epoch-<epoch>.log``.
 """
 
 from __future__ import annotations
@@ -37,10 +37,11 @@ def build(spark: Any, ctx: JobContext) -> Any:
         tmp.write_text(json.dumps(rows))
         tmp.replace(out / f"batch-{batch_id:06d}.json")
 
-    def commit_log(batch: Any, batch_id: int) -> None:
-        write(batch, batch_id)
-        ctx.check_lease()
-        with open(out / f"commits-epoch-{ctx.epoch}.log", "a") as f:
+    fenced_write = ctx.fenced(write)
+
+    def write_and_log(batch: Any, batch_id: int) -> None:
+        fenced_write(batch, batch_id)  # raises once fenced, before or after writing: Spark does not commit
+        with open(out / f"commits-epoch-{ctx.epoch}.log", "a") as f:  # passed the last check before commit
             f.write(f"{batch_id} {time.time():.6f}\n")
 
-    return counts.writeStream.outputMode("update").foreachBatch(ctx.fenced(commit_log))
+    return counts.writeStream.outputMode("update").foreachBatch(write_and_log)

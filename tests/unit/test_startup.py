@@ -9,7 +9,7 @@ import pytest
 from airflow_ckpt_provider.core.errors import CheckpointError, ConfigError, SnapshotError
 from airflow_ckpt_provider.core.manifest import Kind, Manifest
 from airflow_ckpt_provider.runtime.config import RestoreSpec
-from airflow_ckpt_provider.runtime.startup import NO_COMPLETED_BATCH, Action, LiveCheckpoint, decide
+from airflow_ckpt_provider.runtime.startup import NO_COMPLETED_BATCH, Action, Lineage, LiveCheckpoint, decide
 from tests.unit.test_manifest_retention import manifest
 
 EMPTY = LiveCheckpoint("file:///live", empty=True)
@@ -86,3 +86,16 @@ def test_a_named_snapshot_is_restored_or_refused_without_fallback() -> None:
     assert decide(spec, LIVE_AT_5, [SP3], ok).snapshot == SP3
     with pytest.raises(SnapshotError, match=f"snapshot {SP3.snapshot_id} cannot be restored: object"):
         decide(spec, LIVE_AT_5, [SP3], damaged(SP3.snapshot_id))
+
+
+def test_a_damaged_newest_snapshot_never_replaces_a_newer_live_checkpoint() -> None:
+    live_at_6 = LiveCheckpoint("file:///live", empty=False, batch_id=6)
+    plan = decide(RestoreSpec.parse("latest-state"), live_at_6, [CP4, CP7], damaged(CP7.snapshot_id))
+    assert plan.action is Action.KEEP_LIVE
+    assert plan.skipped == ((CP7.snapshot_id, "object objects/ab is missing"),)
+
+
+def test_a_lineage_holds_its_base_and_what_was_taken_since() -> None:
+    since = CP4.created.timestamp()
+    lineage = Lineage(since, base=SP3.snapshot_id)
+    assert [lineage.holds(m) for m in (SP3, CP4, CP7, manifest(Kind.CHECKPOINT, 9, 1))] == [True, True, True, False]

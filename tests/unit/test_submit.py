@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import signal
 import stat
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 import airflow_ckpt_provider.runtime
 from airflow_ckpt_provider import cli
+from airflow_ckpt_provider.cli_run import run_once
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.gate import GATE_ENV
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
@@ -136,6 +142,54 @@ def test_refuses_what_spark_refuses(
         build_command(SubmitSpec(config=config, spark_submit=SUBMIT, **kw))  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    "key",
+    [
+        "spark.yarn.appMasterEnv.AWS_SECRET_ACCESS_KEY",
+        "spark.kubernetes.driverEnv.AWS_SESSION_TOKEN",
+        "spark.hadoop.fs.s3a.secret.key",
+        "spark.hadoop.fs.azure.account.key.acct.dfs.core.windows.net",
+        "spark.ssl.keyStorePassword",
+        "spark.authenticate.secret",
+        "spark.kubernetes.authenticate.submission.oauthToken",
+    ],
+)
+def test_refuses_secrets_in_conf(job_file: Path, config: RuntimeConfig, key: str) -> None:
+    message = (f"refusing --conf {key}: a credential on the command line is visible to every user of the host; "
+               "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in the environment, use the cluster's secret mechanism "
+               "(Kubernetes secrets: spark.kubernetes.driver.secretKeyRef.ENV=SECRET:KEY; YARN: a Hadoop credential "
+               "provider) or an instance role instead")
+    with pytest.raises(ConfigError) as err:
+        build_command(spec(job_file, config, master="yarn", conf={key: "s3cr3t"}))
+    assert str(err.value) == message
+
+
+def test_secret_references_pass_and_are_redacted_in_the_description(job_file: Path, config: RuntimeConfig) -> None:
+    conf = {"spark.kubernetes.driver.secretKeyRef.AWS_SECRET_ACCESS_KEY": "aws-creds:secret",
+            "spark.kubernetes.executor.secrets.aws-creds": "/etc/aws",
+            "spark.kubernetes.authenticate.driver.oauthTokenFile": "/var/run/token",
+            "spark.executor.memory": "2g"}
+    argv, _ = build_command(spec(job_file, config, master="k8s://https://k8s:6443", conf=conf))
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--conf"] == [f"{k}={v}" for k, v in conf.items()]
+    described = shlex.split(describe(argv))
+    assert [described[i + 1] for i, a in enumerate(described) if a == "--conf"] == [
+        "spark.kubernetes.driver.secretKeyRef.AWS_SECRET_ACCESS_KEY=*********(redacted)",
+        "spark.kubernetes.executor.secrets.aws-creds=*********(redacted)",
+        "spark.kubernetes.authenticate.driver.oauthTokenFile=*********(redacted)",
+        "spark.executor.memory=2g",
+    ]
+    assert len(described) == len(argv)
+
+
+def test_describe_redacts_only_secret_conf_values() -> None:
+    argv = ["spark-submit", "--conf", "spark.hadoop.fs.s3a.secret.key=abc=def", "--conf", "spark.x.Password=p",
+            "--name", "token=kept", "--conf", "spark.sql.shuffle.partitions=4", "job.py", "--conf"]
+    assert shlex.split(describe(argv)) == [
+        "spark-submit", "--conf", "spark.hadoop.fs.s3a.secret.key=*********(redacted)",
+        "--conf", "spark.x.Password=*********(redacted)", "--name", "token=kept",
+        "--conf", "spark.sql.shuffle.partitions=4", "job.py", "--conf"]
+
+
 def test_parse_conf() -> None:
     assert parse_conf(["a.b=1", "c=x=y", "a.b=2", "e="]) == {"a.b": "2", "c": "x=y", "e": ""}
     for bad in ("spark.ui.enabled", "=1", " =1"):
@@ -210,6 +264,19 @@ def test_dry_run_prints_the_command_and_added_environment(
                           f"env: PYSPARK_PYTHON={PY}", "env: SPARK_LOCAL_IP=127.0.0.1"]
     assert lines[5] == "supervised: restart strategy fixed-delay: 4 attempts, 1 s apart; no health rule"
     assert "s3cr3t-value" not in out
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_dry_run_never_shows_a_secret_reference_value(
+    job_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], as_json: bool
+) -> None:
+    code, out, _ = _run_dry(capsys, str(job_file), "--job", "orders", "--store", str(tmp_path / "store"),
+                            "--master", "k8s://https://k8s:6443", "--conf",
+                            "spark.kubernetes.driver.secretKeyRef.AWS_SECRET_ACCESS_KEY=aws-creds:secret",
+                            *(["--json"] if as_json else []))
+    assert code == 0
+    assert "aws-creds:secret" not in out
+    assert "spark.kubernetes.driver.secretKeyRef.AWS_SECRET_ACCESS_KEY=*********(redacted)" in out
 
 
 def test_dry_run_json_and_env_defaults(
@@ -292,3 +359,84 @@ def test_run_supervised_restarts_and_reports_the_outcome(
         "final": "fenced", "attempts": 3, "restarts": 2, "exit_code": 3,
         "reason": "a newer driver took the job's lease and runs the job: not restarting",
     }
+
+
+class _IgnoresSigterm:
+    """A driver that ignores SIGTERM; its first wait delivers the user's SIGTERM to this process."""
+
+    pid = 4242
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.signals: list[tuple[int, float]] = []
+        self.code: int | None = None
+
+    def poll(self) -> int | None:
+        return self.code
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.code is not None:
+            return self.code
+        if not self.signals:
+            signal.raise_signal(signal.SIGTERM)  # run_once's handler forwards it
+        if timeout is None:
+            raise AssertionError("wait() without timeout on a driver that never exits")
+        self.now += timeout
+        raise subprocess.TimeoutExpired("spark-submit", timeout)
+
+    def send_signal(self, sig: int) -> None:
+        self.signals.append((sig, self.now))
+        if sig == signal.SIGKILL:
+            self.code = -signal.SIGKILL
+
+
+def test_run_once_kills_a_driver_still_running_a_grace_period_after_sigterm() -> None:
+    proc = _IgnoresSigterm()
+    code = run_once(["spark-submit"], {}, grace=60.0, spawn=lambda _argv, _env: proc, clock=lambda: proc.now)
+    assert code == 128 + signal.SIGKILL
+    assert proc.signals == [(signal.SIGTERM, 0.0), (signal.SIGKILL, 60.0)]
+
+
+def test_run_once_kills_a_real_process_group_ignoring_sigterm(tmp_path: Path) -> None:
+    ready, child_pid = tmp_path / "ready", tmp_path / "child.pid"
+    submit = tmp_path / "spark-submit"
+    submit.write_text(
+        f"#!{sys.executable}\n"
+        "import signal, subprocess, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "child = subprocess.Popen(['sleep', '60'])\n"
+        f"open({str(child_pid)!r}, 'w').write(str(child.pid))\n"
+        f"open({str(ready)!r}, 'w').write('ready')\n"
+        "time.sleep(60)\n"
+    )
+    submit.chmod(submit.stat().st_mode | stat.S_IXUSR)
+
+    def interrupt() -> None:  # the user's kill, once the driver ignores SIGTERM
+        deadline = time.monotonic() + 20
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, lambda _s, _f: None)  # a SIGTERM outside run_once is harmless
+    thread = threading.Thread(target=interrupt)
+    started = time.monotonic()
+    try:
+        thread.start()
+        code = run_once([str(submit)], {}, grace=0.5)
+    finally:
+        thread.join()
+        signal.signal(signal.SIGTERM, previous)
+    assert code == 128 + signal.SIGKILL
+    assert time.monotonic() - started < 15.0
+    pid = int(child_pid.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)  # the driver's child was killed with its group
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
