@@ -61,8 +61,9 @@ def test_ten_kill_9s_of_a_supervised_driver_lose_and_duplicate_nothing(env: JobE
         status = env.wait_status(f"a driver newer than epoch {epoch}",
                                  lambda s, e=epoch: s.epoch > e and s.state in ACTIVE_STATES, 180, supervisor)
         epoch = status.epoch
-        # A random moment in this driver's life: while it restores and starts Spark (kills 2, 5, 8),
-        # or after 1-2 batches it completed itself, somewhere inside the next ones (the other 7).
+        # A random moment in this driver's life: 0.5-10 s after it took the lease, while it restores,
+        # starts its query or runs its first batch (kills 2, 5, 8), or after 1-2 batches it completed
+        # itself, somewhere inside the next ones (the other 7).
         if len(killed) % 3 == 1:
             time.sleep(rng.uniform(0.5, 10.0))
         else:
