@@ -53,10 +53,18 @@ def s3_options(s3_server: EmbeddedS3) -> S3Options:
 
 
 @pytest.fixture
-def bucket(s3_server: EmbeddedS3) -> str:
+def bucket(s3_server: EmbeddedS3) -> Iterator[str]:
+    """A fresh bucket, emptied and deleted afterwards: SeaweedFS gives every bucket its own volumes,
+    and a session that keeps hundreds of buckets runs out of writable volumes ("No writable volumes")."""
     name = f"t-{uuid.uuid4().hex[:12]}"
     s3_server.create_bucket(name)
-    return name
+    yield name
+    client = s3_server.client()
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
+        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if keys:
+            client.delete_objects(Bucket=name, Delete={"Objects": keys, "Quiet": True})
+    client.delete_bucket(Bucket=name)
 
 
 @pytest.fixture
