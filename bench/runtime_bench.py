@@ -1,23 +1,28 @@
 """Benchmark of the job runtime: recovery after kill -9 versus a cold start, and the throughput cost of
 periodic snapshots, measured side by side in one run.
 
-    .venv/bin/python bench/runtime_bench.py [--rounds 3] [--kills 2] [--window 30] [--quick]
+    .venv/bin/python bench/runtime_bench.py [--rounds 3] [--kills 1] [--window 30] [--quick]
 
 Runs the test job (tests/jobs/kafka_count.py: a stateful count per key over a ckpt-kafka topic) with
-``ckpt run --supervise`` exactly as users do, on one backlog topic that every run reads from the
-start (fresh job, fresh checkpoint). Times come from the ``ckpt run -v`` log lines (supervisor and
-driver, millisecond timestamps) and from this script's clock at spawn and kill.
+``ckpt run --supervise`` (fixed-delay restarts, 0.5 s apart) exactly as users do, on one backlog topic
+that every job reads from the start (fresh job, fresh checkpoint). Each round runs the job twice,
+A = checkpoint snapshot after every batch + a savepoint every 30 s, B = no snapshots, in alternating
+order (A B, B A, A B). Each job is measured for:
 
-1. Recovery: per round one job; cold start (spawn to the first batch that read rows), then --kills
-   times: kill -9 of the driver's process group once its epoch completed 2 batches with rows, and
-   the time to the first batch its successor completes, split into detection, restart delay, JVM +
-   Python start, start decision, Spark session + query start, and that first batch.
-   Targets: recovery <= 1.3x a cold start; detection < 5 s.
-2. Snapshot overhead: records/s with checkpoint snapshots after every batch and savepoints every 30 s
-   (A) versus none (B), runs interleaved A B B A A B ...; target < 5% difference.
+1. Cold start: spawn of ``ckpt run`` to the first batch that read rows (batch 1: the ckpt-kafka
+   source's batch 0 only resolves startingOffsets and reads nothing).
+2. Throughput: records/s of the batches completed over --window seconds after that first batch
+   (the backlog never runs dry); target: A within 5% of B.
+3. Recovery (A jobs only: the default configuration), --kills times after the window: kill -9 of
+   the driver's process group in steady state (after >= 2 batches with rows of its epoch), to the
+   first batch the restarted driver completes, split into detection, restart, JVM + Python,
+   SparkSession + build, start decision, query start and that batch. Targets: recovery <= 1.3x the
+   cold start of the same jobs; detection < 5 s.
 
-Prints tables and a verdict per target; nothing is asserted. Starts its own SeaweedFS and tansu on
-127.0.0.1 and stops every process it started.
+Times come from the ``ckpt run -v`` log lines (supervisor and driver, millisecond timestamps; Spark's
+own lines have whole seconds) and from this script's clock at spawn and kill. Prints tables and a
+verdict per target; nothing is asserted. Starts its own SeaweedFS and tansu on 127.0.0.1 and stops
+every process it started.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -70,13 +75,12 @@ class Options:
     restart_delay: float
     kill_after: float
     workdir: Path
-    skip_recovery: bool
-    skip_throughput: bool
 
 
 # -- the ckpt run log ------------------------------------------------------------------------------
 
 LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) [A-Z]+ \S+: (.*)$")
+SPARK_LINE = re.compile(r"^(\d\d/\d\d/\d\d \d\d:\d\d:\d\d) (.*)$")  # log4j: whole seconds
 PATTERNS = {
     "spawn": re.compile(r"^job \S+: driver pid (\d+) started \(attempt (\d+)"),
     "exit": re.compile(r"^job \S+: driver exited with code (-?\d+) after"),
@@ -86,6 +90,7 @@ PATTERNS = {
     "grace": re.compile(r"^job \S+ epoch \d+: waiting ([\d.]+) s for the previous driver"),
     "query": re.compile(r"^job \S+ epoch (\d+): query \S+ started"),
     "batch": re.compile(r"^job \S+ epoch (\d+) batch (\d+): completed, (\d+) rows"),
+    "sparkctx": re.compile(r"^INFO SparkContext: Running Spark version"),
     "snapshot": re.compile(r"^job \S+ snapshot \S+ \(batch (\d+)\): completed (checkpoint|savepoint) .* ([\d.]+) s$"),
 }
 
@@ -139,14 +144,17 @@ class LogWatch:
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()
         for raw in lines:
-            m = LINE.match(raw.decode(errors="replace"))
-            if m is None:
+            text = raw.decode(errors="replace")
+            if m := LINE.match(text):
+                stamp = "%Y-%m-%d %H:%M:%S,%f"
+            elif m := SPARK_LINE.match(text):
+                stamp = "%y/%m/%d %H:%M:%S"
+            else:
                 continue
             for kind, pattern in PATTERNS.items():
                 found = pattern.search(m.group(2))
                 if found:
-                    t = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-                    self.events.append(Event(t, kind, found.groups()))
+                    self.events.append(Event(datetime.strptime(m.group(1), stamp).timestamp(), kind, found.groups()))
                     break
         return self.events
 
@@ -256,6 +264,33 @@ def foreign_jvms() -> int:
     return count
 
 
+ROLES = ("jvm", "driver", "workers", "s3", "kafka")
+
+
+def cpu_seconds(driver_session: int, servers: dict[str, int | None]) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by the driver's JVM, its Python driver, its other processes
+    (Python workers, the streaming source runner) and the S3 and Kafka servers' sessions."""
+    tick = os.sysconf("SC_CLK_TCK")
+    used = dict.fromkeys(ROLES, 0.0)
+    by_session = {sid: role for role, sid in servers.items() if sid is not None}
+    for pid in _pids():
+        s = _stat(pid)
+        if s is None:
+            continue
+        cpu, session = (int(s[11]) + int(s[12])) / tick, int(s[3])
+        if session in by_session:
+            used[by_session[session]] += cpu
+        elif session == driver_session:
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            role = ("jvm" if argv[0].endswith(b"java") else
+                    "driver" if any(a.endswith(b"launch.py") for a in argv) else "workers")
+            used[role] += cpu
+    return used
+
+
 # -- data ------------------------------------------------------------------------------------------
 
 def produce(bootstrap: str, topic: str, records: int, keys: int) -> None:
@@ -285,53 +320,63 @@ def produce(bootstrap: str, topic: str, records: int, keys: int) -> None:
     assert last.flush(30) == 0, "records still queued after 30 s"
 
 
-# -- 1. recovery -----------------------------------------------------------------------------------
+# -- starts and recoveries --------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Start:
     """One start of the job: cold (spawn of ``ckpt run``) or a recovery (kill -9 of the driver).
 
-    Phases in seconds, in the driver's order: ``up`` from the spawn of spark-submit to the lease
-    (JVM, Python driver, SparkSession, the job's build function: all before the lease is taken),
-    ``decide`` to the start decision (fence grace, if any, and observe/decide), ``query`` to the
-    query's start (a snapshot restore, if any, and ``writeStream.start()``). ``cli`` and ``batch0``
-    only for cold starts, ``detect`` and ``delay`` only for recoveries. ``total`` runs to the first
-    batch that read rows.
+    Phases in seconds, in the driver's order: ``jvm`` from the spawn of spark-submit to Spark's
+    "Running Spark version" line (JVM, Python driver, the job file, the restore check; whole-second
+    resolution), ``session`` from there to the lease (SparkContext and SparkSession, registering the
+    Python data source, the job's build function: all before the lease is taken), ``decide`` to the
+    start decision (fence grace, if any, and observe/decide), ``query`` to the query's start (a
+    snapshot restore, if any, and ``writeStream.start()``). ``cli`` and ``batch0`` only for cold
+    starts, ``detect`` and ``delay`` only for recoveries. ``total`` runs to the first batch with rows.
     """
 
     round: int
+    config: str
     kind: str
     total: float
     detect: float | None
     delay: float | None
     cli: float | None
-    up: float
+    jvm: float | None
+    session: float | None
     decide: float
     query: float
     batch0: float | None
     first_batch: float
     batch_id: int
     rows: int
-    to_batch0: float | None = None
     grace: float = 0.0
     note: str = ""
     noise: str = ""
 
 
-def cold_start(watch: LogWatch, spawned: float, rnd: int) -> Start:
+def _split_up(ev: Sequence[Event], spawn: Event, lease: Event) -> tuple[float | None, float | None]:
+    ctx = first(ev, "sparkctx", after=spawn.t - 1.0, test=lambda e: e.t <= lease.t)
+    return (ctx.t - spawn.t, lease.t - ctx.t) if ctx else (None, None)
+
+
+def cold_start(watch: LogWatch, spawned: float, rnd: int, config: str) -> Start:
     has_rows = watch.wait("the first batch with rows of epoch 1",
                           lambda ev: first(ev, "batch", test=lambda e: e.int(0) == 1 and e.int(2) > 0))
     ev = watch.events
     spawn, lease, start, query = (need(first(ev, k), k, watch) for k in ("spawn", "lease", "start", "query"))
     batch0 = need(first(ev, "batch", test=lambda e: e.int(0) == 1), "batch 0", watch)
     gap = batch0.t - query.t if batch0 is not has_rows else None
-    return Start(rnd, "cold", has_rows.t - spawned, None, None, spawn.t - spawned, lease.t - spawn.t,
-                 start.t - lease.t, query.t - start.t, gap, has_rows.t - (batch0.t if gap is not None else query.t),
-                 has_rows.int(1), has_rows.int(2), to_batch0=batch0.t - spawned)
+    jvm, session = _split_up(ev, spawn, lease)
+    return Start(rnd, config, "cold", has_rows.t - spawned, None, None, spawn.t - spawned, jvm, session,
+                 start.t - lease.t, query.t - start.t, gap,
+                 has_rows.t - (batch0.t if gap is not None else query.t), has_rows.int(1), has_rows.int(2),
+                 noise=watch.noise())
 
 
-def recover(watch: LogWatch, opts: Options, rnd: int, epoch: int, checkpoint: Path) -> Start:
+def recover(watch: LogWatch, opts: Options, rnd: int, config: str, epoch: int, checkpoint: Path) -> Start:
     """Wait for 2 batches with rows of ``epoch``, kill -9 its driver, measure until its successor's first batch."""
+    since = watch.mark()
     watch.wait(f"2 batches with rows of epoch {epoch}",
                lambda ev: b[1] if len(b := [e for e in batches(ev, epoch) if e.int(2) > 0]) >= 2 else None)
     time.sleep(opts.kill_after)
@@ -352,42 +397,23 @@ def recover(watch: LogWatch, opts: Options, rnd: int, epoch: int, checkpoint: Pa
     query = need(first(ev, "query", start=mark, test=lambda e: e.int(0) == nxt), f"query of epoch {nxt}", watch)
     grace = first(ev, "grace", start=mark)
     restored = first(ev, "restored", start=mark)
-    note = f"restored a snapshot (batch {restored.fields[0]})" if restored else ""
-    # A batch the killed driver had planned (offsets/N written before the kill) is replayed with the same offsets.
-    planned = checkpoint / "offsets" / str(done.int(1))
+    notes = [f"restored a snapshot (batch {restored.fields[0]})"] if restored else []
+    # A batch the killed driver had planned (offsets/N written before the kill) is replayed with its offsets.
     with contextlib.suppress(OSError):
-        if planned.stat().st_mtime < killed:
-            note = ", ".join(filter(None, ["replayed", note]))
-    return Start(rnd, "recovery", done.t - killed, exited.t - killed, respawn.t - exited.t, None,
-                 lease.t - respawn.t, start.t - lease.t, query.t - start.t, None, done.t - query.t, done.int(1),
-                 done.int(2), grace=float(grace.fields[0]) if grace else 0.0, note=note)
-
-
-def recovery_round(env: JobEnv, opts: Options, rnd: int) -> list[Start]:
-    checkpoint = opts.workdir / f"recovery-{rnd}" / "checkpoint"
-    spawned = time.time()
-    run = env.run(f"recovery-{rnd}", checkpoint, "--supervise", "-v", "--restart-strategy", "fixed-delay",
-                  "--restart-attempts", str(opts.kills + 1), "--restart-delay", str(opts.restart_delay),
-                  max_offsets=opts.max_offsets)
-    watch = LogWatch(run)
-    try:
-        starts = [replace(cold_start(watch, spawned, rnd), noise=watch.noise())]
-        log_start(starts[-1])
-        for k in range(opts.kills):
-            since = watch.mark()
-            starts.append(replace(recover(watch, opts, rnd, k + 1, checkpoint), noise=watch.noise(since)))
-            log_start(starts[-1])
-        return starts
-    finally:
-        stop_run(run, watch)
+        if (checkpoint / "offsets" / str(done.int(1))).stat().st_mtime < killed:
+            notes.insert(0, "replayed")
+    jvm, session = _split_up(ev[mark:], respawn, lease)
+    return Start(rnd, config, "recovery", done.t - killed, exited.t - killed, respawn.t - exited.t, None, jvm,
+                 session, start.t - lease.t, query.t - start.t, None, done.t - query.t, done.int(1), done.int(2),
+                 grace=float(grace.fields[0]) if grace else 0.0, note=", ".join(notes), noise=watch.noise(since))
 
 
 def log_start(s: Start) -> None:
-    print(f"  round {s.round} {s.kind}: {s.total:.1f} s to batch {s.batch_id} ({s.rows} rows); load / other JVMs "
-          f"{s.noise}", file=sys.stderr)
+    print(f"  round {s.round} {s.config} {s.kind}: {s.total:.1f} s to batch {s.batch_id} ({s.rows} rows); "
+          f"load / other JVMs {s.noise}", file=sys.stderr)
 
 
-# -- 2. snapshot overhead --------------------------------------------------------------------------
+# -- throughput ------------------------------------------------------------------------------------
 
 CONFIGS = {
     "A": ("--checkpoint-interval", "0", "--savepoint-interval", "{sp}"),
@@ -403,39 +429,39 @@ class Throughput:
     rows: int
     seconds: float
     batch_s: float  # median time between consecutive batch completions
-    checkpoints: int = 0  # completed during the run (log)
+    checkpoints: int = 0  # completed during the window (log)
     savepoints: int = 0
-    stored: str = ""  # what list_snapshots finds in the store after the run
-    snapshot_s: float | None = None  # median seconds per checkpoint snapshot
-    noise: str = ""  # mean load average / most foreign JVMs during the run
+    stored: str = ""  # what list_snapshots finds in the store at the end of the window
+    snapshot_s: float | None = None  # median seconds per checkpoint snapshot (log)
+    noise: str = ""  # mean load average / most foreign JVMs during the window
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds per batch in the window, by role
 
     @property
     def rate(self) -> float:
         return self.rows / self.seconds
 
 
-def throughput_run(env: JobEnv, opts: Options, rnd: int, config: str) -> Throughput:
-    name = f"throughput-{rnd}-{config}"
-    args = [a.format(sp=f"{opts.savepoint_interval:g}") for a in CONFIGS[config]]
-    run = env.run(name, opts.workdir / name / "checkpoint", "--supervise", "-v", "--restart-strategy",
-                  "fixed-delay", "--restart-attempts", "1", *args, max_offsets=opts.max_offsets)
-    watch = LogWatch(run)
-    try:
-        begin = watch.wait("the first batch with rows", lambda ev: first(ev, "batch", test=lambda e: e.int(2) > 0))
-        def window_end(ev: list[Event]) -> Event | None:
-            short = first(ev, "batch", after=begin.t, test=lambda e: e.int(2) < opts.max_offsets)
-            if short is not None:
-                raise BenchError(f"{name}: batch {short.int(1)} read {short.int(2)} rows, fewer than "
-                                 f"{opts.max_offsets}: the backlog ran out within the window; raise --records")
-            return first(ev, "batch", after=begin.t + opts.window)
+def throughput(env: JobEnv, watch: LogWatch, opts: Options, rnd: int, config: str, begin: Event,
+               servers: dict[str, int | None]) -> Throughput:
+    """Records/s of the batches completed in ``--window`` seconds after ``begin`` (the first batch with rows),
+    and the CPU seconds per batch each part used meanwhile (sampled when the bench sees the first and last batch)."""
+    since = watch.mark()
+    session = need(first(watch.events, "spawn"), "the driver's spawn", watch).int(0)
+    cpu_begin = cpu_seconds(session, servers)
 
-        last = watch.wait(f"a batch {opts.window:g} s after the first", window_end)
-    finally:
-        stop_run(run, watch)
+    def window_end(ev: list[Event]) -> Event | None:
+        short = first(ev, "batch", after=begin.t, test=lambda e: e.int(2) < opts.max_offsets)
+        if short is not None:
+            raise BenchError(f"{watch.run.name}: batch {short.int(1)} read {short.int(2)} rows, fewer than "
+                             f"{opts.max_offsets}: the backlog ran out within the window; raise --records")
+        return first(ev, "batch", after=begin.t + opts.window)
+
+    last = watch.wait(f"a batch {opts.window:g} s after the first", window_end)
+    cpu_end = cpu_seconds(session, servers)
     if [e for e in watch.events if e.kind == "exit"]:
-        raise BenchError(f"{name}: the driver exited during the measurement\n{run.tail()}")
+        raise BenchError(f"{watch.run.name}: the driver exited during the measurement\n{watch.run.tail()}")
     done = [e for e in batches(watch.events, 1) if begin.t <= e.t <= last.t]
-    snaps = [e for e in watch.events if e.kind == "snapshot"]
+    snaps = [e for e in watch.events if e.kind == "snapshot" and e.t <= last.t]
     ckpts = [float(e.fields[2]) for e in snaps if e.fields[1] == "checkpoint"]
     stored = ""
     if config == "A":
@@ -445,13 +471,38 @@ def throughput_run(env: JobEnv, opts: Options, rnd: int, config: str) -> Through
     result = Throughput(
         rnd, config, len(done) - 1, sum(e.int(2) for e in done[1:]), last.t - begin.t,
         statistics.median(b.t - a.t for a, b in itertools.pairwise(done)),
-        len(ckpts), len(snaps) - len(ckpts), stored, statistics.median(ckpts) if ckpts else None, watch.noise(),
+        len(ckpts), len(snaps) - len(ckpts), stored, statistics.median(ckpts) if ckpts else None,
+        watch.noise(since), {k: (cpu_end[k] - cpu_begin[k]) / max(1, len(done) - 1) for k in ROLES},
     )
-    print(f"  round {rnd} {config}: {result.rows} rows in {result.seconds:.1f} s = {result.rate:,.0f}/s, "
+    print(f"  round {rnd} {config} throughput: {result.rows} rows in {result.seconds:.1f} s = {result.rate:,.0f}/s, "
           f"batch {result.batch_s:.2f} s, snapshots {result.checkpoints} ckpt + {result.savepoints} sp; "
-          f"load / other JVMs {result.noise}",
-          file=sys.stderr)
+          f"load / other JVMs {result.noise}", file=sys.stderr)
     return result
+
+
+# -- one job: cold start, throughput, recoveries --------------------------------------------------
+
+def job_run(env: JobEnv, opts: Options, rnd: int, config: str,
+            servers: dict[str, int | None]) -> tuple[list[Start], Throughput]:
+    name = f"{rnd}-{config}"
+    checkpoint = opts.workdir / name / "checkpoint"
+    args = [a.format(sp=f"{opts.savepoint_interval:g}") for a in CONFIGS[config]]
+    spawned = time.time()
+    run = env.run(name, checkpoint, "--supervise", "-v", "--restart-strategy", "fixed-delay",
+                  "--restart-attempts", str(opts.kills + 1), "--restart-delay", f"{opts.restart_delay:g}", *args,
+                  max_offsets=opts.max_offsets)
+    watch = LogWatch(run)
+    try:
+        starts = [cold_start(watch, spawned, rnd, config)]
+        log_start(starts[0])
+        begin = need(first(watch.events, "batch", test=lambda e: e.int(2) > 0), "the first batch with rows", watch)
+        result = throughput(env, watch, opts, rnd, config, begin, servers)
+        for epoch in range(1, opts.kills + 1 if config == "A" else 1):
+            starts.append(recover(watch, opts, rnd, config, epoch, checkpoint))
+            log_start(starts[-1])
+        return starts, result
+    finally:
+        stop_run(run, watch)
 
 
 # -- report ----------------------------------------------------------------------------------------
@@ -460,73 +511,41 @@ def _f(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _cpu(cpu: dict[str, float]) -> str:
+    return " / ".join(f"{cpu[k]:.2f}" for k in ROLES) + f" (sum {sum(cpu.values()):.2f})"
+
+
 def _med(values: Sequence[float | None]) -> float | None:
     found = [v for v in values if v is not None]
     return statistics.median(found) if found else None
 
 
-PHASES = ("total", "detect", "delay", "cli", "up", "decide", "query", "batch0", "first_batch")
-
-
-def report_recovery(starts: list[Start], opts: Options) -> list[str]:
-    print("\n## Recovery after kill -9 versus a cold start (seconds)\n")
-    print(f"Cold: spawn of `ckpt run --supervise` to the first batch with rows (batch 1; batch 0 reads nothing). "
-          f"Recovery: kill -9 to the first batch the restarted driver completes. "
-          f"Restart delay {opts.restart_delay:g} s, {opts.max_offsets} records per batch.\n")
-    print("| round | start | total | detection | exit to respawn | CLI start | JVM, Python, Spark, build "
-          "| lease to start decision | to query started | batch 0 | first batch with rows | batch id "
-          "| load / other JVMs |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for s in starts:
-        note = f" ({s.note})" if s.note else ""
-        print(f"| {s.round} | {s.kind} | {s.total:.1f} | {_f(s.detect, 2)} | {_f(s.delay, 2)} | {_f(s.cli)} "
-              f"| {s.up:.1f} | {s.decide:.2f} | {s.query:.1f} | {_f(s.batch0)} | {s.first_batch:.1f} "
-              f"| {s.batch_id}{note} | {s.noise} |")
-    for kind in ("cold", "recovery"):
-        group = [s for s in starts if s.kind == kind]
-        med = {p: _med([getattr(s, p) for s in group]) for p in PHASES}
-        print(f"| median | {kind} (n={len(group)}) | {_f(med['total'])} | {_f(med['detect'], 2)} "
-              f"| {_f(med['delay'], 2)} | {_f(med['cli'])} | {_f(med['up'])} | {_f(med['decide'], 2)} "
-              f"| {_f(med['query'])} | {_f(med['batch0'])} | {_f(med['first_batch'])} | | |")
-    cold = statistics.median(s.total for s in starts if s.kind == "cold")
-    cold0 = statistics.median(s.to_batch0 or 0.0 for s in starts if s.kind == "cold")
-    recs = [s for s in starts if s.kind == "recovery"]
-    rec = statistics.median(s.total for s in recs)
-    detect = [s.detect or 0.0 for s in recs]
-    ratio = rec / cold
-    graces = [s.grace for s in recs if s.grace]
-    print(f"\nrecovery / cold start (first batch with rows): {ratio:.2f}; per round "
-          + ", ".join(f"{statistics.median(s.total for s in recs if s.round == r) / c.total:.2f}"
-                      for r in sorted({s.round for s in starts})
-                      for c in starts if c.kind == "cold" and c.round == r)
-          + f"; recovery / cold start to batch 0 (the first batch committed): {rec / cold0:.2f}")
-    if graces:
-        print(f"restarted drivers waited {', '.join(f'{g:.1f}' for g in graces)} s for the fenced one (fence grace)")
-    return [
-        f"recovery <= {RECOVERY_TARGET}x cold start: {'met' if ratio <= RECOVERY_TARGET else 'MISSED'} "
-        f"(median {rec:.1f} s vs {cold:.1f} s = {ratio:.2f}x)",
-        f"detection < {DETECTION_TARGET_S:g} s: {'met' if max(detect) < DETECTION_TARGET_S else 'MISSED'} "
-        f"(median {statistics.median(detect):.2f} s, max {max(detect):.2f} s)",
-    ]
+PHASES = ("total", "detect", "delay", "cli", "jvm", "session", "decide", "query", "batch0", "first_batch")
 
 
 def report_throughput(runs: list[Throughput], opts: Options) -> list[str]:
-    print(f"\n## Snapshot overhead: records/s, A = checkpoint every batch + savepoint every "
+    print(f"\n## Snapshot overhead: records/s, A = checkpoint after every batch + savepoint every "
           f"{opts.savepoint_interval:g} s, B = no snapshots\n")
     print(f"Rows of the batches completed after the first batch with rows, over the time between their "
           f"completion lines ({opts.window:g} s window, {opts.max_offsets} records per batch).\n")
-    print("| round | config | batches | rows | s | records/s | s per batch | snapshots in the run "
-          "| in the store after | s per checkpoint snapshot | load / other JVMs |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: |")
+    print("| round | config | batches | rows | s | records/s | s per batch | snapshots in the window "
+          "| in the store after | s per checkpoint snapshot | CPU s per batch: JVM / Python driver / Python workers "
+          "/ S3 / Kafka | load / other JVMs |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | ---: |")
     for r in runs:
         snaps = f"{r.checkpoints} ckpt + {r.savepoints} sp" if r.config == "A" else "-"
         print(f"| {r.round} | {r.config} | {r.batches} | {r.rows} | {r.seconds:.1f} | {r.rate:,.0f} | {r.batch_s:.2f} "
-              f"| {snaps} | {r.stored or '-'} | {_f(r.snapshot_s, 2)} | {r.noise} |")
+              f"| {snaps} | {r.stored or '-'} | {_f(r.snapshot_s, 2)} | {_cpu(r.cpu)} | {r.noise} |")
     ratios = []
     for rnd in sorted({r.round for r in runs}):
         a = next(r for r in runs if r.round == rnd and r.config == "A")
         b = next(r for r in runs if r.round == rnd and r.config == "B")
         ratios.append(a.rate / b.rate)
+    for config in ("A", "B"):
+        mine = [r for r in runs if r.config == config]
+        med = {k: statistics.median(r.cpu[k] for r in mine) for k in ROLES}
+        print(f"| median | {config} | | | | {statistics.median(r.rate for r in mine):,.0f} "
+              f"| {statistics.median(r.batch_s for r in mine):.2f} | | | | {_cpu(med)} | |")
     med_a = statistics.median(r.rate for r in runs if r.config == "A")
     med_b = statistics.median(r.rate for r in runs if r.config == "B")
     ratio = statistics.median(ratios)
@@ -534,37 +553,82 @@ def report_throughput(runs: list[Throughput], opts: Options) -> list[str]:
           + ", ".join(f"{x:.3f}" for x in ratios) + f"; median of per-round ratios {ratio:.3f}")
     diff = 1 - ratio
     return [f"snapshot overhead < {OVERHEAD_TARGET:.0%}: {'met' if abs(diff) < OVERHEAD_TARGET else 'MISSED'} "
-            f"(A/B {ratio:.3f}, i.e. {diff:+.1%}; per round {min(ratios):.3f} to {max(ratios):.3f})"]
+            f"(A/B {ratio:.3f}: {abs(diff):.1%} {'fewer' if diff > 0 else 'more'} records/s with snapshots; per round "
+            f"{min(ratios):.3f} to {max(ratios):.3f})"]
+
+
+def report_starts(starts: list[Start], opts: Options) -> list[str]:
+    print("\n## Recovery after kill -9 versus a cold start (seconds)\n")
+    print("Cold: spawn of `ckpt run --supervise` to the first batch with rows (batch 1; batch 0 reads nothing). "
+          "Recovery: kill -9 of the driver's process group to the first batch the restarted driver completes "
+          f"(fixed-delay restart, {opts.restart_delay:g} s delay). JVM + Python is to Spark's 'Running Spark "
+          f"version' line (whole seconds). {opts.max_offsets} records per batch.\n")
+    print("| round | config | start | total | detection | exit to respawn | CLI start | JVM + Python driver "
+          "| SparkSession + build | lease to start decision | to query started | batch 0 | first batch with rows "
+          "| batch id | load / other JVMs |")
+    print("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for s in starts:
+        note = f" ({s.note})" if s.note else ""
+        print(f"| {s.round} | {s.config} | {s.kind} | {s.total:.1f} | {_f(s.detect, 2)} | {_f(s.delay, 2)} "
+              f"| {_f(s.cli)} | {_f(s.jvm, 0)} | {_f(s.session, 0)} | {s.decide:.2f} | {s.query:.1f} "
+              f"| {_f(s.batch0)} | {s.first_batch:.1f} | {s.batch_id}{note} | {s.noise} |")
+    for kind in ("cold", "recovery"):
+        group = [s for s in starts if s.kind == kind]
+        med = {p: _med([getattr(s, p) for s in group]) for p in PHASES}
+        print(f"| median | | {kind} (n={len(group)}) | {_f(med['total'])} | {_f(med['detect'], 2)} "
+              f"| {_f(med['delay'], 2)} | {_f(med['cli'])} | {_f(med['jvm'])} | {_f(med['session'])} "
+              f"| {_f(med['decide'], 2)} | {_f(med['query'])} | {_f(med['batch0'])} | {_f(med['first_batch'])} "
+              "| | |")
+    recs = [s for s in starts if s.kind == "recovery"]
+    killed = {(s.round, s.config) for s in recs}
+    colds = [s for s in starts if s.kind == "cold" and (s.round, s.config) in killed]  # the same jobs
+    cold, rec = statistics.median(s.total for s in colds), statistics.median(s.total for s in recs)
+    every_cold = statistics.median(s.total for s in starts if s.kind == "cold")
+    cold0 = statistics.median(s.total - s.first_batch for s in colds)  # to batch 0, the first batch committed
+    paired = [r.total / c.total for c in colds for r in recs if (r.round, r.config) == (c.round, c.config)]
+    ratio = rec / cold
+    print(f"\nrecovery / cold start of the same jobs: {ratio:.2f} (medians {rec:.1f} / {cold:.1f} s); per kill "
+          + ", ".join(f"{x:.2f}" for x in paired)
+          + f"; against every cold start (A and B, median {every_cold:.1f} s): {rec / every_cold:.2f}; against "
+          f"the same jobs' cold start to batch 0 (the first batch committed, no rows): {rec / cold0:.2f}")
+    graces = [s.grace for s in recs if s.grace]
+    if graces:
+        print(f"restarted drivers waited {', '.join(f'{g:.1f}' for g in graces)} s for the fenced one (fence grace)")
+    detect = [s.detect or 0.0 for s in recs]
+    return [
+        f"recovery <= {RECOVERY_TARGET}x cold start: {'met' if ratio <= RECOVERY_TARGET else 'MISSED'} "
+        f"(median {rec:.1f} s vs {cold:.1f} s = {ratio:.2f}x; per kill {min(paired):.2f} to {max(paired):.2f})",
+        f"detection < {DETECTION_TARGET_S:g} s: {'met' if max(detect) < DETECTION_TARGET_S else 'MISSED'} "
+        f"(median {statistics.median(detect):.2f} s, max {max(detect):.2f} s)",
+    ]
 
 
 # -- main ------------------------------------------------------------------------------------------
 
 def parse_args(argv: Sequence[str] | None) -> tuple[Options, bool]:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--rounds", type=int, help="recovery jobs, and A/B pairs of throughput runs (default 3)")
-    parser.add_argument("--kills", type=int, help="kill -9s per recovery job (default 2)")
+    parser.add_argument("--rounds", type=int, help="rounds of one A and one B job (default 3)")
+    parser.add_argument("--kills", type=int, help="kill -9s per A job after its throughput window (default 1)")
     parser.add_argument("--records", type=int, help="backlog records (default 1,500,000)")
     parser.add_argument("--keys", type=int, default=10_000, help="distinct keys (default 10000)")
     parser.add_argument("--max-offsets", type=int, default=20_000, help="maxOffsetsPerTrigger (default 20000)")
-    parser.add_argument("--window", type=float, help="seconds of batches per throughput run (default 30)")
+    parser.add_argument("--window", type=float, help="seconds of batches per throughput measurement (default 30)")
     parser.add_argument("--savepoint-interval", type=float, help="config A's savepoint interval (default 30)")
     parser.add_argument("--restart-delay", type=float, default=0.5, help="fixed-delay restart delay (default 0.5)")
     parser.add_argument("--kill-after", type=float, default=1.0,
                         help="seconds after a driver's second batch with rows before the kill (default 1)")
-    parser.add_argument("--only", choices=("recovery", "throughput"), help="run one part only")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 1 round, 1 kill, short windows")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 1 round, short window, 10 s savepoints")
     parser.add_argument("--workdir", type=Path, help="keep logs and checkpoints here (default: a temp dir, removed)")
     args = parser.parse_args(argv)
     quick = {"rounds": 1, "kills": 1, "records": 600_000, "window": 15.0, "savepoint_interval": 10.0}
-    full = {"rounds": 3, "kills": 2, "records": 1_500_000, "window": 30.0, "savepoint_interval": 30.0}
+    full = {"rounds": 3, "kills": 1, "records": 1_500_000, "window": 30.0, "savepoint_interval": 30.0}
     defaults = quick if args.quick else full
     chosen: dict[str, Any] = {k: defaults[k] if getattr(args, k) is None else getattr(args, k) for k in full}
     keep = args.workdir is not None
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="runtime-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     opts = Options(**chosen, keys=args.keys, max_offsets=args.max_offsets, restart_delay=args.restart_delay,
-                   kill_after=args.kill_after, workdir=workdir, skip_recovery=args.only == "throughput",
-                   skip_throughput=args.only == "recovery")
+                   kill_after=args.kill_after, workdir=workdir)
     return opts, keep
 
 
@@ -579,35 +643,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             services.s3.create_bucket(bucket)
             topic = f"bench-{uuid.uuid4().hex[:6]}"
             services.kafka.create_topic(topic, PARTITIONS)
+            servers = {"s3": services.s3.pid, "kafka": services.kafka.pid}  # each leads its own session
             t0 = time.perf_counter()
             produce(services.kafka.bootstrap_servers, topic, opts.records, opts.keys)
             print(f"produced {opts.records:,} records ({opts.keys} keys, 100 B values) in "
                   f"{time.perf_counter() - t0:.1f} s; work dir {opts.workdir}", file=sys.stderr)
-
-            def env() -> JobEnv:
-                return JobEnv(services.s3, services.kafka, opts.workdir, bucket, topic,
-                              job=f"bench-{uuid.uuid4().hex[:8]}")
-
-            # Throughput first: it warms the page cache (Spark's jars) before any start is timed.
-            if not opts.skip_throughput:
-                print("snapshot overhead (A: snapshots, B: none):", file=sys.stderr)
-                for rnd in range(1, opts.rounds + 1):
-                    for config in ("A", "B") if rnd % 2 else ("B", "A"):
-                        runs.append(throughput_run(env(), opts, rnd, config))
-            if not opts.skip_recovery:
-                print("recovery:", file=sys.stderr)
-                for rnd in range(1, opts.rounds + 1):
-                    starts.extend(recovery_round(env(), opts, rnd))
+            for rnd in range(1, opts.rounds + 1):
+                for config in ("A", "B") if rnd % 2 else ("B", "A"):
+                    env = JobEnv(services.s3, services.kafka, opts.workdir, bucket, topic,
+                                 job=f"bench-{uuid.uuid4().hex[:8]}")
+                    job_starts, result = job_run(env, opts, rnd, config, servers)
+                    starts += job_starts
+                    runs.append(result)
     finally:
         if not keep:
             shutil.rmtree(opts.workdir, ignore_errors=True)
     print(f"# Job runtime benchmark ({time.monotonic() - started:.0f} s, load average "
           f"{os.getloadavg()[0]:.1f} at the end)")
-    verdicts = []
-    if runs:
-        verdicts += report_throughput(runs, opts)
-    if starts:
-        verdicts += report_recovery(starts, opts)
+    verdicts = report_throughput(runs, opts)
+    if any(s.kind == "recovery" for s in starts):
+        verdicts += report_starts(starts, opts)
     print("\n## Verdicts\n")
     for line in verdicts:
         print(f"- {line}")
