@@ -10,17 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from dataclasses import asdict
 from typing import Any
 
 from airflow_ckpt_provider.core.control import Ack, Action, Outcome, Request, submit_request, wait_ack
-from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
-from airflow_ckpt_provider.core.jobstore import SNAPSHOTS, STATUS, JobStore
-from airflow_ckpt_provider.core.lease import LeaseRecord, read_lease
-from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobStatus, read_status
-from airflow_ckpt_provider.core.storage import Storage
+from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.jobview import JobView, check_can_request, observe, when
+from airflow_ckpt_provider.core.lease import LeaseRecord
+from airflow_ckpt_provider.core.status import ACTIVE_STATES
 
 EXIT_ERROR = 1
 EXIT_TIMEOUT = 4
@@ -31,71 +28,19 @@ DEFAULT_TIMEOUT = {Action.SAVEPOINT: 600.0, Action.STOP: 600.0, Action.CANCEL: 1
 #: Seconds between two reads of the ack while waiting.
 ACK_POLL = 0.5
 
-_VERB = {Action.SAVEPOINT: "take a savepoint", Action.STOP: "stop", Action.CANCEL: "cancel"}
-
-
-@dataclass(frozen=True)
-class JobView:
-    """What the store says about a job at ``now``: its last status and its lease (either may be None)."""
-
-    store: JobStore
-    status: JobStatus | None
-    lease: LeaseRecord | None
-    now: float
-
-    @property
-    def stale(self) -> bool:
-        return self.status is not None and self.status.is_stale(self.now)
-
-    @property
-    def newer_lease(self) -> LeaseRecord | None:
-        """The lease when a driver newer than the one that wrote the status took it."""
-        if self.lease is not None and self.status is not None and self.lease.epoch > self.status.epoch:
-            return self.lease
-        return None
-
-
-def job_names(root: Storage) -> list[str]:
-    """The jobs under a store root: the top-level prefixes holding a status.json or snapshots."""
-    names = set()
-    for info in root.list():
-        job, sep, rest = info.key.partition("/")
-        if sep and (rest == STATUS or rest.startswith(SNAPSHOTS)):
-            names.add(job)
-    return sorted(names)
-
-
-def observe(store: JobStore, now: float | None = None) -> JobView:
-    """Read the job's status and lease; ConfigError naming the jobs that do exist if it has neither."""
-    view = JobView(store, read_status(store), read_lease(store), time.time() if now is None else now)
-    if view.status is None and view.lease is None:
-        names = job_names(store.root)
-        found = (f"jobs in this store: {', '.join(names)}" if names
-                 else "this store holds no jobs (no status.json or snapshots under it)")
-        raise ConfigError(
-            f"job {store.job!r} not found in job store {store.root.url}: it has no status.json and no "
-            f"lease.json, so no driver ever ran it there; {found}. Check --job and --store "
-            "(env CKPT_JOB, CKPT_STORE)"
-        )
-    return view
-
-
-def _when(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
 
 def _state_text(view: JobView) -> str:
     status = view.status
     if status is None:
         lease = view.lease
         assert lease is not None  # observe() refuses a job with neither
-        return (f"- (no status yet: the driver of epoch {lease.epoch} took the lease at {_when(lease.acquired_at)} "
+        return (f"- (no status yet: the driver of epoch {lease.epoch} took the lease at {when(lease.acquired_at)} "
                 "and has not reported; if this lasts, it died while starting)")
     if view.stale:
         return (f"{status.state} (stale: no heartbeat for {status.age(view.now):.0f} s; "
                 "the driver is probably dead)")
     if status.state not in ACTIVE_STATES:
-        return f"{status.state} since {_when(status.updated_at)}"
+        return f"{status.state} since {when(status.updated_at)}"
     return status.state.value
 
 
@@ -103,7 +48,7 @@ def _lease_text(lease: LeaseRecord | None) -> str:
     if lease is None:
         return "-"
     held = "released" if lease.released else "held"
-    return f"epoch {lease.epoch}, {held} by {lease.owner} (taken at {_when(lease.acquired_at)})"
+    return f"epoch {lease.epoch}, {held} by {lease.owner} (taken at {when(lease.acquired_at)})"
 
 
 def _snapshot_text(snapshot: dict[str, Any] | None) -> str:
@@ -127,8 +72,8 @@ def describe(view: JobView) -> str:
         rows += [
             ("epoch", str(s.epoch)),
             ("batch", _dash(s.batch_id)),
-            ("heartbeat", f"{s.age(view.now):.0f} s ago ({_when(s.updated_at)})"),
-            ("started", _when(s.started_at)),
+            ("heartbeat", f"{s.age(view.now):.0f} s ago ({when(s.updated_at)})"),
+            ("started", when(s.started_at)),
             ("last snapshot", _snapshot_text(s.last_snapshot)),
             ("restored from", _dash(s.restored_from)),
             ("driver", _dash(driver)),
@@ -141,7 +86,7 @@ def describe(view: JobView) -> str:
     newer = view.newer_lease
     if newer is not None and s is not None:
         rows.append(("note", f"a newer driver (epoch {newer.epoch}, {newer.owner}) took the lease at "
-                             f"{_when(newer.acquired_at)} and is starting; the status above is from epoch {s.epoch}"))
+                             f"{when(newer.acquired_at)} and is starting; the status above is from epoch {s.epoch}"))
     width = max(len(label) for label, _ in rows) + 1
     return "\n".join(f"{label + ':':<{width}} {value}" for label, value in rows)
 
@@ -150,43 +95,6 @@ def status_dict(view: JobView) -> dict[str, Any]:
     """The JSON of ``ckpt job status``: the status record plus ``lease`` and ``stale``."""
     body = view.status.to_dict() if view.status else {"job": view.store.job, "state": None}
     return body | {"lease": asdict(view.lease) if view.lease else None, "stale": view.stale}
-
-
-def check_can_request(view: JobView, action: Action) -> JobStatus:
-    """The status of a driver able to answer ``action``; ConflictError saying why not otherwise."""
-    job, s = view.store.job, view.status
-    verb = _VERB[action]
-    hint = ("; to snapshot its checkpoint use `ckpt snapshot create --checkpoint CHECKPOINT`"
-            if action is Action.SAVEPOINT else "")
-    if s is None:
-        lease = view.lease
-        assert lease is not None  # observe() refuses a job with neither
-        raise ConflictError(
-            f"job {job} has no status yet: its driver (epoch {lease.epoch}, {lease.owner}) took the lease at "
-            f"{_when(lease.acquired_at)} but has not reported; nothing was requested. Retry when "
-            "`ckpt job status` shows it RUNNING"
-        )
-    if s.state not in ACTIVE_STATES:
-        reason = f" (reason {s.reason})" if s.reason else ""
-        raise ConflictError(
-            f"job {job} is {s.state} since {_when(s.updated_at)}{reason}: there is no running driver to {verb}; "
-            f"nothing was requested{hint}"
-        )
-    if view.stale:
-        where = f", pid {s.pid} on {s.host}" if s.pid is not None else ""
-        raise ConflictError(
-            f"job {job} is {s.state} but its driver (epoch {s.epoch}{where}) sent no heartbeat "
-            f"for {s.age(view.now):.0f} s: it is probably dead and would never answer; nothing was requested. "
-            f"Restarting the job resumes from its latest checkpoint{hint}"
-        )
-    newer = view.newer_lease
-    if newer is not None:
-        raise ConflictError(
-            f"job {job}: a newer driver (epoch {newer.epoch}, {newer.owner}) took the lease from the driver of "
-            f"epoch {s.epoch}, which stops; nothing was requested. Retry when `ckpt job status` shows epoch "
-            f"{newer.epoch} RUNNING"
-        )
-    return s
 
 
 def _request_dict(request: Request) -> dict[str, Any]:

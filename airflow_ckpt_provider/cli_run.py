@@ -1,7 +1,7 @@
 """`ckpt run JOB_FILE`: run a job with spark-submit, once in the foreground or supervised (Flink-style restarts).
 
 Exit codes follow the driver's (runtime/exitcodes.py): 0 stopped, 1 failed or given up, 2 bad input,
-3 fenced by a newer driver; a driver killed by signal N gives 128+N.
+3 fenced by a newer driver, 5 incompatible (--check-restore); a driver killed by signal N gives 128+N.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from typing import Any
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.restart import ExponentialDelay, FailureRate, FixedDelay, HealthRule, RestartStrategy
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
+from airflow_ckpt_provider.runtime.deploy import LAUNCH_ENV
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG
 from airflow_ckpt_provider.runtime.submit import (
     DEPLOY_MODES,
@@ -94,6 +96,8 @@ def _split(values: list[str]) -> list[str]:
 def cmd_run(args: argparse.Namespace) -> int:
     try:
         spec = spec_from_args(args)
+        if spec.config.check_restore and args.supervise:
+            raise ConfigError("--check-restore runs once and changes nothing: drop --supervise")
         argv, env = build_command(spec)
         strategy = restart_strategy(args.restart_strategy, args.restart_attempts, args.restart_delay,
                                     args.restart_interval) if args.supervise else None
@@ -151,7 +155,8 @@ def _run_supervised(args: argparse.Namespace, spec: SubmitSpec, strategy: Restar
     from airflow_ckpt_provider.core.storage import S3Options
 
     store = JobStore.open(spec.config.store, spec.config.job, S3Options.from_env(args.endpoint_url, args.region))
-    supervisor = Supervisor(spec, strategy, health=health, store=store, poll=args.poll)
+    supervisor = Supervisor(spec, strategy, health=health, store=store, poll=args.poll,
+                            launch_id=os.environ.get(LAUNCH_ENV) or None)
     with _on_stop_signals(supervisor.request_stop):
         outcome = supervisor.run()
     d = outcome.to_dict()
@@ -219,6 +224,13 @@ def add_run_command(groups: argparse._SubParsersAction[argparse.ArgumentParser])
                      help="seconds between looks at control requests and the lease (default 1)")
     job.add_argument("--fence-grace", metavar="S", help="seconds a new driver waits for a fenced one to notice "
                      "(default 3, at least twice the poll interval)")
+    check = p.add_argument_group("restore check (before an upgrade)")
+    check.add_argument("--check-restore", action="store_true", default=None,
+                       help="do not run the job: check that JOB_FILE can restore the state --restore names, on a "
+                       "copy (prints a CKPT_RESTORE_CHECK line; exit 0 compatible, 5 incompatible, 2 bad input)")
+    check.add_argument("--allow-non-restored-state", action="store_true", default=None,
+                       help="with --check-restore: state of operators the new code no longer has may be dropped")
+    check.add_argument("--check-timeout", metavar="S", help="seconds the check's batch may take (default 300)")
     spark = p.add_argument_group("spark-submit")
     spark.add_argument("--master", default="local[2]", help="local[N] (default local[2]), spark://, yarn, k8s://")
     spark.add_argument("--deploy-mode", default="client", choices=DEPLOY_MODES, help="default client")

@@ -24,7 +24,28 @@ def get_provider_info() -> dict[str, Any]:
         "hooks": [
             {
                 "integration-name": "Spark Structured Streaming checkpoints",
-                "python-modules": ["airflow_ckpt_provider.hooks.job_store"],
+                "python-modules": ["airflow_ckpt_provider.hooks.job_store", "airflow_ckpt_provider.hooks.kafka"],
+            }
+        ],
+        "sensors": [
+            {
+                "integration-name": "Spark Structured Streaming checkpoints",
+                "python-modules": [
+                    "airflow_ckpt_provider.sensors.job_health",
+                    "airflow_ckpt_provider.sensors.snapshot",
+                    "airflow_ckpt_provider.sensors.kafka_lag",
+                ],
+            }
+        ],
+        "triggers": [
+            {
+                "integration-name": "Spark Structured Streaming checkpoints",
+                "python-modules": [
+                    "airflow_ckpt_provider.triggers.job_health",
+                    "airflow_ckpt_provider.triggers.control",
+                    "airflow_ckpt_provider.triggers.snapshot",
+                    "airflow_ckpt_provider.triggers.kafka_lag",
+                ],
             }
         ],
         "connection-types": [

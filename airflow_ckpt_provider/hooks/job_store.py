@@ -5,7 +5,8 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any
 
-from airflow.sdk import BaseHook
+from airflow.sdk import BaseHook, Connection
+from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.jobstore import JobStore
@@ -26,8 +27,18 @@ class JobStoreHook(BaseHook):
         self._store_url = store_url
 
     @cached_property
+    def _conn(self) -> Connection | None:
+        """The connection; None when it does not exist but ``store_url`` was given (credentials from the env)."""
+        try:
+            return self.get_connection(self.ckpt_store_conn_id)
+        except AirflowNotFoundException:
+            if self._store_url:
+                return None
+            raise
+
+    @cached_property
     def _extra(self) -> dict[str, Any]:
-        return dict(self.get_connection(self.ckpt_store_conn_id).extra_dejson)
+        return dict(self._conn.extra_dejson) if self._conn else {}
 
     @property
     def store_url(self) -> str:
@@ -41,7 +52,9 @@ class JobStoreHook(BaseHook):
 
     @cached_property
     def s3_options(self) -> S3Options:
-        conn = self.get_connection(self.ckpt_store_conn_id)
+        conn = self._conn
+        if conn is None:
+            return S3Options.from_env()
         aws_conn_id = self._extra.get("aws_conn_id")
         if aws_conn_id:
             aws = self.get_connection(str(aws_conn_id))

@@ -14,6 +14,7 @@ import concurrent.futures
 from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
@@ -229,3 +230,81 @@ def _report(admin: Any, kind: str, name: str, offsets: Offsets, timeout: float) 
         PartitionLag(t, p, offsets.get(t, {}).get(p), *marks[(t, p)]) for t, p in partitions
     )
     return LagReport(kind, name, rows)
+
+
+# ------------------------------------------------------------------------------------------------
+# Waiting on lag
+# ------------------------------------------------------------------------------------------------
+
+
+class LagCondition(StrEnum):
+    BELOW = "below"  # total lag < threshold: e.g. threshold 1 waits until the group caught up
+    ABOVE = "above"  # total lag > threshold: the group falls behind
+
+
+#: The closed set of LagWatch event statuses (the trigger adds "timeout" and "error").
+LAG_EVENTS = frozenset({"met"})
+
+
+class LagWatch:
+    """Waits until the total lag of consumer group ``group`` is below (or above) ``threshold``.
+
+    Each poll asks the brokers (``consumer_group_lag``). A Kafka error (LagError: a broker down, a
+    topic not there yet) keeps the watch polling and is remembered for ``waiting_for``: it fails only
+    by the caller's timeout. A bad configuration (ConfigError) raises. Without ``topics`` a group that
+    committed nothing has no partitions to judge, which is never "met".
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        group: str,
+        topics: Collection[str] | None = None,
+        *,
+        threshold: int,
+        condition: str = LagCondition.BELOW,
+        conf: KafkaConf | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> None:
+        try:
+            self.condition = LagCondition(condition)
+        except ValueError:
+            raise ConfigError(f"invalid lag condition {condition!r}: expected 'below' or 'above'") from None
+        self.bootstrap_servers = bootstrap_servers
+        self.group = group
+        self.topics = list(topics) if topics is not None else None
+        self.threshold = int(threshold)
+        self.conf = dict(conf or {})
+        self.timeout = timeout
+        self.last_error: str | None = None
+        self.last_report: LagReport | None = None
+
+    def _met(self, total: int) -> bool:
+        return total < self.threshold if self.condition is LagCondition.BELOW else total > self.threshold
+
+    def poll(self, now: float | None = None) -> dict[str, Any] | None:
+        try:
+            report = consumer_group_lag(self.bootstrap_servers, self.group, self.topics, self.conf, self.timeout)
+        except LagError as err:
+            self.last_error = str(err)
+            return None
+        self.last_error, self.last_report = None, report
+        if not report.partitions or not self._met(report.total_lag):
+            return None
+        return {
+            "status": "met", "group": self.group, "total_lag": report.total_lag,
+            "partitions": [p.to_dict() for p in report.partitions],
+            "condition": self.condition.value, "threshold": self.threshold,
+            "message": f"consumer group {self.group!r}: total lag {report.total_lag} is {self.condition.value} "
+                       f"{self.threshold} over {len(report.partitions)} partitions",
+        }
+
+    def waiting_for(self) -> str:
+        expected = f"consumer group {self.group!r}: expected a total lag {self.condition.value} {self.threshold}"
+        if self.last_error is not None:
+            return f"{expected}; the last poll failed: {self.last_error}"
+        if self.last_report is None:
+            return f"{expected}; no lag read yet"
+        if not self.last_report.partitions:
+            return f"{expected}; the group has committed no offsets (pass its topics to count unread records)"
+        return f"{expected}; last seen {self.last_report.total_lag} over {len(self.last_report.partitions)} partitions"

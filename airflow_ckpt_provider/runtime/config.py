@@ -58,7 +58,11 @@ def default_checkpoint(job: str) -> str:
 @dataclass(frozen=True)
 class RuntimeConfig:
     """Per-job knobs of the runtime. Intervals are seconds; ``checkpoint_interval`` 0 snapshots after
-    every batch and None never; ``savepoint_interval`` None takes savepoints only on request and stop."""
+    every batch and None never; ``savepoint_interval`` None takes savepoints only on request and stop.
+
+    ``check_restore`` makes the driver only check whether the job file can restore the state that
+    ``restore`` names (runtime/restorecheck.py), within ``check_timeout``; state of operators the new
+    query no longer has fails the check unless ``allow_non_restored_state`` (Flink's flag)."""
 
     job: str
     store: str
@@ -74,6 +78,9 @@ class RuntimeConfig:
     code_version: str | None = None
     endpoint_url: str | None = None
     region: str | None = None
+    check_restore: bool = False
+    allow_non_restored_state: bool = False
+    check_timeout: float = 300.0
 
     def __post_init__(self) -> None:
         check_job_name(self.job)
@@ -86,7 +93,7 @@ class RuntimeConfig:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"{name} must be >= 0 seconds or unset, found {value}")
-        for name in ("heartbeat_interval", "poll_interval"):
+        for name in ("heartbeat_interval", "poll_interval", "check_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds, found {getattr(self, name)}")
         if self.fence_grace < 2 * self.poll_interval:
@@ -99,10 +106,13 @@ class RuntimeConfig:
         return RestoreSpec.parse(self.restore)
 
     def to_args(self) -> list[str]:
-        """Command-line arguments that ``from_args`` turns back into this config."""
+        """Command-line arguments that ``from_args`` turns back into this config (flags only when set)."""
         args = []
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name in _FLAGS:
+                args += [f"--{f.name.replace('_', '-')}"] if value else []
+                continue
             if value is None:
                 value = "none"
             args += [f"--{f.name.replace('_', '-')}", str(value)]
@@ -114,7 +124,9 @@ class RuntimeConfig:
         p.add_argument("--job", required=True)
         p.add_argument("--store", required=True)
         for f in fields(cls):
-            if f.name not in ("job", "store"):
+            if f.name in _FLAGS:
+                p.add_argument(f"--{f.name.replace('_', '-')}", action="store_true", default=None)
+            elif f.name not in ("job", "store"):
                 p.add_argument(f"--{f.name.replace('_', '-')}", default=None)
         return p
 
@@ -125,7 +137,7 @@ class RuntimeConfig:
             raw = getattr(ns, f.name, None)
             if raw is None:
                 continue
-            values[f.name] = _convert(f.name, str(raw), f.default)
+            values[f.name] = raw if isinstance(raw, bool) else _convert(f.name, str(raw), f.default)
         return cls(**values)  # type: ignore[arg-type]
 
     @classmethod
@@ -133,8 +145,12 @@ class RuntimeConfig:
         return cls.from_namespace(cls.parser().parse_args(list(argv)))
 
 
-_FLOATS = {"checkpoint_interval", "savepoint_interval", "heartbeat_interval", "poll_interval", "fence_grace"}
+_FLOATS = {"checkpoint_interval", "savepoint_interval", "heartbeat_interval", "poll_interval", "fence_grace",
+           "check_timeout"}
 _INTS = {"keep_checkpoints", "keep_savepoints"}
+#: Boolean fields: command-line flags without a value.
+_FLAGS = {"check_restore", "allow_non_restored_state"}
+_TRUE, _FALSE = {"true", "1", "yes"}, {"false", "0", "no"}
 
 
 #: Fields that may be unset: only these accept "none" (the others would fail later with a TypeError).
@@ -144,6 +160,10 @@ _OPTIONAL = {f.name for f in fields(RuntimeConfig) if "None" in str(f.type)}
 def _convert(name: str, raw: str, default: object) -> object:
     if raw.lower() == "none" and name in _OPTIONAL:
         return None
+    if name in _FLAGS:
+        if raw.lower() in _TRUE | _FALSE:
+            return raw.lower() in _TRUE
+        raise ConfigError(f"--{name.replace('_', '-')}: expected true or false, found {raw!r}")
     kind = "seconds" if name in _FLOATS else "a whole number"
     expected = f"{kind} or 'none'" if name in _OPTIONAL else kind
     try:

@@ -6,6 +6,8 @@ EXIT_STOPPED = 0  # stopped with a savepoint, or canceled on request
 EXIT_FAILED = 1  # the query failed: restart it from the latest state
 EXIT_CONFIG = 2  # bad input (unknown snapshot, unreachable store, bad job file): a restart fails again
 EXIT_FENCED = 3  # a newer driver took the job's lease: it runs the job now, do not compete with it
+# (4 is the CLI's "no answer in time" of `ckpt job`, never a driver's.)
+EXIT_INCOMPATIBLE = 5  # a restore check (--check-restore): the job file cannot restore the state
 
 #: What each code means, for logs; codes not listed are failures (a crash, a signal, a JVM error).
 MEANING = {
@@ -13,10 +15,11 @@ MEANING = {
     EXIT_FAILED: "failed",
     EXIT_CONFIG: "bad input",
     EXIT_FENCED: "fenced by a newer driver",
+    EXIT_INCOMPATIBLE: "cannot restore the state",
 }
 
 #: Codes after which restarting cannot help.
-NOT_RESTARTABLE = frozenset({EXIT_CONFIG, EXIT_FENCED})
+NOT_RESTARTABLE = frozenset({EXIT_CONFIG, EXIT_FENCED, EXIT_INCOMPATIBLE})
 
 
 def exit_meaning(code: int) -> str:

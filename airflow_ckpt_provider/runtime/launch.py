@@ -1,13 +1,14 @@
 """The spark-submit entry point: ``launch.py JOB_FILE --job NAME --store URL [runtime options]``.
 
 ``ckpt run`` builds that command; the exit code tells a supervisor what to do (runtime/exitcodes.py).
+With ``--check-restore`` it runs the restore check (runtime/restorecheck.py) instead of the job.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -27,15 +28,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     try:
         config = RuntimeConfig.from_args(args[1:])
-        build = load_builder(args[0])
-        driver = JobDriver(config, build)
+        if config.check_restore:  # ckpt run --check-restore: only ask Spark whether the state restores
+            from airflow_ckpt_provider.runtime.restorecheck import RestoreChecker
+
+            run: Callable[[], int] = RestoreChecker(config, args[0]).run
+        else:
+            run = JobDriver(config, load_builder(args[0])).run
     except CkptError as err:
         logging.getLogger("airflow_ckpt_provider.runtime").error("cannot start: %s", err)
         return EXIT_CONFIG
     except Exception:  # the job file itself is broken (SyntaxError, ImportError): a restart fails the same way
         logging.getLogger("airflow_ckpt_provider.runtime").exception("cannot start: loading %s failed", args[0])
         return EXIT_CONFIG
-    return driver.run()
+    return run()
 
 
 if __name__ == "__main__":

@@ -153,9 +153,13 @@ _DRIVER_ENV_CONF = {"yarn": "spark.yarn.appMasterEnv", "k8s": "spark.kubernetes.
 
 
 def gate_file(config: RuntimeConfig) -> str:
-    """The admission gate of this job's driver (core/gate.py): one per job and live checkpoint."""
+    """The admission gate of this job's driver (core/gate.py): one per job and live checkpoint.
+
+    A restore check (``check_restore``) has its own: it must never open or close the running driver's.
+    """
     digest = hashlib.sha256(f"{config.job}\0{config.checkpoint}".encode()).hexdigest()[:12]
-    return str(Path(tempfile.gettempdir()) / f"ckpt-gate-{config.job}-{digest}")
+    kind = "check-" if config.check_restore else ""
+    return str(Path(tempfile.gettempdir()) / f"ckpt-gate-{kind}{config.job}-{digest}")
 
 
 def build_command(spec: SubmitSpec) -> tuple[list[str], dict[str, str]]:

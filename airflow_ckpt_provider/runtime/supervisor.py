@@ -37,6 +37,7 @@ from airflow_ckpt_provider.core.restart import (
 )
 from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobState, JobStatus, read_status, write_status
 from airflow_ckpt_provider.runtime.config import RestoreMode
+from airflow_ckpt_provider.runtime.deploy import read_launch
 from airflow_ckpt_provider.runtime.exitcodes import (
     EXIT_CONFIG,
     EXIT_FAILED,
@@ -221,8 +222,10 @@ class Supervisor:
         spawn: Spawn = spawn_driver,
         wall: Callable[[], float] = time.time,
         group_of: GroupOf = process_group,
+        launch_id: str | None = None,
     ) -> None:
         self.spec = spec
+        self.launch_id = launch_id
         self.strategy = strategy
         self.health = health
         self.store = store
@@ -278,6 +281,9 @@ class Supervisor:
             self.sleep(delay)
             if self._stop_requests:
                 return self._end(Ending.STOPPED, attempts, code, "stop requested before the restart")
+            superseded = self._superseded()
+            if superseded:
+                return self._end(Ending.FENCED, attempts, code, superseded)
             restart_times.append(self.clock())
 
     def _ending(self, code: int, stuck: str) -> tuple[Ending, str] | None:
@@ -315,6 +321,23 @@ class Supervisor:
             return None
         return Ending.FENCED, (f"another driver (owner {lease.owner}, epoch {lease.epoch}) runs the job: "
                                "not restarting")
+
+    def _superseded(self) -> str:
+        """Why not to restart because a newer launch of the job was recorded (spec/last.json), else ''.
+
+        An upgrade or a restart from Airflow launches a new supervisor; this one must not start another
+        driver that would fence the new deployment's.
+        """
+        if self.store is None or self.launch_id is None:
+            return ""
+        try:
+            last = read_launch(self.store)
+        except StorageError as err:
+            log.warning("job %s: cannot read spec/last.json, restarting as usual: %s", self.job, err)
+            return ""
+        if last is None or last.launch_id == self.launch_id:
+            return ""
+        return f"superseded by launch {last.launch_id} (by {last.launched_by}): not restarting"
 
     def _restart_delay(self, restart_times: list[float], ran: float) -> tuple[float | None, str]:
         """Seconds to wait before restarting, or None and why not (health rule first, then the strategy)."""

@@ -1,0 +1,99 @@
+"""What every job operator shares: the job store, and waiting on a watch (deferred, or in the worker)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Protocol
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException
+
+from airflow_ckpt_provider.hooks.job_store import JobStoreHook
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+    from airflow.triggers.base import BaseTrigger
+
+    from airflow_ckpt_provider.core.jobstore import JobStore
+
+
+class Watch(Protocol):
+    def poll(self, now: float | None = None) -> dict[str, Any] | None: ...
+
+
+class JobOperator(BaseOperator):
+    """Base of the job operators: ``job`` in the store of ``ckpt_store_conn_id`` (or ``store_url``).
+
+    ``deferrable`` (default True) frees the worker slot while waiting; ``poll_interval`` is the seconds
+    between looks at the job store while waiting.
+    """
+
+    template_fields: tuple[str, ...] = ("job", "store_url")
+
+    def __init__(
+        self,
+        *,
+        job: str,
+        ckpt_store_conn_id: str = JobStoreHook.default_conn_name,
+        store_url: str | None = None,
+        deferrable: bool = True,
+        poll_interval: float = 2.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.job = job
+        self.ckpt_store_conn_id = ckpt_store_conn_id
+        self.store_url = store_url
+        self.deferrable = deferrable
+        self.poll_interval = poll_interval
+
+    @cached_property
+    def store_hook(self) -> JobStoreHook:
+        return JobStoreHook(self.ckpt_store_conn_id, store_url=self.store_url)
+
+    def job_store(self) -> JobStore:
+        return self.store_hook.job_store(self.job)
+
+    @property
+    def _store_args(self) -> dict[str, Any]:
+        """The job store arguments every trigger takes."""
+        return {"job": self.job, "ckpt_store_conn_id": self.ckpt_store_conn_id, "store_url": self.store_url,
+                "poll_interval": self.poll_interval}
+
+    def wait(
+        self,
+        context: Context,
+        *,
+        trigger: BaseTrigger,
+        watch: Watch,
+        method_name: str,
+        timeout: float | None = None,
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        """Defer to ``trigger``, or (not deferrable) poll ``watch`` here; either way ``method_name`` gets the event."""
+        if self.deferrable:
+            self.defer(trigger=trigger, method_name=method_name, kwargs=kwargs, timeout=timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (event := watch.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                event = {"status": "timeout", "message": f"no outcome within {timeout:.0f} s"}
+                break
+            time.sleep(self.poll_interval)
+        return getattr(self, method_name)(context, event, **(kwargs or {}))
+
+
+def check_event(event: dict[str, Any] | None, allowed: Collection[str], what: str) -> dict[str, Any]:
+    """The trigger's event if its status is one of ``allowed``; AirflowException (with the trigger's
+    message and traceback) for an error, a timeout or a status outside the closed set."""
+    if not isinstance(event, dict) or "status" not in event:
+        raise AirflowException(f"{what}: expected a trigger event with a status, found {event!r}")
+    status = event["status"]
+    if status == "error":
+        raise AirflowException(f"{what}: the trigger failed: {event.get('message')}\n{event.get('traceback', '')}")
+    if status == "timeout":
+        raise AirflowException(f"{what}: timed out: {event.get('message', '')}")
+    if status not in allowed:
+        raise AirflowException(f"{what}: unexpected event status {status!r} (expected one of {sorted(allowed)})")
+    return event

@@ -1,0 +1,363 @@
+"""Operators for a job's life: submit (crash-safe), restart from a checkpoint or snapshot, stop."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from airflow.sdk import ResumableJobMixin
+from airflow.sdk.exceptions import AirflowException
+
+from airflow_ckpt_provider.core.control import Action, submit_request
+from airflow_ckpt_provider.core.errors import CkptError, ConfigError
+from airflow_ckpt_provider.core.jobview import check_can_request, observe
+from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobState
+from airflow_ckpt_provider.core.watch import JobHealthWatch, RequestWatch
+from airflow_ckpt_provider.hooks.spark import CkptSparkHook
+from airflow_ckpt_provider.links import SnapshotLink, SparkUILink
+from airflow_ckpt_provider.operators.base import JobOperator, check_event
+from airflow_ckpt_provider.runtime.config import RestoreSpec
+from airflow_ckpt_provider.runtime.deploy import Deployment, Launch, launch, log_tail, read_launch
+from airflow_ckpt_provider.triggers.control import RequestTrigger
+from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+    from pydantic import JsonValue
+
+    from airflow_ckpt_provider.core.jobstore import JobStore
+
+#: What happens to the job when its submit task is killed or marked failed while it waits (``on_kill``).
+KILL_POLICIES = ("leave_running", "stop_with_savepoint", "cancel")
+#: Seconds a driver gets to answer a stop (a final savepoint uploads state) or a cancel.
+STOP_TIMEOUT = 600.0
+
+
+class _LaunchMixin(JobOperator):
+    """Launching a deployment and waiting until its driver runs."""
+
+    start_timeout: float
+
+    def _launch(self, store: JobStore, deployment: Deployment, restore: str) -> Launch:
+        try:
+            record = launch(store, deployment, restore=restore, store_url=self.store_hook.store_url,
+                            s3=self.store_hook.s3_options, launched_by=f"airflow:{self.dag_id}.{self.task_id}")
+        except CkptError as err:
+            raise AirflowException(f"cannot launch job {self.job}: {err}") from err
+        self.log.info("job %s: launched %s (code %s, restore %s), supervisor pid %s on %s, log %s",
+                      self.job, record.launch_id, deployment.code_version or "-", restore, record.pid, record.host,
+                      record.log_file)
+        return record
+
+    def _wait_running(self, context: Context, store: JobStore, *, method_name: str, started_after: float | None,
+                      min_epoch: int | None = None, kwargs: dict[str, Any] | None = None) -> Any:
+        health: dict[str, Any] = {"expect": "healthy", "min_epoch": min_epoch, "started_after": started_after,
+                  "start_timeout": self.start_timeout}
+        return self.wait(
+            context, trigger=JobHealthTrigger(**self._store_args, **health),
+            watch=JobHealthWatch(store, **health), method_name=method_name, kwargs=kwargs,
+        )
+
+    def _running_result(self, context: Context, event: dict[str, Any], launch_id: str | None) -> dict[str, Any]:
+        event = check_event(event, ("healthy", "unhealthy"), f"job {self.job}")
+        if event["status"] != "healthy":
+            tail = log_tail(read_launch(self.job_store()))
+            raise AirflowException(f"job {self.job} did not start: {event.get('message')}"
+                                   + (f"\nlast lines of its log:\n{tail}" if tail else ""))
+        SparkUILink.persist(context, event.get("ui_url"))
+        self.log.info("job %s: RUNNING, epoch %s, batch %s", self.job, event.get("epoch"), event.get("batch_id"))
+        return {"job": self.job, "epoch": event.get("epoch"), "batch_id": event.get("batch_id"),
+                "state": event.get("state"), "ui_url": event.get("ui_url"), "launch_id": launch_id}
+
+
+class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
+    """Start a streaming job under the runtime, supervised with a restart strategy, and wait until it runs.
+
+    Crash-safe: a job whose driver already runs is reconnected to, never submitted twice (the job store's
+    status and lease are the job's identity; the launch id is also kept in the task state store). The
+    job keeps running after the task ends. ``on_kill_policy`` says what happens to the job when the task is
+    killed or marked failed while it waits: ``leave_running`` (default), ``stop_with_savepoint`` or ``cancel``.
+
+    :param job_file: the Python file defining the job's @streaming_job function (on the worker, or a URI
+        spark-submit fetches in cluster mode)
+    :param restore: latest-state (default), latest-savepoint, none, or a snapshot id or URI
+    :param env: the job's own settings for its driver (never credentials: they are stored with the deployment)
+    :param conf: Spark settings on top of the Spark connection's
+    :param restart_strategy: exponential-delay (default), fixed-delay or failure-rate, with Flink's defaults
+    """
+
+    template_fields = (*JobOperator.template_fields, "job_file", "code_version", "restore", "env", "conf",
+                       "checkpoint")
+    template_fields_renderers: ClassVar[dict[str, str]] = {"env": "json", "conf": "json"}
+    operator_extra_links = (SparkUILink(),)
+    external_id_key = "ckpt_launch"
+    ui_color = "#e8f4ea"
+
+    def __init__(
+        self,
+        *,
+        job_file: str,
+        code_version: str | None = None,
+        restore: str = "latest-state",
+        ckpt_spark_conn_id: str = CkptSparkHook.default_conn_name,
+        conf: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        checkpoint: str | None = None,
+        checkpoint_interval: float | None = 0.0,
+        savepoint_interval: float | None = None,
+        keep_checkpoints: int = 3,
+        keep_savepoints: int | None = None,
+        heartbeat_interval: float = 5.0,
+        restart_strategy: str = "exponential-delay",
+        restart_attempts: int | None = None,
+        restart_delay: float | None = None,
+        restart_interval: float | None = None,
+        max_restarts_in_window: int | None = None,
+        health_window: float | None = None,
+        progress_timeout: float | None = None,
+        start_timeout: float = 600.0,
+        on_kill_policy: str = "leave_running",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.job_file = job_file
+        self.code_version = code_version
+        self.restore = restore
+        self.ckpt_spark_conn_id = ckpt_spark_conn_id
+        self.conf = conf
+        self.env = env
+        self.checkpoint = checkpoint
+        self.checkpoint_interval = checkpoint_interval
+        self.savepoint_interval = savepoint_interval
+        self.keep_checkpoints = keep_checkpoints
+        self.keep_savepoints = keep_savepoints
+        self.heartbeat_interval = heartbeat_interval
+        self.restart_strategy = restart_strategy
+        self.restart_attempts = restart_attempts
+        self.restart_delay = restart_delay
+        self.restart_interval = restart_interval
+        self.max_restarts_in_window = max_restarts_in_window
+        self.health_window = health_window
+        self.progress_timeout = progress_timeout
+        self.start_timeout = start_timeout
+        self.on_kill_policy = on_kill_policy
+
+    @cached_property
+    def spark_hook(self) -> CkptSparkHook:
+        return CkptSparkHook(self.ckpt_spark_conn_id)
+
+    def deployment(self) -> Deployment:
+        """This task's deployment: the Spark connection's settings with this task's on top."""
+        spark = self.spark_hook.settings
+        return Deployment(
+            job_file=self.job_file, code_version=self.code_version, master=spark["master"],
+            deploy_mode=spark["deploy_mode"], spark_submit=spark["spark_submit"],
+            conf={**spark["conf"], **(self.conf or {})}, env=dict(self.env or {}), checkpoint=self.checkpoint,
+            checkpoint_interval=self.checkpoint_interval, savepoint_interval=self.savepoint_interval,
+            keep_checkpoints=self.keep_checkpoints, keep_savepoints=self.keep_savepoints,
+            heartbeat_interval=self.heartbeat_interval, restart_strategy=self.restart_strategy,
+            restart_attempts=self.restart_attempts, restart_delay=self.restart_delay,
+            restart_interval=self.restart_interval, max_restarts_in_window=self.max_restarts_in_window,
+            health_window=self.health_window, progress_timeout=self.progress_timeout,
+        )
+
+    def execute(self, context: Context) -> Any:
+        if self.on_kill_policy not in KILL_POLICIES:
+            raise AirflowException(
+                f"on_kill_policy {self.on_kill_policy!r}: expected one of {', '.join(KILL_POLICIES)}")
+        try:
+            RestoreSpec.parse(self.restore)
+            self.deployment()  # bad input fails here, before anything is launched
+        except CkptError as err:
+            raise AirflowException(f"job {self.job}: {err}") from err
+        return self.execute_resumable(context)
+
+    # -- ResumableJobMixin -------------------------------------------------------------------------
+
+    def submit_job(self, context: Context) -> JsonValue:
+        store = self.job_store()
+        running = self._running_driver(store)
+        if running is not None:
+            return running
+        record = self._launch(store, self.deployment(), self.restore)
+        return {"launch_id": record.launch_id, "launched_at": record.launched_at, "epoch": None}
+
+    def _running_driver(self, store: JobStore) -> dict[str, Any] | None:
+        """The identity of a live driver of this job, if one runs: a second submit would fence it."""
+        try:
+            view = observe(store)
+        except ConfigError:  # never ran
+            return None
+        status = view.status
+        if status is None or status.state not in ACTIVE_STATES or view.stale or status.state is JobState.STOPPING:
+            return None
+        last = read_launch(store)
+        self.log.info("job %s already runs (epoch %d, %s, pid %s on %s, code %s): reconnecting instead of "
+                      "submitting it again; use UpgradeStreamingJobOperator to change its code", self.job,
+                      status.epoch, status.state, status.pid, status.host, status.code_version or "-")
+        return {"launch_id": last.launch_id if last else None, "launched_at": None, "epoch": status.epoch}
+
+    def get_job_status(self, external_id: JsonValue, context: Context) -> str:
+        view = observe(self.job_store())
+        status = view.status
+        if status is None:
+            return "STARTING"
+        return "STALE" if view.stale else status.state.value
+
+    def is_job_active(self, status: str) -> bool:
+        return status in (JobState.STARTING, JobState.RUNNING)
+
+    def is_job_succeeded(self, status: str) -> bool:
+        return False  # a streaming job runs until stopped: a stopped or failed one is submitted again
+
+    def poll_until_complete(self, external_id: JsonValue, context: Context) -> Any:
+        ident: dict[str, Any] = dict(external_id) if isinstance(external_id, dict) else {}
+        # Deferrable: raises TaskDeferred and execute_complete returns the result; else the result is kept
+        # for get_job_result, whose value execute_resumable returns after a submit.
+        self._result = self._wait_running(context, self.job_store(), method_name="execute_complete",
+                                          started_after=ident.get("launched_at"), min_epoch=ident.get("epoch"),
+                                          kwargs={"launch_id": ident.get("launch_id")})
+        return self._result  # the mixin returns this when it reconnects to a running job
+
+    def get_job_result(self, external_id: JsonValue, context: Context) -> Any:
+        return getattr(self, "_result", None)
+
+    def execute_complete(self, context: Context, event: dict[str, Any], launch_id: str | None = None) -> Any:
+        return self._running_result(context, event, launch_id)
+
+    def on_kill(self) -> None:
+        action = {"stop_with_savepoint": Action.STOP, "cancel": Action.CANCEL}.get(self.on_kill_policy)
+        if action is None:
+            self.log.info("job %s: task killed; the job keeps running (on_kill_policy leave_running)", self.job)
+            return
+        try:
+            store = self.job_store()
+            status = check_can_request(observe(store), action)
+            request = submit_request(store, action, epoch=status.epoch)
+        except CkptError as err:
+            self.log.warning("job %s: task killed; could not request %s: %s", self.job, action, err)
+            return
+        self.log.warning("job %s: task killed; requested %s of the driver of epoch %d (request %s)", self.job,
+                         action, request.epoch, request.id)
+
+
+class StopStreamingJobOperator(JobOperator):
+    """Stop a job: ``mode="savepoint"`` (Flink's stop-with-savepoint: finish the batch in flight, take a final
+    savepoint, exit) or ``mode="cancel"`` (stop now; the latest completed checkpoint stays valid).
+
+    A job that is not running is left as it is (the task succeeds and says so): safe as a teardown.
+    Returns ``{"job", "outcome", "snapshot_id", "snapshot_uri", "batch_id"}``.
+    """
+
+    template_fields = (*JobOperator.template_fields, "mode")
+    operator_extra_links = (SnapshotLink(),)
+
+    def __init__(self, *, mode: str = "savepoint", timeout: float = STOP_TIMEOUT, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.mode = mode
+        self.timeout = timeout
+
+    def execute(self, context: Context) -> Any:
+        actions = {"savepoint": Action.STOP, "cancel": Action.CANCEL}
+        if self.mode not in actions:
+            raise AirflowException(f"stop mode {self.mode!r}: expected savepoint or cancel")
+        store = self.job_store()
+        try:
+            view = observe(store)
+        except ConfigError as err:
+            raise AirflowException(str(err)) from err
+        status = view.status
+        if status is None or status.state not in ACTIVE_STATES or view.stale:
+            state = "never reported" if status is None else ("stale" if view.stale else status.state.value)
+            self.log.info("job %s is not running (%s): nothing to stop", self.job, state)
+            return {"job": self.job, "outcome": "not_running", "snapshot_id": None, "snapshot_uri": None,
+                    "batch_id": status.batch_id if status else None}
+        return request_and_wait(self, context, store, actions[self.mode], timeout=self.timeout,
+                                method_name="execute_complete")
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        return ack_result(self, context, event)
+
+
+def request_and_wait(op: JobOperator, context: Context, store: JobStore, action: Action, *, timeout: float,
+                     method_name: str, kwargs: dict[str, Any] | None = None) -> Any:
+    """Submit ``action`` to the running driver (refused with nothing written if none could answer), then wait."""
+    try:
+        status = check_can_request(observe(store), action)
+        request = submit_request(store, action, epoch=status.epoch)
+    except CkptError as err:
+        raise AirflowException(f"job {op.job}: {err}") from err
+    op.log.info("job %s: requested %s of the driver of epoch %d (request %s); waiting up to %.0f s", op.job, action,
+                request.epoch, request.id, timeout)
+    return op.wait(
+        context, trigger=RequestTrigger(**op._store_args, request_id=request.id, epoch=request.epoch),
+        watch=RequestWatch(store, request.id, request.epoch), method_name=method_name, timeout=timeout,
+        kwargs=kwargs,
+    )
+
+
+def ack_result(op: JobOperator, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+    """The driver's answer as the task's result; AirflowException unless it completed."""
+    event = check_event(event, ("completed", "failed", "rejected"), f"job {op.job}")
+    ack = event.get("ack") or {}
+    if event["status"] != "completed":
+        raise AirflowException(f"job {op.job}: {ack.get('action') or 'request'} {event['status']}: "
+                               f"{event.get('message') or ack.get('message')}")
+    SnapshotLink.persist_snapshot(context, ack.get("snapshot_uri"), op.store_hook.s3_options.endpoint_url)
+    op.log.info("job %s: %s completed at batch %s%s", op.job, ack.get("action"), ack.get("batch_id"),
+                f", snapshot {ack['snapshot_uri']}" if ack.get("snapshot_uri") else "")
+    return {"job": op.job, "outcome": "completed", "action": ack.get("action"), "snapshot_id": ack.get("snapshot_id"),
+            "snapshot_uri": ack.get("snapshot_uri"), "batch_id": ack.get("batch_id")}
+
+
+class RestartStreamingJobOperator(_LaunchMixin):
+    """Restart a job's last deployment (spec/last.json) from the latest completed checkpoint or a chosen
+    snapshot. A driver that still runs is stopped first (``stop_mode``: cancel, the default, or savepoint).
+
+    Returns what the submit operator returns once the new driver runs, plus ``restored_from``.
+    """
+
+    template_fields = (*JobOperator.template_fields, "restore", "stop_mode")
+    operator_extra_links = (SparkUILink(),)
+
+    def __init__(self, *, restore: str = "latest-state", stop_mode: str = "cancel", start_timeout: float = 600.0,
+                 stop_timeout: float = STOP_TIMEOUT, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.restore = restore
+        self.stop_mode = stop_mode
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+
+    def execute(self, context: Context) -> Any:
+        try:
+            RestoreSpec.parse(self.restore)
+        except CkptError as err:
+            raise AirflowException(str(err)) from err
+        if self.stop_mode not in ("cancel", "savepoint"):
+            raise AirflowException(f"stop_mode {self.stop_mode!r}: expected cancel or savepoint")
+        store = self.job_store()
+        if read_launch(store) is None:
+            raise AirflowException(f"job {self.job} has no recorded deployment (spec/last.json): submit it first "
+                                   "with SubmitStreamingJobOperator")
+        try:
+            view = observe(store)
+        except ConfigError:
+            view = None
+        if view is not None and view.status is not None and view.status.state in ACTIVE_STATES and not view.stale:
+            action = Action.STOP if self.stop_mode == "savepoint" else Action.CANCEL
+            return request_and_wait(self, context, store, action, timeout=self.stop_timeout, method_name="after_stop")
+        return self.after_stop(context, None)
+
+    def after_stop(self, context: Context, event: dict[str, Any] | None) -> Any:
+        if event is not None:
+            ack_result(self, context, event)
+        store = self.job_store()
+        last = read_launch(store)
+        assert last is not None  # checked in execute
+        record = self._launch(store, last.deployment, self.restore)
+        return self._wait_running(context, store, method_name="execute_complete", started_after=record.launched_at,
+                                  kwargs={"launch_id": record.launch_id})
+
+    def execute_complete(self, context: Context, event: dict[str, Any], launch_id: str | None = None) -> Any:
+        return self._running_result(context, event, launch_id) | {"restore": self.restore}

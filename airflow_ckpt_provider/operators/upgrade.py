@@ -1,0 +1,229 @@
+"""Upgrade a running job to new code, keeping its state; roll back if the new code does not make progress.
+
+Observe, decide, act one step at a time (the Flink Kubernetes Operator's upgrade):
+
+1. check: the new code restores the current state (Spark plans a batch on a scratch copy of the latest
+   snapshot: state operators, partitions, schemas) - refused here, before anything stops;
+2. stop the old driver: stop-with-savepoint (``savepoint``) or cancel (``last-state``, ``stateless``);
+3. start the new code from that savepoint / the latest state / no state;
+4. verify: ``verify_batches`` batches within ``verify_timeout`` seconds, no failure or restart;
+5. on failure, roll back: the old code from the same snapshot (a newer launch supersedes the failing
+   one's supervisor and its driver is fenced by the lease), then the task fails saying so.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk.exceptions import AirflowException
+
+from airflow_ckpt_provider.core.control import Action
+from airflow_ckpt_provider.core.errors import CkptError, ConfigError
+from airflow_ckpt_provider.core.jobview import check_can_request, observe
+from airflow_ckpt_provider.core.snapshots import latest_completed, list_snapshots
+from airflow_ckpt_provider.core.status import ACTIVE_STATES
+from airflow_ckpt_provider.core.watch import JobHealthWatch
+from airflow_ckpt_provider.links import SnapshotLink, SparkUILink
+from airflow_ckpt_provider.operators.base import check_event
+from airflow_ckpt_provider.operators.job import STOP_TIMEOUT, _LaunchMixin, ack_result, request_and_wait
+from airflow_ckpt_provider.runtime.compat import check_restore
+from airflow_ckpt_provider.runtime.deploy import (
+    Deployment,
+    Launch,
+    credentials_env,
+    log_tail,
+    mark_stable,
+    read_launch,
+    submit_spec,
+)
+from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from airflow_ckpt_provider.core.jobstore import JobStore
+
+UPGRADE_MODES = ("savepoint", "last-state", "stateless")
+
+
+class UpgradeStreamingJobOperator(_LaunchMixin):
+    """Upgrade ``job`` to ``job_file`` (``code_version``) with ``upgrade_mode`` savepoint (default),
+    last-state or stateless. The job's other settings come from its last deployment.
+
+    Returns ``{"job", "from_version", "to_version", "upgrade_mode", "snapshot_id", "epoch", "batch_id"}``;
+    fails (after rolling back) when the new code does not pass verification.
+    """
+
+    template_fields = (*_LaunchMixin.template_fields, "job_file", "code_version", "upgrade_mode",
+                       "allow_non_restored_state", "verify_batches")
+    operator_extra_links = (SparkUILink(), SnapshotLink())
+
+    def __init__(
+        self,
+        *,
+        job_file: str,
+        code_version: str | None = None,
+        upgrade_mode: str = "savepoint",
+        allow_non_restored_state: bool = False,
+        verify_batches: int = 2,
+        verify_timeout: float = 300.0,
+        check_timeout: float = 600.0,
+        stop_timeout: float = STOP_TIMEOUT,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.job_file = job_file
+        self.code_version = code_version
+        self.upgrade_mode = upgrade_mode
+        self.allow_non_restored_state = allow_non_restored_state
+        self.verify_batches = verify_batches
+        self.verify_timeout = verify_timeout
+        self.check_timeout = check_timeout
+        self.stop_timeout = stop_timeout
+        self.start_timeout = verify_timeout
+
+    def _step(self, n: int, text: str, *args: Any) -> None:
+        self.log.info("upgrade of job %s, step %d/5: %s", self.job, n, text % args if args else text)
+
+    # -- 1. check, 2. stop -------------------------------------------------------------------------
+
+    def execute(self, context: Context) -> Any:
+        if self.upgrade_mode not in UPGRADE_MODES:
+            raise AirflowException(f"upgrade_mode {self.upgrade_mode!r}: expected one of {', '.join(UPGRADE_MODES)}")
+        store = self.job_store()
+        old = read_launch(store)
+        if old is None:
+            raise AirflowException(f"job {self.job} has no recorded deployment (spec/last.json): submit it first "
+                                   "with SubmitStreamingJobOperator; nothing was changed")
+        try:
+            new = old.deployment.with_code(self.job_file, self.code_version)
+            running = self._running_epoch(store)
+            if running is None and self.upgrade_mode == "savepoint":
+                raise ConfigError("it is not running, so no savepoint can be taken; use upgrade_mode last-state to "
+                                  "upgrade from its latest checkpoint")
+            if self.upgrade_mode != "stateless":
+                self._check(store, new)
+        except CkptError as err:
+            raise AirflowException(f"upgrade of job {self.job} to {self.job_file} refused before anything was "
+                                   f"stopped: {err}; the job runs as before") from err
+        plan = {"old": old.to_dict(), "new": new.to_dict()}
+        if running is None:
+            self._step(2, "no driver runs: nothing to stop")
+            return self.after_stop(context, None, plan)
+        if self.upgrade_mode == "savepoint":
+            self._step(2, "stop with savepoint (driver of epoch %d)", running)
+        else:
+            self._step(2, "cancel the driver of epoch %d (%s)", running, self.upgrade_mode)
+        action = Action.STOP if self.upgrade_mode == "savepoint" else Action.CANCEL
+        return request_and_wait(self, context, store, action, timeout=self.stop_timeout, method_name="after_stop",
+                                kwargs={"plan": plan})
+
+    def _running_epoch(self, store: JobStore) -> int | None:
+        try:
+            view = observe(store)
+        except ConfigError:
+            return None
+        if view.status is None or view.status.state not in ACTIVE_STATES or view.stale:
+            return None
+        return check_can_request(view, Action.STOP).epoch
+
+    def _check(self, store: JobStore, new: Deployment) -> None:
+        self._step(1, "checking that %s (code %s) restores the current state", new.job_file, new.code_version or "-")
+        spec = submit_spec(new, self.job, self.store_hook.store_url, "latest-state", self.store_hook.s3_options,
+                           allow_non_restored_state=_flag(self.allow_non_restored_state))
+        check = check_restore(spec, self.check_timeout,
+                              env={**new.env, **credentials_env(self.store_hook.s3_options)})
+        if not check.compatible:
+            raise ConfigError(f"restore check of snapshot {check.snapshot_id or '-'} with the new code: "
+                              f"{check.outcome.value}: {check.reason}")
+        self._step(1, "compatible: Spark restored snapshot %s (batch %s) with the new code", check.snapshot_id,
+                   check.batch_id)
+
+    # -- 3. start the new code ---------------------------------------------------------------------
+
+    def after_stop(self, context: Context, event: dict[str, Any] | None, plan: dict[str, Any]) -> Any:
+        store = self.job_store()
+        snapshot_id = None
+        if event is not None:
+            result = ack_result(self, context, event)
+            snapshot_id = result["snapshot_id"]
+        if snapshot_id is None:  # cancelled or not running: the rollback goes back to the latest snapshot
+            latest = latest_completed(list_snapshots(store))
+            snapshot_id = latest.snapshot_id if latest else None
+        restore = {"savepoint": snapshot_id or "latest-state", "last-state": "latest-state",
+                   "stateless": "none"}[self.upgrade_mode]
+        plan = plan | {"snapshot_id": snapshot_id}
+        self._step(3, "starting %s (code %s), restore %s", self.job_file, self.code_version or "-", restore)
+        record = self._launch(store, Deployment.from_dict(plan["new"]["deployment"]), restore)
+        return self._verify(context, store, record, "after_verify", plan)
+
+    def _verify(self, context: Context, store: JobStore, record: Launch, method_name: str,
+                plan: dict[str, Any]) -> Any:
+        health: dict[str, Any] = {
+            "expect": "healthy", "started_after": record.launched_at, "min_batches": int(self.verify_batches),
+            "start_timeout": self.verify_timeout, "max_restarts": 1, "restart_window": self.verify_timeout,
+        }
+        self._step(4, "verifying: %d batches within %.0f s", int(self.verify_batches), self.verify_timeout)
+        return self.wait(
+            context, trigger=JobHealthTrigger(**self._store_args, **health), watch=JobHealthWatch(store, **health),
+            method_name=method_name, timeout=self.verify_timeout + 60,
+            kwargs={"plan": plan | {"launch": record.to_dict()}},
+        )
+
+    # -- 4. verify, 5. roll back -------------------------------------------------------------------
+
+    def after_verify(self, context: Context, event: dict[str, Any], plan: dict[str, Any]) -> Any:
+        store = self.job_store()
+        healthy, why = self._healthy(event)
+        old = Deployment.from_dict(plan["old"]["deployment"])
+        if healthy:
+            launched = Launch.from_dict(plan["launch"])
+            mark_stable(store, launched)
+            SparkUILink.persist(context, event.get("ui_url"))
+            SnapshotLink.persist_snapshot(context, plan["snapshot_id"] and store.snapshot_uri(plan["snapshot_id"]),
+                                          self.store_hook.s3_options.endpoint_url)
+            self._step(4, "verified: epoch %s at batch %s; %s is the stable deployment", event.get("epoch"),
+                       event.get("batch_id"), self.code_version or self.job_file)
+            return {"job": self.job, "from_version": old.code_version, "to_version": self.code_version,
+                    "upgrade_mode": self.upgrade_mode, "snapshot_id": plan["snapshot_id"],
+                    "epoch": event.get("epoch"), "batch_id": event.get("batch_id")}
+        tail = log_tail(read_launch(store))
+        self.log.error("upgrade of job %s: the new code failed verification: %s%s", self.job, why,
+                       f"\nlast lines of its log:\n{tail}" if tail else "")
+        restore = plan["snapshot_id"] or "latest-state"
+        self._step(5, "rolling back to %s (code %s) from %s", old.job_file, old.code_version or "-", restore)
+        record = self._launch(store, old, restore)
+        return self.wait(
+            context, trigger=JobHealthTrigger(**self._store_args, expect="healthy", started_after=record.launched_at,
+                                              start_timeout=self.verify_timeout),
+            watch=JobHealthWatch(store, expect="healthy", started_after=record.launched_at,
+                                 start_timeout=self.verify_timeout),
+            method_name="after_rollback", timeout=self.verify_timeout + 60, kwargs={"plan": plan, "why": why},
+        )
+
+    def after_rollback(self, context: Context, event: dict[str, Any], plan: dict[str, Any], why: str) -> Any:
+        healthy, rollback_why = self._healthy(event)
+        old = plan["old"]["deployment"]
+        if not healthy:
+            raise AirflowException(
+                f"upgrade of job {self.job} to {self.code_version or self.job_file} failed verification ({why}) "
+                f"and the rollback to {old.get('code_version') or old['job_file']} ALSO failed ({rollback_why}); "
+                f"the job is not running: restore it from snapshot {plan['snapshot_id']} by hand")
+        SparkUILink.persist(context, event.get("ui_url"))
+        raise AirflowException(
+            f"upgrade of job {self.job} to {self.code_version or self.job_file} failed verification ({why}); "
+            f"rolled back to {old.get('code_version') or old['job_file']} from "
+            f"{plan['snapshot_id'] or 'its latest state'}: the old code runs again (epoch {event.get('epoch')})")
+
+    def _healthy(self, event: dict[str, Any]) -> tuple[bool, str]:
+        if event.get("status") == "timeout":
+            return False, f"no verdict within {self.verify_timeout:.0f} s"
+        event = check_event(event, ("healthy", "unhealthy"), f"job {self.job}")
+        return event["status"] == "healthy", str(event.get("message") or event.get("reason"))
+
+
+def _flag(value: object) -> bool:
+    """A boolean argument that may arrive rendered as text ("False" is false)."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes", "on")
+    return bool(value)

@@ -1,0 +1,261 @@
+"""Deployments: what runs for a job (code, Spark, runtime and restart settings), recorded in the job store.
+
+The Flink Kubernetes Operator keeps a job's last reconciled and last stable spec; so do we:
+
+```
+<root>/<job>/spec/last.json     the deployment launched last, written BEFORE it is launched
+<root>/<job>/spec/stable.json   the last deployment that was verified healthy (what a rollback goes back to)
+```
+
+A deployment is started as ``ckpt run JOB_FILE ... --supervise`` in a session of its own, so it outlives
+the process that launched it (an Airflow task) and restarts its driver with the restart strategy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from airflow_ckpt_provider.core.errors import ConfigError, StorageError
+from airflow_ckpt_provider.core.jobstore import JobStore
+from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.runtime.config import RuntimeConfig
+from airflow_ckpt_provider.runtime.submit import SubmitSpec
+
+SPEC_LAST = "spec/last.json"
+SPEC_STABLE = "spec/stable.json"
+#: Tells the supervisor its launch id: it does not restart a driver once a newer launch is recorded.
+LAUNCH_ENV = "CKPT_LAUNCH_ID"
+#: Names of environment variables whose values must not be stored in the job store or shown in logs.
+_SECRET_ENV = re.compile(r"secret|password|passwd|token|credential|private|(^|_)key($|_)", re.IGNORECASE)
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One version of a job: its code and how it runs. The restore decision is per launch, not part of it.
+
+    ``env`` carries the job's own settings (topic, output path...) to the driver; credentials never go
+    here (they would be stored in spec/last.json): give them to the launching process's environment or
+    to the cluster's secret mechanism.
+    """
+
+    job_file: str
+    code_version: str | None = None
+    master: str = "local[2]"
+    deploy_mode: str = "client"
+    conf: dict[str, str] = field(default_factory=dict)
+    py_files: tuple[str, ...] = ()
+    files: tuple[str, ...] = ()
+    spark_submit: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    checkpoint: str | None = None
+    checkpoint_interval: float | None = 0.0
+    savepoint_interval: float | None = None
+    keep_checkpoints: int = 3
+    keep_savepoints: int | None = None
+    heartbeat_interval: float = 5.0
+    poll_interval: float = 1.0
+    restart_strategy: str = "exponential-delay"
+    restart_attempts: int | None = None
+    restart_delay: float | None = None
+    restart_interval: float | None = None
+    max_restarts_in_window: int | None = None
+    health_window: float | None = None
+    progress_timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.job_file:
+            raise ConfigError("a deployment needs a job file: the Python file defining the @streaming_job function")
+        for name in self.env:
+            if not _ENV_NAME.match(name):
+                raise ConfigError(f"invalid environment variable name {name!r} in env: expected letters, digits, _")
+            if _SECRET_ENV.search(name):
+                raise ConfigError(
+                    f"refusing env {name}: a deployment's env is stored in the job store (spec/last.json); give "
+                    "credentials to the launching process's environment (e.g. the Airflow worker's) or the "
+                    "cluster's secret mechanism instead"
+                )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, body: dict[str, Any]) -> Deployment:
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in body.items() if k in known}
+        for name in ("py_files", "files"):
+            if name in values:
+                values[name] = tuple(values[name])
+        return cls(**values)
+
+    def with_code(self, job_file: str, code_version: str | None) -> Deployment:
+        """The same deployment running other code (an upgrade's target)."""
+        return replace(self, job_file=job_file, code_version=code_version)
+
+
+def run_argv(deployment: Deployment, job: str, store: str, restore: str, s3: S3Options | None = None) -> list[str]:
+    """``ckpt run ... --supervise`` for this deployment, restoring with ``restore`` on the first start."""
+    d = deployment
+    argv = [sys.executable, "-m", "airflow_ckpt_provider.cli", "run", d.job_file, "--job", job, "--store", store,
+            "--restore", restore, "--supervise", "--master", d.master, "--deploy-mode", d.deploy_mode,
+            "--restart-strategy", d.restart_strategy]
+    optional: dict[str, object] = {
+        "--code-version": d.code_version, "--checkpoint": d.checkpoint, "--spark-submit": d.spark_submit,
+        "--keep-checkpoints": d.keep_checkpoints, "--heartbeat-interval": d.heartbeat_interval,
+        "--poll-interval": d.poll_interval, "--restart-attempts": d.restart_attempts,
+        "--restart-delay": d.restart_delay, "--restart-interval": d.restart_interval,
+        "--max-restarts-in-window": d.max_restarts_in_window, "--health-window": d.health_window,
+        "--progress-timeout": d.progress_timeout,
+        "--endpoint-url": s3.endpoint_url if s3 else None, "--region": s3.region if s3 else None,
+    }
+    # "none" means never (intervals) or all (savepoints to keep) for these
+    never: dict[str, object] = {"--checkpoint-interval": d.checkpoint_interval,
+                                "--savepoint-interval": d.savepoint_interval, "--keep-savepoints": d.keep_savepoints}
+    for flag, given in never.items():
+        argv += [flag, "none" if given is None else _text(given)]
+    for flag, value in optional.items():
+        if value is not None:
+            argv += [flag, _text(value)]
+    for key, value in d.conf.items():
+        argv += ["--conf", f"{key}={value}"]
+    if d.py_files:
+        argv += ["--py-files", ",".join(d.py_files)]
+    if d.files:
+        argv += ["--files", ",".join(d.files)]
+    return argv
+
+
+def submit_spec(deployment: Deployment, job: str, store: str, restore: str, s3: S3Options | None = None,
+                **runtime: Any) -> SubmitSpec:
+    """The spark-submit side of this deployment for one driver (``runtime``: more RuntimeConfig fields)."""
+    d = deployment
+    config = RuntimeConfig(
+        job=job, store=store, checkpoint=d.checkpoint or "", restore=restore,
+        checkpoint_interval=d.checkpoint_interval, savepoint_interval=d.savepoint_interval,
+        keep_checkpoints=d.keep_checkpoints, keep_savepoints=d.keep_savepoints,
+        heartbeat_interval=d.heartbeat_interval, poll_interval=d.poll_interval, code_version=d.code_version,
+        endpoint_url=s3.endpoint_url if s3 else None, region=s3.region if s3 else None, **runtime,
+    )
+    return SubmitSpec(job_file=d.job_file, config=config, master=d.master, deploy_mode=d.deploy_mode,
+                      conf=dict(d.conf), py_files=d.py_files, files=d.files, spark_submit=d.spark_submit)
+
+
+def _text(value: object) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def credentials_env(s3: S3Options | None) -> dict[str, str]:
+    """The job store credentials as the environment ``ckpt run`` reads (S3Options.from_env)."""
+    if s3 is None:
+        return {}
+    env = {"AWS_ACCESS_KEY_ID": s3.access_key_id, "AWS_SECRET_ACCESS_KEY": s3.secret_access_key,
+           "AWS_SESSION_TOKEN": s3.session_token}
+    return {k: v for k, v in env.items() if v}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One start of a deployment: the record in spec/last.json (and spec/stable.json once verified)."""
+
+    job: str
+    deployment: Deployment
+    restore: str
+    launched_at: float
+    launched_by: str
+    launch_id: str
+    pid: int | None = None
+    host: str | None = None
+    log_file: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "deployment": self.deployment.to_dict()}
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.to_dict(), sort_keys=True, indent=1).encode()
+
+    @classmethod
+    def from_dict(cls, body: dict[str, Any]) -> Launch:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in body.items() if k in known}
+                   | {"deployment": Deployment.from_dict(body["deployment"])})
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str) -> Launch:
+        try:
+            return cls.from_dict(json.loads(data))
+        except (ValueError, KeyError, TypeError, ConfigError) as err:
+            raise StorageError(f"deployment record {where} is malformed ({err})") from err
+
+
+def read_launch(store: JobStore, key: str = SPEC_LAST) -> Launch | None:
+    try:
+        data = store.storage.read(key)
+    except FileNotFoundError:
+        return None
+    return Launch.from_bytes(data, store.storage.uri(key))
+
+
+def mark_stable(store: JobStore, launch: Launch) -> None:
+    """Record ``launch`` as the last verified deployment: what a rollback returns to."""
+    store.storage.write(SPEC_STABLE, launch.to_bytes())
+
+
+def log_dir(job: str) -> Path:
+    base = os.environ.get("CKPT_HOME") or str(Path.home() / ".ckpt")
+    return Path(base, "jobs", job, "logs")
+
+
+def launch(
+    store: JobStore,
+    deployment: Deployment,
+    *,
+    restore: str,
+    store_url: str,
+    s3: S3Options | None = None,
+    launched_by: str = "",
+) -> Launch:
+    """Record the deployment in spec/last.json, then start ``ckpt run --supervise`` detached from this process.
+
+    The record is written first (Flink operator: record the target, then act), so whoever looks next
+    knows what was meant to run even if this process dies right after.
+    """
+    now = time.time()
+    launch_id = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(now))}-{secrets.token_hex(3)}"
+    logs = log_dir(store.job)
+    logs.mkdir(parents=True, exist_ok=True)
+    log_file = logs / f"{launch_id}.log"
+    record = Launch(store.job, deployment, restore, now, launched_by or f"{os.environ.get('USER', '?')}@"
+                    f"{socket.gethostname()}", launch_id, host=socket.gethostname(), log_file=str(log_file))
+    argv = run_argv(deployment, store.job, store_url, restore, s3)
+    store.storage.write(SPEC_LAST, record.to_bytes())
+    env = {**os.environ, **deployment.env, **credentials_env(s3), LAUNCH_ENV: launch_id}
+    with log_file.open("ab") as out:
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True)
+    # Reap it if it ends while this process lives (a zombie would look alive to pid checks).
+    threading.Thread(target=proc.wait, name=f"ckpt-reap-{proc.pid}", daemon=True).start()
+    record = replace(record, pid=proc.pid)
+    store.storage.write(SPEC_LAST, record.to_bytes())
+    return record
+
+
+def log_tail(launch_record: Launch | None, lines: int = 20) -> str:
+    """The last lines of a launch's log on this host ('' when it is elsewhere or gone)."""
+    if launch_record is None or not launch_record.log_file or launch_record.host != socket.gethostname():
+        return ""
+    try:
+        text = Path(launch_record.log_file).read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])

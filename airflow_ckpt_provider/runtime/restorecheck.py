@@ -1,0 +1,412 @@
+"""The restore check in the Spark driver: does Spark restore the job's state into the new query?
+
+``ckpt run JOB_FILE --check-restore`` (launch.py) runs this instead of the job. It chooses the
+snapshot a start would restore (runtime/startup.py, read-only), restores it into a scratch
+location, turns the next batch into an EMPTY one (``offsets/N+1`` = ``offsets/N``: start equals end,
+no record is read), and runs the job file's query once on it with Spark's ``noop`` sink. Running that
+batch, Spark loads every state store the new plan has and runs its own checks (state schema,
+operators, partitions). Batch N+1 committed: Spark can restore the state. Spark failed: it cannot,
+and its message says why.
+
+Non-restored state (Flink's term): state of an operator the new query no longer has. Spark 4.3
+refuses it itself when the checkpoint has state metadata (STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_
+STATE_METADATA, every checkpoint written by Spark >= 3.5); the operator lists are then read from its
+message. Without metadata Spark would drop that state silently: the check compares the snapshot's
+operators with those that wrote state in the batch, and fails unless ``--allow-non-restored-state``.
+
+The check never takes the lease nor writes status, acks, deployments or snapshots, and never reads
+the live checkpoint beyond its latest completed batch id. The verdict is one stdout line (compat.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+from urllib.parse import urlparse
+
+from airflow_ckpt_provider.core import gate
+from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
+from airflow_ckpt_provider.core.errors import CkptError, StorageError
+from airflow_ckpt_provider.core.jobstore import JobStore
+from airflow_ckpt_provider.core.lease import Lease, LeaseRecord
+from airflow_ckpt_provider.core.manifest import Manifest
+from airflow_ckpt_provider.core.restore import restore_snapshot
+from airflow_ckpt_provider.core.storage import LocalStorage, S3Options, Storage, open_storage
+from airflow_ckpt_provider.runtime.compat import CheckOutcome, RestoreCheck
+from airflow_ckpt_provider.runtime.config import RestoreMode, RuntimeConfig
+from airflow_ckpt_provider.runtime.startup import Action, plan_start
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
+
+    from airflow_ckpt_provider.runtime.driver import JobBuilder
+
+log = logging.getLogger(__name__)
+
+#: Lines of Spark's error message kept in the reason (the first ones say what; the rest is plan dumps).
+ERROR_LINES = 6
+_STREAM_FAILED = re.compile(r"^\[STREAM_FAILED\] Query \[[^\]]*\] terminated with exception: ")
+_CONDITION = re.compile(r"\[([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)\]")
+
+
+# --------------------------------------------------------------------------------------------
+# Pure parts: the empty batch, the operators that ran, the verdict
+# --------------------------------------------------------------------------------------------
+
+
+def plan_empty_batch(storage: Storage, batch_id: int) -> int:
+    """Make the batch after completed ``batch_id`` an empty one; returns its id (``batch_id + 1``).
+
+    Spark resumes a checkpoint whose newest ``offsets/M`` has no ``commits/M`` by running batch M
+    with exactly the offsets logged (the write-ahead log), without asking the sources for new data.
+    Logging ``offsets/N+1`` as a copy of ``offsets/N`` makes batch N+1 read from N's end to N's end:
+    nothing. Entries after N (a write-ahead ``offsets/N+1`` the snapshot caught) are dropped first.
+    """
+    if not storage.exists(f"commits/{batch_id}"):
+        raise CkptError(f"batch {batch_id} is not completed in {storage.url}: commits/{batch_id} is missing")
+    later = [o.key for o in storage.list() if (n := _log_id(o.key)) is not None and n > batch_id]
+    storage.delete(later)
+    storage.write(f"offsets/{batch_id + 1}", storage.read(f"offsets/{batch_id}"))
+    return batch_id + 1
+
+
+def _log_id(key: str) -> int | None:
+    """N of ``offsets/N`` and ``commits/N`` (and of their hidden ``.N.crc`` checksums), else None."""
+    directory, _, name = key.partition("/")
+    if directory not in ("offsets", "commits"):
+        return None
+    name = name[1:-4] if name.startswith(".") and name.endswith(".crc") else name
+    return int(name) if name.isdigit() else None
+
+
+def state_files(keys: Iterable[str]) -> set[str]:
+    """The keys under ``state/<op>/`` that Spark reads or writes (not its hidden checksum files)."""
+    return {k for k in keys if re.match(r"state/\d+/", k) and not k.rsplit("/", 1)[-1].startswith(".")}
+
+
+def operators_run(before: set[str], after: Iterable[str]) -> tuple[int, ...]:
+    """The stateful operators a batch ran: those with files under ``state/<op>/`` it wrote.
+
+    Every stateful operator commits a new version of each of its state stores when a batch runs,
+    even an empty one (HDFS-backed: ``<v>.delta``; RocksDB: ``<v>.changelog`` or ``<v>.zip``).
+    """
+    return tuple(sorted({int(k.split("/")[1]) for k in state_files(after) - before}))
+
+
+def snapshot_operators(manifest: Manifest) -> dict[int, str | None]:
+    """The stateful operators whose state the snapshot holds: id -> Spark's name of the operator."""
+    ops = {int(op["operator_id"]): op.get("name") for op in manifest.operators}
+    for path in state_files(f.path for f in manifest.files):  # snapshots of checkpoints without metadata
+        ops.setdefault(int(path.split("/")[1]), None)
+    return dict(sorted(ops.items()))
+
+
+def judge(
+    manifest: Manifest, job_file: str, ran: tuple[int, ...], *, allow_non_restored: bool
+) -> RestoreCheck:
+    """The verdict once Spark committed the empty batch: compatible unless state would be dropped."""
+    held = snapshot_operators(manifest)
+    dropped = tuple(op for op in held if op not in ran)
+    fresh = tuple(op for op in ran if op not in held)
+    what = f"{manifest.kind.value} {manifest.snapshot_id} (batch {manifest.batch_id})"
+    restored = [op for op in held if op in ran]
+    reason = (f"{job_file} can restore {what}: Spark loaded the state of "
+              f"{_ops(restored, held) if restored else 'no operator (the snapshot holds none)'} "
+              f"and ran batch {manifest.batch_id + 1} of the new query on it")
+    if fresh:
+        reason += f"; the new query's {_ops(fresh, {})} start(s) with empty state"
+    outcome = CheckOutcome.COMPATIBLE
+    if dropped and not allow_non_restored:
+        outcome = CheckOutcome.INCOMPATIBLE
+        reason = (f"{job_file} does not restore all the state of {what}: the new query has no stateful "
+                  f"{_ops(dropped, held)}, so that state would be dropped (non-restored state). Keep those "
+                  "operators in the new code, or pass --allow-non-restored-state to drop their state on purpose")
+    elif dropped:
+        reason += f"; the state of {_ops(dropped, held)} is dropped (--allow-non-restored-state)"
+    return RestoreCheck(outcome, reason, manifest.snapshot_id, manifest.batch_id, snapshot_operators=tuple(held),
+                        new_operators=ran, non_restored_operators=dropped)
+
+
+def _ops(ids: Iterable[int], names: dict[int, str | None]) -> str:
+    parts = [f"{op} ({names[op]})" if names.get(op) else str(op) for op in ids]
+    return ("operator " if len(parts) == 1 else "operators ") + ", ".join(parts)
+
+
+#: Spark's error when the new plan's stateful operators differ from the checkpoint's state metadata
+#: (added, removed or replaced operators): Spark refuses non-restored state itself.
+OPERATORS_MISMATCH = "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA"
+_OPERATOR = re.compile(r"\(OperatorId: (\d+) -> OperatorName: ([^)]*)\)")
+
+
+def operators_in_error(message: str) -> tuple[dict[int, str], dict[int, str]] | None:
+    """(operators in the state metadata, operators of the new plan) from Spark's OPERATORS_MISMATCH message."""
+    head, sep, tail = message.partition("Stateful operators in current batch:")
+    if not sep or "Stateful operators in the metadata:" not in head:
+        return None
+
+    def ops(text: str) -> dict[int, str]:
+        return {int(op): name.strip() for op, name in _OPERATOR.findall(text)}
+
+    return ops(head.split("Stateful operators in the metadata:", 1)[1]), ops(tail)
+
+
+def spark_error(err: BaseException) -> tuple[str, str | None]:
+    """Spark's message without the query dump and stack frames, and its error condition if any."""
+    text = _STREAM_FAILED.sub("", str(err).split("\n=== Streaming Query ===", 1)[0].strip())
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("at ")]
+    message = " ".join(lines[:ERROR_LINES]) or type(err).__name__
+    match = _CONDITION.search(message)
+    return message, match.group(1) if match else None
+
+
+# --------------------------------------------------------------------------------------------
+# The check
+# --------------------------------------------------------------------------------------------
+
+
+class RestoreChecker:
+    """One restore check of ``job_file`` against the state ``config.restore`` names; ``run()`` prints
+    the verdict line and returns the exit code (compat.EXIT_CODES)."""
+
+    def __init__(self, config: RuntimeConfig, job_file: str, *, out: TextIO | None = None) -> None:
+        self.config = config
+        self.job_file = job_file
+        self.name = Path(job_file).name
+        self.out = out or sys.stdout
+        self.started = time.monotonic()
+        s3 = S3Options.from_env(config.endpoint_url, config.region)
+        self.s3 = s3
+        self.store = JobStore.open(config.store, config.job, s3)
+
+    def run(self, spark_factory: Callable[[], SparkSession] | None = None) -> int:
+        scratch, cleanup = self._scratch()
+        try:
+            report = self._check(scratch, spark_factory)
+        except StorageError as err:
+            report = RestoreCheck(CheckOutcome.INCONCLUSIVE, f"restore check: storage error, no verdict: {err}")
+        except CkptError as err:
+            report = RestoreCheck(CheckOutcome.BAD_INPUT, f"restore check: {err}")
+        except Exception as err:  # Spark did not start, py4j lost the JVM: no verdict, but still a report
+            log.exception("job %s: restore check failed", self.config.job)
+            report = RestoreCheck(CheckOutcome.INCONCLUSIVE, f"restore check failed, no verdict: "
+                                  f"{type(err).__name__}: {spark_error(err)[0]}")
+        finally:
+            cleanup()
+        report = replace(report, seconds=round(time.monotonic() - self.started, 1))
+        (log.info if report.compatible else log.error)("job %s: restore check: %s: %s", self.config.job,
+                                                       report.outcome.value, report.reason)
+        print(report.to_line(), file=self.out, flush=True)
+        return report.exit_code
+
+    def _check(self, scratch: Storage, spark_factory: Callable[[], SparkSession] | None) -> RestoreCheck:
+        build = self._load()
+        manifest, note = self._choose(scratch)
+        if manifest is None:
+            return RestoreCheck(CheckOutcome.COMPATIBLE, note)
+        with _quiet("airflow_ckpt_provider.core.restore"):  # its time-travel warning is about real restores
+            restore_snapshot(self.store, manifest.snapshot_id, scratch)
+        batch = plan_empty_batch(scratch, manifest.batch_id)
+        before = state_files(o.key for o in scratch.list("state/"))
+        log.info("job %s: restore check: %s%s; running batch %d of %s on a copy at %s with no data",
+                 self.config.job, manifest.snapshot_id, f" ({note})" if note else "", batch, self.job_file,
+                 scratch.url)
+        failure = self._run_batch(build, scratch, spark_factory)
+        if failure is not None:
+            return replace(failure, snapshot_id=manifest.snapshot_id, batch_id=manifest.batch_id,
+                           snapshot_operators=tuple(snapshot_operators(manifest)))
+        if not scratch.exists(f"commits/{batch}"):
+            return RestoreCheck(
+                CheckOutcome.INCONCLUSIVE, snapshot_id=manifest.snapshot_id, batch_id=manifest.batch_id,
+                reason=f"Spark stopped the check query without an error and without committing batch {batch}; "
+                "no verdict. Run the check again and look at the driver's output",
+            )
+        report = judge(manifest, self.name, operators_run(before, (o.key for o in scratch.list("state/"))),
+                       allow_non_restored=self.config.allow_non_restored_state)
+        return replace(report, reason=f"{report.reason}; {note}") if note else report
+
+    def _choose(self, scratch: Storage) -> tuple[Manifest | None, str]:
+        """The snapshot a start with ``config.restore`` would restore, and a note for the reason.
+
+        Planned against the empty scratch location: the newest restorable snapshot of the lineage (or
+        the one named). A start would keep an intact live checkpoint that is newer instead; its state
+        has the schema of the snapshots before it, so the newest snapshot stands for it.
+        """
+        spec = self.config.restore_spec()
+        plan, _ = plan_start(self.store, scratch, spec)
+        live = self._live_batch()
+        if plan.action is Action.RESTORE:
+            assert plan.snapshot is not None
+            m = plan.snapshot
+            note = ""
+            if live is not None and live > m.batch_id and spec.mode is RestoreMode.LATEST_STATE:
+                note = (f"the live checkpoint is at batch {live}, newer than every snapshot: checked the newest "
+                        f"snapshot, {m.kind.value} {m.snapshot_id} (batch {m.batch_id}), as its state has the "
+                        "same operators and schemas")
+            return m, note
+        if spec.mode is RestoreMode.NONE:
+            return None, "restore strategy none: the new code starts without state; there is nothing to restore"
+        if live is not None:
+            raise CkptError(
+                f"no snapshot of job {self.config.job} to check against: the live checkpoint "
+                f"{self.config.checkpoint} has state (batch {live}) but the job store holds no snapshot of it; "
+                "take one (`ckpt job savepoint`) and check again"
+            )
+        return None, f"job {self.config.job} has no state yet (no snapshot, no live checkpoint): the new code " \
+                     "starts without state; there is nothing to restore"
+
+    def _live_batch(self) -> int | None:
+        """The live checkpoint's latest completed batch (its commits/ listing only), None if unknown."""
+        try:
+            return SparkCheckpoint(open_storage(self.config.checkpoint, self.s3)).latest_completed_batch()
+        except CkptError as err:
+            log.info("job %s: restore check: the live checkpoint cannot be read (%s)", self.config.job, err)
+            return None
+
+    def _load(self) -> JobBuilder:
+        from airflow_ckpt_provider.runtime.jobfile import load_builder
+
+        try:
+            return load_builder(self.job_file)
+        except CkptError:
+            raise
+        except Exception as err:  # the job file itself is broken: there is nothing to check
+            log.exception("job %s: loading %s failed", self.config.job, self.job_file)
+            raise CkptError(f"the job file {self.job_file} does not load: {type(err).__name__}: {err}") from err
+
+    def _run_batch(self, build: JobBuilder, scratch: Storage,
+                   spark_factory: Callable[[], SparkSession] | None) -> RestoreCheck | None:
+        """Build the new query, swap its sink for noop, run the empty batch; a failure's verdict or None."""
+        spark = (spark_factory or _default_spark)()
+        from pyspark.errors import AnalysisException
+
+        from airflow_ckpt_provider.kafka.source import CkptKafkaDataSource
+        from airflow_ckpt_provider.runtime.driver import JobContext
+
+        # The source only: register() would also install the listener that commits the consumer group's
+        # offsets after a batch, and the check's batch must not move the running job's group back.
+        spark.dataSource.register(CkptKafkaDataSource)
+        spark.sparkContext.setLogLevel("WARN")
+        try:
+            writer = build(spark, JobContext(self.config, _check_lease(self.store)))
+        except Exception as err:
+            log.error("job %s: the job's build function failed: %s: %s", self.config.job, type(err).__name__, err,
+                      exc_info=err)
+            deterministic = isinstance(err, (CkptError, AnalysisException, SyntaxError, ImportError, NameError,
+                                             TypeError))
+            message, condition = spark_error(err)
+            return RestoreCheck(
+                CheckOutcome.INCOMPATIBLE if deterministic else CheckOutcome.INCONCLUSIVE, error_class=condition,
+                reason=f"the build function of {self.name} failed: {type(err).__name__}: {message}",
+            )
+        gate.close_gate()  # belt and braces: the source offers no new data (the check's own gate)
+        try:
+            return self._await(_noop(writer, scratch.url, self.config.job))
+        except Exception as err:  # start() refused the query (analysis), or awaiting it failed
+            message, condition = spark_error(err)
+            return self._refused(message, condition)
+        finally:
+            gate.open_gate()
+
+    def _await(self, writer: DataStreamWriter) -> RestoreCheck | None:
+        from pyspark.errors import StreamingQueryException
+
+        query = writer.start()
+        try:
+            finished = query.awaitTermination(max(1, round(self.config.check_timeout)))
+        except StreamingQueryException:
+            finished = True
+        if not finished:
+            query.stop()
+            return RestoreCheck(
+                CheckOutcome.INCONCLUSIVE,
+                reason=f"the check's batch did not finish within {self.config.check_timeout:g} s; no verdict. "
+                "Give the check more time (the batch loads the whole state), or check the driver's output",
+            )
+        failure = query.exception()
+        if failure is None:
+            return None
+        return self._refused(*spark_error(failure))
+
+    def _refused(self, message: str, condition: str | None) -> RestoreCheck:
+        reason = (f"{self.name} cannot restore the state: Spark refused to run the new query on it: {message}. "
+                  "Keep the running version; make the new code keep the state's operators and schemas, or start "
+                  "it without state (--restore none)")
+        found = operators_in_error(message) if condition == OPERATORS_MISMATCH else None
+        if found is None:
+            return RestoreCheck(CheckOutcome.INCOMPATIBLE, reason, error_class=condition)
+        held, ran = found
+        if self.config.allow_non_restored_state:
+            reason += ("; --allow-non-restored-state cannot help: Spark itself refuses a query whose stateful "
+                       "operators differ from those in the state's metadata")
+        return RestoreCheck(
+            CheckOutcome.INCOMPATIBLE, reason, error_class=condition, new_operators=tuple(sorted(ran)),
+            non_restored_operators=tuple(op for op in sorted(held) if ran.get(op) != held[op]),
+        )
+
+    def _scratch(self) -> tuple[Storage, Callable[[], None]]:
+        """An empty location for the copy, next to the live checkpoint's kind, and how to delete it.
+
+        Local for a local live checkpoint; otherwise a sibling of it on the same file system (executors
+        of a cluster write state files there, so it must be where they can reach).
+        """
+        location = self.config.checkpoint.rstrip("/")
+        if urlparse(location).scheme in ("", "file"):
+            root = Path(tempfile.mkdtemp(prefix=f"ckpt-restore-check-{self.config.job}-"))
+            return LocalStorage(root / "checkpoint"), lambda: shutil.rmtree(root, ignore_errors=True)
+        storage = open_storage(f"{location}-restore-check-{uuid.uuid4().hex[:8]}", self.s3)
+
+        def delete() -> None:
+            try:
+                storage.delete([o.key for o in storage.list()])
+            except StorageError as err:
+                log.warning("job %s: could not delete the restore check's copy %s: %s", self.config.job,
+                            storage.url, err)
+
+        return storage, delete
+
+
+def _noop(writer: DataStreamWriter, location: str, job: str) -> DataStreamWriter:
+    """The user's writer with Spark's noop sink and one batch (Trigger.Once runs the logged batch only).
+
+    ``format`` replaces whatever sink the writer had (foreachBatch, foreach, a format); the output mode,
+    the query's DataFrame and its options stay.
+    """
+    return (writer.format("noop").option("checkpointLocation", location).queryName(f"{job}-restore-check")
+            .trigger(once=True))
+
+
+def _check_lease(store: JobStore) -> Lease:
+    """A lease the check never takes: epoch 0, so a build function can read ``ctx.epoch``; a sink that
+    checks it would be fenced (the check replaces the sink, so none does)."""
+    lease = Lease(store)
+    lease.record = LeaseRecord(job=store.job, epoch=0, owner=f"restore-check:{lease.owner}", host="", pid=0,
+                               acquired_at=0.0, released=True)
+    return lease
+
+
+@contextlib.contextmanager
+def _quiet(logger: str) -> Iterator[None]:
+    target = logging.getLogger(logger)
+    level = target.level
+    target.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        target.setLevel(level)
+
+
+def _default_spark() -> SparkSession:
+    from pyspark.sql import SparkSession
+
+    return SparkSession.builder.getOrCreate()

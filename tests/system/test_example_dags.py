@@ -1,0 +1,233 @@
+"""The example DAGs end to end with ``airflow dags test``: real Spark, tansu, SeaweedFS and Airflow.
+
+One job lives through the module, as it would in production: kept alive (and killed), savepointed and
+restored, refused an incompatible upgrade, rolled back from a failing one, and upgraded to v2. After
+every step the job's totals are compared with the produced stream: exact counts, nothing lost or doubled.
+The tests run in file order and build on each other.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from airflow_ckpt_provider.core.control import CONTROL
+from airflow_ckpt_provider.core.lease import read_lease
+from airflow_ckpt_provider.core.snapshots import list_snapshots
+from airflow_ckpt_provider.core.status import JobState, JobStatus
+from airflow_ckpt_provider.demo import EXAMPLES, AirflowHome, World
+from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
+from airflow_ckpt_provider.runtime.deploy import SPEC_STABLE, read_launch
+
+pytestmark = [pytest.mark.system, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def world(s3_server: EmbeddedS3, kafka_server: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory
+          ) -> Iterator[World]:
+    services = SimpleNamespace(s3=s3_server, kafka=kafka_server)
+    work = tmp_path_factory.mktemp("example-dags")
+    w = World(services, work, job="orders", bucket=f"dags-{time.monotonic_ns() % 10**9}", topic="orders-dags")  # type: ignore[arg-type]
+    try:
+        yield w
+    finally:
+        w.stop_everything()
+        client = s3_server.client()
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=w.bucket):
+            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+            if keys:
+                client.delete_objects(Bucket=w.bucket, Delete={"Objects": keys, "Quiet": True})
+        client.delete_bucket(Bucket=w.bucket)
+
+
+@pytest.fixture(scope="module")
+def home(world: World) -> AirflowHome:
+    h = AirflowHome(world, world.work / "airflow", watch_seconds=40)
+    h.migrate()
+    return h
+
+
+def running(world: World) -> JobStatus:
+    return world.wait("the job RUNNING with all records", lambda s: s.state == JobState.RUNNING
+                      and world.consumed(s) == world.produced)
+
+
+def assert_exact(world: World) -> None:
+    running(world)
+    totals, expected = world.totals(), world.expected()
+    assert totals == expected, {c: (totals.get(c), expected[c]) for c in expected if totals.get(c) != expected[c]}
+
+
+def control_requests(world: World) -> list[str]:
+    return sorted(o.key for o in world.store.storage.list(CONTROL) if not o.key.endswith(".ack.json"))
+
+
+def test_keep_alive_dag_restarts_a_killed_driver_with_exact_counts(world: World, home: AirflowHome) -> None:
+    world.produce(2000)
+    killed: list[JobStatus] = []
+
+    def kill_after_two_batches() -> None:
+        status = world.wait("two batches", lambda s: s.state == JobState.RUNNING and (s.batch_id or 0) >= 2)
+        world.kill_driver(status)
+        killed.append(status)
+        world.produce(1000)
+
+    killer = threading.Thread(target=kill_after_two_batches, daemon=True)
+    killer.start()
+    done = home.dags_test("ckpt_keep_alive")
+    killer.join(300)
+    assert done.returncode == 0, done.stdout[-5000:]
+    assert killed, "the driver never reached batch 2 while the DAG ran"
+    # The supervisor restarted it (epoch + 1); the DAG's restart task was skipped (it would add another epoch).
+    status = world.wait("the restarted driver", lambda s: s.epoch == killed[0].epoch + 1 and s.batch_id is not None)
+    assert "Skipping due to soft_fail" in done.stdout  # the health watch saw no unhealthy job
+    deployment = json.loads(world.store.storage.read(f"deployments/{status.epoch:010d}.json"))
+    assert deployment["restore"] == "latest-state"
+    assert_exact(world)
+    # A second run reconnects to the running job instead of submitting it again.
+    again = home.dags_test("ckpt_keep_alive")
+    assert again.returncode == 0, again.stdout[-5000:]
+    assert "reconnecting instead of submitting it again" in again.stdout
+    assert world.status().epoch == status.epoch  # type: ignore[union-attr]
+
+
+def test_savepoint_restore_dag(world: World, home: AirflowHome) -> None:
+    before = running(world)
+    done = home.dags_test("ckpt_savepoint_restore", {"job": world.job})
+    assert done.returncode == 0, done.stdout[-5000:]
+    status = world.wait("the restored driver", lambda s: s.epoch > before.epoch and s.state == JobState.RUNNING)
+    savepoints = [m for m in list_snapshots(world.store) if m.kind.value == "savepoint"]
+    assert savepoints, "no savepoint in the job store"
+    assert status.restored_from is not None and status.restored_from.endswith(savepoints[-1].snapshot_id)
+    world.produce(500)
+    assert_exact(world)
+
+
+def test_incompatible_upgrade_is_refused_before_the_job_stops(world: World, home: AirflowHome) -> None:
+    before = running(world)
+    lease = read_lease(world.store)
+    requests = control_requests(world)
+    done = home.dags_test("ckpt_upgrade_job", {"job": world.job, "job_file": str(EXAMPLES / "orders_incompatible.py"),
+                                               "code_version": "bad", "verify_batches": 1})
+    assert done.returncode != 0
+    assert "refused before anything was stopped" in done.stdout, done.stdout[-5000:]
+    after = world.status()
+    assert after is not None and after.epoch == before.epoch and after.state == JobState.RUNNING
+    assert read_lease(world.store) == lease
+    assert control_requests(world) == requests  # no stop was even requested
+    assert read_launch(world.store).deployment.code_version == "v1"  # type: ignore[union-attr]
+    world.produce(500)
+    assert_exact(world)
+
+
+def test_failing_upgrade_is_rolled_back(world: World, home: AirflowHome) -> None:
+    before = running(world)
+    done = home.dags_test("ckpt_upgrade_job", {"job": world.job, "job_file": str(EXAMPLES / "orders_v2_broken.py"),
+                                               "code_version": "v2-broken", "verify_batches": 1})
+    assert done.returncode != 0
+    assert "rolled back to" in done.stdout, done.stdout[-5000:]
+    status = world.wait("the old code again", lambda s: s.epoch > before.epoch + 1 and s.state == JobState.RUNNING
+                        and s.code_version == "v1")
+    assert read_launch(world.store).deployment.code_version == "v1"  # type: ignore[union-attr]
+    assert status.restored_from is not None  # the stop's savepoint
+    world.produce(500)
+    assert_exact(world)
+
+
+def test_upgrade_dag_takes_the_job_to_v2_with_its_state(world: World, home: AirflowHome) -> None:
+    before = running(world)
+    done = home.dags_test("ckpt_upgrade_job", {"job": world.job, "job_file": str(EXAMPLES / "orders_v2.py"),
+                                               "code_version": "v2", "verify_batches": 1})
+    assert done.returncode == 0, done.stdout[-5000:]
+    world.produce(500)
+    status = running(world)
+    assert status.code_version == "v2" and status.epoch > before.epoch
+    assert status.restored_from is not None and "/snapshots/savepoint-" in status.restored_from
+    stable = json.loads(world.store.storage.read(SPEC_STABLE))
+    assert stable["deployment"]["code_version"] == "v2"
+    assert_exact(world)  # v1's totals carried on by v2: state kept
+    newest = max(Path(world.out).glob("batch-*.json"))
+    assert all(row["version"] == 2 for row in json.loads(newest.read_text()))
+
+
+INVALID_PARAMS = {
+    "upgrade_mode": {"upgrade_mode": "bogus"},
+    "allow_non_restored_state": {"allow_non_restored_state": "yes"},
+    "job": {"job": "Orders Job!"},
+}
+
+
+def test_upgrade_dag_through_the_rest_api_and_its_trigger_form(world: World, home: AirflowHome) -> None:
+    """A real Airflow (api-server, scheduler, dag-processor, triggerer): the upgrade DAG triggered over REST
+    with Params runs on the LocalExecutor and the triggerer; invalid Params are refused without a run;
+    the trigger form renders in headless Chromium (screenshots kept in build/test-artifacts)."""
+    from tests.system.airflow_server import AirflowServer
+
+    before = running(world)
+    passthrough = {k: v for k, v in home.env.items() if k.startswith(("AIRFLOW_CONN_", "AIRFLOW_VAR_", "CKPT_"))}
+    dag_id = "ckpt_upgrade_job"
+    conf = {"job": world.job, "job_file": str(EXAMPLES / "orders_v2.py"), "code_version": "v2.1",
+            "upgrade_mode": "savepoint", "allow_non_restored_state": False, "verify_batches": 1}
+    with AirflowServer(home.env["AIRFLOW__CORE__DAGS_FOLDER"], env=passthrough) as airflow:  # type: ignore[arg-type]
+        airflow.wait_dag_parsed(dag_id)
+        airflow.unpause(dag_id)
+        for name, bad in INVALID_PARAMS.items():
+            resp = airflow.trigger(dag_id, {**conf, **bad}, run_id=f"invalid-{name}")
+            assert resp.status_code in (400, 422), resp.text
+            assert name in resp.text
+            assert airflow.api("GET", f"/dags/{dag_id}/dagRuns/invalid-{name}").status_code == 404
+        resp = airflow.trigger(dag_id, conf)
+        assert resp.status_code == 200, resp.text
+        run_id = resp.json()["dag_run_id"]
+        state = airflow.wait_run(dag_id, run_id, timeout=600)
+        assert state == "success", airflow.task_log(dag_id, run_id, "upgrade")
+        result = airflow.xcom(dag_id, run_id, "upgrade")
+        assert result["to_version"] == "v2.1" and result["from_version"] == "v2"
+        assert result["snapshot_id"].startswith("savepoint-")
+        trigger_form_screenshots(airflow, dag_id)
+    status = running(world)
+    assert status.code_version == "v2.1" and status.epoch > before.epoch
+    world.produce(300)
+    assert_exact(world)
+
+
+def trigger_form_screenshots(airflow: object, dag_id: str) -> None:
+    import re
+
+    from playwright.sync_api import expect
+
+    from tests.system.airflow_server import AirflowServer, chromium_browser
+
+    assert isinstance(airflow, AirflowServer)
+    artifacts = Path(__file__).resolve().parents[2] / "build" / "test-artifacts"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    form_png, options_png = artifacts / "upgrade-trigger-form.png", artifacts / "upgrade-trigger-form-modes.png"
+    for png in (form_png, options_png):
+        png.unlink(missing_ok=True)
+    with chromium_browser() as browser:
+        page = browser.new_page(viewport={"width": 1280, "height": 1400})
+        page.set_default_timeout(30_000)
+        airflow.ui_login(page)
+        # The React UI has no route of its own for the form: it is a dialog on the DAG page.
+        page.goto(f"{airflow.base_url}/dags/{dag_id}")
+        page.get_by_test_id("trigger-dag-button").click()
+        dialog = page.get_by_role("dialog").filter(has=page.get_by_role("heading", name=f"Trigger Dag - {dag_id}"))
+        for name in ("job", "job_file", "code_version", "upgrade_mode", "allow_non_restored_state", "verify_batches"):
+            expect(dialog.locator("label", has_text=re.compile(rf"^{re.escape(name)}\s*\*?$"))).to_be_visible()
+        modes = dialog.get_by_role("combobox", name="upgrade_mode")
+        expect(modes).to_be_visible()
+        page.screenshot(path=str(form_png), full_page=True)
+        modes.click()
+        for option in ("savepoint", "last-state", "stateless"):
+            expect(page.get_by_role("option", name=option, exact=True)).to_be_visible()
+        page.screenshot(path=str(options_png), full_page=True)
+    print(f"screenshots: {form_png} {options_png}")
+    for png in (form_png, options_png):
+        data = png.read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 20_000, f"{png}: {len(data)} bytes"

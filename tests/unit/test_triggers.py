@@ -1,0 +1,248 @@
+"""The triggers: every constructor argument survives serialize(), run() yields exactly one event from the closed
+set on a real local job store (connection from AIRFLOW_CONN_*), timeouts and errors, and the event loop
+keeps running while a watch polls."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow.triggers.base import BaseTrigger
+
+from airflow_ckpt_provider.core.control import Ack, Action, Outcome, submit_request, write_ack
+from airflow_ckpt_provider.core.jobstore import JobStore
+from airflow_ckpt_provider.core.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.snapshots import create_snapshot
+from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
+from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.hooks.kafka import KafkaConfigHook
+from airflow_ckpt_provider.triggers.base import WatchTrigger
+from airflow_ckpt_provider.triggers.control import RequestTrigger
+from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
+from airflow_ckpt_provider.triggers.kafka_lag import KafkaLagTrigger
+from airflow_ckpt_provider.triggers.snapshot import SnapshotTrigger
+from tests.ckptfactory import make_checkpoint
+
+ALL_ARGUMENTS: list[tuple[type[WatchTrigger], dict[str, Any]]] = [
+    (JobHealthTrigger, {"job": "orders", "expect": "unhealthy", "min_epoch": 4, "started_after": 1.5e9,
+                        "healthy_for": 30.0, "min_batches": 2, "heartbeat_timeout": 45.0, "max_restarts": 3,
+                        "restart_window": 900.0, "progress_timeout": 120.0, "start_timeout": 200.0,
+                        "ckpt_store_conn_id": "my_store", "store_url": "s3://b/jobs", "poll_interval": 3.0,
+                        "timeout": 600.0}),
+    (RequestTrigger, {"job": "orders", "request_id": "stop-20261122T101500Z-abc123", "epoch": 7,
+                      "busy_timeout": 100.0, "ckpt_store_conn_id": "my_store", "store_url": "/data/jobs",
+                      "poll_interval": 1.0, "timeout": 60.0}),
+    (SnapshotTrigger, {"job": "orders", "after": 1.7e9, "kind": "savepoint", "ckpt_store_conn_id": "my_store",
+                       "store_url": None, "poll_interval": 4.0, "timeout": None}),
+    (KafkaLagTrigger, {"group": "g1", "threshold": 10, "topics": ["a", "b"], "condition": "above",
+                       "bootstrap_servers": "k:9092", "kafka_conn_id": "my_kafka", "request_timeout": 5.0,
+                       "poll_interval": 7.0, "timeout": 30.0}),
+]
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> JobStore:
+    """A local job store, reached through the default connection as the triggerer would."""
+    root = tmp_path / "store"
+    conn = {"conn_type": "ckpt_store", "extra": {"store_url": str(root)}}
+    monkeypatch.setenv("AIRFLOW_CONN_CKPT_STORE_DEFAULT", json.dumps(conn))
+    return JobStore(LocalStorage(root), "orders")
+
+
+def run_trigger(trigger: BaseTrigger) -> list[dict[str, Any]]:
+    async def collect() -> list[dict[str, Any]]:
+        return [event.payload async for event in trigger.run()]
+
+    return asyncio.run(collect())
+
+
+def one_event(trigger: WatchTrigger) -> dict[str, Any]:
+    events = run_trigger(trigger)
+    assert len(events) == 1, events
+    assert events[0]["status"] in type(trigger).STATUSES
+    return events[0]
+
+
+def running(store: JobStore, **changes: Any) -> None:
+    import time
+
+    now = time.time()
+    status: dict[str, Any] = {"job": "orders", "state": JobState.RUNNING, "epoch": 2, "updated_at": now,
+                              "started_at": now - 5}
+    assert write_status(store, JobStatus(**status | changes))
+
+
+# -- serialization -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("cls", "kwargs"), ALL_ARGUMENTS, ids=lambda x: getattr(x, "__name__", ""))
+def test_serialize_round_trips_every_constructor_argument(cls: type[WatchTrigger], kwargs: dict[str, Any]) -> None:
+    assert set(kwargs) == set(inspect.signature(cls).parameters)  # the test names every argument
+    classpath, serialized = cls(**kwargs).serialize()
+    assert classpath == f"{cls.__module__}.{cls.__qualname__}"
+    assert serialized == kwargs
+    module, name = classpath.rsplit(".", 1)
+    again = getattr(importlib.import_module(module), name)(**serialized)
+    assert again.serialize() == (classpath, serialized)
+    json.dumps(serialized)  # plain JSON: nothing Airflow must encode specially
+
+
+# -- run() on a real store ------------------------------------------------------------------------------
+
+
+def test_job_health_trigger_fires_healthy(store: JobStore) -> None:
+    running(store, batch_id=4, ui_url="http://driver:4040")
+    event = one_event(JobHealthTrigger(job="orders", min_epoch=2, poll_interval=0.01, timeout=5))
+    assert (event["status"], event["epoch"], event["batch_id"], event["ui_url"]) == ("healthy", 2, 4,
+                                                                                   "http://driver:4040")
+
+
+def test_job_health_trigger_fires_unhealthy(store: JobStore) -> None:
+    running(store, state=JobState.FAILED, reason="query failed: boom")
+    event = one_event(JobHealthTrigger(job="orders", expect="unhealthy", poll_interval=0.01, timeout=5))
+    assert (event["status"], event["reason"]) == ("unhealthy", "failed")
+    assert "boom" in event["message"]
+
+
+def test_request_trigger_fires_with_the_ack(store: JobStore) -> None:
+    running(store)
+    request = submit_request(store, Action.SAVEPOINT, 2)
+    ack = Ack(request.id, Action.SAVEPOINT, Outcome.COMPLETED, "savepoint taken", 2, 1.0,
+              snapshot_id="savepoint-3-20261122T101500Z-abc123", snapshot_uri="file:///x", batch_id=3)
+    write_ack(store, ack)
+    event = one_event(RequestTrigger(job="orders", request_id=request.id, epoch=2, poll_interval=0.01, timeout=5))
+    assert event["status"] == "completed" and event["ack"] == ack.to_dict()
+
+
+def test_snapshot_trigger_fires_with_the_snapshot(store: JobStore, tmp_path: Path) -> None:
+    result = create_snapshot(store, LocalStorage(make_checkpoint(tmp_path / "ckpt", 2)), kind=Kind.SAVEPOINT,
+                             trigger=Trigger.MANUAL)
+    event = one_event(SnapshotTrigger(job="orders", after=0, kind="savepoint", poll_interval=0.01, timeout=5))
+    assert (event["status"], event["snapshot_id"], event["batch_id"], event["uri"]) == (
+        "completed", result.manifest.snapshot_id, 1, result.uri)
+
+
+def test_store_url_overrides_the_connection(store: JobStore, tmp_path: Path) -> None:
+    other = JobStore(LocalStorage(tmp_path / "other"), "orders")
+    running(other, state=JobState.STOPPED)
+    running(store)
+    event = one_event(JobHealthTrigger(job="orders", store_url=str(tmp_path / "other"), poll_interval=0.01,
+                                       timeout=5))
+    assert (event["status"], event["reason"]) == ("unhealthy", "stopped")
+
+
+def test_timeout_event_says_what_was_last_seen(store: JobStore) -> None:
+    event = one_event(JobHealthTrigger(job="orders", min_epoch=5, poll_interval=0.01, timeout=0.05))
+    assert event["status"] == "timeout"
+    assert "within 0 s" in event["message"] and "epoch >= 5" in event["message"] and "never ran" in event["message"]
+
+
+def test_error_event_carries_the_traceback(store: JobStore) -> None:
+    event = one_event(JobHealthTrigger(job="orders", ckpt_store_conn_id="no_such_conn", poll_interval=0.01))
+    assert event["status"] == "error"
+    assert "no_such_conn" in event["message"] and "Traceback" in event["traceback"]
+    event = one_event(JobHealthTrigger(job="not a job name!", poll_interval=0.01))
+    assert event["status"] == "error" and "invalid job name" in event["message"] and "ConfigError" in event["traceback"]
+
+
+# -- the event loop is never blocked ----------------------------------------------------------------------
+
+
+class BlockingWatch:
+    """A watch whose poll blocks its thread until the event loop, running concurrently, releases it."""
+
+    def __init__(self) -> None:
+        self.released = threading.Event()
+        self.polls = 0
+
+    def poll(self, now: float | None = None) -> dict[str, Any] | None:
+        self.polls += 1
+        if not self.released.wait(timeout=10):
+            return {"status": "blocked"}  # the loop never ran while this poll blocked
+        return {"status": "done", "polls": self.polls}
+
+    def waiting_for(self) -> str:
+        return "the release"
+
+
+class BlockingTrigger(WatchTrigger):
+    STATUSES = frozenset({"done", "timeout", "error"})
+
+    def __init__(self, *, poll_interval: float = 0.01, timeout: float | None = None) -> None:
+        super().__init__(poll_interval=poll_interval, timeout=timeout)
+        self.watch = BlockingWatch()
+
+    def arguments(self) -> dict[str, Any]:
+        return {}
+
+    def build_watch(self) -> BlockingWatch:
+        return self.watch
+
+
+def test_polls_run_in_a_thread_while_the_loop_keeps_ticking() -> None:
+    trigger = BlockingTrigger()
+
+    async def main() -> tuple[list[dict[str, Any]], int]:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while ticks < 5:  # the loop runs this while the poll blocks in its thread
+                ticks += 1
+                await asyncio.sleep(0.001)
+            trigger.watch.released.set()
+
+        tick_task = asyncio.create_task(ticker())
+        events = [e.payload async for e in trigger.run()]
+        await tick_task
+        return events, ticks
+
+    events, ticks = asyncio.run(main())
+    assert events == [{"status": "done", "polls": 1}] and ticks == 5
+
+
+# -- Kafka: brokers and settings from a connection, secrets never logged -----------------------------------
+
+
+def test_kafka_connection_extra_is_the_client_config(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+                                                     capfd: pytest.CaptureFixture[str]) -> None:
+    extra = {"bootstrap.servers": "k1:9092,k2:9092", "security.protocol": "SASL_SSL", "sasl.mechanisms": "PLAIN",
+             "sasl.username": "svc", "sasl.password": "hunter2-secret", "group.id": "airflow"}
+    monkeypatch.setenv("AIRFLOW_CONN_MY_KAFKA", json.dumps({"conn_type": "kafka", "extra": extra}))
+    caplog.set_level(logging.DEBUG)
+    watch = KafkaLagTrigger(group="g", threshold=1, kafka_conn_id="my_kafka").build_watch()
+    assert watch.bootstrap_servers == "k1:9092,k2:9092"
+    assert watch.conf == {"security.protocol": "SASL_SSL", "sasl.mechanisms": "PLAIN", "sasl.username": "svc",
+                          "sasl.password": "hunter2-secret"}  # group.id: a consumer setting the admin client ignores
+    logged = caplog.text + "".join(capfd.readouterr())  # Airflow's structlog writes to stdout
+    assert "hunter2-secret" not in logged and "'sasl.password': '***'" in logged
+    override = KafkaLagTrigger(group="g", threshold=1, kafka_conn_id="my_kafka", bootstrap_servers="k3:9092")
+    assert override.build_watch().bootstrap_servers == "k3:9092"
+
+
+def test_kafka_connection_host_is_the_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps({"conn_type": "kafka", "host": "broker",
+                                                                 "port": 9093}))
+    assert KafkaConfigHook().client_config() == ("broker:9093", {})
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps({"conn_type": "kafka"}))
+    event = one_event(KafkaLagTrigger(group="g", threshold=1, kafka_conn_id="kafka_default", poll_interval=0.01))
+    assert event["status"] == "error" and "names no Kafka brokers" in event["message"]
+
+
+def test_kafka_lag_trigger_without_brokers_is_an_error() -> None:
+    event = one_event(KafkaLagTrigger(group="g", threshold=1, poll_interval=0.01))
+    assert event["status"] == "error" and "kafka_conn_id" in event["message"]
+
+
+def test_kafka_errors_keep_the_trigger_polling_until_its_timeout() -> None:
+    # Nothing listens on port 1: every poll fails with a LagError, which the timeout event reports.
+    event = one_event(KafkaLagTrigger(group="g", threshold=1, topics=["t"], bootstrap_servers="127.0.0.1:1",
+                                      request_timeout=0.5, poll_interval=0.01, timeout=0.1))
+    assert event["status"] == "timeout" and "the last poll failed" in event["message"]
