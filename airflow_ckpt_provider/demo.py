@@ -26,7 +26,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,23 @@ class World:
         if producer.flush(30) != 0:
             raise RuntimeError("orders still queued after 30 s")
         self.produced += count
+
+    @contextlib.contextmanager
+    def flowing(self, per_second: int = 20) -> Iterator[None]:
+        """Orders keep arriving while inside (as in production): ``per_second`` each second."""
+        stop = threading.Event()
+
+        def run() -> None:
+            while not stop.wait(1.0):
+                self.produce(per_second)
+
+        thread = threading.Thread(target=run, name="orders-producer", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(60)
 
     def expected(self) -> dict[str, tuple[int, int]]:
         found: dict[str, tuple[int, int]] = {}
@@ -218,12 +235,12 @@ def scenario(world: World, home: AirflowHome) -> dict[str, Any]:
     status = world.wait("the restored driver", lambda s: s.state == "RUNNING")
     say(f"running again: epoch {status.epoch}, restored from {status.restored_from}")
 
-    world.produce(1000)
-    say(f"produced 1000 more orders (total {world.produced})")
-    say("3. DAG ckpt_upgrade_job: upgrade to orders_v2.py (savepoint mode), state kept")
+    say("3. DAG ckpt_upgrade_job: upgrade to orders_v2.py (savepoint mode), state kept; orders keep arriving")
     conf = {"job": world.job, "job_file": str(EXAMPLES / "orders_v2.py"), "code_version": "v2",
-            "upgrade_mode": "savepoint", "verify_batches": 1}
-    _expect_success(home.dags_test("ckpt_upgrade_job", conf), "ckpt_upgrade_job")
+            "upgrade_mode": "savepoint", "verify_batches": 2}
+    with world.flowing():
+        _expect_success(home.dags_test("ckpt_upgrade_job", conf), "ckpt_upgrade_job")
+    say(f"orders produced while upgrading: total {world.produced}")
     status = world.wait_all_consumed()
     say(f"v2 runs: epoch {status.epoch}, code {status.code_version}, batch {status.batch_id}")
     return {"upgraded_epoch": status.epoch, "code_version": status.code_version}

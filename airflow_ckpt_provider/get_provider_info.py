@@ -24,9 +24,24 @@ def get_provider_info() -> dict[str, Any]:
         "hooks": [
             {
                 "integration-name": "Spark Structured Streaming checkpoints",
-                "python-modules": ["airflow_ckpt_provider.hooks.job_store", "airflow_ckpt_provider.hooks.kafka"],
+                "python-modules": [
+                    "airflow_ckpt_provider.hooks.job_store",
+                    "airflow_ckpt_provider.hooks.spark",
+                    "airflow_ckpt_provider.hooks.kafka",
+                ],
             }
         ],
+        "operators": [
+            {
+                "integration-name": "Spark Structured Streaming checkpoints",
+                "python-modules": [
+                    "airflow_ckpt_provider.operators.job",
+                    "airflow_ckpt_provider.operators.snapshot",
+                    "airflow_ckpt_provider.operators.upgrade",
+                ],
+            }
+        ],
+        "extra-links": ["airflow_ckpt_provider.links.SparkUILink", "airflow_ckpt_provider.links.SnapshotLink"],
         "sensors": [
             {
                 "integration-name": "Spark Structured Streaming checkpoints",
@@ -78,6 +93,34 @@ def get_provider_info() -> dict[str, Any]:
                         "store_url": "s3://my-bucket/streaming-jobs",
                     },
                 },
-            }
+            },
+            {
+                "hook-class-name": "airflow_ckpt_provider.hooks.spark.CkptSparkHook",
+                "hook-name": "Spark for checkpointed streaming jobs",
+                "connection-type": "ckpt_spark",
+                "conn-fields": {
+                    "deploy_mode": {
+                        "label": "Deploy mode",
+                        "description": "client (the driver runs on the Airflow worker) or cluster (YARN, Kubernetes).",
+                        "schema": {"type": ["string", "null"], "enum": ["client", "cluster", None]},
+                    },
+                    "spark_submit": {
+                        "label": "spark-submit",
+                        "description": "Path of spark-submit; default: next to this Python, $SPARK_HOME/bin, PATH.",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "conf": {
+                        "label": "Spark settings (JSON)",
+                        "description": "Default Spark settings of the jobs as a JSON object, e.g. "
+                        "{\"spark.sql.shuffle.partitions\": \"4\"}.",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                },
+                "ui-field-behaviour": {
+                    "hidden-fields": ["schema", "login", "password", "extra"],
+                    "relabeling": {"host": "Master URL"},
+                    "placeholders": {"host": "local[2], yarn, spark://host:7077 or k8s://https://host:443"},
+                },
+            },
         ],
     }

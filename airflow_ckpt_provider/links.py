@@ -30,9 +30,9 @@ class _StoredLink(BaseOperatorLink):
 
     @classmethod
     def persist(cls, context: Context, url: str | None) -> None:
-        """Store the link's URL for this task instance (nothing when there is none)."""
-        if url:
-            context["ti"].xcom_push(key=cls().xcom_key, value=url)
+        """Store the link's URL for this task instance ("" when there is none: the UI hides an empty link,
+        and a missing XCom would be logged as an error when Airflow collects the links)."""
+        context["ti"].xcom_push(key=cls().xcom_key, value=url or "")
 
 
 class SparkUILink(_StoredLink):
@@ -48,7 +48,7 @@ class SnapshotLink(_StoredLink):
 
     @classmethod
     def persist_snapshot(cls, context: Context, uri: str | None, endpoint_url: str | None = None) -> None:
-        cls.persist(context, browsable(uri, endpoint_url) if uri else None)
+        cls.persist(context, browsable(uri, endpoint_url) if uri else "")
 
 
 def browsable(uri: str, endpoint_url: str | None = None) -> str:

@@ -39,6 +39,7 @@ class JobStatus:
     batch_id: int | None = None
     offsets: dict[str, Any] = field(default_factory=dict)
     data_waiting: bool = False
+    idle: bool = False  # the query's last trigger found no new data (caught up with its sources)
     last_snapshot: dict[str, Any] | None = None
     restored_from: str | None = None
     pid: int | None = None

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from airflow_ckpt_provider.core.control import read_ack
 from airflow_ckpt_provider.core.errors import ConfigError, SnapshotError
-from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, SNAPSHOTS, JobStore
+from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, SNAPSHOTS, SPEC_LAST, JobStore
 from airflow_ckpt_provider.core.jobview import JobView, when
 from airflow_ckpt_provider.core.lease import read_lease
 from airflow_ckpt_provider.core.manifest import Kind, Manifest, parse_enum
@@ -113,7 +113,8 @@ class JobHealthWatch:
     without reporting, get ``start_timeout`` at least); data waiting and the batch id unchanged for
     ``progress_timeout`` s; no status of the watched deployment within ``start_timeout`` s of the
     first poll (or of a newer driver taking the lease). Healthy: RUNNING, ``min_batches`` batches
-    committed since the watch first saw the deployment, continuously for ``healthy_for`` s.
+    committed since the watch first saw the deployment (or caught up: Spark found no new data in its
+    sources, so there is nothing to make progress on), continuously for ``healthy_for`` s.
     """
 
     def __init__(
@@ -246,7 +247,8 @@ class JobHealthWatch:
     def _healthy(self, status: JobStatus, now: float) -> bool:
         if status.state is not JobState.RUNNING or self._healthy_since is None:
             return False
-        return self._batches(status) >= self.min_batches and now - self._healthy_since >= self.healthy_for
+        progressed = self._batches(status) >= self.min_batches or status.idle  # idle: caught up, nothing to do
+        return progressed and now - self._healthy_since >= self.healthy_for
 
     def _unhealthy(
         self, view: JobView, s: JobStatus | None, restart_times: list[float], restarts: int, now: float
@@ -308,12 +310,31 @@ class JobHealthWatch:
         )
 
     def _not_started(self, view: JobView, now: float) -> tuple[Unhealthy, str] | None:
+        ended = self._launch_ended()
+        if ended:
+            return Unhealthy.NOT_STARTED, f"job {self.store.job}: {ended}"
         if self._pending_since is None or now - self._pending_since < self.start_timeout:
             return None
         return Unhealthy.NOT_STARTED, (
             f"job {self.store.job}: expected {self._deployment()} to report within {self.start_timeout:.0f} s, "
             f"found {self._found(view)}: its start probably failed. Check the launch (spark-submit) log"
         )
+
+    def _launch_ended(self) -> str:
+        """Why the watched launch (spec/last.json launched at/after ``started_after``) ended before its driver
+        reported, as its supervisor recorded it; '' if it did not (or there is no such record)."""
+        if self.started_after is None:
+            return ""
+        try:
+            record = json.loads(self.store.storage.read(SPEC_LAST))
+        except (FileNotFoundError, ValueError):
+            return ""
+        if not isinstance(record, dict) or record.get("ended_at") is None:
+            return ""
+        if float(record.get("launched_at") or 0) < self.started_after - 1:
+            return ""
+        return (f"launch {record.get('launch_id')} ended before its driver reported: {record.get('end_reason')} "
+                f"(exit code {record.get('exit_code')}); its log: {record.get('log_file')} on {record.get('host')}")
 
     # -- tell ----------------------------------------------------------------------------------
 
@@ -341,8 +362,10 @@ class JobHealthWatch:
             return f"waiting for {self._deployment()} to report; found {self._found(view)}"
         line = f"{s.state} at epoch {s.epoch}, batch {s.batch_id}"
         if s.state is JobState.RUNNING and self._healthy_since is not None:
-            line += (f", {max(0, self._batches(s))} of {self.min_batches} batches, healthy for "
-                     f"{now - self._healthy_since:.0f} of {self.healthy_for:.0f} s")
+            # No running clock in this line: the trigger logs it again only when it changes.
+            line += f", {max(0, self._batches(s))} of {self.min_batches} batches" + (
+                f", healthy since {when(self._healthy_since)} (for {self.healthy_for:.0f} s)" if self.healthy_for
+                else "")
         return line
 
     def _healthy_message(self, s: JobStatus, now: float) -> str:

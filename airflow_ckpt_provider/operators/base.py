@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection
+from datetime import timedelta
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
@@ -14,13 +15,13 @@ from airflow_ckpt_provider.hooks.job_store import JobStoreHook
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-    from airflow.triggers.base import BaseTrigger
 
     from airflow_ckpt_provider.core.jobstore import JobStore
+    from airflow_ckpt_provider.triggers.base import WatchTrigger
 
 
-class Watch(Protocol):
-    def poll(self, now: float | None = None) -> dict[str, Any] | None: ...
+#: Seconds after a trigger's own timeout at which Airflow's deferral timeout gives up on it.
+DEFER_GRACE = 60.0
 
 
 class JobOperator(BaseOperator):
@@ -63,25 +64,37 @@ class JobOperator(BaseOperator):
                 "poll_interval": self.poll_interval}
 
     def wait(
-        self,
-        context: Context,
-        *,
-        trigger: BaseTrigger,
-        watch: Watch,
-        method_name: str,
-        timeout: float | None = None,
-        kwargs: dict[str, Any] | None = None,
+        self, context: Context, *, trigger: WatchTrigger, method_name: str, kwargs: dict[str, Any] | None = None
     ) -> Any:
-        """Defer to ``trigger``, or (not deferrable) poll ``watch`` here; either way ``method_name`` gets the event."""
+        """Defer to ``trigger``, or (not deferrable) poll its watch here; either way ``method_name`` gets the
+        event. The trigger's own timeout yields a "timeout" event the method handles (a rollback, a clear
+        message); Airflow's deferral timeout is only the backstop, a grace period later."""
         if self.deferrable:
-            self.defer(trigger=trigger, method_name=method_name, kwargs=kwargs, timeout=timeout)
-        deadline = None if timeout is None else time.monotonic() + timeout
+            backstop = None if trigger.timeout is None else timedelta(seconds=trigger.timeout + DEFER_GRACE)
+            # The next step and its arguments travel in the trigger's event: dag.test drops defer's kwargs.
+            trigger.resume_with = {"method": method_name, "kwargs": kwargs or {}}
+            self.defer(trigger=trigger, method_name="resume", timeout=backstop)
+        watch = trigger.build_watch()
+        deadline = None if trigger.timeout is None else time.monotonic() + trigger.timeout
         while (event := watch.poll()) is None:
             if deadline is not None and time.monotonic() >= deadline:
-                event = {"status": "timeout", "message": f"no outcome within {timeout:.0f} s"}
+                event = {"status": "timeout",
+                         "message": f"no outcome within {trigger.timeout:.0f} s: {watch.waiting_for()}"}
                 break
             time.sleep(self.poll_interval)
         return getattr(self, method_name)(context, event, **(kwargs or {}))
+
+    def resume(self, context: Context, event: dict[str, Any] | None = None) -> Any:
+        """Where Airflow resumes a deferred step: the trigger's event names the method to continue with."""
+        return resume_step(self, context, event)
+
+
+def resume_step(op: JobOperator, context: Context, event: dict[str, Any] | None) -> Any:
+    """Continue with the step the trigger carried back (``resume_with``)."""
+    step = (event or {}).pop("resume_with", None) if isinstance(event, dict) else None
+    if not isinstance(step, dict) or not isinstance(step.get("method"), str):
+        raise AirflowException(f"job {op.job}: the trigger's event does not say how to resume: {event!r:.300}")
+    return getattr(op, step["method"])(context, event, **(step.get("kwargs") or {}))
 
 
 def check_event(event: dict[str, Any] | None, allowed: Collection[str], what: str) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
+from dataclasses import replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -13,7 +15,6 @@ from airflow_ckpt_provider.core.control import Action, submit_request
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.jobview import check_can_request, observe
 from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobState
-from airflow_ckpt_provider.core.watch import JobHealthWatch, RequestWatch
 from airflow_ckpt_provider.hooks.spark import CkptSparkHook
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink
 from airflow_ckpt_provider.operators.base import JobOperator, check_event
@@ -54,10 +55,8 @@ class _LaunchMixin(JobOperator):
                       min_epoch: int | None = None, kwargs: dict[str, Any] | None = None) -> Any:
         health: dict[str, Any] = {"expect": "healthy", "min_epoch": min_epoch, "started_after": started_after,
                   "start_timeout": self.start_timeout}
-        return self.wait(
-            context, trigger=JobHealthTrigger(**self._store_args, **health),
-            watch=JobHealthWatch(store, **health), method_name=method_name, kwargs=kwargs,
-        )
+        trigger = JobHealthTrigger(**self._store_args, **health, timeout=self.start_timeout + 60)
+        return self.wait(context, trigger=trigger, method_name=method_name, kwargs=kwargs)
 
     def _running_result(self, context: Context, event: dict[str, Any], launch_id: str | None) -> dict[str, Any]:
         event = check_event(event, ("healthy", "unhealthy"), f"job {self.job}")
@@ -85,6 +84,8 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
     :param env: the job's own settings for its driver (never credentials: they are stored with the deployment)
     :param conf: Spark settings on top of the Spark connection's
     :param restart_strategy: exponential-delay (default), fixed-delay or failure-rate, with Flink's defaults
+    :param keep_recorded_code: when the job is not running and last ran other code than this task's (it was
+        upgraded), start that code again (default) rather than this task's
     """
 
     template_fields = (*JobOperator.template_fields, "job_file", "code_version", "restore", "env", "conf",
@@ -118,6 +119,7 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
         progress_timeout: float | None = None,
         start_timeout: float = 600.0,
         on_kill_policy: str = "leave_running",
+        keep_recorded_code: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -142,6 +144,7 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
         self.progress_timeout = progress_timeout
         self.start_timeout = start_timeout
         self.on_kill_policy = on_kill_policy
+        self.keep_recorded_code = keep_recorded_code
 
     @cached_property
     def spark_hook(self) -> CkptSparkHook:
@@ -149,6 +152,12 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
 
     def deployment(self) -> Deployment:
         """This task's deployment: the Spark connection's settings with this task's on top."""
+        for name in ("env", "conf"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Mapping):
+                raise ConfigError(f"{name} must be a mapping of names to values, found {type(value).__name__} "
+                                  f"{str(value)[:80]!r}; a templated {name} needs the DAG's "
+                                  "render_template_as_native_obj=True")
         spark = self.spark_hook.settings
         return Deployment(
             job_file=self.job_file, code_version=self.code_version, master=spark["master"],
@@ -180,8 +189,27 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
         running = self._running_driver(store)
         if running is not None:
             return running
-        record = self._launch(store, self.deployment(), self.restore)
+        record = self._launch(store, self._what_to_launch(store), self.restore)
         return {"launch_id": record.launch_id, "launched_at": record.launched_at, "epoch": None}
+
+    def _what_to_launch(self, store: JobStore) -> Deployment:
+        """This task's deployment, unless the job last ran other code (an upgrade from another DAG): then that,
+        so that a keep-alive restart never silently downgrades a job whose state newer code wrote."""
+        mine, last = self.deployment(), read_launch(store)
+        if last is None:
+            return mine
+        if mine.checkpoint is None and last.deployment.checkpoint:  # e.g. a stateless upgrade's fresh location
+            mine = replace(mine, checkpoint=last.deployment.checkpoint)
+        if not self.keep_recorded_code:
+            return mine
+        theirs = last.deployment
+        if (theirs.job_file, theirs.code_version) == (mine.job_file, mine.code_version):
+            return mine
+        self.log.warning("job %s last ran %s (code %s, launched by %s); starting that again, not this task's %s "
+                         "(code %s): change code with UpgradeStreamingJobOperator, or set keep_recorded_code=False",
+                         self.job, theirs.job_file, theirs.code_version or "-", last.launched_by, mine.job_file,
+                         mine.code_version or "-")
+        return theirs
 
     def _running_driver(self, store: JobStore) -> dict[str, Any] | None:
         """The identity of a live driver of this job, if one runs: a second submit would fence it."""
@@ -190,8 +218,12 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
         except ConfigError:  # never ran
             return None
         status = view.status
-        if status is None or status.state not in ACTIVE_STATES or view.stale or status.state is JobState.STOPPING:
+        if status is None or status.state not in ACTIVE_STATES or view.stale:
             return None
+        if status.state is JobState.STOPPING:  # a new driver would fence it before its final savepoint is out
+            raise AirflowException(
+                f"job {self.job} is STOPPING (epoch {status.epoch}: {status.reason}); nothing was submitted. Retry "
+                "once it is STOPPED (the task's retries do that), then it restarts from its final savepoint")
         last = read_launch(store)
         self.log.info("job %s already runs (epoch %d, %s, pid %s on %s, code %s): reconnecting instead of "
                       "submitting it again; use UpgradeStreamingJobOperator to change its code", self.job,
@@ -199,7 +231,13 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
         return {"launch_id": last.launch_id if last else None, "launched_at": None, "epoch": status.epoch}
 
     def get_job_status(self, external_id: JsonValue, context: Context) -> str:
-        view = observe(self.job_store())
+        store = self.job_store()
+        try:
+            view = observe(store)
+        except ConfigError:  # launched (the id was stored), but no driver took the lease yet
+            last = read_launch(store)
+            young = last is not None and time.time() - last.launched_at < self.start_timeout
+            return "STARTING" if young and last is not None and last.ended_at is None else "LOST"
         status = view.status
         if status is None:
             return "STARTING"
@@ -265,8 +303,10 @@ class StopStreamingJobOperator(JobOperator):
         store = self.job_store()
         try:
             view = observe(store)
-        except ConfigError as err:
-            raise AirflowException(str(err)) from err
+        except ConfigError as err:  # never ran here: nothing to stop (safe as a teardown)
+            self.log.info("job %s: nothing to stop: %s", self.job, err)
+            return {"job": self.job, "outcome": "not_running", "snapshot_id": None, "snapshot_uri": None,
+                    "batch_id": None}
         status = view.status
         if status is None or status.state not in ACTIVE_STATES or view.stale:
             state = "never reported" if status is None else ("stale" if view.stale else status.state.value)
@@ -290,11 +330,8 @@ def request_and_wait(op: JobOperator, context: Context, store: JobStore, action:
         raise AirflowException(f"job {op.job}: {err}") from err
     op.log.info("job %s: requested %s of the driver of epoch %d (request %s); waiting up to %.0f s", op.job, action,
                 request.epoch, request.id, timeout)
-    return op.wait(
-        context, trigger=RequestTrigger(**op._store_args, request_id=request.id, epoch=request.epoch),
-        watch=RequestWatch(store, request.id, request.epoch), method_name=method_name, timeout=timeout,
-        kwargs=kwargs,
-    )
+    trigger = RequestTrigger(**op._store_args, request_id=request.id, epoch=request.epoch, timeout=timeout)
+    return op.wait(context, trigger=trigger, method_name=method_name, kwargs=kwargs)
 
 
 def ack_result(op: JobOperator, context: Context, event: dict[str, Any]) -> dict[str, Any]:
@@ -315,11 +352,11 @@ class RestartStreamingJobOperator(_LaunchMixin):
     """Restart a job's last deployment (spec/last.json) from the latest completed checkpoint or a chosen
     snapshot. A driver that still runs is stopped first (``stop_mode``: cancel, the default, or savepoint).
 
-    Returns what the submit operator returns once the new driver runs, plus ``restored_from``.
+    Returns what the submit operator returns once the new driver runs, plus ``restore`` (as asked).
     """
 
     template_fields = (*JobOperator.template_fields, "restore", "stop_mode")
-    operator_extra_links = (SparkUILink(),)
+    operator_extra_links = (SparkUILink(), SnapshotLink())
 
     def __init__(self, *, restore: str = "latest-state", stop_mode: str = "cancel", start_timeout: float = 600.0,
                  stop_timeout: float = STOP_TIMEOUT, **kwargs: Any) -> None:

@@ -13,6 +13,8 @@ Observe, decide, act one step at a time (the Flink Kubernetes Operator's upgrade
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException
@@ -22,11 +24,11 @@ from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.jobview import check_can_request, observe
 from airflow_ckpt_provider.core.snapshots import latest_completed, list_snapshots
 from airflow_ckpt_provider.core.status import ACTIVE_STATES
-from airflow_ckpt_provider.core.watch import JobHealthWatch
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink
 from airflow_ckpt_provider.operators.base import check_event
 from airflow_ckpt_provider.operators.job import STOP_TIMEOUT, _LaunchMixin, ack_result, request_and_wait
 from airflow_ckpt_provider.runtime.compat import check_restore
+from airflow_ckpt_provider.runtime.config import default_checkpoint
 from airflow_ckpt_provider.runtime.deploy import (
     Deployment,
     Launch,
@@ -97,6 +99,9 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
                                    "with SubmitStreamingJobOperator; nothing was changed")
         try:
             new = old.deployment.with_code(self.job_file, self.code_version)
+            if self.upgrade_mode == "stateless":  # without state: on a fresh live checkpoint location
+                base = old.deployment.checkpoint or default_checkpoint(self.job)
+                new = replace(new, checkpoint=f"{base.rstrip('/')}-stateless-{int(time.time())}")
             running = self._running_epoch(store)
             if running is None and self.upgrade_mode == "savepoint":
                 raise ConfigError("it is not running, so no savepoint can be taken; use upgrade_mode last-state to "
@@ -154,7 +159,7 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
                    "stateless": "none"}[self.upgrade_mode]
         plan = plan | {"snapshot_id": snapshot_id}
         self._step(3, "starting %s (code %s), restore %s", self.job_file, self.code_version or "-", restore)
-        record = self._launch(store, Deployment.from_dict(plan["new"]["deployment"]), restore)
+        record = self._launch(store, Deployment.from_dict(plan["new"]), restore)
         return self._verify(context, store, record, "after_verify", plan)
 
     def _verify(self, context: Context, store: JobStore, record: Launch, method_name: str,
@@ -164,11 +169,9 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
             "start_timeout": self.verify_timeout, "max_restarts": 1, "restart_window": self.verify_timeout,
         }
         self._step(4, "verifying: %d batches within %.0f s", int(self.verify_batches), self.verify_timeout)
-        return self.wait(
-            context, trigger=JobHealthTrigger(**self._store_args, **health), watch=JobHealthWatch(store, **health),
-            method_name=method_name, timeout=self.verify_timeout + 60,
-            kwargs={"plan": plan | {"launch": record.to_dict()}},
-        )
+        trigger = JobHealthTrigger(**self._store_args, **health, timeout=self.verify_timeout)
+        return self.wait(context, trigger=trigger, method_name=method_name,
+                         kwargs={"plan": plan | {"launch": record.to_dict()}})
 
     # -- 4. verify, 5. roll back -------------------------------------------------------------------
 
@@ -193,13 +196,9 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         restore = plan["snapshot_id"] or "latest-state"
         self._step(5, "rolling back to %s (code %s) from %s", old.job_file, old.code_version or "-", restore)
         record = self._launch(store, old, restore)
-        return self.wait(
-            context, trigger=JobHealthTrigger(**self._store_args, expect="healthy", started_after=record.launched_at,
-                                              start_timeout=self.verify_timeout),
-            watch=JobHealthWatch(store, expect="healthy", started_after=record.launched_at,
-                                 start_timeout=self.verify_timeout),
-            method_name="after_rollback", timeout=self.verify_timeout + 60, kwargs={"plan": plan, "why": why},
-        )
+        trigger = JobHealthTrigger(**self._store_args, expect="healthy", started_after=record.launched_at,
+                                   start_timeout=self.verify_timeout, timeout=self.verify_timeout)
+        return self.wait(context, trigger=trigger, method_name="after_rollback", kwargs={"plan": plan, "why": why})
 
     def after_rollback(self, context: Context, event: dict[str, Any], plan: dict[str, Any], why: str) -> Any:
         healthy, rollback_why = self._healthy(event)

@@ -27,13 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from airflow_ckpt_provider.core.errors import ConfigError, StorageError
-from airflow_ckpt_provider.core.jobstore import JobStore
+from airflow_ckpt_provider.core.jobstore import SPEC_LAST, SPEC_STABLE, JobStore
 from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
-from airflow_ckpt_provider.runtime.submit import SubmitSpec
+from airflow_ckpt_provider.runtime.submit import SubmitSpec, build_command
 
-SPEC_LAST = "spec/last.json"
-SPEC_STABLE = "spec/stable.json"
 #: Tells the supervisor its launch id: it does not restart a driver once a newer launch is recorded.
 LAUNCH_ENV = "CKPT_LAUNCH_ID"
 #: Names of environment variables whose values must not be stored in the job store or shown in logs.
@@ -177,6 +175,11 @@ class Launch:
     pid: int | None = None
     host: str | None = None
     log_file: str | None = None
+    # Written by its supervisor when it ends (runtime/supervisor.py): waiters stop waiting for a driver.
+    ended_at: float | None = None
+    ending: str | None = None
+    exit_code: int | None = None
+    end_reason: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "deployment": self.deployment.to_dict()}
@@ -204,6 +207,19 @@ def read_launch(store: JobStore, key: str = SPEC_LAST) -> Launch | None:
     except FileNotFoundError:
         return None
     return Launch.from_bytes(data, store.storage.uri(key))
+
+
+def record_end(store: JobStore, launch_id: str, *, ending: str, exit_code: int, reason: str) -> bool:
+    """Record in spec/last.json how launch ``launch_id`` ended, unless a newer launch replaced it meanwhile
+    (compare-and-swap); True if recorded."""
+    current = store.storage.read_versioned(SPEC_LAST)
+    if current is None:
+        return False
+    last = Launch.from_bytes(current.data, store.storage.uri(SPEC_LAST))
+    if last.launch_id != launch_id:
+        return False
+    ended = replace(last, ended_at=time.time(), ending=ending, exit_code=exit_code, end_reason=reason)
+    return store.storage.write_if(SPEC_LAST, ended.to_bytes(), current.tag)
 
 
 def mark_stable(store: JobStore, launch: Launch) -> None:
@@ -237,9 +253,12 @@ def launch(
     log_file = logs / f"{launch_id}.log"
     record = Launch(store.job, deployment, restore, now, launched_by or f"{os.environ.get('USER', '?')}@"
                     f"{socket.gethostname()}", launch_id, host=socket.gethostname(), log_file=str(log_file))
+    build_command(submit_spec(deployment, store.job, store_url, restore, s3))  # bad input fails here, not later
     argv = run_argv(deployment, store.job, store_url, restore, s3)
     store.storage.write(SPEC_LAST, record.to_bytes())
-    env = {**os.environ, **deployment.env, **credentials_env(s3), LAUNCH_ENV: launch_id}
+    # Airflow's own settings (connections, the metadata database) are not the job's business.
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    env = {**inherited, **deployment.env, **credentials_env(s3), LAUNCH_ENV: launch_id}
     with log_file.open("ab") as out:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True)

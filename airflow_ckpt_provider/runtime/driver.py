@@ -79,10 +79,16 @@ JobBuilder = Callable[["SparkSession", JobContext], "DataStreamWriter"]
 
 @dataclass(frozen=True)
 class BatchEvent:
+    """A batch completed; ``batch_id`` -1: a trigger found no new data (Spark's QueryIdleEvent)."""
+
     batch_id: int
     offsets: dict[str, Any]
     data_waiting: bool
     rows: int
+
+    @property
+    def idle(self) -> bool:
+        return self.batch_id < 0
 
 
 class _Listener:
@@ -110,8 +116,8 @@ class _Listener:
                     waiting = waiting or (latest is not None and latest != end)
                 events.put(BatchEvent(int(p.batchId), offsets, waiting, int(p.numInputRows)))
 
-            def onQueryIdle(self, event: Any) -> None:
-                pass
+            def onQueryIdle(self, event: Any) -> None:  # posted at most every noDataProgressEventInterval
+                events.put(BatchEvent(-1, {}, False, 0))
 
             def onQueryTerminated(self, event: Any) -> None:
                 pass
@@ -316,11 +322,16 @@ class JobDriver:
                 event = self.events.get_nowait()
             except queue.Empty:
                 return
+            if event.idle:
+                if self.status is not None and not self.status.idle:  # caught up: one line, one write
+                    log.info("job %s epoch %d: caught up, no new data", self.config.job, self.lease.epoch)
+                    self._report(self._state(), self._reason(), idle=True, data_waiting=False)
+                continue
             self._new_batches += 1
             log.info("job %s epoch %d batch %d: completed, %d rows", self.config.job, self.lease.epoch,
                      event.batch_id, event.rows)
             self._report(self._state(), self._reason(), batch_id=event.batch_id, offsets=event.offsets,
-                         data_waiting=event.data_waiting)
+                         data_waiting=event.data_waiting, idle=False)
 
     def _drain_outcomes(self) -> None:
         while True:

@@ -37,7 +37,7 @@ from airflow_ckpt_provider.core.restart import (
 )
 from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobState, JobStatus, read_status, write_status
 from airflow_ckpt_provider.runtime.config import RestoreMode
-from airflow_ckpt_provider.runtime.deploy import read_launch
+from airflow_ckpt_provider.runtime.deploy import read_launch, record_end
 from airflow_ckpt_provider.runtime.exitcodes import (
     EXIT_CONFIG,
     EXIT_FAILED,
@@ -473,6 +473,7 @@ class Supervisor:
                 self._record_failed(self.store, reason)
             except StorageError as err:
                 log.warning("job %s: cannot record FAILED in status.json: %s", self.job, err)
+        self._record_end(Ending.GAVE_UP, code, reason)
         return SupervisorOutcome(Ending.GAVE_UP, attempts, attempts - 1, code, reason)
 
     def _record_failed(self, store: JobStore, reason: str) -> None:
@@ -492,4 +493,14 @@ class Supervisor:
 
     def _end(self, final: Ending, attempts: int, code: int, reason: str) -> SupervisorOutcome:
         log.info("job %s: %s: %s", self.job, final.value, reason)
+        self._record_end(final, code, reason)
         return SupervisorOutcome(final, attempts, attempts - 1, code, reason)
+
+    def _record_end(self, final: Ending, code: int, reason: str) -> None:
+        """How this launch ended, in spec/last.json (when launched from Airflow): a waiter stops waiting."""
+        if self.store is None or self.launch_id is None:
+            return
+        try:
+            record_end(self.store, self.launch_id, ending=final.value, exit_code=code, reason=reason)
+        except StorageError as err:
+            log.warning("job %s: cannot record the end of launch %s: %s", self.job, self.launch_id, err)

@@ -26,15 +26,19 @@ TRIGGER_EVENTS = frozenset({TIMEOUT, ERROR})
 
 class WatchTrigger(BaseTrigger):
     """Polls ``build_watch()``'s watch every ``poll_interval`` s; ``timeout`` (s, None: none) ends the wait
-    with a ``timeout`` event that says what was last seen."""
+    with a ``timeout`` event that says what was last seen. ``resume_with`` comes back in the event, under
+    that key: what the deferring operator needs to take its next step (``dag.test`` drops the kwargs of
+    ``defer``, the event always arrives)."""
 
     #: The statuses this trigger's events can have.
     STATUSES: ClassVar[frozenset[str]] = TRIGGER_EVENTS
 
-    def __init__(self, *, poll_interval: float = 5.0, timeout: float | None = None) -> None:
+    def __init__(self, *, poll_interval: float = 5.0, timeout: float | None = None,
+                 resume_with: dict[str, Any] | None = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # BaseTrigger.__init__(**kwargs) is unannotated
         self.poll_interval = float(poll_interval)
         self.timeout = None if timeout is None else float(timeout)
+        self.resume_with = resume_with
         self._watch: Watch | None = None
 
     @abstractmethod
@@ -46,11 +50,15 @@ class WatchTrigger(BaseTrigger):
         """The watch to poll. Blocking IO is allowed: the trigger calls it in a thread, a sensor in its worker."""
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        kwargs = {**self.arguments(), "poll_interval": self.poll_interval, "timeout": self.timeout}
+        kwargs = {**self.arguments(), "poll_interval": self.poll_interval, "timeout": self.timeout,
+                  "resume_with": self.resume_with}
         return f"{type(self).__module__}.{type(self).__qualname__}", kwargs
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        yield TriggerEvent(await self._outcome())  # type: ignore[no-untyped-call]  # unannotated in Airflow
+        event = await self._outcome()
+        if self.resume_with is not None:
+            event["resume_with"] = self.resume_with
+        yield TriggerEvent(event)  # type: ignore[no-untyped-call]  # unannotated in Airflow
 
     async def _outcome(self) -> dict[str, Any]:
         """The one terminal payload: the watch's event, a timeout, or an error."""
@@ -95,8 +103,9 @@ class JobStoreTrigger(WatchTrigger):
         store_url: str | None = None,
         poll_interval: float = 5.0,
         timeout: float | None = None,
+        resume_with: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(poll_interval=poll_interval, timeout=timeout)
+        super().__init__(poll_interval=poll_interval, timeout=timeout, resume_with=resume_with)
         self.job = job
         self.ckpt_store_conn_id = ckpt_store_conn_id
         self.store_url = store_url

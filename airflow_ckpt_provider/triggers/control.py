@@ -30,9 +30,10 @@ class RequestTrigger(JobStoreTrigger):
         store_url: str | None = None,
         poll_interval: float = 2.0,
         timeout: float | None = None,
+        resume_with: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(job=job, ckpt_store_conn_id=ckpt_store_conn_id, store_url=store_url,
-                         poll_interval=poll_interval, timeout=timeout)
+                         poll_interval=poll_interval, timeout=timeout, resume_with=resume_with)
         self.request_id = request_id
         self.epoch = epoch
         self.busy_timeout = busy_timeout

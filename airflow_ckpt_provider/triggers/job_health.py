@@ -38,9 +38,10 @@ class JobHealthTrigger(JobStoreTrigger):
         store_url: str | None = None,
         poll_interval: float = 5.0,
         timeout: float | None = None,
+        resume_with: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(job=job, ckpt_store_conn_id=ckpt_store_conn_id, store_url=store_url,
-                         poll_interval=poll_interval, timeout=timeout)
+                         poll_interval=poll_interval, timeout=timeout, resume_with=resume_with)
         self.expect = str(expect)
         self.min_epoch = min_epoch
         self.started_after = started_after

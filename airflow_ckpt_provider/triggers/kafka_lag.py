@@ -33,8 +33,9 @@ class KafkaLagTrigger(WatchTrigger):
         request_timeout: float = DEFAULT_TIMEOUT,
         poll_interval: float = 10.0,
         timeout: float | None = None,
+        resume_with: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(poll_interval=poll_interval, timeout=timeout)
+        super().__init__(poll_interval=poll_interval, timeout=timeout, resume_with=resume_with)
         self.group = group
         self.threshold = threshold
         self.topics = list(topics) if topics is not None else None

@@ -25,6 +25,12 @@ def test_airflow_lists_the_provider_and_its_connection_type(tmp_path: Path) -> N
                            timeout=120, check=True).stdout
     line = next(x for x in hooks.splitlines() if x.startswith("ckpt_store"))
     assert "airflow_ckpt_provider.hooks.job_store.JobStoreHook" in line
+    line = next(x for x in hooks.splitlines() if x.startswith("ckpt_spark"))
+    assert "airflow_ckpt_provider.hooks.spark.CkptSparkHook" in line
+    links = subprocess.run([airflow, "providers", "links"], env=env, capture_output=True, text=True,
+                           timeout=120, check=True).stdout
+    assert "airflow_ckpt_provider.links.SparkUILink" in links
+    assert "airflow_ckpt_provider.links.SnapshotLink" in links
 
 
 def test_connection_fields_are_declared_in_provider_info() -> None:
@@ -36,12 +42,18 @@ def test_connection_fields_are_declared_in_provider_info() -> None:
             "extra__ckpt_store__aws_conn_id"} <= set(widgets)
     behaviour = pm.field_behaviours["ckpt_store"]
     assert behaviour["relabeling"]["host"] == "S3 endpoint URL"
+    assert {"extra__ckpt_spark__deploy_mode", "extra__ckpt_spark__spark_submit",
+            "extra__ckpt_spark__conf"} <= set(widgets)
+    assert pm.field_behaviours["ckpt_spark"]["relabeling"]["host"] == "Master URL"
 
 
 def test_core_imports_without_airflow() -> None:
     code = ("import sys, importlib\n"
-            "for m in ['snapshots','restore','gc','retention','checkpoint','ckptfiles','storage','s3','restart']:\n"
+            "for m in ['snapshots','restore','gc','retention','checkpoint','ckptfiles','storage','s3','restart',\n"
+            "          'watch','jobview','status','control','lease']:\n"
             "    importlib.import_module('airflow_ckpt_provider.core.' + m)\n"
+            "for m in ['driver','deploy','compat','restorecheck','supervisor','submit','startup']:\n"
+            "    importlib.import_module('airflow_ckpt_provider.runtime.' + m)\n"
             "import airflow_ckpt_provider.cli\n"
             "bad = [m for m in sys.modules if m == 'airflow' or m.startswith('airflow.')]\n"
             "assert not bad, bad\n")
@@ -68,3 +80,19 @@ def test_job_store_hook_test_connection(s3_server: EmbeddedS3, bucket: str, monk
     assert "wrong-secret-value" not in message
     store = JobStoreHook("good_store").job_store("orders")
     assert store.url == f"s3://{bucket}/jobs/orders"
+
+
+def test_spark_hook_test_connection(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from airflow_ckpt_provider.hooks.spark import CkptSparkHook
+
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    monkeypatch.setenv("AIRFLOW_CONN_LOCAL_SPARK", json.dumps({"conn_type": "ckpt_spark", "host": "local[2]",
+                                                               "extra": {"conf": {"spark.ui.enabled": "false"}}}))
+    ok, message = CkptSparkHook("local_spark").test_connection()
+    assert ok, message
+    assert "master local[2]" in message
+    monkeypatch.setenv("AIRFLOW_CONN_NO_MASTER", json.dumps({"conn_type": "ckpt_spark", "host": "spark://127.0.0.1",
+                                                             "port": 1}))
+    ok, message = CkptSparkHook("no_master").test_connection()
+    assert not ok
+    assert "refused" in message.lower()

@@ -110,6 +110,7 @@ def test_savepoint_restore_dag(world: World, home: AirflowHome) -> None:
 
 
 def test_incompatible_upgrade_is_refused_before_the_job_stops(world: World, home: AirflowHome) -> None:
+    world.produce(500)  # data flowing, as in production: the upgrade must not lose it
     before = running(world)
     lease = read_lease(world.store)
     requests = control_requests(world)
@@ -122,14 +123,14 @@ def test_incompatible_upgrade_is_refused_before_the_job_stops(world: World, home
     assert read_lease(world.store) == lease
     assert control_requests(world) == requests  # no stop was even requested
     assert read_launch(world.store).deployment.code_version == "v1"  # type: ignore[union-attr]
-    world.produce(500)
     assert_exact(world)
 
 
 def test_failing_upgrade_is_rolled_back(world: World, home: AirflowHome) -> None:
     before = running(world)
-    done = home.dags_test("ckpt_upgrade_job", {"job": world.job, "job_file": str(EXAMPLES / "orders_v2_broken.py"),
-                                               "code_version": "v2-broken", "verify_batches": 1})
+    with world.flowing():  # v2-broken fails on its first batch of data
+        done = home.dags_test("ckpt_upgrade_job", {"job": world.job, "code_version": "v2-broken", "verify_batches": 1,
+                                                   "job_file": str(EXAMPLES / "orders_v2_broken.py")})
     assert done.returncode != 0
     assert "rolled back to" in done.stdout, done.stdout[-5000:]
     status = world.wait("the old code again", lambda s: s.epoch > before.epoch + 1 and s.state == JobState.RUNNING
@@ -142,10 +143,10 @@ def test_failing_upgrade_is_rolled_back(world: World, home: AirflowHome) -> None
 
 def test_upgrade_dag_takes_the_job_to_v2_with_its_state(world: World, home: AirflowHome) -> None:
     before = running(world)
-    done = home.dags_test("ckpt_upgrade_job", {"job": world.job, "job_file": str(EXAMPLES / "orders_v2.py"),
-                                               "code_version": "v2", "verify_batches": 1})
+    with world.flowing():
+        done = home.dags_test("ckpt_upgrade_job", {"job": world.job, "job_file": str(EXAMPLES / "orders_v2.py"),
+                                                   "code_version": "v2", "verify_batches": 2})
     assert done.returncode == 0, done.stdout[-5000:]
-    world.produce(500)
     status = running(world)
     assert status.code_version == "v2" and status.epoch > before.epoch
     assert status.restored_from is not None and "/snapshots/savepoint-" in status.restored_from
@@ -182,10 +183,11 @@ def test_upgrade_dag_through_the_rest_api_and_its_trigger_form(world: World, hom
             assert resp.status_code in (400, 422), resp.text
             assert name in resp.text
             assert airflow.api("GET", f"/dags/{dag_id}/dagRuns/invalid-{name}").status_code == 404
-        resp = airflow.trigger(dag_id, conf)
-        assert resp.status_code == 200, resp.text
-        run_id = resp.json()["dag_run_id"]
-        state = airflow.wait_run(dag_id, run_id, timeout=600)
+        with world.flowing():
+            resp = airflow.trigger(dag_id, conf)
+            assert resp.status_code == 200, resp.text
+            run_id = resp.json()["dag_run_id"]
+            state = airflow.wait_run(dag_id, run_id, timeout=600)
         assert state == "success", airflow.task_log(dag_id, run_id, "upgrade")
         result = airflow.xcom(dag_id, run_id, "upgrade")
         assert result["to_version"] == "v2.1" and result["from_version"] == "v2"

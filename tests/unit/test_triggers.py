@@ -30,20 +30,24 @@ from airflow_ckpt_provider.triggers.kafka_lag import KafkaLagTrigger
 from airflow_ckpt_provider.triggers.snapshot import SnapshotTrigger
 from tests.ckptfactory import make_checkpoint
 
+#: What an operator's next step looks like: the method and its (JSON) kwargs, nested.
+RESUME_WITH = {"method": "after_verify", "kwargs": {"plan": {"snapshot_id": "savepoint-3", "old": {"conf": {}},
+                                                             "launch": {"pid": None, "py_files": ["a.zip"]}}}}
+
 ALL_ARGUMENTS: list[tuple[type[WatchTrigger], dict[str, Any]]] = [
     (JobHealthTrigger, {"job": "orders", "expect": "unhealthy", "min_epoch": 4, "started_after": 1.5e9,
                         "healthy_for": 30.0, "min_batches": 2, "heartbeat_timeout": 45.0, "max_restarts": 3,
                         "restart_window": 900.0, "progress_timeout": 120.0, "start_timeout": 200.0,
                         "ckpt_store_conn_id": "my_store", "store_url": "s3://b/jobs", "poll_interval": 3.0,
-                        "timeout": 600.0}),
+                        "timeout": 600.0, "resume_with": RESUME_WITH}),
     (RequestTrigger, {"job": "orders", "request_id": "stop-20261122T101500Z-abc123", "epoch": 7,
                       "busy_timeout": 100.0, "ckpt_store_conn_id": "my_store", "store_url": "/data/jobs",
-                      "poll_interval": 1.0, "timeout": 60.0}),
+                      "poll_interval": 1.0, "timeout": 60.0, "resume_with": {"method": "after_stop", "kwargs": {}}}),
     (SnapshotTrigger, {"job": "orders", "after": 1.7e9, "kind": "savepoint", "ckpt_store_conn_id": "my_store",
-                       "store_url": None, "poll_interval": 4.0, "timeout": None}),
+                       "store_url": None, "poll_interval": 4.0, "timeout": None, "resume_with": None}),
     (KafkaLagTrigger, {"group": "g1", "threshold": 10, "topics": ["a", "b"], "condition": "above",
                        "bootstrap_servers": "k:9092", "kafka_conn_id": "my_kafka", "request_timeout": 5.0,
-                       "poll_interval": 7.0, "timeout": 30.0}),
+                       "poll_interval": 7.0, "timeout": 30.0, "resume_with": RESUME_WITH}),
 ]
 
 
@@ -91,7 +95,13 @@ def test_serialize_round_trips_every_constructor_argument(cls: type[WatchTrigger
     module, name = classpath.rsplit(".", 1)
     again = getattr(importlib.import_module(module), name)(**serialized)
     assert again.serialize() == (classpath, serialized)
-    json.dumps(serialized)  # plain JSON: nothing Airflow must encode specially
+    assert json.loads(json.dumps(serialized)) == serialized  # plain JSON: nothing Airflow must encode specially
+
+
+@pytest.mark.parametrize(("cls", "kwargs"), ALL_ARGUMENTS, ids=lambda x: getattr(x, "__name__", ""))
+def test_resume_with_defaults_to_none(cls: type[WatchTrigger], kwargs: dict[str, Any]) -> None:
+    trigger = cls(**{k: v for k, v in kwargs.items() if k != "resume_with"})
+    assert trigger.resume_with is None and trigger.serialize()[1]["resume_with"] is None
 
 
 # -- run() on a real store ------------------------------------------------------------------------------
@@ -136,6 +146,25 @@ def test_store_url_overrides_the_connection(store: JobStore, tmp_path: Path) -> 
     event = one_event(JobHealthTrigger(job="orders", store_url=str(tmp_path / "other"), poll_interval=0.01,
                                        timeout=5))
     assert (event["status"], event["reason"]) == ("unhealthy", "stopped")
+
+
+def test_every_event_carries_resume_with_back(store: JobStore) -> None:
+    running(store, batch_id=4)
+    healthy = one_event(JobHealthTrigger(job="orders", poll_interval=0.01, timeout=5, resume_with=RESUME_WITH))
+    assert healthy["status"] == "healthy" and healthy["resume_with"] == RESUME_WITH
+    timeout = one_event(JobHealthTrigger(job="orders", min_epoch=5, poll_interval=0.01, timeout=0.05,
+                                         resume_with=RESUME_WITH))
+    assert timeout["status"] == "timeout" and timeout["resume_with"] == RESUME_WITH
+    error = one_event(JobHealthTrigger(job="orders", ckpt_store_conn_id="no_such_conn", poll_interval=0.01,
+                                       resume_with=RESUME_WITH))
+    assert error["status"] == "error" and error["resume_with"] == RESUME_WITH
+    json.dumps(healthy)  # the event is stored as JSON too
+
+
+def test_an_event_without_resume_with_has_no_such_key(store: JobStore) -> None:
+    running(store, batch_id=4)
+    event = one_event(JobHealthTrigger(job="orders", poll_interval=0.01, timeout=5))
+    assert event["status"] == "healthy" and "resume_with" not in event
 
 
 def test_timeout_event_says_what_was_last_seen(store: JobStore) -> None:

@@ -70,6 +70,22 @@ def test_a_job_that_never_reports_is_not_started_after_the_start_timeout(store: 
     assert "within 60 s" in event["message"] and "never ran" in event["message"]
 
 
+def test_a_launch_whose_supervisor_ended_before_any_report_is_not_started_at_once(store: JobStore) -> None:
+    from airflow_ckpt_provider.runtime.deploy import Deployment, Launch, record_end
+
+    launch = Launch("orders", Deployment("job.py"), "latest-state", T0, "test", "L1", log_file="/logs/L1.log")
+    store.storage.write("spec/last.json", launch.to_bytes())
+    report(store, T0 - 50, state=JobState.STOPPED, epoch=2, started_at=T0 - 500)  # the previous driver
+    watch = JobHealthWatch(store, started_after=T0, start_timeout=600)
+    assert watch.poll(T0 + 1) is None
+    assert not record_end(store, "L0", ending="config-error", exit_code=2, reason="someone else's launch")
+    assert watch.poll(T0 + 2) is None
+    assert record_end(store, "L1", ending="config-error", exit_code=2, reason="driver exited with code 2")
+    event = unhealthy(watch.poll(T0 + 3), Unhealthy.NOT_STARTED)  # long before the 600 s start timeout
+    assert "launch L1 ended before its driver reported: driver exited with code 2 (exit code 2)" in event["message"]
+    assert "/logs/L1.log" in event["message"]
+
+
 def test_statuses_below_min_epoch_are_the_previous_deployment(store: JobStore) -> None:
     report(store, T0, epoch=3, batch_id=40)  # the old driver, still RUNNING and fresh
     watch = JobHealthWatch(store, min_epoch=4, start_timeout=60)
