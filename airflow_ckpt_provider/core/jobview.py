@@ -6,13 +6,17 @@ no driver would answer (unknown job, stopped job, dead driver) is refused before
 
 from __future__ import annotations
 
+import json
+import os
+import socket
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from airflow_ckpt_provider.core.control import Action
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
-from airflow_ckpt_provider.core.jobstore import SNAPSHOTS, STATUS, JobStore
+from airflow_ckpt_provider.core.jobstore import SNAPSHOTS, SPEC_LAST, STATUS, JobStore
 from airflow_ckpt_provider.core.lease import LeaseRecord, read_lease
 from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobStatus, read_status
 from airflow_ckpt_provider.core.storage import Storage
@@ -31,7 +35,14 @@ class JobView:
 
     @property
     def stale(self) -> bool:
-        return self.status is not None and self.status.is_stale(self.now)
+        """The driver that wrote the status is gone: no heartbeat for too long, or its process is dead
+        on this host (a kill -9 is then seen at once)."""
+        s = self.status
+        if s is None or s.state not in ACTIVE_STATES:
+            return False
+        if s.host == socket.gethostname() and s.pid is not None and not _alive(s.pid):
+            return True
+        return s.is_stale(self.now)
 
     @property
     def newer_lease(self) -> LeaseRecord | None:
@@ -39,6 +50,32 @@ class JobView:
         if self.lease is not None and self.status is not None and self.lease.epoch > self.status.epoch:
             return self.lease
         return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def starting_launch(store: JobStore, status: JobStatus | None, now: float, within: float) -> dict[str, Any] | None:
+    """The launch in spec/last.json (runtime/deploy.py) made after the driver of ``status`` started, not ended
+    and younger than ``within`` s: a new driver is on its way. Between a stop (or a crash) and the next
+    driver's first report, waiters and submitters must not take the job for dead."""
+    try:
+        record = json.loads(store.storage.read(SPEC_LAST))
+    except (FileNotFoundError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("ended_at") is not None:
+        return None
+    launched = float(record.get("launched_at") or 0)
+    if now - launched >= within or (status is not None and launched <= status.started_at):
+        return None
+    return record
 
 
 def job_names(root: Storage) -> list[str]:

@@ -24,6 +24,8 @@ class JobState(StrEnum):
 ACTIVE_STATES = frozenset({JobState.STARTING, JobState.RUNNING, JobState.STOPPING})
 TERMINAL_STATES = frozenset({JobState.STOPPED, JobState.FAILED})
 FAILURE_STATES = frozenset({JobState.FAILED})
+#: Seconds a STARTING or STOPPING driver may go without a heartbeat (restore, final savepoint).
+BUSY_ALLOWANCE = 300.0
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,14 @@ class JobStatus:
         return (time.time() if now is None else now) - self.updated_at
 
     def is_stale(self, now: float | None = None) -> bool:
-        """An active state whose driver missed three heartbeats: it probably died (kill -9, lost host)."""
-        return self.state in ACTIVE_STATES and self.age(now) > 3 * self.heartbeat_interval + 5
+        """An active state whose driver missed three heartbeats: it probably died (kill -9, lost host).
+
+        STARTING and STOPPING drivers restore a snapshot or upload a final savepoint without reporting:
+        they get ``BUSY_ALLOWANCE`` seconds at least."""
+        allowance = 3 * self.heartbeat_interval + 5
+        if self.state is not JobState.RUNNING:
+            allowance = max(allowance, BUSY_ALLOWANCE)
+        return self.state in ACTIVE_STATES and self.age(now) > allowance
 
 
 def read_status(store: JobStore) -> JobStatus | None:

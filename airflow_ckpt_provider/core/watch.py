@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from airflow_ckpt_provider.core.control import read_ack
 from airflow_ckpt_provider.core.errors import ConfigError, SnapshotError
 from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, SNAPSHOTS, SPEC_LAST, JobStore
-from airflow_ckpt_provider.core.jobview import JobView, when
+from airflow_ckpt_provider.core.jobview import JobView, starting_launch, when
 from airflow_ckpt_provider.core.lease import read_lease
 from airflow_ckpt_provider.core.manifest import Kind, Manifest, parse_enum
 from airflow_ckpt_provider.core.restart import Health, HealthRule
@@ -154,13 +154,14 @@ class JobHealthWatch:
         self.start_timeout = start_timeout
         # What the watch remembers between polls.
         self._pending_since: float | None = None  # since when no status of the watched deployment exists
-        self._baseline: int | None = None  # the batch id when the watch first saw the deployment
+        self._baseline: int | None = None  # batches are counted after this batch id
+        self._no_batch_yet = False  # the watched driver reported no batch yet: its first one counts
         self._healthy_since: float | None = None
         self._healthy_epoch: int | None = None
         self._progress_key: tuple[int, int | None] | None = None
         self._waiting_since = 0.0  # since when data waits with no new batch
         self._was_waiting = False
-        self._deployments: dict[str, tuple[int, float] | None] = {}  # immutable records, read once
+        self._deployments: dict[str, tuple[int, float, str | None] | None] = {}  # immutable records, read once
         self._seen = "nothing polled yet"
 
     # -- observe -------------------------------------------------------------------------------
@@ -177,8 +178,8 @@ class JobHealthWatch:
             return None
         return s
 
-    def _starts(self) -> list[tuple[int, float]]:
-        """(epoch, at) of every driver start of the watched deployment, by epoch."""
+    def _starts(self) -> list[tuple[int, float, str | None]]:
+        """(epoch, at, launch id) of every driver start of the watched deployment, by epoch."""
         for info in self.store.storage.list(DEPLOYMENTS):
             key = info.key
             if key in self._deployments or not key.endswith(".json"):
@@ -189,7 +190,7 @@ class JobHealthWatch:
                     self._deployments[key] = None
                     continue
                 body = json.loads(self.store.storage.read(key))
-                self._deployments[key] = (epoch, float(body["at"]))
+                self._deployments[key] = (epoch, float(body["at"]), body.get("launch_id"))
             except FileNotFoundError:
                 continue
             except (ValueError, KeyError, TypeError) as err:
@@ -199,8 +200,14 @@ class JobHealthWatch:
         return sorted(s for s in starts if self.started_after is None or s[1] >= self.started_after)
 
     def _restart_times(self) -> list[float]:
-        """Start times of the restarts: every start of the watched deployment but its first."""
-        return [at for _epoch, at in self._starts()[1:]]
+        """Start times of the restarts: the starts a supervisor made after a launch's first (a launch from
+        Airflow, an upgrade or its rollback is no crash); without launch ids, every start but the first."""
+        times, launches = [], set()
+        for index, (_epoch, at, launch_id) in enumerate(self._starts()):
+            if (launch_id is None and index > 0) or (launch_id is not None and launch_id in launches):
+                times.append(at)
+            launches.add(launch_id)
+        return times
 
     # -- decide --------------------------------------------------------------------------------
 
@@ -215,8 +222,7 @@ class JobHealthWatch:
                 self._pending_since = now
         else:
             self._pending_since = None
-            if self._baseline is None or (status.batch_id is not None and status.batch_id < self._baseline):
-                self._baseline = -1 if status.batch_id is None else status.batch_id  # batch ids went back: a restore
+            self._set_baseline(status)
         self._track_progress(status, now)
         self._seen = self._describe(view, status, now)
 
@@ -240,9 +246,21 @@ class JobHealthWatch:
             self._progress_key, self._waiting_since = key, now  # a new batch, or data waits from now on
         self._was_waiting = status.data_waiting
 
+    def _set_baseline(self, status: JobStatus) -> None:
+        """The batch id batches are counted from. A driver that has not completed a batch since its start
+        reports none: its first batch then counts as the first (not as ``id + 1`` batches)."""
+        if status.batch_id is None:
+            self._no_batch_yet = self._no_batch_yet or self._baseline is None
+            return
+        if self._no_batch_yet:
+            self._baseline, self._no_batch_yet = status.batch_id - 1, False
+        elif self._baseline is None or status.batch_id < self._baseline:
+            self._baseline = status.batch_id  # first sight of a running job, or batch ids went back (a restore)
+
     def _batches(self, status: JobStatus) -> int:
-        assert self._baseline is not None
-        return (-1 if status.batch_id is None else status.batch_id) - self._baseline
+        if status.batch_id is None or self._baseline is None:
+            return 0
+        return status.batch_id - self._baseline
 
     def _healthy(self, status: JobStatus, now: float) -> bool:
         if status.state is not JobState.RUNNING or self._healthy_since is None:
@@ -256,6 +274,8 @@ class JobHealthWatch:
         """The first unhealthy reason that applies, with its message; None if none does."""
         if s is None:
             return self._crash_loop(restart_times, restarts, now) or self._not_started(view, now)
+        if s.state is not JobState.RUNNING and starting_launch(self.store, s, now, self.start_timeout):
+            return None  # stopped or dead, but a newer launch (restart, upgrade, restore) is on its way
         return (self._ended(s) or self._crash_loop(restart_times, restarts, now) or self._dead(s, now)
                 or self._stuck(s, now))
 

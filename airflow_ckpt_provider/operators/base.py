@@ -11,12 +11,14 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
+from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.hooks.job_store import JobStoreHook
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from airflow_ckpt_provider.core.jobstore import JobStore
+    from airflow_ckpt_provider.core.watch import Watch
     from airflow_ckpt_provider.triggers.base import WatchTrigger
 
 
@@ -76,7 +78,7 @@ class JobOperator(BaseOperator):
             self.defer(trigger=trigger, method_name="resume", timeout=backstop)
         watch = trigger.build_watch()
         deadline = None if trigger.timeout is None else time.monotonic() + trigger.timeout
-        while (event := watch.poll()) is None:
+        while (event := _poll(watch, self)) is None:
             if deadline is not None and time.monotonic() >= deadline:
                 event = {"status": "timeout",
                          "message": f"no outcome within {trigger.timeout:.0f} s: {watch.waiting_for()}"}
@@ -87,6 +89,14 @@ class JobOperator(BaseOperator):
     def resume(self, context: Context, event: dict[str, Any] | None = None) -> Any:
         """Where Airflow resumes a deferred step: the trigger's event names the method to continue with."""
         return resume_step(self, context, event)
+
+
+def _poll(watch: Watch, op: JobOperator) -> dict[str, Any] | None:
+    try:
+        return watch.poll()
+    except StorageError as err:  # unreachable for now: keep trying until the timeout, as the trigger does
+        op.log.warning("job %s: cannot read the job store, will retry: %s", op.job, err)
+        return None
 
 
 def resume_step(op: JobOperator, context: Context, event: dict[str, Any] | None) -> Any:

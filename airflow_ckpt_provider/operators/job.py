@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk import ResumableJobMixin
 from airflow.sdk.exceptions import AirflowException
 
+from airflow_ckpt_provider.cli_run import health_rule, restart_strategy
 from airflow_ckpt_provider.core.control import Action, submit_request
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
-from airflow_ckpt_provider.core.jobview import check_can_request, observe
+from airflow_ckpt_provider.core.jobview import check_can_request, observe, starting_launch
 from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobState
 from airflow_ckpt_provider.hooks.spark import CkptSparkHook
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink
@@ -178,6 +179,8 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
         try:
             RestoreSpec.parse(self.restore)
             self.deployment()  # bad input fails here, before anything is launched
+            restart_strategy(self.restart_strategy, self.restart_attempts, self.restart_delay, self.restart_interval)
+            health_rule(self.max_restarts_in_window, self.health_window, self.progress_timeout)
         except CkptError as err:
             raise AirflowException(f"job {self.job}: {err}") from err
         return self.execute_resumable(context)
@@ -212,13 +215,19 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
         return theirs
 
     def _running_driver(self, store: JobStore) -> dict[str, Any] | None:
-        """The identity of a live driver of this job, if one runs: a second submit would fence it."""
+        """The identity of a live driver of this job, or of a launch on its way: a second submit would fence it."""
         try:
             view = observe(store)
-        except ConfigError:  # never ran
-            return None
-        status = view.status
-        if status is None or status.state not in ACTIVE_STATES or view.stale:
+        except ConfigError:  # never ran, or a launch whose driver has not taken the lease yet
+            view = None
+        status = view.status if view else None
+        starting = starting_launch(store, status, time.time(), self.start_timeout)
+        runs = view is not None and status is not None and status.state is JobState.RUNNING and not view.stale
+        if starting is not None and not runs:
+            self.log.info("job %s: launch %s (by %s) is starting its driver: waiting for it instead of submitting "
+                          "the job again", self.job, starting.get("launch_id"), starting.get("launched_by"))
+            return {"launch_id": starting.get("launch_id"), "launched_at": starting.get("launched_at"), "epoch": None}
+        if view is None or status is None or status.state not in ACTIVE_STATES or view.stale:
             return None
         if status.state is JobState.STOPPING:  # a new driver would fence it before its final savepoint is out
             raise AirflowException(
@@ -234,11 +243,13 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
         store = self.job_store()
         try:
             view = observe(store)
-        except ConfigError:  # launched (the id was stored), but no driver took the lease yet
-            last = read_launch(store)
-            young = last is not None and time.time() - last.launched_at < self.start_timeout
-            return "STARTING" if young and last is not None and last.ended_at is None else "LOST"
-        status = view.status
+        except ConfigError:
+            view = None
+        status = view.status if view else None
+        if starting_launch(store, status, time.time(), self.start_timeout) is not None:
+            return "STARTING"  # launched (the stored id), its driver has not reported yet
+        if view is None:
+            return "LOST"  # no driver ever took the lease, and no launch is on its way: launch again
         if status is None:
             return "STARTING"
         return "STALE" if view.stale else status.state.value

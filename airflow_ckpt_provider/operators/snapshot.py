@@ -72,6 +72,8 @@ class DisposeSnapshotsOperator(JobOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         store = self.job_store()
         disposed: list[dict[str, Any]] = []
+        if isinstance(self.snapshot_ids, str):  # a template rendered "a,b" (or one id)
+            self.snapshot_ids = [i.strip() for i in self.snapshot_ids.split(",") if i.strip()]
         try:
             if self.snapshot_ids:
                 for snapshot_id in self.snapshot_ids:

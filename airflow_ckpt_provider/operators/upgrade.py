@@ -17,7 +17,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_ckpt_provider.core.control import Action
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
@@ -38,6 +38,7 @@ from airflow_ckpt_provider.runtime.deploy import (
     read_launch,
     submit_spec,
 )
+from airflow_ckpt_provider.runtime.submit import build_command
 from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
 
 if TYPE_CHECKING:
@@ -92,6 +93,19 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
     def execute(self, context: Context) -> Any:
         if self.upgrade_mode not in UPGRADE_MODES:
             raise AirflowException(f"upgrade_mode {self.upgrade_mode!r}: expected one of {', '.join(UPGRADE_MODES)}")
+        try:
+            verify_batches = int(self.verify_batches)
+        except (TypeError, ValueError):
+            verify_batches = -1
+        if verify_batches < 0:
+            raise AirflowException(f"verify_batches: expected a whole number >= 0, found {self.verify_batches!r}")
+        ti = context.get("ti")
+        if ti is not None and int(getattr(ti, "try_number", 1) or 1) > 1:
+            # A retry would take spec/last.json (maybe the new code by now) for the old deployment.
+            raise AirflowFailException(
+                f"upgrade of job {self.job}: not retried (try {ti.try_number}): an earlier try may have stopped the "
+                "old job or started the new code. Check `ckpt job status` and spec/last.json, then trigger a "
+                "new run; set retries=0 on this task")
         store = self.job_store()
         old = read_launch(store)
         if old is None:
@@ -106,6 +120,8 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
             if running is None and self.upgrade_mode == "savepoint":
                 raise ConfigError("it is not running, so no savepoint can be taken; use upgrade_mode last-state to "
                                   "upgrade from its latest checkpoint")
+            hook = self.store_hook  # a deployment spark-submit would refuse fails here, before anything stops
+            build_command(submit_spec(new, self.job, hook.store_url, "latest-state", hook.s3_options))
             if self.upgrade_mode != "stateless":
                 self._check(store, new)
         except CkptError as err:
@@ -150,8 +166,10 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         store = self.job_store()
         snapshot_id = None
         if event is not None:
-            result = ack_result(self, context, event)
-            snapshot_id = result["snapshot_id"]
+            try:
+                snapshot_id = ack_result(self, context, event)["snapshot_id"]
+            except AirflowException as err:
+                self._stop_failed(store, plan, err)
         if snapshot_id is None:  # cancelled or not running: the rollback goes back to the latest snapshot
             latest = latest_completed(list_snapshots(store))
             snapshot_id = latest.snapshot_id if latest else None
@@ -159,8 +177,21 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
                    "stateless": "none"}[self.upgrade_mode]
         plan = plan | {"snapshot_id": snapshot_id}
         self._step(3, "starting %s (code %s), restore %s", self.job_file, self.code_version or "-", restore)
-        record = self._launch(store, Deployment.from_dict(plan["new"]), restore)
+        try:
+            record = self._launch(store, Deployment.from_dict(plan["new"]), restore)
+        except AirflowException as err:  # e.g. the job file is missing on this worker: bring the old code back
+            return self._roll_back(context, store, plan, f"the new code could not be launched: {err}")
         return self._verify(context, store, record, "after_verify", plan)
+
+    def _stop_failed(self, store: JobStore, plan: dict[str, Any], err: AirflowException) -> None:
+        """The old driver did not stop as asked: say what state the job is in; relaunch it if it is down."""
+        if self._running_epoch(store) is not None:
+            raise AirflowException(f"upgrade of job {self.job}: {err}; the old job still runs, nothing was "
+                                   "changed") from err
+        old = Deployment.from_dict(plan["old"]["deployment"])
+        self._launch(store, old, "latest-state")
+        raise AirflowException(f"upgrade of job {self.job}: {err}; the old job had stopped: relaunched "
+                               f"{old.job_file} (code {old.code_version or '-'}) from its latest state") from err
 
     def _verify(self, context: Context, store: JobStore, record: Launch, method_name: str,
                 plan: dict[str, Any]) -> Any:
@@ -193,6 +224,10 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         tail = log_tail(read_launch(store))
         self.log.error("upgrade of job %s: the new code failed verification: %s%s", self.job, why,
                        f"\nlast lines of its log:\n{tail}" if tail else "")
+        return self._roll_back(context, store, plan, why)
+
+    def _roll_back(self, context: Context, store: JobStore, plan: dict[str, Any], why: str) -> Any:
+        old = Deployment.from_dict(plan["old"]["deployment"])
         restore = plan["snapshot_id"] or "latest-state"
         self._step(5, "rolling back to %s (code %s) from %s", old.job_file, old.code_version or "-", restore)
         record = self._launch(store, old, restore)
@@ -207,7 +242,8 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
             raise AirflowException(
                 f"upgrade of job {self.job} to {self.code_version or self.job_file} failed verification ({why}) "
                 f"and the rollback to {old.get('code_version') or old['job_file']} ALSO failed ({rollback_why}); "
-                f"the job is not running: restore it from snapshot {plan['snapshot_id']} by hand")
+                f"the job's state is uncertain: check `ckpt job status --job {self.job}`, and if it is not "
+                f"running restore it from snapshot {plan['snapshot_id'] or '(its latest state)'}")
         SparkUILink.persist(context, event.get("ui_url"))
         raise AirflowException(
             f"upgrade of job {self.job} to {self.code_version or self.job_file} failed verification ({why}); "

@@ -176,7 +176,9 @@ def check_restore(
     spec = check_spec(spec, timeout)
     argv, submit_env = build_command(spec)
     # The check's own gate: the running driver's gate (same job and checkpoint) must never be touched.
-    env = {**os.environ, **submit_env, **(env or {}), GATE_ENV: gate_file(spec.config)}
+    # The new code runs here: not with Airflow's own settings (connections, the metadata database).
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    env = {**inherited, **submit_env, **(env or {}), GATE_ENV: gate_file(spec.config)}
     log.info("job %s: restore check of %s (restore %s): %s", spec.config.job, spec.job_file, spec.config.restore,
              describe(argv))
     started = time.monotonic()

@@ -14,6 +14,7 @@ the process that launched it (an Airflow task) and restarts its driver with the 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import secrets
@@ -32,10 +33,12 @@ from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.submit import SubmitSpec, build_command
 
+log = logging.getLogger(__name__)
 #: Tells the supervisor its launch id: it does not restart a driver once a newer launch is recorded.
 LAUNCH_ENV = "CKPT_LAUNCH_ID"
 #: Names of environment variables whose values must not be stored in the job store or shown in logs.
-_SECRET_ENV = re.compile(r"secret|password|passwd|token|credential|private|(^|_)key($|_)", re.IGNORECASE)
+_SECRET_ENV = re.compile(
+    r"secret|pass(wd|word)?($|_)|pwd|token|credential|private|jaas|api_?key|auth|(^|_)key($|_)", re.IGNORECASE)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -265,7 +268,13 @@ def launch(
     # Reap it if it ends while this process lives (a zombie would look alive to pid checks).
     threading.Thread(target=proc.wait, name=f"ckpt-reap-{proc.pid}", daemon=True).start()
     record = replace(record, pid=proc.pid)
-    store.storage.write(SPEC_LAST, record.to_bytes())
+    try:  # best effort, and only over our own record: its supervisor may have recorded its end already
+        current = store.storage.read_versioned(SPEC_LAST)
+        if current is not None and Launch.from_bytes(current.data, SPEC_LAST) == replace(record, pid=None):
+            store.storage.write_if(SPEC_LAST, record.to_bytes(), current.tag)
+    except StorageError as err:
+        log.warning("job %s: launch %s runs (pid %d) but its pid was not recorded: %s", store.job, launch_id,
+                    proc.pid, err)
     return record
 
 

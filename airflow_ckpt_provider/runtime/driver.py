@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_ckpt_provider.core import gate
 from airflow_ckpt_provider.core.control import Ack, Action, Outcome, Request, open_requests, write_ack
 from airflow_ckpt_provider.core.errors import CkptError, StorageError
-from airflow_ckpt_provider.core.jobstore import JobStore
+from airflow_ckpt_provider.core.jobstore import SPEC_LAST, JobStore
 from airflow_ckpt_provider.core.lease import FencedError, Lease
 from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.retention import RetentionPolicy
@@ -31,6 +31,7 @@ from airflow_ckpt_provider.core.snapshots import SnapshotResult
 from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
 from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
 from airflow_ckpt_provider.runtime.config import RestoreSpec, RuntimeConfig
+from airflow_ckpt_provider.runtime.deploy import LAUNCH_ENV
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_FAILED, EXIT_FENCED, EXIT_STOPPED
 from airflow_ckpt_provider.runtime.snapshotter import SnapshotJob, SnapshotOutcome, Snapshotter
 from airflow_ckpt_provider.runtime.startup import plan_start, prepare_checkpoint
@@ -210,6 +211,10 @@ class JobDriver:
 
     def _start(self, spark: SparkSession, writer: DataStreamWriter, spec: RestoreSpec) -> int:
         job = self.config.job
+        superseded = _superseded(self.store)
+        if superseded:  # an upgrade's rollback or a restart launched another deployment meanwhile
+            log.warning("job %s: not taking the lease: %s", job, superseded)
+            return EXIT_FENCED
         try:
             self.lease.acquire()
             self._report(JobState.STARTING, "lease taken", app_id=spark.sparkContext.applicationId,
@@ -532,6 +537,22 @@ def _snapshot_info(result: SnapshotResult) -> dict[str, Any]:
     m = result.manifest
     return {"id": m.snapshot_id, "kind": m.kind.value, "batch_id": m.batch_id, "uri": result.uri,
             "created_at": m.created_at}
+
+
+def _superseded(store: JobStore) -> str:
+    """Why this driver's launch (``CKPT_LAUNCH_ID``, set by runtime/deploy.py) is no longer the job's latest,
+    recorded in spec/last.json; '' if it is, or the driver was not launched that way."""
+    mine = os.environ.get(LAUNCH_ENV)
+    if not mine:
+        return ""
+    try:
+        record = json.loads(store.storage.read(SPEC_LAST))
+    except (FileNotFoundError, ValueError, StorageError):
+        return ""
+    latest = record.get("launch_id") if isinstance(record, dict) else None
+    if not latest or latest == mine:
+        return ""
+    return f"launch {mine} was superseded by launch {latest} ({record.get('launched_by')})"
 
 
 def _last_entry(storage: Storage, prefix: str) -> int | None:

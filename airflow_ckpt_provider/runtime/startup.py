@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from airflow_ckpt_provider.core.restore import restore_snapshot
 from airflow_ckpt_provider.core.snapshots import list_snapshots, load_manifest, object_problems
 from airflow_ckpt_provider.core.storage import Storage
 from airflow_ckpt_provider.runtime.config import RestoreMode, RestoreSpec
+from airflow_ckpt_provider.runtime.deploy import LAUNCH_ENV
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +208,8 @@ def prepare_checkpoint(store: JobStore, live_storage: Storage, spec: RestoreSpec
         lineage = Lineage(time.time(), plan.snapshot.snapshot_id if plan.snapshot else None)
     record = {"epoch": epoch, "at": time.time(), "restore": str(spec), "action": plan.action.value,
               "snapshot": plan.snapshot.snapshot_id if plan.snapshot else None, "reason": plan.reason,
-              "lineage_since": lineage.since, "lineage_base": lineage.base}
+              "lineage_since": lineage.since, "lineage_base": lineage.base,
+              "launch_id": os.environ.get(LAUNCH_ENV)}  # restarts of one launch are its supervisor's
     store.storage.write(f"{DEPLOYMENTS}{epoch:010d}.json", json.dumps(record, sort_keys=True).encode())
     return plan
 

@@ -80,9 +80,9 @@ class WatchSensor(BaseSensorOperator):
         status = event["status"]
         if status == TIMEOUT:
             self.fail(str(event.get("message")), timeout=True)
-        if status == ERROR:
+        if status == ERROR:  # broken (a missing connection, an unreachable store): never skipped by soft_fail
             self.log.error("%s failed:\n%s", self.trigger_class.__name__, event.get("traceback", ""))
-            raise AirflowException(f"{self.task_id}: {event.get('message')}")
+            raise WatchFailedError(f"{self.task_id}: {event.get('message')}")
         return self.on_event(event)
 
     def fail(self, message: str, *, timeout: bool = False) -> NoReturn:
@@ -92,6 +92,11 @@ class WatchSensor(BaseSensorOperator):
         if timeout:
             raise AirflowSensorTimeout(f"{self.task_id}: {message}")
         raise AirflowException(f"{self.task_id}: {message}")
+
+
+class WatchFailedError(RuntimeError):
+    """The watch itself failed. Not an AirflowException on purpose: Airflow's sensor turns those into skips
+    under ``soft_fail``, and a broken connection must fail the task, not look like "nothing happened"."""
 
 
 def optional_int(value: Any) -> int | None:

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.watch import Watch
 from airflow_ckpt_provider.hooks.job_store import JobStoreHook
@@ -69,7 +70,13 @@ class WatchTrigger(BaseTrigger):
             watch = self._watch = await asyncio.to_thread(self.build_watch)
             seen = ""
             while True:
-                event = await asyncio.to_thread(watch.poll)
+                try:
+                    event = await asyncio.to_thread(watch.poll)
+                except StorageError as err:  # the store is unreachable for now: keep trying until the timeout
+                    if str(err) != seen:
+                        seen = str(err)
+                        self.log.warning("cannot read the job store, will retry: %s", err)
+                    event = None
                 if event is not None:
                     self.log.info("%s", event.get("message", event["status"]))
                     return event

@@ -153,15 +153,26 @@ def test_age_is_seconds_since_the_heartbeat() -> None:
     assert _status(updated_at=1000.0).age(now=1042.5) == 42.5
 
 
-@pytest.mark.parametrize("state", sorted(ACTIVE_STATES))
-def test_active_state_is_stale_after_three_missed_heartbeats_plus_five_seconds(state: JobState) -> None:
-    status = _status(state=state, updated_at=1000.0, heartbeat_interval=5.0)  # limit: 3 * 5 + 5 = 20 s
+def test_a_running_driver_is_stale_after_three_missed_heartbeats_plus_five_seconds() -> None:
+    status = _status(state=JobState.RUNNING, updated_at=1000.0, heartbeat_interval=5.0)  # 3 * 5 + 5 = 20 s
     assert not status.is_stale(now=1000.0)
     assert not status.is_stale(now=1020.0)
     assert status.is_stale(now=1020.001)
-    slow = _status(state=state, updated_at=1000.0, heartbeat_interval=60.0)  # limit: 185 s
+    slow = _status(state=JobState.RUNNING, updated_at=1000.0, heartbeat_interval=60.0)  # limit: 185 s
     assert not slow.is_stale(now=1185.0)
     assert slow.is_stale(now=1185.5)
+
+
+@pytest.mark.parametrize("state", [JobState.STARTING, JobState.STOPPING])
+def test_a_restoring_or_final_savepointing_driver_gets_the_busy_allowance(state: JobState) -> None:
+    from airflow_ckpt_provider.core.status import BUSY_ALLOWANCE
+
+    status = _status(state=state, updated_at=1000.0, heartbeat_interval=5.0)
+    assert not status.is_stale(now=1000.0 + BUSY_ALLOWANCE)
+    assert status.is_stale(now=1000.0 + BUSY_ALLOWANCE + 0.001)
+    slow = _status(state=state, updated_at=1000.0, heartbeat_interval=200.0)  # 3 * 200 + 5 > the allowance
+    assert not slow.is_stale(now=1605.0)
+    assert slow.is_stale(now=1605.5)
 
 
 @pytest.mark.parametrize("state", sorted(TERMINAL_STATES))
