@@ -23,7 +23,7 @@ from airflow_ckpt_provider.core.control import Action
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.jobview import check_can_request, observe
 from airflow_ckpt_provider.core.snapshots import latest_completed, list_snapshots
-from airflow_ckpt_provider.core.status import ACTIVE_STATES
+from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobState
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink
 from airflow_ckpt_provider.operators.base import check_event
 from airflow_ckpt_provider.operators.job import STOP_TIMEOUT, _LaunchMixin, ack_result, request_and_wait
@@ -185,9 +185,19 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
 
     def _stop_failed(self, store: JobStore, plan: dict[str, Any], err: AirflowException) -> None:
         """The old driver did not stop as asked: say what state the job is in; relaunch it if it is down."""
-        if self._running_epoch(store) is not None:
-            raise AirflowException(f"upgrade of job {self.job}: {err}; the old job still runs, nothing was "
-                                   "changed") from err
+        try:
+            view = observe(store)
+        except ConfigError:
+            view = None
+        status = view.status if view else None
+        if view is not None and status is not None and status.state in ACTIVE_STATES and not view.stale:
+            if status.state is JobState.STOPPING:
+                raise AirflowException(
+                    f"upgrade of job {self.job}: {err}; the old driver (epoch {status.epoch}) is still STOPPING: "
+                    "the stop stays in effect and nothing restarts the job afterwards; once `ckpt job status` "
+                    "shows it STOPPED, run the upgrade again (or restart the job)") from err
+            raise AirflowException(f"upgrade of job {self.job}: {err}; the old job still runs (epoch "
+                                   f"{status.epoch}), nothing was changed") from err
         old = Deployment.from_dict(plan["old"]["deployment"])
         self._launch(store, old, "latest-state")
         raise AirflowException(f"upgrade of job {self.job}: {err}; the old job had stopped: relaunched "

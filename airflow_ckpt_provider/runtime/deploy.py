@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 LAUNCH_ENV = "CKPT_LAUNCH_ID"
 #: Names of environment variables whose values must not be stored in the job store or shown in logs.
 _SECRET_ENV = re.compile(
-    r"secret|pass(wd|word)?($|_)|pwd|token|credential|private|jaas|api_?key|auth|(^|_)key($|_)", re.IGNORECASE)
+    r"secret|pass(wd|word|phrase)?($|_)|(^|_)pwd($|_)|token|credential|private|jaas|api_?key|(^|_)o?auth($|_)"
+    r"|(^|_)key($|_)", re.IGNORECASE)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 

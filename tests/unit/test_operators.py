@@ -12,15 +12,18 @@ import asyncio
 import importlib
 import json
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from airflow.sdk import BaseHook
-from airflow.sdk.exceptions import AirflowException, AirflowNotFoundException, TaskDeferred
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowNotFoundException, TaskDeferred
 
 from airflow_ckpt_provider import examples
 from airflow_ckpt_provider.core.control import Ack, Action, Outcome, Request, open_requests, write_ack
@@ -63,6 +66,8 @@ from tests.ckptfactory import make_checkpoint
 SID = "savepoint-7-20261122T101500Z-abc123"
 #: A job file that exists: the real launch checks the spark-submit command (and so the file) before recording.
 ORDERS_V1 = str(Path(examples.__file__).parent / "orders_v1.py")
+#: The upgrade's new code: it must exist too (the upgrade checks its spark-submit command before anything stops).
+ORDERS_V2 = str(Path(examples.__file__).parent / "orders_v2.py")
 UI = "http://driver:4040"
 SPARK_UI_KEY = SparkUILink().xcom_key
 SNAPSHOT_KEY = SnapshotLink().xcom_key
@@ -261,7 +266,7 @@ def submit_op(**kwargs: Any) -> SubmitStreamingJobOperator:
 
 
 def upgrade_op(**kwargs: Any) -> UpgradeStreamingJobOperator:
-    return UpgradeStreamingJobOperator(**{"task_id": "upgrade", "job": "orders", "job_file": "orders_v2.py",
+    return UpgradeStreamingJobOperator(**{"task_id": "upgrade", "job": "orders", "job_file": ORDERS_V2,
                                           "code_version": "v2", "verify_batches": 3, "verify_timeout": 120} | kwargs)
 
 
@@ -605,6 +610,125 @@ def test_get_job_status_of_a_launch_without_status_is_starting(store: JobStore) 
     assert op.get_job_status(ident, context()) == "FAILED" and not op.is_job_active("FAILED")
     report(store, updated_at=time.time() - 3600)
     assert op.get_job_status(ident, context()) == "STALE" and not op.is_job_active("STALE")
+
+
+# -- SubmitStreamingJobOperator: a launch on its way is waited for, not launched again -------------------------
+
+
+@pytest.mark.usefixtures("no_launch")
+@pytest.mark.parametrize(("state", "silent_for"), [(None, 0), (JobState.STOPPED, 0), (JobState.FAILED, 0),
+                                                   (JobState.RUNNING, 60), (JobState.STOPPING, 0)],
+                         ids=["no-status", "stopped", "failed", "stale", "stopping"])
+def test_submit_waits_for_a_launch_on_its_way_instead_of_launching_again(store: JobStore, state: JobState | None,
+                                                                        silent_for: float) -> None:
+    now = time.time()
+    if state is not None:  # the previous driver, started before the launch
+        report(store, state=state, started_at=now - 100, updated_at=now - silent_for)
+    on_its_way = record_deployment(store, launched_at=now - 10, launched_by="airflow:ops.restart")
+    state_store = FakeTaskStateStore()
+    deferred = deferral(lambda: submit_op().execute(context(task_state_store=state_store)))
+    ident = {"launch_id": "launch-0", "launched_at": on_its_way.launched_at, "epoch": None}
+    assert state_store.values == {"ckpt_launch": ident}  # its identity, as if this task had launched it
+    assert isinstance(deferred.trigger, JobHealthTrigger)
+    assert next_step(deferred) == ("execute_complete", {"launch_id": "launch-0"})
+    kwargs = trigger_kwargs(deferred)
+    assert (kwargs["started_after"], kwargs["min_epoch"]) == (on_its_way.launched_at, None)  # its driver's start
+    assert read_launch(store) == on_its_way  # nothing launched over it
+
+
+@pytest.mark.parametrize(("launch_changes", "started_ago"), [
+    ({"ended_at": 1.0, "exit_code": 2, "end_reason": "bad input"}, 1000),  # its supervisor recorded its end
+    ({"launched_at": -700}, 1000),  # older than the start timeout (600 s): it died unrecorded
+    ({}, 5),  # the launch of the driver that stopped: not a newer one
+], ids=["ended", "too-old", "the-stopped-driver-s-own"])
+def test_submit_launches_again_when_the_recorded_launch_is_not_on_its_way(store: JobStore, launches: FakeLaunch,
+                                                                         launch_changes: dict[str, Any],
+                                                                         started_ago: float) -> None:
+    now = time.time()
+    report(store, state=JobState.STOPPED, started_at=now - started_ago)
+    changes = dict(launch_changes)
+    changes["launched_at"] = now + changes.get("launched_at", -10)
+    if "ended_at" in changes:
+        changes["ended_at"] = now
+    record_deployment(store, **changes)
+    deferred = deferral(lambda: submit_op().execute(context()))
+    [record] = launches.calls
+    assert read_launch(store) == record and trigger_kwargs(deferred)["started_after"] == record.launched_at
+
+
+def test_submit_launches_again_when_the_driver_s_process_is_gone(store: JobStore, launches: FakeLaunch) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()  # a kill -9 of the driver: its last heartbeat is fresh, its process is gone
+    report(store, host=socket.gethostname(), pid=proc.pid)
+    deferral(lambda: submit_op().execute(context()))
+    assert len(launches.calls) == 1
+
+
+def test_get_job_status_of_a_launch_after_an_ended_driver_is_starting(store: JobStore) -> None:
+    op, ident = submit_op(), {"launch_id": "launch-0", "launched_at": time.time(), "epoch": None}
+    now = time.time()
+    report(store, state=JobState.STOPPED, started_at=now - 1000)
+    assert op.get_job_status(ident, context()) == "STOPPED"
+    record_deployment(store, launched_at=now - 10)
+    assert op.get_job_status(ident, context()) == "STARTING"  # on its way: not taken for a dead job
+    assert op.is_job_active("STARTING")
+    record_deployment(store, launched_at=now - 10, ended_at=now, exit_code=2, end_reason="bad input")
+    assert op.get_job_status(ident, context()) == "STOPPED"
+    record_deployment(store, launched_at=now - op.start_timeout - 1)
+    assert op.get_job_status(ident, context()) == "STOPPED"
+    record_deployment(store, launched_at=now - 10)
+    report(store, state=JobState.RUNNING, started_at=now - 5)  # its driver reported
+    assert op.get_job_status(ident, context()) == "RUNNING"
+    report(store, state=JobState.FAILED, started_at=now - 5)
+    assert op.get_job_status(ident, context()) == "FAILED"
+
+
+def test_get_job_status_of_a_dead_driver_on_this_host_is_stale(store: JobStore) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    report(store, host=socket.gethostname(), pid=proc.pid)
+    op = submit_op()
+    assert op.get_job_status({}, context()) == "STALE" and not op.is_job_active("STALE")
+
+
+def test_get_job_status_without_a_lease_or_a_launch_on_its_way_is_lost(store: JobStore) -> None:
+    op = submit_op()
+    assert op.get_job_status({}, context()) == "LOST"
+    record_deployment(store, launched_at=time.time() - 10)
+    assert op.get_job_status({}, context()) == "STARTING"
+    record_deployment(store, launched_at=time.time() - 10, ended_at=time.time(), exit_code=1)
+    assert op.get_job_status({}, context()) == "LOST"  # launch again
+
+
+@pytest.mark.usefixtures("no_launch")
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"restart_strategy": "fixed-delay", "restart_interval": 60.0},
+     "restart-interval applies to failure-rate only, found --restart-strategy fixed-delay"),
+    ({"restart_interval": 60.0}, "restart-interval applies to failure-rate only, found --restart-strategy "
+                                 "exponential-delay"),
+    ({"restart_strategy": "immediately"}, "unknown restart strategy 'immediately'"),
+    ({"restart_strategy": "fixed-delay", "restart_attempts": -1}, "fixed-delay attempts must be"),
+    ({"restart_strategy": "failure-rate", "restart_delay": -5.0}, "failure-rate delay must be"),
+    ({"health_window": -1.0}, "health rule window must be > 0, found -1"),
+    ({"max_restarts_in_window": 0}, "health rule max restarts must be > 0, found 0"),
+    ({"progress_timeout": 0.0}, "health rule progress timeout must be > 0, found 0"),
+])
+def test_submit_refuses_bad_restart_settings_before_launching(store: JobStore, kwargs: dict[str, Any],
+                                                              message: str) -> None:
+    state = FakeTaskStateStore()
+    with pytest.raises(AirflowException, match=f"^job orders: .*{message}"):
+        submit_op(**kwargs).execute(context(task_state_store=state))
+    assert read_launch(store) is None and state.values == {}
+
+
+def test_submit_with_a_failure_rate_interval_and_a_health_rule_launches(store: JobStore, launches: FakeLaunch) -> None:
+    op = submit_op(restart_strategy="failure-rate", restart_attempts=3, restart_interval=300.0,
+                   max_restarts_in_window=5, health_window=600.0, progress_timeout=120.0)
+    deferral(lambda: op.execute(context()))
+    [record] = launches.calls
+    d = record.deployment
+    assert (d.restart_strategy, d.restart_attempts, d.restart_interval) == ("failure-rate", 3, 300.0)
+    assert (d.max_restarts_in_window, d.health_window, d.progress_timeout) == (5, 600.0, 120.0)
 
 
 # -- StopStreamingJobOperator ------------------------------------------------------------------------------------
@@ -956,7 +1080,7 @@ def test_upgrade_refused_by_the_restore_check_changes_nothing(store: JobStore, c
     with pytest.raises(AirflowException) as info:
         upgrade_op().execute(context())
     assert str(info.value) == (
-        f"upgrade of job orders to orders_v2.py refused before anything was stopped: restore check of snapshot {SID} "
+        f"upgrade of job orders to {ORDERS_V2} refused before anything was stopped: restore check of snapshot {SID} "
         "with the new code: incompatible: STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE: the key schema changed; "
         "the job runs as before")
     assert len(checks.calls) == 1 and control_keys(store) == []
@@ -970,7 +1094,7 @@ def test_upgrade_checks_the_new_code_then_stops_with_savepoint(store: JobStore, 
     deferred = deferral(lambda: upgrade_op(check_timeout=321, stop_timeout=44).execute(context()))
     [(spec, timeout, env)] = checks.calls
     assert (spec.job_file, spec.config.restore, spec.config.job, spec.config.code_version) == (
-        "orders_v2.py", "latest-state", "orders", "v2")
+        ORDERS_V2, "latest-state", "orders", "v2")
     assert spec.conf == {"spark.sql.shuffle.partitions": "4"} and timeout == 321
     assert env == {"TOPIC": "orders"}  # the job's settings; no credentials in a local store's connection
     request = only_request(store)
@@ -982,10 +1106,10 @@ def test_upgrade_checks_the_new_code_then_stops_with_savepoint(store: JobStore, 
     assert method == "after_stop" and set(kwargs) == {"plan"}
     plan = kwargs["plan"]
     assert plan["old"]["deployment"]["job_file"] == "orders_v1.py"
-    assert (plan["new"]["job_file"], plan["new"]["code_version"]) == ("orders_v2.py", "v2")
+    assert (plan["new"]["job_file"], plan["new"]["code_version"]) == (ORDERS_V2, "v2")
     stored = json.loads(json.dumps(trigger_kwargs(deferred)))["resume_with"]["kwargs"]["plan"]  # the trigger's JSON
     assert Launch.from_dict(stored["old"]) == running_v1
-    assert Deployment.from_dict(stored["new"]) == running_v1.deployment.with_code("orders_v2.py", "v2")
+    assert Deployment.from_dict(stored["new"]) == running_v1.deployment.with_code(ORDERS_V2, "v2")
 
 
 @pytest.mark.usefixtures("no_launch", "running_v1")
@@ -1000,7 +1124,7 @@ def test_upgrade_after_the_savepoint_starts_the_new_code_from_it(store: JobStore
                                                                  launches: FakeLaunch) -> None:
     deferred = start_new_code(store, upgrade_op())
     [record] = launches.calls
-    assert (record.deployment.job_file, record.deployment.code_version, record.restore) == ("orders_v2.py", "v2", SID)
+    assert (record.deployment.job_file, record.deployment.code_version, record.restore) == (ORDERS_V2, "v2", SID)
     assert record.deployment.env == {"TOPIC": "orders"} and record.deployment.keep_checkpoints == 5  # kept from v1
     assert record.deployment.checkpoint is None  # with its state: on the live checkpoint location it had
     assert isinstance(deferred.trigger, JobHealthTrigger)
@@ -1058,7 +1182,7 @@ def test_upgrade_stateless_starts_on_a_fresh_checkpoint_location(store: JobStore
     assert prefix == (base or default_checkpoint("orders")) and before <= int(stamp) <= after
     assert (new.deployment.code_version, new.restore) == ("v2", "none")
     assert new.deployment.to_dict() | {"checkpoint": checkpoint} == \
-        old.deployment.with_code("orders_v2.py", "v2").to_dict()  # only the code and the location changed
+        old.deployment.with_code(ORDERS_V2, "v2").to_dict()  # only the code and the location changed
     # a failed verification rolls back to the old code on its own, untouched checkpoint location
     deferral(lambda: op.resume(context(), fire(verifying, UNHEALTHY)))
     rollback = launches.calls[-1]
@@ -1115,8 +1239,11 @@ def test_upgrade_rollback_outcome_fails_the_task_either_way(store: JobStore, che
     assert "failed verification (job orders: expected it healthy" in str(info.value)
     assert f"rolled back to v1 from {SID}: the old code runs again (epoch 4)" in str(info.value)
     assert ctx["ti"].xcoms == {SPARK_UI_KEY: UI}
-    with pytest.raises(AirflowException, match=f"rollback to v1 ALSO failed .*restore it from snapshot {SID} by hand"):
+    with pytest.raises(AirflowException) as info:
         op.resume(context(), fire(rolling, UNHEALTHY))
+    assert "rollback to v1 ALSO failed (job orders: expected it healthy" in str(info.value)
+    assert str(info.value).endswith("the job's state is uncertain: check `ckpt job status --job orders`, and if it "
+                                    f"is not running restore it from snapshot {SID}")
     with pytest.raises(AirflowException, match=r"ALSO failed \(no verdict within 120 s"):
         op.resume(context(), fire(rolling, {"status": "timeout"}))
 
@@ -1129,6 +1256,209 @@ def test_allow_non_restored_state_rendered_as_text(store: JobStore, checks: Fake
     deferral(lambda: upgrade_op(allow_non_restored_state=value).execute(context()))
     [(spec, _, _)] = checks.calls
     assert spec.config.allow_non_restored_state is expected
+
+
+# -- UpgradeStreamingJobOperator: refused before anything stops -----------------------------------------------------
+
+
+@pytest.mark.usefixtures("no_launch")
+@pytest.mark.parametrize("mode", ["savepoint", "last-state", "stateless"])
+def test_upgrade_to_a_missing_job_file_is_refused_before_anything_stops(store: JobStore, checks: FakeCheck,
+                                                                        running_v1: Launch, mode: str) -> None:
+    before = {key: store.storage.read(key) for key in (STATUS, LEASE, SPEC_LAST)}
+    with pytest.raises(AirflowException) as info:
+        upgrade_op(job_file="orders_v3.py", upgrade_mode=mode).execute(context())
+    assert str(info.value) == (
+        "upgrade of job orders to orders_v3.py refused before anything was stopped: job file orders_v3.py not "
+        "found: expected a Python file defining the job; the job runs as before")
+    assert checks.calls == [] and control_keys(store) == []  # no restore check, no stop request
+    assert {key: store.storage.read(key) for key in before} == before
+
+
+@pytest.mark.usefixtures("no_launch")
+def test_upgrade_of_a_deployment_spark_submit_would_refuse_is_refused_before_anything_stops(
+        store: JobStore, checks: FakeCheck) -> None:
+    record_deployment(store, old_deployment(deploy_mode="cluster"))  # master local[2]: no cluster mode
+    report(store, epoch=3)
+    with pytest.raises(AirflowException, match=r"refused before anything was stopped: deploy mode cluster with "
+                                               r"master 'local\[2\]'.*; the job runs as before$"):
+        upgrade_op().execute(context())
+    assert checks.calls == [] and control_keys(store) == []
+
+
+@pytest.mark.usefixtures("no_launch", "running_v1")
+def test_upgrade_to_a_job_file_that_exists_goes_ahead(store: JobStore, checks: FakeCheck, tmp_path: Path) -> None:
+    job_file = tmp_path / "orders_v2.py"
+    job_file.write_text(Path(ORDERS_V2).read_text())
+    deferred = deferral(lambda: upgrade_op(job_file=str(job_file)).execute(context()))
+    assert only_request(store).action is Action.STOP and next_step(deferred)[0] == "after_stop"
+    assert checks.calls[0][0].job_file == str(job_file)
+
+
+@pytest.mark.usefixtures("no_launch", "running_v1")
+@pytest.mark.parametrize("value", ["three", -1, "-2", None, "", "2.5"])
+def test_upgrade_refuses_a_bad_verify_batches_before_anything(store: JobStore, checks: FakeCheck,
+                                                              value: Any) -> None:
+    with pytest.raises(AirflowException) as info:
+        upgrade_op(verify_batches=value).execute(context())
+    assert str(info.value) == f"verify_batches: expected a whole number >= 0, found {value!r}"
+    assert checks.calls == [] and control_keys(store) == []
+
+
+@pytest.mark.usefixtures("running_v1")
+@pytest.mark.parametrize(("value", "batches"), [("5", 5), ("0", 0), (0, 0)])
+def test_upgrade_verifies_a_rendered_verify_batches(store: JobStore, checks: FakeCheck, launches: FakeLaunch,
+                                                    value: Any, batches: int) -> None:
+    verifying = start_new_code(store, upgrade_op(verify_batches=value))
+    assert trigger_kwargs(verifying)["min_batches"] == batches
+
+
+class RetryTI(FakeTI):
+    def __init__(self, try_number: int) -> None:
+        super().__init__()
+        self.try_number = try_number
+
+
+@pytest.mark.usefixtures("no_launch")
+def test_a_retried_upgrade_fails_without_retrying_and_does_nothing(store: JobStore, checks: FakeCheck,
+                                                                   running_v1: Launch) -> None:
+    before = {key: store.storage.read(key) for key in (STATUS, LEASE, SPEC_LAST)}
+    with pytest.raises(AirflowFailException) as info:  # AirflowFailException: no further retries either
+        upgrade_op().execute({"ti": RetryTI(2)})
+    assert str(info.value).startswith("upgrade of job orders: not retried (try 2): an earlier try may have stopped "
+                                      "the old job or started the new code")
+    assert "set retries=0 on this task" in str(info.value)
+    assert checks.calls == [] and control_keys(store) == []
+    assert {key: store.storage.read(key) for key in before} == before
+
+
+@pytest.mark.usefixtures("no_launch", "running_v1")
+def test_the_first_try_of_an_upgrade_goes_ahead(store: JobStore, checks: FakeCheck) -> None:
+    deferred = deferral(lambda: upgrade_op().execute({"ti": RetryTI(1)}))
+    assert next_step(deferred)[0] == "after_stop" and len(checks.calls) == 1
+
+
+# -- UpgradeStreamingJobOperator: the stop failed, the new code cannot be launched ------------------------------------
+
+
+STOP_FAILURES = {
+    "failed": lambda store: ack_event(store, only_request(store), Outcome.FAILED, snapshot_id=None,
+                                      message="the savepoint upload failed"),
+    "rejected": lambda store: ack_event(store, only_request(store), Outcome.REJECTED, snapshot_id=None,
+                                        message="a savepoint is in progress"),
+    "timeout": lambda store: {"status": "timeout", "message": "no outcome within 600 s: request unanswered"},
+}
+
+
+@pytest.mark.parametrize("failure", sorted(STOP_FAILURES))
+def test_upgrade_whose_stop_failed_while_the_old_job_runs_changes_nothing(store: JobStore, checks: FakeCheck,
+                                                                          launches: FakeLaunch, running_v1: Launch,
+                                                                          failure: str) -> None:
+    op = upgrade_op()
+    stopped = deferral(lambda: op.execute(context()))
+    event = STOP_FAILURES[failure](store)
+    report(store, epoch=3, code_version="v1")  # still RUNNING, heartbeat fresh
+    with pytest.raises(AirflowException) as info:
+        op.resume(context(), fire(stopped, event))
+    text = str(info.value)
+    assert text.startswith("upgrade of job orders: job orders: ")
+    assert text.endswith("), nothing was changed")
+    assert launches.calls == [] and read_launch(store) == running_v1
+
+
+@pytest.mark.parametrize(("state", "silent_for"), [(JobState.STOPPED, 0), (JobState.FAILED, 0),
+                                                   (JobState.RUNNING, 60)], ids=["stopped", "failed", "stale"])
+def test_upgrade_whose_stop_failed_after_the_old_job_went_down_relaunches_it(
+        store: JobStore, checks: FakeCheck, launches: FakeLaunch, running_v1: Launch, state: JobState,
+        silent_for: float) -> None:
+    op = upgrade_op()
+    stopped = deferral(lambda: op.execute(context()))
+    event = STOP_FAILURES["failed"](store)
+    report(store, epoch=3, state=state, updated_at=time.time() - silent_for)
+    with pytest.raises(AirflowException) as info:
+        op.resume(context(), fire(stopped, event))
+    [relaunch] = launches.calls
+    assert (relaunch.deployment, relaunch.restore) == (running_v1.deployment, "latest-state")  # the old code
+    assert read_launch(store) == relaunch
+    assert "the savepoint upload failed" in event["message"]
+    assert str(info.value) == (
+        f"upgrade of job orders: job orders: stop failed: {event['message']}; the old job had stopped: relaunched "
+        "orders_v1.py (code v1) from its latest state")
+
+
+def test_upgrade_whose_stop_failed_after_a_newer_driver_took_the_lease_fails_as_an_airflow_exception(
+        store: JobStore, checks: FakeCheck, launches: FakeLaunch, running_v1: Launch) -> None:
+    op = upgrade_op()
+    stopped = deferral(lambda: op.execute(context()))
+    event = STOP_FAILURES["timeout"](store)
+    lease = LeaseRecord(job="orders", epoch=4, owner="driver-4", host="h", pid=43, acquired_at=time.time())
+    store.storage.write(LEASE, lease.to_bytes())  # another submit's driver took the job over meanwhile
+    with pytest.raises(AirflowException, match="upgrade of job orders: "):
+        op.resume(context(), fire(stopped, event))
+    assert launches.calls == []
+
+
+def test_upgrade_whose_new_code_cannot_be_launched_rolls_back(store: JobStore, checks: FakeCheck,
+                                                              popen_calls: list[PopenCall], tmp_path: Path) -> None:
+    old = record_deployment(store, old_deployment(job_file=ORDERS_V1))
+    report(store, epoch=3, code_version="v1")
+    new_file = tmp_path / "orders_v2.py"
+    new_file.write_text(Path(ORDERS_V2).read_text())
+    op = upgrade_op(job_file=str(new_file))
+    stopped = deferral(lambda: op.execute(context()))  # the file is there: checked, then the old driver stops
+    event = ack_event(store, only_request(store))
+    new_file.unlink()  # gone when the new code is launched (another worker, a cleanup)
+    rolling = deferral(lambda: op.resume(context(), fire(stopped, event)))
+    [(argv, _, _)] = popen_calls
+    assert argv[4] == ORDERS_V1  # only the old code was started: the real launch refused the new one
+    rollback = read_launch(store)
+    assert rollback is not None and (rollback.deployment, rollback.restore) == (old.deployment, SID)
+    assert isinstance(rolling.trigger, JobHealthTrigger)
+    assert trigger_kwargs(rolling)["started_after"] == rollback.launched_at
+    method, kwargs = next_step(rolling)
+    assert method == "after_rollback" and kwargs["plan"]["snapshot_id"] == SID
+    assert kwargs["why"] == (f"the new code could not be launched: cannot launch job orders: job file {new_file} not "
+                             "found: expected a Python file defining the job")
+    with pytest.raises(AirflowException) as info:
+        op.resume(context(), fire(rolling, HEALTHY))
+    assert str(info.value).endswith(f"rolled back to v1 from {SID}: the old code runs again (epoch 4)")
+    assert "could not be launched" in str(info.value)
+
+
+def test_a_failed_rollback_from_the_latest_state_says_the_state_is_uncertain() -> None:
+    plan = {"old": {"deployment": old_deployment().to_dict()}, "snapshot_id": None}
+    with pytest.raises(AirflowException) as info:
+        upgrade_op(upgrade_mode="last-state").after_rollback(context(), UNHEALTHY, plan=plan,
+                                                              why="no verdict within 120 s")
+    assert str(info.value) == (
+        "upgrade of job orders to v2 failed verification (no verdict within 120 s) and the rollback to v1 ALSO "
+        "failed (job orders: expected it healthy, found FAILED at epoch 4 (reason: boom)); the job's state is "
+        "uncertain: check `ckpt job status --job orders`, and if it is not running restore it from snapshot "
+        "(its latest state)")
+
+
+# -- waiting in the worker --------------------------------------------------------------------------------------------
+
+
+class Waiter(JobOperator):
+    def done(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
+        return event
+
+
+def test_waiting_in_the_worker_retries_storage_errors() -> None:
+    from tests.unit.test_triggers import FlakyTrigger, FlakyWatch
+
+    op = Waiter(task_id="w", job="orders", deferrable=False, poll_interval=0.01)
+    watch = FlakyWatch(failures=2)
+    assert op.wait(context(), trigger=FlakyTrigger(watch, timeout=5), method_name="done") == {"status": "done",
+                                                                                             "polls": 3}
+    never = FlakyWatch(failures=None)
+    event = op.wait(context(), trigger=FlakyTrigger(never, timeout=0.05), method_name="done")
+    assert event == {"status": "timeout", "message": "no outcome within 0 s: the store to answer"}
+    assert never.polls > 1
+    with pytest.raises(ConfigError, match="invalid job name"):  # other errors are not retried
+        op.wait(context(), trigger=FlakyTrigger(FlakyWatch(None, ConfigError("invalid job name")), timeout=5),
+                method_name="done")
 
 
 # -- links -----------------------------------------------------------------------------------------------------------
@@ -1280,7 +1610,9 @@ def test_run_argv_intervals_of_zero_are_not_none() -> None:
 
 
 @pytest.mark.parametrize("name", ["AWS_SECRET", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD", "GITHUB_TOKEN", "API_KEY",
-                                  "KEY", "SSH_PRIVATE", "GCP_CREDENTIALS", "passwd"])
+                                  "KEY", "SSH_PRIVATE", "GCP_CREDENTIALS", "passwd", "KAFKA_SASL_JAAS_CONFIG",
+                                  "DB_PASS", "APIKEY", "X_AUTH", "SERVICE_API_KEY", "PGPASS", "MYSQL_PWD",
+                                  "AUTH_HEADER", "sasl_jaas_config"])
 def test_secret_looking_env_names_are_refused(name: str) -> None:
     with pytest.raises(ConfigError, match=f"refusing env {name}: a deployment's env is stored in the job store"):
         Deployment(job_file="j.py", env={name: "x"})
@@ -1355,3 +1687,57 @@ def test_submit_of_a_missing_job_file_fails_before_recording_a_launch(store: Job
     with pytest.raises(AirflowException, match=r"cannot launch job orders: job file no_such_job\.py not found"):
         submit_op(job_file="no_such_job.py").execute(context())  # the real launch: its check refuses it
     assert popen_calls == [] and read_launch(store) is None
+
+
+def test_launch_does_not_overwrite_an_end_recorded_meanwhile(store: JobStore,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    class EndsAtOnce:
+        """Its supervisor fails at once and records its end before launch() records the pid."""
+
+        def __init__(self, argv: list[str], *, env: dict[str, str], **kwargs: Any) -> None:
+            assert deploy.record_end(store, env[LAUNCH_ENV], ending="config-error", exit_code=2, reason="bad input")
+            self.pid = 4242
+
+        def wait(self) -> int:
+            return 2
+
+    monkeypatch.setattr(deploy.subprocess, "Popen", EndsAtOnce)
+    record = deploy.launch(store, old_deployment(job_file=ORDERS_V1), restore="latest-state", store_url="/stores")
+    assert record.pid == 4242
+    stored = read_launch(store)
+    assert stored is not None and stored.launch_id == record.launch_id
+    assert stored.ended_at is not None and (stored.ending, stored.exit_code, stored.end_reason) == (
+        "config-error", 2, "bad input")  # the end survives: waiters stop waiting for a driver
+    assert stored.pid is None
+
+
+def test_launch_does_not_overwrite_a_newer_launch(store: JobStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    newer = Launch("orders", old_deployment(job_file=ORDERS_V1, code_version="v0"), SID, time.time() + 1,
+                   "airflow:other.restart", "newer-launch", pid=5151)
+
+    class Superseded:
+        """Another task launches the job before this launch() records its pid."""
+
+        def __init__(self, argv: list[str], *, env: dict[str, str], **kwargs: Any) -> None:
+            store.storage.write(SPEC_LAST, newer.to_bytes())
+            self.pid = 4242
+
+        def wait(self) -> int:
+            return 0
+
+    monkeypatch.setattr(deploy.subprocess, "Popen", Superseded)
+    record = deploy.launch(store, old_deployment(job_file=ORDERS_V1), restore="latest-state", store_url="/stores")
+    assert record.pid == 4242 and record.launch_id != newer.launch_id
+    assert read_launch(store) == newer
+
+
+def test_launch_whose_pid_cannot_be_recorded_still_returns_it(store: JobStore, popen_calls: list[PopenCall],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    def unreachable(key: str) -> Any:
+        raise StorageError(f"cannot read {key}: connection reset")
+
+    monkeypatch.setattr(store.storage, "read_versioned", unreachable)
+    record = deploy.launch(store, old_deployment(job_file=ORDERS_V1), restore="latest-state", store_url="/stores")
+    assert record.pid == 4242 and len(popen_calls) == 1  # it runs; the warning says its pid was not recorded
+    stored = read_launch(store)
+    assert stored == replace(record, pid=None)  # the record written before the start stays

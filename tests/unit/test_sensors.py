@@ -18,7 +18,7 @@ from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.snapshots import create_snapshot
 from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
 from airflow_ckpt_provider.core.storage import LocalStorage
-from airflow_ckpt_provider.sensors.base import DEFER_GRACE
+from airflow_ckpt_provider.sensors.base import DEFER_GRACE, WatchFailedError
 from airflow_ckpt_provider.sensors.job_health import JobHealthSensor
 from airflow_ckpt_provider.sensors.kafka_lag import KafkaLagSensor
 from airflow_ckpt_provider.sensors.snapshot import SnapshotSensor
@@ -153,11 +153,38 @@ def test_timeout_fails_as_a_sensor_timeout_or_skips_with_soft_fail() -> None:
 def test_error_and_unknown_events_raise(sensor: Any) -> None:
     error = {"status": "error", "message": "JobHealthTrigger failed: StorageError: access denied",
              "traceback": "Traceback ..."}
-    with pytest.raises(AirflowException, match="access denied"):
+    with pytest.raises(WatchFailedError, match=f"^{sensor.task_id}: JobHealthTrigger failed: StorageError: access "
+                                               "denied$") as info:
         sensor.execute_complete({}, error)
+    assert not isinstance(info.value, AirflowException)  # Airflow's sensor would skip those under soft_fail
     for bad in ({"status": "maybe"}, {"no": "status"}, None):
         with pytest.raises(AirflowException, match="expected an event with a status in"):
             sensor.execute_complete({}, bad)
+
+
+@pytest.mark.parametrize("sensor", [
+    JobHealthSensor(task_id="h", job="orders", soft_fail=True),
+    SnapshotSensor(task_id="s", job="orders", soft_fail=True),
+    KafkaLagSensor(task_id="k", group="g", threshold=1, soft_fail=True),
+], ids=lambda s: type(s).__name__)
+def test_an_error_event_fails_the_task_even_with_soft_fail(sensor: Any) -> None:
+    """Resumed as Airflow resumes a deferred sensor (resume_execution turns AirflowExceptions into skips under
+    soft_fail): a broken watch (missing connection, unreachable store) must fail, not skip."""
+    error = {"status": "error", "message": "JobHealthTrigger failed: AirflowNotFoundException: no_such_conn",
+             "traceback": "Traceback ..."}
+    with pytest.raises(WatchFailedError, match="no_such_conn"):
+        sensor.resume_execution("execute_complete", {"event": error}, {})
+    timeout = {"status": "timeout", "message": "no outcome within 60 s"}  # an outcome: soft_fail still skips it
+    with pytest.raises(AirflowSkipException) as info:
+        sensor.resume_execution("execute_complete", {"event": timeout}, {})
+    assert "no outcome within 60 s" in str(info.value.__cause__)
+
+
+def test_an_unhealthy_event_is_still_skipped_with_soft_fail() -> None:
+    sensor = JobHealthSensor(task_id="h", job="orders", soft_fail=True)
+    with pytest.raises(AirflowSkipException) as info:
+        sensor.resume_execution("execute_complete", {"event": UNHEALTHY}, {})
+    assert "expected it healthy, found FAILED" in str(info.value.__cause__)
 
 
 def test_snapshot_and_lag_sensors_return_their_payload() -> None:

@@ -17,6 +17,7 @@ import pytest
 from airflow.triggers.base import BaseTrigger
 
 from airflow_ckpt_provider.core.control import Ack, Action, Outcome, submit_request, write_ack
+from airflow_ckpt_provider.core.errors import ConfigError, StorageError
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.snapshots import create_snapshot
@@ -235,6 +236,78 @@ def test_polls_run_in_a_thread_while_the_loop_keeps_ticking() -> None:
 
     events, ticks = asyncio.run(main())
     assert events == [{"status": "done", "polls": 1}] and ticks == 5
+
+
+# -- an unreachable store is retried until the timeout ------------------------------------------------------
+
+
+class FlakyWatch:
+    """A watch whose first ``failures`` polls cannot read the store (None: every poll fails)."""
+
+    def __init__(self, failures: int | None, error: Exception | None = None) -> None:
+        self.failures = failures
+        self.error = error or StorageError("cannot read s3://b/jobs/orders/status.json: connection reset")
+        self.polls = 0
+
+    def poll(self, now: float | None = None) -> dict[str, Any] | None:
+        self.polls += 1
+        if self.failures is None or self.polls <= self.failures:
+            raise self.error
+        return {"status": "done", "polls": self.polls}
+
+    def waiting_for(self) -> str:
+        return "the store to answer"
+
+
+class FlakyTrigger(WatchTrigger):
+    STATUSES = frozenset({"done", "timeout", "error"})
+
+    def __init__(self, watch: FlakyWatch, *, timeout: float | None = None) -> None:
+        super().__init__(poll_interval=0.01, timeout=timeout)
+        self.watch = watch
+
+    def arguments(self) -> dict[str, Any]:
+        return {}
+
+    def build_watch(self) -> FlakyWatch:
+        return self.watch
+
+
+def test_a_storage_error_is_retried_until_the_watch_decides() -> None:
+    watch = FlakyWatch(failures=2)
+    assert one_event(FlakyTrigger(watch, timeout=5)) == {"status": "done", "polls": 3}
+
+
+def test_a_store_that_never_answers_ends_in_the_timeout_event() -> None:
+    watch = FlakyWatch(failures=None)
+    event = one_event(FlakyTrigger(watch, timeout=0.05))
+    assert event == {"status": "timeout", "message": "no outcome within 0 s: the store to answer"}
+    assert watch.polls > 1  # polled again after each failure, not given up at the first
+
+
+def test_other_errors_of_a_poll_still_end_in_the_error_event() -> None:
+    watch = FlakyWatch(failures=None, error=ConfigError("invalid job name"))
+    event = one_event(FlakyTrigger(watch, timeout=5))
+    assert event["status"] == "error" and watch.polls == 1
+    assert event["message"] == "FlakyTrigger failed: ConfigError: invalid job name"
+
+
+def test_a_job_health_trigger_keeps_polling_through_storage_errors(store: JobStore,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_ckpt_provider.core import watch as watch_module
+
+    running(store, batch_id=4)
+    real, calls = watch_module.read_status, []
+
+    def flaky_read_status(job_store: JobStore) -> JobStatus | None:
+        calls.append(1)
+        if len(calls) <= 2:
+            raise StorageError("status.json: access denied for now")
+        return real(job_store)
+
+    monkeypatch.setattr(watch_module, "read_status", flaky_read_status)
+    event = one_event(JobHealthTrigger(job="orders", poll_interval=0.01, timeout=5))
+    assert (event["status"], event["batch_id"]) == ("healthy", 4) and len(calls) == 3
 
 
 # -- Kafka: brokers and settings from a connection, secrets never logged -----------------------------------

@@ -12,7 +12,7 @@ import pytest
 
 from airflow_ckpt_provider.core.control import Ack, Action, Outcome, submit_request, write_ack
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, LEASE, JobStore
+from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, LEASE, SPEC_LAST, JobStore
 from airflow_ckpt_provider.core.lease import LeaseRecord
 from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.snapshots import create_snapshot
@@ -40,10 +40,13 @@ def report(store: JobStore, now: float, *, state: JobState = JobState.RUNNING, e
     return status
 
 
-def deployed(store: JobStore, epoch: int, at: float) -> None:
-    """The record runtime/startup.prepare_checkpoint writes at each driver start."""
-    body = {"epoch": epoch, "at": at, "restore": "latest-state", "action": "resume", "snapshot": None,
-            "reason": "test", "lineage_since": 0.0, "lineage_base": None}
+def deployed(store: JobStore, epoch: int, at: float, launch_id: str | None = None) -> None:
+    """The record runtime/startup.prepare_checkpoint writes at each driver start (older versions wrote no
+    launch_id)."""
+    body: dict[str, Any] = {"epoch": epoch, "at": at, "restore": "latest-state", "action": "resume",
+                            "snapshot": None, "reason": "test", "lineage_since": 0.0, "lineage_base": None}
+    if launch_id is not None:
+        body["launch_id"] = launch_id
     store.storage.write(f"{DEPLOYMENTS}{epoch:010d}.json", json.dumps(body).encode())
 
 
@@ -273,6 +276,166 @@ def test_invalid_arguments_are_refused(store: JobStore) -> None:
         JobHealthWatch(store, max_restarts=0)
     with pytest.raises(ConfigError, match="healthy_for"):
         JobHealthWatch(store, healthy_for=-1)
+
+
+# -- batches are counted from the watched driver's first ---------------------------------------------------
+
+
+@pytest.mark.parametrize("first", [JobState.STARTING, JobState.RUNNING])
+def test_a_restored_driver_without_a_batch_yet_counts_from_its_first_batch(store: JobStore,
+                                                                           first: JobState) -> None:
+    # restored at batch 500: the new driver reports no batch id until it completes batch 501
+    watch = JobHealthWatch(store, min_batches=2)
+    report(store, T0, state=first)
+    assert watch.poll(T0) is None
+    report(store, T0 + 5)
+    assert watch.poll(T0 + 5) is None
+    assert "0 of 2 batches" in watch.waiting_for()
+    report(store, T0 + 10, batch_id=501)
+    assert watch.poll(T0 + 10) is None  # one batch (before the fix: 502 "batches" since -1)
+    assert "1 of 2 batches" in watch.waiting_for()
+    report(store, T0 + 15, batch_id=502)
+    event = watch.poll(T0 + 15)
+    assert event is not None and (event["status"], event["batch_id"]) == ("healthy", 502)
+    assert "2 batches since the check began" in event["message"]
+
+
+def test_a_watch_that_first_sees_a_running_job_counts_from_its_batch(store: JobStore) -> None:
+    watch = JobHealthWatch(store, min_batches=2)
+    report(store, T0, batch_id=40)
+    assert watch.poll(T0) is None
+    assert "0 of 2 batches" in watch.waiting_for()
+    report(store, T0 + 5, batch_id=41)
+    assert watch.poll(T0 + 5) is None
+    report(store, T0 + 10, batch_id=42)
+    event = watch.poll(T0 + 10)
+    assert event is not None and (event["status"], event["batch_id"]) == ("healthy", 42)
+
+
+# -- a launch on its way: a stopped or failed job is not unhealthy yet -------------------------------------
+
+
+def relaunch(store: JobStore, at: float, launch_id: str = "L2") -> None:
+    """spec/last.json: a launch at ``at`` (a restart, an upgrade, a restore) whose driver has not reported."""
+    from airflow_ckpt_provider.runtime.deploy import Deployment, Launch
+
+    record = Launch("orders", Deployment("job.py"), "latest-state", at, "airflow:dag.restart", launch_id)
+    store.storage.write(SPEC_LAST, record.to_bytes())
+
+
+ENDED = [(JobState.STOPPED, Unhealthy.STOPPED), (JobState.FAILED, Unhealthy.FAILED)]
+
+
+@pytest.mark.parametrize("expect", ["healthy", "unhealthy"])
+@pytest.mark.parametrize(("state", "reason"), ENDED)
+def test_an_ended_job_with_a_newer_launch_on_its_way_is_pending(store: JobStore, expect: str, state: JobState,
+                                                                reason: Unhealthy) -> None:
+    report(store, T0 - 50, state=state, started_at=T0 - 500)
+    relaunch(store, T0)
+    watch = JobHealthWatch(store, expect=expect, start_timeout=600)
+    for t in (1, 300, 599.5):
+        assert watch.poll(T0 + t) is None, t
+    event = unhealthy(watch.poll(T0 + 600), reason)  # the launch is as old as the start timeout: it died
+    assert event["state"] == state.value
+
+
+@pytest.mark.parametrize(("state", "reason"), ENDED)
+def test_a_pending_launch_that_records_its_end_makes_the_job_unhealthy(store: JobStore, state: JobState,
+                                                                      reason: Unhealthy) -> None:
+    from airflow_ckpt_provider.runtime.deploy import record_end
+
+    report(store, T0 - 50, state=state, started_at=T0 - 500)
+    relaunch(store, T0)
+    watch = JobHealthWatch(store, start_timeout=600)
+    assert watch.poll(T0 + 1) is None
+    assert record_end(store, "L2", ending="config-error", exit_code=2, reason="driver exited with code 2")
+    unhealthy(watch.poll(T0 + 2), reason)  # at once, long before the start timeout
+
+
+def test_a_pending_launch_whose_driver_reports_is_healthy(store: JobStore) -> None:
+    report(store, T0 - 50, state=JobState.STOPPED, epoch=1, started_at=T0 - 500)
+    relaunch(store, T0)
+    watch = JobHealthWatch(store, start_timeout=600)
+    assert watch.poll(T0 + 1) is None
+    report(store, T0 + 20, state=JobState.STARTING, epoch=2, started_at=T0 + 10)
+    assert watch.poll(T0 + 20) is None
+    report(store, T0 + 30, epoch=2, started_at=T0 + 10, batch_id=0)
+    event = watch.poll(T0 + 30)
+    assert event is not None and (event["status"], event["epoch"]) == ("healthy", 2)
+
+
+@pytest.mark.parametrize(("state", "reason"), ENDED)
+def test_the_launch_of_the_ended_driver_itself_is_not_on_its_way(store: JobStore, state: JobState,
+                                                                reason: Unhealthy) -> None:
+    relaunch(store, T0 - 600, "L1")  # the launch whose driver started, then ended
+    report(store, T0 - 50, state=state, started_at=T0 - 590)
+    unhealthy(JobHealthWatch(store, start_timeout=6000).poll(T0), reason)
+
+
+# -- restarts are counted per launch ---------------------------------------------------------------------------
+
+
+def test_restarts_are_the_further_starts_of_one_launch(store: JobStore) -> None:
+    deployed(store, 1, T0 - 400, "L1")  # submitted
+    deployed(store, 2, T0 - 300, "L1")  # its supervisor restarted the driver: a restart
+    deployed(store, 3, T0 - 200, "L2")  # an upgrade: a new launch, no restart
+    deployed(store, 4, T0 - 100, "L3")  # its rollback: a new launch, no restart
+    deployed(store, 5, T0 - 50, "L3")  # a restart of the rollback
+    report(store, T0, epoch=5)
+    event = JobHealthWatch(store, max_restarts=3, restart_window=600).poll(T0)
+    assert event is not None and (event["status"], event["restarts"]) == ("healthy", 2)
+    event = unhealthy(JobHealthWatch(store, max_restarts=2, restart_window=600).poll(T0),
+                      Unhealthy.TOO_MANY_RESTARTS)
+    assert event["restarts"] == 2 and "found 2" in event["message"]
+
+
+def test_launches_alone_are_no_crash_loop(store: JobStore) -> None:
+    for epoch in range(1, 6):  # five launches from Airflow (restarts, upgrades, rollbacks) in a few minutes
+        deployed(store, epoch, T0 - 300 + 50 * epoch, f"L{epoch}")
+    report(store, T0, epoch=5)
+    event = JobHealthWatch(store, max_restarts=1, restart_window=600).poll(T0)
+    assert event is not None and (event["status"], event["restarts"]) == ("healthy", 0)
+
+
+def test_records_without_a_launch_id_count_every_start_but_the_first(store: JobStore) -> None:
+    for epoch in (1, 2, 3):
+        deployed(store, epoch, T0 - 300 + epoch)  # written before launch ids were recorded
+    report(store, T0, epoch=3)
+    event = JobHealthWatch(store, max_restarts=3, restart_window=600).poll(T0)
+    assert event is not None and (event["status"], event["restarts"]) == ("healthy", 2)
+
+
+def test_the_watched_launch_s_first_start_is_no_restart(store: JobStore) -> None:
+    deployed(store, 1, T0 - 400, "L1")
+    deployed(store, 2, T0 - 300, "L1")
+    deployed(store, 3, T0 - 100, "L2")  # the upgrade being verified (started_after its launch)
+    report(store, T0, epoch=3, started_at=T0 - 100)
+    watch = JobHealthWatch(store, started_after=T0 - 110, max_restarts=1, restart_window=600)
+    event = watch.poll(T0)
+    assert event is not None and (event["status"], event["restarts"]) == ("healthy", 0)
+    deployed(store, 4, T0 + 10, "L2")  # its supervisor restarted it: one restart is one too many here
+    report(store, T0 + 20, epoch=4, started_at=T0 + 10)
+    unhealthy(JobHealthWatch(store, started_after=T0 - 110, max_restarts=1, restart_window=600).poll(T0 + 20),
+              Unhealthy.TOO_MANY_RESTARTS)
+
+
+def test_driver_starts_record_their_launch_id(store: JobStore, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_ckpt_provider.runtime.config import RestoreSpec
+    from airflow_ckpt_provider.runtime.deploy import LAUNCH_ENV
+    from airflow_ckpt_provider.runtime.startup import prepare_checkpoint
+
+    live = LocalStorage(tmp_path / "live")
+    monkeypatch.delenv(LAUNCH_ENV, raising=False)
+    prepare_checkpoint(store, live, RestoreSpec.parse("latest-state"), epoch=1)  # `ckpt run` by hand
+    for epoch, launch_id in ((2, "L1"), (3, "L1"), (4, "L2")):
+        monkeypatch.setenv(LAUNCH_ENV, launch_id)
+        prepare_checkpoint(store, live, RestoreSpec.parse("latest-state"), epoch=epoch)
+    records = [json.loads(store.storage.read(f"{DEPLOYMENTS}{epoch:010d}.json")) for epoch in (1, 2, 3, 4)]
+    assert [r["launch_id"] for r in records] == [None, "L1", "L1", "L2"]
+    report(store, time.time(), epoch=4)
+    event = JobHealthWatch(store, max_restarts=5).poll()
+    assert event is not None and event["restarts"] == 1  # only the second start of L1
 
 
 # -- control requests -----------------------------------------------------------------------------------
