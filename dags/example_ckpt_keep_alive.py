@@ -15,11 +15,11 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from airflow.sdk import DAG
-from airflow_ckpt_provider.sensors.job_health import JobHealthSensor
 
 from airflow_ckpt_provider import examples
 from airflow_ckpt_provider.operators.job import RestartStreamingJobOperator, SubmitStreamingJobOperator
 from airflow_ckpt_provider.operators.snapshot import DisposeSnapshotsOperator
+from airflow_ckpt_provider.sensors.job_health import JobHealthSensor
 
 JOB = os.environ.get("CKPT_EXAMPLE_JOB", "orders")
 JOB_FILE = str(Path(examples.__file__).parent / "orders_v1.py")

@@ -10,10 +10,10 @@ from __future__ import annotations
 from datetime import datetime
 
 from airflow.sdk import DAG, Param
-from airflow_ckpt_provider.sensors.job_health import JobHealthSensor
 
 from airflow_ckpt_provider.operators.job import RestartStreamingJobOperator
 from airflow_ckpt_provider.operators.snapshot import TriggerSavepointOperator
+from airflow_ckpt_provider.sensors.job_health import JobHealthSensor
 
 # [START howto_savepoint_restore]
 with DAG(

@@ -55,7 +55,7 @@ class _LaunchMixin(JobOperator):
     def _wait_running(self, context: Context, store: JobStore, *, method_name: str, started_after: float | None,
                       min_epoch: int | None = None, kwargs: dict[str, Any] | None = None) -> Any:
         health: dict[str, Any] = {"expect": "healthy", "min_epoch": min_epoch, "started_after": started_after,
-                  "start_timeout": self.start_timeout}
+                                  "start_timeout": self.start_timeout}
         trigger = JobHealthTrigger(**self._store_args, **health, timeout=self.start_timeout + 60)
         return self.wait(context, trigger=trigger, method_name=method_name, kwargs=kwargs)
 
