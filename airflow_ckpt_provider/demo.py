@@ -227,8 +227,9 @@ def scenario(world: World, home: AirflowHome) -> dict[str, Any]:
     if not killed:
         raise RuntimeError("the driver was never killed: the job did not commit two batches in time")
     status = world.wait("the restarted driver", lambda s: s.epoch > killed[0].epoch and s.state == "RUNNING")
+    source = status.restored_from or "its live checkpoint"
     say(f"restarted automatically from the latest completed checkpoint: epoch {killed[0].epoch} -> {status.epoch}, "
-        f"restored from {status.restored_from}")
+        f"resumed from {source}")
 
     say("2. DAG ckpt_savepoint_restore: a savepoint on demand, then the job restored from it")
     _expect_success(home.dags_test("ckpt_savepoint_restore", {"job": world.job}), "ckpt_savepoint_restore")
