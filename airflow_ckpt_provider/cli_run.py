@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.launches import LAUNCH_ENV
 from airflow_ckpt_provider.core.restart import ExponentialDelay, FailureRate, FixedDelay, HealthRule, RestartStrategy
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
-from airflow_ckpt_provider.runtime.deploy import LAUNCH_ENV
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG
 from airflow_ckpt_provider.runtime.submit import (
     DEPLOY_MODES,

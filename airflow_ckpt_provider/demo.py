@@ -32,12 +32,12 @@ from typing import Any
 
 from airflow_ckpt_provider.core.control import Action, submit_request, wait_ack
 from airflow_ckpt_provider.core.jobstore import JobStore
+from airflow_ckpt_provider.core.launches import read_launch
 from airflow_ckpt_provider.core.snapshots import list_snapshots
 from airflow_ckpt_provider.core.status import JobStatus, read_status
 from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.embedded import EmbeddedServices
 from airflow_ckpt_provider.examples._orders import read_totals
-from airflow_ckpt_provider.runtime.deploy import read_launch
 
 DAGS = Path(__file__).absolute().parent.parent / "dags"
 EXAMPLES = Path(__file__).absolute().parent / "examples"

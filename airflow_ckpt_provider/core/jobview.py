@@ -6,17 +6,16 @@ no driver would answer (unknown job, stopped job, dead driver) is refused before
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from airflow_ckpt_provider.core.control import Action
-from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
-from airflow_ckpt_provider.core.jobstore import SNAPSHOTS, SPEC_LAST, STATUS, JobStore
+from airflow_ckpt_provider.core.errors import ConfigError, ConflictError, StorageError
+from airflow_ckpt_provider.core.jobstore import SNAPSHOTS, STATUS, JobStore
+from airflow_ckpt_provider.core.launches import Launch, read_launch
 from airflow_ckpt_provider.core.lease import LeaseRecord, read_lease
 from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobStatus, read_status
 from airflow_ckpt_provider.core.storage import Storage
@@ -62,20 +61,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def starting_launch(store: JobStore, status: JobStatus | None, now: float, within: float) -> dict[str, Any] | None:
-    """The launch in spec/last.json (runtime/deploy.py) made after the driver of ``status`` started, not ended
-    and younger than ``within`` s: a new driver is on its way. Between a stop (or a crash) and the next
-    driver's first report, waiters and submitters must not take the job for dead."""
+def starting_launch(store: JobStore, status: JobStatus | None, now: float, within: float) -> Launch | None:
+    """The launch in spec/last.json made after the driver of ``status`` started, not ended and younger than
+    ``within`` s: a new driver is on its way. Between a stop (or a crash) and the next driver's first
+    report, waiters and submitters must not take the job for dead. An unreadable record counts as none."""
     try:
-        record = json.loads(store.storage.read(SPEC_LAST))
-    except (FileNotFoundError, ValueError):
+        last = read_launch(store)
+    except StorageError:
         return None
-    if not isinstance(record, dict) or record.get("ended_at") is not None:
+    if last is None or last.ended_at is not None or now - last.launched_at >= within:
         return None
-    launched = float(record.get("launched_at") or 0)
-    if now - launched >= within or (status is not None and launched <= status.started_at):
-        return None
-    return record
+    return None if status is not None and last.launched_at <= status.started_at else last
 
 
 def job_names(root: Storage) -> list[str]:

@@ -19,9 +19,10 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from airflow_ckpt_provider.core.control import read_ack
-from airflow_ckpt_provider.core.errors import ConfigError, SnapshotError
-from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, SNAPSHOTS, SPEC_LAST, JobStore
+from airflow_ckpt_provider.core.errors import ConfigError, SnapshotError, StorageError
+from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, SNAPSHOTS, JobStore
 from airflow_ckpt_provider.core.jobview import JobView, starting_launch, when
+from airflow_ckpt_provider.core.launches import read_launch
 from airflow_ckpt_provider.core.lease import read_lease
 from airflow_ckpt_provider.core.manifest import Kind, Manifest, parse_enum
 from airflow_ckpt_provider.core.restart import Health, HealthRule
@@ -342,19 +343,17 @@ class JobHealthWatch:
 
     def _launch_ended(self) -> str:
         """Why the watched launch (spec/last.json launched at/after ``started_after``) ended before its driver
-        reported, as its supervisor recorded it; '' if it did not (or there is no such record)."""
+        reported, as its supervisor recorded it; '' if it did not (or there is no readable record)."""
         if self.started_after is None:
             return ""
         try:
-            record = json.loads(self.store.storage.read(SPEC_LAST))
-        except (FileNotFoundError, ValueError):
+            last = read_launch(self.store)
+        except StorageError:
             return ""
-        if not isinstance(record, dict) or record.get("ended_at") is None:
+        if last is None or last.ended_at is None or last.launched_at < self.started_after - 1:
             return ""
-        if float(record.get("launched_at") or 0) < self.started_after - 1:
-            return ""
-        return (f"launch {record.get('launch_id')} ended before its driver reported: {record.get('end_reason')} "
-                f"(exit code {record.get('exit_code')}); its log: {record.get('log_file')} on {record.get('host')}")
+        return (f"launch {last.launch_id} ended before its driver reported: {last.end_reason} "
+                f"(exit code {last.exit_code}); its log: {last.log_file} on {last.host}")
 
     # -- tell ----------------------------------------------------------------------------------
 

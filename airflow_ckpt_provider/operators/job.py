@@ -15,12 +15,13 @@ from airflow_ckpt_provider.cli_run import health_rule, restart_strategy
 from airflow_ckpt_provider.core.control import Action, submit_request
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.jobview import check_can_request, observe, starting_launch
+from airflow_ckpt_provider.core.launches import Deployment, Launch, read_launch
 from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobState
 from airflow_ckpt_provider.hooks.spark import CkptSparkHook
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink
 from airflow_ckpt_provider.operators.base import JobOperator, check_event
 from airflow_ckpt_provider.runtime.config import RestoreSpec
-from airflow_ckpt_provider.runtime.deploy import Deployment, Launch, launch, log_tail, read_launch
+from airflow_ckpt_provider.runtime.deploy import launch, log_tail
 from airflow_ckpt_provider.triggers.control import RequestTrigger
 from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
 
@@ -225,8 +226,8 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
         runs = view is not None and status is not None and status.state is JobState.RUNNING and not view.stale
         if starting is not None and not runs:
             self.log.info("job %s: launch %s (by %s) is starting its driver: waiting for it instead of submitting "
-                          "the job again", self.job, starting.get("launch_id"), starting.get("launched_by"))
-            return {"launch_id": starting.get("launch_id"), "launched_at": starting.get("launched_at"), "epoch": None}
+                          "the job again", self.job, starting.launch_id, starting.launched_by)
+            return {"launch_id": starting.launch_id, "launched_at": starting.launched_at, "epoch": None}
         if view is None or status is None or status.state not in ACTIVE_STATES or view.stale:
             return None
         if status.state is JobState.STOPPING:  # a new driver would fence it before its final savepoint is out

@@ -13,97 +13,26 @@ the process that launched it (an Airflow task) and restarts its driver with the 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 import secrets
 import socket
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from airflow_ckpt_provider.core.errors import ConfigError, StorageError
-from airflow_ckpt_provider.core.jobstore import SPEC_LAST, SPEC_STABLE, JobStore
+from airflow_ckpt_provider.core.errors import StorageError
+from airflow_ckpt_provider.core.jobstore import SPEC_LAST, JobStore
+from airflow_ckpt_provider.core.launches import LAUNCH_ENV, Deployment, Launch
 from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.submit import SubmitSpec, build_command
 
 log = logging.getLogger(__name__)
-#: Tells the supervisor its launch id: it does not restart a driver once a newer launch is recorded.
-LAUNCH_ENV = "CKPT_LAUNCH_ID"
-#: Names of environment variables whose values must not be stored in the job store or shown in logs.
-_SECRET_ENV = re.compile(
-    r"secret|pass(wd|word|phrase)?($|_)|(^|_)pwd($|_)|token|credential|private|jaas|api_?key|(^|_)o?auth($|_)"
-    r"|(^|_)key($|_)", re.IGNORECASE)
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """One version of a job: its code and how it runs. The restore decision is per launch, not part of it.
-
-    ``env`` carries the job's own settings (topic, output path...) to the driver; credentials never go
-    here (they would be stored in spec/last.json): give them to the launching process's environment or
-    to the cluster's secret mechanism.
-    """
-
-    job_file: str
-    code_version: str | None = None
-    master: str = "local[2]"
-    deploy_mode: str = "client"
-    conf: dict[str, str] = field(default_factory=dict)
-    py_files: tuple[str, ...] = ()
-    files: tuple[str, ...] = ()
-    spark_submit: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    checkpoint: str | None = None
-    checkpoint_interval: float | None = 0.0
-    savepoint_interval: float | None = None
-    keep_checkpoints: int = 3
-    keep_savepoints: int | None = None
-    heartbeat_interval: float = 5.0
-    poll_interval: float = 1.0
-    restart_strategy: str = "exponential-delay"
-    restart_attempts: int | None = None
-    restart_delay: float | None = None
-    restart_interval: float | None = None
-    max_restarts_in_window: int | None = None
-    health_window: float | None = None
-    progress_timeout: float | None = None
-
-    def __post_init__(self) -> None:
-        if not self.job_file:
-            raise ConfigError("a deployment needs a job file: the Python file defining the @streaming_job function")
-        for name in self.env:
-            if not _ENV_NAME.match(name):
-                raise ConfigError(f"invalid environment variable name {name!r} in env: expected letters, digits, _")
-            if _SECRET_ENV.search(name):
-                raise ConfigError(
-                    f"refusing env {name}: a deployment's env is stored in the job store (spec/last.json); give "
-                    "credentials to the launching process's environment (e.g. the Airflow worker's) or the "
-                    "cluster's secret mechanism instead"
-                )
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, body: dict[str, Any]) -> Deployment:
-        known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in body.items() if k in known}
-        for name in ("py_files", "files"):
-            if name in values:
-                values[name] = tuple(values[name])
-        return cls(**values)
-
-    def with_code(self, job_file: str, code_version: str | None) -> Deployment:
-        """The same deployment running other code (an upgrade's target)."""
-        return replace(self, job_file=job_file, code_version=code_version)
 
 
 def run_argv(deployment: Deployment, job: str, store: str, restore: str, s3: S3Options | None = None) -> list[str]:
@@ -164,71 +93,6 @@ def credentials_env(s3: S3Options | None) -> dict[str, str]:
     env = {"AWS_ACCESS_KEY_ID": s3.access_key_id, "AWS_SECRET_ACCESS_KEY": s3.secret_access_key,
            "AWS_SESSION_TOKEN": s3.session_token}
     return {k: v for k, v in env.items() if v}
-
-
-@dataclass(frozen=True)
-class Launch:
-    """One start of a deployment: the record in spec/last.json (and spec/stable.json once verified)."""
-
-    job: str
-    deployment: Deployment
-    restore: str
-    launched_at: float
-    launched_by: str
-    launch_id: str
-    pid: int | None = None
-    host: str | None = None
-    log_file: str | None = None
-    # Written by its supervisor when it ends (runtime/supervisor.py): waiters stop waiting for a driver.
-    ended_at: float | None = None
-    ending: str | None = None
-    exit_code: int | None = None
-    end_reason: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "deployment": self.deployment.to_dict()}
-
-    def to_bytes(self) -> bytes:
-        return json.dumps(self.to_dict(), sort_keys=True, indent=1).encode()
-
-    @classmethod
-    def from_dict(cls, body: dict[str, Any]) -> Launch:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in body.items() if k in known}
-                   | {"deployment": Deployment.from_dict(body["deployment"])})
-
-    @classmethod
-    def from_bytes(cls, data: bytes, where: str) -> Launch:
-        try:
-            return cls.from_dict(json.loads(data))
-        except (ValueError, KeyError, TypeError, ConfigError) as err:
-            raise StorageError(f"deployment record {where} is malformed ({err})") from err
-
-
-def read_launch(store: JobStore, key: str = SPEC_LAST) -> Launch | None:
-    try:
-        data = store.storage.read(key)
-    except FileNotFoundError:
-        return None
-    return Launch.from_bytes(data, store.storage.uri(key))
-
-
-def record_end(store: JobStore, launch_id: str, *, ending: str, exit_code: int, reason: str) -> bool:
-    """Record in spec/last.json how launch ``launch_id`` ended, unless a newer launch replaced it meanwhile
-    (compare-and-swap); True if recorded."""
-    current = store.storage.read_versioned(SPEC_LAST)
-    if current is None:
-        return False
-    last = Launch.from_bytes(current.data, store.storage.uri(SPEC_LAST))
-    if last.launch_id != launch_id:
-        return False
-    ended = replace(last, ended_at=time.time(), ending=ending, exit_code=exit_code, end_reason=reason)
-    return store.storage.write_if(SPEC_LAST, ended.to_bytes(), current.tag)
-
-
-def mark_stable(store: JobStore, launch: Launch) -> None:
-    """Record ``launch`` as the last verified deployment: what a rollback returns to."""
-    store.storage.write(SPEC_STABLE, launch.to_bytes())
 
 
 def log_dir(job: str) -> Path:

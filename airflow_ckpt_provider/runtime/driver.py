@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 from airflow_ckpt_provider.core import gate
 from airflow_ckpt_provider.core.control import Ack, Action, Outcome, Request, open_requests, write_ack
 from airflow_ckpt_provider.core.errors import CkptError, StorageError
-from airflow_ckpt_provider.core.jobstore import SPEC_LAST, JobStore
+from airflow_ckpt_provider.core.jobstore import JobStore
+from airflow_ckpt_provider.core.launches import LAUNCH_ENV, read_launch
 from airflow_ckpt_provider.core.lease import FencedError, Lease
 from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.retention import RetentionPolicy
@@ -31,7 +32,6 @@ from airflow_ckpt_provider.core.snapshots import SnapshotResult
 from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
 from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
 from airflow_ckpt_provider.runtime.config import RestoreSpec, RuntimeConfig
-from airflow_ckpt_provider.runtime.deploy import LAUNCH_ENV
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_FAILED, EXIT_FENCED, EXIT_STOPPED
 from airflow_ckpt_provider.runtime.snapshotter import SnapshotJob, SnapshotOutcome, Snapshotter
 from airflow_ckpt_provider.runtime.startup import plan_start, prepare_checkpoint
@@ -546,13 +546,12 @@ def _superseded(store: JobStore) -> str:
     if not mine:
         return ""
     try:
-        record = json.loads(store.storage.read(SPEC_LAST))
-    except (FileNotFoundError, ValueError, StorageError):
+        last = read_launch(store)
+    except StorageError:
         return ""
-    latest = record.get("launch_id") if isinstance(record, dict) else None
-    if not latest or latest == mine:
+    if last is None or last.launch_id == mine:
         return ""
-    return f"launch {mine} was superseded by launch {latest} ({record.get('launched_by')})"
+    return f"launch {mine} was superseded by launch {last.launch_id} ({last.launched_by})"
 
 
 def _last_entry(storage: Storage, prefix: str) -> int | None:

@@ -14,12 +14,12 @@ from enum import StrEnum
 from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
 from airflow_ckpt_provider.core.errors import CheckpointError, CkptError, ConfigError, SnapshotError
 from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, JobStore
+from airflow_ckpt_provider.core.launches import LAUNCH_ENV
 from airflow_ckpt_provider.core.manifest import Kind, Manifest, snapshot_order
 from airflow_ckpt_provider.core.restore import restore_snapshot
 from airflow_ckpt_provider.core.snapshots import list_snapshots, load_manifest, object_problems
 from airflow_ckpt_provider.core.storage import Storage
 from airflow_ckpt_provider.runtime.config import RestoreMode, RestoreSpec
-from airflow_ckpt_provider.runtime.deploy import LAUNCH_ENV
 
 log = logging.getLogger(__name__)
 

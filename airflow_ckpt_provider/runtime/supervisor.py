@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.jobstore import JobStore
+from airflow_ckpt_provider.core.launches import read_launch, record_end
 from airflow_ckpt_provider.core.lease import read_lease
 from airflow_ckpt_provider.core.restart import (
     ExponentialDelay,
@@ -37,7 +38,6 @@ from airflow_ckpt_provider.core.restart import (
 )
 from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobState, JobStatus, read_status, write_status
 from airflow_ckpt_provider.runtime.config import RestoreMode
-from airflow_ckpt_provider.runtime.deploy import read_launch, record_end
 from airflow_ckpt_provider.runtime.exitcodes import (
     EXIT_CONFIG,
     EXIT_FAILED,

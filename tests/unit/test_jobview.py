@@ -4,7 +4,6 @@ driver whose launch a newer one superseded (runtime/driver.py refuses to take th
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -16,9 +15,9 @@ import pytest
 
 from airflow_ckpt_provider.core.jobstore import SPEC_LAST, JobStore
 from airflow_ckpt_provider.core.jobview import JobView, starting_launch
+from airflow_ckpt_provider.core.launches import LAUNCH_ENV, Deployment, Launch, record_end
 from airflow_ckpt_provider.core.status import BUSY_ALLOWANCE, JobState, JobStatus
 from airflow_ckpt_provider.core.storage import LocalStorage
-from airflow_ckpt_provider.runtime.deploy import LAUNCH_ENV, Deployment, Launch, record_end
 from airflow_ckpt_provider.runtime.driver import _superseded
 
 T0 = 1_800_000_000.0
@@ -119,15 +118,15 @@ def test_an_unreadable_launch_record_is_no_launch_on_its_way(store: JobStore, da
 def test_a_young_launch_without_a_status_is_on_its_way(store: JobStore) -> None:
     record = launched(store, T0 - 10)
     found = starting_launch(store, None, T0, 600)
-    assert found is not None and (found["launch_id"], found["launched_at"]) == ("L1", T0 - 10)
-    assert found == json.loads(record.to_bytes())
+    assert found is not None and (found.launch_id, found.launched_at) == ("L1", T0 - 10)
+    assert found == record
 
 
 @pytest.mark.parametrize("state", list(JobState))
 def test_a_launch_after_the_status_s_driver_started_is_on_its_way(store: JobStore, state: JobState) -> None:
     launched(store, T0 - 10)
     found = starting_launch(store, status(state=state, started_at=T0 - 100), T0, 600)
-    assert found is not None and found["launch_id"] == "L1"
+    assert found is not None and found.launch_id == "L1"
 
 
 def test_the_launch_of_the_driver_that_reported_is_not_on_its_way(store: JobStore) -> None:

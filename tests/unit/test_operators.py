@@ -28,7 +28,8 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 from airflow_ckpt_provider import examples
 from airflow_ckpt_provider.core.control import Ack, Action, Outcome, Request, open_requests, write_ack
 from airflow_ckpt_provider.core.errors import ConfigError, StorageError
-from airflow_ckpt_provider.core.jobstore import CONTROL, LEASE, STATUS, JobStore
+from airflow_ckpt_provider.core.jobstore import CONTROL, LEASE, SPEC_LAST, SPEC_STABLE, STATUS, JobStore
+from airflow_ckpt_provider.core.launches import LAUNCH_ENV, Deployment, Launch, read_launch, record_end
 from airflow_ckpt_provider.core.lease import LeaseRecord
 from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.snapshots import create_snapshot, list_snapshots
@@ -47,16 +48,7 @@ from airflow_ckpt_provider.operators.upgrade import UpgradeStreamingJobOperator
 from airflow_ckpt_provider.runtime import deploy
 from airflow_ckpt_provider.runtime.compat import CheckOutcome, RestoreCheck
 from airflow_ckpt_provider.runtime.config import default_checkpoint
-from airflow_ckpt_provider.runtime.deploy import (
-    LAUNCH_ENV,
-    SPEC_LAST,
-    SPEC_STABLE,
-    Deployment,
-    Launch,
-    credentials_env,
-    read_launch,
-    run_argv,
-)
+from airflow_ckpt_provider.runtime.deploy import credentials_env, run_argv
 from airflow_ckpt_provider.runtime.submit import SubmitSpec
 from airflow_ckpt_provider.triggers.base import WatchTrigger
 from airflow_ckpt_provider.triggers.control import RequestTrigger
@@ -1695,7 +1687,7 @@ def test_launch_does_not_overwrite_an_end_recorded_meanwhile(store: JobStore,
         """Its supervisor fails at once and records its end before launch() records the pid."""
 
         def __init__(self, argv: list[str], *, env: dict[str, str], **kwargs: Any) -> None:
-            assert deploy.record_end(store, env[LAUNCH_ENV], ending="config-error", exit_code=2, reason="bad input")
+            assert record_end(store, env[LAUNCH_ENV], ending="config-error", exit_code=2, reason="bad input")
             self.pid = 4242
 
         def wait(self) -> int:
