@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
+import sys
 from functools import cached_property
 from typing import Any
 from urllib.parse import urlparse
@@ -59,7 +61,10 @@ class CkptSparkHook(BaseHook):
         try:
             settings = self.settings
             binary = find_spark_submit(settings["spark_submit"])
-            done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=120, check=False)
+            # pyspark's spark-submit finds SPARK_HOME with a Python that has pyspark: this one unless told
+            env = {"PYSPARK_PYTHON": sys.executable, **os.environ}
+            done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=120, check=False,
+                                  env=env)
             if done.returncode != 0:
                 return False, f"{binary} --version exited with {done.returncode}: {done.stderr.strip()[-300:]}"
             master = settings["master"]
