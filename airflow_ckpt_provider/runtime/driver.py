@@ -182,9 +182,9 @@ class JobDriver:
             log.error("job %s: cannot start: %s", job, err)
             return EXIT_CONFIG
         spark = (spark_factory or _default_spark)()
-        from airflow_ckpt_provider.kafka.source import register
+        from airflow_ckpt_provider.sinks import register_sinks
 
-        register(spark)
+        register_sinks(spark)  # the ckpt-kafka source and sink, the ckpt-files sink
         spark.sparkContext.setLogLevel("WARN")
         try:
             writer = self.build(spark, JobContext(self.config, self.lease))

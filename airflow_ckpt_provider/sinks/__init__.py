@@ -1,0 +1,19 @@
+"""Exactly-once sinks: an atomic file sink, a transactional Kafka sink and a ledger for foreachBatch.
+
+See docs/sinks.md. ``register_sinks(spark)`` makes the data-source sinks available in a session
+(the job runtime calls it); the Kafka sink is ``writeStream.format("ckpt-kafka")`` and comes with
+the source's registration.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def register_sinks(spark: Any) -> None:
+    """Register ``ckpt-files`` (and ``ckpt-kafka``, reader and transactional writer) in ``spark``."""
+    from airflow_ckpt_provider.kafka.source import register
+    from airflow_ckpt_provider.sinks.files import CkptFilesDataSource
+
+    register(spark)
+    spark.dataSource.register(CkptFilesDataSource)
