@@ -236,6 +236,73 @@ def cmd_kafka_lag(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- sink commands (ckpt-files) -----------------------------------------------------------------
+
+
+def cmd_sink_verify(args: argparse.Namespace) -> int:
+    from airflow_ckpt_provider.sinks.filelayout import verify_sink
+
+    report = verify_sink(args.path, _s3_options(args), checksums=args.checksums)
+    batches = sum(len(b) for b in report.batches.values())
+    orphans = f"; {len(report.orphans)} uncommitted files (gc deletes them)" if report.orphans else ""
+    _emit(args, report.to_dict(), lambda: (
+        f"sink {report.url}: OK, job {report.job}, {len(report.batches)} queries, {batches} batches, "
+        f"{report.files} files, {report.rows} rows, {human_bytes(report.bytes)}"
+        + (" checksummed" if args.checksums else " (sizes only)") + orphans
+        if report.ok else
+        f"sink {report.url}: {len(report.problems)} problems\n" + "\n".join(report.problems)
+    ))
+    return 0 if report.ok else EXIT_VERIFY_FAILED
+
+
+def cmd_sink_ls(args: argparse.Namespace) -> int:
+    from airflow_ckpt_provider.sinks.filelayout import committed_batches
+
+    manifests = committed_batches(args.path, _s3_options(args))
+    rows = [[m.query_id, str(m.batch_id), m.committed_at, str(len(m.files)), str(m.rows),
+             human_bytes(m.total_bytes)] for m in manifests]
+    data = [{"query_id": m.query_id, "batch_id": m.batch_id, "committed_at": m.committed_at,
+             "files": len(m.files), "rows": m.rows, "bytes": m.total_bytes} for m in manifests]
+    _emit(args, data, lambda: _table(rows, ["QUERY", "BATCH", "COMMITTED", "FILES", "ROWS", "SIZE"])
+          if rows else "no committed batches")
+    return 0
+
+
+def cmd_sink_gc(args: argparse.Namespace) -> int:
+    from airflow_ckpt_provider.sinks.filelayout import gc_sink
+
+    result = gc_sink(args.path, _s3_options(args), older_than_s=args.older_than, dry_run=args.dry_run)
+    _emit(args, result.to_dict(), lambda: (
+        f"{'would delete' if args.dry_run else 'deleted'} {len(result.deleted)} uncommitted files "
+        f"({human_bytes(result.deleted_bytes)}), kept {result.kept_young} younger than {args.older_than:g} s"
+    ))
+    return 0
+
+
+def _add_sink_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`ckpt sink ...`: committed batches, integrity and cleanup of a ckpt-files sink path."""
+    sink = groups.add_parser("sink", help="the ckpt-files exactly-once file sink")
+    ssub = sink.add_subparsers(dest="command", required=True)
+    for name, fn, help_ in (
+        ("verify", cmd_sink_verify, "check every committed file: presence, size (and SHA-256); exit 3 if broken"),
+        ("ls", cmd_sink_ls, "list committed batches: query id, batch, files, rows, size"),
+        ("gc", cmd_sink_gc, "delete uncommitted data files older than --older-than seconds"),
+    ):
+        p = ssub.add_parser(name, help=help_)
+        p.set_defaults(fn=fn)
+        p.add_argument("path", help="the sink path: s3://BUCKET/PREFIX or a directory")
+        p.add_argument("--endpoint-url", help="S3 endpoint URL (env AWS_ENDPOINT_URL); credentials from AWS_* env")
+        p.add_argument("--region", help="S3 region (env AWS_REGION)")
+        p.add_argument("--json", action="store_true", help="print JSON for scripts")
+        p.add_argument("-v", "--verbose", action="store_true", help="log every step")
+        if name == "verify":
+            p.add_argument("--checksums", action="store_true", help="also read every file and compare its SHA-256")
+        if name == "gc":
+            p.add_argument("--older-than", type=float, required=True,
+                           help="grace in seconds: keep younger uncommitted files (longer than any batch takes)")
+            p.add_argument("--dry-run", action="store_true")
+
+
 def _progress(line: str) -> None:
     """Progress of long transfers (files, bytes, rate) goes to stderr; results go to stdout."""
     print(line, file=sys.stderr, flush=True)
@@ -319,6 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true")
     add_job_commands(groups)
     _add_kafka_commands(groups)
+    _add_sink_commands(groups)
     add_run_command(groups)
     return parser
 

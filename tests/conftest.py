@@ -78,3 +78,22 @@ def store_root(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
     if request.param == "local":
         return LocalStorage(tmp_path / "store")
     return request.getfixturevalue("s3_root")  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[object]:
+    """A throwaway PostgreSQL server (Debian's binaries) for the session; FAILS if none is installed."""
+    from tests.pgserver import PgServer, find_bin_dir
+
+    try:
+        find_bin_dir()
+    except RuntimeError as err:
+        pytest.fail(str(err))
+    with PgServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn(postgres_server: object) -> str:
+    """A libpq DSN (trust auth, 127.0.0.1) of the session's PostgreSQL server."""
+    return str(postgres_server.dsn)  # type: ignore[attr-defined]

@@ -3,9 +3,11 @@
 Sinks call ``crash_point("files.commit.after-manifest", batch_id)`` at each step of their commit
 protocol. Nothing happens unless ``CKPT_FAULT_DIR`` names a directory holding a file called
 ``<point>`` (any batch) or ``<point>@<batch id>``: the first process that reaches the point deletes
-the file (so the point fires once, also across restarts) and SIGKILLs its own process group, which is
-the driver's spark-submit JVM, its Python driver and its Python workers, as ``kill -9`` of the driver
-does. Tests arm a point by creating the file and see it fired when the file is gone.
+the file (so the point fires once, also across restarts) and SIGKILLs the process group of the nearest
+ancestor JVM: the driver's spark-submit JVM with its Python driver, as ``kill -9`` of the driver does.
+Spark's Python workers run under pyspark.daemon, which puts itself in a process group of its own, so
+killing the caller's own group would only take down the workers. Tests arm a point by creating the
+file and see it fired when the file is gone.
 """
 
 from __future__ import annotations
@@ -31,5 +33,23 @@ def crash_point(point: str, batch_id: int | None = None) -> None:
             (Path(directory) / name).unlink()  # the one process that deletes it fires
         except FileNotFoundError:
             continue
-        log.warning("crash point %s fired (batch %s): killing process group %d", point, batch_id, os.getpgid(0))
-        os.killpg(os.getpgid(0), signal.SIGKILL)
+        pgid = _jvm_pgid()
+        log.warning("crash point %s fired (batch %s): killing process group %d", point, batch_id, pgid)
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _jvm_pgid() -> int:
+    """The process group of the nearest ancestor ``java`` process; this process's own group if none."""
+    pid = os.getpid()
+    for _ in range(16):
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        if comm == "java":
+            return os.getpgid(pid)
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # field 4 of /proc/PID/stat: the parent's pid
+        if pid <= 1:
+            break
+    return os.getpgid(0)

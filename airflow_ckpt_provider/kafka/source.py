@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, DataSourceStreamWriter, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -66,6 +66,7 @@ from airflow_ckpt_provider.kafka.offsets import (
 )
 from airflow_ckpt_provider.kafka.options import SourceOptions, check_client_config, parse_options
 from airflow_ckpt_provider.kafka.reader import Range, read_range
+from airflow_ckpt_provider.sinks.kafka import stream_writer
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
@@ -504,6 +505,10 @@ class CkptKafkaDataSource(DataSource):
             )
         check_client_config(options)
         return CkptKafkaStreamReader(options)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        """``df.writeStream.format("ckpt-kafka")``: the transactional sink (sinks/kafka.py, docs/sink-kafka.md)."""
+        return stream_writer(self.options, schema, overwrite)
 
 
 class CkptKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

@@ -1,0 +1,265 @@
+"""The ``ckpt-files`` streaming sink: exactly-once Parquet files on S3 or a local directory.
+
+    (df.writeStream.format("ckpt-files")
+       .option("path", "s3://bucket/prefix").option("job", "orders")
+       .option("checkpointLocation", ...).start())
+
+Tasks write uniquely named Parquet files (pyarrow; S3 via boto3, no hadoop-aws) and return their
+keys, sizes and checksums; the driver's commit() makes the batch visible by creating its manifest
+with create-if-absent (sinks/filelayout.py). Read with filelayout.read_committed/read_spark.
+This module imports pyspark at module level; nothing in the Airflow layer imports it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
+
+from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.faults import crash_point
+from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
+from airflow_ckpt_provider.sinks.filelayout import (
+    BatchManifest,
+    DataFile,
+    commit_batch,
+    data_key,
+    delete_files,
+    open_sink,
+    sha256_file,
+)
+
+if TYPE_CHECKING:
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+log = logging.getLogger(__name__)
+
+NAME = "ckpt-files"
+COMPRESSIONS = ("snappy", "zstd", "gzip", "lz4", "brotli", "none")
+#: Options Spark itself passes to every sink (lower case: Spark's option map is case-insensitive).
+_SPARK_OPTIONS = {"checkpointlocation", "path", "queryname"}
+_OPTIONS = {"job", "compression", "s3.endpoint", "s3.region", "maxrecordsperfile"}
+#: Rows buffered before a Parquet row group is written (Spark hands over ~10k-row Arrow batches).
+ROW_GROUP_ROWS = 128 * 1024
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    """The validated options of one ckpt-files sink."""
+
+    path: str
+    job: str
+    compression: str = "snappy"
+    endpoint: str | None = None
+    region: str | None = None
+    max_records_per_file: int = 0
+
+    @classmethod
+    def parse(cls, options: dict[str, str]) -> SinkOptions:
+        opts = {k.lower(): v for k, v in options.items()}
+        unknown = sorted(set(opts) - _SPARK_OPTIONS - _OPTIONS)
+        if unknown:
+            raise ConfigError(f"ckpt-files: unsupported option(s) {', '.join(unknown)}; expected some of "
+                              f"{', '.join(sorted(_OPTIONS | {'path'}))}")
+        path, job = opts.get("path", "").strip(), opts.get("job", "").strip()
+        if not path:
+            raise ConfigError('ckpt-files: no path given: pass .option("path", "s3://BUCKET/PREFIX" or a directory)')
+        if not job:
+            raise ConfigError('ckpt-files: no job given: pass .option("job", NAME), the job that owns the sink path')
+        compression = opts.get("compression", "snappy").lower()
+        if compression not in COMPRESSIONS:
+            raise ConfigError(f"ckpt-files: unsupported compression {compression!r}; expected one of "
+                              f"{', '.join(COMPRESSIONS)}")
+        try:
+            max_records = int(opts.get("maxrecordsperfile", "0"))
+        except ValueError:
+            max_records = -1
+        if max_records < 0:
+            raise ConfigError(f"ckpt-files: maxRecordsPerFile must be an integer >= 0 (0: no limit), found "
+                              f"{opts.get('maxrecordsperfile')!r}")
+        return cls(path, job, compression, opts.get("s3.endpoint") or None, opts.get("s3.region") or None,
+                   max_records)
+
+    def storage(self) -> Storage:
+        """The sink's storage; S3 credentials from this process's environment (never pickled to tasks)."""
+        return open_storage(self.path, S3Options.from_env(self.endpoint, self.region))
+
+
+class CkptFilesDataSource(DataSource):
+    """``format("ckpt-files")``: an exactly-once Parquet sink (see the module docstring)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> CkptFilesWriter:
+        # Spark 4.3 calls this when the query's first batch is planned (an error here terminates the
+        # query before anything is written; awaitTermination raises it, start() does not) and again in
+        # a fresh Python worker for every batch's commit/abort: the checks cost one identity read.
+        opts = SinkOptions.parse(dict(self.options))
+        if overwrite:
+            raise ConfigError("ckpt-files: the complete output mode is not supported (it would rewrite the "
+                              "whole output each batch); use append or update")
+        open_sink(opts.storage(), opts.job)
+        return CkptFilesWriter(opts, schema)
+
+
+@dataclass
+class FilesCommitMessage(WriterCommitMessage):
+    """What one task wrote: its files (key, size, SHA-256, rows) for (query id, batch id)."""
+
+    query_id: str
+    batch_id: int
+    partition: int
+    files: list[DataFile]
+
+
+class CkptFilesWriter(DataSourceStreamArrowWriter):
+    """Tasks write Parquet files; the driver commits a batch by creating its manifest."""
+
+    def __init__(self, options: SinkOptions, schema: StructType) -> None:
+        self.options = options
+        self.schema = schema
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> FilesCommitMessage:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if ctx is None:
+            raise RuntimeError("ckpt-files: write() outside a Spark task")
+        batch_id = int(ctx.getLocalProperty("streaming.sql.batchId") or -1)
+        query_id = ctx.getLocalProperty("sql.streaming.queryId") or ""
+        if batch_id < 0 or not query_id:
+            raise RuntimeError(f"ckpt-files: no streaming batch id/query id in the task (batch {batch_id!r}, "
+                               f"query {query_id!r}): the sink works in streaming queries only")
+        partition = ctx.partitionId()
+        storage = self.options.storage()
+        files = _write_files(storage, iterator, self.options, query_id=query_id, batch_id=batch_id, partition=partition)
+        crash_point("files.task.after-write", batch_id)
+        return FilesCommitMessage(query_id, batch_id, partition, files)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        _worker_logging()
+        mine = [m for m in messages if isinstance(m, FilesCommitMessage)]
+        query_ids = {m.query_id for m in mine}
+        if not query_ids:
+            log.info("ckpt-files job %s batch %d: no task reported (no partitions); nothing to commit",
+                     self.options.job, batchId)
+            return
+        if len(query_ids) > 1 or any(m.batch_id != batchId for m in mine):
+            raise RuntimeError(f"ckpt-files: tasks of batch {batchId} report queries {sorted(query_ids)} and batches "
+                               f"{sorted({m.batch_id for m in mine})}")
+        manifest = BatchManifest(
+            job=self.options.job, query_id=query_ids.pop(), batch_id=batchId,
+            files=tuple(sorted((f for m in mine for f in m.files), key=lambda f: f.key)),
+            schema=self.schema.jsonValue(), arrow_schema=_arrow_schema_hex(self.schema),
+        )
+        commit_batch(self.options.storage(), manifest, lambda point: crash_point(point, batchId))
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        keys = [f.key for m in messages if isinstance(m, FilesCommitMessage) for f in m.files]
+        _worker_logging()
+        log.warning("ckpt-files job %s batch %d aborted: deleting %d files of finished tasks (failed tasks' "
+                    "files stay as orphans for gc)", self.options.job, batchId, len(keys))
+        delete_files(self.options.storage(), keys)
+
+
+def _worker_logging() -> None:
+    """Let the commit and replay lines reach stderr in Spark's Python workers, which configure no logging
+    (the commit runs in a fresh worker whose root logger drops INFO)."""
+    sinks = logging.getLogger("airflow_ckpt_provider.sinks")
+    if logging.getLogger().handlers or sinks.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    sinks.addHandler(handler)
+    sinks.setLevel(logging.INFO)
+    sinks.propagate = False
+
+
+def _arrow_schema_hex(schema: StructType) -> str | None:
+    try:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        return str(to_arrow_schema(schema, timezone="UTC").serialize().to_pybytes().hex())
+    except Exception as err:
+        log.debug("ckpt-files: no Arrow schema for %s (%s)", schema.simpleString(), err)
+        return None
+
+
+def _write_files(storage: Storage, batches: Iterator[pa.RecordBatch], options: SinkOptions, *, query_id: str,
+                 batch_id: int, partition: int) -> list[DataFile]:
+    """Stream the task's rows into Parquet files (rolled at maxRecordsPerFile); an empty task writes none."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+    attempt = uuid.uuid4().hex[:16]
+    files: list[DataFile] = []
+    compression = None if options.compression == "none" else options.compression
+    with tempfile.TemporaryDirectory(prefix="ckpt-files-") as tmp:
+        writer: Any = None
+        path = ""
+        rows = 0
+        buffered: list[pa.RecordBatch] = []
+
+        def flush() -> None:
+            if buffered:
+                writer.write_table(pa.Table.from_batches(buffered), row_group_size=ROW_GROUP_ROWS * 8)
+                buffered.clear()
+
+        def finish() -> None:
+            nonlocal writer, rows
+            flush()
+            writer.close()
+            key = data_key(query_id, batch_id, partition, attempt, len(files))
+            if storage.local_path(key) is not None:
+                _fsync(path)
+                _fsync(os.path.dirname(path))
+            checksum = sha256_file(path)
+            if storage.local_path(key) is None:
+                storage.upload(Path(path), key)
+            files.append(DataFile(key, os.path.getsize(path), checksum, rows, partition))
+            writer, rows = None, 0
+
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            start = 0
+            while start < batch.num_rows:
+                if writer is None:
+                    # Local sinks: write in place (the name is unique to this attempt, and only the
+                    # manifest makes it visible); S3: a local temp file, uploaded when complete.
+                    local = storage.local_path(data_key(query_id, batch_id, partition, attempt, len(files)))
+                    if local is not None:
+                        local.parent.mkdir(parents=True, exist_ok=True)
+                    path = str(local) if local is not None else os.path.join(tmp, f"part-{len(files)}.parquet")
+                    writer = pq.ParquetWriter(path, batch.schema, compression=compression)
+                room = options.max_records_per_file - rows if options.max_records_per_file else batch.num_rows
+                piece = batch.slice(start, min(room, batch.num_rows - start))
+                buffered.append(piece)
+                rows += piece.num_rows
+                start += piece.num_rows
+                if sum(b.num_rows for b in buffered) >= ROW_GROUP_ROWS:
+                    flush()
+                if options.max_records_per_file and rows >= options.max_records_per_file:
+                    finish()
+        if writer is not None:
+            finish()
+    return files
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,364 @@
+"""A ledger for foreachBatch: exactly-once writes into a transactional database through DB-API 2.
+
+The user's rows of batch N and a ledger row (job, Spark query id, batch id) go into ONE database
+transaction; Spark writes ``commits/N`` only after it committed. A replay of batch N (a crash between
+the database commit and Spark's) finds the ledger row and writes nothing. The primary key on
+(job, query_id, batch_id) makes a racing zombie's ledger insert fail, and its rows roll back with it.
+See docs/sink-ledger.md. Works with any DB-API 2 connection (sqlite3, psycopg, ...); imports no driver.
+
+    ledger = Ledger(connect=lambda: sqlite3.connect(path), job=ctx.job, ctx=ctx)
+    ledger.check()
+    query = df.writeStream.foreachBatch(ledger.foreach_batch(write))  # write(cursor, batch_df, batch_id)
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
+from airflow_ckpt_provider.core.faults import crash_point
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+log = logging.getLogger(__name__)
+
+#: The ledger's columns, in the order of the INSERT; (job, query_id, batch_id) is the primary key.
+COLUMNS = ("job", "query_id", "batch_id", "rows_written", "epoch", "committed_at")
+KEY = ("job", "query_id", "batch_id")
+_DDL = (
+    "CREATE TABLE IF NOT EXISTS {table} ("
+    "job VARCHAR(200) NOT NULL, "
+    "query_id VARCHAR(64) NOT NULL, "
+    "batch_id BIGINT NOT NULL, "
+    "rows_written BIGINT, "
+    "epoch BIGINT, "
+    "committed_at VARCHAR(40) NOT NULL, "
+    "PRIMARY KEY (job, query_id, batch_id))"
+)
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+_STYLES = ("qmark", "format", "pyformat", "numeric", "named")
+_SECRET = re.compile(r"(password\s*=\s*)\S+|(://[^:/@\s]+:)[^@\s]+(@)", re.IGNORECASE)
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+
+
+class Connection(Protocol):
+    """The part of a DB-API 2 connection the ledger uses."""
+
+    def cursor(self) -> Any: ...
+    def commit(self) -> None: ...
+    def rollback(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class Fencing(Protocol):
+    """What the ledger needs of the runtime's JobContext: the epoch and the lease check."""
+
+    @property
+    def epoch(self) -> int: ...
+    def check_lease(self) -> None: ...
+
+
+Connect = Callable[[], Any]
+#: The user's write: inserts batch rows through the cursor; may return the number of rows written.
+Write = Callable[[Any, "DataFrame", int], "int | None"]
+
+
+def quote_table(table: str) -> str:
+    """``table`` or ``schema.table`` as a quoted SQL identifier; ConfigError for anything else."""
+    parts = table.split(".")
+    if not 1 <= len(parts) <= 2 or not all(_IDENT.fullmatch(p) for p in parts):
+        raise ConfigError(
+            f"ledger table name {table!r} is not allowed: expected an identifier (letters, digits, '_', not "
+            "starting with a digit, at most 63 characters), optionally schema-qualified as 'schema.table'; "
+            "choose such a name (e.g. 'ckpt_ledger')"
+        )
+    return ".".join(f'"{p}"' for p in parts)
+
+
+def driver_module(conn: Any) -> Any:
+    """The DB-API module of ``conn`` (the top package of its class, e.g. sqlite3, psycopg)."""
+    return sys.modules.get(type(conn).__module__.split(".")[0])
+
+
+def detect_paramstyle(conn: Any) -> str:
+    """The driver module's DB-API ``paramstyle``; ConfigError if it cannot be told."""
+    style = getattr(driver_module(conn), "paramstyle", None)
+    if style not in _STYLES:
+        raise ConfigError(
+            f"cannot tell the DB-API paramstyle of {type(conn).__module__}.{type(conn).__name__}: expected the "
+            f"driver module to have paramstyle in {_STYLES}, found {style!r}; pass paramstyle= to Ledger"
+        )
+    return str(style)
+
+
+def placeholders(style: str, values: Sequence[Any]) -> tuple[list[str], Any]:
+    """Placeholders for ``values`` in ``style`` and the parameters object to pass to execute()."""
+    n = len(values)
+    if style == "qmark":
+        return ["?"] * n, tuple(values)
+    if style == "format":
+        return ["%s"] * n, tuple(values)
+    if style == "numeric":
+        return [f":{i + 1}" for i in range(n)], tuple(values)
+    if style == "pyformat":
+        return [f"%(p{i})s" for i in range(n)], {f"p{i}": v for i, v in enumerate(values)}
+    if style == "named":
+        return [f":p{i}" for i in range(n)], {f"p{i}": v for i, v in enumerate(values)}
+    raise ConfigError(f"unknown DB-API paramstyle {style!r}: expected one of {_STYLES}")
+
+
+def redact(text: str) -> str:
+    """``text`` with passwords of DSNs and URLs masked (driver errors may echo a connection string)."""
+    return _SECRET.sub(lambda m: f"{m.group(1)}***" if m.group(1) else f"{m.group(2)}***{m.group(3)}", text)
+
+
+def _integrity_error(conn: Any) -> type[BaseException]:
+    err = getattr(conn, "IntegrityError", None) or getattr(driver_module(conn), "IntegrityError", None)
+    return err if isinstance(err, type) and issubclass(err, BaseException) else _Never
+
+
+class _Never(Exception):
+    """Stands for a driver without IntegrityError: never raised."""
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+class Ledger:
+    """Exactly-once foreachBatch writes into a transactional database, keyed by (job, query id, batch id).
+
+    ``connect``: zero-argument factory of a DB-API 2 connection (not in autocommit mode); one connection per
+    batch, closed after it. ``ctx`` (the runtime's JobContext) or ``fence`` fences an old driver: checked
+    before the write and right before COMMIT. ``query_id``: used when Spark's query id cannot be read
+    from the batch (Spark Connect). ``paramstyle``: overrides the driver module's.
+    """
+
+    def __init__(
+        self,
+        connect: Connect,
+        job: str,
+        table: str = "ckpt_ledger",
+        *,
+        ctx: Fencing | None = None,
+        epoch: int | None = None,
+        fence: Callable[[], None] | None = None,
+        query_id: str | None = None,
+        paramstyle: str | None = None,
+    ) -> None:
+        if not job:
+            raise ConfigError("Ledger needs a non-empty job name (the runtime's ctx.job)")
+        if paramstyle is not None and paramstyle not in _STYLES:
+            raise ConfigError(f"paramstyle {paramstyle!r} is not a DB-API paramstyle: expected one of {_STYLES}")
+        self.connect = connect
+        self.job = job
+        self.table = table
+        self.quoted = quote_table(table)
+        self.ctx = ctx
+        self._epoch = epoch
+        self._fence = fence
+        self.query_id = query_id
+        self.paramstyle = paramstyle
+
+    @property
+    def epoch(self) -> int | None:
+        """The epoch recorded with each batch: the explicit one, else the runtime's lease epoch."""
+        if self._epoch is not None:
+            return self._epoch
+        return self.ctx.epoch if self.ctx is not None else None
+
+    def fence(self) -> None:
+        """Raise (FencedError from the runtime) if this driver must no longer write."""
+        if self.ctx is not None:
+            self.ctx.check_lease()
+        if self._fence is not None:
+            self._fence()
+
+    # -- setup ---------------------------------------------------------------------------------
+
+    def _open(self) -> Any:
+        try:
+            conn = self.connect()
+        except Exception as err:
+            raise ConfigError(
+                f"ledger {self.table} of job {self.job}: cannot connect to the database: {type(err).__name__}: "
+                f"{redact(str(err).strip())}; check the connect factory (host, database, credentials) and that "
+                "the database is up"
+            ) from err
+        if getattr(conn, "autocommit", False) is True or (
+            driver_module(conn) is sys.modules.get("sqlite3") and getattr(conn, "isolation_level", "") is None
+        ):
+            conn.close()
+            raise ConfigError(
+                f"ledger {self.table} of job {self.job}: the connection is in autocommit mode: expected a "
+                "transactional connection (the rows and the ledger row must commit together); do not set "
+                "autocommit=True / isolation_level=None"
+            )
+        return conn
+
+    def _style(self, conn: Any) -> str:
+        return self.paramstyle or detect_paramstyle(conn)
+
+    def check(self) -> None:
+        """Create the ledger table if absent; ConfigError (nothing written) if it is incompatible.
+
+        Call it when the query is defined (the build function): bad input fails before any batch runs.
+        """
+        conn = self._open()
+        try:
+            style = self._style(conn)
+            cur = conn.cursor()
+            cur.execute(_DDL.format(table=self.quoted))
+            conn.commit()
+            self._check_columns(conn, cur)
+            self._check_key(conn, cur, style)
+        finally:
+            conn.close()
+        log.info("job %s: ledger table %s is ready", self.job, self.table)
+
+    def _check_columns(self, conn: Any, cur: Any) -> None:
+        try:
+            cur.execute(f"SELECT * FROM {self.quoted} WHERE 1 = 0")  # noqa: S608 - validated, quoted identifier
+            found = [str(d[0]).lower() for d in cur.description or ()]
+        finally:
+            conn.rollback()
+        missing = [c for c in COLUMNS if c not in found]
+        if missing:
+            raise ConfigError(
+                f"ledger table {self.table} has an incompatible schema: expected columns {list(COLUMNS)} with "
+                f"primary key {KEY}, found columns {found} (missing {missing}); drop it, or pass table= a new name"
+            )
+
+    def _check_key(self, conn: Any, cur: Any, style: str) -> None:
+        """Probe the key by behaviour, portably: rows differing in one key column must insert, a duplicate
+        (job, query_id, batch_id) must violate; everything is rolled back."""
+        probe, other = f"__ckpt_probe_{uuid.uuid4().hex}", uuid.uuid4().hex
+        rows = [(probe, "q", 0, 1, 1), (probe, "q", 1, 2, 2), (probe, other, 0, 3, 3)]
+        integrity = _integrity_error(conn)
+        problem = ""
+        try:
+            for row in rows:
+                self._insert(cur, style, row)
+            try:
+                self._insert(cur, style, (probe, "q", 0, 4, 4))
+                problem = "a second row with the same (job, query_id, batch_id) was accepted"
+            except integrity:
+                pass
+        except integrity as err:
+            problem = f"rows differing only in batch_id or query_id were refused ({type(err).__name__})"
+        finally:
+            conn.rollback()
+        if problem:
+            raise ConfigError(
+                f"ledger table {self.table} has an incompatible key: expected the primary key {KEY}, found that "
+                f"{problem}; drop the table (or pass table= a new name) and let check() create it"
+            )
+
+    def _insert(self, cur: Any, style: str, row: tuple[str, str, int, int | None, int | None]) -> None:
+        """Insert a ledger row (job, query_id, batch_id, rows_written, epoch), committed_at now."""
+        marks, params = placeholders(style, (*row, _now()))
+        cur.execute(f"INSERT INTO {self.quoted} ({', '.join(COLUMNS)}) VALUES ({', '.join(marks)})", params)  # noqa: S608
+
+    # -- the protocol --------------------------------------------------------------------------
+
+    def foreach_batch(self, write: Write) -> Callable[[DataFrame, int], None]:
+        """A foreachBatch function: ``write``'s rows and the ledger row in one transaction; replays skipped."""
+
+        def run(df: DataFrame, batch_id: int) -> None:
+            self.commit_batch(write, df, batch_id, self.resolve_query_id(df))
+
+        return run
+
+    def resolve_query_id(self, df: Any) -> str:
+        """Spark's query id of the running batch (local property on the driver's batch thread), else
+        the explicit ``query_id``, else the only active query's id."""
+        spark = getattr(df, "sparkSession", None)
+        try:
+            qid = spark.sparkContext.getLocalProperty(QUERY_ID_PROPERTY) if spark is not None else None
+        except Exception:  # Spark Connect has no SparkContext
+            qid = None
+        if qid:
+            return str(qid)
+        if self.query_id:
+            return self.query_id
+        try:
+            active = spark.streams.active if spark is not None else []
+        except Exception:  # a DataFrame without a session: fall through to the error below
+            active = []
+        if len(active) == 1:
+            return str(active[0].id)
+        raise ConfigError(
+            f"ledger {self.table} of job {self.job}: cannot read the Spark query id of this batch (local property "
+            f"{QUERY_ID_PROPERTY} unset, {len(active)} active queries): pass Ledger(query_id=...) with a value that "
+            "changes whenever the checkpoint location is fresh (e.g. read from the checkpoint's metadata file)"
+        )
+
+    def commit_batch(self, write: Write, df: Any, batch_id: int, query_id: str) -> bool:
+        """Run one batch's transaction; True if committed, False if the ledger says it already was.
+
+        Fenced (``ctx``/``fence``) before anything, and again right before COMMIT, like ``ctx.fenced``:
+        a fenced driver neither writes, nor commits, nor lets Spark commit a skipped replay.
+        """
+        self.fence()
+        conn = self._open()
+        try:
+            style = self._style(conn)
+            cur = conn.cursor()
+            marks, params = placeholders(style, (self.job, query_id, batch_id))
+            cur.execute(
+                f"SELECT committed_at, rows_written FROM {self.quoted} "  # noqa: S608
+                f"WHERE job = {marks[0]} AND query_id = {marks[1]} AND batch_id = {marks[2]}", params)
+            found = cur.fetchone()
+            if found is not None:
+                conn.rollback()
+                log.info("job %s query %s: batch %d already committed at %s (%s rows), skipped", self.job,
+                         query_id, batch_id, found[0], found[1])
+                return False
+            result = write(cur, df, batch_id)
+            rows = result if isinstance(result, int) and not isinstance(result, bool) else None
+            try:
+                self._insert(cur, style, (self.job, query_id, batch_id, rows, self.epoch))
+            except _integrity_error(conn) as err:
+                raise ConflictError(
+                    f"job {self.job} query {query_id}: batch {batch_id} was committed meanwhile by another driver "
+                    "(ledger primary key violated): this attempt's rows are rolled back; a second driver of the "
+                    "same job is running: check the job's lease"
+                ) from err
+            self.fence()  # the last look before COMMIT: a fenced driver commits nothing
+            crash_point("ledger.before-commit", batch_id)
+            conn.commit()
+        except BaseException:
+            try:
+                conn.rollback()
+            except Exception as err:  # the original error matters more
+                log.warning("job %s: rollback of batch %d failed: %s", self.job, batch_id, redact(str(err)))
+            raise
+        finally:
+            conn.close()
+        log.info("job %s query %s: batch %d committed, %s rows, epoch %s", self.job, query_id, batch_id,
+                 rows if rows is not None else "?", self.epoch)
+        crash_point("ledger.after-commit", batch_id)
+        return True
+
+
+def committed_batches(connect: Connect, job: str, table: str = "ckpt_ledger",
+                      *, paramstyle: str | None = None) -> list[tuple[str, int]]:
+    """The (query_id, batch_id) pairs the ledger holds for ``job``, sorted."""
+    quoted = quote_table(table)
+    conn = connect()
+    try:
+        marks, params = placeholders(paramstyle or detect_paramstyle(conn), (job,))
+        cur = conn.cursor()
+        cur.execute(f"SELECT query_id, batch_id FROM {quoted} WHERE job = {marks[0]}", params)  # noqa: S608
+        found = sorted((str(q), int(b)) for q, b in cur.fetchall())
+        conn.rollback()
+        return found
+    finally:
+        conn.close()

@@ -1,0 +1,210 @@
+"""The transactional ckpt-kafka sink on real Spark (local[2]) and tansu.
+
+tansu shows aborted records to read_committed consumers: outputs are read with
+tests/kafkasink.read_sink_output (last attempt per (query, batch, sink partition)), and raw counts
+with read_all show what was written, aborted attempts included.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_ckpt_provider.embedded import EmbeddedKafka
+from tests.kafkasink import read_all, read_sink_output
+from tests.runtimejob import produce
+
+pytestmark = pytest.mark.integration
+
+
+def _new_topic(kafka: EmbeddedKafka) -> str:
+    name = f"out-{uuid.uuid4().hex[:10]}"
+    kafka.create_topic(name, partitions=3)
+    return name
+
+
+def _query(spark: Any, kafka: EmbeddedKafka, source: str, sink: str, ckpt: Path, job: str, **options: str) -> Any:
+    df = (spark.readStream.format("ckpt-kafka").option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+          .option("subscribe", source).option("startingOffsets", "earliest").load()
+          .selectExpr("key", "value", "array(named_struct('key', 'src', 'value', CAST(topic AS BINARY))) AS headers"))
+    writer = (df.writeStream.format("ckpt-kafka").option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+              .option("topic", sink).option("job", job).option("checkpointLocation", str(ckpt))
+              .trigger(availableNow=True))
+    for k, v in options.items():
+        writer = writer.option(k, v)
+    return writer.start()
+
+
+def _run(spark: Any, kafka: EmbeddedKafka, source: str, sink: str, ckpt: Path, job: str) -> None:
+    query = _query(spark, kafka, source, sink, ckpt, job)
+    assert query.awaitTermination(180), "query did not finish in 180 s"
+    assert query.exception() is None, query.exception()
+
+
+def _markers(kafka: EmbeddedKafka, sink: str, job: str, query_id: str, partitions: int = 3) -> dict[int, int]:
+    """Committed marker offset per sink partition (absent: no marker)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    found = {}
+    for p in range(partitions):
+        c = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": f"ckpt-{job}-{query_id}-{p}"})
+        try:
+            (tp,) = c.committed([TopicPartition(sink, 0)], timeout=10)
+            if tp.offset >= 0:
+                found[p] = tp.offset
+        finally:
+            c.close()
+    return found
+
+
+def test_records_exactly_once_after_batches_and_replay_skipped(kafka_spark: Any, kafka_server: EmbeddedKafka,
+                                                               topic: str, tmp_path: Path) -> None:
+    sink, job, ckpt = _new_topic(kafka_server), f"j{uuid.uuid4().hex[:6]}", tmp_path / "ckpt"
+    produce(kafka_server.bootstrap_servers, topic, 0, 30)
+    _run(kafka_spark, kafka_server, topic, sink, ckpt, job)  # batch 0 (empty: resolves offsets), batch 1
+    produce(kafka_server.bootstrap_servers, topic, 30, 30)
+    _run(kafka_spark, kafka_server, topic, sink, ckpt, job)  # batch 2
+
+    out = read_sink_output(kafka_server.bootstrap_servers, sink)
+    assert sorted(int(r.value or b"") for r in out) == list(range(60))
+    assert {r.batch_id for r in out} == {1, 2}
+    assert all(r.headers == (("src", topic.encode()),) for r in out)  # user headers kept
+    (query_id,) = {r.query_id for r in out}
+    assert _markers(kafka_server, sink, job, str(query_id)) == {0: 3, 1: 3, 2: 3}  # batch 2 + 1 everywhere
+    raw = len(read_all(kafka_server.bootstrap_servers, sink))
+    assert raw == 60
+
+    # Replay of committed batch 2: its commits/ entry is gone, offsets/2 stays; every partition skips.
+    (ckpt / "commits" / "2").unlink()
+    (ckpt / "commits" / ".2.crc").unlink(missing_ok=True)  # Hadoop's checksum file would block the rewrite
+    _run(kafka_spark, kafka_server, topic, sink, ckpt, job)
+    assert (ckpt / "commits" / "2").exists()
+    assert len(read_all(kafka_server.bootstrap_servers, sink)) == raw  # no new records at all
+    out = read_sink_output(kafka_server.bootstrap_servers, sink)
+    assert sorted(int(r.value or b"") for r in out) == list(range(60))
+
+
+def test_bad_input_fails_before_writing(kafka_spark: Any, kafka_server: EmbeddedKafka, topic: str,
+                                         tmp_path: Path) -> None:
+    """Spark 4.3 creates a Python writer when the first batch is planned, not in start(): the query fails there."""
+    produce(kafka_server.bootstrap_servers, topic, 0, 6)
+    missing = f"missing-{uuid.uuid4().hex[:8]}"
+    query = _query(kafka_spark, kafka_server, topic, missing, tmp_path / "ckpt", "jmissing")
+    with pytest.raises(Exception, match=f"topic '{missing}'.*does not exist.*create it first"):
+        query.awaitTermination(120)
+    assert missing not in kafka_server_topics(kafka_server)
+    assert not (tmp_path / "ckpt" / "commits").exists() or not any((tmp_path / "ckpt" / "commits").iterdir())
+
+    sink = _new_topic(kafka_server)
+    df = (kafka_spark.readStream.format("ckpt-kafka").option("kafka.bootstrap.servers", kafka_server.bootstrap_servers)
+          .option("subscribe", topic).option("startingOffsets", "earliest").load().selectExpr("key", "offset AS value"))
+    query = (df.writeStream.format("ckpt-kafka").option("kafka.bootstrap.servers", kafka_server.bootstrap_servers)
+             .option("topic", sink).option("job", "jbad").option("checkpointLocation", str(tmp_path / "c2"))
+             .trigger(availableNow=True).start())
+    with pytest.raises(Exception, match="column 'value' of the ckpt-kafka sink must be binary or string, found bigint"):
+        query.awaitTermination(120)
+    assert read_all(kafka_server.bootstrap_servers, sink) == []
+
+
+def kafka_server_topics(kafka: EmbeddedKafka) -> set[str]:
+    from confluent_kafka.admin import AdminClient
+
+    return set(AdminClient({"bootstrap.servers": kafka.bootstrap_servers}).list_topics(timeout=10).topics)
+
+
+# --------------------------------------------------------------------------------------------
+# The transaction protocol of one task, without Spark
+# --------------------------------------------------------------------------------------------
+
+def _batches(start: int, count: int) -> Any:
+    import pyarrow as pa
+
+    values = [str(i).encode() for i in range(start, start + count)]
+    return iter([pa.RecordBatch.from_pydict({"key": [b"k"] * count, "value": values},
+                                            schema=pa.schema([("key", pa.binary()), ("value", pa.binary())]))])
+
+
+def _options(kafka: EmbeddedKafka, sink: str, job: str) -> Any:
+    from airflow_ckpt_provider.sinks.kafkaoptions import parse_sink_options
+
+    return parse_sink_options({"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": sink, "job": job,
+                               "timeoutMs": "10000"})
+
+
+def test_zombie_producer_is_fenced(kafka_server: EmbeddedKafka) -> None:
+    from confluent_kafka import KafkaException, Producer
+
+    from airflow_ckpt_provider.sinks.kafka import write_partition
+
+    sink, job = _new_topic(kafka_server), f"z{uuid.uuid4().hex[:6]}"
+    options = _options(kafka_server, sink, job)
+    zombie = Producer(options.producer_config(0))
+    zombie.init_transactions(10)
+    zombie.begin_transaction()
+    zombie.produce(sink, b"zombie", partition=0)
+    assert zombie.flush(10) == 0
+    result = write_partition(options, _batches(0, 5), query_id="q1", batch_id=4, partition=0)
+    assert (result.records, result.skipped) == (5, False)
+    with pytest.raises(KafkaException):
+        zombie.commit_transaction(5)  # fenced (tansu: the coordinator drops the connection; times out)
+    out = read_sink_output(kafka_server.bootstrap_servers, sink)
+    assert sorted(r.value for r in out if r.batch_id == 4) == [str(i).encode() for i in range(5)]
+    # Replaying the committed (batch 4, partition 0) skips; batch 3 (older) too.
+    assert write_partition(options, _batches(0, 5), query_id="q1", batch_id=4, partition=0).skipped
+    assert write_partition(options, _batches(0, 5), query_id="q1", batch_id=3, partition=0).skipped
+    # Another query id (fresh checkpoint: batch ids restart) has its own markers.
+    assert write_partition(options, _batches(0, 5), query_id="q2", batch_id=0, partition=0).records == 5
+
+
+_KILLED_TASK = textwrap.dedent("""
+    import sys
+    import pyarrow as pa
+    from airflow_ckpt_provider.sinks.kafka import write_partition
+    from airflow_ckpt_provider.sinks.kafkaoptions import parse_sink_options
+    bootstrap, sink, job = sys.argv[1:4]
+    options = parse_sink_options({"kafka.bootstrap.servers": bootstrap, "topic": sink, "job": job})
+    rb = pa.RecordBatch.from_pydict({"value": [str(i).encode() for i in range(20)]})
+    write_partition(options, iter([rb]), query_id="q1", batch_id=7, partition=1)
+    print("not killed")
+""")
+
+
+def test_task_killed_mid_transaction_then_retried_writes_once(kafka_server: EmbeddedKafka, tmp_path: Path) -> None:
+    from airflow_ckpt_provider.core.faults import ENV
+    from airflow_ckpt_provider.sinks.kafka import write_partition
+
+    sink, job = _new_topic(kafka_server), f"k{uuid.uuid4().hex[:6]}"
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    (faults / "kafka.task.after-produce@7").touch()
+    env = {**os.environ, ENV: str(faults)}
+    done = subprocess.run([sys.executable, "-c", _KILLED_TASK, kafka_server.bootstrap_servers, sink, job],
+                          env=env, start_new_session=True, timeout=60, capture_output=True, check=False)
+    assert done.returncode == -9, done.stderr.decode()[-2000:]
+    assert not (faults / "kafka.task.after-produce@7").exists()
+
+    retry = write_partition(_options(kafka_server, sink, job), _batches(0, 20), query_id="q1", batch_id=7, partition=1)
+    assert (retry.records, retry.skipped) == (20, False)
+    raw = read_all(kafka_server.bootstrap_servers, sink)
+    assert len({r.attempt for r in raw}) == 2  # tansu keeps the killed attempt's aborted records visible
+    out = read_sink_output(kafka_server.bootstrap_servers, sink)
+    assert sorted(r.value or b"" for r in out) == sorted(str(i).encode() for i in range(20))
+    assert {r.attempt for r in out} == {retry.attempt}
+    shutil.rmtree(faults)
+
+
+@pytest.fixture(autouse=True)
+def _close_cached_clients() -> Any:
+    """Close the sink's cached producers of in-process tasks while the broker still runs."""
+    from airflow_ckpt_provider.sinks.kafka import _close_all
+
+    yield
+    _close_all()

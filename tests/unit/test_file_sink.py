@@ -1,0 +1,245 @@
+"""ckpt-files layout logic on LocalStorage, without Spark: identity, commit race, reader, verify, gc."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import threading
+from pathlib import Path
+
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
+import pytest
+
+from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
+from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.sinks.filelayout import (
+    BatchManifest,
+    DataFile,
+    commit_batch,
+    committed_batches,
+    data_key,
+    gc_sink,
+    manifest_key,
+    open_sink,
+    read_committed,
+    read_pandas,
+    verify_sink,
+)
+
+Q = "5f0c1e2a-0000-4000-8000-000000000001"
+
+
+@pytest.fixture
+def sink(tmp_path: Path) -> LocalStorage:
+    storage = LocalStorage(tmp_path / "sink")
+    open_sink(storage, "orders")
+    return storage
+
+
+def _file(storage: LocalStorage, batch: int, part: int, values: list[int], attempt: str = "a1",
+          query: str = Q) -> DataFile:
+    """Write one Parquet file as a task would and describe it."""
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"v": pa.array(values, pa.int64())}), buf)
+    data = buf.getvalue()
+    key = data_key(query, batch, part, attempt, 0)
+    storage.write(key, data)
+    return DataFile(key, len(data), hashlib.sha256(data).hexdigest(), len(values), part)
+
+
+def _manifest(batch: int, *files: DataFile, query: str = Q) -> BatchManifest:
+    return BatchManifest(job="orders", query_id=query, batch_id=batch, files=tuple(files))
+
+
+def test_identity_claims_empty_path_and_refuses_others(tmp_path: Path, sink: LocalStorage) -> None:
+    ident = json.loads(sink.read("_ckpt_sink.json"))
+    assert (ident["format"], ident["version"], ident["job"]) == ("ckpt-files", 1, "orders")
+    assert open_sink(sink, "orders")["created_at"] == ident["created_at"]  # idempotent
+    with pytest.raises(ConflictError, match="belongs to job 'orders', not to job 'billing'"):
+        open_sink(sink, "billing")
+    foreign = LocalStorage(tmp_path / "foreign")
+    foreign.write("part-0000.parquet", b"x")
+    with pytest.raises(ConflictError, match=r"has no _ckpt_sink.json.*part-0000.parquet"):
+        open_sink(foreign, "orders")
+    assert not foreign.exists("_ckpt_sink.json")
+    with pytest.raises(ConfigError, match="is missing"):
+        open_sink(LocalStorage(tmp_path / "none"), "orders", create=False)
+
+
+def test_concurrent_commits_of_one_batch_have_one_winner(sink: LocalStorage) -> None:
+    a = _manifest(0, _file(sink, 0, 0, [1, 2], attempt="a"))
+    b = _manifest(0, _file(sink, 0, 0, [1, 2], attempt="b"))
+    outcomes = {}
+    barrier = threading.Barrier(2)
+
+    def run(name: str, m: BatchManifest) -> None:
+        barrier.wait()
+        outcomes[name] = commit_batch(sink, m)
+
+    threads = [threading.Thread(target=run, args=x) for x in (("a", a), ("b", b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    winners = [n for n, o in outcomes.items() if o.committed]
+    assert len(winners) == 1
+    loser = "b" if winners == ["a"] else "a"
+    lost = {"a": a, "b": b}[loser]
+    assert outcomes[loser].deleted == (lost.files[0].key,)
+    assert not sink.exists(lost.files[0].key)
+    assert read_committed(sink).column("v").to_pylist() == [1, 2]
+    report = verify_sink(sink)
+    assert report.ok and report.orphans == [], report
+
+
+def test_replay_keeps_earlier_output_and_crash_points_fire_in_order(sink: LocalStorage) -> None:
+    first = commit_batch(sink, _manifest(0, _file(sink, 0, 0, [1])))
+    points: list[str] = []
+    replay = commit_batch(sink, _manifest(0, _file(sink, 0, 0, [99], attempt="a2")), points.append)
+    assert first.committed and not replay.committed
+    assert points == ["files.commit.before-manifest", "files.commit.after-manifest"]
+    assert replay.manifest == first.manifest
+    assert read_committed(sink).column("v").to_pylist() == [1]
+
+
+def test_reader_returns_only_committed_batches_in_order(sink: LocalStorage) -> None:
+    q2 = "5f0c1e2a-0000-4000-8000-000000000002"
+    commit_batch(sink, _manifest(1, _file(sink, 1, 0, [3]), _file(sink, 1, 1, [4])))
+    commit_batch(sink, _manifest(0, _file(sink, 0, 0, [1, 2])))
+    _file(sink, 2, 0, [666])  # written, never committed (in flight or crashed)
+    commit_batch(sink, _manifest(0, _file(sink, 0, 0, [5], query=q2), query=q2))
+    assert [(m.query_id[-1], m.batch_id) for m in committed_batches(sink)] == [("1", 0), ("1", 1), ("2", 0)]
+    table = read_committed(sink, batch_id_column="batch", query_id_column="query")
+    assert table.column("v").to_pylist() == [1, 2, 3, 4, 5]
+    assert table.column("batch").to_pylist() == [0, 0, 1, 1, 0]
+    assert list(read_pandas(sink)["v"]) == [1, 2, 3, 4, 5]
+
+
+def test_empty_sink_reads_an_empty_table_with_the_committed_schema(sink: LocalStorage) -> None:
+    assert read_committed(sink).num_rows == 0
+    schema = pa.schema([pa.field("v", pa.int64())])
+    m = BatchManifest(job="orders", query_id=Q, batch_id=0, files=(),
+                      arrow_schema=schema.serialize().to_pybytes().hex())
+    commit_batch(sink, m)
+    table = read_committed(sink, batch_id_column="batch")
+    assert table.num_rows == 0 and table.schema.names == ["v", "batch"]
+
+
+def test_verify_finds_missing_resized_corrupt_orphan_and_foreign(sink: LocalStorage) -> None:
+    f0, f1, f2 = _file(sink, 0, 0, [1]), _file(sink, 0, 1, [2]), _file(sink, 0, 2, [3])
+    commit_batch(sink, _manifest(0, f0, f1, f2))
+    orphan = _file(sink, 1, 0, [4])
+    assert verify_sink(sink, checksums=True).ok
+    sink.delete([f0.key])
+    sink.write(f1.key, b"short")
+    path = sink.local_path(f2.key)
+    assert path is not None
+    data = bytearray(path.read_bytes())
+    data[10] ^= 0xFF
+    path.write_bytes(bytes(data))
+    sink.write("notes.txt", b"hello")
+    quick = verify_sink(sink)
+    assert not quick.ok
+    assert quick.orphans == [orphan.key]
+    assert quick.batches == {Q: [0]}
+    assert any(p.startswith(f"{f0.key}: missing") for p in quick.problems)
+    assert any(p.startswith(f"{f1.key}: size 5, expected {f1.size}") for p in quick.problems)
+    assert any(p.startswith("notes.txt: not part of") for p in quick.problems)
+    assert len(quick.problems) == 3
+    deep = verify_sink(sink, checksums=True)
+    assert any(p.startswith(f"{f2.key}: SHA-256 differs") for p in deep.problems)
+
+
+def test_verify_flags_a_file_in_two_manifests_and_a_misplaced_manifest(sink: LocalStorage) -> None:
+    f = _file(sink, 0, 0, [1])
+    commit_batch(sink, _manifest(0, f))
+    sink.write(manifest_key(Q, 1), _manifest(0, f).to_json())
+    problems = verify_sink(sink).problems
+    assert any("listed by two manifests" in p for p in problems)
+    assert any("expected at _commits" in p for p in problems)
+
+
+def test_gc_deletes_only_old_unreferenced_data_files(sink: LocalStorage) -> None:
+    kept = _file(sink, 0, 0, [1])
+    commit_batch(sink, _manifest(0, kept))
+    old, young = _file(sink, 1, 0, [2]), _file(sink, 2, 0, [3])
+    mtimes = {o.key: o.mtime for o in sink.list()}
+    path = sink.local_path(old.key)
+    assert path is not None
+    import os
+
+    os.utime(path, (mtimes[old.key] - 1000, mtimes[old.key] - 1000))
+    clock = lambda: mtimes[young.key] + 10  # noqa: E731 - an injected clock
+    dry = gc_sink(sink, older_than_s=600, dry_run=True, clock=clock)
+    assert (dry.deleted, dry.kept_young) == ([old.key], 1)
+    assert sink.exists(old.key)
+    done = gc_sink(sink, older_than_s=600, clock=clock)
+    assert done.deleted == [old.key] and done.deleted_bytes == old.size
+    assert not sink.exists(old.key) and sink.exists(young.key) and sink.exists(kept.key)
+    assert sink.exists(manifest_key(Q, 0))
+    everything = gc_sink(sink, older_than_s=0, clock=clock)
+    assert everything.deleted == [young.key]
+    assert read_committed(sink).column("v").to_pylist() == [1]
+
+
+def test_gc_refuses_a_path_that_is_not_a_sink(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path / "x")
+    storage.write("data/a.parquet", b"x")
+    with pytest.raises(ConfigError, match="not a ckpt-files sink"):
+        gc_sink(storage, older_than_s=0)
+    assert storage.exists("data/a.parquet")
+
+
+def test_sink_options_are_validated() -> None:
+    from airflow_ckpt_provider.sinks.files import SinkOptions
+
+    opts = SinkOptions.parse({"path": "/x", "job": "j", "checkpointLocation": "/c", "Compression": "ZSTD",
+                              "maxRecordsPerFile": "10", "s3.endpoint": "http://127.0.0.1:1"})
+    assert (opts.compression, opts.max_records_per_file, opts.endpoint) == ("zstd", 10, "http://127.0.0.1:1")
+    for bad, message in [({"job": "j"}, "no path given"), ({"path": "/x"}, "no job given"),
+                         ({"path": "/x", "job": "j", "compression": "lzo"}, "unsupported compression 'lzo'"),
+                         ({"path": "/x", "job": "j", "maxRecordsPerFile": "-1"}, "maxRecordsPerFile must be"),
+                         ({"path": "/x", "job": "j", "mode": "x"}, "unsupported option")]:
+        with pytest.raises(ConfigError, match=message):
+            SinkOptions.parse(bad)
+
+
+def test_task_writes_rolled_files_and_nothing_for_an_empty_partition(sink: LocalStorage) -> None:
+    from airflow_ckpt_provider.sinks.files import SinkOptions, _write_files
+
+    opts = SinkOptions(path=str(sink.root), job="orders", max_records_per_file=4)
+    batches = [pa.record_batch({"v": pa.array(range(i * 3, i * 3 + 3), pa.int64())}) for i in range(3)]
+    files = _write_files(sink, iter(batches), opts, query_id=Q, batch_id=7, partition=1)
+    assert [f.rows for f in files] == [4, 4, 1]
+    assert all(f.key.startswith(f"data/{Q}/00000000000000000007/part-00001-") for f in files)
+    assert len({f.key.split("-")[-2] for f in files}) == 1  # one attempt id
+    for f in files:
+        assert sink.stat(f.key).size == f.size  # type: ignore[union-attr]
+    assert _write_files(sink, iter([]), opts, query_id=Q, batch_id=7, partition=2) == []
+    commit_batch(sink, _manifest(7, *files))
+    assert read_committed(sink).column("v").to_pylist() == list(range(9))
+
+
+def test_cli_sink_verify_ls_gc(sink: LocalStorage, capsys: pytest.CaptureFixture[str]) -> None:
+    from airflow_ckpt_provider.cli import EXIT_VERIFY_FAILED, main
+
+    f = _file(sink, 0, 0, [1, 2])
+    commit_batch(sink, _manifest(0, f))
+    orphan = _file(sink, 1, 0, [3])
+    assert main(["sink", "verify", str(sink.root), "--checksums"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"sink {sink.url}: OK, job orders, 1 queries, 1 batches, 1 files, 2 rows")
+    assert "1 uncommitted files" in out
+    assert main(["sink", "ls", str(sink.root), "--json"]) == 0
+    assert [(b["batch_id"], b["rows"]) for b in json.loads(capsys.readouterr().out)] == [(0, 2)]
+    sink.delete([f.key])
+    assert main(["sink", "verify", str(sink.root)]) == EXIT_VERIFY_FAILED
+    assert capsys.readouterr().out.splitlines() == [
+        f"sink {sink.url}: 1 problems", f"{f.key}: missing (committed in {manifest_key(Q, 0)})"]
+    assert main(["sink", "gc", str(sink.root), "--older-than", "0"]) == 0
+    assert capsys.readouterr().out.startswith("deleted 1 uncommitted files")
+    assert not sink.exists(orphan.key)
+    assert main(["sink", "gc", str(sink.root / "nope"), "--older-than", "0"]) == 1
+    assert "not a ckpt-files sink" in capsys.readouterr().err
