@@ -29,6 +29,7 @@ from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.faults import crash_point
 from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
 from airflow_ckpt_provider.sinks.filelayout import (
+    IDENTITY,
     BatchManifest,
     DataFile,
     commit_batch,
@@ -40,6 +41,7 @@ from airflow_ckpt_provider.sinks.filelayout import (
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 log = logging.getLogger(__name__)
 
@@ -263,3 +265,19 @@ def _fsync(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def files_sink(writer: DataStreamWriter, path: str, *, job: str, **options: str) -> DataStreamWriter:
+    """``writer`` set up for ckpt-files after the sink's checks, run now rather than at the first batch.
+
+    Spark 4.3 builds a Python sink's writer only when the first batch is planned; calling this in a
+    job's build function refuses bad input (another job's path, foreign files, bad options) before
+    the runtime takes the lease or starts the query. Nothing is written: the path is claimed later.
+    """
+    opts = SinkOptions.parse({"path": path, "job": job, **options})
+    storage = opts.storage()
+    if storage.exists(IDENTITY):
+        open_sink(storage, opts.job, create=False)
+    elif storage.list()[:1]:
+        open_sink(storage, opts.job)  # raises the foreign-files ConflictError (the path is not empty)
+    return writer.format(NAME).option("path", path).option("job", job).options(**options)

@@ -41,6 +41,8 @@ from airflow_ckpt_provider.sinks.kafkaoptions import (
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
+    from pyspark.sql import DataFrame
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 log = logging.getLogger(__name__)
 
@@ -322,3 +324,16 @@ class CkptKafkaStreamWriter(DataSourceStreamArrowWriter):
         log.warning("batch %d of job %s aborted: %d of %d tasks had committed (%d records); the batch is "
                     "replayed and those partitions skipped", batchId, self.options.job,
                     sum(not m.skipped and not m.empty for m in done), len(messages), sum(m.records for m in done))
+
+
+def kafka_sink(df: DataFrame, *, job: str, **options: str) -> DataStreamWriter:
+    """``df.writeStream`` set up for the ckpt-kafka sink after its checks, run now rather than at the first batch.
+
+    Options as for ``format("ckpt-kafka")`` (``kafka.bootstrap.servers``, ``topic``, ...). Spark 4.3
+    builds a Python sink's writer only when the first batch is planned; calling this in a job's build
+    function refuses bad options, columns and missing topics before the runtime takes the lease.
+    """
+    parsed = parse_sink_options({**options, "job": job})
+    check_schema(df.schema, parsed)
+    check_topics(parsed)
+    return df.writeStream.format("ckpt-kafka").options(**options).option("job", job)

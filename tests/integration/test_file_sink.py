@@ -193,3 +193,36 @@ def test_complete_mode_refused(spark: Any, tmp_path: Path) -> None:
     message = _start_error(writer, tmp_path / "c")
     assert "complete output mode is not supported" in message
     assert not (tmp_path / "s" / COMMITS).exists()
+
+
+def test_files_sink_refuses_bad_input_before_the_query_starts(spark: Any, tmp_path: Path) -> None:
+    """files_sink() runs the checks in the job's build function: no query, no checkpoint, nothing written."""
+    from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
+    from airflow_ckpt_provider.sinks.files import files_sink
+
+    inp = tmp_path / "in"
+    sparkjobs.write_input(inp, 0)
+    stream = spark.readStream.schema(sparkjobs.SCHEMA).json(str(inp))
+    owned = tmp_path / "owned"
+    owned.mkdir()
+    (owned / "_ckpt_sink.json").write_text('{"format": "ckpt-files", "version": 1, "job": "billing"}')
+    with pytest.raises(ConflictError, match="belongs to job 'billing'"):
+        files_sink(stream.writeStream, str(owned), job="orders")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "part-0.parquet").write_bytes(b"x")
+    with pytest.raises(ConflictError, match=r"has no _ckpt_sink\.json"):
+        files_sink(stream.writeStream, str(foreign), job="orders")
+    with pytest.raises(ConfigError, match="unsupported compression"):
+        files_sink(stream.writeStream, str(tmp_path / "new"), job="orders", compression="rar")
+    assert sorted(p.name for p in owned.iterdir()) == ["_ckpt_sink.json"]
+    assert sorted(p.name for p in foreign.iterdir()) == ["part-0.parquet"]
+    assert not (tmp_path / "new").exists()
+    assert spark.streams.active == []
+
+    ckpt = tmp_path / "c"
+    query = (files_sink(stream.writeStream, str(owned), job="billing").option("checkpointLocation", str(ckpt))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert query.exception() is None
+    assert read_committed(str(owned)).num_rows == sparkjobs.ROWS_PER_FILE

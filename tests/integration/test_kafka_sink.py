@@ -208,3 +208,25 @@ def _close_cached_clients() -> Any:
 
     yield
     _close_all()
+
+
+def test_kafka_sink_refuses_bad_input_before_the_query_starts(kafka_spark: Any, kafka_server: EmbeddedKafka,
+                                                             topic: str) -> None:
+    """kafka_sink() runs the option, column and topic checks in the job's build function: no query starts."""
+    from airflow_ckpt_provider.core.errors import ConfigError
+    from airflow_ckpt_provider.sinks.kafka import kafka_sink
+
+    df = (kafka_spark.readStream.format("ckpt-kafka").option("kafka.bootstrap.servers", kafka_server.bootstrap_servers)
+          .option("subscribe", topic).load())
+    servers = {"kafka.bootstrap.servers": kafka_server.bootstrap_servers}
+    missing = f"missing-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(ConfigError, match=f"topic '{missing}'.*does not exist.*create it first"):
+        kafka_sink(df.selectExpr("key", "value"), job="j", topic=missing, **servers)
+    with pytest.raises(ConfigError, match="column 'value' of the ckpt-kafka sink must be binary or string"):
+        kafka_sink(df.selectExpr("key", "offset AS value"), job="j", topic=topic, **servers)
+    with pytest.raises(ConfigError, match="needs option 'job'"):
+        kafka_sink(df.selectExpr("key", "value"), job=" ", topic=topic, **servers)
+    assert missing not in kafka_server_topics(kafka_server)
+    assert kafka_spark.streams.active == []
+    writer = kafka_sink(df.selectExpr("key", "value"), job="j", topic=topic, **servers)
+    assert type(writer).__name__ == "DataStreamWriter"
