@@ -120,15 +120,21 @@ class _Clients:
     fresh: bool = True
 
     def close(self) -> None:
+        """Release the clients without waiting for the broker.
+
+        Producer.close() aborts the open transaction and flushes with no timeout: a fenced producer whose
+        abort never completes (tansu drops the connection of a fenced EndTxn) blocks there forever, and
+        the task with it. What it has queued or in flight is void anyway: purge, then let it go.
+        """
         try:
             self.consumer.close()
         except Exception:
             log.debug("closing the marker consumer of %s failed", self.group, exc_info=True)
         try:
-            self.producer.flush(5)
-            self.producer.close()
+            self.producer.purge(in_queue=True, in_flight=True, blocking=False)
+            self.producer.flush(0)
         except Exception:
-            log.debug("closing the producer of %s failed", self.group, exc_info=True)
+            log.debug("purging the producer of %s failed", self.group, exc_info=True)
 
 
 _CACHE: dict[str, _Clients] = {}
@@ -219,7 +225,7 @@ def write_partition(options: SinkOptions, batches: Iterator[pa.RecordBatch], *, 
                 clients.consumer.consumer_group_metadata(), options.timeout_s)
             break
         except KafkaException as err:
-            _abort_quietly(clients, options)
+            _abort_quietly(clients, options, err)
             _drop(txid)
             if retry or clients.fresh:
                 raise
@@ -237,8 +243,8 @@ def write_partition(options: SinkOptions, batches: Iterator[pa.RecordBatch], *, 
         crash_point("kafka.task.after-produce", batch_id)
         crash_point("kafka.task.before-commit", batch_id)
         clients.producer.commit_transaction(options.timeout_s)
-    except BaseException:
-        _abort_quietly(clients, options)
+    except BaseException as err:
+        _abort_quietly(clients, options, err)
         _drop(txid)
         raise
     crash_point("kafka.task.after-commit", batch_id)
@@ -247,8 +253,14 @@ def write_partition(options: SinkOptions, batches: Iterator[pa.RecordBatch], *, 
     return result
 
 
-def _abort_quietly(clients: _Clients, options: SinkOptions) -> None:
-    """Best effort: if this fails, the next init_transactions of the id or transaction.timeout.ms aborts it."""
+def _abort_quietly(clients: _Clients, options: SinkOptions, err: BaseException) -> None:
+    """Best effort: if this fails, the next init_transactions of the id or transaction.timeout.ms aborts it.
+
+    A fatal error (fenced by a newer producer of the id) leaves nothing this producer may abort.
+    """
+    fatal = getattr(err.args[0], "fatal", None) if err.args else None
+    if callable(fatal) and fatal():
+        return
     try:
         clients.producer.abort_transaction(min(options.timeout_s, 10.0))
     except Exception:  # no transaction in progress, fenced, or broker down

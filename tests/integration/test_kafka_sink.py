@@ -164,6 +164,36 @@ def test_zombie_producer_is_fenced(kafka_server: EmbeddedKafka) -> None:
     assert write_partition(options, _batches(0, 5), query_id="q2", batch_id=0, partition=0).records == 5
 
 
+def test_cached_producer_fenced_by_another_worker_is_replaced(kafka_server: EmbeddedKafka) -> None:
+    """Python workers cache a producer per transactional.id; a task of the same sink partition in another
+    worker fences it. The next task here must drop the fenced producer and write with a new one.
+
+    Regression: dropping it with Producer.close() hung for good (close aborts and flushes without a
+    timeout; tansu drops the connection of a fenced producer's EndTxn), and the batch with it.
+    """
+    import threading
+
+    from confluent_kafka import Producer
+
+    from airflow_ckpt_provider.sinks.kafka import write_partition
+
+    sink, job = _new_topic(kafka_server), f"f{uuid.uuid4().hex[:6]}"
+    options = _options(kafka_server, sink, job)
+    assert write_partition(options, _batches(0, 3), query_id="q", batch_id=0, partition=0).records == 3
+    other_worker = Producer(options.producer_config(0))
+    other_worker.init_transactions(10)  # fences this process's cached producer of partition 0
+    results: list[Any] = []
+    task = threading.Thread(target=lambda: results.append(
+        write_partition(options, _batches(3, 3), query_id="q", batch_id=1, partition=0)), daemon=True)
+    task.start()
+    task.join(120)
+    assert not task.is_alive(), "the task hung replacing its fenced producer"
+    assert [(r.records, r.skipped) for r in results] == [(3, False)]
+    out = read_sink_output(kafka_server.bootstrap_servers, sink)
+    assert sorted((r.batch_id, r.value) for r in out) == [(b, str(i).encode()) for b, i in
+                                                        [(0, 0), (0, 1), (0, 2), (1, 3), (1, 4), (1, 5)]]
+
+
 _KILLED_TASK = textwrap.dedent("""
     import sys
     import pyarrow as pa

@@ -194,7 +194,8 @@ def test_fenced_cached_producer_is_recreated_once(monkeypatch: pytest.MonkeyPatc
     _install(monkeypatch, sink._Clients(stale, FakeConsumer(), "g", fresh=False),
              sink._Clients(new, FakeConsumer(), "g"))
     result = sink.write_partition(parse_sink_options(BASE), _rows(2), query_id="q", batch_id=0, partition=0)
-    assert result.records == 2 and "abort" in stale.calls and new.calls[-1] == "commit"
+    # A fenced producer is not asked to abort (nothing it may abort; on tansu that call only times out).
+    assert result.records == 2 and "abort" not in stale.calls and new.calls[-1] == "commit"
 
 
 def test_fenced_fresh_producer_is_a_real_zombie(monkeypatch: pytest.MonkeyPatch) -> None:
