@@ -171,6 +171,13 @@ def commit_batch(storage: Storage, manifest: BatchManifest,
     A batch whose manifest exists (a replay after a restart, or a zombie attempt) keeps its earlier
     output; this attempt's files that the existing manifest does not name are deleted.
     """
+    missing = _missing_files(storage, manifest)
+    if missing:
+        # gc (with a grace shorter than this batch took) or a hand deleted them: committing would publish
+        # a batch that cannot be read. Failing makes Spark replay the batch, which writes new files.
+        raise ConflictError(f"ckpt-files job {manifest.job} batch {manifest.batch_id}: {len(missing)} files its "
+                            f"tasks wrote are gone before the commit (e.g. {missing[0]}): the batch is replayed; "
+                            "if `ckpt sink gc` ran, give it an --older-than longer than any batch takes")
     crash("files.commit.before-manifest")
     created = storage.create(manifest.key, manifest.to_json())
     crash("files.commit.after-manifest")
@@ -187,6 +194,22 @@ def commit_batch(storage: Storage, manifest: BatchManifest,
              "attempt's %d files", manifest.job, manifest.query_id, manifest.batch_id, existing.committed_at,
              len(mine))
     return CommitOutcome(False, existing, mine)
+
+
+def _missing_files(storage: Storage, manifest: BatchManifest) -> list[str]:
+    """The manifest's files that are not in storage (one listing per batch directory)."""
+    present: set[str] = set()
+    for directory in sorted({f.key.rsplit("/", 1)[0] + "/" for f in manifest.files}):
+        present.update(o.key for o in storage.list(directory))
+    return [f.key for f in manifest.files if f.key not in present]
+
+
+def committed_files(storage: Storage, query_id: str, batch_id: int) -> set[str] | None:
+    """The keys batch ``batch_id`` of ``query_id`` committed, or None if it is not committed."""
+    try:
+        return {f.key for f in BatchManifest.from_json(storage.read(manifest_key(query_id, batch_id))).files}
+    except FileNotFoundError:
+        return None
 
 
 def committed_batches(path: str | Storage, s3: S3Options | None = None) -> list[BatchManifest]:

@@ -33,6 +33,7 @@ from airflow_ckpt_provider.sinks.filelayout import (
     BatchManifest,
     DataFile,
     commit_batch,
+    committed_files,
     data_key,
     delete_files,
     open_sink,
@@ -168,11 +169,18 @@ class CkptFilesWriter(DataSourceStreamArrowWriter):
         commit_batch(self.options.storage(), manifest, lambda point: crash_point(point, batchId))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        keys = [f.key for m in messages if isinstance(m, FilesCommitMessage) for f in m.files]
+        mine = [m for m in messages if isinstance(m, FilesCommitMessage)]
         _worker_logging()
-        log.warning("ckpt-files job %s batch %d aborted: deleting %d files of finished tasks (failed tasks' "
-                    "files stay as orphans for gc)", self.options.job, batchId, len(keys))
-        delete_files(self.options.storage(), keys)
+        storage = self.options.storage()
+        # Spark also aborts when commit() raised after the manifest was created (a PUT that succeeded but
+        # reported an error, a dying commit worker): files a manifest names are committed and must stay.
+        keep: set[str] = set()
+        for query_id in {m.query_id for m in mine}:
+            keep |= committed_files(storage, query_id, batchId) or set()
+        keys = [f.key for m in mine for f in m.files if f.key not in keep]
+        log.warning("ckpt-files job %s batch %d aborted: deleting %d files of finished tasks, keeping %d committed "
+                    "(failed tasks' files stay as orphans for gc)", self.options.job, batchId, len(keys), len(keep))
+        delete_files(storage, keys)
 
 
 def _worker_logging() -> None:

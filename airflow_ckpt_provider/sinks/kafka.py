@@ -164,7 +164,7 @@ def _clients(options: SinkOptions, partition: int, group: str) -> _Clients:
         consumer = Consumer({**options.client_config(), "group.id": group, "enable.auto.commit": False,
                              "isolation.level": "read_committed", "client.id": f"ckpt-kafka-sink-{options.job}"})
     except BaseException:
-        producer.close()
+        producer.purge(in_queue=True, in_flight=True, blocking=False)  # not close(): see _Clients.close
         raise
     clients = _Clients(producer, consumer, group)
     with _LOCK:

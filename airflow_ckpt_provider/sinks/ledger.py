@@ -191,7 +191,7 @@ class Ledger:
                 f"ledger {self.table} of job {self.job}: cannot connect to the database: {type(err).__name__}: "
                 f"{redact(str(err).strip())}; check the connect factory (host, database, credentials) and that "
                 "the database is up"
-            ) from err
+            ) from None  # not chained: the driver's own message may carry the DSN's password
         if getattr(conn, "autocommit", False) is True or (
             driver_module(conn) is sys.modules.get("sqlite3") and getattr(conn, "isolation_level", "") is None
         ):

@@ -243,3 +243,28 @@ def test_cli_sink_verify_ls_gc(sink: LocalStorage, capsys: pytest.CaptureFixture
     assert not sink.exists(orphan.key)
     assert main(["sink", "gc", str(sink.root / "nope"), "--older-than", "0"]) == 1
     assert "not a ckpt-files sink" in capsys.readouterr().err
+
+
+def test_abort_after_the_manifest_was_created_keeps_the_committed_files(sink: LocalStorage) -> None:
+    """Spark aborts also when commit() raised after creating the manifest: the batch must stay readable."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from airflow_ckpt_provider.sinks.files import CkptFilesWriter, FilesCommitMessage, SinkOptions
+
+    writer = CkptFilesWriter(SinkOptions(str(sink.root), "orders"), StructType([StructField("v", LongType())]))
+    committed, stray = _file(sink, 0, 0, [1, 2]), _file(sink, 0, 1, [3], attempt="a2")
+    commit_batch(sink, _manifest(0, committed))
+    writer.abort([FilesCommitMessage(Q, 0, 0, [committed]), FilesCommitMessage(Q, 0, 1, [stray]), None], 0)
+    assert sink.exists(committed.key) and not sink.exists(stray.key)
+    assert verify_sink(sink).ok
+    assert read_committed(sink).column("v").to_pylist() == [1, 2]
+
+
+def test_commit_refuses_a_batch_whose_files_are_gone(sink: LocalStorage) -> None:
+    """A file deleted before the commit (gc with too short a grace) fails the batch instead of publishing it."""
+    kept, gone = _file(sink, 0, 0, [1]), _file(sink, 0, 1, [2])
+    sink.delete([gone.key])
+    with pytest.raises(ConflictError, match=r"1 files its tasks wrote are gone before the commit"):
+        commit_batch(sink, _manifest(0, kept, gone))
+    assert not sink.exists(manifest_key(Q, 0))
+    assert committed_batches(sink) == []
