@@ -107,6 +107,9 @@ class FilesSink:
                 f"batches; {len(report.orphans)} orphan files ({orphan_rows} rows) not read")
 
 
+_KAFKA_COMMITTED = re.compile(r"batch (\d+) partition (\d+) of job \S+ \(query (\S+)\): \d+ records committed by")
+
+
 @dataclass
 class KafkaSink:
     """ckpt-kafka into a topic. tansu shows aborted transactional records to read_committed consumers
@@ -133,6 +136,15 @@ class KafkaSink:
             value = json.loads(record.value)
             rows.append((int(value["id"]), record.key.decode(), int(value["part"])))
         return rows
+
+    def check_single_commits(self, log: str) -> int:
+        """Each (query, batch, sink partition) was committed by one transaction at most, from the tasks' log
+        lines: the last-attempt filter alone would hide a second committed attempt (a broken skip)."""
+        commits = Counter(_KAFKA_COMMITTED.findall(log))
+        twice = sorted(k for k, n in commits.items() if n > 1)
+        assert commits, "no 'records committed by' line of the sink's tasks in the supervisors' logs"
+        assert not twice, f"(batch, partition, query) committed by more than one transaction: {twice[:5]}"
+        return len(commits)
 
     def check_nothing_uncommitted(self) -> str:
         from tests.kafkasink import last_attempts, read_all
@@ -418,5 +430,8 @@ def prove_exactly_once(env: JobEnv, sink: EoSink, runs: list[Run], *, kills: int
                                             f"{len(missing)} missing (first {missing[:10]})")
     assert sorted(rows) == expected_rows(proof.ids), "every id once, but some content differs"
     proof.uncommitted = sink.check_nothing_uncommitted()
+    if isinstance(sink, KafkaSink):
+        transactions = sink.check_single_commits(first.log.read_text() + second.log.read_text())
+        proof.uncommitted += f"; {transactions} (batch, partition) transactions committed once each (task logs)"
     proof.seconds["total"] = time.monotonic() - started
     return proof

@@ -7,6 +7,8 @@ the source's registration.
 
 from __future__ import annotations
 
+import logging
+import sys
 from typing import Any
 
 
@@ -17,3 +19,16 @@ def register_sinks(spark: Any) -> None:
 
     register(spark)
     spark.dataSource.register(CkptFilesDataSource)
+
+
+def worker_logging() -> None:
+    """Let the sinks' commit and replay lines reach stderr from Spark's Python workers, which configure no
+    logging (a batch's commit runs in a fresh worker whose root logger drops INFO)."""
+    sinks = logging.getLogger("airflow_ckpt_provider.sinks")
+    if logging.getLogger().handlers or sinks.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    sinks.addHandler(handler)
+    sinks.setLevel(logging.INFO)
+    sinks.propagate = False

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from pyspark.sql.types import StructType
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.faults import crash_point
 from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
+from airflow_ckpt_provider.sinks import worker_logging
 from airflow_ckpt_provider.sinks.filelayout import (
     IDENTITY,
     BatchManifest,
@@ -151,7 +151,7 @@ class CkptFilesWriter(DataSourceStreamArrowWriter):
         return FilesCommitMessage(query_id, batch_id, partition, files)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        _worker_logging()
+        worker_logging()
         mine = [m for m in messages if isinstance(m, FilesCommitMessage)]
         query_ids = {m.query_id for m in mine}
         if not query_ids:
@@ -170,7 +170,7 @@ class CkptFilesWriter(DataSourceStreamArrowWriter):
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         mine = [m for m in messages if isinstance(m, FilesCommitMessage)]
-        _worker_logging()
+        worker_logging()
         storage = self.options.storage()
         # Spark also aborts when commit() raised after the manifest was created (a PUT that succeeded but
         # reported an error, a dying commit worker): files a manifest names are committed and must stay.
@@ -181,19 +181,6 @@ class CkptFilesWriter(DataSourceStreamArrowWriter):
         log.warning("ckpt-files job %s batch %d aborted: deleting %d files of finished tasks, keeping %d committed "
                     "(failed tasks' files stay as orphans for gc)", self.options.job, batchId, len(keys), len(keep))
         delete_files(storage, keys)
-
-
-def _worker_logging() -> None:
-    """Let the commit and replay lines reach stderr in Spark's Python workers, which configure no logging
-    (the commit runs in a fresh worker whose root logger drops INFO)."""
-    sinks = logging.getLogger("airflow_ckpt_provider.sinks")
-    if logging.getLogger().handlers or sinks.handlers:
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    sinks.addHandler(handler)
-    sinks.setLevel(logging.INFO)
-    sinks.propagate = False
 
 
 def _arrow_schema_hex(schema: StructType) -> str | None:

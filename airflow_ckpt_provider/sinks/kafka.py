@@ -27,6 +27,7 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, DataSourceStream
 
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.faults import crash_point
+from airflow_ckpt_provider.sinks import worker_logging
 from airflow_ckpt_provider.sinks.kafkaoptions import (
     HEADER,
     AttemptTag,
@@ -247,9 +248,9 @@ def write_partition(options: SinkOptions, batches: Iterator[pa.RecordBatch], *, 
         _abort_quietly(clients, options, err)
         _drop(txid)
         raise
-    crash_point("kafka.task.after-commit", batch_id)
     log.info("batch %d partition %d of job %s (query %s): %d records committed by %s", batch_id, partition,
              options.job, query_id, result.records, txid)
+    crash_point("kafka.task.after-commit", batch_id)
     return result
 
 
@@ -308,6 +309,7 @@ class CkptKafkaStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> KafkaSinkCommit:
         from pyspark import TaskContext
 
+        worker_logging()
         context = TaskContext.get()
         if context is None:
             raise CkptError("the ckpt-kafka sink's write() ran outside a Spark task")
@@ -320,6 +322,7 @@ class CkptKafkaStreamWriter(DataSourceStreamArrowWriter):
                                partition=context.partitionId())
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        worker_logging()
         crash_point("kafka.commit.driver", batchId)
         done = [m for m in messages if isinstance(m, KafkaSinkCommit)]
         written = sorted(m.partition for m in done if not m.skipped and not m.empty)
