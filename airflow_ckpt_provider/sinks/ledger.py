@@ -192,7 +192,8 @@ class Ledger:
                 f"{redact(str(err).strip())}; check the connect factory (host, database, credentials) and that "
                 "the database is up"
             ) from None  # not chained: the driver's own message may carry the DSN's password
-        if getattr(conn, "autocommit", False) is True or (
+        get_autocommit = getattr(conn, "get_autocommit", None)  # MySQL drivers: a method, not an attribute
+        if getattr(conn, "autocommit", False) is True or (callable(get_autocommit) and get_autocommit()) or (
             driver_module(conn) is sys.modules.get("sqlite3") and getattr(conn, "isolation_level", "") is None
         ):
             conn.close()
