@@ -11,33 +11,16 @@ the sink's committed output exactly once with its content, and nothing uncommitt
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from airflow_ckpt_provider.core.storage import S3Options
-from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
 from tests.exactlyonce import FilesSink, KafkaSink, LedgerSink, prove_exactly_once
 from tests.runtimejob import JobEnv, Run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
 KILLS = 10
-
-
-@pytest.fixture
-def env(s3_server: EmbeddedS3, kafka_server: EmbeddedKafka, bucket: str, topic: str, tmp_path: Path) -> JobEnv:
-    return JobEnv(s3_server, kafka_server, tmp_path, bucket, topic)
-
-
-@pytest.fixture
-def runs() -> Iterator[list[Run]]:
-    """Runs a test started; whatever is still alive at the end is killed."""
-    started: list[Run] = []
-    yield started
-    for run in started:
-        run.stop()
 
 
 def test_files_sink_exactly_once_through_ten_kills_and_a_savepoint_restore(env: JobEnv, runs: list[Run],

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,27 +19,12 @@ from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.snapshots import list_snapshots, load_manifest
 from airflow_ckpt_provider.core.status import JobState
 from airflow_ckpt_provider.core.storage import LocalStorage
-from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_FENCED, EXIT_STOPPED
 from tests.runtimejob import JobEnv, Run, expected_counts, produce
 
 pytestmark = pytest.mark.integration
 
 TIMEOUT = 180.0
-
-
-@pytest.fixture
-def env(s3_server: EmbeddedS3, kafka_server: EmbeddedKafka, bucket: str, topic: str, tmp_path: Path) -> JobEnv:
-    return JobEnv(s3_server, kafka_server, tmp_path, bucket, topic)
-
-
-@pytest.fixture
-def runs() -> Iterator[list[Run]]:
-    """Runs a test started; whatever is still alive at the end is killed."""
-    started: list[Run] = []
-    yield started
-    for run in started:
-        run.stop()
 
 
 def last_entries(checkpoint: Path) -> tuple[int | None, int | None]:
