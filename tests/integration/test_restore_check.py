@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import tempfile
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -106,14 +105,6 @@ def store_contents(store: JobStore) -> dict[str, str]:
 @pytest.fixture
 def env(s3_server: EmbeddedS3, kafka_server: EmbeddedKafka, bucket: str, topic: str, tmp_path: Path) -> OrdersEnv:
     return OrdersEnv(s3_server, kafka_server, tmp_path, bucket, topic)
-
-
-@pytest.fixture
-def runs() -> Iterator[list[Run]]:
-    started: list[Run] = []
-    yield started
-    for run in started:
-        run.stop()
 
 
 def test_new_versions_are_checked_against_the_running_jobs_state_without_touching_it(
