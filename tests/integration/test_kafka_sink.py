@@ -181,12 +181,15 @@ def test_cached_producer_fenced_by_another_worker_is_replaced(kafka_server: Embe
     options = _options(kafka_server, sink, job)
     assert write_partition(options, _batches(0, 3), query_id="q", batch_id=0, partition=0).records == 3
     other_worker = Producer(options.producer_config(0))
-    other_worker.init_transactions(10)  # fences this process's cached producer of partition 0
-    results: list[Any] = []
-    task = threading.Thread(target=lambda: results.append(
-        write_partition(options, _batches(3, 3), query_id="q", batch_id=1, partition=0)), daemon=True)
-    task.start()
-    task.join(120)
+    try:
+        other_worker.init_transactions(10)  # fences this process's cached producer of partition 0
+        results: list[Any] = []
+        task = threading.Thread(target=lambda: results.append(
+            write_partition(options, _batches(3, 3), query_id="q", batch_id=1, partition=0)), daemon=True)
+        task.start()
+        task.join(120)
+    finally:
+        del other_worker  # fenced in turn: released, not closed (see sinks/kafka._Clients.close)
     assert not task.is_alive(), "the task hung replacing its fenced producer"
     assert [(r.records, r.skipped) for r in results] == [(3, False)]
     out = read_sink_output(kafka_server.bootstrap_servers, sink)

@@ -163,7 +163,10 @@ def test_a_newer_driver_fences_the_running_one(env: JobEnv, runs: list[Run]) -> 
     runs.append(b := env.run("b", env.work / "b" / "checkpoint", max_offsets=100))
     assert a.wait(TIMEOUT) == EXIT_FENCED, a.tail()
     assert any("was fenced" in ln for ln in a.ckpt_lines()), a.tail()
-    status = env.wait_status("all 3000 records counted", lambda s: env.consumed(s) == 3000, TIMEOUT * 2, b)
+    # The first driver may have read all 3000 before the second took over (a slow spark-submit start):
+    # more records make sure the second one runs batches of its own.
+    produce(env.kafka.bootstrap_servers, env.topic, 3000, 600)
+    status = env.wait_status("all 3600 records counted", lambda s: env.consumed(s) == 3600, TIMEOUT * 2, b)
     assert status.epoch == 2
     assert env.request(Action.STOP, 2).outcome is Outcome.COMPLETED
     assert b.wait(TIMEOUT) == EXIT_STOPPED
@@ -171,7 +174,7 @@ def test_a_newer_driver_fences_the_running_one(env: JobEnv, runs: list[Run]) -> 
     commits = env.commits()
     assert commits[1], "the first driver committed batches before it was fenced"
     assert max(t for _b, t in commits[1]) < min(t for _b, t in commits[2]), "epoch windows overlap"
-    assert env.final_counts() == expected_counts(3000)
+    assert env.final_counts() == expected_counts(3600)
 
 
 def test_two_drivers_started_at_once_exactly_one_runs(env: JobEnv, runs: list[Run]) -> None:
