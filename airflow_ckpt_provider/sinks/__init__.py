@@ -11,6 +11,10 @@ import logging
 import sys
 from typing import Any
 
+#: Spark's local properties of a streaming batch: set in every task and in the foreachBatch thread.
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+
 
 def register_sinks(spark: Any) -> None:
     """Register ``ckpt-files`` (and ``ckpt-kafka``, reader and transactional writer) in ``spark``."""

@@ -196,6 +196,11 @@ def commit_batch(storage: Storage, manifest: BatchManifest,
     return CommitOutcome(False, existing, mine)
 
 
+def _storage(path: str | Storage, s3: S3Options | None) -> Storage:
+    """A sink path given as a Storage or a URL (S3 settings from the environment unless given)."""
+    return path if isinstance(path, Storage) else open_storage(path, s3 or S3Options.from_env())
+
+
 def _missing_files(storage: Storage, manifest: BatchManifest) -> list[str]:
     """The manifest's files that are not in storage (one listing per batch directory)."""
     present: set[str] = set()
@@ -214,7 +219,7 @@ def committed_files(storage: Storage, query_id: str, batch_id: int) -> set[str] 
 
 def committed_batches(path: str | Storage, s3: S3Options | None = None) -> list[BatchManifest]:
     """Every committed batch's manifest: queries in the order of their first commit, then batch id."""
-    storage = path if isinstance(path, Storage) else open_storage(path, s3 or S3Options.from_env())
+    storage = _storage(path, s3)
     keys = [o.key for o in storage.list(COMMITS + "/") if o.key.endswith(".json")]
     with ThreadPoolExecutor(8) as pool:
         manifests = list(pool.map(lambda k: BatchManifest.from_json(storage.read(k)), keys))
@@ -236,7 +241,7 @@ def read_committed(path: str | Storage, s3: S3Options | None = None, *, batch_id
     import pyarrow as pa
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
-    storage = path if isinstance(path, Storage) else open_storage(path, s3 or S3Options.from_env())
+    storage = _storage(path, s3)
     manifests = committed_batches(storage)
     jobs = [(m, f) for m in manifests for f in m.files]
 
@@ -328,7 +333,7 @@ class SinkReport:
 
 def verify_sink(path: str | Storage, s3: S3Options | None = None, *, checksums: bool = False) -> SinkReport:
     """Check every manifest's files exist with the recorded size (and SHA-256 with ``checksums``)."""
-    storage = path if isinstance(path, Storage) else open_storage(path, s3 or S3Options.from_env())
+    storage = _storage(path, s3)
     report = SinkReport(storage.url)
     objects = {o.key: o for o in storage.list()}
     if IDENTITY not in objects:
@@ -406,7 +411,7 @@ def gc_sink(path: str | Storage, s3: S3Options | None = None, *, older_than_s: f
     """
     if older_than_s < 0:
         raise ConfigError(f"older_than_s must be >= 0, found {older_than_s}")
-    storage = path if isinstance(path, Storage) else open_storage(path, s3 or S3Options.from_env())
+    storage = _storage(path, s3)
     if not storage.exists(IDENTITY):
         raise ConfigError(f"{storage.url} is not a ckpt-files sink ({IDENTITY} is missing): gc refuses to delete")
     # Data files first, manifests second: a file committed in between is seen as referenced.

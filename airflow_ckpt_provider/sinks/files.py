@@ -27,7 +27,7 @@ from pyspark.sql.types import StructType
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.faults import crash_point
 from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
-from airflow_ckpt_provider.sinks import worker_logging
+from airflow_ckpt_provider.sinks import BATCH_ID_PROPERTY, QUERY_ID_PROPERTY, worker_logging
 from airflow_ckpt_provider.sinks.filelayout import (
     IDENTITY,
     BatchManifest,
@@ -139,8 +139,8 @@ class CkptFilesWriter(DataSourceStreamArrowWriter):
         ctx = TaskContext.get()
         if ctx is None:
             raise RuntimeError("ckpt-files: write() outside a Spark task")
-        batch_id = int(ctx.getLocalProperty("streaming.sql.batchId") or -1)
-        query_id = ctx.getLocalProperty("sql.streaming.queryId") or ""
+        batch_id = int(ctx.getLocalProperty(BATCH_ID_PROPERTY) or -1)
+        query_id = ctx.getLocalProperty(QUERY_ID_PROPERTY) or ""
         if batch_id < 0 or not query_id:
             raise RuntimeError(f"ckpt-files: no streaming batch id/query id in the task (batch {batch_id!r}, "
                                f"query {query_id!r}): the sink works in streaming queries only")

@@ -27,7 +27,7 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, DataSourceStream
 
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.faults import crash_point
-from airflow_ckpt_provider.sinks import worker_logging
+from airflow_ckpt_provider.sinks import BATCH_ID_PROPERTY, QUERY_ID_PROPERTY, worker_logging
 from airflow_ckpt_provider.sinks.kafkaoptions import (
     HEADER,
     AttemptTag,
@@ -47,8 +47,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-QUERY_ID_PROPERTY = "sql.streaming.queryId"
-BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
 
 @dataclass

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
 from airflow_ckpt_provider.core.faults import crash_point
+from airflow_ckpt_provider.sinks import QUERY_ID_PROPERTY
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -45,7 +46,6 @@ _DDL = (
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _STYLES = ("qmark", "format", "pyformat", "numeric", "named")
 _SECRET = re.compile(r"(password\s*=\s*)\S+|(://[^:/@\s]+:)[^@\s]+(@)", re.IGNORECASE)
-QUERY_ID_PROPERTY = "sql.streaming.queryId"
 
 
 class Connection(Protocol):

@@ -21,6 +21,7 @@ import sqlite3
 from typing import Any
 
 from airflow_ckpt_provider.runtime import JobContext, streaming_job
+from airflow_ckpt_provider.sinks import QUERY_ID_PROPERTY
 
 OUT_TABLE = "eo_out"
 LEDGER_TABLE = "ckpt_ledger"
@@ -70,7 +71,7 @@ def build(spark: Any, ctx: JobContext) -> Any:
 
         def write(cursor: Any, batch: Any, batch_id: int) -> int:
             # The query id with each row lets the test match every row to its ledger entry.
-            query_id = batch.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
+            query_id = batch.sparkSession.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
             rows = [(r["id"], r["key"], r["part"], query_id, batch_id) for r in batch.collect()]
             cursor.executemany(f"INSERT INTO {OUT_TABLE} (id, key, part, query_id, batch_id) VALUES (?, ?, ?, ?, ?)",
                                rows)
