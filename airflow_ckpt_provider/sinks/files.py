@@ -5,8 +5,10 @@
        .option("checkpointLocation", ...).start())
 
 Tasks write uniquely named Parquet files (pyarrow; S3 via boto3, no hadoop-aws) and return their
-keys, sizes and checksums; the driver's commit() makes the batch visible by creating its manifest
-with create-if-absent (sinks/filelayout.py). Read with filelayout.read_committed/read_spark.
+keys, sizes and checksums; the driver's commit() reads what the batch covered from the query's
+offsets log (sinks/coverage.py) and makes the batch visible by creating its manifest with
+create-if-absent, in a new timeline if the batch came back with other content after a restore
+(sinks/filelayout.py, sinks/timelines.py). Read with filelayout.read_committed/read_spark.
 This module imports pyspark at module level; nothing in the Airflow layer imports it.
 """
 
@@ -28,6 +30,7 @@ from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.faults import crash_point
 from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
 from airflow_ckpt_provider.sinks import BATCH_ID_PROPERTY, QUERY_ID_PROPERTY, worker_logging
+from airflow_ckpt_provider.sinks.coverage import checkpoint_storage, read_coverage
 from airflow_ckpt_provider.sinks.filelayout import (
     IDENTITY,
     BatchManifest,
@@ -65,6 +68,7 @@ class SinkOptions:
     endpoint: str | None = None
     region: str | None = None
     max_records_per_file: int = 0
+    checkpoint: str = ""
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> SinkOptions:
@@ -90,7 +94,7 @@ class SinkOptions:
             raise ConfigError(f"ckpt-files: maxRecordsPerFile must be an integer >= 0 (0: no limit), found "
                               f"{opts.get('maxrecordsperfile')!r}")
         return cls(path, job, compression, opts.get("s3.endpoint") or None, opts.get("s3.region") or None,
-                   max_records)
+                   max_records, opts.get("checkpointlocation", "").strip())
 
     def storage(self) -> Storage:
         """The sink's storage; S3 credentials from this process's environment (never pickled to tasks)."""
@@ -111,7 +115,8 @@ class CkptFilesDataSource(DataSource):
         opts = SinkOptions.parse(dict(self.options))
         if overwrite:
             raise ConfigError("ckpt-files: the complete output mode is not supported (it would rewrite the "
-                              "whole output each batch); use append or update")
+                              "whole output each batch); use append")
+        checkpoint_storage(opts.checkpoint)  # refuses a missing or unreadable checkpointLocation now
         open_sink(opts.storage(), opts.job)
         return CkptFilesWriter(opts, schema)
 
@@ -161,11 +166,12 @@ class CkptFilesWriter(DataSourceStreamArrowWriter):
         if len(query_ids) > 1 or any(m.batch_id != batchId for m in mine):
             raise RuntimeError(f"ckpt-files: tasks of batch {batchId} report queries {sorted(query_ids)} and batches "
                                f"{sorted({m.batch_id for m in mine})}")
+        coverage = read_coverage(checkpoint_storage(self.options.checkpoint), batchId)
         manifest = BatchManifest(
             job=self.options.job, query_id=query_ids.pop(), batch_id=batchId,
             files=tuple(sorted((f for m in mine for f in m.files), key=lambda f: f.key)),
             schema=self.schema.jsonValue(), arrow_schema=_arrow_schema_hex(self.schema),
-        )
+        ).covering(coverage)
         commit_batch(self.options.storage(), manifest, lambda point: crash_point(point, batchId))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

@@ -28,16 +28,18 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, DataSourceStream
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.faults import crash_point
 from airflow_ckpt_provider.sinks import BATCH_ID_PROPERTY, QUERY_ID_PROPERTY, worker_logging
+from airflow_ckpt_provider.sinks.coverage import checkpoint_storage, read_coverage
 from airflow_ckpt_provider.sinks.kafkaoptions import (
     HEADER,
     AttemptTag,
+    MarkerAction,
     SinkOptions,
-    already_committed,
     check_schema,
-    committed_batch,
+    marker_decision,
     marker_offset,
     new_attempt,
     parse_sink_options,
+    read_marker,
 )
 
 if TYPE_CHECKING:
@@ -61,6 +63,7 @@ class KafkaSinkCommit(WriterCommitMessage):
     records: int = 0
     skipped: bool = False
     empty: bool = False
+    rewritten: bool = False  # written again after a restore went back in time (the marker was ahead)
 
 
 # --------------------------------------------------------------------------------------------
@@ -75,6 +78,7 @@ def stream_writer(options: Mapping[str, str], schema: Any, overwrite: bool) -> D
     """
     parsed = parse_sink_options(options)
     check_schema(schema, parsed)
+    checkpoint_storage(parsed.checkpoint)  # a missing or unreadable checkpointLocation fails the start
     check_topics(parsed)
     return CkptKafkaStreamWriter(parsed)
 
@@ -203,6 +207,7 @@ def write_partition(options: SinkOptions, batches: Iterator[pa.RecordBatch], *, 
         # Nothing to write, nothing a replay could duplicate: no transaction at all.
         result.empty = True
         return result
+    coverage = read_coverage(checkpoint_storage(options.checkpoint), batch_id)
     for retry in (False, True):
         clients = _clients(options, partition, group)
         try:
@@ -210,17 +215,25 @@ def write_partition(options: SinkOptions, batches: Iterator[pa.RecordBatch], *, 
             (tp,) = clients.consumer.committed([TopicPartition(options.marker_topic, 0)], timeout=options.timeout_s)
             if tp.error is not None:
                 raise KafkaException(tp.error)
-            marker = committed_batch(tp.offset)
-            if already_committed(marker, batch_id):
-                log.info("batch %d partition %d of job %s (query %s) is already committed (marker at batch %d): "
-                         "skipped", batch_id, partition, options.job, query_id, marker)
+            marker = read_marker(tp.offset)
+            action = marker_decision(marker, batch_id, coverage.digest)
+            if action is MarkerAction.SKIP:
+                log.info("batch %d partition %d of job %s (query %s, offsets %s) is already committed: skipped",
+                         batch_id, partition, options.job, query_id, coverage.short())
                 result.skipped = True
                 return result
+            if action is MarkerAction.REWRITE and marker is not None:
+                log.warning("batch %d partition %d of job %s (query %s, offsets %s): the sink's marker is at batch %d "
+                            "of another timeline: the query was restored to an older snapshot; writing this batch "
+                            "(consumers have also seen the records of the abandoned batches up to %d, Kafka cannot "
+                            "unpublish them)", batch_id, partition, options.job, query_id, coverage.short(),
+                            marker.batch_id, marker.batch_id)
+                result.rewritten = True
             clients.producer.begin_transaction()
             # The marker goes first: it is only applied if the transaction commits, and its
             # AddOffsetsToTxn request tells a fenced cached producer before any input is consumed.
             clients.producer.send_offsets_to_transaction(
-                [TopicPartition(options.marker_topic, 0, marker_offset(batch_id))],
+                [TopicPartition(options.marker_topic, 0, marker_offset(batch_id, coverage.digest))],
                 clients.consumer.consumer_group_metadata(), options.timeout_s)
             break
         except KafkaException as err:
@@ -325,10 +338,12 @@ class CkptKafkaStreamWriter(DataSourceStreamArrowWriter):
         done = [m for m in messages if isinstance(m, KafkaSinkCommit)]
         written = sorted(m.partition for m in done if not m.skipped and not m.empty)
         skipped = sorted(m.partition for m in done if m.skipped)
+        rewritten = sorted(m.partition for m in done if m.rewritten)
         queries = sorted({m.query_id for m in done})
-        log.info("batch %d of job %s (query %s) committed: partitions written %s, skipped %s, %d empty, %d records",
+        log.info("batch %d of job %s (query %s) committed: partitions written %s, skipped %s, %d empty, %d records%s",
                  batchId, self.options.job, ",".join(queries) or "-", written, skipped,
-                 sum(m.empty for m in done), sum(m.records for m in done))
+                 sum(m.empty for m in done), sum(m.records for m in done),
+                 f"; partitions {rewritten} written again after a restore to an older snapshot" if rewritten else "")
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         done = [m for m in messages if isinstance(m, KafkaSinkCommit)]

@@ -2,9 +2,10 @@
 
 Pure logic (no broker, no Spark session): the writer in sinks/kafka.py and the unit tests use it.
 The marker of (job, Spark query id, sink partition p) is the committed offset of a consumer group
-named from those three on partition 0 of the marker topic: ``offset = last committed batch id + 1``,
-committed with ``send_offsets_to_transaction`` inside the task's transaction, so it is applied if and
-only if the records are (see docs/sink-kafka.md).
+named from those three on partition 0 of the marker topic: it encodes the last committed batch id and
+30 bits of the digest of that batch's offsets log entry (sinks/coverage.py), and is committed with
+``send_offsets_to_transaction`` inside the task's transaction, so it is applied if and only if the
+records are (see docs/sink-kafka.md). Markers of version 1 (``batch id + 1``, no digest) are still read.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from airflow_ckpt_provider.core.errors import ConfigError
@@ -57,6 +59,7 @@ class SinkOptions:
     prefix: str = "ckpt"
     marker_topic: str = ""
     timeout_ms: int = 30_000
+    checkpoint: str = ""  # the query's checkpointLocation, whose offsets log says what a batch covered
 
     @property
     def bootstrap_servers(self) -> str:
@@ -129,7 +132,7 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     if not timeout.isdigit() or int(timeout) <= 0:
         raise ConfigError(f"option timeoutMs must be a positive number of milliseconds, found {timeout!r}")
     return SinkOptions(kafka=kafka, job=job, topic=topic, prefix=prefix, marker_topic=marker,
-                       timeout_ms=int(timeout))
+                       timeout_ms=int(timeout), checkpoint=own.get("checkpointlocation", "").strip())
 
 
 # --------------------------------------------------------------------------------------------
@@ -159,27 +162,58 @@ def check_schema(schema: Any, options: SinkOptions) -> None:
 # Commit markers and skip decisions
 # --------------------------------------------------------------------------------------------
 
-def marker_offset(batch_id: int) -> int:
-    """The committed offset that says 'batch_id is committed' (offsets must be >= 0, so +1)."""
-    if batch_id < 0:
-        raise ValueError(f"batch id must be >= 0, found {batch_id}")
-    return batch_id + 1
+_V2 = 1 << 62  # flags a version-2 marker; version 1 markers are batch id + 1, far below
+_DIGEST_BITS = 30
+_BATCH_BITS = 32
 
 
-def committed_batch(offset: int | None) -> int | None:
-    """The last committed batch a marker offset says, None when the group has no marker."""
+@dataclass(frozen=True)
+class Marker:
+    """What a marker offset says: the last committed batch, and its offsets digest (None: version 1)."""
+
+    batch_id: int
+    digest: int | None = None
+
+
+def digest_bits(hexdigest: str) -> int:
+    """The 30 bits of an offsets-log digest that a marker carries."""
+    return int(hexdigest[:8], 16) & ((1 << _DIGEST_BITS) - 1)
+
+
+def marker_offset(batch_id: int, hexdigest: str) -> int:
+    """The committed offset that says 'batch_id, with this offsets digest, is committed' (>= 0, < 2**63)."""
+    if not 0 <= batch_id < 1 << _BATCH_BITS:
+        raise ValueError(f"batch id must be in [0, 2**32), found {batch_id}")
+    return _V2 | (batch_id << _DIGEST_BITS) | digest_bits(hexdigest)
+
+
+def read_marker(offset: int | None) -> Marker | None:
+    """The marker an offset encodes, None when the group has no marker."""
     if offset is None or offset < 1:  # NO_OFFSET (-1001) or the unused 0
         return None
-    return offset - 1
+    if offset >= _V2:
+        return Marker((offset >> _DIGEST_BITS) & ((1 << _BATCH_BITS) - 1), offset & ((1 << _DIGEST_BITS) - 1))
+    return Marker(offset - 1)
 
 
-def already_committed(marker_batch: int | None, batch_id: int) -> bool:
-    """Whether a task of ``batch_id`` must skip: its partition's marker is at this batch or later.
+class MarkerAction(StrEnum):
+    WRITE = "write"  # a new batch
+    SKIP = "skip"  # a replay of the committed batch
+    REWRITE = "rewrite"  # the batch was planned again after a restore of an older snapshot: write it again
 
-    A later batch can only exist after this one completed (Spark runs batches in order), so a later
-    marker also means this batch's records are in.
+
+def marker_decision(marker: Marker | None, batch_id: int, hexdigest: str) -> MarkerAction:
+    """Skip only a replay of the very batch the marker names; write a batch that came back with other content.
+
+    Spark replays only the batch after the last one it completed, so a marker at a LATER batch, or at
+    this batch with another digest, means the query was restored to an older snapshot (time travel):
+    its batches are written again (Kafka cannot unpublish the abandoned ones, as with Flink).
     """
-    return marker_batch is not None and marker_batch >= batch_id
+    if marker is None or marker.batch_id < batch_id:
+        return MarkerAction.WRITE
+    if marker.batch_id == batch_id and (marker.digest is None or marker.digest == digest_bits(hexdigest)):
+        return MarkerAction.SKIP
+    return MarkerAction.REWRITE
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,16 @@
 """A ledger for foreachBatch: exactly-once writes into a transactional database through DB-API 2.
 
-The user's rows of batch N and a ledger row (job, Spark query id, batch id) go into ONE database
-transaction; Spark writes ``commits/N`` only after it committed. A replay of batch N (a crash between
-the database commit and Spark's) finds the ledger row and writes nothing. The primary key on
-(job, query_id, batch_id) makes a racing zombie's ledger insert fail, and its rows roll back with it.
-See docs/sink-ledger.md. Works with any DB-API 2 connection (sqlite3, psycopg, ...); imports no driver.
+The user's rows of batch N and a ledger row (job, Spark query id, batch id, what the batch covered)
+go into ONE database transaction; Spark writes ``commits/N`` only after it committed. A replay of
+batch N (a crash between the database commit and Spark's) finds the ledger row with the same coverage
+and writes nothing. A batch N that comes back with other content (a restore of an older snapshot
+replanned it: sinks/coverage.py) starts a new timeline: in the same transaction the abandoned batches'
+rows are removed with the user's ``undo`` and their ledger rows moved to ``<table>_abandoned``. The
+primary key on (job, query_id, batch_id) makes a racing zombie's ledger insert fail, and its rows roll
+back with it. See docs/sink-ledger.md. Works with any DB-API 2 connection (sqlite3, psycopg, ...).
 
-    ledger = Ledger(connect=lambda: sqlite3.connect(path), job=ctx.job, ctx=ctx)
+    ledger = Ledger(connect=lambda: sqlite3.connect(path), job=ctx.job, ctx=ctx,
+                    undo=delete_batches("orders_out", query_column="query_id", batch_column="batch_id"))
     ledger.check()
     query = df.writeStream.foreachBatch(ledger.foreach_batch(write))  # write(cursor, batch_df, batch_id)
 """
@@ -24,6 +28,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
 from airflow_ckpt_provider.core.faults import crash_point
 from airflow_ckpt_provider.sinks import QUERY_ID_PROPERTY
+from airflow_ckpt_provider.sinks.coverage import Coverage, checkpoint_storage, read_coverage
+from airflow_ckpt_provider.sinks.timelines import Action, Observed, Shown, Timelines, decide
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -31,8 +37,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: The ledger's columns, in the order of the INSERT; (job, query_id, batch_id) is the primary key.
-COLUMNS = ("job", "query_id", "batch_id", "rows_written", "epoch", "committed_at")
+COLUMNS = ("job", "query_id", "batch_id", "rows_written", "epoch", "committed_at", "coverage", "timeline")
 KEY = ("job", "query_id", "batch_id")
+#: Columns added after the first release: check() adds them to an older ledger table.
+_ADDED = {"coverage": "VARCHAR(64)", "timeline": "BIGINT"}
 _DDL = (
     "CREATE TABLE IF NOT EXISTS {table} ("
     "job VARCHAR(200) NOT NULL, "
@@ -41,7 +49,23 @@ _DDL = (
     "rows_written BIGINT, "
     "epoch BIGINT, "
     "committed_at VARCHAR(40) NOT NULL, "
+    "coverage VARCHAR(64), "
+    "timeline BIGINT, "
     "PRIMARY KEY (job, query_id, batch_id))"
+)
+#: Ledger rows of abandoned timelines, kept for inspection (no key: a batch may be abandoned twice).
+_ABANDONED_DDL = (
+    "CREATE TABLE IF NOT EXISTS {table} ("
+    "job VARCHAR(200) NOT NULL, "
+    "query_id VARCHAR(64) NOT NULL, "
+    "batch_id BIGINT NOT NULL, "
+    "rows_written BIGINT, "
+    "epoch BIGINT, "
+    "committed_at VARCHAR(40) NOT NULL, "
+    "coverage VARCHAR(64), "
+    "timeline BIGINT, "
+    "abandoned_at VARCHAR(40) NOT NULL, "
+    "abandoned_by_timeline BIGINT NOT NULL)"
 )
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _STYLES = ("qmark", "format", "pyformat", "numeric", "named")
@@ -68,6 +92,32 @@ class Fencing(Protocol):
 Connect = Callable[[], Any]
 #: The user's write: inserts batch rows through the cursor; may return the number of rows written.
 Write = Callable[[Any, "DataFrame", int], "int | None"]
+#: The user's undo: removes the rows that batches ``batch_ids`` of query ``query_id`` wrote (a fork
+#: abandons them), through the cursor of the transaction that commits the new timeline's first batch.
+Undo = Callable[[Any, str, list[int]], None]
+
+
+def delete_batches(table: str, *, batch_column: str = "batch_id", query_column: str | None = "query_id",
+                   paramstyle: str = "qmark") -> Undo:
+    """An ``undo`` for append-only output tables whose rows carry their batch id (and query id).
+
+    Without ``query_column`` the rows of every query with those batch ids are deleted: fine for a job
+    that never starts on a fresh checkpoint (whose batch ids restart at 0). ``paramstyle``: the DB-API
+    driver's (qmark for sqlite3, format for psycopg).
+    """
+    quoted = quote_table(table)
+    for column in (batch_column, query_column):
+        if column is not None and not _IDENT.fullmatch(column):
+            raise ConfigError(f"column name {column!r} is not an identifier: expected letters, digits and '_'")
+
+    def undo(cur: Any, query_id: str, batch_ids: list[int]) -> None:
+        for batch_id in batch_ids:
+            values: tuple[Any, ...] = (batch_id,) if query_column is None else (batch_id, query_id)
+            marks, params = placeholders(paramstyle, values)
+            where = f'"{batch_column}" = {marks[0]}' + (f' AND "{query_column}" = {marks[1]}' if query_column else "")
+            cur.execute(f"DELETE FROM {quoted} WHERE {where}", params)  # noqa: S608 - validated, quoted identifiers
+
+    return undo
 
 
 def quote_table(table: str) -> str:
@@ -138,7 +188,10 @@ class Ledger:
     ``connect``: zero-argument factory of a DB-API 2 connection (not in autocommit mode); one connection per
     batch, closed after it. ``ctx`` (the runtime's JobContext) or ``fence`` fences an old driver: checked
     before the write and right before COMMIT. ``query_id``: used when Spark's query id cannot be read
-    from the batch (Spark Connect). ``paramstyle``: overrides the driver module's.
+    from the batch (Spark Connect). ``paramstyle``: overrides the driver module's. ``undo``: removes the
+    rows of abandoned batches when a restore went back in time (without it such a restore is refused
+    at its first replanned batch, nothing written). ``checkpoint``: the query's checkpoint location,
+    whose offsets log tells a replay from a replanned batch (default: the runtime's, else Spark's).
     """
 
     def __init__(
@@ -152,6 +205,8 @@ class Ledger:
         fence: Callable[[], None] | None = None,
         query_id: str | None = None,
         paramstyle: str | None = None,
+        undo: Undo | None = None,
+        checkpoint: str | None = None,
     ) -> None:
         if not job:
             raise ConfigError("Ledger needs a non-empty job name (the runtime's ctx.job)")
@@ -166,6 +221,10 @@ class Ledger:
         self._fence = fence
         self.query_id = query_id
         self.paramstyle = paramstyle
+        self.undo = undo
+        self.checkpoint = checkpoint
+        self.abandoned_table = f"{table}_abandoned"
+        self.quoted_abandoned = quote_table(self.abandoned_table)
 
     @property
     def epoch(self) -> int | None:
@@ -217,19 +276,35 @@ class Ledger:
             style = self._style(conn)
             cur = conn.cursor()
             cur.execute(_DDL.format(table=self.quoted))
+            cur.execute(_ABANDONED_DDL.format(table=self.quoted_abandoned))
             conn.commit()
+            self._add_columns(conn, cur)
             self._check_columns(conn, cur)
             self._check_key(conn, cur, style)
         finally:
             conn.close()
         log.info("job %s: ledger table %s is ready", self.job, self.table)
 
-    def _check_columns(self, conn: Any, cur: Any) -> None:
+    def _columns(self, conn: Any, cur: Any) -> list[str]:
         try:
             cur.execute(f"SELECT * FROM {self.quoted} WHERE 1 = 0")  # noqa: S608 - validated, quoted identifier
-            found = [str(d[0]).lower() for d in cur.description or ()]
+            return [str(d[0]).lower() for d in cur.description or ()]
         finally:
             conn.rollback()
+
+    def _add_columns(self, conn: Any, cur: Any) -> None:
+        """Add the columns a ledger table of an earlier release lacks (what each batch covered, its timeline)."""
+        found = self._columns(conn, cur)
+        added = [c for c in _ADDED if c not in found]
+        if not added or not {"job", "query_id", "batch_id"} <= set(found):
+            return  # nothing to add, or not a ledger at all: _check_columns says so
+        for column in added:
+            cur.execute(f"ALTER TABLE {self.quoted} ADD COLUMN {column} {_ADDED[column]}")
+        conn.commit()
+        log.info("job %s: ledger table %s upgraded: added columns %s", self.job, self.table, ", ".join(added))
+
+    def _check_columns(self, conn: Any, cur: Any) -> None:
+        found = self._columns(conn, cur)
         missing = [c for c in COLUMNS if c not in found]
         if missing:
             raise ConfigError(
@@ -241,14 +316,14 @@ class Ledger:
         """Probe the key by behaviour, portably: rows differing in one key column must insert, a duplicate
         (job, query_id, batch_id) must violate; everything is rolled back."""
         probe, other = f"__ckpt_probe_{uuid.uuid4().hex}", uuid.uuid4().hex
-        rows = [(probe, "q", 0, 1, 1), (probe, "q", 1, 2, 2), (probe, other, 0, 3, 3)]
+        rows = [(probe, "q", 0, 1, 1, None, 0), (probe, "q", 1, 2, 2, None, 0), (probe, other, 0, 3, 3, None, 0)]
         integrity = _integrity_error(conn)
         problem = ""
         try:
             for row in rows:
                 self._insert(cur, style, row)
             try:
-                self._insert(cur, style, (probe, "q", 0, 4, 4))
+                self._insert(cur, style, (probe, "q", 0, 4, 4, None, 0))
                 problem = "a second row with the same (job, query_id, batch_id) was accepted"
             except integrity:
                 pass
@@ -262,9 +337,11 @@ class Ledger:
                 f"{problem}; drop the table (or pass table= a new name) and let check() create it"
             )
 
-    def _insert(self, cur: Any, style: str, row: tuple[str, str, int, int | None, int | None]) -> None:
-        """Insert a ledger row (job, query_id, batch_id, rows_written, epoch), committed_at now."""
-        marks, params = placeholders(style, (*row, _now()))
+    def _insert(self, cur: Any, style: str,
+                row: tuple[str, str, int, int | None, int | None, str | None, int]) -> None:
+        """Insert a ledger row (job, query_id, batch_id, rows_written, epoch, coverage, timeline), committed now."""
+        job, query_id, batch_id, rows, epoch, coverage, timeline = row
+        marks, params = placeholders(style, (job, query_id, batch_id, rows, epoch, _now(), coverage, timeline))
         cur.execute(f"INSERT INTO {self.quoted} ({', '.join(COLUMNS)}) VALUES ({', '.join(marks)})", params)  # noqa: S608
 
     # -- the protocol --------------------------------------------------------------------------
@@ -273,13 +350,31 @@ class Ledger:
         """A foreachBatch function: ``write``'s rows and the ledger row in one transaction; replays skipped."""
 
         def run(df: DataFrame, batch_id: int) -> None:
-            if not self.commit_batch(write, df, batch_id, self.resolve_query_id(df)):
+            query_id = self.resolve_query_id(df)
+            coverage = read_coverage(checkpoint_storage(self.resolve_checkpoint(df, query_id)), batch_id)
+            if not self.commit_batch(write, df, batch_id, query_id, coverage):
                 # A skipped replay must still run the batch: Spark 4 commits the state stores of a
                 # stateful query only when its plan runs, and fails the batch otherwise
                 # (STATE_STORE_COMMIT_VALIDATION_FAILED). The noop sink runs it and writes nothing.
                 df.write.format("noop").mode("overwrite").save()
 
         return run
+
+    def resolve_checkpoint(self, df: Any, query_id: str) -> str:
+        """The query's checkpoint location: the explicit one, the runtime's, else Spark's resolved root."""
+        if self.checkpoint:
+            return self.checkpoint
+        config = getattr(self.ctx, "config", None)
+        if config is not None and getattr(config, "checkpoint", None):
+            return str(config.checkpoint)
+        try:
+            root = _checkpoint_root(df.sparkSession, query_id)
+        except Exception as err:  # Spark Connect, or an internal API that moved
+            raise ConfigError(
+                f"ledger {self.table} of job {self.job}: cannot find the checkpoint location of query {query_id} "
+                f"({type(err).__name__}: {err}): pass Ledger(checkpoint=...) the writer's checkpointLocation"
+            ) from err
+        return root[len("file:"):] if root.startswith("file:") else root
 
     def resolve_query_id(self, df: Any) -> str:
         """Spark's query id of the running batch (local property on the driver's batch thread), else
@@ -305,31 +400,39 @@ class Ledger:
             "changes whenever the checkpoint location is fresh (e.g. read from the checkpoint's metadata file)"
         )
 
-    def commit_batch(self, write: Write, df: Any, batch_id: int, query_id: str) -> bool:
+    def commit_batch(self, write: Write, df: Any, batch_id: int, query_id: str, coverage: Coverage) -> bool:
         """Run one batch's transaction; True if committed, False if the ledger says it already was.
 
         Fenced (``ctx``/``fence``) before anything, and again right before COMMIT, like ``ctx.fenced``:
-        a fenced driver neither writes, nor commits, nor lets Spark commit a skipped replay.
+        a fenced driver neither writes, nor commits, nor lets Spark commit a skipped replay. A batch
+        that comes back with other content forks: the later batches' rows are undone in the same
+        transaction. A batch that does not follow the ledger's batch before it is refused.
         """
         self.fence()
         conn = self._open()
+        forked: list[int] = []
         try:
             style = self._style(conn)
             cur = conn.cursor()
-            marks, params = placeholders(style, (self.job, query_id, batch_id))
-            cur.execute(
-                f"SELECT committed_at, rows_written FROM {self.quoted} "  # noqa: S608
-                f"WHERE job = {marks[0]} AND query_id = {marks[1]} AND batch_id = {marks[2]}", params)
-            found = cur.fetchone()
-            if found is not None:
+            seen, current, found = self._observe(cur, style, query_id, batch_id)
+            decision = decide(coverage, seen)
+            if decision.action is Action.SKIP:
                 conn.rollback()
-                log.info("job %s query %s: batch %d already committed at %s (%s rows), skipped", self.job,
-                         query_id, batch_id, found[0], found[1])
+                log.info("job %s query %s: batch %d already committed at %s (%s rows, timeline %s, offsets %s): "
+                         "skipped", self.job, query_id, batch_id, found[0] if found else "?",
+                         found[1] if found else "?", current, coverage.short())
                 return False
+            if decision.action is Action.REFUSE:
+                raise ConflictError(f"ledger {self.table} of job {self.job} query {query_id}: batch {batch_id} "
+                                    f"refused, nothing written: {decision.reason}")
+            timeline = current
+            if decision.action is Action.FORK:
+                timeline = seen.next_timeline
+                forked = self._fork(cur, style, query_id, batch_id, timeline=timeline, why=decision.reason)
             result = write(cur, df, batch_id)
             rows = result if isinstance(result, int) and not isinstance(result, bool) else None
             try:
-                self._insert(cur, style, (self.job, query_id, batch_id, rows, self.epoch))
+                self._insert(cur, style, (self.job, query_id, batch_id, rows, self.epoch, coverage.digest, timeline))
             except _integrity_error(conn) as err:
                 raise ConflictError(
                     f"job {self.job} query {query_id}: batch {batch_id} was committed meanwhile by another driver "
@@ -347,10 +450,86 @@ class Ledger:
             raise
         finally:
             conn.close()
-        log.info("job %s query %s: batch %d committed, %s rows, epoch %s", self.job, query_id, batch_id,
-                 rows if rows is not None else "?", self.epoch)
+        if forked:
+            log.warning("job %s query %s: TIMELINE %d starts at batch %d: %s; the rows of batches %s were removed "
+                        "(undo) in the same transaction and their ledger rows moved to %s", self.job, query_id,
+                        timeline, batch_id, decision.reason, _ranges(forked), self.abandoned_table)
+        log.info("job %s query %s: batch %d committed, %s rows, epoch %s, timeline %d, offsets %s", self.job,
+                 query_id, batch_id, rows if rows is not None else "?", self.epoch, timeline, coverage.short())
         crash_point("ledger.after-commit", batch_id)
         return True
+
+    def _observe(self, cur: Any, style: str, query_id: str,
+                 batch_id: int) -> tuple[Observed, int, tuple[Any, ...] | None]:
+        """The ledger rows of batches N and N-1, the current timeline and the next timeline number."""
+        marks, params = placeholders(style, (self.job, query_id, batch_id - 1, batch_id))
+        cur.execute(
+            f"SELECT batch_id, committed_at, rows_written, coverage FROM {self.quoted} "  # noqa: S608
+            f"WHERE job = {marks[0]} AND query_id = {marks[1]} AND batch_id IN ({marks[2]}, {marks[3]})", params)
+        rows = {int(r[0]): tuple(r[1:]) for r in cur.fetchall()}
+        marks, params = placeholders(style, (self.job, query_id))
+        where = f"WHERE job = {marks[0]} AND query_id = {marks[1]}"
+        cur.execute(f"SELECT MAX(timeline) FROM {self.quoted} {where}", params)  # noqa: S608
+        current = int(cur.fetchone()[0] or 0)
+        cur.execute(f"SELECT MAX(timeline) FROM {self.quoted_abandoned} {where}", params)  # noqa: S608
+        newest = max(current, int(cur.fetchone()[0] or 0))
+        at, before = rows.get(batch_id), rows.get(batch_id - 1)
+        abandoned_before: tuple[str, ...] = ()
+        if before is None and batch_id > 0:
+            marks, params = placeholders(style, (self.job, query_id, batch_id - 1))
+            cur.execute(f"SELECT coverage FROM {self.quoted_abandoned} "  # noqa: S608
+                        f"WHERE job = {marks[0]} AND query_id = {marks[1]} AND batch_id = {marks[2]}", params)
+            abandoned_before = tuple(str(r[0]) for r in cur.fetchall() if r[0])
+        seen = Observed(Timelines(), None if at is None else Shown(at[2]), None if before is None else Shown(before[2]),
+                        next_timeline=newest + 1, abandoned_before=abandoned_before)
+        return seen, current, at
+
+    def _fork(self, cur: Any, style: str, query_id: str, batch_id: int, *, timeline: int, why: str) -> list[int]:
+        """Undo the batches from ``batch_id`` on and move their ledger rows to the abandoned table."""
+        marks, params = placeholders(style, (self.job, query_id, batch_id))
+        where = f"WHERE job = {marks[0]} AND query_id = {marks[1]} AND batch_id >= {marks[2]}"
+        cur.execute(f"SELECT batch_id FROM {self.quoted} {where}", params)  # noqa: S608
+        batches = sorted(int(r[0]) for r in cur.fetchall())
+        if self.undo is None:
+            raise ConflictError(
+                f"ledger {self.table} of job {self.job} query {query_id}: {why}. The ledger holds batches "
+                f"{_ranges(batches)} of the abandoned timeline and cannot remove their rows: expected Ledger(undo=...) "
+                "(e.g. delete_batches(TABLE)); found none, so nothing was written. Pass undo, or restore onto a new "
+                "output table and ledger"
+            )
+        self.undo(cur, query_id, batches)
+        marks_move, params_move = placeholders(style, (_now(), timeline, self.job, query_id, batch_id))
+        cur.execute(
+            f"INSERT INTO {self.quoted_abandoned} ({', '.join(COLUMNS)}, abandoned_at, abandoned_by_timeline) "  # noqa: S608
+            f"SELECT {', '.join(COLUMNS)}, {marks_move[0]}, {marks_move[1]} FROM {self.quoted} "
+            f"WHERE job = {marks_move[2]} AND query_id = {marks_move[3]} AND batch_id >= {marks_move[4]}", params_move)
+        cur.execute(f"DELETE FROM {self.quoted} {where}", params)  # noqa: S608
+        return batches
+
+
+def _checkpoint_root(spark: Any, query_id: str) -> str:
+    """The resolved checkpoint root of running query ``query_id`` (internal API of StreamExecution).
+
+    foreachBatch hands over a clone of the query's session, whose query manager does not know the
+    query: the session that started it is looked for among the clone and Spark's default session.
+    """
+    jvm = spark.sparkContext._jvm
+    default = jvm.org.apache.spark.sql.SparkSession.getDefaultSession()
+    for manager in (spark._jsparkSession.streams(), default.get().streams() if default.isDefined() else None):
+        query = manager.get(query_id) if manager is not None else None
+        if query is not None:
+            return str(query.streamingQuery().resolvedCheckpointRoot())
+    raise LookupError(f"no session of this driver runs query {query_id}")
+
+
+def _ranges(ids: list[int]) -> str:
+    out: list[str] = []
+    for b in sorted(ids):
+        if out and out[-1].split("-")[-1] == str(b - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{b}"
+        else:
+            out.append(str(b))
+    return ", ".join(out) or "none"
 
 
 def committed_batches(connect: Connect, job: str, table: str = "ckpt_ledger",
