@@ -245,10 +245,17 @@ def cmd_sink_verify(args: argparse.Namespace) -> int:
     report = verify_sink(args.path, _s3_options(args), checksums=args.checksums)
     batches = sum(len(b) for b in report.batches.values())
     orphans = f"; {len(report.orphans)} uncommitted files (gc deletes them)" if report.orphans else ""
+    forks = [f"  query {q}: timeline {f['timeline']} from batch {f['fork_batch']} (fork of timeline {f['parent']} at "
+             f"{f['created_at']}" + (")" if f["took_effect"] else "; its first batch never committed)")
+             for q, fs in report.forks.items() for f in fs]
+    abandoned = [f"  query {q}: abandoned batches " + ", ".join(f"{a['batch_id']}@t{a['timeline']}" for a in items)
+                 + f" ({sum(a['rows'] for a in items)} rows, hidden from readers, deleted by gc)"
+                 for q, items in report.abandoned.items()]
     _emit(args, report.to_dict(), lambda: (
-        f"sink {report.url}: OK, job {report.job}, {len(report.batches)} queries, {batches} batches, "
+        f"sink {report.url}: OK, job {report.job}, {len(report.batches)} queries, {batches} batches shown, "
         f"{report.files} files, {report.rows} rows, {human_bytes(report.bytes)}"
         + (" checksummed" if args.checksums else " (sizes only)") + orphans
+        + (f"\n{len(forks)} forks (restores that went back in time):\n" + "\n".join(forks + abandoned) if forks else "")
         if report.ok else
         f"sink {report.url}: {len(report.problems)} problems\n" + "\n".join(report.problems)
     ))
@@ -256,15 +263,21 @@ def cmd_sink_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_sink_ls(args: argparse.Namespace) -> int:
-    from airflow_ckpt_provider.sinks.filelayout import committed_batches
+    from airflow_ckpt_provider.sinks.filelayout import sink_view
 
-    manifests = committed_batches(args.path, _s3_options(args))
-    rows = [[m.query_id, str(m.batch_id), m.committed_at, str(len(m.files)), str(m.rows),
-             human_bytes(m.total_bytes)] for m in manifests]
-    data = [{"query_id": m.query_id, "batch_id": m.batch_id, "committed_at": m.committed_at,
-             "files": len(m.files), "rows": m.rows, "bytes": m.total_bytes} for m in manifests]
-    _emit(args, data, lambda: _table(rows, ["QUERY", "BATCH", "COMMITTED", "FILES", "ROWS", "SIZE"])
-          if rows else "no committed batches")
+    view = sink_view(args.path, _s3_options(args))
+    listed = [(m, "shown") for m in view.shown] + [(m, "abandoned") for m in view.abandoned]
+    if not args.all:
+        listed = listed[:len(view.shown)]
+    rows = [[m.query_id, str(m.batch_id), str(m.timeline), status, m.committed_at, str(len(m.files)), str(m.rows),
+             human_bytes(m.total_bytes), (m.coverage or "-")[:12]] for m, status in listed]
+    data = [{"query_id": m.query_id, "batch_id": m.batch_id, "timeline": m.timeline, "status": status,
+             "committed_at": m.committed_at, "files": len(m.files), "rows": m.rows, "bytes": m.total_bytes,
+             "offsets_digest": m.coverage, "offsets": m.offsets} for m, status in listed]
+    hidden = "" if args.all or not view.abandoned else (
+        f"\n{len(view.abandoned)} batches of abandoned timelines not listed (--all lists them)")
+    _emit(args, data, lambda: (_table(rows, ["QUERY", "BATCH", "TIMELINE", "STATUS", "COMMITTED", "FILES", "ROWS",
+                                             "SIZE", "OFFSETS"]) if rows else "no committed batches") + hidden)
     return 0
 
 
@@ -273,8 +286,9 @@ def cmd_sink_gc(args: argparse.Namespace) -> int:
 
     result = gc_sink(args.path, _s3_options(args), older_than_s=args.older_than, dry_run=args.dry_run)
     _emit(args, result.to_dict(), lambda: (
-        f"{'would delete' if args.dry_run else 'deleted'} {len(result.deleted)} uncommitted files "
-        f"({human_bytes(result.deleted_bytes)}), kept {result.kept_young} younger than {args.older_than:g} s"
+        f"{'would delete' if args.dry_run else 'deleted'} {len(result.deleted)} uncommitted or abandoned files "
+        f"({human_bytes(result.deleted_bytes)}) and {len(result.abandoned_batches)} abandoned batches' manifests, "
+        f"kept {result.kept_young} younger than {args.older_than:g} s"
     ))
     return 0
 
@@ -285,8 +299,8 @@ def _add_sink_commands(groups: argparse._SubParsersAction[argparse.ArgumentParse
     ssub = sink.add_subparsers(dest="command", required=True)
     for name, fn, help_ in (
         ("verify", cmd_sink_verify, "check every committed file: presence, size (and SHA-256); exit 3 if broken"),
-        ("ls", cmd_sink_ls, "list committed batches: query id, batch, files, rows, size"),
-        ("gc", cmd_sink_gc, "delete uncommitted data files older than --older-than seconds"),
+        ("ls", cmd_sink_ls, "list the shown batches: query id, batch, timeline, files, rows, size, offsets digest"),
+        ("gc", cmd_sink_gc, "delete uncommitted data files and abandoned batches older than --older-than seconds"),
     ):
         p = ssub.add_parser(name, help=help_)
         p.set_defaults(fn=fn)
@@ -297,6 +311,8 @@ def _add_sink_commands(groups: argparse._SubParsersAction[argparse.ArgumentParse
         p.add_argument("-v", "--verbose", action="store_true", help="log every step")
         if name == "verify":
             p.add_argument("--checksums", action="store_true", help="also read every file and compare its SHA-256")
+        if name == "ls":
+            p.add_argument("--all", action="store_true", help="also list batches of abandoned timelines")
         if name == "gc":
             p.add_argument("--older-than", type=float, required=True,
                            help="grace in seconds: keep younger uncommitted files (longer than any batch takes)")
