@@ -152,11 +152,10 @@ def decide(coverage: Coverage, seen: Observed) -> Decision:
     problem = _continues(coverage, seen)
     if problem:
         return Decision(Action.REFUSE, holder, problem)
+    for record in seen.pending:  # a fork of this very batch whose first commit did not happen: finish it
+        if record.fork_batch == n and record.coverage == coverage.digest:
+            return Decision(Action.COMMIT, record.timeline, "finishing the fork recorded before", record.parent, n)
     if seen.at_batch is None:
-        for record in seen.pending:  # a fork whose first batch did not commit: finish it
-            if record.fork_batch == n and record.coverage == coverage.digest:
-                return Decision(Action.COMMIT, record.timeline, "finishing the fork recorded before",
-                                record.parent, n)
         return Decision(Action.COMMIT, holder, "a new batch")
     committed = (seen.at_batch.coverage or "")[:12]
     return Decision(Action.FORK, seen.next_timeline,

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.sinks.coverage import Coverage
 from airflow_ckpt_provider.sinks.ledger import Ledger, committed_batches
 from tests import sparkjobs
 
@@ -199,7 +200,7 @@ def test_postgres_zombie_race_one_wins(postgres_dsn: str) -> None:
             return 1
 
         try:
-            results[value] = ledger.commit_batch(write, None, 0, "q")
+            results[value] = ledger.commit_batch(write, None, 0, "q", Coverage(0, "c" * 64, None))
         except Exception as err:  # the outcome is the assertion
             results[value] = err
 

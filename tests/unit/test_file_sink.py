@@ -14,6 +14,7 @@ import pytest
 
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
 from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.sinks.coverage import Coverage
 from airflow_ckpt_provider.sinks.filelayout import (
     BatchManifest,
     DataFile,
@@ -25,6 +26,7 @@ from airflow_ckpt_provider.sinks.filelayout import (
     open_sink,
     read_committed,
     read_pandas,
+    sink_view,
     verify_sink,
 )
 
@@ -49,13 +51,24 @@ def _file(storage: LocalStorage, batch: int, part: int, values: list[int], attem
     return DataFile(key, len(data), hashlib.sha256(data).hexdigest(), len(values), part)
 
 
-def _manifest(batch: int, *files: DataFile, query: str = Q) -> BatchManifest:
-    return BatchManifest(job="orders", query_id=query, batch_id=batch, files=tuple(files))
+def _digest(query: str, batch: int, timeline: int = 0) -> str:
+    """A stand-in for the digest of the offsets log entry of ``batch`` on ``timeline``."""
+    return hashlib.sha256(f"{query}/{batch}/{timeline}".encode()).hexdigest()
+
+
+def _coverage(batch: int, query: str = Q, timeline: int = 0, previous_timeline: int | None = None) -> Coverage:
+    before = previous_timeline if previous_timeline is not None else timeline
+    return Coverage(batch, _digest(query, batch, timeline), _digest(query, batch - 1, before) if batch else None)
+
+
+def _manifest(batch: int, *files: DataFile, query: str = Q, coverage: Coverage | None = None) -> BatchManifest:
+    return BatchManifest(job="orders", query_id=query, batch_id=batch, files=tuple(files)).covering(
+        coverage or _coverage(batch, query))
 
 
 def test_identity_claims_empty_path_and_refuses_others(tmp_path: Path, sink: LocalStorage) -> None:
     ident = json.loads(sink.read("_ckpt_sink.json"))
-    assert (ident["format"], ident["version"], ident["job"]) == ("ckpt-files", 1, "orders")
+    assert (ident["format"], ident["version"], ident["job"]) == ("ckpt-files", 2, "orders")
     assert open_sink(sink, "orders")["created_at"] == ident["created_at"]  # idempotent
     with pytest.raises(ConflictError, match="belongs to job 'orders', not to job 'billing'"):
         open_sink(sink, "billing")
@@ -94,12 +107,13 @@ def test_concurrent_commits_of_one_batch_have_one_winner(sink: LocalStorage) -> 
     assert report.ok and report.orphans == [], report
 
 
-def test_replay_keeps_earlier_output_and_crash_points_fire_in_order(sink: LocalStorage) -> None:
-    first = commit_batch(sink, _manifest(0, _file(sink, 0, 0, [1])))
+def test_replay_keeps_earlier_output_and_crash_points_bracket_only_a_commit(sink: LocalStorage) -> None:
     points: list[str] = []
+    first = commit_batch(sink, _manifest(0, _file(sink, 0, 0, [1])), points.append)
+    assert points == ["files.commit.before-manifest", "files.commit.after-manifest"]
     replay = commit_batch(sink, _manifest(0, _file(sink, 0, 0, [99], attempt="a2")), points.append)
     assert first.committed and not replay.committed
-    assert points == ["files.commit.before-manifest", "files.commit.after-manifest"]
+    assert len(points) == 2  # a replay is told by its recorded coverage: it creates nothing
     assert replay.manifest == first.manifest
     assert read_committed(sink).column("v").to_pylist() == [1]
 
@@ -122,7 +136,7 @@ def test_empty_sink_reads_an_empty_table_with_the_committed_schema(sink: LocalSt
     schema = pa.schema([pa.field("v", pa.int64())])
     m = BatchManifest(job="orders", query_id=Q, batch_id=0, files=(),
                       arrow_schema=schema.serialize().to_pybytes().hex())
-    commit_batch(sink, m)
+    commit_batch(sink, m.covering(_coverage(0)))
     table = read_committed(sink, batch_id_column="batch")
     assert table.num_rows == 0 and table.schema.names == ["v", "batch"]
 
@@ -230,7 +244,7 @@ def test_cli_sink_verify_ls_gc(sink: LocalStorage, capsys: pytest.CaptureFixture
     orphan = _file(sink, 1, 0, [3])
     assert main(["sink", "verify", str(sink.root), "--checksums"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"sink {sink.url}: OK, job orders, 1 queries, 1 batches, 1 files, 2 rows")
+    assert out.startswith(f"sink {sink.url}: OK, job orders, 1 queries, 1 batches shown, 1 files, 2 rows")
     assert "1 uncommitted files" in out
     assert main(["sink", "ls", str(sink.root), "--json"]) == 0
     assert [(b["batch_id"], b["rows"]) for b in json.loads(capsys.readouterr().out)] == [(0, 2)]
@@ -239,7 +253,7 @@ def test_cli_sink_verify_ls_gc(sink: LocalStorage, capsys: pytest.CaptureFixture
     assert capsys.readouterr().out.splitlines() == [
         f"sink {sink.url}: 1 problems", f"{f.key}: missing (committed in {manifest_key(Q, 0)})"]
     assert main(["sink", "gc", str(sink.root), "--older-than", "0"]) == 0
-    assert capsys.readouterr().out.startswith("deleted 1 uncommitted files")
+    assert capsys.readouterr().out.startswith("deleted 1 uncommitted or abandoned files")
     assert not sink.exists(orphan.key)
     assert main(["sink", "gc", str(sink.root / "nope"), "--older-than", "0"]) == 1
     assert "not a ckpt-files sink" in capsys.readouterr().err
@@ -251,7 +265,8 @@ def test_abort_after_the_manifest_was_created_keeps_the_committed_files(sink: Lo
 
     from airflow_ckpt_provider.sinks.files import CkptFilesWriter, FilesCommitMessage, SinkOptions
 
-    writer = CkptFilesWriter(SinkOptions(str(sink.root), "orders"), StructType([StructField("v", LongType())]))
+    writer = CkptFilesWriter(SinkOptions(str(sink.root), "orders", checkpoint="/c"),
+                             StructType([StructField("v", LongType())]))
     committed, stray = _file(sink, 0, 0, [1, 2]), _file(sink, 0, 1, [3], attempt="a2")
     commit_batch(sink, _manifest(0, committed))
     writer.abort([FilesCommitMessage(Q, 0, 0, [committed]), FilesCommitMessage(Q, 0, 1, [stray]), None], 0)
@@ -268,3 +283,101 @@ def test_commit_refuses_a_batch_whose_files_are_gone(sink: LocalStorage) -> None
         commit_batch(sink, _manifest(0, kept, gone))
     assert not sink.exists(manifest_key(Q, 0))
     assert committed_batches(sink) == []
+
+
+# -- timelines: a restore that went back in time ----------------------------------------------
+
+
+def _timeline0(sink: LocalStorage, batches: int = 4) -> None:
+    for b in range(batches):
+        commit_batch(sink, _manifest(b, _file(sink, b, 0, [b])))
+
+
+def test_batch_planned_again_forks_and_readers_show_the_restored_timeline(sink: LocalStorage) -> None:
+    _timeline0(sink)  # values 0, 1, 2, 3
+    # Restored at batch 1: batch 2 is planned again with other offsets (its previous is timeline 0's batch 1).
+    fork = commit_batch(sink, _manifest(2, _file(sink, 2, 0, [20], attempt="t1"),
+                                        coverage=_coverage(2, timeline=1, previous_timeline=0)))
+    assert fork.committed and fork.forked is not None
+    assert (fork.forked.timeline, fork.forked.parent, fork.forked.fork_batch, fork.forked.abandoned) == (1, 0, 2, (2, 3))
+    assert fork.manifest.key == manifest_key(Q, 2, 1)
+    assert read_committed(sink).column("v").to_pylist() == [0, 1, 20]
+    commit_batch(sink, _manifest(3, _file(sink, 3, 0, [30], attempt="t1"), coverage=_coverage(3, timeline=1)))
+    assert read_committed(sink).column("v").to_pylist() == [0, 1, 20, 30]
+    # A replay of timeline 1's batch 3 is still a replay.
+    replay = commit_batch(sink, _manifest(3, _file(sink, 3, 0, [99], attempt="r"), coverage=_coverage(3, timeline=1)))
+    assert not replay.committed and replay.manifest.timeline == 1
+    view = sink_view(sink)
+    assert [(m.batch_id, m.timeline) for m in view.abandoned] == [(2, 0), (3, 0)]
+    report = verify_sink(sink)
+    assert report.ok and report.batches == {Q: [0, 1, 2, 3]} and report.rows == 4
+    assert [(f["timeline"], f["fork_batch"], f["took_effect"]) for f in report.forks[Q]] == [(1, 2, True)]
+
+
+def test_a_second_fork_from_the_new_timeline(sink: LocalStorage) -> None:
+    _timeline0(sink)
+    commit_batch(sink, _manifest(2, _file(sink, 2, 0, [20], attempt="t1"),
+                                 coverage=_coverage(2, timeline=1, previous_timeline=0)))
+    commit_batch(sink, _manifest(3, _file(sink, 3, 0, [30], attempt="t1"), coverage=_coverage(3, timeline=1)))
+    # Restored at timeline 1's batch 2: batch 3 planned again.
+    second = commit_batch(sink, _manifest(3, _file(sink, 3, 0, [31], attempt="t2"),
+                                          coverage=_coverage(3, timeline=2, previous_timeline=1)))
+    assert second.forked is not None and (second.forked.timeline, second.forked.parent) == (2, 1)
+    assert read_committed(sink).column("v").to_pylist() == [0, 1, 20, 31]
+    # A fork further back than both: restored at batch 0 of timeline 0.
+    third = commit_batch(sink, _manifest(1, _file(sink, 1, 0, [11], attempt="t3"),
+                                         coverage=_coverage(1, timeline=3, previous_timeline=0)))
+    assert third.forked is not None and third.forked.abandoned == (1, 2, 3)
+    assert read_committed(sink).column("v").to_pylist() == [0, 11]
+
+
+def test_a_fork_whose_first_batch_did_not_commit_stays_invisible_and_is_finished_by_the_retry(
+        sink: LocalStorage) -> None:
+    _timeline0(sink)
+    cov = _coverage(2, timeline=1, previous_timeline=0)
+
+    def crash(point: str) -> None:
+        if point == "files.commit.after-fork-record":
+            raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError):
+        commit_batch(sink, _manifest(2, _file(sink, 2, 0, [20], attempt="t1"), coverage=cov), crash)
+    assert read_committed(sink).column("v").to_pylist() == [0, 1, 2, 3]  # the fork did not take effect yet
+    retry = commit_batch(sink, _manifest(2, _file(sink, 2, 0, [20], attempt="t1b"), coverage=cov))
+    assert retry.committed and retry.manifest.timeline == 1
+    assert read_committed(sink).column("v").to_pylist() == [0, 1, 20]
+
+
+def test_a_batch_following_an_abandoned_batch_is_refused(sink: LocalStorage) -> None:
+    _timeline0(sink)
+    commit_batch(sink, _manifest(2, _file(sink, 2, 0, [20], attempt="t1"),
+                                 coverage=_coverage(2, timeline=1, previous_timeline=0)))
+    zombie = _file(sink, 4, 0, [40], attempt="z")  # batch 4 after timeline 0's batch 3
+    with pytest.raises(ConflictError, match="follows batch 3 of a timeline this sink abandoned"):
+        commit_batch(sink, _manifest(4, zombie, coverage=_coverage(4, timeline=0)))
+    assert not sink.exists(zombie.key)
+    stray = _file(sink, 3, 0, [35], attempt="z2")  # batch 3 after timeline 0's batch 2, shown is timeline 1's
+    with pytest.raises(ConflictError, match="is not the one the sink shows"):
+        commit_batch(sink, _manifest(3, stray, coverage=_coverage(3, timeline=5, previous_timeline=0)))
+    assert read_committed(sink).column("v").to_pylist() == [0, 1, 20]
+
+
+def test_gc_deletes_abandoned_batches_only_once_their_fork_is_older_than_the_grace(sink: LocalStorage) -> None:
+    _timeline0(sink)
+    commit_batch(sink, _manifest(2, _file(sink, 2, 0, [20], attempt="t1"),
+                                 coverage=_coverage(2, timeline=1, previous_timeline=0)))
+    kept = gc_sink(sink, older_than_s=3600)
+    assert kept.abandoned_batches == [] and kept.deleted == []
+    assert len(sink_view(sink).abandoned) == 2
+    done = gc_sink(sink, older_than_s=0)
+    assert sorted(done.abandoned_batches) == [manifest_key(Q, 2), manifest_key(Q, 3)]
+    assert len(done.deleted) == 2 and sink_view(sink).abandoned == []
+    assert read_committed(sink).column("v").to_pylist() == [0, 1, 20]
+    assert verify_sink(sink, checksums=True).ok
+
+
+def test_manifests_of_version_1_without_coverage_are_still_skipped_as_replays(sink: LocalStorage) -> None:
+    old = BatchManifest(job="orders", query_id=Q, batch_id=0, files=(_file(sink, 0, 0, [1]),))
+    sink.write(old.key, old.to_json())  # as written by the previous release: no coverage
+    again = commit_batch(sink, _manifest(0, _file(sink, 0, 0, [9], attempt="a2")))
+    assert not again.committed and read_committed(sink).column("v").to_pylist() == [1]

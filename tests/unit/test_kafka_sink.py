@@ -14,13 +14,17 @@ from airflow_ckpt_provider.sinks import kafka as sink
 from airflow_ckpt_provider.sinks.kafkaoptions import (
     NO_OFFSET,
     AttemptTag,
-    already_committed,
+    Marker,
+    MarkerAction,
     check_schema,
-    committed_batch,
+    digest_bits,
+    marker_decision,
     marker_offset,
     new_attempt,
     parse_sink_options,
+    read_marker,
 )
+from airflow_ckpt_provider.sinks.coverage import Coverage
 from tests.kafkasink import SinkRecord, last_attempts
 
 BASE = {"kafka.bootstrap.servers": "b:9092", "topic": "out", "job": "orders"}
@@ -82,14 +86,29 @@ def test_schema_checks() -> None:
             check_schema(_schema(ddl), options)
 
 
-def test_marker_encoding_and_skip_decisions() -> None:
-    assert marker_offset(0) == 1 and committed_batch(marker_offset(41)) == 41
-    assert committed_batch(NO_OFFSET) is None and committed_batch(None) is None and committed_batch(0) is None
-    assert not already_committed(None, 0)
-    assert already_committed(5, 5) and already_committed(6, 5)  # this batch or a later one is in
-    assert not already_committed(4, 5)
+DIGEST = "ab" * 32  # an offsets log digest (hex SHA-256)
+OTHER = "cd" * 32
+
+
+def test_marker_encodes_batch_and_offsets_digest_and_reads_version_1() -> None:
+    assert read_marker(marker_offset(41, DIGEST)) == Marker(41, digest_bits(DIGEST))
+    assert read_marker(marker_offset(2**32 - 1, OTHER)) == Marker(2**32 - 1, digest_bits(OTHER))
+    assert 0 < marker_offset(2**32 - 1, "f" * 64) < 2**63  # a valid Kafka offset
+    assert read_marker(42) == Marker(41)  # version 1: batch id + 1, no digest
+    assert read_marker(NO_OFFSET) is None and read_marker(None) is None and read_marker(0) is None
     with pytest.raises(ValueError):
-        marker_offset(-1)
+        marker_offset(-1, DIGEST)
+
+
+def test_only_a_replay_of_the_marked_batch_is_skipped() -> None:
+    assert marker_decision(None, 0, DIGEST) is MarkerAction.WRITE
+    assert marker_decision(read_marker(marker_offset(4, DIGEST)), 5, DIGEST) is MarkerAction.WRITE
+    assert marker_decision(read_marker(marker_offset(5, DIGEST)), 5, DIGEST) is MarkerAction.SKIP  # a replay
+    assert marker_decision(Marker(5), 5, DIGEST) is MarkerAction.SKIP  # version 1: cannot tell, as before
+    # Time travel: batch 5 planned again with other offsets, or a marker already at a later batch.
+    assert marker_decision(read_marker(marker_offset(5, OTHER)), 5, DIGEST) is MarkerAction.REWRITE
+    assert marker_decision(read_marker(marker_offset(9, DIGEST)), 5, DIGEST) is MarkerAction.REWRITE
+    assert marker_decision(Marker(9), 5, DIGEST) is MarkerAction.REWRITE
 
 
 # --------------------------------------------------------------------------------------------
@@ -162,6 +181,8 @@ def _install(monkeypatch: pytest.MonkeyPatch, *clients: sink._Clients) -> list[s
 
     monkeypatch.setattr(sink, "_clients", fake)
     monkeypatch.setattr(sink, "_drop", lambda txid: None)
+    monkeypatch.setattr(sink, "checkpoint_storage", lambda location: location)
+    monkeypatch.setattr(sink, "read_coverage", lambda storage, batch_id: Coverage(batch_id, DIGEST, None))
     return handed
 
 
@@ -171,10 +192,10 @@ def _rows(n: int) -> Iterator[Any]:
 
 def test_task_writes_marker_first_then_records_then_commits(monkeypatch: pytest.MonkeyPatch) -> None:
     producer = FakeProducer()
-    _install(monkeypatch, sink._Clients(producer, FakeConsumer(marker_offset(2)), "g"))
+    _install(monkeypatch, sink._Clients(producer, FakeConsumer(marker_offset(2, OTHER)), "g"))
     result = sink.write_partition(parse_sink_options(BASE), _rows(3), query_id="q", batch_id=3, partition=1)
-    assert (result.records, result.skipped, result.empty) == (3, False, False)
-    assert producer.calls == ["begin", "offsets:4", "flush", "commit"]
+    assert (result.records, result.skipped, result.empty, result.rewritten) == (3, False, False, False)
+    assert producer.calls == ["begin", f"offsets:{marker_offset(3, DIGEST)}", "flush", "commit"]
     topic, value, kwargs = producer.records[0]
     assert (topic, value, kwargs["key"]) == ("out", "0", b"k")
     assert kwargs["headers"] == [("ckpt", f"q/3/1/{result.attempt}".encode())]
@@ -182,11 +203,19 @@ def test_task_writes_marker_first_then_records_then_commits(monkeypatch: pytest.
 
 def test_task_skips_committed_batch_and_empty_partition(monkeypatch: pytest.MonkeyPatch) -> None:
     producer = FakeProducer()
-    _install(monkeypatch, sink._Clients(producer, FakeConsumer(marker_offset(3)), "g"))
+    _install(monkeypatch, sink._Clients(producer, FakeConsumer(marker_offset(3, DIGEST)), "g"))
     options = parse_sink_options(BASE)
     assert sink.write_partition(options, _rows(3), query_id="q", batch_id=3, partition=0).skipped
     assert producer.calls == []  # no transaction at all
     assert sink.write_partition(options, iter([]), query_id="q", batch_id=4, partition=0).empty
+
+
+def test_task_rewrites_a_batch_planned_again_after_a_restore(monkeypatch: pytest.MonkeyPatch) -> None:
+    producer = FakeProducer()
+    _install(monkeypatch, sink._Clients(producer, FakeConsumer(marker_offset(7, OTHER)), "g"))
+    result = sink.write_partition(parse_sink_options(BASE), _rows(2), query_id="q", batch_id=3, partition=0)
+    assert (result.records, result.skipped, result.rewritten) == (2, False, True)
+    assert producer.calls == ["begin", f"offsets:{marker_offset(3, DIGEST)}", "flush", "commit"]
 
 
 def test_fenced_cached_producer_is_recreated_once(monkeypatch: pytest.MonkeyPatch) -> None:

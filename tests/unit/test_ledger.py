@@ -12,7 +12,21 @@ from typing import Any
 import pytest
 
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
-from airflow_ckpt_provider.sinks.ledger import Ledger, committed_batches, placeholders, quote_table, redact
+from airflow_ckpt_provider.sinks.coverage import Coverage
+from airflow_ckpt_provider.sinks.ledger import (
+    Ledger,
+    committed_batches,
+    delete_batches,
+    placeholders,
+    quote_table,
+    redact,
+)
+
+
+def cov(batch: int, timeline: int = 0, previous_timeline: int | None = None) -> Coverage:
+    """A stand-in for what batch ``batch`` of ``timeline`` covered (the digest of its offsets log entry)."""
+    before = timeline if previous_timeline is None else previous_timeline
+    return Coverage(batch, f"{timeline:032d}{batch:032d}", f"{before:032d}{batch - 1:032d}" if batch else None)
 
 
 class Fence:
@@ -56,9 +70,9 @@ def test_commit_then_replay_is_skipped(db: Callable[[], sqlite3.Connection], cap
     ledger = Ledger(connect=db, job="j1", ctx=Fence())
     ledger.check()
     caplog.set_level(logging.INFO, "airflow_ckpt_provider.sinks.ledger")
-    assert ledger.commit_batch(writer([1, 2]), None, 0, "q1") is True
-    assert ledger.commit_batch(writer([3]), None, 1, "q1") is True
-    assert ledger.commit_batch(writer([9, 9, 9]), None, 1, "q1") is False  # the replay writes nothing
+    assert ledger.commit_batch(writer([1, 2]), None, 0, "q1", cov(0)) is True
+    assert ledger.commit_batch(writer([3]), None, 1, "q1", cov(1)) is True
+    assert ledger.commit_batch(writer([9, 9, 9]), None, 1, "q1", cov(1)) is False  # the replay writes nothing
     assert rows(db) == [(0, 1), (0, 2), (1, 3)]
     assert rows(db, "SELECT job, query_id, batch_id, rows_written, epoch FROM ckpt_ledger ORDER BY 3") == [
         ("j1", "q1", 0, 2, 7), ("j1", "q1", 1, 1, 7)]
@@ -72,8 +86,8 @@ def test_commit_then_replay_is_skipped(db: Callable[[], sqlite3.Connection], cap
 def test_fresh_query_id_restarts_batch_ids(db: Callable[[], sqlite3.Connection]) -> None:
     ledger = Ledger(connect=db, job="j1")
     ledger.check()
-    assert ledger.commit_batch(writer([1]), None, 0, "q1")
-    assert ledger.commit_batch(writer([2]), None, 0, "q2")  # a fresh checkpoint: same batch id, new query id
+    assert ledger.commit_batch(writer([1]), None, 0, "q1", cov(0))
+    assert ledger.commit_batch(writer([2]), None, 0, "q2", cov(0))  # a fresh checkpoint: same batch id, new query id
     assert committed_batches(db, "j1") == [("q1", 0), ("q2", 0)]
     assert rows(db) == [(0, 1), (0, 2)]
 
@@ -87,10 +101,10 @@ def test_failing_write_rolls_back_everything(db: Callable[[], sqlite3.Connection
         raise ValueError("boom")
 
     with pytest.raises(ValueError, match="boom"):
-        ledger.commit_batch(write, None, 0, "q1")
+        ledger.commit_batch(write, None, 0, "q1", cov(0))
     assert rows(db) == []
     assert committed_batches(db, "j1") == []
-    assert ledger.commit_batch(writer([5]), None, 0, "q1")  # the retry commits
+    assert ledger.commit_batch(writer([5]), None, 0, "q1", cov(0))  # the retry commits
     assert rows(db) == [(0, 5)]
 
 
@@ -105,10 +119,10 @@ def test_fenced_driver_commits_nothing(db: Callable[[], sqlite3.Connection]) -> 
         return 1
 
     with pytest.raises(RuntimeError, match="fenced"):
-        ledger.commit_batch(write, None, 0, "q1")
+        ledger.commit_batch(write, None, 0, "q1", cov(0))
     assert rows(db) == [] and committed_batches(db, "j1") == []
     with pytest.raises(RuntimeError, match="fenced"):  # and a fenced driver does not even write
-        ledger.commit_batch(writer([1]), None, 1, "q1")
+        ledger.commit_batch(writer([1]), None, 1, "q1", cov(1))
     assert rows(db) == []
 
 
@@ -126,7 +140,7 @@ def test_zombie_race_one_wins(db: Callable[[], sqlite3.Connection]) -> None:
             return 1
 
         try:
-            results[name] = ledger.commit_batch(write, None, 0, "q1")
+            results[name] = ledger.commit_batch(write, None, 0, "q1", cov(0))
         except Exception as err:  # the outcome is the assertion
             results[name] = err
 
@@ -157,7 +171,7 @@ def test_zombie_insert_hits_primary_key(db: Callable[[], sqlite3.Connection]) ->
         return 1
 
     with pytest.raises(ConflictError, match="committed meanwhile by another driver"):
-        ledger.commit_batch(zombie_write, None, 0, "q1")
+        ledger.commit_batch(zombie_write, None, 0, "q1", cov(0))
     assert rows(db) == [] and committed_batches(db, "j1") == []
 
 
@@ -206,7 +220,7 @@ def test_quoted_names() -> None:
 def test_schema_qualified_table_on_sqlite(db: Callable[[], sqlite3.Connection]) -> None:
     ledger = Ledger(connect=db, job="j1", table="main.ledger2")
     ledger.check()
-    assert ledger.commit_batch(writer([1]), None, 0, "q")
+    assert ledger.commit_batch(writer([1]), None, 0, "q", cov(0))
     assert committed_batches(db, "j1", "main.ledger2") == [("q", 0)]
 
 
@@ -238,8 +252,8 @@ def test_paramstyles() -> None:
 def test_explicit_paramstyle_on_sqlite(db: Callable[[], sqlite3.Connection], style: str) -> None:
     ledger = Ledger(connect=db, job="j1", paramstyle=style)
     ledger.check()
-    assert ledger.commit_batch(writer([1]), None, 0, "q")
-    assert not ledger.commit_batch(writer([1]), None, 0, "q")
+    assert ledger.commit_batch(writer([1]), None, 0, "q", cov(0))
+    assert not ledger.commit_batch(writer([1]), None, 0, "q", cov(0))
     assert committed_batches(db, "j1", paramstyle=style) == [("q", 0)]
 
 
@@ -267,10 +281,10 @@ def test_crash_points_bracket_the_commit(db: Callable[[], sqlite3.Connection], m
     monkeypatch.setattr(module, "crash_point", spy)
     ledger = Ledger(connect=db, job="j1")
     ledger.check()
-    assert ledger.commit_batch(writer([4]), None, 3, "q")
+    assert ledger.commit_batch(writer([4]), None, 3, "q", cov(3))
     assert seen == [("ledger.before-commit", 3, [], []), ("ledger.after-commit", 3, [(3, 4)], [("q", 3)])]
     seen.clear()
-    assert not ledger.commit_batch(writer([4]), None, 3, "q")  # a skipped replay passes no crash point
+    assert not ledger.commit_batch(writer([4]), None, 3, "q", cov(3))  # a skipped replay passes no crash point
     assert seen == []
 
 
@@ -280,3 +294,56 @@ def test_postgres_fixture_fails_clearly_without_binaries(monkeypatch: pytest.Mon
     monkeypatch.setattr("tests.pgserver.glob.glob", lambda _pattern: [])
     with pytest.raises(RuntimeError, match=r"no PostgreSQL server binaries.*scripts/bootstrap"):
         pgserver.find_bin_dir()
+
+
+def test_fork_undoes_the_abandoned_batches_in_the_same_transaction(db: Callable[[], sqlite3.Connection]) -> None:
+    ledger = Ledger(connect=db, job="j1", undo=delete_batches("out", batch_column="batch", query_column=None))
+    ledger.check()
+    for b in range(4):
+        assert ledger.commit_batch(writer([b * 10]), None, b, "q", cov(b))
+    # Restored at batch 1: batch 2 comes back with other offsets.
+    assert ledger.commit_batch(writer([21]), None, 2, "q", cov(2, timeline=1, previous_timeline=0))
+    assert rows(db) == [(0, 0), (1, 10), (2, 21)]
+    assert rows(db, "SELECT batch_id, timeline FROM ckpt_ledger ORDER BY 1") == [(0, 0), (1, 0), (2, 1)]
+    assert rows(db, "SELECT batch_id, timeline, abandoned_by_timeline FROM ckpt_ledger_abandoned ORDER BY 1") == [
+        (2, 0, 1), (3, 0, 1)]
+    assert not ledger.commit_batch(writer([99]), None, 2, "q", cov(2, timeline=1, previous_timeline=0))  # replay
+    assert ledger.commit_batch(writer([31]), None, 3, "q", cov(3, timeline=1))
+    assert rows(db) == [(0, 0), (1, 10), (2, 21), (3, 31)]
+
+
+def test_fork_fails_without_undo_and_changes_nothing(db: Callable[[], sqlite3.Connection]) -> None:
+    ledger = Ledger(connect=db, job="j1")
+    ledger.check()
+    for b in range(3):
+        ledger.commit_batch(writer([b]), None, b, "q", cov(b))
+    with pytest.raises(ConflictError, match=r"cannot remove their rows: expected Ledger\(undo=...\)"):
+        ledger.commit_batch(writer([9]), None, 1, "q", cov(1, timeline=1, previous_timeline=0))
+    assert rows(db) == [(0, 0), (1, 1), (2, 2)]
+    assert rows(db, "SELECT COUNT(*) FROM ckpt_ledger_abandoned") == [(0,)]
+
+
+def test_a_batch_following_an_abandoned_batch_is_refused(db: Callable[[], sqlite3.Connection]) -> None:
+    ledger = Ledger(connect=db, job="j1", undo=delete_batches("out", batch_column="batch", query_column=None))
+    ledger.check()
+    for b in range(4):
+        ledger.commit_batch(writer([b]), None, b, "q", cov(b))
+    ledger.commit_batch(writer([21]), None, 2, "q", cov(2, timeline=1, previous_timeline=0))
+    with pytest.raises(ConflictError, match="follows batch 3 of a timeline this sink abandoned"):
+        ledger.commit_batch(writer([4]), None, 4, "q", cov(4))  # a zombie of timeline 0
+    assert rows(db) == [(0, 0), (1, 1), (2, 21)]
+
+
+def test_a_ledger_table_of_the_first_release_gains_the_new_columns(db: Callable[[], sqlite3.Connection]) -> None:
+    conn = db()
+    conn.execute("CREATE TABLE old_ledger (job VARCHAR(200) NOT NULL, query_id VARCHAR(64) NOT NULL, batch_id BIGINT "
+                 "NOT NULL, rows_written BIGINT, epoch BIGINT, committed_at VARCHAR(40) NOT NULL, "
+                 "PRIMARY KEY (job, query_id, batch_id))")
+    conn.execute("INSERT INTO old_ledger VALUES ('j1', 'q', 0, 1, 1, 'then')")
+    conn.commit()
+    conn.close()
+    ledger = Ledger(connect=db, job="j1", table="old_ledger")
+    ledger.check()
+    assert not ledger.commit_batch(writer([1]), None, 0, "q", cov(0))  # no coverage recorded: a replay, as before
+    assert ledger.commit_batch(writer([2]), None, 1, "q", cov(1))
+    assert rows(db, "SELECT batch_id, coverage IS NULL FROM old_ledger ORDER BY 1") == [(0, 1), (1, 0)]
