@@ -299,7 +299,8 @@ def test_batch_planned_again_forks_and_readers_show_the_restored_timeline(sink: 
     fork = commit_batch(sink, _manifest(2, _file(sink, 2, 0, [20], attempt="t1"),
                                         coverage=_coverage(2, timeline=1, previous_timeline=0)))
     assert fork.committed and fork.forked is not None
-    assert (fork.forked.timeline, fork.forked.parent, fork.forked.fork_batch, fork.forked.abandoned) == (1, 0, 2, (2, 3))
+    forked = fork.forked
+    assert (forked.timeline, forked.parent, forked.fork_batch, forked.abandoned) == (1, 0, 2, (2, 3))
     assert fork.manifest.key == manifest_key(Q, 2, 1)
     assert read_committed(sink).column("v").to_pylist() == [0, 1, 20]
     commit_batch(sink, _manifest(3, _file(sink, 3, 0, [30], attempt="t1"), coverage=_coverage(3, timeline=1)))

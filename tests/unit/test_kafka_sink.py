@@ -11,6 +11,7 @@ import pytest
 
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.sinks import kafka as sink
+from airflow_ckpt_provider.sinks.coverage import Coverage
 from airflow_ckpt_provider.sinks.kafkaoptions import (
     NO_OFFSET,
     AttemptTag,
@@ -24,7 +25,6 @@ from airflow_ckpt_provider.sinks.kafkaoptions import (
     parse_sink_options,
     read_marker,
 )
-from airflow_ckpt_provider.sinks.coverage import Coverage
 from tests.kafkasink import SinkRecord, last_attempts
 
 BASE = {"kafka.bootstrap.servers": "b:9092", "topic": "out", "job": "orders"}
