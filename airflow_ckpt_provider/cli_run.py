@@ -212,6 +212,9 @@ def add_run_command(groups: argparse._SubParsersAction[argparse.ArgumentParser])
     job.add_argument("--checkpoint", help="the live checkpoint location (default: $CKPT_HOME/jobs/JOB/checkpoint)")
     job.add_argument("--restore", help="latest-state (default), latest-savepoint, none, or a snapshot id or URI; "
                      "restarts resume from latest-state once a driver reported RUNNING")
+    job.add_argument("--time-travel", choices=("fork", "refuse"),
+                     help="a restore of a snapshot older than the job's latest batch: fork (default: restore, the "
+                     "exactly-once sinks follow the restored timeline) or refuse (before the lease is taken)")
     job.add_argument("--checkpoint-interval", metavar="S",
                      help="seconds between checkpoint snapshots; 0 after every batch (default), none for never")
     job.add_argument("--savepoint-interval", metavar="S", help="seconds between periodic savepoints (default none)")

@@ -61,6 +61,7 @@ class Deployment:
     max_restarts_in_window: int | None = None
     health_window: float | None = None
     progress_timeout: float | None = None
+    time_travel: str = "fork"  # runtime/config.TimeTravel: fork, or refuse restores of older snapshots
 
     def __post_init__(self) -> None:
         if not self.job_file:

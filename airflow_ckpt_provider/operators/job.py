@@ -20,8 +20,9 @@ from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobState
 from airflow_ckpt_provider.hooks.spark import CkptSparkHook
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink
 from airflow_ckpt_provider.operators.base import JobOperator, check_event
-from airflow_ckpt_provider.runtime.config import RestoreSpec
+from airflow_ckpt_provider.runtime.config import RestoreSpec, TimeTravel
 from airflow_ckpt_provider.runtime.deploy import launch, log_tail
+from airflow_ckpt_provider.runtime.startup import check_named_restore
 from airflow_ckpt_provider.triggers.control import RequestTrigger
 from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
 
@@ -88,6 +89,8 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
     :param restart_strategy: exponential-delay (default), fixed-delay or failure-rate, with Flink's defaults
     :param keep_recorded_code: when the job is not running and last ran other code than this task's (it was
         upgraded), start that code again (default) rather than this task's
+    :param time_travel: the job's policy for restores of snapshots older than its latest batch: ``fork``
+        (default; exactly-once sinks follow the restored timeline) or ``refuse`` (refused before anything stops)
     """
 
     template_fields = (*JobOperator.template_fields, "job_file", "code_version", "restore", "env", "conf",
@@ -122,9 +125,11 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
         start_timeout: float = 600.0,
         on_kill_policy: str = "leave_running",
         keep_recorded_code: bool = True,
+        time_travel: str = "fork",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.time_travel = time_travel
         self.job_file = job_file
         self.code_version = code_version
         self.restore = restore
@@ -171,6 +176,7 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
             restart_attempts=self.restart_attempts, restart_delay=self.restart_delay,
             restart_interval=self.restart_interval, max_restarts_in_window=self.max_restarts_in_window,
             health_window=self.health_window, progress_timeout=self.progress_timeout,
+            time_travel=TimeTravel.parse(self.time_travel).value,
         )
 
     def execute(self, context: Context) -> Any:
@@ -380,15 +386,20 @@ class RestartStreamingJobOperator(_LaunchMixin):
 
     def execute(self, context: Context) -> Any:
         try:
-            RestoreSpec.parse(self.restore)
+            spec = RestoreSpec.parse(self.restore)
         except CkptError as err:
             raise AirflowException(str(err)) from err
         if self.stop_mode not in ("cancel", "savepoint"):
             raise AirflowException(f"stop_mode {self.stop_mode!r}: expected cancel or savepoint")
         store = self.job_store()
-        if read_launch(store) is None:
+        last = read_launch(store)
+        if last is None:
             raise AirflowException(f"job {self.job} has no recorded deployment (spec/last.json): submit it first "
                                    "with SubmitStreamingJobOperator")
+        try:  # the job's time-travel policy, checked before the running driver is stopped
+            check_named_restore(store, spec, TimeTravel.parse(last.deployment.time_travel))
+        except CkptError as err:
+            raise AirflowException(str(err)) from err
         try:
             view = observe(store)
         except ConfigError:

@@ -23,6 +23,21 @@ class RestoreMode(StrEnum):
     SNAPSHOT = "snapshot"  # one named snapshot (id or URI)
 
 
+class TimeTravel(StrEnum):
+    """What a start does when its restore goes back in time (an older snapshot than the job had reached)."""
+
+    FORK = "fork"  # restore; the exactly-once sinks follow the restored timeline (docs/sinks.md#timelines)
+    REFUSE = "refuse"  # refuse an explicit restore of an older snapshot, before the lease is taken
+
+    @classmethod
+    def parse(cls, text: str) -> TimeTravel:
+        try:
+            return cls(text.strip().lower())
+        except ValueError:
+            raise ConfigError(f"invalid time-travel policy {text!r}: expected fork (restore and start a new "
+                              "timeline) or refuse") from None
+
+
 @dataclass(frozen=True)
 class RestoreSpec:
     mode: RestoreMode
@@ -68,6 +83,7 @@ class RuntimeConfig:
     store: str
     checkpoint: str = ""
     restore: str = RestoreMode.LATEST_STATE.value
+    time_travel: str = TimeTravel.FORK.value
     checkpoint_interval: float | None = 0.0
     savepoint_interval: float | None = None
     keep_checkpoints: int = 3
@@ -89,6 +105,7 @@ class RuntimeConfig:
         if not self.checkpoint:
             object.__setattr__(self, "checkpoint", default_checkpoint(self.job))
         self.restore_spec()  # validate early
+        TimeTravel.parse(self.time_travel)
         for name in ("checkpoint_interval", "savepoint_interval"):
             value = getattr(self, name)
             if value is not None and value < 0:

@@ -40,7 +40,7 @@ def run_argv(deployment: Deployment, job: str, store: str, restore: str, s3: S3O
     d = deployment
     argv = [sys.executable, "-m", "airflow_ckpt_provider.cli", "run", d.job_file, "--job", job, "--store", store,
             "--restore", restore, "--supervise", "--master", d.master, "--deploy-mode", d.deploy_mode,
-            "--restart-strategy", d.restart_strategy]
+            "--restart-strategy", d.restart_strategy, "--time-travel", d.time_travel]
     optional: dict[str, object] = {
         "--code-version": d.code_version, "--checkpoint": d.checkpoint, "--spark-submit": d.spark_submit,
         "--keep-checkpoints": d.keep_checkpoints, "--heartbeat-interval": d.heartbeat_interval,
@@ -76,7 +76,8 @@ def submit_spec(deployment: Deployment, job: str, store: str, restore: str, s3: 
         checkpoint_interval=d.checkpoint_interval, savepoint_interval=d.savepoint_interval,
         keep_checkpoints=d.keep_checkpoints, keep_savepoints=d.keep_savepoints,
         heartbeat_interval=d.heartbeat_interval, poll_interval=d.poll_interval, code_version=d.code_version,
-        endpoint_url=s3.endpoint_url if s3 else None, region=s3.region if s3 else None, **runtime,
+        time_travel=d.time_travel, endpoint_url=s3.endpoint_url if s3 else None,
+        region=s3.region if s3 else None, **runtime,
     )
     return SubmitSpec(job_file=d.job_file, config=config, master=d.master, deploy_mode=d.deploy_mode,
                       conf=dict(d.conf), py_files=d.py_files, files=d.files, spark_submit=d.spark_submit)

@@ -31,10 +31,11 @@ from airflow_ckpt_provider.core.retention import RetentionPolicy
 from airflow_ckpt_provider.core.snapshots import SnapshotResult
 from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
 from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
-from airflow_ckpt_provider.runtime.config import RestoreSpec, RuntimeConfig
+from airflow_ckpt_provider.runtime.config import RestoreSpec, RuntimeConfig, TimeTravel
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_FAILED, EXIT_FENCED, EXIT_STOPPED
 from airflow_ckpt_provider.runtime.snapshotter import SnapshotJob, SnapshotOutcome, Snapshotter
 from airflow_ckpt_provider.runtime.startup import plan_start, prepare_checkpoint
+from airflow_ckpt_provider.sinks import check_output_mode
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -126,6 +127,16 @@ class _Listener:
         return Listener()
 
 
+def _timeline_refusal(failure: str) -> str | None:
+    """The sink's own message if ``failure`` is a batch refused for its timeline (sinks/timelines.REFUSED)."""
+    from airflow_ckpt_provider.sinks.timelines import REFUSED
+
+    for line in failure.splitlines():
+        if REFUSED in line:
+            return line[line.index(REFUSED) + len(REFUSED):].strip()
+    return None
+
+
 def _source_name(index: int, description: str) -> str:
     """A stable name for a source: Spark's description without the JVM object hash."""
     return f"{index}:{re.sub(r'@[0-9a-f]+$', '', description).rsplit('.', 1)[-1]}"
@@ -174,7 +185,7 @@ class JobDriver:
         """
         job, spec = self.config.job, self.config.restore_spec()
         try:
-            plan_start(self.store, self.live, spec)
+            plan_start(self.store, self.live, spec, TimeTravel.parse(self.config.time_travel))
         except StorageError as err:
             log.error("job %s: cannot start: %s", job, err)
             return EXIT_FAILED
@@ -188,6 +199,7 @@ class JobDriver:
         spark.sparkContext.setLogLevel("WARN")
         try:
             writer = self.build(spark, JobContext(self.config, self.lease))
+            check_output_mode(writer)
         except Exception as err:
             return self._build_failed(err)
         listener = _Listener(self.events).as_spark_listener()
@@ -220,7 +232,8 @@ class JobDriver:
             self._report(JobState.STARTING, "lease taken", app_id=spark.sparkContext.applicationId,
                          ui_url=spark.sparkContext.uiWebUrl)
             self._wait_for_grace(self.lease.grace(self.config.fence_grace))
-            plan = prepare_checkpoint(self.store, self.live, spec, epoch=self.lease.epoch)
+            plan = prepare_checkpoint(self.store, self.live, spec, epoch=self.lease.epoch,
+                                      policy=TimeTravel.parse(self.config.time_travel))
             self._report(JobState.STARTING, plan.reason,
                          restored_from=plan.snapshot.snapshot_id if plan.snapshot else None)
             self.lease.check()
@@ -481,6 +494,11 @@ class JobDriver:
         else:
             failure = self.query.exception()
             message = str(failure).strip().splitlines()[0] if failure else "the query stopped without an exception"
+            refused = _timeline_refusal(str(failure or ""))
+            if refused:  # a restart replans the same batch and the sink refuses it again: fail fast
+                log.error("job %s epoch %d: a sink refused the batch: %s", self.config.job, self.lease.epoch, refused)
+                self._report_final(JobState.FAILED, f"a sink refused the batch: {refused}")
+                return EXIT_CONFIG
         log.error("job %s epoch %d: query failed: %s", self.config.job, self.lease.epoch, message)
         self._report_final(JobState.FAILED, f"query failed: {message}")
         return EXIT_FAILED

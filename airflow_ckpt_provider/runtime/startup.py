@@ -8,8 +8,9 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import Any
 
 from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
 from airflow_ckpt_provider.core.errors import CheckpointError, CkptError, ConfigError, SnapshotError
@@ -18,8 +19,9 @@ from airflow_ckpt_provider.core.launches import LAUNCH_ENV
 from airflow_ckpt_provider.core.manifest import Kind, Manifest, snapshot_order
 from airflow_ckpt_provider.core.restore import restore_snapshot
 from airflow_ckpt_provider.core.snapshots import list_snapshots, load_manifest, object_problems
+from airflow_ckpt_provider.core.status import read_status
 from airflow_ckpt_provider.core.storage import Storage
-from airflow_ckpt_provider.runtime.config import RestoreMode, RestoreSpec
+from airflow_ckpt_provider.runtime.config import RestoreMode, RestoreSpec, TimeTravel
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +50,29 @@ class Action(StrEnum):
 
 
 @dataclass(frozen=True)
+class Travel:
+    """A restore that goes back in time: ``snapshot`` (at ``to_batch``) is older than the ``from_batch``
+    the job had reached, or lies outside the lineage it followed. A new timeline starts."""
+
+    snapshot: str
+    to_batch: int
+    from_batch: int | None
+    why: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {"snapshot": self.snapshot, "to_batch": self.to_batch, "from_batch": self.from_batch, "why": self.why}
+
+
+@dataclass(frozen=True)
 class StartPlan:
-    """The decision and why; ``skipped`` lists rejected candidates (snapshot id, problem) for the log."""
+    """The decision and why; ``skipped`` lists rejected candidates (snapshot id, problem) for the log;
+    ``travel`` says whether the restore goes back in time."""
 
     action: Action
     reason: str
     snapshot: Manifest | None = None
     skipped: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    travel: Travel | None = None
 
 
 def observe_live(storage: Storage) -> LiveCheckpoint:
@@ -159,20 +177,90 @@ class Lineage:
         return m.snapshot_id == self.base or m.created.timestamp() >= self.since
 
 
-def read_lineage(store: JobStore) -> Lineage | None:
-    """The lineage the last deployment recorded, or None before the first."""
+def _last_record(store: JobStore) -> dict[str, Any]:
+    """The record the last driver start wrote in deployments/ ({} before the first, or if unreadable)."""
     keys = sorted(o.key for o in store.storage.list(DEPLOYMENTS) if o.key.endswith(".json"))
     if not keys:
-        return None
+        return {}
     try:
         body = json.loads(store.storage.read(keys[-1]))
-        return Lineage(float(body["lineage_since"]), body.get("lineage_base"))
-    except (FileNotFoundError, ValueError, KeyError, TypeError) as err:
+    except (FileNotFoundError, ValueError) as err:
         log.warning("job %s: ignoring unreadable deployment record %s: %s", store.job, keys[-1], err)
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def read_lineage(store: JobStore) -> Lineage | None:
+    """The lineage the last deployment recorded, or None before the first."""
+    body = _last_record(store)
+    if not body:
+        return None
+    try:
+        return Lineage(float(body["lineage_since"]), body.get("lineage_base"))
+    except (KeyError, TypeError, ValueError) as err:
+        log.warning("job %s: ignoring a deployment record without its lineage: %s", store.job, err)
         return None
 
 
-def plan_start(store: JobStore, live_storage: Storage, spec: RestoreSpec) -> tuple[StartPlan, LiveCheckpoint]:
+def latest_batch(store: JobStore, lineage: Lineage | None, snapshots: Sequence[Manifest]) -> int | None:
+    """The newest batch the job is known to have completed on its current lineage: its last status, or
+    the newest snapshot taken since the lineage began."""
+    try:
+        status = read_status(store)
+    except CkptError as err:
+        log.warning("job %s: cannot read its status to tell time travel (%s)", store.job, err)
+        status = None
+    found = [m.batch_id for m in snapshots if lineage is None or lineage.holds(m)]
+    if status is not None and status.batch_id is not None:
+        found.append(status.batch_id)
+    return max(found, default=None)
+
+
+def travel_of(plan: StartPlan, latest: int | None, lineage: Lineage | None) -> Travel | None:
+    """Whether restoring ``plan.snapshot`` goes back in time (pure)."""
+    m = plan.snapshot
+    if plan.action is not Action.RESTORE or m is None:
+        return None
+    if latest is not None and m.batch_id < latest:
+        return Travel(m.snapshot_id, m.batch_id, latest, f"the job had reached batch {latest}")
+    if lineage is not None and not lineage.holds(m):
+        return Travel(m.snapshot_id, m.batch_id, latest,
+                      "the snapshot was taken before the job's last restore or fresh start (another lineage)")
+    return None
+
+
+def check_time_travel(spec: RestoreSpec, plan: StartPlan, policy: TimeTravel) -> None:
+    """Refuse an explicit restore of an older snapshot under policy ``refuse`` (ConfigError, nothing changed).
+
+    A latest-state recovery that finds only a snapshot behind the live state is never refused: it is
+    the newest state there is, and the sinks fork if the lost batches come back different.
+    """
+    if policy is not TimeTravel.REFUSE or plan.travel is None or spec.mode is RestoreMode.LATEST_STATE:
+        return
+    t = plan.travel
+    raise ConfigError(
+        f"restoring {t.snapshot} (batch {t.to_batch}) goes back in time: {t.why}, and the job's sinks may hold "
+        f"later batches. Expected a restore of the newest state under --time-travel refuse; nothing was changed "
+        "(the running job, its lease and its sinks are untouched). Restore a newer snapshot, or allow it with "
+        "--time-travel fork: exactly-once sinks then follow the restored timeline (docs/sinks.md#timelines)"
+    )
+
+
+def check_named_restore(store: JobStore, spec: RestoreSpec, policy: TimeTravel) -> None:
+    """Before anything stops: refuse (ConfigError) restoring a named snapshot that goes back in time under
+    policy ``refuse``. Reads the job store only (operators call it before they stop the running job)."""
+    if policy is not TimeTravel.REFUSE or spec.mode is not RestoreMode.SNAPSHOT:
+        return
+    assert spec.snapshot is not None
+    named = load_manifest(store, _snapshot_id(store, spec.snapshot))
+    lineage = read_lineage(store)
+    plan = StartPlan(Action.RESTORE, "named", named)
+    plan = replace(plan, travel=travel_of(plan, latest_batch(store, lineage, list_snapshots(store)), lineage))
+    check_time_travel(spec, plan, policy)
+
+
+def plan_start(store: JobStore, live_storage: Storage, spec: RestoreSpec,
+               policy: TimeTravel = TimeTravel.FORK) -> tuple[StartPlan, LiveCheckpoint]:
     """Observe and decide, changing nothing: raises when the restore must be refused."""
     live = observe_live(live_storage)
     if spec.mode is RestoreMode.SNAPSHOT:
@@ -190,14 +278,31 @@ def plan_start(store: JobStore, live_storage: Storage, spec: RestoreSpec) -> tup
         found = object_problems(store, m)
         return "; ".join(sorted(found.values())[:3]) if found else None
 
-    return decide(spec, live, snapshots, problems), live
+    plan = decide(spec, live, snapshots, problems)
+    if plan.action is Action.RESTORE:
+        lineage = read_lineage(store)
+        every = snapshots if spec.mode is RestoreMode.LATEST_STATE else list_snapshots(store)
+        plan = replace(plan, travel=travel_of(plan, latest_batch(store, lineage, every), lineage))
+        check_time_travel(spec, plan, policy)
+    return plan, live
 
 
-def prepare_checkpoint(store: JobStore, live_storage: Storage, spec: RestoreSpec, *, epoch: int) -> StartPlan:
+def prepare_checkpoint(store: JobStore, live_storage: Storage, spec: RestoreSpec, *, epoch: int,
+                       policy: TimeTravel = TimeTravel.FORK) -> StartPlan:
     """Observe, decide, act, record: after this the live location holds what Spark resumes from."""
-    plan, live = plan_start(store, live_storage, spec)
+    plan, live = plan_start(store, live_storage, spec, policy)
     loud = plan.skipped or (live.problem and live.problem != NO_COMPLETED_BATCH and plan.action is Action.RESTORE)
     (log.warning if loud else log.info)("job %s: start: %s", store.job, plan.reason)
+    previous_record = _last_record(store)
+    timeline = int(previous_record.get("timeline", 0)) + (1 if plan.travel else 0)
+    if plan.travel is not None:
+        t = plan.travel
+        log.warning(
+            "job %s epoch %d: TIME TRAVEL to %s (batch %d; %s): timeline %d starts. Sources replay from batch %d's "
+            "offsets. ckpt-files and the ledger will show the restored timeline (later batches of the old one are "
+            "hidden / undone when batch %d comes back different); the ckpt-kafka sink writes those batches again, "
+            "so its consumers see the records of the abandoned batches too (as with Flink); other sinks see them "
+            "again", store.job, epoch, t.snapshot, t.to_batch, t.why, timeline, t.to_batch, t.to_batch + 1)
     if plan.action is Action.RESTORE:
         assert plan.snapshot is not None
         restore_snapshot(store, plan.snapshot.snapshot_id, live_storage, replace=not live.empty)
@@ -208,7 +313,8 @@ def prepare_checkpoint(store: JobStore, live_storage: Storage, spec: RestoreSpec
         lineage = Lineage(time.time(), plan.snapshot.snapshot_id if plan.snapshot else None)
     record = {"epoch": epoch, "at": time.time(), "restore": str(spec), "action": plan.action.value,
               "snapshot": plan.snapshot.snapshot_id if plan.snapshot else None, "reason": plan.reason,
-              "lineage_since": lineage.since, "lineage_base": lineage.base,
+              "lineage_since": lineage.since, "lineage_base": lineage.base, "timeline": timeline,
+              "time_travel": plan.travel.to_dict() if plan.travel else None,
               "launch_id": os.environ.get(LAUNCH_ENV)}  # restarts of one launch are its supervisor's
     store.storage.write(f"{DEPLOYMENTS}{epoch:010d}.json", json.dumps(record, sort_keys=True).encode())
     return plan

@@ -11,6 +11,8 @@ import logging
 import sys
 from typing import Any
 
+from airflow_ckpt_provider.core.errors import ConfigError
+
 #: Spark's local properties of a streaming batch: set in every task and in the foreachBatch thread.
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
@@ -23,6 +25,42 @@ def register_sinks(spark: Any) -> None:
 
     register(spark)
     spark.dataSource.register(CkptFilesDataSource)
+
+
+#: The sinks that are Python data sources: Spark 4.3 runs them in append mode only.
+APPEND_ONLY = ("ckpt-files", "ckpt-kafka")
+
+
+def output_mode(writer: Any) -> tuple[str | None, str | None]:
+    """(format, output mode) of a DataStreamWriter, read from its JVM object; (None, None) if that fails.
+
+    pyspark has no getter for either; the classic DataStreamWriter keeps them in private fields.
+    """
+    try:
+        jwriter = writer._jwrite
+        values = []
+        for name in ("source", "outputMode"):
+            field = jwriter.getClass().getDeclaredField(name)
+            field.setAccessible(True)
+            values.append(str(field.get(jwriter)))
+        return values[0], values[1]
+    except Exception:  # Spark Connect, another Spark version: the sink's own check still applies
+        return None, None
+
+
+def check_output_mode(writer: Any) -> None:
+    """Refuse update or complete mode for the ckpt sinks when the query is defined, not at its first batch.
+
+    Spark refuses them for every Python data source sink, but only when the first batch is planned,
+    with a long Java stack trace ("requirement failed: ckpt-files does not support Update mode").
+    """
+    source, mode = output_mode(writer)
+    if source in APPEND_ONLY and mode is not None and mode.lower() != "append":
+        raise ConfigError(
+            f"the {source} sink supports the append output mode only, found outputMode({mode.lower()!r}): Spark "
+            "4.3 runs Python data source sinks in append mode. Use outputMode('append') (with a watermark for "
+            "aggregations), or write the changed rows with foreachBatch and the ledger"
+        )
 
 
 def worker_logging() -> None:

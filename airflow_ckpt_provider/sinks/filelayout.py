@@ -32,6 +32,7 @@ from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
 from airflow_ckpt_provider.core.storage import ObjectInfo, S3Options, Storage, open_storage
 from airflow_ckpt_provider.sinks.coverage import Coverage
 from airflow_ckpt_provider.sinks.timelines import (
+    REFUSED,
     Action,
     Decision,
     Observed,
@@ -231,7 +232,7 @@ def commit_batch(storage: Storage, manifest: BatchManifest,
             return _skip(storage, manifest, existing, decision.reason)
         if decision.action is Action.REFUSE:
             delete_files(storage, [f.key for f in manifest.files])
-            raise ConflictError(f"ckpt-files {what} refused, nothing committed: {decision.reason}")
+            raise ConflictError(f"{REFUSED} ckpt-files {what} refused, nothing committed: {decision.reason}")
         forked = None
         if decision.action is Action.FORK:
             forked = _fork(storage, manifest, coverage, decision)

@@ -29,7 +29,7 @@ from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
 from airflow_ckpt_provider.core.faults import crash_point
 from airflow_ckpt_provider.sinks import QUERY_ID_PROPERTY
 from airflow_ckpt_provider.sinks.coverage import Coverage, checkpoint_storage, read_coverage
-from airflow_ckpt_provider.sinks.timelines import Action, Observed, Shown, Timelines, decide
+from airflow_ckpt_provider.sinks.timelines import REFUSED, Action, Observed, Shown, Timelines, decide
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -423,8 +423,8 @@ class Ledger:
                          found[1] if found else "?", current, coverage.short())
                 return False
             if decision.action is Action.REFUSE:
-                raise ConflictError(f"ledger {self.table} of job {self.job} query {query_id}: batch {batch_id} "
-                                    f"refused, nothing written: {decision.reason}")
+                raise ConflictError(f"{REFUSED} ledger {self.table} of job {self.job} query {query_id}: batch "
+                                    f"{batch_id} refused, nothing written: {decision.reason}")
             timeline = current
             if decision.action is Action.FORK:
                 timeline = seen.next_timeline
@@ -492,7 +492,7 @@ class Ledger:
         batches = sorted(int(r[0]) for r in cur.fetchall())
         if self.undo is None:
             raise ConflictError(
-                f"ledger {self.table} of job {self.job} query {query_id}: {why}. The ledger holds batches "
+                f"{REFUSED} ledger {self.table} of job {self.job} query {query_id}: {why}. The ledger holds batches "
                 f"{_ranges(batches)} of the abandoned timeline and cannot remove their rows: expected Ledger(undo=...) "
                 "(e.g. delete_batches(TABLE)); found none, so nothing was written. Pass undo, or restore onto a new "
                 "output table and ledger"

@@ -20,6 +20,10 @@ from typing import Any, Protocol, TypeVar
 
 from airflow_ckpt_provider.sinks.coverage import Coverage
 
+#: Starts the message of a batch a sink refuses because of its timeline: the runtime finds it in the
+#: query's failure and fails fast (a restart replans the same batch and is refused again).
+REFUSED = "CKPT_TIMELINE_REFUSED:"
+
 
 @dataclass(frozen=True)
 class TimelineRecord:

@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
+from datetime import timedelta
 
 import pytest
 
 from airflow_ckpt_provider.core.errors import CheckpointError, ConfigError, SnapshotError
 from airflow_ckpt_provider.core.manifest import Kind, Manifest
-from airflow_ckpt_provider.runtime.config import RestoreSpec
-from airflow_ckpt_provider.runtime.startup import NO_COMPLETED_BATCH, Action, Lineage, LiveCheckpoint, decide
-from tests.unit.test_manifest_retention import manifest
+from airflow_ckpt_provider.runtime.config import RestoreSpec, TimeTravel
+from airflow_ckpt_provider.runtime.startup import (
+    NO_COMPLETED_BATCH,
+    Action,
+    Lineage,
+    LiveCheckpoint,
+    check_time_travel,
+    decide,
+    travel_of,
+)
+from tests.unit.test_manifest_retention import T0, manifest
 
 EMPTY = LiveCheckpoint("file:///live", empty=True)
 LIVE_AT_5 = LiveCheckpoint("file:///live", empty=False, batch_id=5)
@@ -18,6 +28,7 @@ BROKEN = LiveCheckpoint("file:///live", empty=False, batch_id=5, problem="state/
 CP4 = manifest(Kind.CHECKPOINT, 4, 10)
 SP3 = manifest(Kind.SAVEPOINT, 3, 5)
 CP7 = manifest(Kind.CHECKPOINT, 7, 20)
+T30 = (T0 + timedelta(minutes=30)).timestamp()
 
 
 def ok(_m: Manifest) -> str | None:
@@ -99,3 +110,33 @@ def test_a_lineage_holds_its_base_and_what_was_taken_since() -> None:
     since = CP4.created.timestamp()
     lineage = Lineage(since, base=SP3.snapshot_id)
     assert [lineage.holds(m) for m in (SP3, CP4, CP7, manifest(Kind.CHECKPOINT, 9, 1))] == [True, True, True, False]
+
+
+def test_restoring_a_snapshot_older_than_the_latest_batch_is_time_travel() -> None:
+    plan = decide(RestoreSpec.parse(SP3.snapshot_id), EMPTY, [SP3], ok)
+    travel = travel_of(plan, 7, Lineage(0.0))
+    assert travel is not None and (travel.to_batch, travel.from_batch) == (3, 7)
+    assert travel.why == "the job had reached batch 7"
+    assert travel_of(plan, 3, Lineage(0.0)) is None  # the savepoint of a stop: nothing newer exists
+    assert travel_of(decide(RestoreSpec.parse("latest-state"), LIVE_AT_5, [SP3], ok), 7, None) is None  # no restore
+
+
+def test_restoring_a_snapshot_of_another_lineage_is_time_travel_even_at_a_higher_batch() -> None:
+    # The job went back to SP3 at minute 30 (a new lineage); CP7 (minute 20) belongs to the abandoned one.
+    lineage = Lineage(T30, base=SP3.snapshot_id)
+    plan = decide(RestoreSpec.parse(CP7.snapshot_id), EMPTY, [CP7], ok)
+    travel = travel_of(plan, 5, lineage)
+    assert travel is not None and "another lineage" in travel.why
+
+
+def test_refuse_policy_refuses_an_explicit_restore_of_older_state_only() -> None:
+    plan = decide(RestoreSpec.parse(SP3.snapshot_id), EMPTY, [SP3], ok)
+    plan = replace(plan, travel=travel_of(plan, 7, None))
+    check_time_travel(RestoreSpec.parse(SP3.snapshot_id), plan, TimeTravel.FORK)  # allowed
+    with pytest.raises(ConfigError, match=r"goes back in time: the job had reached batch 7.*nothing was changed"):
+        check_time_travel(RestoreSpec.parse(SP3.snapshot_id), plan, TimeTravel.REFUSE)
+    # A latest-state recovery that finds only a lagging snapshot is the newest state there is: not refused.
+    fallback = replace(decide(RestoreSpec.parse("latest-state"), BROKEN, [CP4], ok), travel=plan.travel)
+    check_time_travel(RestoreSpec.parse("latest-state"), fallback, TimeTravel.REFUSE)
+    with pytest.raises(ConfigError, match=r"expected fork .* or refuse"):
+        TimeTravel.parse("maybe")
