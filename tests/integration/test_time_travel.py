@@ -16,6 +16,7 @@ and 3 as replays: files 4, 5 and 6 never reached the output.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
@@ -32,6 +33,7 @@ from airflow_ckpt_provider.sinks.ledger import Ledger, delete_batches
 from airflow_ckpt_provider.sinks.ledger import committed_batches as ledger_batches
 from tests import sparkjobs
 from tests.kafkasink import read_all
+from tests.runtimejob import JobEnv, Run, produce
 
 pytestmark = pytest.mark.integration
 
@@ -303,3 +305,96 @@ def test_kafka_sink_writes_the_restored_timeline_and_only_the_documented_duplica
     # Every record of the restored timeline, plus the abandoned batches' records (files 2, 3 of timeline 0
     # and file 5 of timeline 1) that Kafka consumers had already received: no loss, no other duplicate.
     assert got == sorted(_values(RESTORED) + _values([2, 3, 5]))
+
+
+# -- the runtime: `ckpt run --restore <older savepoint>` onto the same sink ------------------------
+
+
+def _snapshot_of_job(env: JobEnv) -> dict[str, str]:
+    """Every object of the job's store (key -> SHA-256 of its content): what a refused start must leave alone."""
+    import hashlib
+
+    storage = env.store().storage
+    return {o.key: hashlib.sha256(storage.read(o.key)).hexdigest() for o in storage.list()}
+
+
+def test_runtime_restore_of_older_savepoints_onto_the_same_files_sink_follows_the_timeline(
+        env: JobEnv, runs: list[Run]) -> None:
+    """The acceptance run's scenario: dropDuplicates(id) over ckpt-kafka into ckpt-files on S3; savepoint s1,
+    more batches, stop with savepoint, restore s1 keeping the sink path (other batch sizes: the replanned
+    batches cover other offsets), then once more from a savepoint of the new timeline. Under --time-travel
+    refuse the same restore is refused before the lease, changing nothing."""
+    from airflow_ckpt_provider.core.control import Action, Outcome
+    from airflow_ckpt_provider.core.lease import read_lease
+    from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_STOPPED
+    from tests.exactlyonce import EO_JOB
+
+    from airflow_ckpt_provider.core.storage import S3Options
+
+    bootstrap = env.kafka.bootstrap_servers
+    sink = f"s3://{env.bucket}/tt-{env.job}"
+    s3 = S3Options(endpoint_url=env.s3.endpoint_url, region=env.s3.region, access_key_id=env.s3.access_key,
+                   secret_access_key=env.s3.secret_key)
+    extra = {"CKPT_EO_SINK": "files", "CKPT_EO_PATH": sink}
+
+    def start(name: str, *args: str, max_offsets: int) -> Run:
+        run = env.run(name, env.work / f"ckpt-{name}", *args, "--checkpoint-interval", "none",
+                      max_offsets=max_offsets, job_file=EO_JOB, extra_env=extra)
+        runs.append(run)
+        return run
+
+    def consumed(n: int, run: Run) -> int:
+        return env.wait_status(f"{n} records consumed", lambda s: env.consumed(s) >= n, 240, run).epoch
+
+    def savepoint(epoch: int) -> str:
+        ack = env.request(Action.SAVEPOINT, epoch)
+        assert ack.outcome is Outcome.COMPLETED and ack.snapshot_id, ack
+        return ack.snapshot_id
+
+    def stop(epoch: int, run: Run) -> None:
+        assert env.request(Action.STOP, epoch).outcome is Outcome.COMPLETED
+        assert run.wait(120) == EXIT_STOPPED, run.tail()
+
+    produce(bootstrap, env.topic, 0, 300)
+    first = start("t0", max_offsets=60)
+    epoch = consumed(300, first)
+    s1 = savepoint(epoch)
+    produce(bootstrap, env.topic, 300, 300)
+    consumed(600, first)
+    stop(epoch, first)
+    produce(bootstrap, env.topic, 600, 300)  # more has arrived while the job was stopped
+
+    before = _snapshot_of_job(env)
+    lease = read_lease(env.store())
+    refused = start("refused", "--restore", s1, "--time-travel", "refuse", max_offsets=90)
+    assert refused.wait(180) == EXIT_CONFIG, refused.tail()
+    assert "goes back in time" in refused.log.read_text()
+    assert _snapshot_of_job(env) == before and read_lease(env.store()) == lease
+    assert sorted(read_committed(sink, s3).column("id").to_pylist()) == list(range(600))
+
+    second = start("t1", "--restore", s1, max_offsets=90)  # other batch sizes: other offset ranges
+    epoch = consumed(900, second)
+    assert sorted(read_committed(sink, s3).column("id").to_pylist()) == list(range(900))
+    s2 = savepoint(epoch)
+    produce(bootstrap, env.topic, 900, 300)
+    consumed(1200, second)
+    stop(epoch, second)
+    produce(bootstrap, env.topic, 1200, 300)
+
+    third = start("t2", "--restore", s2, max_offsets=45)
+    epoch = consumed(1500, third)
+    stop(epoch, third)
+
+    ids = read_committed(sink, s3).column("id").to_pylist()
+    assert sorted(ids) == list(range(1500))  # every id exactly once: none lost, none twice
+    report = verify_sink(sink, s3)
+    assert report.ok, report.problems
+    (forks,) = report.forks.values()
+    assert [f["timeline"] for f in forks] == [1, 2] and all(f["took_effect"] for f in forks)
+    storage = env.store().storage
+    records = [json.loads(storage.read(o.key)) for o in sorted(storage.list("deployments/"), key=lambda o: o.key)]
+    travels = [r["time_travel"] for r in records if r.get("time_travel")]
+    assert [(t["snapshot"], t["from_batch"] > t["to_batch"]) for t in travels] == [(s1, True), (s2, True)]
+    assert [r["timeline"] for r in records][-1] == 2
+    assert any("TIME TRAVEL to" in line for line in second.ckpt_lines())
+    assert any("TIMELINE 1 starts here" in line for line in second.log.read_text().splitlines())

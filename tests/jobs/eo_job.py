@@ -62,11 +62,13 @@ def build(spark: Any, ctx: JobContext) -> Any:
                 .option("kafka.bootstrap.servers", os.environ["CKPT_TEST_BOOTSTRAP"])
                 .option("topic", os.environ["CKPT_EO_TOPIC"]).option("job", ctx.job))
     if sink == "ledger":
-        from airflow_ckpt_provider.sinks.ledger import Ledger
+        from airflow_ckpt_provider.sinks.ledger import Ledger, delete_batches
 
         db = os.environ["CKPT_EO_DB"]
         create_out_table(db)
-        ledger = Ledger(connect=lambda: connect_sqlite(db), job=ctx.job, table=LEDGER_TABLE, ctx=ctx)
+        # Rows carry their query and batch ids, so a restore of an older savepoint can undo later batches.
+        ledger = Ledger(connect=lambda: connect_sqlite(db), job=ctx.job, table=LEDGER_TABLE, ctx=ctx,
+                        undo=delete_batches(OUT_TABLE))
         ledger.check()
 
         def write(cursor: Any, batch: Any, batch_id: int) -> int:
