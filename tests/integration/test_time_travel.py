@@ -326,10 +326,9 @@ def test_runtime_restore_of_older_savepoints_onto_the_same_files_sink_follows_th
     refuse the same restore is refused before the lease, changing nothing."""
     from airflow_ckpt_provider.core.control import Action, Outcome
     from airflow_ckpt_provider.core.lease import read_lease
+    from airflow_ckpt_provider.core.storage import S3Options
     from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_STOPPED
     from tests.exactlyonce import EO_JOB
-
-    from airflow_ckpt_provider.core.storage import S3Options
 
     bootstrap = env.kafka.bootstrap_servers
     sink = f"s3://{env.bucket}/tt-{env.job}"
