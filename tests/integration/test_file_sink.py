@@ -195,6 +195,25 @@ def test_complete_mode_refused(spark: Any, tmp_path: Path) -> None:
     assert not (tmp_path / "s" / COMMITS).exists()
 
 
+def test_update_and_complete_modes_are_refused_when_the_query_is_defined(spark: Any, tmp_path: Path) -> None:
+    """Spark runs Python sinks in append mode only and says so at the first batch with a Java stack trace;
+    check_output_mode (the runtime calls it after the job's build function, before the lease) says it first."""
+    from airflow_ckpt_provider.core.errors import ConfigError
+    from airflow_ckpt_provider.sinks import check_output_mode, output_mode
+
+    sparkjobs.write_input(tmp_path / "in", 0)
+    stream = spark.readStream.schema(sparkjobs.SCHEMA).json(str(tmp_path / "in")).groupBy("k").count()
+    for sink in ("ckpt-files", "ckpt-kafka"):
+        for mode in ("update", "complete"):
+            writer = stream.writeStream.format(sink).outputMode(mode)
+            assert output_mode(writer) == (sink, mode.capitalize())
+            with pytest.raises(ConfigError, match=rf"the {sink} sink supports the append output mode only, "
+                                                  rf"found outputMode\('{mode}'\)"):
+                check_output_mode(writer)
+    check_output_mode(stream.writeStream.format("ckpt-files").outputMode("append"))
+    check_output_mode(stream.writeStream.format("console").outputMode("update"))  # not ours: Spark decides
+
+
 def test_files_sink_refuses_bad_input_before_the_query_starts(spark: Any, tmp_path: Path) -> None:
     """files_sink() runs the checks in the job's build function: no query, no checkpoint, nothing written."""
     from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
