@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from airflow_ckpt_provider.embedded import EmbeddedKafka
+from airflow_ckpt_provider.sinks.kafkaoptions import read_marker
 from tests.kafkasink import read_all, read_sink_output
 from tests.runtimejob import produce
 
@@ -78,7 +79,8 @@ def test_records_exactly_once_after_batches_and_replay_skipped(kafka_spark: Any,
     assert {r.batch_id for r in out} == {1, 2}
     assert all(r.headers == (("src", topic.encode()),) for r in out)  # user headers kept
     (query_id,) = {r.query_id for r in out}
-    assert _markers(kafka_server, sink, job, str(query_id)) == {0: 3, 1: 3, 2: 3}  # batch 2 + 1 everywhere
+    markers = _markers(kafka_server, sink, job, str(query_id))
+    assert {p: read_marker(m).batch_id for p, m in markers.items()} == {0: 2, 1: 2, 2: 2}
     raw = len(read_all(kafka_server.bootstrap_servers, sink))
     assert raw == 60
 
@@ -132,20 +134,29 @@ def _batches(start: int, count: int) -> Any:
                                             schema=pa.schema([("key", pa.binary()), ("value", pa.binary())]))])
 
 
-def _options(kafka: EmbeddedKafka, sink: str, job: str) -> Any:
+def _offsets_log(checkpoint: Path, batches: int) -> str:
+    """A checkpoint whose offsets log has entries 0..batches-1, as Spark writes them before each batch."""
+    (checkpoint / "offsets").mkdir(parents=True, exist_ok=True)
+    for b in range(batches):
+        (checkpoint / "offsets" / str(b)).write_text(
+            f'v1\n{{"batchWatermarkMs":0,"batchTimestampMs":{1_790_000_000_000 + b}}}\n{{"t":{{"0":{b * 5}}}}}')
+    return str(checkpoint)
+
+
+def _options(kafka: EmbeddedKafka, sink: str, job: str, checkpoint: str) -> Any:
     from airflow_ckpt_provider.sinks.kafkaoptions import parse_sink_options
 
     return parse_sink_options({"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": sink, "job": job,
-                               "timeoutMs": "10000"})
+                               "timeoutMs": "10000", "checkpointLocation": checkpoint})
 
 
-def test_zombie_producer_is_fenced(kafka_server: EmbeddedKafka) -> None:
+def test_zombie_producer_is_fenced(kafka_server: EmbeddedKafka, tmp_path: Path) -> None:
     from confluent_kafka import KafkaException, Producer
 
     from airflow_ckpt_provider.sinks.kafka import write_partition
 
     sink, job = _new_topic(kafka_server), f"z{uuid.uuid4().hex[:6]}"
-    options = _options(kafka_server, sink, job)
+    options = _options(kafka_server, sink, job, _offsets_log(tmp_path / "ckpt", 8))
     zombie = Producer(options.producer_config(0))
     zombie.init_transactions(10)
     zombie.begin_transaction()
@@ -157,14 +168,13 @@ def test_zombie_producer_is_fenced(kafka_server: EmbeddedKafka) -> None:
         zombie.commit_transaction(5)  # fenced (tansu: the coordinator drops the connection; times out)
     out = read_sink_output(kafka_server.bootstrap_servers, sink)
     assert sorted(r.value for r in out if r.batch_id == 4) == [str(i).encode() for i in range(5)]
-    # Replaying the committed (batch 4, partition 0) skips; batch 3 (older) too.
+    # Replaying the committed (batch 4, partition 0) skips.
     assert write_partition(options, _batches(0, 5), query_id="q1", batch_id=4, partition=0).skipped
-    assert write_partition(options, _batches(0, 5), query_id="q1", batch_id=3, partition=0).skipped
     # Another query id (fresh checkpoint: batch ids restart) has its own markers.
     assert write_partition(options, _batches(0, 5), query_id="q2", batch_id=0, partition=0).records == 5
 
 
-def test_cached_producer_fenced_by_another_worker_is_replaced(kafka_server: EmbeddedKafka) -> None:
+def test_cached_producer_fenced_by_another_worker_is_replaced(kafka_server: EmbeddedKafka, tmp_path: Path) -> None:
     """Python workers cache a producer per transactional.id; a task of the same sink partition in another
     worker fences it. The next task here must drop the fenced producer and write with a new one.
 
@@ -178,7 +188,7 @@ def test_cached_producer_fenced_by_another_worker_is_replaced(kafka_server: Embe
     from airflow_ckpt_provider.sinks.kafka import write_partition
 
     sink, job = _new_topic(kafka_server), f"f{uuid.uuid4().hex[:6]}"
-    options = _options(kafka_server, sink, job)
+    options = _options(kafka_server, sink, job, _offsets_log(tmp_path / "ckpt", 2))
     assert write_partition(options, _batches(0, 3), query_id="q", batch_id=0, partition=0).records == 3
     other_worker = Producer(options.producer_config(0))
     try:
@@ -202,8 +212,9 @@ _KILLED_TASK = textwrap.dedent("""
     import pyarrow as pa
     from airflow_ckpt_provider.sinks.kafka import write_partition
     from airflow_ckpt_provider.sinks.kafkaoptions import parse_sink_options
-    bootstrap, sink, job = sys.argv[1:4]
-    options = parse_sink_options({"kafka.bootstrap.servers": bootstrap, "topic": sink, "job": job})
+    bootstrap, sink, job, checkpoint = sys.argv[1:5]
+    options = parse_sink_options({"kafka.bootstrap.servers": bootstrap, "topic": sink, "job": job,
+                                  "checkpointLocation": checkpoint})
     rb = pa.RecordBatch.from_pydict({"value": [str(i).encode() for i in range(20)]})
     write_partition(options, iter([rb]), query_id="q1", batch_id=7, partition=1)
     print("not killed")
@@ -219,12 +230,14 @@ def test_task_killed_mid_transaction_then_retried_writes_once(kafka_server: Embe
     faults.mkdir()
     (faults / "kafka.task.after-produce@7").touch()
     env = {**os.environ, ENV: str(faults)}
-    done = subprocess.run([sys.executable, "-c", _KILLED_TASK, kafka_server.bootstrap_servers, sink, job],
+    checkpoint = _offsets_log(tmp_path / "ckpt", 8)
+    done = subprocess.run([sys.executable, "-c", _KILLED_TASK, kafka_server.bootstrap_servers, sink, job, checkpoint],
                           env=env, start_new_session=True, timeout=60, capture_output=True, check=False)
     assert done.returncode == -9, done.stderr.decode()[-2000:]
     assert not (faults / "kafka.task.after-produce@7").exists()
 
-    retry = write_partition(_options(kafka_server, sink, job), _batches(0, 20), query_id="q1", batch_id=7, partition=1)
+    retry = write_partition(_options(kafka_server, sink, job, checkpoint), _batches(0, 20), query_id="q1", batch_id=7,
+                            partition=1)
     assert (retry.records, retry.skipped) == (20, False)
     raw = read_all(kafka_server.bootstrap_servers, sink)
     assert len({r.attempt for r in raw}) == 2  # tansu keeps the killed attempt's aborted records visible
