@@ -145,8 +145,10 @@ def _warn_time_travel(store: JobStore, manifest: Manifest) -> None:
     newest = latest_completed(list_snapshots(store), (Kind.CHECKPOINT, Kind.SAVEPOINT))
     if newest is not None and newest.batch_id > manifest.batch_id:
         log.warning(
-            "job %s: restoring batch %d although snapshot %s holds batch %d: sources replay from the "
-            "restored offsets, and sinks that are not exactly-once will see those records again",
+            "job %s: TIME TRAVEL: restoring batch %d although snapshot %s holds batch %d: sources replay from "
+            "the restored offsets; ckpt-files and the ledger will show the restored timeline, the ckpt-kafka "
+            "sink's consumers see the abandoned batches' records too, other sinks see them again "
+            "(docs/sinks.md#timelines)",
             store.job, manifest.batch_id, newest.snapshot_id, newest.batch_id,
         )
 

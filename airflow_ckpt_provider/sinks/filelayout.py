@@ -494,7 +494,8 @@ def read_spark(spark: Any, path: str, s3: S3Options | None = None, *, via: str =
 @dataclass
 class SinkReport:
     """verify_sink's findings: problems make ``ok`` false; orphans (uncommitted files) and abandoned batches
-    (hidden by a fork, kept until gc) do not. ``batches``: the shown batches of each query."""
+    (hidden by a fork, kept until gc) do not. ``batches``, ``files``, ``rows``, ``bytes``: of the shown
+    batches (every manifest's files are checked)."""
 
     url: str
     job: str | None = None
@@ -567,6 +568,8 @@ def _check_timelines(report: SinkReport, storage: Storage, query_id: str, manife
     shown, abandoned = split(manifests, timelines)
     report.batches[query_id] = sorted(m.batch_id for m in shown)
     report.rows += sum(m.rows for m in shown)
+    report.files += sum(len(m.files) for m in shown)
+    report.bytes += sum(m.total_bytes for m in shown)
     started = {r.timeline for r in timelines.records}
     report.forks[query_id] = [
         {"timeline": r.timeline, "parent": r.parent, "fork_batch": r.fork_batch, "created_at": r.created_at,
@@ -582,8 +585,6 @@ def _check_files(report: SinkReport, storage: Storage, m: BatchManifest, key: st
                  referenced: dict[str, str], checksums: bool) -> None:
     """Each file of manifest ``key``: listed once, present, of the recorded size (and checksum)."""
     for f in m.files:
-        report.files += 1
-        report.bytes += f.size
         if f.key in referenced:
             report.problems.append(f"{f.key}: listed by two manifests, {referenced[f.key]} and {key}")
         referenced[f.key] = key

@@ -315,6 +315,31 @@ def test_batch_planned_again_forks_and_readers_show_the_restored_timeline(sink: 
     assert [(f["timeline"], f["fork_batch"], f["took_effect"]) for f in report.forks[Q]] == [(1, 2, True)]
 
 
+
+def test_cli_sink_ls_shows_timelines_and_verify_reports_the_fork(sink: LocalStorage,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from airflow_ckpt_provider.cli import main
+
+    _timeline0(sink, 3)
+    commit_batch(sink, _manifest(1, _file(sink, 1, 0, [10], attempt="t1"),
+                                 coverage=_coverage(1, timeline=1, previous_timeline=0)))
+    assert main(["sink", "ls", str(sink.root), "--json"]) == 0
+    assert [(b["batch_id"], b["timeline"], b["status"]) for b in json.loads(capsys.readouterr().out)] == [
+        (0, 0, "shown"), (1, 1, "shown")]
+    assert main(["sink", "ls", str(sink.root), "--all", "--json"]) == 0
+    assert [(b["batch_id"], b["timeline"], b["status"]) for b in json.loads(capsys.readouterr().out)] == [
+        (0, 0, "shown"), (1, 1, "shown"), (1, 0, "abandoned"), (2, 0, "abandoned")]
+    assert main(["sink", "ls", str(sink.root)]) == 0
+    table = capsys.readouterr().out
+    assert "TIMELINE" in table and "2 batches of abandoned timelines not listed (--all lists them)" in table
+    assert main(["sink", "verify", str(sink.root)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"sink {sink.url}: OK, job orders, 1 queries, 2 batches shown, 2 files, 2 rows")
+    assert out[1:] == ["1 forks (restores that went back in time):",
+                       f"  query {Q}: timeline 1 from batch 1 (fork of timeline 0 at {out[2].split(' at ')[1]}",
+                       f"  query {Q}: abandoned batches 1@t0, 2@t0 (2 rows, hidden from readers, deleted by gc)"]
+
+
 def test_a_second_fork_from_the_new_timeline(sink: LocalStorage) -> None:
     _timeline0(sink)
     commit_batch(sink, _manifest(2, _file(sink, 2, 0, [20], attempt="t1"),
