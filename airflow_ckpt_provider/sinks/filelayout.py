@@ -41,6 +41,7 @@ from airflow_ckpt_provider.sinks.timelines import (
     Timelines,
     decide,
     effective,
+    ranges,
     split,
 )
 
@@ -247,7 +248,7 @@ def commit_batch(storage: Storage, manifest: BatchManifest,
             if forked is not None:
                 log.warning("ckpt-files %s: TIMELINE %d starts here (fork of timeline %d): %s; batches %s of timeline "
                             "%d are hidden from readers and kept until `ckpt sink gc`", what, forked.timeline,
-                            forked.parent, decision.reason, _ranges(forked.abandoned) or "none", forked.parent)
+                            forked.parent, decision.reason, ranges(forked.abandoned), forked.parent)
             log.info("ckpt-files committed %s (timeline %d, offsets %s): %d files, %d rows, %d bytes", what,
                      target.timeline, coverage.short(), len(target.files), target.rows, target.total_bytes)
             return CommitOutcome(True, target, forked=forked)
@@ -323,25 +324,9 @@ def read_timelines(storage: Storage, query_id: str) -> list[TimelineRecord]:
     return [TimelineRecord.from_dict(json.loads(storage.read(k))) for k in keys]
 
 
-def _timelines_of(storage: Storage, query_id: str, manifests: list[BatchManifest] | None = None) -> Timelines:
-    records = read_timelines(storage, query_id)
-    if manifests is None:
-        started = {(r.timeline, r.fork_batch) for r in records
-                   if storage.exists(manifest_key(query_id, r.fork_batch, r.timeline))}
-    else:
-        started = {(m.timeline, m.batch_id) for m in manifests}
-    return effective(records, started)
-
-
-def _ranges(ids: Iterable[int]) -> str:
-    """``17-22, 25`` for [17, 18, 19, 20, 21, 22, 25]."""
-    out: list[str] = []
-    for b in sorted(ids):
-        if out and out[-1].split("-")[-1] == str(b - 1):
-            out[-1] = f"{out[-1].split('-')[0]}-{b}"
-        else:
-            out.append(str(b))
-    return ", ".join(out)
+def _timelines_of(storage: Storage, query_id: str, manifests: list[BatchManifest]) -> Timelines:
+    """The effective timelines of ``query_id``, given all its manifests."""
+    return effective(read_timelines(storage, query_id), {(m.timeline, m.batch_id) for m in manifests})
 
 
 def _storage(path: str | Storage, s3: S3Options | None) -> Storage:

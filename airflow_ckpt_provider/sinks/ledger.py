@@ -29,7 +29,7 @@ from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
 from airflow_ckpt_provider.core.faults import crash_point
 from airflow_ckpt_provider.sinks import QUERY_ID_PROPERTY
 from airflow_ckpt_provider.sinks.coverage import Coverage, checkpoint_storage, read_coverage
-from airflow_ckpt_provider.sinks.timelines import REFUSED, Action, Observed, Shown, Timelines, decide
+from airflow_ckpt_provider.sinks.timelines import REFUSED, Action, Observed, Shown, Timelines, decide, ranges
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -453,7 +453,7 @@ class Ledger:
         if forked:
             log.warning("job %s query %s: TIMELINE %d starts at batch %d: %s; the rows of batches %s were removed "
                         "(undo) in the same transaction and their ledger rows moved to %s", self.job, query_id,
-                        timeline, batch_id, decision.reason, _ranges(forked), self.abandoned_table)
+                        timeline, batch_id, decision.reason, ranges(forked), self.abandoned_table)
         log.info("job %s query %s: batch %d committed, %s rows, epoch %s, timeline %d, offsets %s", self.job,
                  query_id, batch_id, rows if rows is not None else "?", self.epoch, timeline, coverage.short())
         crash_point("ledger.after-commit", batch_id)
@@ -493,7 +493,7 @@ class Ledger:
         if self.undo is None:
             raise ConflictError(
                 f"{REFUSED} ledger {self.table} of job {self.job} query {query_id}: {why}. The ledger holds batches "
-                f"{_ranges(batches)} of the abandoned timeline and cannot remove their rows: expected Ledger(undo=...) "
+                f"{ranges(batches)} of the abandoned timeline and cannot remove their rows: expected Ledger(undo=...) "
                 "(e.g. delete_batches(TABLE)); found none, so nothing was written. Pass undo, or restore onto a new "
                 "output table and ledger"
             )
@@ -520,16 +520,6 @@ def _checkpoint_root(spark: Any, query_id: str) -> str:
         if query is not None:
             return str(query.streamingQuery().resolvedCheckpointRoot())
     raise LookupError(f"no session of this driver runs query {query_id}")
-
-
-def _ranges(ids: list[int]) -> str:
-    out: list[str] = []
-    for b in sorted(ids):
-        if out and out[-1].split("-")[-1] == str(b - 1):
-            out[-1] = f"{out[-1].split('-')[0]}-{b}"
-        else:
-            out.append(str(b))
-    return ", ".join(out) or "none"
 
 
 def committed_batches(connect: Connect, job: str, table: str = "ckpt_ledger",
