@@ -41,32 +41,15 @@ COLUMNS = ("job", "query_id", "batch_id", "rows_written", "epoch", "committed_at
 KEY = ("job", "query_id", "batch_id")
 #: Columns added after the first release: check() adds them to an older ledger table.
 _ADDED = {"coverage": "VARCHAR(64)", "timeline": "BIGINT"}
-_DDL = (
-    "CREATE TABLE IF NOT EXISTS {table} ("
-    "job VARCHAR(200) NOT NULL, "
-    "query_id VARCHAR(64) NOT NULL, "
-    "batch_id BIGINT NOT NULL, "
-    "rows_written BIGINT, "
-    "epoch BIGINT, "
-    "committed_at VARCHAR(40) NOT NULL, "
-    "coverage VARCHAR(64), "
-    "timeline BIGINT, "
-    "PRIMARY KEY (job, query_id, batch_id))"
+#: The ledger's column definitions; the abandoned table has the same columns and no key.
+_COLUMNS_SQL = (
+    "job VARCHAR(200) NOT NULL, query_id VARCHAR(64) NOT NULL, batch_id BIGINT NOT NULL, rows_written BIGINT, "
+    "epoch BIGINT, committed_at VARCHAR(40) NOT NULL, coverage VARCHAR(64), timeline BIGINT"
 )
+_DDL = "CREATE TABLE IF NOT EXISTS {table} (" + _COLUMNS_SQL + ", PRIMARY KEY (job, query_id, batch_id))"
 #: Ledger rows of abandoned timelines, kept for inspection (no key: a batch may be abandoned twice).
-_ABANDONED_DDL = (
-    "CREATE TABLE IF NOT EXISTS {table} ("
-    "job VARCHAR(200) NOT NULL, "
-    "query_id VARCHAR(64) NOT NULL, "
-    "batch_id BIGINT NOT NULL, "
-    "rows_written BIGINT, "
-    "epoch BIGINT, "
-    "committed_at VARCHAR(40) NOT NULL, "
-    "coverage VARCHAR(64), "
-    "timeline BIGINT, "
-    "abandoned_at VARCHAR(40) NOT NULL, "
-    "abandoned_by_timeline BIGINT NOT NULL)"
-)
+_ABANDONED_DDL = ("CREATE TABLE IF NOT EXISTS {table} (" + _COLUMNS_SQL
+                  + ", abandoned_at VARCHAR(40) NOT NULL, abandoned_by_timeline BIGINT NOT NULL)")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 _STYLES = ("qmark", "format", "pyformat", "numeric", "named")
 _SECRET = re.compile(r"(password\s*=\s*)\S+|(://[^:/@\s]+:)[^@\s]+(@)", re.IGNORECASE)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,28 @@ def kafka_spark(request: pytest.FixtureRequest) -> Iterator[Any]:
     register(session)
     yield session
     session.stop()
+
+
+@contextmanager
+def sink_session(s3: EmbeddedS3, app: str, **conf: str) -> Iterator[Any]:
+    """A test Spark session with the ckpt sinks registered whose Python workers reach SeaweedFS: the S3
+    settings go to this process's environment (the driver's commit workers) and to the executors'."""
+    from airflow_ckpt_provider.sinks import register_sinks
+    from tests import sparkjobs
+
+    saved = {k: os.environ.get(k) for k in s3.env()}
+    os.environ.update(s3.env())
+    session = sparkjobs.spark_session(app, **conf, **{f"spark.executorEnv.{k}": v for k, v in s3.env().items()})
+    register_sinks(session)
+    try:
+        yield session
+    finally:
+        session.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ batch with ``trigger(availableNow=True)``: batch i holds exactly the rows of inp
 
 from __future__ import annotations
 
-import os
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from airflow_ckpt_provider.sinks.filelayout import (
     verify_sink,
 )
 from tests import sparkjobs
+from tests.integration.conftest import sink_session
 
 pytestmark = pytest.mark.integration
 
@@ -33,21 +33,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def spark(s3_server: EmbeddedS3) -> Iterator[Any]:
     """One session for the module; Python workers get the S3 env (os.environ and spark.executorEnv)."""
-    from airflow_ckpt_provider.sinks import register_sinks
-
-    saved = {k: os.environ.get(k) for k in s3_server.env()}
-    os.environ.update(s3_server.env())
-    session = sparkjobs.spark_session(
-        "ckpt-test-file-sink", **{f"spark.executorEnv.{k}": v for k, v in s3_server.env().items()}
-    )
-    register_sinks(session)
-    yield session
-    session.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with sink_session(s3_server, "ckpt-test-file-sink") as session:
+        yield session
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -17,7 +17,6 @@ and 3 as replays: files 4, 5 and 6 never reached the output.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sqlite3
 import uuid
@@ -32,6 +31,7 @@ from airflow_ckpt_provider.sinks.filelayout import committed_batches, read_commi
 from airflow_ckpt_provider.sinks.ledger import Ledger, delete_batches
 from airflow_ckpt_provider.sinks.ledger import committed_batches as ledger_batches
 from tests import sparkjobs
+from tests.integration.conftest import sink_session
 from tests.kafkasink import read_all
 from tests.runtimejob import JobEnv, Run, produce
 
@@ -42,20 +42,8 @@ RESTORED = [0, 1, 4, 6]  # the input files of the final timeline, batch by batch
 
 @pytest.fixture(scope="module")
 def spark(s3_server: EmbeddedS3) -> Iterator[Any]:
-    from airflow_ckpt_provider.sinks import register_sinks
-
-    saved = {k: os.environ.get(k) for k in s3_server.env()}
-    os.environ.update(s3_server.env())
-    session = sparkjobs.spark_session("ckpt-test-time-travel", **{
-        "spark.sql.shuffle.partitions": "2", **{f"spark.executorEnv.{k}": v for k, v in s3_server.env().items()}})
-    register_sinks(session)
-    yield session
-    session.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with sink_session(s3_server, "ckpt-test-time-travel", **{"spark.sql.shuffle.partitions": "2"}) as session:
+        yield session
 
 
 Start = Callable[[Any, Path], Any]  # (stream DataFrame, checkpoint) -> a started query
