@@ -178,7 +178,8 @@ def cmd_retain(args: argparse.Namespace) -> int:
 def cmd_gc(args: argparse.Namespace) -> int:
     from airflow_ckpt_provider.core.gc import collect_garbage
 
-    result = collect_garbage(_store(args), min_age_s=args.min_age, dry_run=args.dry_run)
+    result = collect_garbage(_store(args), min_age_s=args.min_age, dry_run=args.dry_run,
+                             clear_pending=args.clear_pending or ())
     d = result.to_dict()
     _emit(args, d, lambda: (
         f"gc deferred: {result.deferred}" if result.deferred else
@@ -399,6 +400,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("gc", cmd_gc, "delete objects no snapshot references")
     p.add_argument("--min-age", type=float, default=600.0,
                    help="keep unreferenced objects younger than this many seconds (default 600)")
+    p.add_argument("--clear-pending", action="append", metavar="ID",
+                   help="clear the pending marker of snapshot ID, whose writer you know is dead (repeatable); "
+                   "gc clears markers of provably gone writers by itself")
     p.add_argument("--dry-run", action="store_true")
     add_job_commands(groups)
     _add_kafka_commands(groups)

@@ -14,11 +14,14 @@ import os
 import secrets
 import socket
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_ckpt_provider.core.errors import SnapshotError, StorageError
-from airflow_ckpt_provider.core.jobstore import GC_LOCK, OBJECTS, JobStore
+from airflow_ckpt_provider.core.errors import ConfigError, ConflictError, SnapshotError, StorageError
+from airflow_ckpt_provider.core.jobstore import GC_LOCK, LEASE, OBJECTS, JobStore
+from airflow_ckpt_provider.core.lease import LeaseRecord, pid_alive, read_lease
+from airflow_ckpt_provider.core.pending import PendingMarker, human_age, writer_gone
 from airflow_ckpt_provider.core.snapshots import STALE_AFTER_S, list_snapshots, pending_markers
 
 log = logging.getLogger(__name__)
@@ -65,11 +68,15 @@ def _release_lock(store: JobStore, body: bytes) -> None:
         log.warning("job %s: could not release the gc lock: %s", store.job, err)
 
 
-def collect_garbage(store: JobStore, *, min_age_s: float = 600.0, dry_run: bool = False) -> GcResult:
+def collect_garbage(
+    store: JobStore, *, min_age_s: float = 600.0, dry_run: bool = False, clear_pending: Collection[str] = ()
+) -> GcResult:
     """Delete objects referenced by no completed snapshot and older than ``min_age_s``.
 
     Pending markers are listed BEFORE manifests: a writer that finishes in between has its
-    manifest listed; one that starts in between waits for the lock.
+    manifest listed; one that starts in between waits for the lock. A marker whose writer is
+    provably gone (core/pending.py) is cleared; ``clear_pending`` names markers the user clears
+    explicitly (refused for a writer that is alive on this host).
     """
     body = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "token": secrets.token_hex(8)}).encode()
     now = _take_lock(store, body)
@@ -77,17 +84,23 @@ def collect_garbage(store: JobStore, *, min_age_s: float = 600.0, dry_run: bool 
         return GcResult(0, 0, 0, deferred=f"another gc holds {store.storage.uri(GC_LOCK)}")
     try:
         pending = pending_markers(store)
+        _check_clear_requests(store, pending, clear_pending)
         try:
             manifests = list_snapshots(store, strict=True)
         except SnapshotError as err:
             return GcResult(0, 0, 0, deferred=f"a manifest cannot be read, so its objects cannot be told apart: {err}")
         done = {m.snapshot_id for m in manifests}
+        lease = _lease(store) if any(m.snapshot_id not in done for m in pending) else (None, None)
         finished = []
-        for snapshot_id, mtime in pending:
-            if snapshot_id in done or now - mtime >= STALE_AFTER_S:
-                finished.append(store.pending_key(snapshot_id))
-            else:
-                return GcResult(0, 0, 0, deferred=f"snapshot {snapshot_id} is being written")
+        for marker in pending:
+            gone = None if marker.snapshot_id in done else _gone(store, marker, now, lease, clear_pending)
+            if marker.snapshot_id not in done and gone is None:
+                return GcResult(0, 0, 0, deferred=_still_written(store, marker, now))
+            if gone is not None:
+                log.log(logging.WARNING if marker.snapshot_id in clear_pending else logging.INFO,
+                        "job %s snapshot %s: %s the pending marker of %s: %s", store.job, marker.snapshot_id,
+                        "would clear" if dry_run else "clearing", marker.owner(), gone)
+            finished.append(store.pending_key(marker.snapshot_id))
         referenced = {store.object_key(f.sha256) for m in manifests for f in m.files}
         objects = store.storage.list(OBJECTS)
         garbage = [o for o in objects if o.key not in referenced and now - o.mtime >= min_age_s]
@@ -102,3 +115,52 @@ def collect_garbage(store: JobStore, *, min_age_s: float = 600.0, dry_run: bool 
         return result
     finally:
         _release_lock(store, body)
+
+
+def _lease(store: JobStore) -> tuple[LeaseRecord | None, float | None]:
+    """The job's lease and its store-side modification time (None, None without one)."""
+    try:
+        lease = read_lease(store)
+    except StorageError as err:  # an unreadable lease only means gc cannot use the epoch rule
+        log.warning("job %s: gc cannot read the lease, so it ignores lease epochs of pending markers: %s",
+                    store.job, err)
+        return None, None
+    info = store.storage.stat(LEASE) if lease is not None else None
+    return lease, info.mtime if info is not None else None
+
+
+def _gone(store: JobStore, marker: PendingMarker, now: float, lease: tuple[LeaseRecord | None, float | None],
+          clear: Collection[str]) -> str | None:
+    """Why this marker may go, or None while its writer may still be writing."""
+    gone = writer_gone(marker, now=now, stale_after=STALE_AFTER_S, lease=lease[0], lease_mtime=lease[1])
+    if gone is None and marker.snapshot_id in clear:
+        return "cleared on request (--clear-pending)"
+    return gone
+
+
+def _still_written(store: JobStore, marker: PendingMarker, now: float) -> str:
+    """The deferral message: which snapshot, whose, how old, and how to clear a marker of a dead writer."""
+    age = human_age(now - marker.mtime)
+    return (f"snapshot {marker.snapshot_id} is being written by {marker.owner()}: its pending marker "
+            f"{store.storage.uri(store.pending_key(marker.snapshot_id))} is {age} old. gc clears it by itself "
+            f"once that writer is provably gone (its pid gone on the host it ran on, a newer lease epoch, or the "
+            f"marker {human_age(STALE_AFTER_S)} old). If you know the writer is dead, clear it now: "
+            f"`ckpt snapshot gc --clear-pending {marker.snapshot_id}`")
+
+
+def _check_clear_requests(store: JobStore, pending: list[PendingMarker], clear: Collection[str]) -> None:
+    """Refuse to clear a marker that does not exist, or whose writer runs on this host right now."""
+    by_id = {m.snapshot_id: m for m in pending}
+    for snapshot_id in clear:
+        marker = by_id.get(snapshot_id)
+        if marker is None:
+            listed = ", ".join(sorted(by_id)) or "none"
+            raise ConfigError(
+                f"job {store.job}: no pending marker for snapshot {snapshot_id!r} to clear (pending markers: "
+                f"{listed}); pass an id that `ckpt snapshot gc` names as being written"
+            )
+        if marker.host == socket.gethostname() and marker.pid is not None and pid_alive(marker.pid):
+            raise ConflictError(
+                f"job {store.job}: snapshot {snapshot_id} is being written by {marker.owner()}, which is alive; "
+                f"its marker is not cleared. Wait for it to finish, or stop pid {marker.pid} first"
+            )

@@ -111,7 +111,7 @@ class Lease:
         prev = self.previous
         if prev is None or prev.released:
             return False
-        return prev.host != socket.gethostname() or _alive(prev.pid)
+        return prev.host != socket.gethostname() or pid_alive(prev.pid)
 
     def grace(self, minimum: float) -> float:
         """Seconds to wait before the first commit: long enough for the previous driver to notice."""
@@ -143,7 +143,8 @@ class Lease:
         return self.store.storage.write_if(LEASE, released.to_bytes(), found.tag)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True if a process with this pid exists on this host (also when another user owns it)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

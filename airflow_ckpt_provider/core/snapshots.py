@@ -8,7 +8,6 @@ snapshot, only unreferenced objects that gc removes later.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import threading
@@ -26,7 +25,6 @@ from airflow_ckpt_provider.core.errors import ConflictError, SnapshotError, Stor
 from airflow_ckpt_provider.core.jobstore import (
     GC_LOCK,
     OBJECTS,
-    PENDING,
     SNAPSHOTS,
     JobStore,
     check_snapshot_id,
@@ -39,6 +37,7 @@ from airflow_ckpt_provider.core.manifest import (
     new_snapshot_id,
     snapshot_order,
 )
+from airflow_ckpt_provider.core.pending import PendingMarker, read_markers
 from airflow_ckpt_provider.core.progress import Progress, TransferStats
 from airflow_ckpt_provider.core.retention import Disposal, RetentionPolicy, plan_retention
 from airflow_ckpt_provider.core.storage import Storage
@@ -180,10 +179,12 @@ def create_snapshot(
     concurrency: int = 8,
     report: Callable[[str], None] | None = None,
     on_step: StepHook | None = None,
+    epoch: int | None = None,
 ) -> SnapshotResult:
     """Snapshot the checkpoint at batch ``batch_id`` (default: the latest completed batch).
 
-    Safe while the query keeps running: the files of a completed batch are immutable.
+    Safe while the query keeps running: the files of a completed batch are immutable. ``epoch`` is
+    the writing driver's lease epoch, recorded in the pending marker so gc can tell a fenced writer.
     """
     step = on_step or (lambda _name: None)
     started = time.monotonic()
@@ -193,15 +194,17 @@ def create_snapshot(
     what = f"job {store.job} snapshot {snapshot_id} (batch {view.batch_id})"
     log.info("%s: creating %s from %s, %d files", what, kind.value, checkpoint.url, len(view.files))
 
+    _write_marker(store, snapshot_id, now, epoch)  # nothing to clean up if even this fails
     try:
-        _begin_write(store, snapshot_id, now)
+        _wait_for_gc(store)
         manifest, stats = _write_snapshot(
             store, checkpoint, view, snapshot_id=snapshot_id, kind=kind, trigger=trigger, now=now, step=step,
             concurrency=concurrency, report=report, meta=(code_version, spark_version), labels=labels or {},
         )
     finally:
         # On success the manifest exists; on failure nothing references the uploaded objects (gc
-        # removes them). Either way the marker has served. After kill -9 it stays until stale.
+        # removes them). Either way the marker has served. After kill -9 it stays until gc sees
+        # that its writer is gone (core/pending.py).
         _drop_marker(store, snapshot_id)
     uri = store.snapshot_uri(snapshot_id)
     seconds = time.monotonic() - started
@@ -275,7 +278,9 @@ def _drop_marker(store: JobStore, snapshot_id: str) -> None:
     try:
         store.storage.delete([store.pending_key(snapshot_id)])
     except StorageError as err:
-        log.warning("job %s snapshot %s: could not delete its pending marker: %s", store.job, snapshot_id, err)
+        log.warning("job %s snapshot %s: could not delete its pending marker %s (%s); gc clears it once this "
+                    "writer is provably gone, or now with `ckpt snapshot gc --clear-pending %s`", store.job,
+                    snapshot_id, store.storage.uri(store.pending_key(snapshot_id)), err, snapshot_id)
 
 
 def _is_fresh(store: JobStore, key: str, now: float) -> bool:
@@ -283,15 +288,18 @@ def _is_fresh(store: JobStore, key: str, now: float) -> bool:
     return info is not None and now - info.mtime < STALE_AFTER_S
 
 
-def _begin_write(store: JobStore, snapshot_id: str, now: datetime, wait_s: float = 120.0) -> None:
-    """Announce a snapshot being written, then wait while gc holds its lock.
+def _write_marker(store: JobStore, snapshot_id: str, now: datetime, epoch: int | None) -> None:
+    """Announce a snapshot being written, naming its writer (host, pid, lease epoch, start time).
 
     Writer and gc each write their own marker and then look for the other's (the Dekker pattern on
     a strongly consistent store): gc backs off when it sees a writer, so at least one always
     sees the other and gc never deletes an object a new snapshot reuses.
     """
-    marker = json.dumps({"snapshot_id": snapshot_id, "started_at": now.isoformat()}).encode()
-    store.storage.write(store.pending_key(snapshot_id), marker)
+    store.storage.write(store.pending_key(snapshot_id), PendingMarker.body(snapshot_id, now, epoch))
+
+
+def _wait_for_gc(store: JobStore, wait_s: float = 120.0) -> None:
+    """Wait while gc holds its lock (the writer's marker is already written)."""
     deadline = time.monotonic() + wait_s
     while _is_fresh(store, GC_LOCK, time.time()):
         if time.monotonic() > deadline:
@@ -427,13 +435,9 @@ def dispose_snapshot(store: JobStore, snapshot_id: str, *, force: bool = False) 
     return manifest
 
 
-def pending_markers(store: JobStore) -> list[tuple[str, float]]:
-    """Snapshots announced but not completed: (snapshot id, mtime)."""
-    return [
-        (o.key[len(PENDING) : -len(".json")], o.mtime)
-        for o in store.storage.list(PENDING)
-        if o.key.endswith(".json")
-    ]
+def pending_markers(store: JobStore) -> list[PendingMarker]:
+    """Snapshots announced but not completed, with their writers."""
+    return read_markers(store)
 
 
 def apply_retention(

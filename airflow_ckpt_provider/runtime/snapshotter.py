@@ -96,7 +96,7 @@ class Snapshotter:
         self.fence()
         result = create_snapshot(
             self.store, self.checkpoint, kind=job.kind, trigger=job.trigger, labels=self.labels,
-            on_step=lambda step: self.fence() if step == "uploaded" else None,
+            on_step=lambda step: self.fence() if step == "uploaded" else None, epoch=self._epoch(),
             **self.meta,  # type: ignore[arg-type]
         )
         if job.kind is Kind.CHECKPOINT:
@@ -109,6 +109,11 @@ class Snapshotter:
         except CkptError as err:  # retention is retried after the next snapshot
             log.warning("job %s: retention failed, will retry: %s", self.store.job, err)
         return result
+
+    def _epoch(self) -> int | None:
+        """The driver's lease epoch, which it passes as the ``epoch`` label (None outside a driver)."""
+        text = self.labels.get("epoch", "")
+        return int(text) if text.isdigit() else None
 
     def _latest(self) -> int | None:
         try:

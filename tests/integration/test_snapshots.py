@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import multiprocessing
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -17,6 +20,7 @@ from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
 from airflow_ckpt_provider.core.errors import CheckpointError, ConflictError, SnapshotError
 from airflow_ckpt_provider.core.gc import collect_garbage
 from airflow_ckpt_provider.core.jobstore import GC_LOCK, OBJECTS, JobStore
+from airflow_ckpt_provider.core.lease import Lease
 from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.restore import restore_snapshot
 from airflow_ckpt_provider.core.retention import RetentionPolicy
@@ -27,6 +31,7 @@ from airflow_ckpt_provider.core.snapshots import (
     latest_completed,
     list_snapshots,
     load_manifest,
+    pending_markers,
     verify_snapshot,
 )
 from airflow_ckpt_provider.core.storage import LocalStorage, Storage
@@ -116,8 +121,8 @@ def _create_and_die(store_root: Storage, ckpt: str, step: str) -> None:
 
 
 @pytest.mark.parametrize("step", ["upload", "file", "uploaded", "manifest"])
-def test_killed_process_leaves_no_snapshot_and_gc_cleans_after_marker_is_stale(
-    store: JobStore, tmp_path: Path, step: str, monkeypatch: pytest.MonkeyPatch
+def test_killed_writer_leaves_no_snapshot_and_gc_clears_its_marker_at_once_on_its_host(
+    store: JobStore, tmp_path: Path, step: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     ckpt = make_checkpoint(tmp_path / "ckpt", 3)
     proc = multiprocessing.get_context("fork").Process(target=_create_and_die, args=(store.root, str(ckpt), step))
@@ -125,12 +130,16 @@ def test_killed_process_leaves_no_snapshot_and_gc_cleans_after_marker_is_stale(
     proc.join(60)
     assert proc.exitcode == 137
     assert list_snapshots(store) == []
-    # The dead writer's pending marker protects its objects until it is stale.
-    assert len(store.storage.list("pending/")) == 1
-    assert collect_garbage(store, min_age_s=0).deferred is not None
-    monkeypatch.setattr("airflow_ckpt_provider.core.gc.STALE_AFTER_S", 0.0)
-    result = collect_garbage(store, min_age_s=0)
+    # The dead writer's pending marker names it; its pid no longer exists on this host, so gc clears
+    # the marker at once instead of deferring for 6 hours.
+    [marker] = pending_markers(store)
+    assert (marker.host, marker.pid, marker.epoch) == (socket.gethostname(), proc.pid, None)
+    with caplog.at_level(logging.INFO, logger="airflow_ckpt_provider.core.gc"):
+        result = collect_garbage(store, min_age_s=0)
     assert result.deferred is None
+    assert [r.getMessage() for r in caplog.records if "pending marker" in r.getMessage()] == [
+        f"job orders snapshot {marker.snapshot_id}: clearing the pending marker of pid {proc.pid} on host "
+        f"{socket.gethostname()}: its writer, pid {proc.pid} on this host ({socket.gethostname()}), no longer exists"]
     assert store.storage.list(OBJECTS) == [] and store.storage.list("pending/") == []
     expected = {"upload": 0, "file": distinct_contents(ckpt, first=2)}.get(step, distinct_contents(ckpt))
     assert result.deleted_objects == expected
@@ -242,15 +251,42 @@ def test_gc_and_a_concurrent_snapshot_never_lose_an_object(store: JobStore, tmp_
     assert verify_snapshot(store, done[0]).ok
 
 
-def test_gc_defers_while_a_snapshot_is_being_written(store: JobStore, tmp_path: Path) -> None:
+def test_gc_defers_while_a_snapshot_is_being_written(
+    store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ckpt = make_checkpoint(tmp_path / "ckpt", 2)
     m = create_snapshot(store, LocalStorage(ckpt)).manifest
     dispose_snapshot(store, m.snapshot_id, force=True)
-    store.storage.write(store.pending_key("savepoint-9-20261122T000000Z-abcdef"), b"{}")
+    sid = "savepoint-9-20261122T000000Z-abcdef"
+    store.storage.write(store.pending_key(sid), b"{}")  # a marker of an older version: no owner
     result = collect_garbage(store, min_age_s=0)
-    assert result.deferred == "snapshot savepoint-9-20261122T000000Z-abcdef is being written"
+    assert result.deferred is not None
+    assert result.deferred.startswith(f"snapshot {sid} is being written by an unknown writer (the marker does not "
+                                      "name its owner): its pending marker ")
+    assert result.deferred.endswith(f"`ckpt snapshot gc --clear-pending {sid}`")
     assert len(store.storage.list(OBJECTS)) == distinct_contents(ckpt)  # nothing deleted
     assert not store.storage.exists(GC_LOCK)  # released
+    monkeypatch.setattr("airflow_ckpt_provider.core.gc.STALE_AFTER_S", 0.0)  # older than the age limit
+    assert collect_garbage(store, min_age_s=0).deleted_objects == distinct_contents(ckpt)
+    assert store.storage.list("pending/") == []
+
+
+def test_gc_clears_the_marker_of_a_writer_fenced_by_a_newer_lease_epoch(
+    store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A driver on another host took a snapshot at epoch 1 and died; a newer driver holds epoch 2."""
+    sid = "checkpoint-9-20261122T000000Z-abcdef"
+    store.storage.write(store.pending_key(sid), json.dumps(
+        {"snapshot_id": sid, "host": "gone-host", "pid": 1, "epoch": 1, "started_at": "2026-11-22T00:00:00+00:00"}
+    ).encode())
+    Lease(store).acquire()
+    Lease(store).acquire()  # epoch 2
+    deferred = collect_garbage(store, min_age_s=0).deferred  # fenced just now: it may still be at its commit
+    assert deferred is not None and deferred.startswith(
+        f"snapshot {sid} is being written by pid 1 on host gone-host (lease epoch 1)")
+    monkeypatch.setattr("airflow_ckpt_provider.core.pending.FENCED_GRACE_S", 0.0)
+    assert collect_garbage(store, min_age_s=0).deferred is None
+    assert store.storage.list("pending/") == []
 
 
 def test_large_files_stream_through_files_and_round_trip(store: JobStore, tmp_path: Path) -> None:
