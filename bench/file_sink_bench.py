@@ -88,9 +88,9 @@ def main() -> int:
         os.environ.update(s3.env())  # the Python workers (tasks and commits) read S3 settings from here
         make_input(base / "in", rows, args.files, args.size)
         spark = local_spark("file-sink-bench", **{f"spark.executorEnv.{k}": v for k, v in s3.env().items()})
-        from airflow_ckpt_provider.sinks import register_sinks
+        from airflow_ckpt_provider.runtime.datasources import register_data_sources
 
-        register_sinks(spark)
+        register_data_sources(spark)
         results: dict[str, list[float]] = {"parquet": [], "local": [], "s3": []}
         try:
             run(spark, base / "in", "ckpt-files", str(base / "warm"), rows)  # warm-up (JIT, workers)

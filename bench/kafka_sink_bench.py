@@ -40,7 +40,7 @@ class PlainKafkaWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
         from confluent_kafka import Producer
 
-        from airflow_ckpt_provider.sinks.kafka import produce_batch
+        from airflow_ckpt_provider.kafka.writer import produce_batch
 
         producer = Producer({"bootstrap.servers": self.options["kafka.bootstrap.servers"], "linger.ms": 5,
                              "enable.idempotence": True, "acks": "all"})

@@ -25,7 +25,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from airflow_ckpt_provider.sinks.kafkaoptions import HEADER, AttemptTag
+from airflow_ckpt_provider.kafka.writeroptions import HEADER, AttemptTag
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ from airflow_ckpt_provider.kafka.offsets import (
 )
 from airflow_ckpt_provider.kafka.options import SourceOptions, check_client_config, parse_options
 from airflow_ckpt_provider.kafka.reader import Range, read_range
-from airflow_ckpt_provider.sinks.kafka import stream_writer
+from airflow_ckpt_provider.kafka.writer import stream_writer
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
@@ -507,7 +507,7 @@ class CkptKafkaDataSource(DataSource):
         return CkptKafkaStreamReader(options)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        """``df.writeStream.format("ckpt-kafka")``: the transactional sink (sinks/kafka.py, docs/sink-kafka.md)."""
+        """``df.writeStream.format("ckpt-kafka")``: the transactional sink (kafka/writer.py, docs/sink-kafka.md)."""
         return stream_writer(self.options, schema, overwrite)
 
 

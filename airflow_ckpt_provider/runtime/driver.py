@@ -32,10 +32,10 @@ from airflow_ckpt_provider.core.snapshots import SnapshotResult
 from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
 from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
 from airflow_ckpt_provider.runtime.config import RestoreSpec, RuntimeConfig, TimeTravel
+from airflow_ckpt_provider.runtime.datasources import check_output_mode, register_data_sources
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_FAILED, EXIT_FENCED, EXIT_STOPPED
 from airflow_ckpt_provider.runtime.snapshotter import SnapshotJob, SnapshotOutcome, Snapshotter
 from airflow_ckpt_provider.runtime.startup import plan_start, prepare_checkpoint
-from airflow_ckpt_provider.sinks import check_output_mode
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -193,9 +193,7 @@ class JobDriver:
             log.error("job %s: cannot start: %s", job, err)
             return EXIT_CONFIG
         spark = (spark_factory or _default_spark)()
-        from airflow_ckpt_provider.sinks import register_sinks
-
-        register_sinks(spark)  # the ckpt-kafka source and sink, the ckpt-files sink
+        register_data_sources(spark)  # the ckpt-kafka source and writer, the ckpt-files sink
         spark.sparkContext.setLogLevel("WARN")
         try:
             writer = self.build(spark, JobContext(self.config, self.lease))

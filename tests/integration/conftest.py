@@ -30,13 +30,13 @@ def kafka_spark(request: pytest.FixtureRequest) -> Iterator[Any]:
 def sink_session(s3: EmbeddedS3, app: str, **conf: str) -> Iterator[Any]:
     """A test Spark session with the ckpt sinks registered whose Python workers reach SeaweedFS: the S3
     settings go to this process's environment (the driver's commit workers) and to the executors'."""
-    from airflow_ckpt_provider.sinks import register_sinks
+    from airflow_ckpt_provider.runtime.datasources import register_data_sources
     from tests import sparkjobs
 
     saved = {k: os.environ.get(k) for k in s3.env()}
     os.environ.update(s3.env())
     session = sparkjobs.spark_session(app, **conf, **{f"spark.executorEnv.{k}": v for k, v in s3.env().items()})
-    register_sinks(session)
+    register_data_sources(session)
     try:
         yield session
     finally:

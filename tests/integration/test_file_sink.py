@@ -186,7 +186,7 @@ def test_update_and_complete_modes_are_refused_when_the_query_is_defined(spark: 
     """Spark runs Python sinks in append mode only and says so at the first batch with a Java stack trace;
     check_output_mode (the runtime calls it after the job's build function, before the lease) says it first."""
     from airflow_ckpt_provider.core.errors import ConfigError
-    from airflow_ckpt_provider.sinks import check_output_mode, output_mode
+    from airflow_ckpt_provider.runtime.datasources import check_output_mode, output_mode
 
     sparkjobs.write_input(tmp_path / "in", 0)
     stream = spark.readStream.schema(sparkjobs.SCHEMA).json(str(tmp_path / "in")).groupBy("k").count()

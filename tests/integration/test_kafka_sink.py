@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from airflow_ckpt_provider.embedded import EmbeddedKafka
-from airflow_ckpt_provider.sinks.kafkaoptions import read_marker
+from airflow_ckpt_provider.kafka.writeroptions import read_marker
 from tests.kafkasink import read_all, read_sink_output
 from tests.runtimejob import produce
 
@@ -144,7 +144,7 @@ def _offsets_log(checkpoint: Path, batches: int) -> str:
 
 
 def _options(kafka: EmbeddedKafka, sink: str, job: str, checkpoint: str) -> Any:
-    from airflow_ckpt_provider.sinks.kafkaoptions import parse_sink_options
+    from airflow_ckpt_provider.kafka.writeroptions import parse_sink_options
 
     return parse_sink_options({"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": sink, "job": job,
                                "timeoutMs": "10000", "checkpointLocation": checkpoint})
@@ -153,7 +153,7 @@ def _options(kafka: EmbeddedKafka, sink: str, job: str, checkpoint: str) -> Any:
 def test_zombie_producer_is_fenced(kafka_server: EmbeddedKafka, tmp_path: Path) -> None:
     from confluent_kafka import KafkaException, Producer
 
-    from airflow_ckpt_provider.sinks.kafka import write_partition
+    from airflow_ckpt_provider.kafka.writer import write_partition
 
     sink, job = _new_topic(kafka_server), f"z{uuid.uuid4().hex[:6]}"
     options = _options(kafka_server, sink, job, _offsets_log(tmp_path / "ckpt", 8))
@@ -185,7 +185,7 @@ def test_cached_producer_fenced_by_another_worker_is_replaced(kafka_server: Embe
 
     from confluent_kafka import Producer
 
-    from airflow_ckpt_provider.sinks.kafka import write_partition
+    from airflow_ckpt_provider.kafka.writer import write_partition
 
     sink, job = _new_topic(kafka_server), f"f{uuid.uuid4().hex[:6]}"
     options = _options(kafka_server, sink, job, _offsets_log(tmp_path / "ckpt", 2))
@@ -199,7 +199,7 @@ def test_cached_producer_fenced_by_another_worker_is_replaced(kafka_server: Embe
         task.start()
         task.join(120)
     finally:
-        del other_worker  # fenced in turn: released, not closed (see sinks/kafka._Clients.close)
+        del other_worker  # fenced in turn: released, not closed (see kafka/writer._Clients.close)
     assert not task.is_alive(), "the task hung replacing its fenced producer"
     assert [(r.records, r.skipped) for r in results] == [(3, False)]
     out = read_sink_output(kafka_server.bootstrap_servers, sink)
@@ -210,8 +210,8 @@ def test_cached_producer_fenced_by_another_worker_is_replaced(kafka_server: Embe
 _KILLED_TASK = textwrap.dedent("""
     import sys
     import pyarrow as pa
-    from airflow_ckpt_provider.sinks.kafka import write_partition
-    from airflow_ckpt_provider.sinks.kafkaoptions import parse_sink_options
+    from airflow_ckpt_provider.kafka.writer import write_partition
+    from airflow_ckpt_provider.kafka.writeroptions import parse_sink_options
     bootstrap, sink, job, checkpoint = sys.argv[1:5]
     options = parse_sink_options({"kafka.bootstrap.servers": bootstrap, "topic": sink, "job": job,
                                   "checkpointLocation": checkpoint})
@@ -223,7 +223,7 @@ _KILLED_TASK = textwrap.dedent("""
 
 def test_task_killed_mid_transaction_then_retried_writes_once(kafka_server: EmbeddedKafka, tmp_path: Path) -> None:
     from airflow_ckpt_provider.core.faults import ENV
-    from airflow_ckpt_provider.sinks.kafka import write_partition
+    from airflow_ckpt_provider.kafka.writer import write_partition
 
     sink, job = _new_topic(kafka_server), f"k{uuid.uuid4().hex[:6]}"
     faults = tmp_path / "faults"
@@ -250,7 +250,7 @@ def test_task_killed_mid_transaction_then_retried_writes_once(kafka_server: Embe
 @pytest.fixture(autouse=True)
 def _close_cached_clients() -> Any:
     """Close the sink's cached producers of in-process tasks while the broker still runs."""
-    from airflow_ckpt_provider.sinks.kafka import _close_all
+    from airflow_ckpt_provider.kafka.writer import _close_all
 
     yield
     _close_all()
@@ -260,7 +260,7 @@ def test_kafka_sink_refuses_bad_input_before_the_query_starts(kafka_spark: Any, 
                                                              topic: str) -> None:
     """kafka_sink() runs the option, column and topic checks in the job's build function: no query starts."""
     from airflow_ckpt_provider.core.errors import ConfigError
-    from airflow_ckpt_provider.sinks.kafka import kafka_sink
+    from airflow_ckpt_provider.kafka.writer import kafka_sink
 
     df = (kafka_spark.readStream.format("ckpt-kafka").option("kafka.bootstrap.servers", kafka_server.bootstrap_servers)
           .option("subscribe", topic).load())

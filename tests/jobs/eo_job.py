@@ -20,8 +20,8 @@ import os
 import sqlite3
 from typing import Any
 
+from airflow_ckpt_provider.core.streambatch import QUERY_ID_PROPERTY
 from airflow_ckpt_provider.runtime import JobContext, streaming_job
-from airflow_ckpt_provider.sinks import QUERY_ID_PROPERTY
 
 OUT_TABLE = "eo_out"
 LEDGER_TABLE = "ckpt_ledger"

@@ -12,9 +12,9 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 
+from airflow_ckpt_provider.core.coverage import Coverage
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
 from airflow_ckpt_provider.core.storage import LocalStorage
-from airflow_ckpt_provider.sinks.coverage import Coverage
 from airflow_ckpt_provider.sinks.filelayout import (
     BatchManifest,
     DataFile,

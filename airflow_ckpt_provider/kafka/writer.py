@@ -4,7 +4,7 @@ Each Spark task (sink partition p of batch N) writes inside one Kafka transactio
 transactional.id ``{prefix}-{job}-{p}`` is stable, so a retried task fences the earlier attempt. The
 commit marker of (job, query id, p) is a consumer-group offset committed with
 ``send_offsets_to_transaction`` in the same transaction: it exists if and only if the records are
-committed, and a replayed (N, p) that finds it skips. Options and marker encoding: sinks/kafkaoptions.py;
+committed, and a replayed (N, p) that finds it skips. Options and marker encoding: kafka/writeroptions.py;
 the protocol and the settings users must get right: docs/sink-kafka.md.
 
 This module imports pyspark at module level (the writer subclasses its classes); it runs only in
@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, DataSourceStreamWriter, WriterCommitMessage
 
+from airflow_ckpt_provider.core.coverage import checkpoint_storage, read_coverage
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.faults import crash_point
-from airflow_ckpt_provider.sinks import BATCH_ID_PROPERTY, QUERY_ID_PROPERTY, worker_logging
-from airflow_ckpt_provider.sinks.coverage import checkpoint_storage, read_coverage
-from airflow_ckpt_provider.sinks.kafkaoptions import (
+from airflow_ckpt_provider.core.streambatch import BATCH_ID_PROPERTY, QUERY_ID_PROPERTY, worker_logging
+from airflow_ckpt_provider.kafka.writeroptions import (
     HEADER,
     AttemptTag,
     MarkerAction,
