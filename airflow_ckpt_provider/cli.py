@@ -14,7 +14,7 @@ from typing import Any
 from airflow_ckpt_provider.cli_job import add_job_commands
 from airflow_ckpt_provider.cli_run import add_run_command
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
-from airflow_ckpt_provider.core.jobstore import JobStore
+from airflow_ckpt_provider.core.jobstore import JobStore, split_snapshot_ref
 from airflow_ckpt_provider.core.manifest import Kind, Manifest, Trigger, parse_enum
 from airflow_ckpt_provider.core.progress import human_bytes
 from airflow_ckpt_provider.core.storage import S3Options, open_storage
@@ -38,16 +38,23 @@ def _store(args: argparse.Namespace) -> JobStore:
 
 
 def _store_and_snapshot(args: argparse.Namespace) -> tuple[JobStore, str]:
-    """Accept a snapshot id, or its full URI ``<root>/<job>/snapshots/<id>`` as printed by create."""
-    ref = args.snapshot.rstrip("/")
-    if "/snapshots/" not in ref:
-        return _store(args), ref
-    root_and_job, snapshot_id = ref.rsplit("/snapshots/", 1)
-    root, _, job = root_and_job.rpartition("/")
+    """Accept a snapshot id, or its full URI ``<root>/<job>/snapshots/<id>`` as printed by create
+    (also a relative path such as ``../../jobs/orders/snapshots/<id>``, normalised)."""
+    ref = args.snapshot.strip().rstrip("/")
+    root, job, snapshot_id = split_snapshot_ref(ref)
+    if root is None or job is None:
+        return _store(args), snapshot_id
     if args.job and args.job != job:
         raise ConfigError(
             f"snapshot {ref} belongs to job {job!r}, not to job {args.job!r}: restoring another job's "
             f"state into this job is refused; pass --job {job} if that is really meant"
+        )
+    if "://" not in root and not os.path.isdir(os.path.join(root, job)):
+        raise ConfigError(
+            f"snapshot reference {ref} is a local path, and the job store directory it names, "
+            f"{os.path.join(root, job)}, does not exist: expected ROOT/JOB/snapshots/ID with ROOT/JOB a job store "
+            "directory; pass the URI `ckpt snapshot create` printed (e.g. s3://BUCKET/PREFIX/JOB/snapshots/ID), "
+            "or the id with --store and --job"
         )
     return JobStore.open(root, job, _s3_options(args)), snapshot_id
 

@@ -16,7 +16,10 @@
 
 from __future__ import annotations
 
+import os
+import posixpath
 import re
+from urllib.parse import urlparse
 
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
@@ -52,6 +55,42 @@ def check_snapshot_id(snapshot_id: str) -> str:
             "as printed by `ckpt snapshot list`"
         )
     return snapshot_id
+
+
+def split_snapshot_ref(ref: str) -> tuple[str | None, str | None, str]:
+    """``(root, job, snapshot_id)`` of a snapshot reference; ``(None, None, id)`` for a bare id.
+
+    A reference naming ``<root>/<job>/snapshots/<id>`` (optionally ``/manifest.json``) is normalised:
+    a local path becomes absolute with ``.``/``..`` resolved (``../../jobs/orders/snapshots/<id>``),
+    and ``file://``, ``s3://`` and ``s3a://`` URIs lose their dot segments and duplicate slashes.
+    """
+    text = ref.strip().rstrip("/").removesuffix("/manifest.json").rstrip("/")
+    if "/snapshots/" not in f"/{text}":
+        return None, None, text
+    parsed = urlparse(text)
+    if parsed.scheme in ("s3", "s3a"):
+        prefix, path = f"{parsed.scheme}://", posixpath.normpath(f"/{parsed.netloc}/{parsed.path}").lstrip("/")
+    elif parsed.scheme in ("", "file"):
+        prefix, path = "", os.path.abspath(parsed.path if parsed.scheme else text)
+    else:
+        raise ConfigError(
+            f"unsupported snapshot reference {ref!r}: expected a snapshot id, or ROOT/JOB/snapshots/ID with ROOT "
+            "s3://BUCKET/PREFIX, s3a://..., file:///PATH or a local path"
+        )
+    parts = path.split("/")
+    if len(parts) < 3 or parts[-2] != "snapshots" or not parts[-3]:
+        raise ConfigError(
+            f"snapshot reference {ref!r} does not end in JOB/snapshots/ID (normalised: {prefix}{path}); pass the "
+            "URI `ckpt snapshot create` printed, or the id with --store and --job"
+        )
+    root = "/".join(parts[:-3])
+    if not root.strip("/"):
+        raise ConfigError(
+            f"snapshot reference {ref} names no job store: expected ROOT/JOB/snapshots/ID (e.g. "
+            f"s3://BUCKET/PREFIX/JOB/snapshots/ID or a directory), found no ROOT before job {parts[-3]!r}; pass "
+            "the full URI `ckpt snapshot create` printed, or the id with --store and --job"
+        )
+    return prefix + root, parts[-3], parts[-1]
 
 
 class JobStore:

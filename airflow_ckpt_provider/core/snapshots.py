@@ -393,8 +393,18 @@ def object_problems(store: JobStore, manifest: Manifest) -> dict[str, str]:
 
 
 def verify_snapshot(store: JobStore, snapshot_id: str, *, deep: bool = True, concurrency: int = 8) -> VerifyReport:
-    """Check that every object exists with the right size and, if ``deep``, the right SHA-256."""
-    manifest = load_manifest(store, snapshot_id)
+    """Check that every object exists with the right size and, if ``deep``, the right SHA-256.
+
+    A manifest that exists but is corrupt (or another job's) is a problem found, not an error;
+    a snapshot that does not exist raises SnapshotError.
+    """
+    try:
+        manifest = load_manifest(store, snapshot_id)
+    except SnapshotError as err:
+        if not store.storage.exists(store.manifest_key(snapshot_id)):
+            raise
+        log.error("job %s snapshot %s: verified its manifest: %s", store.job, snapshot_id, err)
+        return VerifyReport(snapshot_id, 0, 0, (str(err),))
     found = object_problems(store, manifest)
     present = [f for f in manifest.files if f.path not in found]
 
