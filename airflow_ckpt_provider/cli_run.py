@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ from typing import Any
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.launches import LAUNCH_ENV
 from airflow_ckpt_provider.core.restart import ExponentialDelay, FailureRate, FixedDelay, HealthRule, RestartStrategy
+from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG
 from airflow_ckpt_provider.runtime.submit import (
@@ -76,9 +78,15 @@ def spec_from_args(args: argparse.Namespace) -> SubmitSpec:
         raise ConfigError("no job store given: pass --store s3://BUCKET/PREFIX or a directory, or set CKPT_STORE")
     if not args.job:
         raise ConfigError("no job given: pass --job NAME or set CKPT_JOB")
+    config = RuntimeConfig.from_namespace(args)  # converts and checks the runtime options
+    if args.deploy_mode == "client":
+        # The driver runs here and inherits this environment: name the endpoint and region it will use
+        # (AWS_ENDPOINT_URL, AWS_REGION) in its command. In cluster mode the driver's own environment decides.
+        s3 = S3Options.from_env(config.endpoint_url, config.region)
+        config = dataclasses.replace(config, endpoint_url=s3.endpoint_url, region=s3.region)
     return SubmitSpec(
         job_file=args.job_file,
-        config=RuntimeConfig.from_namespace(args),  # converts and checks the runtime options
+        config=config,
         master=args.master,
         deploy_mode=args.deploy_mode,
         conf=parse_conf(args.conf),
@@ -152,7 +160,6 @@ def _wait(proc: ProcessLike, stop_at: list[float], grace: float, clock: Callable
 def _run_supervised(args: argparse.Namespace, spec: SubmitSpec, strategy: RestartStrategy,
                     health: HealthRule | None) -> int:
     from airflow_ckpt_provider.core.jobstore import JobStore
-    from airflow_ckpt_provider.core.storage import S3Options
 
     store = JobStore.open(spec.config.store, spec.config.job, S3Options.from_env(args.endpoint_url, args.region))
     supervisor = Supervisor(spec, strategy, health=health, store=store, poll=args.poll,

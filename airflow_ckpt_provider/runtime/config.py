@@ -123,7 +123,11 @@ class RuntimeConfig:
         return RestoreSpec.parse(self.restore)
 
     def to_args(self) -> list[str]:
-        """Command-line arguments that ``from_args`` turns back into this config (flags only when set)."""
+        """Command-line arguments that ``from_args`` turns back into this config (flags only when set).
+
+        Unset settings whose default is unset (endpoint, region, code version, ...) are left out, so
+        the command never shows a literal "none" for them; "none" is passed only where it differs from
+        the default (``--checkpoint-interval none``: never)."""
         args = []
         for f in fields(self):
             value = getattr(self, f.name)
@@ -131,6 +135,8 @@ class RuntimeConfig:
                 args += [f"--{f.name.replace('_', '-')}"] if value else []
                 continue
             if value is None:
+                if f.default is None:
+                    continue
                 value = "none"
             args += [f"--{f.name.replace('_', '-')}", str(value)]
         return args

@@ -70,8 +70,7 @@ def test_round_trip_keeps_none_values() -> None:
     cfg = RuntimeConfig(job="j", store="/data/store", checkpoint="/c", restore="none", checkpoint_interval=None,
                         savepoint_interval=None, keep_savepoints=None)
     args = cfg.to_args()
-    assert args[args.index("--checkpoint-interval") + 1] == "none"
-    assert args[args.index("--code-version") + 1] == "none"
+    assert args[args.index("--checkpoint-interval") + 1] == "none"  # differs from the default (0: every batch)
     back = RuntimeConfig.from_args(args)
     assert back == cfg
     assert back.restore_spec() == RestoreSpec(RestoreMode.NONE)  # "none" the strategy is not None the value
@@ -144,3 +143,12 @@ def test_from_args_validates_like_the_constructor() -> None:
         RuntimeConfig.from_args(["--job", "j", "--store", "/s", "--poll-interval", "5"])
     with pytest.raises(ConfigError, match="checkpoint_interval must be >= 0"):
         RuntimeConfig.from_args(["--job", "j", "--store", "/s", "--checkpoint-interval", "-0.5"])
+
+
+def test_to_args_leaves_out_unset_settings_whose_default_is_unset_never_printing_none() -> None:
+    cfg = RuntimeConfig(job="j", store="s3://b/jobs", checkpoint="/c", checkpoint_interval=None)
+    args = cfg.to_args()
+    for flag in ("--endpoint-url", "--region", "--code-version", "--savepoint-interval", "--keep-savepoints"):
+        assert flag not in args
+    assert [a for a in args if a.lower() == "none"] == ["none"]  # only --checkpoint-interval none (never)
+    assert RuntimeConfig.from_args(args) == cfg

@@ -440,3 +440,22 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+@pytest.mark.parametrize("deploy", [[], ["--master", "yarn", "--deploy-mode", "cluster"]])
+def test_dry_run_shows_the_endpoint_the_driver_uses_never_none(
+    job_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    deploy: list[str]
+) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:8333")
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    code, out, _ = _run_dry(capsys, str(job_file), "--job", "orders", "--store", "s3://bucket/jobs", *deploy)
+    assert code == 0
+    argv = shlex.split(out.splitlines()[0])
+    assert "none" not in [a.lower() for a in argv]
+    assert "--region" not in argv
+    if deploy:  # the driver runs in the cluster: its own environment decides, nothing is claimed here
+        assert "--endpoint-url" not in argv
+    else:  # the driver inherits this environment: the command names the endpoint it will use
+        assert argv[argv.index("--endpoint-url") + 1] == "http://127.0.0.1:8333"
