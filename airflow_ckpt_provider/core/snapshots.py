@@ -310,6 +310,23 @@ def _wait_for_gc(store: JobStore, wait_s: float = 120.0) -> None:
         time.sleep(0.2)
 
 
+#: Manifests already warned about: a driver lists snapshots after every batch (retention), and one
+#: corrupt manifest must not repeat its warning each time.
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _first_warning(uri: str) -> bool:
+    """True the first time this process warns about the manifest at ``uri``."""
+    with _warned_lock:
+        if uri in _warned:
+            return False
+        if len(_warned) >= _DIGESTS_MAX:
+            _warned.clear()
+        _warned.add(uri)
+        return True
+
+
 def list_snapshots(store: JobStore, kind: Kind | None = None, *, strict: bool = False) -> list[Manifest]:
     """Completed snapshots, oldest first.
 
@@ -326,7 +343,10 @@ def list_snapshots(store: JobStore, kind: Kind | None = None, *, strict: bool = 
         except SnapshotError as err:
             if strict:
                 raise
-            log.warning("job %s: skipping snapshot: %s", store.job, err)
+            snapshot_id = key[len(SNAPSHOTS) : -len("/manifest.json")]
+            log.log(logging.WARNING if _first_warning(store.storage.uri(key)) else logging.DEBUG,
+                    "job %s snapshot %s: skipped, its manifest cannot be trusted (said once per process): %s",
+                    store.job, snapshot_id, err)
             return None
 
     with ThreadPoolExecutor(max_workers=8) as pool:
