@@ -82,9 +82,6 @@ class Timelines:
         """True if ``item`` is part of the output: its timeline holds its batch id."""
         return self.holder(item.batch_id) == item.timeline
 
-    def fork_of(self, timeline: int) -> TimelineRecord | None:
-        return next((r for r in self.records if r.timeline == timeline), None)
-
 
 def effective(records: Iterable[TimelineRecord], committed: Iterable[tuple[int, int]]) -> Timelines:
     """The records whose first batch was committed, given (timeline, batch id) pairs of committed batches.
@@ -131,8 +128,7 @@ class Decision:
     action: Action
     timeline: int
     reason: str
-    parent: int = 0
-    abandoned_from: int | None = None  # FORK: the first hidden batch
+    parent: int = 0  # FORK: the timeline the new one starts from
 
 
 @dataclass(frozen=True)
@@ -169,14 +165,14 @@ def decide(coverage: Coverage, seen: Observed) -> Decision:
         return Decision(Action.REFUSE, holder, problem)
     for record in seen.pending:  # a fork of this very batch whose first commit did not happen: finish it
         if record.fork_batch == n and record.coverage == coverage.digest:
-            return Decision(Action.COMMIT, record.timeline, "finishing the fork recorded before", record.parent, n)
+            return Decision(Action.COMMIT, record.timeline, "finishing the fork recorded before", record.parent)
     if seen.at_batch is None:
         return Decision(Action.COMMIT, holder, "a new batch")
     committed = (seen.at_batch.coverage or "")[:12]
     return Decision(Action.FORK, seen.next_timeline,
                     f"batch {n} is committed with other content (offsets log digest {committed}, "
                     f"this batch {coverage.short()}): it was planned again after a restore of an older snapshot",
-                    seen.timelines.current, n)
+                    seen.timelines.current)
 
 
 def _continues(coverage: Coverage, seen: Observed) -> str | None:
