@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,45 @@ from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
 # py4j logs "Closing down clientserver connection" from __del__ at interpreter exit, after pytest
 # closed its capture streams, which prints a "Logging error" traceback under the summary.
 logging.getLogger("py4j").setLevel(logging.WARNING)
+
+
+#: Iterations of each stress test with ``--full`` (``scripts/test --full``); one otherwise.
+STRESS_RUNS_FULL = 3
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--full", action="store_true", default=False,
+                     help=f"the longer variants: each stress test runs {STRESS_RUNS_FULL} iterations, not 1")
+    parser.addoption("--stress-runs", type=int, default=None,
+                     help="iterations of each stress test (overrides --full; or the CKPT_STRESS_RUNS variable)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "stress(base, per_run): repeated under load, once by default, more with --full or --stress-runs N")
+
+
+def stress_runs(config: pytest.Config) -> int:
+    """How many iterations each stress test runs: --stress-runs, CKPT_STRESS_RUNS, --full, or 1."""
+    explicit = config.getoption("--stress-runs") or os.environ.get("CKPT_STRESS_RUNS")
+    if explicit:
+        return max(1, int(explicit))
+    return STRESS_RUNS_FULL if config.getoption("--full") else 1
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A stress test's time limit grows with its iterations: ``@pytest.mark.stress(base=S, per_run=S)``."""
+    runs = stress_runs(config)
+    for item in items:
+        marker = item.get_closest_marker("stress")
+        if marker is not None:
+            limit = marker.kwargs.get("base", 300) + marker.kwargs.get("per_run", 600) * runs
+            item.add_marker(pytest.mark.timeout(limit))
+
+
+@pytest.fixture(scope="session")
+def stress_run_count(pytestconfig: pytest.Config) -> int:
+    return stress_runs(pytestconfig)
 
 
 @pytest.fixture(scope="session")

@@ -25,6 +25,7 @@ from airflow_ckpt_provider.core.jobview import JobView, starting_launch, when
 from airflow_ckpt_provider.core.launches import read_launch
 from airflow_ckpt_provider.core.lease import read_lease
 from airflow_ckpt_provider.core.manifest import Kind, Manifest, parse_enum
+from airflow_ckpt_provider.core.outcomes import RequestOutcome
 from airflow_ckpt_provider.core.restart import Health, HealthRule
 from airflow_ckpt_provider.core.snapshots import latest_completed
 from airflow_ckpt_provider.core.status import TERMINAL_STATES, JobState, JobStatus, read_status
@@ -51,18 +52,6 @@ class Unhealthy(StrEnum):
     TOO_MANY_RESTARTS = "too_many_restarts"  # crash loop
     NO_PROGRESS = "no_progress"  # data waits, no batch completes
     NOT_STARTED = "not_started"  # no driver of the expected deployment reported in time
-
-
-class RequestOutcome(StrEnum):
-    COMPLETED = "completed"
-    FAILED = "failed"
-    REJECTED = "rejected"
-
-
-#: The closed sets of event statuses, one per watch (the triggers add "timeout" and "error").
-HEALTH_EVENTS = frozenset(h.value for h in Health)
-REQUEST_EVENTS = frozenset(o.value for o in RequestOutcome)
-SNAPSHOT_EVENTS = frozenset({"completed"})
 
 
 def _now(now: float | None) -> float:

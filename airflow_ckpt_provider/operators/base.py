@@ -13,6 +13,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.hooks.job_store import JobStoreHook
+from airflow_ckpt_provider.triggers.base import MIN_DEFERRAL
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -30,7 +31,9 @@ class JobOperator(BaseOperator):
     """Base of the job operators: ``job`` in the store of ``ckpt_store_conn_id`` (or ``store_url``).
 
     ``deferrable`` (default True) frees the worker slot while waiting; ``poll_interval`` is the seconds
-    between looks at the job store while waiting.
+    between looks at the job store while waiting; ``min_deferral`` (s) is how long a deferral lasts at least:
+    an outcome that comes sooner is held in the triggerer until then, so the task never resumes while Airflow
+    may still take the report of its exit after ``defer()`` for a task killed from outside.
     """
 
     template_fields: tuple[str, ...] = ("job", "store_url")
@@ -43,6 +46,7 @@ class JobOperator(BaseOperator):
         store_url: str | None = None,
         deferrable: bool = True,
         poll_interval: float = 2.0,
+        min_deferral: float = MIN_DEFERRAL,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -51,6 +55,7 @@ class JobOperator(BaseOperator):
         self.store_url = store_url
         self.deferrable = deferrable
         self.poll_interval = poll_interval
+        self.min_deferral = min_deferral
 
     @cached_property
     def store_hook(self) -> JobStoreHook:
@@ -70,11 +75,13 @@ class JobOperator(BaseOperator):
     ) -> Any:
         """Defer to ``trigger``, or (not deferrable) poll its watch here; either way ``method_name`` gets the
         event. The trigger's own timeout yields a "timeout" event the method handles (a rollback, a clear
-        message); Airflow's deferral timeout is only the backstop, a grace period later."""
+        message); Airflow's deferral timeout is only the backstop, a grace period later. Both count from now."""
         if self.deferrable:
             backstop = None if trigger.timeout is None else timedelta(seconds=trigger.timeout + DEFER_GRACE)
             # The next step and its arguments travel in the trigger's event: dag.test drops defer's kwargs.
             trigger.resume_with = {"method": method_name, "kwargs": kwargs or {}}
+            trigger.waiting_since = time.time()
+            trigger.min_wait = float(self.min_deferral)
             self.defer(trigger=trigger, method_name="resume", timeout=backstop)
         watch = trigger.build_watch()
         deadline = None if trigger.timeout is None else time.monotonic() + trigger.timeout

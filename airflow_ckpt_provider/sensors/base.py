@@ -7,6 +7,7 @@ when ``soft_fail`` is set, in both modes alike.
 
 from __future__ import annotations
 
+import time
 from abc import abstractmethod
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
@@ -15,7 +16,7 @@ from airflow.sdk import BaseSensorOperator
 from airflow.sdk.bases.sensor import PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, AirflowSkipException
 
-from airflow_ckpt_provider.triggers.base import ERROR, TIMEOUT, WatchTrigger
+from airflow_ckpt_provider.triggers.base import ERROR, MIN_DEFERRAL, TIMEOUT, WatchTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -28,7 +29,8 @@ DEFER_GRACE = 60.0
 
 
 class WatchSensor(BaseSensorOperator):
-    """A sensor on a core watch. ``deferrable`` (default True) waits in the triggerer.
+    """A sensor on a core watch. ``deferrable`` (default True) waits in the triggerer, at least
+    ``min_deferral`` s (the operators' ``min_deferral``: an earlier outcome is held until then).
 
     Not deferrable, ``poke`` keeps the watch between pokes in mode="poke" (the default); mode="reschedule"
     starts a new watch at every poke, so what a watch tracks over time cannot be judged there.
@@ -36,9 +38,11 @@ class WatchSensor(BaseSensorOperator):
 
     trigger_class: ClassVar[type[WatchTrigger]]
 
-    def __init__(self, *, deferrable: bool = True, poke_interval: float = 10.0, **kwargs: Any) -> None:
+    def __init__(self, *, deferrable: bool = True, poke_interval: float = 10.0, min_deferral: float = MIN_DEFERRAL,
+                 **kwargs: Any) -> None:
         super().__init__(poke_interval=poke_interval, **kwargs)
         self.deferrable = deferrable
+        self.min_deferral = min_deferral
         self._watch: Watch | None = None
 
     @abstractmethod
@@ -52,6 +56,8 @@ class WatchSensor(BaseSensorOperator):
     def execute(self, context: Context) -> Any:
         if self.deferrable:
             trigger = self.make_trigger()
+            trigger.waiting_since = time.time()  # the trigger's timeout counts from here, as Airflow's does
+            trigger.min_wait = float(self.min_deferral)
             self.log.info("Deferring to %s (timeout %.0f s)", type(trigger).__name__, self.timeout)
             self.defer(trigger=trigger, method_name="execute_complete",
                        timeout=timedelta(seconds=self.timeout + DEFER_GRACE))

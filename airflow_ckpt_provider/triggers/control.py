@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow_ckpt_provider.core.watch import REQUEST_EVENTS, RequestWatch
-from airflow_ckpt_provider.hooks.job_store import JobStoreHook
-from airflow_ckpt_provider.triggers.base import TRIGGER_EVENTS, JobStoreTrigger
+from airflow_ckpt_provider.core.outcomes import REQUEST_EVENTS
+from airflow_ckpt_provider.triggers.base import DEFAULT_STORE_CONN, TRIGGER_EVENTS, JobStoreTrigger
+
+if TYPE_CHECKING:
+    from airflow_ckpt_provider.core.watch import RequestWatch
 
 
 class RequestTrigger(JobStoreTrigger):
@@ -26,14 +28,17 @@ class RequestTrigger(JobStoreTrigger):
         request_id: str,
         epoch: int,
         busy_timeout: float = 900.0,
-        ckpt_store_conn_id: str = JobStoreHook.default_conn_name,
+        ckpt_store_conn_id: str = DEFAULT_STORE_CONN,
         store_url: str | None = None,
         poll_interval: float = 2.0,
         timeout: float | None = None,
+        waiting_since: float | None = None,
+        min_wait: float = 0.0,
         resume_with: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(job=job, ckpt_store_conn_id=ckpt_store_conn_id, store_url=store_url,
-                         poll_interval=poll_interval, timeout=timeout, resume_with=resume_with)
+                         poll_interval=poll_interval, timeout=timeout, waiting_since=waiting_since,
+                         min_wait=min_wait, resume_with=resume_with)
         self.request_id = request_id
         self.epoch = epoch
         self.busy_timeout = busy_timeout
@@ -43,4 +48,6 @@ class RequestTrigger(JobStoreTrigger):
                 "busy_timeout": self.busy_timeout}
 
     def build_watch(self) -> RequestWatch:
+        from airflow_ckpt_provider.core.watch import RequestWatch
+
         return RequestWatch(self.job_store(), self.request_id, self.epoch, busy_timeout=self.busy_timeout)

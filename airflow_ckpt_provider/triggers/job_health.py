@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from airflow_ckpt_provider.core.outcomes import HEALTH_EVENTS
 from airflow_ckpt_provider.core.restart import Health
-from airflow_ckpt_provider.core.watch import HEALTH_EVENTS, JobHealthWatch
-from airflow_ckpt_provider.hooks.job_store import JobStoreHook
-from airflow_ckpt_provider.triggers.base import TRIGGER_EVENTS, JobStoreTrigger
+from airflow_ckpt_provider.triggers.base import DEFAULT_STORE_CONN, TRIGGER_EVENTS, JobStoreTrigger
+
+if TYPE_CHECKING:
+    from airflow_ckpt_provider.core.watch import JobHealthWatch
 
 
 class JobHealthTrigger(JobStoreTrigger):
@@ -34,14 +36,17 @@ class JobHealthTrigger(JobStoreTrigger):
         restart_window: float = 600,
         progress_timeout: float | None = None,
         start_timeout: float = 300,
-        ckpt_store_conn_id: str = JobStoreHook.default_conn_name,
+        ckpt_store_conn_id: str = DEFAULT_STORE_CONN,
         store_url: str | None = None,
         poll_interval: float = 5.0,
         timeout: float | None = None,
+        waiting_since: float | None = None,
+        min_wait: float = 0.0,
         resume_with: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(job=job, ckpt_store_conn_id=ckpt_store_conn_id, store_url=store_url,
-                         poll_interval=poll_interval, timeout=timeout, resume_with=resume_with)
+                         poll_interval=poll_interval, timeout=timeout, waiting_since=waiting_since,
+                         min_wait=min_wait, resume_with=resume_with)
         self.expect = str(expect)
         self.min_epoch = min_epoch
         self.started_after = started_after
@@ -63,6 +68,8 @@ class JobHealthTrigger(JobStoreTrigger):
         }
 
     def build_watch(self) -> JobHealthWatch:
+        from airflow_ckpt_provider.core.watch import JobHealthWatch
+
         return JobHealthWatch(
             self.job_store(), expect=self.expect, min_epoch=self.min_epoch, started_after=self.started_after,
             healthy_for=self.healthy_for, min_batches=self.min_batches, heartbeat_timeout=self.heartbeat_timeout,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.hooks.kafka import KafkaConfigHook
-from airflow_ckpt_provider.kafka.lag import DEFAULT_TIMEOUT, LAG_EVENTS, LagCondition, LagWatch
+from airflow_ckpt_provider.kafka.lag import DEFAULT_TIMEOUT, LAG_EVENTS, LagCondition
 from airflow_ckpt_provider.triggers.base import TRIGGER_EVENTS, WatchTrigger
+
+if TYPE_CHECKING:
+    from airflow_ckpt_provider.kafka.lag import LagWatch
 
 
 class KafkaLagTrigger(WatchTrigger):
@@ -33,9 +35,12 @@ class KafkaLagTrigger(WatchTrigger):
         request_timeout: float = DEFAULT_TIMEOUT,
         poll_interval: float = 10.0,
         timeout: float | None = None,
+        waiting_since: float | None = None,
+        min_wait: float = 0.0,
         resume_with: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(poll_interval=poll_interval, timeout=timeout, resume_with=resume_with)
+        super().__init__(poll_interval=poll_interval, timeout=timeout, waiting_since=waiting_since,
+                         min_wait=min_wait, resume_with=resume_with)
         self.group = group
         self.threshold = threshold
         self.topics = list(topics) if topics is not None else None
@@ -52,6 +57,9 @@ class KafkaLagTrigger(WatchTrigger):
         }
 
     def build_watch(self) -> LagWatch:
+        from airflow_ckpt_provider.hooks.kafka import KafkaConfigHook
+        from airflow_ckpt_provider.kafka.lag import LagWatch
+
         if self.kafka_conn_id is not None:
             servers, conf = KafkaConfigHook(self.kafka_conn_id).client_config(self.bootstrap_servers)
         elif self.bootstrap_servers:

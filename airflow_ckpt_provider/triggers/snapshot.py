@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow_ckpt_provider.core.watch import SNAPSHOT_EVENTS, SnapshotWatch
-from airflow_ckpt_provider.hooks.job_store import JobStoreHook
-from airflow_ckpt_provider.triggers.base import TRIGGER_EVENTS, JobStoreTrigger
+from airflow_ckpt_provider.core.outcomes import SNAPSHOT_EVENTS
+from airflow_ckpt_provider.triggers.base import DEFAULT_STORE_CONN, TRIGGER_EVENTS, JobStoreTrigger
+
+if TYPE_CHECKING:
+    from airflow_ckpt_provider.core.watch import SnapshotWatch
 
 
 class SnapshotTrigger(JobStoreTrigger):
@@ -21,14 +23,17 @@ class SnapshotTrigger(JobStoreTrigger):
         job: str,
         after: float,
         kind: str | None = None,
-        ckpt_store_conn_id: str = JobStoreHook.default_conn_name,
+        ckpt_store_conn_id: str = DEFAULT_STORE_CONN,
         store_url: str | None = None,
         poll_interval: float = 5.0,
         timeout: float | None = None,
+        waiting_since: float | None = None,
+        min_wait: float = 0.0,
         resume_with: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(job=job, ckpt_store_conn_id=ckpt_store_conn_id, store_url=store_url,
-                         poll_interval=poll_interval, timeout=timeout, resume_with=resume_with)
+                         poll_interval=poll_interval, timeout=timeout, waiting_since=waiting_since,
+                         min_wait=min_wait, resume_with=resume_with)
         self.after = float(after)
         self.kind = kind
 
@@ -36,4 +41,6 @@ class SnapshotTrigger(JobStoreTrigger):
         return {**super().arguments(), "after": self.after, "kind": self.kind}
 
     def build_watch(self) -> SnapshotWatch:
+        from airflow_ckpt_provider.core.watch import SnapshotWatch
+
         return SnapshotWatch(self.job_store(), after=self.after, kind=self.kind)

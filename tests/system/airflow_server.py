@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -55,7 +57,8 @@ class AirflowServer:
     """Runs Airflow on 127.0.0.1 with ``dags_folder``; use as a context manager.
 
     ``env`` is passed to every component on top of the harness's configuration (for example
-    ``AIRFLOW_CONN_*`` URIs or JSON, ``AIRFLOW__SECTION__KEY`` overrides). Inherited ``AIRFLOW*``
+    ``AIRFLOW_CONN_*`` URIs or JSON, ``AIRFLOW__SECTION__KEY`` overrides); ``component_env`` adds variables
+    to one component only (e.g. ``{"triggerer": {"PYTHONASYNCIODEBUG": "1"}}``). Inherited ``AIRFLOW*``
     variables are dropped so the developer's own Airflow settings never leak in.
     """
 
@@ -65,6 +68,7 @@ class AirflowServer:
         *,
         home: Path | None = None,
         env: Mapping[str, str] | None = None,
+        component_env: Mapping[str, Mapping[str, str]] | None = None,
         username: str = "admin",
         startup_timeout: float = 180.0,
         stop_timeout: float = 15.0,
@@ -72,6 +76,7 @@ class AirflowServer:
         self.dags_folder = Path(dags_folder).resolve()
         self._home_arg = home
         self._extra_env = dict(env or {})
+        self._component_env = {name: dict(extra) for name, extra in (component_env or {}).items()}
         self.username = username
         self.password = secrets.token_urlsafe(12)
         self.startup_timeout = startup_timeout
@@ -130,7 +135,7 @@ class AirflowServer:
             with (self.home / f"{name}.log").open("wb") as log:
                 self._procs[name] = subprocess.Popen(
                     cmd,
-                    env=env,
+                    env={**env, **self._component_env.get(name, {})},
                     cwd=self.home,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
@@ -326,9 +331,109 @@ class AirflowServer:
         return self.api_json("GET", path)["value"]
 
     def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
+        """The task's log as text: from the REST API (Airflow 3.3 serves only ``application/json`` and
+        ``application/x-ndjson``), else from the log files in the Airflow home, saying why."""
         path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}"
-        resp = self.api("GET", path, headers={"Accept": "text/plain"})
-        return resp.text
+        why = ""
+        try:
+            resp = self.api("GET", path, params={"full_content": "true"}, headers={"Accept": "application/json"})
+            if resp.status_code == 200:
+                text = "\n".join(render_log_line(item) for item in resp.json().get("content") or [])
+                if text.strip():
+                    return text
+                why = "the API returned an empty log"
+            else:
+                why = f"GET {path} -> {resp.status_code}: {resp.text[:300]}"
+        except (httpx.HTTPError, ValueError, AirflowServerError) as err:
+            why = f"GET {path} failed: {err!r}"
+        return f"({why}; the log files instead)\n" + self.task_log_files(dag_id, run_id, task_id, try_number)
+
+    def task_log_files(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
+        """The try's log files under ``<home>/logs`` (the worker's, and the triggerer's ``.trigger.*`` ones)."""
+        folder = self.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
+        files = sorted(folder.glob(f"attempt={try_number}.log*")) if folder.is_dir() else []
+        if not files:
+            return f"(no log files in {folder})"
+        out = []
+        for path in files:
+            lines = [render_log_line(line) for line in path.read_text(errors="replace").splitlines()]
+            out.append(f"----- {path.name} -----\n" + "\n".join(lines))
+        return "\n".join(out)
+
+    def component_lines(self, component: str, *needles: str, last: int = 40) -> list[str]:
+        """The last ``last`` lines of a component's log that contain every one of ``needles``."""
+        path = self.home / f"{component}.log"
+        if not path.is_file():
+            return []
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if all(n in ln for n in needles)]
+        return lines[-last:]
+
+    def trigger_events(self, dag_id: str, run_id: str, last: int = 20) -> list[str]:
+        """The last lines the run's triggers logged (started, waiting, held, fired), from their log files
+        (``attempt=N.log.trigger.<triggerer job>.log``: Airflow starts it over at each deferral of a try),
+        then what the triggerer itself said about the run."""
+        folder = self.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}"
+        lines = []
+        for path in sorted(folder.glob("task_id=*/attempt=*.log.trigger.*")) if folder.is_dir() else []:
+            lines += [f"{path.parent.name}/{path.name}: {render_log_line(line)}"[:800]  # events carry the plan
+                      for line in path.read_text(errors="replace").splitlines()]
+        return [*lines[-last:], *self.component_lines("triggerer", run_id, last=last)]
+
+    def defer_report_delays(self, run_id: str) -> list[float]:
+        """For each deferral of the run's tasks, the seconds until the scheduler received the executor's report
+        of that attempt's exit: how long a resume sooner than that would be failed (docs/airflow.md)."""
+        delays, deferred_at = [], None
+        for line in self.component_lines("scheduler", run_id, last=100_000):
+            stamp = line.split(" [", 1)[0].strip()
+            if "Pausing task as DEFERRED" in line:
+                deferred_at = stamp
+            elif "Received executor event with state success" in line and deferred_at is not None:
+                with contextlib.suppress(ValueError):
+                    delays.append(round((datetime.fromisoformat(stamp) - datetime.fromisoformat(deferred_at))
+                                        .total_seconds(), 2))
+                deferred_at = None
+        return delays
+
+    def slow_loop_steps(self) -> list[str]:
+        """asyncio's debug reports (PYTHONASYNCIODEBUG=1) of coroutine steps that held the triggerer's loop over
+        0.1 s: the task's name (a trigger's is ``dag/run/task/map/try (ID n)``) and how long."""
+        found = []
+        for line in self.component_lines("triggerer", "Executing <", "took", last=1000):
+            name = re.search(r"name='([^']*)'", line)
+            took = re.search(r"took ([0-9.]+) seconds", line)
+            found.append(f"{name.group(1) if name else '?'}: {took.group(1) if took else '?'} s")
+        return found
+
+    def blocked_loop_warnings(self) -> list[str]:
+        """The triggerer's warnings that its event loop was blocked (Airflow's block watchdog)."""
+        return self.component_lines("triggerer", "async thread was blocked", last=1000)
+
+    def diagnose(self, dag_id: str, run_id: str, task_id: str) -> str:
+        """Everything that explains a run's outcome: the task's states and tries, each try's log, the trigger's
+        last events, and what the scheduler and the execution API said about the task instance."""
+        parts = []
+        try:
+            tis = self.api_json("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
+            parts.append("task instances: " + ", ".join(
+                f"{ti['task_id']}={ti['state']} (try {ti.get('try_number')})" for ti in tis))
+            tries = max([int(ti.get("try_number") or 1) for ti in tis if ti["task_id"] == task_id] or [1])
+        except (httpx.HTTPError, AirflowServerError, KeyError, ValueError) as err:
+            parts.append(f"task instances: unavailable ({err!r})")
+            tries = 1
+        for try_number in range(1, tries + 1):
+            parts.append(f"===== log of {task_id}, try {try_number} =====\n"
+                         + "\n".join(self.task_log(dag_id, run_id, task_id, try_number).splitlines()[-150:]))
+        parts.append("===== the trigger's last events (triggerer) =====\n"
+                     + ("\n".join(self.trigger_events(dag_id, run_id)) or "(none)"))
+        parts.append("===== the scheduler on this run =====\n"
+                     + ("\n".join(self.component_lines("scheduler", run_id)) or "(none)"))
+        parts.append("===== the api-server on refused state changes =====\n"
+                     + ("\n".join(self.component_lines("api-server", "invalid state", last=10)) or "(none)"))
+        parts.append(f"deferral -> executor report of the exit (s): {self.defer_report_delays(run_id)}")
+        warnings = self.blocked_loop_warnings()
+        parts.append(f"===== triggerer event loop blocked: {len(warnings)} warnings; slow steps: "
+                     f"{self.slow_loop_steps()} =====\n" + "\n".join(warnings[-5:]))
+        return "\n".join(parts)
 
     # -- browser ---------------------------------------------------------------------------------
 
@@ -340,6 +445,21 @@ class AirflowServer:
         page.get_by_role("button", name="Sign in").click()
         # The form stores the JWT in the _token cookie and leaves for the React UI.
         page.wait_for_url(lambda url: "/auth/" not in url, timeout=timeout_ms)
+
+
+def render_log_line(item: Any) -> str:
+    """One structured log record of Airflow 3 (a dict from the API, or a JSON line from a log file) as text."""
+    if isinstance(item, str):
+        try:
+            item = json.loads(item)
+        except ValueError:
+            return item
+    if not isinstance(item, dict):
+        return str(item)
+    fields = {k: v for k, v in item.items() if k not in ("timestamp", "level", "event", "logger")}
+    extra = " ".join(f"{k}={v}" for k, v in fields.items())
+    head = " ".join(str(item[k]) for k in ("timestamp", "level", "logger") if item.get(k))
+    return f"{head} {item.get('event', '')}" + (f" {extra}" if extra else "")
 
 
 @contextlib.contextmanager

@@ -50,7 +50,7 @@ from airflow_ckpt_provider.runtime.compat import CheckOutcome, RestoreCheck
 from airflow_ckpt_provider.runtime.config import default_checkpoint
 from airflow_ckpt_provider.runtime.deploy import credentials_env, run_argv
 from airflow_ckpt_provider.runtime.submit import SubmitSpec
-from airflow_ckpt_provider.triggers.base import WatchTrigger
+from airflow_ckpt_provider.triggers.base import MIN_DEFERRAL, WatchTrigger
 from airflow_ckpt_provider.triggers.control import RequestTrigger
 from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
 from tests.ckptfactory import make_checkpoint
@@ -218,9 +218,12 @@ def fire(deferred: TaskDeferred, event: dict[str, Any]) -> dict[str, Any]:
     from its JSON-serialized arguments (as the triggerer does) and its run() adds what it carries back."""
     classpath, kwargs = deferred.trigger.serialize()
     module, name = classpath.rsplit(".", 1)
-    trigger: WatchTrigger = getattr(importlib.import_module(module), name)(**json.loads(json.dumps(kwargs)))
+    kwargs = json.loads(json.dumps(kwargs))
+    # The task deferred min_wait seconds ago, so the trigger holds the event no longer (that is tested on its own).
+    kwargs["waiting_since"] -= kwargs["min_wait"]
+    trigger: WatchTrigger = getattr(importlib.import_module(module), name)(**kwargs)
 
-    async def outcome() -> dict[str, Any]:
+    async def outcome(since: float) -> dict[str, Any]:
         return dict(event)
 
     async def collect() -> list[dict[str, Any]]:
@@ -756,8 +759,23 @@ def test_stop_requests_the_running_epoch_and_defers(store: JobStore, mode: str, 
     assert trigger_kwargs(deferred) | {"busy_timeout": None} == {
         "job": "orders", "ckpt_store_conn_id": "ckpt_store_default", "store_url": None, "request_id": request.id,
         "epoch": 6, "busy_timeout": None, "poll_interval": 0.5, "timeout": 90,
+        "waiting_since": deferred.trigger.waiting_since, "min_wait": MIN_DEFERRAL,
         "resume_with": {"method": "execute_complete", "kwargs": {}}}
     assert timeout_s(deferred) == 90 + DEFER_GRACE  # the trigger's timeout event first, Airflow's backstop later
+
+
+def test_a_deferral_says_when_it_began_and_lasts_at_least_min_deferral(store: JobStore) -> None:
+    """The trigger's timeout counts from the deferral (not from when the triggerer got to it), and an outcome
+    that comes sooner than ``min_deferral`` is held, so Airflow never resumes the task while it may still take
+    the report of the worker's exit after defer() for a task killed from outside."""
+    report(store, epoch=6)
+    before = time.time()
+    default = deferral(lambda: StopStreamingJobOperator(task_id="stop", job="orders", timeout=90).execute(context()))
+    kwargs = trigger_kwargs(default)
+    assert before <= kwargs["waiting_since"] <= time.time() and kwargs["min_wait"] == MIN_DEFERRAL == 30.0
+    report(store, epoch=7)
+    op = StopStreamingJobOperator(task_id="stop", job="orders", timeout=90, min_deferral=5)
+    assert trigger_kwargs(deferral(lambda: op.execute(context())))["min_wait"] == 5.0
 
 
 def test_stop_without_deferring_times_out_in_the_worker(store: JobStore) -> None:

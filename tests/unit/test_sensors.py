@@ -22,6 +22,7 @@ from airflow_ckpt_provider.sensors.base import DEFER_GRACE, WatchFailedError
 from airflow_ckpt_provider.sensors.job_health import JobHealthSensor
 from airflow_ckpt_provider.sensors.kafka_lag import KafkaLagSensor
 from airflow_ckpt_provider.sensors.snapshot import SnapshotSensor
+from airflow_ckpt_provider.triggers.base import MIN_DEFERRAL
 from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
 from airflow_ckpt_provider.triggers.kafka_lag import KafkaLagTrigger
 from airflow_ckpt_provider.triggers.snapshot import SnapshotTrigger
@@ -106,6 +107,14 @@ def test_snapshot_sensor_waits_for_snapshots_after_it_started_by_default() -> No
     assert before <= kwargs["after"] <= time.time() and kwargs["kind"] == "savepoint"
     _, kwargs = deferred(SnapshotSensor(task_id="s", job="orders", after="1700000000.5")).trigger.serialize()
     assert kwargs["after"] == 1700000000.5 and kwargs["kind"] is None
+
+
+def test_a_sensor_s_deferral_counts_from_when_it_deferred_and_lasts_at_least_min_deferral() -> None:
+    before = time.time()
+    _, kwargs = deferred(JobHealthSensor(task_id="h", job="orders", timeout=600)).trigger.serialize()
+    assert before <= kwargs["waiting_since"] <= time.time() and kwargs["min_wait"] == MIN_DEFERRAL
+    _, kwargs = deferred(SnapshotSensor(task_id="s", job="orders", min_deferral=0)).trigger.serialize()
+    assert kwargs["min_wait"] == 0.0
 
 
 def test_kafka_lag_sensor_defers_with_connection_or_brokers() -> None:

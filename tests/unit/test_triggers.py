@@ -9,7 +9,10 @@ import importlib
 import inspect
 import json
 import logging
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,15 +43,18 @@ ALL_ARGUMENTS: list[tuple[type[WatchTrigger], dict[str, Any]]] = [
                         "healthy_for": 30.0, "min_batches": 2, "heartbeat_timeout": 45.0, "max_restarts": 3,
                         "restart_window": 900.0, "progress_timeout": 120.0, "start_timeout": 200.0,
                         "ckpt_store_conn_id": "my_store", "store_url": "s3://b/jobs", "poll_interval": 3.0,
-                        "timeout": 600.0, "resume_with": RESUME_WITH}),
+                        "timeout": 600.0, "waiting_since": 1.7e9, "min_wait": 30.0, "resume_with": RESUME_WITH}),
     (RequestTrigger, {"job": "orders", "request_id": "stop-20261122T101500Z-abc123", "epoch": 7,
                       "busy_timeout": 100.0, "ckpt_store_conn_id": "my_store", "store_url": "/data/jobs",
-                      "poll_interval": 1.0, "timeout": 60.0, "resume_with": {"method": "after_stop", "kwargs": {}}}),
+                      "poll_interval": 1.0, "timeout": 60.0, "waiting_since": 1.7e9 + 0.5, "min_wait": 5.0,
+                      "resume_with": {"method": "after_stop", "kwargs": {}}}),
     (SnapshotTrigger, {"job": "orders", "after": 1.7e9, "kind": "savepoint", "ckpt_store_conn_id": "my_store",
-                       "store_url": None, "poll_interval": 4.0, "timeout": None, "resume_with": None}),
+                       "store_url": None, "poll_interval": 4.0, "timeout": None, "waiting_since": None,
+                       "min_wait": 0.0, "resume_with": None}),
     (KafkaLagTrigger, {"group": "g1", "threshold": 10, "topics": ["a", "b"], "condition": "above",
                        "bootstrap_servers": "k:9092", "kafka_conn_id": "my_kafka", "request_timeout": 5.0,
-                       "poll_interval": 7.0, "timeout": 30.0, "resume_with": RESUME_WITH}),
+                       "poll_interval": 7.0, "timeout": 30.0, "waiting_since": 1.6e9, "min_wait": 12.5,
+                       "resume_with": RESUME_WITH}),
 ]
 
 
@@ -76,8 +82,6 @@ def one_event(trigger: WatchTrigger) -> dict[str, Any]:
 
 
 def running(store: JobStore, **changes: Any) -> None:
-    import time
-
     now = time.time()
     status: dict[str, Any] = {"job": "orders", "state": JobState.RUNNING, "epoch": 2, "updated_at": now,
                               "started_at": now - 5}
@@ -236,6 +240,92 @@ def test_polls_run_in_a_thread_while_the_loop_keeps_ticking() -> None:
 
     events, ticks = asyncio.run(main())
     assert events == [{"status": "done", "polls": 1}] and ticks == 5
+
+
+class SlowBuildTrigger(WatchTrigger):
+    """A trigger whose build_watch (connection, client, job store) blocks until the event loop has run."""
+
+    STATUSES = frozenset({"done", "timeout", "error"})
+
+    def __init__(self) -> None:
+        super().__init__(poll_interval=0.01)
+        self.loop_ran = threading.Event()
+
+    def arguments(self) -> dict[str, Any]:
+        return {}
+
+    def build_watch(self) -> FlakyWatch:
+        if not self.loop_ran.wait(timeout=10):
+            raise AssertionError("the event loop never ran while build_watch blocked")
+        return FlakyWatch(failures=0)
+
+
+def test_building_the_watch_runs_in_a_thread_while_the_loop_keeps_ticking() -> None:
+    trigger = SlowBuildTrigger()
+
+    async def main() -> list[dict[str, Any]]:
+        async def ticker() -> None:
+            await asyncio.sleep(0.001)
+            trigger.loop_ran.set()
+
+        tick_task = asyncio.create_task(ticker())
+        events = [e.payload async for e in trigger.run()]
+        await tick_task
+        return events
+
+    assert asyncio.run(main()) == [{"status": "done", "polls": 1}]
+
+
+@pytest.mark.parametrize("module", ["control", "job_health", "snapshot", "kafka_lag"])
+def test_a_trigger_module_imports_nothing_heavy(module: str) -> None:
+    """The triggerer imports a trigger's module on its event loop: the watches, the hooks, boto3 and
+    confluent-kafka are imported by build_watch, in a thread."""
+    code = ("import sys, airflow.triggers.base, airflow.sdk; before = set(sys.modules); "
+            f"import airflow_ckpt_provider.triggers.{module}; print(' '.join(sorted(set(sys.modules) - before)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    loaded = done.stdout.split()
+    heavy = [m for m in loaded if m.split(".")[0] in ("boto3", "botocore", "confluent_kafka", "pyarrow", "pyspark")
+             or m.startswith(("airflow_ckpt_provider.core.watch", "airflow_ckpt_provider.hooks",
+                              "airflow_ckpt_provider.core.snapshots", "airflow_ckpt_provider.core.jobstore"))]
+    assert heavy == [], loaded
+
+
+def test_the_default_store_connection_is_the_hook_s() -> None:
+    from airflow_ckpt_provider.hooks.job_store import JobStoreHook
+    from airflow_ckpt_provider.triggers.base import DEFAULT_STORE_CONN
+
+    assert JobStoreHook.default_conn_name == DEFAULT_STORE_CONN
+
+
+# -- when the task deferred: the timeout counts from there, an early outcome is held ------------------------
+
+
+def test_the_timeout_counts_from_when_the_task_deferred(store: JobStore) -> None:
+    """A triggerer that gets to the trigger late (loaded, restarted) still ends the wait on time: after one
+    poll, not a whole timeout later, and before Airflow's deferral timeout."""
+    started = time.monotonic()
+    event = one_event(JobHealthTrigger(job="orders", min_epoch=5, poll_interval=60, timeout=50,
+                                       waiting_since=time.time() - 100))
+    assert event["status"] == "timeout" and "within 50 s" in event["message"]
+    assert time.monotonic() - started < 30  # no poll_interval (60 s) slept
+
+
+def test_an_early_outcome_is_held_until_min_wait_after_the_deferral(store: JobStore) -> None:
+    running(store, batch_id=4)
+    started = time.monotonic()
+    event = one_event(JobHealthTrigger(job="orders", poll_interval=0.01, timeout=5, waiting_since=time.time(),
+                                       min_wait=0.5, resume_with=RESUME_WITH))
+    assert event["status"] == "healthy" and event["resume_with"] == RESUME_WITH
+    assert time.monotonic() - started >= 0.45
+
+
+def test_an_outcome_after_min_wait_is_not_held(store: JobStore) -> None:
+    running(store, batch_id=4)
+    started = time.monotonic()
+    event = one_event(JobHealthTrigger(job="orders", poll_interval=0.01, timeout=5, min_wait=30,
+                                       waiting_since=time.time() - 60))
+    assert event["status"] == "healthy"
+    assert time.monotonic() - started < 15  # min_wait counts from the deferral, which was 60 s ago
 
 
 # -- an unreachable store is retried until the timeout ------------------------------------------------------
