@@ -25,7 +25,8 @@ STRESS_RUNS_FULL = 3
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--full", action="store_true", default=False,
-                     help=f"the longer variants: each stress test runs {STRESS_RUNS_FULL} iterations, not 1")
+                     help=f"the longer variants: each stress test runs {STRESS_RUNS_FULL} iterations, not 1; the "
+                          "exactly-once proof takes more kills (tests/integration/test_exactly_once.py)")
     parser.addoption("--stress-runs", type=int, default=None,
                      help="iterations of each stress test (overrides --full; or the CKPT_STRESS_RUNS variable)")
 
