@@ -14,7 +14,7 @@ from typing import Any
 
 from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
 from airflow_ckpt_provider.core.errors import CheckpointError, CkptError, ConfigError, SnapshotError
-from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, JobStore
+from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, JobStore, split_snapshot_ref
 from airflow_ckpt_provider.core.launches import LAUNCH_ENV
 from airflow_ckpt_provider.core.manifest import Kind, Manifest, snapshot_order
 from airflow_ckpt_provider.core.restore import restore_snapshot
@@ -321,13 +321,9 @@ def prepare_checkpoint(store: JobStore, live_storage: Storage, spec: RestoreSpec
 
 
 def _snapshot_id(store: JobStore, ref: str) -> str:
-    """A snapshot id, or its URI ``<root>/<job>/snapshots/<id>`` which must name this job."""
-    ref = ref.rstrip("/")
-    if "/snapshots/" not in ref:
-        return ref
-    root_and_job, snapshot_id = ref.rsplit("/snapshots/", 1)
-    job = root_and_job.rpartition("/")[2]
-    if job != store.job:
+    """A snapshot id, or its URI ``<root>/<job>/snapshots/<id>`` (normalised) which must name this job."""
+    _root, job, snapshot_id = split_snapshot_ref(ref)
+    if job is not None and job != store.job:
         raise ConfigError(
             f"snapshot {ref} belongs to job {job!r}, not to job {store.job!r}: restoring another job's state "
             "is refused; run it as that job, or copy the snapshot on purpose"

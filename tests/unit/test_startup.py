@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -140,3 +141,16 @@ def test_refuse_policy_refuses_an_explicit_restore_of_older_state_only() -> None
     check_time_travel(RestoreSpec.parse("latest-state"), fallback, TimeTravel.REFUSE)
     with pytest.raises(ConfigError, match=r"expected fork .* or refuse"):
         TimeTravel.parse("maybe")
+
+
+def test_a_restore_reference_is_normalised_like_the_cli_and_must_name_this_job(tmp_path: Path) -> None:
+    from airflow_ckpt_provider.core.jobstore import JobStore
+    from airflow_ckpt_provider.runtime.startup import _snapshot_id
+
+    store = JobStore.open(str(tmp_path / "jobs"), "orders")
+    sid = SP3.snapshot_id
+    for ref in (sid, f"{tmp_path}/jobs/orders/snapshots/{sid}/manifest.json",
+                f"file://{tmp_path}/jobs/./orders/snapshots/{sid}/", f"s3://b/p/orders/snapshots/{sid}"):
+        assert _snapshot_id(store, ref) == sid
+    with pytest.raises(ConfigError, match="belongs to job 'billing', not to job 'orders'"):
+        _snapshot_id(store, f"s3://b/p/billing/snapshots/{sid}")
