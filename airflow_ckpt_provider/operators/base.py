@@ -13,7 +13,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.hooks.job_store import JobStoreHook
-from airflow_ckpt_provider.triggers.base import MIN_DEFERRAL
+from airflow_ckpt_provider.triggers.base import min_deferral
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -31,7 +31,8 @@ class JobOperator(BaseOperator):
     """Base of the job operators: ``job`` in the store of ``ckpt_store_conn_id`` (or ``store_url``).
 
     ``deferrable`` (default True) frees the worker slot while waiting; ``poll_interval`` is the seconds
-    between looks at the job store while waiting; ``min_deferral`` (s) is how long a deferral lasts at least:
+    between looks at the job store while waiting; ``min_deferral`` (s; default ``[ckpt] min_deferral``, 30 s)
+    is how long a deferral lasts at least:
     an outcome that comes sooner is held in the triggerer until then, so the task never resumes while Airflow
     may still take the report of its exit after ``defer()`` for a task killed from outside.
     """
@@ -46,7 +47,7 @@ class JobOperator(BaseOperator):
         store_url: str | None = None,
         deferrable: bool = True,
         poll_interval: float = 2.0,
-        min_deferral: float = MIN_DEFERRAL,
+        min_deferral: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -81,7 +82,7 @@ class JobOperator(BaseOperator):
             # The next step and its arguments travel in the trigger's event: dag.test drops defer's kwargs.
             trigger.resume_with = {"method": method_name, "kwargs": kwargs or {}}
             trigger.waiting_since = time.time()
-            trigger.min_wait = float(self.min_deferral)
+            trigger.min_wait = min_deferral(self.min_deferral)
             self.defer(trigger=trigger, method_name="resume", timeout=backstop)
         watch = trigger.build_watch()
         deadline = None if trigger.timeout is None else time.monotonic() + trigger.timeout

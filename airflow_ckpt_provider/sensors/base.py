@@ -16,7 +16,7 @@ from airflow.sdk import BaseSensorOperator
 from airflow.sdk.bases.sensor import PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, AirflowSkipException
 
-from airflow_ckpt_provider.triggers.base import ERROR, MIN_DEFERRAL, TIMEOUT, WatchTrigger
+from airflow_ckpt_provider.triggers.base import ERROR, TIMEOUT, WatchTrigger, min_deferral
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -38,7 +38,7 @@ class WatchSensor(BaseSensorOperator):
 
     trigger_class: ClassVar[type[WatchTrigger]]
 
-    def __init__(self, *, deferrable: bool = True, poke_interval: float = 10.0, min_deferral: float = MIN_DEFERRAL,
+    def __init__(self, *, deferrable: bool = True, poke_interval: float = 10.0, min_deferral: float | None = None,
                  **kwargs: Any) -> None:
         super().__init__(poke_interval=poke_interval, **kwargs)
         self.deferrable = deferrable
@@ -57,7 +57,7 @@ class WatchSensor(BaseSensorOperator):
         if self.deferrable:
             trigger = self.make_trigger()
             trigger.waiting_since = time.time()  # the trigger's timeout counts from here, as Airflow's does
-            trigger.min_wait = float(self.min_deferral)
+            trigger.min_wait = min_deferral(self.min_deferral)
             self.log.info("Deferring to %s (timeout %.0f s)", type(trigger).__name__, self.timeout)
             self.defer(trigger=trigger, method_name="execute_complete",
                        timeout=timedelta(seconds=self.timeout + DEFER_GRACE))

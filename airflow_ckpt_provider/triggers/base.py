@@ -36,6 +36,21 @@ DEFAULT_STORE_CONN = "ckpt_store_default"
 #: fails a task that resumes before the executor's report of its exit after defer() was processed, and that
 #: report can come seconds late on a loaded worker (docs/airflow.md).
 MIN_DEFERRAL = 30.0
+#: Airflow configuration of the default: ``[ckpt] min_deferral`` (env AIRFLOW__CKPT__MIN_DEFERRAL).
+MIN_DEFERRAL_OPTION = ("ckpt", "min_deferral")
+
+
+def min_deferral(explicit: float | None) -> float:
+    """The deferral's minimum: the task's own ``min_deferral``, else ``[ckpt] min_deferral``, else 30 s.
+
+    ``airflow dags test`` runs triggers in-process, with no scheduler whose stale exit report could fail
+    the resumed task: the demo and the example DAG tests set the option to 0 there.
+    """
+    if explicit is not None:
+        return float(explicit)
+    from airflow.configuration import conf
+
+    return conf.getfloat(*MIN_DEFERRAL_OPTION, fallback=MIN_DEFERRAL)
 
 
 class WatchTrigger(BaseTrigger):

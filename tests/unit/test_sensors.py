@@ -239,3 +239,12 @@ def test_execute_without_deferring_pokes_until_done(store: JobStore, tmp_path: P
                              trigger=Trigger.PERIODIC)
     event = SnapshotSensor(task_id="s", job="orders", after=0, deferrable=False, poke_interval=0).execute({})
     assert (event["snapshot_id"], event["kind"]) == (result.manifest.snapshot_id, "checkpoint")
+
+
+def test_min_deferral_defaults_to_the_ckpt_config_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``airflow dags test`` (demo, example DAG tests) sets ``[ckpt] min_deferral`` 0: no scheduler, no race."""
+    monkeypatch.setenv("AIRFLOW__CKPT__MIN_DEFERRAL", "0")
+    _, kwargs = deferred(SnapshotSensor(task_id="s", job="orders")).trigger.serialize()
+    assert kwargs["min_wait"] == 0.0
+    _, kwargs = deferred(SnapshotSensor(task_id="s", job="orders", min_deferral=7)).trigger.serialize()
+    assert kwargs["min_wait"] == 7.0
