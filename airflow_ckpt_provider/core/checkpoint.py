@@ -12,7 +12,7 @@ import io
 import json
 import re
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
@@ -270,16 +270,19 @@ def _pick_batch(commits: list[int], batch_id: int | None) -> int | str:
     if batch_id not in commits:
         return (
             f"batch {batch_id} is not completed: commits/{batch_id} is missing; completed batches "
-            f"still in the checkpoint: {_ranges(commits)}"
+            f"still in the checkpoint: {id_ranges(commits)}"
         )
     return batch_id
 
 
-def _ranges(ids: list[int]) -> str:
-    """Compact "0-4, 7" text for sorted ids."""
+def id_ranges(ids: Iterable[int]) -> str:
+    """Compact "0-4, 7" text for batch ids (any order); "none" for none."""
+    ordered = sorted(ids)
+    if not ordered:
+        return "none"
     parts: list[str] = []
-    start = prev = ids[0]
-    for i in [*ids[1:], -2]:
+    start = prev = ordered[0]
+    for i in [*ordered[1:], -2]:
         if i != prev + 1:
             parts.append(str(start) if start == prev else f"{start}-{prev}")
             start = i

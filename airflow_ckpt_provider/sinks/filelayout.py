@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from airflow_ckpt_provider.core.checkpoint import id_ranges
 from airflow_ckpt_provider.core.coverage import Coverage
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
 from airflow_ckpt_provider.core.storage import ObjectInfo, S3Options, Storage, open_storage
@@ -41,7 +42,6 @@ from airflow_ckpt_provider.sinks.timelines import (
     Timelines,
     decide,
     effective,
-    ranges,
     split,
 )
 
@@ -248,7 +248,7 @@ def commit_batch(storage: Storage, manifest: BatchManifest,
             if forked is not None:
                 log.warning("ckpt-files %s: TIMELINE %d starts here (fork of timeline %d): %s; batches %s of timeline "
                             "%d are hidden from readers and kept until `ckpt sink gc`", what, forked.timeline,
-                            forked.parent, decision.reason, ranges(forked.abandoned), forked.parent)
+                            forked.parent, decision.reason, id_ranges(forked.abandoned), forked.parent)
             log.info("ckpt-files committed %s (timeline %d, offsets %s): %d files, %d rows, %d bytes", what,
                      target.timeline, coverage.short(), len(target.files), target.rows, target.total_bytes)
             return CommitOutcome(True, target, forked=forked)

@@ -25,11 +25,12 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
+from airflow_ckpt_provider.core.checkpoint import id_ranges
 from airflow_ckpt_provider.core.coverage import Coverage, checkpoint_storage, read_coverage
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
 from airflow_ckpt_provider.core.faults import crash_point
 from airflow_ckpt_provider.core.streambatch import QUERY_ID_PROPERTY
-from airflow_ckpt_provider.sinks.timelines import REFUSED, Action, Observed, Shown, Timelines, decide, ranges
+from airflow_ckpt_provider.sinks.timelines import REFUSED, Action, Observed, Shown, Timelines, decide
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -436,7 +437,7 @@ class Ledger:
         if forked:
             log.warning("job %s query %s: TIMELINE %d starts at batch %d: %s; the rows of batches %s were removed "
                         "(undo) in the same transaction and their ledger rows moved to %s", self.job, query_id,
-                        timeline, batch_id, decision.reason, ranges(forked), self.abandoned_table)
+                        timeline, batch_id, decision.reason, id_ranges(forked), self.abandoned_table)
         log.info("job %s query %s: batch %d committed, %s rows, epoch %s, timeline %d, offsets %s", self.job,
                  query_id, batch_id, rows if rows is not None else "?", self.epoch, timeline, coverage.short())
         crash_point("ledger.after-commit", batch_id)
@@ -475,9 +476,9 @@ class Ledger:
         batches = sorted(int(r[0]) for r in cur.fetchall())
         if self.undo is None:
             raise ConflictError(
-                f"{REFUSED} ledger {self.table} of job {self.job} query {query_id}: {why}. The ledger holds batches "
-                f"{ranges(batches)} of the abandoned timeline and cannot remove their rows: expected Ledger(undo=...) "
-                "(e.g. delete_batches(TABLE)); found none, so nothing was written. Pass undo, or restore onto a new "
+                f"{REFUSED} ledger {self.table} of job {self.job} query {query_id}: {why}. The ledger holds "
+                f"batches {id_ranges(batches)} of the abandoned timeline and cannot remove their rows: expected "
+                "Ledger(undo=...) (e.g. delete_batches(TABLE)); found none, so nothing was written. Pass undo, or restore onto a new "
                 "output table and ledger"
             )
         self.undo(cur, query_id, batches)

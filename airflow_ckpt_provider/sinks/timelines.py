@@ -105,17 +105,6 @@ def split(items: Sequence[C], timelines: Timelines) -> tuple[list[C], list[C]]:
     return shown, abandoned
 
 
-def ranges(ids: Iterable[int]) -> str:
-    """``17-22, 25`` for [17, 18, 19, 20, 21, 22, 25]; ``none`` for nothing."""
-    out: list[str] = []
-    for b in sorted(ids):
-        if out and out[-1].split("-")[-1] == str(b - 1):
-            out[-1] = f"{out[-1].split('-')[0]}-{b}"
-        else:
-            out.append(str(b))
-    return ", ".join(out) or "none"
-
-
 class Action(StrEnum):
     COMMIT = "commit"  # a new batch of the shown timeline
     SKIP = "skip"  # a replay: the same batch is committed

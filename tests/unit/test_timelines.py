@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from airflow_ckpt_provider.core.checkpoint import id_ranges as ranges
 from airflow_ckpt_provider.core.coverage import Coverage
 from airflow_ckpt_provider.sinks.timelines import (
     Action,
@@ -13,7 +14,6 @@ from airflow_ckpt_provider.sinks.timelines import (
     Timelines,
     decide,
     effective,
-    ranges,
     split,
 )
 
