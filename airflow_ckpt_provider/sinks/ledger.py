@@ -478,8 +478,8 @@ class Ledger:
             raise ConflictError(
                 f"{REFUSED} ledger {self.table} of job {self.job} query {query_id}: {why}. The ledger holds "
                 f"batches {id_ranges(batches)} of the abandoned timeline and cannot remove their rows: expected "
-                "Ledger(undo=...) (e.g. delete_batches(TABLE)); found none, so nothing was written. Pass undo, or restore onto a new "
-                "output table and ledger"
+                "Ledger(undo=...) (e.g. delete_batches(TABLE)); found none, so nothing was written. Pass undo, "
+                "or restore onto a new output table and ledger"
             )
         self.undo(cur, query_id, batches)
         marks_move, params_move = placeholders(style, (_now(), timeline, self.job, query_id, batch_id))
