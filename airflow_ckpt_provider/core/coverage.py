@@ -68,8 +68,10 @@ def _digest(storage: Storage, batch_id: int) -> tuple[str, bytes] | None:
     return hashlib.sha256(data).hexdigest(), data
 
 
-def read_coverage(checkpoint: Storage, batch_id: int) -> Coverage:
-    """The coverage of ``batch_id``: its offsets log entry must exist (Spark writes it before the batch runs)."""
+def read_coverage(checkpoint: Storage, batch_id: int, *, previous: bool = True) -> Coverage:
+    """The coverage of ``batch_id``: its offsets log entry must exist (Spark writes it before the batch runs).
+
+    ``previous=False`` skips reading ``offsets/<N-1>`` (a sink that does not check the chain)."""
     found = _digest(checkpoint, batch_id)
     if found is None:
         raise ConflictError(
@@ -77,7 +79,7 @@ def read_coverage(checkpoint: Storage, batch_id: int) -> Coverage:
             "entry of the running batch; the sink's checkpointLocation option must be the query's own checkpoint"
         )
     digest, data = found
-    before = _digest(checkpoint, batch_id - 1) if batch_id > 0 else None
+    before = _digest(checkpoint, batch_id - 1) if previous and batch_id > 0 else None
     try:
         entry = parse_log_entry(data, kind="offsets")
         offsets = tuple(_parse(o) for o in entry.offsets)

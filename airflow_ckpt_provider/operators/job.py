@@ -22,7 +22,6 @@ from airflow_ckpt_provider.links import SnapshotLink, SparkUILink
 from airflow_ckpt_provider.operators.base import JobOperator, check_event
 from airflow_ckpt_provider.runtime.config import RestoreSpec, TimeTravel
 from airflow_ckpt_provider.runtime.deploy import launch, log_tail
-from airflow_ckpt_provider.runtime.startup import check_named_restore
 from airflow_ckpt_provider.triggers.control import RequestTrigger
 from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
 
@@ -396,6 +395,8 @@ class RestartStreamingJobOperator(_LaunchMixin):
         if last is None:
             raise AirflowException(f"job {self.job} has no recorded deployment (spec/last.json): submit it first "
                                    "with SubmitStreamingJobOperator")
+        from airflow_ckpt_provider.runtime.startup import check_named_restore  # not at DAG parse time
+
         try:  # the job's time-travel policy, checked before the running driver is stopped
             check_named_restore(store, spec, TimeTravel.parse(last.deployment.time_travel))
         except CkptError as err:

@@ -182,7 +182,7 @@ def _install(monkeypatch: pytest.MonkeyPatch, *clients: sink._Clients) -> list[s
     monkeypatch.setattr(sink, "_clients", fake)
     monkeypatch.setattr(sink, "_drop", lambda txid: None)
     monkeypatch.setattr(sink, "checkpoint_storage", lambda location: location)
-    monkeypatch.setattr(sink, "read_coverage", lambda storage, batch_id: Coverage(batch_id, DIGEST, None))
+    monkeypatch.setattr(sink, "read_coverage", lambda storage, batch_id, **_: Coverage(batch_id, DIGEST, None))
     return handed
 
 
