@@ -287,7 +287,7 @@ def cpu_seconds(driver_session: int, servers: dict[str, int | None]) -> dict[str
             except OSError:
                 continue
             role = ("jvm" if argv[0].endswith(b"java") else
-                    "driver" if any(a.endswith(b"launch.py") for a in argv) else "workers")
+                    "driver" if any(a.endswith(b"entrypoint.py") for a in argv) else "workers")
             used[role] += cpu
     return used
 

@@ -9,7 +9,7 @@
 <root>/<job>/status.json                   the driver's heartbeat: state, epoch, batch, offsets, ...
 <root>/<job>/control/<id>.json             a request (savepoint, stop, cancel); <id>.ack.json its answer
 <root>/<job>/deployments/<epoch>.json      how each driver started: restore decision, snapshot, lineage
-<root>/<job>/spec/last.json                the deployment launched last (runtime/deploy.py), and how it ended
+<root>/<job>/spec/last.json                the deployment launched last (launcher/deploy.py), and how it ended
 <root>/<job>/spec/stable.json              the last deployment verified healthy (an upgrade's target)
 ```
 """

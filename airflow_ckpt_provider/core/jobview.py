@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from airflow_ckpt_provider.core.control import Action
+from airflow_ckpt_provider.core.deployments import Launch, read_launch
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError, StorageError
 from airflow_ckpt_provider.core.jobstore import SNAPSHOTS, STATUS, JobStore
-from airflow_ckpt_provider.core.launches import Launch, read_launch
 from airflow_ckpt_provider.core.lease import LeaseRecord, read_lease
 from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobStatus, read_status
 from airflow_ckpt_provider.core.storage import Storage

@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
@@ -196,3 +197,36 @@ class HealthRule:
                     f"(limit {self.progress_timeout:.0f} s)"
                 )
         return HealthVerdict(Health.HEALTHY)
+
+
+STRATEGIES = ("exponential-delay", "fixed-delay", "failure-rate")
+
+
+def restart_strategy(
+    name: str, attempts: int | None = None, delay: float | None = None, interval: float | None = None
+) -> RestartStrategy:
+    """A restart strategy by Flink's name; unset knobs keep Flink's defaults."""
+    if interval is not None and name != "failure-rate":
+        raise ConfigError(f"--restart-interval applies to failure-rate only, found --restart-strategy {name}")
+    if name == "fixed-delay":
+        return FixedDelay(**_given(attempts=attempts, delay=delay))
+    if name == "failure-rate":
+        return FailureRate(**_given(max_failures=attempts, delay=delay, interval=interval))
+    if name == "exponential-delay":
+        return ExponentialDelay(**_given(attempts=attempts, initial=delay))
+    raise ConfigError(f"unknown restart strategy {name!r}: expected one of {', '.join(STRATEGIES)}")
+
+
+def health_rule(max_restarts: int | None, window: float | None, progress_timeout: float | None) -> HealthRule | None:
+    """The health rule when any of its knobs is given (HealthRule's defaults for the others), else None."""
+    given = _given(max_restarts=max_restarts, window=window, progress_timeout=progress_timeout)
+    if not given:
+        return None
+    for name, value in given.items():
+        if value <= 0:
+            raise ConfigError(f"health rule {name.replace('_', ' ')} must be > 0, found {value}")
+    return HealthRule(**given)
+
+
+def _given(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}

@@ -19,10 +19,10 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from airflow_ckpt_provider.core.control import read_ack
+from airflow_ckpt_provider.core.deployments import read_launch
 from airflow_ckpt_provider.core.errors import ConfigError, SnapshotError, StorageError
 from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, SNAPSHOTS, JobStore
 from airflow_ckpt_provider.core.jobview import JobView, starting_launch, when
-from airflow_ckpt_provider.core.launches import read_launch
 from airflow_ckpt_provider.core.lease import read_lease
 from airflow_ckpt_provider.core.manifest import Kind, Manifest, parse_enum
 from airflow_ckpt_provider.core.outcomes import RequestOutcome

@@ -15,7 +15,7 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
-from airflow_ckpt_provider.runtime.submit import cluster_manager, find_spark_submit
+from airflow_ckpt_provider.launcher.submit import cluster_manager, find_spark_submit
 
 DEFAULT_MASTER = "local[2]"
 

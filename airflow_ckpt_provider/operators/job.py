@@ -11,17 +11,17 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk import ResumableJobMixin
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_ckpt_provider.cli_run import health_rule, restart_strategy
 from airflow_ckpt_provider.core.control import Action, submit_request
+from airflow_ckpt_provider.core.deployments import Deployment, Launch, read_launch
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.jobview import check_can_request, observe, starting_launch
-from airflow_ckpt_provider.core.launches import Deployment, Launch, read_launch
+from airflow_ckpt_provider.core.restart import health_rule, restart_strategy
 from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobState
 from airflow_ckpt_provider.hooks.spark import CkptSparkHook
+from airflow_ckpt_provider.launcher.deploy import launch, log_tail
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink
 from airflow_ckpt_provider.operators.base import JobOperator, check_event
 from airflow_ckpt_provider.runtime.config import RestoreSpec, TimeTravel
-from airflow_ckpt_provider.runtime.deploy import launch, log_tail
 from airflow_ckpt_provider.triggers.control import RequestTrigger
 from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
 

@@ -20,18 +20,18 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_ckpt_provider.core.control import Action
+from airflow_ckpt_provider.core.deployments import Deployment, Launch, mark_stable, read_launch
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.jobview import check_can_request, observe
-from airflow_ckpt_provider.core.launches import Deployment, Launch, mark_stable, read_launch
 from airflow_ckpt_provider.core.snapshots import latest_completed, list_snapshots
 from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobState
+from airflow_ckpt_provider.launcher.deploy import credentials_env, log_tail, submit_spec
+from airflow_ckpt_provider.launcher.restorecheck import check_restore
+from airflow_ckpt_provider.launcher.submit import build_command
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink
 from airflow_ckpt_provider.operators.base import check_event
 from airflow_ckpt_provider.operators.job import STOP_TIMEOUT, _LaunchMixin, ack_result, request_and_wait
-from airflow_ckpt_provider.runtime.compat import check_restore
 from airflow_ckpt_provider.runtime.config import default_checkpoint
-from airflow_ckpt_provider.runtime.deploy import credentials_env, log_tail, submit_spec
-from airflow_ckpt_provider.runtime.submit import build_command
 from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
 
 if TYPE_CHECKING:

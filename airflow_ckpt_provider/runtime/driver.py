@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_ckpt_provider.core import gate
 from airflow_ckpt_provider.core.control import Ack, Action, Outcome, Request, open_requests, write_ack
+from airflow_ckpt_provider.core.deployments import LAUNCH_ENV, read_launch
 from airflow_ckpt_provider.core.errors import CkptError, StorageError
 from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.launches import LAUNCH_ENV, read_launch
 from airflow_ckpt_provider.core.lease import FencedError, Lease
 from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.retention import RetentionPolicy
@@ -556,7 +556,7 @@ def _snapshot_info(result: SnapshotResult) -> dict[str, Any]:
 
 
 def _superseded(store: JobStore) -> str:
-    """Why this driver's launch (``CKPT_LAUNCH_ID``, set by runtime/deploy.py) is no longer the job's latest,
+    """Why this driver's launch (``CKPT_LAUNCH_ID``, set by launcher/deploy.py) is no longer the job's latest,
     recorded in spec/last.json; '' if it is, or the driver was not launched that way."""
     mine = os.environ.get(LAUNCH_ENV)
     if not mine:

@@ -1,4 +1,4 @@
-"""Exit codes of the driver (``launch.py``): the contract between a driver and whoever restarts it."""
+"""Exit codes of the driver (``entrypoint.py``): the contract between a driver and whoever restarts it."""
 
 from __future__ import annotations
 

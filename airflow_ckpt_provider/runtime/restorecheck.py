@@ -1,6 +1,6 @@
 """The restore check in the Spark driver: does Spark restore the job's state into the new query?
 
-``ckpt run JOB_FILE --check-restore`` (launch.py) runs this instead of the job. It chooses the
+``ckpt run JOB_FILE --check-restore`` (entrypoint.py) runs this instead of the job. It chooses the
 snapshot a start would restore (runtime/startup.py, read-only), restores it into a scratch
 location, turns the next batch into an EMPTY one (``offsets/N+1`` = ``offsets/N``: start equals end,
 no record is read), and runs the job file's query once on it with Spark's ``noop`` sink. Running that
@@ -15,7 +15,8 @@ message. Without metadata Spark would drop that state silently: the check compar
 operators with those that wrote state in the batch, and fails unless ``--allow-non-restored-state``.
 
 The check never takes the lease nor writes status, acks, deployments or snapshots, and never reads
-the live checkpoint beyond its latest completed batch id. The verdict is one stdout line (compat.py).
+the live checkpoint beyond its latest completed batch id. The verdict is one stdout line
+(runtime/restoreverdict.py), read by the launching host (launcher/restorecheck.py).
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ from airflow_ckpt_provider.core.lease import Lease, LeaseRecord
 from airflow_ckpt_provider.core.manifest import Manifest
 from airflow_ckpt_provider.core.restore import restore_snapshot
 from airflow_ckpt_provider.core.storage import LocalStorage, S3Options, Storage, open_storage
-from airflow_ckpt_provider.runtime.compat import CheckOutcome, RestoreCheck
 from airflow_ckpt_provider.runtime.config import RestoreMode, RuntimeConfig
+from airflow_ckpt_provider.runtime.restoreverdict import CheckOutcome, RestoreCheck
 from airflow_ckpt_provider.runtime.startup import Action, plan_start
 
 if TYPE_CHECKING:
@@ -177,7 +178,7 @@ def spark_error(err: BaseException) -> tuple[str, str | None]:
 
 class RestoreChecker:
     """One restore check of ``job_file`` against the state ``config.restore`` names; ``run()`` prints
-    the verdict line and returns the exit code (compat.EXIT_CODES)."""
+    the verdict line and returns the exit code (restoreverdict.EXIT_CODES)."""
 
     def __init__(self, config: RuntimeConfig, job_file: str, *, out: TextIO | None = None) -> None:
         self.config = config

@@ -13,9 +13,9 @@ from enum import StrEnum
 from typing import Any
 
 from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
+from airflow_ckpt_provider.core.deployments import LAUNCH_ENV
 from airflow_ckpt_provider.core.errors import CheckpointError, CkptError, ConfigError, SnapshotError
 from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, JobStore, split_snapshot_ref
-from airflow_ckpt_provider.core.launches import LAUNCH_ENV
 from airflow_ckpt_provider.core.manifest import Kind, Manifest, snapshot_order
 from airflow_ckpt_provider.core.restore import restore_snapshot
 from airflow_ckpt_provider.core.snapshots import list_snapshots, load_manifest, object_problems

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_ckpt_provider import cli_job
-from airflow_ckpt_provider.cli import main
+from airflow_ckpt_provider.cli import job as cli_job
+from airflow_ckpt_provider.cli.main import main
 from airflow_ckpt_provider.core.control import Ack, Action, Outcome, Request, open_requests, read_ack, write_ack
 from airflow_ckpt_provider.core.jobstore import CONTROL, JobStore
 from airflow_ckpt_provider.core.lease import LeaseRecord

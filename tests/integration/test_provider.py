@@ -52,8 +52,9 @@ def test_core_imports_without_airflow() -> None:
             "for m in ['snapshots','restore','gc','retention','checkpoint','ckptfiles','storage','s3','restart',\n"
             "          'watch','jobview','status','control','lease']:\n"
             "    importlib.import_module('airflow_ckpt_provider.core.' + m)\n"
-            "for m in ['driver','deploy','compat','restorecheck','supervisor','submit','startup']:\n"
-            "    importlib.import_module('airflow_ckpt_provider.runtime.' + m)\n"
+            "for m in ['runtime.driver','runtime.restorecheck','runtime.startup','launcher.deploy',\n"
+            "          'launcher.restorecheck','launcher.supervisor','launcher.submit']:\n"
+            "    importlib.import_module('airflow_ckpt_provider.' + m)\n"
             "import airflow_ckpt_provider.cli\n"
             "bad = [m for m in sys.modules if m == 'airflow' or m.startswith('airflow.')]\n"
             "assert not bad, bad\n")

@@ -23,10 +23,11 @@ from airflow_ckpt_provider.core.lease import read_lease
 from airflow_ckpt_provider.core.status import JobState
 from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
 from airflow_ckpt_provider.examples._orders import read_totals
-from airflow_ckpt_provider.runtime.compat import CheckOutcome, RestoreCheck, check_restore, check_spec
+from airflow_ckpt_provider.launcher.restorecheck import check_restore, check_spec
+from airflow_ckpt_provider.launcher.submit import SubmitSpec, gate_file, parse_conf
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_STOPPED
-from airflow_ckpt_provider.runtime.submit import SubmitSpec, gate_file, parse_conf
+from airflow_ckpt_provider.runtime.restoreverdict import CheckOutcome, RestoreCheck
 from tests.runtimejob import SPARK_CONF, JobEnv, Run
 
 pytestmark = pytest.mark.integration

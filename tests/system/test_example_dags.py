@@ -18,12 +18,12 @@ from types import SimpleNamespace
 import pytest
 
 from airflow_ckpt_provider.core.control import CONTROL
+from airflow_ckpt_provider.core.deployments import read_launch
 from airflow_ckpt_provider.core.jobstore import SPEC_STABLE
-from airflow_ckpt_provider.core.launches import read_launch
 from airflow_ckpt_provider.core.lease import read_lease
 from airflow_ckpt_provider.core.snapshots import list_snapshots
 from airflow_ckpt_provider.core.status import JobState, JobStatus
-from airflow_ckpt_provider.demo import EXAMPLES, AirflowHome, World
+from airflow_ckpt_provider.demo.world import EXAMPLES, AirflowHome, World
 from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
 from airflow_ckpt_provider.triggers.base import MIN_DEFERRAL
 from tests.system.airflow_server import AirflowServer, AirflowServerError

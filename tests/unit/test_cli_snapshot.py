@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_ckpt_provider import cli
+from airflow_ckpt_provider.cli import main as cli
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.manifest import Manifest
 from airflow_ckpt_provider.core.snapshots import create_snapshot

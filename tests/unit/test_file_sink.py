@@ -237,7 +237,7 @@ def test_task_writes_rolled_files_and_nothing_for_an_empty_partition(sink: Local
 
 
 def test_cli_sink_verify_ls_gc(sink: LocalStorage, capsys: pytest.CaptureFixture[str]) -> None:
-    from airflow_ckpt_provider.cli import EXIT_VERIFY_FAILED, main
+    from airflow_ckpt_provider.cli.main import EXIT_VERIFY_FAILED, main
 
     f = _file(sink, 0, 0, [1, 2])
     commit_batch(sink, _manifest(0, f))
@@ -318,7 +318,7 @@ def test_batch_planned_again_forks_and_readers_show_the_restored_timeline(sink: 
 
 def test_cli_sink_ls_shows_timelines_and_verify_reports_the_fork(sink: LocalStorage,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from airflow_ckpt_provider.cli import main
+    from airflow_ckpt_provider.cli.main import main
 
     _timeline0(sink, 3)
     commit_batch(sink, _manifest(1, _file(sink, 1, 0, [10], attempt="t1"),

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from airflow_ckpt_provider.core.deployments import LAUNCH_ENV, Deployment, Launch, record_end
 from airflow_ckpt_provider.core.jobstore import SPEC_LAST, JobStore
 from airflow_ckpt_provider.core.jobview import JobView, starting_launch
-from airflow_ckpt_provider.core.launches import LAUNCH_ENV, Deployment, Launch, record_end
 from airflow_ckpt_provider.core.status import BUSY_ALLOWANCE, JobState, JobStatus
 from airflow_ckpt_provider.core.storage import LocalStorage
 from airflow_ckpt_provider.runtime.driver import _superseded

@@ -27,15 +27,18 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 
 from airflow_ckpt_provider import examples
 from airflow_ckpt_provider.core.control import Ack, Action, Outcome, Request, open_requests, write_ack
+from airflow_ckpt_provider.core.deployments import LAUNCH_ENV, Deployment, Launch, read_launch, record_end
 from airflow_ckpt_provider.core.errors import ConfigError, StorageError
 from airflow_ckpt_provider.core.jobstore import CONTROL, LEASE, SPEC_LAST, SPEC_STABLE, STATUS, JobStore
-from airflow_ckpt_provider.core.launches import LAUNCH_ENV, Deployment, Launch, read_launch, record_end
 from airflow_ckpt_provider.core.lease import LeaseRecord
 from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.snapshots import create_snapshot, list_snapshots
 from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
 from airflow_ckpt_provider.core.storage import LocalStorage, S3Options
 from airflow_ckpt_provider.hooks.spark import CkptSparkHook
+from airflow_ckpt_provider.launcher import deploy
+from airflow_ckpt_provider.launcher.deploy import credentials_env, run_argv
+from airflow_ckpt_provider.launcher.submit import SubmitSpec
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink, browsable
 from airflow_ckpt_provider.operators.base import DEFER_GRACE, JobOperator
 from airflow_ckpt_provider.operators.job import (
@@ -45,11 +48,8 @@ from airflow_ckpt_provider.operators.job import (
 )
 from airflow_ckpt_provider.operators.snapshot import DisposeSnapshotsOperator, TriggerSavepointOperator
 from airflow_ckpt_provider.operators.upgrade import UpgradeStreamingJobOperator
-from airflow_ckpt_provider.runtime import deploy
-from airflow_ckpt_provider.runtime.compat import CheckOutcome, RestoreCheck
 from airflow_ckpt_provider.runtime.config import default_checkpoint
-from airflow_ckpt_provider.runtime.deploy import credentials_env, run_argv
-from airflow_ckpt_provider.runtime.submit import SubmitSpec
+from airflow_ckpt_provider.runtime.restoreverdict import CheckOutcome, RestoreCheck
 from airflow_ckpt_provider.triggers.base import MIN_DEFERRAL, WatchTrigger
 from airflow_ckpt_provider.triggers.control import RequestTrigger
 from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
@@ -84,7 +84,7 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> JobStore:
 
 
 class FakeLaunch:
-    """Stands in for runtime.deploy.launch: records the call and spec/last.json, starts nothing."""
+    """Stands in for launcher.deploy.launch: records the call and spec/last.json, starts nothing."""
 
     def __init__(self) -> None:
         self.calls: list[Launch] = []
@@ -115,7 +115,7 @@ def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class FakeCheck:
-    """Stands in for runtime.compat.check_restore: records (spec, timeout, env), answers ``outcome``."""
+    """Stands in for launcher.restorecheck.check_restore: records (spec, timeout, env), answers ``outcome``."""
 
     def __init__(self) -> None:
         self.outcome = CheckOutcome.COMPATIBLE

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_ckpt_provider import cli
+from airflow_ckpt_provider.cli import main as cli
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.gc import collect_garbage
 from airflow_ckpt_provider.core.jobstore import PENDING, JobStore

@@ -17,14 +17,8 @@ from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.gate import GATE_ENV
 from airflow_ckpt_provider.core.manifest import Kind, Manifest, ManifestFile, Trigger
 from airflow_ckpt_provider.core.storage import LocalStorage
-from airflow_ckpt_provider.runtime.compat import (
-    REPORT_PREFIX,
-    CheckOutcome,
-    RestoreCheck,
-    check_restore,
-    check_spec,
-    parse_report,
-)
+from airflow_ckpt_provider.launcher.restorecheck import check_restore, check_spec
+from airflow_ckpt_provider.launcher.submit import SubmitSpec, gate_file
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_INCOMPATIBLE, exit_meaning
 from airflow_ckpt_provider.runtime.restorecheck import (
@@ -36,7 +30,7 @@ from airflow_ckpt_provider.runtime.restorecheck import (
     snapshot_operators,
     spark_error,
 )
-from airflow_ckpt_provider.runtime.submit import SubmitSpec, gate_file
+from airflow_ckpt_provider.runtime.restoreverdict import REPORT_PREFIX, CheckOutcome, RestoreCheck, parse_report
 
 SHA = "0" * 64
 

@@ -17,12 +17,11 @@ from pathlib import Path
 import pytest
 
 import airflow_ckpt_provider.runtime
-from airflow_ckpt_provider import cli
-from airflow_ckpt_provider.cli_run import run_once
+from airflow_ckpt_provider.cli import main as cli
+from airflow_ckpt_provider.cli.run import run_once
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.gate import GATE_ENV
-from airflow_ckpt_provider.runtime.config import RuntimeConfig
-from airflow_ckpt_provider.runtime.submit import (
+from airflow_ckpt_provider.launcher.submit import (
     SubmitSpec,
     build_command,
     describe,
@@ -30,9 +29,10 @@ from airflow_ckpt_provider.runtime.submit import (
     gate_file,
     parse_conf,
 )
+from airflow_ckpt_provider.runtime.config import RuntimeConfig
 
 SUBMIT = "/opt/spark/bin/spark-submit"
-LAUNCH = str(Path(airflow_ckpt_provider.runtime.__file__).parent / "launch.py")
+LAUNCH = str(Path(airflow_ckpt_provider.runtime.__file__).parent / "entrypoint.py")
 PY = sys.executable
 ENV_KEYS = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP")
 
@@ -72,7 +72,7 @@ def test_local_master_binds_loopback_and_runs_this_python(job_file: Path, config
     assert env == {"PYSPARK_PYTHON": PY, "PYSPARK_DRIVER_PYTHON": PY, "SPARK_LOCAL_IP": "127.0.0.1",
                    GATE_ENV: gate_file(config)}
     assert not any("spark.ui.enabled" in a for a in argv)
-    # launch.py gets back exactly the config
+    # entrypoint.py gets back exactly the config
     assert RuntimeConfig.from_args(argv[argv.index(str(job_file)) + 1:]) == config
 
 

@@ -27,9 +27,9 @@ from airflow_ckpt_provider.core.jobstore import LEASE, STATUS, JobStore
 from airflow_ckpt_provider.core.lease import LeaseRecord
 from airflow_ckpt_provider.core.restart import ExponentialDelay, FailureRate, FixedDelay, HealthRule, RestartStrategy
 from airflow_ckpt_provider.core.status import JobState, JobStatus, read_status, write_status
+from airflow_ckpt_provider.launcher.submit import ENTRYPOINT_PY, SubmitSpec
+from airflow_ckpt_provider.launcher.supervisor import Ending, Supervisor, SupervisorOutcome
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
-from airflow_ckpt_provider.runtime.submit import LAUNCH_PY, SubmitSpec
-from airflow_ckpt_provider.runtime.supervisor import Ending, Supervisor, SupervisorOutcome
 
 START = 1000.0
 HOST = socket.gethostname()
@@ -191,7 +191,7 @@ def reports(store: JobStore, state: JobState = JobState.RUNNING, *, epoch: int =
 def test_restarts_after_the_strategy_delays_from_latest_state(
     spec: SubmitSpec, clock: FakeClock, store: JobStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="airflow_ckpt_provider.runtime.supervisor")
+    caplog.set_level(logging.INFO, logger="airflow_ckpt_provider.launcher.supervisor")
     strategy = FixedDelay(attempts=3, delay=5.0, clock=clock)
     runs = [Run(1, tick=reports(store)), Run(-9), Run(137), Run(0)]
     outcome, spawner = supervise(spec, clock, runs, strategy, store=store)
@@ -364,7 +364,7 @@ def test_stop_request_during_the_restart_delay(spec: SubmitSpec, clock: FakeCloc
 def test_restarts_keep_the_users_restore_until_a_driver_of_ours_reported_running(
     spec: SubmitSpec, clock: FakeClock, store: JobStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="airflow_ckpt_provider.runtime.supervisor")
+    caplog.set_level(logging.INFO, logger="airflow_ckpt_provider.launcher.supervisor")
     runs = [
         Run(1),  # a transient error before restoring: no status at all
         Run(1, tick=reports(store, epoch=3, pid=OTHER_PID)),  # RUNNING, but written by a process not ours
@@ -646,12 +646,12 @@ def _stop_when(path: Path, sup: Supervisor) -> threading.Thread:
 
 
 def test_real_sigterm_goes_to_the_python_driver_not_the_jvm(spec: SubmitSpec, tmp_path: Path) -> None:
-    # The stand-in JVM starts a "Python driver" (a process whose argv holds launch.py's path) and exits
+    # The stand-in JVM starts a "Python driver" (a process whose argv holds entrypoint.py's path) and exits
     # with 7 when that one died of SIGTERM: had the JVM got SIGTERM as well, it would die of it (-15).
     started = tmp_path / "driver.pid"
     submit = _fake_spark_submit(
         tmp_path,
-        f"driver = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', {str(LAUNCH_PY)!r}])\n"
+        f"driver = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', {str(ENTRYPOINT_PY)!r}])\n"
         f"open({str(started)!r}, 'w').write(str(driver.pid))\n"
         "sys.exit(7 if driver.wait() == -15 else 1)\n",
     )
@@ -673,7 +673,7 @@ def test_real_stop_request_reaches_the_whole_process_group(spec: SubmitSpec, tmp
     )
     real = SubmitSpec(job_file=spec.job_file, config=spec.config, spark_submit=submit)
     sup = Supervisor(real, FixedDelay(attempts=5, delay=0.0), poll=0.1)
-    stopper = _stop_when(child_pid, sup)  # no launch.py process here (as in cluster mode): the group gets it
+    stopper = _stop_when(child_pid, sup)  # no entrypoint.py process here (as in cluster mode): the group gets it
     outcome = sup.run()
     stopper.join()
     assert (outcome.final, outcome.attempts, outcome.exit_code) == (Ending.STOPPED, 1, -signal.SIGTERM)

@@ -74,7 +74,7 @@ def test_a_job_that_never_reports_is_not_started_after_the_start_timeout(store: 
 
 
 def test_a_launch_whose_supervisor_ended_before_any_report_is_not_started_at_once(store: JobStore) -> None:
-    from airflow_ckpt_provider.core.launches import Deployment, Launch, record_end
+    from airflow_ckpt_provider.core.deployments import Deployment, Launch, record_end
 
     launch = Launch("orders", Deployment("job.py"), "latest-state", T0, "test", "L1", log_file="/logs/L1.log")
     store.storage.write("spec/last.json", launch.to_bytes())
@@ -317,7 +317,7 @@ def test_a_watch_that_first_sees_a_running_job_counts_from_its_batch(store: JobS
 
 def relaunch(store: JobStore, at: float, launch_id: str = "L2") -> None:
     """spec/last.json: a launch at ``at`` (a restart, an upgrade, a restore) whose driver has not reported."""
-    from airflow_ckpt_provider.core.launches import Deployment, Launch
+    from airflow_ckpt_provider.core.deployments import Deployment, Launch
 
     record = Launch("orders", Deployment("job.py"), "latest-state", at, "airflow:dag.restart", launch_id)
     store.storage.write(SPEC_LAST, record.to_bytes())
@@ -342,7 +342,7 @@ def test_an_ended_job_with_a_newer_launch_on_its_way_is_pending(store: JobStore,
 @pytest.mark.parametrize(("state", "reason"), ENDED)
 def test_a_pending_launch_that_records_its_end_makes_the_job_unhealthy(store: JobStore, state: JobState,
                                                                       reason: Unhealthy) -> None:
-    from airflow_ckpt_provider.core.launches import record_end
+    from airflow_ckpt_provider.core.deployments import record_end
 
     report(store, T0 - 50, state=state, started_at=T0 - 500)
     relaunch(store, T0)
@@ -421,7 +421,7 @@ def test_the_watched_launch_s_first_start_is_no_restart(store: JobStore) -> None
 
 def test_driver_starts_record_their_launch_id(store: JobStore, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow_ckpt_provider.core.launches import LAUNCH_ENV
+    from airflow_ckpt_provider.core.deployments import LAUNCH_ENV
     from airflow_ckpt_provider.runtime.config import RestoreSpec
     from airflow_ckpt_provider.runtime.startup import prepare_checkpoint
 

@@ -18,15 +18,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
+from airflow_ckpt_provider.cli.common import add_store_args
+from airflow_ckpt_provider.core.deployments import LAUNCH_ENV
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.launches import LAUNCH_ENV
-from airflow_ckpt_provider.core.restart import ExponentialDelay, FailureRate, FixedDelay, HealthRule, RestartStrategy
+from airflow_ckpt_provider.core.restart import STRATEGIES, HealthRule, RestartStrategy, health_rule, restart_strategy
 from airflow_ckpt_provider.core.storage import S3Options
-from airflow_ckpt_provider.runtime.config import RuntimeConfig
-from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG
-from airflow_ckpt_provider.runtime.submit import (
+from airflow_ckpt_provider.launcher.submit import (
     DEPLOY_MODES,
     SubmitSpec,
     build_command,
@@ -34,43 +32,14 @@ from airflow_ckpt_provider.runtime.submit import (
     parse_conf,
     redact,
 )
-from airflow_ckpt_provider.runtime.supervisor import ProcessLike, Spawn, Supervisor, describe_strategy, spawn_driver
+from airflow_ckpt_provider.launcher.supervisor import ProcessLike, Spawn, Supervisor, describe_strategy, spawn_driver
+from airflow_ckpt_provider.runtime.config import RuntimeConfig
+from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG
 
-log = logging.getLogger("airflow_ckpt_provider.runtime.run")
+log = logging.getLogger("airflow_ckpt_provider.cli.run")
 
-STRATEGIES = ("exponential-delay", "fixed-delay", "failure-rate")
 #: Seconds a driver asked to stop (SIGTERM) gets before its process group is killed.
 STOP_GRACE = 60.0
-
-
-def restart_strategy(
-    name: str, attempts: int | None = None, delay: float | None = None, interval: float | None = None
-) -> RestartStrategy:
-    """A restart strategy by Flink's name; unset knobs keep Flink's defaults."""
-    if interval is not None and name != "failure-rate":
-        raise ConfigError(f"--restart-interval applies to failure-rate only, found --restart-strategy {name}")
-    if name == "fixed-delay":
-        return FixedDelay(**_given(attempts=attempts, delay=delay))
-    if name == "failure-rate":
-        return FailureRate(**_given(max_failures=attempts, delay=delay, interval=interval))
-    if name == "exponential-delay":
-        return ExponentialDelay(**_given(attempts=attempts, initial=delay))
-    raise ConfigError(f"unknown restart strategy {name!r}: expected one of {', '.join(STRATEGIES)}")
-
-
-def health_rule(max_restarts: int | None, window: float | None, progress_timeout: float | None) -> HealthRule | None:
-    """The health rule when any of its knobs is given (HealthRule's defaults for the others), else None."""
-    given = _given(max_restarts=max_restarts, window=window, progress_timeout=progress_timeout)
-    if not given:
-        return None
-    for name, value in given.items():
-        if value <= 0:
-            raise ConfigError(f"health rule {name.replace('_', ' ')} must be > 0, found {value}")
-    return HealthRule(**given)
-
-
-def _given(**values: Any) -> dict[str, Any]:
-    return {k: v for k, v in values.items() if v is not None}
 
 
 def spec_from_args(args: argparse.Namespace) -> SubmitSpec:
@@ -208,11 +177,9 @@ def _on_stop_signals(stop: Callable[[], None]) -> Iterator[None]:
 
 def add_run_command(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`ckpt run JOB_FILE ...`: spark-submit with the runtime, optionally supervised."""
-    from airflow_ckpt_provider import cli as _cli
-
     p = groups.add_parser("run", help="run a job file under the runtime with spark-submit, optionally supervised",
                           description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _cli._common(p)
+    add_store_args(p)
     p.set_defaults(fn=cmd_run)
     p.add_argument("job_file", metavar="JOB_FILE", help="the Python file defining the job (@streaming_job)")
     job = p.add_argument_group("job runtime")

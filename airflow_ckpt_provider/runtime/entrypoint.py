@@ -1,4 +1,4 @@
-"""The spark-submit entry point: ``launch.py JOB_FILE --job NAME --store URL [runtime options]``.
+"""The spark-submit entry point: ``entrypoint.py JOB_FILE --job NAME --store URL [runtime options]``.
 
 ``ckpt run`` builds that command; the exit code tells a supervisor what to do (runtime/exitcodes.py).
 With ``--check-restore`` it runs the restore check (runtime/restorecheck.py) instead of the job.
@@ -24,7 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0].startswith("-"):
-        print("usage: launch.py JOB_FILE --job NAME --store URL [options]", file=sys.stderr)
+        print("usage: entrypoint.py JOB_FILE --job NAME --store URL [options]", file=sys.stderr)
         return EXIT_CONFIG
     try:
         config = RuntimeConfig.from_args(args[1:])

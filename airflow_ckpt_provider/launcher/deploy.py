@@ -25,12 +25,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from airflow_ckpt_provider.core.deployments import LAUNCH_ENV, Deployment, Launch
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.jobstore import SPEC_LAST, JobStore
-from airflow_ckpt_provider.core.launches import LAUNCH_ENV, Deployment, Launch
 from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.launcher.submit import SubmitSpec, build_command
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
-from airflow_ckpt_provider.runtime.submit import SubmitSpec, build_command
 
 log = logging.getLogger(__name__)
 

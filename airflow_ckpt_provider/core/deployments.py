@@ -5,7 +5,7 @@
 <root>/<job>/spec/stable.json   the last deployment verified healthy (an upgrade's target)
 ```
 
-runtime/deploy.py launches deployments; the supervisor, the driver, the watches and the operators read
+launcher/deploy.py launches deployments; the supervisor, the driver, the watches and the operators read
 these records. Pure data and job store IO: no Spark, no Airflow.
 """
 
@@ -106,7 +106,7 @@ class Launch:
     pid: int | None = None
     host: str | None = None
     log_file: str | None = None
-    # Written by its supervisor when it ends (runtime/supervisor.py): waiters stop waiting for a driver.
+    # Written by its supervisor when it ends (launcher/supervisor.py): waiters stop waiting for a driver.
     ended_at: float | None = None
     ending: str | None = None
     exit_code: int | None = None

@@ -13,6 +13,7 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
+from airflow_ckpt_provider.cli.common import add_store_args, emit, open_job_store, progress
 from airflow_ckpt_provider.core.control import Ack, Action, Outcome, Request, submit_request, wait_ack
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.jobview import JobView, check_can_request, observe, when
@@ -115,28 +116,24 @@ def _ack_text(ack: Ack, job: str) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from airflow_ckpt_provider import cli as _cli
-
-    view = observe(_cli._store(args))
-    _cli._emit(args, status_dict(view), lambda: describe(view))
+    view = observe(open_job_store(args))
+    emit(args, status_dict(view), lambda: describe(view))
     return 0
 
 
 def cmd_request(args: argparse.Namespace) -> int:
-    from airflow_ckpt_provider import cli as _cli
-
     action = Action(args.request_action)
     timeout = DEFAULT_TIMEOUT[action] if args.timeout is None else args.timeout
     if timeout < 0:
         raise ConfigError(f"--timeout must be >= 0 seconds, found {timeout}")
-    store = _cli._store(args)
+    store = open_job_store(args)
     status = check_can_request(observe(store), action)
     request = submit_request(store, action, epoch=status.epoch)
     queued = f"requested {action} of job {store.job}: request {request.id} for the driver of epoch {request.epoch}"
     if args.no_wait:
-        _cli._emit(args, _request_dict(request), lambda: f"{queued}; `ckpt job status` shows its effect")
+        emit(args, _request_dict(request), lambda: f"{queued}; `ckpt job status` shows its effect")
         return 0
-    _cli._progress(f"{queued}; waiting up to {timeout:.0f} s for its answer")
+    progress(f"{queued}; waiting up to {timeout:.0f} s for its answer")
     try:
         ack = wait_ack(store, request.id, timeout, poll=ACK_POLL)
     except KeyboardInterrupt:
@@ -151,7 +148,7 @@ def cmd_request(args: argparse.Namespace) -> int:
               f"`ckpt job status --job {store.job}`", file=sys.stderr)
         return EXIT_TIMEOUT
     if ack.outcome is Outcome.COMPLETED:
-        _cli._emit(args, ack.to_dict(), lambda: _ack_text(ack, store.job))
+        emit(args, ack.to_dict(), lambda: _ack_text(ack, store.job))
         return 0
     if args.json:
         print(_json(ack.to_dict()))
@@ -168,12 +165,10 @@ def _json(data: Any) -> str:
 
 def add_job_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`ckpt job status|savepoint|stop|cancel`, with the same common options as `ckpt snapshot`."""
-    from airflow_ckpt_provider import cli as _cli
-
     job = groups.add_parser("job", help="a job's status, and savepoint, stop or cancel of its running driver")
     sub = job.add_subparsers(dest="command", required=True)
     p = sub.add_parser("status", help="state, epoch, batch, heartbeat, last snapshot and lease of a job")
-    _cli._common(p)
+    add_store_args(p)
     p.set_defaults(fn=cmd_status)
     helps = {
         Action.SAVEPOINT: "ask the running driver for a savepoint now; the job keeps running",
@@ -182,7 +177,7 @@ def add_job_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]
     }
     for action, help_ in helps.items():
         p = sub.add_parser(action.value, help=help_)
-        _cli._common(p)
+        add_store_args(p)
         p.set_defaults(fn=cmd_request, request_action=action.value)
         p.add_argument("--timeout", type=float, default=None,
                        help=f"seconds to wait for the driver's answer (default {DEFAULT_TIMEOUT[action]:.0f}; "

@@ -1,4 +1,4 @@
-"""The spark-submit command that runs one job under the runtime: ``launch.py`` as the primary resource.
+"""The spark-submit command that runs one job under the runtime: ``entrypoint.py`` as the primary resource.
 
 Only combinations spark-submit accepts are built, so a bad one fails here with a clear message instead
 of in the JVM. Credentials travel only through the inherited environment or the cluster's secret mechanism,
@@ -25,7 +25,7 @@ from airflow_ckpt_provider.core.gate import GATE_ENV
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 
 #: The driver program spark-submit runs; it sits next to this module.
-LAUNCH_PY = Path(__file__).absolute().parent / "launch.py"
+ENTRYPOINT_PY = Path(__file__).absolute().parent.parent / "runtime" / "entrypoint.py"
 LOOPBACK = "127.0.0.1"
 DEPLOY_MODES = ("client", "cluster")
 
@@ -165,7 +165,7 @@ def gate_file(config: RuntimeConfig) -> str:
 def build_command(spec: SubmitSpec) -> tuple[list[str], dict[str, str]]:
     """The spark-submit argv, and the variables to add to the inherited environment.
 
-    In cluster mode the job file ships with ``--files`` and launch.py finds it by its base name in the
+    In cluster mode the job file ships with ``--files`` and entrypoint.py finds it by its base name in the
     driver's working directory. PYSPARK_PYTHON defaults to this interpreter only on local masters (on a
     cluster, executors run elsewhere); PYSPARK_DRIVER_PYTHON also in client mode, where the driver runs here.
     """
@@ -194,7 +194,7 @@ def build_command(spec: SubmitSpec) -> tuple[list[str], dict[str, str]]:
         argv += ["--py-files", ",".join(spec.py_files)]
     if files:
         argv += ["--files", ",".join(files)]
-    argv += [str(LAUNCH_PY), job_arg, *spec.config.to_args()]
+    argv += [str(ENTRYPOINT_PY), job_arg, *spec.config.to_args()]
 
     wanted: dict[str, str] = {}
     if spec.env_python or local:

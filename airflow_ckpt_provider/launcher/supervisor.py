@@ -24,9 +24,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
+from airflow_ckpt_provider.core.deployments import read_launch, record_end
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.launches import read_launch, record_end
 from airflow_ckpt_provider.core.lease import read_lease
 from airflow_ckpt_provider.core.restart import (
     ExponentialDelay,
@@ -37,6 +37,7 @@ from airflow_ckpt_provider.core.restart import (
     RestartStrategy,
 )
 from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobState, JobStatus, read_status, write_status
+from airflow_ckpt_provider.launcher.submit import ENTRYPOINT_PY, SubmitSpec, build_command
 from airflow_ckpt_provider.runtime.config import RestoreMode
 from airflow_ckpt_provider.runtime.exitcodes import (
     EXIT_CONFIG,
@@ -45,7 +46,6 @@ from airflow_ckpt_provider.runtime.exitcodes import (
     EXIT_STOPPED,
     exit_meaning,
 )
-from airflow_ckpt_provider.runtime.submit import LAUNCH_PY, SubmitSpec, build_command
 
 log = logging.getLogger(__name__)
 
@@ -133,11 +133,11 @@ class DriverProcess:
 
 
 def _python_driver(pgid: int) -> int | None:
-    """The pid of the process in group ``pgid`` that runs launch.py, or None (not found, or no /proc)."""
+    """The pid of the process in group ``pgid`` that runs entrypoint.py, or None (not found, or no /proc)."""
     proc = Path("/proc")
     if not proc.is_dir():
         return None
-    launch = str(LAUNCH_PY).encode()
+    launch = str(ENTRYPOINT_PY).encode()
     for entry in proc.iterdir():
         if not entry.name.isdigit() or int(entry.name) == pgid:
             continue

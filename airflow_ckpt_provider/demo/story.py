@@ -1,0 +1,133 @@
+"""The demo: a PySpark streaming job operated from Airflow like a Flink job, on the embedded default.
+
+Starts SeaweedFS (S3) and tansu (Kafka) on 127.0.0.1, a throwaway Airflow home (sqlite), produces
+orders, and runs the example DAGs in dags/ with ``airflow dags test`` (deferred tasks run in-process):
+
+1. ``ckpt_keep_alive``: submit the example job (orders_v1.py) supervised on local Spark; while its
+   health watch runs, kill -9 the driver: it is restarted from the latest completed checkpoint;
+2. ``ckpt_savepoint_restore``: a savepoint on demand, and the job restored from it;
+3. ``ckpt_upgrade_job``: upgrade to orders_v2.py keeping state (compatibility check, stop with
+   savepoint, start v2 from it, verify);
+4. stop with a final savepoint; the totals equal the produced stream exactly; where the snapshots are.
+
+``World`` and ``AirflowHome`` (world.py) are also what the system tests (tests/system) drive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from airflow_ckpt_provider.core.control import Action, submit_request, wait_ack
+from airflow_ckpt_provider.core.snapshots import list_snapshots
+from airflow_ckpt_provider.core.status import JobStatus
+from airflow_ckpt_provider.demo.world import CUSTOMERS, EXAMPLES, TIMEOUT, AirflowHome, World, say
+from airflow_ckpt_provider.embedded import EmbeddedServices
+
+
+def _expect_success(done: subprocess.CompletedProcess[str], dag_id: str) -> None:
+    if done.returncode != 0:
+        raise RuntimeError(f"DAG {dag_id} failed (exit {done.returncode}); last lines:\n{done.stdout[-4000:]}")
+    say(f"DAG {dag_id}: success")
+
+
+def _kill_when_running(world: World, killed: list[JobStatus]) -> threading.Thread:
+    """In the background: once the driver has committed two batches, kill -9 it and produce more orders."""
+
+    def run() -> None:
+        status = world.wait("two batches", lambda s: s.state == "RUNNING" and (s.batch_id or 0) >= 2)
+        world.kill_driver(status)
+        killed.append(status)
+        say(f"kill -9 of the driver (pid {status.pid}, epoch {status.epoch}) at batch {status.batch_id}")
+        world.produce(2000)
+        say(f"produced 2000 more orders (total {world.produced})")
+
+    thread = threading.Thread(target=run, name="demo-killer", daemon=True)
+    thread.start()
+    return thread
+
+
+def scenario(world: World, home: AirflowHome) -> dict[str, Any]:
+    world.produce(3000)
+    say(f"produced 3000 orders to topic {world.topic}")
+
+    say("1. DAG ckpt_keep_alive: submit the job supervised, watch its health; the driver gets killed meanwhile")
+    killed: list[JobStatus] = []
+    killer = _kill_when_running(world, killed)
+    _expect_success(home.dags_test("ckpt_keep_alive"), "ckpt_keep_alive")
+    killer.join(TIMEOUT)
+    if not killed:
+        raise RuntimeError("the driver was never killed: the job did not commit two batches in time")
+    status = world.wait("the restarted driver", lambda s: s.epoch > killed[0].epoch and s.state == "RUNNING")
+    source = status.restored_from or "its live checkpoint"
+    say(f"restarted automatically from the latest completed checkpoint: epoch {killed[0].epoch} -> {status.epoch}, "
+        f"resumed from {source}")
+
+    say("2. DAG ckpt_savepoint_restore: a savepoint on demand, then the job restored from it")
+    _expect_success(home.dags_test("ckpt_savepoint_restore", {"job": world.job}), "ckpt_savepoint_restore")
+    status = world.wait("the restored driver", lambda s: s.state == "RUNNING")
+    say(f"running again: epoch {status.epoch}, restored from {status.restored_from}")
+
+    say("3. DAG ckpt_upgrade_job: upgrade to orders_v2.py (savepoint mode), state kept; orders keep arriving")
+    conf = {"job": world.job, "job_file": str(EXAMPLES / "orders_v2.py"), "code_version": "v2",
+            "upgrade_mode": "savepoint", "verify_batches": 2}
+    with world.flowing():
+        _expect_success(home.dags_test("ckpt_upgrade_job", conf), "ckpt_upgrade_job")
+    say(f"orders produced while upgrading: total {world.produced}")
+    status = world.wait_all_consumed()
+    say(f"v2 runs: epoch {status.epoch}, code {status.code_version}, batch {status.batch_id}")
+    return {"upgraded_epoch": status.epoch, "code_version": status.code_version}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, checkpoints)")
+    parser.add_argument("--watch-seconds", type=float, default=45.0,
+                        help="how long the keep-alive DAG watches the job's health (default 45)")
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="ckpt-demo-"))
+    started = time.monotonic()
+    world = None
+    try:
+        with EmbeddedServices() as services:
+            say(f"SeaweedFS at {services.s3.endpoint_url}, tansu at {services.kafka.bootstrap_servers}")
+            world = World(services, work)
+            home = AirflowHome(world, work / "airflow", watch_seconds=args.watch_seconds)
+            home.migrate()
+            say(f"Airflow home {home.path} (logs of each DAG run there)")
+            try:
+                result = scenario(world, home)
+                status = world.status()
+                assert status is not None
+                ack = wait_ack(world.store, submit_request(world.store, Action.STOP, status.epoch).id, TIMEOUT)
+                exact = world.totals() == world.expected()
+                from airflow_ckpt_provider.kafka.lag import consumer_group_lag
+
+                lag = consumer_group_lag(services.kafka.bootstrap_servers, world.group, [world.topic]).total_lag
+                snapshots = list_snapshots(world.store)
+            finally:
+                world.stop_everything()
+        savepoints = [m for m in snapshots if m.kind.value == "savepoint"]
+        print("\n=== airflow-ckpt-provider demo (through Airflow) ===")
+        print(f"orders produced: {world.produced}; customers: {CUSTOMERS}")
+        print(f"upgraded to code {result['code_version']} (epoch {result['upgraded_epoch']}); "
+              f"stopped with final savepoint {ack.snapshot_id if ack else '-'}")
+        print(f"snapshots in the job store {world.store.url}: {len(snapshots)} ({len(savepoints)} savepoints)")
+        for m in savepoints:
+            print(f"  {m.kind.value:10} batch {m.batch_id:>4}  {world.store.snapshot_uri(m.snapshot_id)}")
+        print(f"consumer group {world.group} lag after the last batch: {lag}")
+        print(f"final state equals the produced stream: {'YES' if exact else 'NO'}")
+        print(f"total {time.monotonic() - started:.1f} s")
+        return 0 if exact and lag == 0 and ack is not None else 1
+    finally:
+        if args.keep:
+            print(f"work directory kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
