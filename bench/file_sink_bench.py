@@ -66,7 +66,8 @@ def run(spark: Any, input_dir: Path, sink: str, target: str, rows: int) -> float
 
 
 def check_committed(target: str, rows: int) -> None:
-    from airflow_ckpt_provider.sinks.filelayout import committed_batches, verify_sink
+    from airflow_ckpt_provider.sinks.filelayout import committed_batches
+    from airflow_ckpt_provider.sinks.filemaintenance import verify_sink
 
     got = sum(m.rows for m in committed_batches(target))
     report = verify_sink(target)

@@ -90,7 +90,8 @@ class FilesSink:
         import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
         from airflow_ckpt_provider.core.storage import open_storage
-        from airflow_ckpt_provider.sinks.filelayout import read_committed, verify_sink
+        from airflow_ckpt_provider.sinks.filelayout import read_committed
+        from airflow_ckpt_provider.sinks.filemaintenance import verify_sink
 
         report = verify_sink(self.url, self.s3, checksums=True)
         assert report.ok, report.problems

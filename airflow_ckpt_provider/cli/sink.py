@@ -9,7 +9,7 @@ from airflow_ckpt_provider.core.progress import human_bytes
 
 
 def cmd_sink_verify(args: argparse.Namespace) -> int:
-    from airflow_ckpt_provider.sinks.filelayout import verify_sink
+    from airflow_ckpt_provider.sinks.filemaintenance import verify_sink
 
     report = verify_sink(args.path, s3_options(args), checksums=args.checksums)
     batches = sum(len(b) for b in report.batches.values())
@@ -51,7 +51,7 @@ def cmd_sink_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_sink_gc(args: argparse.Namespace) -> int:
-    from airflow_ckpt_provider.sinks.filelayout import gc_sink
+    from airflow_ckpt_provider.sinks.filemaintenance import gc_sink
 
     result = gc_sink(args.path, s3_options(args), older_than_s=args.older_than, dry_run=args.dry_run)
     emit(args, result.to_dict(), lambda: (

@@ -1,56 +1,26 @@
 """The Spark Structured Streaming checkpoint model: completed batches and the files that restore one.
 
 Pure Python over :class:`Storage` (no pyspark). A batch N is completed when ``commits/N`` exists; a
-restore at N needs ``metadata``, the offsets/commits entries Spark reads on restart, the source logs,
-and, for every state store, exactly the files that load state version N+1. Each rule, where it comes
-from in Spark 4.3 and how it was confirmed: docs/spark-checkpoint-internals.md.
+restore at N needs ``metadata``, the offsets/commits entries Spark reads on restart, the source logs
+(this module), and, for every state store, exactly the files that load state version N+1
+(core/statestore.py). Each rule, where it comes from in Spark 4.3 and how it was confirmed:
+docs/spark-checkpoint-internals.md.
 """
 
 from __future__ import annotations
 
-import io
 import json
-import re
-import zipfile
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any
-from urllib.parse import urlparse
+from collections.abc import Iterable
+from dataclasses import dataclass
 
-from airflow_ckpt_provider.core.ckptfiles import (
-    STATE_FILE,
-    LogEntry,
-    json_object,
-    lz4_stream_problem,
-    parse_log_entry,
-    schema_key,
-    sst_problem,
-    zip_problem,
-)
+from airflow_ckpt_provider.core.ckptfiles import LogEntry, json_object, parse_log_entry
 from airflow_ckpt_provider.core.errors import CheckpointError
+from airflow_ckpt_provider.core.statestore import StateOperator, state_operators
 from airflow_ckpt_provider.core.storage import Storage
+from airflow_ckpt_provider.core.viewplan import FORMAT_V2, ViewPlan, numbered
 
-HDFS = "hdfs"
-ROCKSDB = "rocksdb"
-DEFAULT_STORE = "default"
-
-_PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
-_CODEC_CONF = "spark.sql.streaming.stateStore.compression.codec"
-_PROVIDERS = {
-    "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider": HDFS,
-    "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider": ROCKSDB,
-}
-# checkpointFormatVersion 2 names files "<version>_<uniqueId>.<kind>" (CommitMetadataV2 docs).
-_STATE_FILE_V2 = re.compile(r"^(\d+)_[0-9a-fA-F-]{8,}\.(delta|snapshot|zip|changelog)$")
-_STORE_SUBDIRS = ("_metadata", "SSTs", "logs")
 _MAX_PROBLEMS_SHOWN = 8
 _MAX_LOG_VERSION = 2  # OffsetSeqLog.MAX_VERSION and CommitLog.MAX_VERSION in Spark 4.3
-_FORMAT_V2 = (
-    "the query uses state store checkpoint format version 2 "
-    "(spark.sql.streaming.stateStore.checkpointFormatVersion=2: commits/N lists stateUniqueIds and "
-    "state files are named <version>_<uniqueId>), which this provider does not support; run the "
-    "query on a new checkpoint with format version 1 (the default)"
-)
 
 
 @dataclass(frozen=True)
@@ -60,40 +30,6 @@ class CheckpointFile:
     path: str
     size: int
 
-
-@dataclass(frozen=True)
-class StateOperator:
-    """One stateful operator: its state stores, partitions and the provider that wrote them."""
-
-    operator_id: int
-    name: str | None
-    partitions: int
-    store_names: tuple[str, ...]
-    provider: str  # HDFS or ROCKSDB
-    changelog: bool  # RocksDB changelog checkpointing files are in use
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-able dict, for manifests."""
-        return {
-            "operator_id": self.operator_id,
-            "name": self.name,
-            "partitions": self.partitions,
-            "store_names": list(self.store_names),
-            "provider": self.provider,
-            "changelog": self.changelog,
-        }
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> StateOperator:
-        """The operator ``to_json`` described."""
-        return cls(
-            operator_id=int(d["operator_id"]),
-            name=d.get("name"),
-            partitions=int(d["partitions"]),
-            store_names=tuple(d["store_names"]),
-            provider=str(d["provider"]),
-            changelog=bool(d["changelog"]),
-        )
 
 
 @dataclass(frozen=True)
@@ -130,55 +66,6 @@ def _ignored(key: str) -> bool:
     return key.rsplit("/", 1)[-1].startswith(".")
 
 
-def _numbered(sizes: dict[str, int], directory: str) -> dict[int, str]:
-    """Batch id -> key for the files named by a plain integer directly under ``directory``."""
-    out: dict[int, str] = {}
-    for key in sizes:
-        if key.startswith(directory + "/"):
-            name = key[len(directory) + 1 :]
-            if name.isdigit():
-                out[int(name)] = key
-    return out
-
-
-@dataclass
-class _Plan:
-    """Files chosen so far and problems found while building a BatchView."""
-
-    sizes: dict[str, int]
-    read: Callable[[str], bytes]
-    uri: Callable[[str], str]
-    verify: bool
-    chosen: set[str] = field(default_factory=set)
-    problems: list[str] = field(default_factory=list)  # a restore from the view would fail
-    warnings: list[str] = field(default_factory=list)  # the live checkpoint has broken files
-    batch: int | None = None
-
-    def add(self, problem: str) -> None:
-        """Record a problem once."""
-        if problem not in self.problems:
-            self.problems.append(problem)
-
-    def need(self, key: str, why: str) -> bool:
-        """Choose ``key``; record a problem if the listing does not have it."""
-        if key not in self.sizes:
-            self.problems.append(f"{key} is missing: {why}")
-            return False
-        self.chosen.add(key)
-        return True
-
-    def load(self, key: str) -> bytes | None:
-        """The bytes of a listed file, or None (problem recorded) if it vanished meanwhile."""
-        try:
-            return self.read(key)
-        except FileNotFoundError:
-            self.problems.append(
-                f"{key} was deleted while the checkpoint was read (Spark maintenance purges old "
-                "files); take the view again"
-            )
-            return None
-
-
 class SparkCheckpoint:
     """A Spark checkpoint location, read through ``storage``; safe on a query that is running."""
 
@@ -187,7 +74,7 @@ class SparkCheckpoint:
 
     def completed_batches(self) -> list[int]:
         """Every batch whose ``commits/N`` file exists, ascending."""
-        return sorted(_numbered(self._sizes("commits/"), "commits"))
+        return sorted(numbered(self._sizes("commits/"), "commits"))
 
     def latest_completed_batch(self) -> int | None:
         """The newest completed batch; None when no batch completed yet. The one definition."""
@@ -220,11 +107,11 @@ class SparkCheckpoint:
     def _sizes(self, prefix: str = "") -> dict[str, int]:
         return {o.key: o.size for o in self.storage.list(prefix) if not _ignored(o.key)}
 
-    def _build(self, batch_id: int | None, *, write_ahead: bool, verify: bool) -> tuple[BatchView | None, _Plan]:
+    def _build(self, batch_id: int | None, *, write_ahead: bool, verify: bool) -> tuple[BatchView | None, ViewPlan]:
         # Commits are listed first, then everything: all a batch needs is written before its
         # commit file, so the second listing holds it even if the walk itself is not atomic.
-        commits = sorted(_numbered(self._sizes("commits/"), "commits"))
-        plan = _Plan(self._sizes(), self.storage.read, self.storage.uri, verify)
+        commits = sorted(numbered(self._sizes("commits/"), "commits"))
+        plan = ViewPlan(self._sizes(), self.storage.read, self.storage.uri, verify)
         if "metadata" not in plan.sizes:
             plan.problems.append(_not_a_checkpoint(plan.sizes))
             return None, plan
@@ -245,7 +132,7 @@ def is_spark_checkpoint(storage: Storage) -> bool:
     return isinstance(meta, dict) and isinstance(meta.get("id"), str)
 
 
-def _problem_message(url: str, plan: _Plan) -> str:
+def _problem_message(url: str, plan: ViewPlan) -> str:
     shown = plan.problems[:_MAX_PROBLEMS_SHOWN]
     more = len(plan.problems) - len(shown)
     text = "; ".join(shown) + (f"; and {more} more problems" if more > 0 else "")
@@ -290,7 +177,7 @@ def id_ranges(ids: Iterable[int]) -> str:
     return ", ".join(parts)
 
 
-def _build_view(plan: _Plan, batch: int, *, write_ahead: bool) -> BatchView | None:
+def _build_view(plan: ViewPlan, batch: int, *, write_ahead: bool) -> BatchView | None:
     query_id = _query_id(plan)
     logs = _logs(plan, batch, write_ahead=write_ahead)
     if logs is None or query_id is None:
@@ -298,7 +185,7 @@ def _build_view(plan: _Plan, batch: int, *, write_ahead: bool) -> BatchView | No
     current, following = logs
     conf = {str(k): str(v) for k, v in (current.metadata.get("conf") or {}).items()}
     _source_logs(plan, following or current)
-    operators = _state(plan, batch, conf)
+    operators = state_operators(plan, batch, conf)
     return BatchView(
         batch_id=batch,
         query_id=query_id,
@@ -313,7 +200,7 @@ def _build_view(plan: _Plan, batch: int, *, write_ahead: bool) -> BatchView | No
     )
 
 
-def _query_id(plan: _Plan) -> str | None:
+def _query_id(plan: ViewPlan) -> str | None:
     plan.chosen.add("metadata")
     data = plan.load("metadata")
     if data is None:
@@ -334,7 +221,7 @@ def _query_id(plan: _Plan) -> str | None:
 # --------------------------------------------------------------------------------------------
 
 
-def _logs(plan: _Plan, batch: int, *, write_ahead: bool) -> tuple[LogEntry, LogEntry | None] | None:
+def _logs(plan: ViewPlan, batch: int, *, write_ahead: bool) -> tuple[LogEntry, LogEntry | None] | None:
     """Choose and parse the log entries Spark reads when it resumes after ``batch``."""
     commit = _read_log(plan, f"commits/{batch}", "commits", "it marks the batch completed")
     current = _read_log(plan, f"offsets/{batch}", "offsets", f"the offsets of completed batch {batch}")
@@ -353,7 +240,7 @@ def _logs(plan: _Plan, batch: int, *, write_ahead: bool) -> tuple[LogEntry, LogE
     return current, following
 
 
-def _read_log(plan: _Plan, key: str, kind: str, why: str) -> LogEntry | None:
+def _read_log(plan: ViewPlan, key: str, kind: str, why: str) -> LogEntry | None:
     if not plan.need(key, f"{why}; Spark cannot resume without it"):
         return None
     data = plan.load(key)
@@ -371,12 +258,12 @@ def _read_log(plan: _Plan, key: str, kind: str, why: str) -> LogEntry | None:
     return entry
 
 
-def _check_commit(plan: _Plan, batch: int, commit: LogEntry) -> None:
+def _check_commit(plan: ViewPlan, batch: int, commit: LogEntry) -> None:
     if commit.metadata.get("stateUniqueIds"):
-        plan.add(f"commits/{batch}: {_FORMAT_V2}")
+        plan.add(f"commits/{batch}: {FORMAT_V2}")
 
 
-def _check_source_count(plan: _Plan, batch: int, current: LogEntry, following: LogEntry | None) -> None:
+def _check_source_count(plan: ViewPlan, batch: int, current: LogEntry, following: LogEntry | None) -> None:
     if following is not None and len(following.offsets) != len(current.offsets):
         plan.problems.append(
             f"offsets/{batch} has {len(current.offsets)} source offsets but offsets/{batch + 1} "
@@ -389,7 +276,7 @@ def _check_source_count(plan: _Plan, batch: int, current: LogEntry, following: L
 # --------------------------------------------------------------------------------------------
 
 
-def _source_logs(plan: _Plan, entry: LogEntry) -> None:
+def _source_logs(plan: ViewPlan, entry: LogEntry) -> None:
     """Choose the files under ``sources/<i>/`` that match the newest chosen offsets entry."""
     dirs = sorted({k.split("/")[1] for k in plan.sizes if k.startswith("sources/") and k.count("/") >= 2})
     for source in dirs:
@@ -416,7 +303,7 @@ def _file_log_offset(entry: LogEntry, source: str) -> int | None:
     return offset if isinstance(offset, int) else None
 
 
-def _file_source_log(plan: _Plan, source: str, keys: list[str], log_offset: int) -> None:
+def _file_source_log(plan: ViewPlan, source: str, keys: list[str], log_offset: int) -> None:
     # CompactibleFileStreamLog.allFiles: the newest "<c>.compact" holds every entry up to c; the
     # plain entries after it, up to the offset the batch read, complete the log.
     ids: dict[int, str] = {}
@@ -433,291 +320,3 @@ def _file_source_log(plan: _Plan, source: str, keys: list[str], log_offset: int)
         plan.chosen.add(compacts[max(usable)])
     for i in range(start, log_offset + 1):
         plan.need(f"sources/{source}/{i}", f"file source log entry up to logOffset {log_offset}")
-
-
-# --------------------------------------------------------------------------------------------
-# state/: operators, their stores, and the files that load version N+1 of each store.
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _OperatorInfo:
-    name: str | None
-    partitions: int | None
-    stores: tuple[str, ...]
-
-
-def _state(plan: _Plan, batch: int, conf: dict[str, str]) -> tuple[StateOperator, ...]:
-    op_ids = sorted({int(k.split("/")[1]) for k in plan.sizes if re.match(r"state/\d+/", k)})
-    return tuple(op for op in (_operator(plan, o, batch, conf) for o in op_ids) if op is not None)
-
-
-def _operator(plan: _Plan, op: int, batch: int, conf: dict[str, str]) -> StateOperator | None:
-    prefix = f"state/{op}/"
-    keys = [k for k in plan.sizes if k.startswith(prefix)]
-    info = _operator_metadata(plan, op, batch, keys)
-    parts = sorted({int(k.split("/")[2]) for k in keys if k.split("/")[2].isdigit()})
-    partitions = info.partitions if info.partitions is not None else len(parts)
-    stores = info.stores or _stores_from_listing(keys, op)
-    provider = _provider(plan, op, conf, keys)
-    if provider is None:
-        return None
-    plan.chosen.update(k for k in keys if k.endswith("/_metadata/schema"))
-    for partition in range(partitions):
-        for store in stores:
-            _store_files(plan, _store_dir(op, partition, store), provider, batch + 1, conf)
-    changelog = provider == ROCKSDB and any(k.endswith(".changelog") for k in keys)
-    return StateOperator(op, info.name, partitions, tuple(stores), provider, changelog)
-
-
-def _store_dir(op: int, partition: int, store: str) -> str:
-    # StateStoreId.storeCheckpointLocation: the default store lives in the partition directory.
-    base = f"state/{op}/{partition}"
-    return base if store == DEFAULT_STORE else f"{base}/{store}"
-
-
-def _operator_metadata(plan: _Plan, op: int, batch: int, keys: list[str]) -> _OperatorInfo:
-    """Store names and partitions from ``_metadata/v2/<b>`` (newest <= batch) or ``_metadata/metadata``."""
-    v2 = _numbered(plan.sizes, f"state/{op}/_metadata/v2")
-    usable = [b for b in v2 if b <= batch]
-    if usable:
-        return _read_operator_metadata(plan, v2[max(usable)], with_schemas=True)
-    v1 = f"state/{op}/_metadata/metadata"
-    if v1 in plan.sizes:
-        return _read_operator_metadata(plan, v1, with_schemas=False)
-    return _OperatorInfo(None, None, ())
-
-
-def _read_operator_metadata(plan: _Plan, key: str, *, with_schemas: bool) -> _OperatorInfo:
-    plan.chosen.add(key)
-    data = plan.load(key)
-    if data is None:
-        return _OperatorInfo(None, None, ())
-    try:
-        _head, _, body = data.decode("utf-8").partition("\n")
-        meta = json_object(body, "operator metadata")
-    except (ValueError, UnicodeDecodeError) as err:
-        plan.problems.append(f"{key} is truncated or corrupt: {err}")
-        return _OperatorInfo(None, None, ())
-    infos = meta.get("stateStoreInfo") or []
-    if with_schemas:
-        _schema_files(plan, key, infos)
-    parts = {int(s.get("numPartitions", 0)) for s in infos}
-    name = (meta.get("operatorInfo") or {}).get("operatorName")
-    stores = tuple(str(s["storeName"]) for s in infos if "storeName" in s)
-    return _OperatorInfo(name, max(parts) if parts else None, stores)
-
-
-def _schema_files(plan: _Plan, key: str, infos: list[dict[str, Any]]) -> None:
-    # OperatorStateMetadataV2 names its schema files by ABSOLUTE path; map them back to keys.
-    # Spark 4.3 reads every one when it plans the next batch (StateSchemaMetadata.
-    # createStateSchemaMetadata) and fails if one is missing, so they are required files.
-    for info in infos:
-        for path in info.get("stateSchemaFilePaths") or []:
-            schema = schema_key(str(path))
-            if schema is None or schema not in plan.sizes:
-                plan.add(
-                    f"{key} names state schema file {path}, which is not in the checkpoint "
-                    f"(expected {schema or 'a path under state/<op>/_stateSchema/'}); Spark cannot "
-                    "plan the query without it"
-                )
-                continue
-            plan.chosen.add(schema)
-            if not _same_location(str(path), plan.uri(schema)):
-                plan.warnings.append(
-                    f"{key} names state schema file {path} in another location than this checkpoint "
-                    f"({plan.uri(schema)}): it was copied without relocate(), and Spark reads the other "
-                    "location (and fails when it is gone)"
-                )
-
-
-def _same_location(a: str, b: str) -> bool:
-    """Do two URIs name the same object? s3, s3a and s3n are one; file:/x and file:///x are one."""
-    pa, pb = urlparse(a), urlparse(b)
-    schemes = {pa.scheme.replace("s3a", "s3").replace("s3n", "s3"), pb.scheme.replace("s3a", "s3").replace("s3n", "s3")}
-    return len(schemes) == 1 and pa.netloc == pb.netloc and pa.path.lstrip("/") == pb.path.lstrip("/")
-
-
-def _stores_from_listing(keys: list[str], op: int) -> tuple[str, ...]:
-    """Store names seen in the listing (checkpoints written before operator metadata existed)."""
-    names: set[str] = set()
-    for key in keys:
-        parts = key.split("/")
-        if len(parts) == 4 and parts[2].isdigit() and STATE_FILE.match(parts[3]):
-            names.add(DEFAULT_STORE)
-        elif len(parts) >= 5 and parts[2].isdigit() and parts[3] not in _STORE_SUBDIRS:
-            names.add(parts[3])
-    return tuple(sorted(names))
-
-
-def _provider(plan: _Plan, op: int, conf: dict[str, str], keys: list[str]) -> str | None:
-    """HDFS or ROCKSDB from the conf the offsets log recorded, checked against the file names."""
-    if any(_STATE_FILE_V2.match(k.rsplit("/", 1)[-1]) for k in keys):
-        if not any(_FORMAT_V2 in p for p in plan.problems):
-            plan.add(f"state/{op}/: {_FORMAT_V2}")
-        return None
-    kinds = {m.group(2) for k in keys if (m := STATE_FILE.match(k.rsplit("/", 1)[-1]))}
-    by_files = ROCKSDB if kinds & {"zip", "changelog"} else HDFS if kinds else None
-    cls = conf.get(_PROVIDER_CONF)
-    by_conf = _PROVIDERS.get(cls) if cls else None
-    if cls and by_conf is None:
-        plan.problems.append(
-            f"state store provider {cls} is not supported: expected HDFSBackedStateStoreProvider "
-            "or RocksDBStateStoreProvider"
-        )
-        return None
-    provider = by_conf or by_files or HDFS  # HDFS-backed is Spark's default provider
-    if by_files is not None and by_files != provider:
-        plan.problems.append(f"state/{op}/ holds {sorted(kinds)} files but the offsets log records provider {cls}")
-    return provider
-
-
-def _store_files(plan: _Plan, store: str, provider: str, version: int, conf: dict[str, str]) -> None:
-    """Choose the files that load ``version`` of one store."""
-    files: dict[str, dict[int, str]] = {"delta": {}, "snapshot": {}, "zip": {}, "changelog": {}}
-    for key in plan.sizes:
-        if key.startswith(store + "/") and "/" not in key[len(store) + 1 :]:
-            match = STATE_FILE.match(key[len(store) + 1 :])
-            if match:
-                files[match.group(2)][int(match.group(1))] = key
-    codec = conf.get(_CODEC_CONF, "lz4")
-    if provider == HDFS:
-        _hdfs_files(plan, store, files, version, codec)
-    else:
-        _rocksdb_files(plan, store, files, version, codec)
-
-
-def _hdfs_files(plan: _Plan, store: str, files: dict[str, dict[int, str]], version: int, codec: str) -> None:
-    # HDFSBackedStateStoreProvider.loadMap: the newest readable <s>.snapshot with s <= version,
-    # then every <d>.delta for s < d <= version (no snapshot: all deltas from 1).
-    deltas, snapshots = files["delta"], files["snapshot"]
-    first_missing: list[int] | None = None
-    for snap in [*sorted((s for s in snapshots if s <= version), reverse=True), 0]:
-        problem = _stream_problem(plan, snapshots[snap], codec) if snap else None
-        if problem:
-            plan.warnings.append(f"{snapshots[snap]} is {problem}; an older snapshot is used instead")
-            continue  # a broken snapshot: fall back to an older one and more deltas
-        missing = [d for d in range(snap + 1, version + 1) if d not in deltas]
-        if not missing:
-            base = [snapshots[snap]] if snap else []
-            _choose_stream_files(plan, base, deltas, start=snap, version=version, codec=codec)
-            return
-        first_missing = first_missing or missing
-    have = ", ".join(sorted((k.rsplit("/", 1)[-1] for k in deltas.values()), key=_version_of)[:8])
-    plan.problems.append(
-        f"{store}/{(first_missing or [version])[0]}.delta is missing: HDFS-backed state version "
-        f"{version} needs the newest <v>.snapshot <= {version} and every later .delta up to "
-        f"{version}.delta (deltas found: {have or 'none'}); the files were purged or never "
-        "copied, restore another batch"
-    )
-
-
-def _version_of(name: str) -> int:
-    return int(name.split(".", 1)[0].split("_", 1)[0])
-
-
-def _choose_stream_files(
-    plan: _Plan, base: list[str], logs: dict[int, str], *, start: int, version: int, codec: str
-) -> None:
-    for key in base + [logs[v] for v in range(start + 1, version + 1)]:
-        plan.chosen.add(key)
-        problem = _stream_problem(plan, key, codec) if key not in base else None
-        if problem:
-            plan.problems.append(f"{key} is {problem}; Spark cannot load it, restore another batch")
-
-
-def _stream_problem(plan: _Plan, key: str, codec: str) -> str | None:
-    """With ``plan.verify`` and lz4: why this compressed stream is incomplete, else None."""
-    if not plan.verify or codec != "lz4":
-        return None
-    data = plan.load(key)
-    return lz4_stream_problem(data) if data is not None else "deleted while being read"
-
-
-def _rocksdb_files(plan: _Plan, store: str, files: dict[str, dict[int, str]], version: int, codec: str) -> None:
-    # RocksDB.load: the newest <s>.zip with s <= version (version.zip itself when it exists),
-    # its SST/log files, then <c>.changelog for s < c <= version (changelog checkpointing).
-    zips, changelogs = files["zip"], files["changelog"]
-    rejected: list[str] = []
-    missing: list[int] = []
-    for snap in [*sorted((s for s in zips if s <= version), reverse=True), 0]:
-        missing = [c for c in range(snap + 1, version + 1) if c not in changelogs]
-        if missing:
-            break  # older zips need even more changelogs
-        if snap:
-            immutable = _zip_files(plan, store, zips[snap], rejected)
-            if immutable is None:
-                continue  # a broken zip: fall back to an older one and more changelogs
-            plan.chosen.add(zips[snap])
-            plan.chosen.update(immutable)
-        plan.warnings.extend(f"{r}; an older snapshot is used instead" for r in rejected)
-        _choose_stream_files(plan, [], changelogs, start=snap, version=version, codec=codec)
-        return
-    plan.problems.append(_rocksdb_problem(store, version, rejected, missing, files))
-
-
-def _rocksdb_problem(
-    store: str, version: int, rejected: list[str], missing: list[int], files: dict[str, dict[int, str]]
-) -> str:
-    found = ", ".join(f"{v}.{kind}" for kind in ("zip", "changelog") for v in sorted(files[kind]) if v <= version)
-    need = f"the newest older <v>.zip followed by every .changelog up to {version}.changelog"
-    if rejected:
-        head = f"{'; '.join(rejected)}, and no {need} replaces it ({store}/{missing[0]}.changelog is missing)"
-    else:
-        head = (
-            f"{store}/{version}.zip and {store}/{missing[0]}.changelog are missing: RocksDB state "
-            f"version {version} needs {version}.zip, or {need}"
-        )
-    return f"{head} (found: {found or 'none'}); the files were purged or never copied, restore another batch"
-
-
-def _zip_files(plan: _Plan, store: str, key: str, rejected: list[str]) -> list[str] | None:
-    """The SST/log keys a RocksDB zip's metadata lists, or None (reason in ``rejected``)."""
-    data = plan.load(key)
-    if data is None:
-        return None
-    problem = zip_problem(data, deep=plan.verify)
-    listed: list[tuple[str, int]] = []
-    if problem is None:
-        listed, problem = _zip_metadata(data)
-    if problem is None:
-        problem = _immutable_problem(plan, [(f"{store}/{p}", n) for p, n in listed])
-    if problem is not None:
-        rejected.append(f"{key} is unusable: {problem}")
-        return None
-    return [f"{store}/{p}" for p, _ in listed]
-
-
-def _immutable_problem(plan: _Plan, files: list[tuple[str, int]]) -> str | None:
-    """Why the SST/log files a zip lists cannot be used: missing, wrong size, truncated."""
-    # RocksDBFileManager.loadImmutableFilesFromDfs fails when a copied file's size differs.
-    wrong = [
-        f"{k} ({'missing' if k not in plan.sizes else f'{plan.sizes[k]} bytes, expected {n}'})"
-        for k, n in files
-        if plan.sizes.get(k) != n
-    ]
-    if wrong:
-        return "it lists " + ", ".join(wrong[:4]) + (" ..." if len(wrong) > 4 else "")
-    for key, _size in files if plan.verify else []:
-        data = plan.load(key)
-        problem = sst_problem(data) if data is not None and key.endswith(".sst") else None
-        if problem:
-            return f"{key} is {problem}"
-    return None
-
-
-def _zip_metadata(data: bytes) -> tuple[list[tuple[str, int]], str | None]:
-    """(path under the store dir, size) of every immutable file a zip's ``metadata`` lists."""
-    with zipfile.ZipFile(io.BytesIO(data)) as zf:
-        text = zf.read("metadata").decode("utf-8")
-    head, _, body = text.partition("\n")
-    if head.strip() != "v1":
-        return [], f"its metadata has version {head.strip()!r}, RocksDBCheckpointMetadata v1 expected"
-    try:
-        meta = json_object(body, "zip metadata")
-        # RocksDBFileManager: SST files live in SSTs/, archived WAL files in logs/.
-        out = [(f"SSTs/{f['dfsSstFileName']}", int(f["sizeBytes"])) for f in meta.get("sstFiles") or []]
-        out += [(f"logs/{f['dfsLogFileName']}", int(f["sizeBytes"])) for f in meta.get("logFiles") or []]
-    except (ValueError, KeyError, TypeError) as err:
-        return [], f"its metadata is corrupt ({err!r})"
-    return out, None

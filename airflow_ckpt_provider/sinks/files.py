@@ -8,7 +8,7 @@ Tasks write uniquely named Parquet files (pyarrow; S3 via boto3, no hadoop-aws) 
 keys, sizes and checksums; the driver's commit() reads what the batch covered from the query's
 offsets log (core/coverage.py) and makes the batch visible by creating its manifest with
 create-if-absent, in a new timeline if the batch came back with other content after a restore
-(sinks/filelayout.py, sinks/timelines.py). Read with filelayout.read_committed/read_spark.
+(sinks/filecommit.py, sinks/timelines.py). Read with filelayout.read_committed/read_spark.
 This module imports pyspark at module level; nothing in the Airflow layer imports it.
 """
 
@@ -31,14 +31,13 @@ from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.faults import crash_point
 from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
 from airflow_ckpt_provider.core.streambatch import BATCH_ID_PROPERTY, QUERY_ID_PROPERTY, worker_logging
+from airflow_ckpt_provider.sinks.filecommit import commit_batch, delete_files
 from airflow_ckpt_provider.sinks.filelayout import (
     IDENTITY,
     BatchManifest,
     DataFile,
-    commit_batch,
     committed_files,
     data_key,
-    delete_files,
     open_sink,
     sha256_file,
 )

@@ -7,7 +7,9 @@ and writes nothing. A batch N that comes back with other content (a restore of a
 replanned it: core/coverage.py) starts a new timeline: in the same transaction the abandoned batches'
 rows are removed with the user's ``undo`` and their ledger rows moved to ``<table>_abandoned``. The
 primary key on (job, query_id, batch_id) makes a racing zombie's ledger insert fail, and its rows roll
-back with it. See docs/sink-ledger.md. Works with any DB-API 2 connection (sqlite3, psycopg, ...).
+back with it. See docs/sink-ledger.md. Works with any DB-API 2 connection (sqlite3, psycopg, ...):
+sinks/dbapi.py; the tables, their checks and queries: sinks/ledgertable.py. Runs in the Spark
+driver program (foreachBatch functions run there).
 
     ledger = Ledger(connect=lambda: sqlite3.connect(path), job=ctx.job, ctx=ctx,
                     undo=delete_batches("orders_out", query_column="query_id", batch_column="batch_id"))
@@ -18,11 +20,8 @@ back with it. See docs/sink-ledger.md. Works with any DB-API 2 connection (sqlit
 from __future__ import annotations
 
 import logging
-import re
 import sys
-import uuid
-from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_ckpt_provider.core.checkpoint import id_ranges
@@ -30,39 +29,23 @@ from airflow_ckpt_provider.core.coverage import Coverage, checkpoint_storage, re
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
 from airflow_ckpt_provider.core.faults import crash_point
 from airflow_ckpt_provider.core.streambatch import QUERY_ID_PROPERTY
-from airflow_ckpt_provider.sinks.timelines import REFUSED, Action, Observed, Shown, Timelines, decide
+from airflow_ckpt_provider.sinks.dbapi import (
+    IDENTIFIER,
+    STYLES,
+    detect_paramstyle,
+    driver_module,
+    integrity_error,
+    placeholders,
+    quote_table,
+    redact,
+)
+from airflow_ckpt_provider.sinks.ledgertable import LedgerTable
+from airflow_ckpt_provider.sinks.timelines import REFUSED, Action, decide
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 log = logging.getLogger(__name__)
-
-#: The ledger's columns, in the order of the INSERT; (job, query_id, batch_id) is the primary key.
-COLUMNS = ("job", "query_id", "batch_id", "rows_written", "epoch", "committed_at", "coverage", "timeline")
-KEY = ("job", "query_id", "batch_id")
-#: Columns added after the first release: check() adds them to an older ledger table.
-_ADDED = {"coverage": "VARCHAR(64)", "timeline": "BIGINT"}
-#: The ledger's column definitions; the abandoned table has the same columns and no key.
-_COLUMNS_SQL = (
-    "job VARCHAR(200) NOT NULL, query_id VARCHAR(64) NOT NULL, batch_id BIGINT NOT NULL, rows_written BIGINT, "
-    "epoch BIGINT, committed_at VARCHAR(40) NOT NULL, coverage VARCHAR(64), timeline BIGINT"
-)
-_DDL = "CREATE TABLE IF NOT EXISTS {table} (" + _COLUMNS_SQL + ", PRIMARY KEY (job, query_id, batch_id))"
-#: Ledger rows of abandoned timelines, kept for inspection (no key: a batch may be abandoned twice).
-_ABANDONED_DDL = ("CREATE TABLE IF NOT EXISTS {table} (" + _COLUMNS_SQL
-                  + ", abandoned_at VARCHAR(40) NOT NULL, abandoned_by_timeline BIGINT NOT NULL)")
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
-_STYLES = ("qmark", "format", "pyformat", "numeric", "named")
-_SECRET = re.compile(r"(password\s*=\s*)\S+|(://[^:/@\s]+:)[^@\s]+(@)", re.IGNORECASE)
-
-
-class Connection(Protocol):
-    """The part of a DB-API 2 connection the ledger uses."""
-
-    def cursor(self) -> Any: ...
-    def commit(self) -> None: ...
-    def rollback(self) -> None: ...
-    def close(self) -> None: ...
 
 
 class Fencing(Protocol):
@@ -91,7 +74,7 @@ def delete_batches(table: str, *, batch_column: str = "batch_id", query_column: 
     """
     quoted = quote_table(table)
     for column in (batch_column, query_column):
-        if column is not None and not _IDENT.fullmatch(column):
+        if column is not None and not IDENTIFIER.fullmatch(column):
             raise ConfigError(f"column name {column!r} is not an identifier: expected letters, digits and '_'")
 
     def undo(cur: Any, query_id: str, batch_ids: list[int]) -> None:
@@ -102,68 +85,6 @@ def delete_batches(table: str, *, batch_column: str = "batch_id", query_column: 
             cur.execute(f"DELETE FROM {quoted} WHERE {where}", params)  # noqa: S608 - validated, quoted identifiers
 
     return undo
-
-
-def quote_table(table: str) -> str:
-    """``table`` or ``schema.table`` as a quoted SQL identifier; ConfigError for anything else."""
-    parts = table.split(".")
-    if not 1 <= len(parts) <= 2 or not all(_IDENT.fullmatch(p) for p in parts):
-        raise ConfigError(
-            f"ledger table name {table!r} is not allowed: expected an identifier (letters, digits, '_', not "
-            "starting with a digit, at most 63 characters), optionally schema-qualified as 'schema.table'; "
-            "choose such a name (e.g. 'ckpt_ledger')"
-        )
-    return ".".join(f'"{p}"' for p in parts)
-
-
-def driver_module(conn: Any) -> Any:
-    """The DB-API module of ``conn`` (the top package of its class, e.g. sqlite3, psycopg)."""
-    return sys.modules.get(type(conn).__module__.split(".")[0])
-
-
-def detect_paramstyle(conn: Any) -> str:
-    """The driver module's DB-API ``paramstyle``; ConfigError if it cannot be told."""
-    style = getattr(driver_module(conn), "paramstyle", None)
-    if style not in _STYLES:
-        raise ConfigError(
-            f"cannot tell the DB-API paramstyle of {type(conn).__module__}.{type(conn).__name__}: expected the "
-            f"driver module to have paramstyle in {_STYLES}, found {style!r}; pass paramstyle= to Ledger"
-        )
-    return str(style)
-
-
-def placeholders(style: str, values: Sequence[Any]) -> tuple[list[str], Any]:
-    """Placeholders for ``values`` in ``style`` and the parameters object to pass to execute()."""
-    n = len(values)
-    if style == "qmark":
-        return ["?"] * n, tuple(values)
-    if style == "format":
-        return ["%s"] * n, tuple(values)
-    if style == "numeric":
-        return [f":{i + 1}" for i in range(n)], tuple(values)
-    if style == "pyformat":
-        return [f"%(p{i})s" for i in range(n)], {f"p{i}": v for i, v in enumerate(values)}
-    if style == "named":
-        return [f":p{i}" for i in range(n)], {f"p{i}": v for i, v in enumerate(values)}
-    raise ConfigError(f"unknown DB-API paramstyle {style!r}: expected one of {_STYLES}")
-
-
-def redact(text: str) -> str:
-    """``text`` with passwords of DSNs and URLs masked (driver errors may echo a connection string)."""
-    return _SECRET.sub(lambda m: f"{m.group(1)}***" if m.group(1) else f"{m.group(2)}***{m.group(3)}", text)
-
-
-def _integrity_error(conn: Any) -> type[BaseException]:
-    err = getattr(conn, "IntegrityError", None) or getattr(driver_module(conn), "IntegrityError", None)
-    return err if isinstance(err, type) and issubclass(err, BaseException) else _Never
-
-
-class _Never(Exception):
-    """Stands for a driver without IntegrityError: never raised."""
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 class Ledger:
@@ -194,12 +115,12 @@ class Ledger:
     ) -> None:
         if not job:
             raise ConfigError("Ledger needs a non-empty job name (the runtime's ctx.job)")
-        if paramstyle is not None and paramstyle not in _STYLES:
-            raise ConfigError(f"paramstyle {paramstyle!r} is not a DB-API paramstyle: expected one of {_STYLES}")
+        if paramstyle is not None and paramstyle not in STYLES:
+            raise ConfigError(f"paramstyle {paramstyle!r} is not a DB-API paramstyle: expected one of {STYLES}")
         self.connect = connect
         self.job = job
         self.table = table
-        self.quoted = quote_table(table)
+        self.tables = LedgerTable.named(table)
         self.ctx = ctx
         self._epoch = epoch
         self._fence = fence
@@ -207,8 +128,6 @@ class Ledger:
         self.paramstyle = paramstyle
         self.undo = undo
         self.checkpoint = checkpoint
-        self.abandoned_table = f"{table}_abandoned"
-        self.quoted_abandoned = quote_table(self.abandoned_table)
 
     @property
     def epoch(self) -> int | None:
@@ -257,76 +176,10 @@ class Ledger:
         """
         conn = self._open()
         try:
-            style = self._style(conn)
-            cur = conn.cursor()
-            cur.execute(_DDL.format(table=self.quoted))
-            cur.execute(_ABANDONED_DDL.format(table=self.quoted_abandoned))
-            conn.commit()
-            self._add_columns(conn, cur)
-            self._check_columns(conn, cur)
-            self._check_key(conn, cur, style)
+            self.tables.prepare(conn, self._style(conn), self.job)
         finally:
             conn.close()
         log.info("job %s: ledger table %s is ready", self.job, self.table)
-
-    def _columns(self, conn: Any, cur: Any) -> list[str]:
-        try:
-            cur.execute(f"SELECT * FROM {self.quoted} WHERE 1 = 0")  # noqa: S608 - validated, quoted identifier
-            return [str(d[0]).lower() for d in cur.description or ()]
-        finally:
-            conn.rollback()
-
-    def _add_columns(self, conn: Any, cur: Any) -> None:
-        """Add the columns a ledger table of an earlier release lacks (what each batch covered, its timeline)."""
-        found = self._columns(conn, cur)
-        added = [c for c in _ADDED if c not in found]
-        if not added or not {"job", "query_id", "batch_id"} <= set(found):
-            return  # nothing to add, or not a ledger at all: _check_columns says so
-        for column in added:
-            cur.execute(f"ALTER TABLE {self.quoted} ADD COLUMN {column} {_ADDED[column]}")
-        conn.commit()
-        log.info("job %s: ledger table %s upgraded: added columns %s", self.job, self.table, ", ".join(added))
-
-    def _check_columns(self, conn: Any, cur: Any) -> None:
-        found = self._columns(conn, cur)
-        missing = [c for c in COLUMNS if c not in found]
-        if missing:
-            raise ConfigError(
-                f"ledger table {self.table} has an incompatible schema: expected columns {list(COLUMNS)} with "
-                f"primary key {KEY}, found columns {found} (missing {missing}); drop it, or pass table= a new name"
-            )
-
-    def _check_key(self, conn: Any, cur: Any, style: str) -> None:
-        """Probe the key by behaviour, portably: rows differing in one key column must insert, a duplicate
-        (job, query_id, batch_id) must violate; everything is rolled back."""
-        probe, other = f"__ckpt_probe_{uuid.uuid4().hex}", uuid.uuid4().hex
-        rows = [(probe, "q", 0, 1, 1, None, 0), (probe, "q", 1, 2, 2, None, 0), (probe, other, 0, 3, 3, None, 0)]
-        integrity = _integrity_error(conn)
-        problem = ""
-        try:
-            for row in rows:
-                self._insert(cur, style, row)
-            try:
-                self._insert(cur, style, (probe, "q", 0, 4, 4, None, 0))
-                problem = "a second row with the same (job, query_id, batch_id) was accepted"
-            except integrity:
-                pass
-        except integrity as err:
-            problem = f"rows differing only in batch_id or query_id were refused ({type(err).__name__})"
-        finally:
-            conn.rollback()
-        if problem:
-            raise ConfigError(
-                f"ledger table {self.table} has an incompatible key: expected the primary key {KEY}, found that "
-                f"{problem}; drop the table (or pass table= a new name) and let check() create it"
-            )
-
-    def _insert(self, cur: Any, style: str,
-                row: tuple[str, str, int, int | None, int | None, str | None, int]) -> None:
-        """Insert a ledger row (job, query_id, batch_id, rows_written, epoch, coverage, timeline), committed now."""
-        job, query_id, batch_id, rows, epoch, coverage, timeline = row
-        marks, params = placeholders(style, (job, query_id, batch_id, rows, epoch, _now(), coverage, timeline))
-        cur.execute(f"INSERT INTO {self.quoted} ({', '.join(COLUMNS)}) VALUES ({', '.join(marks)})", params)  # noqa: S608
 
     # -- the protocol --------------------------------------------------------------------------
 
@@ -398,7 +251,7 @@ class Ledger:
         try:
             style = self._style(conn)
             cur = conn.cursor()
-            seen, current, found = self._observe(cur, style, query_id, batch_id)
+            seen, current, found = self.tables.observe(cur, style, self.job, query_id, batch_id)
             decision = decide(coverage, seen)
             if decision.action is Action.SKIP:
                 conn.rollback()
@@ -416,8 +269,9 @@ class Ledger:
             result = write(cur, df, batch_id)
             rows = result if isinstance(result, int) and not isinstance(result, bool) else None
             try:
-                self._insert(cur, style, (self.job, query_id, batch_id, rows, self.epoch, coverage.digest, timeline))
-            except _integrity_error(conn) as err:
+                row = (self.job, query_id, batch_id, rows, self.epoch, coverage.digest, timeline)
+                self.tables.insert(cur, style, row)
+            except integrity_error(conn) as err:
                 raise ConflictError(
                     f"job {self.job} query {query_id}: batch {batch_id} was committed meanwhile by another driver "
                     "(ledger primary key violated): this attempt's rows are rolled back; a second driver of the "
@@ -437,43 +291,15 @@ class Ledger:
         if forked:
             log.warning("job %s query %s: TIMELINE %d starts at batch %d: %s; the rows of batches %s were removed "
                         "(undo) in the same transaction and their ledger rows moved to %s", self.job, query_id,
-                        timeline, batch_id, decision.reason, id_ranges(forked), self.abandoned_table)
+                        timeline, batch_id, decision.reason, id_ranges(forked), self.tables.abandoned)
         log.info("job %s query %s: batch %d committed, %s rows, epoch %s, timeline %d, offsets %s", self.job,
                  query_id, batch_id, rows if rows is not None else "?", self.epoch, timeline, coverage.short())
         crash_point("ledger.after-commit", batch_id)
         return True
 
-    def _observe(self, cur: Any, style: str, query_id: str,
-                 batch_id: int) -> tuple[Observed, int, tuple[Any, ...] | None]:
-        """The ledger rows of batches N and N-1, the current timeline and the next timeline number."""
-        marks, params = placeholders(style, (self.job, query_id, batch_id - 1, batch_id))
-        cur.execute(
-            f"SELECT batch_id, committed_at, rows_written, coverage FROM {self.quoted} "  # noqa: S608
-            f"WHERE job = {marks[0]} AND query_id = {marks[1]} AND batch_id IN ({marks[2]}, {marks[3]})", params)
-        rows = {int(r[0]): tuple(r[1:]) for r in cur.fetchall()}
-        marks, params = placeholders(style, (self.job, query_id))
-        where = f"WHERE job = {marks[0]} AND query_id = {marks[1]}"
-        cur.execute(f"SELECT MAX(timeline) FROM {self.quoted} {where}", params)  # noqa: S608
-        current = int(cur.fetchone()[0] or 0)
-        cur.execute(f"SELECT MAX(timeline) FROM {self.quoted_abandoned} {where}", params)  # noqa: S608
-        newest = max(current, int(cur.fetchone()[0] or 0))
-        at, before = rows.get(batch_id), rows.get(batch_id - 1)
-        abandoned_before: tuple[str, ...] = ()
-        if before is None and batch_id > 0:
-            marks, params = placeholders(style, (self.job, query_id, batch_id - 1))
-            cur.execute(f"SELECT coverage FROM {self.quoted_abandoned} "  # noqa: S608
-                        f"WHERE job = {marks[0]} AND query_id = {marks[1]} AND batch_id = {marks[2]}", params)
-            abandoned_before = tuple(str(r[0]) for r in cur.fetchall() if r[0])
-        seen = Observed(Timelines(), None if at is None else Shown(at[2]), None if before is None else Shown(before[2]),
-                        next_timeline=newest + 1, abandoned_before=abandoned_before)
-        return seen, current, at
-
     def _fork(self, cur: Any, style: str, query_id: str, batch_id: int, *, timeline: int, why: str) -> list[int]:
         """Undo the batches from ``batch_id`` on and move their ledger rows to the abandoned table."""
-        marks, params = placeholders(style, (self.job, query_id, batch_id))
-        where = f"WHERE job = {marks[0]} AND query_id = {marks[1]} AND batch_id >= {marks[2]}"
-        cur.execute(f"SELECT batch_id FROM {self.quoted} {where}", params)  # noqa: S608
-        batches = sorted(int(r[0]) for r in cur.fetchall())
+        batches = self.tables.batches_from(cur, style, self.job, query_id, batch_id)
         if self.undo is None:
             raise ConflictError(
                 f"{REFUSED} ledger {self.table} of job {self.job} query {query_id}: {why}. The ledger holds "
@@ -482,12 +308,7 @@ class Ledger:
                 "or restore onto a new output table and ledger"
             )
         self.undo(cur, query_id, batches)
-        marks_move, params_move = placeholders(style, (_now(), timeline, self.job, query_id, batch_id))
-        cur.execute(
-            f"INSERT INTO {self.quoted_abandoned} ({', '.join(COLUMNS)}, abandoned_at, abandoned_by_timeline) "  # noqa: S608
-            f"SELECT {', '.join(COLUMNS)}, {marks_move[0]}, {marks_move[1]} FROM {self.quoted} "
-            f"WHERE job = {marks_move[2]} AND query_id = {marks_move[3]} AND batch_id >= {marks_move[4]}", params_move)
-        cur.execute(f"DELETE FROM {self.quoted} {where}", params)  # noqa: S608
+        self.tables.abandon(cur, style, self.job, query_id, batch_id, timeline=timeline)
         return batches
 
 

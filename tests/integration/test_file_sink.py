@@ -22,8 +22,8 @@ from airflow_ckpt_provider.sinks.filelayout import (
     read_committed,
     read_pandas,
     read_spark,
-    verify_sink,
 )
+from airflow_ckpt_provider.sinks.filemaintenance import verify_sink
 from tests import sparkjobs
 from tests.integration.conftest import sink_session
 

@@ -23,8 +23,8 @@ from airflow_ckpt_provider.core.ckptfiles import parse_log_entry
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.storage import LocalStorage
 from airflow_ckpt_provider.embedded import EmbeddedKafka
-from airflow_ckpt_provider.kafka.committer import OffsetCommitter
 from airflow_ckpt_provider.kafka.lag import LagError, checkpoint_lag, consumer_group_lag
+from airflow_ckpt_provider.kafka.offsetcommitter import OffsetCommitter
 from airflow_ckpt_provider.kafka.offsets import Offsets, kafka_offsets_or_none
 
 pytestmark = pytest.mark.integration

@@ -27,7 +27,8 @@ from typing import Any
 import pytest
 
 from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
-from airflow_ckpt_provider.sinks.filelayout import committed_batches, read_committed, sink_view, verify_sink
+from airflow_ckpt_provider.sinks.filelayout import committed_batches, read_committed, sink_view
+from airflow_ckpt_provider.sinks.filemaintenance import verify_sink
 from airflow_ckpt_provider.sinks.ledger import Ledger, delete_batches
 from airflow_ckpt_provider.sinks.ledger import committed_batches as ledger_batches
 from tests import sparkjobs

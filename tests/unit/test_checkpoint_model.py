@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core.checkpoint import BatchView, SparkCheckpoint, StateOperator, is_spark_checkpoint
+from airflow_ckpt_provider.core.checkpoint import BatchView, SparkCheckpoint, is_spark_checkpoint
 from airflow_ckpt_provider.core.ckptfiles import (
     lz4_stream_problem,
     parse_log_entry,
@@ -22,6 +22,7 @@ from airflow_ckpt_provider.core.ckptfiles import (
     zip_problem,
 )
 from airflow_ckpt_provider.core.errors import CheckpointError
+from airflow_ckpt_provider.core.statestore import StateOperator
 from airflow_ckpt_provider.core.storage import LocalStorage
 
 HDFS_CLASS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"

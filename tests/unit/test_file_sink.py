@@ -15,20 +15,19 @@ import pytest
 from airflow_ckpt_provider.core.coverage import Coverage
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
 from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.sinks.filecommit import commit_batch
 from airflow_ckpt_provider.sinks.filelayout import (
     BatchManifest,
     DataFile,
-    commit_batch,
     committed_batches,
     data_key,
-    gc_sink,
     manifest_key,
     open_sink,
     read_committed,
     read_pandas,
     sink_view,
-    verify_sink,
 )
+from airflow_ckpt_provider.sinks.filemaintenance import gc_sink, verify_sink
 
 Q = "5f0c1e2a-0000-4000-8000-000000000001"
 

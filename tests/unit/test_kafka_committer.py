@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.kafka.committer import KafkaCommitListener, OffsetCommitError, OffsetCommitter
+from airflow_ckpt_provider.kafka.committer import KafkaCommitListener
+from airflow_ckpt_provider.kafka.offsetcommitter import OffsetCommitError, OffsetCommitter
 from airflow_ckpt_provider.kafka.offsets import Offsets, kafka_offsets_or_none
 
 WAIT = 10.0  # upper bound of every wait; the happy path takes milliseconds
@@ -74,7 +75,7 @@ def test_commits_each_submission_in_order() -> None:
 def test_newest_wins_when_commits_fall_behind_and_warns_once(caplog: pytest.LogCaptureFixture) -> None:
     backend = FakeBackend(gate=threading.Semaphore(0))
     c = committer(backend)
-    caplog.set_level(logging.DEBUG, "airflow_ckpt_provider.kafka.committer")
+    caplog.set_level(logging.DEBUG, "airflow_ckpt_provider.kafka.offsetcommitter")
     c.submit(off(1), batch_id=1)
     assert backend.entered.acquire(timeout=WAIT)  # batch 1 is inside the (slow) broker call
     for batch in (2, 3, 4):

@@ -18,22 +18,12 @@ from typing import Any
 import pytest
 
 from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.kafka.metadata import TP, BrokerMetadata, Snapshot, _offset_spec
 from airflow_ckpt_provider.kafka.offsets import DataLossError, Offsets
 from airflow_ckpt_provider.kafka.options import SourceOptions, check_client_config, parse_options
+from airflow_ckpt_provider.kafka.planner import OffsetPlanner, RowLimits, allot, split
 from airflow_ckpt_provider.kafka.reader import KafkaReadError, Range, arrow_schema, read_range
-from airflow_ckpt_provider.kafka.source import (
-    INITIAL_OFFSET,
-    TP,
-    BrokerMetadata,
-    CkptKafkaStreamReader,
-    OffsetPlanner,
-    RowLimits,
-    Snapshot,
-    _offset_spec,
-    allot,
-    kafka_schema,
-    split,
-)
+from airflow_ckpt_provider.kafka.source import INITIAL_OFFSET, CkptKafkaStreamReader, kafka_schema
 
 BASE = {"kafka.bootstrap.servers": "b:9092", "subscribe": "t"}
 

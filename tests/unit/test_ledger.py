@@ -13,14 +13,8 @@ import pytest
 
 from airflow_ckpt_provider.core.coverage import Coverage
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
-from airflow_ckpt_provider.sinks.ledger import (
-    Ledger,
-    committed_batches,
-    delete_batches,
-    placeholders,
-    quote_table,
-    redact,
-)
+from airflow_ckpt_provider.sinks.dbapi import placeholders, quote_table, redact
+from airflow_ckpt_provider.sinks.ledger import Ledger, committed_batches, delete_batches
 
 
 def cov(batch: int, timeline: int = 0, previous_timeline: int | None = None) -> Coverage:

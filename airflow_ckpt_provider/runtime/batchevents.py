@@ -1,0 +1,76 @@
+"""Batch events: what Spark's query listener hands the job driver's loop (runtime/driver.py).
+
+Runs in the Spark driver's Python process. Listener calls must return quickly, so the listener only
+puts a :class:`BatchEvent` on a queue: a batch completed (its end offsets, whether data waits), or a
+trigger found no new data. pyspark is imported when the listener is built, not at module level.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import re
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class BatchEvent:
+    """A batch completed; ``batch_id`` -1: a trigger found no new data (Spark's QueryIdleEvent)."""
+
+    batch_id: int
+    offsets: dict[str, Any]
+    data_waiting: bool
+    rows: int
+
+    @property
+    def idle(self) -> bool:
+        return self.batch_id < 0
+
+
+class BatchListener:
+    """Forwards batch progress to the driver loop (listener calls must return quickly)."""
+
+    def __init__(self, events: queue.Queue[BatchEvent]) -> None:
+        self.events = events
+
+    def as_spark_listener(self) -> Any:
+        from pyspark.sql.streaming.listener import StreamingQueryListener
+
+        events = self.events
+
+        class Listener(StreamingQueryListener):
+            def onQueryStarted(self, event: Any) -> None:
+                pass
+
+            def onQueryProgress(self, event: Any) -> None:
+                p = event.progress
+                offsets, waiting = {}, False
+                for i, s in enumerate(p.sources):
+                    end = _json(s.endOffset)
+                    offsets[_source_name(i, s.description)] = end
+                    latest = _json(s.latestOffset)
+                    waiting = waiting or (latest is not None and latest != end)
+                events.put(BatchEvent(int(p.batchId), offsets, waiting, int(p.numInputRows)))
+
+            def onQueryIdle(self, event: Any) -> None:  # posted at most every noDataProgressEventInterval
+                events.put(BatchEvent(-1, {}, False, 0))
+
+            def onQueryTerminated(self, event: Any) -> None:
+                pass
+
+        return Listener()
+
+
+def _source_name(index: int, description: str) -> str:
+    """A stable name for a source: Spark's description without the JVM object hash."""
+    return f"{index}:{re.sub(r'@[0-9a-f]+$', '', description).rsplit('.', 1)[-1]}"
+
+
+def _json(text: str | None) -> Any:
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text

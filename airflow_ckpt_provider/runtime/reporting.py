@@ -1,0 +1,94 @@
+"""What a running job driver tells the world: status.json and the acks of control requests.
+
+Runs in the Spark driver's Python process, for runtime/driver.py and runtime/controlhandler.py.
+Writes go to the job store; a failed write is logged, never fatal (the next heartbeat retries the
+status). The final report releases the lease, so the next driver may start at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from dataclasses import replace
+from typing import Any
+
+from airflow_ckpt_provider.core.control import Ack, Action, Outcome, write_ack
+from airflow_ckpt_provider.core.errors import StorageError
+from airflow_ckpt_provider.core.jobstore import JobStore
+from airflow_ckpt_provider.core.lease import Lease
+from airflow_ckpt_provider.core.snapshots import SnapshotResult
+from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
+from airflow_ckpt_provider.runtime.config import RuntimeConfig
+
+log = logging.getLogger(__name__)
+
+
+class DriverReporter:
+    """The status and the acks of one driver (``lease`` gives its epoch); ``status`` is the last one written."""
+
+    def __init__(self, config: RuntimeConfig, store: JobStore, lease: Lease) -> None:
+        self.config = config
+        self.store = store
+        self.lease = lease
+        self.started_at = time.time()
+        self.status: JobStatus | None = None
+
+    def state(self) -> JobState:
+        """The state last reported (RUNNING before the first report)."""
+        return self.status.state if self.status else JobState.RUNNING
+
+    def reason(self) -> str:
+        """The reason last reported."""
+        return self.status.reason if self.status else "running"
+
+    def ack(self, request_id: str, action: Action, result: SnapshotResult | None, error: str | None,
+             outcome: Outcome | None = None) -> None:
+        """Answer request ``request_id``: with the snapshot ``result`` took, else ``error``."""
+        m = result.manifest if result else None
+        self.answer(Ack(
+            request_id, action, outcome or (Outcome.COMPLETED if m else Outcome.FAILED),
+            error or f"{m.kind.value if m else ''} {m.snapshot_id if m else ''} at batch {m.batch_id if m else ''}",
+            self.lease.epoch, time.time(), snapshot_id=m.snapshot_id if m else None,
+            snapshot_uri=result.uri if result else None, batch_id=m.batch_id if m else None,
+        ))
+
+    def answer(self, ack: Ack) -> None:
+        """Write ``ack``, the answer to a control request; a failed write is logged."""
+        log.info("job %s epoch %d: request %s %s: %s", self.config.job, ack.epoch, ack.id, ack.outcome.value,
+                 ack.message)
+        try:
+            write_ack(self.store, ack)
+        except StorageError as err:
+            log.error("job %s: cannot write the ack of request %s: %s", self.config.job, ack.id, err)
+
+    def report(self, state: JobState, reason: str, **changes: Any) -> None:
+        """Write status.json; a failed write is logged, never fatal (the next heartbeat retries)."""
+        base = self.status or JobStatus(
+            job=self.config.job, state=state, epoch=self.lease.epoch, updated_at=0.0, started_at=self.started_at,
+            pid=os.getpid(), host=socket.gethostname(), code_version=self.config.code_version,
+            heartbeat_interval=self.config.heartbeat_interval,
+        )
+        self.status = replace(base, state=state, reason=reason, updated_at=time.time(), **changes)
+        try:
+            write_status(self.store, self.status)
+        except StorageError as err:
+            log.warning("job %s: cannot write status, will retry: %s", self.config.job, err)
+
+    def report_final(self, state: JobState, reason: str, **changes: Any) -> None:
+        """Report this driver's last status and release the lease (the next driver need not wait)."""
+        self.report(state, reason, **changes)
+        if self.lease.record is not None and not self.lease.release():
+            log.warning("job %s: the lease was no longer ours at exit", self.config.job)
+
+    def update(self, **changes: Any) -> None:
+        """Write status.json with ``changes``, keeping the state and the reason (a heartbeat without any)."""
+        self.report(self.state(), self.reason(), **changes)
+
+
+def snapshot_info(result: SnapshotResult) -> dict[str, Any]:
+    """The ``last_snapshot`` of status.json: {"id", "kind", "batch_id", "uri", "created_at"}."""
+    m = result.manifest
+    return {"id": m.snapshot_id, "kind": m.kind.value, "batch_id": m.batch_id, "uri": result.uri,
+            "created_at": m.created_at}
