@@ -1,19 +1,24 @@
-"""The restore check's verdict: the closed set of outcomes and the one line that carries it.
+"""The restore check's verdict: the closed set of outcomes, the one line that carries it, and how it
+is reached from what Spark did (the empty batch, the operators that wrote state, Spark's refusal).
 
 The driver (runtime/restorecheck.py) prints its verdict as one stdout line, ``CKPT_RESTORE_CHECK
 {json}``, among Spark's output; the launching host (launcher/restorecheck.py) finds it there. Pure
-data: no pyspark, no Airflow.
+logic: no pyspark, no Airflow.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from airflow_ckpt_provider.core.errors import CkptError
+from airflow_ckpt_provider.core.manifest import Manifest
+from airflow_ckpt_provider.core.storage import Storage
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_FAILED, EXIT_INCOMPATIBLE, EXIT_STOPPED
 
 log = logging.getLogger(__name__)
@@ -128,3 +133,119 @@ def parse_report(lines: Iterable[str]) -> RestoreCheck | None:
         except ValueError as err:  # a line cut by another process's output: keep looking
             log.warning("ignoring a malformed restore check line: %s", err)
     return found
+
+
+#: Lines of Spark's error message kept in the reason (the first ones say what; the rest is plan dumps).
+ERROR_LINES = 6
+_STREAM_FAILED = re.compile(r"^\[STREAM_FAILED\] Query \[[^\]]*\] terminated with exception: ")
+_CONDITION = re.compile(r"\[([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)\]")
+
+
+# --------------------------------------------------------------------------------------------
+# How the verdict is reached: the empty batch, the operators that ran, Spark's refusal
+# --------------------------------------------------------------------------------------------
+
+
+def plan_empty_batch(storage: Storage, batch_id: int) -> int:
+    """Make the batch after completed ``batch_id`` an empty one; returns its id (``batch_id + 1``).
+
+    Spark resumes a checkpoint whose newest ``offsets/M`` has no ``commits/M`` by running batch M
+    with exactly the offsets logged (the write-ahead log), without asking the sources for new data.
+    Logging ``offsets/N+1`` as a copy of ``offsets/N`` makes batch N+1 read from N's end to N's end:
+    nothing. Entries after N (a write-ahead ``offsets/N+1`` the snapshot caught) are dropped first.
+    """
+    if not storage.exists(f"commits/{batch_id}"):
+        raise CkptError(f"batch {batch_id} is not completed in {storage.url}: commits/{batch_id} is missing")
+    later = [o.key for o in storage.list() if (n := _log_id(o.key)) is not None and n > batch_id]
+    storage.delete(later)
+    storage.write(f"offsets/{batch_id + 1}", storage.read(f"offsets/{batch_id}"))
+    return batch_id + 1
+
+
+def _log_id(key: str) -> int | None:
+    """N of ``offsets/N`` and ``commits/N`` (and of their hidden ``.N.crc`` checksums), else None."""
+    directory, _, name = key.partition("/")
+    if directory not in ("offsets", "commits"):
+        return None
+    name = name[1:-4] if name.startswith(".") and name.endswith(".crc") else name
+    return int(name) if name.isdigit() else None
+
+
+def state_files(keys: Iterable[str]) -> set[str]:
+    """The keys under ``state/<op>/`` that Spark reads or writes (not its hidden checksum files)."""
+    return {k for k in keys if re.match(r"state/\d+/", k) and not k.rsplit("/", 1)[-1].startswith(".")}
+
+
+def operators_run(before: set[str], after: Iterable[str]) -> tuple[int, ...]:
+    """The stateful operators a batch ran: those with files under ``state/<op>/`` it wrote.
+
+    Every stateful operator commits a new version of each of its state stores when a batch runs,
+    even an empty one (HDFS-backed: ``<v>.delta``; RocksDB: ``<v>.changelog`` or ``<v>.zip``).
+    """
+    return tuple(sorted({int(k.split("/")[1]) for k in state_files(after) - before}))
+
+
+def snapshot_operators(manifest: Manifest) -> dict[int, str | None]:
+    """The stateful operators whose state the snapshot holds: id -> Spark's name of the operator."""
+    ops = {int(op["operator_id"]): op.get("name") for op in manifest.operators}
+    for path in state_files(f.path for f in manifest.files):  # snapshots of checkpoints without metadata
+        ops.setdefault(int(path.split("/")[1]), None)
+    return dict(sorted(ops.items()))
+
+
+def judge(
+    manifest: Manifest, job_file: str, ran: tuple[int, ...], *, allow_non_restored: bool
+) -> RestoreCheck:
+    """The verdict once Spark committed the empty batch: compatible unless state would be dropped."""
+    held = snapshot_operators(manifest)
+    dropped = tuple(op for op in held if op not in ran)
+    fresh = tuple(op for op in ran if op not in held)
+    what = f"{manifest.kind.value} {manifest.snapshot_id} (batch {manifest.batch_id})"
+    restored = [op for op in held if op in ran]
+    reason = (f"{job_file} can restore {what}: Spark loaded the state of "
+              f"{_ops(restored, held) if restored else 'no operator (the snapshot holds none)'} "
+              f"and ran batch {manifest.batch_id + 1} of the new query on it")
+    if fresh:
+        reason += f"; the new query's {_ops(fresh, {})} start(s) with empty state"
+    outcome = CheckOutcome.COMPATIBLE
+    if dropped and not allow_non_restored:
+        outcome = CheckOutcome.INCOMPATIBLE
+        reason = (f"{job_file} does not restore all the state of {what}: the new query has no stateful "
+                  f"{_ops(dropped, held)}, so that state would be dropped (non-restored state). Keep those "
+                  "operators in the new code, or pass --allow-non-restored-state to drop their state on purpose")
+    elif dropped:
+        reason += f"; the state of {_ops(dropped, held)} is dropped (--allow-non-restored-state)"
+    return RestoreCheck(outcome, reason, manifest.snapshot_id, manifest.batch_id, snapshot_operators=tuple(held),
+                        new_operators=ran, non_restored_operators=dropped)
+
+
+def _ops(ids: Iterable[int], names: dict[int, str | None]) -> str:
+    parts = [f"{op} ({names[op]})" if names.get(op) else str(op) for op in ids]
+    return ("operator " if len(parts) == 1 else "operators ") + ", ".join(parts)
+
+
+#: Spark's error when the new plan's stateful operators differ from the checkpoint's state metadata
+#: (added, removed or replaced operators): Spark refuses non-restored state itself.
+OPERATORS_MISMATCH = "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA"
+_OPERATOR = re.compile(r"\(OperatorId: (\d+) -> OperatorName: ([^)]*)\)")
+
+
+def operators_in_error(message: str) -> tuple[dict[int, str], dict[int, str]] | None:
+    """(operators in the state metadata, operators of the new plan) from Spark's OPERATORS_MISMATCH message."""
+    head, sep, tail = message.partition("Stateful operators in current batch:")
+    if not sep or "Stateful operators in the metadata:" not in head:
+        return None
+
+    def ops(text: str) -> dict[int, str]:
+        return {int(op): name.strip() for op, name in _OPERATOR.findall(text)}
+
+    return ops(head.split("Stateful operators in the metadata:", 1)[1]), ops(tail)
+
+
+def spark_error(err: BaseException) -> tuple[str, str | None]:
+    """Spark's message without the query dump and stack frames, and its error condition if any."""
+    text = _STREAM_FAILED.sub("", str(err).split("\n=== Streaming Query ===", 1)[0].strip())
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("at ")]
+    message = " ".join(lines[:ERROR_LINES]) or type(err).__name__
+    match = _CONDITION.search(message)
+    return message, match.group(1) if match else None

@@ -21,16 +21,19 @@ from airflow_ckpt_provider.launcher.restorecheck import check_restore, check_spe
 from airflow_ckpt_provider.launcher.submit import SubmitSpec, gate_file
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_INCOMPATIBLE, exit_meaning
-from airflow_ckpt_provider.runtime.restorecheck import (
+from airflow_ckpt_provider.runtime.restoreverdict import (
     OPERATORS_MISMATCH,
+    REPORT_PREFIX,
+    CheckOutcome,
+    RestoreCheck,
     judge,
     operators_in_error,
     operators_run,
+    parse_report,
     plan_empty_batch,
     snapshot_operators,
     spark_error,
 )
-from airflow_ckpt_provider.runtime.restoreverdict import REPORT_PREFIX, CheckOutcome, RestoreCheck, parse_report
 
 SHA = "0" * 64
 
