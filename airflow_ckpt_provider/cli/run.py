@@ -24,6 +24,7 @@ from airflow_ckpt_provider.core.deployments import LAUNCH_ENV
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.restart import STRATEGIES, HealthRule, RestartStrategy, health_rule, restart_strategy
 from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.launcher.driverprocess import ProcessLike, Spawn, spawn_driver
 from airflow_ckpt_provider.launcher.submit import (
     DEPLOY_MODES,
     SubmitSpec,
@@ -32,7 +33,7 @@ from airflow_ckpt_provider.launcher.submit import (
     parse_conf,
     redact,
 )
-from airflow_ckpt_provider.launcher.supervisor import ProcessLike, Spawn, Supervisor, describe_strategy, spawn_driver
+from airflow_ckpt_provider.launcher.supervisor import Supervisor, describe_strategy
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG
 
