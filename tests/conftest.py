@@ -124,7 +124,7 @@ def store_root(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[object]:
     """A throwaway PostgreSQL server (Debian's binaries) for the session; FAILS if none is installed."""
-    from tests.pgserver import PgServer, find_bin_dir
+    from tests.support.pgserver import PgServer, find_bin_dir
 
     try:
         find_bin_dir()

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 
 from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
-from tests.runtimejob import JobEnv, Run
+from tests.support.runtimejob import JobEnv, Run
 
 
 @pytest.fixture(scope="module")
 def kafka_spark(request: pytest.FixtureRequest) -> Iterator[Any]:
     """A test Spark session (one per module) with the ckpt-kafka source registered."""
     from airflow_ckpt_provider.kafka.source import register
-    from tests import sparkjobs
+    from tests.support import sparkjobs
 
     session = sparkjobs.spark_session(f"ckpt-{request.module.__name__.rsplit('.', 1)[-1]}")
     register(session)
@@ -31,7 +31,7 @@ def sink_session(s3: EmbeddedS3, app: str, **conf: str) -> Iterator[Any]:
     """A test Spark session with the ckpt sinks registered whose Python workers reach SeaweedFS: the S3
     settings go to this process's environment (the driver's commit workers) and to the executors'."""
     from airflow_ckpt_provider.runtime.datasources import register_data_sources
-    from tests import sparkjobs
+    from tests.support import sparkjobs
 
     saved = {k: os.environ.get(k) for k in s3.env()}
     os.environ.update(s3.env())

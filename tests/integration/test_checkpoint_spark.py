@@ -20,8 +20,8 @@ import pytest
 from airflow_ckpt_provider.core.checkpoint import BatchView, SparkCheckpoint
 from airflow_ckpt_provider.core.ckptfiles import relocate
 from airflow_ckpt_provider.core.storage import LocalStorage
-from tests import sparkjobs
-from tests.sparkjobs import PROVIDERS, WORKLOADS, Workload, read_batches, run_to_completion, write_input
+from tests.support import sparkjobs
+from tests.support.sparkjobs import PROVIDERS, WORKLOADS, Workload, read_batches, run_to_completion, write_input
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from airflow_ckpt_provider.embedded import EmbeddedS3
-from tests.ckptfactory import make_checkpoint, write_batch
+from tests.support.ckptfactory import make_checkpoint, write_batch
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,7 @@ A stateful job (dropDuplicates over a topic where every id arrives twice) runs u
 commit protocol and at random moments, while records keep arriving; then a stop with savepoint, a
 restore on a fresh checkpoint location, one more crash, more records. Every id is in the sink's
 committed output exactly once with its content, and nothing uncommitted is visible
-(tests/exactlyonce.py). The seed is printed; CKPT_EO_SEED replays a run.
+(tests/support/exactlyonce.py). The seed is printed; CKPT_EO_SEED replays a run.
 
 By default each sink takes every crash point once plus one random kill (plus the crash after the
 restore): 15 kill -9s in all. ``scripts/test --full`` takes ten kills per sink.
@@ -19,8 +19,8 @@ from collections.abc import Callable
 import pytest
 
 from airflow_ckpt_provider.core.storage import S3Options
-from tests.exactlyonce import EoSink, FilesSink, KafkaSink, LedgerSink, prove_exactly_once
-from tests.runtimejob import JobEnv, Run
+from tests.support.exactlyonce import EoSink, FilesSink, KafkaSink, LedgerSink, prove_exactly_once
+from tests.support.runtimejob import JobEnv, Run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 

@@ -1,6 +1,6 @@
 """The ckpt-files sink with real Spark, on a local directory and on SeaweedFS S3.
 
-The source is Spark's file source over JSON-lines files (tests/sparkjobs.write_input), one file per
+The source is Spark's file source over JSON-lines files (tests/support/sparkjobs.write_input), one file per
 batch with ``trigger(availableNow=True)``: batch i holds exactly the rows of input file i.
 """
 
@@ -24,8 +24,8 @@ from airflow_ckpt_provider.sinks.filelayout import (
     read_spark,
 )
 from airflow_ckpt_provider.sinks.filemaintenance import verify_sink
-from tests import sparkjobs
 from tests.integration.conftest import sink_session
+from tests.support import sparkjobs
 
 pytestmark = pytest.mark.integration
 

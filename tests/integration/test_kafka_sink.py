@@ -20,8 +20,8 @@ import pytest
 
 from airflow_ckpt_provider.embedded import EmbeddedKafka
 from airflow_ckpt_provider.kafka.writeroptions import read_marker
-from tests.kafkasink import read_all, read_sink_output
-from tests.runtimejob import produce
+from tests.support.kafkasink import read_all, read_sink_output
+from tests.support.runtimejob import produce
 
 pytestmark = pytest.mark.integration
 

@@ -24,14 +24,14 @@ from typing import Any
 import pytest
 
 from airflow_ckpt_provider.embedded import EmbeddedKafka
-from tests import sparkjobs
+from tests.support import sparkjobs
 
 pytestmark = pytest.mark.integration
 
 #: (topic, partition, offset, key, value)
 Record = tuple[str, int, int, bytes | None, bytes | None]
 COLUMNS = ("topic", "partition", "offset", "key", "value")
-JOB = Path(__file__).resolve().parents[1] / "kafkajob.py"
+JOB = Path(__file__).resolve().parents[1] / "support" / "kafkajob.py"
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """The foreachBatch ledger with real Spark into SQLite and a real PostgreSQL server.
 
-A deterministic file source (tests/sparkjobs: input file i is batch i, availableNow) feeds a stateless
+A deterministic file source (tests/support/sparkjobs: input file i is batch i, availableNow) feeds a stateless
 query whose rows go through ``Ledger.foreach_batch`` into an ``out`` table next to the ledger.
 """
 
@@ -19,7 +19,7 @@ import pytest
 from airflow_ckpt_provider.core.coverage import Coverage
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.sinks.ledger import Ledger, committed_batches
-from tests import sparkjobs
+from tests.support import sparkjobs
 
 pytestmark = pytest.mark.integration
 

@@ -28,7 +28,7 @@ from airflow_ckpt_provider.launcher.submit import SubmitSpec, gate_file, parse_c
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_STOPPED
 from airflow_ckpt_provider.runtime.restoreverdict import CheckOutcome, RestoreCheck
-from tests.runtimejob import SPARK_CONF, JobEnv, Run
+from tests.support.runtimejob import SPARK_CONF, JobEnv, Run
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,7 @@
 """The job runtime end to end: ``ckpt run`` drivers (spark-submit, local[2]) on tansu and SeaweedFS.
 
 Every driver runs tests/jobs/kafka_count.py: a stateful count per key over a 3-partition topic,
-200 records per batch, one output file per batch id (see tests/runtimejob.py).
+200 records per batch, one output file per batch id (see tests/support/runtimejob.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from airflow_ckpt_provider.core.snapshots import list_snapshots, load_manifest
 from airflow_ckpt_provider.core.status import JobState
 from airflow_ckpt_provider.core.storage import LocalStorage
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_FENCED, EXIT_STOPPED
-from tests.runtimejob import JobEnv, Run, expected_counts, produce
+from tests.support.runtimejob import JobEnv, Run, expected_counts, produce
 
 pytestmark = pytest.mark.integration
 

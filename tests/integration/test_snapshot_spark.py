@@ -16,8 +16,8 @@ from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.restore import restore_snapshot
 from airflow_ckpt_provider.core.snapshots import SnapshotResult, create_snapshot, verify_snapshot
 from airflow_ckpt_provider.core.storage import LocalStorage, Storage
-from tests import sparkjobs
-from tests.sparkjobs import WORKLOADS, run_to_completion, write_input
+from tests.support import sparkjobs
+from tests.support.sparkjobs import WORKLOADS, run_to_completion, write_input
 
 pytestmark = pytest.mark.integration
 

@@ -35,7 +35,7 @@ from airflow_ckpt_provider.core.snapshots import (
     verify_snapshot,
 )
 from airflow_ckpt_provider.core.storage import LocalStorage, Storage
-from tests.ckptfactory import make_checkpoint, write_batch
+from tests.support.ckptfactory import make_checkpoint, write_batch
 
 pytestmark = pytest.mark.integration
 

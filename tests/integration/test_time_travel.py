@@ -31,10 +31,10 @@ from airflow_ckpt_provider.sinks.filelayout import committed_batches, read_commi
 from airflow_ckpt_provider.sinks.filemaintenance import verify_sink
 from airflow_ckpt_provider.sinks.ledger import Ledger, delete_batches
 from airflow_ckpt_provider.sinks.ledger import committed_batches as ledger_batches
-from tests import sparkjobs
 from tests.integration.conftest import sink_session
-from tests.kafkasink import read_all
-from tests.runtimejob import JobEnv, Run, produce
+from tests.support import sparkjobs
+from tests.support.kafkasink import read_all
+from tests.support.runtimejob import JobEnv, Run, produce
 
 pytestmark = pytest.mark.integration
 
@@ -318,7 +318,7 @@ def test_runtime_restore_of_older_savepoints_onto_the_same_files_sink_follows_th
     from airflow_ckpt_provider.core.lease import read_lease
     from airflow_ckpt_provider.core.storage import S3Options
     from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_STOPPED
-    from tests.exactlyonce import EO_JOB
+    from tests.support.exactlyonce import EO_JOB
 
     bootstrap = env.kafka.bootstrap_servers
     sink = f"s3://{env.bucket}/tt-{env.job}"

@@ -1,6 +1,6 @@
 """The exactly-once proof's job: one row per record id over a ckpt-kafka topic, into one exactly-once sink.
 
-Every id arrives twice (tests/exactlyonce.py produces each one twice, at different times), and
+Every id arrives twice (tests/support/exactlyonce.py produces each one twice, at different times), and
 ``dropDuplicates(["id"])`` keeps the first: its state must survive every kill, or the second copy
 would be written as well. Each output row is ``(id, key, part)``: the id (the record's value), the
 record's key and its Kafka partition, so the output is known whatever the batch boundaries were.

@@ -53,7 +53,7 @@ from airflow_ckpt_provider.runtime.restoreverdict import CheckOutcome, RestoreCh
 from airflow_ckpt_provider.triggers.base import MIN_DEFERRAL, WatchTrigger
 from airflow_ckpt_provider.triggers.control import RequestTrigger
 from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
-from tests.ckptfactory import make_checkpoint
+from tests.support.ckptfactory import make_checkpoint
 
 SID = "savepoint-7-20261122T101500Z-abc123"
 #: A job file that exists: the real launch checks the spark-submit command (and so the file) before recording.
@@ -1456,7 +1456,7 @@ class Waiter(JobOperator):
 
 
 def test_waiting_in_the_worker_retries_storage_errors() -> None:
-    from tests.unit.test_triggers import FlakyTrigger, FlakyWatch
+    from tests.unit.triggers.test_triggers import FlakyTrigger, FlakyWatch
 
     op = Waiter(task_id="w", job="orders", deferrable=False, poll_interval=0.01)
     watch = FlakyWatch(failures=2)

@@ -19,7 +19,7 @@ from airflow_ckpt_provider.core.snapshots import create_snapshot
 from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
 from airflow_ckpt_provider.core.storage import LocalStorage
 from airflow_ckpt_provider.core.watch import JobHealthWatch, RequestWatch, SnapshotWatch, Unhealthy
-from tests.ckptfactory import make_checkpoint, write_batch
+from tests.support.ckptfactory import make_checkpoint, write_batch
 
 T0 = 1_800_000_000.0
 PAYLOAD_KEYS = {"status", "reason", "message", "job", "epoch", "batch_id", "state", "ui_url", "restarts"}

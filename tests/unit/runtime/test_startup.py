@@ -21,7 +21,7 @@ from airflow_ckpt_provider.runtime.startup import (
     decide,
     travel_of,
 )
-from tests.unit.test_manifest_retention import T0, manifest
+from tests.support.manifests import T0, manifest
 
 EMPTY = LiveCheckpoint("file:///live", empty=True)
 LIVE_AT_5 = LiveCheckpoint("file:///live", empty=False, batch_id=5)

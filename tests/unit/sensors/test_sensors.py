@@ -26,7 +26,7 @@ from airflow_ckpt_provider.triggers.base import MIN_DEFERRAL
 from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
 from airflow_ckpt_provider.triggers.kafka_lag import KafkaLagTrigger
 from airflow_ckpt_provider.triggers.snapshot import SnapshotTrigger
-from tests.ckptfactory import make_checkpoint
+from tests.support.ckptfactory import make_checkpoint
 
 UNHEALTHY = {"status": "unhealthy", "reason": "failed", "message": "job orders: expected it healthy, found FAILED",
              "job": "orders", "epoch": 3, "batch_id": 9, "state": "FAILED", "ui_url": None, "restarts": 0}

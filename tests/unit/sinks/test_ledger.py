@@ -283,9 +283,9 @@ def test_crash_points_bracket_the_commit(db: Callable[[], sqlite3.Connection], m
 
 
 def test_postgres_fixture_fails_clearly_without_binaries(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests import pgserver
+    from tests.support import pgserver
 
-    monkeypatch.setattr("tests.pgserver.glob.glob", lambda _pattern: [])
+    monkeypatch.setattr("tests.support.pgserver.glob.glob", lambda _pattern: [])
     with pytest.raises(RuntimeError, match=r"no PostgreSQL server binaries.*scripts/bootstrap"):
         pgserver.find_bin_dir()
 

@@ -33,9 +33,9 @@ from airflow_ckpt_provider.core.control import Ack, Action, Outcome
 from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobState, JobStatus
 from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_STOPPED
-from tests.runtimejob import KEYS, JobEnv, Run, kill_driver, produce
+from tests.support.runtimejob import KEYS, JobEnv, Run, kill_driver, produce
 
-EO_JOB = Path(__file__).parent / "jobs" / "eo_job.py"
+EO_JOB = Path(__file__).parent.parent / "jobs" / "eo_job.py"
 MAX_OFFSETS = 60  # records per batch: each feed is two batches
 CHUNK = 60  # new ids per feed (plus the second copies of the previous feed's ids)
 WAIT = 180.0  # seconds any single condition may take
@@ -129,7 +129,7 @@ class KafkaSink:
         return {"CKPT_EO_SINK": "kafka", "CKPT_EO_TOPIC": self.topic}
 
     def committed(self) -> list[Row]:
-        from tests.kafkasink import read_sink_output
+        from tests.support.kafkasink import read_sink_output
 
         rows = []
         for record in read_sink_output(self.bootstrap, self.topic):
@@ -148,7 +148,7 @@ class KafkaSink:
         return len(commits)
 
     def check_nothing_uncommitted(self) -> str:
-        from tests.kafkasink import last_attempts, read_all
+        from tests.support.kafkasink import last_attempts, read_all
 
         everything = read_all(self.bootstrap, self.topic)
         kept = last_attempts(everything)

@@ -32,7 +32,7 @@ from airflow_ckpt_provider.triggers.control import RequestTrigger
 from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
 from airflow_ckpt_provider.triggers.kafka_lag import KafkaLagTrigger
 from airflow_ckpt_provider.triggers.snapshot import SnapshotTrigger
-from tests.ckptfactory import make_checkpoint
+from tests.support.ckptfactory import make_checkpoint
 
 #: What an operator's next step looks like: the method and its (JSON) kwargs, nested.
 RESUME_WITH = {"method": "after_verify", "kwargs": {"plan": {"snapshot_id": "savepoint-3", "old": {"conf": {}},

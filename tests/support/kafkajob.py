@@ -1,6 +1,6 @@
 """A Spark driver for crash tests: count records per key from a ckpt-kafka topic (stateful, update mode).
 
-    python tests/kafkajob.py --bootstrap HOST:PORT --topic T --checkpoint DIR --out DIR
+    python tests/support/kafkajob.py --bootstrap HOST:PORT --topic T --checkpoint DIR --out DIR
         [--trigger processing|availableNow] [--max-offsets N]
 
 Each batch writes ``<out>/<batch id>.json`` (the keys it updated with their running counts; a
@@ -15,10 +15,10 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make `tests` importable
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: make `tests` importable
 
 from airflow_ckpt_provider.kafka.source import register
-from tests.sparkjobs import json_sink, spark_session
+from tests.support.sparkjobs import json_sink, spark_session
 
 _TIMEOUT_S = 600
 

@@ -13,7 +13,7 @@ from airflow_ckpt_provider.core.retention import RetentionPolicy
 from airflow_ckpt_provider.core.snapshots import create_snapshot, list_snapshots
 from airflow_ckpt_provider.core.storage import LocalStorage
 from airflow_ckpt_provider.runtime.snapshotter import SnapshotJob, Snapshotter
-from tests.ckptfactory import make_checkpoint, write_batch
+from tests.support.ckptfactory import make_checkpoint, write_batch
 
 
 def test_a_corrupt_manifest_is_warned_about_once_per_snapshot_not_after_every_batch(

@@ -27,7 +27,7 @@ from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.status import JobStatus, read_status
 from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
 
-JOB_FILE = Path(__file__).parent / "jobs" / "kafka_count.py"
+JOB_FILE = Path(__file__).parent.parent / "jobs" / "kafka_count.py"
 KEYS = 10
 SPARK_CONF = ("spark.ui.enabled=false", "spark.sql.shuffle.partitions=2", "spark.ui.showConsoleProgress=false")
 

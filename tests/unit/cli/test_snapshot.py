@@ -13,7 +13,7 @@ from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.manifest import Manifest
 from airflow_ckpt_provider.core.snapshots import create_snapshot
 from airflow_ckpt_provider.core.storage import LocalStorage
-from tests.ckptfactory import make_checkpoint
+from tests.support.ckptfactory import make_checkpoint
 
 
 @pytest.fixture

@@ -1,27 +1,17 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
 from airflow_ckpt_provider.core.errors import ConfigError, SnapshotError
 from airflow_ckpt_provider.core.jobstore import check_job_name, check_snapshot_id
-from airflow_ckpt_provider.core.manifest import Kind, Manifest, ManifestFile, Trigger, new_snapshot_id, parse_enum
+from airflow_ckpt_provider.core.manifest import Kind, Manifest, Trigger, parse_enum
 from airflow_ckpt_provider.core.progress import Progress
 from airflow_ckpt_provider.core.retention import RetentionPolicy, plan_retention
 from airflow_ckpt_provider.core.snapshots import latest_completed
-
-T0 = datetime(2026, 11, 1, tzinfo=UTC)
-
-
-def manifest(kind: Kind, batch: int, minutes: int) -> Manifest:
-    created = T0 + timedelta(minutes=minutes)
-    return Manifest(
-        job="j", snapshot_id=new_snapshot_id(kind, batch, created), kind=kind, trigger=Trigger.PERIODIC,
-        batch_id=batch, created_at=created.isoformat(timespec="milliseconds"), query_id="q",
-        checkpoint="file:///c", files=(ManifestFile("metadata", 45, "ab" * 32),),
-    )
+from tests.support.manifests import T0, manifest
 
 
 def test_manifest_round_trip_and_checksum() -> None:

@@ -25,7 +25,7 @@ from airflow_ckpt_provider.kafka.writeroptions import (
     parse_sink_options,
     read_marker,
 )
-from tests.kafkasink import SinkRecord, last_attempts
+from tests.support.kafkasink import SinkRecord, last_attempts
 
 BASE = {"kafka.bootstrap.servers": "b:9092", "topic": "out", "job": "orders"}
 

@@ -23,7 +23,7 @@ from airflow_ckpt_provider.core.retention import RetentionPolicy
 from airflow_ckpt_provider.core.snapshots import create_snapshot, pending_markers
 from airflow_ckpt_provider.core.storage import LocalStorage
 from airflow_ckpt_provider.runtime.snapshotter import SnapshotJob, Snapshotter
-from tests.ckptfactory import make_checkpoint
+from tests.support.ckptfactory import make_checkpoint
 
 SID = "checkpoint-4-20261122T000000Z-abcdef"
 HOUR = 3600.0
