@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script:
 from airflow_ckpt_provider.core.manifest import Kind
 from airflow_ckpt_provider.core.snapshots import list_snapshots
 from airflow_ckpt_provider.embedded import EmbeddedServices
-from tests.runtimejob import JobEnv, Run
+from tests.support.runtimejob import JobEnv, Run
 
 PARTITIONS = 3
 RECOVERY_TARGET = 1.3
