@@ -1,9 +1,9 @@
 """Garbage collection of objects that no manifest references, safe against concurrent snapshots.
 
-Protocol (see snapshots._begin_write): gc creates ``locks/gc.json`` with a conditional create,
-then looks for pending snapshot markers; if one is fresh it releases the lock and defers. A writer
-writes its pending marker first and then waits while the lock exists. Either gc sees the writer or
-the writer sees gc, so an object a new snapshot reuses is never deleted under it.
+Protocol (the writer's half: core/snapshotwrite.py): gc creates ``locks/gc.json`` with a
+conditional create, then looks for pending snapshot markers; if one is fresh it releases the lock
+and defers. A writer writes its pending marker first and then waits while the lock exists. Either
+gc sees the writer or the writer sees gc, so an object a new snapshot reuses is never deleted under it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from airflow_ckpt_provider.core.errors import ConfigError, ConflictError, Snapsh
 from airflow_ckpt_provider.core.jobstore import GC_LOCK, LEASE, OBJECTS, JobStore
 from airflow_ckpt_provider.core.lease import LeaseRecord, pid_alive, read_lease
 from airflow_ckpt_provider.core.pending import PendingMarker, human_age, writer_gone
-from airflow_ckpt_provider.core.snapshots import STALE_AFTER_S, list_snapshots, pending_markers
+from airflow_ckpt_provider.core.snapshots import list_snapshots, pending_markers
+from airflow_ckpt_provider.core.snapshotwrite import STALE_AFTER_S
 
 log = logging.getLogger(__name__)
 

@@ -25,15 +25,8 @@ from airflow_ckpt_provider.core.errors import CheckpointError, ConflictError, Sn
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.manifest import Kind, Manifest, ManifestFile
 from airflow_ckpt_provider.core.progress import Progress, TransferStats
-from airflow_ckpt_provider.core.snapshots import (
-    LARGE_FILE,
-    latest_completed,
-    list_snapshots,
-    load_manifest,
-    object_problems,
-    sha256_file,
-)
-from airflow_ckpt_provider.core.storage import LocalStorage, Storage
+from airflow_ckpt_provider.core.snapshots import latest_completed, list_snapshots, load_manifest, object_problems
+from airflow_ckpt_provider.core.storage import LARGE_FILE, LocalStorage, Storage, sha256_file
 
 log = logging.getLogger(__name__)
 

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 BytesCallback = Callable[[int], None]
 
 _TMP_MARK = ".ckpt-tmp-"
+#: Files of this size or more are hashed and transferred as files (multipart), never through memory.
+LARGE_FILE = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,15 @@ def check_key(key: str) -> str:
 def join(*parts: str) -> str:
     """Join key fragments with '/', ignoring empty fragments and stray slashes."""
     return "/".join(p.strip("/") for p in parts if p.strip("/"))
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """The SHA-256 of a local file, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 class Storage(ABC):

@@ -18,7 +18,6 @@ query follows. The readers run wherever the output is read (pyarrow, pandas or a
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import logging
@@ -63,14 +62,6 @@ def manifest_key(query_id: str, batch_id: int, timeline: int = 0) -> str:
 
 def timeline_key(query_id: str, timeline: int) -> str:
     return f"{TIMELINES}/{query_id}/{timeline:05d}.json"
-
-
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # -- identity ----------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from pyspark.sql.types import StructType
 from airflow_ckpt_provider.core.coverage import checkpoint_storage, read_coverage
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.faults import crash_point
-from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
+from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage, sha256_file
 from airflow_ckpt_provider.core.streambatch import BATCH_ID_PROPERTY, QUERY_ID_PROPERTY, worker_logging
 from airflow_ckpt_provider.sinks.filecommit import commit_batch, delete_files
 from airflow_ckpt_provider.sinks.filelayout import (
@@ -39,7 +39,6 @@ from airflow_ckpt_provider.sinks.filelayout import (
     committed_files,
     data_key,
     open_sink,
-    sha256_file,
 )
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from airflow_ckpt_provider.core import gc as gc_module
-from airflow_ckpt_provider.core import snapshots
+from airflow_ckpt_provider.core import snapshotwrite
 from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
 from airflow_ckpt_provider.core.errors import CheckpointError, ConflictError, SnapshotError
 from airflow_ckpt_provider.core.gc import collect_garbage
@@ -303,8 +303,8 @@ def test_unchanged_files_are_not_read_again(store: JobStore, tmp_path: Path, mon
     ckpt = make_checkpoint(tmp_path / "ckpt", 3)
     first = create_snapshot(store, LocalStorage(ckpt))
     checked: list[str] = []
-    real = snapshots.verify_file
-    monkeypatch.setattr(snapshots, "verify_file",
+    real = snapshotwrite.verify_file
+    monkeypatch.setattr(snapshotwrite, "verify_file",
                         lambda path, data, **kw: checked.append(path) or real(path, data, **kw))
     write_batch(ckpt, 3)
     second = create_snapshot(store, LocalStorage(ckpt))

@@ -1,0 +1,203 @@
+"""Writing one snapshot into a job store: its files as content-addressed objects, then the manifest.
+
+Runs wherever a snapshot is taken (the Spark driver's snapshotter, ``ckpt snapshot create``), for
+``create_snapshot`` (core/snapshots.py). Each file of a BatchView is checked, hashed and uploaded
+unless the store already holds its content (a per-process digest cache skips files hashed before);
+the manifest is created last with a conditional create, the commit point. Around it, the writer's
+half of the gc handshake (core/gc.py): a pending marker names the writer, and the writer waits
+while gc holds its lock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+
+from airflow_ckpt_provider.core.checkpoint import BatchView, CheckpointFile
+from airflow_ckpt_provider.core.ckptfiles import verify_file
+from airflow_ckpt_provider.core.errors import ConflictError, SnapshotError, StorageError
+from airflow_ckpt_provider.core.jobstore import GC_LOCK, OBJECTS, JobStore
+from airflow_ckpt_provider.core.manifest import Kind, Manifest, ManifestFile, Trigger
+from airflow_ckpt_provider.core.pending import PendingMarker
+from airflow_ckpt_provider.core.progress import Progress, TransferStats
+from airflow_ckpt_provider.core.storage import LARGE_FILE, Storage, sha256_file
+
+log = logging.getLogger(__name__)
+
+_CODEC = "spark.sql.streaming.stateStore.compression.codec"
+#: A lock or pending marker older than this belongs to a crashed process and is ignored.
+STALE_AFTER_S = 6 * 3600.0
+
+#: Test hook: called with the name of each creation step: "pending", "upload", "file" (after each
+#: file is stored), "uploaded", "manifest" (before it is created) and "committed".
+StepHook = Callable[[str], None]
+
+#: SHA-256 of local checkpoint files by (path, size, mtime): Spark never rewrites a file in place,
+#: so periodic snapshots in one process read and hash only files they have not seen.
+_digests: dict[tuple[str, int, int], str] = {}
+_digests_lock = threading.Lock()
+_DIGESTS_MAX = 200_000
+
+
+def _file_identity(local: Path | None, size: int) -> tuple[str, int, int] | None:
+    if local is None:
+        return None
+    try:
+        st = local.stat()
+    except FileNotFoundError:
+        return None
+    return (str(local), size, st.st_mtime_ns) if st.st_size == size else None
+
+
+def _store_one(
+    src: Storage, store: JobStore, f: CheckpointFile, known: set[str], progress: Progress, *, codec: str
+) -> ManifestFile:
+    """Check and hash one checkpoint file; upload it unless the job store already has its content."""
+    local = src.local_path(f.path)
+    identity = _file_identity(local, f.size)
+    cached = _digests.get(identity) if identity else None
+    if cached is not None and cached in known:
+        progress.skipped(f.size)  # checked and hashed by an earlier snapshot, content already stored
+        return ManifestFile(f.path, f.size, cached)
+    try:
+        if local is not None and f.size >= LARGE_FILE:
+            digest = sha256_file(local)
+            data = None
+        else:
+            data = src.read(f.path)
+            digest = hashlib.sha256(data).hexdigest()
+    except FileNotFoundError as err:
+        raise SnapshotError(
+            f"checkpoint file {src.uri(f.path)} disappeared while the snapshot was taken (Spark "
+            "cleans up old state files and logs); take the snapshot again"
+        ) from err
+    size = f.size if data is None else len(data)
+    if size != f.size:
+        raise SnapshotError(
+            f"checkpoint file {src.uri(f.path)} changed size while the snapshot was taken "
+            f"(listed {f.size} bytes, read {size}); Spark files are immutable once written, so "
+            "something else writes into this checkpoint; take the snapshot again"
+        )
+    problem = verify_file(f.path, data, codec=codec) if data is not None else None
+    if problem:
+        raise SnapshotError(
+            f"checkpoint file {src.uri(f.path)} is broken: {problem}; the checkpoint cannot be snapshotted "
+            "at this batch. Run `ckpt snapshot create --batch` with an older completed batch, or restore "
+            "the latest snapshot"
+        )
+    if identity:
+        with _digests_lock:
+            if len(_digests) >= _DIGESTS_MAX:
+                _digests.clear()
+            _digests[identity] = digest
+    if digest in known:
+        progress.skipped(size)
+    else:
+        key = store.object_key(digest)
+        if data is None:
+            assert local is not None
+            store.storage.upload(local, key, callback=progress.add_bytes)
+        else:
+            store.storage.write(key, data)
+            progress.add_bytes(size)
+        progress.file_done()
+    return ManifestFile(f.path, size, digest)
+
+def write_snapshot(
+    store: JobStore,
+    checkpoint: Storage,
+    view: BatchView,
+    *,
+    snapshot_id: str,
+    kind: Kind,
+    trigger: Trigger,
+    now: datetime,
+    step: StepHook,
+    concurrency: int,
+    report: Callable[[str], None] | None,
+    meta: tuple[str | None, str | None],
+    labels: dict[str, str],
+) -> tuple[Manifest, TransferStats]:
+    """Upload the objects the job store lacks, then create the manifest: the commit point."""
+    what = f"job {store.job} snapshot {snapshot_id} (batch {view.batch_id})"
+    step("pending")
+    known = {o.key[len(OBJECTS) :] for o in store.storage.list(OBJECTS)}
+    progress = Progress(what, len(view.files), sum(f.size for f in view.files), report=report)
+    step("upload")
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        codec = view.conf.get(_CODEC, "lz4")
+
+        def store_one(f: CheckpointFile) -> ManifestFile:
+            stored = _store_one(checkpoint, store, f, known, progress, codec=codec)
+            step("file")
+            return stored
+
+        files = list(pool.map(store_one, view.files))
+    stats = progress.finish()
+    step("uploaded")
+    manifest = Manifest(
+        job=store.job,
+        snapshot_id=snapshot_id,
+        kind=kind,
+        trigger=trigger,
+        batch_id=view.batch_id,
+        created_at=now.isoformat(timespec="milliseconds"),
+        query_id=view.query_id,
+        checkpoint=checkpoint.url,
+        files=tuple(files),
+        offsets=list(view.offsets),
+        next_offsets=list(view.next_offsets) if view.next_offsets is not None else None,
+        operators=[op.to_json() for op in view.operators],
+        conf=dict(view.conf),
+        code_version=meta[0],
+        spark_version=meta[1],
+        labels=labels,
+    )
+    step("manifest")
+    if not store.storage.create(store.manifest_key(snapshot_id), manifest.to_bytes()):
+        raise ConflictError(f"{what}: a manifest with this id already exists; take the snapshot again")
+    step("committed")
+    return manifest, stats
+
+
+def drop_marker(store: JobStore, snapshot_id: str) -> None:
+    """Best effort: a marker left behind only delays gc; it must not hide the snapshot's outcome."""
+    try:
+        store.storage.delete([store.pending_key(snapshot_id)])
+    except StorageError as err:
+        log.warning("job %s snapshot %s: could not delete its pending marker %s (%s); gc clears it once this "
+                    "writer is provably gone, or now with `ckpt snapshot gc --clear-pending %s`", store.job,
+                    snapshot_id, store.storage.uri(store.pending_key(snapshot_id)), err, snapshot_id)
+
+
+def _is_fresh(store: JobStore, key: str, now: float) -> bool:
+    info = store.storage.stat(key)
+    return info is not None and now - info.mtime < STALE_AFTER_S
+
+
+def write_marker(store: JobStore, snapshot_id: str, now: datetime, epoch: int | None) -> None:
+    """Announce a snapshot being written, naming its writer (host, pid, lease epoch, start time).
+
+    Writer and gc each write their own marker and then look for the other's (the Dekker pattern on
+    a strongly consistent store): gc backs off when it sees a writer, so at least one always
+    sees the other and gc never deletes an object a new snapshot reuses.
+    """
+    store.storage.write(store.pending_key(snapshot_id), PendingMarker.body(snapshot_id, now, epoch))
+
+
+def wait_for_gc(store: JobStore, wait_s: float = 120.0) -> None:
+    """Wait while gc holds its lock (the writer's marker is already written)."""
+    deadline = time.monotonic() + wait_s
+    while _is_fresh(store, GC_LOCK, time.time()):
+        if time.monotonic() > deadline:
+            raise ConflictError(
+                f"job {store.job}: garbage collection has held {store.storage.uri(GC_LOCK)} for more "
+                f"than {wait_s:.0f} s; retry later, or delete that lock if no gc is running"
+            )
+        time.sleep(0.2)
