@@ -1,0 +1,236 @@
+"""What the operators' unit tests share: a job store's fakes of ``launch`` and ``check_restore`` that record
+their calls, a task instance and its state store, and helpers that report a driver, record a deployment, and
+take a deferral apart (its trigger, timeout and the step it carries back)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow.sdk.exceptions import TaskDeferred
+
+from airflow_ckpt_provider import examples
+from airflow_ckpt_provider.core.control import Ack, Outcome, Request, open_requests, write_ack
+from airflow_ckpt_provider.core.deployments import Deployment, Launch
+from airflow_ckpt_provider.core.jobstore import CONTROL, SPEC_LAST, JobStore
+from airflow_ckpt_provider.core.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.snapshots import create_snapshot
+from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
+from airflow_ckpt_provider.core.storage import LocalStorage, S3Options
+from airflow_ckpt_provider.launcher.submit import SubmitSpec
+from airflow_ckpt_provider.links import SnapshotLink, SparkUILink
+from airflow_ckpt_provider.operators.job import (
+    SubmitStreamingJobOperator,
+)
+from airflow_ckpt_provider.operators.upgrade import UpgradeStreamingJobOperator
+from airflow_ckpt_provider.runtime.restoreverdict import CheckOutcome, RestoreCheck
+from airflow_ckpt_provider.triggers.base import WatchTrigger
+from airflow_ckpt_provider.triggers.control import RequestTrigger
+from tests.support.ckptfactory import make_checkpoint
+
+SID = "savepoint-7-20261122T101500Z-abc123"
+#: A job file that exists: the real launch checks the spark-submit command (and so the file) before recording.
+ORDERS_V1 = str(Path(examples.__file__).parent / "orders_v1.py")
+#: The upgrade's new code: it must exist too (the upgrade checks its spark-submit command before anything stops).
+ORDERS_V2 = str(Path(examples.__file__).parent / "orders_v2.py")
+UI = "http://driver:4040"
+SPARK_UI_KEY = SparkUILink().xcom_key
+SNAPSHOT_KEY = SnapshotLink().xcom_key
+HEALTHY = {"status": "healthy", "reason": None, "message": "job orders is healthy", "job": "orders", "epoch": 4,
+           "batch_id": 9, "state": "RUNNING", "ui_url": UI, "restarts": 0}
+UNHEALTHY = HEALTHY | {"status": "unhealthy", "reason": "failed", "state": "FAILED", "ui_url": None,
+                       "message": "job orders: expected it healthy, found FAILED at epoch 4 (reason: boom)"}
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+class FakeLaunch:
+    """Stands in for launcher.deploy.launch: records the call and spec/last.json, starts nothing."""
+
+    def __init__(self) -> None:
+        self.calls: list[Launch] = []
+        self.store_urls: list[str] = []
+
+    def __call__(self, store: JobStore, deployment: Deployment, *, restore: str, store_url: str,
+                 s3: S3Options | None = None, launched_by: str = "") -> Launch:
+        record = Launch(store.job, deployment, restore, time.time(), launched_by, f"launch-{len(self.calls) + 1}")
+        store.storage.write(SPEC_LAST, record.to_bytes())
+        self.calls.append(record)
+        self.store_urls.append(store_url)
+        return record
+
+
+class FakeCheck:
+    """Stands in for launcher.restorecheck.check_restore: records (spec, timeout, env), answers ``outcome``."""
+
+    def __init__(self) -> None:
+        self.outcome = CheckOutcome.COMPATIBLE
+        self.calls: list[tuple[SubmitSpec, float, dict[str, str]]] = []
+
+    def __call__(self, spec: SubmitSpec, timeout: float, *, log_file: str | None = None,
+                 env: dict[str, str] | None = None) -> RestoreCheck:
+        self.calls.append((spec, timeout, dict(env or {})))
+        reason = "Spark restored the state" if self.outcome is CheckOutcome.COMPATIBLE else \
+            "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE: the key schema changed"
+        return RestoreCheck(self.outcome, reason, snapshot_id=SID, batch_id=7)
+
+
+class FakeTI:
+    """The task instance as the operators use it: XCom pushes (for the links) and stats tags."""
+
+    def __init__(self) -> None:
+        self.xcoms: dict[str, Any] = {}
+        self.stats_tags: dict[str, str] = {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcoms[key] = value
+
+
+class FakeTaskStateStore:
+    def __init__(self, values: dict[str, Any] | None = None) -> None:
+        self.values = dict(values or {})
+
+    def get(self, key: str) -> Any:
+        return self.values.get(key)
+
+    def set(self, key: str, value: Any) -> None:
+        self.values[key] = value
+
+
+def context(**more: Any) -> dict[str, Any]:
+    return {"ti": FakeTI(), **more}
+
+
+def report(store: JobStore, **changes: Any) -> JobStatus:
+    """A heartbeat of the driver of epoch 3, RUNNING at batch 7 (fresh unless ``updated_at`` says otherwise)."""
+    now = time.time()
+    body: dict[str, Any] = {"job": "orders", "state": JobState.RUNNING, "epoch": 3, "updated_at": now,
+                            "started_at": now - 1, "batch_id": 7}
+    status = JobStatus(**body | changes)
+    assert write_status(store, status)
+    return status
+
+
+def old_deployment(**changes: Any) -> Deployment:
+    body: dict[str, Any] = {"job_file": "orders_v1.py", "code_version": "v1", "env": {"TOPIC": "orders"},
+                            "conf": {"spark.sql.shuffle.partitions": "4"}, "keep_checkpoints": 5}
+    return Deployment(**body | changes)
+
+
+def record_deployment(store: JobStore, deployment: Deployment | None = None, **changes: Any) -> Launch:
+    """spec/last.json as a launch of ``deployment`` (default: orders_v1.py, code v1) ten seconds ago."""
+    body: dict[str, Any] = {"job": "orders", "deployment": deployment or old_deployment(), "restore": "latest-state",
+                            "launched_at": time.time() - 10, "launched_by": "test", "launch_id": "launch-0"}
+    record = Launch(**body | changes)
+    store.storage.write(SPEC_LAST, record.to_bytes())
+    return record
+
+
+def deferral(call: Callable[[], Any]) -> TaskDeferred:
+    with pytest.raises(TaskDeferred) as info:
+        call()
+    return info.value
+
+
+def timeout_s(deferred: TaskDeferred) -> float | None:
+    """The deferral's timeout in seconds (Airflow's backstop: the trigger's own timeout plus DEFER_GRACE)."""
+    timeout = deferred.timeout
+    return timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+
+
+def trigger_kwargs(deferred: TaskDeferred) -> dict[str, Any]:
+    _, kwargs = deferred.trigger.serialize()
+    return kwargs
+
+
+def next_step(deferred: TaskDeferred) -> tuple[str, dict[str, Any]]:
+    """The method and kwargs the operator continues with once the trigger fires. Airflow always resumes it in
+    ``resume`` with no kwargs (dag.test drops defer()'s); the serialized trigger carries the step instead."""
+    assert deferred.method_name == "resume" and deferred.kwargs is None
+    step = trigger_kwargs(deferred)["resume_with"]
+    assert step == deferred.trigger.resume_with and set(step) == {"method", "kwargs"}
+    return step["method"], step["kwargs"]
+
+
+def fire(deferred: TaskDeferred, event: dict[str, Any]) -> dict[str, Any]:
+    """The event Airflow hands to ``resume`` when the trigger's watch yields ``event``: the trigger is rebuilt
+    from its JSON-serialized arguments (as the triggerer does) and its run() adds what it carries back."""
+    classpath, kwargs = deferred.trigger.serialize()
+    module, name = classpath.rsplit(".", 1)
+    kwargs = json.loads(json.dumps(kwargs))
+    # The task deferred min_wait seconds ago, so the trigger holds the event no longer (that is tested on its own).
+    kwargs["waiting_since"] -= kwargs["min_wait"]
+    trigger: WatchTrigger = getattr(importlib.import_module(module), name)(**kwargs)
+
+    async def outcome(since: float) -> dict[str, Any]:
+        return dict(event)
+
+    async def collect() -> list[dict[str, Any]]:
+        return [e.payload async for e in trigger.run()]
+
+    trigger._outcome = outcome  # type: ignore[method-assign]  # the watch's verdict, without polling a store
+    [payload] = asyncio.run(collect())
+    return payload
+
+
+def control_keys(store: JobStore) -> list[str]:
+    return [o.key for o in store.storage.list(CONTROL)]
+
+
+def only_request(store: JobStore) -> Request:
+    requests = open_requests(store)
+    assert len(requests) == 1, requests
+    return requests[0]
+
+
+def ack_event(store: JobStore, request: Request, outcome: Outcome = Outcome.COMPLETED, *,
+              snapshot_id: str | None = SID, message: str = "done") -> dict[str, Any]:
+    """The driver's answer to ``request``, as the RequestTrigger's watch reports it."""
+    write_ack(store, Ack(request.id, request.action, outcome, message, request.epoch, time.time(),
+                         snapshot_id=snapshot_id, snapshot_uri=store.snapshot_uri(snapshot_id) if snapshot_id else None,
+                         batch_id=7))
+    event = RequestTrigger(job="orders", request_id=request.id, epoch=request.epoch).build_watch().poll()
+    assert event is not None
+    return event
+
+
+def submit_op(**kwargs: Any) -> SubmitStreamingJobOperator:
+    return SubmitStreamingJobOperator(**{"task_id": "submit", "job": "orders", "job_file": "orders_v1.py",
+                                         "code_version": "v1"} | kwargs)
+
+
+def upgrade_op(**kwargs: Any) -> UpgradeStreamingJobOperator:
+    return UpgradeStreamingJobOperator(**{"task_id": "upgrade", "job": "orders", "job_file": ORDERS_V2,
+                                          "code_version": "v2", "verify_batches": 3, "verify_timeout": 120} | kwargs)
+
+
+def make_snapshots(store: JobStore, tmp_path: Path, kinds: list[Kind]) -> list[str]:
+    """Completed snapshots of a tiny checkpoint, oldest first (batch i for the i-th: a strict order)."""
+    checkpoint = LocalStorage(make_checkpoint(tmp_path / "ckpt", len(kinds)))
+    return [create_snapshot(store, checkpoint, kind=kind, trigger=Trigger.PERIODIC, batch_id=i).manifest.snapshot_id
+            for i, kind in enumerate(kinds)]
+
+
+def stop_and_ack(store: JobStore, op: UpgradeStreamingJobOperator) -> tuple[TaskDeferred, dict[str, Any]]:
+    """Steps 1-2: the check passes, the stop is requested; the driver answers with savepoint SID. The event is
+    what Airflow hands to ``resume``: it carries the next step (after_stop and the plan)."""
+    deferred = deferral(lambda: op.execute(context()))
+    return deferred, fire(deferred, ack_event(store, only_request(store)))
+
+
+def start_new_code(store: JobStore, op: UpgradeStreamingJobOperator) -> TaskDeferred:
+    """Steps 1-3, resumed as Airflow does: the new code is launched from savepoint SID and verified."""
+    _, stopped = stop_and_ack(store, op)
+    return deferral(lambda: op.resume(context(), stopped))
+
+
+#: What the fake subprocess.Popen of deploy.launch saw: argv, env, and spec/last.json at the call.
+PopenCall = tuple[list[str], dict[str, str], Launch | None]

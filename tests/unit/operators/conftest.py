@@ -1,0 +1,23 @@
+"""Fixtures of the operators' tests (the job store and the fakes of launch and check_restore are in
+tests/unit/conftest.py)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from airflow_ckpt_provider.core.deployments import Launch
+from airflow_ckpt_provider.core.jobstore import LEASE, JobStore
+from airflow_ckpt_provider.core.lease import LeaseRecord
+from tests.support.operatorfakes import record_deployment, report
+
+
+@pytest.fixture
+def running_v1(store: JobStore) -> Launch:
+    """v1 deployed and running at epoch 3, holding the lease."""
+    record = record_deployment(store)
+    report(store, epoch=3, code_version="v1")
+    lease = LeaseRecord(job="orders", epoch=3, owner="driver-3", host="h", pid=42, acquired_at=time.time() - 5)
+    store.storage.write(LEASE, lease.to_bytes())
+    return record

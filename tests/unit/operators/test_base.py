@@ -1,0 +1,36 @@
+"""JobOperator: waiting in the worker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.operators.base import JobOperator
+from tests.support.operatorfakes import (
+    context,
+)
+
+# -- waiting in the worker --------------------------------------------------------------------------------------------
+
+
+class Waiter(JobOperator):
+    def done(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
+        return event
+
+
+def test_waiting_in_the_worker_retries_storage_errors() -> None:
+    from tests.unit.triggers.test_triggers import FlakyTrigger, FlakyWatch
+
+    op = Waiter(task_id="w", job="orders", deferrable=False, poll_interval=0.01)
+    watch = FlakyWatch(failures=2)
+    assert op.wait(context(), trigger=FlakyTrigger(watch, timeout=5), method_name="done") == {"status": "done",
+                                                                                             "polls": 3}
+    never = FlakyWatch(failures=None)
+    event = op.wait(context(), trigger=FlakyTrigger(never, timeout=0.05), method_name="done")
+    assert event == {"status": "timeout", "message": "no outcome within 0 s: the store to answer"}
+    assert never.polls > 1
+    with pytest.raises(ConfigError, match="invalid job name"):  # other errors are not retried
+        op.wait(context(), trigger=FlakyTrigger(FlakyWatch(None, ConfigError("invalid job name")), timeout=5),
+                method_name="done")
