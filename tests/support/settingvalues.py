@@ -1,0 +1,29 @@
+"""Values for settings tests: a non-default value for every setting, derived from its kind."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_ckpt_provider.core.modes import Mode
+from airflow_ckpt_provider.core.settings import COUNT, SECONDS, SWITCH, TEXT, Settings, setting_fields
+
+
+def non_defaults(cls: type[Settings]) -> dict[str, Any]:
+    """A value other than the default for every setting of ``cls``, derived from its kind: a setting added
+    later is covered by the tests below without editing them."""
+    values: dict[str, Any] = {}
+    for f, m in setting_fields(cls):
+        default = f.default
+        if m.kind is SECONDS:
+            values[f.name] = default + 1.0 if default else 4.0  # poll 2, fence grace 4: twice the poll
+        elif m.kind is COUNT:
+            values[f.name] = default + 1 if default else 2
+        elif m.kind is SWITCH:
+            values[f.name] = not default
+        elif m.kind is TEXT:
+            values[f.name] = f"/generated/{f.name}"
+        else:  # a mode: its last member (failure-rate, refuse)
+            members = list(type(default)) if isinstance(default, Mode) else []
+            assert members, f"no generated value for setting {f.name}: teach non_defaults its kind"
+            values[f.name] = members[-1]
+    return values
