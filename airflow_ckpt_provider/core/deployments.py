@@ -68,10 +68,6 @@ class Deployment(JobSettings):
                     "cluster's secret mechanism instead"
                 )
 
-    @property
-    def settings(self) -> JobSettings:
-        return JobSettings(**self.values(JobSettings))
-
     def to_dict(self) -> dict[str, Any]:
         return self.to_json()
 

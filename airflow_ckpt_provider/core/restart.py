@@ -200,10 +200,6 @@ class HealthRule:
         return HealthVerdict(Health.HEALTHY)
 
 
-#: The restart strategies' names (core/modes.py RestartStrategyName), for help texts.
-STRATEGIES = tuple(name.value for name in RestartStrategyName)
-
-
 def restart_strategy(
     name: RestartStrategyName | str, attempts: int | None = None, delay: float | None = None,
     interval: float | None = None,

@@ -7,12 +7,17 @@ rendered. Parsed modes are str-valued enums, so templating and DAG serialization
 
 from __future__ import annotations
 
+import inspect
+import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
+import airflow
 from airflow.exceptions import AirflowProviderDeprecationWarning
 
+import airflow_ckpt_provider
 from airflow_ckpt_provider.core.modes import Mode, RestoreSpec
 from airflow_ckpt_provider.core.settings import Settings, setting_fields
 
@@ -25,14 +30,23 @@ def is_template(value: object) -> bool:
     return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 
+#: Where the frames of this package and of Airflow are: a warning names the first frame outside them (the DAG's).
+_INSIDE = tuple(str(Path(module.__file__ or "").parent) for module in (airflow_ckpt_provider, airflow))
+
+
 def _as_airflow_warnings(parse: Callable[[], T]) -> T:
-    """``parse()``, its DeprecationWarnings re-issued as Airflow's provider deprecation warnings."""
+    """``parse()``, its DeprecationWarnings re-issued as Airflow's provider deprecation warnings, pointing at
+    the line of the DAG file that made the operator."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         value = parse()
-    for w in caught:
-        category = AirflowProviderDeprecationWarning if issubclass(w.category, DeprecationWarning) else w.category
-        warnings.warn(str(w.message), category, stacklevel=4)
+    if caught:
+        frame, level = sys._getframe(0), 1
+        while frame.f_back is not None and frame.f_code.co_filename.startswith(_INSIDE):
+            frame, level = frame.f_back, level + 1
+        for w in caught:
+            category = AirflowProviderDeprecationWarning if issubclass(w.category, DeprecationWarning) else w.category
+            warnings.warn(str(w.message), category, stacklevel=level)
     return value
 
 
@@ -55,6 +69,18 @@ def restore_arg(value: object) -> str:
 
 def parse_restore(value: object) -> RestoreSpec:
     return _as_airflow_warnings(lambda: RestoreSpec.parse(value))
+
+
+def with_settings(init: Callable[..., None], cls: type[Settings], skip: Sequence[str] = ()) -> inspect.Signature:
+    """``init``'s signature with a keyword-only parameter per setting of ``cls`` (but ``skip``) before its
+    ``**kwargs``: what Airflow reads to apply ``default_args`` and to check ``partial()``/``expand()``."""
+    signature = inspect.signature(init)
+    own = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    rest = [p for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD]
+    taken = {p.name for p in own}
+    settings = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
+                for f, _ in setting_fields(cls) if f.name not in skip and f.name not in taken]
+    return signature.replace(parameters=[*own, *settings, *rest])
 
 
 def settings_args(cls: type[Settings], kwargs: dict[str, Any], skip: Sequence[str] = ()) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from airflow_ckpt_provider.operators.arguments import (
     restore_arg,
     settings_args,
     settings_of,
+    with_settings,
 )
 from airflow_ckpt_provider.operators.base import JobOperator, check_event
 from airflow_ckpt_provider.triggers.control import RequestTrigger
@@ -140,6 +141,9 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
         self.start_timeout = start_timeout
         self.on_kill_policy = mode_arg(KillPolicy, on_kill_policy)
         self.keep_recorded_code = keep_recorded_code
+
+    # The settings are parameters for Airflow (default_args, partial/expand) and help(), without a list here.
+    __init__.__signature__ = with_settings(__init__, JobSettings, skip=NOT_ARGUMENTS)  # type: ignore[attr-defined]
 
     @cached_property
     def spark_hook(self) -> CkptSparkHook:

@@ -3,14 +3,16 @@ parsed unless templated, old spellings warn as Airflow's provider deprecations."
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import pytest
 from airflow.exceptions import AirflowProviderDeprecationWarning
+from airflow.sdk import DAG
 
 from airflow_ckpt_provider.core.modes import KillPolicy, RestartStrategyName, StopMode, UpgradeMode
-from airflow_ckpt_provider.core.settings import JobSettings
-from airflow_ckpt_provider.operators.job import NOT_ARGUMENTS, StopStreamingJobOperator
+from airflow_ckpt_provider.core.settings import JobSettings, names
+from airflow_ckpt_provider.operators.job import NOT_ARGUMENTS, StopStreamingJobOperator, SubmitStreamingJobOperator
 from tests.support.operatorfakes import submit_op, upgrade_op
 from tests.support.settingvalues import non_defaults
 
@@ -61,3 +63,19 @@ def test_templated_modes_wait_for_execute() -> None:
     assert op.mode == "{{ params.mode }}"
     assert submit_op(restore="{{ params.restore }}").restore == "{{ params.restore }}"
     assert submit_op(restore="LATEST_SAVEPOINT").restore == "latest-savepoint"  # literal: in its one spelling
+
+
+def test_settings_are_parameters_airflow_sees() -> None:  # default_args, partial()/expand(), help()
+    params = inspect.signature(SubmitStreamingJobOperator.__init__).parameters
+    assert [name for name in names(JobSettings) if name not in params] == list(NOT_ARGUMENTS)
+    assert params["savepoint_interval"].default is None and params["keep_checkpoints"].default == 3
+    with DAG("mapped"):
+        mapped = SubmitStreamingJobOperator.partial(task_id="submit", job="orders", job_file="orders.py",
+                                                    savepoint_interval=60).expand(keep_checkpoints=[1, 2])
+    assert mapped.partial_kwargs["savepoint_interval"] == 60
+
+
+def test_a_deprecation_points_at_the_dag_file() -> None:
+    with pytest.warns(AirflowProviderDeprecationWarning) as caught:
+        StopStreamingJobOperator(task_id="stop", job="orders", mode="SAVEPOINT")
+    assert [w.filename for w in caught] == [__file__]
