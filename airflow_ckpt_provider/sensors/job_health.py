@@ -13,7 +13,7 @@ from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
 
 
 class JobHealthSensor(WatchSensor):
-    """Waits on ``job``'s health (core/watch.JobHealthWatch has the rules).
+    """Waits on ``job``'s health (core/watches/job_health.JobHealthWatch has the rules).
 
     ``expect="healthy"``: returns the event once the job is healthy (RUNNING, ``min_batches`` new batches,
     for ``healthy_for`` s); fails with the event's message as soon as it is unhealthy. Pass ``min_epoch``

@@ -1,4 +1,4 @@
-"""JobHealthTrigger: waits in the triggerer until a job is healthy, or unhealthy (core/watch.JobHealthWatch)."""
+"""JobHealthTrigger: waits in the triggerer until a job is healthy, or unhealthy (core/watches/job_health.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from airflow_ckpt_provider.core.restart import Health
 from airflow_ckpt_provider.triggers.base import DEFAULT_STORE_CONN, TRIGGER_EVENTS, JobStoreTrigger
 
 if TYPE_CHECKING:
-    from airflow_ckpt_provider.core.watch import JobHealthWatch
+    from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
 
 
 class JobHealthTrigger(JobStoreTrigger):
@@ -68,7 +68,7 @@ class JobHealthTrigger(JobStoreTrigger):
         }
 
     def build_watch(self) -> JobHealthWatch:
-        from airflow_ckpt_provider.core.watch import JobHealthWatch
+        from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
 
         return JobHealthWatch(
             self.job_store(), expect=self.expect, min_epoch=self.min_epoch, started_after=self.started_after,

@@ -285,7 +285,7 @@ def test_a_trigger_module_imports_nothing_heavy(module: str) -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     loaded = done.stdout.split()
     heavy = [m for m in loaded if m.split(".")[0] in ("boto3", "botocore", "confluent_kafka", "pyarrow", "pyspark")
-             or m.startswith(("airflow_ckpt_provider.core.watch", "airflow_ckpt_provider.hooks",
+             or m.startswith(("airflow_ckpt_provider.core.watches", "airflow_ckpt_provider.hooks",
                               "airflow_ckpt_provider.core.snapshots", "airflow_ckpt_provider.core.jobstore"))]
     assert heavy == [], loaded
 
@@ -384,7 +384,7 @@ def test_other_errors_of_a_poll_still_end_in_the_error_event() -> None:
 
 def test_a_job_health_trigger_keeps_polling_through_storage_errors(store: JobStore,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow_ckpt_provider.core import watch as watch_module
+    from airflow_ckpt_provider.core.watches import base as watch_module
 
     running(store, batch_id=4)
     real, calls = watch_module.read_status, []

@@ -1,46 +1,22 @@
-"""Watches: pollers that wait for a job to be healthy (or not), a control request's answer, or a snapshot.
-
-A watch reads the job store, keeps in memory what it must remember between looks (when the batch id
-last changed, since when the job has been healthy), and answers each ``poll(now)`` with None while the
-outcome is undecided, else the terminal event: a JSON-able dict whose ``status`` is from the watch's
-closed set. The Airflow triggers and sensors run these (in a thread, or in the worker); nothing here
-imports Airflow. Time is a parameter, so the rules are tested without sleeping.
-"""
+"""JobHealthWatch: waits until a job is healthy, or until it is not, and says why (``Unhealthy``)."""
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 import sys
-import time
-from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any
 
-from airflow_ckpt_provider.core.control import read_ack
 from airflow_ckpt_provider.core.deployments import read_launch
-from airflow_ckpt_provider.core.errors import ConfigError, SnapshotError, StorageError
-from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, SNAPSHOTS, JobStore
+from airflow_ckpt_provider.core.errors import ConfigError, StorageError
+from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, JobStore
 from airflow_ckpt_provider.core.jobview import JobView, starting_launch, when
-from airflow_ckpt_provider.core.lease import read_lease
-from airflow_ckpt_provider.core.manifest import Kind, Manifest, parse_enum
-from airflow_ckpt_provider.core.outcomes import RequestOutcome
 from airflow_ckpt_provider.core.restart import Health, HealthRule
-from airflow_ckpt_provider.core.snapshots import latest_completed
-from airflow_ckpt_provider.core.status import TERMINAL_STATES, JobState, JobStatus, read_status
+from airflow_ckpt_provider.core.status import JobState, JobStatus
+from airflow_ckpt_provider.core.watches.base import current_time, is_silent, look, non_negative, ui, why
 
 log = logging.getLogger(__name__)
-
-
-class Watch(Protocol):
-    """What the triggers and sensors poll."""
-
-    def poll(self, now: float | None = None) -> dict[str, Any] | None:
-        """None while undecided, else the terminal event."""
-
-    def waiting_for(self) -> str:
-        """One line: what is awaited and what was last seen (for timeout events and logs)."""
 
 
 class Unhealthy(StrEnum):
@@ -52,43 +28,6 @@ class Unhealthy(StrEnum):
     TOO_MANY_RESTARTS = "too_many_restarts"  # crash loop
     NO_PROGRESS = "no_progress"  # data waits, no batch completes
     NOT_STARTED = "not_started"  # no driver of the expected deployment reported in time
-
-
-def _now(now: float | None) -> float:
-    return time.time() if now is None else now
-
-
-def heartbeat_limit(status: JobStatus, heartbeat_timeout: float | None) -> float:
-    """Seconds without a heartbeat after which a RUNNING driver counts as dead (JobStatus.is_stale's rule)."""
-    return heartbeat_timeout if heartbeat_timeout is not None else 3 * status.heartbeat_interval + 5
-
-
-def is_silent(status: JobStatus, now: float, *, heartbeat_timeout: float | None, busy_timeout: float) -> bool:
-    """An active driver that stopped reporting. RUNNING drivers report every heartbeat interval; a
-    STARTING one may restore a snapshot and a STOPPING one takes its final savepoint without reporting,
-    so those get ``busy_timeout`` (at least) before they count as dead (as the supervisor does)."""
-    limit = heartbeat_limit(status, heartbeat_timeout)
-    if status.state is JobState.RUNNING:
-        return status.age(now) > limit
-    if status.state in TERMINAL_STATES:
-        return False
-    return status.age(now) > max(limit, busy_timeout)
-
-
-def _look(store: JobStore, now: float) -> JobView:
-    """Status and lease; unlike jobview.observe, a job that does not exist yet is a view of nothing
-    (observe lists the whole store to name the other jobs: too much for every poll)."""
-    return JobView(store, read_status(store), read_lease(store), now)
-
-
-def _non_negative(what: str, value: float | None) -> None:
-    if value is not None and value < 0:
-        raise ConfigError(f"{what} must be >= 0, found {value}")
-
-
-# ------------------------------------------------------------------------------------------------
-# Job health
-# ------------------------------------------------------------------------------------------------
 
 
 class JobHealthWatch:
@@ -129,7 +68,7 @@ class JobHealthWatch:
         for what, value in (("healthy_for", healthy_for), ("min_batches", min_batches),
                             ("heartbeat_timeout", heartbeat_timeout), ("restart_window", restart_window),
                             ("progress_timeout", progress_timeout), ("start_timeout", start_timeout)):
-            _non_negative(what, value)
+            non_negative(what, value)
         if max_restarts is not None and max_restarts < 1:
             raise ConfigError(f"max_restarts must be >= 1 (or None: restarts are not judged), found {max_restarts}")
         self.store = store
@@ -202,8 +141,8 @@ class JobHealthWatch:
     # -- decide --------------------------------------------------------------------------------
 
     def poll(self, now: float | None = None) -> dict[str, Any] | None:
-        now = _now(now)
-        view = _look(self.store, now)
+        now = current_time(now)
+        view = look(self.store, now)
         status = self._current(view)
         restart_times = self._restart_times()
         restarts = sum(1 for t in restart_times if now - t <= self.restart_window)
@@ -274,13 +213,13 @@ class JobHealthWatch:
         if s.state is JobState.FAILED:
             return Unhealthy.FAILED, (
                 f"job {job}: expected it {self._expected()}, found FAILED at epoch {s.epoch} since "
-                f"{when(s.updated_at)}{_why(s)}. Restart it (it resumes from its latest checkpoint) after "
-                f"reading the driver log{_ui(s)}"
+                f"{when(s.updated_at)}{why(s)}. Restart it (it resumes from its latest checkpoint) after "
+                f"reading the driver log{ui(s)}"
             )
         if s.state is JobState.STOPPED:
             return Unhealthy.STOPPED, (
                 f"job {job}: expected it {self._expected()}, found STOPPED at epoch {s.epoch} since "
-                f"{when(s.updated_at)}{_why(s)}: a streaming job does not end on its own. Restart it if the "
+                f"{when(s.updated_at)}{why(s)}: a streaming job does not end on its own. Restart it if the "
                 "stop was not intended (a restart resumes from its latest snapshot)"
             )
         return None
@@ -316,7 +255,7 @@ class JobHealthWatch:
         return Unhealthy.NO_PROGRESS, (
             f"job {self.store.job}: expected batches to complete while data is waiting, found batch "
             f"{s.batch_id} for {now - self._waiting_since:.0f} s (limit {self.progress_timeout:.0f} s) at epoch "
-            f"{s.epoch}: the query is stuck. Check the sink and the driver log{_ui(s)}, then restart it"
+            f"{s.epoch}: the query is stuck. Check the sink and the driver log{ui(s)}, then restart it"
         )
 
     def _not_started(self, view: JobView, now: float) -> tuple[Unhealthy, str] | None:
@@ -380,7 +319,7 @@ class JobHealthWatch:
         assert self._healthy_since is not None
         return (f"job {self.store.job} is healthy: RUNNING at epoch {s.epoch}, batch {s.batch_id}, "
                 f"{self._batches(s)} batches since the check began, healthy for {now - self._healthy_since:.0f} s"
-                f"{_ui(s)}")
+                f"{ui(s)}")
 
     def waiting_for(self) -> str:
         return f"job {self.store.job}: expected it {self.expect.value}; last seen: {self._seen}"
@@ -399,144 +338,3 @@ class JobHealthWatch:
             "ui_url": s.ui_url if s else None,
             "restarts": restarts,
         }
-
-
-def _why(s: JobStatus) -> str:
-    return f" (reason: {s.reason})" if s.reason else ""
-
-
-def _ui(s: JobStatus) -> str:
-    return f" (Spark UI {s.ui_url})" if s.ui_url else ""
-
-
-# ------------------------------------------------------------------------------------------------
-# Control requests
-# ------------------------------------------------------------------------------------------------
-
-
-class RequestWatch:
-    """Waits for the driver's answer to control request ``request_id`` written for epoch ``epoch``.
-
-    Fails (without an ack) when that driver is gone: ended, silent (see ``is_silent``; ``busy_timeout``
-    covers a final savepoint), or replaced by a newer one. It polls once more after noticing, so an
-    ack written just after the final status (the driver's order) is not missed.
-    """
-
-    def __init__(self, store: JobStore, request_id: str, epoch: int, *, busy_timeout: float = 900.0) -> None:
-        self.store = store
-        self.request_id = request_id
-        self.epoch = int(epoch)
-        self.busy_timeout = busy_timeout
-        self._gone: str | None = None
-        self._seen = "nothing polled yet"
-
-    def poll(self, now: float | None = None) -> dict[str, Any] | None:
-        now = _now(now)
-        ack = read_ack(self.store, self.request_id)
-        if ack is not None:
-            action = ack.action.value if ack.action else "unreadable request"
-            verb = {"completed": "completed", "failed": "failed", "rejected": "was rejected"}[ack.outcome.value]
-            message = f"job {self.store.job}: request {self.request_id} ({action}) {verb} by the driver of " \
-                      f"epoch {ack.epoch}: {ack.message}"
-            return self._event(RequestOutcome(ack.outcome.value), message, ack.to_dict())
-        view = _look(self.store, now)
-        gone = self._gone_reason(view, now)
-        if gone is not None and self._gone is not None:  # gone on two polls in a row, no ack in between
-            return self._event(RequestOutcome.FAILED, gone, None)
-        self._gone = gone
-        self._seen = gone or (f"{view.status.state} at epoch {view.status.epoch}" if view.status else "no status.json")
-        return None
-
-    def _gone_reason(self, view: JobView, now: float) -> str | None:
-        job, rid, epoch = self.store.job, self.request_id, self.epoch
-        s, lease = view.status, view.lease
-        newer = max((x for x in (s.epoch if s else None, lease.epoch if lease else None) if x is not None),
-                    default=None)
-        if newer is not None and newer > epoch:
-            return (f"job {job}: request {rid} expected an answer from the driver of epoch {epoch}, found a newer "
-                    f"driver (epoch {newer}) running the job, which rejects requests for another epoch; nothing "
-                    "was done. Send the request again for the current epoch")
-        if s is None or s.epoch != epoch:
-            return None  # that driver has not reported yet
-        if s.state in TERMINAL_STATES:
-            return (f"job {job}: request {rid} expected an answer from the driver of epoch {epoch}, found it "
-                    f"{s.state} since {when(s.updated_at)}{_why(s)} without answering; check `ckpt job status`")
-        if is_silent(s, now, heartbeat_timeout=None, busy_timeout=self.busy_timeout):
-            return (f"job {job}: request {rid} expected an answer from the driver of epoch {epoch}, found it "
-                    f"{s.state} with no heartbeat for {s.age(now):.0f} s: it probably died without answering. "
-                    "Restart the job (it resumes from its latest checkpoint)")
-        return None
-
-    def waiting_for(self) -> str:
-        return (f"job {self.store.job}: expected an answer to request {self.request_id} from the driver of epoch "
-                f"{self.epoch}; last seen: {self._seen}")
-
-    def _event(self, outcome: RequestOutcome, message: str, ack: dict[str, Any] | None) -> dict[str, Any]:
-        return {"status": outcome.value, "ack": ack, "message": message, "job": self.store.job,
-                "request_id": self.request_id}
-
-
-# ------------------------------------------------------------------------------------------------
-# Snapshots
-# ------------------------------------------------------------------------------------------------
-
-_ID_TIME = re.compile(r"-(\d{8}T\d{6}Z)-[0-9a-f]{6}$")
-
-
-class SnapshotWatch:
-    """Waits for a completed snapshot (of ``kind``, if given) created at or after ``after`` (epoch seconds);
-    answers with the latest completed one among them (core/snapshots.latest_completed)."""
-
-    def __init__(self, store: JobStore, *, after: float, kind: str | None = None) -> None:
-        self.store = store
-        self.after = float(after)
-        self.kind: Kind | None = parse_enum(Kind, kind) if kind is not None else None
-        self._manifests: dict[str, Manifest | None] = {}  # manifests never change: read each once
-        self._seen = "nothing polled yet"
-
-    def _candidates(self) -> list[Manifest]:
-        keys = [o.key for o in self.store.storage.list(SNAPSHOTS) if o.key.endswith("/manifest.json")]
-        for key in keys:
-            if key in self._manifests or self._older(key):
-                continue
-            try:
-                m = Manifest.from_bytes(self.store.storage.read(key), self.store.storage.uri(key))
-            except FileNotFoundError:  # disposed while we listed
-                continue
-            except SnapshotError as err:
-                log.warning("job %s: skipping snapshot: %s", self.store.job, err)
-                m = None
-            self._manifests[key] = m if m is None or m.job == self.store.job else None
-        present = set(keys)
-        return [m for k, m in self._manifests.items() if m is not None and k in present]
-
-    def _older(self, key: str) -> bool:
-        """True when the id's timestamp (the creation second) shows the snapshot precedes ``after``:
-        its manifest need not be read."""
-        found = _ID_TIME.search(key[len(SNAPSHOTS) : -len("/manifest.json")])
-        if not found:
-            return False
-        created = datetime.strptime(found.group(1), "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC).timestamp()
-        return created + 1 <= self.after
-
-    def poll(self, now: float | None = None) -> dict[str, Any] | None:
-        fresh = [m for m in self._candidates() if m.created.timestamp() >= self.after]
-        kinds = (self.kind,) if self.kind else tuple(Kind)
-        m = latest_completed(fresh, kinds)
-        if m is None:
-            self._seen = f"no completed {self._what()} since {when(self.after)} among {len(fresh)} new snapshots"
-            return None
-        uri = self.store.snapshot_uri(m.snapshot_id)
-        return {
-            "status": "completed", "snapshot_id": m.snapshot_id, "kind": m.kind.value, "batch_id": m.batch_id,
-            "uri": uri, "created_at": m.created_at, "job": self.store.job,
-            "message": f"job {self.store.job}: {m.kind.value} {m.snapshot_id} of batch {m.batch_id} completed at "
-                       f"{m.created_at}: {uri}",
-        }
-
-    def _what(self) -> str:
-        return self.kind.value if self.kind else "snapshot"
-
-    def waiting_for(self) -> str:
-        return (f"job {self.store.job}: expected a completed {self._what()} created after {when(self.after)}; "
-                f"last seen: {self._seen}")
