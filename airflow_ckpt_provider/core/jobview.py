@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from airflow_ckpt_provider.core.control import Action
+from airflow_ckpt_provider.core.control import RequestAction
 from airflow_ckpt_provider.core.deployments import Launch, read_launch
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError, StorageError
 from airflow_ckpt_provider.core.jobstore import SNAPSHOTS, STATUS, JobStore
@@ -20,7 +20,7 @@ from airflow_ckpt_provider.core.lease import LeaseRecord, read_lease
 from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobStatus, read_status
 from airflow_ckpt_provider.core.storage import Storage
 
-_VERB = {Action.SAVEPOINT: "take a savepoint", Action.STOP: "stop", Action.CANCEL: "cancel"}
+_VERB = {RequestAction.SAVEPOINT: "take a savepoint", RequestAction.STOP: "stop", RequestAction.CANCEL: "cancel"}
 
 
 @dataclass(frozen=True)
@@ -103,12 +103,12 @@ def when(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def check_can_request(view: JobView, action: Action) -> JobStatus:
+def check_can_request(view: JobView, action: RequestAction) -> JobStatus:
     """The status of a driver able to answer ``action``; ConflictError saying why not otherwise."""
     job, s = view.store.job, view.status
     verb = _VERB[action]
     hint = ("; to snapshot its checkpoint use `ckpt snapshot create --checkpoint CHECKPOINT`"
-            if action is Action.SAVEPOINT else "")
+            if action is RequestAction.SAVEPOINT else "")
     if s is None:
         lease = view.lease
         assert lease is not None  # observe() refuses a job with neither

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk import ResumableJobMixin
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_ckpt_provider.core.control import Action, submit_request
+from airflow_ckpt_provider.core.control import RequestAction, submit_request
 from airflow_ckpt_provider.core.deployments import Deployment, Launch, read_launch
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.jobview import check_can_request, observe, starting_launch
@@ -282,7 +282,7 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
         return self._running_result(context, event, launch_id)
 
     def on_kill(self) -> None:
-        action = {"stop_with_savepoint": Action.STOP, "cancel": Action.CANCEL}.get(self.on_kill_policy)
+        action = {"stop_with_savepoint": RequestAction.STOP, "cancel": RequestAction.CANCEL}.get(self.on_kill_policy)
         if action is None:
             self.log.info("job %s: task killed; the job keeps running (on_kill_policy leave_running)", self.job)
             return
@@ -314,7 +314,7 @@ class StopStreamingJobOperator(JobOperator):
         self.timeout = timeout
 
     def execute(self, context: Context) -> Any:
-        actions = {"savepoint": Action.STOP, "cancel": Action.CANCEL}
+        actions = {"savepoint": RequestAction.STOP, "cancel": RequestAction.CANCEL}
         if self.mode not in actions:
             raise AirflowException(f"stop mode {self.mode!r}: expected savepoint or cancel")
         store = self.job_store()
@@ -337,7 +337,7 @@ class StopStreamingJobOperator(JobOperator):
         return ack_result(self, context, event)
 
 
-def request_and_wait(op: JobOperator, context: Context, store: JobStore, action: Action, *, timeout: float,
+def request_and_wait(op: JobOperator, context: Context, store: JobStore, action: RequestAction, *, timeout: float,
                      method_name: str, kwargs: dict[str, Any] | None = None) -> Any:
     """Submit ``action`` to the running driver (refused with nothing written if none could answer), then wait."""
     try:
@@ -406,7 +406,7 @@ class RestartStreamingJobOperator(_LaunchMixin):
         except ConfigError:
             view = None
         if view is not None and view.status is not None and view.status.state in ACTIVE_STATES and not view.stale:
-            action = Action.STOP if self.stop_mode == "savepoint" else Action.CANCEL
+            action = RequestAction.STOP if self.stop_mode == "savepoint" else RequestAction.CANCEL
             return request_and_wait(self, context, store, action, timeout=self.stop_timeout, method_name="after_stop")
         return self.after_stop(context, None)
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_ckpt_provider.core.control import Action
+from airflow_ckpt_provider.core.control import RequestAction
 from airflow_ckpt_provider.core.deployments import Deployment, Launch, mark_stable, read_launch
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.jobview import check_can_request, observe
@@ -128,7 +128,7 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
             self._step(2, "stop with savepoint (driver of epoch %d)", running)
         else:
             self._step(2, "cancel the driver of epoch %d (%s)", running, self.upgrade_mode)
-        action = Action.STOP if self.upgrade_mode == "savepoint" else Action.CANCEL
+        action = RequestAction.STOP if self.upgrade_mode == "savepoint" else RequestAction.CANCEL
         return request_and_wait(self, context, store, action, timeout=self.stop_timeout, method_name="after_stop",
                                 kwargs={"plan": plan})
 
@@ -139,7 +139,7 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
             return None
         if view.status is None or view.status.state not in ACTIVE_STATES or view.stale:
             return None
-        return check_can_request(view, Action.STOP).epoch
+        return check_can_request(view, RequestAction.STOP).epoch
 
     def _check(self, store: JobStore, new: Deployment) -> None:
         self._step(1, "checking that %s (code %s) restores the current state", new.job_file, new.code_version or "-")

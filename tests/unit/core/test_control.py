@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core.control import Ack, Action, Outcome, Request
+from airflow_ckpt_provider.core.control import Ack, Outcome, Request, RequestAction
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.lease import LeaseRecord
 from airflow_ckpt_provider.core.status import (
@@ -30,8 +30,8 @@ def _status(**changes: Any) -> JobStatus:
 # -- round trips -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("action", list(Action))
-def test_request_round_trip(action: Action) -> None:
+@pytest.mark.parametrize("action", list(RequestAction))
+def test_request_round_trip(action: RequestAction) -> None:
     request = Request(id=f"{action}-20261122T101500Z-abc123", action=action, epoch=4, created_at=1700000000.25,
                       requested_by="ana@host")
     assert Request.from_bytes(request.to_bytes(), WHERE) == request
@@ -40,17 +40,17 @@ def test_request_round_trip(action: Action) -> None:
 
 def test_request_without_requested_by_reads_as_empty() -> None:
     body = {"id": "stop-1", "action": "stop", "epoch": 1, "created_at": 5}
-    assert Request.from_bytes(json.dumps(body).encode(), WHERE) == Request("stop-1", Action.STOP, 1, 5.0, "")
+    assert Request.from_bytes(json.dumps(body).encode(), WHERE) == Request("stop-1", RequestAction.STOP, 1, 5.0, "")
 
 
 @pytest.mark.parametrize(
     "ack",
     [
-        Ack("savepoint-1", Action.SAVEPOINT, Outcome.COMPLETED, "savepoint at batch 7", 2, 1700000001.5,
+        Ack("savepoint-1", RequestAction.SAVEPOINT, Outcome.COMPLETED, "savepoint at batch 7", 2, 1700000001.5,
             snapshot_id="savepoint-7-20261122T101500Z-abc123", snapshot_uri="s3://b/jobs/o/snapshots/x",
             batch_id=7),
-        Ack("stop-1", Action.STOP, Outcome.FAILED, "upload failed", 2, 1.0),
-        Ack("cancel-1", Action.CANCEL, Outcome.REJECTED, "wrong epoch", 5, 2.0, batch_id=None),
+        Ack("stop-1", RequestAction.STOP, Outcome.FAILED, "upload failed", 2, 1.0),
+        Ack("cancel-1", RequestAction.CANCEL, Outcome.REJECTED, "wrong epoch", 5, 2.0, batch_id=None),
     ],
 )
 def test_ack_round_trip(ack: Ack) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from airflow.triggers.base import BaseTrigger
 
-from airflow_ckpt_provider.core.control import Ack, Action, Outcome, submit_request, write_ack
+from airflow_ckpt_provider.core.control import Ack, Outcome, RequestAction, submit_request, write_ack
 from airflow_ckpt_provider.core.errors import ConfigError, StorageError
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.manifest import Kind, Trigger
@@ -128,8 +128,8 @@ def test_job_health_trigger_fires_unhealthy(store: JobStore) -> None:
 
 def test_request_trigger_fires_with_the_ack(store: JobStore) -> None:
     running(store)
-    request = submit_request(store, Action.SAVEPOINT, 2)
-    ack = Ack(request.id, Action.SAVEPOINT, Outcome.COMPLETED, "savepoint taken", 2, 1.0,
+    request = submit_request(store, RequestAction.SAVEPOINT, 2)
+    ack = Ack(request.id, RequestAction.SAVEPOINT, Outcome.COMPLETED, "savepoint taken", 2, 1.0,
               snapshot_id="savepoint-3-20261122T101500Z-abc123", snapshot_uri="file:///x", batch_id=3)
     write_ack(store, ack)
     event = one_event(RequestTrigger(job="orders", request_id=request.id, epoch=2, poll_interval=0.01, timeout=5))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_ckpt_provider.core.control import Ack, Action, Outcome, submit_request, write_ack
+from airflow_ckpt_provider.core.control import Ack, Outcome, RequestAction, submit_request, write_ack
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.status import JobState
 from airflow_ckpt_provider.core.watches.control import RequestWatch
@@ -16,10 +16,10 @@ from tests.support.watchrecords import T0, leased, report
 @pytest.mark.parametrize("outcome", list(Outcome))
 def test_request_watch_reports_the_ack(store: JobStore, outcome: Outcome) -> None:
     report(store, T0, epoch=2)
-    request = submit_request(store, Action.SAVEPOINT, 2, now=T0)
+    request = submit_request(store, RequestAction.SAVEPOINT, 2, now=T0)
     watch = RequestWatch(store, request.id, 2)
     assert watch.poll(T0 + 1) is None
-    ack = Ack(request.id, Action.SAVEPOINT, outcome, "done here", 2, T0 + 2, snapshot_id="s", batch_id=9)
+    ack = Ack(request.id, RequestAction.SAVEPOINT, outcome, "done here", 2, T0 + 2, snapshot_id="s", batch_id=9)
     write_ack(store, ack)
     event = watch.poll(T0 + 2)
     assert event is not None and event["status"] == outcome.value
@@ -29,7 +29,7 @@ def test_request_watch_reports_the_ack(store: JobStore, outcome: Outcome) -> Non
 
 def test_request_watch_fails_when_the_driver_died_without_answering(store: JobStore) -> None:
     report(store, T0, epoch=2)
-    request = submit_request(store, Action.SAVEPOINT, 2, now=T0)
+    request = submit_request(store, RequestAction.SAVEPOINT, 2, now=T0)
     watch = RequestWatch(store, request.id, 2)
     assert watch.poll(T0 + 10) is None
     assert watch.poll(T0 + 30) is None  # noticed: one more poll, in case the ack lands
@@ -40,18 +40,18 @@ def test_request_watch_fails_when_the_driver_died_without_answering(store: JobSt
 
 def test_an_ack_written_just_after_the_final_status_is_not_missed(store: JobStore) -> None:
     report(store, T0, epoch=2)
-    request = submit_request(store, Action.STOP, 2, now=T0)
+    request = submit_request(store, RequestAction.STOP, 2, now=T0)
     watch = RequestWatch(store, request.id, 2)
     report(store, T0 + 5, epoch=2, state=JobState.STOPPED)  # the driver writes its status first ...
     assert watch.poll(T0 + 5) is None
-    write_ack(store, Ack(request.id, Action.STOP, Outcome.COMPLETED, "stopped with savepoint", 2, T0 + 6))
+    write_ack(store, Ack(request.id, RequestAction.STOP, Outcome.COMPLETED, "stopped with savepoint", 2, T0 + 6))
     event = watch.poll(T0 + 7)  # ... then the ack
     assert event is not None and event["status"] == "completed"
 
 
 def test_request_watch_fails_when_the_driver_ended_or_a_newer_one_took_over(store: JobStore) -> None:
     report(store, T0, epoch=2, state=JobState.STOPPED, reason="canceled")
-    request = submit_request(store, Action.SAVEPOINT, 2, now=T0)
+    request = submit_request(store, RequestAction.SAVEPOINT, 2, now=T0)
     watch = RequestWatch(store, request.id, 2)
     assert watch.poll(T0) is None
     event = watch.poll(T0 + 1)
@@ -67,7 +67,7 @@ def test_request_watch_fails_when_the_driver_ended_or_a_newer_one_took_over(stor
 
 def test_request_watch_waits_for_a_stopping_driver_taking_its_final_savepoint(store: JobStore) -> None:
     report(store, T0, epoch=2, state=JobState.STOPPING)
-    request = submit_request(store, Action.STOP, 2, now=T0)
+    request = submit_request(store, RequestAction.STOP, 2, now=T0)
     watch = RequestWatch(store, request.id, 2, busy_timeout=600)
     for t in (100, 300, 599):
         assert watch.poll(T0 + t) is None
@@ -77,7 +77,7 @@ def test_request_watch_waits_for_a_stopping_driver_taking_its_final_savepoint(st
 
 
 def test_request_watch_waits_while_the_driver_has_not_reported(store: JobStore) -> None:
-    request = submit_request(store, Action.SAVEPOINT, 2, now=T0)
+    request = submit_request(store, RequestAction.SAVEPOINT, 2, now=T0)
     leased(store, 2)
     watch = RequestWatch(store, request.id, 2)
     for t in (0, 100, 1000):
