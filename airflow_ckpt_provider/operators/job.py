@@ -16,7 +16,7 @@ from airflow_ckpt_provider.core.deployments import Deployment, Launch, read_laun
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.jobview import check_can_request, observe, starting_launch
 from airflow_ckpt_provider.core.restart import health_rule, restart_strategy
-from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobState
+from airflow_ckpt_provider.core.status import JobState
 from airflow_ckpt_provider.hooks.spark import CkptSparkHook
 from airflow_ckpt_provider.launcher.deploy import launch, log_tail
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink
@@ -228,12 +228,12 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
             view = None
         status = view.status if view else None
         starting = starting_launch(store, status, time.time(), self.start_timeout)
-        runs = view is not None and status is not None and status.state is JobState.RUNNING and not view.stale
+        runs = view is not None and view.live and status is not None and status.state is JobState.RUNNING
         if starting is not None and not runs:
             self.log.info("job %s: launch %s (by %s) is starting its driver: waiting for it instead of submitting "
                           "the job again", self.job, starting.launch_id, starting.launched_by)
             return {"launch_id": starting.launch_id, "launched_at": starting.launched_at, "epoch": None}
-        if view is None or status is None or status.state not in ACTIVE_STATES or view.stale:
+        if view is None or status is None or not view.live:
             return None
         if status.state is JobState.STOPPING:  # a new driver would fence it before its final savepoint is out
             raise AirflowException(
@@ -325,7 +325,7 @@ class StopStreamingJobOperator(JobOperator):
             return {"job": self.job, "outcome": "not_running", "snapshot_id": None, "snapshot_uri": None,
                     "batch_id": None}
         status = view.status
-        if status is None or status.state not in ACTIVE_STATES or view.stale:
+        if status is None or not view.live:
             state = "never reported" if status is None else ("stale" if view.stale else status.state.value)
             self.log.info("job %s is not running (%s): nothing to stop", self.job, state)
             return {"job": self.job, "outcome": "not_running", "snapshot_id": None, "snapshot_uri": None,
@@ -405,7 +405,7 @@ class RestartStreamingJobOperator(_LaunchMixin):
             view = observe(store)
         except ConfigError:
             view = None
-        if view is not None and view.status is not None and view.status.state in ACTIVE_STATES and not view.stale:
+        if view is not None and view.live:
             action = RequestAction.STOP if self.stop_mode == "savepoint" else RequestAction.CANCEL
             return request_and_wait(self, context, store, action, timeout=self.stop_timeout, method_name="after_stop")
         return self.after_stop(context, None)

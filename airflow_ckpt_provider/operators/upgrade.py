@@ -24,7 +24,7 @@ from airflow_ckpt_provider.core.deployments import Deployment, Launch, mark_stab
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.jobview import check_can_request, observe
 from airflow_ckpt_provider.core.snapshots import latest_completed, list_snapshots
-from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobState
+from airflow_ckpt_provider.core.status import JobState
 from airflow_ckpt_provider.launcher.deploy import credentials_env, log_tail, submit_spec
 from airflow_ckpt_provider.launcher.restorecheck import check_restore
 from airflow_ckpt_provider.launcher.submit import build_command
@@ -137,7 +137,7 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
             view = observe(store)
         except ConfigError:
             return None
-        if view.status is None or view.status.state not in ACTIVE_STATES or view.stale:
+        if not view.live:
             return None
         return check_can_request(view, RequestAction.STOP).epoch
 
@@ -183,7 +183,7 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         except ConfigError:
             view = None
         status = view.status if view else None
-        if view is not None and status is not None and status.state in ACTIVE_STATES and not view.stale:
+        if view is not None and status is not None and view.live:
             if status.state is JobState.STOPPING:
                 raise AirflowException(
                     f"upgrade of job {self.job}: {err}; the old driver (epoch {status.epoch}) is still STOPPING: "

@@ -9,7 +9,7 @@ from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.jobview import JobView
 from airflow_ckpt_provider.core.lease import read_lease
-from airflow_ckpt_provider.core.status import TERMINAL_STATES, JobState, JobStatus, read_status
+from airflow_ckpt_provider.core.status import JobStatus, read_status
 
 
 class Watch(Protocol):
@@ -25,23 +25,6 @@ class Watch(Protocol):
 def current_time(now: float | None) -> float:
     """``now``, or the wall clock when the caller passed none."""
     return time.time() if now is None else now
-
-
-def heartbeat_limit(status: JobStatus, heartbeat_timeout: float | None) -> float:
-    """Seconds without a heartbeat after which a RUNNING driver counts as dead (JobStatus.is_stale's rule)."""
-    return heartbeat_timeout if heartbeat_timeout is not None else 3 * status.heartbeat_interval + 5
-
-
-def is_silent(status: JobStatus, now: float, *, heartbeat_timeout: float | None, busy_timeout: float) -> bool:
-    """An active driver that stopped reporting. RUNNING drivers report every heartbeat interval; a
-    STARTING one may restore a snapshot and a STOPPING one takes its final savepoint without reporting,
-    so those get ``busy_timeout`` (at least) before they count as dead (as the supervisor does)."""
-    limit = heartbeat_limit(status, heartbeat_timeout)
-    if status.state is JobState.RUNNING:
-        return status.age(now) > limit
-    if status.state in TERMINAL_STATES:
-        return False
-    return status.age(now) > max(limit, busy_timeout)
 
 
 def look(store: JobStore, now: float) -> JobView:

@@ -8,14 +8,14 @@ from airflow_ckpt_provider.core.control import read_ack
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.jobview import JobView, when
 from airflow_ckpt_provider.core.outcomes import RequestOutcome
-from airflow_ckpt_provider.core.status import TERMINAL_STATES
-from airflow_ckpt_provider.core.watches.base import current_time, is_silent, look, why
+from airflow_ckpt_provider.core.status import TERMINAL_STATES, driver_live
+from airflow_ckpt_provider.core.watches.base import current_time, look, why
 
 
 class RequestWatch:
     """Waits for the driver's answer to control request ``request_id`` written for epoch ``epoch``.
 
-    Fails (without an ack) when that driver is gone: ended, silent (see ``is_silent``; ``busy_timeout``
+    Fails (without an ack) when that driver is gone: ended, silent (core/status.driver_live; ``busy_timeout``
     covers a final savepoint), or replaced by a newer one. It polls once more after noticing, so an
     ack written just after the final status (the driver's order) is not missed.
     """
@@ -59,7 +59,7 @@ class RequestWatch:
         if s.state in TERMINAL_STATES:
             return (f"job {job}: request {rid} expected an answer from the driver of epoch {epoch}, found it "
                     f"{s.state} since {when(s.updated_at)}{why(s)} without answering; check `ckpt job status`")
-        if is_silent(s, now, heartbeat_timeout=None, busy_timeout=self.busy_timeout):
+        if not driver_live(s, now, busy_timeout=self.busy_timeout):  # active: terminal states answered above
             return (f"job {job}: request {rid} expected an answer from the driver of epoch {epoch}, found it "
                     f"{s.state} with no heartbeat for {s.age(now):.0f} s: it probably died without answering. "
                     "Restart the job (it resumes from its latest checkpoint)")

@@ -13,8 +13,8 @@ from airflow_ckpt_provider.core.errors import ConfigError, StorageError
 from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, JobStore
 from airflow_ckpt_provider.core.jobview import JobView, starting_launch, when
 from airflow_ckpt_provider.core.restart import Health, HealthRule
-from airflow_ckpt_provider.core.status import JobState, JobStatus
-from airflow_ckpt_provider.core.watches.base import current_time, is_silent, look, non_negative, ui, why
+from airflow_ckpt_provider.core.status import JobState, JobStatus, driver_live
+from airflow_ckpt_provider.core.watches.base import current_time, look, non_negative, ui, why
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class JobHealthWatch:
     older deployment: the watched driver has "not started yet", and so has one whose lease a newer
     driver took before reporting. Unhealthy (first match): FAILED; STOPPED; ``max_restarts`` driver
     restarts within ``restart_window`` s (the deployments/ records: every start of the watched
-    deployment but its first); no heartbeat for ``heartbeat_timeout`` s (default: JobStatus.is_stale's
+    deployment but its first); no heartbeat for ``heartbeat_timeout`` s (default: core/status.heartbeat_limit's
     three intervals + 5 s; STARTING and STOPPING drivers, which restore or take a final savepoint
     without reporting, get ``start_timeout`` at least); data waiting and the batch id unchanged for
     ``progress_timeout`` s; no status of the watched deployment within ``start_timeout`` s of the
@@ -237,7 +237,8 @@ class JobHealthWatch:
         )
 
     def _dead(self, s: JobStatus, now: float) -> tuple[Unhealthy, str] | None:
-        if not is_silent(s, now, heartbeat_timeout=self.heartbeat_timeout, busy_timeout=self.start_timeout):
+        # Reached for an active status only (_ended answered for the others).
+        if driver_live(s, now, heartbeat_timeout=self.heartbeat_timeout, busy_timeout=self.start_timeout):
             return None
         where = f", pid {s.pid} on {s.host}" if s.pid is not None else ""
         return Unhealthy.NO_HEARTBEAT, (

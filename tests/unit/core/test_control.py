@@ -1,4 +1,4 @@
-"""The records drivers and the CLI exchange through the store: round trips, malformed bytes, staleness."""
+"""The records drivers and the CLI exchange through the store: round trips, malformed bytes."""
 
 from __future__ import annotations
 
@@ -11,9 +11,6 @@ from airflow_ckpt_provider.core.control import Ack, Outcome, Request, RequestAct
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.lease import LeaseRecord
 from airflow_ckpt_provider.core.status import (
-    ACTIVE_STATES,
-    FAILURE_STATES,
-    TERMINAL_STATES,
     JobState,
     JobStatus,
 )
@@ -138,47 +135,3 @@ def test_malformed_lease(data: bytes) -> None:
     with pytest.raises(StorageError, match=rf"^lease {WHERE} is not a valid lease record \(.+\); expected the JSON "
                                            r"a ckpt driver writes\. Delete it only if no driver of this job is"):
         LeaseRecord.from_bytes(data, WHERE)
-
-
-# -- staleness -------------------------------------------------------------------------------------
-
-
-def test_state_tables_partition_the_states() -> None:
-    assert set(JobState) == ACTIVE_STATES | TERMINAL_STATES
-    assert not ACTIVE_STATES & TERMINAL_STATES
-    assert FAILURE_STATES <= TERMINAL_STATES
-
-
-def test_age_is_seconds_since_the_heartbeat() -> None:
-    assert _status(updated_at=1000.0).age(now=1042.5) == 42.5
-
-
-def test_a_running_driver_is_stale_after_three_missed_heartbeats_plus_five_seconds() -> None:
-    status = _status(state=JobState.RUNNING, updated_at=1000.0, heartbeat_interval=5.0)  # 3 * 5 + 5 = 20 s
-    assert not status.is_stale(now=1000.0)
-    assert not status.is_stale(now=1020.0)
-    assert status.is_stale(now=1020.001)
-    slow = _status(state=JobState.RUNNING, updated_at=1000.0, heartbeat_interval=60.0)  # limit: 185 s
-    assert not slow.is_stale(now=1185.0)
-    assert slow.is_stale(now=1185.5)
-
-
-@pytest.mark.parametrize("state", [JobState.STARTING, JobState.STOPPING])
-def test_a_restoring_or_final_savepointing_driver_gets_the_busy_allowance(state: JobState) -> None:
-    from airflow_ckpt_provider.core.status import BUSY_ALLOWANCE
-
-    status = _status(state=state, updated_at=1000.0, heartbeat_interval=5.0)
-    assert not status.is_stale(now=1000.0 + BUSY_ALLOWANCE)
-    assert status.is_stale(now=1000.0 + BUSY_ALLOWANCE + 0.001)
-    slow = _status(state=state, updated_at=1000.0, heartbeat_interval=200.0)  # 3 * 200 + 5 > the allowance
-    assert not slow.is_stale(now=1605.0)
-    assert slow.is_stale(now=1605.5)
-
-
-@pytest.mark.parametrize("state", sorted(TERMINAL_STATES))
-def test_terminal_state_is_never_stale(state: JobState) -> None:
-    assert not _status(state=state, updated_at=0.0).is_stale(now=1e9)
-
-
-def test_clock_behind_the_driver_is_not_stale() -> None:
-    assert not _status(updated_at=1000.0).is_stale(now=900.0)
