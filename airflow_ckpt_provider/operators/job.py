@@ -14,6 +14,7 @@ from airflow.sdk.exceptions import AirflowException
 from airflow_ckpt_provider.core.control import RequestAction, submit_request
 from airflow_ckpt_provider.core.deployments import Deployment, Launch, read_launch
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
+from airflow_ckpt_provider.core.health import HealthCriteria
 from airflow_ckpt_provider.core.jobview import check_can_request, observe, starting_launch
 from airflow_ckpt_provider.core.restart import health_rule, restart_strategy
 from airflow_ckpt_provider.core.status import JobState
@@ -55,9 +56,8 @@ class _LaunchMixin(JobOperator):
 
     def _wait_running(self, context: Context, store: JobStore, *, method_name: str, started_after: float | None,
                       min_epoch: int | None = None, kwargs: dict[str, Any] | None = None) -> Any:
-        health: dict[str, Any] = {"expect": "healthy", "min_epoch": min_epoch, "started_after": started_after,
-                                  "start_timeout": self.start_timeout}
-        trigger = JobHealthTrigger(**self._store_args, **health, timeout=self.start_timeout + 60)
+        criteria = HealthCriteria(min_epoch=min_epoch, started_after=started_after, start_timeout=self.start_timeout)
+        trigger = JobHealthTrigger(**self._store_args, criteria=criteria, timeout=self.start_timeout + 60)
         return self.wait(context, trigger=trigger, method_name=method_name, kwargs=kwargs)
 
     def _running_result(self, context: Context, event: dict[str, Any], launch_id: str | None) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow_ckpt_provider.core.control import RequestAction
 from airflow_ckpt_provider.core.deployments import Deployment, Launch, mark_stable, read_launch
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
+from airflow_ckpt_provider.core.health import HealthCriteria
 from airflow_ckpt_provider.core.jobview import check_can_request, observe
 from airflow_ckpt_provider.core.snapshots import latest_completed, list_snapshots
 from airflow_ckpt_provider.core.status import JobState
@@ -198,12 +199,10 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
 
     def _verify(self, context: Context, store: JobStore, record: Launch, method_name: str,
                 plan: dict[str, Any]) -> Any:
-        health: dict[str, Any] = {
-            "expect": "healthy", "started_after": record.launched_at, "min_batches": int(self.verify_batches),
-            "start_timeout": self.verify_timeout, "max_restarts": 1, "restart_window": self.verify_timeout,
-        }
+        criteria = HealthCriteria(started_after=record.launched_at, min_batches=int(self.verify_batches),
+                                  start_timeout=self.verify_timeout, max_restarts=1, health_window=self.verify_timeout)
         self._step(4, "verifying: %d batches within %.0f s", int(self.verify_batches), self.verify_timeout)
-        trigger = JobHealthTrigger(**self._store_args, **health, timeout=self.verify_timeout)
+        trigger = JobHealthTrigger(**self._store_args, criteria=criteria, timeout=self.verify_timeout)
         return self.wait(context, trigger=trigger, method_name=method_name,
                          kwargs={"plan": plan | {"launch": record.to_dict()}})
 
@@ -234,8 +233,8 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         restore = plan["snapshot_id"] or "latest-state"
         self._step(5, "rolling back to %s (code %s) from %s", old.job_file, old.code_version or "-", restore)
         record = self._launch(store, old, restore)
-        trigger = JobHealthTrigger(**self._store_args, expect="healthy", started_after=record.launched_at,
-                                   start_timeout=self.verify_timeout, timeout=self.verify_timeout)
+        criteria = HealthCriteria(started_after=record.launched_at, start_timeout=self.verify_timeout)
+        trigger = JobHealthTrigger(**self._store_args, criteria=criteria, timeout=self.verify_timeout)
         return self.wait(context, trigger=trigger, method_name="after_rollback", kwargs={"plan": plan, "why": why})
 
     def after_rollback(self, context: Context, event: dict[str, Any], plan: dict[str, Any], why: str) -> Any:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.jobview import JobView
 from airflow_ckpt_provider.core.lease import read_lease
@@ -31,11 +30,6 @@ def look(store: JobStore, now: float) -> JobView:
     """Status and lease; unlike jobview.observe, a job that does not exist yet is a view of nothing
     (observe lists the whole store to name the other jobs: too much for every poll)."""
     return JobView(store, read_status(store), read_lease(store), now)
-
-
-def non_negative(what: str, value: float | None) -> None:
-    if value is not None and value < 0:
-        raise ConfigError(f"{what} must be >= 0, found {value}")
 
 
 def why(s: JobStatus) -> str:

@@ -9,12 +9,13 @@ from enum import StrEnum
 from typing import Any
 
 from airflow_ckpt_provider.core.deployments import read_launch
-from airflow_ckpt_provider.core.errors import ConfigError, StorageError
+from airflow_ckpt_provider.core.errors import StorageError
+from airflow_ckpt_provider.core.health import HealthCriteria
 from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, JobStore
 from airflow_ckpt_provider.core.jobview import JobView, starting_launch, when
 from airflow_ckpt_provider.core.restart import Health, HealthRule
 from airflow_ckpt_provider.core.status import JobState, JobStatus, driver_live
-from airflow_ckpt_provider.core.watches.base import current_time, look, non_negative, ui, why
+from airflow_ckpt_provider.core.watches.base import current_time, look, ui, why
 
 log = logging.getLogger(__name__)
 
@@ -31,12 +32,12 @@ class Unhealthy(StrEnum):
 
 
 class JobHealthWatch:
-    """Waits until the job is healthy, or unhealthy (``expect``).
+    """Waits until the job is healthy, or unhealthy (``criteria.expect``), by ``criteria`` (core/health.py).
 
     Statuses of an epoch below ``min_epoch``, or that started before ``started_after``, belong to an
     older deployment: the watched driver has "not started yet", and so has one whose lease a newer
     driver took before reporting. Unhealthy (first match): FAILED; STOPPED; ``max_restarts`` driver
-    restarts within ``restart_window`` s (the deployments/ records: every start of the watched
+    restarts within ``health_window`` s (the deployments/ records: every start of the watched
     deployment but its first); no heartbeat for ``heartbeat_timeout`` s (default: core/status.heartbeat_limit's
     three intervals + 5 s; STARTING and STOPPING drivers, which restore or take a final savepoint
     without reporting, get ``start_timeout`` at least); data waiting and the batch id unchanged for
@@ -46,41 +47,9 @@ class JobHealthWatch:
     sources, so there is nothing to make progress on), continuously for ``healthy_for`` s.
     """
 
-    def __init__(
-        self,
-        store: JobStore,
-        *,
-        expect: str = Health.HEALTHY,
-        min_epoch: int | None = None,
-        started_after: float | None = None,
-        healthy_for: float = 0,
-        min_batches: int = 0,
-        heartbeat_timeout: float | None = None,
-        max_restarts: int | None = None,
-        restart_window: float = 600,
-        progress_timeout: float | None = None,
-        start_timeout: float = 300,
-    ) -> None:
-        try:
-            self.expect = Health(expect)
-        except ValueError:
-            raise ConfigError(f"invalid expect {expect!r}: expected 'healthy' or 'unhealthy'") from None
-        for what, value in (("healthy_for", healthy_for), ("min_batches", min_batches),
-                            ("heartbeat_timeout", heartbeat_timeout), ("restart_window", restart_window),
-                            ("progress_timeout", progress_timeout), ("start_timeout", start_timeout)):
-            non_negative(what, value)
-        if max_restarts is not None and max_restarts < 1:
-            raise ConfigError(f"max_restarts must be >= 1 (or None: restarts are not judged), found {max_restarts}")
+    def __init__(self, store: JobStore, criteria: HealthCriteria | None = None) -> None:
         self.store = store
-        self.min_epoch = min_epoch
-        self.started_after = started_after
-        self.healthy_for = healthy_for
-        self.min_batches = min_batches
-        self.heartbeat_timeout = heartbeat_timeout
-        self.max_restarts = max_restarts
-        self.restart_window = restart_window
-        self.progress_timeout = progress_timeout
-        self.start_timeout = start_timeout
+        self.criteria = HealthCriteria() if criteria is None else criteria
         # What the watch remembers between polls.
         self._pending_since: float | None = None  # since when no status of the watched deployment exists
         self._baseline: int | None = None  # batches are counted after this batch id
@@ -96,8 +65,8 @@ class JobHealthWatch:
     # -- observe -------------------------------------------------------------------------------
 
     def _qualifies(self, status: JobStatus) -> bool:
-        return (self.min_epoch is None or status.epoch >= self.min_epoch) and (
-            self.started_after is None or status.started_at >= self.started_after
+        return (self.criteria.min_epoch is None or status.epoch >= self.criteria.min_epoch) and (
+            self.criteria.started_after is None or status.started_at >= self.criteria.started_after
         )
 
     def _current(self, view: JobView) -> JobStatus | None:
@@ -115,7 +84,7 @@ class JobHealthWatch:
                 continue
             try:
                 epoch = int(key[len(DEPLOYMENTS) : -len(".json")])
-                if self.min_epoch is not None and epoch < self.min_epoch:
+                if self.criteria.min_epoch is not None and epoch < self.criteria.min_epoch:
                     self._deployments[key] = None
                     continue
                 body = json.loads(self.store.storage.read(key))
@@ -126,7 +95,7 @@ class JobHealthWatch:
                 log.warning("job %s: ignoring unreadable deployment record %s: %s", self.store.job, key, err)
                 self._deployments[key] = None
         starts = [r for r in self._deployments.values() if r is not None]
-        return sorted(s for s in starts if self.started_after is None or s[1] >= self.started_after)
+        return sorted(s for s in starts if self.criteria.started_after is None or s[1] >= self.criteria.started_after)
 
     def _restart_times(self) -> list[float]:
         """Start times of the restarts: the starts a supervisor made after a launch's first (a launch from
@@ -145,7 +114,7 @@ class JobHealthWatch:
         view = look(self.store, now)
         status = self._current(view)
         restart_times = self._restart_times()
-        restarts = sum(1 for t in restart_times if now - t <= self.restart_window)
+        restarts = sum(1 for t in restart_times if now - t <= self.criteria.health_window)
         if status is None:
             if self._pending_since is None:
                 self._pending_since = now
@@ -159,7 +128,7 @@ class JobHealthWatch:
         if unhealthy is not None:
             reason, message = unhealthy
             return self._event(Health.UNHEALTHY, reason, message, status, restarts)
-        if self.expect is Health.HEALTHY and status is not None and self._healthy(status, now):
+        if self.criteria.expect is Health.HEALTHY and status is not None and self._healthy(status, now):
             return self._event(Health.HEALTHY, None, self._healthy_message(status, now), status, restarts)
         return None
 
@@ -194,8 +163,8 @@ class JobHealthWatch:
     def _healthy(self, status: JobStatus, now: float) -> bool:
         if status.state is not JobState.RUNNING or self._healthy_since is None:
             return False
-        progressed = self._batches(status) >= self.min_batches or status.idle  # idle: caught up, nothing to do
-        return progressed and now - self._healthy_since >= self.healthy_for
+        progressed = self._batches(status) >= self.criteria.min_batches or status.idle  # idle: caught up, nothing to do
+        return progressed and now - self._healthy_since >= self.criteria.healthy_for
 
     def _unhealthy(
         self, view: JobView, s: JobStatus | None, restart_times: list[float], restarts: int, now: float
@@ -203,7 +172,7 @@ class JobHealthWatch:
         """The first unhealthy reason that applies, with its message; None if none does."""
         if s is None:
             return self._crash_loop(restart_times, restarts, now) or self._not_started(view, now)
-        if s.state is not JobState.RUNNING and starting_launch(self.store, s, now, self.start_timeout):
+        if s.state is not JobState.RUNNING and starting_launch(self.store, s, now, self.criteria.start_timeout):
             return None  # stopped or dead, but a newer launch (restart, upgrade, restore) is on its way
         return (self._ended(s) or self._crash_loop(restart_times, restarts, now) or self._dead(s, now)
                 or self._stuck(s, now))
@@ -225,20 +194,22 @@ class JobHealthWatch:
         return None
 
     def _crash_loop(self, restart_times: list[float], restarts: int, now: float) -> tuple[Unhealthy, str] | None:
-        if self.max_restarts is None:
+        if self.criteria.max_restarts is None:
             return None
-        verdict = HealthRule(self.max_restarts, self.restart_window, None).judge(restart_times, None, False, now)
+        rule = HealthRule(self.criteria.max_restarts, self.criteria.health_window, None)
+        verdict = rule.judge(restart_times, None, False, now)
         if verdict.health is Health.HEALTHY:
             return None
         return Unhealthy.TOO_MANY_RESTARTS, (
-            f"job {self.store.job}: expected fewer than {self.max_restarts} driver restarts within "
-            f"{self.restart_window:.0f} s, found {restarts} (deployments/ in {self.store.url}): it is "
+            f"job {self.store.job}: expected fewer than {self.criteria.max_restarts} driver restarts within "
+            f"{self.criteria.health_window:.0f} s, found {restarts} (deployments/ in {self.store.url}): it is "
             "crash-looping. Read the driver log before restarting it again"
         )
 
     def _dead(self, s: JobStatus, now: float) -> tuple[Unhealthy, str] | None:
         # Reached for an active status only (_ended answered for the others).
-        if driver_live(s, now, heartbeat_timeout=self.heartbeat_timeout, busy_timeout=self.start_timeout):
+        c = self.criteria
+        if driver_live(s, now, heartbeat_timeout=c.heartbeat_timeout, busy_timeout=c.start_timeout):
             return None
         where = f", pid {s.pid} on {s.host}" if s.pid is not None else ""
         return Unhealthy.NO_HEARTBEAT, (
@@ -248,38 +219,39 @@ class JobHealthWatch:
         )
 
     def _stuck(self, s: JobStatus, now: float) -> tuple[Unhealthy, str] | None:
-        if self.progress_timeout is None or s.state is not JobState.RUNNING:
+        if self.criteria.progress_timeout is None or s.state is not JobState.RUNNING:
             return None
-        rule = HealthRule(sys.maxsize, self.restart_window, self.progress_timeout)
+        rule = HealthRule(sys.maxsize, self.criteria.health_window, self.criteria.progress_timeout)
         if rule.judge([], self._waiting_since, s.data_waiting, now).health is Health.HEALTHY:
             return None
         return Unhealthy.NO_PROGRESS, (
             f"job {self.store.job}: expected batches to complete while data is waiting, found batch "
-            f"{s.batch_id} for {now - self._waiting_since:.0f} s (limit {self.progress_timeout:.0f} s) at epoch "
-            f"{s.epoch}: the query is stuck. Check the sink and the driver log{ui(s)}, then restart it"
+            f"{s.batch_id} for {now - self._waiting_since:.0f} s (limit {self.criteria.progress_timeout:.0f} s) at "
+            f"epoch {s.epoch}: the query is stuck. Check the sink and the driver log{ui(s)}, then restart it"
         )
 
     def _not_started(self, view: JobView, now: float) -> tuple[Unhealthy, str] | None:
         ended = self._launch_ended()
         if ended:
             return Unhealthy.NOT_STARTED, f"job {self.store.job}: {ended}"
-        if self._pending_since is None or now - self._pending_since < self.start_timeout:
+        if self._pending_since is None or now - self._pending_since < self.criteria.start_timeout:
             return None
         return Unhealthy.NOT_STARTED, (
-            f"job {self.store.job}: expected {self._deployment()} to report within {self.start_timeout:.0f} s, "
-            f"found {self._found(view)}: its start probably failed. Check the launch (spark-submit) log"
+            f"job {self.store.job}: expected {self._deployment()} to report within "
+            f"{self.criteria.start_timeout:.0f} s, found {self._found(view)}: its start probably failed. Check the "
+            "launch (spark-submit) log"
         )
 
     def _launch_ended(self) -> str:
         """Why the watched launch (spec/last.json launched at/after ``started_after``) ended before its driver
         reported, as its supervisor recorded it; '' if it did not (or there is no readable record)."""
-        if self.started_after is None:
+        if self.criteria.started_after is None:
             return ""
         try:
             last = read_launch(self.store)
         except StorageError:
             return ""
-        if last is None or last.ended_at is None or last.launched_at < self.started_after - 1:
+        if last is None or last.ended_at is None or last.launched_at < self.criteria.started_after - 1:
             return ""
         return (f"launch {last.launch_id} ended before its driver reported: {last.end_reason} "
                 f"(exit code {last.exit_code}); its log: {last.log_file} on {last.host}")
@@ -287,14 +259,14 @@ class JobHealthWatch:
     # -- tell ----------------------------------------------------------------------------------
 
     def _expected(self) -> str:
-        return "running" if self.expect is Health.UNHEALTHY else "healthy"
+        return "running" if self.criteria.expect is Health.UNHEALTHY else "healthy"
 
     def _deployment(self) -> str:
         parts = []
-        if self.min_epoch is not None:
-            parts.append(f"of epoch >= {self.min_epoch}")
-        if self.started_after is not None:
-            parts.append(f"started after {when(self.started_after)}")
+        if self.criteria.min_epoch is not None:
+            parts.append(f"of epoch >= {self.criteria.min_epoch}")
+        if self.criteria.started_after is not None:
+            parts.append(f"started after {when(self.criteria.started_after)}")
         return "a driver " + " ".join(parts) if parts else "a driver"
 
     def _found(self, view: JobView) -> str:
@@ -311,9 +283,9 @@ class JobHealthWatch:
         line = f"{s.state} at epoch {s.epoch}, batch {s.batch_id}"
         if s.state is JobState.RUNNING and self._healthy_since is not None:
             # No running clock in this line: the trigger logs it again only when it changes.
-            line += f", {max(0, self._batches(s))} of {self.min_batches} batches" + (
-                f", healthy since {when(self._healthy_since)} (for {self.healthy_for:.0f} s)" if self.healthy_for
-                else "")
+            c = self.criteria
+            line += f", {max(0, self._batches(s))} of {c.min_batches} batches" + (
+                f", healthy since {when(self._healthy_since)} (for {c.healthy_for:.0f} s)" if c.healthy_for else "")
         return line
 
     def _healthy_message(self, s: JobStatus, now: float) -> str:
@@ -323,7 +295,7 @@ class JobHealthWatch:
                 f"{ui(s)}")
 
     def waiting_for(self) -> str:
-        return f"job {self.store.job}: expected it {self.expect.value}; last seen: {self._seen}"
+        return f"job {self.store.job}: expected it {self.criteria.expect.value}; last seen: {self._seen}"
 
     def _event(
         self, health: Health, reason: Unhealthy | None, message: str, s: JobStatus | None, restarts: int
