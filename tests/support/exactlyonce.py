@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from airflow_ckpt_provider.core.control import Ack, Action, Outcome
+from airflow_ckpt_provider.core.control import Ack, Outcome, RequestAction
 from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobState, JobStatus
 from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_STOPPED
@@ -407,7 +407,7 @@ class Chaos:
         final = self.env.wait_status(f"all {total} records consumed",
                                      lambda s: self.env.consumed(s) == total and s.state is JobState.RUNNING,
                                      WAIT * 2, run)
-        ack = self.env.request(Action.STOP, final.epoch)
+        ack = self.env.request(RequestAction.STOP, final.epoch)
         assert ack.outcome is Outcome.COMPLETED, ack
         assert run.wait(WAIT) == EXIT_STOPPED, run.tail()
         assert ack.snapshot_id, ack
