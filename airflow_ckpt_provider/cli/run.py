@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterator
 from airflow_ckpt_provider.cli.common import add_store_args
 from airflow_ckpt_provider.core.deployments import LAUNCH_ENV
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.restart import STRATEGIES, HealthRule, RestartStrategy, health_rule, restart_strategy
+from airflow_ckpt_provider.core.restart import HealthRule, RestartStrategy
+from airflow_ckpt_provider.core.settings import RestartSettings, RuntimeSettings
 from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.launcher.driverprocess import ProcessLike, Spawn, spawn_driver
 from airflow_ckpt_provider.launcher.submit import (
@@ -77,9 +78,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if spec.config.check_restore and args.supervise:
             raise ConfigError("--check-restore runs once and changes nothing: drop --supervise")
         argv, env = build_command(spec)
-        strategy = restart_strategy(args.restart_strategy, args.restart_attempts, args.restart_delay,
-                                    args.restart_interval) if args.supervise else None
-        health = health_rule(args.max_restarts_in_window, args.health_window, args.progress_timeout)
+        restart = RestartSettings.from_namespace(args)
+        strategy = restart.strategy() if args.supervise else None
+        health = restart.health()
         if args.dry_run:
             _print_dry_run(args, argv, env, strategy, health)
             return 0
@@ -184,31 +185,10 @@ def add_run_command(groups: argparse._SubParsersAction[argparse.ArgumentParser])
     p.set_defaults(fn=cmd_run)
     p.add_argument("job_file", metavar="JOB_FILE", help="the Python file defining the job (@streaming_job)")
     job = p.add_argument_group("job runtime")
-    job.add_argument("--checkpoint", help="the live checkpoint location (default: $CKPT_HOME/jobs/JOB/checkpoint)")
-    job.add_argument("--restore", help="latest-state (default), latest-savepoint, none, or a snapshot id or URI; "
-                     "restarts resume from latest-state once a driver reported RUNNING")
-    job.add_argument("--time-travel", choices=("fork", "refuse"),
-                     help="a restore of a snapshot older than the job's latest batch: fork (default: restore, the "
-                     "exactly-once sinks follow the restored timeline) or refuse (before the lease is taken)")
-    job.add_argument("--checkpoint-interval", metavar="S",
-                     help="seconds between checkpoint snapshots; 0 after every batch (default), none for never")
-    job.add_argument("--savepoint-interval", metavar="S", help="seconds between periodic savepoints (default none)")
-    job.add_argument("--keep-checkpoints", metavar="N", help="checkpoint snapshots to keep (default 3)")
-    job.add_argument("--keep-savepoints", metavar="N", help="savepoints to keep (default none: all)")
-    job.add_argument("--code-version", help="the code version running the query, recorded in snapshots")
-    job.add_argument("--heartbeat-interval", metavar="S",
-                     help="seconds between status heartbeats when idle (default 5)")
-    job.add_argument("--poll-interval", metavar="S",
-                     help="seconds between looks at control requests and the lease (default 1)")
-    job.add_argument("--fence-grace", metavar="S", help="seconds a new driver waits for a fenced one to notice "
-                     "(default 3, at least twice the poll interval)")
+    RuntimeConfig.add_flags(job, only=("restore", "code_version"))
+    RuntimeSettings.add_flags(job)
     check = p.add_argument_group("restore check (before an upgrade)")
-    check.add_argument("--check-restore", action="store_true", default=None,
-                       help="do not run the job: check that JOB_FILE can restore the state --restore names, on a "
-                       "copy (prints a CKPT_RESTORE_CHECK line; exit 0 compatible, 5 incompatible, 2 bad input)")
-    check.add_argument("--allow-non-restored-state", action="store_true", default=None,
-                       help="with --check-restore: state of operators the new code no longer has may be dropped")
-    check.add_argument("--check-timeout", metavar="S", help="seconds the check's batch may take (default 300)")
+    RuntimeConfig.add_flags(check, only=("check_restore", "allow_non_restored_state", "check_timeout"))
     spark = p.add_argument_group("spark-submit")
     spark.add_argument("--master", default="local[2]", help="local[N] (default local[2]), spark://, yarn, k8s://")
     spark.add_argument("--deploy-mode", default="client", choices=DEPLOY_MODES, help="default client")
@@ -220,20 +200,7 @@ def add_run_command(groups: argparse._SubParsersAction[argparse.ArgumentParser])
                        help="spark-submit to use (default: next to this Python, $SPARK_HOME/bin, PATH)")
     sup = p.add_argument_group("supervision")
     sup.add_argument("--supervise", action="store_true", help="restart the driver after failures")
-    sup.add_argument("--restart-strategy", default="exponential-delay", choices=STRATEGIES,
-                     help="Flink's restart strategies with Flink's defaults (default exponential-delay)")
-    sup.add_argument("--restart-attempts", type=int, metavar="N",
-                     help="fixed-delay: restarts (default 1); failure-rate: failures per interval (default 1); "
-                     "exponential-delay: restarts before a backoff reset (default unbounded)")
-    sup.add_argument("--restart-delay", type=float, metavar="S",
-                     help="seconds before a restart; exponential-delay: the initial backoff (default 1)")
-    sup.add_argument("--restart-interval", type=float, metavar="S",
-                     help="failure-rate: the interval failures are counted in (default 60)")
-    sup.add_argument("--max-restarts-in-window", type=int, metavar="N",
-                     help="health rule: give up after N restarts within the window (default 3)")
-    sup.add_argument("--health-window", type=float, metavar="S", help="health rule: the window (default 600)")
-    sup.add_argument("--progress-timeout", type=float, metavar="S",
-                     help="health rule: restart a driver with no batch for S seconds while data waits (default 600)")
+    RestartSettings.add_flags(sup)
     sup.add_argument("--poll", type=float, default=5.0, metavar="S",
                      help="seconds between reads of status.json while a driver runs (default 5)")
     p.add_argument("--dry-run", action="store_true", help="print the spark-submit command and exit")

@@ -19,6 +19,8 @@ from typing import Any
 
 from airflow_ckpt_provider.core.errors import ConfigError, StorageError
 from airflow_ckpt_provider.core.jobstore import SPEC_LAST, SPEC_STABLE, JobStore
+from airflow_ckpt_provider.core.modes import RestoreSpec
+from airflow_ckpt_provider.core.settings import JobSettings
 
 #: Tells the supervisor its launch id: it does not restart a driver once a newer launch is recorded.
 LAUNCH_ENV = "CKPT_LAUNCH_ID"
@@ -30,12 +32,16 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
-class Deployment:
-    """One version of a job: its code and how it runs. The restore decision is per launch, not part of it.
+class Deployment(JobSettings):
+    """One version of a job: its code, how Spark runs it, and its JobSettings (core/settings.py). The restore
+    decision is per launch, not part of it.
 
     ``env`` carries the job's own settings (topic, output path...) to the driver; credentials never go
     here (they would be stored in spec/last.json): give them to the launching process's environment or
     to the cluster's secret mechanism.
+
+    Its JSON is flat (the settings beside the code and Spark fields), as records of earlier versions are:
+    keys a newer version added are ignored, missing ones take their defaults.
     """
 
     job_file: str
@@ -47,23 +53,9 @@ class Deployment:
     files: tuple[str, ...] = ()
     spark_submit: str | None = None
     env: dict[str, str] = field(default_factory=dict)
-    checkpoint: str | None = None
-    checkpoint_interval: float | None = 0.0
-    savepoint_interval: float | None = None
-    keep_checkpoints: int = 3
-    keep_savepoints: int | None = None
-    heartbeat_interval: float = 5.0
-    poll_interval: float = 1.0
-    restart_strategy: str = "exponential-delay"
-    restart_attempts: int | None = None
-    restart_delay: float | None = None
-    restart_interval: float | None = None
-    max_restarts_in_window: int | None = None
-    health_window: float | None = None
-    progress_timeout: float | None = None
-    time_travel: str = "fork"  # runtime/config.TimeTravel: fork, or refuse restores of older snapshots
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
+        super().check()
         if not self.job_file:
             raise ConfigError("a deployment needs a job file: the Python file defining the @streaming_job function")
         for name in self.env:
@@ -76,17 +68,17 @@ class Deployment:
                     "cluster's secret mechanism instead"
                 )
 
+    @property
+    def settings(self) -> JobSettings:
+        return JobSettings(**self.values(JobSettings))
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return self.to_json()
 
     @classmethod
     def from_dict(cls, body: dict[str, Any]) -> Deployment:
-        known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in body.items() if k in known}
-        for name in ("py_files", "files"):
-            if name in values:
-                values[name] = tuple(values[name])
-        return cls(**values)
+        lists = {name: tuple(body[name]) for name in ("py_files", "files") if body.get(name) is not None}
+        return cls.from_json(body, **lists)
 
     def with_code(self, job_file: str, code_version: str | None) -> Deployment:
         """The same deployment running other code (an upgrade's target)."""
@@ -99,7 +91,7 @@ class Launch:
 
     job: str
     deployment: Deployment
-    restore: str
+    restore: RestoreSpec  # a record's text is parsed on construction
     launched_at: float
     launched_by: str
     launch_id: str
@@ -112,8 +104,11 @@ class Launch:
     exit_code: int | None = None
     end_reason: str | None = None
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "restore", RestoreSpec.parse(self.restore))
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "deployment": self.deployment.to_dict()}
+        return {**asdict(self), "deployment": self.deployment.to_dict(), "restore": str(self.restore)}
 
     def to_bytes(self) -> bytes:
         return json.dumps(self.to_dict(), sort_keys=True, indent=1).encode()

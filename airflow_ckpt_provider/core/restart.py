@@ -24,6 +24,7 @@ from typing import Any
 from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
 from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.modes import RestartStrategyName
 
 Clock = Callable[[], float]
 
@@ -199,22 +200,23 @@ class HealthRule:
         return HealthVerdict(Health.HEALTHY)
 
 
-STRATEGIES = ("exponential-delay", "fixed-delay", "failure-rate")
+#: The restart strategies' names (core/modes.py RestartStrategyName), for help texts.
+STRATEGIES = tuple(name.value for name in RestartStrategyName)
 
 
 def restart_strategy(
-    name: str, attempts: int | None = None, delay: float | None = None, interval: float | None = None
+    name: RestartStrategyName | str, attempts: int | None = None, delay: float | None = None,
+    interval: float | None = None,
 ) -> RestartStrategy:
     """A restart strategy by Flink's name; unset knobs keep Flink's defaults."""
-    if interval is not None and name != "failure-rate":
-        raise ConfigError(f"--restart-interval applies to failure-rate only, found --restart-strategy {name}")
-    if name == "fixed-delay":
+    kind = RestartStrategyName.parse(name)
+    if interval is not None and kind is not RestartStrategyName.FAILURE_RATE:
+        raise ConfigError(f"--restart-interval applies to failure-rate only, found --restart-strategy {kind}")
+    if kind is RestartStrategyName.FIXED_DELAY:
         return FixedDelay(**_given(attempts=attempts, delay=delay))
-    if name == "failure-rate":
+    if kind is RestartStrategyName.FAILURE_RATE:
         return FailureRate(**_given(max_failures=attempts, delay=delay, interval=interval))
-    if name == "exponential-delay":
-        return ExponentialDelay(**_given(attempts=attempts, initial=delay))
-    raise ConfigError(f"unknown restart strategy {name!r}: expected one of {', '.join(STRATEGIES)}")
+    return ExponentialDelay(**_given(attempts=attempts, initial=delay))
 
 
 def health_rule(max_restarts: int | None, window: float | None, progress_timeout: float | None) -> HealthRule | None:

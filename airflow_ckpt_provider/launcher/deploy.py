@@ -28,6 +28,8 @@ from typing import Any
 from airflow_ckpt_provider.core.deployments import LAUNCH_ENV, Deployment, Launch
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.jobstore import SPEC_LAST, JobStore
+from airflow_ckpt_provider.core.modes import RestoreSpec
+from airflow_ckpt_provider.core.settings import JobSettings, RuntimeSettings
 from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.launcher.submit import SubmitSpec, build_command
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
@@ -35,29 +37,18 @@ from airflow_ckpt_provider.runtime.config import RuntimeConfig
 log = logging.getLogger(__name__)
 
 
-def run_argv(deployment: Deployment, job: str, store: str, restore: str, s3: S3Options | None = None) -> list[str]:
+def run_argv(deployment: Deployment, job: str, store: str, restore: RestoreSpec,
+             s3: S3Options | None = None) -> list[str]:
     """``ckpt run ... --supervise`` for this deployment, restoring with ``restore`` on the first start."""
     d = deployment
     argv = [sys.executable, "-m", "airflow_ckpt_provider.cli", "run", d.job_file, "--job", job, "--store", store,
-            "--restore", restore, "--supervise", "--master", d.master, "--deploy-mode", d.deploy_mode,
-            "--restart-strategy", d.restart_strategy, "--time-travel", d.time_travel]
-    optional: dict[str, object] = {
-        "--code-version": d.code_version, "--checkpoint": d.checkpoint, "--spark-submit": d.spark_submit,
-        "--keep-checkpoints": d.keep_checkpoints, "--heartbeat-interval": d.heartbeat_interval,
-        "--poll-interval": d.poll_interval, "--restart-attempts": d.restart_attempts,
-        "--restart-delay": d.restart_delay, "--restart-interval": d.restart_interval,
-        "--max-restarts-in-window": d.max_restarts_in_window, "--health-window": d.health_window,
-        "--progress-timeout": d.progress_timeout,
-        "--endpoint-url": s3.endpoint_url if s3 else None, "--region": s3.region if s3 else None,
-    }
-    # "none" means never (intervals) or all (savepoints to keep) for these
-    never: dict[str, object] = {"--checkpoint-interval": d.checkpoint_interval,
-                                "--savepoint-interval": d.savepoint_interval, "--keep-savepoints": d.keep_savepoints}
-    for flag, given in never.items():
-        argv += [flag, "none" if given is None else _text(given)]
+            "--restore", str(restore), "--supervise", "--master", d.master, "--deploy-mode", d.deploy_mode,
+            *d.to_argv(JobSettings)]
+    optional = {"--code-version": d.code_version, "--spark-submit": d.spark_submit,
+                "--endpoint-url": s3.endpoint_url if s3 else None, "--region": s3.region if s3 else None}
     for flag, value in optional.items():
         if value is not None:
-            argv += [flag, _text(value)]
+            argv += [flag, value]
     for key, value in d.conf.items():
         argv += ["--conf", f"{key}={value}"]
     if d.py_files:
@@ -67,24 +58,16 @@ def run_argv(deployment: Deployment, job: str, store: str, restore: str, s3: S3O
     return argv
 
 
-def submit_spec(deployment: Deployment, job: str, store: str, restore: str, s3: S3Options | None = None,
+def submit_spec(deployment: Deployment, job: str, store: str, restore: RestoreSpec, s3: S3Options | None = None,
                 **runtime: Any) -> SubmitSpec:
     """The spark-submit side of this deployment for one driver (``runtime``: more RuntimeConfig fields)."""
     d = deployment
     config = RuntimeConfig(
-        job=job, store=store, checkpoint=d.checkpoint or "", restore=restore,
-        checkpoint_interval=d.checkpoint_interval, savepoint_interval=d.savepoint_interval,
-        keep_checkpoints=d.keep_checkpoints, keep_savepoints=d.keep_savepoints,
-        heartbeat_interval=d.heartbeat_interval, poll_interval=d.poll_interval, code_version=d.code_version,
-        time_travel=d.time_travel, endpoint_url=s3.endpoint_url if s3 else None,
-        region=s3.region if s3 else None, **runtime,
+        **d.values(RuntimeSettings), job=job, store=store, restore=restore, code_version=d.code_version,
+        endpoint_url=s3.endpoint_url if s3 else None, region=s3.region if s3 else None, **runtime,
     )
     return SubmitSpec(job_file=d.job_file, config=config, master=d.master, deploy_mode=d.deploy_mode,
                       conf=dict(d.conf), py_files=d.py_files, files=d.files, spark_submit=d.spark_submit)
-
-
-def _text(value: object) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def credentials_env(s3: S3Options | None) -> dict[str, str]:
@@ -105,7 +88,7 @@ def launch(
     store: JobStore,
     deployment: Deployment,
     *,
-    restore: str,
+    restore: RestoreSpec,
     store_url: str,
     s3: S3Options | None = None,
     launched_by: str = "",

@@ -25,6 +25,7 @@ from airflow_ckpt_provider.core.deployments import read_launch, record_end
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.lease import read_lease
+from airflow_ckpt_provider.core.modes import LATEST_STATE
 from airflow_ckpt_provider.core.restart import (
     ExponentialDelay,
     FailureRate,
@@ -36,7 +37,6 @@ from airflow_ckpt_provider.core.restart import (
 from airflow_ckpt_provider.core.status import JobState, JobStatus, driver_live, read_status, write_status
 from airflow_ckpt_provider.launcher.driverprocess import GroupOf, ProcessLike, Spawn, process_group, spawn_driver
 from airflow_ckpt_provider.launcher.submit import SubmitSpec, build_command
-from airflow_ckpt_provider.runtime.config import RestoreMode
 from airflow_ckpt_provider.runtime.exitcodes import (
     EXIT_CONFIG,
     EXIT_FAILED,
@@ -180,7 +180,7 @@ class Supervisor:
     def run(self) -> SupervisorOutcome:
         attempts = 0
         restart_times: list[float] = []
-        resume = replace(self.spec, config=replace(self.spec.config, restore=RestoreMode.LATEST_STATE.value))
+        resume = replace(self.spec, config=replace(self.spec.config, restore=LATEST_STATE))
         while True:
             attempts += 1
             driver = self._run_driver(resume if self._ran else self.spec, attempts)

@@ -16,13 +16,21 @@ from airflow_ckpt_provider.core.deployments import Deployment, Launch, read_laun
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.health import HealthCriteria
 from airflow_ckpt_provider.core.jobview import check_can_request, observe, starting_launch
-from airflow_ckpt_provider.core.restart import health_rule, restart_strategy
+from airflow_ckpt_provider.core.modes import KillPolicy, RestoreSpec, StopMode
+from airflow_ckpt_provider.core.settings import JobSettings, names
 from airflow_ckpt_provider.core.status import JobState
 from airflow_ckpt_provider.hooks.spark import CkptSparkHook
 from airflow_ckpt_provider.launcher.deploy import launch, log_tail
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink
+from airflow_ckpt_provider.operators.arguments import (
+    mode_arg,
+    parse_mode,
+    parse_restore,
+    restore_arg,
+    settings_args,
+    settings_of,
+)
 from airflow_ckpt_provider.operators.base import JobOperator, check_event
-from airflow_ckpt_provider.runtime.config import RestoreSpec, TimeTravel
 from airflow_ckpt_provider.triggers.control import RequestTrigger
 from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
 
@@ -32,8 +40,11 @@ if TYPE_CHECKING:
 
     from airflow_ckpt_provider.core.jobstore import JobStore
 
-#: What happens to the job when its submit task is killed or marked failed while it waits (``on_kill``).
-KILL_POLICIES = ("leave_running", "stop_with_savepoint", "cancel")
+#: Settings that are not SubmitStreamingJobOperator arguments: JobOperator's poll_interval (how often a waiting
+#: task looks) has the name of the driver's.
+NOT_ARGUMENTS = ("poll_interval",)
+#: The request that stops a driver in each stop mode.
+STOP_ACTION = {StopMode.SAVEPOINT: RequestAction.STOP, StopMode.CANCEL: RequestAction.CANCEL}
 #: Seconds a driver gets to answer a stop (a final savepoint uploads state) or a cancel.
 STOP_TIMEOUT = 600.0
 
@@ -43,7 +54,7 @@ class _LaunchMixin(JobOperator):
 
     start_timeout: float
 
-    def _launch(self, store: JobStore, deployment: Deployment, restore: str) -> Launch:
+    def _launch(self, store: JobStore, deployment: Deployment, restore: RestoreSpec) -> Launch:
         try:
             record = launch(store, deployment, restore=restore, store_url=self.store_hook.store_url,
                             s3=self.store_hook.s3_options, launched_by=f"airflow:{self.dag_id}.{self.task_id}")
@@ -77,23 +88,26 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
 
     Crash-safe: a job whose driver already runs is reconnected to, never submitted twice (the job store's
     status and lease are the job's identity; the launch id is also kept in the task state store). The
-    job keeps running after the task ends. ``on_kill_policy`` says what happens to the job when the task is
-    killed or marked failed while it waits: ``leave_running`` (default), ``stop_with_savepoint`` or ``cancel``.
+    job keeps running after the task ends. ``on_kill_policy`` (core/modes.py KillPolicy) says what happens to the
+    job when the task is killed or marked failed while it waits: ``leave-running`` (default),
+    ``stop-with-savepoint`` or ``cancel``.
 
     :param job_file: the Python file defining the job's @streaming_job function (on the worker, or a URI
         spark-submit fetches in cluster mode)
     :param restore: latest-state (default), latest-savepoint, none, or a snapshot id or URI
     :param env: the job's own settings for its driver (never credentials: they are stored with the deployment)
     :param conf: Spark settings on top of the Spark connection's
-    :param restart_strategy: exponential-delay (default), fixed-delay or failure-rate, with Flink's defaults
     :param keep_recorded_code: when the job is not running and last ran other code than this task's (it was
         upgraded), start that code again (default) rather than this task's
-    :param time_travel: the job's policy for restores of snapshots older than its latest batch: ``fork``
-        (default; exactly-once sinks follow the restored timeline) or ``refuse`` (refused before anything stops)
+
+    Every field of core/settings.py ``JobSettings`` is a keyword argument too, templated, with the same name
+    and default (``checkpoint``, ``checkpoint_interval``, ``savepoint_interval``, ``keep_checkpoints``,
+    ``restart_strategy``: exponential-delay, fixed-delay or failure-rate with Flink's defaults,
+    ``time_travel``: fork or refuse, ...); the deployment records them (docs/development.md#settings).
     """
 
     template_fields = (*JobOperator.template_fields, "job_file", "code_version", "restore", "env", "conf",
-                       "checkpoint")
+                       *(name for name in names(JobSettings) if name not in NOT_ARGUMENTS))
     template_fields_renderers: ClassVar[dict[str, str]] = {"env": "json", "conf": "json"}
     operator_extra_links = (SparkUILink(),)
     external_id_key = "ckpt_launch"
@@ -108,48 +122,23 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
         ckpt_spark_conn_id: str = CkptSparkHook.default_conn_name,
         conf: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
-        checkpoint: str | None = None,
-        checkpoint_interval: float | None = 0.0,
-        savepoint_interval: float | None = None,
-        keep_checkpoints: int = 3,
-        keep_savepoints: int | None = None,
-        heartbeat_interval: float = 5.0,
-        restart_strategy: str = "exponential-delay",
-        restart_attempts: int | None = None,
-        restart_delay: float | None = None,
-        restart_interval: float | None = None,
-        max_restarts_in_window: int | None = None,
-        health_window: float | None = None,
-        progress_timeout: float | None = None,
         start_timeout: float = 600.0,
-        on_kill_policy: str = "leave_running",
+        on_kill_policy: KillPolicy | str = KillPolicy.LEAVE_RUNNING,
         keep_recorded_code: bool = True,
-        time_travel: str = "fork",
         **kwargs: Any,
     ) -> None:
+        settings = settings_args(JobSettings, kwargs, skip=NOT_ARGUMENTS)  # the JobSettings fields, by name
         super().__init__(**kwargs)
-        self.time_travel = time_travel
+        for name, value in settings.items():
+            setattr(self, name, value)
         self.job_file = job_file
         self.code_version = code_version
-        self.restore = restore
+        self.restore = restore_arg(restore)
         self.ckpt_spark_conn_id = ckpt_spark_conn_id
         self.conf = conf
         self.env = env
-        self.checkpoint = checkpoint
-        self.checkpoint_interval = checkpoint_interval
-        self.savepoint_interval = savepoint_interval
-        self.keep_checkpoints = keep_checkpoints
-        self.keep_savepoints = keep_savepoints
-        self.heartbeat_interval = heartbeat_interval
-        self.restart_strategy = restart_strategy
-        self.restart_attempts = restart_attempts
-        self.restart_delay = restart_delay
-        self.restart_interval = restart_interval
-        self.max_restarts_in_window = max_restarts_in_window
-        self.health_window = health_window
-        self.progress_timeout = progress_timeout
         self.start_timeout = start_timeout
-        self.on_kill_policy = on_kill_policy
+        self.on_kill_policy = mode_arg(KillPolicy, on_kill_policy)
         self.keep_recorded_code = keep_recorded_code
 
     @cached_property
@@ -165,28 +154,16 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
                                   f"{str(value)[:80]!r}; a templated {name} needs the DAG's "
                                   "render_template_as_native_obj=True")
         spark = self.spark_hook.settings
-        return Deployment(
-            job_file=self.job_file, code_version=self.code_version, master=spark["master"],
-            deploy_mode=spark["deploy_mode"], spark_submit=spark["spark_submit"],
-            conf={**spark["conf"], **(self.conf or {})}, env=dict(self.env or {}), checkpoint=self.checkpoint,
-            checkpoint_interval=self.checkpoint_interval, savepoint_interval=self.savepoint_interval,
-            keep_checkpoints=self.keep_checkpoints, keep_savepoints=self.keep_savepoints,
-            heartbeat_interval=self.heartbeat_interval, restart_strategy=self.restart_strategy,
-            restart_attempts=self.restart_attempts, restart_delay=self.restart_delay,
-            restart_interval=self.restart_interval, max_restarts_in_window=self.max_restarts_in_window,
-            health_window=self.health_window, progress_timeout=self.progress_timeout,
-            time_travel=TimeTravel.parse(self.time_travel).value,
-        )
+        return settings_of(Deployment, self, skip=NOT_ARGUMENTS, job_file=self.job_file,
+                           code_version=self.code_version, master=spark["master"], deploy_mode=spark["deploy_mode"],
+                           spark_submit=spark["spark_submit"], conf={**spark["conf"], **(self.conf or {})},
+                           env=dict(self.env or {}))
 
     def execute(self, context: Context) -> Any:
-        if self.on_kill_policy not in KILL_POLICIES:
-            raise AirflowException(
-                f"on_kill_policy {self.on_kill_policy!r}: expected one of {', '.join(KILL_POLICIES)}")
         try:
-            RestoreSpec.parse(self.restore)
+            parse_mode(KillPolicy, self.on_kill_policy)
+            parse_restore(self.restore)
             self.deployment()  # bad input fails here, before anything is launched
-            restart_strategy(self.restart_strategy, self.restart_attempts, self.restart_delay, self.restart_interval)
-            health_rule(self.max_restarts_in_window, self.health_window, self.progress_timeout)
         except CkptError as err:
             raise AirflowException(f"job {self.job}: {err}") from err
         return self.execute_resumable(context)
@@ -198,7 +175,7 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
         running = self._running_driver(store)
         if running is not None:
             return running
-        record = self._launch(store, self._what_to_launch(store), self.restore)
+        record = self._launch(store, self._what_to_launch(store), parse_restore(self.restore))
         return {"launch_id": record.launch_id, "launched_at": record.launched_at, "epoch": None}
 
     def _what_to_launch(self, store: JobStore) -> Deployment:
@@ -282,9 +259,15 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
         return self._running_result(context, event, launch_id)
 
     def on_kill(self) -> None:
-        action = {"stop_with_savepoint": RequestAction.STOP, "cancel": RequestAction.CANCEL}.get(self.on_kill_policy)
+        try:
+            policy = parse_mode(KillPolicy, self.on_kill_policy)
+        except CkptError as err:
+            self.log.warning("job %s: task killed; the job keeps running: %s", self.job, err)
+            return
+        action = {KillPolicy.STOP_WITH_SAVEPOINT: RequestAction.STOP,
+                  KillPolicy.CANCEL: RequestAction.CANCEL}.get(policy)
         if action is None:
-            self.log.info("job %s: task killed; the job keeps running (on_kill_policy leave_running)", self.job)
+            self.log.info("job %s: task killed; the job keeps running (on_kill_policy %s)", self.job, policy)
             return
         try:
             store = self.job_store()
@@ -308,15 +291,17 @@ class StopStreamingJobOperator(JobOperator):
     template_fields = (*JobOperator.template_fields, "mode")
     operator_extra_links = (SnapshotLink(),)
 
-    def __init__(self, *, mode: str = "savepoint", timeout: float = STOP_TIMEOUT, **kwargs: Any) -> None:
+    def __init__(self, *, mode: StopMode | str = StopMode.SAVEPOINT, timeout: float = STOP_TIMEOUT,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.mode = mode
+        self.mode = mode_arg(StopMode, mode)
         self.timeout = timeout
 
     def execute(self, context: Context) -> Any:
-        actions = {"savepoint": RequestAction.STOP, "cancel": RequestAction.CANCEL}
-        if self.mode not in actions:
-            raise AirflowException(f"stop mode {self.mode!r}: expected savepoint or cancel")
+        try:
+            mode = parse_mode(StopMode, self.mode)
+        except CkptError as err:
+            raise AirflowException(f"job {self.job}: {err}") from err
         store = self.job_store()
         try:
             view = observe(store)
@@ -330,7 +315,7 @@ class StopStreamingJobOperator(JobOperator):
             self.log.info("job %s is not running (%s): nothing to stop", self.job, state)
             return {"job": self.job, "outcome": "not_running", "snapshot_id": None, "snapshot_uri": None,
                     "batch_id": status.batch_id if status else None}
-        return request_and_wait(self, context, store, actions[self.mode], timeout=self.timeout,
+        return request_and_wait(self, context, store, STOP_ACTION[mode], timeout=self.timeout,
                                 method_name="execute_complete")
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
@@ -375,21 +360,19 @@ class RestartStreamingJobOperator(_LaunchMixin):
     template_fields = (*JobOperator.template_fields, "restore", "stop_mode")
     operator_extra_links = (SparkUILink(), SnapshotLink())
 
-    def __init__(self, *, restore: str = "latest-state", stop_mode: str = "cancel", start_timeout: float = 600.0,
-                 stop_timeout: float = STOP_TIMEOUT, **kwargs: Any) -> None:
+    def __init__(self, *, restore: str = "latest-state", stop_mode: StopMode | str = StopMode.CANCEL,
+                 start_timeout: float = 600.0, stop_timeout: float = STOP_TIMEOUT, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.restore = restore
-        self.stop_mode = stop_mode
+        self.restore = restore_arg(restore)
+        self.stop_mode = mode_arg(StopMode, stop_mode)
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
 
     def execute(self, context: Context) -> Any:
         try:
-            spec = RestoreSpec.parse(self.restore)
+            spec, stop = parse_restore(self.restore), parse_mode(StopMode, self.stop_mode)
         except CkptError as err:
-            raise AirflowException(str(err)) from err
-        if self.stop_mode not in ("cancel", "savepoint"):
-            raise AirflowException(f"stop_mode {self.stop_mode!r}: expected cancel or savepoint")
+            raise AirflowException(f"job {self.job}: {err}") from err
         store = self.job_store()
         last = read_launch(store)
         if last is None:
@@ -398,7 +381,7 @@ class RestartStreamingJobOperator(_LaunchMixin):
         from airflow_ckpt_provider.runtime.startup import check_named_restore  # not at DAG parse time
 
         try:  # the job's time-travel policy, checked before the running driver is stopped
-            check_named_restore(store, spec, TimeTravel.parse(last.deployment.time_travel))
+            check_named_restore(store, spec, last.deployment.time_travel)
         except CkptError as err:
             raise AirflowException(str(err)) from err
         try:
@@ -406,8 +389,8 @@ class RestartStreamingJobOperator(_LaunchMixin):
         except ConfigError:
             view = None
         if view is not None and view.live:
-            action = RequestAction.STOP if self.stop_mode == "savepoint" else RequestAction.CANCEL
-            return request_and_wait(self, context, store, action, timeout=self.stop_timeout, method_name="after_stop")
+            return request_and_wait(self, context, store, STOP_ACTION[stop], timeout=self.stop_timeout,
+                                    method_name="after_stop")
         return self.after_stop(context, None)
 
     def after_stop(self, context: Context, event: dict[str, Any] | None) -> Any:
@@ -416,7 +399,7 @@ class RestartStreamingJobOperator(_LaunchMixin):
         store = self.job_store()
         last = read_launch(store)
         assert last is not None  # checked in execute
-        record = self._launch(store, last.deployment, self.restore)
+        record = self._launch(store, last.deployment, parse_restore(self.restore))
         return self._wait_running(context, store, method_name="execute_complete", started_after=record.launched_at,
                                   kwargs={"launch_id": record.launch_id})
 

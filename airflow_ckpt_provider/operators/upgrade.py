@@ -24,14 +24,16 @@ from airflow_ckpt_provider.core.deployments import Deployment, Launch, mark_stab
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.health import HealthCriteria
 from airflow_ckpt_provider.core.jobview import check_can_request, observe
+from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec, StopMode, UpgradeMode
 from airflow_ckpt_provider.core.snapshots import latest_completed, list_snapshots
 from airflow_ckpt_provider.core.status import JobState
 from airflow_ckpt_provider.launcher.deploy import credentials_env, log_tail, submit_spec
 from airflow_ckpt_provider.launcher.restorecheck import check_restore
 from airflow_ckpt_provider.launcher.submit import build_command
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink
+from airflow_ckpt_provider.operators.arguments import mode_arg, parse_mode
 from airflow_ckpt_provider.operators.base import check_event
-from airflow_ckpt_provider.operators.job import STOP_TIMEOUT, _LaunchMixin, ack_result, request_and_wait
+from airflow_ckpt_provider.operators.job import STOP_ACTION, STOP_TIMEOUT, _LaunchMixin, ack_result, request_and_wait
 from airflow_ckpt_provider.runtime.config import default_checkpoint
 from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
 
@@ -39,9 +41,6 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from airflow_ckpt_provider.core.jobstore import JobStore
-
-UPGRADE_MODES = ("savepoint", "last-state", "stateless")
-
 
 class UpgradeStreamingJobOperator(_LaunchMixin):
     """Upgrade ``job`` to ``job_file`` (``code_version``) with ``upgrade_mode`` savepoint (default),
@@ -60,7 +59,7 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         *,
         job_file: str,
         code_version: str | None = None,
-        upgrade_mode: str = "savepoint",
+        upgrade_mode: UpgradeMode | str = UpgradeMode.SAVEPOINT,
         allow_non_restored_state: bool = False,
         verify_batches: int = 2,
         verify_timeout: float = 300.0,
@@ -71,7 +70,7 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         super().__init__(**kwargs)
         self.job_file = job_file
         self.code_version = code_version
-        self.upgrade_mode = upgrade_mode
+        self.upgrade_mode = mode_arg(UpgradeMode, upgrade_mode)
         self.allow_non_restored_state = allow_non_restored_state
         self.verify_batches = verify_batches
         self.verify_timeout = verify_timeout
@@ -84,9 +83,14 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
 
     # -- 1. check, 2. stop -------------------------------------------------------------------------
 
+    def _mode(self) -> UpgradeMode:
+        try:
+            return parse_mode(UpgradeMode, self.upgrade_mode)
+        except CkptError as err:
+            raise AirflowException(f"upgrade of job {self.job}: {err}; nothing was changed") from err
+
     def execute(self, context: Context) -> Any:
-        if self.upgrade_mode not in UPGRADE_MODES:
-            raise AirflowException(f"upgrade_mode {self.upgrade_mode!r}: expected one of {', '.join(UPGRADE_MODES)}")
+        mode = self._mode()
         try:
             verify_batches = int(self.verify_batches)
         except (TypeError, ValueError):
@@ -107,16 +111,16 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
                                    "with SubmitStreamingJobOperator; nothing was changed")
         try:
             new = old.deployment.with_code(self.job_file, self.code_version)
-            if self.upgrade_mode == "stateless":  # without state: on a fresh live checkpoint location
+            if mode is UpgradeMode.STATELESS:  # without state: on a fresh live checkpoint location
                 base = old.deployment.checkpoint or default_checkpoint(self.job)
                 new = replace(new, checkpoint=f"{base.rstrip('/')}-stateless-{int(time.time())}")
             running = self._running_epoch(store)
-            if running is None and self.upgrade_mode == "savepoint":
+            if running is None and mode is UpgradeMode.SAVEPOINT:
                 raise ConfigError("it is not running, so no savepoint can be taken; use upgrade_mode last-state to "
                                   "upgrade from its latest checkpoint")
             hook = self.store_hook  # a deployment spark-submit would refuse fails here, before anything stops
-            build_command(submit_spec(new, self.job, hook.store_url, "latest-state", hook.s3_options))
-            if self.upgrade_mode != "stateless":
+            build_command(submit_spec(new, self.job, hook.store_url, LATEST_STATE, hook.s3_options))
+            if mode is not UpgradeMode.STATELESS:
                 self._check(store, new)
         except CkptError as err:
             raise AirflowException(f"upgrade of job {self.job} to {self.job_file} refused before anything was "
@@ -125,13 +129,12 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         if running is None:
             self._step(2, "no driver runs: nothing to stop")
             return self.after_stop(context, None, plan)
-        if self.upgrade_mode == "savepoint":
+        if mode.stop is StopMode.SAVEPOINT:
             self._step(2, "stop with savepoint (driver of epoch %d)", running)
         else:
-            self._step(2, "cancel the driver of epoch %d (%s)", running, self.upgrade_mode)
-        action = RequestAction.STOP if self.upgrade_mode == "savepoint" else RequestAction.CANCEL
-        return request_and_wait(self, context, store, action, timeout=self.stop_timeout, method_name="after_stop",
-                                kwargs={"plan": plan})
+            self._step(2, "cancel the driver of epoch %d (%s)", running, mode)
+        return request_and_wait(self, context, store, STOP_ACTION[mode.stop], timeout=self.stop_timeout,
+                                method_name="after_stop", kwargs={"plan": plan})
 
     def _running_epoch(self, store: JobStore) -> int | None:
         try:
@@ -144,7 +147,7 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
 
     def _check(self, store: JobStore, new: Deployment) -> None:
         self._step(1, "checking that %s (code %s) restores the current state", new.job_file, new.code_version or "-")
-        spec = submit_spec(new, self.job, self.store_hook.store_url, "latest-state", self.store_hook.s3_options,
+        spec = submit_spec(new, self.job, self.store_hook.store_url, LATEST_STATE, self.store_hook.s3_options,
                            allow_non_restored_state=_flag(self.allow_non_restored_state))
         check = check_restore(spec, self.check_timeout,
                               env={**new.env, **credentials_env(self.store_hook.s3_options)})
@@ -167,8 +170,9 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         if snapshot_id is None:  # cancelled or not running: the rollback goes back to the latest snapshot
             latest = latest_completed(list_snapshots(store))
             snapshot_id = latest.snapshot_id if latest else None
-        restore = {"savepoint": snapshot_id or "latest-state", "last-state": "latest-state",
-                   "stateless": "none"}[self.upgrade_mode]
+        restore = {UpgradeMode.SAVEPOINT: RestoreSpec.parse(snapshot_id) if snapshot_id else LATEST_STATE,
+                   UpgradeMode.LAST_STATE: LATEST_STATE,
+                   UpgradeMode.STATELESS: RestoreSpec(RestoreMode.NONE)}[self._mode()]
         plan = plan | {"snapshot_id": snapshot_id}
         self._step(3, "starting %s (code %s), restore %s", self.job_file, self.code_version or "-", restore)
         try:
@@ -193,7 +197,7 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
             raise AirflowException(f"upgrade of job {self.job}: {err}; the old job still runs (epoch "
                                    f"{status.epoch}), nothing was changed") from err
         old = Deployment.from_dict(plan["old"]["deployment"])
-        self._launch(store, old, "latest-state")
+        self._launch(store, old, LATEST_STATE)
         raise AirflowException(f"upgrade of job {self.job}: {err}; the old job had stopped: relaunched "
                                f"{old.job_file} (code {old.code_version or '-'}) from its latest state") from err
 
@@ -221,7 +225,7 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
             self._step(4, "verified: epoch %s at batch %s; %s is the stable deployment", event.get("epoch"),
                        event.get("batch_id"), self.code_version or self.job_file)
             return {"job": self.job, "from_version": old.code_version, "to_version": self.code_version,
-                    "upgrade_mode": self.upgrade_mode, "snapshot_id": plan["snapshot_id"],
+                    "upgrade_mode": self._mode().value, "snapshot_id": plan["snapshot_id"],
                     "epoch": event.get("epoch"), "batch_id": event.get("batch_id")}
         tail = log_tail(read_launch(store))
         self.log.error("upgrade of job %s: the new code failed verification: %s%s", self.job, why,
@@ -230,7 +234,7 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
 
     def _roll_back(self, context: Context, store: JobStore, plan: dict[str, Any], why: str) -> Any:
         old = Deployment.from_dict(plan["old"]["deployment"])
-        restore = plan["snapshot_id"] or "latest-state"
+        restore = RestoreSpec.parse(plan["snapshot_id"]) if plan["snapshot_id"] else LATEST_STATE
         self._step(5, "rolling back to %s (code %s) from %s", old.job_file, old.code_version or "-", restore)
         record = self._launch(store, old, restore)
         criteria = HealthCriteria(started_after=record.launched_at, start_timeout=self.verify_timeout)

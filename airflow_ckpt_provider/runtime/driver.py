@@ -24,11 +24,12 @@ from airflow_ckpt_provider.core.errors import CkptError, StorageError
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.lease import FencedError, Lease
 from airflow_ckpt_provider.core.manifest import Trigger
+from airflow_ckpt_provider.core.modes import RestoreSpec
 from airflow_ckpt_provider.core.retention import RetentionPolicy
 from airflow_ckpt_provider.core.status import JobState
 from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
 from airflow_ckpt_provider.runtime.batchevents import BatchEvent, BatchListener
-from airflow_ckpt_provider.runtime.config import RestoreSpec, RuntimeConfig, TimeTravel
+from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.controlhandler import ControlHandler, fenced_exit
 from airflow_ckpt_provider.runtime.datasources import check_output_mode, register_data_sources
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_FAILED, EXIT_FENCED
@@ -88,7 +89,7 @@ class JobDriver:
         self.clock = clock
         s3 = S3Options.from_env(config.endpoint_url, config.region)
         self.store = JobStore.open(config.store, config.job, s3)
-        self.live: Storage = open_storage(config.checkpoint, s3)
+        self.live: Storage = open_storage(config.live_checkpoint, s3)
         self.lease = Lease(self.store, poll_interval=config.poll_interval)
         self.events: queue.Queue[BatchEvent] = queue.Queue()
         self.outcomes: queue.Queue[SnapshotOutcome] = queue.Queue()
@@ -108,9 +109,9 @@ class JobDriver:
         Everything that can be refused (the restore, the job's build function) is checked before the
         lease is taken: taking it fences the running driver, and an invalid start must not stop it.
         """
-        job, spec = self.config.job, self.config.restore_spec()
+        job, spec = self.config.job, self.config.restore
         try:
-            plan_start(self.store, self.live, spec, TimeTravel.parse(self.config.time_travel))
+            plan_start(self.store, self.live, spec, self.config.time_travel)
         except StorageError as err:
             log.error("job %s: cannot start: %s", job, err)
             return EXIT_FAILED
@@ -157,16 +158,16 @@ class JobDriver:
                                  ui_url=spark.sparkContext.uiWebUrl)
             self._wait_for_grace(self.lease.grace(self.config.fence_grace))
             plan = prepare_checkpoint(self.store, self.live, spec, epoch=self.lease.epoch,
-                                      policy=TimeTravel.parse(self.config.time_travel))
+                                      policy=self.config.time_travel)
             self.reporter.report(JobState.STARTING, plan.reason,
                                  restored_from=plan.snapshot.snapshot_id if plan.snapshot else None)
             self.lease.check()
             self._lease_confirmed = self.clock()
             self.snapshotter = self._snapshotter(spark)
             gate.open_gate()
-            self.query = writer.option("checkpointLocation", self.config.checkpoint).queryName(job).start()
+            self.query = writer.option("checkpointLocation", self.config.live_checkpoint).queryName(job).start()
             log.info("job %s epoch %d: query %s started (run %s), checkpoint %s", job, self.lease.epoch,
-                     self.query.id, self.query.runId, self.config.checkpoint)
+                     self.query.id, self.query.runId, self.config.live_checkpoint)
             control = ControlHandler(
                 self.config, self.lease, live=self.live, query=self.query, snapshotter=self.snapshotter,
                 reporter=self.reporter, drain_events=self._drain_events, drain_outcomes=self._drain_outcomes,

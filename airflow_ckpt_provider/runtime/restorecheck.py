@@ -40,9 +40,10 @@ from airflow_ckpt_provider.core.errors import CkptError, StorageError
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.lease import Lease, LeaseRecord
 from airflow_ckpt_provider.core.manifest import Manifest
+from airflow_ckpt_provider.core.modes import RestoreMode
 from airflow_ckpt_provider.core.restore import restore_snapshot
 from airflow_ckpt_provider.core.storage import LocalStorage, S3Options, Storage, open_storage
-from airflow_ckpt_provider.runtime.config import RestoreMode, RuntimeConfig
+from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.restoreverdict import (
     OPERATORS_MISMATCH,
     CheckOutcome,
@@ -137,7 +138,7 @@ class RestoreChecker:
         the one named). A start would keep an intact live checkpoint that is newer instead; its state
         has the schema of the snapshots before it, so the newest snapshot stands for it.
         """
-        spec = self.config.restore_spec()
+        spec = self.config.restore
         plan, _ = plan_start(self.store, scratch, spec)
         live = self._live_batch()
         if plan.action is StartAction.RESTORE:
@@ -163,7 +164,7 @@ class RestoreChecker:
     def _live_batch(self) -> int | None:
         """The live checkpoint's latest completed batch (its commits/ listing only), None if unknown."""
         try:
-            return SparkCheckpoint(open_storage(self.config.checkpoint, self.s3)).latest_completed_batch()
+            return SparkCheckpoint(open_storage(self.config.live_checkpoint, self.s3)).latest_completed_batch()
         except CkptError as err:
             log.info("job %s: restore check: the live checkpoint cannot be read (%s)", self.config.job, err)
             return None
@@ -255,7 +256,7 @@ class RestoreChecker:
         Local for a local live checkpoint; otherwise a sibling of it on the same file system (executors
         of a cluster write state files there, so it must be where they can reach).
         """
-        location = self.config.checkpoint.rstrip("/")
+        location = self.config.live_checkpoint.rstrip("/")
         if urlparse(location).scheme in ("", "file"):
             root = Path(tempfile.mkdtemp(prefix=f"ckpt-restore-check-{self.config.job}-"))
             return LocalStorage(root / "checkpoint"), lambda: shutil.rmtree(root, ignore_errors=True)

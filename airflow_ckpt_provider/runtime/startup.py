@@ -17,11 +17,11 @@ from airflow_ckpt_provider.core.deployments import LAUNCH_ENV
 from airflow_ckpt_provider.core.errors import CheckpointError, CkptError, ConfigError, SnapshotError
 from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, JobStore, split_snapshot_ref
 from airflow_ckpt_provider.core.manifest import Kind, Manifest, snapshot_order
+from airflow_ckpt_provider.core.modes import RestoreMode, RestoreSpec, TimeTravel
 from airflow_ckpt_provider.core.restore import restore_snapshot
 from airflow_ckpt_provider.core.snapshots import list_snapshots, load_manifest, object_problems
 from airflow_ckpt_provider.core.status import read_status
 from airflow_ckpt_provider.core.storage import Storage
-from airflow_ckpt_provider.runtime.config import RestoreMode, RestoreSpec, TimeTravel
 
 log = logging.getLogger(__name__)
 

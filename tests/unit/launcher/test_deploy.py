@@ -66,8 +66,8 @@ def test_run_argv_supervises_and_carries_every_setting() -> None:
                 "--deploy-mode": ["cluster"], "--restart-strategy": ["failure-rate"], "--code-version": ["v2"],
                 "--checkpoint": ["/ckpt/orders"], "--keep-checkpoints": ["4"], "--heartbeat-interval": ["2.5"],
                 "--restart-delay": ["1.5"], "--restart-interval": ["60"], "--max-restarts-in-window": ["3"],
-                "--health-window": ["120"], "--checkpoint-interval": ["none"], "--savepoint-interval": ["none"],
-                "--keep-savepoints": ["none"], "--endpoint-url": ["http://s3:8333"], "--region": ["eu-west-1"],
+                "--health-window": ["120"], "--checkpoint-interval": ["none"], "--savepoint-interval": [],
+                "--keep-savepoints": [], "--endpoint-url": ["http://s3:8333"], "--region": ["eu-west-1"],
                 "--conf": ["spark.executor.memory=2g", "spark.sql.shuffle.partitions=8"],
                 "--py-files": ["lib.zip,util.py"], "--files": ["schema.json"],
                 "--spark-submit": ["/opt/spark/bin/spark-submit"]}
@@ -114,7 +114,7 @@ def test_launch_records_the_deployment_first_and_passes_credentials_in_the_env(
     assert (env[LAUNCH_ENV], env["TOPIC"]) == (record.launch_id, "orders")
     assert not any("wJalr" in arg or "AKIAEXAMPLE" in arg for arg in argv)
     assert b"wJalr" not in store.storage.read(SPEC_LAST)
-    assert (record.restore, record.launched_by, record.host) == (SID, "me", socket.gethostname())
+    assert (str(record.restore), record.launched_by, record.host) == (SID, "me", socket.gethostname())
     assert record.log_file == str(tmp_path / "home" / "jobs" / "orders" / "logs" / f"{record.launch_id}.log")
 
 

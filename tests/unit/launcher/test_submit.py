@@ -259,7 +259,8 @@ def test_dry_run_prints_the_command_and_added_environment(
     argv = shlex.split(lines[0])
     assert argv[:4] == [SUBMIT, "--master", "local[2]", "--deploy-mode"]
     config = RuntimeConfig.from_args(argv[argv.index(str(job_file)) + 1:])
-    assert (config.job, config.store, config.restore, config.checkpoint_interval) == ("orders", store, "none", 30.0)
+    assert (config.job, config.store, str(config.restore), config.checkpoint_interval) == (
+        "orders", store, "none", 30.0)
     assert lines[1:5] == [f"env: {GATE_ENV}={gate_file(config)}", f"env: PYSPARK_DRIVER_PYTHON={PY}",
                           f"env: PYSPARK_PYTHON={PY}", "env: SPARK_LOCAL_IP=127.0.0.1"]
     assert lines[5] == "supervised: restart strategy fixed-delay: 4 attempts, 1 s apart; no health rule"

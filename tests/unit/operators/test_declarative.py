@@ -9,6 +9,7 @@ import pytest
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
+from airflow_ckpt_provider.core.settings import JobSettings, names
 from airflow_ckpt_provider.operators.base import JobOperator
 from airflow_ckpt_provider.operators.job import (
     RestartStreamingJobOperator,
@@ -46,7 +47,10 @@ def test_every_template_field_is_an_attribute(op: JobOperator) -> None:
 def test_template_fields_and_extra_links() -> None:
     ops = {type(op).__name__: op for op in every_operator()}
     assert ops["SubmitStreamingJobOperator"].template_fields == (
-        "job", "store_url", "job_file", "code_version", "restore", "env", "conf", "checkpoint")
+        "job", "store_url", "job_file", "code_version", "restore", "env", "conf",
+        *(name for name in names(JobSettings) if name != "poll_interval"))  # every setting but JobOperator's own
+    assert ops["SubmitStreamingJobOperator"].template_fields[7:10] == (
+        "checkpoint", "checkpoint_interval", "savepoint_interval")
     assert ops["UpgradeStreamingJobOperator"].template_fields == (
         "job", "store_url", "job_file", "code_version", "upgrade_mode", "allow_non_restored_state", "verify_batches")
     assert ops["RestartStreamingJobOperator"].template_fields == ("job", "store_url", "restore", "stop_mode")

@@ -8,6 +8,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_ckpt_provider.core.control import Outcome, RequestAction
+from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.status import JobState
 from airflow_ckpt_provider.operators.base import DEFER_GRACE
@@ -47,14 +48,27 @@ def test_restart_without_a_recorded_deployment_is_refused(store: JobStore) -> No
     assert control_keys(store) == []
 
 
+BAD_INPUT = [({"restore": "snapshot"}, "needs the snapshot"),
+             ({"stop_mode": "kill"}, "invalid stop mode: expected one of savepoint, cancel, found 'kill'")]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), BAD_INPUT)
+def test_restart_refuses_bad_literal_input_when_the_dag_is_parsed(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        RestartStreamingJobOperator(task_id="restart", job="orders", **kwargs)
+
+
 @pytest.mark.usefixtures("no_launch")
-@pytest.mark.parametrize(("kwargs", "message"), [({"restore": "snapshot"}, "needs the snapshot"),
-                                                 ({"stop_mode": "kill"}, "stop_mode 'kill'")])
-def test_restart_refuses_bad_input(store: JobStore, kwargs: dict[str, Any], message: str) -> None:
+@pytest.mark.parametrize(("kwargs", "message"), BAD_INPUT)
+def test_restart_refuses_bad_templated_input_before_stopping(store: JobStore, kwargs: dict[str, Any],
+                                                             message: str) -> None:
     record_deployment(store)
     report(store)
+    [(name, rendered)] = kwargs.items()
+    op = RestartStreamingJobOperator(task_id="restart", job="orders", **{name: "{{ params.x }}"})
+    setattr(op, name, rendered)  # as Airflow renders it
     with pytest.raises(AirflowException, match=message):
-        RestartStreamingJobOperator(task_id="restart", job="orders", **kwargs).execute(context())
+        op.execute(context())
     assert control_keys(store) == []
 
 
@@ -81,7 +95,7 @@ def test_restart_of_a_stopped_job_launches_its_deployment(store: JobStore, launc
     op = RestartStreamingJobOperator(task_id="restart", job="orders", restore=SID, start_timeout=77)
     deferred = deferral(lambda: op.execute(context()))
     [record] = launches.calls
-    assert (record.deployment, record.restore) == (old.deployment, SID)
+    assert (record.deployment, str(record.restore)) == (old.deployment, SID)
     assert control_keys(store) == []
     assert isinstance(deferred.trigger, JobHealthTrigger)
     assert next_step(deferred) == ("execute_complete", {"launch_id": record.launch_id})
@@ -102,7 +116,7 @@ def test_restart_after_the_stop_launches_or_fails(store: JobStore, launches: Fak
     assert launches.calls == []
     deferred = deferral(lambda: op.after_stop(context(), {**failed, "status": "completed"}))
     [record] = launches.calls
-    assert (record.deployment, record.restore) == (old.deployment, "latest-savepoint")
+    assert (record.deployment, str(record.restore)) == (old.deployment, "latest-savepoint")
     assert next_step(deferred) == ("execute_complete", {"launch_id": record.launch_id})
     assert op.execute_complete(context(), HEALTHY, launch_id=record.launch_id) == {
         "job": "orders", "epoch": 4, "batch_id": 9, "state": "RUNNING", "ui_url": UI, "launch_id": record.launch_id,
@@ -118,7 +132,7 @@ def test_restart_with_a_savepoint_stop_resumes_through_both_steps(store: JobStor
     started = deferral(lambda: op.resume(ctx, fire(stopped, ack_event(store, only_request(store)))))
     assert ctx["ti"].xcoms == {SNAPSHOT_KEY: store.snapshot_uri(SID)}  # the final savepoint, linked
     [record] = launches.calls
-    assert (record.deployment, record.restore) == (old.deployment, SID)
+    assert (record.deployment, str(record.restore)) == (old.deployment, SID)
     assert isinstance(started.trigger, JobHealthTrigger) and trigger_kwargs(started)["started_after"] == \
         record.launched_at
     ctx = context()

@@ -9,6 +9,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_ckpt_provider.core.control import Outcome, RequestAction
+from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.status import JobState
 from airflow_ckpt_provider.operators.base import DEFER_GRACE
@@ -95,8 +96,12 @@ def test_stop_without_deferring_times_out_in_the_worker(store: JobStore) -> None
 
 def test_stop_refuses_an_unknown_mode(store: JobStore) -> None:
     report(store)
-    with pytest.raises(AirflowException, match="stop mode 'kill'"):
-        StopStreamingJobOperator(task_id="stop", job="orders", mode="kill").execute(context())
+    with pytest.raises(ConfigError, match="invalid stop mode: expected one of savepoint, cancel, found 'kill'"):
+        StopStreamingJobOperator(task_id="stop", job="orders", mode="kill")
+    op = StopStreamingJobOperator(task_id="stop", job="orders", mode="{{ params.mode }}")
+    op.mode = "kill"  # rendered
+    with pytest.raises(AirflowException, match=r"job orders: invalid stop mode: .*found 'kill'"):
+        op.execute(context())
     assert control_keys(store) == []
 
 

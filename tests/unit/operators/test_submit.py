@@ -16,6 +16,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_ckpt_provider.core.control import RequestAction
 from airflow_ckpt_provider.core.deployments import Launch, read_launch
+from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.jobstore import LEASE, SPEC_LAST, JobStore
 from airflow_ckpt_provider.core.lease import LeaseRecord
 from airflow_ckpt_provider.core.status import JobState
@@ -81,7 +82,7 @@ def test_submit_launches_a_job_that_never_ran(store: JobStore, launches: FakeLau
                                                              {"TOPIC": "orders"})
     assert d.conf == {"spark.executor.memory": "1g", "spark.sql.shuffle.partitions": "4"}  # the task's on top
     assert (d.savepoint_interval, d.restart_strategy, d.restart_attempts) == (300.0, "fixed-delay", 5)
-    assert record.restore == "latest-savepoint" and record.launched_by == "airflow:adhoc_airflow.submit"
+    assert str(record.restore) == "latest-savepoint" and record.launched_by == "airflow:adhoc_airflow.submit"
     assert launches.store_urls == [str(store.root.root)]
     assert read_launch(store) == record
     # the identity is persisted before waiting; the wait is for a driver started after the launch
@@ -136,7 +137,7 @@ def test_submit_of_a_stopped_job_starts_the_code_it_last_ran(store: JobStore, la
     deferred = deferral(lambda: submit_op(restore="latest-savepoint").execute(context()))
     [record] = launches.calls
     assert record.deployment == upgraded.deployment  # v2 as recorded (its env too), not this task's v1
-    assert record.restore == "latest-savepoint"  # the task's restore decision still applies
+    assert str(record.restore) == "latest-savepoint"  # the task's restore decision still applies
     assert trigger_kwargs(deferred)["started_after"] == record.launched_at
     logged = "".join(capfd.readouterr())  # Airflow's structlog writes to stdout
     [line] = [line for line in logged.splitlines() if "job orders last ran" in line]
@@ -171,11 +172,26 @@ def test_submit_of_the_recorded_code_starts_the_task_s_deployment(store: JobStor
         "v1", {"TOPIC": "orders-eu"}, 7)  # same code: the task's settings apply
 
 
-@pytest.mark.usefixtures("no_launch")
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"restore": ""}, "invalid restore strategy"),
     ({"restore": "snapshot"}, "needs the snapshot"),
-    ({"on_kill_policy": "explode"}, "on_kill_policy 'explode': expected one of leave_running"),
+    ({"on_kill_policy": "explode"}, "invalid on_kill_policy: expected one of leave-running, stop-with-savepoint, "
+                                    "cancel, found 'explode'"),
+    ({"restart_strategy": "immediately"}, "invalid restart strategy: expected one of exponential-delay, fixed-delay, "
+                                          "failure-rate, found 'immediately'"),
+    ({"savepoint_interval": "hourly"}, "savepoint_interval: expected seconds or 'none', found 'hourly'"),
+])
+def test_submit_refuses_bad_literal_input_when_the_dag_is_parsed(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        submit_op(**kwargs)
+
+
+@pytest.mark.usefixtures("no_launch")
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"restore": "snapshot"}, "needs the snapshot"),
+    ({"on_kill_policy": "explode"}, "invalid on_kill_policy: .*found 'explode'"),
+    ({"time_travel": "maybe"}, "invalid time-travel policy: .*found 'maybe'"),
+    ({"keep_checkpoints": "many"}, "keep_checkpoints: expected a whole number, found 'many'"),
     ({"env": {"AWS_SECRET": "x"}}, "refusing env AWS_SECRET"),
     ({"env": {"api-key": "x"}}, "invalid environment variable name"),
     ({"job_file": ""}, "a deployment needs a job file"),
@@ -187,8 +203,12 @@ def test_submit_of_the_recorded_code_starts_the_task_s_deployment(store: JobStor
 def test_submit_refuses_bad_input_before_launching(store: JobStore, monkeypatch: pytest.MonkeyPatch,
                                                    kwargs: dict[str, Any], message: str) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_MESOS_SPARK", json.dumps({"conn_type": "ckpt_spark", "host": "mesos://m:5050"}))
+    templated = {"restore", "on_kill_policy", "time_travel", "keep_checkpoints"} & kwargs.keys()
+    op = submit_op(**{k: "{{ params.x }}" if k in templated else v for k, v in kwargs.items()})
+    for name in templated:
+        setattr(op, name, kwargs[name])  # as Airflow renders it
     with pytest.raises(AirflowException, match=message):
-        submit_op(**kwargs).execute(context())
+        op.execute(context())
     assert read_launch(store) is None
 
 
@@ -415,7 +435,6 @@ def test_get_job_status_without_a_lease_or_a_launch_on_its_way_is_lost(store: Jo
      "restart-interval applies to failure-rate only, found --restart-strategy fixed-delay"),
     ({"restart_interval": 60.0}, "restart-interval applies to failure-rate only, found --restart-strategy "
                                  "exponential-delay"),
-    ({"restart_strategy": "immediately"}, "unknown restart strategy 'immediately'"),
     ({"restart_strategy": "fixed-delay", "restart_attempts": -1}, "fixed-delay attempts must be"),
     ({"restart_strategy": "failure-rate", "restart_delay": -5.0}, "failure-rate delay must be"),
     ({"health_window": -1.0}, "health rule window must be > 0, found -1"),

@@ -12,6 +12,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_ckpt_provider.core.control import RequestAction
 from airflow_ckpt_provider.core.deployments import Deployment, Launch, read_launch
+from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.jobstore import LEASE, SPEC_LAST, SPEC_STABLE, STATUS, JobStore
 from airflow_ckpt_provider.core.manifest import Kind
 from airflow_ckpt_provider.core.status import JobState
@@ -64,8 +65,13 @@ def test_upgrade_without_a_deployment_is_refused(store: JobStore, checks: FakeCh
 
 @pytest.mark.usefixtures("no_launch", "running_v1")
 def test_upgrade_refuses_an_unknown_mode(store: JobStore, checks: FakeCheck) -> None:
-    with pytest.raises(AirflowException, match="upgrade_mode 'blue-green'"):
-        upgrade_op(upgrade_mode="blue-green").execute(context())
+    with pytest.raises(ConfigError, match="invalid upgrade_mode: expected one of savepoint, last-state, stateless, "
+                       "found 'blue-green'"):
+        upgrade_op(upgrade_mode="blue-green")
+    op = upgrade_op(upgrade_mode="{{ params.upgrade_mode }}")
+    op.upgrade_mode = "blue-green"  # rendered
+    with pytest.raises(AirflowException, match=r"invalid upgrade_mode: .*found 'blue-green'.*nothing was changed"):
+        op.execute(context())
     assert checks.calls == [] and control_keys(store) == []
 
 
@@ -100,7 +106,7 @@ def test_upgrade_checks_the_new_code_then_stops_with_savepoint(store: JobStore, 
                                                                running_v1: Launch) -> None:
     deferred = deferral(lambda: upgrade_op(check_timeout=321, stop_timeout=44).execute(context()))
     [(spec, timeout, env)] = checks.calls
-    assert (spec.job_file, spec.config.restore, spec.config.job, spec.config.code_version) == (
+    assert (spec.job_file, str(spec.config.restore), spec.config.job, spec.config.code_version) == (
         ORDERS_V2, "latest-state", "orders", "v2")
     assert spec.conf == {"spark.sql.shuffle.partitions": "4"} and timeout == 321
     assert env == {"TOPIC": "orders"}  # the job's settings; no credentials in a local store's connection
@@ -131,7 +137,7 @@ def test_upgrade_after_the_savepoint_starts_the_new_code_from_it(store: JobStore
                                                                  launches: FakeLaunch) -> None:
     deferred = start_new_code(store, upgrade_op())
     [record] = launches.calls
-    assert (record.deployment.job_file, record.deployment.code_version, record.restore) == (ORDERS_V2, "v2", SID)
+    assert (record.deployment.job_file, record.deployment.code_version, str(record.restore)) == (ORDERS_V2, "v2", SID)
     assert record.deployment.env == {"TOPIC": "orders"} and record.deployment.keep_checkpoints == 5  # kept from v1
     assert record.deployment.checkpoint is None  # with its state: on the live checkpoint location it had
     assert isinstance(deferred.trigger, JobHealthTrigger)
@@ -153,7 +159,7 @@ def test_upgrade_after_a_cancel_rolls_back_to_the_latest_snapshot(store: JobStor
     stopped = deferral(lambda: op.execute(context()))
     event = ack_event(store, only_request(store), snapshot_id=None)
     deferred = deferral(lambda: op.resume(context(), fire(stopped, event)))
-    assert launches.calls[0].restore == "latest-state"
+    assert str(launches.calls[0].restore) == "latest-state"
     assert next_step(deferred)[1]["plan"]["snapshot_id"] == latest
 
 
@@ -163,10 +169,10 @@ def test_upgrade_of_a_stopped_job_in_last_state_or_stateless_mode(store: JobStor
     report(store, epoch=3, state=JobState.STOPPED)
     deferred = deferral(lambda: upgrade_op(upgrade_mode="last-state").execute(context()))
     assert next_step(deferred)[0] == "after_verify" and control_keys(store) == []
-    assert len(checks.calls) == 1 and launches.calls[-1].restore == "latest-state"
+    assert len(checks.calls) == 1 and str(launches.calls[-1].restore) == "latest-state"
     deferred = deferral(lambda: upgrade_op(upgrade_mode="stateless").execute(context()))
     assert next_step(deferred)[0] == "after_verify" and control_keys(store) == []
-    assert len(checks.calls) == 1 and launches.calls[-1].restore == "none"  # stateless: nothing to check
+    assert len(checks.calls) == 1 and str(launches.calls[-1].restore) == "none"  # stateless: nothing to check
 
 
 @pytest.mark.parametrize(("checkpoint", "base"), [(None, None), ("/ckpt/orders/", "/ckpt/orders")],
@@ -187,7 +193,7 @@ def test_upgrade_stateless_starts_on_a_fresh_checkpoint_location(store: JobStore
     [new] = launches.calls
     prefix, stamp = new.deployment.checkpoint.rsplit("-stateless-", 1)  # type: ignore[union-attr]
     assert prefix == (base or default_checkpoint("orders")) and before <= int(stamp) <= after
-    assert (new.deployment.code_version, new.restore) == ("v2", "none")
+    assert (new.deployment.code_version, str(new.restore)) == ("v2", "none")
     assert new.deployment.to_dict() | {"checkpoint": checkpoint} == \
         old.deployment.with_code(ORDERS_V2, "v2").to_dict()  # only the code and the location changed
     # a failed verification rolls back to the old code on its own, untouched checkpoint location
@@ -223,7 +229,7 @@ def test_upgrade_that_fails_verification_rolls_back_from_the_savepoint(store: Jo
     deferred = deferral(lambda: op.resume(context(), fire(verifying, event)))
     new, rollback = launches.calls
     assert new.deployment.code_version == "v2"
-    assert (rollback.deployment, rollback.restore) == (running_v1.deployment, SID)  # the old deployment, as it was
+    assert (rollback.deployment, str(rollback.restore)) == (running_v1.deployment, SID)  # the old deployment, as it was
     assert read_launch(store, SPEC_STABLE) is None
     assert isinstance(deferred.trigger, JobHealthTrigger)
     kwargs = trigger_kwargs(deferred)

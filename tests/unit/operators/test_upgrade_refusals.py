@@ -160,7 +160,7 @@ def test_upgrade_whose_stop_failed_after_the_old_job_went_down_relaunches_it(
     with pytest.raises(AirflowException) as info:
         op.resume(context(), fire(stopped, event))
     [relaunch] = launches.calls
-    assert (relaunch.deployment, relaunch.restore) == (running_v1.deployment, "latest-state")  # the old code
+    assert (relaunch.deployment, str(relaunch.restore)) == (running_v1.deployment, "latest-state")  # the old code
     assert read_launch(store) == relaunch
     assert "the savepoint upload failed" in event["message"]
     assert str(info.value) == (
@@ -194,7 +194,7 @@ def test_upgrade_whose_new_code_cannot_be_launched_rolls_back(store: JobStore, c
     [(argv, _, _)] = popen_calls
     assert argv[4] == ORDERS_V1  # only the old code was started: the real launch refused the new one
     rollback = read_launch(store)
-    assert rollback is not None and (rollback.deployment, rollback.restore) == (old.deployment, SID)
+    assert rollback is not None and (rollback.deployment, str(rollback.restore)) == (old.deployment, SID)
     assert isinstance(rolling.trigger, JobHealthTrigger)
     assert trigger_kwargs(rolling)["started_after"] == rollback.launched_at
     method, kwargs = next_step(rolling)

@@ -108,7 +108,7 @@ def test_negative_interval_is_refused(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["heartbeat_interval", "poll_interval"])
 def test_non_positive_heartbeat_and_poll_are_refused(name: str) -> None:
-    with pytest.raises(ConfigError, match=rf"^{name} must be > 0 seconds, found 0$"):
+    with pytest.raises(ConfigError, match=rf"^{name} must be > 0 seconds, found 0.0$"):
         RuntimeConfig(job="j", store="/s", checkpoint="/c", **{name: 0})  # type: ignore[arg-type]
 
 

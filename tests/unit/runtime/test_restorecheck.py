@@ -60,7 +60,7 @@ def test_unset_flags_are_left_out_and_default_to_false() -> None:
 
 
 def test_check_timeout_must_be_positive() -> None:
-    with pytest.raises(ConfigError, match=r"^check_timeout must be > 0 seconds, found 0$"):
+    with pytest.raises(ConfigError, match=r"^check_timeout must be > 0 seconds, found 0.0$"):
         RuntimeConfig(job="j", store="/s", checkpoint="/c", check_timeout=0)
 
 
@@ -266,7 +266,7 @@ def test_check_restore_returns_the_drivers_verdict_and_passes_check_mode(tmp_pat
     assert check.seconds is not None and check.seconds < 60
     seen_by_driver = json.loads(seen.read_text())
     assert "--check-restore" in seen_by_driver["argv"]
-    assert seen_by_driver["argv"][seen_by_driver["argv"].index("--check-timeout") + 1] == "30.0"
+    assert seen_by_driver["argv"][seen_by_driver["argv"].index("--check-timeout") + 1] == "30"
     assert seen_by_driver["gate"] == gate_file(check_spec(_spec(tmp_path, body), 60).config)
     assert seen_by_driver["job"] == "orders"
     assert "lots of Spark output" in log_file.read_text()

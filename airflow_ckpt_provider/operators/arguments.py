@@ -1,0 +1,80 @@
+"""Operator arguments read through core/settings.py and core/modes.py.
+
+A literal argument is parsed in ``__init__`` (at DAG parse time: a bad value is an import error of the DAG,
+an old spelling an AirflowProviderDeprecationWarning); a templated one is parsed in ``execute``, once
+rendered. Parsed modes are str-valued enums, so templating and DAG serialization see their spelling.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from airflow.exceptions import AirflowProviderDeprecationWarning
+
+from airflow_ckpt_provider.core.modes import Mode, RestoreSpec
+from airflow_ckpt_provider.core.settings import Settings, setting_fields
+
+M = TypeVar("M", bound=Mode)
+T = TypeVar("T")
+S = TypeVar("S", bound=Settings)
+
+
+def is_template(value: object) -> bool:
+    return isinstance(value, str) and ("{{" in value or "{%" in value)
+
+
+def _as_airflow_warnings(parse: Callable[[], T]) -> T:
+    """``parse()``, its DeprecationWarnings re-issued as Airflow's provider deprecation warnings."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value = parse()
+    for w in caught:
+        category = AirflowProviderDeprecationWarning if issubclass(w.category, DeprecationWarning) else w.category
+        warnings.warn(str(w.message), category, stacklevel=4)
+    return value
+
+
+def parse_mode(kind: type[M], value: object) -> M:
+    """The member of ``kind`` that ``value`` (rendered) names; ConfigError if none."""
+    return _as_airflow_warnings(lambda: kind.parse(value))
+
+
+def mode_arg(kind: type[M], value: object) -> M | str:
+    """``value`` parsed now, unless it is a template (``execute`` parses it with ``parse_mode``)."""
+    return value if is_template(value) else parse_mode(kind, value)  # type: ignore[return-value]
+
+
+def restore_arg(value: object) -> str:
+    """A restore strategy argument in its one spelling (checked now), or the template as given."""
+    if is_template(value):
+        return str(value)
+    return str(_as_airflow_warnings(lambda: RestoreSpec.parse(value)))
+
+
+def parse_restore(value: object) -> RestoreSpec:
+    return _as_airflow_warnings(lambda: RestoreSpec.parse(value))
+
+
+def settings_args(cls: type[Settings], kwargs: dict[str, Any], skip: Sequence[str] = ()) -> dict[str, Any]:
+    """Pop every setting of ``cls`` (but ``skip``) out of an operator's ``kwargs`` (else its ``default_args``,
+    else the field's default), each parsed unless templated: what the operator keeps as attributes."""
+    defaults: Mapping[str, Any] = kwargs.get("default_args") or {}
+    found: dict[str, Any] = {}
+    for f, meta in setting_fields(cls):
+        if f.name in skip:
+            continue
+        value = kwargs.pop(f.name) if f.name in kwargs else defaults.get(f.name, f.default)
+        if is_template(value):
+            found[f.name] = value
+        else:
+            found[f.name] = _as_airflow_warnings(lambda v=value, m=meta, n=f.name: m.parse(v, n))  # type: ignore[misc]
+    return found
+
+
+def settings_of(cls: type[S], op: object, skip: Sequence[str] = (), **more: Any) -> S:
+    """``cls`` built from the operator's (rendered) attributes of the same names (but ``skip``, which keep
+    their defaults) and ``more``; ConfigError if bad."""
+    given = {f.name: getattr(op, f.name) for f, _ in setting_fields(cls) if f.name not in skip and f.name not in more}
+    return _as_airflow_warnings(lambda: cls(**given, **more))
