@@ -56,7 +56,7 @@ with DAG(
         job=JOB,
         expect="unhealthy",  # succeeds when the job turns unhealthy; otherwise times out and is skipped
         max_restarts=3,
-        restart_window=600,
+        health_window=600,
         progress_timeout=300,
         timeout=WATCH.total_seconds(),
         soft_fail=True,

@@ -6,6 +6,7 @@ import gc
 import logging
 import os
 import uuid
+from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,6 +53,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if marker is not None:
             limit = marker.kwargs.get("base", 300) + marker.kwargs.get("per_run", 600) * runs
             item.add_marker(pytest.mark.timeout(limit))
+
+
+#: Seconds and tests per tier (tests/<tier>/...): setup, call and teardown, servers started by fixtures included.
+_TIER_SECONDS: defaultdict[str, float] = defaultdict(float)
+_TIER_TESTS: defaultdict[str, int] = defaultdict(int)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    parts = report.nodeid.split("/")
+    tier = parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
+    _TIER_SECONDS[tier] += report.duration
+    _TIER_TESTS[tier] += report.when == "call"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Time per tier, for the table in docs/development.md (the 15 slowest tests come from --durations)."""
+    if not _TIER_SECONDS:
+        return
+    terminalreporter.section("time per tier")
+    for tier, seconds in sorted(_TIER_SECONDS.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{tier:<12} {seconds / 60:6.1f} min  {_TIER_TESTS[tier]:5d} tests")
 
 
 @pytest.fixture(scope="session")

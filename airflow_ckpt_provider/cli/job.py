@@ -14,7 +14,7 @@ from dataclasses import asdict
 from typing import Any
 
 from airflow_ckpt_provider.cli.common import add_store_args, emit, open_job_store, progress
-from airflow_ckpt_provider.core.control import Ack, Action, Outcome, Request, submit_request, wait_ack
+from airflow_ckpt_provider.core.control import Ack, Outcome, Request, RequestAction, submit_request, wait_ack
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.jobview import JobView, check_can_request, observe, when
 from airflow_ckpt_provider.core.lease import LeaseRecord
@@ -25,7 +25,7 @@ EXIT_TIMEOUT = 4
 EXIT_INTERRUPTED = 130
 
 #: Seconds to wait for the driver's answer: a stop or savepoint uploads a snapshot, a cancel does not.
-DEFAULT_TIMEOUT = {Action.SAVEPOINT: 600.0, Action.STOP: 600.0, Action.CANCEL: 120.0}
+DEFAULT_TIMEOUT = {RequestAction.SAVEPOINT: 600.0, RequestAction.STOP: 600.0, RequestAction.CANCEL: 120.0}
 #: Seconds between two reads of the ack while waiting.
 ACK_POLL = 0.5
 
@@ -106,9 +106,9 @@ def _ack_text(ack: Ack, job: str) -> str:
     batch = f" at batch {ack.batch_id}" if ack.batch_id is not None else ""
     if ack.outcome is not Outcome.COMPLETED:
         return f"{ack.action} of job {job} {ack.outcome} (request {ack.id}): {ack.message}"
-    if ack.action is Action.CANCEL or ack.snapshot_id is None:
+    if ack.action is RequestAction.CANCEL or ack.snapshot_id is None:
         return f"{ack.action} of job {job} completed{batch}: {ack.message}"
-    what = "savepoint" if ack.action is Action.SAVEPOINT else f"job {job} stopped with final savepoint"
+    what = "savepoint" if ack.action is RequestAction.SAVEPOINT else f"job {job} stopped with final savepoint"
     return f"{what} {ack.snapshot_id} completed{batch}\n{ack.snapshot_uri or '-'}"
 
 
@@ -122,7 +122,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_request(args: argparse.Namespace) -> int:
-    action = Action(args.request_action)
+    action = RequestAction(args.request_action)
     timeout = DEFAULT_TIMEOUT[action] if args.timeout is None else args.timeout
     if timeout < 0:
         raise ConfigError(f"--timeout must be >= 0 seconds, found {timeout}")
@@ -171,9 +171,9 @@ def add_job_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]
     add_store_args(p)
     p.set_defaults(fn=cmd_status)
     helps = {
-        Action.SAVEPOINT: "ask the running driver for a savepoint now; the job keeps running",
-        Action.STOP: "ask the running driver to finish its batch, take a final savepoint and exit",
-        Action.CANCEL: "ask the running driver to stop now; the latest completed checkpoint stays valid",
+        RequestAction.SAVEPOINT: "ask the running driver for a savepoint now; the job keeps running",
+        RequestAction.STOP: "ask the running driver to finish its batch, take a final savepoint and exit",
+        RequestAction.CANCEL: "ask the running driver to stop now; the latest completed checkpoint stays valid",
     }
     for action, help_ in helps.items():
         p = sub.add_parser(action.value, help=help_)

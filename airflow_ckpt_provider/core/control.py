@@ -23,7 +23,9 @@ from airflow_ckpt_provider.core.jobstore import CONTROL, JobStore
 ACK_SUFFIX = ".ack.json"
 
 
-class Action(StrEnum):
+class RequestAction(StrEnum):
+    """What a control request asks the running driver to do."""
+
     SAVEPOINT = "savepoint"  # take a savepoint now, keep running
     STOP = "stop"  # finish the batch in flight, take a final savepoint, exit 0
     CANCEL = "cancel"  # stop now; the latest completed checkpoint stays valid
@@ -38,7 +40,7 @@ class Outcome(StrEnum):
 @dataclass(frozen=True)
 class Request:
     id: str
-    action: Action
+    action: RequestAction
     epoch: int
     created_at: float
     requested_by: str
@@ -51,7 +53,7 @@ class Request:
         try:
             body = json.loads(data)
             return cls(
-                id=str(body["id"]), action=Action(body["action"]), epoch=int(body["epoch"]),
+                id=str(body["id"]), action=RequestAction(body["action"]), epoch=int(body["epoch"]),
                 created_at=float(body["created_at"]), requested_by=str(body.get("requested_by", "")),
             )
         except (ValueError, KeyError, TypeError) as err:
@@ -63,7 +65,7 @@ class Ack:
     """The driver's answer: outcome, a message for humans, and for savepoints the snapshot."""
 
     id: str
-    action: Action | None  # None: the request could not be read
+    action: RequestAction | None  # None: the request could not be read
     outcome: Outcome
     message: str
     epoch: int
@@ -85,7 +87,7 @@ class Ack:
             if not isinstance(body, dict):
                 raise TypeError(f"expected a JSON object, found {type(body).__name__}")
             known = {k: v for k, v in body.items() if k in cls.__dataclass_fields__}  # newer drivers may add fields
-            action = Action(body["action"]) if body.get("action") is not None else None
+            action = RequestAction(body["action"]) if body.get("action") is not None else None
             return cls(**known | {"action": action, "outcome": Outcome(body["outcome"])})
         except (ValueError, KeyError, TypeError) as err:
             raise StorageError(f"control ack {where} is malformed ({err})") from err
@@ -99,7 +101,7 @@ def ack_key(request_id: str) -> str:
     return f"{CONTROL}{request_id}{ACK_SUFFIX}"
 
 
-def submit_request(store: JobStore, action: Action, epoch: int, *, now: float | None = None) -> Request:
+def submit_request(store: JobStore, action: RequestAction, epoch: int, *, now: float | None = None) -> Request:
     """Write a request for the driver of ``epoch``; it is picked up within the driver's poll interval."""
     created = time.time() if now is None else now
     stamp = datetime.fromtimestamp(created, UTC).strftime("%Y%m%dT%H%M%SZ")

@@ -12,15 +12,15 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from airflow_ckpt_provider.core.control import Action
+from airflow_ckpt_provider.core.control import RequestAction
 from airflow_ckpt_provider.core.deployments import Launch, read_launch
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError, StorageError
 from airflow_ckpt_provider.core.jobstore import SNAPSHOTS, STATUS, JobStore
 from airflow_ckpt_provider.core.lease import LeaseRecord, read_lease
-from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobStatus, read_status
+from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobStatus, driver_live, read_status
 from airflow_ckpt_provider.core.storage import Storage
 
-_VERB = {Action.SAVEPOINT: "take a savepoint", Action.STOP: "stop", Action.CANCEL: "cancel"}
+_VERB = {RequestAction.SAVEPOINT: "take a savepoint", RequestAction.STOP: "stop", RequestAction.CANCEL: "cancel"}
 
 
 @dataclass(frozen=True)
@@ -33,15 +33,16 @@ class JobView:
     now: float
 
     @property
-    def stale(self) -> bool:
-        """The driver that wrote the status is gone: no heartbeat for too long, or its process is dead
-        on this host (a kill -9 is then seen at once)."""
+    def live(self) -> bool:
+        """The driver that wrote the status runs (core/status.driver_live); on this host its process is
+        probed too, so a kill -9 is seen at once."""
         s = self.status
-        if s is None or s.state not in ACTIVE_STATES:
-            return False
-        if s.host == socket.gethostname() and s.pid is not None and not _alive(s.pid):
-            return True
-        return s.is_stale(self.now)
+        return s is not None and driver_live(s, self.now, host=socket.gethostname(), pid_alive=_alive)
+
+    @property
+    def stale(self) -> bool:
+        """The status says the job is active, but the driver that wrote it is gone (not ``live``)."""
+        return self.status is not None and self.status.state in ACTIVE_STATES and not self.live
 
     @property
     def newer_lease(self) -> LeaseRecord | None:
@@ -103,12 +104,12 @@ def when(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def check_can_request(view: JobView, action: Action) -> JobStatus:
+def check_can_request(view: JobView, action: RequestAction) -> JobStatus:
     """The status of a driver able to answer ``action``; ConflictError saying why not otherwise."""
     job, s = view.store.job, view.status
     verb = _VERB[action]
     hint = ("; to snapshot its checkpoint use `ckpt snapshot create --checkpoint CHECKPOINT`"
-            if action is Action.SAVEPOINT else "")
+            if action is RequestAction.SAVEPOINT else "")
     if s is None:
         lease = view.lease
         assert lease is not None  # observe() refuses a job with neither

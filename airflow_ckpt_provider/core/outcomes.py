@@ -2,7 +2,7 @@
 
 The triggers' modules read these at import time, and Airflow's triggerer imports a trigger's module on its
 event loop: this module stays light (no IO, nothing heavier than the enum of health verdicts) so that import
-does not hold the loop up. The watches (core/watch.py) produce these statuses.
+does not hold the loop up. The watches (core/watches/) produce these statuses.
 """
 
 from __future__ import annotations

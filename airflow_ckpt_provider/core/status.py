@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -64,7 +65,7 @@ class JobStatus:
             if not isinstance(body, dict):
                 raise TypeError(f"expected a JSON object, found {type(body).__name__}")
             known = set(cls.__dataclass_fields__)
-            # The fields age() and is_stale() compute with are coerced, so a bad value fails here, clearly.
+            # The fields age() and driver_live() compute with are coerced, so a bad value fails here, clearly.
             return cls(**{k: v for k, v in body.items() if k in known} | {
                 "state": JobState(body["state"]), "epoch": int(body["epoch"]),
                 "updated_at": float(body["updated_at"]), "started_at": float(body["started_at"]),
@@ -77,15 +78,38 @@ class JobStatus:
         """Seconds since the last heartbeat."""
         return (time.time() if now is None else now) - self.updated_at
 
-    def is_stale(self, now: float | None = None) -> bool:
-        """An active state whose driver missed three heartbeats: it probably died (kill -9, lost host).
 
-        STARTING and STOPPING drivers restore a snapshot or upload a final savepoint without reporting:
-        they get ``BUSY_ALLOWANCE`` seconds at least."""
-        allowance = 3 * self.heartbeat_interval + 5
-        if self.state is not JobState.RUNNING:
-            allowance = max(allowance, BUSY_ALLOWANCE)
-        return self.state in ACTIVE_STATES and self.age(now) > allowance
+def heartbeat_limit(status: JobStatus, *, heartbeat_timeout: float | None = None,
+                    busy_timeout: float = BUSY_ALLOWANCE) -> float:
+    """Seconds without a heartbeat after which the driver of ``status`` counts as dead: ``heartbeat_timeout``,
+    by default three missed heartbeats + 5 s. A STARTING driver restores a snapshot and a STOPPING one uploads
+    its final savepoint without reporting: they get ``busy_timeout`` at least."""
+    limit = heartbeat_timeout if heartbeat_timeout is not None else 3 * status.heartbeat_interval + 5
+    return limit if status.state is JobState.RUNNING else max(limit, busy_timeout)
+
+
+def driver_live(
+    status: JobStatus,
+    now: float,
+    *,
+    heartbeat_timeout: float | None = None,
+    busy_timeout: float = BUSY_ALLOWANCE,
+    host: str | None = None,
+    pid_alive: Callable[[int], bool] | None = None,
+) -> bool:
+    """Whether the driver that wrote ``status`` still runs: an active state and a heartbeat within
+    ``heartbeat_limit`` at ``now``. The one definition the watches, the job view (CLI, operators) and the
+    supervisor share.
+
+    With ``pid_alive`` (a probe of a process id on this host, named ``host``), a driver that reported from
+    this host and whose process is gone is dead at once: a kill -9 is seen without waiting out the limit.
+    """
+    if status.state not in ACTIVE_STATES:
+        return False
+    if pid_alive is not None and status.pid is not None and status.host == host and not pid_alive(status.pid):
+        return False
+    limit = heartbeat_limit(status, heartbeat_timeout=heartbeat_timeout, busy_timeout=busy_timeout)
+    return status.age(now) <= limit
 
 
 def read_status(store: JobStore) -> JobStatus | None:

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from airflow_ckpt_provider.core.control import Action, submit_request, wait_ack
+from airflow_ckpt_provider.core.control import RequestAction, submit_request, wait_ack
 from airflow_ckpt_provider.core.snapshots import list_snapshots
 from airflow_ckpt_provider.core.status import JobStatus
 from airflow_ckpt_provider.demo.world import CUSTOMERS, EXAMPLES, TIMEOUT, AirflowHome, World, say
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                 result = scenario(world, home)
                 status = world.status()
                 assert status is not None
-                ack = wait_ack(world.store, submit_request(world.store, Action.STOP, status.epoch).id, TIMEOUT)
+                ack = wait_ack(world.store, submit_request(world.store, RequestAction.STOP, status.epoch).id, TIMEOUT)
                 exact = world.totals() == world.expected()
                 from airflow_ckpt_provider.kafka.lag import consumer_group_lag
 

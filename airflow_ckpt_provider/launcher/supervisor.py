@@ -34,7 +34,7 @@ from airflow_ckpt_provider.core.restart import (
     HealthRule,
     RestartStrategy,
 )
-from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobState, JobStatus, read_status, write_status
+from airflow_ckpt_provider.core.status import JobState, JobStatus, driver_live, read_status, write_status
 from airflow_ckpt_provider.launcher.driverprocess import GroupOf, ProcessLike, Spawn, process_group, spawn_driver
 from airflow_ckpt_provider.launcher.submit import SubmitSpec, build_command
 from airflow_ckpt_provider.runtime.exitcodes import (
@@ -232,8 +232,7 @@ class Supervisor:
             newer = lease.epoch > driver.epoch
         else:  # ours never reported: a lease taken since it started is another's unless the status is ours
             newer = lease.acquired_at >= driver.started_wall and not self._own(driver, status)
-        if (not newer or status.state not in ACTIVE_STATES or status.is_stale(self.wall())
-                or self._gone_here(status)):
+        if not newer or not driver_live(status, self.wall(), host=self._host, pid_alive=self._runs_here):
             return None
         return Ending.FENCED, (f"another driver (owner {lease.owner}, epoch {lease.epoch}) runs the job: "
                                "not restarting")
@@ -348,9 +347,9 @@ class Supervisor:
             return status.epoch > driver.baseline
         return status.host == self._host and status.pid is not None and self.group_of(status.pid) == driver.proc.pid
 
-    def _gone_here(self, status: JobStatus) -> bool:
-        """The driver that wrote ``status`` ran on this host and no longer runs: no one runs that epoch."""
-        return status.host == self._host and status.pid is not None and self.group_of(status.pid) is None
+    def _runs_here(self, pid: int) -> bool:
+        """Whether process ``pid`` of this host still runs (a driver that reported from here)."""
+        return self.group_of(pid) is not None
 
     def _stuck(self, driver: _Driver, progress: _Progress, status: JobStatus | None) -> str:
         """Why the running driver counts as stuck (its heartbeat stopped, or the health rule), or ""."""
@@ -359,7 +358,7 @@ class Supervisor:
         wall = self.wall()
         # RUNNING only: a driver STOPPING with a savepoint sends no heartbeat while it takes the final one
         if driver.running and status.state is JobState.RUNNING and status.epoch == driver.epoch \
-                and status.is_stale(wall):
+                and not driver_live(status, wall):
             return (f"no heartbeat in status.json for {status.age(wall):.0f} s "
                     f"(every {status.heartbeat_interval:g} s expected)")
         if self.health is None or self.health.progress_timeout is None or status.state is not JobState.RUNNING:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from airflow_ckpt_provider.core.jobstore import JobStore
-    from airflow_ckpt_provider.core.watch import Watch
+    from airflow_ckpt_provider.core.watches.base import Watch
     from airflow_ckpt_provider.triggers.base import WatchTrigger
 
 

@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk import ResumableJobMixin
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_ckpt_provider.core.control import Action, submit_request
+from airflow_ckpt_provider.core.control import RequestAction, submit_request
 from airflow_ckpt_provider.core.deployments import Deployment, Launch, read_launch
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
+from airflow_ckpt_provider.core.health import HealthCriteria
 from airflow_ckpt_provider.core.jobview import check_can_request, observe, starting_launch
 from airflow_ckpt_provider.core.modes import KillPolicy, RestoreSpec, StopMode
 from airflow_ckpt_provider.core.settings import JobSettings, names
-from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobState
+from airflow_ckpt_provider.core.status import JobState
 from airflow_ckpt_provider.hooks.spark import CkptSparkHook
 from airflow_ckpt_provider.launcher.deploy import launch, log_tail
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 #: task looks) has the name of the driver's.
 NOT_ARGUMENTS = ("poll_interval",)
 #: The request that stops a driver in each stop mode.
-STOP_ACTION = {StopMode.SAVEPOINT: Action.STOP, StopMode.CANCEL: Action.CANCEL}
+STOP_ACTION = {StopMode.SAVEPOINT: RequestAction.STOP, StopMode.CANCEL: RequestAction.CANCEL}
 #: Seconds a driver gets to answer a stop (a final savepoint uploads state) or a cancel.
 STOP_TIMEOUT = 600.0
 
@@ -67,9 +68,8 @@ class _LaunchMixin(JobOperator):
 
     def _wait_running(self, context: Context, store: JobStore, *, method_name: str, started_after: float | None,
                       min_epoch: int | None = None, kwargs: dict[str, Any] | None = None) -> Any:
-        health: dict[str, Any] = {"expect": "healthy", "min_epoch": min_epoch, "started_after": started_after,
-                                  "start_timeout": self.start_timeout}
-        trigger = JobHealthTrigger(**self._store_args, **health, timeout=self.start_timeout + 60)
+        criteria = HealthCriteria(min_epoch=min_epoch, started_after=started_after, start_timeout=self.start_timeout)
+        trigger = JobHealthTrigger(**self._store_args, criteria=criteria, timeout=self.start_timeout + 60)
         return self.wait(context, trigger=trigger, method_name=method_name, kwargs=kwargs)
 
     def _running_result(self, context: Context, event: dict[str, Any], launch_id: str | None) -> dict[str, Any]:
@@ -209,12 +209,12 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
             view = None
         status = view.status if view else None
         starting = starting_launch(store, status, time.time(), self.start_timeout)
-        runs = view is not None and status is not None and status.state is JobState.RUNNING and not view.stale
+        runs = view is not None and view.live and status is not None and status.state is JobState.RUNNING
         if starting is not None and not runs:
             self.log.info("job %s: launch %s (by %s) is starting its driver: waiting for it instead of submitting "
                           "the job again", self.job, starting.launch_id, starting.launched_by)
             return {"launch_id": starting.launch_id, "launched_at": starting.launched_at, "epoch": None}
-        if view is None or status is None or status.state not in ACTIVE_STATES or view.stale:
+        if view is None or status is None or not view.live:
             return None
         if status.state is JobState.STOPPING:  # a new driver would fence it before its final savepoint is out
             raise AirflowException(
@@ -268,7 +268,8 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
         except CkptError as err:
             self.log.warning("job %s: task killed; the job keeps running: %s", self.job, err)
             return
-        action = {KillPolicy.STOP_WITH_SAVEPOINT: Action.STOP, KillPolicy.CANCEL: Action.CANCEL}.get(policy)
+        action = {KillPolicy.STOP_WITH_SAVEPOINT: RequestAction.STOP,
+                  KillPolicy.CANCEL: RequestAction.CANCEL}.get(policy)
         if action is None:
             self.log.info("job %s: task killed; the job keeps running (on_kill_policy %s)", self.job, policy)
             return
@@ -313,7 +314,7 @@ class StopStreamingJobOperator(JobOperator):
             return {"job": self.job, "outcome": "not_running", "snapshot_id": None, "snapshot_uri": None,
                     "batch_id": None}
         status = view.status
-        if status is None or status.state not in ACTIVE_STATES or view.stale:
+        if status is None or not view.live:
             state = "never reported" if status is None else ("stale" if view.stale else status.state.value)
             self.log.info("job %s is not running (%s): nothing to stop", self.job, state)
             return {"job": self.job, "outcome": "not_running", "snapshot_id": None, "snapshot_uri": None,
@@ -325,7 +326,7 @@ class StopStreamingJobOperator(JobOperator):
         return ack_result(self, context, event)
 
 
-def request_and_wait(op: JobOperator, context: Context, store: JobStore, action: Action, *, timeout: float,
+def request_and_wait(op: JobOperator, context: Context, store: JobStore, action: RequestAction, *, timeout: float,
                      method_name: str, kwargs: dict[str, Any] | None = None) -> Any:
     """Submit ``action`` to the running driver (refused with nothing written if none could answer), then wait."""
     try:
@@ -391,7 +392,7 @@ class RestartStreamingJobOperator(_LaunchMixin):
             view = observe(store)
         except ConfigError:
             view = None
-        if view is not None and view.status is not None and view.status.state in ACTIVE_STATES and not view.stale:
+        if view is not None and view.live:
             return request_and_wait(self, context, store, STOP_ACTION[stop], timeout=self.stop_timeout,
                                     method_name="after_stop")
         return self.after_stop(context, None)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_ckpt_provider.core.control import Action
+from airflow_ckpt_provider.core.control import RequestAction
 from airflow_ckpt_provider.core.errors import CkptError
 from airflow_ckpt_provider.core.retention import RetentionPolicy
 from airflow_ckpt_provider.core.snapshots import apply_retention, dispose_snapshot
@@ -33,7 +33,7 @@ class TriggerSavepointOperator(JobOperator):
         self.timeout = timeout
 
     def execute(self, context: Context) -> Any:
-        return request_and_wait(self, context, self.job_store(), Action.SAVEPOINT, timeout=self.timeout,
+        return request_and_wait(self, context, self.job_store(), RequestAction.SAVEPOINT, timeout=self.timeout,
                                 method_name="execute_complete")
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:

@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_ckpt_provider.core.control import Action
+from airflow_ckpt_provider.core.control import RequestAction
 from airflow_ckpt_provider.core.deployments import Deployment, Launch, mark_stable, read_launch
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
+from airflow_ckpt_provider.core.health import HealthCriteria
 from airflow_ckpt_provider.core.jobview import check_can_request, observe
 from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec, StopMode, UpgradeMode
 from airflow_ckpt_provider.core.snapshots import latest_completed, list_snapshots
-from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobState
+from airflow_ckpt_provider.core.status import JobState
 from airflow_ckpt_provider.launcher.deploy import credentials_env, log_tail, submit_spec
 from airflow_ckpt_provider.launcher.restorecheck import check_restore
 from airflow_ckpt_provider.launcher.submit import build_command
@@ -140,9 +141,9 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
             view = observe(store)
         except ConfigError:
             return None
-        if view.status is None or view.status.state not in ACTIVE_STATES or view.stale:
+        if not view.live:
             return None
-        return check_can_request(view, Action.STOP).epoch
+        return check_can_request(view, RequestAction.STOP).epoch
 
     def _check(self, store: JobStore, new: Deployment) -> None:
         self._step(1, "checking that %s (code %s) restores the current state", new.job_file, new.code_version or "-")
@@ -187,7 +188,7 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         except ConfigError:
             view = None
         status = view.status if view else None
-        if view is not None and status is not None and status.state in ACTIVE_STATES and not view.stale:
+        if view is not None and status is not None and view.live:
             if status.state is JobState.STOPPING:
                 raise AirflowException(
                     f"upgrade of job {self.job}: {err}; the old driver (epoch {status.epoch}) is still STOPPING: "
@@ -202,12 +203,10 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
 
     def _verify(self, context: Context, store: JobStore, record: Launch, method_name: str,
                 plan: dict[str, Any]) -> Any:
-        health: dict[str, Any] = {
-            "expect": "healthy", "started_after": record.launched_at, "min_batches": int(self.verify_batches),
-            "start_timeout": self.verify_timeout, "max_restarts": 1, "restart_window": self.verify_timeout,
-        }
+        criteria = HealthCriteria(started_after=record.launched_at, min_batches=int(self.verify_batches),
+                                  start_timeout=self.verify_timeout, max_restarts=1, health_window=self.verify_timeout)
         self._step(4, "verifying: %d batches within %.0f s", int(self.verify_batches), self.verify_timeout)
-        trigger = JobHealthTrigger(**self._store_args, **health, timeout=self.verify_timeout)
+        trigger = JobHealthTrigger(**self._store_args, criteria=criteria, timeout=self.verify_timeout)
         return self.wait(context, trigger=trigger, method_name=method_name,
                          kwargs={"plan": plan | {"launch": record.to_dict()}})
 
@@ -238,8 +237,8 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         restore = RestoreSpec.parse(plan["snapshot_id"]) if plan["snapshot_id"] else LATEST_STATE
         self._step(5, "rolling back to %s (code %s) from %s", old.job_file, old.code_version or "-", restore)
         record = self._launch(store, old, restore)
-        trigger = JobHealthTrigger(**self._store_args, expect="healthy", started_after=record.launched_at,
-                                   start_timeout=self.verify_timeout, timeout=self.verify_timeout)
+        criteria = HealthCriteria(started_after=record.launched_at, start_timeout=self.verify_timeout)
+        trigger = JobHealthTrigger(**self._store_args, criteria=criteria, timeout=self.verify_timeout)
         return self.wait(context, trigger=trigger, method_name="after_rollback", kwargs={"plan": plan, "why": why})
 
     def after_rollback(self, context: Context, event: dict[str, Any], plan: dict[str, Any], why: str) -> Any:

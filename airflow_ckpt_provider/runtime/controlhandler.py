@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from airflow_ckpt_provider.core import gate
-from airflow_ckpt_provider.core.control import Ack, Action, Outcome, Request
+from airflow_ckpt_provider.core.control import Ack, Outcome, Request, RequestAction
 from airflow_ckpt_provider.core.errors import CkptError, StorageError
 from airflow_ckpt_provider.core.lease import FencedError, Lease
 from airflow_ckpt_provider.core.manifest import Kind, Trigger
@@ -76,10 +76,10 @@ class ControlHandler:
                               f"rejected: the request was for the driver of epoch {request.epoch}, this driver runs "
                               f"epoch {epoch}; check `ckpt job status` and send it again", Outcome.REJECTED)
             return None
-        if request.action is Action.SAVEPOINT:  # answered when the snapshot completed or failed
+        if request.action is RequestAction.SAVEPOINT:  # answered when the snapshot completed or failed
             self.snapshotter.savepoint(Trigger.MANUAL, request.id)
             return None
-        if request.action is Action.STOP:
+        if request.action is RequestAction.STOP:
             return self._stop_with_savepoint(request)
         return self.cancel(request, "canceled on request")
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from airflow_ckpt_provider.core import gate
-from airflow_ckpt_provider.core.control import Ack, Action, Outcome, Request, open_requests
+from airflow_ckpt_provider.core.control import Ack, Outcome, Request, RequestAction, open_requests
 from airflow_ckpt_provider.core.deployments import LAUNCH_ENV, read_launch
 from airflow_ckpt_provider.core.errors import CkptError, StorageError
 from airflow_ckpt_provider.core.jobstore import JobStore
@@ -133,7 +133,7 @@ class JobDriver:
         finally:
             if self.snapshotter is not None:
                 for dropped in self.snapshotter.close():
-                    self.reporter.ack(str(dropped.request_id), Action.SAVEPOINT, None,
+                    self.reporter.ack(str(dropped.request_id), RequestAction.SAVEPOINT, None,
                                       "the driver stopped before taking it")
             spark.streams.removeListener(listener)
 
@@ -285,7 +285,7 @@ class JobDriver:
             if outcome.result is not None:
                 self.reporter.update(last_snapshot=snapshot_info(outcome.result))
             if outcome.job.request_id is not None:
-                self.reporter.ack(outcome.job.request_id, Action.SAVEPOINT, outcome.result, outcome.error)
+                self.reporter.ack(outcome.job.request_id, RequestAction.SAVEPOINT, outcome.result, outcome.error)
 
     def _requests(self) -> list[Request]:
         try:

@@ -14,7 +14,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from airflow_ckpt_provider.core.control import Ack, Action, Outcome, write_ack
+from airflow_ckpt_provider.core.control import Ack, Outcome, RequestAction, write_ack
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.lease import Lease
@@ -43,7 +43,7 @@ class DriverReporter:
         """The reason last reported."""
         return self.status.reason if self.status else "running"
 
-    def ack(self, request_id: str, action: Action, result: SnapshotResult | None, error: str | None,
+    def ack(self, request_id: str, action: RequestAction, result: SnapshotResult | None, error: str | None,
              outcome: Outcome | None = None) -> None:
         """Answer request ``request_id``: with the snapshot ``result`` took, else ``error``."""
         m = result.manifest if result else None

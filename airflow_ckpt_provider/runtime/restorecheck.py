@@ -56,7 +56,7 @@ from airflow_ckpt_provider.runtime.restoreverdict import (
     spark_error,
     state_files,
 )
-from airflow_ckpt_provider.runtime.startup import Action, plan_start
+from airflow_ckpt_provider.runtime.startup import StartAction, plan_start
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -141,7 +141,7 @@ class RestoreChecker:
         spec = self.config.restore
         plan, _ = plan_start(self.store, scratch, spec)
         live = self._live_batch()
-        if plan.action is Action.RESTORE:
+        if plan.action is StartAction.RESTORE:
             assert plan.snapshot is not None
             m = plan.snapshot
             note = ""

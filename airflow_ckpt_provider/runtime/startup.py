@@ -43,7 +43,9 @@ class LiveCheckpoint:
 NO_COMPLETED_BATCH = "no completed batch"
 
 
-class Action(StrEnum):
+class StartAction(StrEnum):
+    """Where a starting driver resumes from (the decision of ``decide``)."""
+
     KEEP_LIVE = "keep-live"
     RESTORE = "restore"
     FRESH = "fresh"
@@ -68,7 +70,7 @@ class StartPlan:
     """The decision and why; ``skipped`` lists rejected candidates (snapshot id, problem) for the log;
     ``travel`` says whether the restore goes back in time."""
 
-    action: Action
+    action: StartAction
     reason: str
     snapshot: Manifest | None = None
     skipped: tuple[tuple[str, str], ...] = field(default_factory=tuple)
@@ -109,13 +111,13 @@ def decide(
                 f"restore strategy 'none' starts without state, but the live checkpoint {live.location} is not "
                 "empty: delete it, choose another --checkpoint, or use --restore latest-state to keep its state"
             )
-        return StartPlan(Action.FRESH, "restore strategy none: starting without state")
+        return StartPlan(StartAction.FRESH, "restore strategy none: starting without state")
     if spec.mode is RestoreMode.SNAPSHOT:
         (named,) = snapshots
         problem = problems(named)
         if problem:
             raise SnapshotError(f"snapshot {named.snapshot_id} cannot be restored: {problem}; choose another one")
-        return StartPlan(Action.RESTORE, f"restore strategy: snapshot {named.snapshot_id} as requested", named)
+        return StartPlan(StartAction.RESTORE, f"restore strategy: snapshot {named.snapshot_id} as requested", named)
 
     kinds = {Kind.SAVEPOINT} if spec.mode is RestoreMode.LATEST_SAVEPOINT else set(Kind)
     candidates = sorted((m for m in snapshots if m.kind in kinds), key=snapshot_order, reverse=True)
@@ -126,13 +128,13 @@ def decide(
             break
         problem = problems(m)
         if problem is None:
-            return StartPlan(Action.RESTORE, _why(spec, live, m, skipped), m, tuple(skipped))
+            return StartPlan(StartAction.RESTORE, _why(spec, live, m, skipped), m, tuple(skipped))
         skipped.append((m.snapshot_id, problem))
     if keep_live:
         why = f"the live checkpoint is intact at batch {live.batch_id} and newest"
         if skipped:
             why += "; skipped damaged " + ", ".join(f"{sid} ({p})" for sid, p in skipped)
-        return StartPlan(Action.KEEP_LIVE, why, skipped=tuple(skipped))
+        return StartPlan(StartAction.KEEP_LIVE, why, skipped=tuple(skipped))
     if spec.mode is RestoreMode.LATEST_SAVEPOINT:
         found = "; ".join(f"{sid}: {p}" for sid, p in skipped) or "none exists"
         raise SnapshotError(
@@ -146,7 +148,7 @@ def decide(
             f"to fall back to ({found}). Nothing was changed; repair or move the checkpoint away, or "
             "start over with --restore none on an empty --checkpoint"
         )
-    return StartPlan(Action.FRESH, "no live checkpoint and no snapshot: first start", skipped=tuple(skipped))
+    return StartPlan(StartAction.FRESH, "no live checkpoint and no snapshot: first start", skipped=tuple(skipped))
 
 
 def _why(spec: RestoreSpec, live: LiveCheckpoint, m: Manifest, skipped: list[tuple[str, str]]) -> str:
@@ -219,7 +221,7 @@ def latest_batch(store: JobStore, lineage: Lineage | None, snapshots: Sequence[M
 def travel_of(plan: StartPlan, latest: int | None, lineage: Lineage | None) -> Travel | None:
     """Whether restoring ``plan.snapshot`` goes back in time (pure)."""
     m = plan.snapshot
-    if plan.action is not Action.RESTORE or m is None:
+    if plan.action is not StartAction.RESTORE or m is None:
         return None
     if latest is not None and m.batch_id < latest:
         return Travel(m.snapshot_id, m.batch_id, latest, f"the job had reached batch {latest}")
@@ -254,7 +256,7 @@ def check_named_restore(store: JobStore, spec: RestoreSpec, policy: TimeTravel) 
     assert spec.snapshot is not None
     named = load_manifest(store, _snapshot_id(store, spec.snapshot))
     lineage = read_lineage(store)
-    plan = StartPlan(Action.RESTORE, "named", named)
+    plan = StartPlan(StartAction.RESTORE, "named", named)
     plan = replace(plan, travel=travel_of(plan, latest_batch(store, lineage, list_snapshots(store)), lineage))
     check_time_travel(spec, plan, policy)
 
@@ -279,7 +281,7 @@ def plan_start(store: JobStore, live_storage: Storage, spec: RestoreSpec,
         return "; ".join(sorted(found.values())[:3]) if found else None
 
     plan = decide(spec, live, snapshots, problems)
-    if plan.action is Action.RESTORE:
+    if plan.action is StartAction.RESTORE:
         lineage = read_lineage(store)
         every = snapshots if spec.mode is RestoreMode.LATEST_STATE else list_snapshots(store)
         plan = replace(plan, travel=travel_of(plan, latest_batch(store, lineage, every), lineage))
@@ -291,7 +293,7 @@ def prepare_checkpoint(store: JobStore, live_storage: Storage, spec: RestoreSpec
                        policy: TimeTravel = TimeTravel.FORK) -> StartPlan:
     """Observe, decide, act, record: after this the live location holds what Spark resumes from."""
     plan, live = plan_start(store, live_storage, spec, policy)
-    loud = plan.skipped or (live.problem and live.problem != NO_COMPLETED_BATCH and plan.action is Action.RESTORE)
+    loud = plan.skipped or (live.problem and live.problem != NO_COMPLETED_BATCH and plan.action is StartAction.RESTORE)
     (log.warning if loud else log.info)("job %s: start: %s", store.job, plan.reason)
     previous_record = _last_record(store)
     timeline = int(previous_record.get("timeline", 0)) + (1 if plan.travel else 0)
@@ -303,11 +305,11 @@ def prepare_checkpoint(store: JobStore, live_storage: Storage, spec: RestoreSpec
             "hidden / undone when batch %d comes back different); the ckpt-kafka sink writes those batches again, "
             "so its consumers see the records of the abandoned batches too (as with Flink); other sinks see them "
             "again", store.job, epoch, t.snapshot, t.to_batch, t.why, timeline, t.to_batch, t.to_batch + 1)
-    if plan.action is Action.RESTORE:
+    if plan.action is StartAction.RESTORE:
         assert plan.snapshot is not None
         restore_snapshot(store, plan.snapshot.snapshot_id, live_storage, replace=not live.empty)
     previous = read_lineage(store)
-    if spec.mode is RestoreMode.LATEST_STATE and plan.action is not Action.FRESH:
+    if spec.mode is RestoreMode.LATEST_STATE and plan.action is not StartAction.FRESH:
         lineage = previous or Lineage(0.0)
     else:
         lineage = Lineage(time.time(), plan.snapshot.snapshot_id if plan.snapshot else None)

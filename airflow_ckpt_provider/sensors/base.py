@@ -21,7 +21,7 @@ from airflow_ckpt_provider.triggers.base import ERROR, TIMEOUT, WatchTrigger, mi
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_ckpt_provider.core.watch import Watch
+    from airflow_ckpt_provider.core.watches.base import Watch
 
 #: The deferral's own timeout comes this long after the trigger's, so the trigger's timeout event (which
 #: says what it last saw) normally ends the wait; the deferral timeout is the backstop.

@@ -25,7 +25,7 @@ from airflow_ckpt_provider.core.errors import StorageError
 
 if TYPE_CHECKING:
     from airflow_ckpt_provider.core.jobstore import JobStore
-    from airflow_ckpt_provider.core.watch import Watch
+    from airflow_ckpt_provider.core.watches.base import Watch
 
 TIMEOUT = "timeout"
 ERROR = "error"

@@ -8,7 +8,7 @@ from airflow_ckpt_provider.core.outcomes import REQUEST_EVENTS
 from airflow_ckpt_provider.triggers.base import DEFAULT_STORE_CONN, TRIGGER_EVENTS, JobStoreTrigger
 
 if TYPE_CHECKING:
-    from airflow_ckpt_provider.core.watch import RequestWatch
+    from airflow_ckpt_provider.core.watches.control import RequestWatch
 
 
 class RequestTrigger(JobStoreTrigger):
@@ -48,6 +48,6 @@ class RequestTrigger(JobStoreTrigger):
                 "busy_timeout": self.busy_timeout}
 
     def build_watch(self) -> RequestWatch:
-        from airflow_ckpt_provider.core.watch import RequestWatch
+        from airflow_ckpt_provider.core.watches.control import RequestWatch
 
         return RequestWatch(self.job_store(), self.request_id, self.epoch, busy_timeout=self.busy_timeout)

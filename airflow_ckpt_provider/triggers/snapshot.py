@@ -8,7 +8,7 @@ from airflow_ckpt_provider.core.outcomes import SNAPSHOT_EVENTS
 from airflow_ckpt_provider.triggers.base import DEFAULT_STORE_CONN, TRIGGER_EVENTS, JobStoreTrigger
 
 if TYPE_CHECKING:
-    from airflow_ckpt_provider.core.watch import SnapshotWatch
+    from airflow_ckpt_provider.core.watches.snapshot import SnapshotWatch
 
 
 class SnapshotTrigger(JobStoreTrigger):
@@ -41,6 +41,6 @@ class SnapshotTrigger(JobStoreTrigger):
         return {**super().arguments(), "after": self.after, "kind": self.kind}
 
     def build_watch(self) -> SnapshotWatch:
-        from airflow_ckpt_provider.core.watch import SnapshotWatch
+        from airflow_ckpt_provider.core.watches.snapshot import SnapshotWatch
 
         return SnapshotWatch(self.job_store(), after=self.after, kind=self.kind)

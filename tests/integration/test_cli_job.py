@@ -14,7 +14,7 @@ import pytest
 
 from airflow_ckpt_provider.cli import job as cli_job
 from airflow_ckpt_provider.cli.main import main
-from airflow_ckpt_provider.core.control import Ack, Action, Outcome, Request, open_requests, read_ack, write_ack
+from airflow_ckpt_provider.core.control import Ack, Outcome, Request, RequestAction, open_requests, read_ack, write_ack
 from airflow_ckpt_provider.core.jobstore import CONTROL, JobStore
 from airflow_ckpt_provider.core.lease import LeaseRecord
 from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
@@ -24,7 +24,7 @@ from airflow_ckpt_provider.embedded import EmbeddedS3, free_port
 pytestmark = pytest.mark.integration
 
 SNAPSHOT_ID = "savepoint-41-20261122T101500Z-abc123"
-ACTIONS = [a.value for a in Action]
+ACTIONS = [a.value for a in RequestAction]
 
 
 @dataclass
@@ -137,7 +137,7 @@ class FakeDriver(threading.Thread):
 
 def completed(request: Request) -> Ack:
     uri = f"s3://b/jobs/orders/snapshots/{SNAPSHOT_ID}"
-    if request.action is Action.CANCEL:
+    if request.action is RequestAction.CANCEL:
         return Ack(request.id, request.action, Outcome.COMPLETED, "canceled; the latest completed batch is 41",
                    request.epoch, time.time(), batch_id=41)
     return Ack(request.id, request.action, Outcome.COMPLETED, f"savepoint {SNAPSHOT_ID} at batch 41", request.epoch,
@@ -265,7 +265,7 @@ def test_no_wait_writes_exactly_one_request_for_the_status_epoch(target: Target,
     store = install(target, running(epoch=7), lease(7))
     shown = ckpt(target, capsys, "savepoint", "--no-wait")
     [request] = open_requests(store)
-    assert (request.action, request.epoch) == (Action.SAVEPOINT, 7)
+    assert (request.action, request.epoch) == (RequestAction.SAVEPOINT, 7)
     assert control_keys(store) == [f"control/{request.id}.json"]
     assert shown.out.startswith(f"requested savepoint of job orders: request {request.id} for the driver of epoch 7")
 

@@ -11,8 +11,8 @@ import pytest
 
 from airflow_ckpt_provider.core.control import (
     Ack,
-    Action,
     Outcome,
+    RequestAction,
     ack_key,
     open_requests,
     read_ack,
@@ -157,14 +157,14 @@ def test_concurrent_acquires_get_distinct_epochs_and_only_the_newest_runs(store:
 
 
 def test_open_requests_oldest_first_and_acks_hide_them(store: JobStore) -> None:
-    stop = submit_request(store, Action.STOP, epoch=3, now=1_700_000_300.0)
-    savepoint = submit_request(store, Action.SAVEPOINT, epoch=3, now=1_700_000_100.0)
-    cancel = submit_request(store, Action.CANCEL, epoch=2, now=1_700_000_200.0)
+    stop = submit_request(store, RequestAction.STOP, epoch=3, now=1_700_000_300.0)
+    savepoint = submit_request(store, RequestAction.SAVEPOINT, epoch=3, now=1_700_000_100.0)
+    cancel = submit_request(store, RequestAction.CANCEL, epoch=2, now=1_700_000_200.0)
     assert savepoint.id.startswith("savepoint-20231114T221") and savepoint.epoch == 3
     assert open_requests(store) == [savepoint, cancel, stop]
     assert store.storage.read(request_key(stop.id)) == stop.to_bytes()
 
-    ack = Ack(savepoint.id, Action.SAVEPOINT, Outcome.COMPLETED, "savepoint at batch 9", 3, 1_700_000_101.0,
+    ack = Ack(savepoint.id, RequestAction.SAVEPOINT, Outcome.COMPLETED, "savepoint at batch 9", 3, 1_700_000_101.0,
               snapshot_id="savepoint-9-20231114T221501Z-abcdef", snapshot_uri="s3://x", batch_id=9)
     write_ack(store, ack)
     assert open_requests(store) == [cancel, stop]
@@ -194,7 +194,7 @@ class FakeTime:
 
 
 def test_wait_ack_gives_up_at_the_timeout(store: JobStore) -> None:
-    request = submit_request(store, Action.SAVEPOINT, epoch=1)
+    request = submit_request(store, RequestAction.SAVEPOINT, epoch=1)
     fake = FakeTime()
     assert wait_ack(store, request.id, 2.0, poll=0.5, sleep=fake.sleep, clock=fake.clock) is None
     assert fake.sleeps == [0.5, 0.5, 0.5, 0.5] and fake.now == 2.0
@@ -202,8 +202,8 @@ def test_wait_ack_gives_up_at_the_timeout(store: JobStore) -> None:
 
 
 def test_wait_ack_returns_the_ack_once_written(store: JobStore) -> None:
-    request = submit_request(store, Action.STOP, epoch=1)
-    ack = Ack(request.id, Action.STOP, Outcome.FAILED, "upload failed", 1, 5.0)
+    request = submit_request(store, RequestAction.STOP, epoch=1)
+    ack = Ack(request.id, RequestAction.STOP, Outcome.FAILED, "upload failed", 1, 5.0)
     fake = FakeTime()
 
     def sleep(seconds: float) -> None:
@@ -216,7 +216,7 @@ def test_wait_ack_returns_the_ack_once_written(store: JobStore) -> None:
 
 
 def test_wait_ack_with_zero_timeout_reads_once(store: JobStore) -> None:
-    request = submit_request(store, Action.CANCEL, epoch=1)
+    request = submit_request(store, RequestAction.CANCEL, epoch=1)
     fake = FakeTime()
     assert wait_ack(store, request.id, 0.0, sleep=fake.sleep, clock=fake.clock) is None
     assert fake.sleeps == []

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from airflow_ckpt_provider import examples
-from airflow_ckpt_provider.core.control import Action, Outcome
+from airflow_ckpt_provider.core.control import Outcome, RequestAction
 from airflow_ckpt_provider.core.jobstore import STATUS, JobStore
 from airflow_ckpt_provider.core.lease import read_lease
 from airflow_ckpt_provider.core.status import JobState
@@ -116,7 +116,7 @@ def test_new_versions_are_checked_against_the_running_jobs_state_without_touchin
     # No scheduled snapshots: v1 then writes nothing to the job store but its heartbeat while the checks run.
     runs.append(v1 := env.run_job("v1", EXAMPLES / "orders_v1.py", checkpoint, "--checkpoint-interval", "none"))
     status = env.wait_status("batch 2 completed", lambda s: (s.batch_id or 0) >= 2, TIMEOUT, v1)
-    savepoint = env.request(Action.SAVEPOINT, status.epoch)
+    savepoint = env.request(RequestAction.SAVEPOINT, status.epoch)
     assert savepoint.outcome is Outcome.COMPLETED, savepoint
 
     store = env.store()
@@ -173,6 +173,6 @@ def test_new_versions_are_checked_against_the_running_jobs_state_without_touchin
 
     # v1 ends exactly: every order counted once.
     env.wait_status(f"all {total} orders", lambda s: env.consumed(s) == total, TIMEOUT, v1)
-    assert env.request(Action.STOP, status.epoch).outcome is Outcome.COMPLETED
+    assert env.request(RequestAction.STOP, status.epoch).outcome is Outcome.COMPLETED
     assert v1.wait(TIMEOUT) == EXIT_STOPPED
     assert read_totals(env.out) == expected_totals(total)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
-from airflow_ckpt_provider.core.control import Action, Outcome, wait_ack
+from airflow_ckpt_provider.core.control import Outcome, RequestAction, wait_ack
 from airflow_ckpt_provider.core.lease import read_lease
 from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.snapshots import list_snapshots, load_manifest
@@ -45,7 +45,7 @@ def test_stop_with_savepoint_then_restore_elsewhere_continues_exactly(env: JobEn
     status = env.wait_status("batch 2 completed", lambda s: (s.batch_id or 0) >= 2, TIMEOUT, a)
     assert status.state is JobState.RUNNING
 
-    ack = env.request(Action.STOP, status.epoch)
+    ack = env.request(RequestAction.STOP, status.epoch)
     assert ack.outcome is Outcome.COMPLETED, ack
     assert a.wait(TIMEOUT) == EXIT_STOPPED
     stopped = env.status()
@@ -67,7 +67,7 @@ def test_stop_with_savepoint_then_restore_elsewhere_continues_exactly(env: JobEn
     status = env.wait_status("all 1800 records counted", lambda s: env.consumed(s) == 1800, TIMEOUT, b)
     assert status.restored_from == ack.snapshot_id
     assert status.epoch == stopped.epoch + 1
-    assert env.request(Action.STOP, status.epoch).outcome is Outcome.COMPLETED
+    assert env.request(RequestAction.STOP, status.epoch).outcome is Outcome.COMPLETED
     assert b.wait(TIMEOUT) == EXIT_STOPPED
 
     assert env.final_counts() == expected_counts(1800)
@@ -84,14 +84,14 @@ def test_savepoint_and_cancel_requests_and_a_request_for_another_epoch(env: JobE
     runs.append(a := env.run("a", checkpoint, "--checkpoint-interval", "none"))
     status = env.wait_status("batch 1 completed", lambda s: (s.batch_id or 0) >= 1, TIMEOUT, a)
 
-    ack = env.request(Action.SAVEPOINT, status.epoch)
+    ack = env.request(RequestAction.SAVEPOINT, status.epoch)
     assert ack.outcome is Outcome.COMPLETED, ack
     manifest = load_manifest(env.store(), str(ack.snapshot_id))
     assert (manifest.kind, manifest.trigger) == (Kind.SAVEPOINT, Trigger.MANUAL)
     assert manifest.batch_id >= 1
     assert manifest.labels == {"epoch": str(status.epoch)}
 
-    stale = env.request(Action.CANCEL, status.epoch + 7)
+    stale = env.request(RequestAction.CANCEL, status.epoch + 7)
     assert stale.outcome is Outcome.REJECTED
     assert f"for the driver of epoch {status.epoch + 7}, this driver runs epoch {status.epoch}" in stale.message
     # A file in control/ that is not a request is answered, and blocks no later request.
@@ -105,7 +105,7 @@ def test_savepoint_and_cancel_requests_and_a_request_for_another_epoch(env: JobE
     # --checkpoint-interval none: the only snapshot is the requested savepoint.
     assert [m.snapshot_id for m in list_snapshots(env.store())] == [ack.snapshot_id]
 
-    cancel = env.request(Action.CANCEL, status.epoch)
+    cancel = env.request(RequestAction.CANCEL, status.epoch)
     assert cancel.outcome is Outcome.COMPLETED
     assert a.wait(TIMEOUT) == EXIT_STOPPED
     final = env.status()
@@ -122,7 +122,7 @@ def test_broken_or_deleted_live_checkpoint_falls_back_to_the_newest_snapshot(env
     runs.append(a := env.run("a", checkpoint))
     status = env.wait_status("batch 3 snapshotted", lambda s: (s.last_snapshot or {}).get("batch_id", 0) >= 3,
                              TIMEOUT, a)
-    assert env.request(Action.CANCEL, status.epoch).outcome is Outcome.COMPLETED
+    assert env.request(RequestAction.CANCEL, status.epoch).outcome is Outcome.COMPLETED
     assert a.wait(TIMEOUT) == EXIT_STOPPED
     newest = max(list_snapshots(env.store()), key=lambda m: m.batch_id)
 
@@ -141,7 +141,7 @@ def test_broken_or_deleted_live_checkpoint_falls_back_to_the_newest_snapshot(env
     assert f"{latest + 1}.delta" in fallback[0]
     assert "WARNING" in fallback[0]
     env.wait_status("batch after the restore", lambda s: (s.batch_id or 0) > newest.batch_id, TIMEOUT, b)
-    assert env.request(Action.CANCEL, 2).outcome is Outcome.COMPLETED
+    assert env.request(RequestAction.CANCEL, 2).outcome is Outcome.COMPLETED
     assert b.wait(TIMEOUT) == EXIT_STOPPED
 
     # Deleted entirely: the newest snapshot again, then all 2000 records exactly.
@@ -150,7 +150,7 @@ def test_broken_or_deleted_live_checkpoint_falls_back_to_the_newest_snapshot(env
     runs.append(c := env.run("c", checkpoint))
     status = env.wait_status("all 2000 records counted", lambda s: env.consumed(s) == 2000, TIMEOUT, c)
     assert status.restored_from == newest.snapshot_id
-    assert env.request(Action.STOP, status.epoch).outcome is Outcome.COMPLETED
+    assert env.request(RequestAction.STOP, status.epoch).outcome is Outcome.COMPLETED
     assert c.wait(TIMEOUT) == EXIT_STOPPED
     assert env.final_counts() == expected_counts(2000)
 
@@ -168,7 +168,7 @@ def test_a_newer_driver_fences_the_running_one(env: JobEnv, runs: list[Run]) -> 
     produce(env.kafka.bootstrap_servers, env.topic, 3000, 600)
     status = env.wait_status("all 3600 records counted", lambda s: env.consumed(s) == 3600, TIMEOUT * 2, b)
     assert status.epoch == 2
-    assert env.request(Action.STOP, 2).outcome is Outcome.COMPLETED
+    assert env.request(RequestAction.STOP, 2).outcome is Outcome.COMPLETED
     assert b.wait(TIMEOUT) == EXIT_STOPPED
 
     commits = env.commits()
@@ -198,7 +198,7 @@ def test_two_drivers_started_at_once_exactly_one_runs(env: JobEnv, runs: list[Ru
     (loser,) = exited
     winner = next(r for r in started if r is not loser)
     assert loser.proc.returncode == EXIT_FENCED, loser.tail()
-    assert env.request(Action.STOP, status.epoch).outcome is Outcome.COMPLETED
+    assert env.request(RequestAction.STOP, status.epoch).outcome is Outcome.COMPLETED
     assert winner.wait(TIMEOUT) == EXIT_STOPPED
     assert list(env.commits()) == [2], "only the driver holding the newest epoch committed batches"
     assert env.final_counts() == expected_counts(600)
@@ -228,5 +228,5 @@ def test_bad_input_changes_nothing(env: JobEnv, runs: list[Run], tmp_path: Path)
     assert lease is not None
     assert lease.epoch == status.epoch
     assert a.proc.poll() is None
-    assert env.request(Action.STOP, status.epoch).outcome is Outcome.COMPLETED
+    assert env.request(RequestAction.STOP, status.epoch).outcome is Outcome.COMPLETED
     assert a.wait(TIMEOUT) == EXIT_STOPPED

@@ -314,7 +314,7 @@ def test_runtime_restore_of_older_savepoints_onto_the_same_files_sink_follows_th
     batches cover other offsets); with --full once more from a savepoint of the new timeline. Under
     --time-travel refuse the same restore is refused before the lease, changing nothing."""
     full = bool(pytestconfig.getoption("--full", default=False))
-    from airflow_ckpt_provider.core.control import Action, Outcome
+    from airflow_ckpt_provider.core.control import Outcome, RequestAction
     from airflow_ckpt_provider.core.lease import read_lease
     from airflow_ckpt_provider.core.storage import S3Options
     from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_STOPPED
@@ -336,12 +336,12 @@ def test_runtime_restore_of_older_savepoints_onto_the_same_files_sink_follows_th
         return env.wait_status(f"{n} records consumed", lambda s: env.consumed(s) >= n, 240, run).epoch
 
     def savepoint(epoch: int) -> str:
-        ack = env.request(Action.SAVEPOINT, epoch)
+        ack = env.request(RequestAction.SAVEPOINT, epoch)
         assert ack.outcome is Outcome.COMPLETED and ack.snapshot_id, ack
         return ack.snapshot_id
 
     def stop(epoch: int, run: Run) -> None:
-        assert env.request(Action.STOP, epoch).outcome is Outcome.COMPLETED
+        assert env.request(RequestAction.STOP, epoch).outcome is Outcome.COMPLETED
         assert run.wait(120) == EXIT_STOPPED, run.tail()
 
     produce(bootstrap, env.topic, 0, 300)

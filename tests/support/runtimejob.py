@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from airflow_ckpt_provider.core.control import Ack, Action, submit_request, wait_ack
+from airflow_ckpt_provider.core.control import Ack, RequestAction, submit_request, wait_ack
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.status import JobStatus, read_status
 from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
@@ -121,7 +121,7 @@ class JobEnv:
         raise AssertionError(f"timed out after {timeout} s waiting for {what}; status {self.status()}\n"
                              + "\n".join(r.tail() for r in runs))
 
-    def request(self, action: Action, epoch: int, timeout: float = 180.0) -> Ack:
+    def request(self, action: RequestAction, epoch: int, timeout: float = 180.0) -> Ack:
         store = self.store()
         request = submit_request(store, action, epoch)
         ack = wait_ack(store, request.id, timeout, poll=0.2)

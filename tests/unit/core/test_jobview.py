@@ -16,7 +16,7 @@ import pytest
 from airflow_ckpt_provider.core.deployments import LAUNCH_ENV, Deployment, Launch, record_end
 from airflow_ckpt_provider.core.jobstore import SPEC_LAST, JobStore
 from airflow_ckpt_provider.core.jobview import JobView, starting_launch
-from airflow_ckpt_provider.core.status import BUSY_ALLOWANCE, JobState, JobStatus
+from airflow_ckpt_provider.core.status import BUSY_ALLOWANCE, JobState, JobStatus, driver_live
 from airflow_ckpt_provider.core.storage import LocalStorage
 from airflow_ckpt_provider.runtime.driver import _superseded
 
@@ -66,8 +66,9 @@ def launched(store: JobStore, at: float, launch_id: str = "L1", **changes: Any) 
 def test_a_fresh_status_of_a_dead_process_on_this_host_is_stale_at_once(store: JobStore, dead_pid: int,
                                                                         state: JobState) -> None:
     s = status(state=state, host=socket.gethostname(), pid=dead_pid)
-    assert not s.is_stale(T0 + 1)  # the heartbeat alone says alive ...
+    assert driver_live(s, T0 + 1)  # the heartbeat alone says alive ...
     assert view(store, s).stale  # ... but its process is gone: a kill -9 is seen without waiting
+    assert not view(store, s).live
 
 
 def test_a_live_process_on_this_host_is_not_stale(store: JobStore) -> None:

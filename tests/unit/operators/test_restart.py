@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_ckpt_provider.core.control import Action, Outcome
+from airflow_ckpt_provider.core.control import Outcome, RequestAction
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.status import JobState
@@ -73,8 +73,8 @@ def test_restart_refuses_bad_templated_input_before_stopping(store: JobStore, kw
 
 
 @pytest.mark.usefixtures("no_launch")
-@pytest.mark.parametrize(("stop_mode", "action"), [("cancel", Action.CANCEL), ("savepoint", Action.STOP)])
-def test_restart_of_a_running_job_stops_it_first(store: JobStore, stop_mode: str, action: Action) -> None:
+@pytest.mark.parametrize(("stop_mode", "action"), [("cancel", RequestAction.CANCEL), ("savepoint", RequestAction.STOP)])
+def test_restart_of_a_running_job_stops_it_first(store: JobStore, stop_mode: str, action: RequestAction) -> None:
     record_deployment(store)
     report(store, epoch=3)
     op = RestartStreamingJobOperator(task_id="restart", job="orders", stop_mode=stop_mode, stop_timeout=30)

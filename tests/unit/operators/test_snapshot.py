@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_ckpt_provider.core.control import Action
+from airflow_ckpt_provider.core.control import RequestAction
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.manifest import Kind
 from airflow_ckpt_provider.core.snapshots import list_snapshots
@@ -41,7 +41,7 @@ def test_savepoint_requests_the_running_epoch_and_defers(store: JobStore) -> Non
     op = TriggerSavepointOperator(task_id="savepoint", job="orders", timeout=45)
     deferred = deferral(lambda: op.execute(context()))
     request = only_request(store)
-    assert (request.action, request.epoch) == (Action.SAVEPOINT, 8)
+    assert (request.action, request.epoch) == (RequestAction.SAVEPOINT, 8)
     assert isinstance(deferred.trigger, RequestTrigger) and next_step(deferred) == ("execute_complete", {})
     kwargs = trigger_kwargs(deferred)
     assert (kwargs["request_id"], kwargs["epoch"], kwargs["timeout"]) == (request.id, 8, 45)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_ckpt_provider.core.control import Action, Outcome
+from airflow_ckpt_provider.core.control import Outcome, RequestAction
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.status import JobState
@@ -55,8 +55,8 @@ def test_stop_of_a_job_that_never_ran_writes_nothing(store: JobStore, capfd: pyt
     assert f"job orders: nothing to stop: job 'orders' not found in job store {store.root.url}" in logged
 
 
-@pytest.mark.parametrize(("mode", "action"), [("savepoint", Action.STOP), ("cancel", Action.CANCEL)])
-def test_stop_requests_the_running_epoch_and_defers(store: JobStore, mode: str, action: Action) -> None:
+@pytest.mark.parametrize(("mode", "action"), [("savepoint", RequestAction.STOP), ("cancel", RequestAction.CANCEL)])
+def test_stop_requests_the_running_epoch_and_defers(store: JobStore, mode: str, action: RequestAction) -> None:
     report(store, epoch=6)
     op = StopStreamingJobOperator(task_id="stop", job="orders", mode=mode, timeout=90, poll_interval=0.5)
     deferred = deferral(lambda: op.execute(context()))
@@ -91,7 +91,7 @@ def test_stop_without_deferring_times_out_in_the_worker(store: JobStore) -> None
     with pytest.raises(AirflowException, match=r"job orders: timed out: no outcome within 0 s: job orders: expected "
                                                r"an answer to request stop-.* from the driver of epoch 3"):
         op.execute(context())  # the trigger's timeout and its watch, polled in the worker
-    assert only_request(store).action is Action.STOP  # requested, then waited for in the worker
+    assert only_request(store).action is RequestAction.STOP  # requested, then waited for in the worker
 
 
 def test_stop_refuses_an_unknown_mode(store: JobStore) -> None:

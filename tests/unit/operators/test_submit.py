@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_ckpt_provider.core.control import Action
+from airflow_ckpt_provider.core.control import RequestAction
 from airflow_ckpt_provider.core.deployments import Launch, read_launch
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.jobstore import LEASE, SPEC_LAST, JobStore
@@ -259,8 +259,9 @@ def test_submit_without_deferring_waits_in_the_worker(store: JobStore) -> None:
     assert ctx["ti"].xcoms == {SPARK_UI_KEY: UI}
 
 
-@pytest.mark.parametrize(("policy", "action"), [("stop_with_savepoint", Action.STOP), ("cancel", Action.CANCEL)])
-def test_on_kill_requests_the_policy_of_the_running_epoch(store: JobStore, policy: str, action: Action) -> None:
+@pytest.mark.parametrize(("policy", "action"),
+                         [("stop_with_savepoint", RequestAction.STOP), ("cancel", RequestAction.CANCEL)])
+def test_on_kill_requests_the_policy_of_the_running_epoch(store: JobStore, policy: str, action: RequestAction) -> None:
     report(store, epoch=4)
     submit_op(on_kill_policy=policy).on_kill()
     request = only_request(store)

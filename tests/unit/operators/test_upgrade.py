@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_ckpt_provider.core.control import Action
+from airflow_ckpt_provider.core.control import RequestAction
 from airflow_ckpt_provider.core.deployments import Deployment, Launch, read_launch
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.jobstore import LEASE, SPEC_LAST, SPEC_STABLE, STATUS, JobStore
@@ -111,7 +111,7 @@ def test_upgrade_checks_the_new_code_then_stops_with_savepoint(store: JobStore, 
     assert spec.conf == {"spark.sql.shuffle.partitions": "4"} and timeout == 321
     assert env == {"TOPIC": "orders"}  # the job's settings; no credentials in a local store's connection
     request = only_request(store)
-    assert (request.action, request.epoch) == (Action.STOP, 3)
+    assert (request.action, request.epoch) == (RequestAction.STOP, 3)
     assert isinstance(deferred.trigger, RequestTrigger)
     assert (trigger_kwargs(deferred)["request_id"], trigger_kwargs(deferred)["timeout"]) == (request.id, 44)
     assert timeout_s(deferred) == 44 + DEFER_GRACE
@@ -128,7 +128,7 @@ def test_upgrade_checks_the_new_code_then_stops_with_savepoint(store: JobStore, 
 @pytest.mark.usefixtures("no_launch", "running_v1")
 def test_upgrade_last_state_cancels_the_running_driver(store: JobStore, checks: FakeCheck) -> None:
     deferred = deferral(lambda: upgrade_op(upgrade_mode="last-state").execute(context()))
-    assert only_request(store).action is Action.CANCEL and next_step(deferred)[0] == "after_stop"
+    assert only_request(store).action is RequestAction.CANCEL and next_step(deferred)[0] == "after_stop"
     assert len(checks.calls) == 1
 
 
@@ -186,7 +186,7 @@ def test_upgrade_stateless_starts_on_a_fresh_checkpoint_location(store: JobStore
     before = int(time.time())
     stopped = deferral(lambda: op.execute(context()))
     after = int(time.time())
-    assert only_request(store).action is Action.CANCEL and checks.calls == []
+    assert only_request(store).action is RequestAction.CANCEL and checks.calls == []
     assert next_step(stopped)[1]["plan"]["new"]["checkpoint"].startswith(f"{base or default_checkpoint('orders')}-")
     verifying = deferral(lambda: op.resume(context(), fire(stopped, ack_event(store, only_request(store),
                                                                               snapshot_id=None))))

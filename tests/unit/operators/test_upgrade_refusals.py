@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_ckpt_provider.core.control import Action, Outcome
+from airflow_ckpt_provider.core.control import Outcome, RequestAction
 from airflow_ckpt_provider.core.deployments import Launch, read_launch
 from airflow_ckpt_provider.core.jobstore import LEASE, SPEC_LAST, STATUS, JobStore
 from airflow_ckpt_provider.core.lease import LeaseRecord
@@ -73,7 +73,7 @@ def test_upgrade_to_a_job_file_that_exists_goes_ahead(store: JobStore, checks: F
     job_file = tmp_path / "orders_v2.py"
     job_file.write_text(Path(ORDERS_V2).read_text())
     deferred = deferral(lambda: upgrade_op(job_file=str(job_file)).execute(context()))
-    assert only_request(store).action is Action.STOP and next_step(deferred)[0] == "after_stop"
+    assert only_request(store).action is RequestAction.STOP and next_step(deferred)[0] == "after_stop"
     assert checks.calls[0][0].job_file == str(job_file)
 
 

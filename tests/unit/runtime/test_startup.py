@@ -14,9 +14,9 @@ from airflow_ckpt_provider.core.manifest import Kind, Manifest
 from airflow_ckpt_provider.runtime.config import RestoreSpec, TimeTravel
 from airflow_ckpt_provider.runtime.startup import (
     NO_COMPLETED_BATCH,
-    Action,
     Lineage,
     LiveCheckpoint,
+    StartAction,
     check_time_travel,
     decide,
     travel_of,
@@ -42,26 +42,26 @@ def damaged(*ids: str) -> Callable[[Manifest], str | None]:
 
 def test_latest_state_keeps_an_intact_live_checkpoint_that_is_newest() -> None:
     plan = decide(RestoreSpec.parse("latest-state"), LIVE_AT_5, [SP3, CP4], ok)
-    assert plan.action is Action.KEEP_LIVE
+    assert plan.action is StartAction.KEEP_LIVE
     assert plan.snapshot is None
     assert "intact at batch 5" in plan.reason
 
 
 def test_latest_state_restores_a_newer_snapshot_than_the_live_checkpoint() -> None:
     plan = decide(RestoreSpec.parse("latest-state"), LIVE_AT_5, [SP3, CP4, CP7], ok)
-    assert (plan.action, plan.snapshot) == (Action.RESTORE, CP7)
+    assert (plan.action, plan.snapshot) == (StartAction.RESTORE, CP7)
     assert "older than the newest snapshot" in plan.reason
 
 
 def test_latest_state_falls_back_from_a_broken_live_checkpoint_loudly() -> None:
     plan = decide(RestoreSpec.parse("latest-state"), BROKEN, [SP3, CP4], ok)
-    assert (plan.action, plan.snapshot) == (Action.RESTORE, CP4)
+    assert (plan.action, plan.snapshot) == (StartAction.RESTORE, CP4)
     assert plan.reason.startswith("FALLBACK: the live checkpoint file:///live is broken (state/0/0/6.delta")
 
 
 def test_damaged_snapshots_are_skipped_for_the_next_newest() -> None:
     plan = decide(RestoreSpec.parse("latest-state"), EMPTY, [SP3, CP4, CP7], damaged(CP7.snapshot_id))
-    assert (plan.action, plan.snapshot) == (Action.RESTORE, CP4)
+    assert (plan.action, plan.snapshot) == (StartAction.RESTORE, CP4)
     assert plan.skipped == ((CP7.snapshot_id, "object objects/ab is missing"),)
     assert f"skipped damaged {CP7.snapshot_id}" in plan.reason
 
@@ -72,23 +72,23 @@ def test_broken_live_checkpoint_without_any_valid_snapshot_is_refused() -> None:
 
 
 def test_first_start_and_a_started_but_never_completed_checkpoint_start_fresh() -> None:
-    assert decide(RestoreSpec.parse("latest-state"), EMPTY, [], ok).action is Action.FRESH
+    assert decide(RestoreSpec.parse("latest-state"), EMPTY, [], ok).action is StartAction.FRESH
     never = LiveCheckpoint("file:///live", empty=False, problem=NO_COMPLETED_BATCH)
-    assert decide(RestoreSpec.parse("latest-state"), never, [], ok).action is Action.FRESH
+    assert decide(RestoreSpec.parse("latest-state"), never, [], ok).action is StartAction.FRESH
     plan = decide(RestoreSpec.parse("latest-state"), never, [CP4], ok)
-    assert (plan.action, plan.snapshot) == (Action.RESTORE, CP4)
+    assert (plan.action, plan.snapshot) == (StartAction.RESTORE, CP4)
     assert "holds no completed batch" in plan.reason
 
 
 def test_latest_savepoint_ignores_checkpoints_and_the_live_checkpoint() -> None:
     plan = decide(RestoreSpec.parse("latest-savepoint"), LIVE_AT_5, [SP3, CP4, CP7], ok)
-    assert (plan.action, plan.snapshot) == (Action.RESTORE, SP3)
+    assert (plan.action, plan.snapshot) == (StartAction.RESTORE, SP3)
     with pytest.raises(SnapshotError, match=r"no restorable savepoint .*none exists"):
         decide(RestoreSpec.parse("latest-savepoint"), LIVE_AT_5, [CP4], ok)
 
 
 def test_none_starts_without_state_only_on_an_empty_location() -> None:
-    assert decide(RestoreSpec.parse("none"), EMPTY, [], ok).action is Action.FRESH
+    assert decide(RestoreSpec.parse("none"), EMPTY, [], ok).action is StartAction.FRESH
     with pytest.raises(ConfigError, match="not empty: delete it, choose another --checkpoint"):
         decide(RestoreSpec.parse("none"), LIVE_AT_5, [], ok)
 
@@ -103,7 +103,7 @@ def test_a_named_snapshot_is_restored_or_refused_without_fallback() -> None:
 def test_a_damaged_newest_snapshot_never_replaces_a_newer_live_checkpoint() -> None:
     live_at_6 = LiveCheckpoint("file:///live", empty=False, batch_id=6)
     plan = decide(RestoreSpec.parse("latest-state"), live_at_6, [CP4, CP7], damaged(CP7.snapshot_id))
-    assert plan.action is Action.KEEP_LIVE
+    assert plan.action is StartAction.KEEP_LIVE
     assert plan.skipped == ((CP7.snapshot_id, "object objects/ab is missing"),)
 
 

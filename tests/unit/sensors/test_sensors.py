@@ -10,11 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from airflow.exceptions import AirflowProviderDeprecationWarning
 from airflow.sdk.bases.sensor import PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, AirflowSkipException, TaskDeferred
 
+from airflow_ckpt_provider.core.health import HealthCriteria
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.restart import Health
 from airflow_ckpt_provider.core.snapshots import create_snapshot
 from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
 from airflow_ckpt_provider.core.storage import LocalStorage
@@ -75,6 +78,30 @@ def test_invalid_choices_and_reschedule_with_tracking_are_refused() -> None:
     with pytest.raises(ValueError, match="condition"):
         KafkaLagSensor(task_id="k", group="g", threshold=1, condition="equal")
     JobHealthSensor(task_id="h", job="orders", healthy_for=60, mode="reschedule")  # deferrable: the trigger tracks
+
+
+def test_job_health_sensor_refuses_invalid_criteria_where_they_are_written() -> None:
+    with pytest.raises(ValueError, match="h: max_restarts must be >= 1"):
+        JobHealthSensor(task_id="h", job="orders", max_restarts=0)
+    with pytest.raises(ValueError, match="h: health_window must be >= 0"):
+        JobHealthSensor(task_id="h", job="orders", health_window=-1)
+
+
+def test_restart_window_is_the_deprecated_name_of_health_window() -> None:
+    with pytest.warns(AirflowProviderDeprecationWarning, match="restart_window is deprecated, pass health_window"):
+        sensor = JobHealthSensor(task_id="h", job="orders", max_restarts=2, restart_window=900)
+    assert sensor.make_trigger().criteria.health_window == 900
+    with pytest.warns(AirflowProviderDeprecationWarning), pytest.raises(ValueError, match="health_window only"):
+        JobHealthSensor(task_id="h", job="orders", restart_window=900, health_window=300)
+
+
+def test_every_health_argument_reaches_the_trigger_s_criteria() -> None:
+    sensor = JobHealthSensor(task_id="h", job="orders", expect="unhealthy", min_epoch="4", started_after=1.5e9,
+                             healthy_for=30, min_batches=2, heartbeat_timeout=45, max_restarts=3, health_window=900,
+                             progress_timeout=120, start_timeout=200)
+    assert sensor.make_trigger().criteria == HealthCriteria(
+        expect=Health.UNHEALTHY, min_epoch=4, started_after=1.5e9, healthy_for=30, min_batches=2, heartbeat_timeout=45,
+        max_restarts=3, health_window=900, progress_timeout=120, start_timeout=200)
 
 
 # -- the defer path ---------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ keeps running while a watch polls."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import inspect
 import json
@@ -19,10 +20,12 @@ from typing import Any
 import pytest
 from airflow.triggers.base import BaseTrigger
 
-from airflow_ckpt_provider.core.control import Ack, Action, Outcome, submit_request, write_ack
+from airflow_ckpt_provider.core.control import Ack, Outcome, RequestAction, submit_request, write_ack
 from airflow_ckpt_provider.core.errors import ConfigError, StorageError
+from airflow_ckpt_provider.core.health import HealthCriteria
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.restart import Health
 from airflow_ckpt_provider.core.snapshots import create_snapshot
 from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
 from airflow_ckpt_provider.core.storage import LocalStorage
@@ -41,7 +44,7 @@ RESUME_WITH = {"method": "after_verify", "kwargs": {"plan": {"snapshot_id": "sav
 ALL_ARGUMENTS: list[tuple[type[WatchTrigger], dict[str, Any]]] = [
     (JobHealthTrigger, {"job": "orders", "expect": "unhealthy", "min_epoch": 4, "started_after": 1.5e9,
                         "healthy_for": 30.0, "min_batches": 2, "heartbeat_timeout": 45.0, "max_restarts": 3,
-                        "restart_window": 900.0, "progress_timeout": 120.0, "start_timeout": 200.0,
+                        "health_window": 900.0, "progress_timeout": 120.0, "start_timeout": 200.0,
                         "ckpt_store_conn_id": "my_store", "store_url": "s3://b/jobs", "poll_interval": 3.0,
                         "timeout": 600.0, "waiting_since": 1.7e9, "min_wait": 30.0, "resume_with": RESUME_WITH}),
     (RequestTrigger, {"job": "orders", "request_id": "stop-20261122T101500Z-abc123", "epoch": 7,
@@ -91,9 +94,19 @@ def running(store: JobStore, **changes: Any) -> None:
 # -- serialization -------------------------------------------------------------------------------------
 
 
+def constructor_arguments(cls: type[WatchTrigger]) -> set[str]:
+    """The names a trigger takes. JobHealthTrigger's ``**fields`` stands for HealthCriteria's fields, which it
+    also takes as one ``criteria``: serialize() writes the fields."""
+    params = inspect.signature(cls).parameters
+    names = {name for name, p in params.items() if p.kind is not p.VAR_KEYWORD}
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        names = names - {"criteria"} | {f.name for f in dataclasses.fields(HealthCriteria)}
+    return names
+
+
 @pytest.mark.parametrize(("cls", "kwargs"), ALL_ARGUMENTS, ids=lambda x: getattr(x, "__name__", ""))
 def test_serialize_round_trips_every_constructor_argument(cls: type[WatchTrigger], kwargs: dict[str, Any]) -> None:
-    assert set(kwargs) == set(inspect.signature(cls).parameters)  # the test names every argument
+    assert set(kwargs) == constructor_arguments(cls)  # the test names every argument
     classpath, serialized = cls(**kwargs).serialize()
     assert classpath == f"{cls.__module__}.{cls.__qualname__}"
     assert serialized == kwargs
@@ -107,6 +120,46 @@ def test_serialize_round_trips_every_constructor_argument(cls: type[WatchTrigger
 def test_resume_with_defaults_to_none(cls: type[WatchTrigger], kwargs: dict[str, Any]) -> None:
     trigger = cls(**{k: v for k, v in kwargs.items() if k != "resume_with"})
     assert trigger.resume_with is None and trigger.serialize()[1]["resume_with"] is None
+
+
+#: What JobHealthTrigger.serialize() wrote before HealthCriteria (issue 14): the window was ``restart_window``.
+PREVIOUS_VERSION = {"job": "orders", "ckpt_store_conn_id": "ckpt_store_default", "store_url": None,
+                    "expect": "healthy", "min_epoch": None, "started_after": 1.7e9, "healthy_for": 0,
+                    "min_batches": 2, "heartbeat_timeout": None, "max_restarts": 1, "restart_window": 900.0,
+                    "progress_timeout": None, "start_timeout": 900.0, "poll_interval": 2.0, "timeout": 900.0,
+                    "waiting_since": 1.7e9 + 1, "min_wait": 30.0, "resume_with": RESUME_WITH}
+
+
+def test_a_job_health_trigger_the_previous_version_serialized_still_loads() -> None:
+    """The triggerer rehydrates stored triggers after an upgrade of the provider: as it does (Airflow's kwargs
+    encryption and decoding, then the class called with them)."""
+    from airflow.models.trigger import Trigger as TriggerRow
+    from airflow.serialization.decoders import smart_decode_trigger_kwargs
+
+    row = TriggerRow(classpath="airflow_ckpt_provider.triggers.job_health.JobHealthTrigger", kwargs=PREVIOUS_VERSION)
+    stored = TriggerRow._decrypt_kwargs(row.encrypted_kwargs)
+    trigger = JobHealthTrigger(**{k: smart_decode_trigger_kwargs(v) for k, v in stored.items()})
+    assert trigger.criteria == HealthCriteria(started_after=1.7e9, min_batches=2, max_restarts=1, health_window=900.0,
+                                              start_timeout=900.0)
+    assert (trigger.timeout, trigger.waiting_since, trigger.min_wait, trigger.resume_with) == (
+        900.0, 1.7e9 + 1, 30.0, RESUME_WITH)
+    renamed = {("health_window" if k == "restart_window" else k): v for k, v in PREVIOUS_VERSION.items()}
+    assert trigger.serialize()[1] == renamed  # serialized again under the current name
+
+
+def test_a_job_health_trigger_takes_criteria_or_their_fields() -> None:
+    criteria = HealthCriteria(expect=Health.UNHEALTHY, min_epoch=3, max_restarts=2)
+    by_value = JobHealthTrigger(job="orders", criteria=criteria)
+    by_fields = JobHealthTrigger(job="orders", expect="unhealthy", min_epoch=3, max_restarts=2)
+    assert by_value.criteria == by_fields.criteria == criteria
+    assert by_value.serialize() == by_fields.serialize()
+    assert JobHealthTrigger(job="orders").criteria == HealthCriteria()
+    with pytest.raises(TypeError, match="not both"):
+        JobHealthTrigger(job="orders", criteria=criteria, min_epoch=3)
+    with pytest.raises(TypeError, match="unknown health criterion 'window'"):  # the triggerer's "failed to inflate"
+        JobHealthTrigger(job="orders", window=600)
+    with pytest.raises(TypeError, match="max_restarts must be >= 1"):
+        JobHealthTrigger(job="orders", max_restarts=0)
 
 
 # -- run() on a real store ------------------------------------------------------------------------------
@@ -128,8 +181,8 @@ def test_job_health_trigger_fires_unhealthy(store: JobStore) -> None:
 
 def test_request_trigger_fires_with_the_ack(store: JobStore) -> None:
     running(store)
-    request = submit_request(store, Action.SAVEPOINT, 2)
-    ack = Ack(request.id, Action.SAVEPOINT, Outcome.COMPLETED, "savepoint taken", 2, 1.0,
+    request = submit_request(store, RequestAction.SAVEPOINT, 2)
+    ack = Ack(request.id, RequestAction.SAVEPOINT, Outcome.COMPLETED, "savepoint taken", 2, 1.0,
               snapshot_id="savepoint-3-20261122T101500Z-abc123", snapshot_uri="file:///x", batch_id=3)
     write_ack(store, ack)
     event = one_event(RequestTrigger(job="orders", request_id=request.id, epoch=2, poll_interval=0.01, timeout=5))
@@ -285,7 +338,7 @@ def test_a_trigger_module_imports_nothing_heavy(module: str) -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     loaded = done.stdout.split()
     heavy = [m for m in loaded if m.split(".")[0] in ("boto3", "botocore", "confluent_kafka", "pyarrow", "pyspark")
-             or m.startswith(("airflow_ckpt_provider.core.watch", "airflow_ckpt_provider.hooks",
+             or m.startswith(("airflow_ckpt_provider.core.watches", "airflow_ckpt_provider.hooks",
                               "airflow_ckpt_provider.core.snapshots", "airflow_ckpt_provider.core.jobstore"))]
     assert heavy == [], loaded
 
@@ -384,7 +437,7 @@ def test_other_errors_of_a_poll_still_end_in_the_error_event() -> None:
 
 def test_a_job_health_trigger_keeps_polling_through_storage_errors(store: JobStore,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow_ckpt_provider.core import watch as watch_module
+    from airflow_ckpt_provider.core.watches import base as watch_module
 
     running(store, batch_id=4)
     real, calls = watch_module.read_status, []

@@ -1,0 +1,126 @@
+"""The job state tables and ``driver_live``, the one rule of whether a status's driver still runs: the heartbeat
+limit and its edges, the busy allowance of a restoring or final-savepointing driver, an explicit heartbeat
+timeout, ended states, and the probe of a process on this host."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from airflow_ckpt_provider.core.status import (
+    ACTIVE_STATES,
+    BUSY_ALLOWANCE,
+    FAILURE_STATES,
+    TERMINAL_STATES,
+    JobState,
+    JobStatus,
+    driver_live,
+    heartbeat_limit,
+)
+
+HOST = "worker-1"
+
+
+def _status(**changes: Any) -> JobStatus:
+    base: dict[str, Any] = {"job": "orders", "state": JobState.RUNNING, "epoch": 3, "updated_at": 1000.0,
+                            "started_at": 900.0}
+    return JobStatus(**base | changes)
+
+
+def test_state_tables_partition_the_states() -> None:
+    assert set(JobState) == ACTIVE_STATES | TERMINAL_STATES
+    assert not ACTIVE_STATES & TERMINAL_STATES
+    assert FAILURE_STATES <= TERMINAL_STATES
+
+
+def test_age_is_seconds_since_the_heartbeat() -> None:
+    assert _status(updated_at=1000.0).age(now=1042.5) == 42.5
+
+
+# -- the heartbeat limit ------------------------------------------------------------------------------------
+
+
+def test_a_running_driver_is_live_until_three_missed_heartbeats_plus_five_seconds() -> None:
+    status = _status(state=JobState.RUNNING, updated_at=1000.0, heartbeat_interval=5.0)  # 3 * 5 + 5 = 20 s
+    assert heartbeat_limit(status) == 20.0
+    assert driver_live(status, 1000.0)
+    assert driver_live(status, 1020.0)  # the limit itself is still live
+    assert not driver_live(status, 1020.001)
+    slow = _status(state=JobState.RUNNING, updated_at=1000.0, heartbeat_interval=60.0)  # limit: 185 s
+    assert driver_live(slow, 1185.0)
+    assert not driver_live(slow, 1185.5)
+
+
+@pytest.mark.parametrize("state", [JobState.STARTING, JobState.STOPPING])
+def test_a_restoring_or_final_savepointing_driver_gets_the_busy_allowance(state: JobState) -> None:
+    status = _status(state=state, updated_at=1000.0, heartbeat_interval=5.0)
+    assert heartbeat_limit(status) == BUSY_ALLOWANCE
+    assert driver_live(status, 1000.0 + BUSY_ALLOWANCE)
+    assert not driver_live(status, 1000.0 + BUSY_ALLOWANCE + 0.001)
+    slow = _status(state=state, updated_at=1000.0, heartbeat_interval=200.0)  # 3 * 200 + 5 > the allowance
+    assert driver_live(slow, 1605.0)
+    assert not driver_live(slow, 1605.5)
+
+
+@pytest.mark.parametrize("state", [JobState.STARTING, JobState.STOPPING])
+def test_busy_timeout_replaces_the_allowance(state: JobState) -> None:
+    status = _status(state=state, updated_at=1000.0)
+    assert driver_live(status, 1900.0, busy_timeout=900.0)
+    assert not driver_live(status, 1900.5, busy_timeout=900.0)
+    assert not driver_live(status, 1025.0, busy_timeout=1.0)  # never below the heartbeat limit: 20 s here
+    assert driver_live(status, 1020.0, busy_timeout=1.0)
+
+
+def test_busy_timeout_does_not_extend_a_running_driver() -> None:
+    assert not driver_live(_status(updated_at=1000.0), 1021.0, busy_timeout=900.0)
+
+
+def test_heartbeat_timeout_overrides_three_intervals() -> None:
+    status = _status(updated_at=1000.0, heartbeat_interval=5.0)
+    assert heartbeat_limit(status, heartbeat_timeout=60.0) == 60.0
+    assert driver_live(status, 1060.0, heartbeat_timeout=60.0)
+    assert not driver_live(status, 1060.5, heartbeat_timeout=60.0)
+    assert not driver_live(status, 1002.0, heartbeat_timeout=1.0)  # shorter than the default, too
+    starting = _status(state=JobState.STARTING, updated_at=1000.0)
+    assert driver_live(starting, 1000.0 + BUSY_ALLOWANCE, heartbeat_timeout=1.0)  # the busy allowance still holds
+
+
+@pytest.mark.parametrize("state", sorted(TERMINAL_STATES))
+def test_an_ended_driver_is_never_live(state: JobState) -> None:
+    assert not driver_live(_status(state=state, updated_at=1000.0), 1000.0)  # however fresh its last status
+    assert not driver_live(_status(state=state, updated_at=0.0), 1e9)
+
+
+def test_a_clock_behind_the_driver_s_is_live() -> None:
+    assert driver_live(_status(updated_at=1000.0), 900.0)
+
+
+# -- a process on this host ----------------------------------------------------------------------------------
+
+
+def test_a_dead_process_on_this_host_is_not_live_however_fresh_its_heartbeat() -> None:
+    status = _status(host=HOST, pid=4242)
+    probed: list[int] = []
+
+    def dead(pid: int) -> bool:
+        probed.append(pid)
+        return False
+
+    assert not driver_live(status, 1000.0, host=HOST, pid_alive=dead)
+    assert probed == [4242]
+    assert driver_live(status, 1000.0, host=HOST, pid_alive=lambda pid: True)
+
+
+def test_the_probe_is_asked_only_for_a_pid_of_this_host() -> None:
+    def refuse(pid: int) -> bool:
+        raise AssertionError(f"probed pid {pid}")
+
+    assert driver_live(_status(host="worker-2", pid=4242), 1000.0, host=HOST, pid_alive=refuse)
+    assert driver_live(_status(host=HOST, pid=None), 1000.0, host=HOST, pid_alive=refuse)
+    assert not driver_live(_status(host=HOST, pid=4242, state=JobState.FAILED), 1000.0, host=HOST, pid_alive=refuse)
+
+
+def test_a_live_process_on_this_host_still_needs_its_heartbeat() -> None:
+    status = _status(host=HOST, pid=4242, updated_at=1000.0)
+    assert not driver_live(status, 1020.5, host=HOST, pid_alive=lambda pid: True)
