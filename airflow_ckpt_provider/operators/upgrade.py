@@ -170,8 +170,8 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         if snapshot_id is None:  # cancelled or not running: the rollback goes back to the latest snapshot
             latest = latest_completed(list_snapshots(store))
             snapshot_id = latest.snapshot_id if latest else None
-        restore = {UpgradeMode.SAVEPOINT: RestoreSpec.parse(snapshot_id) if snapshot_id else LATEST_STATE,
-                   UpgradeMode.LAST_STATE: LATEST_STATE,
+        saved = RestoreSpec(RestoreMode.SNAPSHOT, snapshot_id) if snapshot_id else LATEST_STATE
+        restore = {UpgradeMode.SAVEPOINT: saved, UpgradeMode.LAST_STATE: LATEST_STATE,
                    UpgradeMode.STATELESS: RestoreSpec(RestoreMode.NONE)}[self._mode()]
         plan = plan | {"snapshot_id": snapshot_id}
         self._step(3, "starting %s (code %s), restore %s", self.job_file, self.code_version or "-", restore)
@@ -234,7 +234,7 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
 
     def _roll_back(self, context: Context, store: JobStore, plan: dict[str, Any], why: str) -> Any:
         old = Deployment.from_dict(plan["old"]["deployment"])
-        restore = RestoreSpec.parse(plan["snapshot_id"]) if plan["snapshot_id"] else LATEST_STATE
+        restore = RestoreSpec(RestoreMode.SNAPSHOT, plan["snapshot_id"]) if plan["snapshot_id"] else LATEST_STATE
         self._step(5, "rolling back to %s (code %s) from %s", old.job_file, old.code_version or "-", restore)
         record = self._launch(store, old, restore)
         criteria = HealthCriteria(started_after=record.launched_at, start_timeout=self.verify_timeout)
