@@ -306,8 +306,3 @@ class RestartSettings(Settings):
 @dataclass(frozen=True, kw_only=True)
 class JobSettings(RestartSettings, RuntimeSettings):
     """Every setting of a job: what its driver needs and what its supervisor needs."""
-
-
-def describe(cls: type[Settings], skip: Sequence[str] = ()) -> str:
-    """The settings of ``cls`` as reST parameter lines, for docstrings."""
-    return "\n".join(f"    :param {f.name}: {m.help}" for f, m in setting_fields(cls) if f.name not in skip)
