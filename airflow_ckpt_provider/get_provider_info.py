@@ -36,6 +36,7 @@ def get_provider_info() -> dict[str, Any]:
                 "integration-name": "Spark Structured Streaming checkpoints",
                 "python-modules": [
                     "airflow_ckpt_provider.operators.job",
+                    "airflow_ckpt_provider.operators.control",
                     "airflow_ckpt_provider.operators.snapshot",
                     "airflow_ckpt_provider.operators.upgrade",
                 ],

@@ -13,7 +13,7 @@ from airflow_ckpt_provider.core.retention import RetentionPolicy
 from airflow_ckpt_provider.core.snapshots import apply_retention, dispose_snapshot
 from airflow_ckpt_provider.links import SnapshotLink
 from airflow_ckpt_provider.operators.base import JobOperator
-from airflow_ckpt_provider.operators.job import STOP_TIMEOUT, ack_result, request_and_wait
+from airflow_ckpt_provider.operators.control import STOP_TIMEOUT, ack_result, request_and_wait
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

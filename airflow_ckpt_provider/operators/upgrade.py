@@ -33,7 +33,8 @@ from airflow_ckpt_provider.launcher.submit import build_command
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink
 from airflow_ckpt_provider.operators.arguments import mode_arg, parse_mode
 from airflow_ckpt_provider.operators.base import check_event
-from airflow_ckpt_provider.operators.job import STOP_ACTION, STOP_TIMEOUT, _LaunchMixin, ack_result, request_and_wait
+from airflow_ckpt_provider.operators.control import STOP_ACTION, STOP_TIMEOUT, ack_result, request_and_wait
+from airflow_ckpt_provider.operators.job import _LaunchMixin
 from airflow_ckpt_provider.runtime.config import default_checkpoint
 from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
 

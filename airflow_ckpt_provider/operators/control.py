@@ -1,0 +1,97 @@
+"""Operators that ask a running driver for something through a control request and wait for its answer:
+StopStreamingJobOperator, and the request-and-wait steps the restart, upgrade and savepoint operators share."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk.exceptions import AirflowException
+
+from airflow_ckpt_provider.core.control import RequestAction, submit_request
+from airflow_ckpt_provider.core.errors import CkptError, ConfigError
+from airflow_ckpt_provider.core.jobview import check_can_request, observe
+from airflow_ckpt_provider.core.modes import StopMode
+from airflow_ckpt_provider.links import SnapshotLink
+from airflow_ckpt_provider.operators.arguments import mode_arg, parse_mode
+from airflow_ckpt_provider.operators.base import JobOperator, check_event
+from airflow_ckpt_provider.triggers.control import RequestTrigger
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from airflow_ckpt_provider.core.jobstore import JobStore
+
+#: The request that stops a driver in each stop mode.
+STOP_ACTION = {StopMode.SAVEPOINT: RequestAction.STOP, StopMode.CANCEL: RequestAction.CANCEL}
+#: Seconds a driver gets to answer a stop (a final savepoint uploads state) or a cancel.
+STOP_TIMEOUT = 600.0
+
+
+class StopStreamingJobOperator(JobOperator):
+    """Stop a job: ``mode="savepoint"`` (Flink's stop-with-savepoint: finish the batch in flight, take a final
+    savepoint, exit) or ``mode="cancel"`` (stop now; the latest completed checkpoint stays valid).
+
+    A job that is not running is left as it is (the task succeeds and says so): safe as a teardown.
+    Returns ``{"job", "outcome", "snapshot_id", "snapshot_uri", "batch_id"}``.
+    """
+
+    template_fields = (*JobOperator.template_fields, "mode")
+    operator_extra_links = (SnapshotLink(),)
+
+    def __init__(self, *, mode: StopMode | str = StopMode.SAVEPOINT, timeout: float = STOP_TIMEOUT,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.mode = mode_arg(StopMode, mode)
+        self.timeout = timeout
+
+    def execute(self, context: Context) -> Any:
+        try:
+            mode = parse_mode(StopMode, self.mode)
+        except CkptError as err:
+            raise AirflowException(f"job {self.job}: {err}") from err
+        store = self.job_store()
+        try:
+            view = observe(store)
+        except ConfigError as err:  # never ran here: nothing to stop (safe as a teardown)
+            self.log.info("job %s: nothing to stop: %s", self.job, err)
+            return {"job": self.job, "outcome": "not_running", "snapshot_id": None, "snapshot_uri": None,
+                    "batch_id": None}
+        status = view.status
+        if status is None or not view.live:
+            state = "never reported" if status is None else ("stale" if view.stale else status.state.value)
+            self.log.info("job %s is not running (%s): nothing to stop", self.job, state)
+            return {"job": self.job, "outcome": "not_running", "snapshot_id": None, "snapshot_uri": None,
+                    "batch_id": status.batch_id if status else None}
+        return request_and_wait(self, context, store, STOP_ACTION[mode], timeout=self.timeout,
+                                method_name="execute_complete")
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        return ack_result(self, context, event)
+
+
+def request_and_wait(op: JobOperator, context: Context, store: JobStore, action: RequestAction, *, timeout: float,
+                     method_name: str, kwargs: dict[str, Any] | None = None) -> Any:
+    """Submit ``action`` to the running driver (refused with nothing written if none could answer), then wait."""
+    try:
+        status = check_can_request(observe(store), action)
+        request = submit_request(store, action, epoch=status.epoch)
+    except CkptError as err:
+        raise AirflowException(f"job {op.job}: {err}") from err
+    op.log.info("job %s: requested %s of the driver of epoch %d (request %s); waiting up to %.0f s", op.job, action,
+                request.epoch, request.id, timeout)
+    trigger = RequestTrigger(**op._store_args, request_id=request.id, epoch=request.epoch, timeout=timeout)
+    return op.wait(context, trigger=trigger, method_name=method_name, kwargs=kwargs)
+
+
+def ack_result(op: JobOperator, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+    """The driver's answer as the task's result; AirflowException unless it completed."""
+    event = check_event(event, ("completed", "failed", "rejected"), f"job {op.job}")
+    ack = event.get("ack") or {}
+    if event["status"] != "completed":
+        raise AirflowException(f"job {op.job}: {ack.get('action') or 'request'} {event['status']}: "
+                               f"{event.get('message') or ack.get('message')}")
+    SnapshotLink.persist_snapshot(context, ack.get("snapshot_uri"), op.store_hook.s3_options.endpoint_url)
+    op.log.info("job %s: %s completed at batch %s%s", op.job, ack.get("action"), ack.get("batch_id"),
+                f", snapshot {ack['snapshot_uri']}" if ack.get("snapshot_uri") else "")
+    return {"job": op.job, "outcome": "completed", "action": ack.get("action"), "snapshot_id": ack.get("snapshot_id"),
+            "snapshot_uri": ack.get("snapshot_uri"), "batch_id": ack.get("batch_id")}
