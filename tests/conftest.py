@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import shutil
+import tempfile
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
@@ -32,9 +34,32 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="iterations of each stress test (overrides --full; or the CKPT_STRESS_RUNS variable)")
 
 
+#: The JVM options of every Spark driver the tests start (pyspark sessions, drivers under ``ckpt run``, the example
+#: DAGs' jobs): the client-tier JIT only and one GC thread. The tests' drivers live seconds to minutes with tiny
+#: batches, so C2 compilation and parallel GC threads only cost CPU: on two cores a driver's start to its first
+#: batch takes 11 CPU-s with these instead of 19-21, and most integration and system tests are driver starts.
+#: Benchmarks and the demo run Spark's defaults.
+TEST_DRIVER_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:CICompilerCount=1"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "stress(base, per_run): repeated under load, once by default, more with --full or --stress-runs N")
+    if "SPARK_CONF_DIR" not in os.environ:  # a spark-defaults.conf of the session, inherited by every spark-submit
+        conf_dir = Path(tempfile.mkdtemp(prefix="ckpt-tests-spark-conf-"))
+        (conf_dir / "spark-defaults.conf").write_text(f"spark.driver.extraJavaOptions {TEST_DRIVER_JVM}\n")
+        os.environ["SPARK_CONF_DIR"] = str(conf_dir)
+        config.stash[_SPARK_CONF_DIR] = conf_dir
+
+
+_SPARK_CONF_DIR = pytest.StashKey[Path]()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    conf_dir = config.stash.get(_SPARK_CONF_DIR, None)
+    if conf_dir is not None:
+        shutil.rmtree(conf_dir, ignore_errors=True)
+        os.environ.pop("SPARK_CONF_DIR", None)
 
 
 def stress_runs(config: pytest.Config) -> int:
