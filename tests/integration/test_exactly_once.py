@@ -27,6 +27,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 
 MIN_KILLS = 10  # kill -9s in all, over the three jobs
 FULL_KILLS = 10  # per sink, with --full
+SIDE_BY_SIDE = True  # the three jobs at once (a thread each), not one after the other
 
 
 def _job(env: JobEnv, name: str) -> JobEnv:
@@ -49,7 +50,8 @@ def test_three_sinks_exactly_once_through_kills_at_every_commit_step_random_kill
         (ledger, LedgerSink(ledger.work / "out.db", ledger.job)),
     ]
     full = bool(pytestconfig.getoption("--full", default=False))
-    proof = prove_exactly_once(jobs, runs, min_kills=MIN_KILLS, kills_per_sink=FULL_KILLS if full else 0)
+    proof = prove_exactly_once(jobs, runs, min_kills=MIN_KILLS, kills_per_sink=FULL_KILLS if full else 0,
+                               side_by_side=SIDE_BY_SIDE)
     print(proof.summary())
     for _, sink in jobs:
         kills = proof.kills_of(sink.name)

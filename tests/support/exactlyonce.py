@@ -21,6 +21,7 @@ random moments.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -30,6 +31,7 @@ import sqlite3
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -230,7 +232,7 @@ class Proof:
         return [k for k in self.kills if k.sink == sink]
 
     def summary(self) -> str:
-        times = ", ".join(f"{k} {v:.0f} s" for k, v in self.seconds.items())
+        times = ", ".join(f"{k} {v:.0f} s" for k, v in list(self.seconds.items()))
         lines = [f"exactly-once proof, sinks {', '.join(self.sinks)}, seed {self.seed} (CKPT_EO_SEED): "
                  f"{len(self.kills)} kills; {times}"]
         for sink in self.sinks:
@@ -474,9 +476,11 @@ class Chaos:
 
 
 def prove_exactly_once(jobs: Sequence[tuple[JobEnv, EoSink]], runs: list[Run], *, min_kills: int = 10,
-                       kills_per_sink: int = 0, more_ids: int = 200, seed: int | None = None) -> Proof:
-    """Run the whole proof for every (job, sink), one after the other, with one kill plan (see the module
-    docstring); assert on the supervisors' logs and every sink's output. Each job needs a topic of its own."""
+                       kills_per_sink: int = 0, more_ids: int = 200, seed: int | None = None,
+                       side_by_side: bool = False) -> Proof:
+    """Run the whole proof for every (job, sink) with one kill plan (see the module docstring), one job after the
+    other or, ``side_by_side``, all at once (a thread each); assert on the supervisors' logs and every sink's
+    output. Each job needs a topic of its own."""
     seed = int(os.environ.get("CKPT_EO_SEED", random.randrange(1 << 30))) if seed is None else seed
     sinks = tuple(s.name for _, s in jobs)
     print(f"exactly-once proof: sinks {', '.join(sinks)}, seed {seed}")
@@ -485,13 +489,35 @@ def prove_exactly_once(jobs: Sequence[tuple[JobEnv, EoSink]], runs: list[Run], *
     proof = Proof(seed, sinks, plans=kill_plans([s for _, s in jobs], rng, min_kills=min_kills,
                                                 kills_per_sink=kills_per_sink))
     started = time.monotonic()
-    for env, sink in jobs:
-        # Each job draws its random moments from a generator of its own: a replay of one sink's job alone
-        # (CKPT_EO_SEED and a shorter ``jobs``) draws the same ones.
+
+    def prove(env: JobEnv, sink: EoSink) -> None:
+        # Each job draws its random moments from a generator of its own: the order of the jobs, or their
+        # interleaving side by side, does not change them.
         chaos = Chaos(env, sink, proof, random.Random(f"{seed}/{sink.name}"), runs)
         try:
             chaos.prove(proof.plans[sink.name], more_ids)
         except AssertionError as err:
             raise AssertionError(f"sink {sink.name} (job {env.job}): {err}\n{proof.summary()}") from err
+
+    if side_by_side:
+        _all_at_once([functools.partial(prove, env, sink) for env, sink in jobs], runs)
+    else:
+        for env, sink in jobs:
+            prove(env, sink)
     proof.seconds["total"] = time.monotonic() - started
     return proof
+
+
+def _all_at_once(steps: Sequence[Callable[[], None]], runs: list[Run]) -> None:
+    """Every step on a thread of its own; the first failure stops every run (which ends the other threads'
+    waits) and is raised."""
+    pool = ThreadPoolExecutor(len(steps), thread_name_prefix="eo-proof")
+    futures = [pool.submit(step) for step in steps]
+    done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+    failed = [err for f in futures if f in done and (err := f.exception()) is not None]
+    if failed:
+        for run in list(runs):
+            run.stop()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise failed[0]
+    pool.shutdown()
