@@ -2,15 +2,15 @@
 sink, the Ledger.
 
 One stateful job per sink (dropDuplicates over a topic where every id arrives twice) under
-``ckpt run --supervise``, one kill plan for the three: their drivers are killed with kill -9 at every crash
-point of every sink's commit protocol and at random moments while records keep arriving; each job stops
-with a savepoint, restores it on a fresh checkpoint location, crashes there at its sink's last step and
+``ckpt run --supervise``, the three side by side with one kill plan: their drivers are killed with kill -9 at
+every crash point of every sink's commit protocol and at random moments while records keep arriving; each job
+stops with a savepoint, restores it on a fresh checkpoint location, crashes there at its sink's last step and
 takes more records. Every id is in each sink's committed output exactly once with its content, and nothing
 uncommitted is visible (tests/support/exactlyonce.py). The seed is printed; CKPT_EO_SEED replays the plan
 and the random moments.
 
 By default every crash point once (3 + 4 + 2, the last of each sink after its restore) and one random kill:
-10 kill -9s. ``scripts/test --full`` takes ten per sink.
+10 kill -9s. ``scripts/test --full`` takes ten per sink: 30.
 """
 
 from __future__ import annotations

@@ -1,18 +1,21 @@
 """The exactly-once proof's harness: supervised jobs, kill -9s at random moments and at every crash point.
 
 ``prove_exactly_once`` proves the three exactly-once sinks in one run with one kill plan: one job per sink,
-tests/jobs/eo_job.py (``dropDuplicates(["id"])`` over a 3-partition topic, into that sink) under
-``ckpt run --supervise``, one job after the other (the runtime runs one streaming query per job; jobs side by
-side were slower on two cores: their drivers' starts compete). The plan covers every crash point of every
-sink's commit protocol once (armed by a file in the job's CKPT_FAULT_DIR, core/faults.py) and random kill -9s
-(while the driver starts, or inside a batch after it completed one): at least ``min_kills`` in all, one random
-at least. Records keep arriving: id i (key ``k<i % 10>``, partition ``i % 3``,
-tests/support/runtimejob.produce) is produced twice, the second copy a feed later, so the state must drop it.
-Each job is killed at its crash points but the last, and at its random moments; stops with a savepoint;
-restores it on a fresh checkpoint location (``--restore latest-savepoint``); crashes there at its sink's last
-step (committed in the sink, not in Spark's checkpoint: the restored lineage must skip the replay), takes more
-ids and stops again. Its sink's committed output is exactly one row ``(id, key, part)`` per id it was fed,
-whatever the batch boundaries were.
+tests/jobs/eo_job.py (``dropDuplicates(["id"])`` over a 3-partition topic of its own, into that sink) under
+``ckpt run --supervise``, the jobs side by side (a thread each) or one after the other. They are separate jobs
+because the runtime runs one streaming query per job: one checkpoint location, snapshots and restores of that
+query's checkpoint. The plan covers every crash point of every sink's commit protocol once (armed by a file in
+the job's CKPT_FAULT_DIR, core/faults.py) and random kill -9s (while the driver starts, or inside a batch after
+it completed one): at least ``min_kills`` in all, one random at least. Records keep arriving: id i (key
+``k<i % 10>``, partition ``i % 3``, tests/support/runtimejob.produce) is produced twice, the second copy a
+feed later, so the state must drop it. Each job is killed at its sink's crash points but the last and at its
+random moments; stops with a savepoint; restores it on a fresh checkpoint location
+(``--restore latest-savepoint``); crashes there at its sink's last step (committed in the sink, not in
+Spark's checkpoint: the restored lineage must skip the replay), takes more ids and stops again. Its sink's
+committed output is exactly one row ``(id, key, part)`` per id it was fed, whatever the batch boundaries were.
+
+Most of the time goes to driver starts (a JVM, the Python driver, the first batch's Python workers); the
+drivers' JVM runs with the client JIT only (``DRIVER_JVM``), which halves that on two cores.
 
 A sink (``EoSink``) tells its job how to write (environment variables), reads its committed output back and
 checks that nothing uncommitted is visible. The seed is printed; CKPT_EO_SEED replays the plan and the
@@ -292,8 +295,9 @@ def kill_plans(sinks: Sequence[EoSink], rng: random.Random, *, min_kills: int,
                kills_per_sink: int = 0) -> dict[str, list[str]]:
     """Each sink's kills before its savepoint, shuffled: every crash point of its commit protocol but the last
     (its crash after the restore), then random kills until every sink has ``kills_per_sink`` and all together
-    ``min_kills``, one at least (counting the crashes after the restores); a kill beyond the per-sink minimum
-    goes to a sink drawn at random."""
+    ``min_kills``, one at least (counting the crashes after the restores). A kill beyond the per-sink minimum
+    goes to a sink drawn among those with fewer kills than the most (among all if none): side by side, the
+    job with the most kills takes the longest, and this one gets no more."""
     plans = {s.name: list(s.crash_points[:-1]) for s in sinks}
 
     def kills(name: str) -> int:
@@ -302,7 +306,8 @@ def kill_plans(sinks: Sequence[EoSink], rng: random.Random, *, min_kills: int,
     for name, plan in plans.items():
         plan.extend([RANDOM] * max(0, kills_per_sink - kills(name)))
     while sum(map(kills, plans)) < min_kills or not any(RANDOM in p for p in plans.values()):
-        plans[rng.choice(sorted(plans))].append(RANDOM)
+        most = max(map(kills, plans))
+        plans[rng.choice(sorted(n for n in plans if kills(n) < most) or sorted(plans))].append(RANDOM)
     for plan in plans.values():
         rng.shuffle(plan)
     return plans
