@@ -117,6 +117,7 @@ def meta(f: Field[Any]) -> Meta | None:
 
 def setting_fields(cls: type[Any] | object) -> list[tuple[Field[Any], Meta]]:
     """The settings fields of a settings class (or object), in declaration order."""
+    # fields() is typed for dataclass instances and types; Settings classes are dataclasses, which mypy cannot see here
     return [(f, m) for f in fields(cls) if (m := meta(f)) is not None]  # type: ignore[arg-type]
 
 
@@ -189,17 +190,18 @@ class Settings:
 
     def to_json(self, cls: type[Settings] | None = None) -> dict[str, Any]:
         """Every field (or ``cls``'s) as JSON values: modes as their spelling, tuples as lists."""
+        # fields(): cls is a Settings dataclass, typed as type[Settings] which mypy does not know to be one
         return {f.name: _jsonable(getattr(self, f.name)) for f in fields(cls or self)}  # type: ignore[arg-type]
 
     @classmethod
     def from_json(cls, body: Mapping[str, Any], **more: Any) -> Self:
         """This class from ``to_json``'s output: keys of newer versions are ignored, missing ones defaulted."""
-        known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        known = {f.name for f in fields(cls)}  # type: ignore[arg-type]  # cls is a dataclass (as above)
         return cls(**{k: v for k, v in body.items() if k in known} | more)
 
     def values(self, cls: type[Settings]) -> dict[str, Any]:
         """``cls``'s fields of this object (a part of it, e.g. the RuntimeSettings of a Deployment)."""
-        return {f.name: getattr(self, f.name) for f in fields(cls)}  # type: ignore[arg-type]
+        return {f.name: getattr(self, f.name) for f in fields(cls)}  # type: ignore[arg-type]  # a dataclass (as above)
 
 
 def _jsonable(value: object) -> object:

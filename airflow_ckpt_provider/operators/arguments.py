@@ -57,6 +57,7 @@ def parse_mode(kind: type[M], value: object) -> M:
 
 def mode_arg(kind: type[M], value: object) -> M | str:
     """``value`` parsed now, unless it is a template (``execute`` parses it with ``parse_mode``)."""
+    # value is an object: is_template(value) means a str, a narrowing mypy cannot see (no TypeGuard there)
     return value if is_template(value) else parse_mode(kind, value)  # type: ignore[return-value]
 
 
@@ -95,6 +96,7 @@ def settings_args(cls: type[Settings], kwargs: dict[str, Any], skip: Sequence[st
         if is_template(value):
             found[f.name] = value
         else:
+            # defaults bind this iteration's values; mypy cannot infer a lambda's default-argument types
             found[f.name] = _as_airflow_warnings(lambda v=value, m=meta, n=f.name: m.parse(v, n))  # type: ignore[misc]
     return found
 

@@ -147,7 +147,8 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
         self.on_kill_policy = mode_arg(KillPolicy, on_kill_policy)
         self.keep_recorded_code = keep_recorded_code
 
-    # The settings are parameters for Airflow (default_args, partial/expand) and help(), without a list here.
+    # The settings are parameters for Airflow (default_args, partial/expand) and help(), without a list here;
+    # functions do take __signature__ (inspect.signature reads it), which typeshed does not declare.
     __init__.__signature__ = with_settings(__init__, JobSettings, skip=NOT_ARGUMENTS)  # type: ignore[attr-defined]
 
     @cached_property
