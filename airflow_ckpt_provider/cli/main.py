@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import warnings
 from collections.abc import Sequence
+from typing import TextIO
 
 from airflow_ckpt_provider.cli.common import EXIT_ERROR, EXIT_VERIFY_FAILED
 from airflow_ckpt_provider.cli.job import add_job_commands
@@ -29,7 +31,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _warn_plainly(message: Warning | str, category: type[Warning], filename: str, lineno: int,  # noqa: PLR0917 -- warnings.showwarning's signature
+                  file: TextIO | None = None, line: str | None = None) -> None:
+    """A warning as one line for a person at a terminal (no source location)."""
+    print(f"warning: {message}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    # An old spelling of a mode or setting (core/modes.py) still works and says what to write instead; Python
+    # hides DeprecationWarning outside __main__, so the command shows its own.
+    with warnings.catch_warnings():
+        warnings.simplefilter("default", DeprecationWarning)
+        warnings.showwarning = _warn_plainly
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
