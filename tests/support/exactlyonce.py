@@ -15,7 +15,8 @@ Spark's checkpoint: the restored lineage must skip the replay), takes more ids a
 committed output is exactly one row ``(id, key, part)`` per id it was fed, whatever the batch boundaries were.
 
 Most of the time goes to driver starts (a JVM, the Python driver, the first batch's Python workers); the
-drivers' JVM runs with the client JIT only (``DRIVER_JVM``), which halves that on two cores.
+drivers' JVM runs with the client JIT only (``TEST_DRIVER_JVM`` in tests/conftest.py, for every test's
+drivers), which halves that on two cores.
 
 A sink (``EoSink``) tells its job how to write (environment variables), reads its committed output back and
 checks that nothing uncommitted is visible. The seed is printed; CKPT_EO_SEED replays the plan and the
@@ -49,10 +50,6 @@ EO_JOB = Path(__file__).parent.parent / "jobs" / "eo_job.py"
 MAX_OFFSETS = 60  # records per batch: each feed is two batches
 CHUNK = 60  # new ids per feed (plus the second copies of the previous feed's ids)
 WAIT = 180.0  # seconds any single condition may take
-# The drivers' JVM: the client-tier JIT only, and one GC thread. A driver here lives for seconds to a minute with
-# tiny batches, so C2 compilation and parallel GC threads only cost CPU: on two cores this halves a driver's
-# start (measured: 19-21 CPU-s to its first batch, 11 with these), and the proof is mostly driver starts.
-DRIVER_JVM = "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:CICompilerCount=1"
 
 Row = tuple[int, str, int]  # (id, key, Kafka partition of the input record)
 
@@ -332,8 +329,7 @@ class Chaos:
     def start(self, name: str, checkpoint: Path, *args: str, restarts: int) -> Run:
         run = self.env.run(name, checkpoint,
                            "--supervise", "-v", "--restart-strategy", "fixed-delay",
-                           "--restart-attempts", str(restarts), "--restart-delay", "0.5", "--poll", "1",
-                           "--conf", DRIVER_JVM, *args,
+                           "--restart-attempts", str(restarts), "--restart-delay", "0.5", "--poll", "1", *args,
                            max_offsets=MAX_OFFSETS, job_file=EO_JOB,
                            extra_env={**self.sink.env(), "CKPT_FAULT_DIR": str(self.faults)})
         self.runs.append(run)
