@@ -42,6 +42,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 TEST_DRIVER_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:CICompilerCount=1"
 
 
+#: The session's SPARK_CONF_DIR, when pytest_configure made one (removed at the end).
+_SPARK_CONF_DIR = pytest.StashKey[Path]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "stress(base, per_run): repeated under load, once by default, more with --full or --stress-runs N")
@@ -50,9 +54,6 @@ def pytest_configure(config: pytest.Config) -> None:
         (conf_dir / "spark-defaults.conf").write_text(f"spark.driver.extraJavaOptions {TEST_DRIVER_JVM}\n")
         os.environ["SPARK_CONF_DIR"] = str(conf_dir)
         config.stash[_SPARK_CONF_DIR] = conf_dir
-
-
-_SPARK_CONF_DIR = pytest.StashKey[Path]()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
