@@ -11,6 +11,14 @@ class StorageError(CkptError):
     """The job store or checkpoint storage cannot be reached or refused the request."""
 
 
+class UnreachableError(StorageError):
+    """The storage endpoint did not answer (connection refused, timeout): an outage a wait may outlast."""
+
+
+class CredentialsError(StorageError):
+    """The storage refused the credentials (bad secret, unknown key, no permission): no restart fixes that."""
+
+
 class CheckpointError(CkptError):
     """A Spark checkpoint directory is missing, not a checkpoint, or inconsistent."""
 

@@ -23,7 +23,7 @@ from botocore.exceptions import (
 from botocore.exceptions import ConnectTimeoutError as BotoConnectTimeout
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from airflow_ckpt_provider.core.errors import StorageError
+from airflow_ckpt_provider.core.errors import CredentialsError, StorageError, UnreachableError
 from airflow_ckpt_provider.core.storage import (
     BytesCallback,
     ObjectInfo,
@@ -83,7 +83,8 @@ def _retrying(what: str) -> Retrying:
     def before_sleep(state: RetryCallState) -> None:
         err = state.outcome.exception() if state.outcome else None
         wait = state.next_action.sleep if state.next_action else 0.0
-        log.warning("S3 %s: attempt %d of %d failed (%s), retrying in %.1f s",
+        # Debug only: an outage fails many requests; the caller's Outage logs its start and its end once.
+        log.debug("S3 %s: attempt %d of %d failed (%s), retrying in %.1f s",
                     what, state.attempt_number, ATTEMPTS, type(err).__name__, wait)
 
     return Retrying(
@@ -157,12 +158,12 @@ class S3Storage(Storage):
         except ClientError as err:
             raise self._translate(what, err) from err
         except NoCredentialsError as err:
-            raise StorageError(
+            raise CredentialsError(
                 f"{what}: no S3 credentials found; set them in the connection, or AWS_ACCESS_KEY_ID/"
                 "AWS_SECRET_ACCESS_KEY in the environment"
             ) from err
         except (EndpointConnectionError, BotoConnectTimeout, ConnectionClosedError, ReadTimeoutError) as err:
-            raise StorageError(
+            raise UnreachableError(
                 f"{what}: cannot reach S3 endpoint {self.opts.endpoint_url or 'AWS default'} "
                 f"after {ATTEMPTS} attempts ({err}); check the endpoint URL and that the server is up"
             ) from err
@@ -184,7 +185,7 @@ class S3Storage(Storage):
             )
         if code in _AUTH_CODES:
             creds = self.opts.redacted()
-            return StorageError(
+            return CredentialsError(
                 f"{what}: S3 refused the credentials ({code}) for bucket {self.bucket!r} "
                 f"(access key id {creds['access_key_id'] or 'from the environment'}, endpoint "
                 f"{creds['endpoint_url'] or 'AWS'}); check the access key, secret and permissions"

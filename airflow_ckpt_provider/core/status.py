@@ -16,17 +16,51 @@ from airflow_ckpt_provider.core.jobstore import STATUS, JobStore
 class JobState(StrEnum):
     STARTING = "STARTING"
     RUNNING = "RUNNING"
+    RESTARTING = "RESTARTING"  # ``restart`` says who restarts the job, the attempt, and by when it runs again
     STOPPING = "STOPPING"
     STOPPED = "STOPPED"
     FAILED = "FAILED"
 
 
 #: The state vocabulary as data: the CLI wait, the sensor and the trigger all read these sets.
-ACTIVE_STATES = frozenset({JobState.STARTING, JobState.RUNNING, JobState.STOPPING})
+ACTIVE_STATES = frozenset({JobState.STARTING, JobState.RUNNING, JobState.RESTARTING, JobState.STOPPING})
 TERMINAL_STATES = frozenset({JobState.STOPPED, JobState.FAILED})
 FAILURE_STATES = frozenset({JobState.FAILED})
-#: Seconds a STARTING or STOPPING driver may go without a heartbeat (restore, final savepoint).
+#: Seconds a STARTING, RESTARTING or STOPPING driver may go without a heartbeat (restore, final savepoint).
 BUSY_ALLOWANCE = 300.0
+#: Restarts of one driver kept in ``JobStatus.restarts`` (the newest; ``restart_count`` counts them all).
+RESTARTS_KEPT = 20
+
+
+class RestartOwner(StrEnum):
+    """Who restarts a job: its driver (the query, in the same SparkSession) or its supervisor (the process)."""
+
+    DRIVER = "driver"
+    SUPERVISOR = "supervisor"
+
+
+@dataclass(frozen=True)
+class Restart:
+    """One restart: who makes it, its attempt, why, the delay, from which batch, and by when the job should
+    run again (wall clock). ``resumed_at``/``resumed_batch`` are set once the restarted query ran a batch."""
+
+    by: RestartOwner
+    attempt: int
+    cause: str
+    delay: float
+    at: float
+    expected_by: float
+    from_batch: int | None = None
+    resumed_at: float | None = None
+    resumed_batch: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "by": self.by.value}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Restart:
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in known} | {"by": RestartOwner(d["by"])})
 
 
 @dataclass(frozen=True)
@@ -51,9 +85,21 @@ class JobStatus:
     ui_url: str | None = None
     code_version: str | None = None
     heartbeat_interval: float = 5.0
+    restart: dict[str, Any] | None = None  # the restart in progress (state RESTARTING): Restart.to_dict()
+    restarts: list[dict[str, Any]] = field(default_factory=list)  # this driver's query restarts, newest last
+    restart_count: int = 0  # this driver's query restarts in all
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "state": self.state.value}
+
+    def current_restart(self) -> Restart | None:
+        """The restart in progress, when the state is RESTARTING."""
+        if self.state is not JobState.RESTARTING or not self.restart:
+            return None
+        try:
+            return Restart.from_dict(self.restart)
+        except (KeyError, TypeError, ValueError):
+            return None
 
     def to_bytes(self) -> bytes:
         return json.dumps(self.to_dict(), sort_keys=True).encode()
@@ -83,9 +129,15 @@ def heartbeat_limit(status: JobStatus, *, heartbeat_timeout: float | None = None
                     busy_timeout: float = BUSY_ALLOWANCE) -> float:
     """Seconds without a heartbeat after which the driver of ``status`` counts as dead: ``heartbeat_timeout``,
     by default three missed heartbeats + 5 s. A STARTING driver restores a snapshot and a STOPPING one uploads
-    its final savepoint without reporting: they get ``busy_timeout`` at least."""
+    its final savepoint without reporting: they get ``busy_timeout`` at least; so does a RESTARTING job, and
+    at least until its restart's ``expected_by`` plus ``heartbeat_timeout``."""
     limit = heartbeat_timeout if heartbeat_timeout is not None else 3 * status.heartbeat_interval + 5
-    return limit if status.state is JobState.RUNNING else max(limit, busy_timeout)
+    if status.state is JobState.RUNNING:
+        return limit
+    restart = status.current_restart()
+    if restart is not None:  # a restart in progress: dead only once it is late by the whole allowance
+        return max(limit, busy_timeout, restart.expected_by - status.updated_at + limit)
+    return max(limit, busy_timeout)
 
 
 def driver_live(

@@ -7,7 +7,9 @@ EXIT_FAILED = 1  # the query failed: restart it from the latest state
 EXIT_CONFIG = 2  # bad input (unknown snapshot, unreachable store, bad job file): a restart fails again
 EXIT_FENCED = 3  # a newer driver took the job's lease: it runs the job now, do not compete with it
 # (4 is the CLI's "no answer in time" of `ckpt job`, never a driver's.)
-EXIT_INCOMPATIBLE = 5  # a restore check (--check-restore): the job file cannot restore the state
+EXIT_INCOMPATIBLE = 5  # the job's code cannot restore or run on the state (a restore check, a state schema change)
+EXIT_DENIED = 6  # the storage refused the credentials (bad secret, unknown key, no permission)
+EXIT_REFUSED = 7  # a sink refused the query (its output mode, or a batch of another timeline)
 
 #: What each code means, for logs; codes not listed are failures (a crash, a signal, a JVM error).
 MEANING = {
@@ -16,10 +18,12 @@ MEANING = {
     EXIT_CONFIG: "bad input",
     EXIT_FENCED: "fenced by a newer driver",
     EXIT_INCOMPATIBLE: "cannot restore the state",
+    EXIT_DENIED: "credentials refused",
+    EXIT_REFUSED: "a sink refused the query",
 }
 
 #: Codes after which restarting cannot help.
-NOT_RESTARTABLE = frozenset({EXIT_CONFIG, EXIT_FENCED, EXIT_INCOMPATIBLE})
+NOT_RESTARTABLE = frozenset({EXIT_CONFIG, EXIT_FENCED, EXIT_INCOMPATIBLE, EXIT_DENIED, EXIT_REFUSED})
 
 
 def exit_meaning(code: int) -> str:

@@ -1,0 +1,66 @@
+"""One log line when a dependency becomes unreachable and one when it is back, not one per failed request.
+
+A driver talks to the job store every second (heartbeats, the lease, control requests, snapshots); when
+the store is down for 30 s, each of those calls fails. ``Outage`` turns the failures into two lines::
+
+    job orders: the job store is unreachable: read lease.json: cannot reach S3 endpoint ... (retrying;
+        further failures are not logged until it is back)
+    job orders: the job store is reachable again after 21.4 s (37 failed requests)
+
+``failed`` and ``ok`` are called around each request; recovery is seen by a request that succeeds.
+Thread-safe: the snapshotter's thread and the driver's loop share one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+
+class Outage:
+    """The state of one dependency (``what``), as seen by ``job``'s requests to it."""
+
+    def __init__(self, job: str, what: str, *, clock: Callable[[], float] = time.monotonic,
+                 logger: logging.Logger = log) -> None:
+        self.job = job
+        self.what = what
+        self.clock = clock
+        self.log = logger
+        self._lock = threading.Lock()
+        self._since: float | None = None
+        self._failures = 0
+
+    @property
+    def down(self) -> bool:
+        return self._since is not None
+
+    def seconds(self) -> float:
+        """Seconds since the outage began (0 if there is none)."""
+        since = self._since
+        return 0.0 if since is None else self.clock() - since
+
+    def failed(self, err: BaseException | str) -> None:
+        """A request failed with ``err``: the first failure of an outage is logged, later ones counted."""
+        with self._lock:
+            self._failures += 1
+            if self._since is not None:
+                return
+            self._since = self.clock()
+        self.log.warning("job %s: %s is unreachable: %s (retrying; further failures are not logged until it is "
+                         "back)", self.job, self.what, err)
+
+    def ok(self) -> None:
+        """A request succeeded: ends an outage (one line with its length and the failures it hid)."""
+        if self._since is None:  # the common case, without the lock
+            return
+        with self._lock:
+            since, failures = self._since, self._failures
+            if since is None:
+                return
+            self._since, self._failures = None, 0
+        self.log.warning("job %s: %s is reachable again after %.1f s (%d failed requests)", self.job, self.what,
+                         self.clock() - since, failures)

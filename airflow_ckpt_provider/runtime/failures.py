@@ -1,0 +1,86 @@
+"""Which failures of a running query a restart can fix, and who restarts it.
+
+The driver restarts a failed query inside its own SparkSession (runtime/driver.py) unless this module says
+the failure is one no restart fixes (the same code fails the same way on the same state and credentials)
+or one only a new driver process fixes (the SparkContext or its JVM is broken). docs/runtime.md has the
+table of failure kinds, who restarts, how it is detected and what the user sees.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+from airflow_ckpt_provider.core.errors import CredentialsError
+from airflow_ckpt_provider.runtime.exitcodes import (
+    EXIT_CONFIG,
+    EXIT_DENIED,
+    EXIT_FAILED,
+    EXIT_INCOMPATIBLE,
+    EXIT_REFUSED,
+)
+from airflow_ckpt_provider.runtime.restoreverdict import OPERATORS_MISMATCH, spark_error
+from airflow_ckpt_provider.sinks.timelines import REFUSED
+
+
+class Recovery(StrEnum):
+    """Who can recover from a failure."""
+
+    QUERY = "query"  # restart the query in this driver, from the latest completed checkpoint
+    PROCESS = "process"  # the session or its JVM is broken: a new driver process (the supervisor's restart)
+    NONE = "none"  # no restart helps: fail fast with the message and the exit code
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A classified failure: ``what`` names the kind in a few words, ``message`` is Spark's (or ours)."""
+
+    recovery: Recovery
+    exit_code: int
+    what: str
+    message: str
+    condition: str | None = None
+
+    @property
+    def restartable(self) -> bool:
+        return self.recovery is not Recovery.NONE
+
+
+# (what, exit code, pattern over Spark's message): first match wins. Conditions are Spark's error classes.
+_FATAL: tuple[tuple[str, int, re.Pattern[str]], ...] = (
+    ("the sink refuses the output mode", EXIT_REFUSED, re.compile(
+        r"does not support (Update|Complete) mode|(Complete|Append|Update) output mode not supported"
+        r"|STREAMING_OUTPUT_MODE|supports the append output mode only", re.I)),
+    ("the state does not fit the query", EXIT_INCOMPATIBLE, re.compile(
+        r"STATE_STORE_[A-Z_]*(SCHEMA|NOT_COMPATIBLE|INCOMPATIBLE)[A-Z_]*|" + OPERATORS_MISMATCH
+        + r"|StateSchemaNotCompatible|Provided schema doesn't match to the schema for existing state")),
+    ("the storage refused the credentials", EXIT_DENIED, re.compile(
+        r"SignatureDoesNotMatch|InvalidAccessKeyId|refused the credentials|InvalidClientTokenId")),
+    ("the job's code is broken", EXIT_CONFIG, re.compile(
+        r"\b(ModuleNotFoundError|ImportError|SyntaxError|NameError)\b|No module named")),
+)
+
+_PROCESS = re.compile(
+    r"SparkContext was shut down|Cannot call methods on a stopped SparkContext|java\.lang\.OutOfMemoryError"
+    r"|Py4JNetworkError|Answer from Java side is empty|Error while receiving")
+
+
+def classify(err: BaseException | None) -> Failure:
+    """Who can recover from ``err`` (a query's exception, or an error from starting one), and its exit code."""
+    if err is None:
+        return Failure(Recovery.QUERY, EXIT_FAILED, "the query stopped", "the query stopped without an exception")
+    if isinstance(err, CredentialsError):
+        return Failure(Recovery.NONE, EXIT_DENIED, "the storage refused the credentials", str(err))
+    message, condition = spark_error(err)
+    text = f"{type(err).__name__}: {err}"
+    if REFUSED in text:  # the sink's own words after the marker
+        line = next(ln for ln in text.splitlines() if REFUSED in ln)
+        return Failure(Recovery.NONE, EXIT_REFUSED, "a sink refused the batch",
+                       line[line.index(REFUSED) + len(REFUSED):].strip(), condition)
+    for what, code, pattern in _FATAL:
+        if pattern.search(text):
+            return Failure(Recovery.NONE, code, what, message, condition)
+    if _PROCESS.search(text) or type(err).__name__.startswith("Py4J"):
+        return Failure(Recovery.PROCESS, EXIT_FAILED, "the Spark session is broken", message, condition)
+    return Failure(Recovery.QUERY, EXIT_FAILED, "the query failed", message, condition)
