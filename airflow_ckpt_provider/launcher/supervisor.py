@@ -26,14 +26,7 @@ from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.lease import read_lease
 from airflow_ckpt_provider.core.modes import LATEST_STATE
-from airflow_ckpt_provider.core.restart import (
-    ExponentialDelay,
-    FailureRate,
-    FixedDelay,
-    Health,
-    HealthRule,
-    RestartStrategy,
-)
+from airflow_ckpt_provider.core.restart import Health, HealthRule, RestartStrategy, describe_strategy
 from airflow_ckpt_provider.core.status import JobState, JobStatus, driver_live, read_status, write_status
 from airflow_ckpt_provider.launcher.driverprocess import GroupOf, ProcessLike, Spawn, process_group, spawn_driver
 from airflow_ckpt_provider.launcher.submit import SubmitSpec, build_command
@@ -77,19 +70,6 @@ class SupervisorOutcome:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "final": self.final.value}
-
-
-def describe_strategy(strategy: RestartStrategy) -> str:
-    """The strategy in Flink's words, for logs."""
-    if isinstance(strategy, FixedDelay):
-        return f"fixed-delay: {strategy.attempts} attempts, {strategy.delay:g} s apart"
-    if isinstance(strategy, FailureRate):
-        return (f"failure-rate: at most {strategy.max_failures} failures within {strategy.interval:g} s, "
-                f"{strategy.delay:g} s apart")
-    if isinstance(strategy, ExponentialDelay):
-        bound = "unbounded" if strategy.attempts is None else f"{strategy.attempts} attempts"
-        return f"exponential-delay: {strategy.initial:g} s to {strategy.max_delay:g} s backoff, {bound}"
-    return type(strategy).__name__
 
 
 @dataclass
