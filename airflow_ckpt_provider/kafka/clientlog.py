@@ -16,12 +16,14 @@ clients report into state changes per broker address (host:port):
   from librdkafka's ``stateage``) and the count suppressed. librdkafka logs nothing when a connection
   comes back; its stats are the real observation, and a timer never declares recovery.
 
-Served order is not event order: within one poll librdkafka hands over queued stats before queued
-log lines and errors (measured on librdkafka 2.16). A client polled late after an outage would
-otherwise replay its old connect failures after its fresh UP snapshot and reopen the outage; a
-failure for an address that the same client's snapshot served less than ``BURST_S`` earlier showed
-UP is therefore taken as stale. Snapshots taken (librdkafka's monotonic ``ts``, the clock of
-``time.monotonic``) before an outage began never end it.
+Served order is not event order: callbacks wait in each client's queue until it is polled, and
+within one poll librdkafka hands over queued stats before queued log lines and errors (measured on
+librdkafka 2.16). Snapshots carry librdkafka's monotonic ``ts`` (the clock of ``time.monotonic``):
+one taken before an outage began never ends it. Failures carry no time: a client that was not
+served since an address's last recovery may be replaying failures from that outage, so its
+failure for that address is counted as a replay, not as a new outage (a new outage is still
+reported by its next failure, or by any other client). One poll runs its callbacks back to back;
+a gap of more than ``POLL_GAP_S`` between two callbacks of a client starts a new poll.
 
 Other errors and log lines (authentication, unknown topic, a fatal producer error) are still
 logged, with their text, through the ``airflow_ckpt_provider.kafka.librdkafka`` logger, deduplicated
@@ -55,13 +57,15 @@ LIBRDKAFKA_LOG = logging.getLogger("airflow_ckpt_provider.kafka.librdkafka")
 STATS_INTERVAL_MS = 1000
 #: Identical non-connection lines within this window are counted, not logged again.
 DEDUP_WINDOW_S = 60.0
-#: A connect failure served this soon after the same client's UP snapshot is from before it.
-BURST_S = 0.25
+#: Callbacks of one client closer than this belong to one poll (they run back to back inside it).
+POLL_GAP_S = 0.005
 #: KafkaError names (error_cb) that report broker connectivity.
 CONNECTION_ERRORS = frozenset({"_TRANSPORT", "_RESOLVE", "_ALL_BROKERS_DOWN"})
 
-# "127.0.0.1:9092/bootstrap: ...", "127.0.0.1:9092/1: ...", "GroupCoordinator: 127.0.0.1:9092: ..."
-_BROKER_PREFIX = re.compile(r"^(?:[A-Za-z]+: )?(?P<address>\[?[^\s/\]]+\]?:\d+)(?:/[^\s:]+)?: (?P<rest>.*)$", re.S)
+# "127.0.0.1:9092/bootstrap: ...", "127.0.0.1:9092/1: ...", "GroupCoordinator: 127.0.0.1:9092: ...", and
+# "GroupCoordinator: Connect to ..." (a logical broker before it has an address: None)
+_BROKER_PREFIX = re.compile(
+    r"^(?:[A-Za-z]+: )?(?:(?P<address>\[?[^\s/\]]+\]?:\d+)(?:/[^\s:]+)?: )?(?P<rest>.*)$", re.S)
 _THREAD_PREFIX = re.compile(r"^\[thrd:[^\]]*\]: ")
 _AFTER_SUFFIX = re.compile(r" \(after \d+ms in state [A-Z_]+\)$")
 _CONNECT_FAILED = ("Connect to ", "Failed to resolve", "Connection setup timed out")
@@ -69,9 +73,9 @@ _CONNECT_FAILED = ("Connect to ", "Failed to resolve", "Connection setup timed o
 
 @dataclass(frozen=True)
 class ConnectionEvent:
-    """A librdkafka message about one broker address: a failed connect, or a (re)disconnect."""
+    """A librdkafka message about one broker address (None: not named): a failed connect, or a disconnect."""
 
-    address: str
+    address: str | None
     failed_connect: bool
     reason: str
 
@@ -108,22 +112,29 @@ class ConnectivityTracker:
         self._clock = clock
         self._lock = threading.Lock()
         self._down: dict[str, _Outage] = {}
+        self._recovered: dict[str, float] = {}  # address -> when its last outage ended
 
     def unreachable(self) -> frozenset[str]:
         """Addresses currently in an outage."""
         with self._lock:
             return frozenset(self._down)
 
-    def failure(self, address: str, reason: str, label: str, *, stale: bool = False, count: bool = True) -> None:
-        """A failed connect to ``address``: the first one starts an outage, later ones are counted."""
+    def failure(self, address: str, reason: str, label: str, *, served_before: float | None = None,
+                count: bool = True) -> None:
+        """A failed connect to ``address``: the first one starts an outage, later ones are counted.
+
+        ``served_before``: when the reporting client last ran a callback (None: never). A client not
+        served since the address's last recovery may replay that outage's failures: ignored.
+        """
         with self._lock:
             outage = self._down.get(address)
             if outage is not None:
                 outage.suppressed += count
                 return
-            if stale:
-                self._log.debug("kafka %s: connect failure from before its last UP snapshot ignored: %s",
-                                address, reason)
+            recovered = self._recovered.get(address)
+            if recovered is not None and (served_before is None or served_before < recovered):
+                self._log.debug("kafka %s: connect failure of a client not served since the last recovery "
+                                "(a replay) ignored: %s", address, reason)
                 return
             outage = self._down[address] = _Outage(address, label, reason, self._clock())
         self._log.warning("kafka %s unreachable: %s (%s; further errors suppressed until it is back)",
@@ -150,6 +161,7 @@ class ConnectivityTracker:
                 if outage is None or taken_at <= outage.since:
                     continue  # reachable, or a snapshot from before the outage
                 del self._down[address]
+                self._recovered[address] = self._clock()
                 back = since if since >= outage.since else taken_at
                 ended.append((outage, back - outage.since))
         for outage, seconds in ended:
@@ -191,11 +203,38 @@ class ClientHooks:
         self._dedup = dedup
         self._clock = clock
         self._addresses = [a.strip() for a in bootstrap_servers.split(",") if a.strip()]
-        self._snapshot_served = float("-inf")
-        self._snapshot_up: frozenset[str] = frozenset()
+        self._last_callback: float | None = None  # when this client's last callback ended
+        self._served: float | None = None  # when its previous poll (with callbacks) ended; None: never
 
     # confluent_kafka calls logger.log(level, "%s [%s] %s", facility, client name, message)
     def log(self, level: int, msg: str, *args: Any) -> None:
+        self._poll_started()
+        try:
+            self._log(level, msg, *args)
+        finally:
+            self._last_callback = self._clock()
+
+    def error(self, err: Any) -> None:
+        """error_cb: connectivity goes to the tracker, anything else is logged (deduplicated, fatal not)."""
+        self._poll_started()
+        try:
+            self._error(err)
+        finally:
+            self._last_callback = self._clock()
+
+    def stats(self, text: str) -> None:
+        """stats_cb: the UP connections of this snapshot, by address, and since when they are UP."""
+        self._poll_started()
+        try:
+            self._stats(text)
+        finally:
+            self._last_callback = self._clock()
+
+    def _poll_started(self) -> None:
+        if self._last_callback is not None and self._clock() - self._last_callback > POLL_GAP_S:
+            self._served = self._last_callback  # a new poll: the previous one ended then
+
+    def _log(self, level: int, msg: str, *args: Any) -> None:
         facility, name, text = (str(a) for a in args) if len(args) == 3 else ("", "", msg % args if args else msg)
         event = parse_connection_text(text)
         if event is not None:
@@ -203,8 +242,7 @@ class ClientHooks:
             return
         self._emit(level, f"{facility} [{name}] {text}", key=f"{facility} {text}")
 
-    def error(self, err: Any) -> None:
-        """error_cb: connectivity goes to the tracker, anything else is logged (deduplicated, fatal not)."""
+    def _error(self, err: Any) -> None:
         text = str(err.str())
         if err.name() in CONNECTION_ERRORS:
             event = parse_connection_text(text)
@@ -220,8 +258,7 @@ class ClientHooks:
         self._emit(logging.WARNING, f"kafka {self.bootstrap_servers} client error ({self.label}): {err.name()}: "
                    f"{text}", key=f"{err.name()} {text}")
 
-    def stats(self, text: str) -> None:
-        """stats_cb: the UP connections of this snapshot, by address, and since when they are UP."""
+    def _stats(self, text: str) -> None:
         try:
             data = json.loads(text)
             taken_at = int(data["ts"]) / 1e6
@@ -234,14 +271,14 @@ class ClientHooks:
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             log.debug("unreadable librdkafka stats of %s: %s", self.bootstrap_servers, err)
             return
-        self._snapshot_served = self._clock()
-        self._snapshot_up = frozenset(up)
         self.tracker.snapshot(taken_at, up)
 
     def _connection(self, event: ConnectionEvent, *, count: bool) -> None:
-        if event.failed_connect:
-            stale = event.address in self._snapshot_up and self._clock() - self._snapshot_served < BURST_S
-            self.tracker.failure(event.address, event.reason, self.label, stale=stale, count=count)
+        if event.address is None:  # the same failure is reported under the broker's own name too
+            if not self.tracker.noise(self._addresses, count=count):
+                log.debug("kafka %s (%s): %s", self.bootstrap_servers, self.label, event.reason)
+        elif event.failed_connect:
+            self.tracker.failure(event.address, event.reason, self.label, served_before=self._served, count=count)
         elif not self.tracker.noise([event.address], count=count):
             log.debug("kafka %s (%s): %s", event.address, self.label, event.reason)
 

@@ -76,6 +76,8 @@ def test_parse_connection_text_finds_address_and_reason_of_each_form() -> None:
         "kafka:9092", True, "Failed to resolve 'kafka:9092': Name or service not known")
     assert parse_connection_text(f"{ADDR}/111: Disconnected: connection reset by peer (after 5002ms in state UP)") \
         == ConnectionEvent(ADDR, False, "Disconnected: connection reset by peer")
+    assert parse_connection_text(f"GroupCoordinator: Connect to ipv4#{ADDR} failed: Connection refused (after 0ms "
+                                 "in state CONNECT)") == ConnectionEvent(None, True, "Connection refused")
     assert parse_connection_text("1/1 brokers are down") is None
     assert parse_connection_text("Topic t1 partition count changed from 1 to 4") is None
 
@@ -126,25 +128,42 @@ def test_a_snapshot_taken_before_the_outage_does_not_end_it(caplog: pytest.LogCa
     assert h.tracker.unreachable() == {ADDR}
 
 
-def test_failures_served_right_after_the_same_clients_up_snapshot_are_stale(caplog: pytest.LogCaptureFixture) -> None:
-    """A client polled late gets its queued stats first, then its old failures: they must not reopen the outage."""
+def test_failures_replayed_by_a_client_not_served_since_the_recovery_do_not_reopen_the_outage(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A client polled first after the recovery gets its queued stats, then its old failures, in one poll."""
     caplog.set_level(logging.INFO)
     clock = Clock()
     tracker = ConnectivityTracker(clock=clock)
     live, late = hooks(clock, tracker), hooks(clock, tracker)
+    late.stats(stats(clock.now, (f"{ADDR}/1", "UP", 30.0)))  # served once, before the outage
+    clock.now += 1
     live.error(FakeError("_TRANSPORT", REFUSED))
     clock.now += 10
     live.stats(stats(clock.now, (f"{ADDR}/1", "UP", 0.2)))
     clock.now += 5
-    late.stats(stats(clock.now - 0.1, (f"{ADDR}/1", "UP", 4.0)))  # the burst of the late client
+    late.stats(stats(clock.now - 8, (f"{ADDR}/bootstrap", "INIT", 3.0)))  # its queue, in one poll
     late.log(logging.ERROR, "%s [%s] %s", "FAIL", "rdkafka#producer-3", REFUSED)
     late.error(FakeError("_TRANSPORT", REFUSED))
+    late.stats(stats(clock.now - 0.1, (f"{ADDR}/1", "UP", 4.0)))
     assert len(state_lines(caplog)) == 2
     assert tracker.unreachable() == frozenset()
-    clock.now += 3  # a real new failure later is a new outage
+    clock.now += 3  # the next poll: a failure now is a new outage
     late.error(FakeError("_TRANSPORT", REFUSED))
     assert tracker.unreachable() == {ADDR}
     assert state_lines(caplog)[-1].startswith(f"kafka {ADDR} unreachable")
+
+
+def test_a_live_client_reports_a_new_outage_after_a_recovery(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    clock = Clock()
+    h = hooks(clock)
+    for _ in range(2):  # two outages, each seen by a client polled all along
+        clock.now += 1
+        h.error(FakeError("_TRANSPORT", REFUSED))
+        clock.now += 5
+        h.stats(stats(clock.now, (f"{ADDR}/1", "UP", 0.5)))
+    assert [line.split(" ")[2] for line in state_lines(caplog)] == ["unreachable:", "reachable", "unreachable:",
+                                                                    "reachable"]
 
 
 def test_a_disconnect_that_heals_is_debug_only(caplog: pytest.LogCaptureFixture) -> None:
