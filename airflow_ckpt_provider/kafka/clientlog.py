@@ -21,8 +21,8 @@ within one poll librdkafka hands over queued stats before queued log lines and e
 librdkafka 2.16). Snapshots carry librdkafka's monotonic ``ts`` (the clock of ``time.monotonic``):
 one taken before an outage began never ends it. Failures carry no time: a client that was not
 served since an address's last recovery may be replaying failures from that outage, so its
-failure for that address is counted as a replay, not as a new outage (a new outage is still
-reported by its next failure, or by any other client). One poll runs its callbacks back to back;
+failure for that address is dropped (DEBUG) as a replay, not taken as a new outage (a new outage is
+still reported by its next failure, or by any other client). One poll runs its callbacks back to back;
 a gap of more than ``POLL_GAP_S`` between two callbacks of a client starts a new poll.
 
 Other errors and log lines (authentication, unknown topic, a fatal producer error) are still
@@ -30,10 +30,11 @@ logged, with their text, through the ``airflow_ckpt_provider.kafka.librdkafka`` 
 by identical text within ``DEDUP_WINDOW_S``: a broken credential or a deleted topic fails every
 request just like a broker outage; the first line and the count of repeats (logged with the next
 occurrence after the window) say everything, while a different text passes at once. Fatal errors
-are never deduplicated. Idle disconnects that librdkafka heals by itself go to DEBUG: when the
-reconnect fails, the failed connect is the line. Clients never polled (the sink's marker consumer,
-the options probe) get no stats: their queued lines are freed when they close, their failures
-surface as exceptions of the calls that use them.
+are never deduplicated. ``log.connection.close`` and ``log_level`` keep librdkafka's defaults: the
+"Disconnected" lines go to DEBUG (librdkafka reconnects by itself; when the reconnect fails, the
+failed connect is the line), and a configured ``kafka.debug`` still reaches the logger. Clients
+never polled (the sink's marker consumer, the options probe) get no stats: their queued lines are
+freed when they close, their failures surface as exceptions of the calls that use them.
 """
 
 from __future__ import annotations
