@@ -157,3 +157,4 @@ def test_a_failure_no_restart_fixes_ends_the_driver_and_its_supervisor_once_with
         assert status is not None
         assert status.state is JobState.FAILED
         assert message in status.reason
+
