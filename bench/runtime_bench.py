@@ -1,7 +1,7 @@
-"""Benchmark of the job runtime: recovery after kill -9 versus a cold start, and the throughput cost of
-periodic snapshots, measured side by side in one run.
+"""Benchmark of the job runtime: recovery after a query failure inside a live driver and after kill -9,
+versus a cold start, and the throughput cost of periodic snapshots, measured side by side in one run.
 
-    .venv/bin/python bench/runtime_bench.py [--rounds 3] [--kills 1] [--window 30] [--quick]
+    .venv/bin/python bench/runtime_bench.py [--rounds 3] [--kills 1] [--failures 3] [--window 30] [--quick]
 
 Runs the test job (tests/jobs/kafka_count.py: a stateful count per key over a ckpt-kafka topic) with
 ``ckpt run --supervise`` (fixed-delay restarts, 0.5 s apart) exactly as users do, on one backlog topic
@@ -18,6 +18,11 @@ order (A B, B A, A B). Each job is measured for:
    first batch the restarted driver completes, split into detection, restart, JVM + Python,
    SparkSession + build, start decision, query start and that batch. Targets: recovery <= 1.3x the
    cold start of the same jobs; detection < 5 s.
+4. Recovery inside the driver (A jobs only), --failures times before the kills: the job's foreachBatch
+   raises once (tests/jobs/kafka_count.py's ``sink`` fault, which writes the time it fired), the driver
+   restarts the query in its SparkSession (fixed-delay, --restart-delay); from the raise to the first batch
+   committed after it, split into detection, delay, query start and that batch. Targets: median <= 5 s and
+   <= 0.2x the cold start of the same jobs.
 
 Times come from the ``ckpt run -v`` log lines (supervisor and driver, millisecond timestamps; Spark's
 own lines have whole seconds) and from this script's clock at spawn and kill. Prints tables and a
@@ -54,6 +59,8 @@ from tests.support.runtimejob import JobEnv, Run
 
 PARTITIONS = 3
 RECOVERY_TARGET = 1.3
+IN_DRIVER_TARGET_S = 5.0
+IN_DRIVER_TARGET = 0.2
 DETECTION_TARGET_S = 5.0
 OVERHEAD_TARGET = 0.05
 WAIT_S = 240.0  # the longest any single step may take before the bench gives up
@@ -76,6 +83,7 @@ class Options:
     restart_delay: float
     kill_after: float
     workdir: Path
+    failures: int = 3
 
 
 # -- the ckpt run log ------------------------------------------------------------------------------
@@ -92,6 +100,9 @@ PATTERNS = {
     "query": re.compile(r"^job \S+ epoch (\d+): query \S+ started"),
     "batch": re.compile(r"^job \S+ epoch (\d+) batch (\d+): completed, (\d+) rows"),
     "sparkctx": re.compile(r"^INFO SparkContext: Running Spark version"),
+    "qfailed": re.compile(r"^job \S+ epoch (\d+): query failed at batch (\S+) .* restarting it in this driver in "
+                          r"([\d.]+) s \(attempt (\d+)"),
+    "qrestarted": re.compile(r"^job \S+ epoch (\d+): query restarted in this driver \(attempt (\d+)\)"),
     "snapshot": re.compile(r"^job \S+ snapshot \S+ \(batch (\d+)\): completed (checkpoint|savepoint) .* ([\d.]+) s$"),
 }
 
@@ -435,6 +446,50 @@ def recover(watch: LogWatch, opts: Options, rnd: int, config: str, epoch: int, c
                  grace=float(grace.fields[0]) if grace else 0.0, note=", ".join(notes), noise=watch.noise(since))
 
 
+@dataclass(frozen=True)
+class QueryRecovery:
+    """One query failure inside a live driver: seconds from the sink's raise to the restart decision
+    (``detect``), the strategy's ``delay``, the query's start again (``query``), and the first batch
+    committed after it (``batch``); ``total`` is the raise to that batch."""
+
+    round: int
+    config: str
+    total: float
+    detect: float
+    delay: float
+    query: float
+    batch: float
+    batch_id: int
+    rows: int
+    pid_kept: bool
+    noise: str = ""
+
+
+def query_failure(watch: LogWatch, opts: Options, rnd: int, config: str, epoch: int, faults: Path,
+                  attempt: int) -> QueryRecovery:
+    """Wait for 2 batches with rows of ``epoch`` after the last mark, make the sink raise once, and measure
+    until the first batch the restarted query completes."""
+    since, mark = watch.mark(), len(watch.poll())
+    watch.wait(f"2 batches with rows of epoch {epoch}", lambda ev: b[1] if len(
+        b := [e for e in batches(ev[mark:], epoch) if e.int(2) > 0]) >= 2 else None)
+    time.sleep(opts.kill_after)
+    spawns = [e for e in watch.events if e.kind == "spawn"]
+    fired = faults / "sink.fired"
+    fired.unlink(missing_ok=True)
+    mark = len(watch.poll())
+    (faults / "sink").touch()
+    restarted = watch.wait(f"query restart {attempt}", lambda ev: first(
+        ev, "qrestarted", start=mark, test=lambda e: e.int(0) == epoch))
+    done = watch.wait("the first batch after the restart", lambda ev: first(
+        ev, "batch", after=restarted.t, start=mark, test=lambda e: e.int(0) == epoch))
+    raised = float(fired.read_text())
+    failed = need(first(watch.events, "qfailed", start=mark), "the restart decision", watch)
+    query = need(first(watch.events, "query", start=mark, after=failed.t), "the restarted query", watch)
+    kept = [e for e in watch.events if e.kind == "spawn"] == spawns
+    return QueryRecovery(rnd, config, done.t - raised, failed.t - raised, float(failed.fields[2]),
+                         query.t - failed.t, done.t - query.t, done.int(1), done.int(2), kept, watch.noise(since))
+
+
 def log_start(s: Start) -> None:
     print(f"  round {s.round} {s.config} {s.kind}: {s.total:.1f} s to batch {s.batch_id} ({s.rows} rows); "
           f"load / other JVMs {s.noise}", file=sys.stderr)
@@ -510,24 +565,34 @@ def throughput(env: JobEnv, watch: LogWatch, opts: Options, rnd: int, config: st
 # -- one job: cold start, throughput, recoveries --------------------------------------------------
 
 def job_run(env: JobEnv, opts: Options, rnd: int, config: str,
-            servers: dict[str, int | None]) -> tuple[list[Start], Throughput]:
+            servers: dict[str, int | None]) -> tuple[list[Start], Throughput, list[QueryRecovery]]:
     name = f"{rnd}-{config}"
     checkpoint = opts.workdir / name / "checkpoint"
+    faults = opts.workdir / name / "faults"
+    faults.mkdir(parents=True, exist_ok=True)
     args = [a.format(ci=f"{opts.checkpoint_interval:g}", sp=f"{opts.savepoint_interval:g}") for a in CONFIGS[config]]
     spawned = time.time()
+    # fixed-delay counts the restarts of one driver (in-driver) and of the supervisor (processes) apart
     run = env.run(name, checkpoint, "--supervise", "-v", "--restart-strategy", "fixed-delay",
-                  "--restart-attempts", str(opts.kills + 1), "--restart-delay", f"{opts.restart_delay:g}", *args,
-                  max_offsets=opts.max_offsets)
+                  "--restart-attempts", str(max(opts.kills, opts.failures) + 1),
+                  "--restart-delay", f"{opts.restart_delay:g}", *args, max_offsets=opts.max_offsets,
+                  extra_env={"CKPT_TEST_FAULT_DIR": str(faults), "CKPT_TEST_FAULTS": "sink"})
     watch = LogWatch(run)
+    in_driver: list[QueryRecovery] = []
     try:
         starts = [cold_start(watch, spawned, rnd, config)]
         log_start(starts[0])
         begin = need(first(watch.events, "batch", test=lambda e: e.int(2) > 0), "the first batch with rows", watch)
         result = throughput(env, watch, opts, rnd, config, begin, servers)
+        for attempt in range(1, opts.failures + 1 if config == "A" else 1):
+            in_driver.append(query_failure(watch, opts, rnd, config, 1, faults, attempt))
+            q = in_driver[-1]
+            print(f"  round {rnd} {config} in-driver recovery {attempt}: {q.total:.1f} s to batch {q.batch_id} "
+                  f"({q.rows} rows); load / other JVMs {q.noise}", file=sys.stderr)
         for epoch in range(1, opts.kills + 1 if config == "A" else 1):
             starts.append(recover(watch, opts, rnd, config, epoch, checkpoint))
             log_start(starts[-1])
-        return starts, result
+        return starts, result, in_driver
     finally:
         stop_run(run, watch)
 
@@ -631,12 +696,44 @@ def report_starts(starts: list[Start], opts: Options) -> list[str]:
     ]
 
 
+def report_in_driver(recs: list[QueryRecovery], starts: list[Start], opts: Options) -> list[str]:
+    print("\n## Recovery after a query failure inside a live driver versus a cold start (seconds)\n")
+    print("The job's foreachBatch raises once; the driver restarts the query in its SparkSession (fixed-delay, "
+          f"{opts.restart_delay:g} s). Total: the raise to the first batch committed after it (the failed batch, "
+          "replayed). Detection: the raise to the driver's restart line; query start: the restart decision "
+          "and the delay to `query started`.\n")
+    print("| round | config | total | detection | delay | to query started | first batch | batch id | rows "
+          "| same driver | load / other JVMs |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |")
+    for q in recs:
+        print(f"| {q.round} | {q.config} | {q.total:.1f} | {q.detect:.2f} | {q.delay:.2f} | {q.query:.1f} "
+              f"| {q.batch:.1f} | {q.batch_id} | {q.rows} | {'yes' if q.pid_kept else 'NO'} | {q.noise} |")
+    med = statistics.median(q.total for q in recs)
+    jobs = {(q.round, q.config) for q in recs}
+    colds = [s.total for s in starts if s.kind == "cold" and (s.round, s.config) in jobs]
+    cold = statistics.median(colds)
+    print(f"| median | | {med:.1f} | {statistics.median(q.detect for q in recs):.2f} "
+          f"| {statistics.median(q.delay for q in recs):.2f} | {statistics.median(q.query for q in recs):.1f} "
+          f"| {statistics.median(q.batch for q in recs):.1f} | | | | |")
+    ratio = med / cold
+    print(f"\nin-driver recovery / cold start of the same jobs: {ratio:.2f} (medians {med:.1f} / {cold:.1f} s)")
+    return [
+        f"in-driver recovery <= {IN_DRIVER_TARGET_S:g} s median: {'met' if med <= IN_DRIVER_TARGET_S else 'MISSED'} "
+        f"(median {med:.1f} s over {len(recs)} failures, max {max(q.total for q in recs):.1f} s)",
+        f"in-driver recovery <= {IN_DRIVER_TARGET}x cold start: {'met' if ratio <= IN_DRIVER_TARGET else 'MISSED'} "
+        f"({med:.1f} s vs {cold:.1f} s = {ratio:.2f}x)",
+        f"in-driver recovery kept the driver process: {'yes' if all(q.pid_kept for q in recs) else 'NO'}",
+    ]
+
+
 # -- main ------------------------------------------------------------------------------------------
 
 def parse_args(argv: Sequence[str] | None) -> tuple[Options, bool]:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, help="rounds of one A and one B job (default 3)")
     parser.add_argument("--kills", type=int, help="kill -9s per A job after its throughput window (default 1)")
+    parser.add_argument("--failures", type=int, default=3,
+                        help="query failures per A job, recovered inside the driver, before the kills (default 3)")
     parser.add_argument("--records", type=int, help="backlog records (default 1,500,000)")
     parser.add_argument("--keys", type=int, default=10_000, help="distinct keys (default 10000)")
     parser.add_argument("--max-offsets", type=int, default=20_000, help="maxOffsetsPerTrigger (default 20000)")
@@ -659,7 +756,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Options, bool]:
     workdir.mkdir(parents=True, exist_ok=True)
     opts = Options(**chosen, keys=args.keys, max_offsets=args.max_offsets,
                    checkpoint_interval=args.checkpoint_interval, restart_delay=args.restart_delay,
-                   kill_after=args.kill_after, workdir=workdir)
+                   kill_after=args.kill_after, workdir=workdir, failures=args.failures)
     return opts, keep
 
 
@@ -668,6 +765,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     starts: list[Start] = []
     runs: list[Throughput] = []
+    in_driver: list[QueryRecovery] = []
     try:
         with EmbeddedServices() as services:
             bucket = "bench"
@@ -686,15 +784,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for config in ("A", "B") if rnd % 2 else ("B", "A"):
                     env = JobEnv(services.s3, services.kafka, opts.workdir, bucket, topic,
                                  job=f"bench-{uuid.uuid4().hex[:8]}")
-                    job_starts, result = job_run(env, opts, rnd, config, servers)
+                    job_starts, result, recoveries = job_run(env, opts, rnd, config, servers)
                     starts += job_starts
                     runs.append(result)
+                    in_driver += recoveries
     finally:
         if not keep:
             shutil.rmtree(opts.workdir, ignore_errors=True)
     print(f"# Job runtime benchmark ({time.monotonic() - started:.0f} s, load average "
           f"{os.getloadavg()[0]:.1f} at the end)")
     verdicts = report_throughput(runs, opts)
+    if in_driver:
+        verdicts += report_in_driver(in_driver, starts, opts)
     if any(s.kind == "recovery" for s in starts):
         verdicts += report_starts(starts, opts)
     print("\n## Verdicts\n")
