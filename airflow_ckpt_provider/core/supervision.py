@@ -23,7 +23,7 @@ from enum import StrEnum
 from airflow_ckpt_provider.core.deployments import read_launch
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.jobstore import SUPERVISORS, JobStore
-from airflow_ckpt_provider.core.status import BUSY_ALLOWANCE, JobStatus, heartbeat_limit
+from airflow_ckpt_provider.core.status import ACTIVE_STATES, BUSY_ALLOWANCE, JobState, JobStatus, heartbeat_limit
 
 #: Characters of a launch id that name its second (``YYYYmmddTHHMMSSZ``): ids of one second are compared by record.
 _SECOND = len("20260101T000000Z")
@@ -197,10 +197,14 @@ def live_supervisor(store: JobStore, now: float, *, host: str | None = None,
     return seen.record if seen.live else None
 
 
-def restarts_silent_driver(status: JobStatus, supervision: Supervision, now: float) -> bool:
-    """Whether the live supervisor will restart the driver that wrote ``status`` (active, silent): true while
-    the status is younger than the driver's heartbeat limit plus the supervisor's reaction time."""
+def restarts_dead_driver(status: JobStatus, supervision: Supervision, now: float) -> bool:
+    """Whether the live supervisor will restart the driver that wrote ``status``: an active status (a driver
+    that stopped reporting) younger than the driver's heartbeat limit plus the supervisor's reaction time, or
+    a FAILED one younger than that reaction time (a failed driver exits at once; the supervisor then writes
+    RESTARTING, or ends when it gives up)."""
     record = supervision.record
     if not supervision.live or record is None or record.state is SupervisorState.ENDED:
         return False
-    return status.age(now) <= heartbeat_limit(status) + record.reaction()
+    if status.state is JobState.FAILED:
+        return status.age(now) <= record.reaction()
+    return status.state in ACTIVE_STATES and status.age(now) <= heartbeat_limit(status) + record.reaction()
