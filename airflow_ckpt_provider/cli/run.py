@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from airflow_ckpt_provider.cli.common import add_store_args
 from airflow_ckpt_provider.core.deployments import LAUNCH_ENV
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.restart import HealthRule, RestartStrategy
+from airflow_ckpt_provider.core.restart import HealthRule, RestartStrategy, describe_strategy
 from airflow_ckpt_provider.core.settings import RestartSettings, RuntimeSettings
 from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.launcher.driverprocess import ProcessLike, Spawn, spawn_driver
@@ -34,7 +34,7 @@ from airflow_ckpt_provider.launcher.submit import (
     parse_conf,
     redact,
 )
-from airflow_ckpt_provider.launcher.supervisor import Supervisor, describe_strategy
+from airflow_ckpt_provider.launcher.supervisor import Supervisor
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG
 
@@ -84,7 +84,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.dry_run:
             _print_dry_run(args, argv, env, strategy, health)
             return 0
-        logging.getLogger("airflow_ckpt_provider.runtime").setLevel(logging.INFO)  # operators read these lines
+        for name in ("airflow_ckpt_provider.runtime", "airflow_ckpt_provider.launcher"):  # operators read these
+            logging.getLogger(name).setLevel(logging.INFO)
         if strategy is None:
             return run_once(argv, env)
         return _run_supervised(args, spec, strategy, health)

@@ -36,6 +36,7 @@ class LeaseRecord:
     acquired_at: float
     released: bool = False
     poll_interval: float = 1.0  # how often this driver looks at the lease: a newer one waits for that
+    outage_tolerance: float = 0.0  # seconds it commits on while the store does not answer: a newer one waits that
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -49,6 +50,7 @@ class LeaseRecord:
                 host=str(body["host"]), pid=int(body["pid"]), acquired_at=float(body["acquired_at"]),
                 released=bool(body.get("released", False)),
                 poll_interval=float(body.get("poll_interval", 1.0)),
+                outage_tolerance=float(body.get("outage_tolerance", 0.0)),
             )
         except (ValueError, KeyError, TypeError) as err:
             raise StorageError(
@@ -64,14 +66,24 @@ def read_lease(store: JobStore) -> LeaseRecord | None:
 
 
 class Lease:
-    """One driver's hold on a job: ``acquire()`` once, ``check()`` often, ``release()`` at a clean stop."""
+    """One driver's hold on a job: ``acquire()`` once, ``check()`` or ``confirm()`` often, ``release()`` at a
+    clean stop.
+
+    ``outage_tolerance``: seconds since the last confirmation during which ``confirm()`` rides out a store that
+    does not answer. It is recorded in lease.json, and a newer driver waits at least that long after taking
+    the lease (``grace``), so a driver that cannot see it was fenced stops committing before the newer starts.
+    """
 
     def __init__(
-        self, store: JobStore, *, poll_interval: float = 1.0, clock: Callable[[], float] = time.time
+        self, store: JobStore, *, poll_interval: float = 1.0, outage_tolerance: float = 0.0,
+        clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.poll_interval = poll_interval
+        self.outage_tolerance = outage_tolerance
         self.clock = clock
+        self.monotonic = monotonic
+        self.confirmed_at = monotonic()  # the last successful check
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.record: LeaseRecord | None = None
         self.previous: LeaseRecord | None = None
@@ -90,10 +102,11 @@ class Lease:
             mine = LeaseRecord(
                 job=self.store.job, epoch=(previous.epoch if previous else 0) + 1, owner=self.owner,
                 host=socket.gethostname(), pid=os.getpid(), acquired_at=self.clock(),
-                poll_interval=self.poll_interval,
+                poll_interval=self.poll_interval, outage_tolerance=self.outage_tolerance,
             )
             if self.store.storage.write_if(LEASE, mine.to_bytes(), current.tag if current else None):
                 self.record, self.previous = mine, previous
+                self.confirmed_at = self.monotonic()
                 held = "released" if previous is None or previous.released else f"held by {previous.owner}"
                 log.info(
                     "job %s: lease taken at epoch %d by %s (previous epoch %s, %s)",
@@ -118,7 +131,8 @@ class Lease:
         if not self.previous_may_run():
             return 0.0
         assert self.previous is not None
-        return max(minimum, 2 * self.previous.poll_interval + 1.0)
+        prev = self.previous
+        return max(minimum, 2 * prev.poll_interval + 1.0, prev.outage_tolerance + prev.poll_interval + 1.0)
 
     def check(self) -> LeaseRecord:
         """Raise FencedError unless the lease still names this driver at its epoch."""
@@ -129,7 +143,25 @@ class Lease:
                 f"job {self.store.job}: this driver ({self.owner}, epoch {self.epoch}) was fenced: the lease "
                 f"now shows {found}. Another driver runs the job; this one stops without committing"
             )
+        self.confirmed_at = self.monotonic()
         return current
+
+    def confirm(self) -> bool:
+        """``check()``, riding out a store outage: True if confirmed now, False if the store did not answer but
+        the last confirmation is younger than ``outage_tolerance``; StorageError beyond it, FencedError if fenced."""
+        try:
+            self.check()
+        except FencedError:
+            raise
+        except StorageError:
+            if self.tolerating():
+                return False
+            raise
+        return True
+
+    def tolerating(self) -> bool:
+        """Whether the last confirmation is younger than ``outage_tolerance`` (an outage may be ridden out)."""
+        return self.monotonic() - self.confirmed_at < self.outage_tolerance
 
     def release(self) -> bool:
         """Mark the lease released so the next driver need not wait; False if we no longer hold it."""

@@ -154,6 +154,19 @@ class FailureRate(RestartStrategy):
         return self.delay if len(self._failures) <= self.max_failures else None
 
 
+def describe_strategy(strategy: RestartStrategy) -> str:
+    """The strategy in Flink's words, for logs."""
+    if isinstance(strategy, FixedDelay):
+        return f"fixed-delay: {strategy.attempts} attempts, {strategy.delay:g} s apart"
+    if isinstance(strategy, FailureRate):
+        return (f"failure-rate: at most {strategy.max_failures} failures within {strategy.interval:g} s, "
+                f"{strategy.delay:g} s apart")
+    if isinstance(strategy, ExponentialDelay):
+        bound = "unbounded" if strategy.attempts is None else f"{strategy.attempts} attempts"
+        return f"exponential-delay: {strategy.initial:g} s to {strategy.max_delay:g} s backoff, {bound}"
+    return type(strategy).__name__
+
+
 def _positive(what: str, value: float, *, allow_zero: bool = False) -> None:
     if value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"

@@ -28,7 +28,7 @@ from airflow_ckpt_provider.core.deployments import LAUNCH_ENV, Deployment, Launc
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.jobstore import SPEC_LAST, JobStore
 from airflow_ckpt_provider.core.modes import RestoreSpec
-from airflow_ckpt_provider.core.settings import JobSettings, RuntimeSettings
+from airflow_ckpt_provider.core.settings import JobSettings
 from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.launcher.submit import SubmitSpec, build_command
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
@@ -62,7 +62,7 @@ def submit_spec(deployment: Deployment, job: str, store: str, restore: RestoreSp
     """The spark-submit side of this deployment for one driver (``runtime``: more RuntimeConfig fields)."""
     d = deployment
     config = RuntimeConfig(
-        **d.values(RuntimeSettings), job=job, store=store, restore=restore, code_version=d.code_version,
+        **d.values(JobSettings), job=job, store=store, restore=restore, code_version=d.code_version,
         endpoint_url=s3.endpoint_url if s3 else None, region=s3.region if s3 else None, **runtime,
     )
     return SubmitSpec(job_file=d.job_file, config=config, master=d.master, deploy_mode=d.deploy_mode,

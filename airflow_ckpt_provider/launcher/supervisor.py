@@ -34,14 +34,7 @@ from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.lease import read_lease
 from airflow_ckpt_provider.core.modes import LATEST_STATE
 from airflow_ckpt_provider.core.outage import Outage
-from airflow_ckpt_provider.core.restart import (
-    ExponentialDelay,
-    FailureRate,
-    FixedDelay,
-    Health,
-    HealthRule,
-    RestartStrategy,
-)
+from airflow_ckpt_provider.core.restart import Health, HealthRule, RestartStrategy, describe_strategy
 from airflow_ckpt_provider.core.status import (
     JobState,
     JobStatus,
@@ -115,19 +108,6 @@ class SupervisorOutcome:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "final": self.final.value}
-
-
-def describe_strategy(strategy: RestartStrategy) -> str:
-    """The strategy in Flink's words, for logs."""
-    if isinstance(strategy, FixedDelay):
-        return f"fixed-delay: {strategy.attempts} attempts, {strategy.delay:g} s apart"
-    if isinstance(strategy, FailureRate):
-        return (f"failure-rate: at most {strategy.max_failures} failures within {strategy.interval:g} s, "
-                f"{strategy.delay:g} s apart")
-    if isinstance(strategy, ExponentialDelay):
-        bound = "unbounded" if strategy.attempts is None else f"{strategy.attempts} attempts"
-        return f"exponential-delay: {strategy.initial:g} s to {strategy.max_delay:g} s backoff, {bound}"
-    return type(strategy).__name__
 
 
 @dataclass

@@ -11,7 +11,7 @@ from pathlib import Path
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.jobstore import check_job_name
 from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec, TimeTravel
-from airflow_ckpt_provider.core.settings import RESTORE, SECONDS, SWITCH, TEXT, RuntimeSettings, setting
+from airflow_ckpt_provider.core.settings import RESTORE, SECONDS, SWITCH, TEXT, JobSettings, setting
 
 __all__ = ["RestoreMode", "RestoreSpec", "RuntimeConfig", "TimeTravel", "default_checkpoint"]
 
@@ -23,8 +23,9 @@ def default_checkpoint(job: str) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RuntimeConfig(RuntimeSettings):
-    """One driver's configuration: the job's RuntimeSettings (core/settings.py) and what is per launch.
+class RuntimeConfig(JobSettings):
+    """One driver's configuration: the job's settings (core/settings.py) and what is per launch. The restart
+    settings are the driver's too: it restarts a failed query in its own SparkSession with the same strategy.
 
     ``check_restore`` makes the driver only check whether the job file can restore the state that
     ``restore`` names (runtime/restorecheck.py), within ``check_timeout``; state of operators the new

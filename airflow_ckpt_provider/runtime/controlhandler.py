@@ -22,7 +22,8 @@ from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.status import JobState
 from airflow_ckpt_provider.core.storage import Storage
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
-from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_FAILED, EXIT_FENCED, EXIT_STOPPED
+from airflow_ckpt_provider.runtime.exitcodes import EXIT_FENCED, EXIT_STOPPED
+from airflow_ckpt_provider.runtime.failures import classify
 from airflow_ckpt_provider.runtime.reporting import DriverReporter, snapshot_info
 from airflow_ckpt_provider.runtime.snapshotter import SnapshotJob, Snapshotter
 
@@ -164,28 +165,15 @@ class ControlHandler:
                                      time.time(), batch_id=batch))
         return EXIT_STOPPED
 
-    def failed(self, why: str | None = None) -> int:
-        """End a query that stopped (or, with ``why``, stop it): fenced, refused by a sink, or failed."""
+    def failed(self) -> int:
+        """End a query that stopped while stopping with a savepoint: fenced, refused, or failed."""
         try:  # a batch refused by the fence fails the query: that is a fenced driver, not a failed job
             self.lease.check()
         except FencedError as err:
             return fenced_exit(self.config.job, self.query, err)
         except StorageError:
             pass
-        if why is not None:
-            self.query.stop()
-            message = why
-        else:
-            failure = self.query.exception()
-            message = str(failure).strip().splitlines()[0] if failure else "the query stopped without an exception"
-            refused = _timeline_refusal(str(failure or ""))
-            if refused:  # a restart replans the same batch and the sink refuses it again: fail fast
-                log.error("job %s epoch %d: a sink refused the batch: %s", self.config.job, self.lease.epoch, refused)
-                self.reporter.report_final(JobState.FAILED, f"a sink refused the batch: {refused}")
-                return EXIT_CONFIG
-        log.error("job %s epoch %d: query failed: %s", self.config.job, self.lease.epoch, message)
-        self.reporter.report_final(JobState.FAILED, f"query failed: {message}")
-        return EXIT_FAILED
+        return self.reporter.end_failed(classify(self.query.exception()))
 
 
 def fenced_exit(job: str, query: StreamingQuery | None, err: FencedError) -> int:
@@ -194,16 +182,6 @@ def fenced_exit(job: str, query: StreamingQuery | None, err: FencedError) -> int
     if query is not None and query.isActive:
         query.stop()
     return EXIT_FENCED  # the status belongs to the newer driver now: leave it alone
-
-
-def _timeline_refusal(failure: str) -> str | None:
-    """The sink's own message if ``failure`` is a batch refused for its timeline (sinks/timelines.REFUSED)."""
-    from airflow_ckpt_provider.sinks.timelines import REFUSED
-
-    for line in failure.splitlines():
-        if REFUSED in line:
-            return line[line.index(REFUSED) + len(REFUSED):].strip()
-    return None
 
 
 def _last_entry(storage: Storage, prefix: str) -> int | None:

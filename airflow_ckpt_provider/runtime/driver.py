@@ -4,6 +4,11 @@ Runs in the Spark driver's Python process. It takes the lease, restores, starts 
 then loops: batch events (status, checkpoint snapshots; runtime/batchevents.py), the lease
 (fencing), control requests (savepoint, stop, cancel; runtime/controlhandler.py), heartbeats and
 timed savepoints; status and acks are written by runtime/reporting.py. ``run()`` returns the exit code.
+
+A failed query is restarted here, in the same SparkSession, from the latest completed checkpoint, as the
+job's restart strategy allows (Flink restarts a job's tasks inside its JobManager): seconds instead of a
+new driver process. runtime/failures.py says which failures no restart fixes (they end the driver at once
+with their exit code) and which need a new process (the supervisor's restart).
 """
 
 from __future__ import annotations
@@ -15,24 +20,28 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from airflow_ckpt_provider.core import gate
 from airflow_ckpt_provider.core.control import Ack, Outcome, Request, RequestAction, open_requests
 from airflow_ckpt_provider.core.deployments import LAUNCH_ENV, read_launch
-from airflow_ckpt_provider.core.errors import CkptError, StorageError
+from airflow_ckpt_provider.core.errors import CkptError, CredentialsError, StorageError
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.lease import FencedError, Lease
 from airflow_ckpt_provider.core.manifest import Trigger
-from airflow_ckpt_provider.core.modes import RestoreSpec
+from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreSpec
+from airflow_ckpt_provider.core.outage import Outage
+from airflow_ckpt_provider.core.restart import Health, describe_strategy
 from airflow_ckpt_provider.core.retention import RetentionPolicy
-from airflow_ckpt_provider.core.status import JobState
+from airflow_ckpt_provider.core.status import RESTARTS_KEPT, JobState, Restart, RestartOwner
 from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
 from airflow_ckpt_provider.runtime.batchevents import BatchEvent, BatchListener
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.controlhandler import ControlHandler, fenced_exit
 from airflow_ckpt_provider.runtime.datasources import check_output_mode, register_data_sources
-from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_FAILED, EXIT_FENCED
+from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_DENIED, EXIT_FAILED, EXIT_FENCED, EXIT_STOPPED
+from airflow_ckpt_provider.runtime.failures import Failure, Recovery, classify
 from airflow_ckpt_provider.runtime.reporting import DriverReporter, snapshot_info
 from airflow_ckpt_provider.runtime.snapshotter import SnapshotOutcome, Snapshotter
 from airflow_ckpt_provider.runtime.startup import plan_start, prepare_checkpoint
@@ -45,6 +54,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TICK = 0.1  # seconds between looks at the query; detection and boundary waits are this fine
+#: Seconds a restarted query is given to start (restore the state, plan its first batch) in ``expected_by``.
+QUERY_START_ALLOWANCE = 60.0
 
 
 class JobContext:
@@ -61,16 +72,17 @@ class JobContext:
         return self._lease.epoch
 
     def check_lease(self) -> None:
-        """Raise FencedError if a newer driver took the job (then nothing must be committed)."""
-        self._lease.check()
+        """Raise FencedError if a newer driver took the job (then nothing must be committed); StorageError if
+        the job store has not answered for longer than the lease's outage tolerance (the query restarts)."""
+        self._lease.confirm()
 
     def fenced(self, fn: Callable[[DataFrame, int], None]) -> Callable[[DataFrame, int], None]:
         """A foreachBatch function that refuses to write, and to let Spark commit, once fenced."""
 
         def run(df: DataFrame, batch_id: int) -> None:
-            self._lease.check()
+            self._lease.confirm()
             fn(df, batch_id)
-            self._lease.check()  # the last look before Spark writes commits/<batch_id>
+            self._lease.confirm()  # the last look before Spark writes commits/<batch_id>
 
         return run
 
@@ -90,16 +102,24 @@ class JobDriver:
         s3 = S3Options.from_env(config.endpoint_url, config.region)
         self.store = JobStore.open(config.store, config.job, s3)
         self.live: Storage = open_storage(config.live_checkpoint, s3)
-        self.lease = Lease(self.store, poll_interval=config.poll_interval)
+        # A store outage shorter than this is ridden out; a newer driver waits it out after taking the lease.
+        self.lease = Lease(self.store, poll_interval=config.poll_interval,
+                           outage_tolerance=config.fence_grace - config.poll_interval)
         self.events: queue.Queue[BatchEvent] = queue.Queue()
         self.outcomes: queue.Queue[SnapshotOutcome] = queue.Queue()
-        self.reporter = DriverReporter(config, self.store, self.lease)
+        self.store_outage = Outage(config.job, "the job store")
+        self.reporter = DriverReporter(config, self.store, self.lease, outage=self.store_outage)
         self.query: StreamingQuery | None = None
         self.snapshotter: Snapshotter | None = None
+        self.strategy = config.strategy()  # in-driver query restarts; the supervisor keeps its own for processes
+        self.health = config.health()
+        self._writer: DataStreamWriter | None = None
         self._signal: str | None = None
         self._new_batches = 0
         self._handled: set[str] = set()  # requests taken on (a savepoint is acked only when done)
-        self._lease_confirmed = clock()
+        self._query_started = clock()
+        self._restart_times: list[float] = []  # in-driver restarts (driver clock), for the health rule
+        self._restarts: list[Restart] = []  # in-driver restarts, newest last; the last one may await its batch
 
     # -- entry -------------------------------------------------------------------------------
 
@@ -112,6 +132,9 @@ class JobDriver:
         job, spec = self.config.job, self.config.restore
         try:
             plan_start(self.store, self.live, spec, self.config.time_travel)
+        except CredentialsError as err:  # the same secret is refused again after any restart
+            log.error("job %s: cannot start: %s", job, err)
+            return EXIT_DENIED
         except StorageError as err:
             log.error("job %s: cannot start: %s", job, err)
             return EXIT_FAILED
@@ -122,7 +145,7 @@ class JobDriver:
         register_data_sources(spark)  # the ckpt-kafka source and writer, the ckpt-files sink
         spark.sparkContext.setLogLevel("WARN")
         try:
-            writer = self.build(spark, JobContext(self.config, self.lease))
+            writer = self._writer = self.build(spark, JobContext(self.config, self.lease))
             check_output_mode(writer)
         except Exception as err:
             return self._build_failed(err)
@@ -162,29 +185,40 @@ class JobDriver:
             self.reporter.report(JobState.STARTING, plan.reason,
                                  restored_from=plan.snapshot.snapshot_id if plan.snapshot else None)
             self.lease.check()
-            self._lease_confirmed = self.clock()
             self.snapshotter = self._snapshotter(spark)
             gate.open_gate()
-            self.query = writer.option("checkpointLocation", self.config.live_checkpoint).queryName(job).start()
-            log.info("job %s epoch %d: query %s started (run %s), checkpoint %s", job, self.lease.epoch,
-                     self.query.id, self.query.runId, self.config.live_checkpoint)
-            control = ControlHandler(
-                self.config, self.lease, live=self.live, query=self.query, snapshotter=self.snapshotter,
-                reporter=self.reporter, drain_events=self._drain_events, drain_outcomes=self._drain_outcomes,
-                clock=self.clock, tick=TICK,
-            )
+            try:
+                self._start_query(writer)
+            except Exception as err:  # Spark refused the query (analysis, state schema) or could not start it
+                return self.reporter.end_failed(classify(err))
             self.reporter.report(JobState.RUNNING, "running")
-            return self._loop(control)
+            return self._loop(self._control())
         except FencedError as err:
             return fenced_exit(job, self.query, err)
         except StorageError as err:
             log.error("job %s: %s", job, err)
             self.reporter.report_final(JobState.FAILED, f"job store error: {err}")
-            return EXIT_FAILED
+            return EXIT_DENIED if isinstance(err, CredentialsError) else EXIT_FAILED
         except CkptError as err:  # the checkpoint changed while the previous driver was stopping
             log.error("job %s: cannot start: %s", job, err)
             self.reporter.report_final(JobState.FAILED, f"cannot start: {err}")
             return EXIT_CONFIG
+
+    def _start_query(self, writer: DataStreamWriter) -> None:
+        job = self.config.job
+        self.query = writer.option("checkpointLocation", self.config.live_checkpoint).queryName(job).start()
+        self._query_started = self.clock()
+        log.info("job %s epoch %d: query %s started (run %s), checkpoint %s", job, self.lease.epoch,
+                 self.query.id, self.query.runId, self.config.live_checkpoint)
+
+    def _control(self) -> ControlHandler:
+        assert self.query is not None
+        assert self.snapshotter is not None
+        return ControlHandler(
+            self.config, self.lease, live=self.live, query=self.query, snapshotter=self.snapshotter,
+            reporter=self.reporter, drain_events=self._drain_events, drain_outcomes=self._drain_outcomes,
+            clock=self.clock, tick=TICK,
+        )
 
     def _snapshotter(self, spark: SparkSession) -> Snapshotter:
         retention = RetentionPolicy(checkpoints_keep=self.config.keep_checkpoints,
@@ -192,7 +226,7 @@ class JobDriver:
         return Snapshotter(
             self.store, self.live, retention=retention, fence=self._fence, on_done=self.outcomes.put,
             code_version=self.config.code_version, spark_version=spark.version,
-            labels={"epoch": str(self.lease.epoch)},
+            labels={"epoch": str(self.lease.epoch)}, outage=self.store_outage,
         )
 
     def _wait_for_grace(self, seconds: float) -> None:
@@ -223,15 +257,18 @@ class JobDriver:
                 self.snapshotter.checkpoint_now()
                 self._new_batches, last_checkpoint = 0, self.clock()
             self._drain_outcomes()
-            if not self.query.isActive:
-                return control.failed()
             now = self.clock()
+            lost = now >= next_poll and not self._lease_held()  # the store is down for too long
+            if lost or not self.query.isActive:  # restart the query here, or end with the exit code
+                code = self._lease_unconfirmed() if lost else self._recover(self.query.exception())
+                if code is not None:
+                    return code
+                control = self._control()
+                continue
             if self._signal:
                 return control.cancel(None, f"{self._signal} received")
             if now >= next_poll:
                 next_poll = now + cfg.poll_interval
-                if not self._lease_held(now):
-                    return control.failed("cannot confirm the lease: the job store is unreachable")
                 for request in self._requests():
                     code = control.handle(request)
                     if code is not None:
@@ -244,18 +281,158 @@ class JobDriver:
                 self.reporter.report(JobState.RUNNING, "running")
             time.sleep(TICK)
 
+    # -- in-driver restarts -----------------------------------------------------------------------
+
+    def _recover(self, err: BaseException | None) -> int | None:
+        """After the query stopped by itself: restart it here (None once it runs again), or the exit code."""
+        try:  # a batch refused by the fence fails the query: that is a fenced driver, not a failed job
+            self.lease.check()
+        except FencedError as fenced:
+            return fenced_exit(self.config.job, self.query, fenced)
+        except StorageError:
+            pass  # the restart confirms the lease before the query starts again
+        failure = classify(err)
+        if failure.recovery is not Recovery.QUERY:
+            return self.reporter.end_failed(failure)
+        return self._restart(f"{failure.what}: {failure.message}")
+
+    def _lease_unconfirmed(self) -> int | None:
+        """Nothing may commit unless the lease is confirmed: stop the query, restart it once the store answers
+        and the lease is still ours (a newer driver may have taken it meanwhile)."""
+        assert self.query is not None
+        self.query.stop()
+        self._drain_events()
+        return self._restart(f"the job store is unreachable for {self.store_outage.seconds():.0f} s: "
+                             "the lease cannot be confirmed")
+
+    def _restart(self, cause: str) -> int | None:
+        """Restart the query in this driver after the strategy's delay; None once it runs, else the exit code.
+
+        The delay is waited with heartbeats (state RESTARTING, with who, the attempt and ``expected_by``); then
+        the lease is confirmed and the live checkpoint checked as at a start, waiting while the job store is
+        unreachable. A start that fails again counts as another restart.
+        """
+        job, epoch = self.config.job, self.lease.epoch
+        while True:
+            now = self.clock()
+            ran = now - self._query_started
+            delay, why_not = self._restart_delay(now, ran)
+            if delay is None:
+                log.error("job %s epoch %d: not restarting the query in this driver: %s; last failure: %s", job,
+                          epoch, why_not, cause)
+                self.reporter.report_final(JobState.FAILED, f"{why_not}; last failure: {cause}")
+                return EXIT_FAILED  # a new driver process is the last resort (the supervisor's restart)
+            restart = self._begin_restart(cause, delay)
+            code = self._wait_restarting(delay)
+            if code is not None:
+                return code
+            code = self._confirm_for_restart()
+            if code is not None:
+                return code
+            assert self._writer is not None
+            try:
+                self._start_query(self._writer)
+            except Exception as err:
+                failure = classify(err)
+                if failure.recovery is not Recovery.QUERY:
+                    return self.reporter.end_failed(failure)
+                cause = f"the restarted query did not start ({failure.what}): {failure.message}"
+                continue
+            self._restart_times.append(self.clock())
+            log.info("job %s epoch %d: query restarted in this driver (attempt %d) from batch %s", job, epoch,
+                     restart.attempt, restart.from_batch)
+            self.reporter.report(JobState.RUNNING, f"running; query restarted after: {cause}", restart=None)
+            return None
+
+    def _restart_delay(self, now: float, ran: float) -> tuple[float | None, str]:
+        if self.health is not None:
+            verdict = self.health.judge(self._restart_times, None, False, now)
+            if verdict.health is Health.UNHEALTHY:
+                return None, f"too many query restarts in this driver ({verdict.reason})"
+        delay = self.strategy.on_failure(ran)
+        if delay is None:
+            return None, f"restart strategy exhausted ({describe_strategy(self.strategy)})"
+        return delay, ""
+
+    def _begin_restart(self, cause: str, delay: float) -> Restart:
+        status = self.reporter.status
+        now = time.time()
+        restart = Restart(RestartOwner.DRIVER, len(self._restarts) + 1, cause, delay, at=now,
+                          expected_by=now + delay + QUERY_START_ALLOWANCE,
+                          from_batch=status.batch_id if status else None)
+        self._restarts.append(restart)
+        log.warning("job %s epoch %d: query failed at batch %s (%s): restarting it in this driver in %.1f s "
+                    "(attempt %d, %s)", self.config.job, self.lease.epoch, restart.from_batch, cause, delay,
+                    restart.attempt, describe_strategy(self.strategy))
+        self.reporter.report(JobState.RESTARTING, f"restarting the query: {cause}", restart=restart.to_dict(),
+                             **self._restart_fields())
+        return restart
+
+    def _restart_fields(self) -> dict[str, object]:
+        kept = self._restarts[-RESTARTS_KEPT:]
+        return {"restarts": [r.to_dict() for r in kept], "restart_count": len(self._restarts)}
+
+    def _wait_restarting(self, seconds: float) -> int | None:
+        """Wait ``seconds`` with heartbeats; a stop signal ends the driver (the checkpoint is intact)."""
+        deadline = self.clock() + seconds
+        next_beat = self.clock()
+        while True:
+            if self._signal:
+                return self._stopped_restarting(f"{self._signal} received while restarting")
+            now = self.clock()
+            if now >= deadline:
+                return None
+            if now >= next_beat:
+                next_beat = now + self.config.heartbeat_interval
+                self.reporter.update()
+            self._drain_outcomes()
+            time.sleep(min(TICK, max(0.0, deadline - now)))
+
+    def _confirm_for_restart(self) -> int | None:
+        """Confirm the lease and check the live checkpoint as a start does, waiting out a store outage."""
+        job = self.config.job
+        next_beat = self.clock()
+        while True:
+            if self._signal:
+                return self._stopped_restarting(f"{self._signal} received while restarting")
+            try:
+                self.lease.check()
+                prepare_checkpoint(self.store, self.live, LATEST_STATE, epoch=self.lease.epoch,
+                                   policy=self.config.time_travel, record=False)
+                self.store_outage.ok()
+                return None
+            except FencedError as err:
+                return fenced_exit(job, None, err)
+            except CredentialsError as err:
+                return self.reporter.end_failed(classify(err))
+            except StorageError as err:  # the store is down: wait for it, with one line when it is back
+                self.store_outage.failed(err)
+            except CkptError as err:
+                return self.reporter.end_failed(Failure(Recovery.NONE, EXIT_CONFIG, "the checkpoint cannot resume",
+                                                str(err)))
+            if self.clock() >= next_beat:
+                next_beat = self.clock() + self.config.heartbeat_interval
+                self.reporter.update()
+            time.sleep(self.config.poll_interval)
+
+    def _stopped_restarting(self, reason: str) -> int:
+        log.info("job %s epoch %d: %s; the latest completed batch is resumed at the next start", self.config.job,
+                 self.lease.epoch, reason)
+        self.reporter.report_final(JobState.STOPPED, reason, restart=None)
+        return EXIT_STOPPED
+
     def _fence(self) -> None:
         self.lease.check()
 
-    def _lease_held(self, now: float) -> bool:
-        """Confirm the lease (FencedError if lost); False once it could not be read for too long,
-        since a newer driver waits only ``fence_grace`` for this one to notice it is fenced."""
+    def _lease_held(self) -> bool:
+        """Confirm the lease (FencedError if lost); False once it could not be read for longer than the lease's
+        outage tolerance, since a newer driver waits only that long for this one to notice it is fenced."""
         try:
             self.lease.check()
         except StorageError as err:
-            log.warning("job %s: cannot read the lease: %s", self.config.job, err)
-            return now - self._lease_confirmed < self.config.fence_grace - self.config.poll_interval
-        self._lease_confirmed = now
+            self.store_outage.failed(err)
+            return self.lease.tolerating()
+        self.store_outage.ok()
         return True
 
     def _drain_events(self) -> None:
@@ -273,8 +450,12 @@ class JobDriver:
             self._new_batches += 1
             log.info("job %s epoch %d batch %d: completed, %d rows", self.config.job, self.lease.epoch,
                      event.batch_id, event.rows)
+            resumed = {}
+            if self._restarts and self._restarts[-1].resumed_batch is None:  # the first batch after a restart
+                self._restarts[-1] = replace(self._restarts[-1], resumed_at=time.time(), resumed_batch=event.batch_id)
+                resumed = self._restart_fields()
             self.reporter.update(batch_id=event.batch_id, offsets=event.offsets, data_waiting=event.data_waiting,
-                                 idle=False)
+                                 idle=False, **resumed)
 
     def _drain_outcomes(self) -> None:
         while True:
@@ -291,7 +472,7 @@ class JobDriver:
         try:
             found = open_requests(self.store, on_malformed=self._reject_malformed)
         except StorageError as err:
-            log.warning("job %s: cannot read control requests, will retry: %s", self.config.job, err)
+            self.store_outage.failed(err)
             return []
         fresh = [r for r in found if r.id not in self._handled]
         self._handled.update(r.id for r in fresh)

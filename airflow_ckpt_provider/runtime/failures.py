@@ -66,13 +66,28 @@ _PROCESS = re.compile(
     r"|Py4JNetworkError|Answer from Java side is empty|Error while receiving")
 
 
+#: A Python exception's own line in a traceback ("RuntimeError: bad record"), not a Java class's.
+_PYTHON_ERROR = re.compile(r"^\s*([A-Z]\w*(?:Error|Exception)): (.+)$")
+
+
+def root_message(err: BaseException) -> str:
+    """The line that says what went wrong: the innermost Python exception of a traceback Spark wraps (a
+    foreachBatch function's, a UDF's), else Spark's own message without the query dump."""
+    found = [m for line in f"{type(err).__name__}: {err}".splitlines() if (m := _PYTHON_ERROR.match(line))]
+    if found:
+        name, text = found[-1].groups()
+        return f"{name}: {text.strip()}"
+    return spark_error(err)[0]
+
+
 def classify(err: BaseException | None) -> Failure:
     """Who can recover from ``err`` (a query's exception, or an error from starting one), and its exit code."""
     if err is None:
         return Failure(Recovery.QUERY, EXIT_FAILED, "the query stopped", "the query stopped without an exception")
     if isinstance(err, CredentialsError):
         return Failure(Recovery.NONE, EXIT_DENIED, "the storage refused the credentials", str(err))
-    message, condition = spark_error(err)
+    condition = spark_error(err)[1]
+    message = root_message(err)
     text = f"{type(err).__name__}: {err}"
     if REFUSED in text:  # the sink's own words after the marker
         line = next(ln for ln in text.splitlines() if REFUSED in ln)

@@ -18,9 +18,11 @@ from airflow_ckpt_provider.core.control import Ack, Outcome, RequestAction, writ
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.lease import Lease
+from airflow_ckpt_provider.core.outage import Outage
 from airflow_ckpt_provider.core.snapshots import SnapshotResult
 from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
+from airflow_ckpt_provider.runtime.failures import Failure, Recovery
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +30,11 @@ log = logging.getLogger(__name__)
 class DriverReporter:
     """The status and the acks of one driver (``lease`` gives its epoch); ``status`` is the last one written."""
 
-    def __init__(self, config: RuntimeConfig, store: JobStore, lease: Lease) -> None:
+    def __init__(self, config: RuntimeConfig, store: JobStore, lease: Lease, *, outage: Outage | None = None) -> None:
         self.config = config
         self.store = store
         self.lease = lease
+        self.outage = outage or Outage(config.job, "the job store")
         self.started_at = time.time()
         self.status: JobStatus | None = None
 
@@ -73,14 +76,26 @@ class DriverReporter:
         self.status = replace(base, state=state, reason=reason, updated_at=time.time(), **changes)
         try:
             write_status(self.store, self.status)
-        except StorageError as err:
-            log.warning("job %s: cannot write status, will retry: %s", self.config.job, err)
+        except StorageError as err:  # one line per outage, not per heartbeat (core/outage.py)
+            self.outage.failed(err)
+        else:
+            self.outage.ok()
 
     def report_final(self, state: JobState, reason: str, **changes: Any) -> None:
         """Report this driver's last status and release the lease (the next driver need not wait)."""
         self.report(state, reason, **changes)
         if self.lease.record is not None and not self.lease.release():
             log.warning("job %s: the lease was no longer ours at exit", self.config.job)
+
+    def end_failed(self, failure: Failure) -> int:
+        """End the driver for ``failure`` (runtime/failures.py): one line, FAILED in the status, its exit code."""
+        job, epoch = self.config.job, self.lease.epoch
+        if failure.recovery is Recovery.NONE:
+            log.error("job %s epoch %d: %s, no restart can fix it: %s", job, epoch, failure.what, failure.message)
+        else:
+            log.error("job %s epoch %d: %s: %s", job, epoch, failure.what, failure.message)
+        self.report_final(JobState.FAILED, f"{failure.what}: {failure.message}", restart=None)
+        return failure.exit_code
 
     def update(self, **changes: Any) -> None:
         """Write status.json with ``changes``, keeping the state and the reason (a heartbeat without any)."""

@@ -13,9 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
-from airflow_ckpt_provider.core.errors import CkptError
+from airflow_ckpt_provider.core.errors import CkptError, UnreachableError
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.outage import Outage
 from airflow_ckpt_provider.core.retention import RetentionPolicy
 from airflow_ckpt_provider.core.snapshots import SnapshotResult, apply_retention, create_snapshot
 from airflow_ckpt_provider.core.storage import Storage
@@ -53,8 +54,10 @@ class Snapshotter:
         code_version: str | None = None,
         spark_version: str | None = None,
         labels: dict[str, str] | None = None,
+        outage: Outage | None = None,
     ) -> None:
         self.store = store
+        self.outage = outage  # the job store's: a snapshot that failed for an outage is one of its failures
         self.checkpoint = checkpoint
         self.retention = retention
         self.fence = fence
@@ -160,17 +163,37 @@ class Snapshotter:
             self._checkpoint_due = False
             return SnapshotJob(Kind.CHECKPOINT, Trigger.PERIODIC)
 
+    def _store_down(self) -> bool:
+        return self.outage is not None and self.outage.down
+
     def _run(self) -> None:
         while (job := self._next()) is not None:
-            if job.kind is Kind.CHECKPOINT and not self._new_batch_completed():
-                continue
+            if job.kind is Kind.CHECKPOINT and (self._store_down() or not self._new_batch_completed()):
+                continue  # during a store outage the next batch after it asks again
             try:
                 outcome = SnapshotOutcome(job, result=self.take(job))
+                if self.outage is not None:
+                    self.outage.ok()
             except CkptError as err:
                 # Periodic snapshots retry at the next batch; requested ones report the failure.
-                log.warning("job %s: %s snapshot failed: %s", self.store.job, job.kind.value, err)
+                if self.outage is not None and _unreachable(err):
+                    self.outage.failed(err)  # logged once per outage
+                else:
+                    log.warning("job %s: %s snapshot failed: %s", self.store.job, job.kind.value, err)
                 outcome = SnapshotOutcome(job, error=str(err))
             except Exception as err:
                 log.exception("job %s: %s snapshot failed unexpectedly", self.store.job, job.kind.value)
                 outcome = SnapshotOutcome(job, error=f"{type(err).__name__}: {err}")
             self.on_done(outcome)
+
+
+def _unreachable(err: BaseException) -> bool:
+    """Whether ``err`` was caused by the store not answering (an UnreachableError in its chain)."""
+    seen: BaseException | None = err
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, UnreachableError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

@@ -290,8 +290,11 @@ def plan_start(store: JobStore, live_storage: Storage, spec: RestoreSpec,
 
 
 def prepare_checkpoint(store: JobStore, live_storage: Storage, spec: RestoreSpec, *, epoch: int,
-                       policy: TimeTravel = TimeTravel.FORK) -> StartPlan:
-    """Observe, decide, act, record: after this the live location holds what Spark resumes from."""
+                       policy: TimeTravel = TimeTravel.FORK, record: bool = True) -> StartPlan:
+    """Observe, decide, act, record: after this the live location holds what Spark resumes from.
+
+    ``record=False`` for a query restarted inside a running driver: its start at ``epoch`` is recorded already.
+    """
     plan, live = plan_start(store, live_storage, spec, policy)
     loud = plan.skipped or (live.problem and live.problem != NO_COMPLETED_BATCH and plan.action is StartAction.RESTORE)
     (log.warning if loud else log.info)("job %s: start: %s", store.job, plan.reason)
@@ -308,17 +311,19 @@ def prepare_checkpoint(store: JobStore, live_storage: Storage, spec: RestoreSpec
     if plan.action is StartAction.RESTORE:
         assert plan.snapshot is not None
         restore_snapshot(store, plan.snapshot.snapshot_id, live_storage, replace=not live.empty)
+    if not record:
+        return plan
     previous = read_lineage(store)
     if spec.mode is RestoreMode.LATEST_STATE and plan.action is not StartAction.FRESH:
         lineage = previous or Lineage(0.0)
     else:
         lineage = Lineage(time.time(), plan.snapshot.snapshot_id if plan.snapshot else None)
-    record = {"epoch": epoch, "at": time.time(), "restore": str(spec), "action": plan.action.value,
+    start = {"epoch": epoch, "at": time.time(), "restore": str(spec), "action": plan.action.value,
               "snapshot": plan.snapshot.snapshot_id if plan.snapshot else None, "reason": plan.reason,
               "lineage_since": lineage.since, "lineage_base": lineage.base, "timeline": timeline,
               "time_travel": plan.travel.to_dict() if plan.travel else None,
               "launch_id": os.environ.get(LAUNCH_ENV)}  # restarts of one launch are its supervisor's
-    store.storage.write(f"{DEPLOYMENTS}{epoch:010d}.json", json.dumps(record, sort_keys=True).encode())
+    store.storage.write(f"{DEPLOYMENTS}{epoch:010d}.json", json.dumps(start, sort_keys=True).encode())
     return plan
 
 

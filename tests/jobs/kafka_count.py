@@ -2,6 +2,9 @@
 
 Configured by environment variables (they travel through spark-submit to the driver):
 CKPT_TEST_TOPIC, CKPT_TEST_BOOTSTRAP, CKPT_TEST_OUT, CKPT_TEST_MAX_OFFSETS (records per batch).
+With CKPT_TEST_FAULT_DIR, a file ``task`` there makes one task raise (a Python UDF on the executor; local
+mode does not retry tasks, so the query fails) and a file ``sink`` makes one foreachBatch call raise; the
+process that raises deletes the file first, so each fires once.
 The sink replaces ``batch-<id>.json`` on replay (idempotent by batch id) and, once the lease check
 right before Spark's commit passed, appends ``<batch id> <time>`` to ``commits-epoch-<epoch>.log``.
 """
@@ -29,7 +32,13 @@ def build(spark: Any, ctx: JobContext) -> Any:
         .option("maxOffsetsPerTrigger", os.environ.get("CKPT_TEST_MAX_OFFSETS", "200"))
         .load()
     )
-    counts = records.selectExpr("CAST(key AS STRING) AS key").groupBy("key").count()
+    keys = records.selectExpr("CAST(key AS STRING) AS key")
+    faults = os.environ.get("CKPT_TEST_FAULT_DIR")
+    if faults:
+        from pyspark.sql.functions import udf
+
+        keys = keys.select(udf(lambda key: _fault(faults, "task", key))("key").alias("key"))
+    counts = keys.groupBy("key").count()
 
     def write(batch: Any, batch_id: int) -> None:
         rows = sorted((r["key"], r["count"]) for r in batch.collect())
@@ -40,8 +49,19 @@ def build(spark: Any, ctx: JobContext) -> Any:
     fenced_write = ctx.fenced(write)
 
     def write_and_log(batch: Any, batch_id: int) -> None:
+        if faults:
+            _fault(faults, "sink", batch_id)
         fenced_write(batch, batch_id)  # raises once fenced, before or after writing: Spark does not commit
         with open(out / f"commits-epoch-{ctx.epoch}.log", "a") as f:  # passed the last check before commit
             f.write(f"{batch_id} {time.time():.6f}\n")
 
     return counts.writeStream.outputMode("update").foreachBatch(write_and_log)
+
+
+def _fault(directory: str, name: str, value: Any) -> Any:
+    """Raise once if the test armed ``name`` in ``directory`` (whoever deletes the file raises); else ``value``."""
+    try:
+        (Path(directory) / name).unlink()
+    except FileNotFoundError:
+        return value
+    raise RuntimeError(f"injected {name} failure at {value!r}")

@@ -1,0 +1,121 @@
+"""Recovery inside a live driver, and failures no restart fixes: real Spark (local[2]), tansu, SeaweedFS.
+
+A failed query is restarted in the same driver process (same pid, same epoch) from its latest completed
+checkpoint; the supervisor around it starts no second driver. An outage of the job store is ridden out
+without a restart when it is shorter than the lease's tolerance, and with exactly one in-driver restart
+when it is longer; either way one log line when the store goes and one when it is back. Failures that
+no restart fixes end the driver and its supervisor at once, with their exit code.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from airflow_ckpt_provider.core.control import Outcome, RequestAction
+from airflow_ckpt_provider.core.status import JobState, JobStatus, RestartOwner
+from airflow_ckpt_provider.runtime.exitcodes import EXIT_STOPPED
+from tests.support.runtimejob import JobEnv, Run, expected_counts, produce
+from tests.support.tcpproxy import TcpProxy
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 180.0
+#: Restarts a second apart at most, so that a test waits for recovery, not for a backoff.
+FAST_RESTARTS = ("--restart-strategy", "fixed-delay", "--restart-attempts", "5", "--restart-delay", "0.5")
+
+
+def batches_committed(env: JobEnv) -> list[int]:
+    return sorted(b for entries in env.commits().values() for b, _t in entries)
+
+
+def supervisor_lines(run: Run, text: str) -> list[str]:
+    return [ln for ln in run.ckpt_lines() if "launcher.supervisor" in ln and text in ln]
+
+
+def stop(env: JobEnv, run: Run, status: JobStatus) -> None:
+    assert env.request(RequestAction.STOP, status.epoch).outcome is Outcome.COMPLETED
+    assert run.wait(TIMEOUT) == EXIT_STOPPED
+
+
+def test_a_task_failure_and_a_sink_failure_restart_the_query_in_the_same_driver_with_exact_counts(
+    env: JobEnv, runs: list[Run],
+) -> None:
+    faults = env.work / "faults"
+    faults.mkdir()
+    produce(env.kafka.bootstrap_servers, env.topic, 0, 400)
+    runs.append(run := env.run("job", env.work / "checkpoint", "--supervise", "--poll", "1", *FAST_RESTARTS,
+                               extra_env={"CKPT_TEST_FAULT_DIR": str(faults)}))
+    first = env.wait_status("400 records counted", lambda s: env.consumed(s) == 400, TIMEOUT, run)
+
+    (faults / "task").touch()  # a Python UDF raises in a task of the next batch: local mode does not retry it
+    produce(env.kafka.bootstrap_servers, env.topic, 400, 400)
+    after_task = env.wait_status("800 records counted after one restart",
+                                 lambda s: env.consumed(s) == 800 and s.restart_count == 1, TIMEOUT, run)
+    assert not (faults / "task").exists()
+
+    (faults / "sink").touch()  # the foreachBatch function raises once
+    produce(env.kafka.bootstrap_servers, env.topic, 800, 400)
+    final = env.wait_status("1200 records counted after a second restart",
+                            lambda s: env.consumed(s) == 1200 and s.restart_count == 2, TIMEOUT, run)
+
+    # The same driver process and epoch throughout: the query was restarted inside it.
+    assert (after_task.pid, after_task.epoch) == (first.pid, first.epoch)
+    assert (final.pid, final.epoch, final.state) == (first.pid, first.epoch, JobState.RUNNING)
+    restarts = final.restarts
+    assert [(r["by"], r["attempt"]) for r in restarts] == [(RestartOwner.DRIVER, 1), (RestartOwner.DRIVER, 2)]
+    assert "injected task failure" in restarts[0]["cause"]
+    assert "injected sink failure" in restarts[1]["cause"]
+    for r in restarts:  # each resumed with the batch that had failed (it is replayed, not skipped)
+        assert r["resumed_batch"] == r["from_batch"] + 1, r
+    assert final.restart is None
+    assert len(supervisor_lines(run, "started (attempt")) == 1, "the supervisor started exactly one driver"
+    assert len([ln for ln in run.ckpt_lines() if "restarting it in this driver" in ln]) == 2
+
+    stop(env, run, final)
+    assert env.final_counts() == expected_counts(1200)
+    committed = batches_committed(env)
+    assert committed == list(range(len(committed))), "every batch committed exactly once"
+
+
+@pytest.mark.parametrize(("fence_grace", "restarts"), [(60.0, 0), (3.0, 1)], ids=["short", "long"])
+def test_a_job_store_outage_is_ridden_out_in_the_driver_with_one_line_when_it_goes_and_one_when_it_is_back(
+    env: JobEnv, runs: list[Run], fence_grace: float, restarts: int,
+) -> None:
+    """20 s without S3: within the lease's tolerance (--fence-grace 60) the query runs on; beyond it (3 s)
+    the driver stops the query (nothing may commit without the lease) and restarts it once S3 answers."""
+    with TcpProxy(env.s3.port) as proxy:
+        produce(env.kafka.bootstrap_servers, env.topic, 0, 400)
+        runs.append(run := env.run("job", env.work / "checkpoint", "--supervise", "--poll", "1", *FAST_RESTARTS,
+                                   "--fence-grace", str(fence_grace), "--heartbeat-interval", "1",
+                                   extra_env={"AWS_ENDPOINT_URL": proxy.url}))
+        first = env.wait_status("400 records counted", lambda s: env.consumed(s) == 400, TIMEOUT, run)
+
+        proxy.cut()
+        produce(env.kafka.bootstrap_servers, env.topic, 400, 400)
+        wait_for_log(run, "the job store is unreachable", 60.0)
+        time.sleep(20)  # the outage's length is the test's input, not a wait for something to happen
+        proxy.restore()
+        final = env.wait_status("800 records counted", lambda s: env.consumed(s) == 800, TIMEOUT, run)
+
+        assert (final.pid, final.epoch, final.state) == (first.pid, first.epoch, JobState.RUNNING)
+        assert final.restart_count == restarts
+        assert len(supervisor_lines(run, "started (attempt")) == 1, "the supervisor started exactly one driver"
+        unreachable = [ln for ln in run.ckpt_lines() if "the job store is unreachable:" in ln]
+        back = [ln for ln in run.ckpt_lines() if "the job store is reachable again" in ln]
+        assert (len(unreachable), len(back)) == (1, 1), "\n".join(unreachable + back)
+        stop(env, run, final)
+    assert env.final_counts() == expected_counts(800)
+    committed = batches_committed(env)
+    assert committed == list(range(len(committed))), "every batch committed exactly once"
+
+
+def wait_for_log(run: Run, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(text in ln for ln in run.ckpt_lines()):
+            return
+        assert run.proc.poll() is None, f"{run.name} exited with {run.proc.returncode}\n{run.tail()}"
+        time.sleep(0.2)
+    raise AssertionError(f"no log line with {text!r} within {timeout} s\n{run.tail()}")
