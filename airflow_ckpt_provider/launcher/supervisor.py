@@ -187,7 +187,7 @@ class Supervisor:
         self._attempt = 0
         self._cold_start: float | None = None  # seconds our last driver took from spawn to RUNNING
         self._unreadable_at: float | None = None  # supervisor clock when status.json last could not be read
-        self._outage = Outage(spec.config.job, "the job store")
+        self._outage = Outage(spec.config.job, "the supervisor's job store")  # the driver logs its own
 
     @property
     def job(self) -> str:
@@ -460,9 +460,7 @@ class Supervisor:
         try:
             status = read_status(self.store)
         except StorageError as err:
-            if not self._outage.down:
-                log.warning("job %s: cannot read status.json, progress not judged this time: %s", self.job, err)
-            self._outage.failed(f"read status.json: {err}")
+            self._outage.failed(f"cannot read status.json, progress not judged meanwhile: {err}")
             self._unreadable_at = self.clock()
             return None
         self._outage.ok()

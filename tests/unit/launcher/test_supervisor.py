@@ -167,7 +167,7 @@ def test_no_kill_when_no_data_waits_or_status_unreadable(
                                  health=health, store=store, poll=5.0)
     assert (outcome.final, outcome.attempts, spawner.procs[0].signals) == (Ending.STOPPED, 1, [])
     if status_bytes.startswith(b"{not"):
-        assert "cannot read status.json, progress not judged this time" in caplog.text
+        assert "cannot read status.json, progress not judged meanwhile" in caplog.text
 
 
 def test_stop_request_forwards_sigterm_and_never_restarts(spec: SubmitSpec, clock: FakeClock) -> None:
