@@ -19,6 +19,7 @@ from typing import Any
 
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
+from airflow_ckpt_provider.kafka.clientlog import configured, serve
 from airflow_ckpt_provider.kafka.offsets import Offsets, kafka_offsets_or_none
 
 DEFAULT_TIMEOUT = 10.0
@@ -147,12 +148,13 @@ def _admin(bootstrap_servers: str, conf: KafkaConf | None) -> Iterator[Any]:
     if not bootstrap_servers:
         raise ConfigError("no Kafka bootstrap servers given: pass host:port[,host:port...]")
     try:
-        admin = AdminClient({**dict(conf or {}), "bootstrap.servers": bootstrap_servers})
+        admin = AdminClient(configured({**dict(conf or {}), "bootstrap.servers": bootstrap_servers}))
     except (KafkaException, ValueError, TypeError) as err:
         raise ConfigError(f"invalid Kafka client configuration: {err}") from err
     try:
         yield admin
     finally:
+        serve(admin)
         # AdminClient has no close() in confluent-kafka 2.16; the last reference going frees it.
         del admin
 

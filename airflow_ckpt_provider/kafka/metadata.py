@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from airflow_ckpt_provider.kafka.clientlog import configured, serve
 from airflow_ckpt_provider.kafka.offsets import DataLossError
 from airflow_ckpt_provider.kafka.options import SourceOptions
 
@@ -63,8 +64,7 @@ class BrokerMetadata:
         from confluent_kafka.admin import AdminClient
 
         if self._admin is None:
-            config: dict[str, str | int | float | bool] = {**self.options.admin_config()}
-            self._admin = AdminClient(config)
+            self._admin = AdminClient(configured(self.options.admin_config()))
         return self._admin
 
     def _retrying(self) -> Any:
@@ -108,7 +108,10 @@ class BrokerMetadata:
         """List all topics (naming one would auto-create it on some brokers) and keep the subscribed ones."""
         from confluent_kafka import KafkaError
 
-        metadata = self._client().list_topics(timeout=REQUEST_TIMEOUT_S)
+        try:
+            metadata = self._client().list_topics(timeout=REQUEST_TIMEOUT_S)
+        finally:
+            serve(self._client())
         partitions: list[TP] = []
         unavailable: set[str] = set()
         for name, topic in metadata.topics.items():
@@ -148,6 +151,7 @@ class BrokerMetadata:
                     found[(tp.topic, tp.partition)] = int(future.result(timeout=REQUEST_TIMEOUT_S).offset)
                 except KafkaException as err:
                     failed[(tp.topic, tp.partition)] = str(err.args[0])
+            serve(self._client())
             if failed:
                 raise KafkaException(
                     f"list offsets failed for {partition_names(failed)}: {next(iter(failed.values()))}"

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
+from airflow_ckpt_provider.kafka.clientlog import configured, serve
 from airflow_ckpt_provider.kafka.offsets import Offsets, flatten, format_offsets
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ class AdminCommitBackend:
             from confluent_kafka.admin import AdminClient
 
             try:
-                self._admin = AdminClient({**self.conf, "bootstrap.servers": self.bootstrap_servers})
+                self._admin = AdminClient(configured({**self.conf, "bootstrap.servers": self.bootstrap_servers}))
             except (KafkaException, ValueError, TypeError) as err:
                 raise ConfigError(f"invalid Kafka client configuration for offset commits: {err}") from err
         return self._admin
@@ -85,6 +86,9 @@ class AdminCommitBackend:
                 f"group {group_id!r} at {self.bootstrap_servers}: commit failed or got no answer within "
                 f"{self.timeout:.0f} s: {err or type(err).__name__}"
             ) from err
+        finally:
+            if self._admin is not None:
+                serve(self._admin)
         failed = [tp for tp in result.topic_partitions if tp.error]
         if failed:
             problems = "; ".join(f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in failed[:5])

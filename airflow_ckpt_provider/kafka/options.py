@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.kafka.clientlog import configured
 from airflow_ckpt_provider.kafka.offsets import Offsets, parse_offsets
 
 KAFKA_PREFIX = "kafka."
@@ -186,7 +187,7 @@ def check_client_config(options: SourceOptions) -> None:
     from confluent_kafka import Consumer, KafkaException
 
     try:
-        Consumer(options.consumer_config()).close()
+        Consumer(configured(options.consumer_config(), stats=False)).close()  # never polled: no stats
     except KafkaException as err:
         raise ConfigError(
             f"librdkafka rejected the kafka.* options: {err.args[0].str()}. Expected librdkafka "

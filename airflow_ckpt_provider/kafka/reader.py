@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_ckpt_provider.core.errors import CkptError
+from airflow_ckpt_provider.kafka.clientlog import configured
 from airflow_ckpt_provider.kafka.offsets import DataLossError
 from airflow_ckpt_provider.kafka.options import SourceOptions
 
@@ -81,7 +82,7 @@ def read_range(
 
     if rng.end <= rng.start:
         return
-    consumer = (consumer_factory or Consumer)(options.consumer_config())
+    consumer = (consumer_factory or Consumer)(configured(options.consumer_config()))
     try:
         consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
         yield from _RangeReader(options, rng, consumer, clock).batches()

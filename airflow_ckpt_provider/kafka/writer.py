@@ -29,6 +29,7 @@ from airflow_ckpt_provider.core.coverage import checkpoint_storage, read_coverag
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.faults import crash_point
 from airflow_ckpt_provider.core.streambatch import BATCH_ID_PROPERTY, QUERY_ID_PROPERTY, worker_logging
+from airflow_ckpt_provider.kafka.clientlog import configured, serve
 from airflow_ckpt_provider.kafka.writeroptions import (
     HEADER,
     AttemptTag,
@@ -89,7 +90,8 @@ def check_topics(options: SinkOptions) -> None:
     from confluent_kafka.admin import AdminClient
 
     wanted = sorted({t for t in (options.topic, options.marker_topic) if t})
-    admin = AdminClient({"client.id": f"ckpt-kafka-sink-{options.job}", **options.client_config()})
+    admin = AdminClient(configured({"client.id": f"ckpt-kafka-sink-{options.job}", **options.client_config()},
+                                   job=options.job))
     try:
         # All topics, not list_topics(topic=...): a metadata request for one topic may auto-create it.
         topics = admin.list_topics(timeout=options.timeout_s).topics
@@ -97,6 +99,7 @@ def check_topics(options: SinkOptions) -> None:
         raise ConfigError(f"could not list the topics of {options.bootstrap_servers} within {options.timeout_s:g} s "
                           f"for the ckpt-kafka sink: {err}. Check kafka.bootstrap.servers and the brokers") from err
     finally:
+        serve(admin)
         del admin
     for name in wanted:
         meta = topics.get(name)
@@ -160,12 +163,14 @@ def _clients(options: SinkOptions, partition: int, group: str) -> _Clients:
             return cached
         if cached is not None:
             _CACHE.pop(txid).close()
-    producer = Producer(options.producer_config(partition))
+    producer = Producer(configured(options.producer_config(partition), job=options.job))
     consumer = None
     try:
         producer.init_transactions(options.timeout_s)
-        consumer = Consumer({**options.client_config(), "group.id": group, "enable.auto.commit": False,
-                             "isolation.level": "read_committed", "client.id": f"ckpt-kafka-sink-{options.job}"})
+        # Never polled: no stats (they would pile up in its queue); its failures raise from committed().
+        consumer = Consumer(configured({**options.client_config(), "group.id": group, "enable.auto.commit": False,
+                                        "isolation.level": "read_committed",
+                                        "client.id": f"ckpt-kafka-sink-{options.job}"}, job=options.job, stats=False))
     except BaseException:
         producer.purge(in_queue=True, in_flight=True, blocking=False)  # not close(): see _Clients.close
         raise

@@ -165,6 +165,9 @@ class JobDriver:
 
         log.error("job %s: the job's build function failed: %s: %s", self.config.job, type(err).__name__, err,
                   exc_info=err)
+        failure = classify(err)  # a refused output mode, refused credentials: their own exit codes
+        if not failure.restartable:
+            return failure.exit_code
         # The same code fails the same way after a restart; anything else (a metastore hiccup) may not.
         deterministic = isinstance(err, (CkptError, AnalysisException, SyntaxError, ImportError, NameError, TypeError))
         return EXIT_CONFIG if deterministic else EXIT_FAILED

@@ -15,7 +15,13 @@ import pytest
 
 from airflow_ckpt_provider.core.control import Outcome, RequestAction
 from airflow_ckpt_provider.core.status import JobState, JobStatus, RestartOwner
-from airflow_ckpt_provider.runtime.exitcodes import EXIT_STOPPED
+from airflow_ckpt_provider.runtime.exitcodes import (
+    EXIT_CONFIG,
+    EXIT_DENIED,
+    EXIT_INCOMPATIBLE,
+    EXIT_REFUSED,
+    EXIT_STOPPED,
+)
 from tests.support.runtimejob import JobEnv, Run, expected_counts, produce
 from tests.support.tcpproxy import TcpProxy
 
@@ -119,3 +125,35 @@ def wait_for_log(run: Run, text: str, timeout: float) -> None:
         assert run.proc.poll() is None, f"{run.name} exited with {run.proc.returncode}\n{run.tail()}"
         time.sleep(0.2)
     raise AssertionError(f"no log line with {text!r} within {timeout} s\n{run.tail()}")
+
+
+@pytest.mark.parametrize(("variant", "code", "message"), [
+    ("secret", EXIT_DENIED, "refused the credentials (SignatureDoesNotMatch)"),
+    ("append", EXIT_REFUSED, "Append output mode not supported"),
+    ("schema", EXIT_INCOMPATIBLE, "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE"),
+    ("nomodule", EXIT_CONFIG, "No module named 'ckpt_test_missing_module'"),
+])
+def test_a_failure_no_restart_fixes_ends_the_driver_and_its_supervisor_once_with_its_exit_code(
+    env: JobEnv, runs: list[Run], variant: str, code: int, message: str,
+) -> None:
+    """A wrong S3 secret, an output mode Spark refuses, a state schema change, a module the sink lacks:
+    the driver fails once with the message and its exit code; the supervisor (exponential-delay, unbounded)
+    does not restart it and exits with the same code."""
+    produce(env.kafka.bootstrap_servers, env.topic, 0, 200)
+    checkpoint = env.work / "checkpoint"
+    if variant == "schema":  # state of the original query first: a count per key
+        runs.append(v1 := env.run("v1", checkpoint))
+        status = env.wait_status("200 records counted", lambda s: env.consumed(s) == 200, TIMEOUT, v1)
+        stop(env, v1, status)
+    extra = {"AWS_SECRET_ACCESS_KEY": "not-the-secret"} if variant == "secret" else {"CKPT_TEST_VARIANT": variant}
+    runs.append(run := env.run(variant, checkpoint, "--supervise", "--poll", "1", extra_env=extra))
+    assert run.wait(TIMEOUT) == code, run.tail()
+
+    assert len(supervisor_lines(run, "started (attempt")) == 1, "the supervisor started exactly one driver"
+    errors = [ln for ln in run.ckpt_lines() if "no restart can fix it" in ln or "cannot start" in ln]
+    assert len(errors) == 1 and message in errors[0], "\n".join(errors) or run.tail()
+    if variant != "secret":  # with the wrong secret nothing can be written to the store
+        status = env.status()
+        assert status is not None
+        assert status.state is JobState.FAILED
+        assert message in status.reason

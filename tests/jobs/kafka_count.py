@@ -4,7 +4,9 @@ Configured by environment variables (they travel through spark-submit to the dri
 CKPT_TEST_TOPIC, CKPT_TEST_BOOTSTRAP, CKPT_TEST_OUT, CKPT_TEST_MAX_OFFSETS (records per batch).
 With CKPT_TEST_FAULT_DIR, a file ``task`` there makes one task raise (a Python UDF on the executor; local
 mode does not retry tasks, so the query fails) and a file ``sink`` makes one foreachBatch call raise; the
-process that raises deletes the file first, so each fires once.
+process that raises deletes the file first, so each fires once. CKPT_TEST_VARIANT makes a job no restart
+fixes: ``schema`` groups by another key (the state's key schema no longer fits), ``append`` asks for an
+output mode Spark refuses for an aggregation, ``nomodule`` imports a module the sink lacks.
 The sink replaces ``batch-<id>.json`` on replay (idempotent by batch id) and, once the lease check
 right before Spark's commit passed, appends ``<batch id> <time>`` to ``commits-epoch-<epoch>.log``.
 """
@@ -38,7 +40,9 @@ def build(spark: Any, ctx: JobContext) -> Any:
         from pyspark.sql.functions import udf
 
         keys = keys.select(udf(lambda key: _fault(faults, "task", key))("key").alias("key"))
-    counts = keys.groupBy("key").count()
+    variant = os.environ.get("CKPT_TEST_VARIANT", "")
+    counts = (keys.selectExpr("key", "length(key) AS size").groupBy("key", "size") if variant == "schema"
+              else keys.groupBy("key")).count()
 
     def write(batch: Any, batch_id: int) -> None:
         rows = sorted((r["key"], r["count"]) for r in batch.collect())
@@ -49,13 +53,16 @@ def build(spark: Any, ctx: JobContext) -> Any:
     fenced_write = ctx.fenced(write)
 
     def write_and_log(batch: Any, batch_id: int) -> None:
+        if variant == "nomodule":
+            import ckpt_test_missing_module  # type: ignore[import-not-found]  # noqa: F401  # missing on purpose
         if faults:
             _fault(faults, "sink", batch_id)
         fenced_write(batch, batch_id)  # raises once fenced, before or after writing: Spark does not commit
         with open(out / f"commits-epoch-{ctx.epoch}.log", "a") as f:  # passed the last check before commit
             f.write(f"{batch_id} {time.time():.6f}\n")
 
-    return counts.writeStream.outputMode("update").foreachBatch(write_and_log)
+    mode = "append" if variant == "append" else "update"
+    return counts.writeStream.outputMode(mode).foreachBatch(write_and_log)
 
 
 def _fault(directory: str, name: str, value: Any) -> Any:
