@@ -37,6 +37,9 @@ def _state_text(view: JobView) -> str:
         assert lease is not None  # observe() refuses a job with neither
         return (f"- (no status yet: the driver of epoch {lease.epoch} took the lease at {when(lease.acquired_at)} "
                 "and has not reported; if this lasts, it died while starting)")
+    restarter = view.restarter
+    if restarter is not None:
+        return restarter.describe()
     if view.stale:
         return (f"{status.state} (stale: no heartbeat for {status.age(view.now):.0f} s; "
                 "the driver is probably dead)")
@@ -95,7 +98,8 @@ def describe(view: JobView) -> str:
 def status_dict(view: JobView) -> dict[str, Any]:
     """The JSON of ``ckpt job status``: the status record plus ``lease`` and ``stale``."""
     body = view.status.to_dict() if view.status else {"job": view.store.job, "state": None}
-    return body | {"lease": asdict(view.lease) if view.lease else None, "stale": view.stale}
+    return body | {"lease": asdict(view.lease) if view.lease else None, "stale": view.stale,
+                   "restarting": view.restarter.describe() if view.restarter else None}
 
 
 def _request_dict(request: Request) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
@@ -124,6 +125,12 @@ class Launch:
             return cls.from_dict(body)
         except (ValueError, KeyError, TypeError, ConfigError) as err:
             raise StorageError(f"deployment record {where} is malformed ({err})") from err
+
+
+def new_launch_id(now: float | None = None) -> str:
+    """A launch id: its UTC start time (so ids sort by time) and 6 random hex digits."""
+    at = time.time() if now is None else now
+    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(at))}-{secrets.token_hex(3)}"
 
 
 def read_launch(store: JobStore, key: str = SPEC_LAST) -> Launch | None:

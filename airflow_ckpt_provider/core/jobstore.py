@@ -11,6 +11,7 @@
 <root>/<job>/deployments/<epoch>.json      how each driver started: restore decision, snapshot, lineage
 <root>/<job>/spec/last.json                the deployment launched last (launcher/deploy.py), and how it ended
 <root>/<job>/spec/stable.json              the last deployment verified healthy (an upgrade's target)
+<root>/<job>/supervisors/<launch id>.json  a supervisor's heartbeat: pid, host, watching|restarting|ended
 ```
 """
 
@@ -37,6 +38,7 @@ CONTROL = "control/"
 DEPLOYMENTS = "deployments/"
 SPEC_LAST = "spec/last.json"
 SPEC_STABLE = "spec/stable.json"
+SUPERVISORS = "supervisors/"
 
 
 def check_job_name(job: str) -> str:

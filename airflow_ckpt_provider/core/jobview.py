@@ -1,48 +1,128 @@
-"""What the store says about a job (status and lease), and whether its driver can answer a request.
+"""What the store says about a job (status, lease, supervisor), and whether its driver can answer a request.
 
 The CLI, the operators and the triggers observe a job into one ``JobView`` and decide from it; a request
-no driver would answer (unknown job, stopped job, dead driver) is refused before anything is written.
+no driver would answer (unknown job, stopped job, dead driver, a restart in progress) is refused before
+anything is written. A job whose restart is in progress (RESTARTING by a live owner, or a dead driver whose
+live supervisor restarts it) is neither live nor stale: ``restarter`` says who restarts it.
 """
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import StrEnum
 
 from airflow_ckpt_provider.core.control import RequestAction
 from airflow_ckpt_provider.core.deployments import Launch, read_launch
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError, StorageError
 from airflow_ckpt_provider.core.jobstore import SNAPSHOTS, STATUS, JobStore
 from airflow_ckpt_provider.core.lease import LeaseRecord, read_lease
-from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobStatus, driver_live, read_status
+from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreSpec
+from airflow_ckpt_provider.core.status import (
+    ACTIVE_STATES,
+    FAILURE_STATES,
+    JobStatus,
+    Restart,
+    RestartOwner,
+    driver_live,
+    read_status,
+)
 from airflow_ckpt_provider.core.storage import Storage
+from airflow_ckpt_provider.core.supervision import (
+    Supervision,
+    observe_supervision,
+    process_alive,
+    restarts_dead_driver,
+)
 
 _VERB = {RequestAction.SAVEPOINT: "take a savepoint", RequestAction.STOP: "stop", RequestAction.CANCEL: "cancel"}
 
 
 @dataclass(frozen=True)
+class Restarter:
+    """Who restarts the job now: ``by`` (the supervisor, or the driver in its own session), described by
+    ``who``; the restart in progress (None: the supervisor has not written RESTARTING yet); the restart is
+    done once a driver of ``min_epoch`` or newer runs."""
+
+    by: RestartOwner
+    who: str
+    launch_id: str | None
+    min_epoch: int
+    restart: Restart | None
+    status: JobStatus
+
+    def describe(self) -> str:
+        """'RESTARTING by the supervisor (pid P on H, launch L), attempt 2 (cause), expected running by T'."""
+        r, s = self.restart, self.status
+        if r is None:
+            return (f"restarting: its driver (epoch {s.epoch}, pid {s.pid} on {s.host}) died and {self.who} "
+                    "restarts it")
+        return (f"RESTARTING by {self.who}, attempt {r.attempt} ({r.cause}), expected running by "
+                f"{time.strftime('%H:%M:%SZ', time.gmtime(r.expected_by))}")
+
+
+@dataclass(frozen=True)
 class JobView:
-    """What the store says about a job at ``now``: its last status and its lease (either may be None)."""
+    """What the store says about a job at ``now``: its last status and its lease (either may be None), and its
+    supervisor (read by ``observe`` only when the driver is not live or a supervisor restarts it)."""
 
     store: JobStore
     status: JobStatus | None
     lease: LeaseRecord | None
     now: float
+    supervision: Supervision | None = None
 
     @property
     def live(self) -> bool:
         """The driver that wrote the status runs (core/status.driver_live); on this host its process is
-        probed too, so a kill -9 is seen at once."""
+        probed too, so a kill -9 is seen at once. A job its supervisor restarts has no live driver."""
         s = self.status
-        return s is not None and driver_live(s, self.now, host=socket.gethostname(), pid_alive=_alive)
+        if s is None:
+            return False
+        restart = s.current_restart()
+        if restart is not None and restart.by is RestartOwner.SUPERVISOR:
+            return False
+        return driver_live(s, self.now, host=socket.gethostname(), pid_alive=_alive)
+
+    @property
+    def restarter(self) -> Restarter | None:
+        """Who restarts the job now: RESTARTING by an owner that is live (the supervisor's record, else the
+        pid and heartbeat of the status); or a driver that stopped reporting or FAILED while its supervisor is
+        live and has had less than its reaction time to act (core/supervision.restarts_dead_driver). None:
+        nobody (a driver runs, or the job is down)."""
+        s = self.status
+        if s is None or s.state not in ACTIVE_STATES | FAILURE_STATES:
+            return None
+        restart = s.current_restart()
+        if restart is not None:
+            return self._restart_owner(s, restart)
+        sup = self.supervision
+        if sup is None or sup.record is None or self.live or not restarts_dead_driver(s, sup, self.now):
+            return None
+        return Restarter(RestartOwner.SUPERVISOR, f"the {sup.record.describe()}", _launch_of(sup), s.epoch + 1,
+                         None, s)
+
+    def _restart_owner(self, s: JobStatus, restart: Restart) -> Restarter | None:
+        """The owner of the restart in progress, if it is live and the restart is not overdue."""
+        if not driver_live(s, self.now, host=socket.gethostname(), pid_alive=_alive):
+            return None  # overdue, or its process on this host is gone
+        if restart.by is RestartOwner.DRIVER:
+            return Restarter(restart.by, f"its driver (pid {s.pid} on {s.host})", None, s.epoch, restart, s)
+        sup = self.supervision
+        if sup is not None and not sup.live:
+            return None
+        record = sup.record if sup is not None else None
+        who = f"the {record.describe()}" if record is not None else f"its supervisor (pid {s.pid} on {s.host})"
+        return Restarter(restart.by, who, _launch_of(sup), s.epoch + 1, restart, s)
 
     @property
     def stale(self) -> bool:
-        """The status says the job is active, but the driver that wrote it is gone (not ``live``)."""
-        return self.status is not None and self.status.state in ACTIVE_STATES and not self.live
+        """The status says the job is active, but the driver that wrote it is gone (not ``live``) and nobody
+        restarts it (no ``restarter``)."""
+        return (self.status is not None and self.status.state in ACTIVE_STATES and not self.live
+                and self.restarter is None)
 
     @property
     def newer_lease(self) -> LeaseRecord | None:
@@ -53,13 +133,30 @@ class JobView:
 
 
 def _alive(pid: int) -> bool:
+    return process_alive(pid)
+
+
+def _launch_of(supervision: Supervision | None) -> str | None:
+    """The Airflow launch id of the supervisor (None for a standalone `ckpt run --supervise`)."""
+    record = supervision.record if supervision is not None else None
+    return None if record is None or record.standalone else record.launch_id
+
+
+def read_supervision(store: JobStore, status: JobStatus | None, now: float) -> Supervision | None:
+    """The job's supervisor when it matters: the status is RESTARTING by a supervisor, or active and its driver
+    not live, or FAILED (its supervisor may be about to restart it). None otherwise, or when the store cannot
+    say (then nobody counts as restarting the job)."""
+    if status is None or status.state not in ACTIVE_STATES | FAILURE_STATES:
+        return None
+    restart = status.current_restart()
+    if restart is not None and restart.by is RestartOwner.DRIVER:
+        return None
+    if restart is None and driver_live(status, now, host=socket.gethostname(), pid_alive=_alive):
+        return None
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
+        return observe_supervision(store, now, pid_alive=_alive)
+    except StorageError:
+        return None
 
 
 def starting_launch(store: JobStore, status: JobStatus | None, now: float, within: float) -> Launch | None:
@@ -75,6 +172,29 @@ def starting_launch(store: JobStore, status: JobStatus | None, now: float, withi
     return None if status is not None and last.launched_at <= status.started_at else last
 
 
+class RestartDecision(StrEnum):
+    """What a restart from outside the job (the DAG's restart task) does."""
+
+    LEAVE_TO_OWNER = "leave-to-owner"  # its supervisor (or driver) restarts it already: wait for that
+    STOP_THEN_LAUNCH = "stop-then-launch"  # a driver runs: stop it, then launch the deployment
+    LAUNCH = "launch"  # nothing runs and nobody restarts it
+
+
+def restart_decision(view: JobView | None, restore: RestoreSpec) -> tuple[RestartDecision, Restarter | None]:
+    """One owner per restart. A restart in progress (``view.restarter``) is left to its owner when the restart
+    asked for is the one the owner makes (``latest-state``); a restart from a chosen snapshot (or without
+    state) is deliberate and replaces it, as an upgrade does (the new launch supersedes the supervisor and the
+    lease fences its driver). Otherwise a driver that runs is stopped first; with none, the job is launched."""
+    if view is None:
+        return RestartDecision.LAUNCH, None
+    restarter = view.restarter
+    if restarter is not None and restore == LATEST_STATE:
+        return RestartDecision.LEAVE_TO_OWNER, restarter
+    if view.live:
+        return RestartDecision.STOP_THEN_LAUNCH, None
+    return RestartDecision.LAUNCH, None
+
+
 def job_names(root: Storage) -> list[str]:
     """The jobs under a store root: the top-level prefixes holding a status.json or snapshots."""
     names = set()
@@ -87,7 +207,9 @@ def job_names(root: Storage) -> list[str]:
 
 def observe(store: JobStore, now: float | None = None) -> JobView:
     """Read the job's status and lease; ConfigError naming the jobs that do exist if it has neither."""
-    view = JobView(store, read_status(store), read_lease(store), time.time() if now is None else now)
+    at = time.time() if now is None else now
+    status = read_status(store)
+    view = JobView(store, status, read_lease(store), at, read_supervision(store, status, at))
     if view.status is None and view.lease is None:
         names = job_names(store.root)
         found = (f"jobs in this store: {', '.join(names)}" if names
@@ -123,6 +245,12 @@ def check_can_request(view: JobView, action: RequestAction) -> JobStatus:
         raise ConflictError(
             f"job {job} is {s.state} since {when(s.updated_at)}{reason}: there is no running driver to {verb}; "
             f"nothing was requested{hint}"
+        )
+    restarter = view.restarter
+    if restarter is not None and restarter.by is RestartOwner.SUPERVISOR:
+        raise ConflictError(
+            f"job {job} is {restarter.describe()}: no driver runs to {verb} until then; nothing was requested. "
+            f"Retry when `ckpt job status` shows it RUNNING{hint}"
         )
     if view.stale:
         where = f", pid {s.pid} on {s.host}" if s.pid is not None else ""

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import socket
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from airflow_ckpt_provider.core.deployments import LAUNCH_ENV, Deployment, Launch
+from airflow_ckpt_provider.core.deployments import LAUNCH_ENV, Deployment, Launch, new_launch_id
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.jobstore import SPEC_LAST, JobStore
 from airflow_ckpt_provider.core.modes import RestoreSpec
@@ -99,7 +98,7 @@ def launch(
     knows what was meant to run even if this process dies right after.
     """
     now = time.time()
-    launch_id = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(now))}-{secrets.token_hex(3)}"
+    launch_id = new_launch_id(now)
     logs = log_dir(store.job)
     logs.mkdir(parents=True, exist_ok=True)
     log_file = logs / f"{launch_id}.log"

@@ -11,6 +11,7 @@ from airflow_ckpt_provider.core.control import RequestAction, submit_request
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.jobview import check_can_request, observe
 from airflow_ckpt_provider.core.modes import StopMode
+from airflow_ckpt_provider.core.status import RestartOwner
 from airflow_ckpt_provider.links import SnapshotLink
 from airflow_ckpt_provider.operators.arguments import mode_arg, parse_mode
 from airflow_ckpt_provider.operators.base import JobOperator, check_event
@@ -57,6 +58,11 @@ class StopStreamingJobOperator(JobOperator):
             return {"job": self.job, "outcome": "not_running", "snapshot_id": None, "snapshot_uri": None,
                     "batch_id": None}
         status = view.status
+        restarter = view.restarter
+        if restarter is not None and restarter.by is RestartOwner.SUPERVISOR:  # stopping nothing would be wrong:
+            raise AirflowException(  # the supervisor brings the job back right after
+                f"job {self.job} is {restarter.describe()}: there is no driver to stop until it runs; nothing was "
+                "requested. Retry once it runs (the task's retries do that)")
         if status is None or not view.live:
             state = "never reported" if status is None else ("stale" if view.stale else status.state.value)
             self.log.info("job %s is not running (%s): nothing to stop", self.job, state)

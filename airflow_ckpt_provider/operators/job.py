@@ -16,7 +16,14 @@ from airflow_ckpt_provider.core.control import RequestAction, submit_request
 from airflow_ckpt_provider.core.deployments import Deployment, Launch, read_launch
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.health import HealthCriteria
-from airflow_ckpt_provider.core.jobview import check_can_request, observe, starting_launch
+from airflow_ckpt_provider.core.jobview import (
+    RestartDecision,
+    Restarter,
+    check_can_request,
+    observe,
+    restart_decision,
+    starting_launch,
+)
 from airflow_ckpt_provider.core.modes import KillPolicy, RestoreSpec, StopMode
 from airflow_ckpt_provider.core.settings import JobSettings, names
 from airflow_ckpt_provider.core.status import JobState
@@ -214,6 +221,13 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
         except ConfigError:  # never ran, or a launch whose driver has not taken the lease yet
             view = None
         status = view.status if view else None
+        restarter = view.restarter if view else None
+        if restarter is not None:
+            self.log.info("job %s is %s: waiting for that restart instead of submitting the job again", self.job,
+                          restarter.describe())
+            last = read_launch(store)
+            launched_at = last.launched_at if last is not None and last.launch_id == restarter.launch_id else None
+            return {"launch_id": restarter.launch_id, "launched_at": launched_at, "epoch": restarter.min_epoch}
         starting = starting_launch(store, status, time.time(), self.start_timeout)
         runs = view is not None and view.live and status is not None and status.state is JobState.RUNNING
         if starting is not None and not runs:
@@ -245,10 +259,12 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
             return "LOST"  # no driver ever took the lease, and no launch is on its way: launch again
         if status is None:
             return "STARTING"
+        if view.restarter is not None:
+            return JobState.RESTARTING.value  # its supervisor (or driver) brings it back: reconnect
         return "STALE" if view.stale else status.state.value
 
     def is_job_active(self, status: str) -> bool:
-        return status in (JobState.STARTING, JobState.RUNNING)
+        return status in (JobState.STARTING, JobState.RUNNING, JobState.RESTARTING)
 
     def is_job_succeeded(self, status: str) -> bool:
         return False  # a streaming job runs until stopped: a stopped or failed one is submitted again
@@ -294,7 +310,13 @@ class RestartStreamingJobOperator(_LaunchMixin):
     """Restart a job's last deployment (spec/last.json) from the latest completed checkpoint or a chosen
     snapshot. A driver that still runs is stopped first (``stop_mode``: cancel, the default, or savepoint).
 
-    Returns what the submit operator returns once the new driver runs, plus ``restore`` (as asked).
+    One owner per restart (core/jobview.restart_decision): when the job's supervisor restarts it already
+    (RESTARTING by a live supervisor, or a driver that just died or failed under a live supervisor), a
+    ``latest-state`` restart launches nothing and waits for that restart to run; a restart from a chosen
+    snapshot replaces it.
+
+    Returns what the submit operator returns once the new driver runs, plus ``restore`` (as asked) and
+    ``restarted_by`` (``operator``, or ``supervisor``/``driver`` when it left the restart to them).
     """
 
     template_fields = (*JobOperator.template_fields, "restore", "stop_mode")
@@ -328,10 +350,25 @@ class RestartStreamingJobOperator(_LaunchMixin):
             view = observe(store)
         except ConfigError:
             view = None
-        if view is not None and view.live:
+        decision, restarter = restart_decision(view, spec)
+        if decision is RestartDecision.LEAVE_TO_OWNER:
+            assert restarter is not None
+            self.log.info("job %s: not launching: it is %s; waiting up to %.0f s for that restart", self.job,
+                          restarter.describe(), self.start_timeout)
+            return self._wait_for_restarter(context, store, restarter)
+        if decision is RestartDecision.STOP_THEN_LAUNCH:
             return request_and_wait(self, context, store, STOP_ACTION[stop], timeout=self.stop_timeout,
                                     method_name="after_stop")
         return self.after_stop(context, None)
+
+    def _wait_for_restarter(self, context: Context, store: JobStore, restarter: Restarter) -> Any:
+        """Wait until the restart ``restarter`` makes runs (a driver of its ``min_epoch`` or newer); a launch
+        whose supervisor ends first (gives up) fails the wait at once (its end in spec/last.json)."""
+        last = read_launch(store)
+        started_after = last.launched_at if last is not None and last.launch_id == restarter.launch_id else None
+        return self._wait_running(context, store, method_name="execute_complete", started_after=started_after,
+                                  min_epoch=restarter.min_epoch,
+                                  kwargs={"launch_id": restarter.launch_id, "restarted_by": restarter.by.value})
 
     def after_stop(self, context: Context, event: dict[str, Any] | None) -> Any:
         if event is not None:
@@ -343,5 +380,7 @@ class RestartStreamingJobOperator(_LaunchMixin):
         return self._wait_running(context, store, method_name="execute_complete", started_after=record.launched_at,
                                   kwargs={"launch_id": record.launch_id})
 
-    def execute_complete(self, context: Context, event: dict[str, Any], launch_id: str | None = None) -> Any:
-        return self._running_result(context, event, launch_id) | {"restore": self.restore}
+    def execute_complete(self, context: Context, event: dict[str, Any], launch_id: str | None = None,
+                         restarted_by: str = "operator") -> Any:
+        return self._running_result(context, event, launch_id) | {"restore": self.restore,
+                                                                   "restarted_by": restarted_by}

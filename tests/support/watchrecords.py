@@ -1,5 +1,6 @@
 """What the watches' unit tests share: a fixed clock (``T0``) and the job store records a watch reads, written
-as the driver, the supervisor and the launcher write them (a heartbeat, deployment records, a lease, a launch)."""
+as the driver, the supervisor and the launcher write them (a heartbeat, deployment records, a lease, a launch,
+a supervisor's record, a RESTARTING status)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 from airflow_ckpt_provider.core.deployments import Deployment, Launch
 from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, LEASE, SPEC_LAST, JobStore
 from airflow_ckpt_provider.core.lease import LeaseRecord
-from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
+from airflow_ckpt_provider.core.status import JobState, JobStatus, Restart, RestartOwner, write_status
+from airflow_ckpt_provider.core.supervision import SupervisorRecord, SupervisorState, write_supervisor
 from airflow_ckpt_provider.core.watches.job_health import Unhealthy
 
 #: The tests' "now": the watches take the time as an argument, so no test sleeps.
@@ -55,3 +57,24 @@ def unhealthy(event: dict[str, Any] | None, reason: Unhealthy) -> dict[str, Any]
     assert set(event) == PAYLOAD_KEYS
     assert (event["status"], event["reason"]) == ("unhealthy", reason.value), event["message"]
     return event
+
+
+def supervised(store: JobStore, now: float, *, launch_id: str = "20270115T080000Z-aaaaaa",
+               state: SupervisorState = SupervisorState.WATCHING, host: str = "host-b", pid: int = 77,
+               ending: str | None = None, end_reason: str | None = None, standalone: bool = True) -> SupervisorRecord:
+    """supervisors/<launch id>.json as a supervisor on ``host`` writes it, its heartbeat at ``now`` (5 s polls)."""
+    record = SupervisorRecord(job="orders", launch_id=launch_id, pid=pid, host=host, state=state,
+                              started_at=now - 300, updated_at=now, interval=5.0, grace=30.0, standalone=standalone,
+                              attempt=2, epoch=1, ending=ending, exit_code=1 if ending else None,
+                              end_reason=end_reason)
+    write_supervisor(store, record)
+    return record
+
+
+def restarting(store: JobStore, now: float, *, epoch: int = 1, expected_by: float | None = None, attempt: int = 2,
+               host: str = "host-b", pid: int = 77, by: RestartOwner = RestartOwner.SUPERVISOR) -> JobStatus:
+    """status.json as a supervisor writes it before its restart delay: RESTARTING with its own pid and host."""
+    restart = Restart(by=by, attempt=attempt, cause="exit code 137: killed", delay=1.0, at=now,
+                      expected_by=now + 61 if expected_by is None else expected_by, from_batch=9)
+    return report(store, now, state=JobState.RESTARTING, epoch=epoch, batch_id=9, pid=pid, host=host,
+                  restart=restart.to_dict(), reason="driver died: its supervisor restarts it")

@@ -8,7 +8,7 @@ from airflow_ckpt_provider.core.control import read_ack
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.jobview import JobView, when
 from airflow_ckpt_provider.core.outcomes import RequestOutcome
-from airflow_ckpt_provider.core.status import TERMINAL_STATES, driver_live
+from airflow_ckpt_provider.core.status import TERMINAL_STATES, RestartOwner, driver_live
 from airflow_ckpt_provider.core.watches.base import current_time, look, why
 
 
@@ -59,6 +59,11 @@ class RequestWatch:
         if s.state in TERMINAL_STATES:
             return (f"job {job}: request {rid} expected an answer from the driver of epoch {epoch}, found it "
                     f"{s.state} since {when(s.updated_at)}{why(s)} without answering; check `ckpt job status`")
+        restart = s.current_restart()
+        if restart is not None and restart.by is RestartOwner.SUPERVISOR:
+            return (f"job {job}: request {rid} expected an answer from the driver of epoch {epoch}, found it dead "
+                    f"({restart.cause}) and its supervisor restarting the job (attempt {restart.attempt}); the new "
+                    "driver rejects requests for another epoch: send the request again once it runs")
         if not driver_live(s, now, busy_timeout=self.busy_timeout):  # active: terminal states answered above
             return (f"job {job}: request {rid} expected an answer from the driver of epoch {epoch}, found it "
                     f"{s.state} with no heartbeat for {s.age(now):.0f} s: it probably died without answering. "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from enum import StrEnum
 from typing import Any
 
@@ -14,10 +15,15 @@ from airflow_ckpt_provider.core.health import HealthCriteria
 from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, JobStore
 from airflow_ckpt_provider.core.jobview import JobView, starting_launch, when
 from airflow_ckpt_provider.core.restart import Health, HealthRule
-from airflow_ckpt_provider.core.status import JobState, JobStatus, driver_live
+from airflow_ckpt_provider.core.status import JobState, JobStatus, Restart, RestartOwner, driver_live
+from airflow_ckpt_provider.core.supervision import Supervision, observe_supervision, restarts_dead_driver
 from airflow_ckpt_provider.core.watches.base import current_time, look, ui, why
 
 log = logging.getLogger(__name__)
+
+
+def _hms(ts: float) -> str:
+    return time.strftime("%H:%M:%SZ", time.gmtime(ts))
 
 
 class Unhealthy(StrEnum):
@@ -45,6 +51,12 @@ class JobHealthWatch:
     first poll (or of a newer driver taking the lease). Healthy: RUNNING, ``min_batches`` batches
     committed since the watch first saw the deployment (or caught up: Spark found no new data in its
     sources, so there is nothing to make progress on), continuously for ``healthy_for`` s.
+
+    A restart in progress is not a dead job: a RESTARTING status is waited on while its owner is live
+    (the supervisor's record in supervisors/, core/supervision.py) until its ``expected_by`` plus the
+    heartbeat limit; and a driver that stopped reporting while its supervisor is live is the supervisor's
+    to restart (for the driver's heartbeat limit plus the supervisor's reaction time). NO_HEARTBEAT then
+    says why nobody restarts it: the supervisor is gone, gave up, or its restart is overdue.
     """
 
     def __init__(self, store: JobStore, criteria: HealthCriteria | None = None) -> None:
@@ -61,6 +73,8 @@ class JobHealthWatch:
         self._was_waiting = False
         self._deployments: dict[str, tuple[int, float, str | None] | None] = {}  # immutable records, read once
         self._seen = "nothing polled yet"
+        self._supervision_seen: Supervision | None = None  # read at most once per poll, when it matters
+        self._restarting = ""  # who restarts the job, for the describe line ('' when nobody does)
 
     # -- observe -------------------------------------------------------------------------------
 
@@ -109,9 +123,16 @@ class JobHealthWatch:
 
     # -- decide --------------------------------------------------------------------------------
 
+    def _supervision(self, now: float) -> Supervision:
+        """The job's supervisor (core/supervision.py), read once per poll."""
+        if self._supervision_seen is None:
+            self._supervision_seen = observe_supervision(self.store, now)
+        return self._supervision_seen
+
     def poll(self, now: float | None = None) -> dict[str, Any] | None:
         now = current_time(now)
         view = look(self.store, now)
+        self._supervision_seen, self._restarting = None, ""
         status = self._current(view)
         restart_times = self._restart_times()
         restarts = sum(1 for t in restart_times if now - t <= self.criteria.health_window)
@@ -122,9 +143,9 @@ class JobHealthWatch:
             self._pending_since = None
             self._set_baseline(status)
         self._track_progress(status, now)
-        self._seen = self._describe(view, status, now)
 
         unhealthy = self._unhealthy(view, status, restart_times, restarts, now)
+        self._seen = self._describe(view, status, now)
         if unhealthy is not None:
             reason, message = unhealthy
             return self._event(Health.UNHEALTHY, reason, message, status, restarts)
@@ -163,6 +184,9 @@ class JobHealthWatch:
     def _healthy(self, status: JobStatus, now: float) -> bool:
         if status.state is not JobState.RUNNING or self._healthy_since is None:
             return False
+        c = self.criteria  # a RUNNING status whose driver died (its supervisor restarts it) is not health
+        if not driver_live(status, now, heartbeat_timeout=c.heartbeat_timeout, busy_timeout=c.start_timeout):
+            return False
         progressed = self._batches(status) >= self.criteria.min_batches or status.idle  # idle: caught up, nothing to do
         return progressed and now - self._healthy_since >= self.criteria.healthy_for
 
@@ -174,12 +198,17 @@ class JobHealthWatch:
             return self._crash_loop(restart_times, restarts, now) or self._not_started(view, now)
         if s.state is not JobState.RUNNING and starting_launch(self.store, s, now, self.criteria.start_timeout):
             return None  # stopped or dead, but a newer launch (restart, upgrade, restore) is on its way
-        return (self._ended(s) or self._crash_loop(restart_times, restarts, now) or self._dead(s, now)
+        return (self._ended(s, now) or self._crash_loop(restart_times, restarts, now) or self._dead(s, now)
                 or self._stuck(s, now))
 
-    def _ended(self, s: JobStatus) -> tuple[Unhealthy, str] | None:
+    def _ended(self, s: JobStatus, now: float) -> tuple[Unhealthy, str] | None:
         job = self.store.job
         if s.state is JobState.FAILED:
+            sup = self._supervision(now)
+            if restarts_dead_driver(s, sup, now):
+                assert sup.record is not None
+                self._restarting = f"its driver failed; the {sup.record.describe()} restarts it"
+                return None
             return Unhealthy.FAILED, (
                 f"job {job}: expected it {self._expected()}, found FAILED at epoch {s.epoch} since "
                 f"{when(s.updated_at)}{why(s)}. Restart it (it resumes from its latest checkpoint) after "
@@ -209,14 +238,63 @@ class JobHealthWatch:
     def _dead(self, s: JobStatus, now: float) -> tuple[Unhealthy, str] | None:
         # Reached for an active status only (_ended answered for the others).
         c = self.criteria
+        restart = s.current_restart()
+        if restart is not None and restart.by is RestartOwner.SUPERVISOR:
+            return self._restart_lost(s, restart, now)
         if driver_live(s, now, heartbeat_timeout=c.heartbeat_timeout, busy_timeout=c.start_timeout):
+            if restart is not None:
+                self._restarting = f"RESTARTING by its driver, attempt {restart.attempt}, expected running by " \
+                                   f"{_hms(restart.expected_by)}"
             return None
         where = f", pid {s.pid} on {s.host}" if s.pid is not None else ""
+        if restart is not None:  # by the driver, in its own session: it died or hangs
+            return Unhealthy.NO_HEARTBEAT, (
+                f"job {self.store.job}: expected its driver's query restart (attempt {restart.attempt}, "
+                f"{restart.cause}) to run by {_hms(restart.expected_by)}, found RESTARTING at epoch {s.epoch}"
+                f"{where} with no heartbeat for {s.age(now):.0f} s: its driver probably died. Restart the job "
+                "(it resumes from its latest checkpoint)"
+            )
+        sup = self._supervision(now)
+        if restarts_dead_driver(s, sup, now):
+            assert sup.record is not None
+            self._restarting = f"its driver died; the {sup.record.describe()} restarts it"
+            return None
         return Unhealthy.NO_HEARTBEAT, (
             f"job {self.store.job}: expected a heartbeat every {s.heartbeat_interval:g} s, found none for "
-            f"{s.age(now):.0f} s ({s.state} at epoch {s.epoch}{where}): its driver probably died. Restart "
-            "the job (it resumes from its latest checkpoint)"
+            f"{s.age(now):.0f} s ({s.state} at epoch {s.epoch}{where}): its driver probably died, and "
+            f"{self._gone(sup)}. Restart the job (it resumes from its latest checkpoint)"
         )
+
+    def _restart_lost(self, s: JobStatus, restart: Restart, now: float) -> tuple[Unhealthy, str] | None:
+        """A supervisor's restart in progress: waited on while the supervisor is live, until ``expected_by``
+        plus the heartbeat limit; NO_HEARTBEAT once the supervisor is gone or the restart is overdue."""
+        c = self.criteria
+        limit = c.heartbeat_timeout if c.heartbeat_timeout is not None else 3 * s.heartbeat_interval + 5
+        sup = self._supervision(now)
+        late = now - restart.expected_by
+        found = (f"found it RESTARTING at epoch {s.epoch} since {when(restart.at)} (attempt {restart.attempt}, "
+                 f"{restart.cause})")
+        if sup.live and late <= limit:
+            self._restarting = (f"RESTARTING by the supervisor, attempt {restart.attempt}, expected running by "
+                                f"{_hms(restart.expected_by)}")
+            return None
+        if not sup.live:
+            return Unhealthy.NO_HEARTBEAT, (
+                f"job {self.store.job}: expected its supervisor to restart the driver, {found} and "
+                f"{self._gone(sup)}: nobody restarts it. Restart the job (it resumes from its latest checkpoint)"
+            )
+        assert sup.record is not None
+        return Unhealthy.NO_HEARTBEAT, (
+            f"job {self.store.job}: expected the job running again by {_hms(restart.expected_by)}, {found}: the "
+            f"restart is {late:.0f} s overdue (limit {limit:.0f} s), though its {sup.record.describe()} is live. "
+            "Read the launch log, then restart the job (it resumes from its latest checkpoint)"
+        )
+
+    @staticmethod
+    def _gone(sup: Supervision) -> str:
+        if sup.record is None:
+            return "no supervisor restarts it (no record in supervisors/)"
+        return sup.gone()
 
     def _stuck(self, s: JobStatus, now: float) -> tuple[Unhealthy, str] | None:
         if self.criteria.progress_timeout is None or s.state is not JobState.RUNNING:
@@ -281,6 +359,8 @@ class JobHealthWatch:
         if s is None:
             return f"waiting for {self._deployment()} to report; found {self._found(view)}"
         line = f"{s.state} at epoch {s.epoch}, batch {s.batch_id}"
+        if self._restarting:
+            return f"{self._restarting} ({line})"
         if s.state is JobState.RUNNING and self._healthy_since is not None:
             # No running clock in this line: the trigger logs it again only when it changes.
             c = self.criteria

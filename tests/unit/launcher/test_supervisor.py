@@ -38,19 +38,22 @@ def test_restarts_after_the_strategy_delays_from_latest_state(
     assert spawner.restores == ["latest-savepoint", "latest-state", "latest-state", "latest-state"]
     assert [p.started for p in spawner.procs] == [START, START + 15, START + 30, START + 45]
     assert strategy.restarts == 3
-    restarting = "job orders: restarting in 5.0 s (strategy fixed-delay: 3 attempts, 5 s apart; restart {})"
+    restarting = ("job orders: driver pid {} died (exit code {}) after 10 s at batch -: restarting in 5.0 s "
+                  "(attempt {}, strategy fixed-delay: 3 attempts, 5 s apart; expected running by {}: 2 x the last "
+                  "cold start of 5 s + a poll, at least 30 s)")
+    by = ["00:17:25Z", "00:17:40Z", "00:17:55Z"]  # START + 10 s ran + 5 s delay + 30 s allowance, and so on
     assert caplog.messages == [
         "job orders: driver pid 100 started (attempt 1, restore latest-savepoint)",
         "job orders: driver pid 100 runs the job at epoch 4: restarts resume from latest-state",
         "job orders: driver exited with code 1 after 10.0 s (failed)",
-        restarting.format(1),
+        restarting.format(100, "1: failed", 1, by[0]),
         "job orders: driver pid 101 started (attempt 2, restore latest-state)",
         "job orders: driver exited with code -9 after 10.0 s (signal 9)",
-        restarting.format(2),
+        restarting.format(101, "-9: signal 9", 2, by[1]),
         "job orders: driver pid 102 started (attempt 3, restore latest-state)",
         "job orders: driver exited with code 137 after 10.0 s "
         "(failed: 128+9, the Python driver likely died of signal 9)",
-        restarting.format(3),
+        restarting.format(102, "137: failed: 128+9, the Python driver likely died of signal 9", 3, by[2]),
         "job orders: driver pid 103 started (attempt 4, restore latest-state)",
         "job orders: driver exited with code 0 after 10.0 s (stopped)",
         "job orders: stopped: driver stopped",
@@ -164,7 +167,7 @@ def test_no_kill_when_no_data_waits_or_status_unreadable(
                                  health=health, store=store, poll=5.0)
     assert (outcome.final, outcome.attempts, spawner.procs[0].signals) == (Ending.STOPPED, 1, [])
     if status_bytes.startswith(b"{not"):
-        assert "cannot read status.json, progress not judged this time" in caplog.text
+        assert "cannot read status.json, progress not judged meanwhile" in caplog.text
 
 
 def test_stop_request_forwards_sigterm_and_never_restarts(spec: SubmitSpec, clock: FakeClock) -> None:

@@ -120,7 +120,7 @@ def test_restart_after_the_stop_launches_or_fails(store: JobStore, launches: Fak
     assert next_step(deferred) == ("execute_complete", {"launch_id": record.launch_id})
     assert op.execute_complete(context(), HEALTHY, launch_id=record.launch_id) == {
         "job": "orders", "epoch": 4, "batch_id": 9, "state": "RUNNING", "ui_url": UI, "launch_id": record.launch_id,
-        "restore": "latest-savepoint"}
+        "restore": "latest-savepoint", "restarted_by": "operator"}
 
 
 def test_restart_with_a_savepoint_stop_resumes_through_both_steps(store: JobStore, launches: FakeLaunch) -> None:
@@ -138,5 +138,5 @@ def test_restart_with_a_savepoint_stop_resumes_through_both_steps(store: JobStor
     ctx = context()
     assert op.resume(ctx, fire(started, HEALTHY)) == {
         "job": "orders", "epoch": 4, "batch_id": 9, "state": "RUNNING", "ui_url": UI, "launch_id": record.launch_id,
-        "restore": SID}
+        "restore": SID, "restarted_by": "operator"}
     assert ctx["ti"].xcoms == {SPARK_UI_KEY: UI}

@@ -1,0 +1,95 @@
+"""JobHealthWatch and restarts in progress (issue 15): a RESTARTING status is waited on while its supervisor is
+live and the restart is not overdue; a driver that died or failed under a live supervisor is the supervisor's
+to restart; NO_HEARTBEAT once the supervisor is gone, gave up, or its restart is late, saying which."""
+
+from __future__ import annotations
+
+import time
+
+from airflow_ckpt_provider.core.health import HealthCriteria
+from airflow_ckpt_provider.core.jobstore import JobStore
+from airflow_ckpt_provider.core.restart import Health
+from airflow_ckpt_provider.core.status import JobState, RestartOwner
+from airflow_ckpt_provider.core.supervision import SupervisorState
+from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch, Unhealthy
+from tests.support.watchrecords import T0, report, restarting, supervised, unhealthy
+
+WATCH = HealthCriteria(expect=Health.UNHEALTHY, heartbeat_timeout=5.0)
+
+
+def hms(ts: float) -> str:
+    return time.strftime("%H:%M:%SZ", time.gmtime(ts))
+
+
+def test_a_restart_by_a_live_supervisor_is_waited_on_until_it_is_overdue(store: JobStore) -> None:
+    restarting(store, T0, expected_by=T0 + 40)
+    watch = JobHealthWatch(store, WATCH)
+    for now in (T0, T0 + 20, T0 + 45):  # the dead driver's heartbeat is long past the 5 s timeout
+        supervised(store, now)  # the supervisor's heartbeat every poll
+        assert watch.poll(now) is None
+    assert watch.waiting_for() == (
+        "job orders: expected it unhealthy; last seen: RESTARTING by the supervisor, attempt 2, expected running "
+        f"by {hms(T0 + 40)} (RESTARTING at epoch 1, batch 9)")
+    supervised(store, T0 + 46)
+    event = unhealthy(watch.poll(T0 + 46), Unhealthy.NO_HEARTBEAT)  # 6 s late, limit 5 s
+    assert f"expected the job running again by {hms(T0 + 40)}" in event["message"]
+    assert "the restart is 6 s overdue (limit 5 s), though its supervisor (pid 77 on host-b" in event["message"]
+
+
+def test_a_restart_whose_supervisor_is_gone_is_no_heartbeat_at_once(store: JobStore) -> None:
+    supervised(store, T0 - 30)  # its last heartbeat: 30 s ago, limit 3 x 5 s + 5 s
+    restarting(store, T0 - 31, expected_by=T0 + 60)
+    event = unhealthy(JobHealthWatch(store, WATCH).poll(T0), Unhealthy.NO_HEARTBEAT)
+    assert "expected its supervisor to restart the driver, found it RESTARTING at epoch 1" in event["message"]
+    assert ("and its supervisor (pid 77 on host-b, launch 20270115T080000Z-aaaaaa) is gone: no heartbeat for 30 s "
+            "(every 5 s expected): nobody restarts it") in event["message"]
+
+
+def test_a_restart_whose_supervisor_gave_up_is_no_heartbeat_with_its_reason(store: JobStore) -> None:
+    restarting(store, T0 - 5)
+    supervised(store, T0 - 1, state=SupervisorState.ENDED, ending="gave-up", end_reason="restart strategy exhausted")
+    event = unhealthy(JobHealthWatch(store, WATCH).poll(T0), Unhealthy.NO_HEARTBEAT)
+    assert f"supervisor (pid 77 on host-b, launch 20270115T080000Z-aaaaaa) gave up at {hms(T0 - 1)}: restart " \
+           "strategy exhausted: nobody restarts it" in event["message"]
+
+
+def test_a_dead_driver_under_a_live_supervisor_is_not_unhealthy_within_the_supervisors_reaction_time(
+    store: JobStore,
+) -> None:
+    report(store, T0, batch_id=9)  # RUNNING, then silent: the driver died
+    watch = JobHealthWatch(store, WATCH)
+    supervised(store, T0 + 30)
+    assert watch.poll(T0 + 30) is None  # 30 s silent: past the watch's 5 s, within 20 s + 45 s reaction
+    assert "its driver died; the supervisor (pid 77 on host-b" in watch.waiting_for()
+    supervised(store, T0 + 66)
+    event = unhealthy(watch.poll(T0 + 66), Unhealthy.NO_HEARTBEAT)  # the supervisor did not act: not its job
+    assert "found none for 66 s (RUNNING at epoch 1): its driver probably died, and its supervisor" in event["message"]
+
+
+def test_a_dead_driver_without_a_live_supervisor_is_no_heartbeat_saying_so(store: JobStore) -> None:
+    report(store, T0, batch_id=9)
+    event = unhealthy(JobHealthWatch(store, WATCH).poll(T0 + 6), Unhealthy.NO_HEARTBEAT)
+    assert "its driver probably died, and no supervisor restarts it (no record in supervisors/)" in event["message"]
+    supervised(store, T0 - 60)  # a supervisor on host-b, silent for 66 s
+    event = unhealthy(JobHealthWatch(store, WATCH).poll(T0 + 6), Unhealthy.NO_HEARTBEAT)
+    assert "and its supervisor (pid 77 on host-b, launch 20270115T080000Z-aaaaaa) is gone: no heartbeat for 66 s" \
+        in event["message"]
+
+
+def test_a_failed_driver_under_a_live_supervisor_waits_for_its_decision(store: JobStore) -> None:
+    report(store, T0, state=JobState.FAILED, reason="query failed: boom")
+    supervised(store, T0 + 1)
+    watch = JobHealthWatch(store, WATCH)
+    assert watch.poll(T0 + 1) is None  # the supervisor writes RESTARTING, or ends, within its reaction time
+    supervised(store, T0 + 2, state=SupervisorState.ENDED, ending="gave-up", end_reason="unhealthy")
+    event = unhealthy(watch.poll(T0 + 2), Unhealthy.FAILED)
+    assert "found FAILED at epoch 1" in event["message"]
+
+
+def test_a_query_restart_by_the_driver_is_waited_on_until_its_heartbeat_stops(store: JobStore) -> None:
+    restarting(store, T0, expected_by=T0 + 10, by=RestartOwner.DRIVER)
+    watch = JobHealthWatch(store, WATCH)
+    assert watch.poll(T0 + 299) is None  # a driver restoring its query may be silent for start_timeout (300 s)
+    assert "RESTARTING by its driver, attempt 2" in watch.waiting_for()
+    event = unhealthy(watch.poll(T0 + 301), Unhealthy.NO_HEARTBEAT)
+    assert "expected its driver's query restart (attempt 2" in event["message"]

@@ -1,0 +1,134 @@
+"""One owner per restart (issue 15) in the Airflow layer: the DAG's restart launches nothing while the job's
+supervisor restarts it and waits for that restart instead; it launches when the supervisor is gone or gave
+up, or when asked for a chosen snapshot; submit reconnects to a restart in progress; stop refuses it."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from airflow.sdk.exceptions import AirflowException
+
+from airflow_ckpt_provider.core.control import RequestAction
+from airflow_ckpt_provider.core.errors import ConflictError
+from airflow_ckpt_provider.core.jobstore import JobStore
+from airflow_ckpt_provider.core.jobview import RestartDecision, check_can_request, observe, restart_decision
+from airflow_ckpt_provider.core.modes import LATEST_STATE
+from airflow_ckpt_provider.core.status import RestartOwner
+from airflow_ckpt_provider.core.supervision import SupervisorState
+from airflow_ckpt_provider.operators.job import (
+    RestartStreamingJobOperator,
+    StopStreamingJobOperator,
+    SubmitStreamingJobOperator,
+)
+from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
+from tests.support.operatorfakes import (
+    HEALTHY,
+    SID,
+    UI,
+    FakeLaunch,
+    context,
+    control_keys,
+    deferral,
+    next_step,
+    record_deployment,
+    report,
+    trigger_kwargs,
+)
+from tests.support.watchrecords import restarting, supervised
+
+LAUNCH = "20261126T000000Z-abcdef"
+
+
+def _restarting_now(store: JobStore) -> float:
+    """Launch LAUNCH recorded; its supervisor (on host-b) live and restarting the driver of epoch 3."""
+    launched = record_deployment(store, launch_id=LAUNCH)
+    now = time.time()
+    supervised(store, now, launch_id=LAUNCH, state=SupervisorState.RESTARTING, standalone=False)
+    restarting(store, now, epoch=3)
+    return launched.launched_at
+
+
+@pytest.mark.usefixtures("no_launch")
+def test_the_restart_task_launches_nothing_while_the_supervisor_restarts_the_job_and_waits_for_it(
+    store: JobStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    launched_at = _restarting_now(store)
+    op = RestartStreamingJobOperator(task_id="restart", job="orders", start_timeout=77)
+    deferred = deferral(lambda: op.execute(context()))
+    assert control_keys(store) == []  # no cancel request for the dead driver either
+    assert isinstance(deferred.trigger, JobHealthTrigger)
+    kwargs = trigger_kwargs(deferred)
+    assert (kwargs["min_epoch"], kwargs["started_after"], kwargs["start_timeout"]) == (4, launched_at, 77)
+    assert next_step(deferred) == ("execute_complete", {"launch_id": LAUNCH, "restarted_by": "supervisor"})
+    [line] = [ln for ln in capsys.readouterr().out.splitlines() if "not launching" in ln]  # the task log
+    assert (f"job orders: not launching: it is RESTARTING by the supervisor (pid 77 on host-b, launch {LAUNCH}), "
+            "attempt 2 (exit code 137: killed), expected running by ") in line
+    assert "waiting up to 77 s for that restart" in line
+    assert op.execute_complete(context(), HEALTHY, launch_id=LAUNCH, restarted_by="supervisor") == {
+        "job": "orders", "epoch": 4, "batch_id": 9, "state": "RUNNING", "ui_url": UI, "launch_id": LAUNCH,
+        "restore": "latest-state", "restarted_by": "supervisor"}
+
+
+@pytest.mark.usefixtures("no_launch")
+def test_a_driver_that_just_died_under_a_live_supervisor_is_left_to_the_supervisor(store: JobStore) -> None:
+    record_deployment(store, launch_id=LAUNCH)
+    now = time.time()
+    report(store, epoch=3, updated_at=now - 30, pid=4242, host="host-b")  # silent for 30 s: dead
+    supervised(store, now, launch_id=LAUNCH, standalone=False)  # has not written RESTARTING yet
+    decision, restarter = restart_decision(observe(store), LATEST_STATE)
+    assert decision is RestartDecision.LEAVE_TO_OWNER
+    assert restarter is not None and (restarter.by, restarter.min_epoch, restarter.restart) == (
+        RestartOwner.SUPERVISOR, 4, None)
+    op = RestartStreamingJobOperator(task_id="restart", job="orders")
+    deferred = deferral(lambda: op.execute(context()))
+    assert next_step(deferred) == ("execute_complete", {"launch_id": LAUNCH, "restarted_by": "supervisor"})
+
+
+@pytest.mark.parametrize("supervisor", ["gave-up", "gone"])
+def test_the_restart_task_launches_when_the_supervisor_gave_up_or_is_gone(
+    store: JobStore, launches: FakeLaunch, supervisor: str
+) -> None:
+    record_deployment(store, launch_id=LAUNCH)
+    now = time.time()
+    restarting(store, now - 40, epoch=3, expected_by=now + 30)
+    if supervisor == "gave-up":
+        supervised(store, now, launch_id=LAUNCH, state=SupervisorState.ENDED, ending="gave-up",
+                   end_reason="restart strategy exhausted", standalone=False)
+    else:
+        supervised(store, now - 40, launch_id=LAUNCH, standalone=False)  # silent for 40 s, another host
+    assert restart_decision(observe(store), LATEST_STATE) == (RestartDecision.LAUNCH, None)
+    op = RestartStreamingJobOperator(task_id="restart", job="orders")
+    deferred = deferral(lambda: op.execute(context()))
+    [record] = launches.calls
+    assert next_step(deferred) == ("execute_complete", {"launch_id": record.launch_id})
+
+
+def test_a_restart_from_a_chosen_snapshot_replaces_the_supervisors_restart(
+    store: JobStore, launches: FakeLaunch
+) -> None:
+    _restarting_now(store)
+    op = RestartStreamingJobOperator(task_id="restart", job="orders", restore=SID)
+    deferral(lambda: op.execute(context()))
+    [record] = launches.calls
+    assert str(record.restore) == SID
+
+
+@pytest.mark.usefixtures("no_launch")
+def test_submit_reconnects_to_a_restart_in_progress(store: JobStore) -> None:
+    launched_at = _restarting_now(store)
+    op = SubmitStreamingJobOperator(task_id="submit", job="orders", job_file="orders_v1.py", code_version="v1")
+    assert op.submit_job(context()) == {"launch_id": LAUNCH, "launched_at": launched_at, "epoch": 4}
+    assert op.get_job_status({}, context()) == "RESTARTING"
+    assert op.is_job_active("RESTARTING")
+
+
+def test_no_request_is_written_for_a_job_its_supervisor_restarts(store: JobStore) -> None:
+    _restarting_now(store)
+    with pytest.raises(ConflictError, match=r"job orders is RESTARTING by the supervisor .*: no driver runs to "
+                                            r"take a savepoint until then; nothing was requested"):
+        check_can_request(observe(store), RequestAction.SAVEPOINT)
+    with pytest.raises(AirflowException, match=r"is RESTARTING by the supervisor .*: there is no driver to stop "
+                                               r"until it runs; nothing was requested"):
+        StopStreamingJobOperator(task_id="stop", job="orders").execute(context())
+    assert control_keys(store) == []
