@@ -468,7 +468,7 @@ class QueryRecovery:
 def query_failure(watch: LogWatch, opts: Options, rnd: int, config: str, epoch: int, faults: Path,
                   attempt: int) -> QueryRecovery:
     """Wait for 2 batches with rows of ``epoch`` after the last mark, make the sink raise once, and measure
-    until the first batch the restarted query completes."""
+    until the restarted query completed the batch that failed (its replay)."""
     since, mark = watch.mark(), len(watch.poll())
     watch.wait(f"2 batches with rows of epoch {epoch}", lambda ev: b[1] if len(
         b := [e for e in batches(ev[mark:], epoch) if e.int(2) > 0]) >= 2 else None)
@@ -478,11 +478,12 @@ def query_failure(watch: LogWatch, opts: Options, rnd: int, config: str, epoch: 
     fired.unlink(missing_ok=True)
     mark = len(watch.poll())
     (faults / "sink").touch()
-    restarted = watch.wait(f"query restart {attempt}", lambda ev: first(
+    watch.wait(f"query restart {attempt}", lambda ev: first(
         ev, "qrestarted", start=mark, test=lambda e: e.int(0) == epoch))
-    done = watch.wait("the first batch after the restart", lambda ev: first(
-        ev, "batch", after=restarted.t, start=mark, test=lambda e: e.int(0) == epoch))
-    raised = float(fired.read_text())
+    raised_at, failed_batch = fired.read_text().split()
+    raised = float(raised_at)
+    done = watch.wait(f"batch {failed_batch} again", lambda ev: first(
+        ev, "batch", start=mark, test=lambda e: e.int(0) == epoch and e.fields[1] == failed_batch))
     failed = need(first(watch.events, "qfailed", start=mark), "the restart decision", watch)
     query = need(first(watch.events, "query", start=mark, after=failed.t), "the restarted query", watch)
     kept = [e for e in watch.events if e.kind == "spawn"] == spawns
@@ -734,7 +735,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Options, bool]:
     parser.add_argument("--kills", type=int, help="kill -9s per A job after its throughput window (default 1)")
     parser.add_argument("--failures", type=int, default=3,
                         help="query failures per A job, recovered inside the driver, before the kills (default 3)")
-    parser.add_argument("--records", type=int, help="backlog records (default 1,500,000)")
+    parser.add_argument("--records", type=int, help="backlog records (default 1,800,000)")
     parser.add_argument("--keys", type=int, default=10_000, help="distinct keys (default 10000)")
     parser.add_argument("--max-offsets", type=int, default=20_000, help="maxOffsetsPerTrigger (default 20000)")
     parser.add_argument("--window", type=float, help="seconds of batches per throughput measurement (default 30)")
@@ -747,8 +748,9 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Options, bool]:
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 round, short window, 10 s savepoints")
     parser.add_argument("--workdir", type=Path, help="keep logs and checkpoints here (default: a temp dir, removed)")
     args = parser.parse_args(argv)
-    quick = {"rounds": 1, "kills": 1, "records": 600_000, "window": 15.0, "savepoint_interval": 10.0}
-    full = {"rounds": 3, "kills": 1, "records": 1_500_000, "window": 30.0, "savepoint_interval": 30.0}
+    # the backlog lasts the window, the in-driver failures (two batches each) and the kills
+    quick = {"rounds": 1, "kills": 1, "records": 900_000, "window": 15.0, "savepoint_interval": 10.0}
+    full = {"rounds": 3, "kills": 1, "records": 1_800_000, "window": 30.0, "savepoint_interval": 30.0}
     defaults = quick if args.quick else full
     chosen: dict[str, Any] = {k: defaults[k] if getattr(args, k) is None else getattr(args, k) for k in full}
     keep = args.workdir is not None

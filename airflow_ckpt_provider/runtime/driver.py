@@ -288,6 +288,7 @@ class JobDriver:
 
     def _recover(self, err: BaseException | None) -> int | None:
         """After the query stopped by itself: restart it here (None once it runs again), or the exit code."""
+        self._drain_events()  # the batches completed before the failure: ``from_batch`` is the last of them
         try:  # a batch refused by the fence fails the query: that is a fenced driver, not a failed job
             self.lease.check()
         except FencedError as fenced:

@@ -4,7 +4,8 @@ Configured by environment variables (they travel through spark-submit to the dri
 CKPT_TEST_TOPIC, CKPT_TEST_BOOTSTRAP, CKPT_TEST_OUT, CKPT_TEST_MAX_OFFSETS (records per batch).
 With CKPT_TEST_FAULT_DIR, a file ``task`` there makes one task raise (a Python UDF on the executor; local
 mode does not retry tasks, so the query fails) and a file ``sink`` makes one foreachBatch call raise; the
-process that raises deletes the file first, so each fires once, and writes ``<name>.fired`` with the time
+process that raises deletes the file first, so each fires once, and writes ``<name>.fired`` (the time, and
+the key or batch id it raised at)
 (CKPT_TEST_FAULTS=sink leaves the UDF out: benchmarks). CKPT_TEST_VARIANT makes a job no restart
 fixes: ``schema`` groups by another key (the state's key schema no longer fits), ``append`` asks for an
 output mode Spark refuses for an aggregation, ``nomodule`` imports a module the sink lacks.
@@ -72,5 +73,5 @@ def _fault(directory: str, name: str, value: Any) -> Any:
         (Path(directory) / name).unlink()
     except FileNotFoundError:
         return value
-    (Path(directory) / f"{name}.fired").write_text(f"{time.time():.6f}")
+    (Path(directory) / f"{name}.fired").write_text(f"{time.time():.6f} {value}")
     raise RuntimeError(f"injected {name} failure at {value!r}")

@@ -124,3 +124,18 @@ def test_the_probe_is_asked_only_for_a_pid_of_this_host() -> None:
 def test_a_live_process_on_this_host_still_needs_its_heartbeat() -> None:
     status = _status(host=HOST, pid=4242, updated_at=1000.0)
     assert not driver_live(status, 1020.5, host=HOST, pid_alive=lambda pid: True)
+
+
+def test_a_restarting_job_is_live_until_its_restart_is_late_by_the_heartbeat_limit() -> None:
+    from airflow_ckpt_provider.core.status import Restart, RestartOwner
+
+    restart = Restart(RestartOwner.SUPERVISOR, 2, "driver exited with code 137", 1.5, at=1000.0,
+                      expected_by=1000.0 + BUSY_ALLOWANCE + 100.0)
+    status = _status(state=JobState.RESTARTING, updated_at=1000.0, heartbeat_interval=5.0, restart=restart.to_dict())
+    assert status.current_restart() == restart
+    assert heartbeat_limit(status) == BUSY_ALLOWANCE + 100.0 + 20.0  # expected_by, then three beats + 5 s
+    assert driver_live(status, 1000.0 + BUSY_ALLOWANCE + 120.0)
+    assert not driver_live(status, 1000.0 + BUSY_ALLOWANCE + 120.5)
+    soon = _status(state=JobState.RESTARTING, updated_at=1000.0, restart={**restart.to_dict(), "expected_by": 1010.0})
+    assert heartbeat_limit(soon) == BUSY_ALLOWANCE  # never less than a restoring driver gets
+    assert _status(restart=restart.to_dict()).current_restart() is None  # RUNNING: no restart in progress

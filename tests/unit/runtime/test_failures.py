@@ -1,0 +1,104 @@
+"""Which failures a restart fixes: runtime/failures.classify on the texts Spark and S3 really produce."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_ckpt_provider.core.errors import ConfigError, CredentialsError, UnreachableError
+from airflow_ckpt_provider.runtime.exitcodes import (
+    EXIT_CONFIG,
+    EXIT_DENIED,
+    EXIT_FAILED,
+    EXIT_INCOMPATIBLE,
+    EXIT_REFUSED,
+    NOT_RESTARTABLE,
+)
+from airflow_ckpt_provider.runtime.failures import Recovery, classify, root_message
+from airflow_ckpt_provider.sinks.timelines import REFUSED
+
+#: How a foreachBatch function's exception reaches the driver: py4j's proxy wraps the Python traceback.
+PROXY = """[STREAM_FAILED] Query [id = 6d4, runId = c35] terminated with exception: An exception was raised by \
+the Python Proxy. Return Message: Traceback (most recent call last):
+  File "/x/py4j/clientserver.py", line 644, in _call_proxy
+    return_value = getattr(self.pool[obj_id], method)(*params)
+  File "/x/pyspark/sql/utils.py", line 166, in call
+    raise e
+pyspark.errors.exceptions.captured.PythonException:
+  An exception was thrown from the Python worker. Please see the stack trace below.
+Traceback (most recent call last):
+  File "/jobs/count.py", line 41, in write_and_log
+{error}
+
+=== Streaming Query ===
+Identifier: orders [id = 6d4, runId = c35]"""
+
+
+def spark(error: str) -> Exception:
+    return RuntimeError(PROXY.format(error=error))
+
+
+def test_a_python_error_in_a_task_or_sink_restarts_the_query_and_names_the_innermost_exception() -> None:
+    failure = classify(spark("RuntimeError: injected sink failure at 29"))
+    assert (failure.recovery, failure.exit_code) == (Recovery.QUERY, EXIT_FAILED)
+    assert failure.message == "RuntimeError: injected sink failure at 29"
+    assert failure.restartable
+
+
+@pytest.mark.parametrize(("error", "code", "what"), [
+    ("ModuleNotFoundError: No module named 'ckpt_test_missing_module'", EXIT_CONFIG, "the job's code is broken"),
+    ("NameError: name 'totl' is not defined", EXIT_CONFIG, "the job's code is broken"),
+    ("[STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE] Provided key schema does not match existing state key schema.",
+     EXIT_INCOMPATIBLE, "the state does not fit the query"),
+    ("[STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA] Streaming stateful operator name does not match",
+     EXIT_INCOMPATIBLE, "the state does not fit the query"),
+    ("AnalysisException: Append output mode not supported when there are streaming aggregations on streaming "
+     "DataFrames/DataSets without watermark", EXIT_REFUSED, "the sink refuses the output mode"),
+    ("java.lang.IllegalArgumentException: requirement failed: ckpt-files does not support Update mode",
+     EXIT_REFUSED, "the sink refuses the output mode"),
+    ("botocore.exceptions.ClientError: An error occurred (SignatureDoesNotMatch) when calling PutObject",
+     EXIT_DENIED, "the storage refused the credentials"),
+])
+def test_failures_no_restart_fixes_fail_fast_with_their_own_exit_code(error: str, code: int, what: str) -> None:
+    failure = classify(spark(error))
+    assert (failure.recovery, failure.exit_code, failure.what) == (Recovery.NONE, code, what)
+    assert code in NOT_RESTARTABLE
+
+
+def test_a_batch_refused_for_its_timeline_fails_fast_with_the_sink_s_own_words() -> None:
+    failure = classify(spark(f"ValueError: {REFUSED} batch 7 belongs to timeline 2, the sink is at timeline 3"))
+    assert (failure.recovery, failure.exit_code) == (Recovery.NONE, EXIT_REFUSED)
+    assert failure.message == "batch 7 belongs to timeline 2, the sink is at timeline 3"
+
+
+def test_refused_credentials_and_a_refused_output_mode_from_our_own_checks() -> None:
+    denied = classify(CredentialsError("read lease.json: S3 refused the credentials (InvalidAccessKeyId)"))
+    assert (denied.recovery, denied.exit_code) == (Recovery.NONE, EXIT_DENIED)
+    mode = classify(ConfigError("the ckpt-files sink supports the append output mode only, found outputMode('update')"))
+    assert mode.exit_code == EXIT_REFUSED
+
+
+def test_an_unreachable_store_is_an_outage_the_query_restart_waits_out() -> None:
+    failure = classify(UnreachableError("read lease.json: cannot reach S3 endpoint http://127.0.0.1:9"))
+    assert (failure.recovery, failure.exit_code) == (Recovery.QUERY, EXIT_FAILED)
+
+
+@pytest.mark.parametrize("error", [
+    "org.apache.spark.SparkException: Job 12 cancelled because SparkContext was shut down",
+    "java.lang.OutOfMemoryError: Java heap space",
+    "py4j.protocol.Py4JNetworkError: Answer from Java side is empty",
+])
+def test_a_broken_session_needs_a_new_driver_process(error: str) -> None:
+    failure = classify(spark(error))
+    assert (failure.recovery, failure.exit_code) == (Recovery.PROCESS, EXIT_FAILED)
+    assert failure.restartable
+
+
+def test_a_query_that_stopped_without_an_exception_is_restarted() -> None:
+    assert classify(None).recovery is Recovery.QUERY
+
+
+def test_root_message_is_the_exception_line_without_the_query_dump() -> None:
+    err = RuntimeError("[STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: disk full\n"
+                       "=== Streaming Query ===\nIdentifier: x")
+    assert root_message(err) == ("RuntimeError: [STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: "
+                                 "disk full")
