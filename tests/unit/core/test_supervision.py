@@ -4,7 +4,10 @@ host, superseded by a newer launch)."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
+import time
 
 import pytest
 
@@ -12,6 +15,7 @@ from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.supervision import (
     SupervisorState,
+    process_alive,
     latest_supervisor,
     live_supervisor,
     observe_supervision,
@@ -42,6 +46,26 @@ def test_on_this_host_the_supervisors_process_decides(store: JobStore) -> None:
     supervised(store, T0, host=host, pid=2**22 + 1)  # above pid_max: no such process
     seen = observe_supervision(store, T0 + 1)
     assert (seen.live, seen.why_not) == (False, "is gone: its process no longer exists")
+
+
+def test_a_killed_supervisor_left_a_zombie_is_gone(store: JobStore) -> None:
+    """A supervisor orphaned by the worker's death and killed is a zombie until pid 1 reaps it (a container init
+    may never): kill(pid, 0) still finds it, the probe must not."""
+    child = subprocess.Popen(["sleep", "60"])  # not waited for: a zombie of this process once killed
+    try:
+        host = socket.gethostname()
+        supervised(store, T0, host=host, pid=child.pid)
+        assert process_alive(child.pid) and live_supervisor(store, T0 + 1) is not None
+        os.kill(child.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while process_alive(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(child.pid, 0)  # still there, unreaped: a zombie
+        seen = observe_supervision(store, T0 + 1)
+        assert (seen.live, seen.why_not) == (False, "is gone: its process no longer exists")
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_a_supervisor_superseded_by_a_newer_launch_owns_nothing(store: JobStore) -> None:
