@@ -14,13 +14,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_ckpt_provider.core.deployments import read_launch
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.status import JobStatus, read_status
+from airflow_ckpt_provider.core.deployments import Launch, read_launch
+from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, JobStore
+from airflow_ckpt_provider.core.status import JobState, JobStatus, RestartOwner, read_status
 from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.core.supervision import latest_supervisor
 from airflow_ckpt_provider.embedded import EmbeddedServices
 from airflow_ckpt_provider.examples._orders import read_totals
 
@@ -123,6 +125,39 @@ class World:
         assert status.pid is not None
         os.killpg(os.getpgid(status.pid), signal.SIGKILL)
 
+    def kill_host(self, status: JobStatus) -> tuple[int, int]:
+        """kill -9 of the job's supervisor and of its driver's process group, supervisor first so it restarts
+        nothing: the host is lost. (supervisor pid, driver pid)."""
+        record = latest_supervisor(self.store)
+        assert record is not None, "no supervisor record"
+        assert status.pid is not None
+        driver_group = os.getpgid(status.pid)
+        os.killpg(os.getpgid(record.pid), signal.SIGKILL)  # its own session: the group is the supervisor
+        os.killpg(driver_group, signal.SIGKILL)
+        return record.pid, status.pid
+
+    def deployment(self, epoch: int) -> dict[str, Any]:
+        """How the driver of ``epoch`` started: deployments/<epoch>.json (action, snapshot, launch id...)."""
+        body: dict[str, Any] = json.loads(self.store.storage.read(f"{DEPLOYMENTS}{epoch:010d}.json"))
+        return body
+
+    def watch_restart(self, killed: JobStatus, killed_at: float, timeout: float = TIMEOUT) -> RestartSeen:
+        """After a kill at ``killed_at`` of the driver of ``killed``: follow status.json until a driver of a newer
+        epoch reports a batch (noting the RESTARTING status a supervisor writes meanwhile), then read the records
+        of that start."""
+        deadline = time.monotonic() + timeout
+        restarting: JobStatus | None = None
+        while time.monotonic() < deadline:
+            status = self.status()
+            if status is not None and status.epoch == killed.epoch and status.state is JobState.RESTARTING:
+                restarting = restarting or status
+            if status is not None and status.epoch > killed.epoch and status.batch_id is not None:
+                return RestartSeen(killed, killed_at, restarting, status, time.time(), self.deployment(status.epoch),
+                                   self.deployment(killed.epoch).get("launch_id"), read_launch(self.store))
+            time.sleep(0.1)
+        raise RuntimeError(f"timed out after {timeout:.0f} s waiting for a batch of a driver newer than epoch "
+                           f"{killed.epoch}; last status: {self.status()}")
+
     def stop_everything(self) -> None:
         """Kill what the job's launches left running here: the supervisor and its driver's process group."""
         status, launch = self.status(), read_launch(self.store)
@@ -130,6 +165,95 @@ class World:
             if pid is not None:
                 with contextlib.suppress(OSError):
                     os.killpg(os.getpgid(pid), signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class RestartSeen:
+    """How a killed job came back, as the job store recorded it: the killed driver's last status, the RESTARTING
+    status its supervisor wrote (None: nobody wrote one), the new epoch's first status with a batch, the new
+    driver's start record (deployments/<epoch>.json), the killed driver's launch id and spec/last.json."""
+
+    killed: JobStatus
+    killed_at: float
+    restarting: JobStatus | None
+    first: JobStatus
+    first_at: float
+    deployment: dict[str, Any]
+    killed_launch_id: str | None
+    launch: Launch | None
+
+    @property
+    def new_launch(self) -> bool:
+        """The new driver belongs to another launch than the killed one: someone launched the job again."""
+        return self.deployment.get("launch_id") != self.killed_launch_id
+
+    def lines(self) -> list[str]:
+        """What happened, for the demo: who restarted the job, from where, how long it took, what the DAG did."""
+        d, k, f = self.deployment, self.killed, self.first
+        restart = self.restarting.current_restart() if self.restarting is not None else None
+        if restart is not None and restart.by is RestartOwner.SUPERVISOR and not self.new_launch:
+            assert self.restarting is not None
+            sup = self.restarting
+            who = (f"its supervisor (pid {sup.pid} on {sup.host}, launch {self.killed_launch_id}) restarted it"
+                   f": status.json RESTARTING, attempt {restart.attempt}, {restart.cause}, after a "
+                   f"{restart.delay:.1f} s delay, from batch {restart.from_batch}")
+        elif not self.new_launch:
+            who = f"the supervisor of launch {self.killed_launch_id} restarted it (its RESTARTING was not seen)"
+        else:
+            by = self.launch.launched_by if self.launch and self.launch.launch_id == d.get("launch_id") else "?"
+            pid = self.launch.pid if self.launch and self.launch.launch_id == d.get("launch_id") else None
+            who = (f"{by} relaunched it as launch {d.get('launch_id')} (supervisor pid {pid}); nobody wrote "
+                   f"RESTARTING: the supervisor of launch {self.killed_launch_id} was gone")
+        snapshot = d.get("snapshot") or "none: the live checkpoint"
+        return [
+            f"after the kill -9: {who}",
+            f"epoch {k.epoch} -> {f.epoch}: deployments/{f.epoch:010d}.json says action {d.get('action')}, "
+            f"restore {d.get('restore')}, snapshot {snapshot} ({d.get('reason')}); the killed driver had reported "
+            f"batch {k.batch_id}, the new one's first reported batch is {f.batch_id}",
+            f"kill -9 -> first batch of epoch {f.epoch}: {self.first_at - self.killed_at:.1f} s",
+            ("the DAG launched nothing after the kill: spec/last.json still names launch "
+             f"{self.launch.launch_id if self.launch else '-'} ({self.launch.launched_by if self.launch else '-'}); "
+             "its restart task left the restart to the supervisor")
+            if not self.new_launch else
+            f"the DAG's restart task launched it: spec/last.json names launch {d.get('launch_id')} "
+            f"({self.launch.launched_by if self.launch else '-'})",
+        ]
+
+
+class DagTestProcess:
+    """``airflow dags test`` running in the background, in a process group of its own (the Airflow worker)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], log: Path) -> None:
+        self.proc, self.log = proc, log
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for_output(self, what: str, ok: Callable[[str], bool], timeout: float = TIMEOUT) -> None:
+        """Until ``ok(output)``; RuntimeError if the process ends first or the deadline passes."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ok(self.output()):
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"airflow dags test ended (exit {self.proc.returncode}) before {what}:\n"
+                                   f"{self.output()[-4000:]}")
+            time.sleep(0.3)
+        raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}:\n{self.output()[-4000:]}")
+
+    def kill(self) -> None:
+        """kill -9 of its whole process group: the worker dies with every task process it runs."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+
+    def wait(self, timeout: float = 900.0) -> subprocess.CompletedProcess[str]:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+        return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, self.output(), "")
 
 
 class AirflowHome:
@@ -182,3 +306,15 @@ class AirflowHome:
         args = ["dags", "test", dag_id] + (["--conf", json.dumps(conf)] if conf else [])
         return self.airflow(*args, log_name=f"dags-test-{dag_id}-{time.monotonic_ns()}",
                             env={"AIRFLOW__CKPT__MIN_DEFERRAL": "0"})
+
+    def start_dags_test(self, dag_id: str, *, env: dict[str, str] | None = None) -> DagTestProcess:
+        """``airflow dags test DAG_ID`` in the background, in a session of its own (``dags_test``'s settings,
+        ``env`` on top; output unbuffered to ``<home>/dags-test-<dag>-<n>.log``)."""
+        log = self.path / f"dags-test-{dag_id}-{time.monotonic_ns()}.log"
+        argv = [sys.executable, "-m", "airflow", "dags", "test", dag_id]
+        with log.open("wb") as out:
+            proc = subprocess.Popen(argv, env={**self.env, "AIRFLOW__CKPT__MIN_DEFERRAL": "0", "PYTHONUNBUFFERED": "1",
+                                               **(env or {})},
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        return DagTestProcess(proc, log)

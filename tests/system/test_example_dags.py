@@ -13,7 +13,6 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -24,36 +23,10 @@ from airflow_ckpt_provider.core.lease import read_lease
 from airflow_ckpt_provider.core.snapshots import list_snapshots
 from airflow_ckpt_provider.core.status import JobState, JobStatus
 from airflow_ckpt_provider.demo.world import EXAMPLES, AirflowHome, World
-from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
 from airflow_ckpt_provider.triggers.base import MIN_DEFERRAL
 from tests.system.airflow_server import AirflowServer, AirflowServerError
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(900)]
-
-
-@pytest.fixture(scope="module")
-def world(s3_server: EmbeddedS3, kafka_server: EmbeddedKafka, tmp_path_factory: pytest.TempPathFactory
-          ) -> Iterator[World]:
-    services = SimpleNamespace(s3=s3_server, kafka=kafka_server)
-    work = tmp_path_factory.mktemp("example-dags")
-    w = World(services, work, job="orders", bucket=f"dags-{time.monotonic_ns() % 10**9}", topic="orders-dags")  # type: ignore[arg-type]
-    try:
-        yield w
-    finally:
-        w.stop_everything()
-        client = s3_server.client()
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=w.bucket):
-            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
-            if keys:
-                client.delete_objects(Bucket=w.bucket, Delete={"Objects": keys, "Quiet": True})
-        client.delete_bucket(Bucket=w.bucket)
-
-
-@pytest.fixture(scope="module")
-def home(world: World) -> AirflowHome:
-    h = AirflowHome(world, world.work / "airflow", watch_seconds=25)
-    h.migrate()
-    return h
 
 
 def running(world: World) -> JobStatus:
