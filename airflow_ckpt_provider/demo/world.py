@@ -212,8 +212,7 @@ class RestartSeen:
             f"batch {k.batch_id}, the new one's first reported batch is {f.batch_id}",
             f"kill -9 -> first batch of epoch {f.epoch}: {self.first_at - self.killed_at:.1f} s",
             ("the DAG launched nothing after the kill: spec/last.json still names launch "
-             f"{self.launch.launch_id if self.launch else '-'} ({self.launch.launched_by if self.launch else '-'}); "
-             "its restart task left the restart to the supervisor")
+             f"{self.launch.launch_id if self.launch else '-'} ({self.launch.launched_by if self.launch else '-'})")
             if not self.new_launch else
             f"the DAG's restart task launched it: spec/last.json names launch {d.get('launch_id')} "
             f"({self.launch.launched_by if self.launch else '-'})",

@@ -15,10 +15,10 @@ from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.supervision import (
     SupervisorState,
-    process_alive,
     latest_supervisor,
     live_supervisor,
     observe_supervision,
+    process_alive,
     supervisor_key,
 )
 from tests.support.watchrecords import T0, relaunch, supervised
