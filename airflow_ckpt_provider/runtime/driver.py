@@ -20,7 +20,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from airflow_ckpt_provider.core import gate
@@ -30,18 +29,18 @@ from airflow_ckpt_provider.core.errors import CkptError, CredentialsError, Stora
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.lease import FencedError, Lease
 from airflow_ckpt_provider.core.manifest import Trigger
-from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreSpec
+from airflow_ckpt_provider.core.modes import RestoreSpec
 from airflow_ckpt_provider.core.outage import Outage
-from airflow_ckpt_provider.core.restart import Health, describe_strategy
 from airflow_ckpt_provider.core.retention import RetentionPolicy
-from airflow_ckpt_provider.core.status import RESTARTS_KEPT, JobState, Restart, RestartOwner
+from airflow_ckpt_provider.core.status import JobState
 from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
 from airflow_ckpt_provider.runtime.batchevents import BatchEvent, BatchListener
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.controlhandler import ControlHandler, fenced_exit
 from airflow_ckpt_provider.runtime.datasources import check_output_mode, register_data_sources
-from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_DENIED, EXIT_FAILED, EXIT_FENCED, EXIT_STOPPED
-from airflow_ckpt_provider.runtime.failures import Failure, Recovery, classify
+from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_DENIED, EXIT_FAILED, EXIT_FENCED
+from airflow_ckpt_provider.runtime.failures import Recovery, classify
+from airflow_ckpt_provider.runtime.queryrestart import QueryRestarter
 from airflow_ckpt_provider.runtime.reporting import DriverReporter, snapshot_info
 from airflow_ckpt_provider.runtime.snapshotter import SnapshotOutcome, Snapshotter
 from airflow_ckpt_provider.runtime.startup import plan_start, prepare_checkpoint
@@ -54,8 +53,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TICK = 0.1  # seconds between looks at the query; detection and boundary waits are this fine
-#: Seconds a restarted query is given to start (restore the state, plan its first batch) in ``expected_by``.
-QUERY_START_ALLOWANCE = 60.0
 
 
 class JobContext:
@@ -111,15 +108,16 @@ class JobDriver:
         self.reporter = DriverReporter(config, self.store, self.lease, outage=self.store_outage)
         self.query: StreamingQuery | None = None
         self.snapshotter: Snapshotter | None = None
-        self.strategy = config.strategy()  # in-driver query restarts; the supervisor keeps its own for processes
-        self.health = config.health()
         self._writer: DataStreamWriter | None = None
         self._signal: str | None = None
         self._new_batches = 0
         self._handled: set[str] = set()  # requests taken on (a savepoint is acked only when done)
         self._query_started = clock()
-        self._restart_times: list[float] = []  # in-driver restarts (driver clock), for the health rule
-        self._restarts: list[Restart] = []  # in-driver restarts, newest last; the last one may await its batch
+        self.restarter = QueryRestarter(
+            config, store=self.store, live=self.live, lease=self.lease, reporter=self.reporter,
+            outage=self.store_outage, start_query=self._restart_query, query_started=lambda: self._query_started,
+            stop_signal=lambda: self._signal, drain_outcomes=self._drain_outcomes, clock=clock,
+        )
 
     # -- entry -------------------------------------------------------------------------------
 
@@ -214,6 +212,10 @@ class JobDriver:
         log.info("job %s epoch %d: query %s started (run %s), checkpoint %s", job, self.lease.epoch,
                  self.query.id, self.query.runId, self.config.live_checkpoint)
 
+    def _restart_query(self) -> None:
+        assert self._writer is not None
+        self._start_query(self._writer)
+
     def _control(self) -> ControlHandler:
         assert self.query is not None
         assert self.snapshotter is not None
@@ -298,7 +300,7 @@ class JobDriver:
         failure = classify(err)
         if failure.recovery is not Recovery.QUERY:
             return self.reporter.end_failed(failure)
-        return self._restart(f"{failure.what}: {failure.message}")
+        return self.restarter.restart(f"{failure.what}: {failure.message}")
 
     def _lease_unconfirmed(self) -> int | None:
         """Nothing may commit unless the lease is confirmed: stop the query, restart it once the store answers
@@ -306,124 +308,8 @@ class JobDriver:
         assert self.query is not None
         self.query.stop()
         self._drain_events()
-        return self._restart(f"the job store is unreachable for {self.store_outage.seconds():.0f} s: "
-                             "the lease cannot be confirmed")
-
-    def _restart(self, cause: str) -> int | None:
-        """Restart the query in this driver after the strategy's delay; None once it runs, else the exit code.
-
-        The delay is waited with heartbeats (state RESTARTING, with who, the attempt and ``expected_by``); then
-        the lease is confirmed and the live checkpoint checked as at a start, waiting while the job store is
-        unreachable. A start that fails again counts as another restart.
-        """
-        job, epoch = self.config.job, self.lease.epoch
-        while True:
-            now = self.clock()
-            ran = now - self._query_started
-            delay, why_not = self._restart_delay(now, ran)
-            if delay is None:
-                log.error("job %s epoch %d: not restarting the query in this driver: %s; last failure: %s", job,
-                          epoch, why_not, cause)
-                self.reporter.report_final(JobState.FAILED, f"{why_not}; last failure: {cause}")
-                return EXIT_FAILED  # a new driver process is the last resort (the supervisor's restart)
-            restart = self._begin_restart(cause, delay)
-            code = self._wait_restarting(delay)
-            if code is not None:
-                return code
-            code = self._confirm_for_restart()
-            if code is not None:
-                return code
-            assert self._writer is not None
-            try:
-                self._start_query(self._writer)
-            except Exception as err:
-                failure = classify(err)
-                if failure.recovery is not Recovery.QUERY:
-                    return self.reporter.end_failed(failure)
-                cause = f"the restarted query did not start ({failure.what}): {failure.message}"
-                continue
-            self._restart_times.append(self.clock())
-            log.info("job %s epoch %d: query restarted in this driver (attempt %d) from batch %s", job, epoch,
-                     restart.attempt, restart.from_batch)
-            self.reporter.report(JobState.RUNNING, f"running; query restarted after: {cause}", restart=None)
-            return None
-
-    def _restart_delay(self, now: float, ran: float) -> tuple[float | None, str]:
-        if self.health is not None:
-            verdict = self.health.judge(self._restart_times, None, False, now)
-            if verdict.health is Health.UNHEALTHY:
-                return None, f"too many query restarts in this driver ({verdict.reason})"
-        delay = self.strategy.on_failure(ran)
-        if delay is None:
-            return None, f"restart strategy exhausted ({describe_strategy(self.strategy)})"
-        return delay, ""
-
-    def _begin_restart(self, cause: str, delay: float) -> Restart:
-        status = self.reporter.status
-        now = time.time()
-        restart = Restart(RestartOwner.DRIVER, len(self._restarts) + 1, cause, delay, at=now,
-                          expected_by=now + delay + QUERY_START_ALLOWANCE,
-                          from_batch=status.batch_id if status else None)
-        self._restarts.append(restart)
-        log.warning("job %s epoch %d: query failed at batch %s (%s): restarting it in this driver in %.1f s "
-                    "(attempt %d, %s)", self.config.job, self.lease.epoch, restart.from_batch, cause, delay,
-                    restart.attempt, describe_strategy(self.strategy))
-        self.reporter.report(JobState.RESTARTING, f"restarting the query: {cause}", restart=restart.to_dict(),
-                             **self._restart_fields())
-        return restart
-
-    def _restart_fields(self) -> dict[str, object]:
-        kept = self._restarts[-RESTARTS_KEPT:]
-        return {"restarts": [r.to_dict() for r in kept], "restart_count": len(self._restarts)}
-
-    def _wait_restarting(self, seconds: float) -> int | None:
-        """Wait ``seconds`` with heartbeats; a stop signal ends the driver (the checkpoint is intact)."""
-        deadline = self.clock() + seconds
-        next_beat = self.clock()
-        while True:
-            if self._signal:
-                return self._stopped_restarting(f"{self._signal} received while restarting")
-            now = self.clock()
-            if now >= deadline:
-                return None
-            if now >= next_beat:
-                next_beat = now + self.config.heartbeat_interval
-                self.reporter.update()
-            self._drain_outcomes()
-            time.sleep(min(TICK, max(0.0, deadline - now)))
-
-    def _confirm_for_restart(self) -> int | None:
-        """Confirm the lease and check the live checkpoint as a start does, waiting out a store outage."""
-        job = self.config.job
-        next_beat = self.clock()
-        while True:
-            if self._signal:
-                return self._stopped_restarting(f"{self._signal} received while restarting")
-            try:
-                self.lease.check()
-                prepare_checkpoint(self.store, self.live, LATEST_STATE, epoch=self.lease.epoch,
-                                   policy=self.config.time_travel, record=False)
-                self.store_outage.ok()
-                return None
-            except FencedError as err:
-                return fenced_exit(job, None, err)
-            except CredentialsError as err:
-                return self.reporter.end_failed(classify(err))
-            except StorageError as err:  # the store is down: wait for it, with one line when it is back
-                self.store_outage.failed(err)
-            except CkptError as err:
-                return self.reporter.end_failed(Failure(Recovery.NONE, EXIT_CONFIG, "the checkpoint cannot resume",
-                                                str(err)))
-            if self.clock() >= next_beat:
-                next_beat = self.clock() + self.config.heartbeat_interval
-                self.reporter.update()
-            time.sleep(self.config.poll_interval)
-
-    def _stopped_restarting(self, reason: str) -> int:
-        log.info("job %s epoch %d: %s; the latest completed batch is resumed at the next start", self.config.job,
-                 self.lease.epoch, reason)
-        self.reporter.report_final(JobState.STOPPED, reason, restart=None)
-        return EXIT_STOPPED
+        return self.restarter.restart(f"the job store is unreachable for {self.store_outage.seconds():.0f} s: "
+                                      "the lease cannot be confirmed")
 
     def _fence(self) -> None:
         self.lease.check()
@@ -454,12 +340,8 @@ class JobDriver:
             self._new_batches += 1
             log.info("job %s epoch %d batch %d: completed, %d rows", self.config.job, self.lease.epoch,
                      event.batch_id, event.rows)
-            resumed = {}
-            if self._restarts and self._restarts[-1].resumed_batch is None:  # the first batch after a restart
-                self._restarts[-1] = replace(self._restarts[-1], resumed_at=time.time(), resumed_batch=event.batch_id)
-                resumed = self._restart_fields()
             self.reporter.update(batch_id=event.batch_id, offsets=event.offsets, data_waiting=event.data_waiting,
-                                 idle=False, **resumed)
+                                 idle=False, **self.restarter.batch_completed(event.batch_id))
 
     def _drain_outcomes(self) -> None:
         while True:

@@ -129,7 +129,7 @@ def wait_for_log(run: Run, text: str, timeout: float) -> None:
 
 @pytest.mark.parametrize(("variant", "code", "message"), [
     ("secret", EXIT_DENIED, "refused the credentials (SignatureDoesNotMatch)"),
-    ("append", EXIT_REFUSED, "Append output mode not supported"),
+    ("append", EXIT_REFUSED, "[STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION] Invalid streaming output mode: append"),
     ("schema", EXIT_INCOMPATIBLE, "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE"),
     ("nomodule", EXIT_CONFIG, "No module named 'ckpt_test_missing_module'"),
 ])
@@ -145,6 +145,7 @@ def test_a_failure_no_restart_fixes_ends_the_driver_and_its_supervisor_once_with
         runs.append(v1 := env.run("v1", checkpoint))
         status = env.wait_status("200 records counted", lambda s: env.consumed(s) == 200, TIMEOUT, v1)
         stop(env, v1, status)
+        produce(env.kafka.bootstrap_servers, env.topic, 200, 200)  # a batch to run: Spark checks the state then
     extra = {"AWS_SECRET_ACCESS_KEY": "not-the-secret"} if variant == "secret" else {"CKPT_TEST_VARIANT": variant}
     runs.append(run := env.run(variant, checkpoint, "--supervise", "--poll", "1", extra_env=extra))
     assert run.wait(TIMEOUT) == code, run.tail()
