@@ -11,13 +11,12 @@ failed one.
 One owner per restart: before the restart delay the supervisor writes RESTARTING in ``status.json`` (who,
 attempt, cause, by when the job should run again) with its own pid and host, and it keeps a heartbeat of
 its own in ``supervisors/<launch id>.json`` (core/supervision.py), so that the health watch and the DAG's
-restart leave the restart to it.
+restart leave the restart to it; launcher/supervisorreports.py writes those records.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import socket
 import subprocess
@@ -28,26 +27,23 @@ from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from airflow_ckpt_provider.core.deployments import new_launch_id, read_launch, record_end
+from airflow_ckpt_provider.core.deployments import read_launch
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.lease import read_lease
 from airflow_ckpt_provider.core.modes import LATEST_STATE
-from airflow_ckpt_provider.core.outage import Outage
 from airflow_ckpt_provider.core.restart import Health, HealthRule, RestartStrategy, describe_strategy
 from airflow_ckpt_provider.core.status import (
     JobState,
     JobStatus,
-    Restart,
-    RestartOwner,
     driver_live,
     heartbeat_limit,
     read_status,
-    write_status,
 )
-from airflow_ckpt_provider.core.supervision import SupervisorRecord, SupervisorState, write_supervisor
+from airflow_ckpt_provider.core.supervision import SupervisorState
 from airflow_ckpt_provider.launcher.driverprocess import GroupOf, ProcessLike, Spawn, process_group, spawn_driver
 from airflow_ckpt_provider.launcher.submit import SubmitSpec, build_command
+from airflow_ckpt_provider.launcher.supervisorreports import DriverRun, SupervisorReports
 from airflow_ckpt_provider.runtime.exitcodes import (
     EXIT_CONFIG,
     EXIT_DENIED,
@@ -61,14 +57,6 @@ from airflow_ckpt_provider.runtime.exitcodes import (
 
 log = logging.getLogger(__name__)
 
-#: Seconds a restarted driver is expected to need from spawn to RUNNING while this supervisor has not seen one
-#: of its drivers get there: Spark's cold start (JVM, SparkSession, restore) took 20-55 s on a loaded 2-core
-#: machine (docs/benchmarks.md), 120 s leaves room for a slower cluster.
-COLD_START_DEFAULT = 120.0
-#: Once measured, the allowance is this many times the last cold start (+ a poll, the measure's precision) ...
-COLD_START_FACTOR = 2.0
-#: ... and at least this many seconds.
-COLD_START_MIN = 30.0
 
 
 class Ending(StrEnum):
@@ -119,23 +107,6 @@ class _Progress:
     seen: bool = False
 
 
-@dataclass
-class _Driver:
-    """One driver this supervisor started, and what its own statuses (see ``Supervisor._own``) told."""
-
-    proc: ProcessLike
-    started: float  # supervisor clock
-    started_wall: float  # wall clock, as lease.json's acquired_at
-    baseline: int | None  # cluster mode: the lease epoch before it started (None: unknown or client mode)
-    epoch: int | None = None  # the epoch its statuses carry
-    running: bool = False  # it reported RUNNING
-    code: int = 0
-    stuck: str = ""  # why it was killed, "" if not
-    ran: float = 0.0
-    batch_id: int | None = None  # the last batch its statuses reported
-    reason: str = ""  # the reason of its last status (a FAILED driver's says why)
-
-
 class Supervisor:
     """Runs a job's driver until it stops, is fenced, has bad input, or the strategy gives up.
 
@@ -180,18 +151,18 @@ class Supervisor:
         self._stop_at: float | None = None  # supervisor clock at the first stop request
         self._proc: ProcessLike | None = None
         self._ran = False  # a driver of ours reported RUNNING: restarts resume from latest-state
-        self._epoch: int | None = None  # the epoch our drivers last reported
-        self._pid = os.getpid()
-        self._started_wall = wall()
-        self.record_id = launch_id or new_launch_id(self._started_wall)  # names supervisors/<id>.json
-        self._attempt = 0
-        self._cold_start: float | None = None  # seconds our last driver took from spawn to RUNNING
+        self.reports = SupervisorReports(spec.config.job, store, launch_id=launch_id, poll=poll, grace=grace,
+                                         wall=wall, runs_here=self._runs_here)
         self._unreadable_at: float | None = None  # supervisor clock when status.json last could not be read
-        self._outage = Outage(spec.config.job, "the supervisor's job store")  # the driver logs its own
 
     @property
     def job(self) -> str:
         return self.spec.config.job
+
+    @property
+    def record_id(self) -> str:
+        """The id of its supervisors/ record: the launch's, or one of its own (a plain `ckpt run --supervise`)."""
+        return self.reports.record_id
 
     def request_stop(self) -> None:
         """Stop without restarting: SIGTERM to the driver, which cancels its query (SIGKILL on a second request).
@@ -210,10 +181,10 @@ class Supervisor:
         attempts = 0
         restart_times: list[float] = []
         resume = replace(self.spec, config=replace(self.spec.config, restore=LATEST_STATE))
-        self._beat(SupervisorState.WATCHING)
+        self.reports.beat(SupervisorState.WATCHING)
         while True:
             attempts += 1
-            self._attempt = attempts
+            self.reports.attempt = attempts
             driver = self._run_driver(resume if self._ran else self.spec, attempts)
             code = driver.code
             ending = self._ending(code, driver) or self._taken_over(driver)
@@ -226,10 +197,10 @@ class Supervisor:
             superseded = self._superseded()  # before claiming the restart in status.json
             if superseded:
                 return self._end(Ending.FENCED, attempts, code, superseded)
-            self._announce_restart(driver, attempts, delay)
+            self.reports.announce_restart(driver, attempts, delay, describe_strategy(self.strategy))
             self._wait_delay(delay)
             if self._stop_requests:
-                self._record_stopped_while_restarting()
+                self.reports.stopped_while_restarting()
                 return self._end(Ending.STOPPED, attempts, code, "stop requested before the restart")
             superseded = self._superseded()
             if superseded:
@@ -237,55 +208,6 @@ class Supervisor:
             restart_times.append(self.clock())
 
     # -- one owner per restart: RESTARTING in status.json, the supervisor's own heartbeat ----------------
-
-    def _cold_start_allowance(self) -> tuple[float, str]:
-        """Seconds the next driver gets from spawn to RUNNING, and where the number comes from."""
-        if self._cold_start is None:
-            return COLD_START_DEFAULT, (f"the default cold start of {COLD_START_DEFAULT:g} s (no driver of this "
-                                        "supervisor reported RUNNING yet)")
-        allowance = max(COLD_START_MIN, COLD_START_FACTOR * self._cold_start + self.poll)
-        return allowance, (f"{COLD_START_FACTOR:g} x the last cold start of {self._cold_start:.0f} s + a poll, "
-                           f"at least {COLD_START_MIN:g} s")
-
-    def _announce_restart(self, driver: _Driver, attempt: int, delay: float) -> None:
-        """RESTARTING in status.json, by this supervisor (its pid and host), at the epoch of its dead driver,
-        before the delay; and one log line. A newer driver's status is left alone (write_status), and so is a
-        live driver's status that is not ours (a previous deployment's, still running until fenced)."""
-        cause = driver.stuck or f"exit code {driver.code}: {exit_meaning(driver.code)}"
-        now = self.wall()
-        allowance, source = self._cold_start_allowance()
-        current: JobStatus | None = None
-        if self.store is not None:
-            try:
-                current = read_status(self.store)
-            except StorageError as err:
-                self._outage.failed(f"read status.json: {err}")
-        epoch = self._epoch if self._epoch is not None else (current.epoch if current is not None else 0)
-        ours = current is not None and current.epoch == epoch
-        batch = driver.batch_id if driver.batch_id is not None else (current.batch_id if ours and current else None)
-        restart = Restart(by=RestartOwner.SUPERVISOR, attempt=attempt, cause=cause, delay=delay, at=now,
-                          expected_by=now + delay + allowance, from_batch=batch)
-        log.warning("job %s: driver pid %d died (%s) after %.0f s at batch %s: restarting in %.1f s (attempt %d, "
-                    "strategy %s; expected running by %s: %s)", self.job, driver.proc.pid, cause, driver.ran,
-                    "-" if batch is None else batch, delay, attempt, describe_strategy(self.strategy),
-                    time.strftime("%H:%M:%SZ", time.gmtime(restart.expected_by)), source)
-        self._beat(SupervisorState.RESTARTING)
-        if self.store is None:
-            return
-        if current is not None and self._epoch is None and driver_live(current, now, host=self._host,
-                                                                         pid_alive=self._runs_here):
-            log.warning("job %s: status.json is a live driver's (epoch %d, pid %s on %s), not ours: not marking "
-                        "it RESTARTING", self.job, current.epoch, current.pid, current.host)
-            return
-        base = current if current is not None and ours else JobStatus(self.job, JobState.RESTARTING, epoch, now, now)
-        status = replace(base, state=JobState.RESTARTING, updated_at=now, pid=self._pid, host=self._host,
-                         reason=f"driver died ({cause}): its supervisor restarts it", restart=restart.to_dict(),
-                         data_waiting=False, idle=False, batch_id=batch)
-        try:
-            if not write_status(self.store, status):
-                log.info("job %s: a newer driver reports in status.json: not marking it RESTARTING", self.job)
-        except StorageError as err:
-            self._outage.failed(f"write status.json: {err}")
 
     def _wait_delay(self, delay: float) -> None:
         """Sleep ``delay`` in polls, refreshing the supervisor record between them; a stop cuts it short."""
@@ -295,40 +217,9 @@ class Supervisor:
             self.sleep(step)
             left -= step
             if left > 0:
-                self._beat(SupervisorState.RESTARTING)
+                self.reports.beat(SupervisorState.RESTARTING)
 
-    def _record_stopped_while_restarting(self) -> None:
-        """STOPPED over our RESTARTING status: no driver runs, and none will."""
-        if self.store is None:
-            return
-        try:
-            current = read_status(self.store)
-            if current is not None and current.state is JobState.RESTARTING and current.pid == self._pid:
-                write_status(self.store, replace(current, state=JobState.STOPPED, updated_at=self.wall(),
-                                                 reason="stop requested while its supervisor restarted it",
-                                                 restart=None))
-        except StorageError as err:
-            log.warning("job %s: cannot record STOPPED in status.json: %s", self.job, err)
-
-    def _beat(self, state: SupervisorState, *, proc: ProcessLike | None = None, ending: Ending | None = None,
-              code: int | None = None, reason: str | None = None) -> None:
-        """Write supervisors/<id>.json: this supervisor's heartbeat (a failure is logged once per outage)."""
-        if self.store is None:
-            return
-        record = SupervisorRecord(
-            job=self.job, launch_id=self.record_id, pid=self._pid, host=self._host, state=state,
-            started_at=self._started_wall, updated_at=self.wall(), interval=self.poll, grace=self.grace,
-            standalone=self.launch_id is None, attempt=self._attempt, epoch=self._epoch,
-            driver_pid=proc.pid if proc is not None else None, ending=ending.value if ending else None,
-            exit_code=code, end_reason=reason)
-        try:
-            write_supervisor(self.store, record)
-        except StorageError as err:
-            self._outage.failed(f"write {record.key}: {err}")
-        else:
-            self._outage.ok()
-
-    def _ending(self, code: int, driver: _Driver) -> tuple[Ending, str] | None:
+    def _ending(self, code: int, driver: DriverRun) -> tuple[Ending, str] | None:
         """How supervision ends after a driver exited with ``code``, or None: a failure to restart."""
         if self._stop_requests:
             return Ending.STOPPED, f"stop requested; driver exited with code {code}"
@@ -342,7 +233,7 @@ class Supervisor:
             return Ending.STOPPED, "driver stopped"
         return None
 
-    def _taken_over(self, driver: _Driver) -> tuple[Ending, str] | None:
+    def _taken_over(self, driver: DriverRun) -> tuple[Ending, str] | None:
         """FENCED if, after our driver failed, a newer driver holds the lease and reports a live status.
 
         A fenced driver may exit 1, and in cluster mode spark-submit's exit code says nothing of the driver's.
@@ -394,7 +285,7 @@ class Supervisor:
                           f"after {len(restart_times)} restarts")
         return delay, ""
 
-    def _run_driver(self, spec: SubmitSpec, attempt: int) -> _Driver:
+    def _run_driver(self, spec: SubmitSpec, attempt: int) -> DriverRun:
         """Start one driver and wait for it: its exit code, why it was killed, seconds it ran."""
         argv, env = build_command(spec)
         baseline = self._lease_epoch() if self.spec.deploy_mode == "cluster" else None
@@ -404,7 +295,7 @@ class Supervisor:
             proc.send_signal(signal.SIGTERM)
         log.info("job %s: driver pid %d started (attempt %d, restore %s)", self.job, proc.pid, attempt,
                  spec.config.restore)
-        driver = _Driver(proc, started, started_wall, baseline)
+        driver = DriverRun(proc, started, started_wall, baseline)
         try:
             driver.code, driver.stuck = self._watch(driver)
         finally:
@@ -427,17 +318,17 @@ class Supervisor:
             return None
         return 0 if lease is None else lease.epoch
 
-    def _watch(self, driver: _Driver) -> tuple[int, str]:
+    def _watch(self, driver: DriverRun) -> tuple[int, str]:
         proc = driver.proc
         progress = _Progress(since=driver.started)
         timeout = self.poll
-        self._beat(SupervisorState.WATCHING, proc=proc)
+        self.reports.beat(SupervisorState.WATCHING, proc=proc)
         while True:
             try:
                 return proc.wait(timeout=timeout), ""
             except subprocess.TimeoutExpired:
                 pass
-            self._beat(SupervisorState.WATCHING, proc=proc)
+            self.reports.beat(SupervisorState.WATCHING, proc=proc)
             if self._stop_at is not None:  # the driver got SIGTERM: it has ``grace`` seconds to stop
                 left = max(self._stop_at, driver.started) + self.grace - self.clock()
                 if left <= 0:
@@ -452,7 +343,7 @@ class Supervisor:
                 log.warning("job %s: %s: terminating driver pid %d", self.job, stuck, proc.pid)
                 return self._terminate(proc), stuck
 
-    def _observe(self, driver: _Driver) -> JobStatus | None:
+    def _observe(self, driver: DriverRun) -> JobStatus | None:
         """status.json now, noting the epoch, the batch and a RUNNING state when our driver wrote it; a read
         that fails is remembered (``_unreadable_at``): heartbeats are not judged right after an outage."""
         if self.store is None:
@@ -460,21 +351,21 @@ class Supervisor:
         try:
             status = read_status(self.store)
         except StorageError as err:
-            self._outage.failed(f"cannot read status.json, progress not judged meanwhile: {err}")
+            self.reports.outage.failed(f"cannot read status.json, progress not judged meanwhile: {err}")
             self._unreadable_at = self.clock()
             return None
-        self._outage.ok()
+        self.reports.outage.ok()
         if status is not None and self._own(driver, status):
-            driver.epoch = self._epoch = status.epoch
+            driver.epoch = self.reports.epoch = status.epoch
             driver.batch_id, driver.reason = status.batch_id, status.reason
             if status.state is JobState.RUNNING and not driver.running:
                 driver.running = self._ran = True
-                self._cold_start = self.clock() - driver.started
+                self.reports.cold_start = self.clock() - driver.started
                 log.info("job %s: driver pid %d runs the job at epoch %d: restarts resume from latest-state",
                          self.job, driver.proc.pid, status.epoch)
         return status
 
-    def _own(self, driver: _Driver, status: JobStatus) -> bool:
+    def _own(self, driver: DriverRun, status: JobStatus) -> bool:
         """Whether ``driver`` wrote ``status``: once known, by its epoch; before, by the pid in status.json
         (in client mode the Python driver runs in the group spark-submit leads), or in cluster mode, where
         that pid is another host's, by an epoch above the lease's before the driver started."""
@@ -488,7 +379,7 @@ class Supervisor:
         """Whether process ``pid`` of this host still runs (a driver that reported from here)."""
         return self.group_of(pid) is not None
 
-    def _stuck(self, driver: _Driver, progress: _Progress, status: JobStatus | None) -> str:
+    def _stuck(self, driver: DriverRun, progress: _Progress, status: JobStatus | None) -> str:
         """Why the running driver counts as stuck (its heartbeat stopped, or the health rule), or ""."""
         if status is None:
             return ""
@@ -525,45 +416,15 @@ class Supervisor:
                             self.grace)
                 proc.send_signal(signal.SIGKILL)
                 return proc.wait()
-            self._beat(SupervisorState.WATCHING, proc=proc)
+            self.reports.beat(SupervisorState.WATCHING, proc=proc)
 
     def _give_up(self, attempts: int, code: int, reason: str) -> SupervisorOutcome:
         log.error("job %s: giving up: %s", self.job, reason)
-        if self.store is not None:
-            try:
-                self._record_failed(self.store, reason)
-            except StorageError as err:
-                log.warning("job %s: cannot record FAILED in status.json: %s", self.job, err)
-        self._beat(SupervisorState.ENDED, ending=Ending.GAVE_UP, code=code, reason=reason)
-        self._record_end(Ending.GAVE_UP, code, reason)
+        self.reports.failed(reason)
+        self.reports.ended(Ending.GAVE_UP.value, code, reason)
         return SupervisorOutcome(Ending.GAVE_UP, attempts, attempts - 1, code, reason)
-
-    def _record_failed(self, store: JobStore, reason: str) -> None:
-        """FAILED in status.json, unless it is another driver's: its epoch is not ours and that driver holds
-        the lease (a newer driver runs the job, or starts to)."""
-        now = self.wall()
-        last = read_status(store)
-        if last is None or last.epoch != self._epoch:
-            lease = read_lease(store)
-            if lease is not None and not lease.released and lease.epoch != self._epoch:
-                log.warning("job %s: another driver (owner %s, epoch %d) owns the job: not recording FAILED",
-                            self.job, lease.owner, lease.epoch)
-                return
-        status = (replace(last, state=JobState.FAILED, reason=reason, updated_at=now, data_waiting=False, restart=None)
-                  if last else JobStatus(self.job, JobState.FAILED, 0, now, now, reason=reason))
-        write_status(store, status)
 
     def _end(self, final: Ending, attempts: int, code: int, reason: str) -> SupervisorOutcome:
         log.info("job %s: %s: %s", self.job, final.value, reason)
-        self._beat(SupervisorState.ENDED, ending=final, code=code, reason=reason)
-        self._record_end(final, code, reason)
+        self.reports.ended(final.value, code, reason)
         return SupervisorOutcome(final, attempts, attempts - 1, code, reason)
-
-    def _record_end(self, final: Ending, code: int, reason: str) -> None:
-        """How this launch ended, in spec/last.json (when launched from Airflow): a waiter stops waiting."""
-        if self.store is None or self.launch_id is None:
-            return
-        try:
-            record_end(self.store, self.launch_id, ending=final.value, exit_code=code, reason=reason)
-        except StorageError as err:
-            log.warning("job %s: cannot record the end of launch %s: %s", self.job, self.launch_id, err)
