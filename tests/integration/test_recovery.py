@@ -29,6 +29,7 @@ pytestmark = pytest.mark.integration
 
 TIMEOUT = 180.0
 #: Restarts a second apart at most, so that a test waits for recovery, not for a backoff.
+OUTAGE_S = 12.0
 FAST_RESTARTS = ("--restart-strategy", "fixed-delay", "--restart-attempts", "5", "--restart-delay", "0.5")
 
 
@@ -85,12 +86,13 @@ def test_a_task_failure_and_a_sink_failure_restart_the_query_in_the_same_driver_
     assert committed == list(range(len(committed))), "every batch committed exactly once"
 
 
-@pytest.mark.parametrize(("fence_grace", "restarts"), [(60.0, 0), (3.0, 1)], ids=["short", "long"])
+@pytest.mark.parametrize(("fence_grace", "restarts"), [(30.0, 0), (3.0, 1)], ids=["short", "long"])
 def test_a_job_store_outage_is_ridden_out_in_the_driver_with_one_line_when_it_goes_and_one_when_it_is_back(
     env: JobEnv, runs: list[Run], fence_grace: float, restarts: int,
 ) -> None:
-    """20 s without S3: within the lease's tolerance (--fence-grace 60) the query runs on; beyond it (3 s)
-    the driver stops the query (nothing may commit without the lease) and restarts it once S3 answers."""
+    """12 s without S3: within the lease's tolerance (--fence-grace 30: 29 s) the query runs on; beyond it
+    (the default, 2 s) the driver stops the query (nothing may commit without the lease) and restarts it once
+    S3 answers."""
     with TcpProxy(env.s3.port) as proxy:
         produce(env.kafka.bootstrap_servers, env.topic, 0, 400)
         runs.append(run := env.run("job", env.work / "checkpoint", "--supervise", "--poll", "1", *FAST_RESTARTS,
@@ -101,7 +103,7 @@ def test_a_job_store_outage_is_ridden_out_in_the_driver_with_one_line_when_it_go
         proxy.cut()
         produce(env.kafka.bootstrap_servers, env.topic, 400, 400)
         wait_for_log(run, "the job store is unreachable", 60.0)
-        time.sleep(20)  # the outage's length is the test's input, not a wait for something to happen
+        time.sleep(OUTAGE_S)  # the outage's length is the test's input, not a wait for something to happen
         proxy.restore()
         final = env.wait_status("800 records counted", lambda s: env.consumed(s) == 800, TIMEOUT, run)
 
