@@ -36,6 +36,7 @@ class EmbeddedKafka(EmbeddedProcess):
         s3: EmbeddedS3 | None = None,
         bucket: str = "tansu",
         port: int | None = None,
+        advertised_port: int | None = None,
         workdir: Path | None = None,
         binary: str | None = None,
         start_timeout: float = 30.0,
@@ -45,6 +46,9 @@ class EmbeddedKafka(EmbeddedProcess):
         self.s3 = s3
         self.bucket = bucket
         self._port = port
+        # The port clients are told to use (tansu's advertised listener): a proxy in front of the broker that a
+        # test can cut for a broker outage, the broker and its memory storage staying up. Default: ``port``.
+        self._advertised_port = advertised_port
         self._binary = binary
 
     @property
@@ -55,7 +59,7 @@ class EmbeddedKafka(EmbeddedProcess):
 
     @property
     def bootstrap_servers(self) -> str:
-        return f"{HOST}:{self.port}"
+        return f"{HOST}:{self._advertised_port or self.port}"
 
     @property
     def storage_engine(self) -> str:
@@ -85,12 +89,11 @@ class EmbeddedKafka(EmbeddedProcess):
                 "AWS_DEFAULT_REGION": self.s3.region,
                 "AWS_ALLOW_HTTP": "true",
             }
-        url = f"tcp://{self.bootstrap_servers}"
         args = [
             self._binary,
             "broker",
-            f"--listener-url={url}",
-            f"--advertised-listener-url={url}",
+            f"--listener-url=tcp://{HOST}:{self._port}",
+            f"--advertised-listener-url=tcp://{self.bootstrap_servers}",
             f"--storage-engine={self.storage_engine}",
         ]
         # tansu reads AWS_* for s3 storage and OTEL_* for tracing export: pass only ours.

@@ -9,12 +9,18 @@ no restart fixes end the driver and its supervisor at once, with their exit code
 
 from __future__ import annotations
 
+import re
 import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from airflow_ckpt_provider.core.control import Outcome, RequestAction
 from airflow_ckpt_provider.core.status import JobState, JobStatus, RestartOwner
+from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
+from airflow_ckpt_provider.embedded.process import free_port
 from airflow_ckpt_provider.runtime.exitcodes import (
     EXIT_CONFIG,
     EXIT_DENIED,
@@ -161,3 +167,50 @@ def test_a_failure_no_restart_fixes_ends_the_driver_and_its_supervisor_once_with
         assert status.state is JobState.FAILED
         assert message in status.reason
 
+
+
+@pytest.fixture
+def proxied_env(s3_server: EmbeddedS3, bucket: str, tmp_path: Path) -> Iterator[tuple[JobEnv, TcpProxy]]:
+    """A job environment whose broker is reached through a proxy (tansu advertises the proxy's port): cutting
+    the proxy is a broker outage, while the broker keeps its topic in memory."""
+    broker_port = free_port()
+    with TcpProxy(broker_port) as proxy, EmbeddedKafka(port=broker_port, advertised_port=proxy.port,
+                                                        workdir=tmp_path / "tansu") as kafka:
+        topic = f"t-{uuid.uuid4().hex[:10]}"
+        kafka.create_topic(topic, partitions=3)
+        yield JobEnv(s3_server, kafka, tmp_path, bucket, topic), proxy
+
+
+def test_a_broker_outage_is_ridden_out_in_the_same_driver_with_one_line_when_it_goes_and_one_when_it_is_back(
+    proxied_env: tuple[JobEnv, TcpProxy], runs: list[Run],
+) -> None:
+    """12 s without the broker (its proxy cut): the ckpt-kafka source waits, the query is not restarted, the
+    driver logs one "unreachable" and one "reachable again" line per process instead of ~800 refused
+    connections, and the records produced after it are counted exactly."""
+    env, proxy = proxied_env
+    produce(env.kafka.bootstrap_servers, env.topic, 0, 400)
+    runs.append(run := env.run("job", env.work / "checkpoint", "--supervise", "--poll", "1", *FAST_RESTARTS))
+    first = env.wait_status("400 records counted", lambda s: env.consumed(s) == 400, TIMEOUT, run)
+
+    proxy.cut()
+    wait_for_log(run, f"kafka {env.kafka.bootstrap_servers} unreachable", 60.0)
+    time.sleep(OUTAGE_S)  # the outage's length is the test's input, not a wait for something to happen
+    proxy.restore()
+    produce(env.kafka.bootstrap_servers, env.topic, 400, 400)
+    final = env.wait_status("800 records counted", lambda s: env.consumed(s) == 800, TIMEOUT, run)
+
+    assert (final.pid, final.epoch, final.state) == (first.pid, first.epoch, JobState.RUNNING)
+    assert len(supervisor_lines(run, "started (attempt")) == 1, "the supervisor started exactly one driver"
+    assert final.restart_count == 0, final.restarts  # the source waits for the broker: nothing to restart
+    text = run.log.read_text(errors="replace")
+    lines = text.splitlines()
+    down = [ln for ln in lines if f"kafka {env.kafka.bootstrap_servers} unreachable" in ln]
+    back = [ln for ln in lines if f"kafka {env.kafka.bootstrap_servers} reachable again" in ln]
+    # One pair per process whose clients saw the outage (the driver, Spark's Python workers), not per request.
+    assert 1 <= len(down) == len(back) <= 4, "\n".join(down + back)
+    assert not re.search(r"^%\d\|\d+\.\d+\|", text, re.M), "a raw librdkafka line reached the log"
+    assert sum("Connection refused" in ln for ln in lines) <= len(down), "refused connections logged one by one"
+    stop(env, run, final)
+    assert env.final_counts() == expected_counts(800)
+    committed = batches_committed(env)
+    assert committed == list(range(len(committed))), "every batch committed exactly once"
