@@ -18,7 +18,7 @@ from airflow_ckpt_provider.core.control import RequestAction
 from airflow_ckpt_provider.core.deployments import Launch, read_launch
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError, StorageError
 from airflow_ckpt_provider.core.jobstore import SNAPSHOTS, STATUS, JobStore
-from airflow_ckpt_provider.core.lease import LeaseRecord, read_lease
+from airflow_ckpt_provider.core.lease import LeaseRecord, pid_alive, read_lease
 from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreSpec
 from airflow_ckpt_provider.core.status import (
     ACTIVE_STATES,
@@ -33,7 +33,6 @@ from airflow_ckpt_provider.core.storage import Storage
 from airflow_ckpt_provider.core.supervision import (
     Supervision,
     observe_supervision,
-    process_alive,
     restarts_dead_driver,
 )
 
@@ -84,7 +83,7 @@ class JobView:
         restart = s.current_restart()
         if restart is not None and restart.by is RestartOwner.SUPERVISOR:
             return False
-        return driver_live(s, self.now, host=socket.gethostname(), pid_alive=_alive)
+        return driver_live(s, self.now, host=socket.gethostname(), pid_alive=pid_alive)
 
     @property
     def restarter(self) -> Restarter | None:
@@ -106,7 +105,7 @@ class JobView:
 
     def _restart_owner(self, s: JobStatus, restart: Restart) -> Restarter | None:
         """The owner of the restart in progress, if it is live and the restart is not overdue."""
-        if not driver_live(s, self.now, host=socket.gethostname(), pid_alive=_alive):
+        if not driver_live(s, self.now, host=socket.gethostname(), pid_alive=pid_alive):
             return None  # overdue, or its process on this host is gone
         if restart.by is RestartOwner.DRIVER:
             return Restarter(restart.by, f"its driver (pid {s.pid} on {s.host})", None, s.epoch, restart, s)
@@ -132,10 +131,6 @@ class JobView:
         return None
 
 
-def _alive(pid: int) -> bool:
-    return process_alive(pid)
-
-
 def _launch_of(supervision: Supervision | None) -> str | None:
     """The Airflow launch id of the supervisor (None for a standalone `ckpt run --supervise`)."""
     record = supervision.record if supervision is not None else None
@@ -151,10 +146,10 @@ def read_supervision(store: JobStore, status: JobStatus | None, now: float) -> S
     restart = status.current_restart()
     if restart is not None and restart.by is RestartOwner.DRIVER:
         return None
-    if restart is None and driver_live(status, now, host=socket.gethostname(), pid_alive=_alive):
+    if restart is None and driver_live(status, now, host=socket.gethostname(), pid_alive=pid_alive):
         return None
     try:
-        return observe_supervision(store, now, pid_alive=_alive)
+        return observe_supervision(store, now, pid_alive=pid_alive)
     except StorageError:
         return None
 

@@ -176,11 +176,26 @@ class Lease:
 
 
 def pid_alive(pid: int) -> bool:
-    """True if a process with this pid exists on this host (also when another user owns it)."""
+    """True if a process with this pid exists on this host (also when another user owns it) and is not a zombie.
+
+    The one probe of a local process (leases, pending markers, drivers, supervisors). A supervisor whose
+    launching process died (the Airflow worker) is reparented to pid 1; when it is killed in turn, a pid 1 that
+    does not reap orphans (a container's init without a subreaper) leaves it a zombie, which ``kill(pid, 0)``
+    still finds."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, owned by someone else
         return True
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """State Z in /proc/<pid>/stat (Linux); False where /proc cannot say."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :][:1] == "Z"  # the command name in parentheses may hold spaces

@@ -13,17 +13,16 @@ listing ``supervisors/``, without reading every record.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from enum import StrEnum
-from pathlib import Path
 
 from airflow_ckpt_provider.core.deployments import read_launch
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.jobstore import SUPERVISORS, JobStore
+from airflow_ckpt_provider.core.lease import pid_alive
 from airflow_ckpt_provider.core.status import ACTIVE_STATES, BUSY_ALLOWANCE, JobState, JobStatus, heartbeat_limit
 
 #: Characters of a launch id that name its second (``YYYYmmddTHHMMSSZ``): ids of one second are compared by record.
@@ -36,26 +35,8 @@ class SupervisorState(StrEnum):
     ENDED = "ended"  # supervision is over: ``ending`` and ``end_reason`` say how
 
 
-def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` of this host exists and is not a zombie. A supervisor whose launching process
-    died (the Airflow worker) is reparented to pid 1; when it is killed in turn, a pid 1 that does not reap
-    orphans (a container's init without a subreaper) leaves it a zombie, which ``kill(pid, 0)`` still finds."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return not _zombie(pid)
-
-
-def _zombie(pid: int) -> bool:
-    """State Z in /proc/<pid>/stat (Linux); False where /proc cannot say."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2 :][:1] == "Z"  # the command name in parentheses may hold spaces
+#: Whether process ``pid`` of this host runs (zombies count as gone): core/lease.pid_alive, the one probe.
+process_alive = pid_alive
 
 
 def _hms(ts: float) -> str:
