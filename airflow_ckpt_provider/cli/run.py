@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from airflow_ckpt_provider.cli.common import add_store_args
 from airflow_ckpt_provider.core.deployments import LAUNCH_ENV
@@ -25,12 +26,15 @@ from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.restart import HealthRule, RestartStrategy, describe_strategy
 from airflow_ckpt_provider.core.settings import RestartSettings, RuntimeSettings
 from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.launcher import pyenv
 from airflow_ckpt_provider.launcher.driverprocess import ProcessLike, Spawn, spawn_driver
 from airflow_ckpt_provider.launcher.submit import (
     DEPLOY_MODES,
     SubmitSpec,
     build_command,
+    check_master,
     describe,
+    driver_cwd,
     parse_conf,
     redact,
 )
@@ -65,7 +69,19 @@ def spec_from_args(args: argparse.Namespace) -> SubmitSpec:
         files=_split(args.files),
         name=args.name,
         spark_submit=args.spark_submit,
+        shipped=pyenv.plan(args.python_env, args.master, requirements=_requirements(args.requirements)),
     )
+
+
+def _requirements(path: str | None) -> list[str]:
+    """The job's own requirements for the shipped environment: a requirements file's lines without comments."""
+    if not path:
+        return []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as err:
+        raise ConfigError(f"--requirements {path}: cannot read it ({err}); expected a pip requirements file") from err
+    return [line.split("#", 1)[0].strip() for line in lines if line.split("#", 1)[0].strip()]
 
 
 def _split(values: list[str]) -> list[str]:
@@ -82,12 +98,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         strategy = restart.strategy() if args.supervise else None
         health = restart.health()
         if args.dry_run:
-            _print_dry_run(args, argv, env, strategy, health)
+            _print_dry_run(args, argv, env, strategy, health, shipped=spec.shipped)
             return 0
+        check_master(spec.master)  # an unreachable or mistyped master: refused before anything is written
+        if spec.shipped is not None:
+            spec.shipped.ensure()  # the executors' Python: built once per lock, then from the cache
         for name in ("airflow_ckpt_provider.runtime", "airflow_ckpt_provider.launcher"):  # operators read these
             logging.getLogger(name).setLevel(logging.INFO)
         if strategy is None:
-            return run_once(argv, env)
+            return run_once(argv, env, cwd=driver_cwd(spec))
         return _run_supervised(args, spec, strategy, health)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -98,6 +117,7 @@ def run_once(
     argv: list[str],
     env: dict[str, str],
     *,
+    cwd: str | None = None,
     grace: float = STOP_GRACE,
     spawn: Spawn = spawn_driver,
     clock: Callable[[], float] = time.monotonic,
@@ -105,7 +125,7 @@ def run_once(
     """Run spark-submit once in the foreground; SIGTERM or SIGINT reach the driver as SIGTERM, and a driver
     still running ``grace`` seconds later gets SIGKILL with its whole process group."""
     log.info("running %s", describe(argv))
-    proc = spawn(argv, env)
+    proc = spawn(argv, env, cwd)
     stop_at: list[float] = []
 
     def stop() -> None:
@@ -146,15 +166,21 @@ def _run_supervised(args: argparse.Namespace, spec: SubmitSpec, strategy: Restar
 
 
 def _print_dry_run(args: argparse.Namespace, argv: list[str], env: dict[str, str],
-                   strategy: RestartStrategy | None, health: HealthRule | None) -> None:
+                   strategy: RestartStrategy | None, health: HealthRule | None, *,
+                   shipped: pyenv.ShippedEnv | None) -> None:
     rule = None if health is None else {"max_restarts": health.max_restarts, "window": health.window,
                                         "progress_timeout": health.progress_timeout}
     supervise = None if strategy is None else {"strategy": describe_strategy(strategy), "health": rule}
     if args.json:
-        print(json.dumps({"argv": redact(argv), "command": describe(argv), "env": env, "supervise": supervise},
-                         indent=2, sort_keys=True))
+        ship = None if shipped is None else {"archive": shipped.archive, "py_files": list(shipped.py_files),
+                                             "built": shipped.built, "requirements": list(shipped.requirements)}
+        print(json.dumps({"argv": redact(argv), "command": describe(argv), "env": env, "supervise": supervise,
+                          "python_env": ship}, indent=2, sort_keys=True))
         return
     lines = [describe(argv), *(f"env: {k}={v}" for k, v in sorted(env.items()))]
+    if shipped is not None:
+        lines.append(f"python env: {shipped.archive} ({'built' if shipped.built else 'built on the first run'}), "
+                     f"code {', '.join(shipped.py_files)}")
     if strategy is not None:
         lines.append(f"supervised: restart strategy {describe_strategy(strategy)}; " + (
             "no health rule" if health is None else
@@ -197,6 +223,12 @@ def add_run_command(groups: argparse._SubParsersAction[argparse.ArgumentParser])
     spark.add_argument("--py-files", action="append", default=[], metavar="A,B", help="Python dependencies to ship")
     spark.add_argument("--files", action="append", default=[], metavar="A,B", help="files to ship to the driver")
     spark.add_argument("--name", help="the Spark application name (default ckpt-JOB)")
+    spark.add_argument("--python-env", default=pyenv.AUTO, metavar="auto|ship|none|ARCHIVE",
+                       help="the executors' Python: auto (default) ships a packed venv with this provider's "
+                            "dependencies on cluster masters and nothing on local[N]; ship always; none uses the "
+                            "nodes' python3; or a venv-pack archive (path or URI) you built")
+    spark.add_argument("--requirements", metavar="FILE",
+                       help="the job's own requirements (pip format), added to the shipped environment")
     spark.add_argument("--spark-submit", metavar="PATH",
                        help="spark-submit to use (default: next to this Python, $SPARK_HOME/bin, PATH)")
     sup = p.add_argument_group("supervision")

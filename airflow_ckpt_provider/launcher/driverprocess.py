@@ -29,7 +29,13 @@ class ProcessLike(Protocol):
         """SIGTERM asks the driver to stop (cancel); SIGKILL ends its whole process group."""
 
 
-Spawn = Callable[[list[str], dict[str, str]], ProcessLike]
+class Spawn(Protocol):
+    """Starts spark-submit: ``argv`` with ``env`` added to the inherited environment, in ``cwd`` if given."""
+
+    def __call__(self, argv: list[str], env: dict[str, str], cwd: str | None = None) -> ProcessLike: ...
+
+
+
 #: The process group of a pid on this host, or None if no such process runs here.
 GroupOf = Callable[[int], int | None]
 
@@ -92,6 +98,6 @@ def process_group(pid: int) -> int | None:
         return None
 
 
-def spawn_driver(argv: list[str], env: dict[str, str]) -> DriverProcess:
+def spawn_driver(argv: list[str], env: dict[str, str], cwd: str | None = None) -> DriverProcess:
     """Start ``argv`` with ``env`` added to the inherited environment, as a process group leader."""
-    return DriverProcess(subprocess.Popen(argv, env={**os.environ, **env}, start_new_session=True))
+    return DriverProcess(subprocess.Popen(argv, env={**os.environ, **env}, cwd=cwd, start_new_session=True))

@@ -9,10 +9,12 @@ of secret-looking settings as Spark's UI does.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import re
 import shlex
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -22,6 +24,7 @@ from urllib.parse import urlparse
 
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.gate import GATE_ENV
+from airflow_ckpt_provider.launcher.pyenv import ALIAS, ShippedEnv
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 
 #: The driver program spark-submit runs; it sits next to this module.
@@ -42,7 +45,8 @@ class SubmitSpec:
     """Where and how to run a job file: Spark's master, deploy mode, settings and extra files.
 
     ``env_python`` is the interpreter for PYSPARK_PYTHON and PYSPARK_DRIVER_PYTHON; unset, it is this
-    interpreter where that is the one that runs (see ``build_command``).
+    interpreter where that is the one that runs (see ``build_command``). ``shipped`` is the Python environment
+    and code the executors get (launcher/pyenv.py), None where they use what the nodes have.
     """
 
     job_file: str
@@ -55,6 +59,7 @@ class SubmitSpec:
     name: str | None = None
     spark_submit: str | None = None
     env_python: str | None = None
+    shipped: ShippedEnv | None = None
 
     @property
     def app_name(self) -> str:
@@ -94,6 +99,15 @@ def find_spark_submit(explicit: str | None = None) -> str:
     )
 
 
+def pyspark_home() -> str:
+    """The Spark distribution inside the installed pyspark (bin/, jars/), found without importing it."""
+    found = importlib.util.find_spec("pyspark")
+    if found is None or found.origin is None:
+        raise ConfigError("pyspark is not installed in this environment: expected it next to this provider; "
+                          "pip install pyspark, or set SPARK_HOME")
+    return str(Path(found.origin).parent)
+
+
 def cluster_manager(master: str) -> str:
     """``local``, ``standalone``, ``yarn`` or ``k8s``; the masters spark-submit knows."""
     if master == "yarn":
@@ -106,6 +120,34 @@ def cluster_manager(master: str) -> str:
         return "local"
     raise ConfigError(
         f"unknown Spark master {master!r}: expected local[N], spark://HOST:PORT, yarn or k8s://https://HOST:PORT"
+    )
+
+
+def on_loopback(master: str) -> bool:
+    """A local master, or a standalone master on this host's loopback (the embedded cluster): the driver must
+    listen on 127.0.0.1 too, where executors on the same host reach it."""
+    if master.startswith("local"):
+        return True
+    host = urlparse(master.split(",", maxsplit=1)[0]).hostname if master.startswith("spark://") else None
+    return host in ("127.0.0.1", "localhost", "::1")
+
+
+def check_master(master: str, timeout: float = 10.0) -> None:
+    """A standalone master must accept connections before a driver is started against it: Spark itself would
+    retry for a minute and then fail with "All masters are unresponsive". Other masters are not probed."""
+    if cluster_manager(master) != "standalone":
+        return
+    errors = []
+    for address in master.removeprefix("spark://").split(","):  # spark://h1:7077,h2:7077 for HA masters
+        host, _, port = address.partition(":")
+        try:
+            with socket.create_connection((host, int(port or 7077)), timeout=timeout):
+                return
+        except (OSError, ValueError) as err:
+            errors.append(f"{address}: {err}")
+    raise ConfigError(
+        f"Spark master {master} is unreachable ({'; '.join(errors)}): expected a standalone master listening "
+        "there; check the host and port in --master (or the ckpt_spark connection), or start the master"
     )
 
 
@@ -166,19 +208,12 @@ def build_command(spec: SubmitSpec) -> tuple[list[str], dict[str, str]]:
     """The spark-submit argv, and the variables to add to the inherited environment.
 
     In cluster mode the job file ships with ``--files`` and entrypoint.py finds it by its base name in the
-    driver's working directory. PYSPARK_PYTHON defaults to this interpreter only on local masters (on a
-    cluster, executors run elsewhere); PYSPARK_DRIVER_PYTHON also in client mode, where the driver runs here.
+    driver's working directory. A shipped environment (``spec.shipped``) goes with ``--archives`` and
+    ``--py-files``, its Python named by ``spark.pyspark.python``.
     """
     manager = _check(spec)
-    local = manager == "local"
     cluster = spec.deploy_mode == "cluster"
-    conf = dict(spec.conf)
-    if local:  # Spark would bind to the first non-loopback interface
-        conf.setdefault("spark.driver.bindAddress", LOOPBACK)
-        conf.setdefault("spark.driver.host", LOOPBACK)
-    gate = gate_file(spec.config)
-    if cluster and manager in _DRIVER_ENV_CONF:  # the driver runs remotely: its environment comes from conf
-        conf.setdefault(f"{_DRIVER_ENV_CONF[manager]}.{GATE_ENV}", gate)
+    conf = _conf(spec, manager)
     path = _job_path(spec.job_file)
     files = list(spec.files)
     if cluster:
@@ -190,23 +225,64 @@ def build_command(spec: SubmitSpec) -> tuple[list[str], dict[str, str]]:
             "--name", spec.app_name]
     for key, value in conf.items():
         argv += ["--conf", f"{key}={value}"]
-    if spec.py_files:
-        argv += ["--py-files", ",".join(spec.py_files)]
+    shipped = spec.shipped
+    py_files = [*spec.py_files, *(shipped.py_files if shipped else ())]
+    if py_files:
+        argv += ["--py-files", ",".join(py_files)]
     if files:
         argv += ["--files", ",".join(files)]
+    if shipped is not None:
+        argv += ["--archives", f"{shipped.archive}#{ALIAS}"]
     argv += [str(ENTRYPOINT_PY), job_arg, *spec.config.to_args()]
+    return argv, _env(spec, manager, argv[0])
 
+
+def driver_cwd(spec: SubmitSpec) -> str | None:
+    """Where spark-submit runs: None (the caller's directory), except for a client-mode driver next to a
+    shipped environment, which needs ``./ckpt-env`` (ShippedEnv.driver_dir). Every path on the command line
+    is absolute, so the directory changes nothing else."""
+    if spec.shipped is None or spec.deploy_mode == "cluster":
+        return None
+    return spec.shipped.driver_dir(spec.env_python or sys.executable)
+
+
+def _conf(spec: SubmitSpec, manager: str) -> dict[str, str]:
+    """The Spark settings: the spec's, plus loopback binding, the shipped Python and the remote driver's gate."""
+    conf = dict(spec.conf)
+    cluster = spec.deploy_mode == "cluster"
+    if on_loopback(spec.master):  # Spark would bind to the first non-loopback interface
+        conf.setdefault("spark.driver.bindAddress", LOOPBACK)
+        conf.setdefault("spark.driver.host", LOOPBACK)
+    if spec.shipped is not None:  # executors (and a driver in the cluster) run the Python of the archive
+        conf.setdefault("spark.pyspark.python", spec.shipped.python)
+        if not cluster:  # conf beats PYSPARK_DRIVER_PYTHON in spark-submit: name the driver's own
+            conf.setdefault("spark.pyspark.driver.python", spec.env_python or sys.executable)
+    if cluster and manager in _DRIVER_ENV_CONF:  # the driver runs remotely: its environment comes from conf
+        conf.setdefault(f"{_DRIVER_ENV_CONF[manager]}.{GATE_ENV}", gate_file(spec.config))
+    return conf
+
+
+def _env(spec: SubmitSpec, manager: str, spark_submit: str) -> dict[str, str]:
+    """Variables to add to the inherited environment (an inherited value wins).
+
+    PYSPARK_PYTHON defaults to this interpreter only on local masters (on a cluster, executors run elsewhere);
+    PYSPARK_DRIVER_PYTHON also in client mode, where the driver runs here.
+    """
+    local = manager == "local"
+    cluster = spec.deploy_mode == "cluster"
     wanted: dict[str, str] = {}
     if spec.env_python or local:
         wanted["PYSPARK_PYTHON"] = spec.env_python or sys.executable
     if spec.env_python or not cluster:
         wanted["PYSPARK_DRIVER_PYTHON"] = spec.env_python or sys.executable
-    if local:
-        wanted["SPARK_LOCAL_IP"] = LOOPBACK  # the block manager binds to it
+    if on_loopback(spec.master):
+        wanted["SPARK_LOCAL_IP"] = LOOPBACK  # the block manager and the UI bind to it
+    if not local and Path(spark_submit).parent == Path(sys.executable).parent:
+        # pyspark's spark-submit finds its Spark with PYSPARK_PYTHON, which a cluster run leaves to the nodes
+        wanted["SPARK_HOME"] = pyspark_home()
     if not cluster:
-        wanted[GATE_ENV] = gate
-    env = {k: v for k, v in wanted.items() if k not in os.environ}
-    return argv, env
+        wanted[GATE_ENV] = gate_file(spec.config)
+    return {k: v for k, v in wanted.items() if k not in os.environ}
 
 
 def redact(argv: Sequence[str]) -> list[str]:

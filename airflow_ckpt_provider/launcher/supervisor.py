@@ -42,7 +42,7 @@ from airflow_ckpt_provider.core.status import (
 )
 from airflow_ckpt_provider.core.supervision import SupervisorState
 from airflow_ckpt_provider.launcher.driverprocess import GroupOf, ProcessLike, Spawn, process_group, spawn_driver
-from airflow_ckpt_provider.launcher.submit import SubmitSpec, build_command
+from airflow_ckpt_provider.launcher.submit import SubmitSpec, build_command, driver_cwd
 from airflow_ckpt_provider.launcher.supervisorreports import DriverRun, SupervisorReports
 from airflow_ckpt_provider.runtime.exitcodes import (
     EXIT_CONFIG,
@@ -290,7 +290,7 @@ class Supervisor:
         argv, env = build_command(spec)
         baseline = self._lease_epoch() if self.spec.deploy_mode == "cluster" else None
         started, started_wall = self.clock(), self.wall()
-        proc = self._proc = self.spawn(argv, env)
+        proc = self._proc = self.spawn(argv, env, driver_cwd(spec))
         if self._stop_requests:  # a stop that came while it started
             proc.send_signal(signal.SIGTERM)
         log.info("job %s: driver pid %d started (attempt %d, restore %s)", self.job, proc.pid, attempt,

@@ -80,27 +80,38 @@ class JobEnv:
             secret_access_key=self.s3.secret_key,
         ))
 
-    def env(self, max_offsets: int = 200, extra: dict[str, str] | None = None) -> dict[str, str]:
-        """The drivers' environment; ``extra`` adds job settings (e.g. CKPT_EO_*, CKPT_FAULT_DIR)."""
-        return {
+    def env(self, max_offsets: int = 200, extra: dict[str, str] | None = None, *,
+            local: bool = True) -> dict[str, str]:
+        """The drivers' environment; ``extra`` adds job settings (e.g. CKPT_EO_*, CKPT_FAULT_DIR).
+
+        On a cluster (``local=False``) PYSPARK_PYTHON is left out, as in a user's shell: executors run the
+        shipped environment's Python, or the nodes' own python3 with ``--python-env none``.
+        """
+        env = {
             **os.environ, **self.s3.env(),
             "CKPT_TEST_TOPIC": self.topic, "CKPT_TEST_BOOTSTRAP": self.kafka.bootstrap_servers,
             "CKPT_TEST_OUT": str(self.out), "CKPT_TEST_MAX_OFFSETS": str(max_offsets),
             "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
             **(extra or {}),
         }
+        if not local:
+            env.pop("PYSPARK_PYTHON")
+        return env
 
     def run(self, name: str, checkpoint: Path, *args: str, max_offsets: int = 200, job_file: Path = JOB_FILE,
-            extra_env: dict[str, str] | None = None) -> Run:
-        """Start ``ckpt run job_file`` (default: the counting job) with ``args``; ``extra_env`` for its settings."""
+            extra_env: dict[str, str] | None = None, master: str = "local[2]",
+            conf: dict[str, str] | None = None) -> Run:
+        """Start ``ckpt run job_file`` (default: the counting job) with ``args``; ``extra_env`` for its settings,
+        ``master`` and ``conf`` for Spark (a cluster's executor settings)."""
         argv = [sys.executable, "-m", "airflow_ckpt_provider.cli", "run", str(job_file), "--job", self.job,
-                "--store", self.store_url, "--checkpoint", str(checkpoint), "--master", "local[2]"]
-        for conf in SPARK_CONF:
-            argv += ["--conf", conf]
+                "--store", self.store_url, "--checkpoint", str(checkpoint), "--master", master]
+        for setting in [*SPARK_CONF, *(f"{k}={v}" for k, v in (conf or {}).items())]:
+            argv += ["--conf", setting]
         log = self.work / f"{name}.log"
+        env = self.env(max_offsets, extra_env, local=master.startswith("local"))
         with open(log, "ab") as out:
-            proc = subprocess.Popen([*argv, *args], env=self.env(max_offsets, extra_env), stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen([*argv, *args], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
         return Run(name, proc, log)
 
     def status(self) -> JobStatus | None:

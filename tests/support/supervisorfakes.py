@@ -97,7 +97,7 @@ class Spawner:
         self.envs: list[dict[str, str]] = []
         self.procs: list[FakeProcess] = []
 
-    def __call__(self, argv: list[str], env: dict[str, str]) -> FakeProcess:
+    def __call__(self, argv: list[str], env: dict[str, str], cwd: str | None = None) -> FakeProcess:
         self.argvs.append(argv)
         self.envs.append(env)
         proc = FakeProcess(self.clock, self.runs.pop(0), 100 + len(self.procs), self.clock.now)

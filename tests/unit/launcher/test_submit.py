@@ -393,7 +393,7 @@ class _IgnoresSigterm:
 
 def test_run_once_kills_a_driver_still_running_a_grace_period_after_sigterm() -> None:
     proc = _IgnoresSigterm()
-    code = run_once(["spark-submit"], {}, grace=60.0, spawn=lambda _argv, _env: proc, clock=lambda: proc.now)
+    code = run_once(["spark-submit"], {}, grace=60.0, spawn=lambda _argv, _env, _cwd=None: proc, clock=lambda: proc.now)
     assert code == 128 + signal.SIGKILL
     assert proc.signals == [(signal.SIGTERM, 0.0), (signal.SIGKILL, 60.0)]
 

@@ -1,0 +1,306 @@
+"""A Spark standalone cluster on 127.0.0.1 from the installed pyspark: one master and N workers.
+
+Spark's own master and workers (``spark-class ...deploy.master.Master`` / ``...deploy.worker.Worker``),
+each a child process with its own log, on free loopback ports (web UIs included; the master's REST
+submission server is off). The workers run executors with a Python of their own that has nothing but the
+standard library (a bare venv first on their PATH), like cluster nodes that never saw this project: a job
+whose executors need pandas, pyarrow, confluent-kafka or this provider runs only if it ships them
+(launcher/pyenv.py). The master keeps its state in a recovery directory (``spark.deploy.recoveryMode
+FILESYSTEM``), so a master killed and started again recovers the running applications and workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import time
+import urllib.request
+import venv
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from airflow_ckpt_provider.embedded.process import (
+    HOST,
+    EmbeddedProcess,
+    EmbeddedServiceError,
+    child_env,
+    free_port,
+)
+from airflow_ckpt_provider.launcher.submit import pyspark_home
+
+log = logging.getLogger(__name__)
+
+#: What a node inherits from us that a real cluster node would not have: our Python and Spark settings.
+_DROP = ("PYSPARK_", "SPARK_", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "CKPT_", "AWS_", "KAFKA_")
+#: An executor of the embedded workers: small enough that two fit next to the driver on a laptop.
+EXECUTOR_MEMORY = "512m"
+
+
+def _get_json(url: str, timeout: float = 2.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - our own loopback UI
+        return json.loads(resp.read())
+
+
+@dataclass(frozen=True)
+class Executor:
+    """An executor JVM the cluster's worker ``worker`` launched for application ``app_id``."""
+
+    pid: int
+    worker: int
+    app_id: str
+    executor_id: str
+
+
+class _Node(EmbeddedProcess):
+    """A master or worker JVM started with spark-class; its log is its stdout."""
+
+    def __init__(self, cluster: EmbeddedSparkCluster, name: str, workdir: Path, start_timeout: float) -> None:
+        self.name = name  # type: ignore[misc]  # per instance: master, worker-0, worker-1
+        super().__init__(workdir, start_timeout, stop_timeout=15.0)
+        self.cluster = cluster
+        self.ui_port = free_port()
+
+    @property
+    def ui_url(self) -> str:
+        return f"http://{HOST}:{self.ui_port}"
+
+    def _env(self, extra: dict[str, str]) -> dict[str, str]:
+        conf_dir = self.workdir / "conf"  # empty: no spark-defaults.conf of the host leaks in
+        conf_dir.mkdir(exist_ok=True)
+        return child_env(_DROP, {"SPARK_HOME": str(self.cluster.spark_home), "SPARK_LOCAL_IP": HOST,
+                                 "SPARK_CONF_DIR": str(conf_dir), "SPARK_NO_DAEMONIZE": "1", **extra})
+
+
+class _Master(_Node):
+    def __init__(self, cluster: EmbeddedSparkCluster, workdir: Path, start_timeout: float) -> None:
+        super().__init__(cluster, "spark-master", workdir, start_timeout)
+        self.port = free_port()
+
+    def _command(self) -> tuple[list[str], dict[str, str]]:
+        recovery = self.workdir / "recovery"
+        recovery.mkdir(exist_ok=True)
+        opts = (f"-Dspark.master.rest.enabled=false -Dspark.deploy.recoveryMode=FILESYSTEM "
+                f"-Dspark.deploy.recoveryDirectory={recovery}")
+        return ([str(self.cluster.spark_home / "bin" / "spark-class"), "org.apache.spark.deploy.master.Master",
+                 "--host", HOST, "--port", str(self.port), "--webui-port", str(self.ui_port)],
+                self._env({"SPARK_MASTER_OPTS": opts}))
+
+    def _ready(self) -> bool:
+        try:
+            return bool(_get_json(f"{self.ui_url}/json/").get("status") == "ALIVE")
+        except OSError:
+            return False
+
+    def _describe(self) -> str:
+        return f"spark://{HOST}:{self.port}, UI {self.ui_url}"
+
+
+class _Worker(_Node):
+    def __init__(self, cluster: EmbeddedSparkCluster, index: int, workdir: Path, start_timeout: float) -> None:
+        super().__init__(cluster, f"spark-worker-{index}", workdir, start_timeout)
+        self.index = index
+        self.port = free_port()
+
+    def _command(self) -> tuple[list[str], dict[str, str]]:
+        c = self.cluster
+        path = os.pathsep.join([str(c.node_python.parent), *_java_dirs(), "/usr/bin", "/bin"])
+        return ([str(c.spark_home / "bin" / "spark-class"), "org.apache.spark.deploy.worker.Worker", c.master_url,
+                 "--host", HOST, "--port", str(self.port), "--webui-port", str(self.ui_port),
+                 "--cores", str(c.worker_cores), "--memory", c.worker_memory, "--work-dir", str(self.workdir / "work")],
+                self._env({"PATH": path}))
+
+    def _ready(self) -> bool:
+        return any(w["port"] == self.port and w["state"] == "ALIVE" for w in self.cluster.state().get("workers", []))
+
+    def _describe(self) -> str:
+        return f"{HOST}:{self.port} of {self.cluster.master_url}, UI {self.ui_url}"
+
+
+def _java_dirs() -> list[str]:
+    """Where this host's java is: the workers start executors with it."""
+    found = shutil.which("java")
+    dirs = [str(Path(found).parent)] if found else []
+    if os.environ.get("JAVA_HOME"):
+        dirs.insert(0, str(Path(os.environ["JAVA_HOME"], "bin")))
+    return dirs
+
+
+class EmbeddedSparkCluster:
+    """A Spark standalone master and ``workers`` workers (``worker_cores`` cores, ``worker_memory`` each).
+
+    ``master_url`` is what ``ckpt run --master`` takes; ``job_conf()`` the settings a job needs on it
+    (executors that fit the workers). Kill and start nodes to test failures: ``kill_executor``,
+    ``kill_worker``/``start_worker``, ``kill_master``/``start_master``.
+    """
+
+    def __init__(self, *, workers: int = 2, worker_cores: int = 1, worker_memory: str = "1g",
+                 workdir: Path | None = None, start_timeout: float = 90.0) -> None:
+        self._workdir_arg = workdir
+        self._tempdir: Path | None = None
+        self.worker_cores = worker_cores
+        self.worker_memory = worker_memory
+        self.spark_home = Path(pyspark_home())
+        self.master = _Master(self, self.workdir / "master", start_timeout)
+        self.workers = [_Worker(self, i, self.workdir / f"worker-{i}", start_timeout) for i in range(workers)]
+
+    @property
+    def workdir(self) -> Path:
+        if self._workdir_arg is not None:
+            self._workdir_arg.mkdir(parents=True, exist_ok=True)
+            return self._workdir_arg
+        if self._tempdir is None:
+            import tempfile
+
+            self._tempdir = Path(tempfile.mkdtemp(prefix="embedded-spark-"))
+        return self._tempdir
+
+    @property
+    def master_url(self) -> str:
+        return f"spark://{HOST}:{self.master.port}"
+
+    @property
+    def node_python(self) -> Path:
+        """The workers' own python3: a venv of the base interpreter with nothing installed."""
+        bare = self.workdir / "node-python"
+        python = bare / "bin" / "python3"
+        if not python.exists():
+            venv.create(bare, with_pip=False, symlinks=True)
+        return python
+
+    def start(self) -> Self:
+        """Start the master, then the workers; each is ready when the master lists it ALIVE."""
+        try:
+            self.master.start()
+            for worker in self.workers:
+                worker.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop workers (their executors go with them), then the master; idempotent."""
+        for worker in self.workers:
+            worker.stop()
+        self.master.stop()
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.close()
+        self.master.close()
+        if self._tempdir is not None:
+            shutil.rmtree(self._tempdir, ignore_errors=True)
+            self._tempdir = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    # -- what runs --------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """The master's JSON view (workers, active and completed applications); {} while it is down."""
+        try:
+            return dict(_get_json(f"{self.master.ui_url}/json/"))
+        except OSError:
+            return {}
+
+    def job_conf(self) -> dict[str, str]:
+        """Spark settings for a job on this cluster: an executor per worker that fits its memory."""
+        return {"spark.executor.memory": EXECUTOR_MEMORY, "spark.executor.cores": str(self.worker_cores)}
+
+    def executors(self, app_id: str | None = None) -> list[Executor]:
+        """Executor JVMs running now under this cluster's workers (of ``app_id`` if given)."""
+        found = []
+        for worker in self.workers:
+            if worker.pid is None:
+                continue
+            for pid in _descendants(worker.pid):
+                args = _cmdline(pid)
+                if "org.apache.spark.executor.CoarseGrainedExecutorBackend" not in args:
+                    continue
+                app, executor = _arg(args, "--app-id"), _arg(args, "--executor-id")
+                if app_id is None or app == app_id:
+                    found.append(Executor(pid, worker.index, app, executor))
+        return found
+
+    def wait_for_executors(self, app_id: str, count: int, timeout: float = 60.0) -> list[Executor]:
+        """Wait until ``count`` executors of ``app_id`` run; raises with the master's view if they do not."""
+        deadline = time.monotonic() + timeout
+        while len(running := self.executors(app_id)) < count:
+            if time.monotonic() > deadline:
+                raise EmbeddedServiceError(
+                    f"Expected {count} executors of {app_id} within {timeout:.0f} s, found {len(running)}: "
+                    f"master {self.master_url} says {json.dumps(self.state().get('activeapps'))}")
+            time.sleep(0.2)
+        return running
+
+    def kill_executor(self, app_id: str) -> Executor:
+        """kill -9 one executor JVM of ``app_id`` (and its Python workers with it)."""
+        running = self.executors(app_id)
+        if not running:
+            raise EmbeddedServiceError(f"Expected a running executor of {app_id}, found none")
+        victim = running[0]
+        for pid in [*_descendants(victim.pid), victim.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        log.info("killed executor %s of %s (pid %d) on worker %d", victim.executor_id, app_id, victim.pid,
+                 victim.worker)
+        return victim
+
+    def kill_worker(self, index: int) -> None:
+        """kill -9 a worker with everything it started (its executors): a node lost."""
+        self.workers[index].kill()
+
+    def start_worker(self, index: int) -> None:
+        self.workers[index].start()
+
+    def kill_master(self) -> None:
+        self.master.kill()
+
+    def start_master(self) -> None:
+        """Start the master again on its port: it recovers applications and workers from its recovery dir."""
+        self.master.start()
+
+
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        tree.setdefault(ppid, []).append(int(entry.name))
+    return tree
+
+
+def _descendants(pid: int) -> list[int]:
+    tree, out, todo = _children(), [], [pid]
+    while todo:
+        for child in tree.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def _arg(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1] if name in args[:-1] else ""
