@@ -239,6 +239,9 @@ class RuntimeSettings(Settings):
     fence_grace: float = setting(
         3.0, kind=SECONDS, metavar="S",
         help="seconds a new driver waits for a fenced one to notice (default 3, at least twice the poll interval)")
+    executor_timeout: float = setting(
+        120.0, kind=SECONDS, metavar="S",
+        help="seconds a driver on a cluster waits for its first executor before it gives up, exit 2 (default 120)")
     time_travel: TimeTravel = setting(
         TimeTravel.FORK, kind=mode(TimeTravel), metavar="{fork,refuse}",
         help="a restore of a snapshot older than the job's latest batch: fork (default: restore, the exactly-once "
@@ -250,7 +253,7 @@ class RuntimeSettings(Settings):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"{name} must be >= 0 seconds or unset, found {value}")
-        for name in ("heartbeat_interval", "poll_interval"):
+        for name in ("heartbeat_interval", "poll_interval", "executor_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds, found {getattr(self, name)}")
         for name in ("keep_checkpoints", "keep_savepoints"):

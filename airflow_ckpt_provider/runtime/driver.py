@@ -43,6 +43,7 @@ from airflow_ckpt_provider.runtime.failures import Recovery, classify
 from airflow_ckpt_provider.runtime.queryrestart import QueryRestarter
 from airflow_ckpt_provider.runtime.reporting import DriverReporter, snapshot_info
 from airflow_ckpt_provider.runtime.snapshotter import SnapshotOutcome, Snapshotter
+from airflow_ckpt_provider.runtime.sparkchecks import check_executors, check_spark_python
 from airflow_ckpt_provider.runtime.startup import plan_start, prepare_checkpoint
 
 if TYPE_CHECKING:
@@ -140,6 +141,10 @@ class JobDriver:
             log.error("job %s: cannot start: %s", job, err)
             return EXIT_CONFIG
         spark = (spark_factory or _default_spark)()
+        lacking = check_spark_python(spark) or check_executors(spark, self.config.executor_timeout)
+        if lacking:  # a restart would not fix either: refused before the lease, nothing written
+            log.error("job %s: cannot start: %s", job, lacking)
+            return EXIT_CONFIG
         register_data_sources(spark)  # the ckpt-kafka source and writer, the ckpt-files sink
         spark.sparkContext.setLogLevel("WARN")
         try:
@@ -392,8 +397,21 @@ def _on_signal(name: str, handler: Callable[[str], None]) -> None:
         signal.signal(getattr(signal, name), lambda _signum, _frame: handler(name))
 
 
+#: The S3 settings this driver has that the job's tasks need too (the sinks write from executors, which on a
+#: cluster do not inherit the driver's environment). They travel in the SparkConf, never on a command line;
+#: Spark's UI redacts the secret ones. A setting the user gave (``--conf spark.executorEnv.X``) is kept.
+EXECUTOR_ENV = ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                "AWS_SESSION_TOKEN")
+
+
 def _default_spark() -> SparkSession:
+    from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
-    return SparkSession.builder.getOrCreate()
+    given, builder = SparkConf(), SparkSession.builder
+    for name in EXECUTOR_ENV:
+        key = f"spark.executorEnv.{name}"
+        if os.environ.get(name) and not given.contains(key):
+            builder = builder.config(key, os.environ[name])
+    return builder.getOrCreate()
 

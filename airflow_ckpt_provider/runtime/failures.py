@@ -21,6 +21,7 @@ from airflow_ckpt_provider.runtime.exitcodes import (
     EXIT_REFUSED,
 )
 from airflow_ckpt_provider.runtime.restoreverdict import OPERATORS_MISMATCH, spark_error
+from airflow_ckpt_provider.runtime.sparkchecks import SHIP_ADVICE
 from airflow_ckpt_provider.sinks.timelines import REFUSED
 
 
@@ -57,8 +58,10 @@ _FATAL: tuple[tuple[str, int, re.Pattern[str]], ...] = (
         + r"|StateSchemaNotCompatible|Provided schema doesn't match to the schema for existing state")),
     ("the storage refused the credentials", EXIT_DENIED, re.compile(
         r"SignatureDoesNotMatch|InvalidAccessKeyId|refused the credentials|InvalidClientTokenId")),
+    ("a module is missing where Spark runs the job's Python", EXIT_CONFIG, re.compile(
+        r"No module named '[^']+'|No module named|Cannot run program \"[^\"]*python[^\"]*\"")),
     ("the job's code is broken", EXIT_CONFIG, re.compile(
-        r"\b(ModuleNotFoundError|ImportError|SyntaxError|NameError)\b|No module named")),
+        r"\b(ModuleNotFoundError|ImportError|SyntaxError|NameError)\b")),
 )
 
 _PROCESS = re.compile(
@@ -80,6 +83,13 @@ def root_message(err: BaseException) -> str:
     return spark_error(err)[0]
 
 
+def _missing(text: str, first: str) -> str:
+    """The missing module and where it was missing (an executor's task, or here), from Spark's error text."""
+    where = re.search(r"Lost task [\d.]+ in stage [\d.]+ \(TID \d+\) \(([^ ]+) executor (\w+)\)", text)
+    place = f" on executor {where.group(2)} ({where.group(1)})" if where else ""
+    return f"{first}{place}"
+
+
 def classify(err: BaseException | None) -> Failure:
     """Who can recover from ``err`` (a query's exception, or an error from starting one), and its exit code."""
     if err is None:
@@ -94,7 +104,9 @@ def classify(err: BaseException | None) -> Failure:
         return Failure(Recovery.NONE, EXIT_REFUSED, "a sink refused the batch",
                        line[line.index(REFUSED) + len(REFUSED):].strip(), condition)
     for what, code, pattern in _FATAL:
-        if pattern.search(text):
+        if found := pattern.search(text):
+            if what.startswith("a module is missing"):
+                message = f"{_missing(text, found.group(0))}: {SHIP_ADVICE}"
             return Failure(Recovery.NONE, code, what, message, condition)
     if _PROCESS.search(text) or type(err).__name__.startswith("Py4J"):
         return Failure(Recovery.PROCESS, EXIT_FAILED, "the Spark session is broken", message, condition)

@@ -45,7 +45,8 @@ def test_a_python_error_in_a_task_or_sink_restarts_the_query_and_names_the_inner
 
 
 @pytest.mark.parametrize(("error", "code", "what"), [
-    ("ModuleNotFoundError: No module named 'ckpt_test_missing_module'", EXIT_CONFIG, "the job's code is broken"),
+    ("ModuleNotFoundError: No module named 'ckpt_test_missing_module'", EXIT_CONFIG,
+     "a module is missing where Spark runs the job's Python"),
     ("NameError: name 'totl' is not defined", EXIT_CONFIG, "the job's code is broken"),
     ("[STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE] Provided key schema does not match existing state key schema.",
      EXIT_INCOMPATIBLE, "the state does not fit the query"),
@@ -62,6 +63,29 @@ def test_failures_no_restart_fixes_fail_fast_with_their_own_exit_code(error: str
     failure = classify(spark(error))
     assert (failure.recovery, failure.exit_code, failure.what) == (Recovery.NONE, code, what)
     assert code in NOT_RESTARTABLE
+
+
+#: An executor whose Python lacks a module: the task's traceback as the driver receives it (trimmed).
+EXECUTOR_LACKS = """[STREAM_FAILED] Query [id = 8c4, runId = 96a] terminated with exception: Job aborted due to \
+stage failure: Task 0 in stage 1.0 failed 4 times, most recent failure: Lost task 0.3 in stage 1.0 (TID 7) \
+(127.0.0.1 executor 1): org.apache.spark.api.python.PythonException: Traceback (most recent call last):
+  File "/w/app-1/1/ckpt-provider.zip/airflow_ckpt_provider/kafka/reader.py", line 12, in <module>
+ModuleNotFoundError: No module named 'confluent_kafka'
+"""
+
+
+def test_a_module_missing_on_an_executor_fails_fast_naming_the_module_the_executor_and_how_to_ship_it() -> None:
+    failure = classify(RuntimeError(EXECUTOR_LACKS))
+    assert (failure.recovery, failure.exit_code) == (Recovery.NONE, EXIT_CONFIG)
+    assert failure.message.startswith("No module named 'confluent_kafka' on executor 1 (127.0.0.1): ship the job's "
+                                      "Python environment (ckpt run --python-env ship")
+
+
+def test_a_python_spark_cannot_start_on_a_node_fails_fast_instead_of_restarting_forever() -> None:
+    failure = classify(RuntimeError('Lost task 0.0 in stage 0.0 (TID 0) (10.0.0.7 executor 2): java.io.IOException: '
+                                    'Cannot run program "/home/me/.venv/bin/python": error=2, No such file'))
+    assert (failure.recovery, failure.exit_code) == (Recovery.NONE, EXIT_CONFIG)
+    assert failure.message.startswith('Cannot run program "/home/me/.venv/bin/python" on executor 2 (10.0.0.7): ship')
 
 
 def test_a_batch_refused_for_its_timeline_fails_fast_with_the_sink_s_own_words() -> None:

@@ -1,0 +1,81 @@
+"""What the job needs from Spark, checked before the lease: a Python with its modules, and an executor.
+
+Spark's Python for the job is the interpreter Spark starts Python workers with.
+
+Spark runs the job's Python (the ckpt-kafka source's planning and reads, UDFs, the sinks' writers) in
+workers it starts with ``spark.pyspark.python`` (or PYSPARK_PYTHON, else ``python3``), in the driver and on
+every executor. A worker that cannot import pyarrow dies before it connects back, and Spark reports only
+"Python worker failed to connect back": a failure a restart never fixes, which would restart forever. The
+driver-side interpreter is checked here, where the import error can be named; executors that lack a module
+fail their tasks with the import error itself, which runtime/failures.py classifies as fatal with the same
+advice.
+
+On a cluster, an application whose executors fit no worker (more memory or cores than any worker offers)
+waits forever: Spark only warns "Initial job has not accepted any resources". The driver waits for its
+first executor at most ``executor_timeout`` seconds and then gives up with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+#: What every job's Python workers import here: PySpark's Arrow exchange with Python data sources.
+REQUIRED = ("pyarrow", "pandas")
+#: How to give Spark's Python what it lacks; failures.py says the same for executors.
+SHIP_ADVICE = ("ship the job's Python environment (ckpt run --python-env ship, automatic on spark://, yarn and "
+               "k8s:// masters; see docs/cluster.md) or install the module on every node")
+
+
+def missing_module(python: str, modules: tuple[str, ...] = REQUIRED, timeout: float = 60.0) -> str | None:
+    """The first of ``modules`` that ``python`` cannot import (run from this directory, as Spark does), else None;
+    a Python that cannot be run at all is reported the same way."""
+    code = ("import importlib.util,sys\nfor m in sys.argv[1:]:\n"
+            "    if importlib.util.find_spec(m) is None: print(m); break")
+    try:
+        done = subprocess.run([python, "-c", code, *modules], capture_output=True, text=True, timeout=timeout,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"(the interpreter itself: {err})"
+    if done.returncode != 0:
+        return f"(the interpreter itself exited with {done.returncode}: {done.stderr.strip()[-200:]})"
+    return done.stdout.strip() or None
+
+
+def check_spark_python(spark: SparkSession) -> str | None:
+    """A message naming what Spark's Python for this job lacks, or None when it has what the job needs."""
+    python = str(spark.sparkContext.pythonExec)
+    missing = missing_module(python)
+    if missing is None:
+        return None
+    return (f"Spark's Python for this job ({python}, from spark.pyspark.python or PYSPARK_PYTHON) cannot import "
+            f"{missing}: expected {', '.join(REQUIRED)} and the job's own modules there; {SHIP_ADVICE}")
+
+
+def check_executors(spark: SparkSession, timeout: float, *, clock: Callable[[], float] = time.monotonic,
+                    sleep: Callable[[float], None] = time.sleep) -> str | None:
+    """None once an executor registered (at once on local masters), else after ``timeout`` s why none did."""
+    sc = spark.sparkContext
+    if str(sc.master).startswith("local"):
+        return None
+    tracker = sc._jsc.sc().statusTracker()  # the public Scala status API, reached through py4j
+    deadline = clock() + timeout
+    while len(tracker.getExecutorInfos()) < 2:  # the driver counts as one
+        if clock() >= deadline:
+            conf = sc.getConf()
+            asks = ", ".join(f"{k}={conf.get(k, default)}" for k, default in
+                             (("spark.executor.memory", "1g"), ("spark.executor.cores", "all of a worker's")))
+            return (f"no executor registered with {sc.master} within {timeout:g} s: expected at least one; the "
+                    f"workers may be too small for what one executor asks ({asks}) or busy with other "
+                    "applications. Check the master's UI, lower spark.executor.memory or spark.executor.cores, "
+                    "add workers, or raise --executor-timeout")
+        sleep(0.5)
+    return None

@@ -1,0 +1,180 @@
+"""Jobs on a real Spark standalone cluster on 127.0.0.1: a master and two workers (embedded/sparkcluster.py)
+whose own python3 has nothing installed, so every job here runs only because its Python was shipped
+(launcher/pyenv.py). Executors, a worker, the master and the driver are killed under a running job; its
+savepoints move between the cluster and local mode; bad input is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from airflow_ckpt_provider.core.control import Outcome, RequestAction
+from airflow_ckpt_provider.core.status import JobState, JobStatus
+from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.embedded.sparkcluster import EmbeddedSparkCluster
+from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_STOPPED
+from tests.support.exactlyonce import EO_JOB, MAX_OFFSETS, WAIT, Feeder, FilesSink, expected_rows, wait_for
+from tests.support.runtimejob import JobEnv, Run, kill_driver, produce
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedSparkCluster]:
+    with EmbeddedSparkCluster(workdir=tmp_path_factory.mktemp("spark-cluster")) as started:
+        yield started
+
+
+def on_cluster(env: JobEnv, cluster: EmbeddedSparkCluster, name: str, checkpoint: Path, *args: str,
+               **kwargs: object) -> Run:
+    return env.run(name, checkpoint, *args, master=cluster.master_url, conf=cluster.job_conf(),  # type: ignore[arg-type]
+                   **kwargs)
+
+
+class EoJob:
+    """The exactly-once proof's job (tests/jobs/eo_job.py) into the ckpt-files sink on S3, fed by ``feeder``."""
+
+    def __init__(self, env: JobEnv, s3: S3Options, runs: list[Run]) -> None:
+        self.env = env
+        self.sink = FilesSink(f"s3://{env.bucket}/eo-out", s3)
+        self.feeder = Feeder(env)
+        self.runs = runs
+
+    def start(self, name: str, checkpoint: Path, *args: str, cluster: EmbeddedSparkCluster | None) -> Run:
+        common = ("--supervise", "--restart-strategy", "fixed-delay", "--restart-attempts", "5",
+                  "--restart-delay", "0.5", "--poll", "1", *args)
+        kwargs: dict[str, object] = {"max_offsets": MAX_OFFSETS, "job_file": EO_JOB, "extra_env": self.sink.env()}
+        run = (on_cluster(self.env, cluster, name, checkpoint, *common, **kwargs) if cluster else
+               self.env.run(name, checkpoint, *common, **kwargs))  # type: ignore[arg-type]
+        self.runs.append(run)
+        return run
+
+    def ids(self) -> int:
+        return len({row[0] for row in self.sink.committed()})
+
+    def feed_and_wait(self, run: Run, what: str) -> None:
+        """Feed a chunk and wait until every id fed so far is in the sink's committed output."""
+        self.feeder.feed()
+        want = self.feeder.next_id
+        wait_for(f"{want} ids committed {what}", lambda: self.ids() >= want, WAIT, run)
+
+    def running(self, run: Run, epoch_above: int = 0) -> JobStatus:
+        return self.env.wait_status(f"a running driver above epoch {epoch_above}",
+                                    lambda s: s.state is JobState.RUNNING and s.epoch > epoch_above, WAIT, run)
+
+    def drain_and_stop(self, run: Run) -> str:
+        """Every record consumed, then stop-with-savepoint: the savepoint's id."""
+        self.feeder.finish()
+        total = self.feeder.records
+        final = self.env.wait_status(f"all {total} records consumed",
+                                     lambda s: self.env.consumed(s) == total and s.state is JobState.RUNNING,
+                                     WAIT, run)
+        ack = self.env.request(RequestAction.STOP, final.epoch)
+        assert ack.outcome is Outcome.COMPLETED and ack.snapshot_id, ack
+        assert run.wait(WAIT) == EXIT_STOPPED, run.tail()
+        return ack.snapshot_id
+
+    def assert_exactly_once(self) -> None:
+        rows = sorted(self.sink.committed())
+        assert rows == expected_rows(self.feeder.next_id), (
+            f"{len(rows)} rows for {self.feeder.next_id} ids: duplicates "
+            f"{len(rows) - len(set(rows))}, missing {sorted(set(expected_rows(self.feeder.next_id)) - set(rows))[:10]}")
+        self.sink.check_nothing_uncommitted()
+
+
+def test_exactly_once_on_the_cluster_through_executor_worker_master_and_driver_kills_then_restored_in_local_mode(
+        env: JobEnv, s3_options: S3Options, cluster: EmbeddedSparkCluster, runs: list[Run]) -> None:
+    job = EoJob(env, s3_options, runs)
+    job.feeder.feed()
+    run = job.start("on-cluster", env.work / "checkpoint-cluster", cluster=cluster)
+    status = job.running(run)
+    app = status.app_id
+    assert app and app.startswith("app-"), status  # a standalone application, not local-*
+    executors = cluster.wait_for_executors(app, 2)
+    assert {e.worker for e in executors} == {0, 1}, executors
+
+    for _ in range(3):  # kill -9 an executor while batches run; the master starts a new one
+        job.feeder.feed()
+        killed = cluster.kill_executor(app)
+        wait_for("a replacement executor", lambda k=killed: len(cluster.executors(app)) == 2
+                 and k.pid not in {e.pid for e in cluster.executors(app)}, WAIT, run)
+        job.feed_and_wait(run, f"after executor {killed.executor_id} was killed")
+
+    cluster.kill_worker(1)  # a node lost: its executor goes with it, the job goes on with the other
+    job.feed_and_wait(run, "with worker 1 dead")
+    assert {e.worker for e in cluster.executors(app)} == {0}
+    cluster.start_worker(1)
+    wait_for("an executor on the restarted worker", lambda: {e.worker for e in cluster.executors(app)} == {0, 1},
+             WAIT, run)
+
+    cluster.kill_master()  # running work continues: the driver talks to its executors directly
+    job.feed_and_wait(run, "with the master dead")
+    cluster.start_master()  # recovers the application and the workers from its recovery directory
+    wait_for("the restarted master to know the application again",
+             lambda: app in {a["id"] for a in cluster.state().get("activeapps", [])}, WAIT, run)
+    job.feed_and_wait(run, "after the master came back")
+
+    driver = job.env.status()
+    assert driver is not None and driver.app_id == app and driver.epoch == status.epoch, driver
+    kill_driver(driver)  # the supervisor starts a new driver: a new application on the recovered master
+    job.feeder.feed()
+    restarted = job.running(run, epoch_above=driver.epoch)
+    assert restarted.app_id and restarted.app_id != app, restarted
+    job.feed_and_wait(run, "after the driver was killed")
+    savepoint = job.drain_and_stop(run)
+    job.assert_exactly_once()
+
+    # The savepoint restored in local mode, elsewhere (a new live checkpoint): the same output, exactly.
+    job.feeder.feed()
+    local = job.start("local", env.work / "checkpoint-local", "--restore", f"savepoint:{savepoint}", cluster=None)
+    restored = job.running(local, epoch_above=restarted.epoch)
+    assert restored.app_id and restored.app_id.startswith("local-"), restored
+    job.feed_and_wait(local, "in local mode")
+    job.drain_and_stop(local)
+    job.assert_exactly_once()
+
+
+def test_without_shipping_a_job_on_nodes_lacking_its_modules_fails_once_naming_the_module_and_the_fix(
+        env: JobEnv, cluster: EmbeddedSparkCluster, runs: list[Run]) -> None:
+    """The driver's host has the modules (python3 on its PATH is this venv's), the nodes' python3 has none."""
+    env.out.mkdir(parents=True)
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
+    run = on_cluster(env, cluster, "unshipped", env.work / "checkpoint", "--python-env", "none", "--supervise",
+                     extra_env={"PATH": path})
+    runs.append(run)
+    produce(env.kafka.bootstrap_servers, env.topic, 0, 50)
+    assert run.wait(WAIT) == EXIT_CONFIG, run.tail()
+    text = run.log.read_text(errors="replace")
+    assert "No module named 'pyarrow'" in text or "No module named 'confluent_kafka'" in text, run.tail()
+    assert len(re.findall(r"driver pid \d+ started", text)) == 1, run.tail()  # one driver, no restart loop
+    assert "ship the job's Python environment (ckpt run --python-env ship" in text, run.tail()
+    assert "0 restarts" in text, run.tail()
+
+
+def test_bad_cluster_input_is_refused_before_any_lease_or_write(env: JobEnv, cluster: EmbeddedSparkCluster,
+                                                               runs: list[Run]) -> None:
+    """An unreachable master, a typo in the master URL, an executor larger than any worker: exit 2, a clear
+    message, and the job store stays empty."""
+    cases = {
+        "unreachable": (("--master", f"spark://127.0.0.1:{_closed_port()}"), "is unreachable"),
+        "typo": (("--master", cluster.master_url.replace("spark://", "sprak://")), "unknown Spark master"),
+        "too-big": (("--conf", "spark.executor.memory=4g", "--executor-timeout", "20"), "no executor registered"),
+    }
+    for name, (args, message) in cases.items():
+        run = on_cluster(env, cluster, name, env.work / f"checkpoint-{name}", *args)
+        runs.append(run)
+        assert run.wait(WAIT) == EXIT_CONFIG, run.tail()
+        assert message in run.log.read_text(errors="replace"), (name, run.tail())
+    assert list(env.store().storage.list("")) == []  # no lease, no status, no snapshot
+
+
+def _closed_port() -> int:
+    from airflow_ckpt_provider.embedded.process import free_port
+
+    return free_port()  # nothing listens there once the probe socket closed
