@@ -105,7 +105,8 @@ def test_yarn_cluster_mode_ships_the_job_file(job_file: Path, config: RuntimeCon
     assert argv == [
         SUBMIT, "--master", "yarn", "--deploy-mode", "cluster", "--name", "ckpt-orders",
         "--conf", "spark.yarn.maxAppAttempts=1", "--conf", f"spark.yarn.appMasterEnv.{GATE_ENV}={gate_file(config)}",
-        "--conf", "spark.yarn.submit.waitAppCompletion=true", "--files", f"lookup.csv,{job_file}", LAUNCH, "count.py", *config.to_args(),
+        "--conf", "spark.yarn.submit.waitAppCompletion=true",
+        "--files", f"lookup.csv,{job_file}", LAUNCH, "count.py", *config.to_args(),
     ]
     assert env == {}  # YARN would copy a local PYSPARK_PYTHON into the cluster
 
