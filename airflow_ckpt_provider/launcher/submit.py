@@ -25,6 +25,7 @@ from urllib.parse import urlparse
 from airflow_ckpt_provider.core.deployments import LAUNCH_ENV
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.gate import GATE_ENV
+from airflow_ckpt_provider.core.modes import LATEST_STATE
 from airflow_ckpt_provider.launcher.pyenv import ALIAS, ShippedEnv
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 
@@ -325,6 +326,15 @@ def _check_cluster(spec: SubmitSpec, manager: str) -> None:
                 f"{YARN_MAX_ATTEMPTS}=1 (what --supervise sets): drop the setting and the supervisor restarts the "
                 f"driver, or drop --supervise and YARN does, with {YARN_ATTEMPTS_VALIDITY} (docs/cluster.md)"
             )
+        restore = spec.config.restore
+        if attempts is not None and attempts > 1 and restore != LATEST_STATE and not spec.config.check_restore:
+            raise ConfigError(
+                f"--conf {YARN_MAX_ATTEMPTS}={attempts} with --restore {restore}: every attempt YARN starts runs "
+                f"the same command, so a relaunched driver would restore {restore} again instead of resuming; "
+                "expected --restore latest-state (the default) when YARN restarts the driver: start from the "
+                "snapshot with --supervise instead (its restarts resume with latest-state), or start it once, "
+                "stop it, and relaunch with latest-state"
+            )
     elif K8S_UPLOAD_PATH not in spec.conf and (local := _local_files(spec)):
         raise ConfigError(
             f"Kubernetes cluster mode with local files ({', '.join(local)}) and no {K8S_UPLOAD_PATH}: the driver "
@@ -357,12 +367,13 @@ def _local_files(spec: SubmitSpec) -> list[str]:
 
 
 def _cluster_conf(spec: SubmitSpec, manager: str, conf: dict[str, str]) -> None:
-    """A driver in a YARN or Kubernetes cluster: YARN relaunches it only where no supervisor does (under
-    ``--supervise``, ``spark.yarn.maxAppAttempts=1``), spark-submit waits for its end, and it gets this launch's
-    id (CKPT_LAUNCH_ID), which it would inherit in client mode, so a superseded launch never takes the lease."""
+    """A driver in a YARN or Kubernetes cluster: YARN relaunches it only when the user says so (a
+    ``spark.yarn.maxAppAttempts`` of their own, never under ``--supervise``), spark-submit waits for its end, and
+    it gets this launch's id (CKPT_LAUNCH_ID), as it would in client mode, so a superseded launch never takes the
+    lease."""
     if spec.deploy_mode != "cluster" or manager not in WAIT_CONF:
         return
-    if manager == "yarn" and spec.supervised:
+    if manager == "yarn":  # YARN's own default is the cluster's yarn.resourcemanager.am.max-attempts (2)
         conf.setdefault(YARN_MAX_ATTEMPTS, "1")
     conf.setdefault(WAIT_CONF[manager], "true")
     launch_id = os.environ.get(LAUNCH_ENV)

@@ -125,6 +125,34 @@ def test_yarn_unsupervised_may_let_yarn_restart_the_driver(
     ]
 
 
+def test_yarn_never_restarts_an_unsupervised_driver_unless_asked(
+    capsys: pytest.CaptureFixture[str], job_file: Path
+) -> None:
+    """YARN's own default (yarn.resourcemanager.am.max-attempts, 2) would make it a second, silent owner."""
+    code, data, _ = dry_run(capsys, job_file, "--master", "yarn", "--deploy-mode", "cluster", "--python-env", "none")
+    assert code == 0
+    assert confs(data["argv"])[1:] == ["spark.yarn.maxAppAttempts=1", "spark.yarn.submit.waitAppCompletion=true"]
+
+
+@pytest.mark.parametrize("restore", ["latest-savepoint", "none", "savepoint-7-20260101T000000Z-abcdef"])
+def test_yarn_restarts_resume_only_with_latest_state(
+    capsys: pytest.CaptureFixture[str], job_file: Path, restore: str
+) -> None:
+    code, _, err = dry_run(capsys, job_file, "--master", "yarn", "--deploy-mode", "cluster", "--python-env", "none",
+                           "--restore", restore, "--conf", "spark.yarn.maxAppAttempts=2")
+    assert code == 2
+    assert err == (
+        f"error: --conf spark.yarn.maxAppAttempts=2 with --restore {restore}: every attempt YARN starts runs the "
+        f"same command, so a relaunched driver would restore {restore} again instead of resuming; expected "
+        "--restore latest-state (the default) when YARN restarts the driver: start from the snapshot with "
+        "--supervise instead (its restarts resume with latest-state), or start it once, stop it, and relaunch "
+        "with latest-state\n"
+    )
+    code, _, err = dry_run(capsys, job_file, "--master", "yarn", "--deploy-mode", "cluster", "--python-env", "none",
+                           "--restore", restore)  # YARN does not restart: any restore
+    assert (code, err) == (0, "")
+
+
 def test_yarn_client_mode_attempts_do_not_restart_the_driver(
     capsys: pytest.CaptureFixture[str], job_file: Path
 ) -> None:
