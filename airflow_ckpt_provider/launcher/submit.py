@@ -310,6 +310,14 @@ def _check_cluster(spec: SubmitSpec, manager: str) -> None:
     not wait for the driver a supervisor watches, or with local files a Kubernetes driver pod cannot reach."""
     if spec.deploy_mode != "cluster" or manager not in WAIT_CONF:
         return
+    if manager == "k8s" and spec.supervised:
+        raise ConfigError(
+            "Kubernetes cluster mode with --supervise: spark-submit exits 0 however the driver pod ends (Spark "
+            "passes no driver exit code on Kubernetes, SPARK-26365), so the supervisor would take a crashed driver "
+            "for a stopped one and restart nothing; expected one owner that sees the driver fail: run without "
+            "--supervise under a Spark operator (restartPolicy OnFailure, docs/cluster.md), or use --deploy-mode "
+            "client"
+        )
     wait = WAIT_CONF[manager]
     if spec.supervised and spec.conf.get(wait, "true").strip().lower() != "true":
         raise ConfigError(

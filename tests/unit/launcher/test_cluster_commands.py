@@ -164,15 +164,11 @@ def test_yarn_client_mode_attempts_do_not_restart_the_driver(
     assert data["env"][GATE_ENV] == gate_file(tail(data["argv"]))
 
 
-@pytest.mark.parametrize(
-    ("master", "setting"),
-    [("yarn", "spark.yarn.submit.waitAppCompletion"), (K8S, "spark.kubernetes.submission.waitAppCompletion")],
-)
 def test_a_supervisor_needs_spark_submit_to_wait_for_the_driver(
-    capsys: pytest.CaptureFixture[str], job_file: Path, master: str, setting: str
+    capsys: pytest.CaptureFixture[str], job_file: Path
 ) -> None:
-    base = ["--master", master, "--deploy-mode", "cluster", "--python-env", "none", "--conf", UPLOAD,
-            "--conf", f"{setting}=false"]
+    setting = "spark.yarn.submit.waitAppCompletion"
+    base = ["--master", "yarn", "--deploy-mode", "cluster", "--python-env", "none", "--conf", f"{setting}=false"]
     code, _, err = dry_run(capsys, job_file, *base, "--supervise")
     assert code == 2
     assert err == (f"error: --conf {setting}=false with --supervise: spark-submit would return once the driver is "
@@ -182,8 +178,23 @@ def test_a_supervisor_needs_spark_submit_to_wait_for_the_driver(
     assert code == 0 and f"{setting}=false" in confs(data["argv"])
 
 
-def test_k8s_cluster_with_an_s3a_archive(capsys: pytest.CaptureFixture[str], job_file: Path, cache: Path) -> None:
+def test_k8s_cluster_mode_is_not_supervised(capsys: pytest.CaptureFixture[str], job_file: Path) -> None:
+    """spark-submit exits 0 whatever the driver pod's end: a supervisor would never restart a crashed driver."""
     code, data, err = dry_run(capsys, job_file, "--master", K8S, "--deploy-mode", "cluster", "--supervise",
+                              "--python-env", "none", "--conf", UPLOAD)
+    assert (code, data) == (2, {})
+    assert err == (
+        "error: Kubernetes cluster mode with --supervise: spark-submit exits 0 however the driver pod ends (Spark "
+        "passes no driver exit code on Kubernetes, SPARK-26365), so the supervisor would take a crashed driver for a "
+        "stopped one and restart nothing; expected one owner that sees the driver fail: run without --supervise "
+        "under a Spark operator (restartPolicy OnFailure, docs/cluster.md), or use --deploy-mode client\n"
+    )
+    code, _, _ = dry_run(capsys, job_file, "--master", K8S, "--supervise", "--python-env", "none")
+    assert code == 0  # client mode: the driver is the supervisor's child
+
+
+def test_k8s_cluster_with_an_s3a_archive(capsys: pytest.CaptureFixture[str], job_file: Path, cache: Path) -> None:
+    code, data, err = dry_run(capsys, job_file, "--master", K8S, "--deploy-mode", "cluster",
                               "--python-env", "s3a://bucket/env.tar.gz", "--conf", UPLOAD)
     assert (code, err) == (0, "")
     argv = data["argv"]
@@ -200,6 +211,7 @@ def test_k8s_cluster_with_an_s3a_archive(capsys: pytest.CaptureFixture[str], job
         LAUNCH, "count.py", *tail(argv).to_args(),
     ]
     assert not any(c.startswith("spark.yarn.") for c in confs(argv))
+    assert data["supervise"] is None
     assert data["python_env"]["built"] is False and not cache.exists()
 
 
@@ -258,7 +270,7 @@ def test_a_remote_driver_gets_its_gate_and_launch_id_through_conf(
 ) -> None:
     monkeypatch.setenv(LAUNCH_ENV, "20260101T000000Z-abc123")
     code, data, _ = dry_run(capsys, job_file, "--master", master, "--deploy-mode", "cluster", "--python-env", "none",
-                            "--supervise", "--conf", UPLOAD)
+                            "--conf", UPLOAD)
     assert code == 0
     settings = confs(data["argv"])
     assert f"{prefix}.{GATE_ENV}={gate_file(tail(data['argv']))}" in settings
