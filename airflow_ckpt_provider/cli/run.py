@@ -70,6 +70,7 @@ def spec_from_args(args: argparse.Namespace) -> SubmitSpec:
         name=args.name,
         spark_submit=args.spark_submit,
         shipped=pyenv.plan(args.python_env, args.master, requirements=_requirements(args.requirements)),
+        supervised=args.supervise,
     )
 
 

@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from airflow_ckpt_provider.core.deployments import LAUNCH_ENV
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.gate import GATE_ENV
+from airflow_ckpt_provider.core.modes import LATEST_STATE
 from airflow_ckpt_provider.launcher.pyenv import ALIAS, ShippedEnv
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 
@@ -46,7 +48,8 @@ class SubmitSpec:
 
     ``env_python`` is the interpreter for PYSPARK_PYTHON and PYSPARK_DRIVER_PYTHON; unset, it is this
     interpreter where that is the one that runs (see ``build_command``). ``shipped`` is the Python environment
-    and code the executors get (launcher/pyenv.py), None where they use what the nodes have.
+    and code the executors get (launcher/pyenv.py), None where they use what the nodes have. ``supervised``: a
+    supervisor (``ckpt run --supervise``) restarts the driver, so YARN must not (docs/cluster.md).
     """
 
     job_file: str
@@ -60,6 +63,7 @@ class SubmitSpec:
     spark_submit: str | None = None
     env_python: str | None = None
     shipped: ShippedEnv | None = None
+    supervised: bool = False
 
     @property
     def app_name(self) -> str:
@@ -179,6 +183,7 @@ def _check(spec: SubmitSpec) -> str:
         )
     if path is not None and not path.is_file():
         raise ConfigError(f"job file {spec.job_file} not found: expected a Python file defining the job")
+    _check_cluster(spec, manager)  # YARN, Kubernetes: one owner per driver restart, files the cluster can reach
     return manager
 
 
@@ -259,6 +264,7 @@ def _conf(spec: SubmitSpec, manager: str) -> dict[str, str]:
             conf.setdefault("spark.pyspark.driver.python", spec.env_python or sys.executable)
     if cluster and manager in _DRIVER_ENV_CONF:  # the driver runs remotely: its environment comes from conf
         conf.setdefault(f"{_DRIVER_ENV_CONF[manager]}.{GATE_ENV}", gate_file(spec.config))
+    _cluster_conf(spec, manager, conf)  # YARN, Kubernetes: who restarts the driver, spark-submit waits for its end
     return conf
 
 
@@ -283,6 +289,104 @@ def _env(spec: SubmitSpec, manager: str, spark_submit: str) -> dict[str, str]:
     if not cluster:
         wanted[GATE_ENV] = gate_file(spec.config)
     return {k: v for k, v in wanted.items() if k not in os.environ}
+
+
+# Cluster deploy mode on YARN and Kubernetes (docs/cluster.md); setting names as in Spark 4.3's
+# running-on-yarn.md and running-on-kubernetes.md.
+#: How many times YARN starts the application master, which in cluster mode is the driver; unset, YARN's
+#: yarn.resourcemanager.am.max-attempts decides (2 unless the cluster changed it).
+YARN_MAX_ATTEMPTS = "spark.yarn.maxAppAttempts"
+#: An application master that ran this long resets YARN's count of failed attempts; unset, every failure
+#: in the application's life counts.
+YARN_ATTEMPTS_VALIDITY = "spark.yarn.am.attemptFailuresValidityInterval"
+#: spark-submit stays until the application ends (true by default in Spark; spark-defaults.conf may disagree).
+WAIT_CONF = {"yarn": "spark.yarn.submit.waitAppCompletion", "k8s": "spark.kubernetes.submission.waitAppCompletion"}
+#: The Hadoop path a Kubernetes cluster-mode spark-submit uploads its local files to, for the driver pod.
+K8S_UPLOAD_PATH = "spark.kubernetes.file.upload.path"
+
+
+def _check_cluster(spec: SubmitSpec, manager: str) -> None:
+    """Refuse a cluster-mode command where two components would restart the driver, where spark-submit would
+    not wait for the driver a supervisor watches, or with local files a Kubernetes driver pod cannot reach."""
+    if spec.deploy_mode != "cluster" or manager not in WAIT_CONF:
+        return
+    if manager == "k8s" and spec.supervised:
+        raise ConfigError(
+            "Kubernetes cluster mode with --supervise: spark-submit exits 0 however the driver pod ends (Spark "
+            "passes no driver exit code on Kubernetes, SPARK-26365), so the supervisor would take a crashed driver "
+            "for a stopped one and restart nothing; expected one owner that sees the driver fail: run without "
+            "--supervise under a Spark operator (restartPolicy OnFailure, docs/cluster.md), or use --deploy-mode "
+            "client"
+        )
+    wait = WAIT_CONF[manager]
+    if spec.supervised and spec.conf.get(wait, "true").strip().lower() != "true":
+        raise ConfigError(
+            f"--conf {wait}={spec.conf[wait]} with --supervise: spark-submit would return once the driver is "
+            f"submitted and the supervisor would take that for the driver's end; expected {wait}=true (what "
+            "ckpt run sets): drop the setting, or run without --supervise"
+        )
+    if manager == "yarn":
+        attempts = _yarn_attempts(spec.conf)
+        if spec.supervised and attempts is not None and attempts > 1:
+            raise ConfigError(
+                f"--conf {YARN_MAX_ATTEMPTS}={attempts} with --supervise: YARN would relaunch the driver (its "
+                "application master) while the supervisor starts another, two owners of one restart; expected "
+                f"{YARN_MAX_ATTEMPTS}=1 (what --supervise sets): drop the setting and the supervisor restarts the "
+                f"driver, or drop --supervise and YARN does, with {YARN_ATTEMPTS_VALIDITY} (docs/cluster.md)"
+            )
+        restore = spec.config.restore
+        if attempts is not None and attempts > 1 and restore != LATEST_STATE and not spec.config.check_restore:
+            raise ConfigError(
+                f"--conf {YARN_MAX_ATTEMPTS}={attempts} with --restore {restore}: every attempt YARN starts runs "
+                f"the same command, so a relaunched driver would restore {restore} again instead of resuming; "
+                "expected --restore latest-state (the default) when YARN restarts the driver: start from the "
+                "snapshot with --supervise instead (its restarts resume with latest-state), or start it once, "
+                "stop it, and relaunch with latest-state"
+            )
+    elif K8S_UPLOAD_PATH not in spec.conf and (local := _local_files(spec)):
+        raise ConfigError(
+            f"Kubernetes cluster mode with local files ({', '.join(local)}) and no {K8S_UPLOAD_PATH}: the driver "
+            "pod cannot read this host's disk, and spark-submit uploads local files only to that path; expected "
+            f"--conf {K8S_UPLOAD_PATH}=s3a://BUCKET/PREFIX (a Hadoop path the driver pod can read), or these "
+            "files as URIs the cluster reads (s3a://, https://, local:// for a file in the image)"
+        )
+
+
+def _yarn_attempts(conf: Mapping[str, str]) -> int | None:
+    value = conf.get(YARN_MAX_ATTEMPTS)
+    if value is None:
+        return None
+    try:
+        attempts = int(value.strip())
+    except ValueError:
+        attempts = 0
+    if attempts < 1:
+        raise ConfigError(f"--conf {YARN_MAX_ATTEMPTS}={value}: expected a whole number of attempts >= 1 "
+                          "(1: YARN never relaunches the driver)")
+    return attempts
+
+
+def _local_files(spec: SubmitSpec) -> list[str]:
+    """The names of the command's files on this host's disk (no scheme, or file://), which spark-submit uploads."""
+    shipped = spec.shipped
+    files = [str(ENTRYPOINT_PY), spec.job_file, *spec.files, *spec.py_files,
+             *((*shipped.py_files, shipped.archive) if shipped else ())]
+    return [Path(f).name for f in files if _job_path(f) is not None]
+
+
+def _cluster_conf(spec: SubmitSpec, manager: str, conf: dict[str, str]) -> None:
+    """A driver in a YARN or Kubernetes cluster: YARN relaunches it only when the user says so (a
+    ``spark.yarn.maxAppAttempts`` of their own, never under ``--supervise``), spark-submit waits for its end, and
+    it gets this launch's id (CKPT_LAUNCH_ID), as it would in client mode, so a superseded launch never takes the
+    lease."""
+    if spec.deploy_mode != "cluster" or manager not in WAIT_CONF:
+        return
+    if manager == "yarn":  # YARN's own default is the cluster's yarn.resourcemanager.am.max-attempts (2)
+        conf.setdefault(YARN_MAX_ATTEMPTS, "1")
+    conf.setdefault(WAIT_CONF[manager], "true")
+    launch_id = os.environ.get(LAUNCH_ENV)
+    if launch_id:
+        conf.setdefault(f"{_DRIVER_ENV_CONF[manager]}.{LAUNCH_ENV}", launch_id)
 
 
 def redact(argv: Sequence[str]) -> list[str]:

@@ -105,6 +105,7 @@ def test_yarn_cluster_mode_ships_the_job_file(job_file: Path, config: RuntimeCon
     assert argv == [
         SUBMIT, "--master", "yarn", "--deploy-mode", "cluster", "--name", "ckpt-orders",
         "--conf", "spark.yarn.maxAppAttempts=1", "--conf", f"spark.yarn.appMasterEnv.{GATE_ENV}={gate_file(config)}",
+        "--conf", "spark.yarn.submit.waitAppCompletion=true",
         "--files", f"lookup.csv,{job_file}", LAUNCH, "count.py", *config.to_args(),
     ]
     assert env == {}  # YARN would copy a local PYSPARK_PYTHON into the cluster
@@ -112,10 +113,13 @@ def test_yarn_cluster_mode_ships_the_job_file(job_file: Path, config: RuntimeCon
 
 def test_k8s_cluster_mode_with_a_remote_job_file(config: RuntimeConfig) -> None:
     argv, env = build_command(spec("s3a://jobs/v2/count.py", config, master="k8s://https://k8s:6443",
-                                   deploy_mode="cluster", env_python="/opt/venv/bin/python"))
+                                   deploy_mode="cluster", env_python="/opt/venv/bin/python",
+                                   conf={"spark.kubernetes.file.upload.path": "s3a://uploads/ckpt"}))
     assert argv == [
         SUBMIT, "--master", "k8s://https://k8s:6443", "--deploy-mode", "cluster", "--name", "ckpt-orders",
+        "--conf", "spark.kubernetes.file.upload.path=s3a://uploads/ckpt",
         "--conf", f"spark.kubernetes.driverEnv.{GATE_ENV}={gate_file(config)}",
+        "--conf", "spark.kubernetes.submission.waitAppCompletion=true",
         "--files", "s3a://jobs/v2/count.py", LAUNCH, "count.py", *config.to_args(),
     ]
     assert env == {"PYSPARK_PYTHON": "/opt/venv/bin/python", "PYSPARK_DRIVER_PYTHON": "/opt/venv/bin/python"}

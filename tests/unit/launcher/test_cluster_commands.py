@@ -1,0 +1,296 @@
+"""`ckpt run --dry-run --json` on YARN and Kubernetes in cluster mode: who restarts the driver, what the cluster
+must reach (docs/cluster.md). The real CLI, exact argv; nothing is built and nothing runs."""
+
+from __future__ import annotations
+
+import json
+from fnmatch import fnmatch
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import airflow_ckpt_provider.runtime
+from airflow_ckpt_provider.cli import main as cli
+from airflow_ckpt_provider.core.deployments import LAUNCH_ENV
+from airflow_ckpt_provider.core.gate import GATE_ENV
+from airflow_ckpt_provider.launcher.submit import gate_file
+from airflow_ckpt_provider.runtime.config import RuntimeConfig
+
+SUBMIT = "/opt/spark/bin/spark-submit"
+LAUNCH = str(Path(airflow_ckpt_provider.runtime.__file__).parent / "entrypoint.py")
+K8S = "k8s://https://k8s:6443"
+UPLOAD = "spark.kubernetes.file.upload.path=s3a://uploads/ckpt"
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The environment cache in tmp_path, no inherited Python or launch id (they would change the command)."""
+    path = tmp_path / "cache"
+    monkeypatch.setenv("CKPT_ENV_CACHE", str(path))
+    for key in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP", LAUNCH_ENV):
+        monkeypatch.delenv(key, raising=False)
+    return path
+
+
+@pytest.fixture
+def job_file(tmp_path: Path) -> Path:
+    path = tmp_path / "count.py"
+    path.write_text("# a job\n")
+    return path
+
+
+@pytest.fixture
+def archive(tmp_path: Path) -> Path:
+    """An archive the user packed (its content does not matter to a dry run)."""
+    path = tmp_path / "env.tar.gz"
+    path.write_bytes(b"not really a tarball")
+    return path
+
+
+def dry_run(capsys: pytest.CaptureFixture[str], job_file: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
+    code = cli.main(["run", str(job_file), "--job", "orders", "--store", "s3://bucket/jobs", "--checkpoint",
+                     "s3a://bucket/ckpt/orders", "--spark-submit", SUBMIT, *extra, "--dry-run", "--json"])
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if out else {}), err
+
+
+def confs(argv: list[str]) -> list[str]:
+    return [argv[i + 1] for i, arg in enumerate(argv) if arg == "--conf"]
+
+
+def tail(argv: list[str]) -> RuntimeConfig:
+    """The runtime config entrypoint.py gets (after the job file's name)."""
+    return RuntimeConfig.from_args(argv[argv.index(LAUNCH) + 2:])
+
+
+def test_yarn_cluster_supervised_leaves_restarts_to_the_supervisor_and_ships_the_python(
+    capsys: pytest.CaptureFixture[str], job_file: Path, cache: Path
+) -> None:
+    code, data, err = dry_run(capsys, job_file, "--master", "yarn", "--deploy-mode", "cluster", "--supervise")
+    assert (code, err) == (0, "")
+    argv = data["argv"]
+    shipped = data["python_env"]
+    archive, (code_zip,) = shipped["archive"], shipped["py_files"]
+    assert Path(archive).parent == cache and Path(archive).name.startswith("ckpt-env-")
+    assert Path(code_zip).parent == cache and Path(code_zip).name.startswith("ckpt-provider-")
+    assert argv == [
+        SUBMIT, "--master", "yarn", "--deploy-mode", "cluster", "--name", "ckpt-orders",
+        "--conf", "spark.pyspark.python=./ckpt-env/bin/python",
+        "--conf", f"spark.yarn.appMasterEnv.{GATE_ENV}={gate_file(tail(argv))}",
+        "--conf", "spark.yarn.maxAppAttempts=1",
+        "--conf", "spark.yarn.submit.waitAppCompletion=true",
+        "--py-files", code_zip,
+        "--files", str(job_file),
+        "--archives", f"{archive}#ckpt-env",
+        LAUNCH, "count.py", *tail(argv).to_args(),
+    ]
+    assert tail(argv).checkpoint == "s3a://bucket/ckpt/orders"
+    assert data["env"] == {}  # the driver runs in the cluster: nothing of this host's environment is meant for it
+    assert data["supervise"]["strategy"].startswith("exponential-delay")
+    # A dry run builds nothing: no environment, no code zip, not even the cache directory.
+    assert shipped["built"] is False
+    assert not cache.exists()
+
+
+@pytest.mark.parametrize("attempts", ["3", " 2"])
+def test_yarn_attempts_with_supervise_are_refused(
+    capsys: pytest.CaptureFixture[str], job_file: Path, attempts: str
+) -> None:
+    code, data, err = dry_run(capsys, job_file, "--master", "yarn", "--deploy-mode", "cluster", "--supervise",
+                              "--conf", f"spark.yarn.maxAppAttempts={attempts}")
+    assert (code, data) == (2, {})
+    n = attempts.strip()
+    assert err == (
+        f"error: --conf spark.yarn.maxAppAttempts={n} with --supervise: YARN would relaunch the driver (its "
+        "application master) while the supervisor starts another, two owners of one restart; expected "
+        "spark.yarn.maxAppAttempts=1 (what --supervise sets): drop the setting and the supervisor restarts the "
+        "driver, or drop --supervise and YARN does, with spark.yarn.am.attemptFailuresValidityInterval "
+        "(docs/cluster.md)\n"
+    )
+
+
+def test_yarn_unsupervised_may_let_yarn_restart_the_driver(
+    capsys: pytest.CaptureFixture[str], job_file: Path
+) -> None:
+    code, data, err = dry_run(capsys, job_file, "--master", "yarn", "--deploy-mode", "cluster", "--python-env",
+                              "none", "--conf", "spark.yarn.maxAppAttempts=3",
+                              "--conf", "spark.yarn.am.attemptFailuresValidityInterval=1h")
+    assert (code, err) == (0, "")
+    assert data["supervise"] is None and data["python_env"] is None
+    assert confs(data["argv"]) == [
+        "spark.yarn.maxAppAttempts=3", "spark.yarn.am.attemptFailuresValidityInterval=1h",
+        f"spark.yarn.appMasterEnv.{GATE_ENV}={gate_file(tail(data['argv']))}",
+        "spark.yarn.submit.waitAppCompletion=true",
+    ]
+
+
+def test_yarn_never_restarts_an_unsupervised_driver_unless_asked(
+    capsys: pytest.CaptureFixture[str], job_file: Path
+) -> None:
+    """YARN's own default (yarn.resourcemanager.am.max-attempts, 2) would make it a second, silent owner."""
+    code, data, _ = dry_run(capsys, job_file, "--master", "yarn", "--deploy-mode", "cluster", "--python-env", "none")
+    assert code == 0
+    assert confs(data["argv"])[1:] == ["spark.yarn.maxAppAttempts=1", "spark.yarn.submit.waitAppCompletion=true"]
+
+
+@pytest.mark.parametrize("restore", ["latest-savepoint", "none", "savepoint-7-20260101T000000Z-abcdef"])
+def test_yarn_restarts_resume_only_with_latest_state(
+    capsys: pytest.CaptureFixture[str], job_file: Path, restore: str
+) -> None:
+    code, _, err = dry_run(capsys, job_file, "--master", "yarn", "--deploy-mode", "cluster", "--python-env", "none",
+                           "--restore", restore, "--conf", "spark.yarn.maxAppAttempts=2")
+    assert code == 2
+    assert err == (
+        f"error: --conf spark.yarn.maxAppAttempts=2 with --restore {restore}: every attempt YARN starts runs the "
+        f"same command, so a relaunched driver would restore {restore} again instead of resuming; expected "
+        "--restore latest-state (the default) when YARN restarts the driver: start from the snapshot with "
+        "--supervise instead (its restarts resume with latest-state), or start it once, stop it, and relaunch "
+        "with latest-state\n"
+    )
+    code, _, err = dry_run(capsys, job_file, "--master", "yarn", "--deploy-mode", "cluster", "--python-env", "none",
+                           "--restore", restore)  # YARN does not restart: any restore
+    assert (code, err) == (0, "")
+
+
+def test_yarn_client_mode_attempts_do_not_restart_the_driver(
+    capsys: pytest.CaptureFixture[str], job_file: Path
+) -> None:
+    """In client mode YARN's application master only launches executors; the driver is the supervisor's child."""
+    code, data, _ = dry_run(capsys, job_file, "--master", "yarn", "--supervise", "--python-env", "none",
+                            "--conf", "spark.yarn.maxAppAttempts=3")
+    assert code == 0
+    assert confs(data["argv"]) == ["spark.yarn.maxAppAttempts=3"]
+    assert data["env"][GATE_ENV] == gate_file(tail(data["argv"]))
+
+
+def test_a_supervisor_needs_spark_submit_to_wait_for_the_driver(
+    capsys: pytest.CaptureFixture[str], job_file: Path
+) -> None:
+    setting = "spark.yarn.submit.waitAppCompletion"
+    base = ["--master", "yarn", "--deploy-mode", "cluster", "--python-env", "none", "--conf", f"{setting}=false"]
+    code, _, err = dry_run(capsys, job_file, *base, "--supervise")
+    assert code == 2
+    assert err == (f"error: --conf {setting}=false with --supervise: spark-submit would return once the driver is "
+                   f"submitted and the supervisor would take that for the driver's end; expected {setting}=true "
+                   "(what ckpt run sets): drop the setting, or run without --supervise\n")
+    code, data, _ = dry_run(capsys, job_file, *base)  # unsupervised: submit and return is the user's choice
+    assert code == 0 and f"{setting}=false" in confs(data["argv"])
+
+
+def test_k8s_cluster_mode_is_not_supervised(capsys: pytest.CaptureFixture[str], job_file: Path) -> None:
+    """spark-submit exits 0 whatever the driver pod's end: a supervisor would never restart a crashed driver."""
+    code, data, err = dry_run(capsys, job_file, "--master", K8S, "--deploy-mode", "cluster", "--supervise",
+                              "--python-env", "none", "--conf", UPLOAD)
+    assert (code, data) == (2, {})
+    assert err == (
+        "error: Kubernetes cluster mode with --supervise: spark-submit exits 0 however the driver pod ends (Spark "
+        "passes no driver exit code on Kubernetes, SPARK-26365), so the supervisor would take a crashed driver for a "
+        "stopped one and restart nothing; expected one owner that sees the driver fail: run without --supervise "
+        "under a Spark operator (restartPolicy OnFailure, docs/cluster.md), or use --deploy-mode client\n"
+    )
+    code, _, _ = dry_run(capsys, job_file, "--master", K8S, "--supervise", "--python-env", "none")
+    assert code == 0  # client mode: the driver is the supervisor's child
+
+
+def test_k8s_cluster_with_an_s3a_archive(capsys: pytest.CaptureFixture[str], job_file: Path, cache: Path) -> None:
+    code, data, err = dry_run(capsys, job_file, "--master", K8S, "--deploy-mode", "cluster",
+                              "--python-env", "s3a://bucket/env.tar.gz", "--conf", UPLOAD)
+    assert (code, err) == (0, "")
+    argv = data["argv"]
+    (code_zip,) = data["python_env"]["py_files"]
+    assert argv == [
+        SUBMIT, "--master", K8S, "--deploy-mode", "cluster", "--name", "ckpt-orders",
+        "--conf", UPLOAD,
+        "--conf", "spark.pyspark.python=./ckpt-env/bin/python",
+        "--conf", f"spark.kubernetes.driverEnv.{GATE_ENV}={gate_file(tail(argv))}",
+        "--conf", "spark.kubernetes.submission.waitAppCompletion=true",
+        "--py-files", code_zip,
+        "--files", str(job_file),
+        "--archives", "s3a://bucket/env.tar.gz#ckpt-env",
+        LAUNCH, "count.py", *tail(argv).to_args(),
+    ]
+    assert not any(c.startswith("spark.yarn.") for c in confs(argv))
+    assert data["supervise"] is None
+    assert data["python_env"]["built"] is False and not cache.exists()
+
+
+def test_k8s_cluster_with_a_local_archive_and_an_upload_path(
+    capsys: pytest.CaptureFixture[str], job_file: Path, archive: Path, cache: Path
+) -> None:
+    code, data, err = dry_run(capsys, job_file, "--master", K8S, "--deploy-mode", "cluster", "--python-env",
+                              str(archive), "--conf", UPLOAD)
+    assert (code, err) == (0, "")
+    argv = data["argv"]
+    assert argv[argv.index("--archives") + 1] == f"{archive}#ckpt-env"
+    assert argv[argv.index("--py-files") + 1] == data["python_env"]["py_files"][0]
+    assert confs(argv)[:2] == [UPLOAD, "spark.pyspark.python=./ckpt-env/bin/python"]
+    assert not cache.exists()  # nothing built: no code zip, no environment
+
+
+@pytest.mark.parametrize(
+    ("python_env", "files"),
+    [
+        ("archive", "entrypoint.py, count.py, ckpt-provider-*.zip, env.tar.gz"),
+        ("s3a://bucket/env.tar.gz", "entrypoint.py, count.py, ckpt-provider-*.zip"),
+        ("none", "entrypoint.py, count.py"),  # the runtime's own entrypoint.py is always a local file
+    ],
+)
+def test_k8s_cluster_with_local_files_and_no_upload_path_is_refused(
+    capsys: pytest.CaptureFixture[str], job_file: Path, archive: Path, python_env: str, files: str
+) -> None:
+    env = str(archive) if python_env == "archive" else python_env
+    code, data, err = dry_run(capsys, job_file, "--master", K8S, "--deploy-mode", "cluster", "--python-env", env)
+    assert (code, data) == (2, {})
+    prefix = "error: Kubernetes cluster mode with local files ("
+    assert err.startswith(prefix)
+    listed = err[len(prefix):err.index(")")]
+    assert fnmatch(listed, files), listed
+    assert err[len(prefix) + len(listed):] == (
+        ") and no spark.kubernetes.file.upload.path: the driver pod cannot read this host's disk, and spark-submit "
+        "uploads local files only to that path; expected --conf spark.kubernetes.file.upload.path=s3a://BUCKET/PREFIX"
+        " (a Hadoop path the driver pod can read), or these files as URIs the cluster reads (s3a://, https://, "
+        "local:// for a file in the image)\n"
+    )
+
+
+def test_k8s_client_mode_needs_no_upload_path(capsys: pytest.CaptureFixture[str], job_file: Path) -> None:
+    """In client mode the driver runs here and serves the files to the executors itself."""
+    code, data, _ = dry_run(capsys, job_file, "--master", K8S, "--python-env", "none")
+    assert code == 0
+    assert confs(data["argv"]) == []
+    assert data["env"][GATE_ENV] == gate_file(tail(data["argv"]))
+
+
+@pytest.mark.parametrize(
+    ("master", "prefix"), [("yarn", "spark.yarn.appMasterEnv"), (K8S, "spark.kubernetes.driverEnv")]
+)
+def test_a_remote_driver_gets_its_gate_and_launch_id_through_conf(
+    capsys: pytest.CaptureFixture[str], job_file: Path, monkeypatch: pytest.MonkeyPatch, master: str, prefix: str
+) -> None:
+    monkeypatch.setenv(LAUNCH_ENV, "20260101T000000Z-abc123")
+    code, data, _ = dry_run(capsys, job_file, "--master", master, "--deploy-mode", "cluster", "--python-env", "none",
+                            "--conf", UPLOAD)
+    assert code == 0
+    settings = confs(data["argv"])
+    assert f"{prefix}.{GATE_ENV}={gate_file(tail(data['argv']))}" in settings
+    assert f"{prefix}.{LAUNCH_ENV}=20260101T000000Z-abc123" in settings
+    assert GATE_ENV not in data["env"] and LAUNCH_ENV not in data["env"]
+
+
+def test_a_given_driver_env_wins(capsys: pytest.CaptureFixture[str], job_file: Path) -> None:
+    code, data, _ = dry_run(capsys, job_file, "--master", "yarn", "--deploy-mode", "cluster", "--python-env", "none",
+                            "--conf", f"spark.yarn.appMasterEnv.{GATE_ENV}=/var/run/gate",
+                            "--conf", "spark.yarn.submit.waitAppCompletion=TRUE", "--supervise")
+    assert code == 0
+    assert confs(data["argv"]) == [f"spark.yarn.appMasterEnv.{GATE_ENV}=/var/run/gate",
+                                   "spark.yarn.submit.waitAppCompletion=TRUE", "spark.yarn.maxAppAttempts=1"]
+
+
+@pytest.mark.parametrize("value", ["0", "many", ""])
+def test_yarn_attempts_must_be_a_count(capsys: pytest.CaptureFixture[str], job_file: Path, value: str) -> None:
+    code, _, err = dry_run(capsys, job_file, "--master", "yarn", "--deploy-mode", "cluster", "--python-env", "none",
+                           "--conf", f"spark.yarn.maxAppAttempts={value}")
+    assert code == 2
+    assert err == (f"error: --conf spark.yarn.maxAppAttempts={value}: expected a whole number of attempts >= 1 "
+                   "(1: YARN never relaunches the driver)\n")
