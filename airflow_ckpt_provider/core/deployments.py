@@ -53,6 +53,7 @@ class Deployment(JobSettings):
     py_files: tuple[str, ...] = ()
     files: tuple[str, ...] = ()
     spark_submit: str | None = None
+    python_env: str = "auto"  # the executors' Python: auto, ship, none or an archive (launcher/pyenv.py)
     env: dict[str, str] = field(default_factory=dict)
 
     def check(self) -> None:

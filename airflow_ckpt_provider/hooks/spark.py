@@ -23,7 +23,8 @@ DEFAULT_MASTER = "local[2]"
 class CkptSparkHook(BaseHook):
     """The Spark side of a deployment. Host is the master (``local[2]``, ``yarn``, ``spark://h``, ``k8s://...``;
     the port is appended to a ``spark://`` host); extra: ``deploy_mode``, ``spark_submit``, ``conf`` (a JSON
-    object of Spark settings). Without the default connection, jobs run on ``local[2]``."""
+    object of Spark settings), ``python_env`` (the executors' Python: ``auto``, ``ship``, ``none`` or an
+    archive; docs/cluster.md). Without the default connection, jobs run on ``local[2]``."""
 
     conn_name_attr = "ckpt_spark_conn_id"
     default_conn_name = "ckpt_spark_default"
@@ -36,14 +37,15 @@ class CkptSparkHook(BaseHook):
 
     @cached_property
     def settings(self) -> dict[str, Any]:
-        """``master``, ``deploy_mode``, ``spark_submit`` and ``conf`` of the connection."""
+        """``master``, ``deploy_mode``, ``spark_submit``, ``conf`` and ``python_env`` of the connection."""
         try:
             conn = self.get_connection(self.ckpt_spark_conn_id)
         except AirflowNotFoundException:
             if self.ckpt_spark_conn_id != self.default_conn_name:
                 raise
             self.log.info("no connection %s: running jobs on %s", self.ckpt_spark_conn_id, DEFAULT_MASTER)
-            return {"master": DEFAULT_MASTER, "deploy_mode": "client", "spark_submit": None, "conf": {}}
+            return {"master": DEFAULT_MASTER, "deploy_mode": "client", "spark_submit": None, "conf": {},
+                    "python_env": "auto"}
         extra = conn.extra_dejson
         master = (conn.host or DEFAULT_MASTER).strip()
         if master.startswith("spark://") and conn.port and not urlparse(master).port:
@@ -54,6 +56,7 @@ class CkptSparkHook(BaseHook):
             "deploy_mode": extra.get("deploy_mode") or "client",
             "spark_submit": extra.get("spark_submit") or None,
             "conf": _conf(extra.get("conf"), self.ckpt_spark_conn_id),
+            "python_env": extra.get("python_env") or "auto",
         }
 
     def test_connection(self) -> tuple[bool, str]:

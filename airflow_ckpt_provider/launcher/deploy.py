@@ -30,6 +30,7 @@ from airflow_ckpt_provider.core.jobstore import SPEC_LAST, JobStore
 from airflow_ckpt_provider.core.modes import RestoreSpec
 from airflow_ckpt_provider.core.settings import JobSettings
 from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.launcher import pyenv
 from airflow_ckpt_provider.launcher.submit import SubmitSpec, build_command
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 
@@ -43,7 +44,7 @@ def run_argv(deployment: Deployment, job: str, store: str, restore: RestoreSpec,
     argv = [sys.executable, "-m", "airflow_ckpt_provider.cli", "run", d.job_file, "--job", job, "--store", store,
             "--restore", str(restore), "--supervise", "--master", d.master, "--deploy-mode", d.deploy_mode,
             *d.to_argv(JobSettings)]
-    optional = {"--code-version": d.code_version, "--spark-submit": d.spark_submit,
+    optional = {"--code-version": d.code_version, "--spark-submit": d.spark_submit, "--python-env": d.python_env,
                 "--endpoint-url": s3.endpoint_url if s3 else None, "--region": s3.region if s3 else None}
     for flag, value in optional.items():
         if value is not None:
@@ -58,15 +59,17 @@ def run_argv(deployment: Deployment, job: str, store: str, restore: RestoreSpec,
 
 
 def submit_spec(deployment: Deployment, job: str, store: str, restore: RestoreSpec, s3: S3Options | None = None,
-                **runtime: Any) -> SubmitSpec:
-    """The spark-submit side of this deployment for one driver (``runtime``: more RuntimeConfig fields)."""
+                *, supervised: bool = False, **runtime: Any) -> SubmitSpec:
+    """The spark-submit side of this deployment for one driver (``runtime``: more RuntimeConfig fields);
+    ``supervised`` as launched (``ckpt run --supervise``), so what a supervisor may not run is refused here."""
     d = deployment
     config = RuntimeConfig(
         **d.values(JobSettings), job=job, store=store, restore=restore, code_version=d.code_version,
         endpoint_url=s3.endpoint_url if s3 else None, region=s3.region if s3 else None, **runtime,
     )
     return SubmitSpec(job_file=d.job_file, config=config, master=d.master, deploy_mode=d.deploy_mode,
-                      conf=dict(d.conf), py_files=d.py_files, files=d.files, spark_submit=d.spark_submit)
+                      conf=dict(d.conf), py_files=d.py_files, files=d.files, spark_submit=d.spark_submit,
+                      shipped=pyenv.plan(d.python_env, d.master), supervised=supervised)
 
 
 def credentials_env(s3: S3Options | None) -> dict[str, str]:
@@ -104,7 +107,7 @@ def launch(
     log_file = logs / f"{launch_id}.log"
     record = Launch(store.job, deployment, restore, now, launched_by or f"{os.environ.get('USER', '?')}@"
                     f"{socket.gethostname()}", launch_id, host=socket.gethostname(), log_file=str(log_file))
-    build_command(submit_spec(deployment, store.job, store_url, restore, s3))  # bad input fails here, not later
+    build_command(submit_spec(deployment, store.job, store_url, restore, s3, supervised=True))  # bad input: here
     argv = run_argv(deployment, store.job, store_url, restore, s3)
     store.storage.write(SPEC_LAST, record.to_bytes())
     # Airflow's own settings (connections, the metadata database) are not the job's business.

@@ -174,7 +174,7 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
         return settings_of(Deployment, self, skip=NOT_ARGUMENTS, job_file=self.job_file,
                            code_version=self.code_version, master=spark["master"], deploy_mode=spark["deploy_mode"],
                            spark_submit=spark["spark_submit"], conf={**spark["conf"], **(self.conf or {})},
-                           env=dict(self.env or {}))
+                           python_env=spark["python_env"], env=dict(self.env or {}))
 
     def execute(self, context: Context) -> Any:
         try:

@@ -120,7 +120,7 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
                 raise ConfigError("it is not running, so no savepoint can be taken; use upgrade_mode last-state to "
                                   "upgrade from its latest checkpoint")
             hook = self.store_hook  # a deployment spark-submit would refuse fails here, before anything stops
-            build_command(submit_spec(new, self.job, hook.store_url, LATEST_STATE, hook.s3_options))
+            build_command(submit_spec(new, self.job, hook.store_url, LATEST_STATE, hook.s3_options, supervised=True))
             if mode is not UpgradeMode.STATELESS:
                 self._check(store, new)
         except CkptError as err:

@@ -94,6 +94,8 @@ class FilesSink:
         from airflow_ckpt_provider.sinks.filelayout import read_committed
 
         table = read_committed(self.url, self.s3)
+        if table.num_rows == 0:  # nothing committed yet: a table without columns
+            return []
         return list(zip(table.column("id").to_pylist(), table.column("key").to_pylist(),
                         table.column("part").to_pylist(), strict=True))
 

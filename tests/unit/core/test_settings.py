@@ -119,7 +119,8 @@ def test_a_deployment_record_of_the_previous_version_reads_and_round_trips() -> 
     assert d.restart_strategy is RestartStrategyName.FIXED_DELAY and d.time_travel is TimeTravel.REFUSE
     newer = {k: v for k, v in JobSettings().to_json().items() if k not in OLD_DEPLOYMENT}
     assert "fence_grace" in newer and d.fence_grace == 3.0  # settings it did not record: their defaults
-    assert d.to_dict() == OLD_DEPLOYMENT | newer  # the same flat shape, keys for newer settings added
+    assert d.python_env == "auto"  # a field it did not record: its default
+    assert d.to_dict() == OLD_DEPLOYMENT | newer | {"python_env": "auto"}  # the same flat shape, newer keys added
     old_launch = {"job": "orders", "deployment": OLD_DEPLOYMENT, "restore": "latest-state", "launched_at": 1.7e9,
                   "launched_by": "airflow:dag.submit", "launch_id": "L1", "pid": 7}
     launch = Launch.from_bytes(json.dumps(old_launch).encode(), "spec/last.json")

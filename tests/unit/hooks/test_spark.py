@@ -26,17 +26,18 @@ def test_spark_hook_settings_from_the_connection(monkeypatch: pytest.MonkeyPatch
                      extra={"conf": conf, "deploy_mode": "client", "spark_submit": "/opt/spark/bin/spark-submit"})
     assert CkptSparkHook().settings == {
         "master": "spark://h:7077", "deploy_mode": "client", "spark_submit": "/opt/spark/bin/spark-submit",
-        "conf": {"spark.executor.memory": "1g", "spark.sql.shuffle.partitions": "4"}}
+        "conf": {"spark.executor.memory": "1g", "spark.sql.shuffle.partitions": "4"}, "python_env": "auto"}
 
 
 def test_spark_hook_keeps_a_port_in_the_host_and_other_masters(monkeypatch: pytest.MonkeyPatch) -> None:
     spark_connection(monkeypatch, host="spark://h:7078", port=7077)
     assert CkptSparkHook().settings["master"] == "spark://h:7078"
-    spark_connection(monkeypatch, host="yarn", port=7077, extra={"deploy_mode": "cluster"})
-    assert (CkptSparkHook().settings["master"], CkptSparkHook().settings["deploy_mode"]) == ("yarn", "cluster")
+    spark_connection(monkeypatch, host="yarn", port=7077, extra={"deploy_mode": "cluster", "python_env": "none"})
+    assert (CkptSparkHook().settings["master"], CkptSparkHook().settings["deploy_mode"],
+            CkptSparkHook().settings["python_env"]) == ("yarn", "cluster", "none")
     spark_connection(monkeypatch)
     assert CkptSparkHook().settings == {"master": "local[2]", "deploy_mode": "client", "spark_submit": None,
-                                        "conf": {}}
+                                        "conf": {}, "python_env": "auto"}
 
 
 @pytest.mark.parametrize(("conn", "message"), [
@@ -53,6 +54,6 @@ def test_spark_hook_refuses_bad_settings(monkeypatch: pytest.MonkeyPatch, conn: 
 def test_spark_hook_without_the_default_connection_runs_locally(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AIRFLOW_CONN_CKPT_SPARK_DEFAULT", raising=False)
     assert CkptSparkHook().settings == {"master": "local[2]", "deploy_mode": "client", "spark_submit": None,
-                                        "conf": {}}
+                                        "conf": {}, "python_env": "auto"}
     with pytest.raises(AirflowNotFoundException, match="my_spark"):
         _ = CkptSparkHook("my_spark").settings  # a connection named on purpose must exist
