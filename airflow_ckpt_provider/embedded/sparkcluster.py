@@ -94,7 +94,7 @@ class _Master(_Node):
     def _ready(self) -> bool:
         try:
             return bool(_get_json(f"{self.ui_url}/json/").get("status") == "ALIVE")
-        except OSError:
+        except (OSError, ValueError):  # not listening yet, or its UI not serving the JSON route yet
             return False
 
     def _describe(self) -> str:
@@ -211,7 +211,7 @@ class EmbeddedSparkCluster:
         """The master's JSON view (workers, active and completed applications); {} while it is down."""
         try:
             return dict(_get_json(f"{self.master.ui_url}/json/"))
-        except OSError:
+        except (OSError, ValueError):  # down, or starting (its UI serves HTML before the JSON route)
             return {}
 
     def job_conf(self) -> dict[str, str]:

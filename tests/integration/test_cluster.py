@@ -132,7 +132,7 @@ def test_exactly_once_on_the_cluster_through_executor_worker_master_and_driver_k
 
     # The savepoint restored in local mode, elsewhere (a new live checkpoint): the same output, exactly.
     job.feeder.feed()
-    local = job.start("local", env.work / "checkpoint-local", "--restore", f"savepoint:{savepoint}", cluster=None)
+    local = job.start("local", env.work / "checkpoint-local", "--restore", savepoint, cluster=None)
     restored = job.running(local, epoch_above=restarted.epoch)
     assert restored.app_id and restored.app_id.startswith("local-"), restored
     job.feed_and_wait(local, "in local mode")
