@@ -18,7 +18,9 @@ from airflow_ckpt_provider.core.control import Outcome, RequestAction
 from airflow_ckpt_provider.core.status import JobState, JobStatus
 from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.embedded.sparkcluster import EmbeddedSparkCluster
-from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_STOPPED
+from airflow_ckpt_provider.examples._orders import read_totals
+from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_INCOMPATIBLE, EXIT_STOPPED
+from tests.integration.test_restore_check import EXAMPLES, expected_totals, produce_orders, store_contents
 from tests.support.exactlyonce import EO_JOB, MAX_OFFSETS, WAIT, Feeder, FilesSink, expected_rows, wait_for
 from tests.support.runtimejob import JobEnv, Run, kill_driver, produce
 
@@ -140,13 +142,46 @@ def test_exactly_once_on_the_cluster_through_executor_worker_master_and_driver_k
     job.assert_exactly_once()
 
 
+def test_an_upgrade_on_the_cluster_from_a_local_savepoint_is_checked_there_first_and_keeps_the_state(
+        env: JobEnv, cluster: EmbeddedSparkCluster, runs: list[Run]) -> None:
+    """orders_v1 in local mode stops with a savepoint; on the cluster the restore check accepts v2 and refuses an
+    incompatible version without touching the store; v2 then restores the savepoint there: totals exact."""
+    orders = {"ORDERS_BOOTSTRAP": env.kafka.bootstrap_servers, "ORDERS_TOPIC": env.topic, "ORDERS_OUT": str(env.out),
+              "ORDERS_GROUP": f"ckpt-{env.job}", "ORDERS_MAX_PER_BATCH": "100"}
+    produce_orders(env.kafka.bootstrap_servers, env.topic, 0, 300)
+    runs.append(v1 := env.run("v1-local", env.work / "checkpoint-local", job_file=EXAMPLES / "orders_v1.py",
+                              extra_env=orders))
+    status = env.wait_status("300 orders in local mode", lambda s: env.consumed(s) == 300, WAIT, v1)
+    stop = env.request(RequestAction.STOP, status.epoch)
+    assert stop.outcome is Outcome.COMPLETED and stop.snapshot_id, stop
+    assert v1.wait(WAIT) == EXIT_STOPPED, v1.tail()
+
+    before = store_contents(env.store())
+    checkpoint = env.work / "checkpoint-cluster"
+    for job_file, code in (("orders_v2.py", 0), ("orders_incompatible.py", EXIT_INCOMPATIBLE)):
+        runs.append(check := on_cluster(env, cluster, f"check-{job_file}", checkpoint, "--check-restore",
+                                        "--restore", stop.snapshot_id, job_file=EXAMPLES / job_file, extra_env=orders))
+        assert check.wait(WAIT) == code, check.tail()
+        assert "executor" in check.log.read_text(errors="replace")  # it ran on the cluster's executors
+    assert store_contents(env.store()) == before  # the checks changed nothing
+
+    produce_orders(env.kafka.bootstrap_servers, env.topic, 300, 300)
+    runs.append(v2 := on_cluster(env, cluster, "v2-cluster", checkpoint, "--restore", stop.snapshot_id,
+                                 job_file=EXAMPLES / "orders_v2.py", extra_env=orders))
+    status = env.wait_status("600 orders on the cluster", lambda s: env.consumed(s) == 600, WAIT, v2)
+    assert status.app_id and status.app_id.startswith("app-") and status.restored_from == stop.snapshot_id, status
+    assert env.request(RequestAction.STOP, status.epoch).outcome is Outcome.COMPLETED
+    assert v2.wait(WAIT) == EXIT_STOPPED, v2.tail()
+    assert read_totals(env.out) == expected_totals(600)  # v1's state went on in v2: every order once
+
+
 def test_without_shipping_a_job_on_nodes_lacking_its_modules_fails_once_naming_the_module_and_the_fix(
         env: JobEnv, cluster: EmbeddedSparkCluster, runs: list[Run]) -> None:
     """The driver's host has the modules (python3 on its PATH is this venv's), the nodes' python3 has none."""
     env.out.mkdir(parents=True)
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
     run = on_cluster(env, cluster, "unshipped", env.work / "checkpoint", "--python-env", "none", "--supervise",
-                     extra_env={"PATH": path})
+                     "--conf", "spark.task.maxFailures=1", extra_env={"PATH": path})  # fail at the first task
     runs.append(run)
     produce(env.kafka.bootstrap_servers, env.topic, 0, 50)
     assert run.wait(WAIT) == EXIT_CONFIG, run.tail()
@@ -164,7 +199,7 @@ def test_bad_cluster_input_is_refused_before_any_lease_or_write(env: JobEnv, clu
     cases = {
         "unreachable": (("--master", f"spark://127.0.0.1:{_closed_port()}"), "is unreachable"),
         "typo": (("--master", cluster.master_url.replace("spark://", "sprak://")), "unknown Spark master"),
-        "too-big": (("--conf", "spark.executor.memory=4g", "--executor-timeout", "20"), "no executor registered"),
+        "too-big": (("--conf", "spark.executor.memory=4g", "--executor-timeout", "8"), "no executor registered"),
     }
     for name, (args, message) in cases.items():
         run = on_cluster(env, cluster, name, env.work / f"checkpoint-{name}", *args)
