@@ -49,6 +49,9 @@ _SPARK_CONF_DIR = pytest.StashKey[Path]()
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "stress(base, per_run): repeated under load, once by default, more with --full or --stress-runs N")
+    config.addinivalue_line(
+        "markers", "full(proven_by): runs only with --full; the test named proven_by proves the same guarantee "
+        "in the default suite (the 30-minute budget)")
     if "SPARK_CONF_DIR" not in os.environ:  # a spark-defaults.conf of the session, inherited by every spark-submit
         conf_dir = Path(tempfile.mkdtemp(prefix="ckpt-tests-spark-conf-"))
         (conf_dir / "spark-defaults.conf").write_text(f"spark.driver.extraJavaOptions {TEST_DRIVER_JVM}\n")
@@ -72,9 +75,15 @@ def stress_runs(config: pytest.Config) -> int:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A stress test's time limit grows with its iterations: ``@pytest.mark.stress(base=S, per_run=S)``."""
+    """A stress test's time limit grows with its iterations: ``@pytest.mark.stress(base=S, per_run=S)``; a test
+    marked ``full`` is skipped without --full."""
     runs = stress_runs(config)
+    full = config.getoption("--full")
     for item in items:
+        only_full = item.get_closest_marker("full")
+        if only_full is not None and not full:
+            item.add_marker(pytest.mark.skip(reason=f"with --full only; {only_full.kwargs['proven_by']} proves the "
+                                                    "same guarantee in the default suite"))
         marker = item.get_closest_marker("stress")
         if marker is not None:
             limit = marker.kwargs.get("base", 300) + marker.kwargs.get("per_run", 600) * runs

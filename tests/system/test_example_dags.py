@@ -44,6 +44,8 @@ def control_requests(world: World) -> list[str]:
     return sorted(o.key for o in world.store.storage.list(CONTROL) if not o.key.endswith(".ack.json"))
 
 
+@pytest.mark.full(proven_by="test_outlive.py (the keep-alive DAG, its health watch and one restart owner) and "
+                            "integration/test_restart_owner.py")
 def test_keep_alive_dag_restarts_a_killed_driver_with_exact_counts(world: World, home: AirflowHome) -> None:
     world.produce(2000)
     killed: list[JobStatus] = []
@@ -117,6 +119,8 @@ def test_failing_upgrade_is_rolled_back(world: World, home: AirflowHome) -> None
     assert_exact(world)
 
 
+@pytest.mark.full(proven_by="test_upgrade_chain_survives_defer_and_resume_through_scheduler_and_triggerer_"
+                            "under_cpu_load (the same DAG to v2 with its state, through a real scheduler)")
 def test_upgrade_dag_takes_the_job_to_v2_with_its_state(world: World, home: AirflowHome) -> None:
     before = running(world)
     with world.flowing():
