@@ -1,11 +1,13 @@
 """The demo: a PySpark streaming job operated from Airflow like a Flink job, on the embedded default.
 
 Starts SeaweedFS (S3) and tansu (Kafka) on 127.0.0.1, a throwaway Airflow home (sqlite), produces
-orders, and runs the example DAGs in dags/ with ``airflow dags test`` (deferred tasks run in-process):
+orders, and runs the example DAGs in dags/ with ``airflow dags test`` (deferred tasks run in-process).
+With ``--cluster`` the jobs run on a Spark standalone cluster on 127.0.0.1 (a master and two workers whose
+own Python has none of the job's modules: the executors' Python is shipped):
 
-1. ``ckpt_keep_alive``: submit the example job (orders_v1.py) supervised on local Spark; while its
-   health watch runs, kill -9 the driver; then say, from the job store's records, who restarted it (status.json's
-   RESTARTING, deployments/<epoch>.json, spec/last.json), from which batch, in how long, and what the DAG did;
+1. ``ckpt_keep_alive``: submit the example job (orders_v1.py) supervised on local Spark (on the cluster:
+   kill -9 an executor first, and see the same driver go on); while its health watch runs, kill -9 the
+   driver; then say, from the job store's records, who restarted it (status.json's RESTARTING, deployments/<epoch>.json, spec/last.json), from which batch, in how long, and what the DAG did;
 2. ``ckpt_savepoint_restore``: a savepoint on demand, and the job restored from it;
 3. ``ckpt_upgrade_job``: upgrade to orders_v2.py keeping state (compatibility check, stop with
    savepoint, start v2 from it, verify);
@@ -17,6 +19,7 @@ orders, and runs the example DAGs in dags/ with ``airflow dags test`` (deferred 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import subprocess
 import tempfile
@@ -29,6 +32,7 @@ from airflow_ckpt_provider.core.control import RequestAction, submit_request, wa
 from airflow_ckpt_provider.core.snapshots import list_snapshots
 from airflow_ckpt_provider.demo.world import CUSTOMERS, EXAMPLES, TIMEOUT, AirflowHome, RestartSeen, World, say
 from airflow_ckpt_provider.embedded import EmbeddedServices
+from airflow_ckpt_provider.embedded.sparkcluster import EmbeddedSparkCluster
 
 
 def _expect_success(done: subprocess.CompletedProcess[str], dag_id: str) -> None:
@@ -37,11 +41,15 @@ def _expect_success(done: subprocess.CompletedProcess[str], dag_id: str) -> None
     say(f"DAG {dag_id}: success")
 
 
-def _kill_when_running(world: World, seen: list[RestartSeen]) -> threading.Thread:
-    """In the background: once the driver has committed two batches, kill -9 it, produce more orders meanwhile,
-    and follow the job store until a driver of a newer epoch commits a batch (``seen``: what the records say)."""
+def _kill_when_running(world: World, seen: list[RestartSeen],
+                       cluster: EmbeddedSparkCluster | None) -> threading.Thread:
+    """In the background: on a cluster, kill -9 an executor first and show the job going on; once the driver has
+    committed two batches, kill -9 it, produce more orders meanwhile, and follow the job store until a driver of a
+    newer epoch commits a batch (``seen``: what the records say)."""
 
     def run() -> None:
+        if cluster is not None:
+            _on_the_cluster(world, cluster)
         status = world.wait("two batches", lambda s: s.state == "RUNNING" and (s.batch_id or 0) >= 2)
         world.kill_driver(status)
         killed_at = time.time()
@@ -70,13 +78,31 @@ def _restart_task(output: str) -> str:
     return "the DAG's restart task did not run"
 
 
-def scenario(world: World, home: AirflowHome) -> dict[str, Any]:
+def _on_the_cluster(world: World, cluster: EmbeddedSparkCluster) -> None:
+    """Where the running job's executors are, then kill -9 one of them and show the job going on."""
+    status = world.wait("a running driver", lambda s: s.state == "RUNNING" and (s.batch_id or 0) >= 1)
+    app = status.app_id or ""
+    running = cluster.wait_for_executors(app, 2)
+    say(f"on the cluster: application {app}, executors " +
+        ", ".join(f"{e.executor_id} (pid {e.pid}, worker {e.worker})" for e in running))
+    killed = cluster.kill_executor(app)
+    batch = status.batch_id or 0
+    say(f"kill -9 of executor {killed.executor_id} (pid {killed.pid}) on worker {killed.worker} at batch {batch}")
+    world.produce(500)
+    after = world.wait("a batch after the executor kill", lambda s: (s.batch_id or 0) > batch + 1)
+    now = cluster.executors(app)
+    say(f"the same driver (epoch {after.epoch}, pid {after.pid}) went on to batch {after.batch_id}; executors now "
+        + ", ".join(f"{e.executor_id} (worker {e.worker})" for e in now) + " (the master replaced the lost one)")
+
+
+def scenario(world: World, home: AirflowHome, cluster: EmbeddedSparkCluster | None = None) -> dict[str, Any]:
     world.produce(3000)
     say(f"produced 3000 orders to topic {world.topic}")
 
-    say("1. DAG ckpt_keep_alive: submit the job supervised, watch its health; the driver gets killed meanwhile")
+    say("1. DAG ckpt_keep_alive: submit the job supervised, watch its health; the driver gets killed meanwhile"
+        + (" (an executor first)" if cluster else ""))
     seen: list[RestartSeen] = []
-    killer = _kill_when_running(world, seen)
+    killer = _kill_when_running(world, seen, cluster)
     done = home.dags_test("ckpt_keep_alive")
     _expect_success(done, "ckpt_keep_alive")
     killer.join(TIMEOUT)
@@ -104,6 +130,8 @@ def scenario(world: World, home: AirflowHome) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, checkpoints)")
+    parser.add_argument("--cluster", action="store_true",
+                        help="run the jobs on a Spark standalone cluster on 127.0.0.1 (a master, two workers)")
     parser.add_argument("--watch-seconds", type=float, default=45.0,
                         help="how long the keep-alive DAG watches the job's health (default 45)")
     args = parser.parse_args(argv)
@@ -111,14 +139,22 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     world = None
     try:
-        with EmbeddedServices() as services:
+        with EmbeddedServices() as services, contextlib.ExitStack() as stack:
             say(f"SeaweedFS at {services.s3.endpoint_url}, tansu at {services.kafka.bootstrap_servers}")
+            cluster = stack.enter_context(EmbeddedSparkCluster(workdir=work / "spark")) if args.cluster else None
+            if cluster is not None:
+                say(f"Spark standalone master {cluster.master_url} (UI {cluster.master.ui_url}), workers "
+                    + ", ".join(f"{w.index} (UI {w.ui_url})" for w in cluster.workers)
+                    + f"; the workers' python3 ({cluster.node_python}) has no pandas, pyarrow, confluent-kafka "
+                    "or this provider")
             world = World(services, work)
-            home = AirflowHome(world, work / "airflow", watch_seconds=args.watch_seconds)
+            home = AirflowHome(world, work / "airflow", watch_seconds=args.watch_seconds,
+                               master=cluster.master_url if cluster else "local[2]",
+                               conf=cluster.job_conf() if cluster else None)
             home.migrate()
             say(f"Airflow home {home.path} (logs of each DAG run there)")
             try:
-                result = scenario(world, home)
+                result = scenario(world, home, cluster)
                 status = world.status()
                 assert status is not None
                 ack = wait_ack(world.store, submit_request(world.store, RequestAction.STOP, status.epoch).id, TIMEOUT)

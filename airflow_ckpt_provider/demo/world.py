@@ -258,12 +258,14 @@ class DagTestProcess:
 class AirflowHome:
     """A throwaway Airflow home (sqlite) whose connections and variables point at a World."""
 
-    def __init__(self, world: World, path: Path, *, watch_seconds: float = 60.0) -> None:
+    def __init__(self, world: World, path: Path, *, watch_seconds: float = 60.0, master: str = "local[2]",
+                 conf: dict[str, str] | None = None) -> None:
+        """``master`` and ``conf``: where the jobs run (the ckpt_spark connection), local[2] by default."""
         self.world, self.path = world, path
         s3 = world.services.s3
         store = {"conn_type": "ckpt_store", "host": s3.endpoint_url, "login": s3.access_key,
                  "password": s3.secret_key, "extra": {"store_url": world.store_url, "region_name": s3.region}}
-        spark = {"conn_type": "ckpt_spark", "host": "local[2]", "extra": {"conf": SPARK_CONF}}
+        spark = {"conn_type": "ckpt_spark", "host": master, "extra": {"conf": {**SPARK_CONF, **(conf or {})}}}
         self.env = {
             **os.environ,
             "AIRFLOW_HOME": str(path),
