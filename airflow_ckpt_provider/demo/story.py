@@ -7,7 +7,8 @@ own Python has none of the job's modules: the executors' Python is shipped):
 
 1. ``ckpt_keep_alive``: submit the example job (orders_v1.py) supervised on local Spark (on the cluster:
    kill -9 an executor first, and see the same driver go on); while its health watch runs, kill -9 the
-   driver; then say, from the job store's records, who restarted it (status.json's RESTARTING, deployments/<epoch>.json, spec/last.json), from which batch, in how long, and what the DAG did;
+   driver; then say, from the job store's records, who restarted it (status.json's RESTARTING,
+   deployments/<epoch>.json, spec/last.json), from which batch, in how long, and what the DAG did;
 2. ``ckpt_savepoint_restore``: a savepoint on demand, and the job restored from it;
 3. ``ckpt_upgrade_job``: upgrade to orders_v2.py keeping state (compatibility check, stop with
    savepoint, start v2 from it, verify);
