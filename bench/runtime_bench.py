@@ -24,6 +24,11 @@ order (A B, B A, A B). Each job is measured for:
    committed after it, split into detection, delay, query start and that batch. Targets: median <= 5 s and
    <= 0.2x the cold start of the same jobs.
 
+With ``--cluster`` each round also runs C = A on a Spark standalone cluster on 127.0.0.1 (embedded/sparkcluster.py:
+a master and two workers, 1 core and 1 GB each; the executors' Python shipped with ``--python-env ship`` from an
+environment cache that starts empty, so the first C job builds it and the later ones reuse it): throughput and
+both recoveries of C next to A's, and the cost of shipping (the first C cold start versus the later ones).
+
 Times come from the ``ckpt run -v`` log lines (supervisor and driver, millisecond timestamps; Spark's
 own lines have whole seconds) and from this script's clock at spawn and kill. Prints tables and a
 verdict per target; nothing is asserted. Starts its own SeaweedFS and tansu on 127.0.0.1 and stops
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import itertools
 import os
 import re
@@ -55,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script:
 from airflow_ckpt_provider.core.manifest import Kind
 from airflow_ckpt_provider.core.snapshots import list_snapshots
 from airflow_ckpt_provider.embedded import EmbeddedServices
+from airflow_ckpt_provider.embedded.sparkcluster import EmbeddedSparkCluster
 from tests.support.runtimejob import JobEnv, Run
 
 PARTITIONS = 3
@@ -84,6 +91,7 @@ class Options:
     kill_after: float
     workdir: Path
     failures: int = 3
+    cluster: bool = False
 
 
 # -- the ckpt run log ------------------------------------------------------------------------------
@@ -103,6 +111,7 @@ PATTERNS = {
     "qfailed": re.compile(r"^job \S+ epoch (\d+): query failed at batch (\S+) .* restarting it in this driver in "
                           r"([\d.]+) s \(attempt (\d+)"),
     "qrestarted": re.compile(r"^job \S+ epoch (\d+): query restarted in this driver \(attempt (\d+)\)"),
+    "envbuilt": re.compile(r"^built the executors' Python environment in ([\d.]+) s: (\S+) \(([\d.]+) MB\)"),
     "snapshot": re.compile(r"^job \S+ snapshot \S+ \(batch (\d+)\): completed (checkpoint|savepoint) .* ([\d.]+) s$"),
 }
 
@@ -501,6 +510,7 @@ def log_start(s: Start) -> None:
 CONFIGS = {
     "A": ("--checkpoint-interval", "{ci}", "--savepoint-interval", "{sp}"),
     "B": ("--checkpoint-interval", "none", "--savepoint-interval", "none"),
+    "C": ("--checkpoint-interval", "{ci}", "--savepoint-interval", "{sp}", "--python-env", "ship"),
 }
 
 
@@ -547,7 +557,7 @@ def throughput(env: JobEnv, watch: LogWatch, opts: Options, rnd: int, config: st
     snaps = [e for e in watch.events if e.kind == "snapshot" and e.t <= last.t]
     ckpts = [float(e.fields[2]) for e in snaps if e.fields[1] == "checkpoint"]
     stored = ""
-    if config == "A":
+    if config in MEASURED:
         found = list_snapshots(env.store())
         stored = (f"{sum(m.kind is Kind.CHECKPOINT for m in found)} ckpt + "
                   f"{sum(m.kind is Kind.SAVEPOINT for m in found)} sp")
@@ -565,8 +575,13 @@ def throughput(env: JobEnv, watch: LogWatch, opts: Options, rnd: int, config: st
 
 # -- one job: cold start, throughput, recoveries --------------------------------------------------
 
-def job_run(env: JobEnv, opts: Options, rnd: int, config: str,
-            servers: dict[str, int | None]) -> tuple[list[Start], Throughput, list[QueryRecovery]]:
+#: The configurations whose recoveries are measured: A in local mode, and C, the same on the cluster.
+MEASURED = ("A", "C")
+BUILT = "built the environment"
+
+
+def job_run(env: JobEnv, opts: Options, rnd: int, config: str, servers: dict[str, int | None],
+            cluster: EmbeddedSparkCluster | None = None) -> tuple[list[Start], Throughput, list[QueryRecovery]]:
     name = f"{rnd}-{config}"
     checkpoint = opts.workdir / name / "checkpoint"
     faults = opts.workdir / name / "faults"
@@ -574,23 +589,33 @@ def job_run(env: JobEnv, opts: Options, rnd: int, config: str,
     args = [a.format(ci=f"{opts.checkpoint_interval:g}", sp=f"{opts.savepoint_interval:g}") for a in CONFIGS[config]]
     spawned = time.time()
     # fixed-delay counts the restarts of one driver (in-driver) and of the supervisor (processes) apart
+    where: dict[str, Any] = {}
+    extra = {"CKPT_TEST_FAULT_DIR": str(faults), "CKPT_TEST_FAULTS": "sink"}
+    if config == "C":
+        assert cluster is not None
+        where = {"master": cluster.master_url, "conf": cluster.job_conf()}
+        extra["CKPT_ENV_CACHE"] = str(opts.workdir / "env-cache")  # empty at the start of the bench
     run = env.run(name, checkpoint, "--supervise", "-v", "--restart-strategy", "fixed-delay",
                   "--restart-attempts", str(max(opts.kills, opts.failures) + 1),
                   "--restart-delay", f"{opts.restart_delay:g}", *args, max_offsets=opts.max_offsets,
-                  extra_env={"CKPT_TEST_FAULT_DIR": str(faults), "CKPT_TEST_FAULTS": "sink"})
+                  extra_env=extra, **where)
     watch = LogWatch(run)
     in_driver: list[QueryRecovery] = []
     try:
         starts = [cold_start(watch, spawned, rnd, config)]
+        built = first(watch.events, "envbuilt")
+        if built is not None:
+            starts[0] = dataclasses.replace(starts[0], note=f"{BUILT}: {built.fields[0]} s, "
+                                            f"{built.fields[2]} MB")
         log_start(starts[0])
         begin = need(first(watch.events, "batch", test=lambda e: e.int(2) > 0), "the first batch with rows", watch)
         result = throughput(env, watch, opts, rnd, config, begin, servers)
-        for attempt in range(1, opts.failures + 1 if config == "A" else 1):
+        for attempt in range(1, opts.failures + 1 if config in MEASURED else 1):
             in_driver.append(query_failure(watch, opts, rnd, config, 1, faults, attempt))
             q = in_driver[-1]
             print(f"  round {rnd} {config} in-driver recovery {attempt}: {q.total:.1f} s to batch {q.batch_id} "
                   f"({q.rows} rows); load / other JVMs {q.noise}", file=sys.stderr)
-        for epoch in range(1, opts.kills + 1 if config == "A" else 1):
+        for epoch in range(1, opts.kills + 1 if config in MEASURED else 1):
             starts.append(recover(watch, opts, rnd, config, epoch, checkpoint))
             log_start(starts[-1])
         return starts, result, in_driver
@@ -727,6 +752,42 @@ def report_in_driver(recs: list[QueryRecovery], starts: list[Start], opts: Optio
     ]
 
 
+def _built(start: Start) -> bool:
+    """This cold start built the executors' environment (the first C job; the later ones find it cached)."""
+    return start.note.startswith(BUILT)
+
+
+def report_cluster(runs: list[Throughput], starts: list[Start], in_driver: list[QueryRecovery]) -> list[str]:
+    """C (the cluster) next to A (local mode): medians, and what shipping the environment costs."""
+    print("\n## On a Spark standalone cluster (C) next to local mode (A), medians\n")
+    print("C: a master and two workers on 127.0.0.1 (1 core, 1 GB each), executors 512 MB, the executors' Python "
+          "shipped. CPU columns count the driver's process group only: the executors run under the workers.\n")
+    print("| config | records/s | s per batch | cold start s | in-driver recovery s | kill -9 recovery s |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    rows = {}
+    for config in MEASURED:
+        rate = _med([r.rate for r in runs if r.config == config])
+        batch = _med([r.batch_s for r in runs if r.config == config])
+        cold = _med([s.total for s in starts if s.config == config and s.kind == "cold" and not _built(s)])
+        query = _med([q.total for q in in_driver if q.config == config])
+        killed = _med([s.total for s in starts if s.config == config and s.kind == "recovery"])
+        rows[config] = (rate, cold, query, killed)
+        print(f"| {config} | {_f(rate, 0)} | {_f(batch, 2)} | {_f(cold)} | {_f(query)} | {_f(killed)} |")
+    first_c = next((s for s in starts if s.config == "C" and _built(s)), None)
+    cached = _med([s.total for s in starts if s.config == "C" and s.kind == "cold" and not _built(s)])
+    if first_c is not None:
+        print(f"\nshipping the environment: the first C cold start {first_c.total:.1f} s ({first_c.note}) versus "
+              f"{_f(cached)} s with the cached environment (median of the later C cold starts)")
+    (rate_a, cold_a, query_a, kill_a), (rate_c, cold_c, query_c, kill_c) = rows["A"], rows["C"]
+
+    def ratio(c: float | None, a: float | None) -> str:
+        return f"{c / a:.2f}" if c and a else "-"
+
+    return [f"cluster / local: records/s {ratio(rate_c, rate_a)}, cold start {ratio(cold_c, cold_a)}, in-driver "
+            f"recovery {ratio(query_c, query_a)}, kill -9 recovery {ratio(kill_c, kill_a)} (C / A medians; "
+            "no target: one host plays the whole cluster)"]
+
+
 # -- main ------------------------------------------------------------------------------------------
 
 def parse_args(argv: Sequence[str] | None) -> tuple[Options, bool]:
@@ -746,6 +807,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Options, bool]:
     parser.add_argument("--kill-after", type=float, default=1.0,
                         help="seconds after a driver's second batch with rows before the kill (default 1)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 round, short window, 10 s savepoints")
+    parser.add_argument("--cluster", action="store_true",
+                        help="also run C = A on a Spark standalone cluster on 127.0.0.1 (executors' Python shipped)")
     parser.add_argument("--workdir", type=Path, help="keep logs and checkpoints here (default: a temp dir, removed)")
     args = parser.parse_args(argv)
     # the backlog lasts the window, the in-driver failures (two batches each) and the kills
@@ -758,7 +821,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Options, bool]:
     workdir.mkdir(parents=True, exist_ok=True)
     opts = Options(**chosen, keys=args.keys, max_offsets=args.max_offsets,
                    checkpoint_interval=args.checkpoint_interval, restart_delay=args.restart_delay,
-                   kill_after=args.kill_after, workdir=workdir, failures=args.failures)
+                   kill_after=args.kill_after, workdir=workdir, failures=args.failures, cluster=args.cluster)
     return opts, keep
 
 
@@ -769,7 +832,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: list[Throughput] = []
     in_driver: list[QueryRecovery] = []
     try:
-        with EmbeddedServices() as services:
+        with EmbeddedServices() as services, contextlib.ExitStack() as stack:
+            cluster = stack.enter_context(EmbeddedSparkCluster(workdir=opts.workdir / "spark")) if opts.cluster \
+                else None
             bucket = "bench"
             services.s3.create_bucket(bucket)
             topic = f"bench-{uuid.uuid4().hex[:6]}"
@@ -783,10 +848,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"produced {opts.records:,} records ({opts.keys} keys, 100 B values) in "
                   f"{time.perf_counter() - t0:.1f} s; work dir {opts.workdir}", file=sys.stderr)
             for rnd in range(1, opts.rounds + 1):
-                for config in ("A", "B") if rnd % 2 else ("B", "A"):
+                order = ("A", "B") if rnd % 2 else ("B", "A")
+                for config in (*order, "C") if cluster else order:
                     env = JobEnv(services.s3, services.kafka, opts.workdir, bucket, topic,
                                  job=f"bench-{uuid.uuid4().hex[:8]}")
-                    job_starts, result, recoveries = job_run(env, opts, rnd, config, servers)
+                    job_starts, result, recoveries = job_run(env, opts, rnd, config, servers, cluster)
                     starts += job_starts
                     runs.append(result)
                     in_driver += recoveries
@@ -795,11 +861,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(opts.workdir, ignore_errors=True)
     print(f"# Job runtime benchmark ({time.monotonic() - started:.0f} s, load average "
           f"{os.getloadavg()[0]:.1f} at the end)")
-    verdicts = report_throughput(runs, opts)
+    local = [r for r in runs if r.config != "C"]
+    verdicts = report_throughput(local, opts)
     if in_driver:
-        verdicts += report_in_driver(in_driver, starts, opts)
+        verdicts += report_in_driver([q for q in in_driver if q.config != "C"], starts, opts)
     if any(s.kind == "recovery" for s in starts):
-        verdicts += report_starts(starts, opts)
+        verdicts += report_starts([s for s in starts if s.config != "C"], opts)
+    if opts.cluster:
+        verdicts += report_cluster(runs, starts, in_driver)
     print("\n## Verdicts\n")
     for line in verdicts:
         print(f"- {line}")

@@ -101,11 +101,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.dry_run:
             _print_dry_run(args, argv, env, strategy, health, shipped=spec.shipped)
             return 0
+        for name in ("airflow_ckpt_provider.runtime", "airflow_ckpt_provider.launcher"):  # operators read these
+            logging.getLogger(name).setLevel(logging.INFO)
         check_master(spec.master)  # an unreachable or mistyped master: refused before anything is written
         if spec.shipped is not None:
             spec.shipped.ensure()  # the executors' Python: built once per lock, then from the cache
-        for name in ("airflow_ckpt_provider.runtime", "airflow_ckpt_provider.launcher"):  # operators read these
-            logging.getLogger(name).setLevel(logging.INFO)
         if strategy is None:
             return run_once(argv, env, cwd=driver_cwd(spec))
         return _run_supervised(args, spec, strategy, health)
