@@ -163,7 +163,8 @@ def _check(spec: SubmitSpec) -> str:
     if spec.deploy_mode == "cluster" and manager in ("local", "standalone"):
         raise ConfigError(
             f"deploy mode cluster with master {spec.master!r}: spark-submit runs Python applications in "
-            "cluster mode only on YARN and Kubernetes; use --deploy-mode client"
+            "cluster mode only on YARN and Kubernetes (on a standalone master it says: Cluster deploy mode is "
+            "currently not supported for python applications on standalone clusters); use --deploy-mode client"
         )
     for key in spec.conf:
         if not key or "=" in key:
