@@ -18,7 +18,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 from airflow_ckpt_provider.cli.common import add_store_args
 from airflow_ckpt_provider.core.deployments import LAUNCH_ENV
@@ -54,6 +53,9 @@ def spec_from_args(args: argparse.Namespace) -> SubmitSpec:
     if not args.job:
         raise ConfigError("no job given: pass --job NAME or set CKPT_JOB")
     config = RuntimeConfig.from_namespace(args)  # converts and checks the runtime options
+    # A driver next to a shipped environment runs in a directory of its own (driver_cwd): local paths absolute
+    config = dataclasses.replace(config, store=_absolute(config.store),
+                                 checkpoint=_absolute(config.live_checkpoint))
     if args.deploy_mode == "client":
         # The driver runs here and inherits this environment: name the endpoint and region it will use
         # (AWS_ENDPOINT_URL, AWS_REGION) in its command. In cluster mode the driver's own environment decides.
@@ -65,24 +67,18 @@ def spec_from_args(args: argparse.Namespace) -> SubmitSpec:
         master=args.master,
         deploy_mode=args.deploy_mode,
         conf=parse_conf(args.conf),
-        py_files=_split(args.py_files),
-        files=_split(args.files),
+        py_files=[_absolute(p) for p in _split(args.py_files)],
+        files=[_absolute(p) for p in _split(args.files)],
         name=args.name,
         spark_submit=args.spark_submit,
-        shipped=pyenv.plan(args.python_env, args.master, requirements=_requirements(args.requirements)),
+        shipped=pyenv.plan(args.python_env, args.master, requirements_file=args.requirements),
         supervised=args.supervise,
     )
 
 
-def _requirements(path: str | None) -> list[str]:
-    """The job's own requirements for the shipped environment: a requirements file's lines without comments."""
-    if not path:
-        return []
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as err:
-        raise ConfigError(f"--requirements {path}: cannot read it ({err}); expected a pip requirements file") from err
-    return [line.split("#", 1)[0].strip() for line in lines if line.split("#", 1)[0].strip()]
+def _absolute(path: str) -> str:
+    """A local path made absolute; a URI (s3://, s3a://, hdfs://, file://) as it is."""
+    return path if "://" in path else os.path.abspath(path)
 
 
 def _split(values: list[str]) -> list[str]:
@@ -106,6 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_master(spec.master)  # an unreachable or mistyped master: refused before anything is written
         if spec.shipped is not None:
             spec.shipped.ensure()  # the executors' Python: built once per lock, then from the cache
+        driver_cwd(spec)  # a driver next to a shipped environment needs a venv: refused here, not per attempt
         if strategy is None:
             return run_once(argv, env, cwd=driver_cwd(spec))
         return _run_supervised(args, spec, strategy, health)
@@ -174,7 +171,8 @@ def _print_dry_run(args: argparse.Namespace, argv: list[str], env: dict[str, str
     supervise = None if strategy is None else {"strategy": describe_strategy(strategy), "health": rule}
     if args.json:
         ship = None if shipped is None else {"archive": shipped.archive, "py_files": list(shipped.py_files),
-                                             "built": shipped.built, "requirements": list(shipped.requirements)}
+                                             "built": shipped.built, "requirements": list(shipped.requirements),
+                                             "requirements_file": shipped.requirements_file}
         print(json.dumps({"argv": redact(argv), "command": describe(argv), "env": env, "supervise": supervise,
                           "python_env": ship}, indent=2, sort_keys=True))
         return

@@ -318,6 +318,13 @@ class S3Options:
             session_token=env("AWS_SESSION_TOKEN") or None,
         )
 
+    def env(self) -> dict[str, str]:
+        """The AWS_* variables ``from_env`` reads back into these options (the unset ones left out)."""
+        env = {"AWS_ENDPOINT_URL": self.endpoint_url, "AWS_REGION": self.region,
+               "AWS_ACCESS_KEY_ID": self.access_key_id, "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
+               "AWS_SESSION_TOKEN": self.session_token}
+        return {k: v for k, v in env.items() if v}
+
     def redacted(self) -> dict[str, Any]:
         """For logs and messages: the key id shortened, secrets never shown."""
         key = self.access_key_id

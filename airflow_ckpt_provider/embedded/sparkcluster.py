@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 #: What a node inherits from us that a real cluster node would not have: our Python and Spark settings.
 _DROP = ("PYSPARK_", "SPARK_", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "CKPT_", "AWS_", "KAFKA_")
+#: A port taken meanwhile fails the start instead of Spark moving to the next port unseen.
+_ONE_PORT = "-Dspark.port.maxRetries=0"
 #: An executor of the embedded workers: small enough that two fit next to the driver on a laptop.
 EXECUTOR_MEMORY = "512m"
 
@@ -86,7 +88,7 @@ class _Master(_Node):
         recovery = self.workdir / "recovery"
         recovery.mkdir(exist_ok=True)
         opts = (f"-Dspark.master.rest.enabled=false -Dspark.deploy.recoveryMode=FILESYSTEM "
-                f"-Dspark.deploy.recoveryDirectory={recovery}")
+                f"-Dspark.deploy.recoveryDirectory={recovery} {_ONE_PORT}")
         return ([str(self.cluster.spark_home / "bin" / "spark-class"), "org.apache.spark.deploy.master.Master",
                  "--host", HOST, "--port", str(self.port), "--webui-port", str(self.ui_port)],
                 self._env({"SPARK_MASTER_OPTS": opts}))
@@ -113,7 +115,7 @@ class _Worker(_Node):
         return ([str(c.spark_home / "bin" / "spark-class"), "org.apache.spark.deploy.worker.Worker", c.master_url,
                  "--host", HOST, "--port", str(self.port), "--webui-port", str(self.ui_port),
                  "--cores", str(c.worker_cores), "--memory", c.worker_memory, "--work-dir", str(self.workdir / "work")],
-                self._env({"PATH": path}))
+                self._env({"PATH": path, "SPARK_WORKER_OPTS": _ONE_PORT}))
 
     def _ready(self) -> bool:
         return any(w["port"] == self.port and w["state"] == "ALIVE" for w in self.cluster.state().get("workers", []))
@@ -180,7 +182,7 @@ class EmbeddedSparkCluster:
             for worker in self.workers:
                 worker.start()
         except BaseException:
-            self.stop()
+            self.close()
             raise
         return self
 
@@ -240,7 +242,8 @@ class EmbeddedSparkCluster:
             if time.monotonic() > deadline:
                 raise EmbeddedServiceError(
                     f"Expected {count} executors of {app_id} within {timeout:.0f} s, found {len(running)}: "
-                    f"master {self.master_url} says {json.dumps(self.state().get('activeapps'))}")
+                    f"master {self.master_url} says {json.dumps(self.state().get('activeapps'))}; see the "
+                    f"workers' logs ({', '.join(str(w.log_path) for w in self.workers)})")
             time.sleep(0.2)
         return running
 
@@ -248,7 +251,8 @@ class EmbeddedSparkCluster:
         """kill -9 one executor JVM of ``app_id`` (and its Python workers with it)."""
         running = self.executors(app_id)
         if not running:
-            raise EmbeddedServiceError(f"Expected a running executor of {app_id}, found none")
+            raise EmbeddedServiceError(f"Expected a running executor of {app_id}, found none: wait for one with "
+                                       "wait_for_executors() first")
         victim = running[0]
         for pid in [*_descendants(victim.pid), victim.pid]:
             with contextlib.suppress(ProcessLookupError):

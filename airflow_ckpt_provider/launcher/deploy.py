@@ -73,12 +73,10 @@ def submit_spec(deployment: Deployment, job: str, store: str, restore: RestoreSp
 
 
 def credentials_env(s3: S3Options | None) -> dict[str, str]:
-    """The job store credentials as the environment ``ckpt run`` reads (S3Options.from_env)."""
-    if s3 is None:
-        return {}
-    env = {"AWS_ACCESS_KEY_ID": s3.access_key_id, "AWS_SECRET_ACCESS_KEY": s3.secret_access_key,
-           "AWS_SESSION_TOKEN": s3.session_token}
-    return {k: v for k, v in env.items() if v}
+    """The job store credentials as the environment ``ckpt run`` reads (S3Options.from_env); the endpoint and
+    region go on its command line."""
+    env = s3.env() if s3 is not None else {}
+    return {k: v for k, v in env.items() if k not in ("AWS_ENDPOINT_URL", "AWS_REGION")}
 
 
 def log_dir(job: str) -> Path:

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -52,8 +53,8 @@ def cache_dir() -> Path:
     """``$CKPT_ENV_CACHE``, else ``$XDG_CACHE_HOME/airflow-ckpt-provider``, else ``~/.cache/...``."""
     explicit = os.environ.get("CKPT_ENV_CACHE")
     if explicit:
-        return Path(explicit)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "airflow-ckpt-provider")
+        return Path(explicit).absolute()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "airflow-ckpt-provider").absolute()
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,8 @@ class ShippedEnv:
 
     archive: str
     py_files: tuple[str, ...]
-    requirements: tuple[str, ...] = ()
+    requirements: tuple[str, ...] = ()  # name==version pins of the provider's dependencies
+    requirements_file: str | None = None  # the job's own, installed with ``-r`` (pip's whole format)
     base_python: str = ""
 
     @property
@@ -84,15 +86,13 @@ class ShippedEnv:
             raise ConfigError(f"cannot run a driver with {python} next to a shipped environment: expected "
                               f"{root}/bin/python (a virtual environment's layout); run ckpt from a venv")
         digest = hashlib.sha256(str(root).encode()).hexdigest()[:12]
-        workdir = Path(self.archive).parent / f"driver-{digest}" if "://" not in self.archive else \
-            cache_dir() / f"driver-{digest}"
+        workdir = cache_dir() / f"driver-{digest}"
         link = workdir / ALIAS
         if not link.is_symlink():
             workdir.mkdir(parents=True, exist_ok=True)
-            tmp = workdir / f".{ALIAS}.{os.getpid()}"
-            tmp.unlink(missing_ok=True)
+            tmp = workdir / f".{ALIAS}.{uuid.uuid4().hex}"
             tmp.symlink_to(root, target_is_directory=True)
-            tmp.replace(link)
+            tmp.replace(link)  # atomic: a racing launch finds the link or its own
         return str(workdir)
 
     def ensure(self) -> ShippedEnv:
@@ -104,11 +104,11 @@ class ShippedEnv:
             if not self.base_python:
                 raise ConfigError(f"python environment {self.archive} not found: expected a packed venv "
                                   "(venv-pack) at that path; build it or pass --python-env ship")
-            _build_env(Path(self.archive), self.requirements, self.base_python)
+            _build_env(Path(self.archive), self.requirements, self.requirements_file, self.base_python)
         return self
 
 
-def plan(python_env: str, master: str, *, requirements: Sequence[str] = (),
+def plan(python_env: str, master: str, *, requirements_file: str | None = None,
          cache: Path | None = None) -> ShippedEnv | None:
     """What to ship for ``python_env`` on ``master``, without building anything (dry runs print it).
 
@@ -121,16 +121,28 @@ def plan(python_env: str, master: str, *, requirements: Sequence[str] = (),
     cache = cache or cache_dir()
     code = cache / f"ckpt-provider-{_package_digest()}.zip"
     if python_env not in (AUTO, SHIP):
-        if "://" not in python_env and not Path(python_env).is_file():
+        if "://" in python_env:
+            return ShippedEnv(archive=python_env, py_files=(str(code),))
+        if not Path(python_env).is_file():
             raise ConfigError(f"--python-env {python_env}: expected auto, ship, none or a packed environment "
                               "(a .tar.gz made by venv-pack, or a URI the cluster can read), found no such file")
-        return ShippedEnv(archive=python_env, py_files=(str(code),))
-    reqs = tuple(requirements)
+        return ShippedEnv(archive=str(Path(python_env).absolute()), py_files=(str(code),))
+    own = _read_requirements(requirements_file) if requirements_file else b""
     base = _base_python()
     pins = pinned(EXECUTOR_REQUIREMENTS)
-    key = hashlib.sha256("\n".join([sys.version, platform.machine(), base, *pins, "--", *reqs]).encode())
+    key = hashlib.sha256("\n".join([sys.version, platform.machine(), base, *pins, "--"]).encode() + own)
     archive = cache / f"ckpt-env-{key.hexdigest()[:16]}.tar.gz"
-    return ShippedEnv(archive=str(archive), py_files=(str(code),), requirements=(*pins, *reqs), base_python=base)
+    return ShippedEnv(archive=str(archive), py_files=(str(code),), requirements=tuple(pins),
+                      requirements_file=str(Path(requirements_file).absolute()) if requirements_file else None,
+                      base_python=base)
+
+
+def _read_requirements(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as err:
+        raise ConfigError(f"--requirements {path}: cannot read it ({err}); expected a pip requirements file "
+                          "with the job's own dependencies") from err
 
 
 def _base_python() -> str:
@@ -196,13 +208,13 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _build_env(archive: Path, requirements: Sequence[str], base_python: str) -> None:
+def _build_env(archive: Path, requirements: Sequence[str], requirements_file: str | None, base_python: str) -> None:
     try:
         import venv_pack
     except ImportError as err:
         raise ConfigError("shipping the executors' Python needs venv-pack: pip install "
                           "'airflow-ckpt-provider[cluster]', or pass --python-env ARCHIVE.tar.gz / none") from err
-    with _locked(archive.with_suffix(".lock")):
+    with _locked(archive.with_name(archive.name + ".lock")):
         if archive.is_file():
             return  # another launch built it while we waited
         started = time.monotonic()
@@ -210,7 +222,7 @@ def _build_env(archive: Path, requirements: Sequence[str], base_python: str) -> 
                  len(requirements), archive)
         with tempfile.TemporaryDirectory(prefix="ckpt-env-", dir=archive.parent) as tmp:
             prefix = Path(tmp, "venv")
-            _install(prefix, requirements, base_python)
+            _install(prefix, [*requirements, *(["-r", requirements_file] if requirements_file else [])], base_python)
             partial = Path(tmp, archive.name)
             venv_pack.pack(prefix=str(prefix), output=str(partial), compress_level=1, verbose=False)
             partial.replace(archive)  # never a partial archive under the final name
@@ -219,7 +231,9 @@ def _build_env(archive: Path, requirements: Sequence[str], base_python: str) -> 
 
 
 def _install(prefix: Path, requirements: Sequence[str], base_python: str) -> None:
-    """A venv at ``prefix`` with ``requirements``: uv when it is on PATH (its cache makes this seconds)."""
+    """A venv at ``prefix`` with ``requirements`` (pip arguments): uv when it is on PATH (its cache makes this
+    seconds). Only the command's first words reach an error message: a requirements file may hold an index URL
+    with a token."""
     uv = shutil.which("uv")
     steps = ([[uv, "venv", "-q", "--python", base_python, str(prefix)],
               [uv, "pip", "install", "-q", "--python", str(prefix / "bin" / "python"), *requirements]] if uv else

@@ -140,7 +140,7 @@ class JobDriver:
         except CkptError as err:
             log.error("job %s: cannot start: %s", job, err)
             return EXIT_CONFIG
-        spark = (spark_factory or _default_spark)()
+        spark = spark_factory() if spark_factory else _default_spark(self.config)
         lacking = check_spark_python(spark) or check_executors(spark, self.config.executor_timeout)
         if lacking:  # a restart would not fix either: refused before the lease, nothing written
             log.error("job %s: cannot start: %s", job, lacking)
@@ -397,21 +397,26 @@ def _on_signal(name: str, handler: Callable[[str], None]) -> None:
         signal.signal(getattr(signal, name), lambda _signum, _frame: handler(name))
 
 
-#: The S3 settings this driver has that the job's tasks need too (the sinks write from executors, which on a
-#: cluster do not inherit the driver's environment). They travel in the SparkConf, never on a command line;
-#: Spark's UI redacts the secret ones. A setting the user gave (``--conf spark.executorEnv.X``) is kept.
-EXECUTOR_ENV = ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                "AWS_SESSION_TOKEN")
+#: Spark's default spark.redaction.regex, and the access key id, which this project never shows whole.
+REDACTION = r"(?i)secret|password|token|access[.]?key|credential|access_key_id"
 
 
-def _default_spark() -> SparkSession:
-    from pyspark import SparkConf
+def _default_spark(config: RuntimeConfig) -> SparkSession:
+    """The job's session. On a standalone or YARN cluster, its executors get the job store's S3 settings (the
+    sinks write from tasks, and executors there do not inherit the driver's environment) through
+    ``spark.executorEnv.*`` in the SparkConf, never on a command line, with Spark's UI redacting them; a value
+    the user gave with ``--conf`` is kept. Local executors inherit them; on Kubernetes use secrets."""
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
+    SparkContext._ensure_initialized()  # the JVM spark-submit started: SparkConf() then holds its settings
     given, builder = SparkConf(), SparkSession.builder
-    for name in EXECUTOR_ENV:
-        key = f"spark.executorEnv.{name}"
-        if os.environ.get(name) and not given.contains(key):
-            builder = builder.config(key, os.environ[name])
+    master = given.get("spark.master", "local")
+    if not master.startswith(("local", "k8s://")):
+        for name, value in S3Options.from_env(config.endpoint_url, config.region).env().items():
+            if not given.contains(f"spark.executorEnv.{name}"):
+                builder = builder.config(f"spark.executorEnv.{name}", value)
+        if not given.contains("spark.redaction.regex"):
+            builder = builder.config("spark.redaction.regex", REDACTION)
     return builder.getOrCreate()
 

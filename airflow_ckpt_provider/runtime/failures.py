@@ -49,6 +49,8 @@ class Failure:
 
 
 # (what, exit code, pattern over Spark's message): first match wins. Conditions are Spark's error classes.
+# A missing module's message is the module, where it was missing and how to ship it (``_MISSING``).
+_MISSING = "a module is missing where Spark runs the job's Python"
 _FATAL: tuple[tuple[str, int, re.Pattern[str]], ...] = (
     ("the sink refuses the output mode", EXIT_REFUSED, re.compile(
         r"does not support (Update|Complete) mode|(Complete|Append|Update) output mode not supported"
@@ -58,8 +60,8 @@ _FATAL: tuple[tuple[str, int, re.Pattern[str]], ...] = (
         + r"|StateSchemaNotCompatible|Provided schema doesn't match to the schema for existing state")),
     ("the storage refused the credentials", EXIT_DENIED, re.compile(
         r"SignatureDoesNotMatch|InvalidAccessKeyId|refused the credentials|InvalidClientTokenId")),
-    ("a module is missing where Spark runs the job's Python", EXIT_CONFIG, re.compile(
-        r"No module named '[^']+'|No module named|Cannot run program \"[^\"]*python[^\"]*\"")),
+    (_MISSING, EXIT_CONFIG, re.compile(  # error=2 no such file, 13 permission: not a fork that may pass
+        r"No module named '[^']+'|No module named|Cannot run program \"[^\"]*python[^\"]*\": error=(?:2|13)\b")),
     ("the job's code is broken", EXIT_CONFIG, re.compile(
         r"\b(ModuleNotFoundError|ImportError|SyntaxError|NameError)\b")),
 )
@@ -105,7 +107,7 @@ def classify(err: BaseException | None) -> Failure:
                        line[line.index(REFUSED) + len(REFUSED):].strip(), condition)
     for what, code, pattern in _FATAL:
         if found := pattern.search(text):
-            if what.startswith("a module is missing"):
+            if what == _MISSING:
                 message = f"{_missing(text, found.group(0))}: {SHIP_ADVICE}"
             return Failure(Recovery.NONE, code, what, message, condition)
     if _PROCESS.search(text) or type(err).__name__.startswith("Py4J"):

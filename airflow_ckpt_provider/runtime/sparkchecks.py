@@ -17,7 +17,6 @@ first executor at most ``executor_timeout`` seconds and then gives up with the r
 
 from __future__ import annotations
 
-import logging
 import subprocess
 import time
 from collections.abc import Callable
@@ -25,8 +24,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-log = logging.getLogger(__name__)
 
 #: What every job's Python workers import here: PySpark's Arrow exchange with Python data sources.
 REQUIRED = ("pyarrow", "pandas")
@@ -44,9 +41,9 @@ def missing_module(python: str, modules: tuple[str, ...] = REQUIRED, timeout: fl
         done = subprocess.run([python, "-c", code, *modules], capture_output=True, text=True, timeout=timeout,
                               check=False)
     except (OSError, subprocess.TimeoutExpired) as err:
-        return f"(the interpreter itself: {err})"
+        return f"anything: the interpreter does not run ({err})"
     if done.returncode != 0:
-        return f"(the interpreter itself exited with {done.returncode}: {done.stderr.strip()[-200:]})"
+        return f"anything: the interpreter exited with {done.returncode} ({done.stderr.strip()[-200:]})"
     return done.stdout.strip() or None
 
 
@@ -64,7 +61,8 @@ def check_executors(spark: SparkSession, timeout: float, *, clock: Callable[[], 
                     sleep: Callable[[float], None] = time.sleep) -> str | None:
     """None once an executor registered (at once on local masters), else after ``timeout`` s why none did."""
     sc = spark.sparkContext
-    if str(sc.master).startswith("local"):
+    dynamic = sc.getConf().get("spark.dynamicAllocation.enabled", "false").lower() == "true"
+    if str(sc.master).startswith("local") or dynamic:  # dynamic allocation may start none until tasks wait
         return None
     tracker = sc._jsc.sc().statusTracker()  # the public Scala status API, reached through py4j
     deadline = clock() + timeout

@@ -20,11 +20,14 @@ from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.embedded.sparkcluster import EmbeddedSparkCluster
 from airflow_ckpt_provider.examples._orders import read_totals
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_STOPPED
+from tests.integration.test_embedded import _listening
 from tests.integration.test_restore_check import EXAMPLES, expected_totals, produce_orders, store_contents
 from tests.support.exactlyonce import EO_JOB, MAX_OFFSETS, WAIT, Feeder, FilesSink, expected_rows, wait_for
 from tests.support.runtimejob import JobEnv, Run, kill_driver, produce
 
 pytestmark = pytest.mark.integration
+
+LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1"}
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +38,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedSparkC
 
 def on_cluster(env: JobEnv, cluster: EmbeddedSparkCluster, name: str, checkpoint: Path, *args: str,
                **kwargs: object) -> Run:
-    return env.run(name, checkpoint, *args, master=cluster.master_url, conf=cluster.job_conf(),  # type: ignore[arg-type]
-                   **kwargs)
+    return env.run(name, checkpoint, *args, master=cluster.master_url, conf=cluster.job_conf(),
+                   **kwargs)  # type: ignore[arg-type]  # the keywords of JobEnv.run, passed through
 
 
 class EoJob:
@@ -53,7 +56,7 @@ class EoJob:
                   "--restart-delay", "0.5", "--poll", "1", *args)
         kwargs: dict[str, object] = {"max_offsets": MAX_OFFSETS, "job_file": EO_JOB, "extra_env": self.sink.env()}
         run = (on_cluster(self.env, cluster, name, checkpoint, *common, **kwargs) if cluster else
-               self.env.run(name, checkpoint, *common, **kwargs))  # type: ignore[arg-type]
+               self.env.run(name, checkpoint, *common, **kwargs))  # type: ignore[arg-type]  # JobEnv.run's keywords
         self.runs.append(run)
         return run
 
@@ -100,6 +103,12 @@ def test_exactly_once_on_the_cluster_through_executor_worker_master_and_driver_k
     assert app and app.startswith("app-"), status  # a standalone application, not local-*
     executors = cluster.wait_for_executors(app, 2)
     assert {e.worker for e in executors} == {0, 1}, executors
+    # Every socket the cluster and the driver listen on (RPC, block managers, UIs) is on loopback.
+    groups = {"master": cluster.master.pid, **{f"worker {w.index} and its executor": w.pid for w in cluster.workers},
+              "driver": os.getpgid(status.pid or 0)}
+    for name, group in groups.items():
+        found = _listening(group or 0)
+        assert found and {addr for _, addr, _ in found} <= LOOPBACK, (name, found)
 
     for _ in range(3):  # kill -9 an executor while batches run; the master starts a new one
         job.feeder.feed()

@@ -4,6 +4,8 @@ must reach (docs/cluster.md). The real CLI, exact argv; nothing is built and not
 from __future__ import annotations
 
 import json
+import socket
+import sys
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
@@ -13,8 +15,10 @@ import pytest
 import airflow_ckpt_provider.runtime
 from airflow_ckpt_provider.cli import main as cli
 from airflow_ckpt_provider.core.deployments import LAUNCH_ENV
+from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.gate import GATE_ENV
-from airflow_ckpt_provider.launcher.submit import gate_file
+from airflow_ckpt_provider.embedded.process import free_port
+from airflow_ckpt_provider.launcher.submit import check_master, gate_file, on_loopback
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 
 SUBMIT = "/opt/spark/bin/spark-submit"
@@ -294,3 +298,39 @@ def test_yarn_attempts_must_be_a_count(capsys: pytest.CaptureFixture[str], job_f
     assert code == 2
     assert err == (f"error: --conf spark.yarn.maxAppAttempts={value}: expected a whole number of attempts >= 1 "
                    "(1: YARN never relaunches the driver)\n")
+
+
+def test_standalone_client_mode_ships_the_python_binds_a_loopback_driver_and_names_its_own_python(
+        capsys: pytest.CaptureFixture[str], job_file: Path, cache: Path) -> None:
+    code, out, err = dry_run(capsys, job_file, "--master", "spark://127.0.0.1:7077", "--supervise")
+    assert code == 0, err
+    argv, shipped = out["argv"], out["python_env"]
+    assert argv[:7] == [SUBMIT, "--master", "spark://127.0.0.1:7077", "--deploy-mode", "client", "--name",
+                        "ckpt-orders"]
+    assert {"spark.driver.bindAddress=127.0.0.1", "spark.driver.host=127.0.0.1",
+            "spark.pyspark.python=./ckpt-env/bin/python",
+            f"spark.pyspark.driver.python={sys.executable}"} <= set(confs(argv))
+    assert argv[argv.index("--archives") + 1] == f"{shipped['archive']}#ckpt-env"
+    assert argv[argv.index("--py-files") + 1] == shipped["py_files"][0]
+    assert Path(shipped["archive"]).parent == cache and shipped["built"] is False
+    assert out["env"]["SPARK_LOCAL_IP"] == "127.0.0.1" and out["env"]["PYSPARK_DRIVER_PYTHON"] == sys.executable
+    assert "PYSPARK_PYTHON" not in out["env"]  # executors run the archive's, not a path of this host
+    assert not cache.exists()  # a dry run builds nothing
+
+
+def test_a_remote_standalone_master_does_not_bind_the_driver_to_loopback() -> None:
+    assert on_loopback("spark://127.0.0.1:7077") and on_loopback("spark://localhost:7077")
+    assert on_loopback("local[2]")
+    assert not on_loopback("spark://master.example:7077") and not on_loopback("yarn")
+
+
+def test_an_unreachable_standalone_master_is_refused_with_what_to_check() -> None:
+    closed = free_port()  # nothing listens there once the probe closed it
+    with pytest.raises(ConfigError, match=rf"Spark master spark://127\.0\.0\.1:{closed} is unreachable \(127\.0\.0"
+                                          r".*expected a standalone master listening there; check the host and port"):
+        check_master(f"spark://127.0.0.1:{closed}", timeout=2)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        check_master(f"spark://127.0.0.1:{closed},127.0.0.1:{server.getsockname()[1]}")  # one of two HA masters
+    check_master("yarn")  # not probed

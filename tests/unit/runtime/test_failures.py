@@ -85,7 +85,11 @@ def test_a_python_spark_cannot_start_on_a_node_fails_fast_instead_of_restarting_
     failure = classify(RuntimeError('Lost task 0.0 in stage 0.0 (TID 0) (10.0.0.7 executor 2): java.io.IOException: '
                                     'Cannot run program "/home/me/.venv/bin/python": error=2, No such file'))
     assert (failure.recovery, failure.exit_code) == (Recovery.NONE, EXIT_CONFIG)
-    assert failure.message.startswith('Cannot run program "/home/me/.venv/bin/python" on executor 2 (10.0.0.7): ship')
+    assert failure.message.startswith('Cannot run program "/home/me/.venv/bin/python": error=2 on executor 2 '
+                                      "(10.0.0.7): ship")
+    busy = classify(RuntimeError('java.io.IOException: Cannot run program "python3": error=11, Resource temporarily '
+                                 "unavailable"))
+    assert busy.recovery is Recovery.QUERY  # a fork that failed for now: a restart may well work
 
 
 def test_a_batch_refused_for_its_timeline_fails_fast_with_the_sink_s_own_words() -> None:

@@ -1,0 +1,81 @@
+"""What the driver checks before the lease (runtime/sparkchecks.py): Spark's Python, and a first executor."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_ckpt_provider.runtime.sparkchecks import check_executors, missing_module
+
+
+def test_a_python_is_checked_for_the_modules_spark_s_workers_need() -> None:
+    assert missing_module(sys.executable, ("json", "pyarrow")) is None
+    assert missing_module(sys.executable, ("json", "ckpt_no_such_module")) == "ckpt_no_such_module"
+    assert missing_module("/nonexistent/bin/python", ("json",)).startswith(  # type: ignore[union-attr]
+        "anything: the interpreter does not run")
+
+
+@dataclass
+class FakeSpark:
+    """A SparkSession as check_executors sees it: its master, its conf and the executors registered per look."""
+
+    master: str
+    registered: list[int]
+    conf: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def sparkContext(self) -> Any:
+        return self
+
+    def getConf(self) -> Any:
+        return self
+
+    def get(self, key: str, default: str) -> str:
+        return self.conf.get(key, default)
+
+    @property
+    def _jsc(self) -> Any:
+        return self
+
+    def sc(self) -> Any:
+        return self
+
+    def statusTracker(self) -> Any:
+        return self
+
+    def getExecutorInfos(self) -> list[int]:
+        count = self.registered.pop(0) if len(self.registered) > 1 else self.registered[0]
+        return [0] * (count + 1)  # the driver counts as one
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_the_driver_waits_for_a_first_executor_and_then_goes_on() -> None:
+    clock = Clock()
+    assert check_executors(FakeSpark("spark://h:7077", [0, 0, 1]), 60, clock=clock, sleep=clock.sleep) is None
+    assert clock.now == 1.0  # two looks at nothing, half a second apart
+
+
+def test_no_executor_within_the_timeout_names_what_one_executor_asks_and_what_to_do() -> None:
+    clock = Clock()
+    spark = FakeSpark("spark://h:7077", [0], {"spark.executor.memory": "4g"})
+    message = check_executors(spark, 8, clock=clock, sleep=clock.sleep)
+    assert message is not None and message.startswith("no executor registered with spark://h:7077 within 8 s")
+    assert "spark.executor.memory=4g" in message and "raise --executor-timeout" in message
+    assert clock.now == 8.0
+
+
+def test_local_masters_and_dynamic_allocation_are_not_waited_for() -> None:
+    assert check_executors(FakeSpark("local[2]", [0]), 60) is None
+    dynamic = FakeSpark("yarn", [0], {"spark.dynamicAllocation.enabled": "true"})
+    assert check_executors(dynamic, 60) is None  # executors come when tasks wait
