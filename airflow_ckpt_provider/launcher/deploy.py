@@ -31,7 +31,7 @@ from airflow_ckpt_provider.core.modes import RestoreSpec
 from airflow_ckpt_provider.core.settings import JobSettings
 from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.launcher import pyenv
-from airflow_ckpt_provider.launcher.submit import SubmitSpec, build_command
+from airflow_ckpt_provider.launcher.submit import SubmitSpec, build_command, check_master
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,7 @@ def launch(
     record = Launch(store.job, deployment, restore, now, launched_by or f"{os.environ.get('USER', '?')}@"
                     f"{socket.gethostname()}", launch_id, host=socket.gethostname(), log_file=str(log_file))
     build_command(submit_spec(deployment, store.job, store_url, restore, s3, supervised=True))  # bad input: here
+    check_master(deployment.master)  # an unreachable master too, before spec/last.json records the launch
     argv = run_argv(deployment, store.job, store_url, restore, s3)
     store.storage.write(SPEC_LAST, record.to_bytes())
     # Airflow's own settings (connections, the metadata database) are not the job's business.
