@@ -44,8 +44,6 @@ def control_requests(world: World) -> list[str]:
     return sorted(o.key for o in world.store.storage.list(CONTROL) if not o.key.endswith(".ack.json"))
 
 
-@pytest.mark.full(proven_by="test_outlive.py (the keep-alive DAG, its health watch and one restart owner) and "
-                            "integration/test_restart_owner.py")
 def test_keep_alive_dag_restarts_a_killed_driver_with_exact_counts(world: World, home: AirflowHome) -> None:
     world.produce(2000)
     killed: list[JobStatus] = []
@@ -75,6 +73,9 @@ def test_keep_alive_dag_restarts_a_killed_driver_with_exact_counts(world: World,
     assert world.status().epoch == status.epoch  # type: ignore[union-attr]
 
 
+@pytest.mark.full(proven_by="integration/test_runtime.py::test_stop_with_savepoint_then_restore_elsewhere_continues_"
+                            "exactly and integration/test_cluster.py (a savepoint restored elsewhere, exact); "
+                            "scripts/demo runs this DAG")
 def test_savepoint_restore_dag(world: World, home: AirflowHome) -> None:
     before = running(world)
     done = home.dags_test("ckpt_savepoint_restore", {"job": world.job})
