@@ -23,7 +23,7 @@ from pathlib import Path
 
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.gate import GATE_ENV
-from airflow_ckpt_provider.launcher.submit import SubmitSpec, build_command, describe, gate_file
+from airflow_ckpt_provider.launcher.submit import SubmitSpec, build_command, describe, driver_cwd, gate_file
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, exit_meaning
 from airflow_ckpt_provider.runtime.restoreverdict import CheckOutcome, RestoreCheck, parse_report
 
@@ -58,6 +58,8 @@ def check_restore(
     """
     spec = check_spec(spec, timeout)
     argv, submit_env = build_command(spec)
+    if spec.shipped is not None:
+        spec.shipped.ensure()  # the executors' Python, as for the job itself (built once, then cached)
     # The check's own gate: the running driver's gate (same job and checkpoint) must never be touched.
     # The new code runs here: not with Airflow's own settings (connections, the metadata database).
     inherited = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
@@ -72,7 +74,8 @@ def check_restore(
             out_path = Path(log_file)
             out_path.parent.mkdir(parents=True, exist_ok=True)
         with open(out_path, "ab") as out:
-            proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                    cwd=driver_cwd(spec))
             code = _wait(proc, timeout)
         text = out_path.read_text(errors="replace").splitlines()
     seconds = round(time.monotonic() - started, 1)
