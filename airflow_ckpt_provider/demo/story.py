@@ -83,7 +83,7 @@ def _on_the_cluster(world: World, cluster: EmbeddedSparkCluster) -> None:
     """Where the running job's executors are, then kill -9 one of them and show the job going on."""
     status = world.wait("a running driver", lambda s: s.state == "RUNNING" and (s.batch_id or 0) >= 1)
     app = status.app_id or ""
-    running = cluster.wait_for_executors(app, 2)
+    running = cluster.wait_for_executors(app, 1)
     say(f"on the cluster: application {app}, executors " +
         ", ".join(f"{e.executor_id} (pid {e.pid}, worker {e.worker})" for e in running))
     killed = cluster.kill_executor(app)
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             world = World(services, work)
             home = AirflowHome(world, work / "airflow", watch_seconds=args.watch_seconds,
                                master=cluster.master_url if cluster else "local[2]",
-                               conf=cluster.job_conf() if cluster else None)
+                               conf=cluster.job_conf(cores=1) if cluster else None)  # a core for the check
             home.migrate()
             say(f"Airflow home {home.path} (logs of each DAG run there)")
             try:

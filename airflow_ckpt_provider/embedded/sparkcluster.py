@@ -216,9 +216,12 @@ class EmbeddedSparkCluster:
         except (OSError, ValueError):  # down, or starting (its UI serves HTML before the JSON route)
             return {}
 
-    def job_conf(self) -> dict[str, str]:
-        """Spark settings for a job on this cluster: an executor per worker that fits its memory."""
-        return {"spark.executor.memory": EXECUTOR_MEMORY, "spark.executor.cores": str(self.worker_cores)}
+    def job_conf(self, *, cores: int | None = None) -> dict[str, str]:
+        """Spark settings for a job on this cluster: executors that fit a worker's memory; with ``cores``, no more
+        cores than that (``spark.cores.max``: a standalone application otherwise takes every free core, and a
+        second one, such as an upgrade's restore check, waits until the first ends)."""
+        conf = {"spark.executor.memory": EXECUTOR_MEMORY, "spark.executor.cores": str(self.worker_cores)}
+        return conf if cores is None else {**conf, "spark.cores.max": str(cores)}
 
     def executors(self, app_id: str | None = None) -> list[Executor]:
         """Executor JVMs running now under this cluster's workers (of ``app_id`` if given)."""

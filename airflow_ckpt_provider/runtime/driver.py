@@ -43,7 +43,7 @@ from airflow_ckpt_provider.runtime.failures import Recovery, classify
 from airflow_ckpt_provider.runtime.queryrestart import QueryRestarter
 from airflow_ckpt_provider.runtime.reporting import DriverReporter, snapshot_info
 from airflow_ckpt_provider.runtime.snapshotter import SnapshotOutcome, Snapshotter
-from airflow_ckpt_provider.runtime.sparkchecks import check_executors, check_spark_python
+from airflow_ckpt_provider.runtime.sparkchecks import check_executors, check_spark_python, job_session
 from airflow_ckpt_provider.runtime.startup import plan_start, prepare_checkpoint
 
 if TYPE_CHECKING:
@@ -140,7 +140,7 @@ class JobDriver:
         except CkptError as err:
             log.error("job %s: cannot start: %s", job, err)
             return EXIT_CONFIG
-        spark = spark_factory() if spark_factory else _default_spark(self.config)
+        spark = spark_factory() if spark_factory else job_session(self.config)
         lacking = check_spark_python(spark) or check_executors(spark, self.config.executor_timeout)
         if lacking:  # a restart would not fix either: refused before the lease, nothing written
             log.error("job %s: cannot start: %s", job, lacking)
@@ -395,28 +395,3 @@ def _superseded(store: JobStore) -> str:
 def _on_signal(name: str, handler: Callable[[str], None]) -> None:
     if threading.current_thread() is threading.main_thread():
         signal.signal(getattr(signal, name), lambda _signum, _frame: handler(name))
-
-
-#: Spark's default spark.redaction.regex, and the access key id, which this project never shows whole.
-REDACTION = r"(?i)secret|password|token|access[.]?key|credential|access_key_id"
-
-
-def _default_spark(config: RuntimeConfig) -> SparkSession:
-    """The job's session. On a standalone or YARN cluster, its executors get the job store's S3 settings (the
-    sinks write from tasks, and executors there do not inherit the driver's environment) through
-    ``spark.executorEnv.*`` in the SparkConf, never on a command line, with Spark's UI redacting them; a value
-    the user gave with ``--conf`` is kept. Local executors inherit them; on Kubernetes use secrets."""
-    from pyspark import SparkConf, SparkContext
-    from pyspark.sql import SparkSession
-
-    SparkContext._ensure_initialized()  # the JVM spark-submit started: SparkConf() then holds its settings
-    given, builder = SparkConf(), SparkSession.builder
-    master = given.get("spark.master", "local")
-    if not master.startswith(("local", "k8s://")):
-        for name, value in S3Options.from_env(config.endpoint_url, config.region).env().items():
-            if not given.contains(f"spark.executorEnv.{name}"):
-                builder = builder.config(f"spark.executorEnv.{name}", value)
-        if not given.contains("spark.redaction.regex"):
-            builder = builder.config("spark.redaction.regex", REDACTION)
-    return builder.getOrCreate()
-

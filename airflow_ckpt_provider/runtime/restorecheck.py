@@ -56,6 +56,7 @@ from airflow_ckpt_provider.runtime.restoreverdict import (
     spark_error,
     state_files,
 )
+from airflow_ckpt_provider.runtime.sparkchecks import check_executors, check_spark_python, job_session
 from airflow_ckpt_provider.runtime.startup import StartAction, plan_start
 
 if TYPE_CHECKING:
@@ -183,7 +184,10 @@ class RestoreChecker:
     def _run_batch(self, build: JobBuilder, scratch: Storage,
                    spark_factory: Callable[[], SparkSession] | None) -> RestoreCheck | None:
         """Build the new query, swap its sink for noop, run the empty batch; a failure's verdict or None."""
-        spark = (spark_factory or _default_spark)()
+        spark = spark_factory() if spark_factory else job_session(self.config)
+        lacking = check_spark_python(spark) or check_executors(spark, self.config.executor_timeout)
+        if lacking:  # the same the job's driver refuses: no verdict about the state
+            return RestoreCheck(CheckOutcome.INCONCLUSIVE, reason=lacking)
         from pyspark.errors import AnalysisException
 
         from airflow_ckpt_provider.kafka.source import CkptKafkaDataSource
@@ -300,9 +304,3 @@ def _quiet(logger: str) -> Iterator[None]:
         yield
     finally:
         target.setLevel(level)
-
-
-def _default_spark() -> SparkSession:
-    from pyspark.sql import SparkSession
-
-    return SparkSession.builder.getOrCreate()

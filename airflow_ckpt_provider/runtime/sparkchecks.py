@@ -1,4 +1,5 @@
-"""What the job needs from Spark, checked before the lease: a Python with its modules, and an executor.
+"""The job's SparkSession, and what the job needs from Spark, checked before the lease: a Python with its
+modules, and an executor.
 
 Spark's Python for the job is the interpreter Spark starts Python workers with.
 
@@ -22,8 +23,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from airflow_ckpt_provider.core.storage import S3Options
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from airflow_ckpt_provider.runtime.config import RuntimeConfig
 
 #: What every job's Python workers import here: PySpark's Arrow exchange with Python data sources.
 REQUIRED = ("pyarrow", "pandas")
@@ -77,3 +82,27 @@ def check_executors(spark: SparkSession, timeout: float, *, clock: Callable[[], 
                     "add workers, or raise --executor-timeout")
         sleep(0.5)
     return None
+
+
+#: Spark's default spark.redaction.regex, and the access key id, which this project never shows whole.
+REDACTION = r"(?i)secret|password|token|access[.]?key|credential|access_key_id"
+
+
+def job_session(config: RuntimeConfig) -> SparkSession:
+    """The job's session. On a standalone or YARN cluster, its executors get the job store's S3 settings (the
+    sinks write from tasks, and executors there do not inherit the driver's environment) through
+    ``spark.executorEnv.*`` in the SparkConf, never on a command line, with Spark's UI redacting them; a value
+    the user gave with ``--conf`` is kept. Local executors inherit them; on Kubernetes use secrets."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.sql import SparkSession
+
+    SparkContext._ensure_initialized()  # the JVM spark-submit started: SparkConf() then holds its settings
+    given, builder = SparkConf(), SparkSession.builder
+    master = given.get("spark.master", "local")
+    if not master.startswith(("local", "k8s://")):
+        for name, value in S3Options.from_env(config.endpoint_url, config.region).env().items():
+            if not given.contains(f"spark.executorEnv.{name}"):
+                builder = builder.config(f"spark.executorEnv.{name}", value)
+        if not given.contains("spark.redaction.regex"):
+            builder = builder.config("spark.redaction.regex", REDACTION)
+    return builder.getOrCreate()
