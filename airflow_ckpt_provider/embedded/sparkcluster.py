@@ -17,6 +17,7 @@ import logging
 import os
 import shutil
 import signal
+import tempfile
 import time
 import urllib.request
 import venv
@@ -143,24 +144,15 @@ class EmbeddedSparkCluster:
 
     def __init__(self, *, workers: int = 2, worker_cores: int = 1, worker_memory: str = "1g",
                  workdir: Path | None = None, start_timeout: float = 90.0) -> None:
-        self._workdir_arg = workdir
-        self._tempdir: Path | None = None
+        # Logs, the recovery directory, the workers' Python; unless given, a temp dir close() removes.
+        self._tempdir = None if workdir is not None else Path(tempfile.mkdtemp(prefix="embedded-spark-"))
+        self.workdir: Path = workdir or self._tempdir or Path()
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self.worker_cores = worker_cores
         self.worker_memory = worker_memory
         self.spark_home = Path(pyspark_home())
         self.master = _Master(self, self.workdir / "master", start_timeout)
         self.workers = [_Worker(self, i, self.workdir / f"worker-{i}", start_timeout) for i in range(workers)]
-
-    @property
-    def workdir(self) -> Path:
-        if self._workdir_arg is not None:
-            self._workdir_arg.mkdir(parents=True, exist_ok=True)
-            return self._workdir_arg
-        if self._tempdir is None:
-            import tempfile
-
-            self._tempdir = Path(tempfile.mkdtemp(prefix="embedded-spark-"))
-        return self._tempdir
 
     @property
     def master_url(self) -> str:
