@@ -82,8 +82,8 @@ class BrokerMetadata:
 
     def snapshot(self) -> Snapshot:
         partitions, unavailable = self._retrying()(self._subscribed_partitions)
-        low, low_unknown = self._offsets(partitions, _offset_spec("earliest"))
-        high, high_unknown = self._offsets(partitions, _offset_spec("latest"))
+        low, low_unknown = self._offsets(partitions, _offset_spec("earliest"), watermark=True)
+        high, high_unknown = self._offsets(partitions, _offset_spec("latest"), watermark=True)
         unknown = low_unknown | high_unknown
         return Snapshot(
             low={tp: o for tp, o in low.items() if tp not in unknown},
@@ -124,8 +124,14 @@ class BrokerMetadata:
             partitions.extend((name, p) for p in topic.partitions)
         return sorted(partitions), unavailable
 
-    def _offsets(self, partitions: Sequence[TP], spec: Any) -> tuple[dict[TP, int], set[TP]]:
-        """Offsets of ``partitions`` for ``spec``; partitions still failing after the retries are returned apart."""
+    def _offsets(self, partitions: Sequence[TP], spec: Any, *,
+                 watermark: bool = False) -> tuple[dict[TP, int], set[TP]]:
+        """Offsets of ``partitions`` for ``spec``; partitions still failing after the retries are returned apart.
+
+        A ``watermark`` (earliest, latest) is never negative: librdkafka answers OFFSET_INVALID (-1001) without an
+        error while it reconnects to a broker that was away, which taken as the partition's end would look like a
+        truncated partition (data loss). Such an answer counts as a failed partition: retried, else unknown.
+        """
         from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
 
         level = (
@@ -148,9 +154,14 @@ class BrokerMetadata:
             )
             for tp, future in futures.items():
                 try:  # every partition carries its own error, even when the request succeeded
-                    found[(tp.topic, tp.partition)] = int(future.result(timeout=REQUEST_TIMEOUT_S).offset)
+                    offset = int(future.result(timeout=REQUEST_TIMEOUT_S).offset)
                 except KafkaException as err:
                     failed[(tp.topic, tp.partition)] = str(err.args[0])
+                    continue
+                if watermark and offset < 0:
+                    failed[(tp.topic, tp.partition)] = f"the broker answered offset {offset} (no offset yet)"
+                else:
+                    found[(tp.topic, tp.partition)] = offset
             serve(self._client())
             if failed:
                 raise KafkaException(

@@ -416,6 +416,17 @@ def test_snapshot_marks_partitions_that_keep_failing_unknown() -> None:
     assert snap.unknown == frozenset({("t", 1)}) and dict(snap.high) == {("t", 0): 5}
 
 
+def test_a_negative_watermark_while_a_broker_reconnects_is_no_offset_not_a_truncated_partition() -> None:
+    """librdkafka answered latest = OFFSET_INVALID (-1001), without an error, while the broker came back (seen
+    once in the broker outage test): the partition is unknown for this trigger, never "ends at -1001"."""
+    admin = FakeAdmin({"t": [0, 1]}, earliest={("t", 0): 0, ("t", 1): 0}, latest={("t", 0): 5, ("t", 1): -1001})
+    snap = broker(admin, **{"fetchOffset.numRetries": 2}).snapshot()
+    assert snap.unknown == frozenset({("t", 1)}) and dict(snap.high) == {("t", 0): 5}
+    admin.latest[("t", 1)] = 7  # answered on a retry: taken
+    snap = broker(admin, **{"fetchOffset.numRetries": 2}).snapshot()
+    assert snap.unknown == frozenset() and dict(snap.high) == {("t", 0): 5, ("t", 1): 7}
+
+
 # --------------------------------------------------------------------------------------------
 # The read loop, over a fake consumer
 # --------------------------------------------------------------------------------------------
