@@ -584,6 +584,8 @@ BUILT = "built the environment"
 def job_run(env: JobEnv, opts: Options, rnd: int, config: str, servers: dict[str, int | None],
             cluster: EmbeddedSparkCluster | None = None) -> tuple[list[Start], Throughput, list[QueryRecovery]]:
     name = f"{rnd}-{config}"
+    if (opts.workdir / name).exists():  # the second C job of the first round: its own log and checkpoint
+        name += "-2"
     checkpoint = opts.workdir / name / "checkpoint"
     faults = opts.workdir / name / "faults"
     faults.mkdir(parents=True, exist_ok=True)
