@@ -20,9 +20,15 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def spec(tmp_path: Path) -> SubmitSpec:
-    job_file = tmp_path / "count.py"
-    job_file.write_text("# a job\n")
+def job_file(tmp_path: Path) -> Path:
+    """A job file that exists (its content does not matter to building a command)."""
+    path = tmp_path / "count.py"
+    path.write_text("# a job\n")
+    return path
+
+
+@pytest.fixture
+def spec(tmp_path: Path, job_file: Path) -> SubmitSpec:
     config = RuntimeConfig(job="orders", store=str(tmp_path / "store"), checkpoint=str(tmp_path / "ckpt"),
                            restore="latest-savepoint")
     return SubmitSpec(job_file=str(job_file), config=config, spark_submit="/opt/spark/bin/spark-submit")

@@ -38,13 +38,6 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def job_file(tmp_path: Path) -> Path:
-    path = tmp_path / "count.py"
-    path.write_text("# a job\n")
-    return path
-
-
-@pytest.fixture
 def archive(tmp_path: Path) -> Path:
     """An archive the user packed (its content does not matter to a dry run)."""
     path = tmp_path / "env.tar.gz"

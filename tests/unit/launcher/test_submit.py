@@ -44,13 +44,6 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def job_file(tmp_path: Path) -> Path:
-    path = tmp_path / "count.py"
-    path.write_text("# a job\n")
-    return path
-
-
-@pytest.fixture
 def config(tmp_path: Path) -> RuntimeConfig:
     return RuntimeConfig(job="orders", store=str(tmp_path / "store"), checkpoint=str(tmp_path / "ckpt"))
 

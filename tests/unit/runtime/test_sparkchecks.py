@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_ckpt_provider.runtime.sparkchecks import check_executors, missing_module
+from tests.support.supervisorfakes import START, FakeClock
 
 
 def test_a_python_is_checked_for_the_modules_spark_s_workers_need() -> None:
@@ -49,30 +50,19 @@ class FakeSpark:
         return [0] * (count + 1)  # the driver counts as one
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
 def test_the_driver_waits_for_a_first_executor_and_then_goes_on() -> None:
-    clock = Clock()
+    clock = FakeClock()
     assert check_executors(FakeSpark("spark://h:7077", [0, 0, 1]), 60, clock=clock, sleep=clock.sleep) is None
-    assert clock.now == 1.0  # two looks at nothing, half a second apart
+    assert clock.now - START == 1.0  # two looks at nothing, half a second apart
 
 
 def test_no_executor_within_the_timeout_names_what_one_executor_asks_and_what_to_do() -> None:
-    clock = Clock()
+    clock = FakeClock()
     spark = FakeSpark("spark://h:7077", [0], {"spark.executor.memory": "4g"})
     message = check_executors(spark, 8, clock=clock, sleep=clock.sleep)
     assert message is not None and message.startswith("no executor registered with spark://h:7077 within 8 s")
     assert "spark.executor.memory=4g" in message and "raise --executor-timeout" in message
-    assert clock.now == 8.0
+    assert clock.now - START == 8.0
 
 
 def test_local_masters_and_dynamic_allocation_are_not_waited_for() -> None:
