@@ -101,13 +101,15 @@ def ack_key(request_id: str) -> str:
     return f"{CONTROL}{request_id}{ACK_SUFFIX}"
 
 
-def submit_request(store: JobStore, action: RequestAction, epoch: int, *, now: float | None = None) -> Request:
-    """Write a request for the driver of ``epoch``; it is picked up within the driver's poll interval."""
+def submit_request(store: JobStore, action: RequestAction, epoch: int, *, now: float | None = None,
+                   requested_by: str | None = None) -> Request:
+    """Write a request for the driver of ``epoch``; it is picked up within the driver's poll interval.
+    ``requested_by`` (default: USER@host) says who asked, e.g. an Airflow user from the UI."""
     created = time.time() if now is None else now
     stamp = datetime.fromtimestamp(created, UTC).strftime("%Y%m%dT%H%M%SZ")
     request = Request(
         id=f"{action.value}-{stamp}-{secrets.token_hex(3)}", action=action, epoch=epoch, created_at=created,
-        requested_by=f"{os.environ.get('USER', 'unknown')}@{socket.gethostname()}",
+        requested_by=requested_by or f"{os.environ.get('USER', 'unknown')}@{socket.gethostname()}",
     )
     if not store.storage.create(request_key(request.id), request.to_bytes()):
         raise ConfigError(f"control request id {request.id} already exists; retry")

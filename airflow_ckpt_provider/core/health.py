@@ -81,3 +81,15 @@ def current_names(kwargs: Mapping[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"{name} is the earlier name of {new}: pass {new} only")
         out[new] = value
     return out
+
+
+def restart_times(starts: list[tuple[int, float, str | None]]) -> list[float]:
+    """Start times of the driver restarts among ``starts`` ((epoch, at, launch id) of every driver start, by
+    epoch: deployments/): the starts a supervisor made after a launch's first (a launch from Airflow, an
+    upgrade or its rollback is no crash); without launch ids, every start but the first."""
+    times, launches = [], set()
+    for index, (_epoch, at, launch_id) in enumerate(starts):
+        if (launch_id is None and index > 0) or (launch_id is not None and launch_id in launches):
+            times.append(at)
+        launches.add(launch_id)
+    return times

@@ -41,8 +41,12 @@ SPEC_STABLE = "spec/stable.json"
 SUPERVISORS = "supervisors/"
 
 
+def is_job_name(name: str) -> bool:
+    return bool(_JOB_NAME.match(name))
+
+
 def check_job_name(job: str) -> str:
-    if not _JOB_NAME.match(job):
+    if not is_job_name(job):
         raise ConfigError(
             f"invalid job name {job!r}: expected 1-128 characters of letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"

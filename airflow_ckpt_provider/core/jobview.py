@@ -17,7 +17,7 @@ from enum import StrEnum
 from airflow_ckpt_provider.core.control import RequestAction
 from airflow_ckpt_provider.core.deployments import Launch, read_launch
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError, StorageError
-from airflow_ckpt_provider.core.jobstore import SNAPSHOTS, STATUS, JobStore
+from airflow_ckpt_provider.core.jobstore import LEASE, SNAPSHOTS, STATUS, JobStore, is_job_name
 from airflow_ckpt_provider.core.lease import LeaseRecord, pid_alive, read_lease
 from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreSpec
 from airflow_ckpt_provider.core.status import (
@@ -191,13 +191,14 @@ def restart_decision(view: JobView | None, restore: RestoreSpec) -> tuple[Restar
 
 
 def job_names(root: Storage) -> list[str]:
-    """The jobs under a store root: the top-level prefixes holding a status.json or snapshots."""
-    names = set()
-    for info in root.list():
-        job, sep, rest = info.key.partition("/")
-        if sep and (rest == STATUS or rest.startswith(SNAPSHOTS)):
-            names.add(job)
-    return sorted(names)
+    """The jobs under a store root: the top-level folders holding a status.json, a lease or snapshots (one
+    listing of the root's folders, then a look into each; never a listing of every object)."""
+    names = []
+    for job in root.folders():
+        if is_job_name(job) and (root.exists(f"{job}/{STATUS}") or root.exists(f"{job}/{LEASE}")
+                                     or SNAPSHOTS.rstrip("/") in root.folders(f"{job}/")):
+            names.append(job)
+    return names
 
 
 def observe(store: JobStore, now: float | None = None) -> JobView:

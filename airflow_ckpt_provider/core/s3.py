@@ -210,6 +210,19 @@ class S3Storage(Storage):
 
         return sorted(self._call(f"list {self.uri(prefix)}", pages), key=lambda o: o.key)
 
+    def folders(self, prefix: str = "") -> tuple[str, ...]:
+        base = prefix.strip("/")
+        full = join(self.prefix, base) + "/" if base else (self.prefix + "/" if self.prefix else "")
+
+        def pages() -> list[str]:
+            found = []
+            paginator = self.client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=full, Delimiter="/"):
+                found += [p["Prefix"][len(full):].rstrip("/") for p in page.get("CommonPrefixes", [])]
+            return found
+
+        return tuple(sorted(f for f in self._call(f"list folders {self.uri(base)}", pages) if f))
+
     def stat(self, key: str) -> ObjectInfo | None:
         try:
             head = self._call(

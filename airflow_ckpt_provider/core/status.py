@@ -74,7 +74,9 @@ class JobStatus:
     started_at: float
     reason: str = ""
     batch_id: int | None = None
+    batch_at: float | None = None  # when batch_id completed
     offsets: dict[str, Any] = field(default_factory=dict)
+    lag: int | None = None  # Kafka records behind the latest offsets Spark saw for batch_id (0 once idle)
     data_waiting: bool = False
     idle: bool = False  # the query's last trigger found no new data (caught up with its sources)
     last_snapshot: dict[str, Any] | None = None

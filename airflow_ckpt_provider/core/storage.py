@@ -86,6 +86,11 @@ class Storage(ABC):
         """All objects whose key starts with ``prefix`` (recursive), sorted by key."""
 
     @abstractmethod
+    def folders(self, prefix: str = "") -> tuple[str, ...]:
+        """The names of the "folders" directly below ``prefix`` (a key prefix ending in "/"), sorted: the
+        first path segment of every key below it that has more segments. One listing call, not recursive."""
+
+    @abstractmethod
     def stat(self, key: str) -> ObjectInfo | None:
         """The object's info, or None if it does not exist."""
 
@@ -177,6 +182,12 @@ class LocalStorage(Storage):
                     continue
                 found.append(ObjectInfo(key, st.st_size, st.st_mtime))
         return sorted(found, key=lambda o: o.key)
+
+    def folders(self, prefix: str = "") -> tuple[str, ...]:
+        top = self._path(prefix.rstrip("/")) if prefix.strip("/") else self.root
+        if not top.is_dir():
+            return ()
+        return tuple(sorted(p.name for p in top.iterdir() if p.is_dir() and _TMP_MARK not in p.name))
 
     def stat(self, key: str) -> ObjectInfo | None:
         try:

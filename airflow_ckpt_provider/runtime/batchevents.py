@@ -22,6 +22,8 @@ class BatchEvent:
     offsets: dict[str, Any]
     data_waiting: bool
     rows: int
+    lag: int | None = None  # Kafka records between the batch's end offsets and the latest ones Spark saw
+
 
     @property
     def idle(self) -> bool:
@@ -45,13 +47,15 @@ class BatchListener:
 
             def onQueryProgress(self, event: Any) -> None:
                 p = event.progress
-                offsets, waiting = {}, False
+                offsets, waiting, lags = {}, False, []
                 for i, s in enumerate(p.sources):
                     end = _json(s.endOffset)
                     offsets[_source_name(i, s.description)] = end
                     latest = _json(s.latestOffset)
                     waiting = waiting or (latest is not None and latest != end)
-                events.put(BatchEvent(int(p.batchId), offsets, waiting, int(p.numInputRows)))
+                    lags.append(records_behind(end, latest))
+                lag = None if not lags or None in lags else sum(x for x in lags if x is not None)
+                events.put(BatchEvent(int(p.batchId), offsets, waiting, int(p.numInputRows), lag))
 
             def onQueryIdle(self, event: Any) -> None:  # posted at most every noDataProgressEventInterval
                 events.put(BatchEvent(-1, {}, False, 0))
@@ -60,6 +64,24 @@ class BatchListener:
                 pass
 
         return Listener()
+
+
+def records_behind(end: Any, latest: Any) -> int | None:
+    """Records between Kafka-shaped end and latest offsets ({"topic": {"0": 42}}, as ckpt-kafka and Spark's
+    Kafka source write them); None when either is not Kafka-shaped. A partition missing from ``end`` counts
+    from 0; an end beyond latest counts as caught up."""
+    if not _kafka_shaped(end) or not _kafka_shaped(latest):
+        return None
+    behind = 0
+    for topic, parts in latest.items():
+        done = end.get(topic, {})
+        behind += sum(max(0, int(high) - int(done.get(p, 0))) for p, high in parts.items())
+    return behind
+
+
+def _kafka_shaped(offsets: Any) -> bool:
+    return isinstance(offsets, dict) and bool(offsets) and all(
+        isinstance(parts, dict) and all(isinstance(o, int) for o in parts.values()) for parts in offsets.values())
 
 
 def _source_name(index: int, description: str) -> str:

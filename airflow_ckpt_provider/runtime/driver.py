@@ -187,7 +187,7 @@ class JobDriver:
                                  ui_url=spark.sparkContext.uiWebUrl)
             self._wait_for_grace(self.lease.grace(self.config.fence_grace))
             plan = prepare_checkpoint(self.store, self.live, spec, epoch=self.lease.epoch,
-                                      policy=self.config.time_travel)
+                                      policy=self.config.time_travel, code_version=self.config.code_version)
             self.reporter.report(JobState.STARTING, plan.reason,
                                  restored_from=plan.snapshot.snapshot_id if plan.snapshot else None)
             self.lease.check()
@@ -340,13 +340,14 @@ class JobDriver:
                 status = self.reporter.status
                 if status is not None and not status.idle:  # caught up: one line, one write
                     log.info("job %s epoch %d: caught up, no new data", self.config.job, self.lease.epoch)
-                    self.reporter.update(idle=True, data_waiting=False)
+                    self.reporter.update(idle=True, data_waiting=False, lag=0 if status.lag is not None else None)
                 continue
             self._new_batches += 1
             log.info("job %s epoch %d batch %d: completed, %d rows", self.config.job, self.lease.epoch,
                      event.batch_id, event.rows)
-            self.reporter.update(batch_id=event.batch_id, offsets=event.offsets, data_waiting=event.data_waiting,
-                                 idle=False, **self.restarter.batch_completed(event.batch_id))
+            self.reporter.update(batch_id=event.batch_id, batch_at=time.time(), offsets=event.offsets,
+                                 lag=event.lag, data_waiting=event.data_waiting, idle=False,
+                                 **self.restarter.batch_completed(event.batch_id))
 
     def _drain_outcomes(self) -> None:
         while True:

@@ -290,7 +290,8 @@ def plan_start(store: JobStore, live_storage: Storage, spec: RestoreSpec,
 
 
 def prepare_checkpoint(store: JobStore, live_storage: Storage, spec: RestoreSpec, *, epoch: int,
-                       policy: TimeTravel = TimeTravel.FORK, record: bool = True) -> StartPlan:
+                       policy: TimeTravel = TimeTravel.FORK, record: bool = True,
+                       code_version: str | None = None) -> StartPlan:
     """Observe, decide, act, record: after this the live location holds what Spark resumes from.
 
     ``record=False`` for a query restarted inside a running driver: its start at ``epoch`` is recorded already.
@@ -322,7 +323,8 @@ def prepare_checkpoint(store: JobStore, live_storage: Storage, spec: RestoreSpec
               "snapshot": plan.snapshot.snapshot_id if plan.snapshot else None, "reason": plan.reason,
               "lineage_since": lineage.since, "lineage_base": lineage.base, "timeline": timeline,
               "time_travel": plan.travel.to_dict() if plan.travel else None,
-              "launch_id": os.environ.get(LAUNCH_ENV)}  # restarts of one launch are its supervisor's
+              "launch_id": os.environ.get(LAUNCH_ENV),  # restarts of one launch are its supervisor's
+              "code_version": code_version}
     store.storage.write(f"{DEPLOYMENTS}{epoch:010d}.json", json.dumps(start, sort_keys=True).encode())
     return plan
 

@@ -70,6 +70,7 @@ class AirflowServer:
         env: Mapping[str, str] | None = None,
         component_env: Mapping[str, Mapping[str, str]] | None = None,
         username: str = "admin",
+        users: Mapping[str, str] | None = None,
         startup_timeout: float = 180.0,
         stop_timeout: float = 15.0,
     ) -> None:
@@ -79,6 +80,10 @@ class AirflowServer:
         self._component_env = {name: dict(extra) for name, extra in (component_env or {}).items()}
         self.username = username
         self.password = secrets.token_urlsafe(12)
+        # More users of the simple auth manager, name -> role (viewer, user, op, admin), each with its password.
+        self.roles = {username: "admin", **dict(users or {})}
+        self.passwords = {name: self.password if name == username else secrets.token_urlsafe(12)
+                          for name in self.roles}
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
         self.port = 0
@@ -86,7 +91,7 @@ class AirflowServer:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._marker = secrets.token_hex(8)
-        self._token: str | None = None
+        self._tokens: dict[str, str] = {}
         self._client: httpx.Client | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -121,7 +126,7 @@ class AirflowServer:
         self.port = free_port()
         env = self._environment()
         # Pre-seeded: the simple auth manager only generates passwords for users missing from this file.
-        (self.home / "passwords.json").write_text(json.dumps({self.username: self.password}))
+        (self.home / "passwords.json").write_text(json.dumps(self.passwords))
         started = time.monotonic()
         migrate = subprocess.run(
             [str(AIRFLOW_BIN), "db", "migrate"], env=env, capture_output=True, text=True, timeout=180, check=False
@@ -193,7 +198,7 @@ class AirflowServer:
                 "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
                 "AIRFLOW__CORE__PARALLELISM": "4",
                 "AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
-                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{self.username}:admin",
+                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{n}:{r}" for n, r in self.roles.items()),
                 "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.home / "passwords.json"),
                 "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",
                 "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home / 'airflow.db'}",
@@ -256,13 +261,14 @@ class AirflowServer:
             raise AirflowServerError("the server is not running")
         return self._client
 
-    def token(self) -> str:
-        """A JWT for the admin user from the simple auth manager (POST /auth/token), cached."""
-        if self._token is None:
-            resp = self.client.post("/auth/token", json={"username": self.username, "password": self.password})
+    def token(self, user: str | None = None) -> str:
+        """A JWT for ``user`` (default: the admin) from the simple auth manager (POST /auth/token), cached."""
+        name = user or self.username
+        if name not in self._tokens:
+            resp = self.client.post("/auth/token", json={"username": name, "password": self.passwords[name]})
             resp.raise_for_status()
-            self._token = str(resp.json()["access_token"])
-        return self._token
+            self._tokens[name] = str(resp.json()["access_token"])
+        return self._tokens[name]
 
     def api(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """An authenticated request to ``/api/v2{path}``; the caller checks the status."""
@@ -437,11 +443,12 @@ class AirflowServer:
 
     # -- browser ---------------------------------------------------------------------------------
 
-    def ui_login(self, page: Any, timeout_ms: float = 30_000) -> None:
-        """Log a playwright ``Page`` in through the simple auth manager's login form."""
+    def ui_login(self, page: Any, timeout_ms: float = 30_000, user: str | None = None) -> None:
+        """Log a playwright ``Page`` in as ``user`` (default: the admin) through the simple auth manager's form."""
+        name = user or self.username
         page.goto(f"{self.base_url}/auth/login", timeout=timeout_ms)
-        page.get_by_label("Username").fill(self.username)
-        page.get_by_label("Password").fill(self.password)
+        page.get_by_label("Username").fill(name)
+        page.get_by_label("Password").fill(self.passwords[name])
         page.get_by_role("button", name="Sign in").click()
         # The form stores the JWT in the _token cookie and leaves for the React UI.
         page.wait_for_url(lambda url: "/auth/" not in url, timeout=timeout_ms)

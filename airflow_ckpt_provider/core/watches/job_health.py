@@ -11,7 +11,7 @@ from typing import Any
 
 from airflow_ckpt_provider.core.deployments import read_launch
 from airflow_ckpt_provider.core.errors import StorageError
-from airflow_ckpt_provider.core.health import HealthCriteria
+from airflow_ckpt_provider.core.health import HealthCriteria, restart_times
 from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, JobStore
 from airflow_ckpt_provider.core.jobview import JobView, starting_launch, when
 from airflow_ckpt_provider.core.restart import Health, HealthRule
@@ -112,14 +112,7 @@ class JobHealthWatch:
         return sorted(s for s in starts if self.criteria.started_after is None or s[1] >= self.criteria.started_after)
 
     def _restart_times(self) -> list[float]:
-        """Start times of the restarts: the starts a supervisor made after a launch's first (a launch from
-        Airflow, an upgrade or its rollback is no crash); without launch ids, every start but the first."""
-        times, launches = [], set()
-        for index, (_epoch, at, launch_id) in enumerate(self._starts()):
-            if (launch_id is None and index > 0) or (launch_id is not None and launch_id in launches):
-                times.append(at)
-            launches.add(launch_id)
-        return times
+        return restart_times(self._starts())
 
     # -- decide --------------------------------------------------------------------------------
 

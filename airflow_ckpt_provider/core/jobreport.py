@@ -1,0 +1,326 @@
+"""A job as an operator sees it on one page: summary, driver starts, snapshot history, restore lineage.
+
+Read from the job store only (status.json, lease.json, supervisors/, deployments/, snapshots/, spec/), as
+the CLI and the watches read it: the Streaming jobs page of the Airflow UI (ui/) renders these values and
+serves them as JSON. Pure data and job store reads: no Spark, no Airflow, no Kafka.
+
+Manifests never change once written (create-if-absent), so they are read once per process and kept
+(``ManifestCache``): a page showing fifty jobs reads each snapshot's manifest once, not on every refresh.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from airflow_ckpt_provider.core.deployments import Launch, read_launch
+from airflow_ckpt_provider.core.errors import StorageError
+from airflow_ckpt_provider.core.health import HealthCriteria, restart_times
+from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, SNAPSHOTS, SPEC_STABLE, JobStore
+from airflow_ckpt_provider.core.jobview import JobView, observe
+from airflow_ckpt_provider.core.manifest import Kind, Manifest
+from airflow_ckpt_provider.core.snapshots import latest_completed, load_manifest
+from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobStatus
+
+log = logging.getLogger(__name__)
+
+#: Seconds of the window "restarts" counts over: the health watch's default window.
+HEALTH_WINDOW = HealthCriteria.health_window
+
+
+@dataclass(frozen=True)
+class SnapshotRow:
+    """One snapshot: its size, the bytes it added (objects no earlier snapshot of the job had), and the
+    driver starts that restored from it. ``retained`` is False for one a start restored from that is gone
+    (disposed by retention or by hand)."""
+
+    snapshot_id: str
+    kind: str
+    trigger: str
+    batch_id: int
+    created_at: str
+    files: int
+    size: int
+    new_bytes: int
+    code_version: str | None
+    uri: str
+    retained: bool = True
+    restored_by: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class StartRow:
+    """One driver start (deployments/<epoch>.json): how it started, from which snapshot, with which code,
+    and whether it was a restart (a supervisor's start after its launch's first)."""
+
+    epoch: int
+    at: float
+    action: str
+    restore: str
+    snapshot: str | None
+    snapshot_retained: bool | None
+    code_version: str | None
+    launch_id: str | None
+    timeline: int
+    time_travel: bool
+    restart: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """One row of the job list. Ages in seconds at ``now``; None when unknown."""
+
+    job: str
+    store: str
+    state: str
+    state_text: str
+    live: bool
+    epoch: int | None
+    code_version: str | None
+    batch_id: int | None
+    batch_age: float | None
+    heartbeat_age: float | None
+    lag: int | None
+    process_restarts: int
+    driver_restarts: int
+    latest_checkpoint: dict[str, Any] | None
+    latest_savepoint: dict[str, Any] | None
+    problem: str | None = None  # the job store could not be read: why
+
+    @property
+    def restarts(self) -> int:
+        return self.process_restarts + self.driver_restarts
+
+
+@dataclass(frozen=True)
+class JobReport:
+    """A job's page: its summary, its status record, its driver starts (newest first), its snapshots
+    (newest first), in-driver restarts, the launches (last, stable) and the Spark UI of its driver."""
+
+    summary: JobSummary
+    status: dict[str, Any] | None
+    starts: tuple[StartRow, ...]
+    snapshots: tuple[SnapshotRow, ...]
+    in_driver_restarts: tuple[dict[str, Any], ...]
+    last_launch: dict[str, Any] | None
+    stable_launch: dict[str, Any] | None
+    spark_ui: str | None
+    supervisor: str | None
+    history: tuple[dict[str, Any], ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "summary": summary_dict(self.summary)}
+
+
+def summary_dict(summary: JobSummary) -> dict[str, Any]:
+    return {**asdict(summary), "restarts": summary.restarts}
+
+
+class ManifestCache:
+    """Manifests by (job store URL, snapshot id), at most ``size`` (least recently used dropped)."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple[str, str], Manifest] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def manifests(self, store: JobStore) -> list[Manifest]:
+        """The job's completed snapshots, oldest first (one listing; a manifest is read the first time only).
+        One that cannot be read is skipped with a warning, as ``list_snapshots`` does."""
+        ids = sorted({o.key[len(SNAPSHOTS):].split("/", 1)[0] for o in store.storage.list(SNAPSHOTS)
+                      if o.key.endswith("/manifest.json")})
+        found = []
+        for snapshot_id in ids:
+            key = (store.url, snapshot_id)
+            with self._lock:
+                manifest = self._items.get(key)
+                if manifest is not None:
+                    self._items.move_to_end(key)
+            if manifest is None:
+                try:
+                    manifest = load_manifest(store, snapshot_id)
+                except (StorageError, FileNotFoundError) as err:  # disposed meanwhile, or unreadable
+                    log.warning("job %s: skipping snapshot %s: %s", store.job, snapshot_id, err)
+                    continue
+                with self._lock:
+                    self._items[key] = manifest
+                    while len(self._items) > self.size:
+                        self._items.popitem(last=False)
+            found.append(manifest)
+        return sorted(found, key=lambda m: (m.created, m.batch_id))
+
+
+MANIFESTS = ManifestCache()
+
+
+def read_starts(store: JobStore) -> list[dict[str, Any]]:
+    """The deployments/ records (one per driver start), oldest first; an unreadable one is skipped."""
+    out = []
+    for info in store.storage.list(DEPLOYMENTS):
+        if not info.key.endswith(".json"):
+            continue
+        try:
+            body = json.loads(store.storage.read(info.key))
+            epoch = int(info.key[len(DEPLOYMENTS):-len(".json")])
+        except (FileNotFoundError, ValueError) as err:
+            log.warning("job %s: ignoring unreadable deployment record %s: %s", store.job, info.key, err)
+            continue
+        if isinstance(body, dict):
+            out.append({**body, "epoch": epoch})
+    return sorted(out, key=lambda b: b["epoch"])
+
+
+def start_rows(records: Sequence[dict[str, Any]], retained: set[str]) -> list[StartRow]:
+    """The driver starts, oldest first, each marked as a restart or not (core/health.restart_times)."""
+    starts = [(int(r["epoch"]), float(r.get("at") or 0), r.get("launch_id")) for r in records]
+    restarted = set(restart_times(starts))
+    rows = []
+    for r, (_epoch, at, _launch) in zip(records, starts, strict=True):
+        snapshot = r.get("snapshot")
+        rows.append(StartRow(
+            epoch=int(r["epoch"]), at=at, action=str(r.get("action") or "?"), restore=str(r.get("restore") or "?"),
+            snapshot=snapshot, snapshot_retained=None if snapshot is None else snapshot in retained,
+            code_version=r.get("code_version"), launch_id=r.get("launch_id"), timeline=int(r.get("timeline") or 0),
+            time_travel=bool(r.get("time_travel")), restart=at in restarted,
+            reason=str(r.get("reason") or "")))
+    return rows
+
+
+def snapshot_rows(manifests: Sequence[Manifest], starts: Iterable[StartRow], uri_of: Any) -> list[SnapshotRow]:
+    """Every snapshot, oldest first, with the bytes it added over all earlier ones, then the snapshots driver
+    starts restored from that no longer exist (``retained`` False; size unknown: 0)."""
+    restored: dict[str, list[int]] = {}
+    for s in starts:
+        if s.snapshot:
+            restored.setdefault(s.snapshot, []).append(s.epoch)
+    seen: set[str] = set()
+    rows = []
+    for m in sorted(manifests, key=lambda m: (m.created, m.batch_id)):
+        new = {f.sha256: f.size for f in m.files if f.sha256 not in seen}
+        seen.update(f.sha256 for f in m.files)
+        rows.append(SnapshotRow(
+            snapshot_id=m.snapshot_id, kind=m.kind.value, trigger=m.trigger.value, batch_id=m.batch_id,
+            created_at=m.created_at, files=len(m.files), size=m.total_bytes, new_bytes=sum(new.values()),
+            code_version=m.code_version, uri=uri_of(m.snapshot_id),
+            restored_by=tuple(restored.get(m.snapshot_id, ()))))
+    present = {m.snapshot_id for m in manifests}
+    for snapshot_id, epochs in restored.items():
+        if snapshot_id not in present:
+            kind, _, rest = snapshot_id.partition("-")
+            batch = rest.partition("-")[0]
+            rows.append(SnapshotRow(
+                snapshot_id=snapshot_id, kind=kind, trigger="?", batch_id=int(batch) if batch.isdigit() else -1,
+                created_at="", files=0, size=0, new_bytes=0, code_version=None, uri=uri_of(snapshot_id),
+                retained=False, restored_by=tuple(epochs)))
+    return rows
+
+
+def _snapshot_brief(m: Manifest | None, now: float) -> dict[str, Any] | None:
+    if m is None:
+        return None
+    return {"id": m.snapshot_id, "batch_id": m.batch_id, "created_at": m.created_at,
+            "age": max(0.0, now - m.created.timestamp())}
+
+
+def _state_text(view: JobView) -> str:
+    s = view.status
+    if s is None:
+        return "STARTING (no status yet)"
+    if view.restarter is not None:
+        return view.restarter.describe()
+    if view.stale:
+        return f"{s.state} (stale: no heartbeat for {s.age(view.now):.0f} s)"
+    return s.state.value
+
+
+def summarize(view: JobView, manifests: Sequence[Manifest], starts: Sequence[StartRow],
+              window: float = HEALTH_WINDOW) -> JobSummary:
+    """The list row of a job from what was read (pure: ``view.now`` is the clock)."""
+    s: JobStatus | None = view.status
+    now = view.now
+    process = sum(1 for r in starts if r.restart and now - r.at <= window)
+    in_driver = sum(1 for r in (s.restarts if s else []) if now - float(r.get("at") or 0) <= window)
+    live = view.live and s is not None and s.state in ACTIVE_STATES
+    return JobSummary(
+        job=view.store.job, store=view.store.root.url,
+        state="RESTARTING" if view.restarter is not None else (s.state.value if s else "STARTING"),
+        state_text=_state_text(view), live=live,
+        epoch=s.epoch if s else (view.lease.epoch if view.lease else None),
+        code_version=s.code_version if s else None, batch_id=s.batch_id if s else None,
+        batch_age=None if s is None or s.batch_at is None else max(0.0, now - s.batch_at),
+        heartbeat_age=None if s is None else max(0.0, s.age(now)),
+        lag=s.lag if s and live else None, process_restarts=process, driver_restarts=in_driver,
+        latest_checkpoint=_snapshot_brief(latest_completed(manifests, (Kind.CHECKPOINT,)), now),
+        latest_savepoint=_snapshot_brief(latest_completed(manifests, (Kind.SAVEPOINT,)), now))
+
+
+def job_summary(store: JobStore, *, now: float | None = None, cache: ManifestCache = MANIFESTS) -> JobSummary:
+    """The list row of ``store``'s job; a row carrying ``problem`` when its store cannot be read."""
+    at = time.time() if now is None else now
+    try:
+        view = observe(store, at)
+        manifests = cache.manifests(store)
+        starts = start_rows(read_starts(store), {m.snapshot_id for m in manifests})
+    except StorageError as err:
+        return JobSummary(store.job, store.root.url, "UNKNOWN", f"the job store cannot be read: {err}", False, None,
+                          None, None, None, None, None, 0, 0, None, None, problem=str(err))
+    return summarize(view, manifests, starts)
+
+
+def job_report(store: JobStore, *, now: float | None = None, cache: ManifestCache = MANIFESTS) -> JobReport:
+    """Everything the job page shows (raises the ConfigError of ``observe`` for a job never run there)."""
+    at = time.time() if now is None else now
+    view = observe(store, at)
+    manifests = cache.manifests(store)
+    starts = start_rows(read_starts(store), {m.snapshot_id for m in manifests})
+    summary = summarize(view, manifests, starts)
+    s = view.status
+    last, stable = read_launch(store), read_launch(store, SPEC_STABLE)
+    supervisor = view.supervision.record.describe() if view.supervision and view.supervision.record else None
+    return JobReport(
+        summary=summary, status=s.to_dict() if s else None, starts=tuple(reversed(starts)),
+        snapshots=tuple(reversed(snapshot_rows(manifests, starts, store.snapshot_uri))),
+        in_driver_restarts=tuple(reversed(s.restarts)) if s else (),
+        last_launch=_launch_dict(last), stable_launch=_launch_dict(stable),
+        spark_ui=s.ui_url if s and summary.live else None, supervisor=supervisor,
+        history=tuple(reversed(history(starts, s))))
+
+
+def history(starts: Sequence[StartRow], status: JobStatus | None) -> list[dict[str, Any]]:
+    """The job's status history, oldest first: each driver start, each in-driver restart of the current
+    driver and its resumption, and the state it is in now."""
+    events: list[dict[str, Any]] = []
+    for r in starts:
+        what = ("restarted by its supervisor" if r.restart else "started") + f" (epoch {r.epoch}): {r.action}"
+        if r.snapshot:
+            what += f" from {r.snapshot}"
+        if r.code_version:
+            what += f", code {r.code_version}"
+        events.append({"at": r.at, "epoch": r.epoch, "event": what})
+    for restart in (status.restarts if status else []):
+        events.append({"at": float(restart.get("at") or 0), "epoch": status.epoch if status else None,
+                       "event": f"query failed at batch {restart.get('from_batch')} ({restart.get('cause')}): "
+                                f"restarted in its driver, attempt {restart.get('attempt')}"})
+        if restart.get("resumed_at"):
+            events.append({"at": float(restart["resumed_at"]), "epoch": status.epoch if status else None,
+                           "event": f"resumed at batch {restart.get('resumed_batch')}"})
+    if status is not None:
+        reason = f": {status.reason}" if status.reason else ""
+        events.append({"at": status.updated_at, "epoch": status.epoch, "event": f"{status.state}{reason}"})
+    return sorted(events, key=lambda e: e["at"])
+
+
+def _launch_dict(launch: Launch | None) -> dict[str, Any] | None:
+    if launch is None:
+        return None
+    d = launch.deployment
+    return {"launch_id": launch.launch_id, "launched_at": launch.launched_at, "launched_by": launch.launched_by,
+            "code_version": d.code_version, "job_file": d.job_file, "master": d.master, "restore": str(launch.restore),
+            "ending": launch.ending, "exit_code": launch.exit_code, "end_reason": launch.end_reason}
