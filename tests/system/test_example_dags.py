@@ -154,7 +154,7 @@ def airflow(world: World, home: AirflowHome) -> Iterator[AirflowServer]:
     # asyncio's debug mode makes the triggerer name any coroutine step that holds its event loop over 0.1 s.
     # Its home (component logs, task logs) stays in pytest's temp directory for a look after a failure.
     with AirflowServer(home.env["AIRFLOW__CORE__DAGS_FOLDER"], env=passthrough,  # type: ignore[arg-type]
-                       home=world.work / "airflow-server",
+                       home=world.work / "airflow-server", users={"reader": "viewer"},
                        component_env={"triggerer": {"PYTHONASYNCIODEBUG": "1"}}) as server:
         server.wait_dag_parsed(UPGRADE_DAG)
         server.unpause(UPGRADE_DAG)
@@ -260,3 +260,77 @@ def trigger_form_screenshots(airflow: object, dag_id: str) -> None:
     for png in (form_png, options_png):
         data = png.read_bytes()
         assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 20_000, f"{png}: {len(data)} bytes"
+
+
+def test_streaming_jobs_page_shows_the_running_job_and_takes_a_savepoint_for_a_user_who_may_act(
+        world: World, airflow: AirflowServer) -> None:
+    """The plugin's page in headless Chromium against the real API server, while the job runs: the list and
+    the job page (screenshots kept in build/test-artifacts), a savepoint from the page's button that completes
+    in the job store and is audit-logged with the user; a viewer sees read-only pages and is refused (403)
+    with nothing written."""
+    from playwright.sync_api import expect
+
+    from tests.system.airflow_server import chromium_browser
+
+    status = running(world)
+    artifacts = Path(__file__).resolve().parents[2] / "build" / "test-artifacts"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    shots = {name: artifacts / f"streaming-jobs-{name}.png" for name in ("nav", "list", "job", "savepoint", "viewer")}
+    for png in shots.values():
+        png.unlink(missing_ok=True)
+    before = {m.snapshot_id for m in list_snapshots(world.store)}
+    job_url = f"{airflow.base_url}/ckpt-jobs/jobs/ckpt_store_default/{world.job}"
+    requests_url = f"{airflow.base_url}/ckpt-jobs/api/jobs/ckpt_store_default/{world.job}/requests"
+    with chromium_browser() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(30_000)
+        airflow.ui_login(page)
+        # The navigation entry shows the page inside the Airflow UI.
+        page.goto(f"{airflow.base_url}/plugin/streaming-jobs")
+        row = page.frame_locator("iframe").locator(f"tr[data-job='{world.job}']")
+        expect(row).to_contain_text("RUNNING")
+        page.screenshot(path=str(shots["nav"]), full_page=True)
+        page.goto(f"{airflow.base_url}/ckpt-jobs/")
+        row = page.locator(f"tr[data-job='{world.job}']")
+        expect(row.locator("td").nth(1)).to_contain_text("RUNNING")
+        expect(row.locator("td").nth(2)).to_have_text(str(status.epoch))
+        expect(row.locator("td").nth(3)).to_have_text(str(status.code_version))
+        page.screenshot(path=str(shots["list"]), full_page=True)
+        row.get_by_role("link", name=world.job).click()
+        page.wait_for_url(job_url)
+        expect(page.get_by_test_id("state")).to_have_text("RUNNING")
+        expect(page.get_by_test_id("lineage").locator("tr").nth(1)).to_contain_text(str(status.epoch))
+        page.screenshot(path=str(shots["job"]), full_page=True)
+        page.get_by_role("button", name="Trigger savepoint").click()
+        answer = page.get_by_test_id("answer")
+        expect(answer).to_have_attribute("data-outcome", "completed", timeout=120_000)
+        snapshot_id = answer.get_attribute("data-snapshot")
+        page.reload()
+        expect(page.locator(f"tr[data-snapshot='{snapshot_id}']")).to_contain_text("savepoint")
+        page.screenshot(path=str(shots["savepoint"]), full_page=True)
+
+        viewer = browser.new_page(viewport={"width": 1400, "height": 1000})
+        viewer.set_default_timeout(30_000)
+        airflow.ui_login(viewer, user="reader")
+        viewer.goto(job_url)
+        expect(viewer.get_by_test_id("read-only")).to_be_visible()
+        assert viewer.get_by_role("button", name="Trigger savepoint").count() == 0
+        refused = viewer.evaluate("""async (url) => (await fetch(url, {method: "POST", body: '{"action": "savepoint"}',
+            headers: {"Content-Type": "application/json"}})).status""", requests_url)
+        viewer.screenshot(path=str(shots["viewer"]), full_page=True)
+    assert refused == 403
+    savepoints = {m.snapshot_id: m for m in list_snapshots(world.store)}
+    assert set(savepoints) - before == {snapshot_id}, "exactly the page's savepoint was added"
+    assert savepoints[snapshot_id].kind.value == "savepoint" and savepoints[snapshot_id].trigger.value == "manual"
+    requests = [json.loads(world.store.storage.read(key)) for key in control_requests(world)]
+    by_page = [r for r in requests if r["requested_by"] == "admin (Airflow UI)"]
+    assert [r["action"] for r in by_page] == ["savepoint"], by_page  # the viewer's request wrote nothing
+    audit = airflow.api_json("GET", "/eventLogs", params={"event": "ckpt.request"})["event_logs"]
+    assert [(e["owner"], json.loads(e["extra"])["action"]) for e in audit] == [("admin", "savepoint")], audit
+    for png in shots.values():
+        data = png.read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 20_000, f"{png}: {len(data)} bytes"
+    print("screenshots:", *shots.values())
+    world.produce(300)
+    assert_exact(world)
+
