@@ -118,7 +118,7 @@ class LaunchLineage:
     restore: str | None = None  # as asked (latest-state, a snapshot id...), or as the launch recorded it
     epoch: int | None = None
     launch_id: str | None = None
-    action: str | None = None  # how the driver started: restore, resume, fresh (deployments/<epoch>.json)
+    action: str | None = None  # how the driver started: restore, keep-live, fresh (deployments/<epoch>.json)
     restored_from: RestoredFrom | None = None
     inputs: tuple[DatasetName, ...] = ()
     outputs: tuple[DatasetName, ...] = ()
