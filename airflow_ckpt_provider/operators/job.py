@@ -30,6 +30,7 @@ from airflow_ckpt_provider.core.status import JobState
 from airflow_ckpt_provider.hooks.spark import CkptSparkHook
 from airflow_ckpt_provider.launcher.deploy import launch, log_tail
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink
+from airflow_ckpt_provider.operators import lineage
 from airflow_ckpt_provider.operators.arguments import (
     mode_arg,
     parse_mode,
@@ -94,6 +95,13 @@ class _LaunchMixin(JobOperator):
         self.log.info("job %s: RUNNING, epoch %s, batch %s", self.job, event.get("epoch"), event.get("batch_id"))
         return {"job": self.job, "epoch": event.get("epoch"), "batch_id": event.get("batch_id"),
                 "state": event.get("state"), "ui_url": event.get("ui_url"), "launch_id": launch_id}
+
+    # OpenLineage (operators/lineage.py): called by Airflow's OpenLineage provider, when it is installed.
+    def get_openlineage_facets_on_start(self) -> Any:
+        return lineage.facets_on_start(self)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        return lineage.facets_on_complete(self)
 
 
 class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):

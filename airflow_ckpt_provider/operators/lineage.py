@@ -1,0 +1,247 @@
+"""OpenLineage facets of the operators that launch a job (submit, restart, upgrade).
+
+Optional: Airflow's OpenLineage provider calls ``get_openlineage_facets_on_start``/``_on_complete`` when it is
+installed and configured; without it nothing here is called, and nothing here imports it at module level
+(``to_operator_lineage`` imports it, and operators/lineagefacets.py, when it runs).
+
+What is known, and when (docs/airflow.md#lineage):
+
+- before the launch: the job, the code version, the restore asked for, and the ``inlets``/``outlets`` the DAG
+  author declared;
+- after it (on complete): spec/last.json (the launch id), status.json (the driver's epoch, and its sources'
+  end offsets: the Kafka topics of each ``ckpt-kafka`` source, with the brokers when it sets
+  ``commitGroupId``) and deployments/<epoch>.json (how that driver started: the snapshot restored from).
+
+The job file's sinks are not recorded anywhere the Airflow side can read: they come from ``outlets`` only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+from urllib.parse import urlsplit
+
+from airflow_ckpt_provider.core.deployments import read_launch
+from airflow_ckpt_provider.core.errors import CkptError
+from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, check_snapshot_id
+from airflow_ckpt_provider.core.snapshots import load_manifest
+from airflow_ckpt_provider.core.status import read_status
+from airflow_ckpt_provider.kafka.offsets import COMMIT_KEY, parse_offsets
+
+if TYPE_CHECKING:
+    from airflow_ckpt_provider.core.jobstore import JobStore
+    from airflow_ckpt_provider.operators.base import JobOperator
+
+log = logging.getLogger(__name__)
+
+#: The key of the custom run facet (OpenLineage: custom facets carry a prefix of their producer).
+RUN_FACET = "ckpt_streamingJob"
+
+
+class DatasetName(NamedTuple):
+    """A dataset as OpenLineage names it: ``namespace`` (where) and ``name`` (what, within it)."""
+
+    namespace: str
+    name: str
+
+
+def kafka_dataset(bootstrap_servers: str, topic: str) -> DatasetName:
+    """OpenLineage's Kafka naming: namespace ``kafka://HOST:PORT`` of the first bootstrap server, name the topic."""
+    first = bootstrap_servers.split(",", maxsplit=1)[0].strip()
+    first = first.split("://", 1)[-1]  # "PLAINTEXT://host:9092" lists name a protocol
+    return DatasetName(f"kafka://{first}", topic)
+
+
+def uri_dataset(uri: str) -> DatasetName | None:
+    """A URI as OpenLineage names it: ``s3://BUCKET/KEY`` (and ``s3a://``) -> ``s3://BUCKET`` + ``KEY``;
+    ``kafka://HOST:PORT/TOPIC`` -> ``kafka://HOST:PORT`` + ``TOPIC``; a local path or ``file:///PATH`` ->
+    ``file`` + ``/PATH``; ``file://HOST/PATH`` -> ``file://HOST`` + ``/PATH``. None for other schemes."""
+    parts = urlsplit(uri)
+    scheme = parts.scheme.lower()
+    if scheme in ("s3", "s3a", "s3n") and parts.netloc and parts.path.strip("/"):
+        return DatasetName(f"s3://{parts.netloc}", parts.path.strip("/"))
+    if scheme == "kafka" and parts.netloc and parts.path.strip("/"):
+        return kafka_dataset(parts.netloc, parts.path.strip("/"))
+    if scheme == "" and uri.startswith("/"):
+        return DatasetName("file", posixpath.normpath(uri))
+    if scheme == "file" and parts.path:
+        return DatasetName(f"file://{parts.netloc}" if parts.netloc else "file", posixpath.normpath(parts.path))
+    return None
+
+
+def kafka_inputs(offsets: Mapping[str, Any]) -> tuple[list[DatasetName], list[str]]:
+    """The Kafka topics of a driver's sources, from its status' end offsets (``{source: {topic: {partition:
+    offset}, "$commit": {"group", "servers"}}}``), and the topics whose brokers are not known (a source without
+    ``commitGroupId``: its end offsets name topics, not brokers). Other sources' offsets are skipped."""
+    found: set[DatasetName] = set()
+    unnamed: set[str] = set()
+    for end in offsets.values():
+        if not isinstance(end, Mapping):
+            continue  # a file or rate source, or no batch yet
+        try:
+            topics = parse_offsets(end, "source offsets")
+        except CkptError:
+            continue  # not Kafka-shaped
+        commit = end.get(COMMIT_KEY)
+        servers = commit.get("servers") if isinstance(commit, Mapping) else None
+        for topic in topics:
+            if isinstance(servers, str) and servers.strip():
+                found.add(kafka_dataset(servers, topic))
+            else:
+                unnamed.add(topic)
+    return sorted(found), sorted(unnamed)
+
+
+@dataclass(frozen=True)
+class RestoredFrom:
+    """The snapshot a driver restored at its start."""
+
+    snapshot_id: str
+    kind: str | None
+    batch_id: int | None
+    uri: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"snapshotId": self.snapshot_id, "kind": self.kind, "batchId": self.batch_id, "uri": self.uri}
+
+
+@dataclass(frozen=True)
+class LaunchLineage:
+    """What a launching task says about the job's lineage: the custom run facet's fields and the datasets."""
+
+    job: str
+    code_version: str | None = None
+    restore: str | None = None  # as asked (latest-state, a snapshot id...), or as the launch recorded it
+    epoch: int | None = None
+    launch_id: str | None = None
+    action: str | None = None  # how the driver started: restore, keep-live, fresh (deployments/<epoch>.json)
+    restored_from: RestoredFrom | None = None
+    inputs: tuple[DatasetName, ...] = ()
+    outputs: tuple[DatasetName, ...] = ()
+    unnamed_topics: tuple[str, ...] = ()  # Kafka topics read whose brokers are not known
+
+    def run_facet(self) -> dict[str, Any]:
+        """The custom run facet's fields (OpenLineage's camelCase)."""
+        return {"job": self.job, "epoch": self.epoch, "codeVersion": self.code_version, "launchId": self.launch_id,
+                "restore": self.restore, "startAction": self.action,
+                "restoredFrom": self.restored_from.to_dict() if self.restored_from else None,
+                "unnamedTopics": list(self.unnamed_topics)}
+
+
+def observe_launch(store: JobStore) -> LaunchLineage:
+    """The job's lineage as the job store tells it after a launch: spec/last.json, status.json and the
+    deployments/ record of the status' epoch. Unreadable parts are left out (logged), never raised."""
+    lineage = LaunchLineage(job=store.job)
+    try:
+        last = read_launch(store)
+    except CkptError as err:
+        log.warning("job %s: lineage without spec/last.json: %s", store.job, err)
+        last = None
+    if last is not None:
+        lineage = LaunchLineage(job=store.job, code_version=last.deployment.code_version, restore=str(last.restore),
+                                launch_id=last.launch_id)
+    try:
+        status = read_status(store)
+    except CkptError as err:
+        log.warning("job %s: lineage without status.json: %s", store.job, err)
+        status = None
+    if status is None:
+        return lineage
+    inputs, unnamed = kafka_inputs(status.offsets)
+    start = _start_record(store, status.epoch)
+    snapshot_id = start.get("snapshot")
+    return LaunchLineage(
+        job=store.job, code_version=status.code_version or lineage.code_version,
+        restore=start.get("restore") or lineage.restore, epoch=status.epoch,
+        launch_id=start.get("launch_id") or lineage.launch_id, action=start.get("action"),
+        restored_from=_restored_from(store, snapshot_id) if isinstance(snapshot_id, str) else None,
+        inputs=tuple(inputs), unnamed_topics=tuple(unnamed))
+
+
+def _start_record(store: JobStore, epoch: int) -> dict[str, Any]:
+    """deployments/<epoch>.json ({} when missing or unreadable)."""
+    try:
+        body = json.loads(store.storage.read(f"{DEPLOYMENTS}{epoch:010d}.json"))
+    except FileNotFoundError:
+        return {}
+    except (CkptError, ValueError) as err:
+        log.warning("job %s: lineage without deployments/%010d.json: %s", store.job, epoch, err)
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _restored_from(store: JobStore, snapshot_id: str) -> RestoredFrom:
+    """The snapshot's kind and batch from its manifest, else from its id (KIND-BATCH-TIME-RANDOM: it may have
+    been disposed of since)."""
+    uri = store.snapshot_uri(snapshot_id)
+    try:
+        manifest = load_manifest(store, snapshot_id)
+        return RestoredFrom(snapshot_id, manifest.kind.value, manifest.batch_id, uri)
+    except (CkptError, FileNotFoundError) as err:
+        log.info("job %s: snapshot %s restored from is not readable (%s): kind and batch from its id", store.job,
+                 snapshot_id, err)
+    try:
+        kind, batch = check_snapshot_id(snapshot_id).split("-")[:2]
+        return RestoredFrom(snapshot_id, kind, int(batch), uri)
+    except (CkptError, ValueError):
+        return RestoredFrom(snapshot_id, None, None, uri)
+
+
+def planned_launch(op: JobOperator) -> LaunchLineage:
+    """Before the launch: what the task's arguments say (no IO)."""
+    restore = getattr(op, "restore", None)
+    mode = getattr(op, "upgrade_mode", None)
+    return LaunchLineage(job=op.job, code_version=getattr(op, "code_version", None),
+                         restore=str(restore) if restore is not None else (f"upgrade:{mode}" if mode else None))
+
+
+# -- OpenLineage ---------------------------------------------------------------------------------------
+
+
+def declared(objects: Iterable[Any]) -> list[Any]:
+    """A task's ``inlets``/``outlets``: an object whose ``uri`` names a Kafka topic, an S3 or a file path (an
+    Asset) as a DatasetName (Airflow converts only ``file`` Assets without the Amazon and Kafka providers), any
+    other as it is, for the OpenLineage provider to convert (its Datasets, lineage Files and Tables, Assets)."""
+    out: list[Any] = []
+    for obj in objects:
+        uri = getattr(obj, "uri", None)
+        named = uri_dataset(uri) if isinstance(uri, str) else None
+        out.append(named if named is not None else obj)
+    return out
+
+
+def to_operator_lineage(lineage: LaunchLineage, inlets: Iterable[Any] = (), outlets: Iterable[Any] = ()) -> Any:
+    """``OperatorLineage`` of ``lineage`` plus the task's declared ``inlets``/``outlets`` (declared first;
+    duplicates dropped). ImportError without the OpenLineage provider."""
+    from airflow_ckpt_provider.operators import lineagefacets
+
+    return lineagefacets.operator_lineage((RUN_FACET, lineage.run_facet()), [*declared(inlets), *lineage.inputs],
+                                          [*declared(outlets), *lineage.outputs])
+
+
+def facets_on_start(op: JobOperator) -> Any:
+    """``get_openlineage_facets_on_start`` of a launching operator: None without the OpenLineage provider."""
+    try:
+        return to_operator_lineage(planned_launch(op), op.inlets, op.outlets)
+    except ImportError as err:
+        log.debug("job %s: no OpenLineage facets: %s", op.job, err)
+        return None
+
+
+def facets_on_complete(op: JobOperator) -> Any:
+    """``get_openlineage_facets_on_complete``: what the job store says after the launch (also what the provider
+    reports for a failed task: e.g. an upgrade rolled back, then the old code's driver)."""
+    try:
+        observed = observe_launch(op.job_store())
+    except CkptError as err:  # the store is not reachable: the declared datasets only
+        log.warning("job %s: lineage from the task's arguments only: %s", op.job, err)
+        observed = planned_launch(op)
+    try:
+        return to_operator_lineage(observed, op.inlets, op.outlets)
+    except ImportError as err:
+        log.debug("job %s: no OpenLineage facets: %s", op.job, err)
+        return None
