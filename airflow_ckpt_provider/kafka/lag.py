@@ -19,6 +19,7 @@ from typing import Any
 
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
+from airflow_ckpt_provider.core.watches.events import Crossing
 from airflow_ckpt_provider.kafka.clientlog import configured, serve
 from airflow_ckpt_provider.kafka.offsets import Offsets, kafka_offsets_or_none
 
@@ -310,3 +311,64 @@ class LagWatch:
         if not self.last_report.partitions:
             return f"{expected}; the group has committed no offsets (pass its topics to count unread records)"
         return f"{expected}; last seen {self.last_report.total_lag} over {len(self.last_report.partitions)} partitions"
+
+
+class LagAboveWatch:
+    """Announces each time the total lag of ``group`` rises above ``threshold``: once per crossing, re-armed
+    when the lag is back below ``rearm_below`` (default ``threshold``; core/watches/events.Crossing). A Kafka
+    error (LagError) is remembered for ``waiting_for`` and the state is kept until Kafka answers again.
+
+    ``cursor`` / ``cursor()``: the crossing's state (``{"armed": bool}``), to carry it over a restart.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        group: str,
+        topics: Collection[str] | None = None,
+        *,
+        threshold: int,
+        rearm_below: int | None = None,
+        conf: KafkaConf | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        cursor: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.crossing = Crossing(int(threshold), rearm_below=rearm_below, cursor=cursor)
+        self.bootstrap_servers = bootstrap_servers
+        self.group = group
+        self.topics = list(topics) if topics is not None else None
+        self.conf = dict(conf or {})
+        self.timeout = timeout
+        self.last_error: str | None = None
+        self.last_report: LagReport | None = None
+
+    def poll(self, now: float | None = None) -> dict[str, Any] | None:
+        try:
+            report = consumer_group_lag(self.bootstrap_servers, self.group, self.topics, self.conf, self.timeout)
+        except LagError as err:
+            self.last_error = str(err)
+            return None
+        self.last_error, self.last_report = None, report
+        if not report.partitions or not self.crossing.update(report.total_lag):
+            return None
+        return {
+            "status": "above", "group": self.group, "total_lag": report.total_lag,
+            "threshold": int(self.crossing.threshold), "rearm_below": int(self.crossing.rearm_below),
+            "partitions": [p.to_dict() for p in report.partitions],
+            "message": f"consumer group {self.group!r}: total lag {report.total_lag} rose above "
+                       f"{self.crossing.threshold:g} over {len(report.partitions)} partitions",
+        }
+
+    def cursor(self) -> dict[str, Any]:
+        return self.crossing.cursor()
+
+    def waiting_for(self) -> str:
+        armed = (f"expected a total lag above {self.crossing.threshold:g}" if self.crossing.armed else
+                 f"announced a lag above {self.crossing.threshold:g}; re-armed once below "
+                 f"{self.crossing.rearm_below:g}")
+        head = f"consumer group {self.group!r}: {armed}"
+        if self.last_error is not None:
+            return f"{head}; the last poll failed: {self.last_error}"
+        if self.last_report is None:
+            return f"{head}; no lag read yet"
+        return f"{head}; last seen {self.last_report.total_lag} over {len(self.last_report.partitions)} partitions"

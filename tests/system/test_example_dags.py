@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -158,6 +159,7 @@ def airflow(world: World, home: AirflowHome) -> Iterator[AirflowServer]:
                        component_env={"triggerer": {"PYTHONASYNCIODEBUG": "1"}}) as server:
         server.wait_dag_parsed(UPGRADE_DAG)
         server.unpause(UPGRADE_DAG)
+        server.unpause(server.wait_dag_parsed(SAVEPOINT_DAG)["dag_id"])  # its asset watcher starts
         yield server
 
 
@@ -219,6 +221,57 @@ def test_upgrade_chain_survives_defer_and_resume_through_scheduler_and_triggerer
     assert status.code_version == f"v2.{stress_run_count}"
     world.produce(300)
     assert_exact(world)
+
+
+SAVEPOINT_DAG = "ckpt_on_savepoint"
+
+
+def test_a_savepoint_schedules_the_dag_on_its_asset_event(world: World, airflow: AirflowServer) -> None:
+    """A savepoint requested from the running job becomes exactly one asset event, carrying its id, batch and
+    URI, from the watcher in the real triggerer; it schedules exactly one run of the asset-scheduled DAG, whose
+    task reads them; the watcher's cursor in Airflow's asset state store records it."""
+    from airflow_ckpt_provider.core.control import Outcome, RequestAction, submit_request, wait_ack
+
+    uri, key = f"ckpt://ckpt_store_default/{world.job}/savepoints", f"ckpt.snapshot_events.{world.job}.savepoint"
+
+    def until(what: str, probe: Any, timeout: float = 60.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while not (found := probe()):
+            assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}\n{airflow.log_tails(30)}"
+            time.sleep(0.5)
+        return found
+
+    asset_id = until("the asset", lambda: next((a["id"] for a in airflow.api_json(
+        "GET", "/assets", params={"uri_pattern": uri})["assets"] if a["uri"] == uri), None))
+    cursor = f"/assets/{asset_id}/state-store/{key}"
+    until("the watcher's baseline cursor", lambda: airflow.api("GET", cursor).status_code == 200)
+
+    status = running(world)
+    ack = wait_ack(world.store, submit_request(world.store, RequestAction.SAVEPOINT, status.epoch).id, 60)
+    assert ack is not None and ack.outcome is Outcome.COMPLETED, ack
+
+    def events_of_it() -> list[dict[str, Any]]:
+        found = airflow.api_json("GET", "/assets/events", params={"asset_id": asset_id, "limit": 100})
+        return [e for e in found["asset_events"] if e["extra"]["payload"]["snapshot_id"] == ack.snapshot_id]
+
+    event = until("its asset event with a DAG run", lambda: [e for e in events_of_it() if e["created_dagruns"]])[0]
+    assert event["extra"]["from_trigger"] is True
+    payload = event["extra"]["payload"]
+    assert (payload["job"], payload["kind"], payload["batch_id"], payload["uri"]) == (
+        world.job, "savepoint", ack.batch_id, ack.snapshot_uri)
+    (run,) = event["created_dagruns"]
+    assert airflow.wait_run(SAVEPOINT_DAG, run["run_id"], timeout=60) == "success"
+    assert {"snapshot_id": ack.snapshot_id, "batch_id": ack.batch_id, "uri": ack.snapshot_uri} in airflow.xcom(
+        SAVEPOINT_DAG, run["run_id"], "use_savepoints")
+    upstream = airflow.api_json("GET", f"/dags/{SAVEPOINT_DAG}/dagRuns/{run['run_id']}/upstreamAssetEvents")
+    assert event["id"] in [e["id"] for e in upstream["asset_events"]]
+    # Confirmed in the cursor, and announced once: one event, one run.
+    until("the savepoint in the cursor", lambda: ack.snapshot_id in airflow.api_json("GET", cursor)["value"]["seen"])
+    assert len(events_of_it()) == 1
+    runs = [r for r in airflow.runs(SAVEPOINT_DAG) if any(
+        e["extra"]["payload"]["snapshot_id"] == ack.snapshot_id for e in airflow.api_json(
+            "GET", f"/dags/{SAVEPOINT_DAG}/dagRuns/{r['dag_run_id']}/upstreamAssetEvents")["asset_events"])]
+    assert [r["dag_run_id"] for r in runs] == [run["run_id"]]
 
 
 def test_upgrade_trigger_form_renders_in_chromium(airflow: AirflowServer) -> None:
