@@ -69,3 +69,13 @@ def test_open_storage_urls(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="expected s3://BUCKET/PREFIX"):
         open_storage("s3:///nobucket")
     assert join("a/", "", "/b/", "c") == "a/b/c"
+
+
+def test_folders_are_the_first_segments_below_a_prefix_without_listing_deeper(tmp_path: Path) -> None:
+    s = LocalStorage(tmp_path)
+    for key in ("orders/status.json", "orders/objects/aa", "billing/snapshots/x/manifest.json", "top.json"):
+        s.write(key, b"x")
+    assert s.folders() == ("billing", "orders")
+    assert s.folders("orders/") == ("objects",)
+    assert s.folders("billing") == ("snapshots",)
+    assert s.folders("missing/") == ()

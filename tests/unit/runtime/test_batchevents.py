@@ -1,0 +1,26 @@
+"""The lag a batch event reports: Kafka records between the batch's end offsets and the latest ones."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from airflow_ckpt_provider.runtime.batchevents import records_behind
+
+
+@pytest.mark.parametrize(("end", "latest", "behind"), [
+    ({"t": {"0": 10, "1": 5}}, {"t": {"0": 12, "1": 5}}, 2),
+    ({"t": {"0": 10}}, {"t": {"0": 10, "1": 7}}, 7),  # a partition the batch never read counts from 0
+    ({"t": {"0": 10}}, {"t": {"0": 9}}, 0),  # ahead of latest: caught up, never negative
+    ({"a": {"0": 1}}, {"a": {"0": 4}, "b": {"0": 3}}, 6),
+])
+def test_records_behind_kafka_offsets(end: Any, latest: Any, behind: int) -> None:
+    assert records_behind(end, latest) == behind
+
+
+@pytest.mark.parametrize(("end", "latest"), [
+    (None, {"t": {"0": 1}}), ({"t": {"0": 1}}, None), ({"offset": 3}, {"offset": 4}), ("12", "13"), ({}, {}),
+])
+def test_offsets_that_are_not_kafka_shaped_give_no_lag(end: Any, latest: Any) -> None:
+    assert records_behind(end, latest) is None

@@ -1,0 +1,117 @@
+"""The Streaming jobs app's routes on a real local job store, Airflow's authentication replaced by a fixed
+user (the real API server, its auth manager, Chromium and a running job: tests/system/test_example_dags.py).
+Bad input gets a clear 4xx and writes nothing; an action no driver would answer is refused (409)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from airflow_ckpt_provider.core.control import CONTROL
+from airflow_ckpt_provider.core.jobstore import JobStore
+from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
+from airflow_ckpt_provider.ui import app as ui
+from airflow_ckpt_provider.ui.stores import _env_conn_type, store_conn_ids
+
+
+class User:
+    def get_name(self) -> str:
+        return "alice"
+
+
+@pytest.fixture
+def client(store: JobStore, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
+    from airflow.api_fastapi.core_api.security import get_user
+
+    app = ui.create_app()
+    for dep in (*ui.READ, *ui.ACT):
+        app.dependency_overrides[dep.dependency] = lambda: None  # type: ignore[index]
+    app.dependency_overrides[get_user] = User
+    monkeypatch.setattr(ui, "_can_act", lambda user: True)
+    with TestClient(app) as c:
+        yield c
+
+
+def running(store: JobStore, **changes: Any) -> JobStatus:
+    body: dict[str, Any] = {"job": "orders", "state": JobState.RUNNING, "epoch": 2, "updated_at": time.time(),
+                            "started_at": time.time() - 60, "batch_id": 4, "pid": os.getpid(),
+                            "host": socket.gethostname(), "code_version": "v1"}
+    status = JobStatus(**body | changes)
+    write_status(store, status)
+    return status
+
+
+def requests_written(store: JobStore) -> list[str]:
+    return [o.key for o in store.storage.list(CONTROL)]
+
+
+def test_the_store_connections_come_from_the_environment_and_the_config(monkeypatch: pytest.MonkeyPatch,
+                                                                        store: JobStore) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_OTHER_STORE", "ckpt-store://?store_url=s3%3A%2F%2Fb%2Fp")
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({"conn_type": "aws"}))
+    monkeypatch.setenv("AIRFLOW__CKPT__UI_STORE_CONN_IDS", "vault_store, ")
+    assert store_conn_ids() == ["ckpt_store_default", "other_store", "vault_store"]
+    assert (_env_conn_type("{not json"), _env_conn_type("ckpt-store://h")) == (None, "ckpt_store")
+
+
+def test_the_list_and_the_job_page_show_the_running_job(client: TestClient, store: JobStore) -> None:
+    running(store)
+    (listed,) = client.get("/api/jobs").json()
+    assert listed["conn_id"] == "ckpt_store_default" and listed["problem"] is None
+    assert [(j["job"], j["state"], j["epoch"], j["batch_id"]) for j in listed["jobs"]] == [("orders", "RUNNING", 2, 4)]
+    page = client.get("/jobs/ckpt_store_default/orders", headers={"Accept": "text/html"})
+    assert page.status_code == 200 and "Trigger savepoint" in page.text and 'data-testid="lineage"' in page.text
+    assert client.get("/", headers={"Accept": "text/html"}).text.count('data-job="orders"') == 1
+
+
+@pytest.mark.parametrize(("path", "status", "says"), [
+    ("/api/jobs/nope_conn/orders", 404, "no 'nope_conn' connection of type ckpt_store: expected one of "
+                                        "ckpt_store_default"),
+    ("/api/jobs/ckpt_store_default/Orders!", 404, "invalid job name 'Orders!'"),
+    ("/api/jobs/ckpt_store_default/billing", 404, "job 'billing' not found in job store"),
+    ("/api/jobs/ckpt_store_default/orders/requests/lease.json", 404,
+     "invalid request id 'lease.json': expected ACTION-"),
+])
+def test_bad_addresses_get_a_clear_404(client: TestClient, store: JobStore, path: str, status: int,
+                                       says: str) -> None:
+    running(store)
+    resp = client.get(path)
+    assert resp.status_code == status and says in resp.json()["detail"], resp.text
+
+
+def test_an_html_error_page_for_a_browser(client: TestClient, store: JobStore) -> None:
+    running(store)
+    resp = client.get("/jobs/ckpt_store_default/billing", headers={"Accept": "text/html"})
+    assert resp.status_code == 404 and 'data-testid="error"' in resp.text and "not found" in resp.text
+
+
+def test_a_savepoint_request_is_written_for_the_running_driver_and_answered_later(client: TestClient,
+                                                                                  store: JobStore) -> None:
+    running(store)
+    made = client.post("/api/jobs/ckpt_store_default/orders/requests", json={"action": "savepoint"})
+    assert made.status_code == 202, made.text
+    body = made.json()
+    assert (body["action"], body["epoch"], body["requested_by"]) == ("savepoint", 2, "alice (Airflow UI)")
+    request = json.loads(store.storage.read(f"{CONTROL}{body['request_id']}.json"))
+    assert (request["action"], request["epoch"], request["requested_by"]) == ("savepoint", 2, "alice (Airflow UI)")
+    state = client.get(f"/api/jobs/ckpt_store_default/orders/requests/{body['request_id']}").json()
+    assert state == {"request_id": body["request_id"], "answered": False}
+
+
+def test_an_unknown_action_and_a_stopped_job_are_refused_with_nothing_written(client: TestClient,
+                                                                               store: JobStore) -> None:
+    running(store)
+    bogus = client.post("/api/jobs/ckpt_store_default/orders/requests", json={"action": "restart"})
+    assert bogus.status_code == 422 and "expected one of savepoint, stop, cancel" in bogus.json()["detail"]
+    running(store, state=JobState.STOPPED)
+    stopped = client.post("/api/jobs/ckpt_store_default/orders/requests", json={"action": "stop"})
+    assert stopped.status_code == 409 and "there is no running driver to stop; nothing was requested" in \
+        stopped.json()["detail"]
+    assert requests_written(store) == []
