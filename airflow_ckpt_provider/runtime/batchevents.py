@@ -68,20 +68,20 @@ class BatchListener:
 
 def records_behind(end: Any, latest: Any) -> int | None:
     """Records between Kafka-shaped end and latest offsets ({"topic": {"0": 42}}, as ckpt-kafka and Spark's
-    Kafka source write them); None when either is not Kafka-shaped. A partition missing from ``end`` counts
-    from 0; an end beyond latest counts as caught up."""
-    if not _kafka_shaped(end) or not _kafka_shaped(latest):
+    Kafka source write them; other keys, like ckpt-kafka's commit group, are not topics); None when ``latest``
+    names no topic. A partition missing from ``end`` counts from 0; an end beyond latest counts as caught up."""
+    topics, done = _topics(latest), _topics(end)
+    if not topics or not isinstance(end, dict):
         return None
-    behind = 0
-    for topic, parts in latest.items():
-        done = end.get(topic, {})
-        behind += sum(max(0, int(high) - int(done.get(p, 0))) for p, high in parts.items())
-    return behind
+    return sum(max(0, high - done.get(topic, {}).get(p, 0)) for topic, parts in topics.items()
+               for p, high in parts.items())
 
 
-def _kafka_shaped(offsets: Any) -> bool:
-    return isinstance(offsets, dict) and bool(offsets) and all(
-        isinstance(parts, dict) and all(isinstance(o, int) for o in parts.values()) for parts in offsets.values())
+def _topics(offsets: Any) -> dict[str, dict[str, int]]:
+    if not isinstance(offsets, dict):
+        return {}
+    return {t: parts for t, parts in offsets.items() if isinstance(parts, dict) and parts
+            and all(isinstance(o, int) and not isinstance(o, bool) for o in parts.values())}
 
 
 def _source_name(index: int, description: str) -> str:

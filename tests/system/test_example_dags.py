@@ -384,6 +384,11 @@ def test_streaming_jobs_page_shows_the_running_job_and_takes_a_savepoint_for_a_u
         data = png.read_bytes()
         assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 20_000, f"{png}: {len(data)} bytes"
     print("screenshots:", *shots.values())
+    # Caught up with the topic: the page's lag is 0 records (the driver reports it from Spark's progress).
+    world.wait("idle", lambda s: s.idle)
+    summary = airflow.client.get(f"/ckpt-jobs/api/jobs/ckpt_store_default/{world.job}",
+                                 headers={"Authorization": f"Bearer {airflow.token()}"}).json()["summary"]
+    assert (summary["state"], summary["lag"], summary["epoch"]) == ("RUNNING", 0, world.status().epoch), summary
     world.produce(300)
     assert_exact(world)
 

@@ -14,6 +14,8 @@ from airflow_ckpt_provider.runtime.batchevents import records_behind
     ({"t": {"0": 10}}, {"t": {"0": 10, "1": 7}}, 7),  # a partition the batch never read counts from 0
     ({"t": {"0": 10}}, {"t": {"0": 9}}, 0),  # ahead of latest: caught up, never negative
     ({"a": {"0": 1}}, {"a": {"0": 4}, "b": {"0": 3}}, 6),
+    # ckpt-kafka's offsets carry its commit group next to the topics (kafka/source.py COMMIT_KEY)
+    ({"t": {"0": 3}, "_commit": {"group": "g", "servers": "h:9092"}}, {"t": {"0": 5}}, 2),
 ])
 def test_records_behind_kafka_offsets(end: Any, latest: Any, behind: int) -> None:
     assert records_behind(end, latest) == behind
@@ -21,6 +23,7 @@ def test_records_behind_kafka_offsets(end: Any, latest: Any, behind: int) -> Non
 
 @pytest.mark.parametrize(("end", "latest"), [
     (None, {"t": {"0": 1}}), ({"t": {"0": 1}}, None), ({"offset": 3}, {"offset": 4}), ("12", "13"), ({}, {}),
+    ({"g": {"group": "x"}}, {"g": {"group": "x"}}),
 ])
 def test_offsets_that_are_not_kafka_shaped_give_no_lag(end: Any, latest: Any) -> None:
     assert records_behind(end, latest) is None
