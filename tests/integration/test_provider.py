@@ -31,6 +31,13 @@ def test_airflow_lists_the_provider_and_its_connection_type(tmp_path: Path) -> N
                            timeout=120, check=True).stdout
     assert "airflow_ckpt_provider.links.SparkUILink" in links
     assert "airflow_ckpt_provider.links.SnapshotLink" in links
+    listed = subprocess.run([airflow, "plugins", "-o", "json"], env=env, capture_output=True, text=True,
+                            timeout=120, check=True).stdout
+    plugins = {p["name"]: p for p in json.loads(listed[listed.index("["):])}
+    page = plugins["ckpt_streaming_jobs"]  # once: the entry point only, never also as a provider plugin
+    assert [(a["url_prefix"], a["name"]) for a in page["fastapi_apps"]] == [("/ckpt-jobs", "Streaming jobs")]
+    assert [(v["name"], v["href"], v["destination"], v["url_route"]) for v in page["external_views"]] == [
+        ("Streaming jobs", "ckpt-jobs/", "nav", "streaming-jobs")]
 
 
 def test_connection_fields_are_declared_in_provider_info() -> None:
