@@ -50,6 +50,7 @@ class DagTestLines:
         self._record: tuple[str, str, str] | None = None  # (at, level, first line of the event) of an open record
         self._last_wait = ""
         self._last_shown_at = 0.0
+        self._last_line = ""
         self._skip_reason = ""
 
     def feed(self, line: str) -> list[str]:
@@ -98,8 +99,13 @@ class DagTestLines:
         return self._shown(at, f"{self.task}: {state[1]}{why}")
 
     def _shown(self, at: str, line: str) -> list[str]:
-        self._last_shown_at = _seconds(at)
-        return [line if len(line) <= MAX_CHARS else line[:MAX_CHARS - 1] + "…"]
+        """``line``, cut to MAX_CHARS; nothing when it repeats the line before (a sensor logs its trigger's
+        verdict again)."""
+        line = line if len(line) <= MAX_CHARS else line[:MAX_CHARS - 1] + "…"
+        if line == self._last_line:
+            return []
+        self._last_shown_at, self._last_line = _seconds(at), line
+        return [line]
 
 
 @contextlib.contextmanager

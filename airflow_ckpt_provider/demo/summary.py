@@ -53,7 +53,8 @@ class Resumed:
         source = (f"restored from {self.snapshot_id} (taken at batch {self.snapshot_batch}, so it resumed at batch "
                   f"{self.snapshot_batch + 1})" if self.snapshot_id and self.snapshot_batch is not None else
                   f"restored from {self.snapshot_id}" if self.snapshot_id else "started from the live checkpoint")
-        return f"epoch {self.epoch} {source}; now at batch {_batch(self.batch)}"
+        now = "no batch since (no new orders yet)" if self.batch is None else f"now at batch {self.batch}"
+        return f"epoch {self.epoch} {source}; {now}"
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,3 @@ class Summary:
             f"total {self.seconds:.1f} s",
         ]
 
-
-def _batch(batch: int | None) -> str:
-    return "-" if batch is None else str(batch)

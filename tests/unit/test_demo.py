@@ -45,6 +45,7 @@ def test_a_skipped_sensor_says_why_and_control_characters_never_pass() -> None:
            "\x1b[32m2026-11-26T06:36:52.936408Z [info     ] Skipping task.  [task] loc=task_runner.py:1622 "
            "reason='Skipping due to soft_fail is set to True.'\x1b[0m\n"
            f"2026-11-26T06:36:52.947781Z [info     ] Task instance state updated [{API}] new_state=skipped\r\n"
+           f"2026-11-26T06:36:53.001000Z [info     ] Task instance state updated [{API}] new_state=skipped\n"
            f"2026-11-26T06:36:53.996808Z [info     ] job orders: disposed of 0 snapshots\x07 "
            "[airflow.task.operators.airflow_ckpt_provider.operators.snapshot.DisposeSnapshotsOperator] loc=s.py:91\n")
     picked = _picked(run)
@@ -76,7 +77,8 @@ def test_the_proof_shows_the_counts_next_to_the_claim() -> None:
 def test_a_resumed_driver_names_its_snapshot_and_batches() -> None:
     assert Resumed("savepoint-12-x", 12, 3, 14).line() == (
         "epoch 3 restored from savepoint-12-x (taken at batch 12, so it resumed at batch 13); now at batch 14")
-    assert Resumed(None, None, 2, None).line() == "epoch 2 started from the live checkpoint; now at batch -"
+    assert Resumed(None, None, 2, None).line() == (
+        "epoch 2 started from the live checkpoint; no batch since (no new orders yet)")
     summary = Summary(proof=Proof(10, 10, 70, 70, 5, 5), lag=0, restart="driver killed", restored=Resumed(
         "savepoint-12-x", 12, 3, 14), upgraded=Resumed("savepoint-20-y", 20, 4, 22), code_version="v2",
         final="stopped with final savepoint savepoint-30-z at batch 30", store_url="s3://b/jobs/orders",
