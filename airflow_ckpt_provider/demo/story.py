@@ -12,7 +12,13 @@ own Python has none of the job's modules: the executors' Python is shipped):
 2. ``ckpt_savepoint_restore``: a savepoint on demand, and the job restored from it;
 3. ``ckpt_upgrade_job``: upgrade to orders_v2.py keeping state (compatibility check, stop with
    savepoint, start v2 from it, verify);
-4. stop with a final savepoint; the totals equal the produced stream exactly; where the snapshots are.
+4. stop with a final savepoint; the totals equal the produced stream exactly (the counts side by side); the
+   snapshots, as ``ckpt snapshot list`` shows them.
+
+Each DAG run's progress (our operators' and triggers' lines, each task's state) shows as it happens, indented under
+its step (progress.py). With ``--keep`` nothing stops at the end: SeaweedFS, tansu and the job keep running, an
+Airflow api-server serves the demo's Airflow home, and the demo prints the URLs, the admin password and the ``ckpt``
+commands to explore them until Ctrl-C (or SIGTERM) stops everything; the work directory (logs) stays.
 
 ``World`` and ``AirflowHome`` (world.py) are also what the system tests (tests/system) drive.
 """
@@ -21,25 +27,57 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import FrameType
 
 from airflow_ckpt_provider.core.control import RequestAction, submit_request, wait_ack
-from airflow_ckpt_provider.core.snapshots import list_snapshots
-from airflow_ckpt_provider.demo.world import CUSTOMERS, EXAMPLES, TIMEOUT, AirflowHome, RestartSeen, World, say
+from airflow_ckpt_provider.core.errors import CkptError
+from airflow_ckpt_provider.core.snapshots import list_snapshots, load_manifest
+from airflow_ckpt_provider.core.status import JobStatus
+from airflow_ckpt_provider.demo.keep import explore, keep_service_logs
+from airflow_ckpt_provider.demo.progress import DagTestLines, elapsed_status
+from airflow_ckpt_provider.demo.summary import Proof, Resumed, Summary
+from airflow_ckpt_provider.demo.world import EXAMPLES, TIMEOUT, AirflowHome, RestartSeen, World, say
 from airflow_ckpt_provider.embedded import EmbeddedServices
 from airflow_ckpt_provider.embedded.sparkcluster import EmbeddedSparkCluster
 
+KEEP_HINT = "run `scripts/demo --keep` to explore what it leaves running (Airflow UI, the job, its snapshots)"
 
-def _expect_success(done: subprocess.CompletedProcess[str], dag_id: str) -> None:
+
+@dataclass(frozen=True)
+class Told:
+    """What the three DAGs did, for the closing summary."""
+
+    restart: RestartSeen
+    restored: Resumed
+    upgraded: Resumed
+    code_version: str | None
+
+
+def _run_dag(home: AirflowHome, dag_id: str, conf: dict[str, object] | None = None) -> str:
+    """``airflow dags test`` of ``dag_id``, its progress lines shown as they come, indented under the step;
+    RuntimeError unless the run succeeded. Its whole output."""
+    picked = DagTestLines()
+
+    def show(line: str) -> None:
+        for shown in picked.feed(line):
+            say(f"    {shown}")
+
+    with elapsed_status(f"airflow dags test {dag_id}"):
+        done = home.dags_test(dag_id, conf, on_line=show)
     if done.returncode != 0:
         raise RuntimeError(f"DAG {dag_id} failed (exit {done.returncode}); last lines:\n{done.stdout[-4000:]}")
     say(f"DAG {dag_id}: success")
+    return done.stdout
 
 
 def _kill_when_running(world: World, seen: list[RestartSeen],
@@ -96,51 +134,101 @@ def _on_the_cluster(world: World, cluster: EmbeddedSparkCluster) -> None:
         + ", ".join(f"{e.executor_id} (worker {e.worker})" for e in now) + " (the master replaced the lost one)")
 
 
-def scenario(world: World, home: AirflowHome, cluster: EmbeddedSparkCluster | None = None) -> dict[str, Any]:
+def _resumed(world: World, status: JobStatus) -> Resumed:
+    """Which snapshot the driver of ``status`` restored, and the batch that snapshot was taken at."""
+    batch = None
+    if status.restored_from:
+        with contextlib.suppress(CkptError):  # disposed meanwhile: the id alone still says it
+            batch = load_manifest(world.store, status.restored_from).batch_id
+    return Resumed(status.restored_from, batch, status.epoch, status.batch_id)
+
+
+def scenario(world: World, home: AirflowHome, cluster: EmbeddedSparkCluster | None = None) -> Told:
     world.produce(3000)
-    say(f"produced 3000 orders to topic {world.topic}")
+    say(f"produced 3,000 orders to topic {world.topic}")
 
     say("1. DAG ckpt_keep_alive: submit the job supervised, watch its health; the driver gets killed meanwhile"
         + (" (an executor first)" if cluster else ""))
     seen: list[RestartSeen] = []
     killer = _kill_when_running(world, seen, cluster)
-    done = home.dags_test("ckpt_keep_alive")
-    _expect_success(done, "ckpt_keep_alive")
+    output = _run_dag(home, "ckpt_keep_alive")
     killer.join(TIMEOUT)
     if not seen:
         raise RuntimeError("no restart seen: the driver was not killed, or no newer driver committed a batch in time")
-    for line in [*seen[0].lines(), _restart_task(done.stdout)]:
+    for line in [*seen[0].lines(), _restart_task(output)]:
         say(line)
 
     say("2. DAG ckpt_savepoint_restore: a savepoint on demand, then the job restored from it")
-    _expect_success(home.dags_test("ckpt_savepoint_restore", {"job": world.job}), "ckpt_savepoint_restore")
-    status = world.wait("the restored driver", lambda s: s.state == "RUNNING")
-    say(f"running again: epoch {status.epoch}, restored from {status.restored_from}")
+    _run_dag(home, "ckpt_savepoint_restore", {"job": world.job})
+    restored = _resumed(world, world.wait("the restored driver", lambda s: s.state == "RUNNING"))
+    say(f"running again: {restored.line()}")
 
     say("3. DAG ckpt_upgrade_job: upgrade to orders_v2.py (savepoint mode), state kept; orders keep arriving")
     conf = {"job": world.job, "job_file": str(EXAMPLES / "orders_v2.py"), "code_version": "v2",
             "upgrade_mode": "savepoint", "verify_batches": 2}
     with world.flowing():
-        _expect_success(home.dags_test("ckpt_upgrade_job", conf), "ckpt_upgrade_job")
-    say(f"orders produced while upgrading: total {world.produced}")
+        _run_dag(home, "ckpt_upgrade_job", conf)
+    say(f"orders produced while upgrading: total {world.produced:,}")
     status = world.wait_all_consumed()
-    say(f"v2 runs: epoch {status.epoch}, code {status.code_version}, batch {status.batch_id}")
-    return {"upgraded_epoch": status.epoch, "code_version": status.code_version}
+    upgraded = _resumed(world, status)
+    say(f"v2 runs (code {status.code_version}): {upgraded.line()}; all {world.produced:,} orders consumed")
+    return Told(seen[0], restored, upgraded, status.code_version)
+
+
+def _snapshot_table(world: World) -> None:
+    """The job's snapshots as ``ckpt snapshot list`` prints them (that command, run here)."""
+    args = ["snapshot", "list", "--store", world.store_url, "--job", world.job]
+    done = subprocess.run([sys.executable, "-m", "airflow_ckpt_provider.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, **world.env()}, timeout=120, check=False)
+    print(f"$ ckpt {' '.join(args)}")
+    print(done.stdout.rstrip() or done.stderr.rstrip())
+
+
+def _finish(world: World, services: EmbeddedServices, told: Told, *, keep: bool, started: float) -> Summary:
+    """Stop the job with a final savepoint (with ``keep``: leave it running), then check its totals."""
+    status = world.status()
+    assert status is not None
+    if keep:
+        final = (f"the job is left running: epoch {status.epoch} (code {status.code_version}) at batch "
+                 f"{status.batch_id}; `ckpt job stop` would stop it with a final savepoint")
+    else:
+        ack = wait_ack(world.store, submit_request(world.store, RequestAction.STOP, status.epoch).id, TIMEOUT)
+        if ack is None:
+            raise RuntimeError(f"the driver of epoch {status.epoch} did not answer the stop request in {TIMEOUT:.0f} s")
+        final = f"stopped with final savepoint {ack.snapshot_id} at batch {ack.batch_id}"
+    proof = Proof.of(world.expected(), world.totals())
+    from airflow_ckpt_provider.kafka.lag import consumer_group_lag
+
+    lag = consumer_group_lag(services.kafka.bootstrap_servers, world.group, [world.topic]).total_lag
+    snapshots = list_snapshots(world.store)
+    return Summary(proof=proof, lag=lag, restart=told.restart.summary(), restored=told.restored,
+                   upgraded=told.upgraded, code_version=told.code_version, final=final, store_url=world.store.url,
+                   snapshots=len(snapshots), savepoints=sum(1 for m in snapshots if m.kind.value == "savepoint"),
+                   seconds=time.monotonic() - started)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # SIGTERM as Ctrl-C: the finally blocks stop everything that was started
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, checkpoints)")
+    parser.add_argument("--keep", action="store_true",
+                        help="leave SeaweedFS, tansu, the job and an Airflow UI running at the end, print how to "
+                        "explore them, stop everything on Ctrl-C; the work directory (logs) stays")
     parser.add_argument("--cluster", action="store_true",
                         help="run the jobs on a Spark standalone cluster on 127.0.0.1 (a master, two workers)")
     parser.add_argument("--watch-seconds", type=float, default=45.0,
                         help="how long the keep-alive DAG watches the job's health (default 45)")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
     work = Path(tempfile.mkdtemp(prefix="ckpt-demo-"))
     started = time.monotonic()
-    world = None
+    ok = False
     try:
         with EmbeddedServices() as services, contextlib.ExitStack() as stack:
+            if args.keep:
+                stack.callback(keep_service_logs, services, work / "services")  # runs last: the servers stopped
             say(f"SeaweedFS at {services.s3.endpoint_url}, tansu at {services.kafka.bootstrap_servers}")
             cluster = stack.enter_context(EmbeddedSparkCluster(workdir=work / "spark")) if args.cluster else None
             if cluster is not None:
@@ -155,32 +243,25 @@ def main(argv: list[str] | None = None) -> int:
             home.migrate()
             say(f"Airflow home {home.path} (logs of each DAG run there)")
             try:
-                result = scenario(world, home, cluster)
-                status = world.status()
-                assert status is not None
-                ack = wait_ack(world.store, submit_request(world.store, RequestAction.STOP, status.epoch).id, TIMEOUT)
-                exact = world.totals() == world.expected()
-                from airflow_ckpt_provider.kafka.lag import consumer_group_lag
-
-                lag = consumer_group_lag(services.kafka.bootstrap_servers, world.group, [world.topic]).total_lag
-                snapshots = list_snapshots(world.store)
+                summary = _finish(world, services, scenario(world, home, cluster), keep=args.keep, started=started)
+                ok = summary.ok
+                print()
+                print("\n".join(summary.lines()))
+                _snapshot_table(world)
+                if args.keep:
+                    explore(stack, world, home, cluster)  # until Ctrl-C or SIGTERM
             finally:
                 world.stop_everything()
-        savepoints = [m for m in snapshots if m.kind.value == "savepoint"]
-        print("\n=== airflow-ckpt-provider demo (through Airflow) ===")
-        print(f"orders produced: {world.produced}; customers: {CUSTOMERS}")
-        print(f"upgraded to code {result['code_version']} (epoch {result['upgraded_epoch']}); "
-              f"stopped with final savepoint {ack.snapshot_id if ack else '-'}")
-        print(f"snapshots in the job store {world.store.url}: {len(snapshots)} ({len(savepoints)} savepoints)")
-        for m in savepoints:
-            print(f"  {m.kind.value:10} batch {m.batch_id:>4}  {world.store.snapshot_uri(m.snapshot_id)}")
-        print(f"consumer group {world.group} lag after the last batch: {lag}")
-        print(f"final state equals the produced stream: {'YES' if exact else 'NO'}")
-        print(f"total {time.monotonic() - started:.1f} s")
-        return 0 if exact and lag == 0 and ack is not None else 1
+        if not args.keep:
+            print(KEEP_HINT)
+        return 0 if ok else 1
+    except KeyboardInterrupt:
+        print("\ninterrupted: stopped everything it started", file=sys.stderr)
+        return 0 if ok else 130
     finally:
         if args.keep:
-            print(f"work directory kept: {work}")
+            print(f"stopped everything; the logs are kept in {work}: airflow/ (each DAG run's output, "
+                  f"api-server.log), ckpt-home/jobs/*/logs/ (the supervisors' and drivers' logs), services/ "
+                  "(SeaweedFS, tansu)")
         else:
             shutil.rmtree(work, ignore_errors=True)
-

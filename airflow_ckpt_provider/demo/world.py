@@ -55,6 +55,10 @@ class World:
         self.store = JobStore.open(self.store_url, job, self.s3_options)
         self.out = work / "out"
 
+    def env(self) -> dict[str, str]:
+        """What ``ckpt`` needs to reach this job: the S3 endpoint and keys (AWS_*), Kafka, CKPT_STORE, CKPT_JOB."""
+        return {**self.services.env(), "CKPT_STORE": self.store_url, "CKPT_JOB": self.job}
+
     def job_env(self) -> dict[str, str]:
         """The example job's settings (the Variable ``ckpt_orders_env``)."""
         return {"ORDERS_BOOTSTRAP": self.services.kafka.bootstrap_servers, "ORDERS_TOPIC": self.topic,
@@ -187,6 +191,15 @@ class RestartSeen:
         """The new driver belongs to another launch than the killed one: someone launched the job again."""
         return self.deployment.get("launch_id") != self.killed_launch_id
 
+    def summary(self) -> str:
+        """One line for the demo's closing block: the kill, who restarted the job, from which batch, how fast."""
+        k, f = self.killed, self.first
+        restart = self.restarting.current_restart() if self.restarting is not None else None
+        who = "a new launch" if self.new_launch else "its supervisor"
+        since = f" from batch {restart.from_batch}" if restart is not None and restart.from_batch is not None else ""
+        return (f"driver killed (kill -9) at batch {k.batch_id}; {who} restarted it{since}; epoch {f.epoch} "
+                f"reported batch {f.batch_id} {self.first_at - self.killed_at:.1f} s after the kill")
+
     def lines(self) -> list[str]:
         """What happened, for the demo: who restarted the job, from where, how long it took, what the DAG did."""
         d, k, f = self.deployment, self.killed, self.first
@@ -217,6 +230,26 @@ class RestartSeen:
             f"the DAG's restart task launched it: spec/last.json names launch {d.get('launch_id')} "
             f"({self.launch.launched_by if self.launch else '-'})",
         ]
+
+
+def _follow(proc: subprocess.Popen[str], log: Path, on_line: Callable[[str], None], timeout: float) -> None:
+    """Hand each complete line ``proc`` writes to ``log`` to ``on_line`` until it exits (TimeoutExpired after
+    ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    pending = ""
+    with log.open(errors="replace") as src:
+        while True:
+            ended = proc.poll() is not None  # before the read: what it wrote before exiting is read below
+            *lines, pending = (pending + src.read()).split("\n")
+            for line in lines:
+                on_line(line)
+            if ended:
+                break
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(proc.args, timeout)
+            time.sleep(0.25)
+    if pending:
+        on_line(pending)
 
 
 class DagTestProcess:
@@ -282,15 +315,23 @@ class AirflowHome:
             "PYSPARK_DRIVER_PYTHON": sys.executable,
         }
 
-    def airflow(self, *args: str, log_name: str, timeout: float = 900.0,
-                env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        """Run the ``airflow`` CLI of this environment (``env`` on top); output to ``<home>/<log_name>.log``."""
+    def airflow(self, *args: str, log_name: str, timeout: float = 900.0, env: dict[str, str] | None = None,
+                on_line: Callable[[str], None] | None = None) -> subprocess.CompletedProcess[str]:
+        """Run the ``airflow`` CLI of this environment (``env`` on top); output to ``<home>/<log_name>.log``, and
+        with ``on_line`` each line of it as it comes (the log is followed, not piped: a job the command starts
+        may inherit its stdout and outlive it)."""
         log = self.path / f"{log_name}.log"
         argv = [sys.executable, "-m", "airflow", *args]
         with log.open("w") as out:
-            done = subprocess.run(argv, env={**self.env, **(env or {})}, stdout=out, stderr=subprocess.STDOUT,
-                                  text=True, timeout=timeout, check=False)
-        return subprocess.CompletedProcess(argv, done.returncode, log.read_text(), "")
+            proc = subprocess.Popen(argv, env={**self.env, "PYTHONUNBUFFERED": "1", **(env or {})},
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, text=True)
+        try:
+            _follow(proc, log, on_line or (lambda _: None), timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        return subprocess.CompletedProcess(argv, proc.returncode, log.read_text(errors="replace"), "")
 
     def migrate(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -298,15 +339,17 @@ class AirflowHome:
         if done.returncode != 0:
             raise RuntimeError(f"airflow db migrate failed:\n{done.stdout[-3000:]}")
 
-    def dags_test(self, dag_id: str, conf: dict[str, Any] | None = None) -> subprocess.CompletedProcess[str]:
-        """``airflow dags test DAG_ID`` (deferred tasks run in-process); returncode 0 iff the run succeeded.
+    def dags_test(self, dag_id: str, conf: dict[str, Any] | None = None, *,
+                  on_line: Callable[[str], None] | None = None) -> subprocess.CompletedProcess[str]:
+        """``airflow dags test DAG_ID`` (deferred tasks run in-process); returncode 0 iff the run succeeded;
+        ``on_line``: each line of its output as it comes.
 
         No scheduler runs here, so no stale exit report can fail a resumed task: deferrals need no minimum
         (``[ckpt] min_deferral`` 0; with a scheduler the operators hold each one 30 s, docs/airflow.md).
         """
         args = ["dags", "test", dag_id] + (["--conf", json.dumps(conf)] if conf else [])
         return self.airflow(*args, log_name=f"dags-test-{dag_id}-{time.monotonic_ns()}",
-                            env={"AIRFLOW__CKPT__MIN_DEFERRAL": "0"})
+                            env={"AIRFLOW__CKPT__MIN_DEFERRAL": "0"}, on_line=on_line)
 
     def start_dags_test(self, dag_id: str, *, env: dict[str, str] | None = None) -> DagTestProcess:
         """``airflow dags test DAG_ID`` in the background, in a session of its own (``dags_test``'s settings,
