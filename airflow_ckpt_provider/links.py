@@ -2,6 +2,12 @@
 
 Airflow 3 resolves extra links in the API server from XCom (``xcom_key``): an operator stores the URL
 with ``persist`` while it runs; the button shows once it is there.
+
+Airflow's task runner also calls every declared link's ``get_link`` whenever the task process ends (success,
+failure, and each deferral: ``finalize`` in airflow/sdk/execution_time/task_runner.py), which reads the XCom;
+one not stored yet is logged as an error ("XCom not found"). So an operator with links calls
+``persist_empty_links`` first thing in ``execute`` (once per try: a resumed task does not run ``execute``
+again, and keeps what it stored before deferring).
 """
 
 from __future__ import annotations
@@ -49,6 +55,13 @@ class SnapshotLink(_StoredLink):
     @classmethod
     def persist_snapshot(cls, context: Context, uri: str | None, endpoint_url: str | None = None) -> None:
         cls.persist(context, browsable(uri, endpoint_url) if uri else "")
+
+
+def persist_empty_links(context: Context, operator: BaseOperator) -> None:
+    """Store an empty URL for each of ``operator``'s stored links, before anything can fail or defer."""
+    for link in operator.operator_extra_links:
+        if isinstance(link, _StoredLink):
+            link.persist(context, "")
 
 
 def browsable(uri: str, endpoint_url: str | None = None) -> str:

@@ -50,6 +50,7 @@ with DAG(
         keep_checkpoints=3,
         savepoint_interval=600,  # a periodic savepoint every 10 minutes
         keep_savepoints=6,
+        deferrable=True,  # waits in the triggerer (the default is Airflow's [operators] default_deferrable)
     )
     watch = JobHealthSensor(
         task_id="watch_health",
@@ -60,8 +61,9 @@ with DAG(
         progress_timeout=300,
         timeout=WATCH.total_seconds(),
         soft_fail=True,
+        deferrable=True,
     )
-    restart = RestartStreamingJobOperator(task_id="restart", job=JOB, restore="latest-state")
+    restart = RestartStreamingJobOperator(task_id="restart", job=JOB, restore="latest-state", deferrable=True)
     retention = DisposeSnapshotsOperator(
         task_id="retention",
         job=JOB,

@@ -28,14 +28,16 @@ with DAG(
     },
     tags=["ckpt", "example"],
 ) as dag:
-    savepoint = TriggerSavepointOperator(task_id="savepoint", job="{{ params.job }}")
+    # deferrable: the waits run in the triggerer (the default is Airflow's [operators] default_deferrable)
+    savepoint = TriggerSavepointOperator(task_id="savepoint", job="{{ params.job }}", deferrable=True)
     restore = RestartStreamingJobOperator(
         task_id="restore",
         job="{{ params.job }}",
         restore="{{ params.restore_from or ti.xcom_pull(task_ids='savepoint')['snapshot_id'] }}",
         stop_mode="cancel",
+        deferrable=True,
     )
     verify = JobHealthSensor(task_id="verify", job="{{ params.job }}", expect="healthy", min_batches=1,
-                             timeout=600)
+                             timeout=600, deferrable=True)
     savepoint >> restore >> verify
 # [END howto_savepoint_restore]

@@ -50,5 +50,6 @@ with DAG(
         allow_non_restored_state="{{ params.allow_non_restored_state }}",
         verify_batches="{{ params.verify_batches }}",
         verify_timeout=300,
+        deferrable=True,  # waits in the triggerer (the default is Airflow's [operators] default_deferrable)
     )
 # [END howto_upgrade]

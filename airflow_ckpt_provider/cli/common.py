@@ -6,8 +6,9 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TextIO
 
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.jobstore import JobStore, split_snapshot_ref
@@ -64,6 +65,22 @@ def table(rows: list[list[str]], header: list[str]) -> str:
 def progress(line: str) -> None:
     """Progress of long transfers (files, bytes, rate) goes to stderr; results go to stdout."""
     print(line, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def transfer_report(stream: TextIO | None = None) -> Iterator[Callable[[str], None]]:
+    """Where a long transfer reports: a progress bar when ``stream`` (stderr) is a terminal, else ``progress``'s
+    lines (every few seconds, and a last one), as in a log."""
+    stream = stream or sys.stderr
+    if not stream.isatty():
+        yield progress
+        return
+    from rich.console import Console
+
+    from airflow_ckpt_provider.cli.progressbar import TransferBar  # rich only for a terminal
+
+    with TransferBar(Console(file=stream)) as bar:
+        yield bar
 
 
 def add_store_args(p: argparse.ArgumentParser) -> None:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import warnings
 from collections.abc import Sequence
-from typing import TextIO
+from importlib import metadata
+from typing import Any, TextIO
 
+from airflow_ckpt_provider import __version__
 from airflow_ckpt_provider.cli.common import EXIT_ERROR, EXIT_VERIFY_FAILED
 from airflow_ckpt_provider.cli.job import add_job_commands
 from airflow_ckpt_provider.cli.kafka import add_kafka_commands
@@ -22,6 +25,7 @@ __all__ = ["EXIT_ERROR", "EXIT_VERIFY_FAILED", "build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ckpt", description=__doc__)
+    parser.add_argument("--version", action=_VersionAction, help="print the versions of ckpt, pyspark and Airflow")
     groups = parser.add_subparsers(dest="group", required=True)
     add_snapshot_commands(groups)
     add_job_commands(groups)
@@ -29,6 +33,30 @@ def build_parser() -> argparse.ArgumentParser:
     add_sink_commands(groups)
     add_run_command(groups)
     return parser
+
+
+def version_line() -> str:
+    """``ckpt 0.1.0 (pyspark 4.3.0, apache-airflow 3.3.2)``: from the installed distributions' metadata, without
+    importing pyspark or Airflow (the CLI never imports Airflow)."""
+    def installed(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return f"ckpt {__version__} (pyspark {installed('pyspark')}, apache-airflow {installed('apache-airflow')})"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: argparse's own, with the line built only when asked (it reads package metadata)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(version_line())
+        parser.exit()
 
 
 def _warn_plainly(message: Warning | str, category: type[Warning], filename: str, lineno: int,  # noqa: PLR0917 -- warnings.showwarning's signature
@@ -56,9 +84,18 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         return int(args.fn(args))
     except CkptError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_ERROR
+        return _fail(args, type(err).__name__, str(err))
     except OSError as err:  # local files: a missing path, no permission, a full disk
-        print(f"error: {err.strerror or err} ({err.filename or 'no file name'}); check the path and "
-              "its permissions", file=sys.stderr)
-        return EXIT_ERROR
+        return _fail(args, type(err).__name__, f"{err.strerror or err} ({err.filename or 'no file name'}); check "
+                     "the path and its permissions")
+
+
+def _fail(args: argparse.Namespace, kind: str, message: str) -> int:
+    """A failed command: ``error: MESSAGE`` on stderr, or with ``--json`` ``{"error": {"type", "message",
+    "exit_code"}}`` on stdout, where a script reads the result. Returns the exit code."""
+    if getattr(args, "json", False):
+        print(json.dumps({"error": {"type": kind, "message": message, "exit_code": EXIT_ERROR}}, indent=2,
+                         sort_keys=True))
+    else:
+        print(f"error: {message}", file=sys.stderr)
+    return EXIT_ERROR

@@ -12,10 +12,10 @@ from airflow_ckpt_provider.cli.common import (
     add_store_args,
     emit,
     open_job_store,
-    progress,
     s3_options,
     store_and_snapshot,
     table,
+    transfer_report,
 )
 from airflow_ckpt_provider.core.manifest import Kind, Manifest, Trigger, parse_enum
 from airflow_ckpt_provider.core.progress import human_bytes
@@ -30,15 +30,11 @@ def _row(m: Manifest) -> list[str]:
 def cmd_create(args: argparse.Namespace) -> int:
     from airflow_ckpt_provider.core.snapshots import create_snapshot
 
-    result = create_snapshot(
-        open_job_store(args),
-        open_storage(args.checkpoint, s3_options(args)),
-        kind=parse_enum(Kind, args.kind),
-        trigger=parse_enum(Trigger, args.trigger),
-        batch_id=args.batch,
-        code_version=args.code_version,
-        report=progress,
-    )
+    store, checkpoint = open_job_store(args), open_storage(args.checkpoint, s3_options(args))
+    with transfer_report() as report:
+        result = create_snapshot(store, checkpoint, kind=parse_enum(Kind, args.kind),
+                                 trigger=parse_enum(Trigger, args.trigger), batch_id=args.batch,
+                                 code_version=args.code_version, report=report)
     d = result.to_dict()
     emit(args, d, lambda: (
         f"created {d['kind']} {d['snapshot_id']} at batch {d['batch_id']}: {d['files']} files, "
@@ -96,8 +92,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_restore(args: argparse.Namespace) -> int:
     from airflow_ckpt_provider.core.restore import restore_snapshot
 
-    result = restore_snapshot(*store_and_snapshot(args), open_storage(args.target, s3_options(args)),
-                              replace=args.replace, report=progress)
+    store, snapshot_id = store_and_snapshot(args)
+    target = open_storage(args.target, s3_options(args))
+    with transfer_report() as report:
+        result = restore_snapshot(store, snapshot_id, target, replace=args.replace, report=report)
     d = result.to_dict()
     emit(args, d, lambda: (
         f"restored {d['snapshot_id']} (batch {d['batch_id']}) into {d['target']}: {d['files']} files, "

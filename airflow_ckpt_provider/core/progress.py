@@ -1,4 +1,8 @@
-"""Progress of long transfers: files and bytes done out of a total, and the rate, logged every few seconds."""
+"""Progress of long transfers: files and bytes done out of a total, and the rate, logged every few seconds.
+
+``report`` takes the lines. A report that is a ``TransferDisplay`` (the CLI's progress bar on a terminal) is
+also told of every change, with the counters, and takes only the final line.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +40,18 @@ class TransferStats:
         return self.bytes / self.seconds if self.seconds > 0 else 0.0
 
 
+@runtime_checkable
+class TransferDisplay(Protocol):
+    """A live display of transfers (a progress bar): ``start`` once per transfer, ``update`` on every change
+    (from the transfer's worker threads), then the final line through ``__call__``."""
+
+    def __call__(self, line: str) -> None: ...
+
+    def start(self, progress: Progress) -> None: ...
+
+    def update(self, progress: Progress) -> None: ...
+
+
 class Progress:
     """Thread-safe counters for one transfer; reports a line at most every ``every`` seconds."""
 
@@ -53,11 +70,14 @@ class Progress:
         self.total_bytes = total_bytes
         self._every = every
         self._report = report or log.info
+        self._display = report if isinstance(report, TransferDisplay) else None
         self._clock = clock
         self._lock = threading.Lock()
         self._start = clock()
         self._last = self._start
         self.files = self.bytes = self.skipped_files = self.skipped_bytes = 0
+        if self._display is not None:
+            self._display.start(self)
 
     def add_bytes(self, n: int) -> None:
         """Bytes transferred so far within a file (boto3 callback)."""
@@ -78,6 +98,9 @@ class Progress:
         self._maybe_report()
 
     def _maybe_report(self) -> None:
+        if self._display is not None:  # the display shows every change; the lines would interleave with it
+            self._display.update(self)
+            return
         now = self._clock()
         with self._lock:
             if now - self._last < self._every:
@@ -85,18 +108,31 @@ class Progress:
             self._last = now
         self._report(self.line())
 
+    @property
+    def done_files(self) -> int:
+        """Files transferred or skipped as already stored."""
+        return self.files + self.skipped_files
+
+    @property
+    def done_bytes(self) -> int:
+        return self.bytes + self.skipped_bytes
+
+    def rate(self) -> float:
+        """Bytes per second actually transferred so far."""
+        return self.bytes / max(self._clock() - self._start, 1e-9)
+
     def line(self) -> str:
-        elapsed = max(self._clock() - self._start, 1e-9)
-        done = self.files + self.skipped_files
         return (
-            f"{self.what}: {done}/{self.total_files} files, "
-            f"{human_bytes(self.bytes + self.skipped_bytes)}/{human_bytes(self.total_bytes)} "
-            f"({self.skipped_files} files already stored), {human_bytes(self.bytes / elapsed)}/s"
+            f"{self.what}: {self.done_files}/{self.total_files} files, "
+            f"{human_bytes(self.done_bytes)}/{human_bytes(self.total_bytes)} "
+            f"({self.skipped_files} files already stored), {human_bytes(self.rate())}/s"
         )
 
     def finish(self) -> TransferStats:
         stats = TransferStats(
             self.files, self.bytes, self.skipped_files, self.skipped_bytes, self._clock() - self._start
         )
+        if self._display is not None:
+            self._display.update(self)
         self._report(self.line() + f", done in {stats.seconds:.2f} s")
         return stats

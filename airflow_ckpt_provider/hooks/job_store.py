@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 from airflow.sdk import BaseHook, Connection
 from airflow.sdk.exceptions import AirflowNotFoundException
 
-from airflow_ckpt_provider.core.errors import CkptError, ConfigError
+from airflow_ckpt_provider.core.errors import CkptError, ConfigError, CredentialsError
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
 
@@ -57,7 +57,22 @@ class JobStoreHook(BaseHook):
             return S3Options.from_env()
         aws_conn_id = self._extra.get("aws_conn_id")
         if aws_conn_id:
-            aws = self.get_connection(str(aws_conn_id))
+            return self._aws_options(str(aws_conn_id), conn)
+        return S3Options(
+            endpoint_url=conn.host or None,
+            region=self._extra.get("region_name"),
+            access_key_id=conn.login or None,
+            secret_access_key=conn.password or None,
+        )
+
+    def _aws_options(self, aws_conn_id: str, conn: Connection) -> S3Options:
+        """An AWS connection's S3 options: through the Amazon provider's AwsBaseHook when it is installed (so
+        role_arn, profile_name, web identity and the rest of its extra work as for Airflow's AWS operators), else
+        its login, password and extra aws_session_token, endpoint_url and region_name only."""
+        try:
+            from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+        except ImportError:
+            aws = self.get_connection(aws_conn_id)
             aws_extra = aws.extra_dejson
             return S3Options(
                 endpoint_url=aws_extra.get("endpoint_url") or conn.host or None,
@@ -66,12 +81,8 @@ class JobStoreHook(BaseHook):
                 secret_access_key=aws.password or None,
                 session_token=aws_extra.get("aws_session_token"),
             )
-        return S3Options(
-            endpoint_url=conn.host or None,
-            region=self._extra.get("region_name"),
-            access_key_id=conn.login or None,
-            secret_access_key=conn.password or None,
-        )
+        return options_from_aws_hook(AwsBaseHook(aws_conn_id=aws_conn_id, client_type="s3"), aws_conn_id,
+                                     endpoint_url=conn.host or None, region=self._extra.get("region_name"))
 
     def storage(self) -> Storage:
         return open_storage(self.store_url, self.s3_options)
@@ -86,3 +97,57 @@ class JobStoreHook(BaseHook):
         except CkptError as err:
             return False, str(err)
         return True, f"job store {self.store_url} is reachable"
+
+
+class _Credentials(NamedTuple):
+    """botocore's ReadOnlyCredentials."""
+
+    access_key: str
+    secret_key: str
+    token: str | None
+
+
+class _AwsConnectionConfig(Protocol):
+    """What is read of the Amazon provider's AwsConnectionWrapper."""
+
+    @property
+    def region_name(self) -> str | None: ...
+
+    def get_service_endpoint_url(self, service_name: str) -> str | None: ...
+
+
+class AwsHook(Protocol):
+    """What is read of the Amazon provider's AwsBaseHook."""
+
+    @property
+    def conn_config(self) -> _AwsConnectionConfig: ...
+
+    def get_credentials(self) -> _Credentials: ...
+
+
+def options_from_aws_hook(hook: AwsHook, aws_conn_id: str, *, endpoint_url: str | None,
+                          region: str | None) -> S3Options:
+    """S3 options from the Amazon provider's hook on ``aws_conn_id``: its session's credentials, frozen now (the
+    connection's keys, or those of the role it assumes, its profile, web identity, ...); its S3 endpoint and
+    region, else the store connection's ``endpoint_url`` and ``region``.
+
+    Frozen: credentials of an assumed role expire (an hour by default) and are not renewed for what runs
+    longer on them, e.g. a job's driver launched with them."""
+    from botocore.exceptions import BotoCoreError, ClientError  # with boto3; not imported while DAGs are parsed
+
+    try:
+        credentials = hook.get_credentials()
+    except (BotoCoreError, ClientError, AttributeError) as err:  # AttributeError: no credentials at all (None)
+        raise CredentialsError(
+            f"AWS connection {aws_conn_id!r}: expected credentials from its keys, role_arn, profile_name or the "
+            f"environment, found none usable ({type(err).__name__}: {err}); check the connection's login, "
+            "password and extra"
+        ) from err
+    config = hook.conn_config
+    return S3Options(
+        endpoint_url=config.get_service_endpoint_url("s3") or endpoint_url,
+        region=config.region_name or region,
+        access_key_id=credentials.access_key,
+        secret_access_key=credentials.secret_key,
+        session_token=credentials.token or None,
+    )

@@ -30,7 +30,8 @@ DEFER_GRACE = 60.0
 class JobOperator(BaseOperator):
     """Base of the job operators: ``job`` in the store of ``ckpt_store_conn_id`` (or ``store_url``).
 
-    ``deferrable`` (default True) frees the worker slot while waiting; ``poll_interval`` is the seconds
+    ``deferrable`` (default: Airflow's ``[operators] default_deferrable``, False unless set, as for Airflow's own
+    operators) frees the worker slot while waiting; ``poll_interval`` is the seconds
     between looks at the job store while waiting; ``min_deferral`` (s; default ``[ckpt] min_deferral``, 30 s)
     is how long a deferral lasts at least:
     an outcome that comes sooner is held in the triggerer until then, so the task never resumes while Airflow
@@ -45,7 +46,7 @@ class JobOperator(BaseOperator):
         job: str,
         ckpt_store_conn_id: str = JobStoreHook.default_conn_name,
         store_url: str | None = None,
-        deferrable: bool = True,
+        deferrable: bool | None = None,
         poll_interval: float = 2.0,
         min_deferral: float | None = None,
         **kwargs: Any,
@@ -54,7 +55,7 @@ class JobOperator(BaseOperator):
         self.job = job
         self.ckpt_store_conn_id = ckpt_store_conn_id
         self.store_url = store_url
-        self.deferrable = deferrable
+        self.deferrable = default_deferrable() if deferrable is None else deferrable
         self.poll_interval = poll_interval
         self.min_deferral = min_deferral
 
@@ -97,6 +98,17 @@ class JobOperator(BaseOperator):
     def resume(self, context: Context, event: dict[str, Any] | None = None) -> Any:
         """Where Airflow resumes a deferred step: the trigger's event names the method to continue with."""
         return resume_step(self, context, event)
+
+
+def default_deferrable() -> bool:
+    """``deferrable`` when a task does not say: Airflow's ``[operators] default_deferrable`` (env
+    AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE), False when unset, as Airflow's own operators and sensors take it.
+
+    Read when the task is constructed, not when this module is imported (Airflow's operators put the lookup in
+    the argument's default), so a DAG file parsed after the setting changed follows it."""
+    from airflow.sdk.configuration import conf  # the module's __getattr__ makes it: typed Any
+
+    return bool(conf.getboolean("operators", "default_deferrable", fallback=False))
 
 
 def _poll(watch: Watch, op: JobOperator) -> dict[str, Any] | None:

@@ -12,7 +12,7 @@ from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.jobview import check_can_request, observe
 from airflow_ckpt_provider.core.modes import StopMode
 from airflow_ckpt_provider.core.status import RestartOwner
-from airflow_ckpt_provider.links import SnapshotLink
+from airflow_ckpt_provider.links import SnapshotLink, persist_empty_links
 from airflow_ckpt_provider.operators.arguments import mode_arg, parse_mode
 from airflow_ckpt_provider.operators.base import JobOperator, check_event
 from airflow_ckpt_provider.triggers.control import RequestTrigger
@@ -46,6 +46,7 @@ class StopStreamingJobOperator(JobOperator):
         self.timeout = timeout
 
     def execute(self, context: Context) -> Any:
+        persist_empty_links(context, self)  # before anything can fail or defer (links.py)
         try:
             mode = parse_mode(StopMode, self.mode)
         except CkptError as err:

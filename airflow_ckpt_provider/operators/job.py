@@ -29,7 +29,7 @@ from airflow_ckpt_provider.core.settings import JobSettings, names
 from airflow_ckpt_provider.core.status import JobState
 from airflow_ckpt_provider.hooks.spark import CkptSparkHook
 from airflow_ckpt_provider.launcher.deploy import launch, log_tail
-from airflow_ckpt_provider.links import SnapshotLink, SparkUILink
+from airflow_ckpt_provider.links import SnapshotLink, SparkUILink, persist_empty_links
 from airflow_ckpt_provider.operators import lineage
 from airflow_ckpt_provider.operators.arguments import (
     mode_arg,
@@ -185,6 +185,7 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
                            python_env=spark["python_env"], env=dict(self.env or {}))
 
     def execute(self, context: Context) -> Any:
+        persist_empty_links(context, self)  # before anything can fail or defer (links.py)
         try:
             parse_mode(KillPolicy, self.on_kill_policy)
             parse_restore(self.restore)
@@ -339,6 +340,7 @@ class RestartStreamingJobOperator(_LaunchMixin):
         self.stop_timeout = stop_timeout
 
     def execute(self, context: Context) -> Any:
+        persist_empty_links(context, self)  # before anything can fail or defer (links.py)
         try:
             spec, stop = parse_restore(self.restore), parse_mode(StopMode, self.stop_mode)
         except CkptError as err:

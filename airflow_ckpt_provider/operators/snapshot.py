@@ -11,7 +11,7 @@ from airflow_ckpt_provider.core.control import RequestAction
 from airflow_ckpt_provider.core.errors import CkptError
 from airflow_ckpt_provider.core.retention import RetentionPolicy
 from airflow_ckpt_provider.core.snapshots import apply_retention, dispose_snapshot
-from airflow_ckpt_provider.links import SnapshotLink
+from airflow_ckpt_provider.links import SnapshotLink, persist_empty_links
 from airflow_ckpt_provider.operators.base import JobOperator
 from airflow_ckpt_provider.operators.control import STOP_TIMEOUT, ack_result, request_and_wait
 
@@ -33,6 +33,7 @@ class TriggerSavepointOperator(JobOperator):
         self.timeout = timeout
 
     def execute(self, context: Context) -> Any:
+        persist_empty_links(context, self)  # before anything can fail or defer (links.py)
         return request_and_wait(self, context, self.job_store(), RequestAction.SAVEPOINT, timeout=self.timeout,
                                 method_name="execute_complete")
 

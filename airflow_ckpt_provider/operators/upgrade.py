@@ -30,7 +30,7 @@ from airflow_ckpt_provider.core.status import JobState
 from airflow_ckpt_provider.launcher.deploy import credentials_env, log_tail, submit_spec
 from airflow_ckpt_provider.launcher.restorecheck import check_restore
 from airflow_ckpt_provider.launcher.submit import build_command
-from airflow_ckpt_provider.links import SnapshotLink, SparkUILink
+from airflow_ckpt_provider.links import SnapshotLink, SparkUILink, persist_empty_links
 from airflow_ckpt_provider.operators.arguments import mode_arg, parse_mode
 from airflow_ckpt_provider.operators.base import check_event
 from airflow_ckpt_provider.operators.control import STOP_ACTION, STOP_TIMEOUT, ack_result, request_and_wait
@@ -91,6 +91,7 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
             raise AirflowException(f"upgrade of job {self.job}: {err}; nothing was changed") from err
 
     def execute(self, context: Context) -> Any:
+        persist_empty_links(context, self)  # before anything can fail or defer (links.py)
         mode = self._mode()
         try:
             verify_batches = int(self.verify_batches)

@@ -1,1 +1,2 @@
-"""Sensors (deferrable by default): a job's health, a new snapshot, a consumer group's lag."""
+"""Sensors (deferrable with deferrable=True or Airflow's [operators] default_deferrable): a job's health, a new
+snapshot, a consumer group's lag."""

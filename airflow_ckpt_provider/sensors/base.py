@@ -16,6 +16,7 @@ from airflow.sdk import BaseSensorOperator
 from airflow.sdk.bases.sensor import PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, AirflowSkipException
 
+from airflow_ckpt_provider.operators.base import default_deferrable
 from airflow_ckpt_provider.triggers.base import ERROR, TIMEOUT, WatchTrigger, min_deferral
 
 if TYPE_CHECKING:
@@ -29,8 +30,9 @@ DEFER_GRACE = 60.0
 
 
 class WatchSensor(BaseSensorOperator):
-    """A sensor on a core watch. ``deferrable`` (default True) waits in the triggerer, at least
-    ``min_deferral`` s (the operators' ``min_deferral``: an earlier outcome is held until then).
+    """A sensor on a core watch. ``deferrable`` (default: Airflow's ``[operators] default_deferrable``, as for
+    the operators) waits in the triggerer, at least ``min_deferral`` s (the operators' ``min_deferral``: an
+    earlier outcome is held until then).
 
     Not deferrable, ``poke`` keeps the watch between pokes in mode="poke" (the default); mode="reschedule"
     starts a new watch at every poke, so what a watch tracks over time cannot be judged there.
@@ -38,10 +40,10 @@ class WatchSensor(BaseSensorOperator):
 
     trigger_class: ClassVar[type[WatchTrigger]]
 
-    def __init__(self, *, deferrable: bool = True, poke_interval: float = 10.0, min_deferral: float | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(self, *, deferrable: bool | None = None, poke_interval: float = 10.0,
+                 min_deferral: float | None = None, **kwargs: Any) -> None:
         super().__init__(poke_interval=poke_interval, **kwargs)
-        self.deferrable = deferrable
+        self.deferrable = default_deferrable() if deferrable is None else deferrable
         self.min_deferral = min_deferral
         self._watch: Watch | None = None
 

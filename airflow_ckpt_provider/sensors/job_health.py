@@ -30,7 +30,7 @@ class JobHealthSensor(WatchSensor):
     The health arguments are core/health.HealthCriteria's (``restart_window``, the earlier name of
     ``health_window``, is accepted with a deprecation warning for one release). ``healthy_for``,
     ``min_batches`` and ``progress_timeout`` track the job over time: they need
-    ``deferrable`` (the default) or mode="poke"; mode="reschedule" is refused with them.
+    ``deferrable`` or mode="poke"; mode="reschedule" is refused with them.
     """
 
     template_fields = ("job", "store_url", "min_epoch", "started_after")
@@ -75,7 +75,7 @@ class JobHealthSensor(WatchSensor):
         if self.mode == "reschedule" and not self.deferrable and (healthy_for or min_batches or progress_timeout):
             raise ValueError(
                 f"{self.task_id}: healthy_for, min_batches and progress_timeout track the job between pokes, which "
-                'mode="reschedule" forgets; use deferrable=True (the default) or mode="poke"'
+                'mode="reschedule" forgets; use deferrable=True or mode="poke"'
             )
         self.job = job
         self.min_epoch = min_epoch

@@ -107,7 +107,7 @@ def test_a_killed_driver_is_restarted_once_by_its_supervisor_while_the_watch_and
                 assert (s.pid, s.epoch) == (record.pid, first.epoch)  # the supervisor's pid, the dead driver's epoch
                 decision, _ = restart_decision(observe(store), LATEST_STATE)
                 decisions.append(decision)
-                op = RestartStreamingJobOperator(task_id="restart", job=env.job, start_timeout=TIMEOUT)
+                op = RestartStreamingJobOperator(task_id="restart", job=env.job, start_timeout=TIMEOUT, deferrable=True)
                 with pytest.raises(TaskDeferred) as info:  # it waits for the supervisor's restart, launches none
                     op.execute(context())
                 deferred.append(info.value)

@@ -63,3 +63,19 @@ def test_relative_links_and_anchors_in_the_docs_resolve() -> None:
             elif anchor and path.suffix == ".md" and anchor[1:] not in _anchors(path):
                 broken.append(f"{page.name}: {target}{anchor} names no heading")
     assert broken == []
+
+
+INCLUDE = re.compile(r'<!-- include: (\S+), between "([^"]+)" and "([^"]+)" -->\n```python\n(.*?)```', re.S)
+
+
+def test_included_example_code_is_verbatim() -> None:
+    """docs/*.md's ``<!-- include: FILE, between START and END -->`` blocks are the file's text between the markers."""
+    root = DOCS.parent
+    found = 0
+    for page in DOCS.glob("*.md"):
+        for path, start, end, block in INCLUDE.findall(page.read_text()):
+            source = (root / path).read_text()
+            expected = source.split(start + "\n", 1)[1].split(end, 1)[0]
+            assert block == expected, f"{page.name}: the include of {path} differs from the file: copy it again"
+            found += 1
+    assert found == 3  # the three example DAGs in docs/airflow.md

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink, browsable
@@ -51,3 +53,37 @@ def test_get_link_reads_the_xcom(monkeypatch: pytest.MonkeyPatch) -> None:
     op = submit_op()
     assert SparkUILink().get_link(op, ti_key=None) == UI  # type: ignore[arg-type]
     assert SnapshotLink().get_link(op, ti_key=None) == ""  # type: ignore[arg-type]
+
+
+# -- every declared link is stored before the task can end or defer -------------------------------------------------
+
+
+def _subclasses(cls: type) -> set[type]:
+    return {sub for direct in cls.__subclasses__() for sub in {direct, *_subclasses(direct)}}
+
+
+@pytest.mark.usefixtures("store")  # the default store connection: job "orders" never ran, no Spark connection
+def test_an_operator_that_fails_at_once_has_stored_every_link_empty() -> None:
+    """Airflow's task runner reads every declared link's XCom when the task process ends (finalize): one never
+    stored is logged as "XCom not found". Each operator here fails (or ends) at its first look at the job."""
+    from airflow_ckpt_provider.operators.base import JobOperator
+    from tests.unit.operators.test_declarative import every_operator
+
+    ops = every_operator()
+    linked = {type(op) for op in ops if op.operator_extra_links}
+    assert linked == {cls for cls in _subclasses(JobOperator) if cls.operator_extra_links}  # no operator missed
+    stored = {}
+    for op in ops:
+        ctx = context()
+        with contextlib.suppress(Exception):  # failing before any link is set is the case under test
+            op.execute(ctx)
+        stored[type(op).__name__] = ctx["ti"].xcoms
+    assert stored == {
+        "SubmitStreamingJobOperator": {"_link_SparkUILink": ""},  # no Spark connection
+        "StopStreamingJobOperator": {"_link_SnapshotLink": ""},  # nothing to stop: succeeds without a snapshot
+        "RestartStreamingJobOperator": {"_link_SparkUILink": "", "_link_SnapshotLink": ""},  # no deployment
+        "TriggerSavepointOperator": {"_link_SnapshotLink": ""},  # no driver to ask
+        "DisposeSnapshotsOperator": {},  # no links
+        "UpgradeStreamingJobOperator": {"_link_SparkUILink": "", "_link_SnapshotLink": ""},  # no deployment
+    }
+

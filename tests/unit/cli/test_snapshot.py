@@ -80,12 +80,12 @@ def test_snapshot_reference_that_names_no_job_store_fails_with_expected_found_an
 ) -> None:
     _, m = snapshot
     missing = tmp_path / "nowhere" / "orders" / "snapshots" / m.snapshot_id
-    assert _restore(str(missing), tmp_path / "t") == 1
-    assert capsys.readouterr().err == (
-        f"error: snapshot reference {missing} is a local path, and the job store directory it names, "
+    assert _restore(str(missing), tmp_path / "t") == 1  # --json: the error as JSON on stdout
+    assert json.loads(capsys.readouterr().out) == {"error": {"type": "ConfigError", "exit_code": 1, "message": (
+        f"snapshot reference {missing} is a local path, and the job store directory it names, "
         f"{tmp_path / 'nowhere' / 'orders'}, does not exist: expected ROOT/JOB/snapshots/ID with ROOT/JOB a job "
         "store directory; pass the URI `ckpt snapshot create` printed (e.g. s3://BUCKET/PREFIX/JOB/snapshots/ID), "
-        "or the id with --store and --job\n")
+        "or the id with --store and --job")}}
     assert cli.main(["snapshot", "show", f"s3://orders/snapshots/{m.snapshot_id}"]) == 1
     assert capsys.readouterr().err == (
         f"error: snapshot reference s3://orders/snapshots/{m.snapshot_id} names no job store: expected "

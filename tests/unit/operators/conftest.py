@@ -13,6 +13,13 @@ from airflow_ckpt_provider.core.lease import LeaseRecord
 from tests.support.operatorfakes import record_deployment, report
 
 
+@pytest.fixture(autouse=True)
+def deferrable_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``[operators] default_deferrable = True``: these tests take the deferred path unless they pass
+    ``deferrable=False`` (the in-worker wait); the default itself is tested in test_base.py."""
+    monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "True")
+
+
 @pytest.fixture
 def running_v1(store: JobStore) -> Launch:
     """v1 deployed and running at epoch 3, holding the lease."""

@@ -34,3 +34,31 @@ def test_waiting_in_the_worker_retries_storage_errors() -> None:
     with pytest.raises(ConfigError, match="invalid job name"):  # other errors are not retried
         op.wait(context(), trigger=FlakyTrigger(FlakyWatch(None, ConfigError("invalid job name")), timeout=5),
                 method_name="done")
+
+
+# -- deferrable: Airflow's [operators] default_deferrable -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("setting", "expected"), [(None, False), ("False", False), ("True", True)])
+def test_deferrable_defaults_to_airflows_default_deferrable(
+    monkeypatch: pytest.MonkeyPatch, setting: str | None, expected: bool
+) -> None:
+    from tests.unit.operators.test_declarative import every_operator
+
+    if setting is None:
+        monkeypatch.delenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE")  # set by conftest.py: Airflow's default, False
+    else:
+        monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", setting)
+    assert {type(op).__name__: op.deferrable for op in every_operator()} == {
+        "SubmitStreamingJobOperator": expected, "StopStreamingJobOperator": expected,
+        "RestartStreamingJobOperator": expected, "TriggerSavepointOperator": expected,
+        "DisposeSnapshotsOperator": expected, "UpgradeStreamingJobOperator": expected}
+    assert Waiter(task_id="w", job="orders", deferrable=not expected).deferrable is (not expected)  # explicit wins
+
+
+def test_deferrable_from_the_dags_default_args(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk import DAG
+
+    monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", "False")
+    with DAG("d", schedule=None, default_args={"deferrable": True}):
+        assert Waiter(task_id="w", job="orders").deferrable is True

@@ -9,6 +9,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_ckpt_provider.core.control import Outcome, RequestAction
+from airflow_ckpt_provider.core.deployments import Launch
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.status import JobState
@@ -150,3 +151,9 @@ def test_stop_resumed_after_the_trigger_timed_out_fails_saying_so(store: JobStor
 def test_resume_without_the_step_fails_clearly(event: dict[str, Any] | None) -> None:
     with pytest.raises(AirflowException, match="job orders: the trigger's event does not say how to resume"):
         StopStreamingJobOperator(task_id="stop", job="orders").resume(context(), event)
+
+
+def test_an_operator_that_defers_has_stored_its_links_first(running_v1: Launch) -> None:
+    ctx = context()
+    deferral(lambda: StopStreamingJobOperator(task_id="stop", job="orders", deferrable=True).execute(ctx))
+    assert ctx["ti"].xcoms == {"_link_SnapshotLink": ""}  # read by Airflow as the deferring process ends

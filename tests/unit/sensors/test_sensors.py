@@ -80,6 +80,23 @@ def test_invalid_choices_and_reschedule_with_tracking_are_refused() -> None:
     JobHealthSensor(task_id="h", job="orders", healthy_for=60, mode="reschedule")  # deferrable: the trigger tracks
 
 
+@pytest.mark.parametrize(("setting", "expected"), [(None, False), ("False", False), ("True", True)])
+def test_deferrable_defaults_to_airflows_default_deferrable(
+    monkeypatch: pytest.MonkeyPatch, setting: str | None, expected: bool
+) -> None:
+    if setting is None:
+        monkeypatch.delenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE")  # set by conftest.py: Airflow's default, False
+    else:
+        monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", setting)
+    sensors = [JobHealthSensor(task_id="h", job="orders"), SnapshotSensor(task_id="s", job="orders", after=0),
+               KafkaLagSensor(task_id="k", group="g", threshold=1)]
+    assert [s.deferrable for s in sensors] == [expected] * 3
+    assert JobHealthSensor(task_id="h", job="orders", deferrable=not expected).deferrable is (not expected)
+    if not expected:  # not deferrable by default, so tracking over time in mode="reschedule" is refused
+        with pytest.raises(ValueError, match="reschedule"):
+            JobHealthSensor(task_id="h", job="orders", healthy_for=60, mode="reschedule")
+
+
 def test_job_health_sensor_refuses_invalid_criteria_where_they_are_written() -> None:
     with pytest.raises(ValueError, match="h: max_restarts must be >= 1"):
         JobHealthSensor(task_id="h", job="orders", max_restarts=0)

@@ -1,0 +1,47 @@
+"""``airflow dags test`` of operators that end without setting their extra links logs no "XCom not found": Airflow's
+task runner reads every declared link's XCom when a task process ends (links.py). About 40 s (a sqlite migrate,
+then the run); no job store server, no Spark."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
+
+DAG = '''
+from datetime import datetime
+
+from airflow.sdk import DAG
+
+from airflow_ckpt_provider.operators.job import StopStreamingJobOperator
+from airflow_ckpt_provider.operators.snapshot import TriggerSavepointOperator
+
+with DAG("ckpt_links", schedule=None, start_date=datetime(2026, 1, 1)) as dag:
+    StopStreamingJobOperator(task_id="stop", job="orders", store_url=STORE)  # never ran: succeeds, no snapshot
+    TriggerSavepointOperator(task_id="savepoint", job="orders", store_url=STORE)  # no driver to ask: fails
+'''
+
+
+def test_operators_ending_without_a_link_log_no_missing_xcom(tmp_path: Path) -> None:
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "ckpt_links.py").write_text(f"STORE = {str(tmp_path / 'store')!r}\n{DAG}")
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path / "home"), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+           "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO"}
+
+    def airflow(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "airflow", *args], env=env, capture_output=True, text=True,
+                              timeout=240, check=False)
+
+    migrated = airflow("db", "migrate")
+    assert migrated.returncode == 0, migrated.stdout[-3000:] + migrated.stderr[-3000:]
+    run = airflow("dags", "test", "ckpt_links")
+    log = run.stdout + run.stderr
+    assert run.returncode != 0  # the savepoint task failed, as it must with no driver
+    assert "nothing to stop" in log and "savepoint" in log
+    assert [line for line in log.splitlines() if "XCom not found" in line] == []
