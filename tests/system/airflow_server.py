@@ -278,7 +278,12 @@ class AirflowServer:
     def api_json(self, method: str, path: str, **kwargs: Any) -> Any:
         resp = self.api(method, path, **kwargs)
         if resp.is_error:
-            raise AirflowServerError(f"{method} {path} -> {resp.status_code}: {resp.text}")
+            why = ""
+            if resp.status_code >= 500:  # the api-server logged the cause
+                path_log = self.home / "api-server.log"
+                lines = path_log.read_text(errors="replace").splitlines() if path_log.is_file() else []
+                why = "\n----- api-server.log, last lines -----\n" + "\n".join(lines[-60:])
+            raise AirflowServerError(f"{method} {path} -> {resp.status_code}: {resp.text}{why}")
         return resp.json()
 
     def wait_dag_parsed(self, dag_id: str, timeout: float = 60.0) -> dict[str, Any]:

@@ -41,6 +41,11 @@ def assert_exact(world: World) -> None:
     assert totals == expected, {c: (totals.get(c), expected[c]) for c in expected if totals.get(c) != expected[c]}
 
 
+def error_lines(log: str) -> list[str]:
+    """The lines Airflow logged at level error."""
+    return [line for line in log.splitlines() if "[error" in line or " ERROR " in line]
+
+
 def control_requests(world: World) -> list[str]:
     return sorted(o.key for o in world.store.storage.list(CONTROL) if not o.key.endswith(".ack.json"))
 
@@ -60,6 +65,7 @@ def test_keep_alive_dag_restarts_a_killed_driver_with_exact_counts(world: World,
     done = home.dags_test("ckpt_keep_alive")
     killer.join(300)
     assert done.returncode == 0, done.stdout[-5000:]
+    assert error_lines(done.stdout) == []  # e.g. Airflow's "XCom not found" for a link never set
     assert killed, "the driver never reached batch 2 while the DAG ran"
     # The supervisor restarted it (epoch + 1); the DAG's restart task was skipped (it would add another epoch).
     status = world.wait("the restarted driver", lambda s: s.epoch == killed[0].epoch + 1 and s.batch_id is not None)
@@ -71,6 +77,7 @@ def test_keep_alive_dag_restarts_a_killed_driver_with_exact_counts(world: World,
     again = home.dags_test("ckpt_keep_alive")
     assert again.returncode == 0, again.stdout[-5000:]
     assert "reconnecting instead of submitting it again" in again.stdout
+    assert error_lines(again.stdout) == []
     assert world.status().epoch == status.epoch  # type: ignore[union-attr]
 
 

@@ -27,6 +27,9 @@ with DAG("ckpt_links", schedule=None, start_date=datetime(2026, 1, 1)) as dag:
 '''
 
 
+@pytest.mark.full(proven_by="unit/test_links.py (every operator with links stores them empty first in execute) and "
+                            "test_example_dags.py::test_keep_alive_dag_restarts_a_killed_driver_with_exact_counts "
+                            "(no [error] line in its dags test logs)")
 def test_operators_ending_without_a_link_log_no_missing_xcom(tmp_path: Path) -> None:
     dags = tmp_path / "dags"
     dags.mkdir()
