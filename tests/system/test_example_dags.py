@@ -258,7 +258,13 @@ def test_a_savepoint_schedules_the_dag_on_its_asset_event(world: World, airflow:
     assert ack is not None and ack.outcome is Outcome.COMPLETED, ack
 
     def events_of_it() -> list[dict[str, Any]]:
-        found = airflow.api_json("GET", "/assets/events", params={"asset_id": asset_id, "limit": 100})
+        resp = airflow.api("GET", "/assets/events", params={"asset_id": asset_id, "limit": 100})
+        if resp.status_code == 500:
+            # Airflow 3.3.2's GET /assets/events fails (AssetEventResponse: created_dagruns.0.start_date None)
+            # while a run an event created is queued and not started yet: ask again once it started.
+            return []
+        assert resp.status_code == 200, resp.text
+        found = resp.json()
         return [e for e in found["asset_events"] if e["extra"]["payload"]["snapshot_id"] == ack.snapshot_id]
 
     event = until("its asset event with a DAG run", lambda: [e for e in events_of_it() if e["created_dagruns"]])[0]
