@@ -19,7 +19,6 @@ from typing import Any
 
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
-from airflow_ckpt_provider.core.watches.events import Crossing
 from airflow_ckpt_provider.kafka.clientlog import configured, serve
 from airflow_ckpt_provider.kafka.offsets import Offsets, kafka_offsets_or_none
 
@@ -333,6 +332,10 @@ class LagAboveWatch:
         timeout: float = DEFAULT_TIMEOUT,
         cursor: Mapping[str, Any] | None = None,
     ) -> None:
+        # Imported here: the triggerer imports this module on its event loop (triggers/kafka_lag.py), and the
+        # watches' module brings the job store's.
+        from airflow_ckpt_provider.core.watches.events import Crossing
+
         self.crossing = Crossing(int(threshold), rearm_below=rearm_below, cursor=cursor)
         self.bootstrap_servers = bootstrap_servers
         self.group = group
