@@ -61,6 +61,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_ckpt_provider.triggers.control",
                     "airflow_ckpt_provider.triggers.snapshot",
                     "airflow_ckpt_provider.triggers.kafka_lag",
+                    "airflow_ckpt_provider.triggers.restore_check",
                 ],
             }
         ],
