@@ -182,7 +182,10 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
     def after_check(self, context: Context, event: dict[str, Any], plan: dict[str, Any]) -> Any:
         """The check's verdict: compatible goes on to the stop (the job observed again: it may have changed
         meanwhile); anything else refuses the upgrade, nothing stopped."""
-        event = check_event(event, CHECK_EVENTS, f"upgrade of job {self.job}: restore check")
+        try:
+            event = check_event(event, CHECK_EVENTS, "restore check")
+        except AirflowException as err:  # timed out, the trigger failed: no verdict
+            raise self._refused(err) from err
         status = event["status"]
         if status == CheckOutcome.BAD_INPUT:
             raise self._refused(event.get("reason"))
