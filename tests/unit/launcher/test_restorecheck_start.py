@@ -87,6 +87,6 @@ def test_a_second_check_of_the_job_is_refused_while_one_runs(store: JobStore, sp
 
 
 def test_bad_input_is_refused_before_anything_is_recorded(store: JobStore, spawned: Spawned, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="job file .*missing.py not found"):
+    with pytest.raises(ConfigError, match=r"job file .*missing\.py not found"):
         start(store, tmp_path / "missing.py")
     assert spawned.calls == [] and store.storage.list(CHECKS) == []

@@ -26,8 +26,8 @@ from airflow_ckpt_provider.core.health import HealthCriteria
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.outcomes import CheckOutcome
-from airflow_ckpt_provider.core.restorechecks import CheckEnded, CheckStarted, record_end, record_start
 from airflow_ckpt_provider.core.restart import Health
+from airflow_ckpt_provider.core.restorechecks import CheckEnded, CheckStarted, record_end, record_start
 from airflow_ckpt_provider.core.snapshots import create_snapshot
 from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
 from airflow_ckpt_provider.core.storage import LocalStorage
