@@ -11,6 +11,7 @@ v1 keeps its lease and commits batches, and its final totals are exact.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
@@ -198,10 +199,12 @@ def test_new_versions_are_checked_against_the_running_jobs_state_without_touchin
         killed = env.start_check(EXAMPLES / "orders_v2.py", checkpoint, check_out)
         assert killed.pid is not None
         spark = wait_for("the killed check's spark-submit", lambda: check_processes(killed.check_id) - {killed.pid})
+        groups = {os.getpgid(pid) for pid in spark}  # its spark-submit's session, with Spark's Python
         os.kill(killed.pid, signal.SIGKILL)
+        for group in groups:  # the orphans: they would run to their own timeout
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
         failed, noticed = verdict(store, killed.check_id, 30)
-        for pid in spark:  # its orphaned spark-submit, in a session of its own, with Spark's Python
-            os.killpg(pid, signal.SIGKILL)
         (incompatible, _), (broken, _), (stateless, _) = results
 
     # v2, detached: same state, other output. The newest snapshot is the savepoint; the live checkpoint is newer.
