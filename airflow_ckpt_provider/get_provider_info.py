@@ -62,6 +62,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_ckpt_provider.triggers.snapshot",
                     "airflow_ckpt_provider.triggers.kafka_lag",
                     "airflow_ckpt_provider.triggers.events",
+                    "airflow_ckpt_provider.triggers.restore_check",
                 ],
             }
         ],

@@ -90,6 +90,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         spec = spec_from_args(args)
         if spec.config.check_restore and args.supervise:
             raise ConfigError("--check-restore runs once and changes nothing: drop --supervise")
+        if args.check_id and not spec.config.check_restore:
+            raise ConfigError("--check-id records a restore check's verdict: expected --check-restore with it")
         argv, env = build_command(spec)
         restart = RestartSettings.from_namespace(args)
         strategy = restart.strategy() if args.supervise else None
@@ -103,6 +105,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if spec.shipped is not None:
             spec.shipped.ensure()  # the executors' Python: built once per lock, then from the cache
         driver_cwd(spec)  # a driver next to a shipped environment needs a venv: refused here, not per attempt
+        if args.check_id:  # started by an upgrade (launcher/restorecheck.start_check): record the verdict
+            return _run_recorded_check(args, spec)
         if strategy is None:
             return run_once(argv, env, cwd=driver_cwd(spec))
         return _run_supervised(args, spec, strategy, health)
@@ -145,6 +149,14 @@ def _wait(proc: ProcessLike, stop_at: list[float], grace: float, clock: Callable
             return proc.wait()
         with contextlib.suppress(subprocess.TimeoutExpired):
             return proc.wait(timeout=min(1.0, left))
+
+
+def _run_recorded_check(args: argparse.Namespace, spec: SubmitSpec) -> int:
+    from airflow_ckpt_provider.core.jobstore import JobStore
+    from airflow_ckpt_provider.launcher.restorecheck import run_recorded_check
+
+    store = JobStore.open(spec.config.store, spec.config.job, S3Options.from_env(args.endpoint_url, args.region))
+    return run_recorded_check(store, spec, args.check_id)
 
 
 def _run_supervised(args: argparse.Namespace, spec: SubmitSpec, strategy: RestartStrategy,
@@ -215,6 +227,10 @@ def add_run_command(groups: argparse._SubParsersAction[argparse.ArgumentParser])
     RuntimeSettings.add_flags(job)
     check = p.add_argument_group("restore check (before an upgrade)")
     RuntimeConfig.add_flags(check, only=("check_restore", "allow_non_restored_state", "check_timeout"))
+    check.add_argument("--check-id", metavar="ID",
+                       help="record the verdict in the job store as checks/ID.outcome.json (the record "
+                            "checks/ID.json must exist: an upgrade writes it); --check-timeout then bounds the "
+                            "whole check, spark-submit's start included")
     spark = p.add_argument_group("spark-submit")
     spark.add_argument("--master", default="local[2]", help="local[N] (default local[2]), spark://, yarn, k8s://")
     spark.add_argument("--deploy-mode", default="client", choices=DEPLOY_MODES, help="default client")

@@ -12,6 +12,8 @@
 <root>/<job>/spec/last.json                the deployment launched last (launcher/deploy.py), and how it ended
 <root>/<job>/spec/stable.json              the last deployment verified healthy (an upgrade's target)
 <root>/<job>/supervisors/<launch id>.json  a supervisor's heartbeat: pid, host, watching|restarting|ended
+<root>/<job>/checks/<check id>.json        a restore check started (written before its process): code, host, pid
+<root>/<job>/checks/<check id>.outcome.json  its verdict, written by the check process when it ends
 ```
 """
 
@@ -39,6 +41,7 @@ DEPLOYMENTS = "deployments/"
 SPEC_LAST = "spec/last.json"
 SPEC_STABLE = "spec/stable.json"
 SUPERVISORS = "supervisors/"
+CHECKS = "checks/"
 
 
 def is_job_name(name: str) -> bool:

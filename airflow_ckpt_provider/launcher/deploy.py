@@ -38,12 +38,13 @@ log = logging.getLogger(__name__)
 
 
 def run_argv(deployment: Deployment, job: str, store: str, restore: RestoreSpec,
-             s3: S3Options | None = None) -> list[str]:
-    """``ckpt run ... --supervise`` for this deployment, restoring with ``restore`` on the first start."""
+             s3: S3Options | None = None, *, supervise: bool = True) -> list[str]:
+    """``ckpt run ... --supervise`` for this deployment, restoring with ``restore`` on the first start
+    (without ``--supervise``: one driver, e.g. a restore check's)."""
     d = deployment
     argv = [sys.executable, "-m", "airflow_ckpt_provider.cli", "run", d.job_file, "--job", job, "--store", store,
-            "--restore", str(restore), "--supervise", "--master", d.master, "--deploy-mode", d.deploy_mode,
-            *d.to_argv(JobSettings)]
+            "--restore", str(restore), *(["--supervise"] if supervise else []), "--master", d.master,
+            "--deploy-mode", d.deploy_mode, *d.to_argv(JobSettings)]
     optional = {"--code-version": d.code_version, "--spark-submit": d.spark_submit, "--python-env": d.python_env,
                 "--endpoint-url": s3.endpoint_url if s3 else None, "--region": s3.region if s3 else None}
     for flag, value in optional.items():

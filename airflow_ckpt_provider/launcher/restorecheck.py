@@ -6,6 +6,11 @@ and lets Spark run one empty batch of the new query on it, without touching the 
 live checkpoint or its job store. The driver prints its verdict as one line, ``CKPT_RESTORE_CHECK
 {json}``, among Spark's output; this module finds it (runtime/restoreverdict.py). Never imports
 Airflow or pyspark.
+
+An upgrade does not wait for it in its worker: ``start_check`` records the check in the job store
+(core/restorechecks.py), then starts ``ckpt run JOB_FILE --check-restore --check-id ID`` detached;
+that process runs ``run_recorded_check`` (``check_restore``, then the verdict written to the job store),
+which the upgrade's trigger watches (core/watches/restore_check.py).
 """
 
 from __future__ import annotations
@@ -14,15 +19,34 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from airflow_ckpt_provider.core.errors import ConfigError
+from tenacity import Retrying, before_sleep_log, retry_if_exception_type, stop_after_delay, wait_fixed
+
+from airflow_ckpt_provider.core.deployments import Deployment, new_launch_id
+from airflow_ckpt_provider.core.errors import ConfigError, StorageError
 from airflow_ckpt_provider.core.gate import GATE_ENV
+from airflow_ckpt_provider.core.jobstore import JobStore
+from airflow_ckpt_provider.core.modes import LATEST_STATE
+from airflow_ckpt_provider.core.restorechecks import (
+    CHECK_ENV,
+    CheckEnded,
+    CheckStarted,
+    read_start,
+    record_end,
+    record_pid,
+    record_start,
+    running_checks,
+)
+from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.launcher.deploy import credentials_env, log_dir, run_argv, submit_spec
 from airflow_ckpt_provider.launcher.submit import SubmitSpec, build_command, describe, driver_cwd, gate_file
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, exit_meaning
 from airflow_ckpt_provider.runtime.restoreverdict import CheckOutcome, RestoreCheck, parse_report
@@ -120,3 +144,96 @@ def _tail(lines: list[str]) -> str:
     """The last lines of Spark's output that say something (no stack frames), joined."""
     useful = [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith(("at ", "..."))]
     return " | ".join(useful[-TAIL_LINES:]) or "(no output)"
+
+
+# -- detached: started by an upgrade, its verdict recorded in the job store --------------------------------------
+
+
+#: Seconds the check process keeps retrying to record its verdict while the job store is unreachable.
+RECORD_RETRY = 60.0
+
+
+def start_check(
+    store: JobStore,
+    deployment: Deployment,
+    *,
+    store_url: str,
+    timeout: float,
+    s3: S3Options | None = None,
+    allow_non_restored_state: bool = False,
+    started_by: str = "",
+    now: float | None = None,
+) -> CheckStarted:
+    """Start the restore check of ``deployment`` (the new code) against the job's state as a process of its own
+    (``ckpt run --check-restore --check-id ID``, a session of its own, output to the job's log directory), and
+    return its record. Its verdict comes as ``checks/<id>.outcome.json``.
+
+    Bad input (spark-submit would refuse the check) and a check of this job that still runs raise ConfigError,
+    before anything is written. The record is written before the process starts (record the target, then act).
+    """
+    at = time.time() if now is None else now
+    spec = check_spec(submit_spec(deployment, store.job, store_url, LATEST_STATE, s3,
+                                  allow_non_restored_state=allow_non_restored_state), timeout)
+    build_command(spec)  # bad input: here, before anything is recorded
+    busy = running_checks(store, at)
+    if busy:
+        raise ConfigError(
+            f"expected no restore check of job {store.job} running, found {busy[-1].describe()}, which has not "
+            f"recorded its verdict (it may run until {time.strftime('%H:%M:%SZ', time.gmtime(busy[-1].deadline))}); "
+            "wait for it to end, or kill its process, then run the upgrade again")
+    if spec.shipped is not None:
+        spec.shipped.ensure()  # the executors' Python, built before the clock of the check starts
+    check_id = new_launch_id(at)
+    logs = log_dir(store.job)
+    logs.mkdir(parents=True, exist_ok=True)
+    log_file = logs / f"check-{check_id}.log"
+    started = CheckStarted(store.job, check_id, deployment.job_file, deployment.code_version, at, float(timeout),
+                           socket.gethostname(), started_by or f"{os.environ.get('USER', '?')}@{socket.gethostname()}",
+                           log_file=str(log_file))
+    argv = [*run_argv(deployment, store.job, store_url, LATEST_STATE, s3, supervise=False), "--check-restore",
+            "--check-timeout", f"{timeout:g}", "--check-id", check_id]
+    if allow_non_restored_state:
+        argv.append("--allow-non-restored-state")
+    record_start(store, started)
+    # Airflow's own settings (connections, the metadata database) are not the new code's business.
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    env = {**inherited, **deployment.env, **credentials_env(s3), CHECK_ENV: check_id}
+    log.info("job %s: restore check %s of %s started detached: %s", store.job, check_id, deployment.job_file,
+             describe(argv))
+    with log_file.open("ab") as out:
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True)
+    # Reap it if it ends while this process lives (a zombie would look alive to pid checks).
+    threading.Thread(target=proc.wait, name=f"ckpt-reap-{proc.pid}", daemon=True).start()
+    try:  # best effort: without its pid, a waiter falls back to the check's deadline
+        return record_pid(store, started, proc.pid)
+    except StorageError as err:
+        log.warning("job %s: restore check %s runs (pid %d) but its pid was not recorded: %s", store.job, check_id,
+                    proc.pid, err)
+        return replace(started, pid=proc.pid)
+
+
+def run_recorded_check(store: JobStore, spec: SubmitSpec, check_id: str) -> int:
+    """The detached check's process: run the check (``spec.config.check_timeout`` s for all of it), record its
+    verdict as ``checks/<id>.outcome.json``, and return the verdict's exit code. Whatever goes wrong is recorded
+    as a verdict (bad-input, inconclusive); a check without its start record refuses to run."""
+    started = read_start(store, check_id)
+    if started is None:
+        raise ConfigError(f"restore check {check_id} of job {store.job}: expected its record (checks/{check_id}.json, "
+                          "written by whoever starts the check), found none; start it with the upgrade operator")
+    here = started.host == socket.gethostname()
+    try:
+        report = check_restore(spec, spec.config.check_timeout, log_file=started.log_file if here else None)
+    except ConfigError as err:
+        report = RestoreCheck(CheckOutcome.BAD_INPUT, str(err))
+    except Exception as err:  # the verdict is recorded whatever happened: a waiter must not wait for nothing
+        log.exception("job %s: restore check %s failed", store.job, check_id)
+        report = RestoreCheck(CheckOutcome.INCONCLUSIVE, f"the restore check failed: {type(err).__name__}: {err}")
+    ended = CheckEnded(check_id, report.outcome, report.reason, time.time(), report.to_dict())
+    for attempt in Retrying(stop=stop_after_delay(RECORD_RETRY), wait=wait_fixed(2.0),
+                            retry=retry_if_exception_type(StorageError), reraise=True,
+                            before_sleep=before_sleep_log(log, logging.WARNING)):
+        with attempt:
+            record_end(store, ended)
+    log.info("job %s: restore check %s recorded: %s", store.job, check_id, report.outcome.value)
+    return report.exit_code

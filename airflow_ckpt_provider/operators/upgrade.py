@@ -3,7 +3,8 @@
 Observe, decide, act one step at a time (the Flink Kubernetes Operator's upgrade):
 
 1. check: the new code restores the current state (Spark plans a batch on a scratch copy of the latest
-   snapshot: state operators, partitions, schemas) - refused here, before anything stops;
+   snapshot: state operators, partitions, schemas), in a process of its own whose verdict the task waits for
+   deferred (core/restorechecks.py) - refused here, before anything stops;
 2. stop the old driver: stop-with-savepoint (``savepoint``) or cancel (``last-state``, ``stateless``);
 3. start the new code from that savepoint / the latest state / no state;
 4. verify: ``verify_batches`` batches within ``verify_timeout`` seconds, no failure or restart;
@@ -25,10 +26,12 @@ from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.health import HealthCriteria
 from airflow_ckpt_provider.core.jobview import check_can_request, observe
 from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec, StopMode, UpgradeMode
+from airflow_ckpt_provider.core.outcomes import CHECK_EVENTS, CheckOutcome
+from airflow_ckpt_provider.core.restorechecks import OUTCOME_GRACE, CheckStarted
 from airflow_ckpt_provider.core.snapshots import latest_completed, list_snapshots
 from airflow_ckpt_provider.core.status import JobState
-from airflow_ckpt_provider.launcher.deploy import credentials_env, log_tail, submit_spec
-from airflow_ckpt_provider.launcher.restorecheck import check_restore
+from airflow_ckpt_provider.launcher.deploy import log_tail, submit_spec
+from airflow_ckpt_provider.launcher.restorecheck import start_check
 from airflow_ckpt_provider.launcher.submit import build_command
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink, persist_empty_links
 from airflow_ckpt_provider.operators.arguments import mode_arg, parse_mode
@@ -37,6 +40,7 @@ from airflow_ckpt_provider.operators.control import STOP_ACTION, STOP_TIMEOUT, a
 from airflow_ckpt_provider.operators.job import _LaunchMixin
 from airflow_ckpt_provider.runtime.config import default_checkpoint
 from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
+from airflow_ckpt_provider.triggers.restore_check import RestoreCheckTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -117,17 +121,32 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
                 base = old.deployment.checkpoint or default_checkpoint(self.job)
                 new = replace(new, checkpoint=f"{base.rstrip('/')}-stateless-{int(time.time())}")
             running = self._running_epoch(store)
-            if running is None and mode is UpgradeMode.SAVEPOINT:
-                raise ConfigError("it is not running, so no savepoint can be taken; use upgrade_mode last-state to "
-                                  "upgrade from its latest checkpoint")
+            self._check_running(mode, running)
             hook = self.store_hook  # a deployment spark-submit would refuse fails here, before anything stops
             build_command(submit_spec(new, self.job, hook.store_url, LATEST_STATE, hook.s3_options, supervised=True))
-            if mode is not UpgradeMode.STATELESS:
-                self._check(store, new)
+            check = None if mode is UpgradeMode.STATELESS else self._start_check(context, store, new)
         except CkptError as err:
-            raise AirflowException(f"upgrade of job {self.job} to {self.job_file} refused before anything was "
-                                   f"stopped: {err}; the job runs as before") from err
+            raise self._refused(err) from err
         plan = {"old": old.to_dict(), "new": new.to_dict()}
+        if check is None:  # stateless: nothing to restore, nothing to check
+            return self._stop(context, store, plan, running)
+        # The watch's own deadline (timeout + OUTCOME_GRACE) says "no verdict" before the trigger times out.
+        trigger = RestoreCheckTrigger(**self._store_args, check_id=check.check_id,
+                                      timeout=self.check_timeout + OUTCOME_GRACE + 30)
+        return self.wait(context, trigger=trigger, method_name="after_check", kwargs={"plan": plan})
+
+    def _refused(self, why: object) -> AirflowException:
+        return AirflowException(f"upgrade of job {self.job} to {self.job_file} refused before anything was "
+                                f"stopped: {why}; the job runs as before")
+
+    @staticmethod
+    def _check_running(mode: UpgradeMode, running: int | None) -> None:
+        if running is None and mode is UpgradeMode.SAVEPOINT:
+            raise ConfigError("it is not running, so no savepoint can be taken; use upgrade_mode last-state to "
+                              "upgrade from its latest checkpoint")
+
+    def _stop(self, context: Context, store: JobStore, plan: dict[str, Any], running: int | None) -> Any:
+        mode = self._mode()
         if running is None:
             self._step(2, "no driver runs: nothing to stop")
             return self.after_stop(context, None, plan)
@@ -147,17 +166,42 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
             return None
         return check_can_request(view, RequestAction.STOP).epoch
 
-    def _check(self, store: JobStore, new: Deployment) -> None:
+    def _start_check(self, context: Context, store: JobStore, new: Deployment) -> CheckStarted:
+        """Start the restore check detached (its record first); the task then waits for its verdict."""
         self._step(1, "checking that %s (code %s) restores the current state", new.job_file, new.code_version or "-")
-        spec = submit_spec(new, self.job, self.store_hook.store_url, LATEST_STATE, self.store_hook.s3_options,
-                           allow_non_restored_state=_flag(self.allow_non_restored_state))
-        check = check_restore(spec, self.check_timeout,
-                              env={**new.env, **credentials_env(self.store_hook.s3_options)})
-        if not check.compatible:
-            raise ConfigError(f"restore check of snapshot {check.snapshot_id or '-'} with the new code: "
-                              f"{check.outcome.value}: {check.reason}")
-        self._step(1, "compatible: Spark restored snapshot %s (batch %s) with the new code", check.snapshot_id,
-                   check.batch_id)
+        ti = context.get("ti")
+        who = f"airflow:{self.dag_id}.{self.task_id}"
+        if ti is not None and getattr(ti, "run_id", None):
+            who += f" run {ti.run_id} try {getattr(ti, 'try_number', 1)}"
+        hook = self.store_hook
+        check = start_check(store, new, store_url=hook.store_url, timeout=self.check_timeout, s3=hook.s3_options,
+                            allow_non_restored_state=_flag(self.allow_non_restored_state), started_by=who)
+        self._step(1, "restore check %s runs as pid %s on %s (log %s); waiting up to %.0f s for its verdict",
+                   check.check_id, check.pid, check.host, check.log_file, self.check_timeout)
+        return check
+
+    def after_check(self, context: Context, event: dict[str, Any], plan: dict[str, Any]) -> Any:
+        """The check's verdict: compatible goes on to the stop (the job observed again: it may have changed
+        meanwhile); anything else refuses the upgrade, nothing stopped."""
+        try:
+            event = check_event(event, CHECK_EVENTS, "restore check")
+        except AirflowException as err:  # timed out, the trigger failed: no verdict
+            raise self._refused(err) from err
+        status = event["status"]
+        if status == CheckOutcome.BAD_INPUT:
+            raise self._refused(event.get("reason"))
+        if status != CheckOutcome.COMPATIBLE:
+            raise self._refused(f"restore check of snapshot {event.get('snapshot_id') or '-'} with the new code: "
+                                f"{status}: {event.get('reason')}")
+        self._step(1, "compatible: Spark restored snapshot %s (batch %s) with the new code", event.get("snapshot_id"),
+                   event.get("batch_id"))
+        store = self.job_store()
+        try:
+            running = self._running_epoch(store)
+            self._check_running(self._mode(), running)
+        except CkptError as err:
+            raise self._refused(f"{err} (observed after the restore check)") from err
+        return self._stop(context, store, plan, running)
 
     # -- 3. start the new code ---------------------------------------------------------------------
 

@@ -13,11 +13,11 @@ import logging
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from airflow_ckpt_provider.core.errors import CkptError
 from airflow_ckpt_provider.core.manifest import Manifest
+from airflow_ckpt_provider.core.outcomes import CheckOutcome as CheckOutcome  # noqa: PLC0414  # re-exported: the verdict's home
 from airflow_ckpt_provider.core.storage import Storage
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_FAILED, EXIT_INCOMPATIBLE, EXIT_STOPPED
 
@@ -26,16 +26,7 @@ log = logging.getLogger(__name__)
 #: How the driver's verdict starts on stdout: the prefix, then one JSON object, on one line.
 REPORT_PREFIX = "CKPT_RESTORE_CHECK "
 
-
-class CheckOutcome(StrEnum):
-    """The closed set of verdicts; ``EXIT_CODES`` maps each to the driver's exit code."""
-
-    COMPATIBLE = "compatible"  # Spark restored the state and ran a batch of the new query on it
-    INCOMPATIBLE = "incompatible"  # Spark refused it, or state of the snapshot would be dropped
-    INCONCLUSIVE = "inconclusive"  # no verdict: timeout, crash, unreachable storage (retry may help)
-    BAD_INPUT = "bad-input"  # nothing to check: unknown snapshot, broken job file, no snapshot of the state
-
-
+#: The driver's exit code for each verdict (CheckOutcome, core/outcomes.py).
 EXIT_CODES = {
     CheckOutcome.COMPATIBLE: EXIT_STOPPED,
     CheckOutcome.INCOMPATIBLE: EXIT_INCOMPATIBLE,

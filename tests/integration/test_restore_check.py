@@ -1,16 +1,24 @@
 """The restore check end to end: orders_v1 runs under ``ckpt run`` (tansu, SeaweedFS, local Spark) while
 the new versions are checked against its savepoint with ``check_restore`` (spark-submit in check mode).
 
-One v1 run is shared by all checks (two at a time); v1 keeps consuming new orders while they run. The checks must
-change nothing: the job store is byte-for-byte the same apart from v1's heartbeats (status.json),
+One v1 run is shared by all checks; v1 keeps consuming new orders while they run. v2's check runs detached, as
+an upgrade starts it (``start_check``: its record, then ``ckpt run --check-restore --check-id``), and its verdict
+is read from the job store by the upgrade's watch, while the others run in this process; a second detached check
+is killed with kill -9 and its watch reports it failed. The checks must change nothing: the job store is
+byte-for-byte the same apart from v1's heartbeats (status.json) and the detached checks' records (checks/),
 v1 keeps its lease and commits batches, and its final totals are exact.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
+import signal
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,12 +26,17 @@ import pytest
 
 from airflow_ckpt_provider import examples
 from airflow_ckpt_provider.core.control import Outcome, RequestAction
-from airflow_ckpt_provider.core.jobstore import STATUS, JobStore
+from airflow_ckpt_provider.core.deployments import Deployment
+from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.jobstore import CHECKS, STATUS, JobStore
 from airflow_ckpt_provider.core.lease import read_lease
+from airflow_ckpt_provider.core.restorechecks import CHECK_ENV, CheckStarted, check_key, outcome_key, read_end
 from airflow_ckpt_provider.core.status import JobState
+from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.core.watches.restore_check import RestoreCheckWatch
 from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
 from airflow_ckpt_provider.examples._orders import read_totals
-from airflow_ckpt_provider.launcher.restorecheck import check_restore, check_spec
+from airflow_ckpt_provider.launcher.restorecheck import check_restore, check_spec, start_check
 from airflow_ckpt_provider.launcher.submit import SubmitSpec, gate_file, parse_conf
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_STOPPED
@@ -97,14 +110,61 @@ class OrdersEnv(JobEnv):
         return report, time.monotonic() - started
 
 
+    def start_check(self, job_file: Path, checkpoint: Path, out: Path) -> CheckStarted:
+        """The check as an upgrade starts it: recorded, then run detached; its verdict goes to the job store."""
+        settings = {k: v for k, v in self.orders_env(out).items()
+                    if k.startswith("ORDERS_") or k in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP")}
+        deployment = Deployment(str(job_file), code_version="v2", conf=parse_conf(SPARK_CONF),
+                                checkpoint=str(checkpoint), env=settings)
+        s3 = S3Options(endpoint_url=self.s3.endpoint_url, region=self.s3.region, access_key_id=self.s3.access_key,
+                       secret_access_key=self.s3.secret_key)
+        return start_check(self.store(), deployment, store_url=self.store_url, timeout=CHECK_TIMEOUT, s3=s3,
+                           started_by="test_restore_check")
+
+
+def verdict(store: JobStore, check_id: str, timeout: float) -> tuple[dict[str, object], float]:
+    """The event of the upgrade's watch on check ``check_id`` (polled as the operator does when not deferrable),
+    and how long it took."""
+    watch, started = RestoreCheckWatch(store, check_id), time.monotonic()
+    while (event := watch.poll()) is None:
+        assert time.monotonic() - started < timeout, watch.waiting_for()
+        time.sleep(1.0)
+    return event, time.monotonic() - started
+
+
+def wait_for(what: str, found: Callable[[], set[int]], timeout: float = TIMEOUT) -> set[int]:
+    deadline = time.monotonic() + timeout
+    while not (result := found()):
+        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
+        time.sleep(0.5)
+    return result
+
+
+def check_processes(check_id: str) -> set[int]:
+    """Processes of this host whose environment names the check (its spark-submit and Spark's Python inherit it)."""
+    marker = f"{CHECK_ENV}={check_id}".encode()
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "environ").read_bytes().split(b"\0"):
+                    found.add(int(entry.name))
+            except OSError:  # gone meanwhile, or another user's
+                continue
+    return found
+
+
 def store_contents(store: JobStore) -> dict[str, str]:
-    """SHA-256 of every object of the job store but the driver's heartbeat."""
+    """SHA-256 of every object of the job store but the driver's heartbeat and the detached checks' records."""
     return {o.key: hashlib.sha256(store.storage.read(o.key)).hexdigest()
-            for o in store.storage.list() if o.key != STATUS}
+            for o in store.storage.list() if o.key != STATUS and not o.key.startswith(CHECKS)}
 
 
 @pytest.fixture
-def env(s3_server: EmbeddedS3, kafka_server: EmbeddedKafka, bucket: str, topic: str, tmp_path: Path) -> OrdersEnv:
+def env(s3_server: EmbeddedS3, kafka_server: EmbeddedKafka, bucket: str, topic: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> OrdersEnv:
+    monkeypatch.setenv("CKPT_HOME", str(tmp_path / "home"))  # the detached checks' logs
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
     return OrdersEnv(s3_server, kafka_server, tmp_path, bucket, topic)
 
 
@@ -127,22 +187,46 @@ def test_new_versions_are_checked_against_the_running_jobs_state_without_touchin
     total = 900  # v1 keeps committing batches while the checks run
     produce_orders(env.kafka.bootstrap_servers, env.topic, 600, total - 600)
     check_out = env.work / "check-out"
-    jobs = [EXAMPLES / "orders_v2.py", EXAMPLES / "orders_incompatible.py", EXAMPLES / "orders_v2_broken.py",
-            STATELESS]
-    with ThreadPoolExecutor(max_workers=2) as pool:  # two spark-submits at a time: 2 cores, v1 runs too
-        (compatible, seconds), (incompatible, _), (broken, _), (stateless, _) = pool.map(
-            lambda job: env.check(job, checkpoint, check_out), jobs)
+    detached = env.start_check(EXAMPLES / "orders_v2.py", checkpoint, check_out)  # recorded, then started
+    with pytest.raises(ConfigError, match=rf"expected no restore check of job {env.job} running, found restore "
+                                          rf"check {detached.check_id} of .*orders_v2.py \(pid {detached.pid} on "):
+        env.start_check(EXAMPLES / "orders_v2.py", checkpoint, check_out)  # one check of a job at a time
+    jobs = [EXAMPLES / "orders_incompatible.py", EXAMPLES / "orders_v2_broken.py", STATELESS]
+    with ThreadPoolExecutor(max_workers=2) as pool:  # with the detached one: three spark-submits at first
+        results = pool.map(lambda job: env.check(job, checkpoint, check_out), jobs)
+        compatible, seconds = verdict(store, detached.check_id, CHECK_TIMEOUT)
+        # kill -9 of a detached check while its spark-submit runs: the watch says failed within two polls.
+        killed = env.start_check(EXAMPLES / "orders_v2.py", checkpoint, check_out)
+        assert killed.pid is not None
+        spark = wait_for("the killed check's spark-submit", lambda: check_processes(killed.check_id) - {killed.pid})
+        groups = {os.getpgid(pid) for pid in spark}  # its spark-submit's session, with Spark's Python
+        os.kill(killed.pid, signal.SIGKILL)
+        for group in groups:  # the orphans: they would run to their own timeout
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
+        failed, noticed = verdict(store, killed.check_id, 30)
+        (incompatible, _), (broken, _), (stateless, _) = results
 
-    # v2: same state, other output. The newest snapshot is the savepoint; the live checkpoint is newer.
-    assert compatible.outcome is CheckOutcome.COMPATIBLE, compatible
-    assert (compatible.snapshot_id, compatible.batch_id) == (savepoint.snapshot_id, savepoint.batch_id)
-    assert (compatible.snapshot_operators, compatible.new_operators, compatible.non_restored_operators) == (
-        (0,), (0,), ())
+    # v2, detached: same state, other output. The newest snapshot is the savepoint; the live checkpoint is newer.
+    assert compatible["status"] == "compatible", compatible
+    assert (compatible["check_id"], compatible["snapshot_id"], compatible["batch_id"]) == (
+        detached.check_id, savepoint.snapshot_id, savepoint.batch_id)
+    ended = read_end(store, detached.check_id)
+    assert ended is not None and ended.report["outcome"] == "compatible"
+    assert (ended.report["snapshot_operators"], ended.report["new_operators"],
+            ended.report["non_restored_operators"]) == ([0], [0], [])
     assert f"orders_v2.py can restore savepoint {savepoint.snapshot_id} (batch {savepoint.batch_id})" in \
-        compatible.reason
-    assert "operator 0 (stateStoreSave)" in compatible.reason
-    assert "newer than every snapshot" in compatible.reason
+        str(compatible["reason"])
+    assert "operator 0 (stateStoreSave)" in str(compatible["reason"])
+    assert "newer than every snapshot" in str(compatible["reason"])
     assert seconds < CHECK_TIMEOUT
+    assert "CKPT_RESTORE_CHECK " in Path(str(detached.log_file)).read_text()  # Spark's output, in the check's log
+    # Killed: a clear failure, not a hang, and no verdict.
+    assert failed["status"] == "failed" and noticed < 10, (failed, noticed)
+    assert str(failed["message"]).startswith(f"job {env.job}: expected a verdict from restore check "
+                                             f"{killed.check_id} of ")
+    assert "found none and its process no longer exists; no verdict" in str(failed["message"])
+    assert read_end(store, killed.check_id) is None
     # A new grouping key: Spark's own state schema check refuses v1's state.
     assert incompatible.outcome is CheckOutcome.INCOMPATIBLE, incompatible
     assert incompatible.exit_code == 5
@@ -161,6 +245,8 @@ def test_new_versions_are_checked_against_the_running_jobs_state_without_touchin
 
     # Nothing was touched: the store, the lease, the running driver; no check output or leftovers.
     assert store_contents(store) == before
+    assert sorted(o.key for o in store.storage.list(CHECKS)) == sorted(
+        [check_key(detached.check_id), outcome_key(detached.check_id), check_key(killed.check_id)])
     assert read_lease(store) == lease
     after = env.wait_status("v1 running on", lambda s: s.state is JobState.RUNNING, TIMEOUT, v1)
     assert after.epoch == status.epoch

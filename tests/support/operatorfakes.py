@@ -1,4 +1,4 @@
-"""What the operators' unit tests share: a job store's fakes of ``launch`` and ``check_restore`` that record
+"""What the operators' unit tests share: a job store's fakes of ``launch`` and ``start_check`` that record
 their calls, a task instance and its state store, and helpers that report a driver, record a deployment, and
 take a deferral apart (its trigger, timeout and the step it carries back)."""
 
@@ -7,8 +7,11 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import os
+import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -21,10 +24,10 @@ from airflow_ckpt_provider.core.control import Ack, Outcome, Request, open_reque
 from airflow_ckpt_provider.core.deployments import Deployment, Launch
 from airflow_ckpt_provider.core.jobstore import CONTROL, SPEC_LAST, JobStore
 from airflow_ckpt_provider.core.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.restorechecks import CheckEnded, CheckStarted, record_end, record_start
 from airflow_ckpt_provider.core.snapshots import create_snapshot
 from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
 from airflow_ckpt_provider.core.storage import LocalStorage, S3Options
-from airflow_ckpt_provider.launcher.submit import SubmitSpec
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink
 from airflow_ckpt_provider.operators.job import (
     SubmitStreamingJobOperator,
@@ -33,6 +36,7 @@ from airflow_ckpt_provider.operators.upgrade import UpgradeStreamingJobOperator
 from airflow_ckpt_provider.runtime.restoreverdict import CheckOutcome, RestoreCheck
 from airflow_ckpt_provider.triggers.base import WatchTrigger
 from airflow_ckpt_provider.triggers.control import RequestTrigger
+from airflow_ckpt_provider.triggers.restore_check import RestoreCheckTrigger
 from tests.support.ckptfactory import make_checkpoint
 
 SID = "savepoint-7-20261122T101500Z-abc123"
@@ -68,19 +72,38 @@ class FakeLaunch:
         return record
 
 
+@dataclass(frozen=True)
+class CheckCall:
+    """What the operator asked ``start_check`` for."""
+
+    deployment: Deployment
+    store_url: str
+    timeout: float
+    allow_non_restored_state: bool
+    started_by: str
+
+
 class FakeCheck:
-    """Stands in for launcher.restorecheck.check_restore: records (spec, timeout, env), answers ``outcome``."""
+    """Stands in for launcher.restorecheck.start_check: records the call and the check's start record, and the
+    verdict ``outcome`` at once, as the detached check process would when done (None: no verdict yet)."""
 
     def __init__(self) -> None:
-        self.outcome = CheckOutcome.COMPATIBLE
-        self.calls: list[tuple[SubmitSpec, float, dict[str, str]]] = []
+        self.outcome: CheckOutcome | None = CheckOutcome.COMPATIBLE
+        self.calls: list[CheckCall] = []
 
-    def __call__(self, spec: SubmitSpec, timeout: float, *, log_file: str | None = None,
-                 env: dict[str, str] | None = None) -> RestoreCheck:
-        self.calls.append((spec, timeout, dict(env or {})))
-        reason = "Spark restored the state" if self.outcome is CheckOutcome.COMPATIBLE else \
-            "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE: the key schema changed"
-        return RestoreCheck(self.outcome, reason, snapshot_id=SID, batch_id=7)
+    def __call__(self, store: JobStore, deployment: Deployment, *, store_url: str, timeout: float,
+                 s3: S3Options | None = None, allow_non_restored_state: bool = False,
+                 started_by: str = "") -> CheckStarted:
+        self.calls.append(CheckCall(deployment, store_url, timeout, allow_non_restored_state, started_by))
+        started = CheckStarted(store.job, f"check-{len(self.calls)}", deployment.job_file, deployment.code_version,
+                               time.time(), timeout, socket.gethostname(), started_by, pid=os.getpid())
+        record_start(store, started)
+        if self.outcome is not None:
+            reason = "Spark restored the state" if self.outcome is CheckOutcome.COMPATIBLE else \
+                "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE: the key schema changed"
+            report = RestoreCheck(self.outcome, reason, snapshot_id=SID, batch_id=7)
+            record_end(store, CheckEnded(started.check_id, self.outcome, reason, time.time(), report.to_dict()))
+        return started
 
 
 class FakeTI:
@@ -219,10 +242,27 @@ def make_snapshots(store: JobStore, tmp_path: Path, kinds: list[Kind]) -> list[s
             for i, kind in enumerate(kinds)]
 
 
+def verdict(deferred: TaskDeferred) -> dict[str, Any]:
+    """The event of the restore check the deferral waits for, as the trigger's watch reports it from the job store
+    (FakeCheck recorded the verdict)."""
+    assert isinstance(deferred.trigger, RestoreCheckTrigger)
+    event = RestoreCheckTrigger(job="orders", check_id=deferred.trigger.check_id).build_watch().poll()
+    assert event is not None
+    return event
+
+
+def pass_check(op: UpgradeStreamingJobOperator, ctx: dict[str, Any] | None = None) -> TaskDeferred:
+    """Step 1 as Airflow runs it: execute starts the check and defers; resumed with its verdict (compatible), the
+    operator goes on and defers again (the stop, or with nothing to stop, the verification)."""
+    checking = deferral(lambda: op.execute(context() if ctx is None else ctx))
+    assert next_step(checking)[0] == "after_check"
+    return deferral(lambda: op.resume(context(), fire(checking, verdict(checking))))
+
+
 def stop_and_ack(store: JobStore, op: UpgradeStreamingJobOperator) -> tuple[TaskDeferred, dict[str, Any]]:
     """Steps 1-2: the check passes, the stop is requested; the driver answers with savepoint SID. The event is
     what Airflow hands to ``resume``: it carries the next step (after_stop and the plan)."""
-    deferred = deferral(lambda: op.execute(context()))
+    deferred = pass_check(op)
     return deferred, fire(deferred, ack_event(store, only_request(store)))
 
 

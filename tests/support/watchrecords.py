@@ -1,6 +1,6 @@
 """What the watches' unit tests share: a fixed clock (``T0``) and the job store records a watch reads, written
 as the driver, the supervisor and the launcher write them (a heartbeat, deployment records, a lease, a launch,
-a supervisor's record, a RESTARTING status)."""
+a supervisor's record, a RESTARTING status, a restore check's start and verdict)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from typing import Any
 from airflow_ckpt_provider.core.deployments import Deployment, Launch
 from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, LEASE, SPEC_LAST, JobStore
 from airflow_ckpt_provider.core.lease import LeaseRecord
+from airflow_ckpt_provider.core.outcomes import CheckOutcome
+from airflow_ckpt_provider.core.restorechecks import CheckEnded, CheckStarted, record_end, record_start
 from airflow_ckpt_provider.core.status import JobState, JobStatus, Restart, RestartOwner, write_status
 from airflow_ckpt_provider.core.supervision import SupervisorRecord, SupervisorState, write_supervisor
 from airflow_ckpt_provider.core.watches.job_health import Unhealthy
@@ -78,3 +80,21 @@ def restarting(store: JobStore, now: float, *, epoch: int = 1, expected_by: floa
                       expected_by=now + 61 if expected_by is None else expected_by, from_batch=9)
     return report(store, now, state=JobState.RESTARTING, epoch=epoch, batch_id=9, pid=pid, host=host,
                   restart=restart.to_dict(), reason="driver died: its supervisor restarts it")
+
+
+def check_started(store: JobStore, check_id: str, at: float = T0, *, pid: int | None = 4321, host: str = "worker-1",
+                  timeout: float = 600.0) -> CheckStarted:
+    """checks/<id>.json: a restore check of orders_v2.py started at ``at`` on ``host`` (launcher/restorecheck)."""
+    started = CheckStarted("orders", check_id, "orders_v2.py", "v2", at, timeout, host,
+                           "airflow:upgrade.upgrade run r1 try 1", pid=pid, log_file=f"/ckpt/check-{check_id}.log")
+    record_start(store, started)
+    return started
+
+
+def check_ended(store: JobStore, check_id: str, outcome: CheckOutcome, at: float = T0 + 60) -> CheckEnded:
+    """checks/<id>.outcome.json: the verdict the check process records, with its report."""
+    report = {"outcome": outcome.value, "reason": f"the verdict of {check_id}", "snapshot_id": "savepoint-7-x",
+              "batch_id": 7, "seconds": 41.5}
+    ended = CheckEnded(check_id, outcome, f"the verdict of {check_id}", at, report)
+    record_end(store, ended)
+    return ended

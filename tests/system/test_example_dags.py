@@ -212,7 +212,7 @@ def test_upgrade_chain_survives_defer_and_resume_through_scheduler_and_triggerer
             assert result["snapshot_id"].startswith("savepoint-")
             # Both waits went through the triggerer (the stop's answer, the verification) and resumed the task.
             log = airflow.task_log(UPGRADE_DAG, run_id, "upgrade")
-            assert log.count("Pausing task as DEFERRED") == 2 and "step 4/5: verified" in log, log[-5000:]
+            assert log.count("Pausing task as DEFERRED") == 3 and "step 4/5: verified" in log, log[-5000:]
             tries = airflow.api_json("GET", f"/dags/{UPGRADE_DAG}/dagRuns/{run_id}/taskInstances/upgrade")
             assert tries["try_number"] == 1, tries  # one try: never failed and retried
             status = world.wait(f"{version} RUNNING", lambda s: s.state == JobState.RUNNING)

@@ -1,5 +1,5 @@
 """Fixtures of the unit tests of the Airflow layer: job ``orders`` in a local store the default connection names, and
-fakes of ``launch`` and ``check_restore`` installed where the operators look them up."""
+fakes of ``launch`` and ``start_check`` installed where the operators look them up."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def checks(monkeypatch: pytest.MonkeyPatch) -> FakeCheck:
     fake = FakeCheck()
-    monkeypatch.setattr("airflow_ckpt_provider.operators.upgrade.check_restore", fake)
+    monkeypatch.setattr("airflow_ckpt_provider.operators.upgrade.start_check", fake)
     return fake
 
 

@@ -1,4 +1,4 @@
-"""Fixtures of the operators' tests (the job store and the fakes of launch and check_restore are in
+"""Fixtures of the operators' tests (the job store and the fakes of launch and start_check are in
 tests/unit/conftest.py)."""
 
 from __future__ import annotations

@@ -15,12 +15,14 @@ from airflow_ckpt_provider.core.deployments import Deployment, Launch, read_laun
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.jobstore import LEASE, SPEC_LAST, SPEC_STABLE, STATUS, JobStore
 from airflow_ckpt_provider.core.manifest import Kind
+from airflow_ckpt_provider.core.restorechecks import OUTCOME_GRACE
 from airflow_ckpt_provider.core.status import JobState
 from airflow_ckpt_provider.operators.base import DEFER_GRACE
 from airflow_ckpt_provider.runtime.config import default_checkpoint
 from airflow_ckpt_provider.runtime.restoreverdict import CheckOutcome
 from airflow_ckpt_provider.triggers.control import RequestTrigger
 from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
+from airflow_ckpt_provider.triggers.restore_check import RestoreCheckTrigger
 from tests.support.operatorfakes import (
     HEALTHY,
     ORDERS_V2,
@@ -40,12 +42,14 @@ from tests.support.operatorfakes import (
     next_step,
     old_deployment,
     only_request,
+    pass_check,
     record_deployment,
     report,
     start_new_code,
     timeout_s,
     trigger_kwargs,
     upgrade_op,
+    verdict,
 )
 
 # -- UpgradeStreamingJobOperator --------------------------------------------------------------------------------------
@@ -90,8 +94,10 @@ def test_upgrade_refused_by_the_restore_check_changes_nothing(store: JobStore, c
                                                               running_v1: Launch) -> None:
     checks.outcome = CheckOutcome.INCOMPATIBLE
     before = {key: store.storage.read(key) for key in (STATUS, LEASE, SPEC_LAST)}
+    op = upgrade_op()
+    checking = deferral(lambda: op.execute(context()))
     with pytest.raises(AirflowException) as info:
-        upgrade_op().execute(context())
+        op.resume(context(), fire(checking, verdict(checking)))
     assert str(info.value) == (
         f"upgrade of job orders to {ORDERS_V2} refused before anything was stopped: restore check of snapshot {SID} "
         "with the new code: incompatible: STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE: the key schema changed; "
@@ -101,15 +107,70 @@ def test_upgrade_refused_by_the_restore_check_changes_nothing(store: JobStore, c
     assert read_launch(store) == running_v1
 
 
+@pytest.mark.usefixtures("no_launch", "running_v1")
+@pytest.mark.parametrize(("event", "why"), [
+    ({"status": "failed", "message": "job orders: expected a verdict from restore check C, found none and its "
+      "process no longer exists; no verdict. Run the upgrade again", "reason": "its process no longer exists"},
+     "restore check of snapshot - with the new code: failed: its process no longer exists"),
+    ({"status": "bad-input", "reason": "job file orders_v2.py does not define a @streaming_job", "message": "m"},
+     "job file orders_v2.py does not define a @streaming_job"),
+    ({"status": "timeout", "message": "no outcome within 720 s: expected the verdict of restore check C"},
+     "restore check: timed out: no outcome within 720 s: expected the verdict of restore check C"),
+    ({"status": "error", "message": "RestoreCheckTrigger failed: ConfigError: no connection", "traceback": "tb"},
+     "restore check: the trigger failed: RestoreCheckTrigger failed: ConfigError: no connection\ntb"),
+], ids=["process-gone", "bad-input", "timeout", "error"])
+def test_upgrade_without_a_compatible_verdict_is_refused_before_anything_stops(
+        store: JobStore, checks: FakeCheck, event: dict[str, Any], why: str) -> None:
+    checks.outcome = None  # the check process recorded nothing
+    op = upgrade_op()
+    checking = deferral(lambda: op.execute(context()))
+    with pytest.raises(AirflowException) as info:
+        op.resume(context(), fire(checking, event))
+    text = str(info.value)
+    assert text.startswith(f"upgrade of job orders to {ORDERS_V2} refused before anything was stopped: {why}")
+    assert text.endswith("; the job runs as before")
+    assert control_keys(store) == []
+
+
+@pytest.mark.usefixtures("no_launch", "running_v1")
+def test_upgrade_not_deferrable_waits_for_the_verdict_in_the_worker(store: JobStore, checks: FakeCheck) -> None:
+    checks.outcome = CheckOutcome.INCOMPATIBLE
+    with pytest.raises(AirflowException, match=r"refused before anything was stopped: restore check of snapshot "
+                                               rf"{SID} with the new code: incompatible: "):
+        upgrade_op(deferrable=False, poll_interval=0.01).execute(context())
+    assert len(checks.calls) == 1 and control_keys(store) == []
+
+
+@pytest.mark.usefixtures("no_launch", "running_v1")
+def test_upgrade_refuses_when_the_job_stopped_while_the_check_ran(store: JobStore, checks: FakeCheck) -> None:
+    op = upgrade_op()
+    checking = deferral(lambda: op.execute(context()))
+    report(store, epoch=3, state=JobState.STOPPED)
+    with pytest.raises(AirflowException) as info:
+        op.resume(context(), fire(checking, verdict(checking)))
+    assert str(info.value) == (
+        f"upgrade of job orders to {ORDERS_V2} refused before anything was stopped: it is not running, so no "
+        "savepoint can be taken; use upgrade_mode last-state to upgrade from its latest checkpoint (observed after "
+        "the restore check); the job runs as before")
+    assert control_keys(store) == []
+
+
 @pytest.mark.usefixtures("no_launch")
 def test_upgrade_checks_the_new_code_then_stops_with_savepoint(store: JobStore, checks: FakeCheck,
                                                                running_v1: Launch) -> None:
-    deferred = deferral(lambda: upgrade_op(check_timeout=321, stop_timeout=44).execute(context()))
-    [(spec, timeout, env)] = checks.calls
-    assert (spec.job_file, str(spec.config.restore), spec.config.job, spec.config.code_version) == (
-        ORDERS_V2, "latest-state", "orders", "v2")
-    assert spec.conf == {"spark.sql.shuffle.partitions": "4"} and timeout == 321
-    assert env == {"TOPIC": "orders"}  # the job's settings; no credentials in a local store's connection
+    op = upgrade_op(check_timeout=321, stop_timeout=44)
+    checking = deferral(lambda: op.execute(context()))
+    [call] = checks.calls
+    assert (call.deployment, call.timeout, call.allow_non_restored_state, call.started_by) == (
+        running_v1.deployment.with_code(ORDERS_V2, "v2"), 321, False, "airflow:adhoc_airflow.upgrade")
+    assert control_keys(store) == []  # nothing is stopped while the check runs
+    assert isinstance(checking.trigger, RestoreCheckTrigger)
+    assert trigger_kwargs(checking)["check_id"] == "check-1"
+    assert trigger_kwargs(checking)["timeout"] == 321 + OUTCOME_GRACE + 30  # after the watch's own deadline
+    assert timeout_s(checking) == 321 + OUTCOME_GRACE + 30 + DEFER_GRACE
+    method, kwargs = next_step(checking)
+    assert method == "after_check" and set(kwargs) == {"plan"}
+    deferred = deferral(lambda: op.resume(context(), fire(checking, verdict(checking))))
     request = only_request(store)
     assert (request.action, request.epoch) == (RequestAction.STOP, 3)
     assert isinstance(deferred.trigger, RequestTrigger)
@@ -127,7 +188,7 @@ def test_upgrade_checks_the_new_code_then_stops_with_savepoint(store: JobStore, 
 
 @pytest.mark.usefixtures("no_launch", "running_v1")
 def test_upgrade_last_state_cancels_the_running_driver(store: JobStore, checks: FakeCheck) -> None:
-    deferred = deferral(lambda: upgrade_op(upgrade_mode="last-state").execute(context()))
+    deferred = pass_check(upgrade_op(upgrade_mode="last-state"))
     assert only_request(store).action is RequestAction.CANCEL and next_step(deferred)[0] == "after_stop"
     assert len(checks.calls) == 1
 
@@ -156,7 +217,7 @@ def test_upgrade_after_a_cancel_rolls_back_to_the_latest_snapshot(store: JobStor
                                                                   checks: FakeCheck, launches: FakeLaunch) -> None:
     [latest] = make_snapshots(store, tmp_path, [Kind.CHECKPOINT])
     op = upgrade_op(upgrade_mode="last-state")
-    stopped = deferral(lambda: op.execute(context()))
+    stopped = pass_check(op)
     event = ack_event(store, only_request(store), snapshot_id=None)
     deferred = deferral(lambda: op.resume(context(), fire(stopped, event)))
     assert str(launches.calls[0].restore) == "latest-state"
@@ -167,7 +228,7 @@ def test_upgrade_after_a_cancel_rolls_back_to_the_latest_snapshot(store: JobStor
 def test_upgrade_of_a_stopped_job_in_last_state_or_stateless_mode(store: JobStore, checks: FakeCheck,
                                                                    launches: FakeLaunch) -> None:
     report(store, epoch=3, state=JobState.STOPPED)
-    deferred = deferral(lambda: upgrade_op(upgrade_mode="last-state").execute(context()))
+    deferred = pass_check(upgrade_op(upgrade_mode="last-state"))
     assert next_step(deferred)[0] == "after_verify" and control_keys(store) == []
     assert len(checks.calls) == 1 and str(launches.calls[-1].restore) == "latest-state"
     deferred = deferral(lambda: upgrade_op(upgrade_mode="stateless").execute(context()))
@@ -267,5 +328,5 @@ def test_upgrade_rollback_outcome_fails_the_task_either_way(store: JobStore, che
 def test_allow_non_restored_state_rendered_as_text(store: JobStore, checks: FakeCheck, value: Any,
                                                    expected: bool) -> None:
     deferral(lambda: upgrade_op(allow_non_restored_state=value).execute(context()))
-    [(spec, _, _)] = checks.calls
-    assert spec.config.allow_non_restored_state is expected
+    [call] = checks.calls
+    assert call.allow_non_restored_state is expected

@@ -33,6 +33,7 @@ from tests.support.operatorfakes import (
     next_step,
     old_deployment,
     only_request,
+    pass_check,
     record_deployment,
     report,
     start_new_code,
@@ -72,9 +73,9 @@ def test_upgrade_of_a_deployment_spark_submit_would_refuse_is_refused_before_any
 def test_upgrade_to_a_job_file_that_exists_goes_ahead(store: JobStore, checks: FakeCheck, tmp_path: Path) -> None:
     job_file = tmp_path / "orders_v2.py"
     job_file.write_text(Path(ORDERS_V2).read_text())
-    deferred = deferral(lambda: upgrade_op(job_file=str(job_file)).execute(context()))
+    deferred = pass_check(upgrade_op(job_file=str(job_file)))
     assert only_request(store).action is RequestAction.STOP and next_step(deferred)[0] == "after_stop"
-    assert checks.calls[0][0].job_file == str(job_file)
+    assert checks.calls[0].deployment.job_file == str(job_file)
 
 
 @pytest.mark.usefixtures("no_launch", "running_v1")
@@ -116,7 +117,7 @@ def test_a_retried_upgrade_fails_without_retrying_and_does_nothing(store: JobSto
 
 @pytest.mark.usefixtures("no_launch", "running_v1")
 def test_the_first_try_of_an_upgrade_goes_ahead(store: JobStore, checks: FakeCheck) -> None:
-    deferred = deferral(lambda: upgrade_op().execute({"ti": RetryTI(1)}))
+    deferred = pass_check(upgrade_op(), {"ti": RetryTI(1)})
     assert next_step(deferred)[0] == "after_stop" and len(checks.calls) == 1
 
 
@@ -137,7 +138,7 @@ def test_upgrade_whose_stop_failed_while_the_old_job_runs_changes_nothing(store:
                                                                           launches: FakeLaunch, running_v1: Launch,
                                                                           failure: str) -> None:
     op = upgrade_op()
-    stopped = deferral(lambda: op.execute(context()))
+    stopped = pass_check(op)
     event = STOP_FAILURES[failure](store)
     report(store, epoch=3, code_version="v1")  # still RUNNING, heartbeat fresh
     with pytest.raises(AirflowException) as info:
@@ -154,7 +155,7 @@ def test_upgrade_whose_stop_failed_after_the_old_job_went_down_relaunches_it(
         store: JobStore, checks: FakeCheck, launches: FakeLaunch, running_v1: Launch, state: JobState,
         silent_for: float) -> None:
     op = upgrade_op()
-    stopped = deferral(lambda: op.execute(context()))
+    stopped = pass_check(op)
     event = STOP_FAILURES["failed"](store)
     report(store, epoch=3, state=state, updated_at=time.time() - silent_for)
     with pytest.raises(AirflowException) as info:
@@ -171,7 +172,7 @@ def test_upgrade_whose_stop_failed_after_the_old_job_went_down_relaunches_it(
 def test_upgrade_whose_stop_failed_after_a_newer_driver_took_the_lease_fails_as_an_airflow_exception(
         store: JobStore, checks: FakeCheck, launches: FakeLaunch, running_v1: Launch) -> None:
     op = upgrade_op()
-    stopped = deferral(lambda: op.execute(context()))
+    stopped = pass_check(op)
     event = STOP_FAILURES["timeout"](store)
     lease = LeaseRecord(job="orders", epoch=4, owner="driver-4", host="h", pid=43, acquired_at=time.time())
     store.storage.write(LEASE, lease.to_bytes())  # another submit's driver took the job over meanwhile
@@ -187,7 +188,7 @@ def test_upgrade_whose_new_code_cannot_be_launched_rolls_back(store: JobStore, c
     new_file = tmp_path / "orders_v2.py"
     new_file.write_text(Path(ORDERS_V2).read_text())
     op = upgrade_op(job_file=str(new_file))
-    stopped = deferral(lambda: op.execute(context()))  # the file is there: checked, then the old driver stops
+    stopped = pass_check(op)  # the file is there: checked, then the old driver stops
     event = ack_event(store, only_request(store))
     new_file.unlink()  # gone when the new code is launched (another worker, a cleanup)
     rolling = deferral(lambda: op.resume(context(), fire(stopped, event)))

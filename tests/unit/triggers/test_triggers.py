@@ -25,7 +25,9 @@ from airflow_ckpt_provider.core.errors import ConfigError, StorageError
 from airflow_ckpt_provider.core.health import HealthCriteria
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.outcomes import CheckOutcome
 from airflow_ckpt_provider.core.restart import Health
+from airflow_ckpt_provider.core.restorechecks import CheckEnded, CheckStarted, record_end, record_start
 from airflow_ckpt_provider.core.snapshots import create_snapshot
 from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
 from airflow_ckpt_provider.core.storage import LocalStorage
@@ -34,6 +36,7 @@ from airflow_ckpt_provider.triggers.base import WatchTrigger
 from airflow_ckpt_provider.triggers.control import RequestTrigger
 from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
 from airflow_ckpt_provider.triggers.kafka_lag import KafkaLagTrigger
+from airflow_ckpt_provider.triggers.restore_check import RestoreCheckTrigger
 from airflow_ckpt_provider.triggers.snapshot import SnapshotTrigger
 from tests.support.ckptfactory import make_checkpoint
 
@@ -54,6 +57,9 @@ ALL_ARGUMENTS: list[tuple[type[WatchTrigger], dict[str, Any]]] = [
     (SnapshotTrigger, {"job": "orders", "after": 1.7e9, "kind": "savepoint", "ckpt_store_conn_id": "my_store",
                        "store_url": None, "poll_interval": 4.0, "timeout": None, "waiting_since": None,
                        "min_wait": 0.0, "resume_with": None}),
+    (RestoreCheckTrigger, {"job": "orders", "check_id": "20261122T101500Z-abc123", "ckpt_store_conn_id": "my_store",
+                           "store_url": "s3://b/jobs", "poll_interval": 2.0, "timeout": 720.0,
+                           "waiting_since": 1.7e9, "min_wait": 30.0, "resume_with": RESUME_WITH}),
     (KafkaLagTrigger, {"group": "g1", "threshold": 10, "topics": ["a", "b"], "condition": "above",
                        "bootstrap_servers": "k:9092", "kafka_conn_id": "my_kafka", "request_timeout": 5.0,
                        "poll_interval": 7.0, "timeout": 30.0, "waiting_since": 1.6e9, "min_wait": 12.5,
@@ -187,6 +193,15 @@ def test_request_trigger_fires_with_the_ack(store: JobStore) -> None:
     write_ack(store, ack)
     event = one_event(RequestTrigger(job="orders", request_id=request.id, epoch=2, poll_interval=0.01, timeout=5))
     assert event["status"] == "completed" and event["ack"] == ack.to_dict()
+
+
+def test_restore_check_trigger_fires_with_the_verdict_of_its_check(store: JobStore) -> None:
+    for check_id, outcome in (("C1", CheckOutcome.INCOMPATIBLE), ("C2", CheckOutcome.COMPATIBLE)):
+        record_start(store, CheckStarted("orders", check_id, "v2.py", "v2", time.time(), 60.0, "h", "test", pid=1))
+        record_end(store, CheckEnded(check_id, outcome, "why", time.time(), {"snapshot_id": "s", "batch_id": 3}))
+    event = one_event(RestoreCheckTrigger(job="orders", check_id="C2", poll_interval=0.01, timeout=5))
+    assert (event["status"], event["check_id"], event["snapshot_id"], event["batch_id"]) == ("compatible", "C2",
+                                                                                              "s", 3)
 
 
 def test_snapshot_trigger_fires_with_the_snapshot(store: JobStore, tmp_path: Path) -> None:

@@ -1,0 +1,196 @@
+"""Restore checks run detached: the record of a check started, and the verdict its process records.
+
+An upgrade starts its restore check (launcher/restorecheck.start_check) as a process of its own and waits for
+the verdict in the job store, so no worker slot is held while Spark runs the check:
+
+```
+<root>/<job>/checks/<check id>.json          written BEFORE the process starts: code, timeout, host, then its pid
+<root>/<job>/checks/<check id>.outcome.json  written by the check process when it ends: the verdict
+```
+
+A waiter names its check id, so a record of another check (an earlier run's) is never taken for its own.
+Check ids start with their UTC time (core/deployments.new_launch_id), so they sort by time. Whether a check
+still runs (``liveness``) is decided here once, for the watch and for the refusal of a second check.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from airflow_ckpt_provider.core.errors import StorageError
+from airflow_ckpt_provider.core.jobstore import CHECKS, JobStore
+from airflow_ckpt_provider.core.lease import pid_alive
+from airflow_ckpt_provider.core.outcomes import CheckOutcome
+
+#: The check process's environment variable naming its check id (inherited by its spark-submit).
+CHECK_ENV = "CKPT_CHECK_ID"
+OUTCOME_SUFFIX = ".outcome.json"
+#: Seconds after its timeout by which a check records its verdict: it kills spark-submit's process group
+#: (SIGTERM, 10 s, SIGKILL, up to 30 s: launcher/restorecheck.py), then writes the record (retried).
+OUTCOME_GRACE = 90.0
+
+#: Whether process ``pid`` of this host runs (core/lease.pid_alive, the one probe).
+process_alive = pid_alive
+
+
+def _hms(ts: float) -> str:
+    return time.strftime("%H:%M:%SZ", time.gmtime(ts))
+
+
+def check_key(check_id: str) -> str:
+    return f"{CHECKS}{check_id}.json"
+
+
+def outcome_key(check_id: str) -> str:
+    return f"{CHECKS}{check_id}{OUTCOME_SUFFIX}"
+
+
+def _body(data: bytes, where: str) -> dict[str, Any]:
+    try:
+        body = json.loads(data)
+    except ValueError as err:
+        raise StorageError(f"restore check record {where} is malformed ({err})") from err
+    if not isinstance(body, dict):
+        raise StorageError(f"restore check record {where} is malformed: expected a JSON object, found "
+                           f"{type(body).__name__}")
+    return body
+
+
+@dataclass(frozen=True)
+class CheckStarted:
+    """A restore check of ``job_file`` started on ``host`` (``pid``: its process, None until it is spawned),
+    allowed ``timeout`` s; ``started_by`` says who asked (an Airflow task and its try)."""
+
+    job: str
+    check_id: str
+    job_file: str
+    code_version: str | None
+    started_at: float
+    timeout: float
+    host: str
+    started_by: str
+    pid: int | None = None
+    log_file: str | None = None
+
+    @property
+    def deadline(self) -> float:
+        """When its verdict is overdue: the check is then taken for dead whatever its process does."""
+        return self.started_at + self.timeout + OUTCOME_GRACE
+
+    @property
+    def key(self) -> str:
+        return check_key(self.check_id)
+
+    def describe(self) -> str:
+        pid = "not spawned yet" if self.pid is None else f"pid {self.pid}"
+        return (f"restore check {self.check_id} of {self.job_file} ({pid} on {self.host}, started at "
+                f"{_hms(self.started_at)} by {self.started_by})")
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True, indent=1).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str) -> CheckStarted:
+        body = _body(data, where)
+        try:
+            known = {f.name for f in fields(cls)}
+            return cls(**{k: v for k, v in body.items() if k in known} | {
+                "started_at": float(body["started_at"]), "timeout": float(body["timeout"])})
+        except (KeyError, TypeError, ValueError) as err:
+            raise StorageError(f"restore check record {where} is malformed ({err!r})") from err
+
+
+@dataclass(frozen=True)
+class CheckEnded:
+    """The verdict of check ``check_id``: ``outcome`` and ``reason``, and the whole report
+    (runtime/restoreverdict.RestoreCheck.to_dict: snapshot, batch, operators, Spark's error class)."""
+
+    check_id: str
+    outcome: CheckOutcome
+    reason: str
+    ended_at: float
+    report: dict[str, Any] = field(default_factory=dict)
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({**asdict(self), "outcome": self.outcome.value}, sort_keys=True, indent=1).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str) -> CheckEnded:
+        body = _body(data, where)
+        try:
+            return cls(check_id=str(body["check_id"]), outcome=CheckOutcome(body["outcome"]),
+                       reason=str(body["reason"]), ended_at=float(body["ended_at"]),
+                       report=dict(body.get("report") or {}))
+        except (KeyError, TypeError, ValueError) as err:
+            raise StorageError(f"restore check record {where} is malformed ({err!r})") from err
+
+
+def record_start(store: JobStore, started: CheckStarted) -> None:
+    """Write the record of a check about to start; StorageError if one with its id exists (ids are unique)."""
+    if not store.storage.create(started.key, started.to_bytes()):
+        raise StorageError(f"restore check record {store.storage.uri(started.key)} exists already: expected a new "
+                           "check id; start the check again")
+
+
+def record_pid(store: JobStore, started: CheckStarted, pid: int) -> CheckStarted:
+    """The record with the process's pid, written over our own record only (compare-and-swap)."""
+    spawned = replace(started, pid=pid)
+    current = store.storage.read_versioned(started.key)
+    if current is not None and CheckStarted.from_bytes(current.data, started.key) == started:
+        store.storage.write_if(started.key, spawned.to_bytes(), current.tag)
+    return spawned
+
+
+def record_end(store: JobStore, ended: CheckEnded) -> None:
+    store.storage.write(outcome_key(ended.check_id), ended.to_bytes())
+
+
+def read_start(store: JobStore, check_id: str) -> CheckStarted | None:
+    try:
+        return CheckStarted.from_bytes(store.storage.read(check_key(check_id)), store.storage.uri(check_key(check_id)))
+    except FileNotFoundError:
+        return None
+
+
+def read_end(store: JobStore, check_id: str) -> CheckEnded | None:
+    try:
+        return CheckEnded.from_bytes(store.storage.read(outcome_key(check_id)),
+                                     store.storage.uri(outcome_key(check_id)))
+    except FileNotFoundError:
+        return None
+
+
+def liveness(started: CheckStarted, now: float, *, host: str | None = None,
+             pid_alive: Callable[[int], bool] = process_alive) -> tuple[bool, str]:
+    """(running, why not) of a check that recorded no verdict yet. Past its ``deadline``: not running, whatever
+    its process does. On this host (``host``, default this machine's name) with a known pid, the process
+    decides; elsewhere (a triggerer on another host) the check runs until its deadline."""
+    if now > started.deadline:
+        return False, (f"no verdict by {_hms(started.deadline)} (its timeout {started.timeout:g} s + "
+                       f"{OUTCOME_GRACE:g} s): it is presumably dead or hung")
+    here = socket.gethostname() if host is None else host
+    if started.pid is not None and started.host == here and not pid_alive(started.pid):
+        return False, "its process no longer exists"
+    return True, ""
+
+
+def running_checks(store: JobStore, now: float, *, host: str | None = None,
+                   pid_alive: Callable[[int], bool] = process_alive) -> list[CheckStarted]:
+    """The checks of this job that run (no verdict, ``liveness``), oldest first."""
+    keys = {o.key for o in store.storage.list(CHECKS)}
+    found = []
+    for key in sorted(keys):
+        if key.endswith(OUTCOME_SUFFIX) or not key.endswith(".json"):
+            continue
+        check_id = key[len(CHECKS):-len(".json")]
+        if outcome_key(check_id) in keys:
+            continue
+        started = read_start(store, check_id)
+        if started is not None and liveness(started, now, host=host, pid_alive=pid_alive)[0]:
+            found.append(started)
+    return found
