@@ -344,7 +344,7 @@ def test_building_the_watch_runs_in_a_thread_while_the_loop_keeps_ticking() -> N
     assert asyncio.run(main()) == [{"status": "done", "polls": 1}]
 
 
-@pytest.mark.parametrize("module", ["control", "job_health", "snapshot", "kafka_lag", "events"])
+@pytest.mark.parametrize("module", ["control", "job_health", "snapshot", "kafka_lag", "events", "restore_check"])
 def test_a_trigger_module_imports_nothing_heavy(module: str) -> None:
     """The triggerer imports a trigger's module on its event loop: the watches, the hooks, boto3 and
     confluent-kafka are imported by build_watch, in a thread."""
