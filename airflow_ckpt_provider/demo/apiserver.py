@@ -1,8 +1,10 @@
-"""An Airflow api-server on 127.0.0.1 over the demo's Airflow home, for ``scripts/demo --keep``: the UI shows the
-DAG runs the demo made, and the provider's pages, with a generated admin password.
+"""A whole Airflow on 127.0.0.1 over the demo's Airflow home, for ``scripts/demo --keep``: the api-server (the UI
+with the DAG runs the demo made and the provider's Streaming jobs page, a generated admin password), and the
+scheduler, dag-processor and triggerer, so what a user starts there runs: the upgrade DAG from the page's
+*Upgrade...*, and ``ckpt_on_savepoint``, which the savepoint asset's watcher in the triggerer schedules.
 
-The same settings as the system tests' harness (tests/system/airflow_server.py), for the api-server alone: the
-DAG runs are already in the home's database, so no scheduler, dag-processor or triggerer is needed to browse them.
+The same settings as the system tests' harness (tests/system/airflow_server.py); each component in a process
+group of its own, its log ``<home>/<component>.log``, all stopped together.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from pathlib import Path
 from airflow_ckpt_provider.embedded.process import HOST, free_port
 
 USERNAME = "admin"
+#: Besides the api-server: what runs the DAGs (the LocalExecutor of the home's sqlite database).
+WORKERS = {"scheduler": ["scheduler", "--skip-serve-logs"], "dag-processor": ["dag-processor"],
+           "triggerer": ["triggerer", "--skip-serve-logs"]}
 
 
 def auth_env(home: Path, port: int, username: str, password: str) -> dict[str, str]:
@@ -44,15 +49,19 @@ def auth_env(home: Path, port: int, username: str, password: str) -> dict[str, s
 
 
 class DemoApiServer:
-    """``airflow api-server`` for an Airflow home (its environment ``env``), in a process group of its own; use as
-    a context manager. ``url``, ``username`` and ``password`` once started; its log is ``<home>/api-server.log``."""
+    """``airflow api-server`` and (``workers``) the scheduler, dag-processor and triggerer for an Airflow home (its
+    environment ``env``), each in a process group of its own; use as a context manager. ``url``, ``username`` and
+    ``password`` once started; the logs are ``<home>/<component>.log``."""
 
-    def __init__(self, home: Path, env: Mapping[str, str], *, startup_timeout: float = 180.0) -> None:
+    def __init__(self, home: Path, env: Mapping[str, str], *, startup_timeout: float = 180.0,
+                 workers: bool = True) -> None:
         self.home, self.env, self.startup_timeout = home, dict(env), startup_timeout
         self.username, self.password = USERNAME, secrets.token_urlsafe(12)
         self.port = 0
         self.log = home / "api-server.log"
+        self.workers = workers
         self._proc: subprocess.Popen[bytes] | None = None
+        self._workers: list[subprocess.Popen[bytes]] = []
 
     @property
     def url(self) -> str:
@@ -72,14 +81,37 @@ class DemoApiServer:
     def start(self) -> None:
         self.port = free_port()
         env = {**self.env, **auth_env(self.home, self.port, self.username, self.password)}
-        argv = [sys.executable, "-m", "airflow", "api-server", "--host", HOST, "--port", str(self.port)]
-        with self.log.open("wb") as out:
-            self._proc = subprocess.Popen(argv, env=env, cwd=self.home, stdin=subprocess.DEVNULL, stdout=out,
-                                          stderr=subprocess.STDOUT, start_new_session=True)
+        self._proc = self._spawn("api-server", ["api-server", "--host", HOST, "--port", str(self.port)], env)
+        if self.workers:
+            self._workers = [self._spawn(name, args, env) for name, args in WORKERS.items()]
         self._wait_healthy()
 
+    def _spawn(self, name: str, args: list[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+        with (self.home / f"{name}.log").open("wb") as out:
+            return subprocess.Popen([sys.executable, "-m", "airflow", *args], env=env, cwd=self.home,
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+
+    def unpause(self, dag_id: str, timeout: float = 120.0) -> None:
+        """Unpause ``dag_id`` once the dag-processor has stored it (its asset watchers start then)."""
+        import httpx  # an Airflow dependency
+
+        with httpx.Client(base_url=self.url, timeout=10) as client:
+            resp = client.post("/auth/token", json={"username": self.username, "password": self.password})
+            resp.raise_for_status()
+            headers = {"Authorization": f"Bearer {resp.json()['access_token']}"}
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                resp = client.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": False}, headers=headers)
+                if resp.status_code == 200:
+                    return
+                time.sleep(1)  # 404 until the dag-processor has parsed it
+        raise RuntimeError(f"DAG {dag_id} not unpaused within {timeout:.0f} s ({resp.status_code} {resp.text[:200]}); "
+                           f"see {self.home}/dag-processor.log")
+
     def _wait_healthy(self) -> None:
-        """Until /api/v2/monitor/health answers 200 with a healthy metadatabase (nothing else runs here)."""
+        """Until /api/v2/monitor/health answers 200 with a healthy metadatabase (and, with ``workers``, healthy
+        scheduler, triggerer and dag-processor)."""
         assert self._proc is not None
         deadline = time.monotonic() + self.startup_timeout
         last = "no answer"
@@ -90,7 +122,9 @@ class DemoApiServer:
             try:
                 with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=5) as resp:  # noqa: S310 -- our own http://127.0.0.1 URL
                     body = json.loads(resp.read())
-                if (body.get("metadatabase") or {}).get("status") == "healthy":
+                parts = ("metadatabase", "scheduler", "triggerer", "dag_processor") if self.workers else (
+                    "metadatabase",)
+                if all((body.get(p) or {}).get("status") == "healthy" for p in parts):
                     return
                 last = str(body)
             except (OSError, ValueError) as err:  # URLError and refused connections are OSErrors
@@ -100,14 +134,19 @@ class DemoApiServer:
                            f"log {self.log}")
 
     def stop(self, timeout: float = 15.0) -> None:
-        """SIGTERM its process group (uvicorn and its worker), then SIGKILL what is left."""
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # the group may outlive its leader
-        proc.wait(5)
+        """SIGTERM each component's process group (uvicorn and its worker, the executor's workers), then SIGKILL
+        what is left."""
+        procs = [p for p in (self._proc, *self._workers) if p is not None]
+        self._proc, self._workers = None, []
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.1, deadline - time.monotonic()))
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the group may outlive its leader
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)

@@ -1,8 +1,9 @@
 """``scripts/demo --keep``: what the demo leaves running, how to look at it, and stopping it all on Ctrl-C.
 
-SeaweedFS, tansu and the job keep running; an Airflow api-server serves the demo's Airflow home (its DAG runs,
-the provider's "Streaming jobs" page). The ``ckpt`` settings go to ``<work>/demo.env`` (mode 0600: it holds the
-S3 secret), as docs/embedded.md's local session does.
+SeaweedFS, tansu and the job keep running; a whole Airflow runs over the demo's Airflow home (its DAG runs, the
+provider's "Streaming jobs" page, ``ckpt_on_savepoint`` unpaused: a savepoint from the page schedules it). The
+``ckpt`` settings go to ``<work>/demo.env`` (mode 0600: it holds the S3 secret), as docs/embedded.md's local
+session does.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def explore_lines(world: World, server: DemoApiServer, env: Path, ckpt: str,
         "",
         "=== left running (--keep) ===",
         f"Airflow UI      {server.url}/   user {server.username}, password {server.password}",
-        f"Streaming jobs  {server.url}/ckpt-jobs/",
+        f"Streaming jobs  {server.url}/ckpt-jobs/   (its Trigger savepoint schedules DAG ckpt_on_savepoint through "
+        "the savepoint asset's watcher)",
         f"SeaweedFS S3    {s3.endpoint_url}   tansu Kafka {world.services.kafka.bootstrap_servers}",
         *([f"Spark master    {cluster.master_url} (UI {cluster.master.ui_url})"] if cluster else []),
         job,
@@ -60,7 +62,7 @@ def explore_lines(world: World, server: DemoApiServer, env: Path, ckpt: str,
         f"  {ckpt} snapshot list {where}",
         f"  {ckpt} job status {where}",
         f"  {ckpt} kafka lag --group {world.group} --topic {world.topic}",
-        "press Ctrl-C to stop everything (job, supervisor, api-server, tansu, SeaweedFS"
+        "press Ctrl-C to stop everything (job, supervisor, Airflow, tansu, SeaweedFS"
         + (", Spark cluster)" if cluster else ")"),
     ]
 
@@ -69,8 +71,9 @@ def explore(stack: contextlib.ExitStack, world: World, home: AirflowHome,
             cluster: EmbeddedSparkCluster | None) -> None:
     """Start an api-server over ``home`` (``stack`` stops it), print how to explore, then wait for Ctrl-C or
     SIGTERM (the caller stops the rest)."""
-    say("starting an Airflow api-server for the demo's Airflow home")
+    say("starting Airflow (api-server, scheduler, dag-processor, triggerer) over the demo's Airflow home")
     server = stack.enter_context(DemoApiServer(home.path, home.env))
+    server.unpause("ckpt_on_savepoint")  # its asset watcher: each new savepoint of the job runs it
     env = env_file(world, world.work / "demo.env")
     print("\n".join(explore_lines(world, server, env, ckpt_command(), cluster)), flush=True)
     try:
@@ -78,7 +81,7 @@ def explore(stack: contextlib.ExitStack, world: World, home: AirflowHome,
             signal.pause()
     except KeyboardInterrupt:
         print(file=sys.stderr)
-        say("stopping everything: the job and its supervisor, the api-server, tansu, SeaweedFS")
+        say("stopping everything: the job and its supervisor, Airflow, tansu, SeaweedFS")
 
 
 def keep_service_logs(services: EmbeddedServices, dest: Path) -> None:
