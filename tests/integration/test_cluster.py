@@ -151,6 +151,9 @@ def test_exactly_once_on_the_cluster_through_executor_worker_master_and_driver_k
     job.assert_exactly_once()
 
 
+@pytest.mark.full(proven_by="test_exactly_once_on_the_cluster_... (a snapshot moved between the cluster and local "
+                            "mode, exact) and integration/test_restore_check.py (the restore check against the "
+                            "running job's state); scripts/demo --cluster upgrades on the cluster")
 def test_an_upgrade_on_the_cluster_from_a_local_savepoint_is_checked_there_first_and_keeps_the_state(
         env: JobEnv, cluster: EmbeddedSparkCluster, runs: list[Run]) -> None:
     """orders_v1 in local mode stops with a savepoint; on the cluster the restore check accepts v2 without touching

@@ -92,7 +92,12 @@ def test_a_task_failure_and_a_sink_failure_restart_the_query_in_the_same_driver_
     assert committed == list(range(len(committed))), "every batch committed exactly once"
 
 
-@pytest.mark.parametrize(("fence_grace", "restarts"), [(30.0, 0), (3.0, 1)], ids=["short", "long"])
+@pytest.mark.parametrize(("fence_grace", "restarts"), [
+    pytest.param(30.0, 0, id="short", marks=pytest.mark.full(
+        proven_by="the [long] case: the same outage handling (one line each way, same driver, exact counts) with "
+                  "the default grace; core/test_lease_outage.py proves the grace's tolerance")),
+    pytest.param(3.0, 1, id="long"),
+])
 def test_a_job_store_outage_is_ridden_out_in_the_driver_with_one_line_when_it_goes_and_one_when_it_is_back(
     env: JobEnv, runs: list[Run], fence_grace: float, restarts: int,
 ) -> None:

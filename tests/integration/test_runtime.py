@@ -38,6 +38,9 @@ def batches_committed(env: JobEnv) -> list[int]:
     return sorted(b for entries in env.commits().values() for b, _t in entries)
 
 
+@pytest.mark.full(proven_by="integration/test_cluster.py::test_exactly_once_on_the_cluster_... (stop with savepoint, "
+                            "restore elsewhere, every id exactly once) and integration/test_exactly_once.py (a "
+                            "savepoint restore of each sink, exact)")
 def test_stop_with_savepoint_then_restore_elsewhere_continues_exactly(env: JobEnv, runs: list[Run]) -> None:
     produce(env.kafka.bootstrap_servers, env.topic, 0, 1200)
     first = env.work / "machine-a" / "checkpoint"

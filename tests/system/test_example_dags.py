@@ -81,9 +81,9 @@ def test_keep_alive_dag_restarts_a_killed_driver_with_exact_counts(world: World,
     assert world.status().epoch == status.epoch  # type: ignore[union-attr]
 
 
-@pytest.mark.full(proven_by="integration/test_runtime.py::test_stop_with_savepoint_then_restore_elsewhere_continues_"
-                            "exactly and integration/test_cluster.py (a savepoint restored elsewhere, exact); "
-                            "scripts/demo runs this DAG")
+@pytest.mark.full(proven_by="integration/test_cluster.py::test_exactly_once_on_the_cluster_... and "
+                            "integration/test_exactly_once.py (a savepoint restored elsewhere, exact); scripts/demo "
+                            "runs this DAG")
 def test_savepoint_restore_dag(world: World, home: AirflowHome) -> None:
     before = running(world)
     done = home.dags_test("ckpt_savepoint_restore", {"job": world.job})
