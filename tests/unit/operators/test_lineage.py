@@ -15,11 +15,14 @@ import pytest
 from airflow.sdk import Asset
 
 from airflow_ckpt_provider import operators
+from airflow_ckpt_provider.core import lineagenames
 from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, JobStore
+from airflow_ckpt_provider.core.lineagenames import RUN_FACET, DatasetName
 from airflow_ckpt_provider.core.manifest import Kind
+from airflow_ckpt_provider.kafka.offsets import kafka_inputs
 from airflow_ckpt_provider.operators import lineage
 from airflow_ckpt_provider.operators.job import RestartStreamingJobOperator, SubmitStreamingJobOperator
-from airflow_ckpt_provider.operators.lineage import DatasetName, LaunchLineage, RestoredFrom
+from airflow_ckpt_provider.operators.lineage import LaunchLineage, RestoredFrom
 from airflow_ckpt_provider.operators.upgrade import UpgradeStreamingJobOperator
 from tests.support.operatorfakes import ORDERS_V1, ORDERS_V2, make_snapshots, record_deployment, report
 
@@ -55,15 +58,15 @@ def write_start(store: JobStore, epoch: int, **record: Any) -> None:
     ("postgres://db:5432/app", None),  # left to the OpenLineage provider's converters
 ])
 def test_uri_dataset_follows_the_openlineage_naming(uri: str, expected: tuple[str, str] | None) -> None:
-    assert lineage.uri_dataset(uri) == (DatasetName(*expected) if expected else None)
+    assert lineagenames.uri_dataset(uri) == (DatasetName(*expected) if expected else None)
 
 
 def test_kafka_dataset_is_named_by_the_first_bootstrap_server() -> None:
-    assert lineage.kafka_dataset(" SASL_SSL://b1:9093, b2:9093", "t") == DatasetName("kafka://b1:9093", "t")
+    assert lineagenames.kafka_dataset(" SASL_SSL://b1:9093, b2:9093", "t") == DatasetName("kafka://b1:9093", "t")
 
 
 def test_kafka_inputs_come_from_the_sources_end_offsets() -> None:
-    named, unnamed = lineage.kafka_inputs(OFFSETS)
+    named, unnamed = kafka_inputs(OFFSETS)
     assert named == [DatasetName("kafka://b1:9092", "orders")]
     assert unnamed == ["refunds"]  # a source without commitGroupId: its offsets do not name the brokers
 
@@ -133,7 +136,7 @@ def test_operator_facets_with_the_openlineage_provider(store: JobStore, tmp_path
     start = op.get_openlineage_facets_on_start()
     assert _names(start.inputs) == [("kafka://b1:9092", "orders")]
     assert _names(start.outputs) == [("s3://lake", "orders/totals")]
-    assert Serde.to_dict(start.run_facets[lineage.RUN_FACET])["restore"] == savepoint
+    assert Serde.to_dict(start.run_facets[RUN_FACET])["restore"] == savepoint
 
     record_deployment(store, launch_id="launch-9")
     report(store, epoch=5, code_version="v1", offsets=OFFSETS)
@@ -141,7 +144,7 @@ def test_operator_facets_with_the_openlineage_provider(store: JobStore, tmp_path
     done = op.get_openlineage_facets_on_complete(None)
     assert _names(done.inputs) == [("kafka://b1:9092", "orders")]
     assert _names(done.outputs) == [("s3://lake", "orders/totals")]
-    facet = Serde.to_dict(done.run_facets[lineage.RUN_FACET])
+    facet = Serde.to_dict(done.run_facets[RUN_FACET])
     assert facet["_schemaURL"].startswith("https://openlineage.io/spec/")
     assert {k: v for k, v in facet.items() if not k.startswith("_")} == {
         "job": "orders", "epoch": 5, "codeVersion": "v1", "launchId": "launch-9", "restore": savepoint,
@@ -153,7 +156,7 @@ def test_operator_facets_with_the_openlineage_provider(store: JobStore, tmp_path
 def test_upgrade_and_restart_operators_have_the_facets_too(store: JobStore) -> None:
     pytest.importorskip("airflow.providers.openlineage")
     upgrade = UpgradeStreamingJobOperator(task_id="upgrade", job="orders", job_file=ORDERS_V2, code_version="v2")
-    fields = upgrade.get_openlineage_facets_on_start().run_facets[lineage.RUN_FACET]
+    fields = upgrade.get_openlineage_facets_on_start().run_facets[RUN_FACET]
     assert (fields.codeVersion, fields.restore) == ("v2", "upgrade:savepoint")
     restart = RestartStreamingJobOperator(task_id="restart", job="orders")
     report(store, epoch=2, offsets=OFFSETS)
@@ -219,4 +222,4 @@ def test_the_openlineage_provider_extracts_through_the_operators_methods(store: 
     found = manager.extract_metadata(SimpleNamespace(run_id="r"), op, TaskInstanceState.SUCCESS, None)
     assert _names(found.inputs) == [("kafka://b1:9092", "orders")]
     assert _names(found.outputs) == [("kafka://b1:9092", "totals")]
-    assert found.run_facets[lineage.RUN_FACET].restoredFrom["snapshotId"] == "savepoint-7-20261122T101500Z-abc123"
+    assert found.run_facets[RUN_FACET].restoredFrom["snapshotId"] == "savepoint-7-20261122T101500Z-abc123"
