@@ -195,12 +195,18 @@ def launch_env(op: JobOperator, deployment_env: Mapping[str, str]) -> dict[str, 
     sends its own (docs/airflow.md#lineage): the provider's transport (unless the worker's environment or the
     deployment's ``env`` configures one), namespace and the task's run as the parent. Passed in the driver's
     environment, never recorded (a transport may hold an API key). {} without the provider; never raises."""
+    from airflow.sdk import get_current_context
+
     from airflow_ckpt_provider.launcher.deploy import inherited_env
 
     try:
+        ti = get_current_context()["ti"]
+    except RuntimeError:  # not in a task run (a test calling execute()): no parent run
+        ti = None
+    try:
         from airflow_ckpt_provider.operators import lineagefacets
 
-        return lineagefacets.driver_env({**inherited_env(), **deployment_env})
+        return lineagefacets.driver_env({**inherited_env(), **deployment_env}, ti)
     except ImportError as err:
         log.debug("job %s: no OpenLineage settings for the driver: %s", op.job, err)
     except Exception as err:  # the provider's configuration is broken: lineage must not stop the launch

@@ -17,7 +17,6 @@ from airflow.providers.openlineage.extractors import OperatorLineage
 from airflow.providers.openlineage.extractors.manager import ExtractorManager
 from airflow.providers.openlineage.plugins import macros
 from airflow.providers.openlineage.plugins.adapter import OpenLineageAdapter
-from airflow.sdk import get_current_context
 from openlineage.client.event_v2 import Dataset
 
 from airflow_ckpt_provider.core.lineagenames import NAMESPACE_ENV, PARENT_ENV, ROOT_PARENT_ENV
@@ -54,11 +53,12 @@ def operator_lineage(run_facet: tuple[str, dict[str, Any]], inputs: list[Any],
                            run_facets={key: CkptStreamingJobRunFacet(**fields)})
 
 
-def driver_env(job_env: Mapping[str, str]) -> dict[str, str]:
+def driver_env(job_env: Mapping[str, str], ti: Any | None) -> dict[str, str]:
     """The OpenLineage settings a launched driver needs to send its RUNNING events (runtime/lineage.py), from this
     Airflow deployment's OpenLineage provider: its configuration (``config_conn_id``, ``config_path`` or
     ``transport``) as ``OPENLINEAGE__<KEY>`` variables unless ``job_env`` (what the driver will inherit) configures
-    a transport already, its namespace, and the running task as the parent run. {} when the provider is disabled."""
+    a transport already, its namespace, and the task instance ``ti`` as the parent run, with the run id the
+    provider gives the task's own events (its ``lineage_parent_id`` macro). {} when the provider is disabled."""
     if conf.is_disabled():
         return {}
     env: dict[str, str] = {}
@@ -68,7 +68,7 @@ def driver_env(job_env: Mapping[str, str]) -> dict[str, str]:
                     if value not in (None, {}, [])})
     if not job_env.get(NAMESPACE_ENV):
         env[NAMESPACE_ENV] = conf.namespace()
-    ti = get_current_context()["ti"]
-    env[PARENT_ENV] = macros.lineage_parent_id(ti)
-    env[ROOT_PARENT_ENV] = macros.lineage_root_parent_id(ti)
+    if ti is not None:
+        env[PARENT_ENV] = macros.lineage_parent_id(ti)
+        env[ROOT_PARENT_ENV] = macros.lineage_root_parent_id(ti)
     return env

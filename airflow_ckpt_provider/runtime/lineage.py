@@ -180,6 +180,10 @@ class LineageEmitter:
     def due(self) -> bool:
         return self.clock() >= self._next
 
+    def queued(self) -> int:
+        """Reports offered and not yet taken by the sending thread (0 or 1)."""
+        return self._queue.qsize()
+
     def offer(self, report: RunningReport) -> None:
         """Queue ``report`` for sending (never blocks); the next is due one interval from now."""
         self._next = self.clock() + self.interval
