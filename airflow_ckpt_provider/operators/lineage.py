@@ -204,6 +204,10 @@ def launch_env(op: JobOperator, deployment_env: Mapping[str, str]) -> dict[str, 
     except RuntimeError:  # not in a task run (a test calling execute()): no parent run
         ti = None
     try:
+        from airflow.providers.openlineage import conf  # light; lineagefacets imports the provider's plugin
+
+        if conf.is_disabled():
+            return {}
         from airflow_ckpt_provider.operators import lineagefacets
 
         return lineagefacets.driver_env({**inherited_env(), **deployment_env}, ti)

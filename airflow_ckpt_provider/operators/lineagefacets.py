@@ -58,9 +58,8 @@ def driver_env(job_env: Mapping[str, str], ti: Any | None) -> dict[str, str]:
     Airflow deployment's OpenLineage provider: its configuration (``config_conn_id``, ``config_path`` or
     ``transport``) as ``OPENLINEAGE__<KEY>`` variables unless ``job_env`` (what the driver will inherit) configures
     a transport already, its namespace, and the task instance ``ti`` as the parent run, with the run id the
-    provider gives the task's own events (its ``lineage_parent_id`` macro). {} when the provider is disabled."""
-    if conf.is_disabled():
-        return {}
+    provider gives the task's own events (its ``lineage_parent_id`` macro). Called when the provider is enabled
+    (``conf.is_disabled()`` false)."""
     env: dict[str, str] = {}
     if configured_by(job_env) is None:
         config = OpenLineageAdapter().get_openlineage_config() or {}

@@ -4,9 +4,12 @@ after a launch, the facets through the real OpenLineage classes, and the operato
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -16,15 +19,25 @@ from airflow.sdk import Asset
 
 from airflow_ckpt_provider import operators
 from airflow_ckpt_provider.core import lineagenames
-from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, JobStore
-from airflow_ckpt_provider.core.lineagenames import RUN_FACET, DatasetName
+from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, SPEC_LAST, JobStore
+from airflow_ckpt_provider.core.lineagenames import RUN_FACET, DatasetName, RunRef
 from airflow_ckpt_provider.core.manifest import Kind
 from airflow_ckpt_provider.kafka.offsets import kafka_inputs
 from airflow_ckpt_provider.operators import lineage
 from airflow_ckpt_provider.operators.job import RestartStreamingJobOperator, SubmitStreamingJobOperator
 from airflow_ckpt_provider.operators.lineage import LaunchLineage, RestoredFrom
 from airflow_ckpt_provider.operators.upgrade import UpgradeStreamingJobOperator
-from tests.support.operatorfakes import ORDERS_V1, ORDERS_V2, make_snapshots, record_deployment, report
+from airflow_ckpt_provider.runtime.lineage import LineageRun, configured_by
+from tests.support.operatorfakes import (
+    ORDERS_V1,
+    ORDERS_V2,
+    FakeLaunch,
+    FakeTI,
+    context,
+    make_snapshots,
+    record_deployment,
+    report,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 #: status.json offsets of a driver with three sources: ckpt-kafka with commitGroupId (brokers known), ckpt-kafka
@@ -223,3 +236,95 @@ def test_the_openlineage_provider_extracts_through_the_operators_methods(store: 
     assert _names(found.inputs) == [("kafka://b1:9092", "orders")]
     assert _names(found.outputs) == [("kafka://b1:9092", "totals")]
     assert found.run_facets[RUN_FACET].restoredFrom["snapshotId"] == "savepoint-7-20261122T101500Z-abc123"
+
+
+# -- the driver's OpenLineage settings (runtime/lineage.py sends its RUNNING events) ----------------------
+
+
+class RunningTI(FakeTI):
+    """A task instance with what the provider's lineage macros read of it."""
+
+    dag_id, task_id, try_number, map_index = "orders_dag", "submit", 2, -1
+    dag_run = SimpleNamespace(logical_date=datetime(2026, 11, 26, 7, 0, tzinfo=UTC), run_after=None, conf={},
+                              clear_number=0)
+
+    def get_template_context(self) -> dict[str, Any]:
+        return {"dag_run": self.dag_run}
+
+
+#: [openlineage] transport of the Airflow deployment: HTTP with an API key.
+TRANSPORT = {"type": "http", "url": "http://marquez:5000", "auth": {"type": "api_key", "apiKey": "s3cr3t-key"}}
+
+
+@pytest.fixture
+def ol_conf(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No OpenLineage setting in the environment but what the test sets; the provider's cached conf cleared."""
+    from airflow.providers.openlineage import conf
+
+    for name in [k for k in os.environ if k.startswith(("OPENLINEAGE", "AIRFLOW__OPENLINEAGE__"))]:
+        monkeypatch.delenv(name)
+    cached = [f for f in vars(conf).values() if hasattr(f, "cache_clear")]
+    for f in cached:
+        f.cache_clear()
+    yield
+    for f in cached:
+        f.cache_clear()
+
+
+def launch_in_task(op: Any, launches: FakeLaunch) -> dict[str, str]:
+    """Run ``op`` as in a task run (the current context set), up to its deferral; the environment it launched with."""
+    from airflow.sdk.exceptions import TaskDeferred
+    from airflow.sdk.execution_time.context import set_current_context
+
+    ctx = context(ti=RunningTI())
+    with set_current_context(ctx), pytest.raises(TaskDeferred):
+        op.execute(ctx)
+    [env] = launches.unrecorded_envs
+    return env
+
+
+@pytest.mark.usefixtures("ol_conf")
+def test_a_launch_gives_the_driver_the_providers_transport_and_the_task_as_parent(
+        store: JobStore, launches: FakeLaunch, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.providers.openlineage.plugins.adapter import OpenLineageAdapter
+
+    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__TRANSPORT", json.dumps(TRANSPORT))
+    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__NAMESPACE", "prod")
+    env = launch_in_task(SubmitStreamingJobOperator(task_id="submit", job="orders", job_file=ORDERS_V1), launches)
+    task_run = OpenLineageAdapter.build_task_instance_run_id(  # the run id of the task's own lineage events
+        dag_id="orders_dag", task_id="submit", try_number=2, logical_date=RunningTI.dag_run.logical_date, map_index=-1)
+    dag_run = OpenLineageAdapter.build_dag_run_id(dag_id="orders_dag", logical_date=RunningTI.dag_run.logical_date,
+                                                  clear_number=0)
+    assert env == {"OPENLINEAGE__TRANSPORT": json.dumps(TRANSPORT), "OPENLINEAGE_NAMESPACE": "prod",
+                   "OPENLINEAGE_PARENT_ID": f"prod/orders_dag.submit/{task_run}",
+                   "OPENLINEAGE_ROOT_PARENT_ID": f"prod/orders_dag/{dag_run}"}
+    # what the driver makes of it: the client's own configuration, and the parent run
+    assert configured_by(env) == "OPENLINEAGE__TRANSPORT"
+    assert LineageRun.of("orders", env, epoch=1).parent == RunRef("prod", "orders_dag.submit", task_run)
+    # the API key reaches the driver's environment only: the launch record does not hold it
+    assert "s3cr3t-key" not in store.storage.read(SPEC_LAST).decode()
+
+
+@pytest.mark.usefixtures("ol_conf")
+def test_a_transport_the_job_has_already_is_not_replaced(store: JobStore, launches: FakeLaunch,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__TRANSPORT", json.dumps(TRANSPORT))
+    monkeypatch.setenv("OPENLINEAGE_URL", "http://other:5000")  # the worker's: the driver inherits it
+    op = SubmitStreamingJobOperator(task_id="submit", job="orders", job_file=ORDERS_V1,
+                                    env={"OPENLINEAGE_NAMESPACE": "streaming"})
+    env = launch_in_task(op, launches)
+    assert sorted(env) == ["OPENLINEAGE_PARENT_ID", "OPENLINEAGE_ROOT_PARENT_ID"]
+    assert env["OPENLINEAGE_PARENT_ID"].startswith("default/orders_dag.submit/")  # the task's events' namespace
+
+
+@pytest.mark.usefixtures("ol_conf")
+def test_nothing_for_the_driver_when_the_provider_is_not_configured(store: JobStore, launches: FakeLaunch) -> None:
+    assert launch_in_task(SubmitStreamingJobOperator(task_id="submit", job="orders", job_file=ORDERS_V1),
+                          launches) == {}
+
+
+def test_nothing_for_the_driver_without_the_provider(monkeypatch: pytest.MonkeyPatch, store: JobStore) -> None:
+    monkeypatch.setitem(sys.modules, "airflow_ckpt_provider.operators.lineagefacets", None)
+    monkeypatch.delattr(operators, "lineagefacets", raising=False)
+    op = SubmitStreamingJobOperator(task_id="submit", job="orders", job_file=ORDERS_V1)
+    assert lineage.launch_env(op, {}) == {}

@@ -159,7 +159,7 @@ def test_configured_but_openlineage_not_installed_is_one_warning(monkeypatch: py
         "job orders: OpenLineage is configured (OPENLINEAGE_URL) but openlineage-python is not installed")
 
 
-def test_the_driver_runs_its_loop_without_openlineage(tmp_path: Path) -> None:
+def test_without_openlineage_the_driver_imports_and_gets_no_emitter() -> None:
     """openlineage blocked in a fresh interpreter: the driver module imports, and with OpenLineage configured the
     driver gets no emitter (its loop then skips lineage: ``self.lineage is None``)."""
     code = textwrap.dedent("""
