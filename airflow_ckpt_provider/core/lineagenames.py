@@ -20,7 +20,7 @@ NAMESPACE_ENV = "OPENLINEAGE_NAMESPACE"
 PARENT_ENV = "OPENLINEAGE_PARENT_ID"
 ROOT_PARENT_ENV = "OPENLINEAGE_ROOT_PARENT_ID"
 #: Fixed: run ids derived from launch ids are the same wherever they are computed.
-_RUN_ID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://openlineage.io/ckpt-streaming-job/launch")
+RUN_ID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://openlineage.io/ckpt-streaming-job/launch")
 
 
 class DatasetName(NamedTuple):
@@ -47,7 +47,7 @@ def job_name(job: str) -> str:
 def launch_run_id(launch_id: str) -> str:
     """The OpenLineage run id of one launch: a UUID derived from the launch id, so every driver of the launch
     (its supervisor's restarts, each with a new epoch) reports the same run."""
-    return str(uuid.uuid5(_RUN_ID_NAMESPACE, launch_id))
+    return str(uuid.uuid5(RUN_ID_NAMESPACE, launch_id))
 
 
 def parse_run_ref(value: str | None) -> RunRef | None:
