@@ -20,7 +20,7 @@ NAMESPACE_ENV = "OPENLINEAGE_NAMESPACE"
 PARENT_ENV = "OPENLINEAGE_PARENT_ID"
 ROOT_PARENT_ENV = "OPENLINEAGE_ROOT_PARENT_ID"
 #: Fixed: run ids derived from launch ids are the same wherever they are computed.
-RUN_ID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://openlineage.io/ckpt-streaming-job/launch")
+RUN_ID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:airflow-ckpt-provider:launch-run")
 
 
 class DatasetName(NamedTuple):
