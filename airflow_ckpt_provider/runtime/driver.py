@@ -41,7 +41,7 @@ from airflow_ckpt_provider.runtime.controlhandler import ControlHandler, fenced_
 from airflow_ckpt_provider.runtime.datasources import check_output_mode, register_data_sources
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_DENIED, EXIT_FAILED, EXIT_FENCED
 from airflow_ckpt_provider.runtime.failures import Recovery, classify
-from airflow_ckpt_provider.runtime.lineage import LineageEmitter, running_report, start_emitter
+from airflow_ckpt_provider.runtime.lineage import LineageEmitter, start_emitter
 from airflow_ckpt_provider.runtime.queryrestart import QueryRestarter
 from airflow_ckpt_provider.runtime.reporting import DriverReporter, snapshot_info
 from airflow_ckpt_provider.runtime.snapshotter import SnapshotOutcome, Snapshotter
@@ -297,7 +297,7 @@ class JobDriver:
                 next_beat = now + cfg.heartbeat_interval
                 self.reporter.report(JobState.RUNNING, "running")
             if self.lineage is not None and self.reporter.status is not None and self.lineage.due():
-                self.lineage.offer(running_report(self.lineage.run, self.reporter.status, time.time()))
+                self.lineage.offer(self.reporter.status, time.time())
             time.sleep(TICK)
 
     # -- in-driver restarts -----------------------------------------------------------------------

@@ -7,8 +7,8 @@ a configuration the client would print every event to the console with a warning
 
 One run per launch: its id is derived from the launch id (core/lineagenames.py), so the drivers of one launch
 (each supervisor restart is a new epoch) report the same run; its parent is the Airflow task that launched it
-(``OPENLINEAGE_PARENT_ID``). The driver loop only hands a report over (``due``/``offer``): the client is created
-and called in a thread of its own, and a failure is logged once an hour at most, never raised.
+(``OPENLINEAGE_PARENT_ID``). The driver loop only hands its status over (``due``/``offer``): the event is built,
+and the client created and called, in a thread of its own; a failure is logged once an hour at most, never raised.
 """
 
 from __future__ import annotations
@@ -156,9 +156,9 @@ def _to_event(report: RunningReport) -> Any:
 
 
 class LineageEmitter:
-    """Sends the driver's RUNNING events from a daemon thread: the driver loop asks ``due()`` and hands a report
-    to ``offer()``; a report offered while the previous one is still being sent replaces nothing: it is dropped
-    (the next comes one interval later)."""
+    """Sends the driver's RUNNING events from a daemon thread: the driver loop asks ``due()`` and hands the status
+    to ``offer()``, which never blocks nor raises; the event is built and sent in the thread. A status offered
+    while the previous one is still being sent is dropped (the next comes one interval later)."""
 
     def __init__(self, run: LineageRun, interval: float, *, client_factory: Callable[[], Client] = _openlineage_client,
                  to_event: Callable[[RunningReport], Any] = _to_event, clock: Callable[[], float] = time.monotonic,
@@ -173,7 +173,7 @@ class LineageEmitter:
         self._to_event = to_event
         self._client: Client | None = None
         self._next: float = clock()  # the first at once
-        self._queue: queue.Queue[RunningReport | None] = queue.Queue(maxsize=1)
+        self._queue: queue.Queue[tuple[JobStatus, float] | None] = queue.Queue(maxsize=1)
         self._thread = threading.Thread(target=self._send_all, name=f"ckpt-lineage-{run.job}", daemon=True)
         self._thread.start()
 
@@ -181,14 +181,15 @@ class LineageEmitter:
         return self.clock() >= self._next
 
     def queued(self) -> int:
-        """Reports offered and not yet taken by the sending thread (0 or 1)."""
+        """Statuses offered and not yet taken by the sending thread (0 or 1)."""
         return self._queue.qsize()
 
-    def offer(self, report: RunningReport) -> None:
-        """Queue ``report`` for sending (never blocks); the next is due one interval from now."""
+    def offer(self, status: JobStatus, at: float) -> None:
+        """Queue a RUNNING event of ``status`` (a frozen value) at wall time ``at``; the next is due one interval
+        from now."""
         self._next = self.clock() + self.interval
         try:
-            self._queue.put_nowait(report)
+            self._queue.put_nowait((status, at))
         except queue.Full:
             self.dropped += 1
             self.failures.failed(TimeoutError("the previous event is still being sent"))
@@ -202,13 +203,13 @@ class LineageEmitter:
         self._thread.join(timeout)
 
     def _send_all(self) -> None:
-        while (report := self._queue.get()) is not None:
+        while (item := self._queue.get()) is not None:
             try:
                 if self._client is None:
                     self._client = self._client_factory()
-                self._client.emit(self._to_event(report))
+                self._client.emit(self._to_event(running_report(self.run, *item)))
                 self.sent += 1
-            except Exception as err:  # any transport's failure: the job must not notice
+            except Exception as err:  # any transport's (or a malformed status') failure: the job must not notice
                 self.failures.failed(err)
 
 

@@ -222,14 +222,14 @@ def test_the_emitter_sends_at_once_then_every_interval(tmp_path: Path) -> None:
     emitter = LineageEmitter(run, 60.0, client_factory=lambda: file_client(events), clock=clock)
     try:
         assert emitter.due()
-        emitter.offer(running_report(run, status(), at=1.0))
+        emitter.offer(status(), at=1.0)
         assert not emitter.due()
         clock.now += 59.9
         assert not emitter.due()
         clock.now += 0.1
         assert emitter.due()
         wait_for(lambda: emitter.sent == 1)  # the first was sent before the second is offered
-        emitter.offer(running_report(run, status(batch_id=18), at=61.0))
+        emitter.offer(status(batch_id=18), at=61.0)
     finally:
         emitter.close()
     assert emitter.sent == 2
@@ -256,7 +256,7 @@ def test_a_failing_transport_never_reaches_the_driver(caplog: pytest.LogCaptureF
     emitter = LineageEmitter(run, 60.0, client_factory=FailingClient)
     with caplog.at_level(logging.WARNING):
         for _ in range(3):
-            emitter.offer(running_report(run, status(), at=1.0))  # returns at once, raises nothing
+            emitter.offer(status(), at=1.0)  # returns at once, raises nothing
             wait_for(lambda: emitter.queued() == 0)
         emitter.close()
     assert emitter.sent == 0
@@ -270,11 +270,11 @@ def test_a_hanging_transport_drops_events_and_the_driver_ends_anyway() -> None:
     client = HangingClient()
     emitter = LineageEmitter(run, 60.0, client_factory=lambda: client)
     try:
-        emitter.offer(running_report(run, status(), at=1.0))  # taken by the thread, which hangs in emit
+        emitter.offer(status(), at=1.0)  # taken by the thread, which hangs in emit
         wait_for(lambda: emitter.queued() == 0)
-        emitter.offer(running_report(run, status(), at=2.0))  # waits in the queue
+        emitter.offer(status(), at=2.0)  # waits in the queue
         started = time.monotonic()
-        emitter.offer(running_report(run, status(), at=3.0))  # the queue is full: dropped, not waited for
+        emitter.offer(status(), at=3.0)  # the queue is full: dropped, not waited for
         assert time.monotonic() - started < 0.5
         assert emitter.dropped == 1
         started = time.monotonic()
