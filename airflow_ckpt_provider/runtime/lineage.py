@@ -215,9 +215,10 @@ class LineageEmitter:
 
 def start_emitter(job: str, interval: float, epoch: int, launched_by: Callable[[], str | None] = lambda: None,
                   environ: Mapping[str, str] | None = None) -> LineageEmitter | None:
-    """The driver's emitter, or None (logged once) when no events are to be sent: ``interval`` 0, OpenLineage not
-    configured in the environment, or openlineage-python not installed. ``launched_by`` is asked only if events
-    are to be sent (it reads the launch record)."""
+    """The driver's emitter, or None when no events are to be sent: ``interval`` 0, OpenLineage not configured in
+    the environment (a debug line), or openlineage-python not installed (one warning; the import check costs some
+    0.3 s once, at the driver's start). ``launched_by`` is asked only if events are to be sent (it reads the launch
+    record)."""
     env = os.environ if environ is None else environ
     if interval <= 0:
         return None
