@@ -52,7 +52,7 @@ def configured_by(environ: Mapping[str, str]) -> str | None:
         return None
     transport = sorted(k for k in environ if k.startswith("OPENLINEAGE__TRANSPORT") and environ[k].strip())
     if transport:
-        return transport[0] if len(transport) == 1 else f"{transport[0]} and {len(transport) - 1} more"
+        return transport[0] if len(transport) == 1 else f"OPENLINEAGE__TRANSPORT__* ({len(transport)} variables)"
     if environ.get("OPENLINEAGE_CONFIG", "").strip():
         return "OPENLINEAGE_CONFIG"
     if environ.get("OPENLINEAGE_URL", "").strip():
