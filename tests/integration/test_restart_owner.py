@@ -73,7 +73,7 @@ def test_a_killed_driver_is_restarted_once_by_its_supervisor_while_the_watch_and
     produce(env.kafka.bootstrap_servers, env.topic, 0, RECORDS // 2)
     deployment = Deployment(
         job_file=str(JOB_FILE), checkpoint=str(tmp_path / "checkpoint"), heartbeat_interval=1.0,
-        restart_strategy="fixed-delay", restart_attempts=3, restart_delay=1.0, lineage_interval=60.0,
+        restart_strategy="fixed-delay", restart_attempts=3, restart_delay=1.0, lineage_interval=600.0,
         conf=dict(c.split("=", 1) for c in SPARK_CONF),
         env={"CKPT_TEST_TOPIC": env.topic, "CKPT_TEST_BOOTSTRAP": env.kafka.bootstrap_servers,
              "CKPT_TEST_OUT": str(env.out), "CKPT_TEST_MAX_OFFSETS": "200"},
@@ -153,7 +153,7 @@ def test_a_killed_driver_is_restarted_once_by_its_supervisor_while_the_watch_and
     finally:
         _stop(store, record.launch_id, log)
 
-    # Each driver of the launch sent its first RUNNING event at its start (the next only 60 s later), in one run.
+    # Each driver of the launch sent its first RUNNING event at its start (the next only 600 s later), in one run.
     events = [json.loads(line) for line in events_file.read_text().splitlines()]
     assert [(e["eventType"], e["run"]["facets"][RUN_FACET]["epoch"]) for e in events] == [
         ("RUNNING", first.epoch), ("RUNNING", second.epoch)]
