@@ -30,6 +30,9 @@ _SECRET_ENV = re.compile(
     r"secret|pass(wd|word|phrase)?($|_)|(^|_)pwd($|_)|token|credential|private|jaas|api_?key|(^|_)o?auth($|_)"
     r"|(^|_)key($|_)", re.IGNORECASE)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: An OpenLineage transport given whole (``OPENLINEAGE__TRANSPORT='{"auth": {"apiKey": ...}}'``) hides its secret
+#: from the names: its value is looked at too.
+_SECRET_OPENLINEAGE = re.compile(r"\"(auth|api_?key|token|password|secret)\"\s*:", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -63,11 +66,12 @@ class Deployment(JobSettings):
         for name in self.env:
             if not _ENV_NAME.match(name):
                 raise ConfigError(f"invalid environment variable name {name!r} in env: expected letters, digits, _")
-            if _SECRET_ENV.search(name):
+            secret_value = name.startswith("OPENLINEAGE") and _SECRET_OPENLINEAGE.search(self.env[name])
+            if _SECRET_ENV.search(name) or secret_value:
                 raise ConfigError(
-                    f"refusing env {name}: a deployment's env is stored in the job store (spec/last.json); give "
-                    "credentials to the launching process's environment (e.g. the Airflow worker's) or the "
-                    "cluster's secret mechanism instead"
+                    f"refusing env {name}{' (its value holds credentials)' if secret_value else ''}: a deployment's "
+                    "env is stored in the job store (spec/last.json); give credentials to the launching process's "
+                    "environment (e.g. the Airflow worker's) or the cluster's secret mechanism instead"
                 )
 
     def to_dict(self) -> dict[str, Any]:

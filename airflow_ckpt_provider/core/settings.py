@@ -242,6 +242,10 @@ class RuntimeSettings(Settings):
     executor_timeout: float = setting(
         120.0, kind=SECONDS, metavar="S",
         help="seconds a driver on a cluster waits for its first executor before it gives up, exit 2 (default 120)")
+    lineage_interval: float = setting(
+        300.0, kind=SECONDS, metavar="S",
+        help="seconds between the driver's OpenLineage RUNNING events, sent only when its environment configures "
+        "OpenLineage (default 300; 0 for none)")
     time_travel: TimeTravel = setting(
         TimeTravel.FORK, kind=mode(TimeTravel), metavar="{fork,refuse}",
         help="a restore of a snapshot older than the job's latest batch: fork (default: restore, the exactly-once "
@@ -253,6 +257,9 @@ class RuntimeSettings(Settings):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"{name} must be >= 0 seconds or unset, found {value}")
+        if self.lineage_interval < 0:
+            raise ConfigError(f"lineage_interval must be >= 0 seconds (0 for no lineage events), found "
+                              f"{self.lineage_interval}")
         for name in ("heartbeat_interval", "poll_interval", "executor_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds, found {getattr(self, name)}")

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
+from airflow_ckpt_provider.core.lineagenames import DatasetName, kafka_dataset
 
 #: topic -> partition -> next offset to read
 Offsets = dict[str, dict[int, int]]
@@ -99,3 +100,26 @@ def commit_target(value: str | Mapping[str, Any] | None) -> tuple[str, str] | No
     if not isinstance(target, Mapping) or not target.get("group") or not target.get("servers"):
         return None
     return str(target["group"]), str(target["servers"])
+
+
+def kafka_inputs(offsets: Mapping[str, Any]) -> tuple[list[DatasetName], list[str]]:
+    """The Kafka topics of a driver's sources as OpenLineage datasets, from its status' end offsets (``{source:
+    {topic: {partition: offset}, "$commit": {"group", "servers"}}}``), and the topics whose brokers are not known
+    (a source without ``commitGroupId``: its end offsets name topics, not brokers). Other sources are skipped."""
+    found: set[DatasetName] = set()
+    unnamed: set[str] = set()
+    for end in offsets.values():
+        if not isinstance(end, Mapping):
+            continue  # a file or rate source, or no batch yet
+        try:
+            topics = parse_offsets(end, "source offsets")
+        except CkptError:
+            continue  # not Kafka-shaped
+        commit = end.get(COMMIT_KEY)
+        servers = commit.get("servers") if isinstance(commit, Mapping) else None
+        for topic in topics:
+            if isinstance(servers, str) and servers.strip():
+                found.add(kafka_dataset(servers, topic))
+            else:
+                unnamed.add(topic)
+    return sorted(found), sorted(unnamed)

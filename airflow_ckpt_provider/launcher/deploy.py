@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,12 @@ def credentials_env(s3: S3Options | None) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in ("AWS_ENDPOINT_URL", "AWS_REGION")}
 
 
+def inherited_env() -> dict[str, str]:
+    """What a launched job inherits of this process's environment: all but Airflow's own settings (connections,
+    the metadata database), which are not the job's business."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+
+
 def log_dir(job: str) -> Path:
     base = os.environ.get("CKPT_HOME") or str(Path.home() / ".ckpt")
     return Path(base, "jobs", job, "logs")
@@ -93,8 +100,13 @@ def launch(
     store_url: str,
     s3: S3Options | None = None,
     launched_by: str = "",
+    unrecorded_env: Mapping[str, str] | None = None,
 ) -> Launch:
     """Record the deployment in spec/last.json, then start ``ckpt run --supervise`` detached from this process.
+
+    ``unrecorded_env``: more environment for this launch's supervisor and drivers that spec/last.json does not
+    record, unlike the deployment's ``env`` (e.g. an OpenLineage transport, which may hold an API key); the
+    deployment's ``env`` wins over it.
 
     The record is written first (Flink operator: record the target, then act), so whoever looks next
     knows what was meant to run even if this process dies right after.
@@ -110,9 +122,8 @@ def launch(
     check_master(deployment.master)  # an unreachable master too, before spec/last.json records the launch
     argv = run_argv(deployment, store.job, store_url, restore, s3)
     store.storage.write(SPEC_LAST, record.to_bytes())
-    # Airflow's own settings (connections, the metadata database) are not the job's business.
-    inherited = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
-    env = {**inherited, **deployment.env, **credentials_env(s3), LAUNCH_ENV: launch_id}
+    env = {**inherited_env(), **(unrecorded_env or {}), **deployment.env, **credentials_env(s3),
+           LAUNCH_ENV: launch_id}
     with log_file.open("ab") as out:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True)

@@ -71,7 +71,8 @@ class _LaunchMixin(JobOperator):
     def _launch(self, store: JobStore, deployment: Deployment, restore: RestoreSpec) -> Launch:
         try:
             record = launch(store, deployment, restore=restore, store_url=self.store_hook.store_url,
-                            s3=self.store_hook.s3_options, launched_by=f"airflow:{self.dag_id}.{self.task_id}")
+                            s3=self.store_hook.s3_options, launched_by=f"airflow:{self.dag_id}.{self.task_id}",
+                            unrecorded_env=lineage.launch_env(self, deployment.env))
         except CkptError as err:
             raise AirflowException(f"cannot launch job {self.job}: {err}") from err
         self.log.info("job %s: launched %s (code %s, restore %s), supervisor pid %s on %s, log %s",

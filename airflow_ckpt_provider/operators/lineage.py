@@ -8,6 +8,8 @@ What is known, and when (docs/airflow.md#lineage):
 
 - before the launch: the job, the code version, the restore asked for, and the ``inlets``/``outlets`` the DAG
   author declared;
+- for the driver it launches (``launch_env``): OpenLineage's transport, namespace and parent run, so that the
+  driver sends RUNNING events while the job runs (runtime/lineage.py);
 - after it (on complete): spec/last.json (the launch id), status.json (the driver's epoch, and its sources'
   end offsets: the Kafka topics of each ``ckpt-kafka`` source, with the brokers when it sets
   ``commitGroupId``) and deployments/<epoch>.json (how that driver started: the snapshot restored from).
@@ -19,82 +21,23 @@ from __future__ import annotations
 
 import json
 import logging
-import posixpath
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Any
 
 from airflow_ckpt_provider.core.deployments import read_launch
 from airflow_ckpt_provider.core.errors import CkptError
 from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, check_snapshot_id
+from airflow_ckpt_provider.core.lineagenames import RUN_FACET, DatasetName, uri_dataset
 from airflow_ckpt_provider.core.snapshots import load_manifest
 from airflow_ckpt_provider.core.status import read_status
-from airflow_ckpt_provider.kafka.offsets import COMMIT_KEY, parse_offsets
+from airflow_ckpt_provider.kafka.offsets import kafka_inputs
 
 if TYPE_CHECKING:
     from airflow_ckpt_provider.core.jobstore import JobStore
     from airflow_ckpt_provider.operators.base import JobOperator
 
 log = logging.getLogger(__name__)
-
-#: The key of the custom run facet (OpenLineage: custom facets carry a prefix of their producer).
-RUN_FACET = "ckpt_streamingJob"
-
-
-class DatasetName(NamedTuple):
-    """A dataset as OpenLineage names it: ``namespace`` (where) and ``name`` (what, within it)."""
-
-    namespace: str
-    name: str
-
-
-def kafka_dataset(bootstrap_servers: str, topic: str) -> DatasetName:
-    """OpenLineage's Kafka naming: namespace ``kafka://HOST:PORT`` of the first bootstrap server, name the topic."""
-    first = bootstrap_servers.split(",", maxsplit=1)[0].strip()
-    first = first.split("://", 1)[-1]  # "PLAINTEXT://host:9092" lists name a protocol
-    return DatasetName(f"kafka://{first}", topic)
-
-
-def uri_dataset(uri: str) -> DatasetName | None:
-    """A URI as OpenLineage names it: ``s3://BUCKET/KEY`` (and ``s3a://``) -> ``s3://BUCKET`` + ``KEY``;
-    ``kafka://HOST:PORT/TOPIC`` -> ``kafka://HOST:PORT`` + ``TOPIC``; a local path or ``file:///PATH`` ->
-    ``file`` + ``/PATH``; ``file://HOST/PATH`` -> ``file://HOST`` + ``/PATH``. None for other schemes."""
-    parts = urlsplit(uri)
-    scheme = parts.scheme.lower()
-    if scheme in ("s3", "s3a", "s3n") and parts.netloc and parts.path.strip("/"):
-        return DatasetName(f"s3://{parts.netloc}", parts.path.strip("/"))
-    if scheme == "kafka" and parts.netloc and parts.path.strip("/"):
-        return kafka_dataset(parts.netloc, parts.path.strip("/"))
-    if scheme == "" and uri.startswith("/"):
-        return DatasetName("file", posixpath.normpath(uri))
-    if scheme == "file" and parts.path:
-        return DatasetName(f"file://{parts.netloc}" if parts.netloc else "file", posixpath.normpath(parts.path))
-    return None
-
-
-def kafka_inputs(offsets: Mapping[str, Any]) -> tuple[list[DatasetName], list[str]]:
-    """The Kafka topics of a driver's sources, from its status' end offsets (``{source: {topic: {partition:
-    offset}, "$commit": {"group", "servers"}}}``), and the topics whose brokers are not known (a source without
-    ``commitGroupId``: its end offsets name topics, not brokers). Other sources' offsets are skipped."""
-    found: set[DatasetName] = set()
-    unnamed: set[str] = set()
-    for end in offsets.values():
-        if not isinstance(end, Mapping):
-            continue  # a file or rate source, or no batch yet
-        try:
-            topics = parse_offsets(end, "source offsets")
-        except CkptError:
-            continue  # not Kafka-shaped
-        commit = end.get(COMMIT_KEY)
-        servers = commit.get("servers") if isinstance(commit, Mapping) else None
-        for topic in topics:
-            if isinstance(servers, str) and servers.strip():
-                found.add(kafka_dataset(servers, topic))
-            else:
-                unnamed.add(topic)
-    return sorted(found), sorted(unnamed)
-
 
 @dataclass(frozen=True)
 class RestoredFrom:
@@ -245,3 +188,32 @@ def facets_on_complete(op: JobOperator) -> Any:
     except ImportError as err:
         log.debug("job %s: no OpenLineage facets: %s", op.job, err)
         return None
+
+
+def launch_env(op: JobOperator, deployment_env: Mapping[str, str]) -> dict[str, str]:
+    """OpenLineage settings for the driver ``op`` launches, so that it sends RUNNING events to where this Airflow
+    sends its own (docs/airflow.md#lineage): the provider's transport (unless the worker's environment or the
+    deployment's ``env`` configures one), namespace and the task's run as the parent. Passed in the driver's
+    environment, never recorded (a transport may hold an API key). {} without the provider; never raises."""
+    from airflow.sdk import get_current_context
+
+    from airflow_ckpt_provider.launcher.deploy import inherited_env
+
+    try:
+        ti = get_current_context()["ti"]
+    except RuntimeError:  # not in a task run (a test calling execute()): no parent run
+        ti = None
+    try:
+        from airflow.providers.openlineage import conf  # light; lineagefacets imports the provider's plugin
+
+        if conf.is_disabled():
+            return {}
+        from airflow_ckpt_provider.operators import lineagefacets
+
+        return lineagefacets.driver_env({**inherited_env(), **deployment_env}, ti)
+    except ImportError as err:
+        log.debug("job %s: no OpenLineage settings for the driver: %s", op.job, err)
+    except Exception as err:  # the provider's configuration is broken: lineage must not stop the launch
+        log.warning("job %s: the driver gets no OpenLineage settings, it sends no lineage events: %s: %s", op.job,
+                    type(err).__name__, err)
+    return {}

@@ -2,8 +2,9 @@
 
 Runs in the Spark driver's Python process. It takes the lease, restores, starts the user's query,
 then loops: batch events (status, checkpoint snapshots; runtime/batchevents.py), the lease
-(fencing), control requests (savepoint, stop, cancel; runtime/controlhandler.py), heartbeats and
-timed savepoints; status and acks are written by runtime/reporting.py. ``run()`` returns the exit code.
+(fencing), control requests (savepoint, stop, cancel; runtime/controlhandler.py), heartbeats,
+timed savepoints and, if configured, OpenLineage RUNNING events (runtime/lineage.py); status and acks
+are written by runtime/reporting.py. ``run()`` returns the exit code.
 
 A failed query is restarted here, in the same SparkSession, from the latest completed checkpoint, as the
 job's restart strategy allows (Flink restarts a job's tasks inside its JobManager): seconds instead of a
@@ -40,6 +41,7 @@ from airflow_ckpt_provider.runtime.controlhandler import ControlHandler, fenced_
 from airflow_ckpt_provider.runtime.datasources import check_output_mode, register_data_sources
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_DENIED, EXIT_FAILED, EXIT_FENCED
 from airflow_ckpt_provider.runtime.failures import Recovery, classify
+from airflow_ckpt_provider.runtime.lineage import LineageEmitter, start_emitter
 from airflow_ckpt_provider.runtime.queryrestart import QueryRestarter
 from airflow_ckpt_provider.runtime.reporting import DriverReporter, snapshot_info
 from airflow_ckpt_provider.runtime.snapshotter import SnapshotOutcome, Snapshotter
@@ -109,6 +111,7 @@ class JobDriver:
         self.reporter = DriverReporter(config, self.store, self.lease, outage=self.store_outage)
         self.query: StreamingQuery | None = None
         self.snapshotter: Snapshotter | None = None
+        self.lineage: LineageEmitter | None = None  # OpenLineage RUNNING events (runtime/lineage.py), if configured
         self._writer: DataStreamWriter | None = None
         self._signal: str | None = None
         self._new_batches = 0
@@ -157,6 +160,8 @@ class JobDriver:
         try:
             return self._start(spark, writer, spec)
         finally:
+            if self.lineage is not None:
+                self.lineage.close()
             if self.snapshotter is not None:
                 for dropped in self.snapshotter.close():
                     self.reporter.ack(str(dropped.request_id), RequestAction.SAVEPOINT, None,
@@ -198,6 +203,8 @@ class JobDriver:
             except Exception as err:  # Spark refused the query (analysis, state schema) or could not start it
                 return self.reporter.end_failed(classify(err))
             self.reporter.report(JobState.RUNNING, "running")
+            self.lineage = start_emitter(job, self.config.lineage_interval, self.lease.epoch,
+                                         lambda: _launched_by(self.store))
             return self._loop(self._control())
         except FencedError as err:
             return fenced_exit(job, self.query, err)
@@ -289,6 +296,8 @@ class JobDriver:
             if now >= next_beat:
                 next_beat = now + cfg.heartbeat_interval
                 self.reporter.report(JobState.RUNNING, "running")
+            if self.lineage is not None and self.reporter.status is not None and self.lineage.due():
+                self.lineage.offer(self.reporter.status, time.time())
             time.sleep(TICK)
 
     # -- in-driver restarts -----------------------------------------------------------------------
@@ -391,6 +400,16 @@ def _superseded(store: JobStore) -> str:
     if last is None or last.launch_id == mine:
         return ""
     return f"launch {mine} was superseded by launch {last.launch_id} ({last.launched_by})"
+
+
+def _launched_by(store: JobStore) -> str | None:
+    """Who launched this driver's launch (spec/last.json), for its lineage events; None if not known."""
+    mine = os.environ.get(LAUNCH_ENV)
+    try:
+        last = read_launch(store) if mine else None
+    except StorageError:
+        return None
+    return last.launched_by if last is not None and last.launch_id == mine else None
 
 
 def _on_signal(name: str, handler: Callable[[str], None]) -> None:

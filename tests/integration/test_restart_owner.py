@@ -3,13 +3,15 @@ a detached supervisor, spark-submit local[2], tansu, SeaweedFS), its driver's pr
 
 The supervisor restarts the driver; a health watch whose heartbeat timeout (5 s) is shorter than a cold start
 never calls the job unhealthy meanwhile, the DAG's restart task leaves the restart to the supervisor, exactly
-one driver start is added (by the same launch), nothing is superseded, and the counts are exact.
+one driver start is added (by the same launch), nothing is superseded, and the counts are exact. Both drivers
+send their OpenLineage RUNNING event in the launch's one run.
 """
 
 from __future__ import annotations
 
 import json
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +21,9 @@ from airflow.sdk.exceptions import TaskDeferred
 from airflow_ckpt_provider.core.control import Outcome, RequestAction
 from airflow_ckpt_provider.core.deployments import Deployment, read_launch
 from airflow_ckpt_provider.core.health import HealthCriteria
-from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS
+from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, SPEC_LAST
 from airflow_ckpt_provider.core.jobview import RestartDecision, observe, restart_decision
+from airflow_ckpt_provider.core.lineagenames import RUN_FACET, launch_run_id
 from airflow_ckpt_provider.core.modes import LATEST_STATE
 from airflow_ckpt_provider.core.restart import Health
 from airflow_ckpt_provider.core.status import JobState, JobStatus, RestartOwner, read_status
@@ -70,12 +73,19 @@ def test_a_killed_driver_is_restarted_once_by_its_supervisor_while_the_watch_and
     produce(env.kafka.bootstrap_servers, env.topic, 0, RECORDS // 2)
     deployment = Deployment(
         job_file=str(JOB_FILE), checkpoint=str(tmp_path / "checkpoint"), heartbeat_interval=1.0,
-        restart_strategy="fixed-delay", restart_attempts=3, restart_delay=1.0,
+        restart_strategy="fixed-delay", restart_attempts=3, restart_delay=1.0, lineage_interval=600.0,
         conf=dict(c.split("=", 1) for c in SPARK_CONF),
         env={"CKPT_TEST_TOPIC": env.topic, "CKPT_TEST_BOOTSTRAP": env.kafka.bootstrap_servers,
              "CKPT_TEST_OUT": str(env.out), "CKPT_TEST_MAX_OFFSETS": "200"},
     )
-    record = launch(store, deployment, restore=LATEST_STATE, store_url=env.store_url, s3=s3, launched_by="test")
+    # OpenLineage as the operators pass it (operators/lineage.py launch_env): in the launch's environment only
+    events_file, parent_run = tmp_path / "lineage.jsonl", str(uuid.uuid4())
+    lineage_env = {"OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": str(events_file),
+                                                         "append": True}),
+                   "OPENLINEAGE_PARENT_ID": f"default/keep_alive.submit/{parent_run}"}
+    record = launch(store, deployment, restore=LATEST_STATE, store_url=env.store_url, s3=s3, launched_by="test",
+                    unrecorded_env=lineage_env)
+    assert "OPENLINEAGE" not in store.storage.read(SPEC_LAST).decode()
     log = Path(str(record.log_file))
     try:
         first: JobStatus = _wait("the first driver RUNNING with a batch", lambda: (
@@ -88,6 +98,8 @@ def test_a_killed_driver_is_restarted_once_by_its_supervisor_while_the_watch_and
 
         watch = JobHealthWatch(store, HealthCriteria(expect=Health.UNHEALTHY, heartbeat_timeout=5.0))
         assert watch.poll() is None
+        _wait("the first driver's RUNNING event", lambda: events_file.exists() and events_file.read_text().strip(),
+              30.0, log)
         kill_driver(first)  # the driver's process group only: the supervisor lives on
 
         seen: list[str] = []
@@ -140,6 +152,14 @@ def test_a_killed_driver_is_restarted_once_by_its_supervisor_while_the_watch_and
         assert (ended.ending, ended.exit_code) == ("stopped", 0)
     finally:
         _stop(store, record.launch_id, log)
+
+    # Each driver of the launch sent its first RUNNING event at its start (the next only 600 s later), in one run.
+    events = [json.loads(line) for line in events_file.read_text().splitlines()]
+    assert [(e["eventType"], e["run"]["facets"][RUN_FACET]["epoch"]) for e in events] == [
+        ("RUNNING", first.epoch), ("RUNNING", second.epoch)]
+    assert {e["run"]["runId"] for e in events} == {launch_run_id(record.launch_id)}
+    assert {e["run"]["facets"]["parent"]["run"]["runId"] for e in events} == {parent_run}
+    assert {e["run"]["facets"][RUN_FACET]["launchedBy"] for e in events} == {"test"}
 
     text = log.read_text(errors="replace")
     assert "superseded" not in text, text[-3000:]

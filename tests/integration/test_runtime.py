@@ -6,15 +6,24 @@ Every driver runs tests/jobs/kafka_count.py: a stateful count per key over a 3-p
 
 from __future__ import annotations
 
+import itertools
+import json
 import shutil
 import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from airflow_ckpt_provider.core import lineagenames
 from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
 from airflow_ckpt_provider.core.control import Outcome, RequestAction, wait_ack
 from airflow_ckpt_provider.core.lease import read_lease
+from airflow_ckpt_provider.core.lineagenames import RUN_FACET
 from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.snapshots import list_snapshots, load_manifest
 from airflow_ckpt_provider.core.status import JobState
@@ -81,10 +90,28 @@ def test_stop_with_savepoint_then_restore_elsewhere_continues_exactly(env: JobEn
     assert min(batch for batch, _ in epochs[2]) == int(ack.batch_id or 0) + 1
 
 
+def lineage_events(path: Path, ok: Callable[[list[dict[str, Any]]], bool], run: Run) -> list[dict[str, Any]]:
+    """The OpenLineage events a driver wrote to its file transport (JSON lines), polled until ``ok``."""
+    deadline = time.monotonic() + 60
+    while True:
+        events = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        if ok(events):
+            return events
+        assert time.monotonic() < deadline, f"lineage events so far: {events}\n{run.tail()}"
+        time.sleep(0.2)
+
+
 def test_savepoint_and_cancel_requests_and_a_request_for_another_epoch(env: JobEnv, runs: list[Run]) -> None:
+    """Also: the driver's OpenLineage RUNNING events (runtime/lineage.py) to a real file transport."""
     produce(env.kafka.bootstrap_servers, env.topic, 0, 1000)
     checkpoint = env.work / "checkpoint"
-    runs.append(a := env.run("a", checkpoint, "--checkpoint-interval", "none"))
+    events_file, launch_id, parent_run = env.work / "lineage.jsonl", "20261126T080000Z-0a1b2c", str(uuid.uuid4())
+    lineage_env = {"OPENLINEAGE__TRANSPORT__TYPE": "file", "OPENLINEAGE__TRANSPORT__LOG_FILE_PATH": str(events_file),
+                   "OPENLINEAGE__TRANSPORT__APPEND": "true", "CKPT_LAUNCH_ID": launch_id,
+                   "OPENLINEAGE_PARENT_ID": f"airflow/orders_dag.submit/{parent_run}",
+                   "CKPT_TEST_COMMIT_GROUP": f"group-{env.job}"}  # its brokers are named in status.json
+    runs.append(a := env.run("a", checkpoint, "--checkpoint-interval", "none", "--lineage-interval", "2",
+                             extra_env=lineage_env))
     status = env.wait_status("batch 1 completed", lambda s: (s.batch_id or 0) >= 1, TIMEOUT, a)
 
     ack = env.request(RequestAction.SAVEPOINT, status.epoch)
@@ -107,6 +134,22 @@ def test_savepoint_and_cancel_requests_and_a_request_for_another_epoch(env: JobE
     assert beat.state is JobState.RUNNING, "a rejected request must not stop the job"
     # --checkpoint-interval none: the only snapshot is the requested savepoint.
     assert [m.snapshot_id for m in list_snapshots(env.store())] == [ack.snapshot_id]
+
+    # RUNNING events: one at the query's start, then every 2 s, all in the launch's run
+    events = lineage_events(events_file, lambda evs: len(evs) >= 3 and evs[-1]["run"]["facets"][RUN_FACET][
+        "batchId"] is not None, a)
+    assert {e["eventType"] for e in events} == {"RUNNING"}
+    assert {e["run"]["runId"] for e in events} == {str(uuid.uuid5(lineagenames.RUN_ID_NAMESPACE, launch_id))}
+    assert {(e["job"]["namespace"], e["job"]["name"]) for e in events} == {("default", f"ckpt.{env.job}")}
+    assert {e["run"]["facets"]["parent"]["run"]["runId"] for e in events} == {parent_run}
+    last = events[-1]
+    assert [(d["namespace"], d["name"]) for d in last["inputs"]] == [
+        (f"kafka://{env.kafka.bootstrap_servers.split(',')[0]}", env.topic)]
+    facet = last["run"]["facets"][RUN_FACET]
+    assert (facet["job"], facet["epoch"], facet["launchId"], facet["restarts"]) == (env.job, status.epoch, launch_id, 0)
+    assert facet["batchId"] >= 1
+    times = [datetime.fromisoformat(e["eventTime"]).timestamp() for e in events]
+    assert all(later - earlier >= 1.9 for earlier, later in itertools.pairwise(times)), times
 
     cancel = env.request(RequestAction.CANCEL, status.epoch)
     assert cancel.outcome is Outcome.COMPLETED

@@ -1,7 +1,8 @@
 """A test job: count records per key from a ckpt-kafka topic; one JSON file per batch id.
 
 Configured by environment variables (they travel through spark-submit to the driver):
-CKPT_TEST_TOPIC, CKPT_TEST_BOOTSTRAP, CKPT_TEST_OUT, CKPT_TEST_MAX_OFFSETS (records per batch).
+CKPT_TEST_TOPIC, CKPT_TEST_BOOTSTRAP, CKPT_TEST_OUT, CKPT_TEST_MAX_OFFSETS (records per batch),
+CKPT_TEST_COMMIT_GROUP (the source's commitGroupId: its brokers then appear in the status' offsets).
 With CKPT_TEST_FAULT_DIR, a file ``task`` there makes one task raise (a Python UDF on the executor; local
 mode does not retry tasks, so the query fails) and a file ``sink`` makes one foreachBatch call raise; the
 process that raises deletes the file first, so each fires once, and writes ``<name>.fired`` (the time, and
@@ -34,8 +35,10 @@ def build(spark: Any, ctx: JobContext) -> Any:
         .option("subscribe", os.environ["CKPT_TEST_TOPIC"])
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", os.environ.get("CKPT_TEST_MAX_OFFSETS", "200"))
-        .load()
     )
+    if os.environ.get("CKPT_TEST_COMMIT_GROUP"):  # the group's offsets follow completed batches
+        records = records.option("commitGroupId", os.environ["CKPT_TEST_COMMIT_GROUP"])
+    records = records.load()
     keys = records.selectExpr("CAST(key AS STRING) AS key")
     faults = os.environ.get("CKPT_TEST_FAULT_DIR")
     if faults and "task" in os.environ.get("CKPT_TEST_FAULTS", "task,sink"):  # a UDF costs every record

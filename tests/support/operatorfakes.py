@@ -10,7 +10,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -62,13 +62,16 @@ class FakeLaunch:
     def __init__(self) -> None:
         self.calls: list[Launch] = []
         self.store_urls: list[str] = []
+        self.unrecorded_envs: list[dict[str, str]] = []
 
     def __call__(self, store: JobStore, deployment: Deployment, *, restore: str, store_url: str,
-                 s3: S3Options | None = None, launched_by: str = "") -> Launch:
+                 s3: S3Options | None = None, launched_by: str = "",
+                 unrecorded_env: Mapping[str, str] | None = None) -> Launch:
         record = Launch(store.job, deployment, restore, time.time(), launched_by, f"launch-{len(self.calls) + 1}")
         store.storage.write(SPEC_LAST, record.to_bytes())
         self.calls.append(record)
         self.store_urls.append(store_url)
+        self.unrecorded_envs.append(dict(unrecorded_env or {}))
         return record
 
 

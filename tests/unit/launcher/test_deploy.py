@@ -100,6 +100,26 @@ def test_ordinary_env_names_are_kept() -> None:
     assert Deployment(job_file="j.py", env=env).env == env
 
 
+def test_an_openlineage_transport_with_credentials_is_refused_in_env() -> None:
+    transport = '{"type": "http", "url": "http://marquez:5000", "auth": {"type": "api_key", "apiKey": "k"}}'
+    with pytest.raises(ConfigError, match=r"refusing env OPENLINEAGE__TRANSPORT \(its value holds credentials\): "
+                       "a deployment's env is stored in the job store"):
+        Deployment(job_file="j.py", env={"OPENLINEAGE__TRANSPORT": transport})
+    plain = {"OPENLINEAGE__TRANSPORT": '{"type": "http", "url": "http://marquez:5000"}', "OPENLINEAGE_NAMESPACE": "p"}
+    assert Deployment(job_file="j.py", env=plain).env == plain
+
+
+def test_unrecorded_env_reaches_the_driver_only(store: JobStore, popen_calls: list[PopenCall]) -> None:
+    """The operators pass OpenLineage's transport (it may hold an API key) this way: not in spec/last.json."""
+    transport = '{"type": "http", "url": "http://marquez:5000", "auth": {"type": "api_key", "apiKey": "k-s3cr3t"}}'
+    deploy.launch(store, old_deployment(job_file=ORDERS_V1), restore="latest-state", store_url="/stores",
+                  unrecorded_env={"OPENLINEAGE__TRANSPORT": transport, "TOPIC": "ignored"})
+    [(argv, env, _)] = popen_calls
+    assert (env["OPENLINEAGE__TRANSPORT"], env["TOPIC"]) == (transport, "orders")  # the deployment's env wins
+    assert b"k-s3cr3t" not in store.storage.read(SPEC_LAST)
+    assert not any("k-s3cr3t" in arg for arg in argv)
+
+
 
 
 def test_launch_records_the_deployment_first_and_passes_credentials_in_the_env(

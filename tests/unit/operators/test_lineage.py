@@ -4,9 +4,12 @@ after a launch, the facets through the real OpenLineage classes, and the operato
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,13 +18,26 @@ import pytest
 from airflow.sdk import Asset
 
 from airflow_ckpt_provider import operators
-from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, JobStore
+from airflow_ckpt_provider.core import lineagenames
+from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, SPEC_LAST, JobStore
+from airflow_ckpt_provider.core.lineagenames import RUN_FACET, DatasetName, RunRef
 from airflow_ckpt_provider.core.manifest import Kind
+from airflow_ckpt_provider.kafka.offsets import kafka_inputs
 from airflow_ckpt_provider.operators import lineage
 from airflow_ckpt_provider.operators.job import RestartStreamingJobOperator, SubmitStreamingJobOperator
-from airflow_ckpt_provider.operators.lineage import DatasetName, LaunchLineage, RestoredFrom
+from airflow_ckpt_provider.operators.lineage import LaunchLineage, RestoredFrom
 from airflow_ckpt_provider.operators.upgrade import UpgradeStreamingJobOperator
-from tests.support.operatorfakes import ORDERS_V1, ORDERS_V2, make_snapshots, record_deployment, report
+from airflow_ckpt_provider.runtime.lineage import LineageRun, configured_by
+from tests.support.operatorfakes import (
+    ORDERS_V1,
+    ORDERS_V2,
+    FakeLaunch,
+    FakeTI,
+    context,
+    make_snapshots,
+    record_deployment,
+    report,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 #: status.json offsets of a driver with three sources: ckpt-kafka with commitGroupId (brokers known), ckpt-kafka
@@ -55,15 +71,15 @@ def write_start(store: JobStore, epoch: int, **record: Any) -> None:
     ("postgres://db:5432/app", None),  # left to the OpenLineage provider's converters
 ])
 def test_uri_dataset_follows_the_openlineage_naming(uri: str, expected: tuple[str, str] | None) -> None:
-    assert lineage.uri_dataset(uri) == (DatasetName(*expected) if expected else None)
+    assert lineagenames.uri_dataset(uri) == (DatasetName(*expected) if expected else None)
 
 
 def test_kafka_dataset_is_named_by_the_first_bootstrap_server() -> None:
-    assert lineage.kafka_dataset(" SASL_SSL://b1:9093, b2:9093", "t") == DatasetName("kafka://b1:9093", "t")
+    assert lineagenames.kafka_dataset(" SASL_SSL://b1:9093, b2:9093", "t") == DatasetName("kafka://b1:9093", "t")
 
 
 def test_kafka_inputs_come_from_the_sources_end_offsets() -> None:
-    named, unnamed = lineage.kafka_inputs(OFFSETS)
+    named, unnamed = kafka_inputs(OFFSETS)
     assert named == [DatasetName("kafka://b1:9092", "orders")]
     assert unnamed == ["refunds"]  # a source without commitGroupId: its offsets do not name the brokers
 
@@ -133,7 +149,7 @@ def test_operator_facets_with_the_openlineage_provider(store: JobStore, tmp_path
     start = op.get_openlineage_facets_on_start()
     assert _names(start.inputs) == [("kafka://b1:9092", "orders")]
     assert _names(start.outputs) == [("s3://lake", "orders/totals")]
-    assert Serde.to_dict(start.run_facets[lineage.RUN_FACET])["restore"] == savepoint
+    assert Serde.to_dict(start.run_facets[RUN_FACET])["restore"] == savepoint
 
     record_deployment(store, launch_id="launch-9")
     report(store, epoch=5, code_version="v1", offsets=OFFSETS)
@@ -141,7 +157,7 @@ def test_operator_facets_with_the_openlineage_provider(store: JobStore, tmp_path
     done = op.get_openlineage_facets_on_complete(None)
     assert _names(done.inputs) == [("kafka://b1:9092", "orders")]
     assert _names(done.outputs) == [("s3://lake", "orders/totals")]
-    facet = Serde.to_dict(done.run_facets[lineage.RUN_FACET])
+    facet = Serde.to_dict(done.run_facets[RUN_FACET])
     assert facet["_schemaURL"].startswith("https://openlineage.io/spec/")
     assert {k: v for k, v in facet.items() if not k.startswith("_")} == {
         "job": "orders", "epoch": 5, "codeVersion": "v1", "launchId": "launch-9", "restore": savepoint,
@@ -153,7 +169,7 @@ def test_operator_facets_with_the_openlineage_provider(store: JobStore, tmp_path
 def test_upgrade_and_restart_operators_have_the_facets_too(store: JobStore) -> None:
     pytest.importorskip("airflow.providers.openlineage")
     upgrade = UpgradeStreamingJobOperator(task_id="upgrade", job="orders", job_file=ORDERS_V2, code_version="v2")
-    fields = upgrade.get_openlineage_facets_on_start().run_facets[lineage.RUN_FACET]
+    fields = upgrade.get_openlineage_facets_on_start().run_facets[RUN_FACET]
     assert (fields.codeVersion, fields.restore) == ("v2", "upgrade:savepoint")
     restart = RestartStreamingJobOperator(task_id="restart", job="orders")
     report(store, epoch=2, offsets=OFFSETS)
@@ -219,4 +235,96 @@ def test_the_openlineage_provider_extracts_through_the_operators_methods(store: 
     found = manager.extract_metadata(SimpleNamespace(run_id="r"), op, TaskInstanceState.SUCCESS, None)
     assert _names(found.inputs) == [("kafka://b1:9092", "orders")]
     assert _names(found.outputs) == [("kafka://b1:9092", "totals")]
-    assert found.run_facets[lineage.RUN_FACET].restoredFrom["snapshotId"] == "savepoint-7-20261122T101500Z-abc123"
+    assert found.run_facets[RUN_FACET].restoredFrom["snapshotId"] == "savepoint-7-20261122T101500Z-abc123"
+
+
+# -- the driver's OpenLineage settings (runtime/lineage.py sends its RUNNING events) ----------------------
+
+
+class RunningTI(FakeTI):
+    """A task instance with what the provider's lineage macros read of it."""
+
+    dag_id, task_id, try_number, map_index = "orders_dag", "submit", 2, -1
+    dag_run = SimpleNamespace(logical_date=datetime(2026, 11, 26, 7, 0, tzinfo=UTC), run_after=None, conf={},
+                              clear_number=0)
+
+    def get_template_context(self) -> dict[str, Any]:
+        return {"dag_run": self.dag_run}
+
+
+#: [openlineage] transport of the Airflow deployment: HTTP with an API key.
+TRANSPORT = {"type": "http", "url": "http://marquez:5000", "auth": {"type": "api_key", "apiKey": "s3cr3t-key"}}
+
+
+@pytest.fixture
+def ol_conf(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No OpenLineage setting in the environment but what the test sets; the provider's cached conf cleared."""
+    from airflow.providers.openlineage import conf
+
+    for name in [k for k in os.environ if k.startswith(("OPENLINEAGE", "AIRFLOW__OPENLINEAGE__"))]:
+        monkeypatch.delenv(name)
+    cached = [f for f in vars(conf).values() if hasattr(f, "cache_clear")]
+    for f in cached:
+        f.cache_clear()
+    yield
+    for f in cached:
+        f.cache_clear()
+
+
+def launch_in_task(op: Any, launches: FakeLaunch) -> dict[str, str]:
+    """Run ``op`` as in a task run (the current context set), up to its deferral; the environment it launched with."""
+    from airflow.sdk.exceptions import TaskDeferred
+    from airflow.sdk.execution_time.context import set_current_context
+
+    ctx = context(ti=RunningTI())
+    with set_current_context(ctx), pytest.raises(TaskDeferred):
+        op.execute(ctx)
+    [env] = launches.unrecorded_envs
+    return env
+
+
+@pytest.mark.usefixtures("ol_conf")
+def test_a_launch_gives_the_driver_the_providers_transport_and_the_task_as_parent(
+        store: JobStore, launches: FakeLaunch, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.providers.openlineage.plugins.adapter import OpenLineageAdapter
+
+    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__TRANSPORT", json.dumps(TRANSPORT))
+    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__NAMESPACE", "prod")
+    env = launch_in_task(SubmitStreamingJobOperator(task_id="submit", job="orders", job_file=ORDERS_V1), launches)
+    task_run = OpenLineageAdapter.build_task_instance_run_id(  # the run id of the task's own lineage events
+        dag_id="orders_dag", task_id="submit", try_number=2, logical_date=RunningTI.dag_run.logical_date, map_index=-1)
+    dag_run = OpenLineageAdapter.build_dag_run_id(dag_id="orders_dag", logical_date=RunningTI.dag_run.logical_date,
+                                                  clear_number=0)
+    assert env == {"OPENLINEAGE__TRANSPORT": json.dumps(TRANSPORT), "OPENLINEAGE_NAMESPACE": "prod",
+                   "OPENLINEAGE_PARENT_ID": f"prod/orders_dag.submit/{task_run}",
+                   "OPENLINEAGE_ROOT_PARENT_ID": f"prod/orders_dag/{dag_run}"}
+    # what the driver makes of it: the client's own configuration, and the parent run
+    assert configured_by(env) == "OPENLINEAGE__TRANSPORT"
+    assert LineageRun.of("orders", env, epoch=1).parent == RunRef("prod", "orders_dag.submit", task_run)
+    # the API key reaches the driver's environment only: the launch record does not hold it
+    assert "s3cr3t-key" not in store.storage.read(SPEC_LAST).decode()
+
+
+@pytest.mark.usefixtures("ol_conf")
+def test_a_transport_the_job_has_already_is_not_replaced(store: JobStore, launches: FakeLaunch,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__TRANSPORT", json.dumps(TRANSPORT))
+    monkeypatch.setenv("OPENLINEAGE_URL", "http://other:5000")  # the worker's: the driver inherits it
+    op = SubmitStreamingJobOperator(task_id="submit", job="orders", job_file=ORDERS_V1,
+                                    env={"OPENLINEAGE_NAMESPACE": "streaming"})
+    env = launch_in_task(op, launches)
+    assert sorted(env) == ["OPENLINEAGE_PARENT_ID", "OPENLINEAGE_ROOT_PARENT_ID"]
+    assert env["OPENLINEAGE_PARENT_ID"].startswith("default/orders_dag.submit/")  # the task's events' namespace
+
+
+@pytest.mark.usefixtures("ol_conf")
+def test_nothing_for_the_driver_when_the_provider_is_not_configured(store: JobStore, launches: FakeLaunch) -> None:
+    assert launch_in_task(SubmitStreamingJobOperator(task_id="submit", job="orders", job_file=ORDERS_V1),
+                          launches) == {}
+
+
+def test_nothing_for_the_driver_without_the_provider(monkeypatch: pytest.MonkeyPatch, store: JobStore) -> None:
+    monkeypatch.setitem(sys.modules, "airflow_ckpt_provider.operators.lineagefacets", None)
+    monkeypatch.delattr(operators, "lineagefacets", raising=False)
+    op = SubmitStreamingJobOperator(task_id="submit", job="orders", job_file=ORDERS_V1)
+    assert lineage.launch_env(op, {}) == {}
