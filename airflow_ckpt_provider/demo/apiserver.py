@@ -109,6 +109,26 @@ class DemoApiServer:
         raise RuntimeError(f"DAG {dag_id} not unpaused within {timeout:.0f} s ({resp.status_code} {resp.text[:200]}); "
                            f"see {self.home}/dag-processor.log")
 
+    def wait_asset_state(self, uri: str, key: str, timeout: float = 180.0) -> None:
+        """Until the watcher of asset ``uri`` has stored ``key`` in the asset's state store: from then on it
+        announces every newer event (a savepoint taken before would never be)."""
+        import httpx  # an Airflow dependency
+
+        with httpx.Client(base_url=self.url, timeout=10) as client:
+            resp = client.post("/auth/token", json={"username": self.username, "password": self.password})
+            resp.raise_for_status()
+            headers = {"Authorization": f"Bearer {resp.json()['access_token']}"}
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                found = client.get("/api/v2/assets", params={"uri_pattern": uri}, headers=headers).json()
+                ids = [a["id"] for a in found.get("assets", []) if a["uri"] == uri]
+                if ids and client.get(f"/api/v2/assets/{ids[0]}/state-store/{key}",
+                                      headers=headers).status_code == 200:
+                    return
+                time.sleep(1)
+        raise RuntimeError(f"the watcher of asset {uri} stored no {key} within {timeout:.0f} s; see "
+                           f"{self.home}/triggerer.log")
+
     def _wait_healthy(self) -> None:
         """Until /api/v2/monitor/health answers 200 with a healthy metadatabase (and, with ``workers``, healthy
         scheduler, triggerer and dag-processor)."""

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from airflow_ckpt_provider.core.deployments import read_launch
+from airflow_ckpt_provider.core.watches.events import snapshot_cursor_key
 from airflow_ckpt_provider.demo.apiserver import DemoApiServer
 from airflow_ckpt_provider.demo.world import AirflowHome, World, say
 from airflow_ckpt_provider.embedded import EmbeddedServices
@@ -74,6 +75,8 @@ def explore(stack: contextlib.ExitStack, world: World, home: AirflowHome,
     say("starting Airflow (api-server, scheduler, dag-processor, triggerer) over the demo's Airflow home")
     server = stack.enter_context(DemoApiServer(home.path, home.env))
     server.unpause("ckpt_on_savepoint")  # its asset watcher: each new savepoint of the job runs it
+    server.wait_asset_state(f"ckpt://ckpt_store_default/{world.job}/savepoints",
+                            snapshot_cursor_key(world.job, ["savepoint"]))
     env = env_file(world, world.work / "demo.env")
     print("\n".join(explore_lines(world, server, env, ckpt_command(), cluster)), flush=True)
     try:

@@ -201,7 +201,9 @@ class SnapshotEventTrigger(EventWatchTrigger):
                 "store_url": self.store_url}
 
     def cursor_key(self) -> str:
-        return f"ckpt.snapshot_events.{self.job}.{'+'.join(self.kinds)}"
+        from airflow_ckpt_provider.core.watches.events import snapshot_cursor_key
+
+        return snapshot_cursor_key(self.job, self.kinds)
 
     def build_watch(self, cursor: dict[str, Any] | None) -> SnapshotEventWatch:
         from airflow_ckpt_provider.core.watches.events import SnapshotEventWatch

@@ -29,6 +29,12 @@ def parse_kinds(kinds: Iterable[str]) -> tuple[Kind, ...]:
     return tuple(k for k in Kind if k in parsed)
 
 
+def snapshot_cursor_key(job: str, kinds: Iterable[str]) -> str:
+    """The key of a snapshot event watch's cursor in Airflow's asset state store (triggers/events.py), e.g.
+    ``ckpt.snapshot_events.orders.savepoint``: once it is stored, the watcher announces every newer snapshot."""
+    return f"ckpt.snapshot_events.{job}.{'+'.join(kinds)}"
+
+
 class SnapshotEventWatch:
     """Announces each completed snapshot of ``kinds`` of the job once, oldest first: one event per ``poll``.
 
