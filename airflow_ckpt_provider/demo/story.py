@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if args.keep:
             print(f"stopped everything; the logs are kept in {work}: airflow/ (each DAG run's output, "
-                  f"api-server.log), ckpt-home/jobs/*/logs/ (the supervisors' and drivers' logs), services/ "
-                  "(SeaweedFS, tansu)")
+                  "the Airflow components' logs), ckpt-home/jobs/*/logs/ (the supervisors' and drivers' logs), "
+                  "services/ (SeaweedFS, tansu)")
         else:
             shutil.rmtree(work, ignore_errors=True)
