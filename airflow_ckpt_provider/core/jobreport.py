@@ -27,6 +27,7 @@ from airflow_ckpt_provider.core.jobview import JobView, observe
 from airflow_ckpt_provider.core.manifest import Kind, Manifest
 from airflow_ckpt_provider.core.snapshots import latest_completed, load_manifest
 from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobStatus
+from airflow_ckpt_provider.core.supervision import observe_supervision
 
 log = logging.getLogger(__name__)
 
@@ -283,7 +284,11 @@ def job_report(store: JobStore, *, now: float | None = None, cache: ManifestCach
     summary = summarize(view, manifests, starts)
     s = view.status
     last, stable = read_launch(store), read_launch(store, SPEC_STABLE)
-    supervisor = view.supervision.record.describe() if view.supervision and view.supervision.record else None
+    # observe() reads the supervisor only when it matters to the driver's liveness; the page shows it always.
+    supervision = view.supervision or observe_supervision(store, at)
+    supervisor = None
+    if supervision.record is not None:
+        supervisor = supervision.record.describe() + ("" if supervision.live else f": not live ({supervision.why_not})")
     return JobReport(
         summary=summary, status=s.to_dict() if s else None, starts=tuple(reversed(starts)),
         snapshots=tuple(reversed(snapshot_rows(manifests, starts, store.snapshot_uri))),

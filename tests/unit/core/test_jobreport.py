@@ -137,3 +137,15 @@ def test_a_job_never_run_in_the_store_is_refused_naming_the_jobs_there(store: Jo
     put_status(store)
     with pytest.raises(ConfigError, match=r"job .nope. not found .* jobs in this store: orders"):
         job_report(JobStore(store.root, "nope"), now=NOW)
+
+
+def test_the_job_page_names_the_supervisor_of_a_live_driver(store: JobStore) -> None:
+    from airflow_ckpt_provider.core.supervision import SupervisorRecord, SupervisorState, write_supervisor
+
+    put_status(store)
+    write_supervisor(store, SupervisorRecord(job="orders", launch_id="L7", pid=os.getpid(), host=socket.gethostname(),
+                                             state=SupervisorState.WATCHING, started_at=NOW - 600, updated_at=NOW - 1,
+                                             interval=5.0, standalone=True))
+    report = job_report(store, now=NOW, cache=ManifestCache())
+    assert report.summary.live
+    assert report.supervisor == f"supervisor (pid {os.getpid()} on {socket.gethostname()}, launch L7)"
