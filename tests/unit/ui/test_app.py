@@ -115,3 +115,13 @@ def test_an_unknown_action_and_a_stopped_job_are_refused_with_nothing_written(cl
     assert stopped.status_code == 409 and "there is no running driver to stop; nothing was requested" in \
         stopped.json()["detail"]
     assert requests_written(store) == []
+
+
+def test_an_action_sent_as_a_form_or_text_is_refused(client: TestClient, store: JobStore) -> None:
+    """A cross-site form can send text/plain or urlencoded bodies only: the action needs JSON (no CSRF)."""
+    running(store)
+    for content_type in ("text/plain", "application/x-www-form-urlencoded"):
+        resp = client.post("/api/jobs/ckpt_store_default/orders/requests", content=b'{"action": "savepoint"}',
+                           headers={"Content-Type": content_type})
+        assert resp.status_code == 422, (content_type, resp.text)
+    assert requests_written(store) == []
