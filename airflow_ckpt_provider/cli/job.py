@@ -16,9 +16,8 @@ from typing import Any
 from airflow_ckpt_provider.cli.common import add_store_args, emit, open_job_store, progress
 from airflow_ckpt_provider.core.control import Ack, Outcome, Request, RequestAction, submit_request, wait_ack
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.jobview import JobView, check_can_request, observe, when
+from airflow_ckpt_provider.core.jobview import JobView, check_can_request, observe, state_text, when
 from airflow_ckpt_provider.core.lease import LeaseRecord
-from airflow_ckpt_provider.core.status import ACTIVE_STATES
 
 EXIT_ERROR = 1
 EXIT_TIMEOUT = 4
@@ -28,24 +27,6 @@ EXIT_INTERRUPTED = 130
 DEFAULT_TIMEOUT = {RequestAction.SAVEPOINT: 600.0, RequestAction.STOP: 600.0, RequestAction.CANCEL: 120.0}
 #: Seconds between two reads of the ack while waiting.
 ACK_POLL = 0.5
-
-
-def _state_text(view: JobView) -> str:
-    status = view.status
-    if status is None:
-        lease = view.lease
-        assert lease is not None  # observe() refuses a job with neither
-        return (f"- (no status yet: the driver of epoch {lease.epoch} took the lease at {when(lease.acquired_at)} "
-                "and has not reported; if this lasts, it died while starting)")
-    restarter = view.restarter
-    if restarter is not None:
-        return restarter.describe()
-    if view.stale:
-        return (f"{status.state} (stale: no heartbeat for {status.age(view.now):.0f} s; "
-                "the driver is probably dead)")
-    if status.state not in ACTIVE_STATES:
-        return f"{status.state} since {when(status.updated_at)}"
-    return status.state.value
 
 
 def _lease_text(lease: LeaseRecord | None) -> str:
@@ -70,7 +51,7 @@ def _dash(value: object) -> str:
 def describe(view: JobView) -> str:
     """The human view of ``ckpt job status``."""
     s = view.status
-    rows: list[tuple[str, str]] = [("job", f"{view.store.job} ({view.store.url})"), ("state", _state_text(view))]
+    rows: list[tuple[str, str]] = [("job", f"{view.store.job} ({view.store.url})"), ("state", state_text(view))]
     if s is not None:
         driver = f"pid {s.pid} on {s.host}" if s.pid is not None or s.host else None
         rows += [

@@ -23,8 +23,8 @@ from airflow_ckpt_provider.core.deployments import Launch, read_launch
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.health import HealthCriteria, restart_times
 from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, SNAPSHOTS, SPEC_STABLE, JobStore
-from airflow_ckpt_provider.core.jobview import JobView, observe
-from airflow_ckpt_provider.core.manifest import Kind, Manifest
+from airflow_ckpt_provider.core.jobview import JobView, observe, state_text
+from airflow_ckpt_provider.core.manifest import Kind, Manifest, snapshot_order
 from airflow_ckpt_provider.core.snapshots import latest_completed, load_manifest
 from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobStatus
 from airflow_ckpt_provider.core.supervision import observe_supervision
@@ -155,7 +155,7 @@ class ManifestCache:
                     while len(self._items) > self.size:
                         self._items.popitem(last=False)
             found.append(manifest)
-        return sorted(found, key=lambda m: (m.created, m.batch_id))
+        return sorted(found, key=snapshot_order)
 
 
 MANIFESTS = ManifestCache()
@@ -203,7 +203,7 @@ def snapshot_rows(manifests: Sequence[Manifest], starts: Iterable[StartRow], uri
             restored.setdefault(s.snapshot, []).append(s.epoch)
     seen: set[str] = set()
     rows = []
-    for m in sorted(manifests, key=lambda m: (m.created, m.batch_id)):
+    for m in sorted(manifests, key=snapshot_order):
         new = {f.sha256: f.size for f in m.files if f.sha256 not in seen}
         seen.update(f.sha256 for f in m.files)
         rows.append(SnapshotRow(
@@ -230,17 +230,6 @@ def _snapshot_brief(m: Manifest | None, now: float) -> dict[str, Any] | None:
             "age": max(0.0, now - m.created.timestamp())}
 
 
-def _state_text(view: JobView) -> str:
-    s = view.status
-    if s is None:
-        return "STARTING (no status yet)"
-    if view.restarter is not None:
-        return view.restarter.describe()
-    if view.stale:
-        return f"{s.state} (stale: no heartbeat for {s.age(view.now):.0f} s)"
-    return s.state.value
-
-
 def summarize(view: JobView, manifests: Sequence[Manifest], starts: Sequence[StartRow],
               window: float = HEALTH_WINDOW) -> JobSummary:
     """The list row of a job from what was read (pure: ``view.now`` is the clock)."""
@@ -252,7 +241,7 @@ def summarize(view: JobView, manifests: Sequence[Manifest], starts: Sequence[Sta
     return JobSummary(
         job=view.store.job, store=view.store.root.url,
         state="RESTARTING" if view.restarter is not None else (s.state.value if s else "STARTING"),
-        state_text=_state_text(view), live=live,
+        state_text=state_text(view), live=live,
         epoch=s.epoch if s else (view.lease.epoch if view.lease else None),
         code_version=s.code_version if s else None, batch_id=s.batch_id if s else None,
         batch_age=None if s is None or s.batch_at is None else max(0.0, now - s.batch_at),

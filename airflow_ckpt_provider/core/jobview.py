@@ -222,6 +222,26 @@ def when(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def state_text(view: JobView) -> str:
+    """The job's state in words (``ckpt job status``, the Streaming jobs page): who restarts it, stale, ended
+    since when, or the state."""
+    status = view.status
+    if status is None:
+        lease = view.lease
+        assert lease is not None  # observe() refuses a job with neither
+        return (f"- (no status yet: the driver of epoch {lease.epoch} took the lease at {when(lease.acquired_at)} "
+                "and has not reported; if this lasts, it died while starting)")
+    restarter = view.restarter
+    if restarter is not None:
+        return restarter.describe()
+    if view.stale:
+        return (f"{status.state} (stale: no heartbeat for {status.age(view.now):.0f} s; "
+                "the driver is probably dead)")
+    if status.state not in ACTIVE_STATES:
+        return f"{status.state} since {when(status.updated_at)}"
+    return status.state.value
+
+
 def check_can_request(view: JobView, action: RequestAction) -> JobStatus:
     """The status of a driver able to answer ``action``; ConflictError saying why not otherwise."""
     job, s = view.store.job, view.status

@@ -18,8 +18,9 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from airflow_ckpt_provider.embedded.process import HOST, free_port
 
@@ -92,17 +93,23 @@ class DemoApiServer:
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
 
-    def unpause(self, dag_id: str, timeout: float = 120.0) -> None:
-        """Unpause ``dag_id`` once the dag-processor has stored it (its asset watchers start then)."""
+    @contextlib.contextmanager
+    def _client(self) -> Iterator[Any]:
+        """An httpx client of the REST API, logged in as the admin (a JWT from ``/auth/token``)."""
         import httpx  # an Airflow dependency
 
         with httpx.Client(base_url=self.url, timeout=10) as client:
             resp = client.post("/auth/token", json={"username": self.username, "password": self.password})
             resp.raise_for_status()
-            headers = {"Authorization": f"Bearer {resp.json()['access_token']}"}
+            client.headers["Authorization"] = f"Bearer {resp.json()['access_token']}"
+            yield client
+
+    def unpause(self, dag_id: str, timeout: float = 120.0) -> None:
+        """Unpause ``dag_id`` once the dag-processor has stored it (its asset watchers start then)."""
+        with self._client() as client:
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
-                resp = client.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": False}, headers=headers)
+                resp = client.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": False})
                 if resp.status_code == 200:
                     return
                 time.sleep(1)  # 404 until the dag-processor has parsed it
@@ -112,18 +119,12 @@ class DemoApiServer:
     def wait_asset_state(self, uri: str, key: str, timeout: float = 180.0) -> None:
         """Until the watcher of asset ``uri`` has stored ``key`` in the asset's state store: from then on it
         announces every newer event (a savepoint taken before would never be)."""
-        import httpx  # an Airflow dependency
-
-        with httpx.Client(base_url=self.url, timeout=10) as client:
-            resp = client.post("/auth/token", json={"username": self.username, "password": self.password})
-            resp.raise_for_status()
-            headers = {"Authorization": f"Bearer {resp.json()['access_token']}"}
+        with self._client() as client:
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
-                found = client.get("/api/v2/assets", params={"uri_pattern": uri}, headers=headers).json()
+                found = client.get("/api/v2/assets", params={"uri_pattern": uri}).json()
                 ids = [a["id"] for a in found.get("assets", []) if a["uri"] == uri]
-                if ids and client.get(f"/api/v2/assets/{ids[0]}/state-store/{key}",
-                                      headers=headers).status_code == 200:
+                if ids and client.get(f"/api/v2/assets/{ids[0]}/state-store/{key}").status_code == 200:
                     return
                 time.sleep(1)
         raise RuntimeError(f"the watcher of asset {uri} stored no {key} within {timeout:.0f} s; see "

@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_ckpt_provider.kafka.offsets import kafka_offsets_or_none
+
 
 @dataclass(frozen=True)
 class BatchEvent:
@@ -53,7 +55,7 @@ class BatchListener:
                     offsets[_source_name(i, s.description)] = end
                     latest = _json(s.latestOffset)
                     waiting = waiting or (latest is not None and latest != end)
-                    lags.append(records_behind(end, latest))
+                    lags.append(records_behind(s.endOffset, s.latestOffset))
                 lag = None if not lags or None in lags else sum(x for x in lags if x is not None)
                 events.put(BatchEvent(int(p.batchId), offsets, waiting, int(p.numInputRows), lag))
 
@@ -66,22 +68,15 @@ class BatchListener:
         return Listener()
 
 
-def records_behind(end: Any, latest: Any) -> int | None:
-    """Records between Kafka-shaped end and latest offsets ({"topic": {"0": 42}}, as ckpt-kafka and Spark's
-    Kafka source write them; other keys, like ckpt-kafka's commit group, are not topics); None when ``latest``
-    names no topic. A partition missing from ``end`` counts from 0; an end beyond latest counts as caught up."""
-    topics, done = _topics(latest), _topics(end)
-    if not topics or not isinstance(end, dict):
+def records_behind(end: str | None, latest: str | None) -> int | None:
+    """Records between a source's end and latest offsets as query progress gives them (JSON texts), when both
+    are Kafka-shaped (kafka/offsets.kafka_offsets_or_none: ckpt-kafka's and Spark's Kafka source's); None
+    otherwise. A partition missing from ``end`` counts from 0; an end beyond latest counts as caught up."""
+    done, topics = kafka_offsets_or_none(end), kafka_offsets_or_none(latest)
+    if done is None or topics is None:
         return None
     return sum(max(0, high - done.get(topic, {}).get(p, 0)) for topic, parts in topics.items()
                for p, high in parts.items())
-
-
-def _topics(offsets: Any) -> dict[str, dict[str, int]]:
-    if not isinstance(offsets, dict):
-        return {}
-    return {t: parts for t, parts in offsets.items() if isinstance(parts, dict) and parts
-            and all(isinstance(o, int) and not isinstance(o, bool) for o in parts.values())}
 
 
 def _source_name(index: int, description: str) -> str:

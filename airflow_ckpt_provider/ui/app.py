@@ -36,7 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from airflow_ckpt_provider.core.control import RequestAction, read_ack, submit_request
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError, ConflictError
 from airflow_ckpt_provider.core.jobreport import JobReport, job_report, job_summary, summary_dict
-from airflow_ckpt_provider.core.jobstore import check_job_name
+from airflow_ckpt_provider.core.jobstore import JobStore, check_job_name
 from airflow_ckpt_provider.core.jobview import check_can_request, observe
 from airflow_ckpt_provider.ui.stores import list_jobs, open_store, store_conn_ids
 
@@ -114,12 +114,13 @@ def _reachable(url: str | None) -> bool:
         return False
 
 
-def _job_store(conn_id: str, job: str) -> Any:
+def _job_store(conn_id: str, job: str) -> JobStore:
     try:
         check_job_name(job)
-        if conn_id not in store_conn_ids():
+        known = store_conn_ids()
+        if conn_id not in known:
             raise ConfigError(f"no {conn_id!r} connection of type ckpt_store: expected one of "
-                              f"{', '.join(store_conn_ids()) or '(none configured)'}")
+                              f"{', '.join(known) or '(none configured)'}")
         return open_store(conn_id, job)
     except ConfigError as err:
         raise HTTPException(404, str(err)) from err
@@ -139,7 +140,7 @@ def _overview() -> list[dict[str, Any]]:
     stores = []
     for conn_id in store_conn_ids():
         listed = list_jobs(conn_id)
-        jobs = [summary_dict(job_summary(open_store(conn_id, job))) for job in listed.jobs]
+        jobs = [summary_dict(job_summary(listed.job_store(job))) for job in listed.jobs]
         stores.append({"conn_id": conn_id, "url": listed.url, "problem": listed.problem, "jobs": jobs})
     return stores
 

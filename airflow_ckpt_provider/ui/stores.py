@@ -15,6 +15,7 @@ from urllib.parse import urlparse
 
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.jobview import job_names
+from airflow_ckpt_provider.core.storage import Storage
 from airflow_ckpt_provider.hooks.job_store import JobStoreHook
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,11 @@ class StoreJobs:
     url: str
     jobs: tuple[str, ...]
     problem: str | None = None
+    root: Storage | None = None  # the store's root, opened once for all its jobs
+
+    def job_store(self, job: str) -> JobStore:
+        assert self.root is not None, self.problem
+        return JobStore(self.root, job)
 
 
 def _env_conn_type(value: str) -> str | None:
@@ -79,6 +85,7 @@ def list_jobs(conn_id: str) -> StoreJobs:
     try:
         hook = JobStoreHook(conn_id)
         url = hook.store_url
-        return StoreJobs(conn_id, url, tuple(job_names(hook.storage())))
+        root = hook.storage()
+        return StoreJobs(conn_id, url, tuple(job_names(root)), root=root)
     except Exception as err:  # CkptError, AirflowNotFoundException...: shown on the page, never a 500
         return StoreJobs(conn_id, url, (), f"{type(err).__name__}: {err}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -15,10 +16,10 @@ from airflow_ckpt_provider.runtime.batchevents import records_behind
     ({"t": {"0": 10}}, {"t": {"0": 9}}, 0),  # ahead of latest: caught up, never negative
     ({"a": {"0": 1}}, {"a": {"0": 4}, "b": {"0": 3}}, 6),
     # ckpt-kafka's offsets carry its commit group next to the topics (kafka/source.py COMMIT_KEY)
-    ({"t": {"0": 3}, "_commit": {"group": "g", "servers": "h:9092"}}, {"t": {"0": 5}}, 2),
+    ({"t": {"0": 3}, "$commit": {"group": "g", "servers": "h:9092"}}, {"t": {"0": 5}}, 2),
 ])
 def test_records_behind_kafka_offsets(end: Any, latest: Any, behind: int) -> None:
-    assert records_behind(end, latest) == behind
+    assert records_behind(json.dumps(end), json.dumps(latest)) == behind
 
 
 @pytest.mark.parametrize(("end", "latest"), [
@@ -26,4 +27,7 @@ def test_records_behind_kafka_offsets(end: Any, latest: Any, behind: int) -> Non
     ({"g": {"group": "x"}}, {"g": {"group": "x"}}),
 ])
 def test_offsets_that_are_not_kafka_shaped_give_no_lag(end: Any, latest: Any) -> None:
-    assert records_behind(end, latest) is None
+    def text(offsets: Any) -> str | None:
+        return None if offsets is None else json.dumps(offsets)
+
+    assert records_behind(text(end), text(latest)) is None
