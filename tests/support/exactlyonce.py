@@ -76,6 +76,10 @@ class EoSink(Protocol):
         """Assert that no uncommitted output is visible to readers; a one-line summary of what was hidden."""
         ...
 
+    def explain(self, missing: set[int]) -> str:
+        """What the sink holds of ``missing`` ids (for the failure message)."""
+        ...
+
 
 @dataclass
 class FilesSink:
@@ -119,6 +123,12 @@ class FilesSink:
             orphan_rows += pq.read_metadata(str(local) if local else io.BytesIO(storage.read(key))).num_rows
         return (f"{report.files} committed files ({report.rows} rows) in {sum(map(len, report.batches.values()))} "
                 f"batches; {len(report.orphans)} orphan files ({orphan_rows} rows) not read")
+
+    def explain(self, missing: set[int]) -> str:
+        from airflow_ckpt_provider.sinks.filemaintenance import verify_sink
+
+        report = verify_sink(self.url, self.s3, checksums=True)
+        return f"verify_sink: ok {report.ok}, {report.rows} rows, {len(report.orphans)} orphans, {report.problems}"
 
 
 _KAFKA_COMMITTED = re.compile(r"batch (\d+) partition (\d+) of job \S+ \(query (\S+)\): \d+ records committed by")
@@ -172,6 +182,12 @@ class KafkaSink:
         return (f"{len(kept)} records of {len(last)} committed transactions; {len(everything) - len(kept)} records "
                 f"of {len(attempts - last)} aborted attempts (visible on tansu only) filtered out")
 
+    def explain(self, missing: set[int]) -> str:
+        from tests.support.kafkasink import explain_missing
+
+        return explain_missing(self.bootstrap, self.topic, missing,
+                               lambda r: int(json.loads(r.value or b"{}").get("id", -1)))
+
 
 @dataclass
 class LedgerSink:
@@ -206,6 +222,10 @@ class LedgerSink:
         wrong = {k: (rows.get(k, 0), n) for k, n in ledger.items() if rows.get(k, 0) != n}
         assert not wrong, f"(query, batch): (rows found, rows the ledger recorded) differ: {wrong}"
         return f"{sum(rows.values())} rows in {len(ledger)} ledger batches, every row's batch in the ledger"
+
+    def explain(self, missing: set[int]) -> str:
+        batches = self._query(f"SELECT query_id, batch_id, rows_written FROM ckpt_ledger WHERE job = '{self.job}'")
+        return f"ledger batches (query, batch, rows): {batches}"
 
 
 @dataclass
@@ -469,7 +489,8 @@ class Chaos:
         duplicated = sorted(i for i, n in counts.items() if n > 1)
         missing = sorted(set(range(ids)) - set(counts))
         assert not duplicated and not missing, (f"{len(duplicated)} ids duplicated (first {duplicated[:10]}), "
-                                                f"{len(missing)} missing (first {missing[:10]})")
+                                                f"{len(missing)} missing (first {missing[:10]})"
+                                                f"\n{self.sink.explain(set(missing)) if missing else ''}")
         assert sorted(rows) == expected_rows(ids), "every id once, but some content differs"
         summary = self.sink.check_nothing_uncommitted()
         if isinstance(self.sink, KafkaSink):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from airflow_ckpt_provider.kafka.writeroptions import HEADER, AttemptTag
@@ -44,17 +45,19 @@ class SinkRecord:
     headers: tuple[tuple[str, bytes | None], ...] = field(default=())
 
 
-def read_all(bootstrap: str, topic: str, timeout: float = 30.0) -> list[SinkRecord]:
+def read_all(bootstrap: str, topic: str, timeout: float = 30.0, *, isolation: str = "read_committed",
+             ends: dict[int, int] | None = None) -> list[SinkRecord]:
     """Every record of ``topic`` (aborted ones included on tansu), in log order per partition.
 
     Reads with assign() up to the end seen by the fetch (partition EOF), not ListOffsets(LATEST):
     tansu answers that with the last record batch's base offset + 1 and the sink writes batches.
+    ``ends`` (if given) gets each partition's offset at its EOF.
     """
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex[:8]}",
                          "enable.auto.commit": False, "enable.partition.eof": True,
-                         "isolation.level": "read_committed"})
+                         "isolation.level": isolation})
     records: list[SinkRecord] = []
     try:
         meta = consumer.list_topics(topic, timeout=timeout).topics[topic]
@@ -69,6 +72,8 @@ def read_all(bootstrap: str, topic: str, timeout: float = 30.0) -> list[SinkReco
                 if err is not None:
                     assert err.code() == KafkaError._PARTITION_EOF, err
                     pending.discard(msg.partition())
+                    if ends is not None:
+                        ends[int(msg.partition() or 0)] = int(msg.offset() or 0)
                     continue
                 records.append(_record(msg))
         return records
@@ -106,3 +111,30 @@ def last_attempts(records: list[SinkRecord]) -> list[SinkRecord]:
 def read_sink_output(bootstrap: str, topic: str, timeout: float = 30.0) -> list[SinkRecord]:
     """What a read_committed consumer sees on Apache Kafka: the committed records of the sink (see module doc)."""
     return last_attempts(read_all(bootstrap, topic, timeout))
+
+
+def explain_missing(bootstrap: str, topic: str, missing: set[int], id_of: Callable[[SinkRecord], int]) -> str:
+    """Why ids are missing from the committed output: each partition's end as read_committed and
+    read_uncommitted fetches see it next to its watermarks, and which attempts wrote the missing ids."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    committed_ends: dict[int, int] = {}
+    uncommitted_ends: dict[int, int] = {}
+    committed = read_all(bootstrap, topic, ends=committed_ends)
+    everything = read_all(bootstrap, topic, isolation="read_uncommitted", ends=uncommitted_ends)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex[:8]}"})
+    try:
+        marks = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10.0)
+                 for p in sorted(uncommitted_ends)}
+    finally:
+        consumer.close()
+    lines = [f"partition {p}: read_committed EOF at {committed_ends.get(p)}, read_uncommitted EOF at "
+             f"{uncommitted_ends.get(p)}, watermarks {marks[p]}" for p in sorted(marks)]
+    lines.append(f"{len(committed)} records read_committed, {len(everything)} read_uncommitted")
+    kept = {(r.partition, r.offset) for r in last_attempts(everything)}
+    found = [r for r in everything if id_of(r) in missing]
+    attempts = sorted({(r.batch_id, r.sink_partition, r.attempt, r.partition, (r.partition, r.offset) in kept)
+                       for r in found}, key=str)
+    lines.append(f"{len({id_of(r) for r in found})} of the {len(missing)} missing ids are in the topic "
+                 f"read_uncommitted; (batch, sink partition, attempt, kafka partition, kept) of them: {attempts[:20]}")
+    return "\n".join(lines)
