@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from airflow_ckpt_provider.core.ckptfiles import LogEntry, json_object, parse_log_entry
 from airflow_ckpt_provider.core.errors import CheckpointError
-from airflow_ckpt_provider.core.statestore import StateOperator, state_operators
+from airflow_ckpt_provider.core.statestore import StateOperator, state_operators, state_partitions
 from airflow_ckpt_provider.core.storage import Storage
 from airflow_ckpt_provider.core.viewplan import FORMAT_V2, ViewPlan, numbered
 
@@ -229,7 +229,10 @@ def _logs(plan: ViewPlan, batch: int, *, write_ahead: bool) -> tuple[LogEntry, L
     if write_ahead and f"offsets/{batch + 1}" in plan.sizes:
         # Spark resumes by re-running batch N+1 with exactly these offsets.
         following = _read_log(plan, f"offsets/{batch + 1}", "offsets", "write-ahead entry")
-    elif batch > 0:
+        if following is not None and current is not None and _unfinished_repartition(plan, batch, current, following):
+            plan.chosen.discard(f"offsets/{batch + 1}")
+            following = None
+    if following is None and batch > 0:
         # populateStartOffsets (validateOffsetLogAndGetPrevOffset) reads the entry before the
         # latest one: without offsets/N+1 the latest is N, so offsets/N-1 must be there.
         _read_log(plan, f"offsets/{batch - 1}", "offsets", "Spark reads the entry before the latest")
@@ -238,6 +241,19 @@ def _logs(plan: ViewPlan, batch: int, *, write_ahead: bool) -> tuple[LogEntry, L
     _check_commit(plan, batch, commit)
     _check_source_count(plan, batch, current, following)
     return current, following
+
+
+def _unfinished_repartition(plan: ViewPlan, batch: int, current: LogEntry, following: LogEntry) -> bool:
+    """``offsets/N+1`` with other state partitions than ``offsets/N`` and no commit: an offline repartition
+    (StreamingCheckpointManager.repartition) that did not finish. Spark refuses to restart on it
+    (STREAMING_UNFINISHED_REPARTITION_DETECTED), so a view leaves it out and resumes as from batch N."""
+    now = state_partitions({str(k): str(v) for k, v in (current.metadata.get("conf") or {}).items()})
+    then = state_partitions({str(k): str(v) for k, v in (following.metadata.get("conf") or {}).items()})
+    if now is None or then is None or now == then:
+        return False
+    plan.warnings.append(f"offsets/{batch + 1} is an unfinished repartition of the state from {now} to {then} "
+                         f"partitions (no commits/{batch + 1}); left out: Spark would refuse to restart on it")
+    return True
 
 
 def _read_log(plan: ViewPlan, key: str, kind: str, why: str) -> LogEntry | None:

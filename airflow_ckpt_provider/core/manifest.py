@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Any
 
 from airflow_ckpt_provider.core.errors import ConfigError, SnapshotError
+from airflow_ckpt_provider.core.statestore import state_partitions
 from airflow_ckpt_provider.core.storage import check_key
 
 FORMAT_VERSION = 1
@@ -30,6 +31,7 @@ class Trigger(StrEnum):
     MANUAL = "manual"
     STOP = "stop"
     UPGRADE = "upgrade"
+    RESCALE = "rescale"  # a savepoint's state repartitioned (labels: rescaled_from, partitions)
 
 
 def parse_enum(enum: type[Kind] | type[Trigger], value: str) -> Any:
@@ -121,7 +123,15 @@ class Manifest:
         d.pop("files")
         d.pop("checksum")
         d["file_count"] = len(self.files)
+        d["state_partitions"] = self.state_partitions
         return d
+
+    @property
+    def state_partitions(self) -> int | None:
+        """The stateful operators' partitions a restore of this snapshot runs with (None: stateless)."""
+        if not self.operators:
+            return None
+        return state_partitions(self.conf) or max(int(o.get("partitions") or 0) for o in self.operators) or None
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str) -> Manifest:

@@ -31,6 +31,7 @@ ROCKSDB = "rocksdb"
 DEFAULT_STORE = "default"
 
 _PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
+SHUFFLE_PARTITIONS_CONF = "spark.sql.shuffle.partitions"
 _CODEC_CONF = "spark.sql.streaming.stateStore.compression.codec"
 _PROVIDERS = {
     "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider": HDFS,
@@ -95,7 +96,7 @@ def _operator(plan: ViewPlan, op: int, batch: int, conf: dict[str, str]) -> Stat
     keys = [k for k in plan.sizes if k.startswith(prefix)]
     info = _operator_metadata(plan, op, batch, keys)
     parts = sorted({int(k.split("/")[2]) for k in keys if k.split("/")[2].isdigit()})
-    partitions = info.partitions if info.partitions is not None else len(parts)
+    partitions = state_partitions(conf) or info.partitions or len(parts)
     stores = info.stores or _stores_from_listing(keys, op)
     provider = _provider(plan, op, conf, keys)
     if provider is None:
@@ -106,6 +107,20 @@ def _operator(plan: ViewPlan, op: int, batch: int, conf: dict[str, str]) -> Stat
             _store_files(plan, _store_dir(op, partition, store), provider, batch + 1, conf)
     changelog = provider == ROCKSDB and any(k.endswith(".changelog") for k in keys)
     return StateOperator(op, info.name, partitions, tuple(stores), provider, changelog)
+
+
+def state_partitions(conf: dict[str, str]) -> int | None:
+    """The state partitions of every stateful operator at a batch: the offsets log's
+    ``spark.sql.shuffle.partitions``, which Spark applies to the operators on restart (the session's value
+    is ignored). Not the operator metadata: an offline repartition (StreamingCheckpointManager.repartition)
+    writes the new count to the offsets log only and leaves ``_metadata/metadata`` at the original one, so
+    the metadata's count would leave the new partitions' state out of a snapshot
+    (docs/spark-checkpoint-internals.md). None if the log does not say."""
+    value = conf.get(SHUFFLE_PARTITIONS_CONF)
+    try:
+        return int(value) if value is not None and int(value) > 0 else None
+    except ValueError:
+        return None
 
 
 def _store_dir(op: int, partition: int, store: str) -> str:

@@ -44,9 +44,10 @@ def sst(size: int = 64) -> bytes:
 class Ckpt:
     """Writes checkpoint files the way Spark 4.3 lays them out."""
 
-    def __init__(self, root: Path, provider: str = HDFS_CLASS) -> None:
+    def __init__(self, root: Path, provider: str = HDFS_CLASS, partitions: int = 2) -> None:
         self.root = root
         self.provider = provider
+        self.partitions = partitions  # spark.sql.shuffle.partitions in the offsets log
         self.put("metadata", json.dumps({"id": "0b7c-query"}))
 
     def put(self, key: str, data: bytes | str) -> Ckpt:
@@ -56,7 +57,8 @@ class Ckpt:
         return self
 
     def offsets(self, batch: int, *sources: str | None) -> Ckpt:
-        conf = {"spark.sql.streaming.stateStore.providerClass": self.provider, "spark.sql.shuffle.partitions": "2"}
+        conf = {"spark.sql.streaming.stateStore.providerClass": self.provider,
+                "spark.sql.shuffle.partitions": str(self.partitions)}
         meta = {"batchWatermarkMs": 0, "batchTimestampMs": 1_700_000_000_000 + batch, "conf": conf}
         lines = [s if s is not None else "-" for s in (sources or (json.dumps({"logOffset": batch}),))]
         return self.put(f"offsets/{batch}", "\n".join(["v1", json.dumps(meta), *lines]))
@@ -73,6 +75,7 @@ class Ckpt:
         return self
 
     def operator_v1(self, op: int = 0, stores: tuple[str, ...] = ("default",), partitions: int = 2) -> Ckpt:
+        """Operator metadata v1 with ``partitions`` (the offsets log says ``self.partitions``; set both)."""
         info = [{"storeName": s, "numColsPrefixKey": 0, "numPartitions": partitions} for s in stores]
         meta = {"operatorInfo": {"operatorId": op, "operatorName": "stateStoreSave"}, "stateStoreInfo": info}
         return self.put(f"state/{op}/_metadata/metadata", "v1\n" + json.dumps(meta))
@@ -125,7 +128,7 @@ def ckpt(tmp_path: Path) -> Ckpt:
 
 @pytest.fixture
 def rocks(tmp_path: Path) -> Ckpt:
-    return Ckpt(tmp_path / "ckpt", ROCKSDB_CLASS)
+    return Ckpt(tmp_path / "ckpt", ROCKSDB_CLASS, partitions=1)
 
 
 def error_of(ckpt: Ckpt, batch: int | None = None, **kwargs: Any) -> str:
@@ -313,6 +316,7 @@ def test_hdfs_missing_delta(ckpt: Ckpt) -> None:
 
 
 def test_hdfs_missing_partition(ckpt: Ckpt) -> None:
+    ckpt.partitions = 3
     ckpt.batches(2).operator_v1(partitions=3).hdfs(range(1, 3), partitions=2)
     assert "state/0/2/1.delta is missing" in error_of(ckpt)
 
@@ -363,12 +367,57 @@ def test_stream_join_stores(ckpt: Ckpt) -> None:
 
 
 def test_stores_without_operator_metadata_come_from_the_listing(ckpt: Ckpt) -> None:
-    ckpt.batches(2).hdfs(range(1, 3), op=0).hdfs(range(1, 3), op=1, partitions=3)
+    ckpt.batches(2).hdfs(range(1, 3), op=0).hdfs(range(1, 3), op=1)
     ops = ckpt.view().operators
     assert [(o.operator_id, o.name, o.partitions, o.store_names) for o in ops] == [
         (0, None, 2, ("default",)),
-        (1, None, 3, ("default",)),
+        (1, None, 2, ("default",)),
     ]
+
+
+def test_after_a_repartition_the_partitions_come_from_the_offsets_log_not_the_stale_metadata(tmp_path: Path) -> None:
+    # Spark's offline repartition 2 -> 5 at batch 2: offsets/2 copies offsets/1 with 5 shuffle partitions,
+    # every new partition gets a full 4.zip (state version 4 = batch 3's), _metadata/metadata still says 2.
+    rocks = Ckpt(tmp_path / "ckpt", ROCKSDB_CLASS, partitions=2).batches(2).operator_v1(partitions=2)
+    for p in range(2):
+        rocks.rocksdb_zip(2, partition=p)
+    rocks.partitions = 5
+    rocks.offsets(2, json.dumps({"logOffset": 1})).commit(2)  # no source data: batch 1's end offsets
+    zips = {f"state/0/{p}/3.zip" for p in range(5)}
+    for p in range(5):
+        rocks.rocksdb_zip(3, partition=p)
+    view = rocks.view()
+    assert view.batch_id == 2 and [o.partitions for o in view.operators] == [5]
+    assert {f for f in rocks.files() if f.endswith(".zip")} == zips
+
+
+def test_an_unfinished_repartition_is_left_out_of_the_view(tmp_path: Path) -> None:
+    # A repartition 2 -> 5 killed after offsets/2 and some state: Spark would refuse to restart on offsets/2.
+    rocks = Ckpt(tmp_path / "ckpt", ROCKSDB_CLASS, partitions=2).batches(2).operator_v1(partitions=2)
+    for p in range(2):
+        rocks.rocksdb_zip(2, partition=p)
+    rocks.partitions = 5
+    rocks.offsets(2, json.dumps({"logOffset": 1}))
+    rocks.rocksdb_zip(3, partition=4)
+    view = rocks.view()
+    assert view.batch_id == 1 and view.next_offsets is None and [o.partitions for o in view.operators] == [2]
+    assert "offsets/2" not in rocks.files() and {"offsets/0", "offsets/1", "commits/1"} <= rocks.files()
+    assert view.warnings == ("offsets/2 is an unfinished repartition of the state from 2 to 5 partitions "
+                             "(no commits/2); left out: Spark would refuse to restart on it",)
+
+
+def test_partitions_a_repartition_dropped_are_left_out(tmp_path: Path) -> None:
+    # 5 -> 3 at batch 1: partitions 3 and 4 keep the zips of version 1, which no store loads any more.
+    rocks = Ckpt(tmp_path / "ckpt", ROCKSDB_CLASS, partitions=5).batches(1).operator_v1(partitions=5)
+    for p in range(5):
+        rocks.rocksdb_zip(1, partition=p)
+    rocks.partitions = 3
+    rocks.offsets(1, json.dumps({"logOffset": 0})).commit(1)
+    for p in range(3):
+        rocks.rocksdb_zip(2, partition=p)
+    view = rocks.view()
+    assert [o.partitions for o in view.operators] == [3]
+    assert not [f for f in rocks.files() if f.startswith(("state/0/3/", "state/0/4/"))]
 
 
 # ---- RocksDB state -------------------------------------------------------------------------
@@ -456,7 +505,7 @@ def test_checkpoint_format_v2_is_rejected(rocks: Ckpt) -> None:
 
 
 def test_unsupported_provider(tmp_path: Path) -> None:
-    ckpt = Ckpt(tmp_path / "c", "com.example.MyStateStoreProvider").batches(2).operator_v1(partitions=1)
+    ckpt = Ckpt(tmp_path / "c", "com.example.MyStateStoreProvider", partitions=1).batches(2).operator_v1(partitions=1)
     ckpt.hdfs(range(1, 3), partitions=1)
     assert "state store provider com.example.MyStateStoreProvider is not supported" in error_of(ckpt)
 
