@@ -15,6 +15,9 @@ from airflow_ckpt_provider.core.statestore import state_partitions
 from airflow_ckpt_provider.core.storage import check_key
 
 FORMAT_VERSION = 1
+#: Labels of a rescale's savepoint: the savepoint it was repartitioned from, and that one's partitions.
+RESCALED_FROM = "rescaled_from"
+PARTITIONS_BEFORE = "partitions_before"
 
 
 class Kind(StrEnum):

@@ -76,6 +76,9 @@ class CheckStarted:
     started_by: str
     pid: int | None = None
     log_file: str | None = None
+    restore: str = "latest-state"  # the state checked: a rescale's names its savepoint
+    rescale_to: int | None = None  # repartition the copy's state into this many partitions first
+    save_rescaled: bool = False  # and save it as a savepoint once the check passed
 
     @property
     def deadline(self) -> float:
@@ -88,7 +91,8 @@ class CheckStarted:
 
     def describe(self) -> str:
         pid = "not spawned yet" if self.pid is None else f"pid {self.pid}"
-        return (f"restore check {self.check_id} of {self.job_file} ({pid} on {self.host}, started at "
+        what = "restore check" if self.rescale_to is None else f"rescale to {self.rescale_to} partitions"
+        return (f"{what} {self.check_id} of {self.job_file} ({pid} on {self.host}, started at "
                 f"{_hms(self.started_at)} by {self.started_by})")
 
     def to_bytes(self) -> bytes:

@@ -68,6 +68,7 @@ def create_snapshot(
     kind: Kind = Kind.SAVEPOINT,
     trigger: Trigger = Trigger.MANUAL,
     batch_id: int | None = None,
+    write_ahead: bool = True,
     code_version: str | None = None,
     spark_version: str | None = None,
     labels: dict[str, str] | None = None,
@@ -80,10 +81,11 @@ def create_snapshot(
 
     Safe while the query keeps running: the files of a completed batch are immutable. ``epoch`` is
     the writing driver's lease epoch, recorded in the pending marker so gc can tell a fenced writer.
+    ``write_ahead=False`` leaves out a planned batch N+1 (a rescale's check batch).
     """
     step = on_step or (lambda _name: None)
     started = time.monotonic()
-    view = SparkCheckpoint(checkpoint).view(batch_id)
+    view = SparkCheckpoint(checkpoint).view(batch_id, write_ahead=write_ahead)
     now = _now()
     snapshot_id = new_snapshot_id(kind, view.batch_id, now)
     what = f"job {store.job} snapshot {snapshot_id} (batch {view.batch_id})"

@@ -34,7 +34,7 @@ from airflow_ckpt_provider.core.deployments import Deployment, new_launch_id
 from airflow_ckpt_provider.core.errors import ConfigError, StorageError
 from airflow_ckpt_provider.core.gate import GATE_ENV
 from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.modes import LATEST_STATE
+from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreSpec
 from airflow_ckpt_provider.core.restorechecks import (
     CHECK_ENV,
     CheckEnded,
@@ -163,17 +163,24 @@ def start_check(
     allow_non_restored_state: bool = False,
     started_by: str = "",
     now: float | None = None,
+    restore: RestoreSpec = LATEST_STATE,
+    rescale_to: int | None = None,
+    save_rescaled: bool = False,
 ) -> CheckStarted:
     """Start the restore check of ``deployment`` (the new code) against the job's state as a process of its own
     (``ckpt run --check-restore --check-id ID``, a session of its own, output to the job's log directory), and
     return its record. Its verdict comes as ``checks/<id>.outcome.json``.
 
+    ``rescale_to``: repartition the restored copy's state first (``save_rescaled``: and save it as a savepoint
+    once the check passed: a rescale's step, ``restore`` naming the savepoint it rescales).
+
     Bad input (spark-submit would refuse the check) and a check of this job that still runs raise ConfigError,
     before anything is written. The record is written before the process starts (record the target, then act).
     """
     at = time.time() if now is None else now
-    spec = check_spec(submit_spec(deployment, store.job, store_url, LATEST_STATE, s3,
-                                  allow_non_restored_state=allow_non_restored_state), timeout)
+    spec = check_spec(submit_spec(deployment, store.job, store_url, restore, s3,
+                                  allow_non_restored_state=allow_non_restored_state, rescale_to=rescale_to,
+                                  save_rescaled=save_rescaled), timeout)
     build_command(spec)  # bad input: here, before anything is recorded
     busy = running_checks(store, at)
     if busy:
@@ -189,11 +196,14 @@ def start_check(
     log_file = logs / f"check-{check_id}.log"
     started = CheckStarted(store.job, check_id, deployment.job_file, deployment.code_version, at, float(timeout),
                            socket.gethostname(), started_by or f"{os.environ.get('USER', '?')}@{socket.gethostname()}",
-                           log_file=str(log_file))
-    argv = [*run_argv(deployment, store.job, store_url, LATEST_STATE, s3, supervise=False), "--check-restore",
+                           log_file=str(log_file), restore=str(restore), rescale_to=rescale_to,
+                           save_rescaled=save_rescaled)
+    argv = [*run_argv(deployment, store.job, store_url, restore, s3, supervise=False), "--check-restore",
             "--check-timeout", f"{timeout:g}", "--check-id", check_id]
     if allow_non_restored_state:
         argv.append("--allow-non-restored-state")
+    if rescale_to is not None:
+        argv += ["--rescale-to", str(rescale_to), *(["--save-rescaled"] if save_rescaled else [])]
     record_start(store, started)
     # Airflow's own settings (connections, the metadata database) are not the new code's business.
     inherited = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}

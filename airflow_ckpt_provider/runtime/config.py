@@ -11,7 +11,8 @@ from pathlib import Path
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.jobstore import check_job_name
 from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec, TimeTravel
-from airflow_ckpt_provider.core.settings import RESTORE, SECONDS, SWITCH, TEXT, JobSettings, setting
+from airflow_ckpt_provider.core.rescaling import parse_partitions
+from airflow_ckpt_provider.core.settings import COUNT, RESTORE, SECONDS, SWITCH, TEXT, JobSettings, setting
 
 __all__ = ["RestoreMode", "RestoreSpec", "RuntimeConfig", "TimeTravel", "default_checkpoint"]
 
@@ -48,6 +49,13 @@ class RuntimeConfig(JobSettings):
         help="with --check-restore: state of operators the new code no longer has may be dropped")
     check_timeout: float = setting(300.0, kind=SECONDS, metavar="S",
                                    help="seconds the check's batch may take (default 300)")
+    rescale_to: int | None = setting(
+        None, kind=COUNT, none="unchanged", metavar="N",
+        help="with --check-restore: repartition the restored copy's state into N partitions first (Spark's offline "
+        "repartition, RocksDB state only) and check the job on it")
+    save_rescaled: bool = setting(
+        False, kind=SWITCH, help="with --rescale-to: once the check passed, save the repartitioned state as a "
+        "savepoint (trigger rescale)")
 
     def check(self) -> None:
         check_job_name(self.job)
@@ -58,6 +66,16 @@ class RuntimeConfig(JobSettings):
         super().check()
         if self.check_timeout <= 0:
             raise ConfigError(f"check_timeout must be > 0 seconds, found {self.check_timeout}")
+        if (self.rescale_to is not None or self.save_rescaled) and not self.check_restore:
+            raise ConfigError("--rescale-to and --save-rescaled go with --check-restore (a rescale runs on a copy of "
+                              "the state, never on the live checkpoint); `ckpt job rescale` runs the whole rescale")
+        if self.save_rescaled and self.rescale_to is None:
+            raise ConfigError("--save-rescaled needs --rescale-to N: the partitions to save the state with")
+        if self.rescale_to is not None:
+            try:
+                parse_partitions(self.rescale_to)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
 
     @property
     def live_checkpoint(self) -> str:

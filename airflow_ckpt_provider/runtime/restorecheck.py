@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 from urllib.parse import urlparse
 
 from airflow_ckpt_provider.core import gate
@@ -39,8 +39,9 @@ from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
 from airflow_ckpt_provider.core.errors import CkptError, StorageError
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.lease import Lease, LeaseRecord
-from airflow_ckpt_provider.core.manifest import Manifest
+from airflow_ckpt_provider.core.manifest import PARTITIONS_BEFORE, RESCALED_FROM, Kind, Manifest, Trigger
 from airflow_ckpt_provider.core.modes import RestoreMode
+from airflow_ckpt_provider.core.rescaling import current_partitions, repartition_problem
 from airflow_ckpt_provider.core.restore import restore_snapshot
 from airflow_ckpt_provider.core.storage import LocalStorage, S3Options, Storage, open_storage
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
@@ -48,6 +49,7 @@ from airflow_ckpt_provider.runtime.restoreverdict import (
     OPERATORS_MISMATCH,
     CheckOutcome,
     RestoreCheck,
+    drop_log_after,
     judge,
     operators_in_error,
     operators_run,
@@ -109,28 +111,108 @@ class RestoreChecker:
     def _check(self, scratch: Storage, spark_factory: Callable[[], SparkSession] | None) -> RestoreCheck:
         build = self._load()
         manifest, note = self._choose(scratch)
-        if manifest is None:
-            return RestoreCheck(CheckOutcome.COMPATIBLE, note)
+        rescale = self.config.rescale_to
+        if manifest is None:  # no state: compatible with any code, and nothing to rescale
+            if rescale is None:
+                return RestoreCheck(CheckOutcome.COMPATIBLE, note)
+            return RestoreCheck(CheckOutcome.BAD_INPUT, f"rescale to {rescale} partitions: {note}")
         with _quiet("airflow_ckpt_provider.core.restore"):  # its time-travel warning is about real restores
             restore_snapshot(self.store, manifest.snapshot_id, scratch)
-        batch = plan_empty_batch(scratch, manifest.batch_id)
+        spark = spark_factory() if spark_factory else job_session(self.config)
+        lacking = check_spark_python(spark) or check_executors(spark, self.config.executor_timeout)
+        if lacking:  # the same the job's driver refuses: no verdict about the state
+            return RestoreCheck(CheckOutcome.INCONCLUSIVE, reason=lacking)
+        last = manifest.batch_id
+        partitions = manifest.state_partitions
+        if rescale is not None:
+            failure, partitions = self._repartition(spark, scratch, manifest, rescale)
+            if failure is not None:
+                return replace(failure, snapshot_id=manifest.snapshot_id, batch_id=manifest.batch_id,
+                               state_partitions=manifest.state_partitions)
+            last += 1  # the repartition's batch
+        batch = plan_empty_batch(scratch, last)
         before = state_files(o.key for o in scratch.list("state/"))
         log.info("job %s: restore check: %s%s; running batch %d of %s on a copy at %s with no data",
                  self.config.job, manifest.snapshot_id, f" ({note})" if note else "", batch, self.job_file,
                  scratch.url)
-        failure = self._run_batch(build, scratch, spark_factory)
+        failure = self._run_batch(build, spark, scratch)
+        found: dict[str, Any] = {"snapshot_id": manifest.snapshot_id, "batch_id": manifest.batch_id,
+                                 "state_partitions": partitions}
         if failure is not None:
-            return replace(failure, snapshot_id=manifest.snapshot_id, batch_id=manifest.batch_id,
-                           snapshot_operators=tuple(snapshot_operators(manifest)))
+            return replace(failure, **found, snapshot_operators=tuple(snapshot_operators(manifest)))
         if not scratch.exists(f"commits/{batch}"):
-            return RestoreCheck(
-                CheckOutcome.INCONCLUSIVE, snapshot_id=manifest.snapshot_id, batch_id=manifest.batch_id,
+            report = RestoreCheck(
+                CheckOutcome.INCONCLUSIVE, **found,
                 reason=f"Spark stopped the check query without an error and without committing batch {batch}; "
                 "no verdict. Run the check again and look at the driver's output",
             )
-        report = judge(manifest, self.name, operators_run(before, (o.key for o in scratch.list("state/"))),
-                       allow_non_restored=self.config.allow_non_restored_state)
+        else:
+            report = judge(manifest, self.name, operators_run(before, (o.key for o in scratch.list("state/"))),
+                           allow_non_restored=self.config.allow_non_restored_state)
+            report = replace(report, state_partitions=partitions)
+        if rescale is not None and report.compatible:
+            report = self._rescaled(report, scratch, manifest, last)
         return replace(report, reason=f"{report.reason}; {note}") if note else report
+
+    def _repartition(self, spark: SparkSession, scratch: Storage, manifest: Manifest,
+                     partitions: int) -> tuple[RestoreCheck | None, int | None]:
+        """Spark's offline repartition of the restored copy into ``partitions``: a failure's verdict (nothing
+        was asked of Spark if the state cannot be repartitioned, core/rescaling.py), and the new count."""
+        what = f"rescale of snapshot {manifest.snapshot_id} (batch {manifest.batch_id})"
+        view = SparkCheckpoint(scratch).view(manifest.batch_id)
+        if view.next_offsets is not None:
+            if self.config.save_rescaled:
+                return RestoreCheck(CheckOutcome.BAD_INPUT, (
+                    f"{what}: the snapshot holds batch {manifest.batch_id + 1} planned but not committed (offsets/"
+                    f"{manifest.batch_id + 1}); Spark repartitions only after a committed batch "
+                    "(STATE_REPARTITION_INVALID_CHECKPOINT.LAST_BATCH_FAILED). Let the job run that batch, take a "
+                    "savepoint (stop with savepoint), and rescale from it")), None
+            drop_log_after(scratch, manifest.batch_id)  # a check only: the copy's pending batch is not needed
+        problem = repartition_problem(view, partitions)
+        if problem:
+            return RestoreCheck(CheckOutcome.BAD_INPUT, f"{what} to {partitions} partitions refused: {problem}"), None
+        before = current_partitions(view)
+        log.info("job %s: repartitioning the state of %s from %s to %d partitions on a copy at %s", self.config.job,
+                 manifest.snapshot_id, before, partitions, scratch.url)
+        started = time.monotonic()
+        try:
+            spark._streamingCheckpointManager.repartition(scratch.url, partitions, True)
+        except Exception as err:  # Spark's refusal: Py4JJavaError with an error condition, IllegalArgumentException
+            message, condition = spark_error(err)
+            return RestoreCheck(CheckOutcome.INCOMPATIBLE, error_class=condition, reason=(
+                f"{what}: Spark refused to repartition the state from {before} to {partitions} partitions: "
+                f"{message}. The job keeps its {before} partitions; see docs/rescaling.md for what Spark "
+                "repartitions")), None
+        after = SparkCheckpoint(scratch).view()
+        found = current_partitions(after)
+        if after.batch_id != manifest.batch_id + 1 or found != partitions:
+            return RestoreCheck(CheckOutcome.INCONCLUSIVE, (
+                f"{what}: Spark's repartition returned, but the copy is at batch {after.batch_id} with {found} "
+                f"partitions; expected batch {manifest.batch_id + 1} with {partitions}. No verdict")), None
+        log.info("job %s: repartitioned the state of %s from %s to %d partitions in %.1f s (batch %d, %d files, "
+                 "%d bytes)", self.config.job, manifest.snapshot_id, before, partitions, time.monotonic() - started,
+                 after.batch_id, len(after.files), sum(f.size for f in after.files))
+        return None, partitions
+
+    def _rescaled(self, report: RestoreCheck, scratch: Storage, manifest: Manifest, batch: int) -> RestoreCheck:
+        """With --save-rescaled: the repartitioned copy at its repartition batch, as a savepoint of its own
+        (trigger rescale), once the check's batch proved that the job runs on it."""
+        if not self.config.save_rescaled:
+            return report
+        from airflow_ckpt_provider.core.snapshots import create_snapshot
+
+        result = create_snapshot(
+            self.store, scratch, kind=Kind.SAVEPOINT, trigger=Trigger.RESCALE, batch_id=batch, write_ahead=False,
+            code_version=self.config.code_version or manifest.code_version, spark_version=manifest.spark_version,
+            labels={RESCALED_FROM: manifest.snapshot_id, PARTITIONS_BEFORE: str(manifest.state_partitions)},
+        )
+        saved = result.manifest
+        log.info("job %s: rescaled savepoint %s (batch %d, %s partitions, from %s with %s)", self.config.job,
+                 saved.snapshot_id, saved.batch_id, saved.state_partitions, manifest.snapshot_id,
+                 manifest.state_partitions)
+        return replace(report, rescaled_snapshot_id=saved.snapshot_id, reason=(
+            f"{report.reason}; saved as savepoint {saved.snapshot_id} (batch {saved.batch_id}, "
+            f"{saved.state_partitions} partitions)"))
 
     def _choose(self, scratch: Storage) -> tuple[Manifest | None, str]:
         """The snapshot a start with ``config.restore`` would restore, and a note for the reason.
@@ -181,13 +263,8 @@ class RestoreChecker:
             log.exception("job %s: loading %s failed", self.config.job, self.job_file)
             raise CkptError(f"the job file {self.job_file} does not load: {type(err).__name__}: {err}") from err
 
-    def _run_batch(self, build: JobBuilder, scratch: Storage,
-                   spark_factory: Callable[[], SparkSession] | None) -> RestoreCheck | None:
+    def _run_batch(self, build: JobBuilder, spark: SparkSession, scratch: Storage) -> RestoreCheck | None:
         """Build the new query, swap its sink for noop, run the empty batch; a failure's verdict or None."""
-        spark = spark_factory() if spark_factory else job_session(self.config)
-        lacking = check_spark_python(spark) or check_executors(spark, self.config.executor_timeout)
-        if lacking:  # the same the job's driver refuses: no verdict about the state
-            return RestoreCheck(CheckOutcome.INCONCLUSIVE, reason=lacking)
         from pyspark.errors import AnalysisException
 
         from airflow_ckpt_provider.kafka.source import CkptKafkaDataSource

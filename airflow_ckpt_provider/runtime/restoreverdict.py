@@ -56,6 +56,8 @@ class RestoreCheck:
     non_restored_operators: tuple[int, ...] = ()
     error_class: str | None = None
     seconds: float | None = None
+    state_partitions: int | None = None  # the state's partitions the check ran with (after a rescale: the new)
+    rescaled_snapshot_id: str | None = None  # --save-rescaled: the savepoint of the repartitioned state
     extra: Mapping[str, Any] = field(default_factory=dict)  # fields of a newer driver, kept as they are
 
     @property
@@ -79,6 +81,8 @@ class RestoreCheck:
             "non_restored_operators": list(self.non_restored_operators),
             "error_class": self.error_class,
             "seconds": self.seconds,
+            "state_partitions": self.state_partitions,
+            "rescaled_snapshot_id": self.rescaled_snapshot_id,
         }
 
     @classmethod
@@ -89,7 +93,8 @@ class RestoreCheck:
                 CheckOutcome.COMPATIBLE if d["compatible"] is True else CheckOutcome.INCOMPATIBLE
             )
             known = {"compatible", "outcome", "reason", "snapshot_id", "batch_id", "snapshot_operators",
-                     "new_operators", "non_restored_operators", "error_class", "seconds"}
+                     "new_operators", "non_restored_operators", "error_class", "seconds", "state_partitions",
+                     "rescaled_snapshot_id"}
             return cls(
                 outcome=outcome,
                 reason=str(d["reason"]),
@@ -100,6 +105,8 @@ class RestoreCheck:
                 non_restored_operators=tuple(int(o) for o in d.get("non_restored_operators") or ()),
                 error_class=None if d.get("error_class") is None else str(d["error_class"]),
                 seconds=None if d.get("seconds") is None else float(d["seconds"]),
+                state_partitions=None if d.get("state_partitions") is None else int(d["state_partitions"]),
+                rescaled_snapshot_id=None if d.get("rescaled_snapshot_id") is None else str(d["rescaled_snapshot_id"]),
                 extra={k: v for k, v in d.items() if k not in known},
             )
         except (KeyError, TypeError, ValueError) as err:
@@ -147,10 +154,14 @@ def plan_empty_batch(storage: Storage, batch_id: int) -> int:
     """
     if not storage.exists(f"commits/{batch_id}"):
         raise CkptError(f"batch {batch_id} is not completed in {storage.url}: commits/{batch_id} is missing")
-    later = [o.key for o in storage.list() if (n := _log_id(o.key)) is not None and n > batch_id]
-    storage.delete(later)
+    drop_log_after(storage, batch_id)
     storage.write(f"offsets/{batch_id + 1}", storage.read(f"offsets/{batch_id}"))
     return batch_id + 1
+
+
+def drop_log_after(storage: Storage, batch_id: int) -> None:
+    """Delete the offsets and commits entries after ``batch_id`` (a copy's write-ahead batch)."""
+    storage.delete([o.key for o in storage.list() if (n := _log_id(o.key)) is not None and n > batch_id])
 
 
 def _log_id(key: str) -> int | None:

@@ -1,0 +1,63 @@
+"""Can a checkpoint's state be repartitioned offline, and to what? Pure checks, before Spark is asked.
+
+Spark 4.3's offline repartition (``StreamingCheckpointManager.repartition``) rewrites a STOPPED query's
+state into N partitions as a new batch N+1 that reads no input. Several of its refusals come only after
+it has written ``offsets/N+1`` (an unsupported store provider, a stateless query, missing operator
+metadata), which leaves a checkpoint Spark refuses to restart on. So the provider asks the same questions
+first, read-only, on the snapshot's view; Spark's own refusal is the last word for the rest (operators it
+does not support, state variable types). Facts and sources: docs/rescaling.md. No pyspark import.
+"""
+
+from __future__ import annotations
+
+from airflow_ckpt_provider.core.checkpoint import BatchView
+from airflow_ckpt_provider.core.statestore import ROCKSDB, state_partitions
+
+#: More than this many partitions is taken for a typo (Spark would write a RocksDB store for each).
+MAX_PARTITIONS = 10_000
+
+
+def parse_partitions(value: object) -> int:
+    """A requested partition count: a whole number in [1, MAX_PARTITIONS]; ValueError says what was found."""
+    try:
+        n = int(str(value).strip())
+    except ValueError:
+        n = 0
+    if str(value).strip() != str(n) or not 1 <= n <= MAX_PARTITIONS:
+        raise ValueError(f"partitions: expected a whole number from 1 to {MAX_PARTITIONS}, found {value!r}")
+    return n
+
+
+def current_partitions(view: BatchView) -> int | None:
+    """The partitions the state has at the view's batch (None: a stateless query)."""
+    if not view.operators:
+        return None
+    return state_partitions(view.conf) or max(op.partitions for op in view.operators)
+
+
+def repartition_problem(view: BatchView, partitions: int) -> str | None:
+    """Why Spark cannot (or need not) repartition this view's state to ``partitions``; None if it can.
+
+    The text says what was expected, what was found and what to do.
+    """
+    if not view.operators:
+        return (f"the query has no state at batch {view.batch_id}: there is nothing to repartition. A stateless "
+                "query takes spark.sql.shuffle.partitions at every start: change it in the job's conf and restart")
+    current = current_partitions(view)
+    if current == partitions:
+        return (f"the state already has {partitions} partitions (batch {view.batch_id}); expected another count. "
+                "Nothing to do")
+    others = sorted({op.provider for op in view.operators if op.provider != ROCKSDB})
+    if others:
+        return (f"the state is in the HDFS-backed state store (Spark's default; operators "
+                f"{[op.operator_id for op in view.operators if op.provider != ROCKSDB]}); Spark 4.3 repartitions "
+                "RocksDB state only (STATE_REPARTITION_INVALID_CHECKPOINT.UNSUPPORTED_PROVIDER). A job whose state "
+                "must be rescaled needs spark.sql.streaming.stateStore.providerClass="
+                "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider from its first batch: a "
+                "store provider cannot change on existing state")
+    unnamed = [op.operator_id for op in view.operators if op.name is None]
+    if unnamed:
+        return (f"operators {unnamed} have no operator metadata (state/<op>/_metadata/metadata, written by Spark "
+                ">= 3.5); Spark's repartition needs it (STATE_REWRITER_INVALID_CHECKPOINT.MISSING_OPERATOR_METADATA). "
+                "Run the job on Spark >= 3.5 for one batch and take a new savepoint, then rescale")
+    return None
