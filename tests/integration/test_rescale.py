@@ -1,0 +1,115 @@
+"""Rescaling the state through savepoints, step by step (tansu, SeaweedFS, local Spark, RocksDB state).
+
+orders_v1 (a streaming aggregation per customer) runs with 2 state partitions and stops with a savepoint; the
+rescale step (``ckpt run --check-restore --restore <savepoint> --rescale-to 5 --save-rescaled``, as a rescale
+starts it) repartitions a restored copy with Spark's offline repartition, runs the job's empty batch on it and
+saves the repartition batch as a savepoint of its own; the job restarts from that savepoint, takes more orders,
+stops again and is rescaled 5 -> 3 the same way. The totals equal the produced orders exactly after each
+step; a rescale to the count the state already has is refused, and nothing is written.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from airflow_ckpt_provider import examples
+from airflow_ckpt_provider.core.control import Outcome, RequestAction
+from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.manifest import PARTITIONS_BEFORE, RESCALED_FROM, Kind, Manifest, Trigger
+from airflow_ckpt_provider.core.modes import RestoreSpec
+from airflow_ckpt_provider.core.snapshots import list_snapshots, load_manifest
+from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
+from airflow_ckpt_provider.examples._orders import read_totals
+from airflow_ckpt_provider.launcher.restorecheck import check_restore
+from airflow_ckpt_provider.launcher.submit import SubmitSpec, parse_conf
+from airflow_ckpt_provider.runtime.config import RuntimeConfig
+from airflow_ckpt_provider.runtime.exitcodes import EXIT_STOPPED
+from airflow_ckpt_provider.runtime.restoreverdict import CheckOutcome, RestoreCheck
+from tests.integration.test_restore_check import OrdersEnv, expected_totals, produce_orders
+from tests.support.runtimejob import SPARK_CONF, Run
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 180.0
+CHECK_TIMEOUT = 240.0
+EXAMPLES = Path(examples.__file__).parent
+ROCKSDB = ("spark.sql.streaming.stateStore.providerClass="
+           "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+
+
+class RescaleEnv(OrdersEnv):
+    def run_job(self, name: str, job_file: Path, checkpoint: Path, *args: str) -> Run:
+        return super().run_job(name, job_file, checkpoint, "--conf", ROCKSDB, "--checkpoint-interval", "none", *args)
+
+    def rescale(self, savepoint: str, partitions: int, checkpoint: Path) -> RestoreCheck:
+        """The rescale step as a rescale runs it: restore the savepoint on a copy, repartition, check, save."""
+        config = RuntimeConfig(job=self.job, store=self.store_url, checkpoint=str(checkpoint),
+                               endpoint_url=self.s3.endpoint_url, region=self.s3.region,
+                               restore=RestoreSpec.parse(savepoint), rescale_to=partitions, save_rescaled=True,
+                               check_restore=True)
+        spec = SubmitSpec(job_file=str(EXAMPLES / "orders_v1.py"), config=config,
+                          conf=parse_conf([*SPARK_CONF, ROCKSDB]))
+        return check_restore(spec, CHECK_TIMEOUT, log_file=str(self.work / f"rescale-{partitions}.log"),
+                             env=self.orders_env(self.work / "check-out"))
+
+    def run_until_stopped(self, name: str, checkpoint: Path, restore: str, total: int) -> Manifest:
+        """Run orders_v1 from ``restore`` until its totals count ``total`` orders, then stop it with a savepoint."""
+        run = self.run_job(name, EXAMPLES / "orders_v1.py", checkpoint, "--restore", restore)
+        try:
+            deadline = time.monotonic() + TIMEOUT
+            while sum(n for n, _ in read_totals(self.out).values()) < total:
+                assert run.proc.poll() is None, run.tail()
+                assert time.monotonic() < deadline, f"{name}: totals short of {total} orders after {TIMEOUT:.0f} s"
+                time.sleep(0.5)
+            status = self.status()
+            assert status is not None
+            ack = self.request(RequestAction.STOP, status.epoch)
+            assert ack.outcome is Outcome.COMPLETED, ack
+            assert run.proc.wait(60) == EXIT_STOPPED, run.tail()
+        finally:
+            if run.proc.poll() is None:
+                run.proc.kill()
+        assert read_totals(self.out) == expected_totals(total), f"{name}: totals differ from the orders produced"
+        assert ack.snapshot_id is not None
+        return load_manifest(self.store(), ack.snapshot_id)
+
+
+@pytest.fixture
+def env(s3_server: EmbeddedS3, kafka_server: EmbeddedKafka, bucket: str, topic: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> RescaleEnv:
+    monkeypatch.setenv("CKPT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    return RescaleEnv(s3_server, kafka_server, tmp_path, bucket, topic)
+
+
+def test_state_rescaled_2_to_5_to_3_through_savepoints_keeps_the_totals_exact(env: RescaleEnv) -> None:
+    checkpoint = env.work / "checkpoint"
+    produce_orders(env.kafka.bootstrap_servers, env.topic, 0, 400)
+    source = env.run_until_stopped("on-2", checkpoint, "latest-state", 400)
+    assert source.state_partitions == 2 and source.trigger is Trigger.STOP
+    total = 400
+    for partitions in (5, 3):
+        verdict = env.rescale(source.snapshot_id, partitions, checkpoint)
+        assert verdict.outcome is CheckOutcome.COMPATIBLE and verdict.state_partitions == partitions, verdict
+        assert verdict.rescaled_snapshot_id is not None, verdict
+        rescaled = load_manifest(env.store(), verdict.rescaled_snapshot_id)
+        assert (rescaled.kind, rescaled.trigger, rescaled.batch_id, rescaled.state_partitions) == (
+            Kind.SAVEPOINT, Trigger.RESCALE, source.batch_id + 1, partitions)
+        assert rescaled.labels == {RESCALED_FROM: source.snapshot_id, PARTITIONS_BEFORE: str(source.state_partitions)}
+        assert rescaled.offsets == source.offsets  # the repartition batch reads no input
+        produce_orders(env.kafka.bootstrap_servers, env.topic, total, 200)
+        total += 200
+        after = env.run_until_stopped(f"on-{partitions}", checkpoint, rescaled.snapshot_id, total)
+        assert after.state_partitions == partitions and after.batch_id > rescaled.batch_id
+        source = after
+
+    # The same count again: refused before Spark is asked, nothing written to the job store.
+    snapshots = [m.snapshot_id for m in list_snapshots(env.store())]
+    with pytest.raises(ConfigError, match=rf"rescale of snapshot {source.snapshot_id} \(batch {source.batch_id}\) "
+                                          r"to 3 partitions refused: the state already has 3 partitions"):
+        env.rescale(source.snapshot_id, 3, checkpoint)
+    assert [m.snapshot_id for m in list_snapshots(env.store())] == snapshots
