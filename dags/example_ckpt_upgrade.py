@@ -3,7 +3,9 @@
 The Params are validated by Airflow before the run is created (a bad upgrade mode never reaches the job);
 the operator then checks, BEFORE stopping anything, that Spark can restore the job's current state with the
 new code, stops the old job with a savepoint, starts the new code from it, verifies progress and rolls back
-to the old code and the same savepoint if the new code fails.
+to the old code and the same savepoint if the new code fails. With "partitions" set, the same run also
+rescales the job's state to that many partitions (Spark's offline repartition of the savepoint, on a copy;
+RocksDB state only); the rollback then also goes back to the old partitions.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ with DAG(
                                           description="Allow dropping state the new code no longer has"),
         "verify_batches": Param(2, type="integer", minimum=1, maximum=100,
                                 description="Batches the new code must complete to pass verification"),
+        "partitions": Param(None, type=["null", "integer"], minimum=1, maximum=10_000,
+                            description="Rescale the state to this many partitions (empty: keep them); needs "
+                                        "upgrade mode savepoint and RocksDB state"),
     },
     tags=["ckpt", "example"],
 ) as dag:
@@ -49,6 +54,7 @@ with DAG(
         upgrade_mode="{{ params.upgrade_mode }}",
         allow_non_restored_state="{{ params.allow_non_restored_state }}",
         verify_batches="{{ params.verify_batches }}",
+        partitions="{{ params.partitions }}",
         verify_timeout=300,
         deferrable=True,  # waits in the triggerer (the default is Airflow's [operators] default_deferrable)
     )

@@ -141,6 +141,30 @@ def cmd_request(args: argparse.Namespace) -> int:
     return EXIT_ERROR
 
 
+def cmd_rescale(args: argparse.Namespace) -> int:
+    import getpass
+    import socket
+
+    from airflow_ckpt_provider.cli.common import s3_options
+    from airflow_ckpt_provider.core.rescaling import parse_partitions
+    from airflow_ckpt_provider.launcher.rescale import JobRescale, RescaleOptions
+
+    try:
+        partitions = parse_partitions(args.partitions)
+    except ValueError as err:
+        raise ConfigError(f"--{err}") from None
+    options = RescaleOptions(partitions, check_timeout=args.check_timeout, stop_timeout=args.stop_timeout,
+                             verify_batches=args.verify_batches, verify_timeout=args.verify_timeout)
+    store = open_job_store(args)
+    rescale = JobRescale(store, args.store, s3_options(args), options, say=progress,
+                         launched_by=f"{getpass.getuser()}@{socket.gethostname()} (ckpt job rescale)")
+    result = rescale.run()
+    emit(args, result, lambda: (f"rescaled job {store.job} to {partitions} state partitions: savepoint "
+                                f"{result['rescaled_snapshot_id']} (from {result['snapshot_id']}), running at epoch "
+                                f"{result['epoch']}, batch {result['batch_id']}"))
+    return 0
+
+
 def _json(data: Any) -> str:
     return json.dumps(data, indent=2, sort_keys=True)
 
@@ -150,7 +174,7 @@ def _json(data: Any) -> str:
 
 def add_job_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`ckpt job status|savepoint|stop|cancel`, with the same common options as `ckpt snapshot`."""
-    job = groups.add_parser("job", help="a job's status, and savepoint, stop or cancel of its running driver")
+    job = groups.add_parser("job", help="a job's status; savepoint, stop or cancel of its running driver; rescale")
     sub = job.add_subparsers(dest="command", required=True)
     p = sub.add_parser("status", help="state, epoch, batch, heartbeat, last snapshot and lease of a job")
     add_store_args(p)
@@ -168,3 +192,16 @@ def add_job_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]
                        help=f"seconds to wait for the driver's answer (default {DEFAULT_TIMEOUT[action]:.0f}; "
                             "exit 4 when it does not come)")
         p.add_argument("--no-wait", action="store_true", help="submit the request and return at once")
+    p = sub.add_parser("rescale", help="rescale the job's state to N partitions through a savepoint (a recorded "
+                       "deployment, RocksDB state): checked on a copy first, rolled back if it fails")
+    add_store_args(p)
+    p.set_defaults(fn=cmd_rescale)
+    p.add_argument("--partitions", required=True, metavar="N", help="the state partitions to rescale to")
+    p.add_argument("--check-timeout", type=float, default=600.0, metavar="S",
+                   help="seconds for each of the check and the repartition (default 600)")
+    p.add_argument("--stop-timeout", type=float, default=300.0, metavar="S",
+                   help="seconds for the stop with savepoint (default 300)")
+    p.add_argument("--verify-batches", type=int, default=2, metavar="N",
+                   help="batches the rescaled job must complete (default 2)")
+    p.add_argument("--verify-timeout", type=float, default=300.0, metavar="S",
+                   help="seconds for the verification (default 300)")

@@ -10,6 +10,12 @@ Observe, decide, act one step at a time (the Flink Kubernetes Operator's upgrade
 4. verify: ``verify_batches`` batches within ``verify_timeout`` seconds, no failure or restart;
 5. on failure, roll back: the old code from the same snapshot (a newer launch supersedes the failing
    one's supervisor and its driver is fenced by the lease), then the task fails saying so.
+
+With ``partitions`` the upgrade also rescales the state (RescaleStreamingJobOperator: the same code with
+other partitions). The check of step 1 runs on a copy repartitioned with Spark's offline repartition, and
+between steps 2 and 3 the savepoint is repartitioned on a copy and saved as a savepoint of its own (trigger
+``rescale``; the same detached process as the check, its verdict awaited the same way); step 3 starts from
+that one, and a rollback goes back to the savepoint of step 2 with the old partitions (docs/rescaling.md).
 """
 
 from __future__ import annotations
@@ -27,8 +33,9 @@ from airflow_ckpt_provider.core.health import HealthCriteria
 from airflow_ckpt_provider.core.jobview import check_can_request, observe
 from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec, StopMode, UpgradeMode
 from airflow_ckpt_provider.core.outcomes import CHECK_EVENTS, CheckOutcome
+from airflow_ckpt_provider.core.rescaling import parse_partitions
 from airflow_ckpt_provider.core.restorechecks import OUTCOME_GRACE, CheckStarted
-from airflow_ckpt_provider.core.snapshots import latest_completed, list_snapshots
+from airflow_ckpt_provider.core.snapshots import dispose_snapshot, latest_completed, list_snapshots
 from airflow_ckpt_provider.core.status import JobState
 from airflow_ckpt_provider.launcher.deploy import log_tail, submit_spec
 from airflow_ckpt_provider.launcher.restorecheck import start_check
@@ -56,7 +63,7 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
     """
 
     template_fields = (*_LaunchMixin.template_fields, "job_file", "code_version", "upgrade_mode",
-                       "allow_non_restored_state", "verify_batches")
+                       "allow_non_restored_state", "verify_batches", "partitions")
     operator_extra_links = (SparkUILink(), SnapshotLink())
 
     def __init__(
@@ -70,9 +77,11 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         verify_timeout: float = 300.0,
         check_timeout: float = 600.0,
         stop_timeout: float = STOP_TIMEOUT,
+        partitions: int | str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.partitions = partitions
         self.job_file = job_file
         self.code_version = code_version
         self.upgrade_mode = mode_arg(UpgradeMode, upgrade_mode)
@@ -84,7 +93,18 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         self.start_timeout = verify_timeout
 
     def _step(self, n: int, text: str, *args: Any) -> None:
-        self.log.info("upgrade of job %s, step %d/5: %s", self.job, n, text % args if args else text)
+        self.log.info("%s of job %s, step %d/5: %s", self._what, self.job, n, text % args if args else text)
+
+    _what = "upgrade"
+
+    def _partitions(self) -> int | None:
+        """The state partitions asked for; None (or an empty form field) keeps them."""
+        if self.partitions is None or str(self.partitions).strip() in ("", "None"):
+            return None
+        try:
+            return parse_partitions(self.partitions)
+        except ValueError as err:
+            raise AirflowException(f"{self._what} of job {self.job}: {err}; nothing was changed") from err
 
     # -- 1. check, 2. stop -------------------------------------------------------------------------
 
@@ -92,7 +112,7 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         try:
             return parse_mode(UpgradeMode, self.upgrade_mode)
         except CkptError as err:
-            raise AirflowException(f"upgrade of job {self.job}: {err}; nothing was changed") from err
+            raise AirflowException(f"{self._what} of job {self.job}: {err}; nothing was changed") from err
 
     def execute(self, context: Context) -> Any:
         persist_empty_links(context, self)  # before anything can fail or defer (links.py)
@@ -103,13 +123,18 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
             verify_batches = -1
         if verify_batches < 0:
             raise AirflowException(f"verify_batches: expected a whole number >= 0, found {self.verify_batches!r}")
+        partitions = self._partitions()
+        if partitions is not None and mode is not UpgradeMode.SAVEPOINT:
+            raise AirflowException(f"{self._what} of job {self.job}: partitions={partitions} with upgrade_mode "
+                                   f"{mode}; a rescale goes through a savepoint: use upgrade_mode savepoint. Nothing "
+                                   "was changed")
         ti = context.get("ti")
         if ti is not None and int(getattr(ti, "try_number", 1) or 1) > 1:
             # A retry would take spec/last.json (maybe the new code by now) for the old deployment.
             raise AirflowFailException(
-                f"upgrade of job {self.job}: not retried (try {ti.try_number}): an earlier try may have stopped the "
-                "old job or started the new code. Check `ckpt job status` and spec/last.json, then trigger a "
-                "new run; set retries=0 on this task")
+                f"{self._what} of job {self.job}: not retried (try {ti.try_number}): an earlier try may have "
+                "stopped the old job or started the new code. Check `ckpt job status` and spec/last.json, then "
+                "trigger a new run; set retries=0 on this task")
         store = self.job_store()
         old = read_launch(store)
         if old is None:
@@ -127,7 +152,7 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
             check = None if mode is UpgradeMode.STATELESS else self._start_check(context, store, new)
         except CkptError as err:
             raise self._refused(err) from err
-        plan = {"old": old.to_dict(), "new": new.to_dict()}
+        plan = {"old": old.to_dict(), "new": new.to_dict(), "partitions": partitions}
         if check is None:  # stateless: nothing to restore, nothing to check
             return self._stop(context, store, plan, running)
         # The watch's own deadline (timeout + OUTCOME_GRACE) says "no verdict" before the trigger times out.
@@ -136,8 +161,12 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         return self.wait(context, trigger=trigger, method_name="after_check", kwargs={"plan": plan})
 
     def _refused(self, why: object) -> AirflowException:
-        return AirflowException(f"upgrade of job {self.job} to {self.job_file} refused before anything was "
+        return AirflowException(f"{self._what} of job {self.job} to {self._target()} refused before anything was "
                                 f"stopped: {why}; the job runs as before")
+
+    def _target(self) -> str:
+        partitions = self._partitions()
+        return self.job_file + (f" with {partitions} state partitions" if partitions is not None else "")
 
     @staticmethod
     def _check_running(mode: UpgradeMode, running: int | None) -> None:
@@ -168,17 +197,24 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
 
     def _start_check(self, context: Context, store: JobStore, new: Deployment) -> CheckStarted:
         """Start the restore check detached (its record first); the task then waits for its verdict."""
-        self._step(1, "checking that %s (code %s) restores the current state", new.job_file, new.code_version or "-")
+        partitions = self._partitions()
+        self._step(1, "checking that %s (code %s) restores the current state%s", new.job_file,
+                   new.code_version or "-", f" repartitioned into {partitions} partitions" if partitions else "")
+        who = self._who(context)
+        hook = self.store_hook
+        check = start_check(store, new, store_url=hook.store_url, timeout=self.check_timeout, s3=hook.s3_options,
+                            allow_non_restored_state=_flag(self.allow_non_restored_state), started_by=who,
+                            rescale_to=partitions)
+        self._step(1, "restore check %s runs as pid %s on %s (log %s); waiting up to %.0f s for its verdict",
+                   check.check_id, check.pid, check.host, check.log_file, self.check_timeout)
+        return check
+
+    def _who(self, context: Context) -> str:
         ti = context.get("ti")
         who = f"airflow:{self.dag_id}.{self.task_id}"
         if ti is not None and getattr(ti, "run_id", None):
             who += f" run {ti.run_id} try {getattr(ti, 'try_number', 1)}"
-        hook = self.store_hook
-        check = start_check(store, new, store_url=hook.store_url, timeout=self.check_timeout, s3=hook.s3_options,
-                            allow_non_restored_state=_flag(self.allow_non_restored_state), started_by=who)
-        self._step(1, "restore check %s runs as pid %s on %s (log %s); waiting up to %.0f s for its verdict",
-                   check.check_id, check.pid, check.host, check.log_file, self.check_timeout)
-        return check
+        return who
 
     def after_check(self, context: Context, event: dict[str, Any], plan: dict[str, Any]) -> Any:
         """The check's verdict: compatible goes on to the stop (the job observed again: it may have changed
@@ -193,8 +229,9 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         if status != CheckOutcome.COMPATIBLE:
             raise self._refused(f"restore check of snapshot {event.get('snapshot_id') or '-'} with the new code: "
                                 f"{status}: {event.get('reason')}")
-        self._step(1, "compatible: Spark restored snapshot %s (batch %s) with the new code", event.get("snapshot_id"),
-                   event.get("batch_id"))
+        self._step(1, "compatible: Spark restored snapshot %s (batch %s) with the new code%s", event.get("snapshot_id"),
+                   event.get("batch_id"), f", in {event['state_partitions']} state partitions"
+                   if event.get("state_partitions") else "")
         store = self.job_store()
         try:
             running = self._running_epoch(store)
@@ -220,12 +257,55 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         restore = {UpgradeMode.SAVEPOINT: saved, UpgradeMode.LAST_STATE: LATEST_STATE,
                    UpgradeMode.STATELESS: RestoreSpec(RestoreMode.NONE)}[self._mode()]
         plan = plan | {"snapshot_id": snapshot_id}
+        if plan.get("partitions") is not None:
+            return self._rescale(context, store, plan)
+        return self._start_new(context, store, plan, restore)
+
+    def _start_new(self, context: Context, store: JobStore, plan: dict[str, Any], restore: RestoreSpec) -> Any:
         self._step(3, "starting %s (code %s), restore %s", self.job_file, self.code_version or "-", restore)
         try:
             record = self._launch(store, Deployment.from_dict(plan["new"]), restore)
         except AirflowException as err:  # e.g. the job file is missing on this worker: bring the old code back
             return self._roll_back(context, store, plan, f"the new code could not be launched: {err}")
         return self._verify(context, store, record, "after_verify", plan)
+
+    # -- 2b. rescale: the savepoint repartitioned on a copy, saved as a savepoint of its own ---------------------
+
+    def _rescale(self, context: Context, store: JobStore, plan: dict[str, Any]) -> Any:
+        partitions, snapshot_id = plan["partitions"], plan["snapshot_id"]
+        if snapshot_id is None:
+            return self._roll_back(context, store, plan, "the stop left no savepoint to repartition")
+        self._step(3, "repartitioning savepoint %s into %d state partitions on a copy", snapshot_id, partitions)
+        hook = self.store_hook
+        try:
+            check = start_check(store, Deployment.from_dict(plan["new"]), store_url=hook.store_url,
+                                timeout=self.check_timeout, s3=hook.s3_options, started_by=self._who(context),
+                                allow_non_restored_state=_flag(self.allow_non_restored_state),
+                                restore=RestoreSpec(RestoreMode.SNAPSHOT, snapshot_id), rescale_to=partitions,
+                                save_rescaled=True)
+        except CkptError as err:
+            return self._roll_back(context, store, plan, f"the rescale could not start: {err}")
+        self._step(3, "rescale %s runs as pid %s on %s (log %s); waiting up to %.0f s", check.check_id, check.pid,
+                   check.host, check.log_file, self.check_timeout)
+        trigger = RestoreCheckTrigger(**self._store_args, check_id=check.check_id,
+                                      timeout=self.check_timeout + OUTCOME_GRACE + 30)
+        return self.wait(context, trigger=trigger, method_name="after_rescale", kwargs={"plan": plan})
+
+    def after_rescale(self, context: Context, event: dict[str, Any], plan: dict[str, Any]) -> Any:
+        """The repartitioned savepoint: start the job on it; anything else rolls back to the old partitions."""
+        store = self.job_store()
+        try:
+            event = check_event(event, CHECK_EVENTS, "rescale")
+        except AirflowException as err:
+            return self._roll_back(context, store, plan, str(err))
+        rescaled = event.get("rescaled_snapshot_id")
+        if event["status"] != CheckOutcome.COMPATIBLE or not rescaled:
+            return self._roll_back(context, store, plan, f"the rescale of savepoint {plan['snapshot_id']} to "
+                                   f"{plan['partitions']} partitions: {event['status']}: {event.get('reason')}")
+        self._step(3, "savepoint %s holds the state in %s partitions (rescaled from %s)", rescaled,
+                   event.get("state_partitions"), plan["snapshot_id"])
+        plan = plan | {"rescaled_snapshot_id": rescaled}
+        return self._start_new(context, store, plan, RestoreSpec(RestoreMode.SNAPSHOT, rescaled))
 
     def _stop_failed(self, store: JobStore, plan: dict[str, Any], err: AirflowException) -> None:
         """The old driver did not stop as asked: say what state the job is in; relaunch it if it is down."""
@@ -237,14 +317,14 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         if view is not None and status is not None and view.live:
             if status.state is JobState.STOPPING:
                 raise AirflowException(
-                    f"upgrade of job {self.job}: {err}; the old driver (epoch {status.epoch}) is still STOPPING: "
+                    f"{self._what} of job {self.job}: {err}; the old driver (epoch {status.epoch}) is still STOPPING: "
                     "the stop stays in effect and nothing restarts the job afterwards; once `ckpt job status` "
                     "shows it STOPPED, run the upgrade again (or restart the job)") from err
-            raise AirflowException(f"upgrade of job {self.job}: {err}; the old job still runs (epoch "
+            raise AirflowException(f"{self._what} of job {self.job}: {err}; the old job still runs (epoch "
                                    f"{status.epoch}), nothing was changed") from err
         old = Deployment.from_dict(plan["old"]["deployment"])
         self._launch(store, old, LATEST_STATE)
-        raise AirflowException(f"upgrade of job {self.job}: {err}; the old job had stopped: relaunched "
+        raise AirflowException(f"{self._what} of job {self.job}: {err}; the old job had stopped: relaunched "
                                f"{old.job_file} (code {old.code_version or '-'}) from its latest state") from err
 
     def _verify(self, context: Context, store: JobStore, record: Launch, method_name: str,
@@ -272,14 +352,24 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
                        event.get("batch_id"), self.code_version or self.job_file)
             return {"job": self.job, "from_version": old.code_version, "to_version": self.code_version,
                     "upgrade_mode": self._mode().value, "snapshot_id": plan["snapshot_id"],
-                    "epoch": event.get("epoch"), "batch_id": event.get("batch_id")}
+                    "epoch": event.get("epoch"), "batch_id": event.get("batch_id"),
+                    "partitions": plan.get("partitions"), "rescaled_snapshot_id": plan.get("rescaled_snapshot_id")}
         tail = log_tail(read_launch(store))
-        self.log.error("upgrade of job %s: the new code failed verification: %s%s", self.job, why,
+        self.log.error("%s of job %s: the new code failed verification: %s%s", self._what, self.job, why,
                        f"\nlast lines of its log:\n{tail}" if tail else "")
         return self._roll_back(context, store, plan, why)
 
     def _roll_back(self, context: Context, store: JobStore, plan: dict[str, Any], why: str) -> Any:
         old = Deployment.from_dict(plan["old"]["deployment"])
+        rescaled = plan.get("rescaled_snapshot_id")
+        if rescaled:  # a restore strategy must not pick the new partitions up again (it is the newest savepoint)
+            try:
+                dispose_snapshot(store, rescaled, force=True)
+                self.log.info("%s of job %s: disposed savepoint %s (the state in %s partitions)", self._what,
+                              self.job, rescaled, plan.get("partitions"))
+            except CkptError as err:
+                self.log.warning("%s of job %s: savepoint %s (the new partitions) was not disposed: %s; dispose it "
+                                 "with `ckpt snapshot dispose`", self._what, self.job, rescaled, err)
         restore = RestoreSpec(RestoreMode.SNAPSHOT, plan["snapshot_id"]) if plan["snapshot_id"] else LATEST_STATE
         self._step(5, "rolling back to %s (code %s) from %s", old.job_file, old.code_version or "-", restore)
         record = self._launch(store, old, restore)
@@ -292,13 +382,13 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         old = plan["old"]["deployment"]
         if not healthy:
             raise AirflowException(
-                f"upgrade of job {self.job} to {self.code_version or self.job_file} failed verification ({why}) "
+                f"{self._what} of job {self.job} to {self.code_version or self.job_file} failed verification ({why}) "
                 f"and the rollback to {old.get('code_version') or old['job_file']} ALSO failed ({rollback_why}); "
                 f"the job's state is uncertain: check `ckpt job status --job {self.job}`, and if it is not "
                 f"running restore it from snapshot {plan['snapshot_id'] or '(its latest state)'}")
         SparkUILink.persist(context, event.get("ui_url"))
         raise AirflowException(
-            f"upgrade of job {self.job} to {self.code_version or self.job_file} failed verification ({why}); "
+            f"{self._what} of job {self.job} to {self.code_version or self.job_file} failed verification ({why}); "
             f"rolled back to {old.get('code_version') or old['job_file']} from "
             f"{plan['snapshot_id'] or 'its latest state'}: the old code runs again (epoch {event.get('epoch')})")
 
@@ -314,3 +404,32 @@ def _flag(value: object) -> bool:
     if isinstance(value, str):
         return value.strip().lower() in ("true", "1", "yes", "on")
     return bool(value)
+
+
+class RescaleStreamingJobOperator(UpgradeStreamingJobOperator):
+    """Rescale ``job``'s state to ``partitions`` state partitions through a savepoint, keeping its code: the
+    restore check on a repartitioned copy, stop with savepoint, the savepoint repartitioned on a copy and saved
+    as a savepoint of its own (trigger ``rescale``), the job started on it and verified, and a rollback to the
+    old partitions from the stop's savepoint if anything fails (Flink: a savepoint, then another parallelism).
+
+    A mode of the upgrade (Flink's operator rescales the same way: a changed parallelism is an upgrade through a
+    savepoint); ``UpgradeStreamingJobOperator(partitions=N)`` changes the code in the same run. Spark 4.3
+    repartitions RocksDB state only (docs/rescaling.md). Returns the upgrade's result, with ``partitions`` and
+    ``rescaled_snapshot_id``.
+    """
+
+    _what = "rescale"
+
+    def __init__(self, *, partitions: int | str, **kwargs: Any) -> None:
+        kwargs.setdefault("job_file", "")  # the running code's, read from spec/last.json when the task runs
+        super().__init__(partitions=partitions, upgrade_mode=UpgradeMode.SAVEPOINT, **kwargs)
+
+    def execute(self, context: Context) -> Any:
+        if self._partitions() is None:
+            raise AirflowException(f"rescale of job {self.job}: expected partitions (a whole number >= 1), found "
+                                   f"{self.partitions!r}; nothing was changed")
+        old = read_launch(self.job_store())
+        if old is not None and not self.job_file:
+            self.job_file = old.deployment.job_file
+            self.code_version = self.code_version or old.deployment.code_version
+        return super().execute(context)

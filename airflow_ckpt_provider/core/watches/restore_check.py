@@ -79,4 +79,5 @@ class RestoreCheckWatch:
         return {"status": status, "message": message, "job": self.store.job, "check_id": self.check_id,
                 "reason": ended.reason if ended is not None else message,
                 "snapshot_id": report.get("snapshot_id"), "batch_id": report.get("batch_id"),
-                "seconds": report.get("seconds")}
+                "seconds": report.get("seconds"), "state_partitions": report.get("state_partitions"),
+                "rescaled_snapshot_id": report.get("rescaled_snapshot_id")}

@@ -1,0 +1,167 @@
+"""``ckpt job rescale``: the rescale of a recorded deployment from a terminal, one step after another.
+
+The same steps as RescaleStreamingJobOperator (operators/upgrade.py), in the foreground: each waits here
+instead of in Airflow's triggerer, and each says what it does on one line.
+
+1. check: the job's code runs on a copy of its latest state repartitioned into N partitions (refused here,
+   before anything stops: stateless, HDFS-backed state, the same count, Spark's own refusal);
+2. stop with savepoint S;
+3. repartition S on a copy and save it as savepoint R (trigger ``rescale``), once the job's empty batch ran
+   on it;
+4. start the deployment from R and verify ``verify_batches`` batches;
+5. anything failing after the stop: R disposed, the deployment started again from S (the old partitions).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_ckpt_provider.core.control import Outcome, RequestAction, submit_request, wait_ack
+from airflow_ckpt_provider.core.deployments import Launch, mark_stable, read_launch
+from airflow_ckpt_provider.core.errors import CkptError, ConfigError
+from airflow_ckpt_provider.core.health import HealthCriteria
+from airflow_ckpt_provider.core.jobstore import JobStore
+from airflow_ckpt_provider.core.jobview import check_can_request, observe
+from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec
+from airflow_ckpt_provider.core.snapshots import dispose_snapshot
+from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
+from airflow_ckpt_provider.launcher.deploy import launch, submit_spec
+from airflow_ckpt_provider.launcher.restorecheck import check_restore, check_spec
+from airflow_ckpt_provider.runtime.restoreverdict import RestoreCheck
+
+log = logging.getLogger(__name__)
+
+
+class RescaleFailed(CkptError):
+    """The rescale failed after the job stopped; the message says where the job is now (rolled back or not).
+    ``rescaled``: the savepoint of the new partitions, if it was saved."""
+
+    def __init__(self, message: str, rescaled: str | None = None) -> None:
+        super().__init__(message)
+        self.rescaled = rescaled
+
+
+@dataclass(frozen=True)
+class RescaleOptions:
+    partitions: int
+    check_timeout: float = 600.0
+    stop_timeout: float = 300.0
+    verify_batches: int = 2
+    verify_timeout: float = 300.0
+    poll: float = 1.0
+
+
+class JobRescale:
+    """One rescale of ``store``'s job; ``run()`` returns the result or raises ConfigError (refused, nothing
+    changed) or RescaleFailed (after the stop; rolled back when possible)."""
+
+    def __init__(self, store: JobStore, store_url: str, s3: S3Options | None, options: RescaleOptions, *,
+                 say: Callable[[str], None], launched_by: str) -> None:
+        self.store, self.store_url, self.s3, self.options = store, store_url, s3, options
+        self.say, self.launched_by = say, launched_by
+        self.job = store.job
+
+    def run(self) -> dict[str, Any]:
+        n = self.options.partitions
+        old = read_launch(self.store)
+        if old is None:
+            raise ConfigError(f"job {self.job} has no recorded deployment (spec/last.json): `ckpt job rescale` "
+                              "restarts the job as it was launched, so it must have been launched by an operator or "
+                              "`ckpt job rescale` before. For a job you run yourself: stop it with a savepoint, then "
+                              "`ckpt run ... --check-restore --restore SAVEPOINT --rescale-to N --save-rescaled`, and "
+                              "start it from the savepoint that prints")
+        status = check_can_request(observe(self.store), RequestAction.STOP)  # running, or refused here
+        self.say(f"1/5 checking that {old.deployment.job_file} runs on its latest state repartitioned into {n} "
+                 "partitions (on a copy)")
+        checked = self._check(old, LATEST_STATE, save=False)  # ConfigError: refused, nothing changed
+        if not checked.compatible:
+            raise ConfigError(f"rescale of job {self.job} to {n} partitions refused before anything was stopped: "
+                              f"{checked.outcome.value}: {checked.reason}; the job runs as before")
+        self.say(f"1/5 compatible: snapshot {checked.snapshot_id} (batch {checked.batch_id}) in {n} partitions, "
+                 f"{checked.seconds} s")
+        status = check_can_request(observe(self.store), RequestAction.STOP)  # it may have changed meanwhile
+        self.say(f"2/5 stopping the driver of epoch {status.epoch} with a savepoint")
+        request = submit_request(self.store, RequestAction.STOP, status.epoch, requested_by=self.launched_by)
+        ack = wait_ack(self.store, request.id, self.options.stop_timeout, poll=self.options.poll)
+        if ack is None or ack.outcome is not Outcome.COMPLETED or not ack.snapshot_id:
+            why = "no answer" if ack is None else f"{ack.outcome.value}: {ack.message}"
+            raise RescaleFailed(f"rescale of job {self.job}: the stop with savepoint did not complete ({why}); the "
+                                f"stop may still be under way: check `ckpt job status --job {self.job}`; nothing "
+                                "was repartitioned")
+        source = ack.snapshot_id
+        self.say(f"2/5 stopped with savepoint {source} at batch {ack.batch_id}")
+        try:
+            return self._rescale(old, source)
+        except RescaleFailed as err:
+            return self._roll_back(old, source, err)
+
+    def _check(self, old: Launch, restore: RestoreSpec, *, save: bool) -> RestoreCheck:
+        spec = check_spec(submit_spec(old.deployment, self.job, self.store_url, restore, self.s3,
+                                      rescale_to=self.options.partitions, save_rescaled=save),
+                          self.options.check_timeout)
+        return check_restore(spec, self.options.check_timeout, env=old.deployment.env)
+
+    def _rescale(self, old: Launch, source: str) -> dict[str, Any]:
+        n = self.options.partitions
+        self.say(f"3/5 repartitioning savepoint {source} into {n} partitions on a copy")
+        try:
+            report = self._check(old, RestoreSpec(RestoreMode.SNAPSHOT, source), save=True)
+        except ConfigError as err:
+            raise RescaleFailed(str(err)) from err
+        if not report.compatible or not report.rescaled_snapshot_id:
+            raise RescaleFailed(f"the rescale of savepoint {source}: {report.outcome.value}: {report.reason}")
+        rescaled = report.rescaled_snapshot_id
+        self.say(f"3/5 saved savepoint {rescaled} ({n} partitions) in {report.seconds} s")
+        self.say(f"4/5 starting {old.deployment.job_file} from {rescaled}")
+        try:
+            record = self._start(old, RestoreSpec(RestoreMode.SNAPSHOT, rescaled))
+            event = self._verify(record)
+        except CkptError as err:
+            raise RescaleFailed(f"{err}", rescaled) from err
+        if event.get("status") != "healthy":
+            raise RescaleFailed(f"the job on {n} partitions failed verification: {event.get('message')}", rescaled)
+        mark_stable(self.store, record)
+        self.say(f"4/5 verified: epoch {event.get('epoch')} at batch {event.get('batch_id')}, {n} partitions")
+        return {"job": self.job, "partitions": n, "snapshot_id": source, "rescaled_snapshot_id": rescaled,
+                "epoch": event.get("epoch"), "batch_id": event.get("batch_id")}
+
+    def _start(self, old: Launch, restore: RestoreSpec) -> Launch:
+        return launch(self.store, old.deployment, restore=restore, store_url=self.store_url, s3=self.s3,
+                      launched_by=self.launched_by)
+
+    def _verify(self, record: Launch, *, batches: int | None = None) -> dict[str, Any]:
+        timeout = self.options.verify_timeout
+        criteria = HealthCriteria(started_after=record.launched_at, start_timeout=timeout, max_restarts=1,
+                                  health_window=timeout,
+                                  min_batches=self.options.verify_batches if batches is None else batches)
+        watch = JobHealthWatch(self.store, criteria)
+        deadline = time.monotonic() + timeout
+        while (event := watch.poll()) is None:
+            if time.monotonic() >= deadline:
+                return {"status": "timeout", "message": f"no verdict within {timeout:.0f} s: {watch.waiting_for()}"}
+            time.sleep(self.options.poll)
+        return event
+
+    def _roll_back(self, old: Launch, source: str, failure: RescaleFailed) -> dict[str, Any]:
+        why, rescaled = str(failure), failure.rescaled
+        if rescaled:  # a restore strategy must not pick the new partitions up again (the newest savepoint)
+            try:
+                dispose_snapshot(self.store, rescaled, force=True)
+            except CkptError as dispose_err:
+                log.warning("job %s: savepoint %s (the new partitions) was not disposed: %s", self.job, rescaled,
+                            dispose_err)
+        self.say(f"5/5 rolling back: starting {old.deployment.job_file} from {source} (the old partitions): {why}")
+        record = self._start(old, RestoreSpec(RestoreMode.SNAPSHOT, source))
+        event = self._verify(record, batches=0)
+        if event.get("status") != "healthy":
+            raise RescaleFailed(f"rescale of job {self.job} failed ({why}) and the rollback from {source} ALSO failed "
+                                f"({event.get('message')}); the job's state is in savepoint {source}: check `ckpt "
+                                f"job status --job {self.job}`")
+        raise RescaleFailed(f"rescale of job {self.job} to {self.options.partitions} partitions failed ({why}); rolled "
+                            f"back: the job runs on its old partitions from savepoint {source} (epoch "
+                            f"{event.get('epoch')})")
