@@ -10,8 +10,11 @@ does not support, state variable types). Facts and sources: docs/rescaling.md. N
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from airflow_ckpt_provider.core.checkpoint import BatchView
-from airflow_ckpt_provider.core.statestore import ROCKSDB, state_partitions
+from airflow_ckpt_provider.core.manifest import Manifest
+from airflow_ckpt_provider.core.statestore import ROCKSDB, StateOperator, state_partitions
 
 #: More than this many partitions is taken for a typo (Spark would write a RocksDB store for each).
 MAX_PARTITIONS = 10_000
@@ -35,27 +38,36 @@ def current_partitions(view: BatchView) -> int | None:
     return state_partitions(view.conf) or max(op.partitions for op in view.operators)
 
 
+def snapshot_problem(manifest: Manifest, partitions: int) -> str | None:
+    """:func:`repartition_problem` on what a snapshot's manifest recorded (no Spark, no download)."""
+    operators = [StateOperator.from_json(op) for op in manifest.operators]
+    return _problem(operators, manifest.state_partitions, manifest.batch_id, partitions)
+
+
 def repartition_problem(view: BatchView, partitions: int) -> str | None:
     """Why Spark cannot (or need not) repartition this view's state to ``partitions``; None if it can.
 
     The text says what was expected, what was found and what to do.
     """
-    if not view.operators:
-        return (f"the query has no state at batch {view.batch_id}: there is nothing to repartition. A stateless "
+    return _problem(view.operators, current_partitions(view), view.batch_id, partitions)
+
+
+def _problem(operators: Sequence[StateOperator], current: int | None, batch_id: int, partitions: int) -> str | None:
+    if not operators:
+        return (f"the query has no state at batch {batch_id}: there is nothing to repartition. A stateless "
                 "query takes spark.sql.shuffle.partitions at every start: change it in the job's conf and restart")
-    current = current_partitions(view)
     if current == partitions:
-        return (f"the state already has {partitions} partitions (batch {view.batch_id}); expected another count. "
+        return (f"the state already has {partitions} partitions (batch {batch_id}); expected another count. "
                 "Nothing to do")
-    others = sorted({op.provider for op in view.operators if op.provider != ROCKSDB})
+    others = [op.operator_id for op in operators if op.provider != ROCKSDB]
     if others:
         return (f"the state is in the HDFS-backed state store (Spark's default; operators "
-                f"{[op.operator_id for op in view.operators if op.provider != ROCKSDB]}); Spark 4.3 repartitions "
+                f"{others}); Spark 4.3 repartitions "
                 "RocksDB state only (STATE_REPARTITION_INVALID_CHECKPOINT.UNSUPPORTED_PROVIDER). A job whose state "
                 "must be rescaled needs spark.sql.streaming.stateStore.providerClass="
                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider from its first batch: a "
                 "store provider cannot change on existing state")
-    unnamed = [op.operator_id for op in view.operators if op.name is None]
+    unnamed = [op.operator_id for op in operators if op.name is None]
     if unnamed:
         return (f"operators {unnamed} have no operator metadata (state/<op>/_metadata/metadata, written by Spark "
                 ">= 3.5); Spark's repartition needs it (STATE_REWRITER_INVALID_CHECKPOINT.MISSING_OPERATOR_METADATA). "

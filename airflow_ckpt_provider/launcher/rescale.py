@@ -20,14 +20,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_ckpt_provider.core.control import Outcome, RequestAction, submit_request, wait_ack
+from airflow_ckpt_provider.core.control import Ack, Outcome, RequestAction, submit_request, wait_ack
 from airflow_ckpt_provider.core.deployments import Launch, mark_stable, read_launch
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.health import HealthCriteria
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.jobview import check_can_request, observe
 from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec
-from airflow_ckpt_provider.core.snapshots import dispose_snapshot
+from airflow_ckpt_provider.core.rescaling import snapshot_problem
+from airflow_ckpt_provider.core.snapshots import dispose_snapshot, latest_completed, list_snapshots
 from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
 from airflow_ckpt_provider.launcher.deploy import launch, submit_spec
@@ -76,33 +77,55 @@ class JobRescale:
                               "`ckpt run ... --check-restore --restore SAVEPOINT --rescale-to N --save-rescaled`, and "
                               "start it from the savepoint that prints")
         status = check_can_request(observe(self.store), RequestAction.STOP)  # running, or refused here
+        latest = latest_completed(list_snapshots(self.store))
+        problem = snapshot_problem(latest, n) if latest is not None else None
+        if problem:  # the same count, no state, HDFS-backed: known from the manifest, no Spark needed
+            raise self._refused(f"snapshot {latest.snapshot_id if latest else '-'}: {problem}")
+        if latest is None:
+            self.say(f"1/5 job {self.job} has no snapshot to check against: taking a savepoint (it keeps running)")
+            self._request(RequestAction.SAVEPOINT, status.epoch)
         self.say(f"1/5 checking that {old.deployment.job_file} runs on its latest state repartitioned into {n} "
                  "partitions (on a copy)")
-        checked = self._check(old, LATEST_STATE, save=False)  # ConfigError: refused, nothing changed
+        try:
+            checked = self._check(old, LATEST_STATE, save=False)
+        except ConfigError as err:  # bad input: Spark or the check refused
+            raise self._refused(err) from err
         if not checked.compatible:
-            raise ConfigError(f"rescale of job {self.job} to {n} partitions refused before anything was stopped: "
-                              f"{checked.outcome.value}: {checked.reason}; the job runs as before")
+            raise self._refused(f"{checked.outcome.value}: {checked.reason}")
         self.say(f"1/5 compatible: snapshot {checked.snapshot_id} (batch {checked.batch_id}) in {n} partitions, "
                  f"{checked.seconds} s")
         status = check_can_request(observe(self.store), RequestAction.STOP)  # it may have changed meanwhile
         self.say(f"2/5 stopping the driver of epoch {status.epoch} with a savepoint")
-        request = submit_request(self.store, RequestAction.STOP, status.epoch, requested_by=self.launched_by)
-        ack = wait_ack(self.store, request.id, self.options.stop_timeout, poll=self.options.poll)
-        if ack is None or ack.outcome is not Outcome.COMPLETED or not ack.snapshot_id:
-            why = "no answer" if ack is None else f"{ack.outcome.value}: {ack.message}"
-            raise RescaleFailed(f"rescale of job {self.job}: the stop with savepoint did not complete ({why}); the "
-                                f"stop may still be under way: check `ckpt job status --job {self.job}`; nothing "
-                                "was repartitioned")
+        ack = self._request(RequestAction.STOP, status.epoch)
         source = ack.snapshot_id
+        assert source is not None  # _request checked it
         self.say(f"2/5 stopped with savepoint {source} at batch {ack.batch_id}")
         try:
             return self._rescale(old, source)
         except RescaleFailed as err:
             return self._roll_back(old, source, err)
 
+    def _refused(self, why: object) -> ConfigError:
+        return ConfigError(f"rescale of job {self.job} to {self.options.partitions} partitions refused before anything "
+                           f"was stopped: {why}; the job runs as before")
+
+    def _request(self, action: RequestAction, epoch: int) -> Ack:
+        """A savepoint or stop with savepoint of the driver of ``epoch``, completed with its snapshot."""
+        request = submit_request(self.store, action, epoch, requested_by=self.launched_by)
+        ack = wait_ack(self.store, request.id, self.options.stop_timeout, poll=self.options.poll)
+        if ack is None or ack.outcome is not Outcome.COMPLETED or not ack.snapshot_id:
+            why = "no answer" if ack is None else f"{ack.outcome.value}: {ack.message}"
+            if action is RequestAction.SAVEPOINT:
+                raise self._refused(f"the savepoint to check against did not complete ({why})")
+            raise RescaleFailed(f"rescale of job {self.job}: the stop with savepoint did not complete ({why}); the "
+                                f"stop may still be under way: check `ckpt job status --job {self.job}`; nothing "
+                                "was repartitioned")
+        return ack
+
     def _check(self, old: Launch, restore: RestoreSpec, *, save: bool) -> RestoreCheck:
         spec = check_spec(submit_spec(old.deployment, self.job, self.store_url, restore, self.s3,
-                                      rescale_to=self.options.partitions, save_rescaled=save),
+                                      check_restore=True, rescale_to=self.options.partitions,
+                                      save_rescaled=save),
                           self.options.check_timeout)
         return check_restore(spec, self.options.check_timeout, env=old.deployment.env)
 

@@ -179,8 +179,8 @@ def start_check(
     """
     at = time.time() if now is None else now
     spec = check_spec(submit_spec(deployment, store.job, store_url, restore, s3,
-                                  allow_non_restored_state=allow_non_restored_state, rescale_to=rescale_to,
-                                  save_rescaled=save_rescaled), timeout)
+                                  allow_non_restored_state=allow_non_restored_state, check_restore=True,
+                                  rescale_to=rescale_to, save_rescaled=save_rescaled), timeout)
     build_command(spec)  # bad input: here, before anything is recorded
     busy = running_checks(store, at)
     if busy:

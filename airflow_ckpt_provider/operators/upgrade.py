@@ -33,7 +33,7 @@ from airflow_ckpt_provider.core.health import HealthCriteria
 from airflow_ckpt_provider.core.jobview import check_can_request, observe
 from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec, StopMode, UpgradeMode
 from airflow_ckpt_provider.core.outcomes import CHECK_EVENTS, CheckOutcome
-from airflow_ckpt_provider.core.rescaling import parse_partitions
+from airflow_ckpt_provider.core.rescaling import parse_partitions, snapshot_problem
 from airflow_ckpt_provider.core.restorechecks import OUTCOME_GRACE, CheckStarted
 from airflow_ckpt_provider.core.snapshots import dispose_snapshot, latest_completed, list_snapshots
 from airflow_ckpt_provider.core.status import JobState
@@ -147,6 +147,10 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
                 new = replace(new, checkpoint=f"{base.rstrip('/')}-stateless-{int(time.time())}")
             running = self._running_epoch(store)
             self._check_running(mode, running)
+            latest = latest_completed(list_snapshots(store)) if partitions is not None else None
+            problem = snapshot_problem(latest, partitions) if latest is not None and partitions is not None else None
+            if latest is not None and problem:  # the same count, no state, HDFS-backed: no check needed to say so
+                raise ConfigError(f"snapshot {latest.snapshot_id}: {problem}")
             hook = self.store_hook  # a deployment spark-submit would refuse fails here, before anything stops
             build_command(submit_spec(new, self.job, hook.store_url, LATEST_STATE, hook.s3_options, supervised=True))
             check = None if mode is UpgradeMode.STATELESS else self._start_check(context, store, new)

@@ -113,3 +113,78 @@ def test_state_rescaled_2_to_5_to_3_through_savepoints_keeps_the_totals_exact(en
                                           r"to 3 partitions refused: the state already has 3 partitions"):
         env.rescale(source.snapshot_id, 3, checkpoint)
     assert [m.snapshot_id for m in list_snapshots(env.store())] == snapshots
+
+
+def test_ckpt_job_rescale_moves_a_running_deployment_to_4_partitions_and_refuses_the_same_count_untouched(
+        env: RescaleEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+    import subprocess
+
+    from airflow_ckpt_provider.core.deployments import Deployment, read_launch
+    from airflow_ckpt_provider.core.lease import read_lease
+    from airflow_ckpt_provider.core.modes import LATEST_STATE
+    from airflow_ckpt_provider.core.status import JobState
+    from airflow_ckpt_provider.core.storage import S3Options
+    from airflow_ckpt_provider.launcher.deploy import launch
+
+    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
+    s3 = S3Options(endpoint_url=env.s3.endpoint_url, region=env.s3.region, access_key_id=env.s3.access_key,
+                   secret_access_key=env.s3.secret_key)
+    store = env.store()
+    produce_orders(env.kafka.bootstrap_servers, env.topic, 0, 400)
+    settings = {k: v for k, v in env.orders_env(env.out).items()
+                if k.startswith("ORDERS_") or k in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP")}
+    deployment = Deployment(str(EXAMPLES / "orders_v1.py"), code_version="v1", checkpoint=str(env.work / "ckpt"),
+                            conf=parse_conf([*SPARK_CONF, ROCKSDB]), env=settings, heartbeat_interval=1.0,
+                            checkpoint_interval=None)
+    first = launch(store, deployment, restore=LATEST_STATE, store_url=env.store_url, s3=s3, launched_by="test")
+    cli = [sys.executable, "-m", "airflow_ckpt_provider.cli", "job", "rescale", "--store", env.store_url, "--job",
+           env.job, "--endpoint-url", env.s3.endpoint_url, "--region", env.s3.region]
+    cli_env = {**env.env(), "AWS_ACCESS_KEY_ID": env.s3.access_key, "AWS_SECRET_ACCESS_KEY": env.s3.secret_key}
+    try:
+        _wait_totals(env, 400, first.log_file)
+        done = subprocess.run([*cli, "--partitions", "4", "--json"], env=cli_env, capture_output=True, text=True,
+                              timeout=900, check=False)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        result = json.loads(done.stdout)
+        lines = [ln for ln in done.stderr.splitlines() if ln[:4] in ("1/5 ", "2/5 ", "3/5 ", "4/5 ")]
+        # No scheduled snapshots: the check takes a savepoint to check against first (the job keeps running).
+        assert [ln[:3] for ln in lines] == ["1/5"] * 3 + ["2/5", "2/5", "3/5", "3/5", "4/5", "4/5"], done.stderr
+        assert "has no snapshot to check against: taking a savepoint" in lines[0]
+        source = load_manifest(store, result["snapshot_id"])
+        rescaled = load_manifest(store, result["rescaled_snapshot_id"])
+        assert (source.trigger, source.state_partitions) == (Trigger.STOP, 2)
+        assert (rescaled.trigger, rescaled.state_partitions, rescaled.labels[RESCALED_FROM]) == (
+            Trigger.RESCALE, 4, source.snapshot_id)
+        last = read_launch(store)
+        assert last is not None and last.launch_id != first.launch_id
+        assert str(last.restore) == rescaled.snapshot_id
+        produce_orders(env.kafka.bootstrap_servers, env.topic, 400, 200)
+        _wait_totals(env, 600, last.log_file)
+        assert read_totals(env.out) == expected_totals(600)
+
+        # The same count again: refused before anything stops; the running driver, its lease and the store stay.
+        status, lease = env.status(), read_lease(store)
+        assert status is not None and status.state is JobState.RUNNING and lease is not None
+        snapshots = [m.snapshot_id for m in list_snapshots(store)]
+        again = subprocess.run([*cli, "--partitions", "4"], env=cli_env, capture_output=True, text=True, timeout=900,
+                               check=False)
+        assert again.returncode != 0
+        assert "refused before anything was stopped" in again.stderr and "already has 4 partitions" in again.stderr, \
+            again.stderr[-3000:]
+        after, lease_after = env.status(), read_lease(store)
+        assert after is not None and after.state is JobState.RUNNING and after.epoch == status.epoch
+        assert lease_after is not None and (lease_after.epoch, lease_after.owner) == (lease.epoch, lease.owner)
+        assert [m.snapshot_id for m in list_snapshots(store)] == snapshots
+    finally:
+        status = env.status()
+        if status is not None and status.state is JobState.RUNNING:
+            env.request(RequestAction.CANCEL, status.epoch)
+
+
+def _wait_totals(env: RescaleEnv, total: int, log_file: str | None) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while sum(n for n, _ in read_totals(env.out).values()) < total:
+        assert time.monotonic() < deadline, (f"totals short of {total} orders after {TIMEOUT:.0f} s; log "
+                                             f"{log_file}:\n" + Path(str(log_file)).read_text()[-3000:])
+        time.sleep(0.5)
