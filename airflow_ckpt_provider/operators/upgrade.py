@@ -429,6 +429,7 @@ class RescaleStreamingJobOperator(UpgradeStreamingJobOperator):
         super().__init__(partitions=partitions, upgrade_mode=UpgradeMode.SAVEPOINT, **kwargs)
 
     def execute(self, context: Context) -> Any:
+        persist_empty_links(context, self)  # before anything can fail (links.py); the upgrade's execute repeats it
         if self._partitions() is None:
             raise AirflowException(f"rescale of job {self.job}: expected partitions (a whole number >= 1), found "
                                    f"{self.partitions!r}; nothing was changed")

@@ -84,6 +84,13 @@ class CheckCall:
     timeout: float
     allow_non_restored_state: bool
     started_by: str
+    restore: str = "latest-state"
+    rescale_to: int | None = None
+    save_rescaled: bool = False
+
+
+#: The savepoint FakeCheck says it saved for a rescale (``save_rescaled``).
+RESCALED_SID = "savepoint-8-20261126T100000Z-rescal"
 
 
 class FakeCheck:
@@ -96,15 +103,19 @@ class FakeCheck:
 
     def __call__(self, store: JobStore, deployment: Deployment, *, store_url: str, timeout: float,
                  s3: S3Options | None = None, allow_non_restored_state: bool = False,
-                 started_by: str = "") -> CheckStarted:
-        self.calls.append(CheckCall(deployment, store_url, timeout, allow_non_restored_state, started_by))
+                 started_by: str = "", restore: object = "latest-state", rescale_to: int | None = None,
+                 save_rescaled: bool = False) -> CheckStarted:
+        self.calls.append(CheckCall(deployment, store_url, timeout, allow_non_restored_state, started_by, str(restore),
+                                    rescale_to, save_rescaled))
         started = CheckStarted(store.job, f"check-{len(self.calls)}", deployment.job_file, deployment.code_version,
                                time.time(), timeout, socket.gethostname(), started_by, pid=os.getpid())
         record_start(store, started)
         if self.outcome is not None:
             reason = "Spark restored the state" if self.outcome is CheckOutcome.COMPATIBLE else \
                 "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE: the key schema changed"
-            report = RestoreCheck(self.outcome, reason, snapshot_id=SID, batch_id=7)
+            rescaled = RESCALED_SID if save_rescaled and self.outcome is CheckOutcome.COMPATIBLE else None
+            report = RestoreCheck(self.outcome, reason, snapshot_id=SID, batch_id=7, state_partitions=rescale_to,
+                                  rescaled_snapshot_id=rescaled)
             record_end(store, CheckEnded(started.check_id, self.outcome, reason, time.time(), report.to_dict()))
         return started
 

@@ -85,5 +85,6 @@ def test_an_operator_that_fails_at_once_has_stored_every_link_empty() -> None:
         "TriggerSavepointOperator": {"_link_SnapshotLink": ""},  # no driver to ask
         "DisposeSnapshotsOperator": {},  # no links
         "UpgradeStreamingJobOperator": {"_link_SparkUILink": "", "_link_SnapshotLink": ""},  # no deployment
+        "RescaleStreamingJobOperator": {"_link_SparkUILink": "", "_link_SnapshotLink": ""},  # no deployment
     }
 

@@ -52,7 +52,8 @@ def test_deferrable_defaults_to_airflows_default_deferrable(
     assert {type(op).__name__: op.deferrable for op in every_operator()} == {
         "SubmitStreamingJobOperator": expected, "StopStreamingJobOperator": expected,
         "RestartStreamingJobOperator": expected, "TriggerSavepointOperator": expected,
-        "DisposeSnapshotsOperator": expected, "UpgradeStreamingJobOperator": expected}
+        "DisposeSnapshotsOperator": expected, "UpgradeStreamingJobOperator": expected,
+        "RescaleStreamingJobOperator": expected}
     assert Waiter(task_id="w", job="orders", deferrable=not expected).deferrable is (not expected)  # explicit wins
 
 

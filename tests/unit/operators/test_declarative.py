@@ -17,7 +17,7 @@ from airflow_ckpt_provider.operators.job import (
     SubmitStreamingJobOperator,
 )
 from airflow_ckpt_provider.operators.snapshot import DisposeSnapshotsOperator, TriggerSavepointOperator
-from airflow_ckpt_provider.operators.upgrade import UpgradeStreamingJobOperator
+from airflow_ckpt_provider.operators.upgrade import RescaleStreamingJobOperator, UpgradeStreamingJobOperator
 from tests.support.operatorfakes import (
     context,
 )
@@ -34,6 +34,7 @@ def every_operator(conn_id: str = "ckpt_store_default") -> list[JobOperator]:
         TriggerSavepointOperator(task_id="savepoint", **common),
         DisposeSnapshotsOperator(task_id="dispose", **common),
         UpgradeStreamingJobOperator(task_id="upgrade", job_file="j2.py", **common),
+        RescaleStreamingJobOperator(task_id="rescale", partitions=8, **common),
     ]
 
 
@@ -52,7 +53,9 @@ def test_template_fields_and_extra_links() -> None:
     assert ops["SubmitStreamingJobOperator"].template_fields[7:10] == (
         "checkpoint", "checkpoint_interval", "savepoint_interval")
     assert ops["UpgradeStreamingJobOperator"].template_fields == (
-        "job", "store_url", "job_file", "code_version", "upgrade_mode", "allow_non_restored_state", "verify_batches")
+        "job", "store_url", "job_file", "code_version", "upgrade_mode", "allow_non_restored_state", "verify_batches",
+        "partitions")
+    assert ops["RescaleStreamingJobOperator"].template_fields == ops["UpgradeStreamingJobOperator"].template_fields
     assert ops["RestartStreamingJobOperator"].template_fields == ("job", "store_url", "restore", "stop_mode")
     assert ops["StopStreamingJobOperator"].template_fields == ("job", "store_url", "mode")
     assert ops["DisposeSnapshotsOperator"].template_fields == ("job", "store_url", "snapshot_ids")
@@ -64,6 +67,7 @@ def test_template_fields_and_extra_links() -> None:
         "TriggerSavepointOperator": ["Snapshot location"],
         "DisposeSnapshotsOperator": [],
         "UpgradeStreamingJobOperator": ["Spark UI", "Snapshot location"],
+        "RescaleStreamingJobOperator": ["Spark UI", "Snapshot location"],
     }
 
 

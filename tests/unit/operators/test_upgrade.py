@@ -271,7 +271,8 @@ def test_upgrade_verified_records_the_stable_deployment(store: JobStore, checks:
     ctx = context()
     result = op.resume(ctx, fire(verifying, HEALTHY))
     assert result == {"job": "orders", "from_version": "v1", "to_version": "v2", "upgrade_mode": "savepoint",
-                      "snapshot_id": SID, "epoch": 4, "batch_id": 9}
+                      "snapshot_id": SID, "epoch": 4, "batch_id": 9, "partitions": None,
+                      "rescaled_snapshot_id": None}
     stable = read_launch(store, SPEC_STABLE)
     assert stable == launches.calls[0] and stable is not None and stable.deployment.code_version == "v2"
     assert ctx["ti"].xcoms == {SPARK_UI_KEY: UI, SNAPSHOT_KEY: store.snapshot_uri(SID)}

@@ -14,7 +14,8 @@ from airflow_ckpt_provider.core.watches.restore_check import RestoreCheckWatch
 from tests.support.watchrecords import T0, check_ended, check_started
 
 HERE = "worker-1"
-PAYLOAD_KEYS = {"status", "message", "job", "check_id", "reason", "snapshot_id", "batch_id", "seconds"}
+PAYLOAD_KEYS = {"status", "message", "job", "check_id", "reason", "snapshot_id", "batch_id", "seconds",
+                "state_partitions", "rescaled_snapshot_id"}
 
 
 def probe(alive: set[int]) -> Callable[[int], bool]:
@@ -34,7 +35,8 @@ def test_the_verdict_of_its_own_check_is_the_event(store: JobStore, outcome: Che
     check_ended(store, "C2", outcome)
     event = w.poll(T0 + 60)
     assert event == {"status": outcome.value, "job": "orders", "check_id": "C2", "reason": "the verdict of C2",
-                     "snapshot_id": "savepoint-7-x", "batch_id": 7, "seconds": 41.5,
+                     "snapshot_id": "savepoint-7-x", "batch_id": 7, "seconds": 41.5, "state_partitions": None,
+                     "rescaled_snapshot_id": None,
                      "message": f"job orders: restore check C2 of snapshot savepoint-7-x: {outcome.value}: "
                                 "the verdict of C2"}
     assert event["status"] in CHECK_EVENTS

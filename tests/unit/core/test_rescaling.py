@@ -1,0 +1,71 @@
+"""Whether a snapshot's state can be repartitioned, decided from what its manifest recorded (no Spark)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from airflow_ckpt_provider.core.manifest import Kind, Manifest, Trigger
+from airflow_ckpt_provider.core.rescaling import MAX_PARTITIONS, parse_partitions, snapshot_problem
+from airflow_ckpt_provider.core.statestore import HDFS, ROCKSDB
+
+ROCKSDB_CLASS = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+def manifest(*operators: dict[str, Any], partitions: int = 2) -> Manifest:
+    return Manifest(job="orders", snapshot_id="savepoint-7-x", kind=Kind.SAVEPOINT, trigger=Trigger.STOP, batch_id=7,
+                    created_at="2026-11-26T10:00:00.000+00:00", query_id="q", checkpoint="/c", files=(),
+                    operators=list(operators),
+                    conf={"spark.sql.shuffle.partitions": str(partitions),
+                          "spark.sql.streaming.stateStore.providerClass": ROCKSDB_CLASS})
+
+
+def op(operator_id: int = 0, provider: str = ROCKSDB, name: str | None = "stateStoreSave",
+       partitions: int = 2) -> dict[str, Any]:
+    return {"operator_id": operator_id, "name": name, "partitions": partitions, "store_names": ["default"],
+            "provider": provider, "changelog": False}
+
+
+@pytest.mark.parametrize("value", ["5", 5, " 12 "])
+def test_partitions_are_whole_numbers(value: object) -> None:
+    assert parse_partitions(value) == int(str(value).strip())
+
+
+@pytest.mark.parametrize("value", ["0", -1, "2.5", "five", "", None, MAX_PARTITIONS + 1, "1e3"])
+def test_other_partition_counts_say_what_was_expected_and_found(value: object) -> None:
+    with pytest.raises(ValueError, match=rf"partitions: expected a whole number from 1 to {MAX_PARTITIONS}, "
+                                         rf"found {value!r}"):
+        parse_partitions(value)
+
+
+def test_rocksdb_state_with_metadata_can_be_repartitioned_to_another_count() -> None:
+    assert snapshot_problem(manifest(op(), op(1, name="dedupe")), 5) is None
+
+
+def test_the_same_count_is_refused_as_nothing_to_do() -> None:
+    assert snapshot_problem(manifest(op()), 2) == (
+        "the state already has 2 partitions (batch 7); expected another count. Nothing to do")
+
+
+def test_the_count_comes_from_the_offsets_log_not_the_operators_metadata() -> None:
+    # After a repartition 2 -> 5 the operators' metadata still says 2; the offsets log says 5.
+    assert snapshot_problem(manifest(op(partitions=2), partitions=5), 5) is not None
+    assert snapshot_problem(manifest(op(partitions=2), partitions=5), 2) is None
+
+
+def test_a_stateless_query_has_nothing_to_repartition() -> None:
+    problem = snapshot_problem(manifest(), 5)
+    assert problem is not None and problem.startswith("the query has no state at batch 7")
+    assert "change it in the job's conf and restart" in problem
+
+
+def test_hdfs_backed_state_is_refused_with_the_provider_to_start_with() -> None:
+    problem = snapshot_problem(manifest(op(), op(1, provider=HDFS)), 5)
+    assert problem is not None and "HDFS-backed state store (Spark's default; operators [1])" in problem
+    assert f"providerClass={ROCKSDB_CLASS} from its first batch" in problem
+
+
+def test_operators_without_metadata_are_refused() -> None:
+    problem = snapshot_problem(manifest(op(name=None)), 5)
+    assert problem is not None and problem.startswith("operators [0] have no operator metadata")
