@@ -165,12 +165,16 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         return self.wait(context, trigger=trigger, method_name="after_check", kwargs={"plan": plan})
 
     def _refused(self, why: object) -> AirflowException:
-        return AirflowException(f"{self._what} of job {self.job} to {self._target()} refused before anything was "
-                                f"stopped: {why}; the job runs as before")
+        return AirflowException(f"{self._what} of job {self.job} to {self._target(self.job_file)} refused before "
+                                f"anything was stopped: {why}; the job runs as before")
 
-    def _target(self) -> str:
+    def _target(self, code: str) -> str:
+        """What the run moves the job to: the new ``code``, and/or the partitions."""
         partitions = self._partitions()
-        return self.job_file + (f" with {partitions} state partitions" if partitions is not None else "")
+        if partitions is None:
+            return code
+        return f"{partitions} state partitions" if self._what == "rescale" else f"{code} with {partitions} state " \
+            "partitions"
 
     @staticmethod
     def _check_running(mode: UpgradeMode, running: int | None) -> None:
@@ -386,15 +390,19 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         old = plan["old"]["deployment"]
         if not healthy:
             raise AirflowException(
-                f"{self._what} of job {self.job} to {self.code_version or self.job_file} failed verification ({why}) "
+                f"{self._what} of job {self.job} to {self._target(self.code_version or self.job_file)} failed "
+                f"verification ({why}) "
                 f"and the rollback to {old.get('code_version') or old['job_file']} ALSO failed ({rollback_why}); "
                 f"the job's state is uncertain: check `ckpt job status --job {self.job}`, and if it is not "
                 f"running restore it from snapshot {plan['snapshot_id'] or '(its latest state)'}")
         SparkUILink.persist(context, event.get("ui_url"))
         raise AirflowException(
-            f"{self._what} of job {self.job} to {self.code_version or self.job_file} failed verification ({why}); "
+            f"{self._what} of job {self.job} to {self._target(self.code_version or self.job_file)} failed "
+            f"verification ({why}); "
             f"rolled back to {old.get('code_version') or old['job_file']} from "
-            f"{plan['snapshot_id'] or 'its latest state'}: the old code runs again (epoch {event.get('epoch')})")
+            f"{plan['snapshot_id'] or 'its latest state'}"
+            + (" on its old partitions: it runs again" if plan.get("partitions") else ": the old code runs again")
+            + f" (epoch {event.get('epoch')})")
 
     def _healthy(self, event: dict[str, Any]) -> tuple[bool, str]:
         if event.get("status") == "timeout":

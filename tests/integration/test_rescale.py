@@ -1,4 +1,8 @@
-"""Rescaling the state through savepoints, step by step (tansu, SeaweedFS, local Spark, RocksDB state).
+"""Rescaling the state through savepoints (tansu, SeaweedFS, local Spark, RocksDB state).
+
+``ckpt job rescale`` moves a running deployment of orders_v1 from 2 to 4 state partitions (check on a copy, stop
+with savepoint, repartition and save, start, verify); the totals stay exact and a second rescale to the same
+count is refused with the driver, its lease and the snapshots untouched. With ``--full``, the rescale step alone:
 
 orders_v1 (a streaming aggregation per customer) runs with 2 state partitions and stops with a savepoint; the
 rescale step (``ckpt run --check-restore --restore <savepoint> --rescale-to 5 --save-rescaled``, as a rescale
@@ -86,6 +90,8 @@ def env(s3_server: EmbeddedS3, kafka_server: EmbeddedKafka, bucket: str, topic: 
     return RescaleEnv(s3_server, kafka_server, tmp_path, bucket, topic)
 
 
+@pytest.mark.full(proven_by="test_ckpt_job_rescale_moves_a_running_deployment_... (the same step, run by the "
+                             "rescale: repartition, check, save; totals exact after it; the same count refused)")
 def test_state_rescaled_2_to_5_to_3_through_savepoints_keeps_the_totals_exact(env: RescaleEnv) -> None:
     checkpoint = env.work / "checkpoint"
     produce_orders(env.kafka.bootstrap_servers, env.topic, 0, 400)
