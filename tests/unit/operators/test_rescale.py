@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
 from airflow_ckpt_provider.core.control import RequestAction
 from airflow_ckpt_provider.core.deployments import Launch
@@ -53,7 +53,7 @@ def rescale_op(**kwargs: object) -> RescaleStreamingJobOperator:
                                           "verify_batches": 3, "verify_timeout": 120} | kwargs)
 
 
-def to_verification(store: JobStore, op: RescaleStreamingJobOperator, checks: FakeCheck):  # type: ignore[no-untyped-def]
+def to_verification(store: JobStore, op: RescaleStreamingJobOperator) -> TaskDeferred:
     """Steps 1-3 as Airflow resumes them; returns the deferral of the verification."""
     checking = deferral(lambda: op.execute(context()))
     stopping = deferral(lambda: op.resume(context(), fire(checking, verdict(checking))))
@@ -91,7 +91,7 @@ def test_rescale_checks_a_repartitioned_copy_stops_saves_the_repartitioned_savep
 def test_rescale_that_fails_verification_starts_the_old_partitions_again_from_the_stops_savepoint(
         store: JobStore, checks: FakeCheck, launches: FakeLaunch, running: Launch) -> None:
     op = rescale_op()
-    verifying = to_verification(store, op, checks)
+    verifying = to_verification(store, op)
     rolling_back = deferral(lambda: op.resume(context(), fire(verifying, UNHEALTHY)))
     new, rollback = launches.calls
     assert str(new.restore) == RESCALED_SID
