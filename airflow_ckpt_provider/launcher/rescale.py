@@ -23,12 +23,15 @@ from typing import Any
 from airflow_ckpt_provider.core.control import Ack, Outcome, RequestAction, submit_request, wait_ack
 from airflow_ckpt_provider.core.deployments import Launch, mark_stable, read_launch
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
+from airflow_ckpt_provider.core.faults import crash_point
 from airflow_ckpt_provider.core.health import HealthCriteria
 from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.jobview import check_can_request, observe
+from airflow_ckpt_provider.core.jobview import JobView, check_can_request, observe
+from airflow_ckpt_provider.core.manifest import RESCALED_FROM, Kind
 from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec
 from airflow_ckpt_provider.core.rescaling import snapshot_problem
-from airflow_ckpt_provider.core.snapshots import dispose_snapshot, latest_completed, list_snapshots
+from airflow_ckpt_provider.core.snapshots import dispose_snapshot, latest_completed, list_snapshots, load_manifest
+from airflow_ckpt_provider.core.status import JobState
 from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
 from airflow_ckpt_provider.launcher.deploy import launch, submit_spec
@@ -76,7 +79,10 @@ class JobRescale:
                               "`ckpt job rescale` before. For a job you run yourself: stop it with a savepoint, then "
                               "`ckpt run ... --check-restore --restore SAVEPOINT --rescale-to N --save-rescaled`, and "
                               "start it from the savepoint that prints")
-        status = check_can_request(observe(self.store), RequestAction.STOP)  # running, or refused here
+        view = observe(self.store)
+        if not view.live:  # stopped: rescale from its final savepoint, or finish a rescale that was interrupted
+            return self._stopped(old, view)
+        status = check_can_request(view, RequestAction.STOP)  # running, or refused here
         latest = latest_completed(list_snapshots(self.store))
         problem = snapshot_problem(latest, n) if latest is not None else None
         if problem:  # the same count, no state, HDFS-backed: known from the manifest, no Spark needed
@@ -100,10 +106,42 @@ class JobRescale:
         source = ack.snapshot_id
         assert source is not None  # _request checked it
         self.say(f"2/5 stopped with savepoint {source} at batch {ack.batch_id}")
+        crash_point("rescale.after-stop")
+        return self._rescale_or_roll_back(old, source)
+
+    def _rescale_or_roll_back(self, old: Launch, source: str, rescaled: str | None = None) -> dict[str, Any]:
         try:
-            return self._rescale(old, source)
+            return self._rescale(old, source, rescaled)
         except RescaleFailed as err:
             return self._roll_back(old, source, err)
+
+    def _stopped(self, old: Launch, view: JobView) -> dict[str, Any]:
+        """A stopped job: rescale it from the savepoint it stopped with (stop with savepoint; also what a rescale
+        whose own process died after the stop leaves), and start it on the new partitions. If that savepoint was
+        repartitioned already (the rescale died after saving it), start from that one."""
+        n, status = self.options.partitions, view.status
+        final = status.last_snapshot if status is not None and status.state is JobState.STOPPED else None
+        if status is None or final is None or final.get("kind") != Kind.SAVEPOINT.value or \
+                final.get("batch_id") != status.batch_id:
+            state = status.state.value if status is not None else "no status"
+            raise self._refused(
+                f"the job is not running ({state}) and did not stop with a savepoint, so its latest state may be "
+                "newer than every savepoint; expected a running job or one stopped with a savepoint. Start it "
+                f"(it restores its latest state), then rescale, or restore a savepoint with `ckpt run --restore`")
+        source = str(final["id"])
+        manifest = load_manifest(self.store, source)
+        rescaled = [m for m in list_snapshots(self.store, Kind.SAVEPOINT)
+                    if m.labels.get(RESCALED_FROM) == source and m.state_partitions == n]
+        if rescaled:
+            self.say(f"job {self.job} stopped with savepoint {source}, already repartitioned into {n} partitions as "
+                     f"{rescaled[-1].snapshot_id} by an interrupted rescale: starting it on that one")
+            return self._rescale_or_roll_back(old, source, rescaled[-1].snapshot_id)
+        problem = snapshot_problem(manifest, n)
+        if problem:
+            raise self._refused(f"savepoint {source}: {problem}")
+        self.say(f"job {self.job} is stopped with savepoint {source} (batch {manifest.batch_id}, "
+                 f"{manifest.state_partitions} partitions): rescaling it from there")
+        return self._rescale_or_roll_back(old, source)
 
     def _refused(self, why: object) -> ConfigError:
         return ConfigError(f"rescale of job {self.job} to {self.options.partitions} partitions refused before anything "
@@ -129,20 +167,23 @@ class JobRescale:
                           self.options.check_timeout)
         return check_restore(spec, self.options.check_timeout, env=old.deployment.env)
 
-    def _rescale(self, old: Launch, source: str) -> dict[str, Any]:
+    def _rescale(self, old: Launch, source: str, rescaled: str | None) -> dict[str, Any]:
         n = self.options.partitions
-        self.say(f"3/5 repartitioning savepoint {source} into {n} partitions on a copy")
-        try:
-            report = self._check(old, RestoreSpec(RestoreMode.SNAPSHOT, source), save=True)
-        except ConfigError as err:
-            raise RescaleFailed(str(err)) from err
-        if not report.compatible or not report.rescaled_snapshot_id:
-            raise RescaleFailed(f"the rescale of savepoint {source}: {report.outcome.value}: {report.reason}")
-        rescaled = report.rescaled_snapshot_id
-        self.say(f"3/5 saved savepoint {rescaled} ({n} partitions) in {report.seconds} s")
+        if rescaled is None:
+            self.say(f"3/5 repartitioning savepoint {source} into {n} partitions on a copy")
+            try:
+                report = self._check(old, RestoreSpec(RestoreMode.SNAPSHOT, source), save=True)
+            except ConfigError as err:
+                raise RescaleFailed(str(err)) from err
+            if not report.compatible or not report.rescaled_snapshot_id:
+                raise RescaleFailed(f"the rescale of savepoint {source}: {report.outcome.value}: {report.reason}")
+            rescaled = report.rescaled_snapshot_id
+            self.say(f"3/5 saved savepoint {rescaled} ({n} partitions) in {report.seconds} s")
+            crash_point("rescale.after-save")
         self.say(f"4/5 starting {old.deployment.job_file} from {rescaled}")
         try:
             record = self._start(old, RestoreSpec(RestoreMode.SNAPSHOT, rescaled))
+            crash_point("rescale.after-start")
             event = self._verify(record)
         except CkptError as err:
             raise RescaleFailed(f"{err}", rescaled) from err

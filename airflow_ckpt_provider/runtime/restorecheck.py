@@ -37,6 +37,7 @@ from urllib.parse import urlparse
 from airflow_ckpt_provider.core import gate
 from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
 from airflow_ckpt_provider.core.errors import CkptError, StorageError
+from airflow_ckpt_provider.core.faults import crash_point
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.lease import Lease, LeaseRecord
 from airflow_ckpt_provider.core.manifest import PARTITIONS_BEFORE, RESCALED_FROM, Kind, Manifest, Trigger
@@ -183,6 +184,7 @@ class RestoreChecker:
                 f"{what}: Spark refused to repartition the state from {before} to {partitions} partitions: "
                 f"{message}. The job keeps its {before} partitions; see docs/rescaling.md for what Spark "
                 "repartitions")), None
+        crash_point("rescale.repartitioned")  # tests: the rescale's process killed with its copy repartitioned
         after = SparkCheckpoint(scratch).view()
         found = current_partitions(after)
         if after.batch_id != manifest.batch_id + 1 or found != partitions:
@@ -205,6 +207,7 @@ class RestoreChecker:
             self.store, scratch, kind=Kind.SAVEPOINT, trigger=Trigger.RESCALE, batch_id=batch, write_ahead=False,
             code_version=self.config.code_version or manifest.code_version, spark_version=manifest.spark_version,
             labels={RESCALED_FROM: manifest.snapshot_id, PARTITIONS_BEFORE: str(manifest.state_partitions)},
+            on_step=lambda step: crash_point(f"rescale.save.{step}"),  # tests: killed while saving (no manifest)
         )
         saved = result.manifest
         log.info("job %s: rescaled savepoint %s (batch %d, %s partitions, from %s with %s)", self.config.job,

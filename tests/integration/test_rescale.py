@@ -1,8 +1,10 @@
 """Rescaling the state through savepoints (tansu, SeaweedFS, local Spark, RocksDB state).
 
 ``ckpt job rescale`` moves a running deployment of orders_v1 from 2 to 4 state partitions (check on a copy, stop
-with savepoint, repartition and save, start, verify); the totals stay exact and a second rescale to the same
-count is refused with the driver, its lease and the snapshots untouched. With ``--full``, the rescale step alone:
+with savepoint, repartition and save, start, verify). Its process is killed with kill -9 once the repartitioned
+savepoint is saved; run again, it starts the job from that savepoint. The totals stay exact, and a second rescale
+to the same count is refused with the driver, its lease and the snapshots untouched. With ``--full``, the
+rescale step alone:
 
 orders_v1 (a streaming aggregation per customer) runs with 2 state partitions and stops with a savepoint; the
 rescale step (``ckpt run --check-restore --restore <savepoint> --rescale-to 5 --save-rescaled``, as a rescale
@@ -90,7 +92,7 @@ def env(s3_server: EmbeddedS3, kafka_server: EmbeddedKafka, bucket: str, topic: 
     return RescaleEnv(s3_server, kafka_server, tmp_path, bucket, topic)
 
 
-@pytest.mark.full(proven_by="test_ckpt_job_rescale_moves_a_running_deployment_... (the same step, run by the "
+@pytest.mark.full(proven_by="test_ckpt_job_rescale_moves_a_deployment_... (the same step, run by the "
                              "rescale: repartition, check, save; totals exact after it; the same count refused)")
 def test_state_rescaled_2_to_5_to_3_through_savepoints_keeps_the_totals_exact(env: RescaleEnv) -> None:
     checkpoint = env.work / "checkpoint"
@@ -121,7 +123,7 @@ def test_state_rescaled_2_to_5_to_3_through_savepoints_keeps_the_totals_exact(en
     assert [m.snapshot_id for m in list_snapshots(env.store())] == snapshots
 
 
-def test_ckpt_job_rescale_moves_a_running_deployment_to_4_partitions_and_refuses_the_same_count_untouched(
+def test_ckpt_job_rescale_moves_a_deployment_to_4_partitions_through_a_kill_and_refuses_the_same_count_untouched(
         env: RescaleEnv, monkeypatch: pytest.MonkeyPatch) -> None:
     import json
     import subprocess
@@ -146,22 +148,36 @@ def test_ckpt_job_rescale_moves_a_running_deployment_to_4_partitions_and_refuses
     first = launch(store, deployment, restore=LATEST_STATE, store_url=env.store_url, s3=s3, launched_by="test")
     cli = [sys.executable, "-m", "airflow_ckpt_provider.cli", "job", "rescale", "--store", env.store_url, "--job",
            env.job, "--endpoint-url", env.s3.endpoint_url, "--region", env.s3.region]
-    cli_env = {**env.env(), "AWS_ACCESS_KEY_ID": env.s3.access_key, "AWS_SECRET_ACCESS_KEY": env.s3.secret_key}
+    faults = env.work / "faults"
+    faults.mkdir()
+    cli_env = {**env.env(), "AWS_ACCESS_KEY_ID": env.s3.access_key, "AWS_SECRET_ACCESS_KEY": env.s3.secret_key,
+               "CKPT_FAULT_DIR": str(faults)}
     try:
         _wait_totals(env, 400, first.log_file)
+        # The rescale's own process killed with kill -9 once the repartitioned savepoint is saved: the job is
+        # stopped, nothing runs it. Running the command again finishes the rescale from what the store shows.
+        (faults / "rescale.after-save").touch()
+        killed = subprocess.run([*cli, "--partitions", "4"], env=cli_env, capture_output=True, text=True,
+                                timeout=900, check=False, start_new_session=True)
+        assert killed.returncode == -9 and not (faults / "rescale.after-save").exists(), killed.stderr[-3000:]
+        lines = [ln for ln in killed.stderr.splitlines() if ln[:4] in ("1/5 ", "2/5 ", "3/5 ", "4/5 ")]
+        # No scheduled snapshots: the check takes a savepoint to check against first (the job keeps running).
+        assert [ln[:3] for ln in lines] == ["1/5"] * 3 + ["2/5", "2/5", "3/5", "3/5"], killed.stderr
+        assert "has no snapshot to check against: taking a savepoint" in lines[0]
+        stopped = env.status()
+        assert stopped is not None and stopped.state is JobState.STOPPED
         done = subprocess.run([*cli, "--partitions", "4", "--json"], env=cli_env, capture_output=True, text=True,
                               timeout=900, check=False)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         result = json.loads(done.stdout)
-        lines = [ln for ln in done.stderr.splitlines() if ln[:4] in ("1/5 ", "2/5 ", "3/5 ", "4/5 ")]
-        # No scheduled snapshots: the check takes a savepoint to check against first (the job keeps running).
-        assert [ln[:3] for ln in lines] == ["1/5"] * 3 + ["2/5", "2/5", "3/5", "3/5", "4/5", "4/5"], done.stderr
-        assert "has no snapshot to check against: taking a savepoint" in lines[0]
+        assert "already repartitioned into 4 partitions as " in done.stderr and "3/5" not in done.stderr
         source = load_manifest(store, result["snapshot_id"])
         rescaled = load_manifest(store, result["rescaled_snapshot_id"])
         assert (source.trigger, source.state_partitions) == (Trigger.STOP, 2)
         assert (rescaled.trigger, rescaled.state_partitions, rescaled.labels[RESCALED_FROM]) == (
             Trigger.RESCALE, 4, source.snapshot_id)
+        assert [m.snapshot_id for m in list_snapshots(store) if m.trigger is Trigger.RESCALE] == [
+            rescaled.snapshot_id]  # the run after the kill started from the saved one, it did not rescale again
         last = read_launch(store)
         assert last is not None and last.launch_id != first.launch_id
         assert str(last.restore) == rescaled.snapshot_id
