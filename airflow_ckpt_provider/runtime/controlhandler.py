@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from airflow_ckpt_provider.core import gate
 from airflow_ckpt_provider.core.control import Ack, Outcome, Request, RequestAction
 from airflow_ckpt_provider.core.errors import CkptError, StorageError
+from airflow_ckpt_provider.core.faults import crash_point
 from airflow_ckpt_provider.core.lease import FencedError, Lease
 from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.status import JobState
@@ -114,6 +115,7 @@ class ControlHandler:
         if not self.snapshotter.drain(timeout=300):
             log.warning("job %s: a background snapshot still runs after 300 s; taking the final savepoint anyway", job)
         self._drain_outcomes()
+        crash_point("stop.before-savepoint")  # tests: a driver killed during stop with savepoint (query stopped)
         try:
             result = self.snapshotter.take(SnapshotJob(Kind.SAVEPOINT, Trigger.STOP, request.id))
         except FencedError as err:
