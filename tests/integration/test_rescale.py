@@ -19,15 +19,18 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from airflow_ckpt_provider import examples
 from airflow_ckpt_provider.core.control import Outcome, RequestAction
+from airflow_ckpt_provider.core.deployments import Launch
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.manifest import PARTITIONS_BEFORE, RESCALED_FROM, Kind, Manifest, Trigger
 from airflow_ckpt_provider.core.modes import RestoreSpec
 from airflow_ckpt_provider.core.snapshots import list_snapshots, load_manifest
+from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
 from airflow_ckpt_provider.examples._orders import read_totals
 from airflow_ckpt_provider.launcher.restorecheck import check_restore
@@ -61,6 +64,32 @@ class RescaleEnv(OrdersEnv):
                           conf=parse_conf([*SPARK_CONF, ROCKSDB]))
         return check_restore(spec, CHECK_TIMEOUT, log_file=str(self.work / f"rescale-{partitions}.log"),
                              env=self.orders_env(self.work / "check-out"))
+
+    def deploy(self, **settings: Any) -> Launch:
+        """orders_v1 with RocksDB state in 2 partitions launched as the operators launch it (a recorded deployment,
+        ``ckpt run --supervise`` detached); ``settings``: more Deployment fields."""
+        from airflow_ckpt_provider.core.deployments import Deployment
+        from airflow_ckpt_provider.core.modes import LATEST_STATE
+        from airflow_ckpt_provider.launcher.deploy import launch
+
+        env = {k: v for k, v in self.orders_env(self.out).items()
+               if k.startswith("ORDERS_") or k in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP")}
+        deployment = Deployment(str(EXAMPLES / "orders_v1.py"), code_version="v1", checkpoint=str(self.work / "ckpt"),
+                                conf=parse_conf([*SPARK_CONF, ROCKSDB]), env=env, heartbeat_interval=1.0,
+                                **settings)
+        return launch(self.store(), deployment, restore=LATEST_STATE, store_url=self.store_url, s3=self.s3_options(),
+                      launched_by="test")
+
+    def s3_options(self) -> S3Options:
+        return S3Options(endpoint_url=self.s3.endpoint_url, region=self.s3.region, access_key_id=self.s3.access_key,
+                         secret_access_key=self.s3.secret_key)
+
+    def rescale_cli(self, faults: Path) -> tuple[list[str], dict[str, str]]:
+        """``ckpt job rescale`` of this job without --partitions, and its environment (crash points in ``faults``)."""
+        argv = [sys.executable, "-m", "airflow_ckpt_provider.cli", "job", "rescale", "--store", self.store_url,
+                "--job", self.job, "--endpoint-url", self.s3.endpoint_url, "--region", self.s3.region]
+        return argv, {**self.env(), "AWS_ACCESS_KEY_ID": self.s3.access_key,
+                      "AWS_SECRET_ACCESS_KEY": self.s3.secret_key, "CKPT_FAULT_DIR": str(faults)}
 
     def run_until_stopped(self, name: str, checkpoint: Path, restore: str, total: int) -> Manifest:
         """Run orders_v1 from ``restore`` until its totals count ``total`` orders, then stop it with a savepoint."""
@@ -128,30 +157,17 @@ def test_ckpt_job_rescale_moves_a_deployment_to_4_partitions_through_a_kill_and_
     import json
     import subprocess
 
-    from airflow_ckpt_provider.core.deployments import Deployment, read_launch
+    from airflow_ckpt_provider.core.deployments import read_launch
     from airflow_ckpt_provider.core.lease import read_lease
-    from airflow_ckpt_provider.core.modes import LATEST_STATE
     from airflow_ckpt_provider.core.status import JobState
-    from airflow_ckpt_provider.core.storage import S3Options
-    from airflow_ckpt_provider.launcher.deploy import launch
 
     monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
-    s3 = S3Options(endpoint_url=env.s3.endpoint_url, region=env.s3.region, access_key_id=env.s3.access_key,
-                   secret_access_key=env.s3.secret_key)
     store = env.store()
     produce_orders(env.kafka.bootstrap_servers, env.topic, 0, 400)
-    settings = {k: v for k, v in env.orders_env(env.out).items()
-                if k.startswith("ORDERS_") or k in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP")}
-    deployment = Deployment(str(EXAMPLES / "orders_v1.py"), code_version="v1", checkpoint=str(env.work / "ckpt"),
-                            conf=parse_conf([*SPARK_CONF, ROCKSDB]), env=settings, heartbeat_interval=1.0,
-                            checkpoint_interval=None)
-    first = launch(store, deployment, restore=LATEST_STATE, store_url=env.store_url, s3=s3, launched_by="test")
-    cli = [sys.executable, "-m", "airflow_ckpt_provider.cli", "job", "rescale", "--store", env.store_url, "--job",
-           env.job, "--endpoint-url", env.s3.endpoint_url, "--region", env.s3.region]
+    first = env.deploy(checkpoint_interval=None)
     faults = env.work / "faults"
     faults.mkdir()
-    cli_env = {**env.env(), "AWS_ACCESS_KEY_ID": env.s3.access_key, "AWS_SECRET_ACCESS_KEY": env.s3.secret_key,
-               "CKPT_FAULT_DIR": str(faults)}
+    cli, cli_env = env.rescale_cli(faults)
     try:
         _wait_totals(env, 400, first.log_file)
         # The rescale's own process killed with kill -9 once the repartitioned savepoint is saved: the job is

@@ -19,28 +19,23 @@ orders produced, exactly.
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from airflow_ckpt_provider.core.control import RequestAction
-from airflow_ckpt_provider.core.deployments import Deployment, read_launch
+from airflow_ckpt_provider.core.deployments import read_launch
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.lease import read_lease
 from airflow_ckpt_provider.core.manifest import Kind, Trigger
-from airflow_ckpt_provider.core.modes import LATEST_STATE, RestartStrategyName
+from airflow_ckpt_provider.core.modes import RestartStrategyName
 from airflow_ckpt_provider.core.snapshots import latest_completed, list_snapshots
 from airflow_ckpt_provider.core.status import JobState, JobStatus
-from airflow_ckpt_provider.core.storage import S3Options
-from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
 from airflow_ckpt_provider.examples._orders import read_totals
-from airflow_ckpt_provider.launcher.deploy import launch
-from airflow_ckpt_provider.launcher.submit import parse_conf
-from tests.integration.test_rescale import EXAMPLES, ROCKSDB, RescaleEnv, _wait_totals
+from tests.integration.test_rescale import RescaleEnv, _wait_totals
+from tests.integration.test_rescale import env as env  # noqa: PLC0414 (the module's fixture, shared)
 from tests.integration.test_restore_check import expected_totals, produce_orders
-from tests.support.runtimejob import SPARK_CONF
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400),
               pytest.mark.full(proven_by="integration/test_rescale.py::test_ckpt_job_rescale_moves_a_deployment_... "
@@ -49,24 +44,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400),
 TIMEOUT = 180.0
 
 
-@pytest.fixture
-def env(s3_server: EmbeddedS3, kafka_server: EmbeddedKafka, bucket: str, topic: str, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> RescaleEnv:
-    monkeypatch.setenv("CKPT_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
-    return RescaleEnv(s3_server, kafka_server, tmp_path, bucket, topic)
-
-
 class Rescaler:
     """``ckpt job rescale`` of the test's job, in a session of its own (a crash point kills its process group)."""
 
     def __init__(self, env: RescaleEnv, faults: Path) -> None:
-        self.env, self.faults = env, faults
-        self.argv = [sys.executable, "-m", "airflow_ckpt_provider.cli", "job", "rescale", "--store", env.store_url,
-                     "--job", env.job, "--endpoint-url", env.s3.endpoint_url, "--region", env.s3.region,
-                     "--stop-timeout", "60"]
-        self.environ = {**env.env(), "AWS_ACCESS_KEY_ID": env.s3.access_key,
-                        "AWS_SECRET_ACCESS_KEY": env.s3.secret_key, "CKPT_FAULT_DIR": str(faults)}
+        self.faults = faults
+        argv, self.environ = env.rescale_cli(faults)
+        self.argv = [*argv, "--stop-timeout", "60"]
 
     def run(self, partitions: int, crash: str | None = None) -> subprocess.CompletedProcess[str]:
         if crash:
@@ -107,19 +91,12 @@ def rescale_savepoints(store: JobStore) -> list[str]:
 def test_a_rescale_killed_at_each_step_leaves_the_job_on_its_old_or_new_partitions_running_once_with_exact_totals(
         env: RescaleEnv, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
-    s3 = S3Options(endpoint_url=env.s3.endpoint_url, region=env.s3.region, access_key_id=env.s3.access_key,
-                   secret_access_key=env.s3.secret_key)
     store, faults = env.store(), env.work / "faults"
     faults.mkdir()
     monkeypatch.setenv("CKPT_FAULT_DIR", str(faults))  # the drivers the deployment launches see it too
-    settings = {k: v for k, v in env.orders_env(env.out).items()
-                if k.startswith("ORDERS_") or k in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "SPARK_LOCAL_IP")}
-    deployment = Deployment(str(EXAMPLES / "orders_v1.py"), code_version="v1", checkpoint=str(env.work / "ckpt"),
-                            conf=parse_conf([*SPARK_CONF, ROCKSDB]), env=settings, heartbeat_interval=1.0,
-                            restart_strategy=RestartStrategyName.FIXED_DELAY, restart_attempts=3, restart_delay=1.0)
     total = 300
     produce_orders(env.kafka.bootstrap_servers, env.topic, 0, total)
-    record = launch(store, deployment, restore=LATEST_STATE, store_url=env.store_url, s3=s3, launched_by="test")
+    record = env.deploy(restart_strategy=RestartStrategyName.FIXED_DELAY, restart_attempts=3, restart_delay=1.0)
     rescale = Rescaler(env, faults)
     try:
         status = running(env, 0, record.log_file)
