@@ -11,10 +11,13 @@ does not support, state variable types). Facts and sources: docs/rescaling.md. N
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from airflow_ckpt_provider.core.checkpoint import BatchView
-from airflow_ckpt_provider.core.manifest import Manifest
+from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.manifest import RESCALED_FROM, Kind, Manifest
 from airflow_ckpt_provider.core.statestore import ROCKSDB, StateOperator, state_partitions
+from airflow_ckpt_provider.core.status import JobState, JobStatus
 
 #: More than this many partitions is taken for a typo (Spark would write a RocksDB store for each).
 MAX_PARTITIONS = 10_000
@@ -73,3 +76,49 @@ def _problem(operators: Sequence[StateOperator], current: int | None, batch_id: 
                 ">= 3.5); Spark's repartition needs it (STATE_REWRITER_INVALID_CHECKPOINT.MISSING_OPERATOR_METADATA). "
                 "Run the job on Spark >= 3.5 for one batch and take a new savepoint, then rescale")
     return None
+
+
+@dataclass(frozen=True)
+class StoppedSource:
+    """Where the rescale of a stopped job starts: the savepoint it stopped with, and that savepoint already
+    repartitioned into the asked count by an earlier rescale that did not finish (None: repartition it)."""
+
+    source: Manifest
+    rescaled: Manifest | None
+
+    def describe(self, partitions: int) -> str:
+        s = self.source
+        if self.rescaled is not None:
+            return (f"job {s.job} stopped with savepoint {s.snapshot_id}, already repartitioned into {partitions} "
+                    f"partitions as {self.rescaled.snapshot_id} by a rescale that did not finish: starting it on that "
+                    "one")
+        return (f"job {s.job} is stopped with savepoint {s.snapshot_id} (batch {s.batch_id}, {s.state_partitions} "
+                "partitions): rescaling it from there")
+
+
+def stopped_source(status: JobStatus | None, savepoints: Sequence[Manifest], partitions: int) -> StoppedSource:
+    """Decide where a stopped job's rescale starts (observe, decide: the caller acts). A job that stopped with a
+    savepoint (stop with savepoint; also what a rescale whose own process died after the stop leaves) starts from
+    it, or from its repartitioned copy if a rescale saved one (died after saving it). ConfigError for a job that
+    stopped otherwise (cancelled, failed: its latest state may be newer than every savepoint), and for a savepoint
+    that cannot be repartitioned (the same count, no state, HDFS-backed)."""
+    final = status.last_snapshot if status is not None and status.state is JobState.STOPPED else None
+    if status is None or final is None or final.get("kind") != Kind.SAVEPOINT.value or \
+            final.get("batch_id") != status.batch_id:
+        state = status.state.value if status is not None else "no status"
+        raise ConfigError(
+            f"the job is not running ({state}) and did not stop with a savepoint, so its latest state may be newer "
+            "than every savepoint; expected a running job or one stopped with a savepoint. Start it (it restores its "
+            "latest state), then rescale, or restore a savepoint with `ckpt run --restore`")
+    source = next((m for m in savepoints if m.snapshot_id == final.get("id")), None)
+    if source is None:
+        raise ConfigError(f"the job stopped with savepoint {final.get('id')}, which the job store no longer holds "
+                          "(disposed?); start the job from a savepoint it holds, then rescale")
+    done = [m for m in savepoints if m.labels.get(RESCALED_FROM) == source.snapshot_id
+            and m.state_partitions == partitions]
+    if done:
+        return StoppedSource(source, done[-1])
+    problem = snapshot_problem(source, partitions)
+    if problem:
+        raise ConfigError(f"savepoint {source.snapshot_id}: {problem}")
+    return StoppedSource(source, None)

@@ -27,11 +27,10 @@ from airflow_ckpt_provider.core.faults import crash_point
 from airflow_ckpt_provider.core.health import HealthCriteria
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.jobview import JobView, check_can_request, observe
-from airflow_ckpt_provider.core.manifest import RESCALED_FROM, Kind
+from airflow_ckpt_provider.core.manifest import Kind
 from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec
-from airflow_ckpt_provider.core.rescaling import snapshot_problem
-from airflow_ckpt_provider.core.snapshots import dispose_snapshot, latest_completed, list_snapshots, load_manifest
-from airflow_ckpt_provider.core.status import JobState
+from airflow_ckpt_provider.core.rescaling import snapshot_problem, stopped_source
+from airflow_ckpt_provider.core.snapshots import dispose_snapshot, latest_completed, list_snapshots
 from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
 from airflow_ckpt_provider.launcher.deploy import launch, submit_spec
@@ -116,32 +115,15 @@ class JobRescale:
             return self._roll_back(old, source, err)
 
     def _stopped(self, old: Launch, view: JobView) -> dict[str, Any]:
-        """A stopped job: rescale it from the savepoint it stopped with (stop with savepoint; also what a rescale
-        whose own process died after the stop leaves), and start it on the new partitions. If that savepoint was
-        repartitioned already (the rescale died after saving it), start from that one."""
-        n, status = self.options.partitions, view.status
-        final = status.last_snapshot if status is not None and status.state is JobState.STOPPED else None
-        if status is None or final is None or final.get("kind") != Kind.SAVEPOINT.value or \
-                final.get("batch_id") != status.batch_id:
-            state = status.state.value if status is not None else "no status"
-            raise self._refused(
-                f"the job is not running ({state}) and did not stop with a savepoint, so its latest state may be "
-                "newer than every savepoint; expected a running job or one stopped with a savepoint. Start it "
-                f"(it restores its latest state), then rescale, or restore a savepoint with `ckpt run --restore`")
-        source = str(final["id"])
-        manifest = load_manifest(self.store, source)
-        rescaled = [m for m in list_snapshots(self.store, Kind.SAVEPOINT)
-                    if m.labels.get(RESCALED_FROM) == source and m.state_partitions == n]
-        if rescaled:
-            self.say(f"job {self.job} stopped with savepoint {source}, already repartitioned into {n} partitions as "
-                     f"{rescaled[-1].snapshot_id} by an interrupted rescale: starting it on that one")
-            return self._rescale_or_roll_back(old, source, rescaled[-1].snapshot_id)
-        problem = snapshot_problem(manifest, n)
-        if problem:
-            raise self._refused(f"savepoint {source}: {problem}")
-        self.say(f"job {self.job} is stopped with savepoint {source} (batch {manifest.batch_id}, "
-                 f"{manifest.state_partitions} partitions): rescaling it from there")
-        return self._rescale_or_roll_back(old, source)
+        """A stopped job: rescale it from the savepoint it stopped with and start it on the new partitions
+        (core/rescaling.stopped_source decides)."""
+        try:
+            start = stopped_source(view.status, list_snapshots(self.store, Kind.SAVEPOINT), self.options.partitions)
+        except ConfigError as err:
+            raise self._refused(err) from err
+        self.say(start.describe(self.options.partitions))
+        return self._rescale_or_roll_back(old, start.source.snapshot_id,
+                                          start.rescaled.snapshot_id if start.rescaled else None)
 
     def _refused(self, why: object) -> ConfigError:
         return ConfigError(f"rescale of job {self.job} to {self.options.partitions} partitions refused before anything "

@@ -31,12 +31,13 @@ from airflow_ckpt_provider.core.deployments import Deployment, Launch, mark_stab
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.health import HealthCriteria
 from airflow_ckpt_provider.core.jobview import check_can_request, observe
+from airflow_ckpt_provider.core.manifest import Kind
 from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec, StopMode, UpgradeMode
 from airflow_ckpt_provider.core.outcomes import CHECK_EVENTS, CheckOutcome
-from airflow_ckpt_provider.core.rescaling import parse_partitions, snapshot_problem
+from airflow_ckpt_provider.core.rescaling import StoppedSource, parse_partitions, snapshot_problem, stopped_source
 from airflow_ckpt_provider.core.restorechecks import OUTCOME_GRACE, CheckStarted
 from airflow_ckpt_provider.core.snapshots import dispose_snapshot, latest_completed, list_snapshots
-from airflow_ckpt_provider.core.status import JobState
+from airflow_ckpt_provider.core.status import JobState, read_status
 from airflow_ckpt_provider.launcher.deploy import log_tail, submit_spec
 from airflow_ckpt_provider.launcher.restorecheck import start_check
 from airflow_ckpt_provider.launcher.submit import build_command
@@ -146,23 +147,43 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
                 base = old.deployment.checkpoint or default_checkpoint(self.job)
                 new = replace(new, checkpoint=f"{base.rstrip('/')}-stateless-{int(time.time())}")
             running = self._running_epoch(store)
-            self._check_running(mode, running)
-            latest = latest_completed(list_snapshots(store)) if partitions is not None else None
-            problem = snapshot_problem(latest, partitions) if latest is not None and partitions is not None else None
-            if latest is not None and problem:  # the same count, no state, HDFS-backed: no check needed to say so
-                raise ConfigError(f"snapshot {latest.snapshot_id}: {problem}")
             hook = self.store_hook  # a deployment spark-submit would refuse fails here, before anything stops
             build_command(submit_spec(new, self.job, hook.store_url, LATEST_STATE, hook.s3_options, supervised=True))
-            check = None if mode is UpgradeMode.STATELESS else self._start_check(context, store, new)
+            stopped = self._observe(store, mode, partitions, running)
+            check = None if mode is UpgradeMode.STATELESS or stopped else self._start_check(context, store, new)
         except CkptError as err:
             raise self._refused(err) from err
-        plan = {"old": old.to_dict(), "new": new.to_dict(), "partitions": partitions}
+        plan: dict[str, Any] = {"old": old.to_dict(), "new": new.to_dict(), "partitions": partitions}
+        if stopped is not None:
+            return self._from_stopped(context, store, plan, stopped)
         if check is None:  # stateless: nothing to restore, nothing to check
             return self._stop(context, store, plan, running)
         # The watch's own deadline (timeout + OUTCOME_GRACE) says "no verdict" before the trigger times out.
         trigger = RestoreCheckTrigger(**self._store_args, check_id=check.check_id,
                                       timeout=self.check_timeout + OUTCOME_GRACE + 30)
         return self.wait(context, trigger=trigger, method_name="after_check", kwargs={"plan": plan})
+
+    def _observe(self, store: JobStore, mode: UpgradeMode, partitions: int | None,
+                 running: int | None) -> StoppedSource | None:
+        """Refuse what cannot work (CkptError); a rescale of a stopped job: where it starts from."""
+        if partitions is not None and running is None:  # a stopped job: from the savepoint it stopped with
+            return stopped_source(read_status(store), list_snapshots(store, Kind.SAVEPOINT), partitions)
+        self._check_running(mode, running)
+        latest = latest_completed(list_snapshots(store)) if partitions is not None else None
+        problem = snapshot_problem(latest, partitions) if latest is not None and partitions is not None else None
+        if latest is not None and problem:  # the same count, no state, HDFS-backed: no check needed to say so
+            raise ConfigError(f"snapshot {latest.snapshot_id}: {problem}")
+        return None
+
+    def _from_stopped(self, context: Context, store: JobStore, plan: dict[str, Any], stopped: StoppedSource) -> Any:
+        """Nothing to stop: repartition the savepoint the job stopped with (the step runs the code on its copy),
+        or start from the one an unfinished rescale saved."""
+        self._step(2, stopped.describe(int(plan["partitions"])))
+        plan["snapshot_id"] = stopped.source.snapshot_id
+        if stopped.rescaled is None:
+            return self._rescale(context, store, plan)
+        plan["rescaled_snapshot_id"] = rescaled = stopped.rescaled.snapshot_id
+        return self._start_new(context, store, plan, RestoreSpec(RestoreMode.SNAPSHOT, rescaled))
 
     def _refused(self, why: object) -> AirflowException:
         return AirflowException(f"{self._what} of job {self.job} to {self._target(self.job_file)} refused before "

@@ -6,17 +6,20 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core.manifest import Kind, Manifest, Trigger
-from airflow_ckpt_provider.core.rescaling import MAX_PARTITIONS, parse_partitions, snapshot_problem
+from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.manifest import RESCALED_FROM, Kind, Manifest, Trigger
+from airflow_ckpt_provider.core.rescaling import MAX_PARTITIONS, parse_partitions, snapshot_problem, stopped_source
 from airflow_ckpt_provider.core.statestore import HDFS, ROCKSDB
+from airflow_ckpt_provider.core.status import JobState, JobStatus
 
 ROCKSDB_CLASS = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
-def manifest(*operators: dict[str, Any], partitions: int = 2) -> Manifest:
-    return Manifest(job="orders", snapshot_id="savepoint-7-x", kind=Kind.SAVEPOINT, trigger=Trigger.STOP, batch_id=7,
+def manifest(*operators: dict[str, Any], partitions: int = 2, snapshot_id: str = "savepoint-7-x", batch_id: int = 7,
+             trigger: Trigger = Trigger.STOP, labels: dict[str, str] | None = None) -> Manifest:
+    return Manifest(job="orders", snapshot_id=snapshot_id, kind=Kind.SAVEPOINT, trigger=trigger, batch_id=batch_id,
                     created_at="2026-11-26T10:00:00.000+00:00", query_id="q", checkpoint="/c", files=(),
-                    operators=list(operators),
+                    operators=list(operators), labels=labels or {},
                     conf={"spark.sql.shuffle.partitions": str(partitions),
                           "spark.sql.streaming.stateStore.providerClass": ROCKSDB_CLASS})
 
@@ -69,3 +72,48 @@ def test_hdfs_backed_state_is_refused_with_the_provider_to_start_with() -> None:
 def test_operators_without_metadata_are_refused() -> None:
     problem = snapshot_problem(manifest(op(name=None)), 5)
     assert problem is not None and problem.startswith("operators [0] have no operator metadata")
+
+
+def stopped(state: JobState = JobState.STOPPED, snapshot: str | None = "savepoint-7-x", batch_id: int = 7) -> JobStatus:
+    last = {"id": snapshot, "kind": "savepoint", "batch_id": 7} if snapshot else None
+    return JobStatus(job="orders", state=state, epoch=3, updated_at=0.0, started_at=0.0, batch_id=batch_id,
+                     last_snapshot=last)
+
+
+def test_a_job_stopped_with_a_savepoint_is_rescaled_from_it() -> None:
+    source = manifest(op())
+    start = stopped_source(stopped(), [source], 5)
+    assert (start.source, start.rescaled) == (source, None)
+    assert start.describe(5) == ("job orders is stopped with savepoint savepoint-7-x (batch 7, 2 partitions): "
+                                 "rescaling it from there")
+
+
+def test_a_rescale_that_saved_the_repartitioned_savepoint_and_died_goes_on_from_it() -> None:
+    source = manifest(op())
+    rescaled = manifest(op(), partitions=5, snapshot_id="savepoint-8-r", batch_id=8, trigger=Trigger.RESCALE,
+                        labels={RESCALED_FROM: "savepoint-7-x"})
+    other = manifest(op(), partitions=3, snapshot_id="savepoint-8-o", batch_id=8, trigger=Trigger.RESCALE,
+                     labels={RESCALED_FROM: "savepoint-7-x"})
+    start = stopped_source(stopped(), [source, other, rescaled], 5)
+    assert (start.source, start.rescaled) == (source, rescaled)
+    assert "already repartitioned into 5 partitions as savepoint-8-r" in start.describe(5)
+    assert stopped_source(stopped(), [source, other, rescaled], 4).rescaled is None  # another count: repartition
+
+
+@pytest.mark.parametrize("status", [
+    stopped(snapshot=None),  # cancelled: no final savepoint
+    stopped(batch_id=9),  # the savepoint is older than the batch it stopped at
+    stopped(state=JobState.FAILED),
+    None,
+], ids=["cancelled", "older-savepoint", "failed", "no-status"])
+def test_a_job_stopped_otherwise_is_refused_as_its_state_may_be_newer(status: JobStatus | None) -> None:
+    with pytest.raises(ConfigError, match="did not stop with a savepoint, so its latest state may be newer than "
+                                          "every savepoint"):
+        stopped_source(status, [manifest(op())], 5)
+
+
+def test_a_stopped_jobs_savepoint_with_the_same_count_or_disposed_is_refused() -> None:
+    with pytest.raises(ConfigError, match="savepoint savepoint-7-x: the state already has 2 partitions"):
+        stopped_source(stopped(), [manifest(op())], 2)
+    with pytest.raises(ConfigError, match="which the job store no longer holds"):
+        stopped_source(stopped(), [], 5)

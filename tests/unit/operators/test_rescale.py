@@ -11,7 +11,8 @@ from airflow.sdk.exceptions import AirflowException, TaskDeferred
 from airflow_ckpt_provider.core.control import RequestAction
 from airflow_ckpt_provider.core.deployments import Launch
 from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.manifest import Kind
+from airflow_ckpt_provider.core.manifest import Kind, Manifest, Trigger
+from airflow_ckpt_provider.core.status import JobState
 from airflow_ckpt_provider.operators.upgrade import RescaleStreamingJobOperator
 from airflow_ckpt_provider.runtime.restoreverdict import CheckOutcome
 from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
@@ -145,3 +146,53 @@ def test_a_stateless_jobs_rescale_is_refused_from_its_latest_snapshot_without_a_
                                                r"state at batch 0.*the job runs as before"):
         rescale_op().execute(context())
     assert checks.calls == [] and control_keys(store) == []
+
+
+def _savepoint(store: JobStore, snapshot_id: str, batch_id: int, partitions: int, **labels: str) -> None:
+    """A stateful savepoint's manifest (RocksDB, ``partitions`` partitions), as the job store holds it."""
+    rocksdb = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+    m = Manifest(job="orders", snapshot_id=snapshot_id, kind=Kind.SAVEPOINT,
+                 trigger=Trigger.RESCALE if labels else Trigger.STOP, batch_id=batch_id,
+                 created_at=f"2026-11-26T10:00:0{batch_id % 10}.000+00:00", query_id="q", checkpoint="/c", files=(),
+                 operators=[{"operator_id": 0, "name": "stateStoreSave", "partitions": partitions,
+                             "store_names": ["default"], "provider": "rocksdb", "changelog": False}],
+                 conf={"spark.sql.shuffle.partitions": str(partitions),
+                       "spark.sql.streaming.stateStore.providerClass": rocksdb}, labels=dict(labels))
+    store.storage.write(store.manifest_key(snapshot_id), m.to_bytes())
+
+
+def test_a_job_stopped_with_a_savepoint_is_repartitioned_from_it_without_a_stop(
+        store: JobStore, checks: FakeCheck, launches: FakeLaunch, running: Launch) -> None:
+    _savepoint(store, SID, 7, 2)
+    report(store, epoch=3, state=JobState.STOPPED, batch_id=7,
+           last_snapshot={"id": SID, "kind": "savepoint", "batch_id": 7})
+    op = rescale_op()
+    rescaling = deferral(lambda: op.execute(context()))
+    [repartition] = checks.calls  # no separate check: the repartition step runs the code on its copy
+    assert (repartition.restore, repartition.rescale_to, repartition.save_rescaled) == (SID, 5, True)
+    assert control_keys(store) == [] and next_step(rescaling)[0] == "after_rescale"
+    deferral(lambda: op.resume(context(), fire(rescaling, verdict(rescaling))))
+    [started] = launches.calls
+    assert (started.deployment, str(started.restore)) == (running.deployment, RESCALED_SID)
+
+
+def test_a_rescale_that_died_after_saving_is_finished_from_the_saved_savepoint(
+        store: JobStore, checks: FakeCheck, launches: FakeLaunch, running: Launch) -> None:
+    _savepoint(store, SID, 7, 2)
+    _savepoint(store, RESCALED_SID, 8, 5, rescaled_from=SID, partitions_before="2")
+    report(store, epoch=3, state=JobState.STOPPED, batch_id=7,
+           last_snapshot={"id": SID, "kind": "savepoint", "batch_id": 7})
+    op = rescale_op()
+    verifying = deferral(lambda: op.execute(context()))
+    assert checks.calls == [] and control_keys(store) == [] and next_step(verifying)[0] == "after_verify"
+    [started] = launches.calls
+    assert str(started.restore) == RESCALED_SID
+
+
+def test_a_cancelled_jobs_rescale_is_refused(store: JobStore, checks: FakeCheck, running: Launch) -> None:
+    _savepoint(store, SID, 7, 2)
+    report(store, epoch=3, state=JobState.STOPPED, batch_id=9)
+    with pytest.raises(AirflowException, match=r"refused before anything was stopped: the job is not running "
+                                               r"\(STOPPED\) and did not stop with a savepoint"):
+        rescale_op().execute(context())
+    assert checks.calls == []
