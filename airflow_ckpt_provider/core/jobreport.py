@@ -24,7 +24,7 @@ from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.health import HealthCriteria, restart_times
 from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, SNAPSHOTS, SPEC_STABLE, JobStore
 from airflow_ckpt_provider.core.jobview import JobView, observe, state_text
-from airflow_ckpt_provider.core.manifest import Kind, Manifest, snapshot_order
+from airflow_ckpt_provider.core.manifest import RESCALED_FROM, Kind, Manifest, snapshot_order
 from airflow_ckpt_provider.core.snapshots import latest_completed, load_manifest
 from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobStatus
 from airflow_ckpt_provider.core.supervision import observe_supervision
@@ -53,6 +53,8 @@ class SnapshotRow:
     uri: str
     retained: bool = True
     restored_by: tuple[int, ...] = ()
+    state_partitions: int | None = None  # None: stateless, or unknown (disposed)
+    rescaled_from: str | None = None  # a rescale's savepoint: the savepoint it was repartitioned from
 
 
 @dataclass(frozen=True)
@@ -210,7 +212,8 @@ def snapshot_rows(manifests: Sequence[Manifest], starts: Iterable[StartRow], uri
             snapshot_id=m.snapshot_id, kind=m.kind.value, trigger=m.trigger.value, batch_id=m.batch_id,
             created_at=m.created_at, files=len(m.files), size=m.total_bytes, new_bytes=sum(new.values()),
             code_version=m.code_version, uri=uri_of(m.snapshot_id),
-            restored_by=tuple(restored.get(m.snapshot_id, ()))))
+            restored_by=tuple(restored.get(m.snapshot_id, ())), state_partitions=m.state_partitions,
+            rescaled_from=m.labels.get(RESCALED_FROM)))
     present = {m.snapshot_id for m in manifests}
     for snapshot_id, epochs in restored.items():
         if snapshot_id not in present:
