@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from airflow_ckpt_provider.core.control import Ack, Outcome, RequestAction, submit_request, wait_ack
 from airflow_ckpt_provider.core.deployments import Launch, mark_stable, read_launch
@@ -120,14 +120,14 @@ class JobRescale:
         try:
             start = stopped_source(view.status, list_snapshots(self.store, Kind.SAVEPOINT), self.options.partitions)
         except ConfigError as err:
-            raise self._refused(err) from err
+            raise self._refused(err, stopped=True) from err
         self.say(start.describe(self.options.partitions))
         return self._rescale_or_roll_back(old, start.source.snapshot_id,
                                           start.rescaled.snapshot_id if start.rescaled else None)
 
-    def _refused(self, why: object) -> ConfigError:
+    def _refused(self, why: object, *, stopped: bool = False) -> ConfigError:
         return ConfigError(f"rescale of job {self.job} to {self.options.partitions} partitions refused before anything "
-                           f"was stopped: {why}; the job runs as before")
+                           f"was stopped: {why}; " + ("nothing was changed" if stopped else "the job runs as before"))
 
     def _request(self, action: RequestAction, epoch: int) -> Ack:
         """A savepoint or stop with savepoint of the driver of ``epoch``, completed with its snapshot."""
@@ -193,7 +193,7 @@ class JobRescale:
             time.sleep(self.options.poll)
         return event
 
-    def _roll_back(self, old: Launch, source: str, failure: RescaleFailed) -> dict[str, Any]:
+    def _roll_back(self, old: Launch, source: str, failure: RescaleFailed) -> NoReturn:
         why, rescaled = str(failure), failure.rescaled
         if rescaled:  # a restore strategy must not pick the new partitions up again (the newest savepoint)
             try:
