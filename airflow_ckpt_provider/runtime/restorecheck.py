@@ -14,8 +14,15 @@ STATE_METADATA, every checkpoint written by Spark >= 3.5); the operator lists ar
 message. Without metadata Spark would drop that state silently: the check compares the snapshot's
 operators with those that wrote state in the batch, and fails unless ``--allow-non-restored-state``.
 
-The check never takes the lease nor writes status, acks, deployments or snapshots, and never reads
-the live checkpoint beyond its latest completed batch id. The verdict is one stdout line
+A rescale's check (``--rescale-to N``) first repartitions the copy with Spark's offline repartition
+(StreamingCheckpointManager.repartition: batch N+1 holds the state in N partitions and reads no input), after
+the read-only refusals of core/rescaling.py, and runs the empty batch after that one. With ``--save-rescaled``
+(a rescale's step, on the savepoint the stop took) a compatible verdict also saves the copy's repartition batch
+as a savepoint of its own (trigger ``rescale``): the only snapshot a check ever writes, and only once the job ran
+on it. docs/rescaling.md.
+
+The check never takes the lease nor writes status, acks or deployments, and never reads the live checkpoint
+beyond its latest completed batch id. The verdict is one stdout line
 (runtime/restoreverdict.py), read by the launching host (launcher/restorecheck.py).
 """
 
