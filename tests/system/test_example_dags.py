@@ -313,7 +313,8 @@ def trigger_form_screenshots(airflow: object, dag_id: str) -> None:
         page.goto(f"{airflow.base_url}/dags/{dag_id}")
         page.get_by_test_id("trigger-dag-button").click()
         dialog = page.get_by_role("dialog").filter(has=page.get_by_role("heading", name=f"Trigger Dag - {dag_id}"))
-        for name in ("job", "job_file", "code_version", "upgrade_mode", "allow_non_restored_state", "verify_batches"):
+        for name in ("job", "job_file", "code_version", "upgrade_mode", "allow_non_restored_state", "verify_batches",
+                     "partitions"):
             expect(dialog.locator("label", has_text=re.compile(rf"^{re.escape(name)}\s*\*?$"))).to_be_visible()
         modes = dialog.get_by_role("combobox", name="upgrade_mode")
         expect(modes).to_be_visible()
