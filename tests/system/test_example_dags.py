@@ -9,6 +9,7 @@ The tests run in file order and build on each other.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -96,7 +97,8 @@ def test_savepoint_restore_dag(world: World, home: AirflowHome) -> None:
     assert_exact(world)
 
 
-def test_incompatible_upgrade_is_refused_before_the_job_stops(world: World, home: AirflowHome) -> None:
+def test_incompatible_upgrade_and_a_rescale_of_hdfs_state_are_refused_before_the_job_stops(
+        world: World, home: AirflowHome) -> None:
     world.produce(500)  # data flowing, as in production: the upgrade must not lose it
     before = running(world)
     lease = read_lease(world.store)
@@ -105,6 +107,12 @@ def test_incompatible_upgrade_is_refused_before_the_job_stops(world: World, home
                                                "code_version": "bad", "verify_batches": 1})
     assert done.returncode != 0
     assert "refused before anything was stopped" in done.stdout, done.stdout[-5000:]
+    # The form's partitions on this job's HDFS-backed state (Spark's default): refused the same way.
+    done = home.dags_test("ckpt_upgrade_job", {"job": world.job, "job_file": str(EXAMPLES / "orders_v1.py"),
+                                               "code_version": "v1", "verify_batches": 1, "partitions": 3})
+    assert done.returncode != 0
+    assert re.search(r"upgrade of job \S+ to v1 with 3 state partitions refused before anything was stopped: .*"
+                     r"HDFS-backed state store", done.stdout), done.stdout[-5000:]
     after = world.status()
     assert after is not None and after.epoch == before.epoch and after.state == JobState.RUNNING
     assert read_lease(world.store) == lease
@@ -293,7 +301,6 @@ def test_upgrade_trigger_form_renders_in_chromium(airflow: AirflowServer) -> Non
 
 
 def trigger_form_screenshots(airflow: object, dag_id: str) -> None:
-    import re
 
     from playwright.sync_api import expect
 
