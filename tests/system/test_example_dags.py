@@ -301,7 +301,6 @@ def test_upgrade_trigger_form_renders_in_chromium(airflow: AirflowServer) -> Non
 
 
 def trigger_form_screenshots(airflow: object, dag_id: str) -> None:
-
     from playwright.sync_api import expect
 
     from tests.system.airflow_server import AirflowServer, chromium_browser
