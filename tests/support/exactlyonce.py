@@ -137,10 +137,11 @@ _KAFKA_COMMITTED = re.compile(r"batch (\d+) partition (\d+) of job \S+ \(query (
 @dataclass
 class KafkaSink:
     """ckpt-kafka into a topic. tansu shows aborted transactional records to read_committed consumers
-    (ENVIRONMENT.md); tests/kafkasink.read_sink_output keeps each (query, batch, sink partition)'s last
-    attempt, which is what Apache Kafka's abort filtering leaves (see that module). Only Apache Kafka
-    can confirm that the broker itself hides the aborted attempts from read_committed consumers and
-    holds them at the last stable offset while a transaction is open."""
+    (ENVIRONMENT.md) and can hold them at a last stable offset that never moves (kafkasink.py);
+    tests/kafkasink.read_sink_output reads everything and keeps each (query, batch, sink partition)'s last
+    attempt, which is what Apache Kafka's abort filtering leaves (see that module). Only Apache Kafka can
+    confirm that the broker itself hides the aborted attempts from read_committed consumers and holds them at
+    the last stable offset while a transaction is open."""
 
     bootstrap: str
     topic: str
