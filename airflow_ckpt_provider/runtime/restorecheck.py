@@ -191,7 +191,8 @@ class RestoreChecker:
                 f"{what}: Spark refused to repartition the state from {before} to {partitions} partitions: "
                 f"{message}. The job keeps its {before} partitions; see docs/rescaling.md for what Spark "
                 "repartitions")), None
-        crash_point("rescale.repartitioned")  # tests: the rescale's process killed with its copy repartitioned
+        # tests: the rescale's process killed with its copy repartitioned (the check's, or the save's)
+        crash_point("rescale.repartitioned" if self.config.save_rescaled else "rescale.check.repartitioned")
         after = SparkCheckpoint(scratch).view()
         found = current_partitions(after)
         if after.batch_id != manifest.batch_id + 1 or found != partitions:
