@@ -111,8 +111,9 @@ def test_incompatible_upgrade_and_a_rescale_of_hdfs_state_are_refused_before_the
     done = home.dags_test("ckpt_upgrade_job", {"job": world.job, "job_file": str(EXAMPLES / "orders_v1.py"),
                                                "code_version": "v1", "verify_batches": 1, "partitions": 3})
     assert done.returncode != 0
-    assert re.search(r"upgrade of job \S+ to v1 with 3 state partitions refused before anything was stopped: .*"
-                     r"HDFS-backed state store", done.stdout), done.stdout[-5000:]
+    assert re.search(r"upgrade of job \S+ to \S+/orders_v1.py with 3 state partitions refused before anything was "
+                     r"stopped: snapshot \S+: the state is in the HDFS-backed state store", done.stdout), \
+        done.stdout[-5000:]
     after = world.status()
     assert after is not None and after.epoch == before.epoch and after.state == JobState.RUNNING
     assert read_lease(world.store) == lease
