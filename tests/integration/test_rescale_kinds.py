@@ -262,7 +262,7 @@ def env(s3_server: EmbeddedS3, kafka_server: EmbeddedKafka, bucket: str, topic: 
     return JobEnv(s3_server, kafka_server, tmp_path, bucket, topic)
 
 
-@pytest.mark.full(proven_by="integration/test_rescale.py::test_ckpt_job_rescale_moves_a_running_deployment_... "
+@pytest.mark.full(proven_by="integration/test_rescale.py::test_ckpt_job_rescale_moves_a_deployment_... "
                             "(one state kind, through the whole rescale)")
 @pytest.mark.parametrize("kind", KINDS)
 def test_dedup_agg_join_and_tws_state_rescaled_2_to_5_to_3_gives_exactly_the_uninterrupted_output(
