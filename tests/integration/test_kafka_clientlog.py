@@ -30,6 +30,8 @@ def kafka_on_s3(s3_server: EmbeddedS3, bucket: str, tmp_path: Path) -> Iterator[
         yield kafka
 
 
+@pytest.mark.full(proven_by="integration/test_recovery.py::test_a_broker_outage_is_ridden_out_in_the_same_driver_... "
+                            "(one unreachable and one reachable line per process, no raw librdkafka line, in a job)")
 def test_a_ten_second_broker_outage_logs_one_unreachable_and_one_reachable_line_and_no_raw_librdkafka_line(
         kafka_on_s3: EmbeddedKafka, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]) -> None:
     from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition

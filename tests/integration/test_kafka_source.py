@@ -222,6 +222,8 @@ def test_replayed_batch_reads_exactly_the_same_records(spark: Any, kafka_server:
     assert sorted(everything) == sorted(produced)  # nothing lost, nothing twice
 
 
+@pytest.mark.full(proven_by="integration/test_exactly_once.py (kill -9s of drivers reading ckpt-kafka at every "
+                            "commit step and at random moments, every id exactly once)")
 def test_kill_9_mid_stream_then_restart_counts_exactly(kafka_server: EmbeddedKafka, topic: str,
                                                        tmp_path: Path) -> None:
     """The driver (Python and JVM) is SIGKILLed at an arbitrary moment while data keeps arriving."""

@@ -142,7 +142,11 @@ def wait_for_log(run: Run, text: str, timeout: float) -> None:
 
 @pytest.mark.parametrize(("variant", "code", "message"), [
     ("secret", EXIT_DENIED, "refused the credentials (SignatureDoesNotMatch)"),
-    ("append", EXIT_REFUSED, "[STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION] Invalid streaming output mode: append"),
+    pytest.param("append", EXIT_REFUSED,
+                 "[STREAMING_OUTPUT_MODE.UNSUPPORTED_OPERATION] Invalid streaming output mode: append",
+                 marks=pytest.mark.full(proven_by="the [schema] case: the same supervisor path for an error Spark "
+                                                  "raises at the query's start; the exit code of this one: "
+                                                  "unit/runtime/test_failures.py")),
     ("schema", EXIT_INCOMPATIBLE, "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE"),
     ("nomodule", EXIT_CONFIG, "No module named 'ckpt_test_missing_module'"),
 ])
