@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,6 +52,17 @@ def sink_session(s3: EmbeddedS3, app: str, **conf: str) -> Iterator[Any]:
 @pytest.fixture
 def env(s3_server: EmbeddedS3, kafka_server: EmbeddedKafka, bucket: str, topic: str, tmp_path: Path) -> JobEnv:
     return JobEnv(s3_server, kafka_server, tmp_path, bucket, topic)
+
+
+@pytest.fixture
+def launcher_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """For tests whose processes the launcher starts from this one (restore checks, rescale steps, deployments):
+    a CKPT_HOME of the test's own (the detached processes' records and logs) and this Python for Spark's workers.
+    Returns that CKPT_HOME."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("CKPT_HOME", str(home))
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    return home
 
 
 @pytest.fixture

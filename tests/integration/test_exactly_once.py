@@ -20,7 +20,15 @@ import uuid
 import pytest
 
 from airflow_ckpt_provider.core.storage import S3Options
-from tests.support.exactlyonce import RANDOM, EoSink, FilesSink, KafkaSink, LedgerSink, prove_exactly_once
+from tests.support.exactlyonce import (
+    RANDOM,
+    EoSink,
+    FilesSink,
+    KafkaSink,
+    LedgerSink,
+    job_of_its_own,
+    prove_exactly_once,
+)
 from tests.support.runtimejob import JobEnv, Run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
@@ -30,18 +38,9 @@ FULL_KILLS = 10  # per sink, with --full
 SIDE_BY_SIDE = True  # the three jobs at once (a thread each), not one after the other
 
 
-def _job(env: JobEnv, name: str) -> JobEnv:
-    """A job of its own with a 3-partition input topic of its own, on the test's store bucket and servers."""
-    work = env.work / name
-    work.mkdir()
-    topic = f"t-{uuid.uuid4().hex[:10]}"
-    env.kafka.create_topic(topic, partitions=3)
-    return JobEnv(env.s3, env.kafka, work, env.bucket, topic, job=f"eo-{name}-{uuid.uuid4().hex[:6]}")
-
-
 def test_three_sinks_exactly_once_through_kills_at_every_commit_step_random_kills_and_a_savepoint_restore(
         env: JobEnv, runs: list[Run], s3_options: S3Options, pytestconfig: pytest.Config) -> None:
-    files, kafka, ledger = _job(env, "files"), _job(env, "kafka"), _job(env, "ledger")
+    files, kafka, ledger = job_of_its_own(env, "files"), job_of_its_own(env, "kafka"), job_of_its_own(env, "ledger")
     out = f"eo-{uuid.uuid4().hex[:10]}"
     env.kafka.create_topic(out, partitions=3)
     jobs: list[tuple[JobEnv, EoSink]] = [

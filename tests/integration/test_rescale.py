@@ -28,26 +28,21 @@ from airflow_ckpt_provider.core.control import Outcome, RequestAction
 from airflow_ckpt_provider.core.deployments import Launch
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.manifest import PARTITIONS_BEFORE, RESCALED_FROM, Kind, Manifest, Trigger
-from airflow_ckpt_provider.core.modes import RestoreSpec
 from airflow_ckpt_provider.core.snapshots import list_snapshots, load_manifest
 from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
 from airflow_ckpt_provider.examples._orders import read_totals
-from airflow_ckpt_provider.launcher.restorecheck import check_restore
-from airflow_ckpt_provider.launcher.submit import SubmitSpec, parse_conf
-from airflow_ckpt_provider.runtime.config import RuntimeConfig
+from airflow_ckpt_provider.launcher.submit import parse_conf
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_STOPPED
 from airflow_ckpt_provider.runtime.restoreverdict import CheckOutcome, RestoreCheck
 from tests.integration.test_restore_check import OrdersEnv, expected_totals, produce_orders
-from tests.support.runtimejob import SPARK_CONF, Run
+from tests.support.runtimejob import ROCKSDB, SPARK_CONF, Run
 
 pytestmark = pytest.mark.integration
 
 TIMEOUT = 180.0
 CHECK_TIMEOUT = 240.0
 EXAMPLES = Path(examples.__file__).parent
-ROCKSDB = ("spark.sql.streaming.stateStore.providerClass="
-           "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
 
 
 class RescaleEnv(OrdersEnv):
@@ -55,15 +50,8 @@ class RescaleEnv(OrdersEnv):
         return super().run_job(name, job_file, checkpoint, "--conf", ROCKSDB, "--checkpoint-interval", "none", *args)
 
     def rescale(self, savepoint: str, partitions: int, checkpoint: Path) -> RestoreCheck:
-        """The rescale step as a rescale runs it: restore the savepoint on a copy, repartition, check, save."""
-        config = RuntimeConfig(job=self.job, store=self.store_url, checkpoint=str(checkpoint),
-                               endpoint_url=self.s3.endpoint_url, region=self.s3.region,
-                               restore=RestoreSpec.parse(savepoint), rescale_to=partitions, save_rescaled=True,
-                               check_restore=True)
-        spec = SubmitSpec(job_file=str(EXAMPLES / "orders_v1.py"), config=config,
-                          conf=parse_conf([*SPARK_CONF, ROCKSDB]))
-        return check_restore(spec, CHECK_TIMEOUT, log_file=str(self.work / f"rescale-{partitions}.log"),
-                             env=self.orders_env(self.work / "check-out"))
+        return self.rescale_step(EXAMPLES / "orders_v1.py", checkpoint, savepoint, partitions,
+                                 env=self.orders_env(self.work / "check-out"), timeout=CHECK_TIMEOUT)
 
     def deploy(self, **settings: Any) -> Launch:
         """orders_v1 with RocksDB state in 2 partitions launched as the operators launch it (a recorded deployment,
@@ -115,9 +103,7 @@ class RescaleEnv(OrdersEnv):
 
 @pytest.fixture
 def env(s3_server: EmbeddedS3, kafka_server: EmbeddedKafka, bucket: str, topic: str, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> RescaleEnv:
-    monkeypatch.setenv("CKPT_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+        launcher_env: Path) -> RescaleEnv:
     return RescaleEnv(s3_server, kafka_server, tmp_path, bucket, topic)
 
 

@@ -32,9 +32,9 @@ from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.modes import RestartStrategyName
 from airflow_ckpt_provider.core.snapshots import latest_completed, list_snapshots
 from airflow_ckpt_provider.core.status import JobState, JobStatus
+from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
 from airflow_ckpt_provider.examples._orders import read_totals
 from tests.integration.test_rescale import RescaleEnv, _wait_totals
-from tests.integration.test_rescale import env as env  # noqa: PLC0414 (the module's fixture, shared)
 from tests.integration.test_restore_check import expected_totals, produce_orders
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400),
@@ -42,6 +42,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400),
                                          "(the rescale's process killed after saving, run again: the new partitions)")]
 
 TIMEOUT = 180.0
+
+
+@pytest.fixture
+def env(s3_server: EmbeddedS3, kafka_server: EmbeddedKafka, bucket: str, topic: str, tmp_path: Path,
+        launcher_env: Path) -> RescaleEnv:
+    return RescaleEnv(s3_server, kafka_server, tmp_path, bucket, topic)
 
 
 class Rescaler:

@@ -23,7 +23,6 @@ batches (Spark runs them without a sink).
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -34,26 +33,19 @@ import pytest
 
 from airflow_ckpt_provider.core.control import Outcome, RequestAction
 from airflow_ckpt_provider.core.manifest import PARTITIONS_BEFORE, RESCALED_FROM, Kind, Manifest, Trigger
-from airflow_ckpt_provider.core.modes import RestoreSpec
 from airflow_ckpt_provider.core.snapshots import load_manifest
 from airflow_ckpt_provider.core.status import JobStatus
 from airflow_ckpt_provider.core.storage import S3Options
-from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
-from airflow_ckpt_provider.launcher.restorecheck import check_restore
-from airflow_ckpt_provider.launcher.submit import SubmitSpec, parse_conf
-from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_STOPPED
 from airflow_ckpt_provider.runtime.restoreverdict import CheckOutcome, RestoreCheck
 from airflow_ckpt_provider.sinks.filelayout import BatchManifest, committed_batches, read_committed
 from airflow_ckpt_provider.sinks.filemaintenance import verify_sink
-from tests.support.runtimejob import SPARK_CONF, JobEnv, Run
+from tests.support.runtimejob import ROCKSDB, JobEnv, Run
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("launcher_env")]
 
 JOB = Path(__file__).parent.parent / "jobs" / "rescale_kinds.py"
 KINDS = ("agg_dedup", "join", "tws")
-ROCKSDB = ("spark.sql.streaming.stateStore.providerClass="
-           "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
 TIMEOUT = 180.0
 CHECK_TIMEOUT = 240.0
 THIRD = 300  # records per third
@@ -240,26 +232,12 @@ class KindsEnv:
         return load_manifest(self.env.store(), ack.snapshot_id)
 
     def rescale(self, savepoint: str, partitions: int) -> RestoreCheck:
-        """The rescale step as a rescale runs it: restore the savepoint on a copy, repartition, check, save."""
-        config = RuntimeConfig(job=self.env.job, store=self.env.store_url, checkpoint=str(self.checkpoint),
-                               endpoint_url=self.env.s3.endpoint_url, region=self.env.s3.region,
-                               restore=RestoreSpec.parse(savepoint), rescale_to=partitions, save_rescaled=True,
-                               check_restore=True)
-        spec = SubmitSpec(job_file=str(JOB), config=config, conf=parse_conf([*SPARK_CONF, ROCKSDB]))
-        return check_restore(spec, CHECK_TIMEOUT, log_file=str(self.env.work / f"rescale-{partitions}.log"),
-                             env=self.env.env(MAX_OFFSETS, self.settings))
+        return self.env.rescale_step(JOB, self.checkpoint, savepoint, partitions,
+                                     env=self.env.env(MAX_OFFSETS, self.settings), timeout=CHECK_TIMEOUT)
 
     def committed_rows(self) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = read_committed(self.sink, self.s3, batch_id_column="batch_id").to_pylist()
         return rows
-
-
-@pytest.fixture
-def env(s3_server: EmbeddedS3, kafka_server: EmbeddedKafka, bucket: str, topic: str, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> JobEnv:
-    monkeypatch.setenv("CKPT_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
-    return JobEnv(s3_server, kafka_server, tmp_path, bucket, topic)
 
 
 @pytest.mark.full(proven_by="integration/test_rescale.py::test_ckpt_job_rescale_moves_a_deployment_... "

@@ -88,7 +88,6 @@ class OrdersEnv(JobEnv):
 
     def run_job(self, name: str, job_file: Path, checkpoint: Path, *args: str) -> Run:
         import subprocess
-        import sys
 
         argv = [sys.executable, "-m", "airflow_ckpt_provider.cli", "run", str(job_file), "--job", self.job,
                 "--store", self.store_url, "--checkpoint", str(checkpoint), "--master", "local[2]"]
@@ -162,9 +161,7 @@ def store_contents(store: JobStore) -> dict[str, str]:
 
 @pytest.fixture
 def env(s3_server: EmbeddedS3, kafka_server: EmbeddedKafka, bucket: str, topic: str, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> OrdersEnv:
-    monkeypatch.setenv("CKPT_HOME", str(tmp_path / "home"))  # the detached checks' logs
-    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+        launcher_env: Path) -> OrdersEnv:
     return OrdersEnv(s3_server, kafka_server, tmp_path, bucket, topic)
 
 

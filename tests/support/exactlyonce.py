@@ -33,6 +33,7 @@ import random
 import re
 import sqlite3
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
@@ -294,6 +295,15 @@ class Feeder:
         self.pending = None
 
 
+def job_of_its_own(env: JobEnv, name: str) -> JobEnv:
+    """A job of its own with a 3-partition input topic of its own, on ``env``'s store bucket and servers."""
+    work = env.work / name
+    work.mkdir()
+    topic = f"t-{uuid.uuid4().hex[:10]}"
+    env.kafka.create_topic(topic, partitions=3)
+    return JobEnv(env.s3, env.kafka, work, env.bucket, topic, job=f"eo-{name}-{uuid.uuid4().hex[:6]}")
+
+
 def wait_for(what: str, ok: Callable[[], bool], timeout: float, *runs: Run) -> None:
     """Poll ``ok``; fail early, with the logs, if a run exits meanwhile."""
     deadline = time.monotonic() + timeout
@@ -462,18 +472,8 @@ class Chaos:
         self.feeder.feed(more_ids // 2)  # arrived while the job was stopped
         second = self.start("restored", self.env.work / "checkpoint-b", "--restore", "latest-savepoint",
                             restarts=3)
-        epoch = self.next_driver(second).epoch
-
-        def restored(s: JobStatus) -> bool:
-            return s.epoch == epoch and s.restored_from is not None
-
-        status = self.env.wait_status("the restored driver's snapshot", restored, WAIT, second)
-        assert status.restored_from == savepoint.snapshot_id, (status, savepoint)
-        running = f"runs the job at epoch {status.epoch}: restarts resume from latest-state"
-        wait_for("the supervisor to see the restored driver run", lambda: running in second.log.read_text(), WAIT,
-                 second)
-        self.crash_at(second, self.sink.crash_points[-1])
-        self.next_driver(second)
+        assert savepoint.snapshot_id is not None
+        self.crash_after_restore(second, savepoint.snapshot_id)
         self.feeder.feed(more_ids - more_ids // 2)
         self.feeder.finish()
         self.drain_and_stop(second)
@@ -483,6 +483,28 @@ class Chaos:
         assert len(re.findall(r"driver exited with code -9 ", log)) == 1, second.tail()
         assert not list(self.faults.iterdir()), "a crash point did not fire"
 
+        self.check_output(first.log.read_text() + second.log.read_text())
+
+    def crash_after_restore(self, run: Run, snapshot_id: str) -> None:
+        """Once ``run``'s first driver restored ``snapshot_id`` and its supervisor saw it run (so the restart
+        resumes from latest-state: the new location's own checkpoint, in the snapshot's lineage), crash it at
+        the sink's last commit step; wait for the restarted driver."""
+        epoch = self.next_driver(run).epoch
+
+        def restored(s: JobStatus) -> bool:
+            return s.epoch == epoch and s.restored_from is not None
+
+        status = self.env.wait_status("the restored driver's snapshot", restored, WAIT, run)
+        assert status.restored_from == snapshot_id, (status, snapshot_id)
+        running = f"runs the job at epoch {status.epoch}: restarts resume from latest-state"
+        wait_for("the supervisor to see the restored driver run", lambda: running in run.log.read_text(), WAIT, run)
+        self.crash_at(run, self.sink.crash_points[-1])
+        self.next_driver(run)
+
+    def check_output(self, logs: str) -> None:
+        """Every id fed is in the sink's committed output exactly once with its content, nothing uncommitted is
+        visible, and (Kafka) each (batch, partition) was committed once according to the supervisors' ``logs``."""
+        name = self.sink.name
         ids = self.proof.ids[name] = self.feeder.next_id
         self.proof.records[name] = self.feeder.records
         rows = self.sink.committed()
@@ -495,7 +517,7 @@ class Chaos:
         assert sorted(rows) == expected_rows(ids), "every id once, but some content differs"
         summary = self.sink.check_nothing_uncommitted()
         if isinstance(self.sink, KafkaSink):
-            transactions = self.sink.check_single_commits(first.log.read_text() + second.log.read_text())
+            transactions = self.sink.check_single_commits(logs)
             summary += f"; {transactions} (batch, partition) transactions committed once each (task logs)"
         self.proof.uncommitted[name] = summary
 
@@ -525,7 +547,7 @@ def prove_exactly_once(jobs: Sequence[tuple[JobEnv, EoSink]], runs: list[Run], *
             raise AssertionError(f"sink {sink.name} (job {env.job}): {err}\n{proof.summary()}") from err
 
     if side_by_side:
-        _all_at_once([functools.partial(prove, env, sink) for env, sink in jobs], runs)
+        all_at_once([functools.partial(prove, env, sink) for env, sink in jobs], runs)
     else:
         for env, sink in jobs:
             prove(env, sink)
@@ -533,7 +555,7 @@ def prove_exactly_once(jobs: Sequence[tuple[JobEnv, EoSink]], runs: list[Run], *
     return proof
 
 
-def _all_at_once(steps: Sequence[Callable[[], None]], runs: list[Run]) -> None:
+def all_at_once(steps: Sequence[Callable[[], None]], runs: list[Run]) -> None:
     """Every step on a thread of its own; the first failure stops every run (which ends the other threads'
     waits) and is raised."""
     pool = ThreadPoolExecutor(len(steps), thread_name_prefix="eo-proof")

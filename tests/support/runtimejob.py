@@ -21,15 +21,22 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from airflow_ckpt_provider.core.control import Ack, RequestAction, submit_request, wait_ack
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.status import JobStatus, read_status
 from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
 
+if TYPE_CHECKING:
+    from airflow_ckpt_provider.runtime.restoreverdict import RestoreCheck
+
 JOB_FILE = Path(__file__).parent.parent / "jobs" / "kafka_count.py"
 KEYS = 10
 SPARK_CONF = ("spark.ui.enabled=false", "spark.sql.shuffle.partitions=2", "spark.ui.showConsoleProgress=false")
+#: RocksDB state: the only store Spark's offline repartition takes (docs/rescaling.md).
+ROCKSDB = ("spark.sql.streaming.stateStore.providerClass="
+           "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
 
 
 def produce(bootstrap: str, topic: str, start: int, count: int) -> None:
@@ -113,6 +120,24 @@ class JobEnv:
             proc = subprocess.Popen([*argv, *args], env=env, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         return Run(name, proc, log)
+
+    def rescale_step(self, job_file: Path, checkpoint: Path, savepoint: str, partitions: int, *,
+                     env: dict[str, str], timeout: float) -> RestoreCheck:
+        """The rescale step as a rescale runs it (``ckpt run --check-restore --restore SAVEPOINT --rescale-to N
+        --save-rescaled``, RocksDB state): restore the savepoint on a copy, repartition, the job's empty batch,
+        saved as a savepoint of its own. ``env``: the job's environment (its settings)."""
+        from airflow_ckpt_provider.core.modes import RestoreSpec
+        from airflow_ckpt_provider.launcher.restorecheck import check_restore
+        from airflow_ckpt_provider.launcher.submit import SubmitSpec, parse_conf
+        from airflow_ckpt_provider.runtime.config import RuntimeConfig
+
+        config = RuntimeConfig(job=self.job, store=self.store_url, checkpoint=str(checkpoint),
+                               endpoint_url=self.s3.endpoint_url, region=self.s3.region,
+                               restore=RestoreSpec.parse(savepoint), rescale_to=partitions, save_rescaled=True,
+                               check_restore=True)
+        spec = SubmitSpec(job_file=str(job_file), config=config, conf=parse_conf([*SPARK_CONF, ROCKSDB]))
+        log = self.work / f"rescale-{savepoint}-{partitions}.log"
+        return check_restore(spec, timeout, log_file=str(log), env=env)
 
     def status(self) -> JobStatus | None:
         return read_status(self.store())
