@@ -28,7 +28,7 @@ from airflow_ckpt_provider.core.settings import JobSettings, names
 from airflow_ckpt_provider.core.status import JobState
 from airflow_ckpt_provider.core.submission import find_running, what_to_launch
 from airflow_ckpt_provider.hooks.spark import CkptSparkHook
-from airflow_ckpt_provider.launcher.deploy import launch, log_tail
+from airflow_ckpt_provider.launcher.deploy import launch, start_failure
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink, persist_empty_links
 from airflow_ckpt_provider.operators import lineage
 from airflow_ckpt_provider.operators.arguments import (
@@ -89,9 +89,7 @@ class _LaunchMixin(JobOperator):
     def _running_result(self, context: Context, event: dict[str, Any], launch_id: str | None) -> dict[str, Any]:
         event = check_event(event, ("healthy", "unhealthy"), f"job {self.job}")
         if event["status"] != "healthy":
-            tail = log_tail(read_launch(self.job_store()))
-            raise AirflowException(f"job {self.job} did not start: {event.get('message')}"
-                                   + (f"\nlast lines of its log:\n{tail}" if tail else ""))
+            raise AirflowException(start_failure(self.job_store(), event))
         SparkUILink.persist(context, event.get("ui_url"))
         self.log.info("job %s: RUNNING, epoch %s, batch %s", self.job, event.get("epoch"), event.get("batch_id"))
         return {"job": self.job, "epoch": event.get("epoch"), "batch_id": event.get("batch_id"),
