@@ -6,8 +6,8 @@ The job runs outside Dagster (it never finishes, so no run materializes it): the
 status (core/status.py) as the health watch does (core/status.heartbeat_limit, driver_live).
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: Dagster reads the annotations of decorated functions (the context's
+# type, config classes, resources) at definition time and does not resolve them from strings.
 import json
 import time
 from collections.abc import Callable, Sequence

@@ -101,12 +101,14 @@ class SubmitConfig(JobConfig):
 
 
 class StopKind(StrEnum):
-    SAVEPOINT = StopMode.SAVEPOINT.value
-    CANCEL = StopMode.CANCEL.value
+    """core/modes.StopMode for Dagster's config: its enums take member names, so the names are the spellings."""
+
+    savepoint = StopMode.SAVEPOINT.value
+    cancel = StopMode.CANCEL.value
 
 
 class StopConfig(JobConfig):
-    mode: StopKind = Field(default=StopKind.SAVEPOINT, description="savepoint (stop with savepoint) or cancel")
+    mode: StopKind = Field(default=StopKind.savepoint, description="savepoint (stop with savepoint) or cancel")
     timeout: float = Field(default=STOP_TIMEOUT, gt=0, description="Seconds the driver gets to answer")
 
 
@@ -118,7 +120,7 @@ class RestartConfig(JobConfig):
     restore: str = Field(default="latest-state",
                          description="latest-state, latest-savepoint, none, or a snapshot id or URI; a snapshot "
                                      "given as the op's input wins")
-    stop_mode: StopKind = Field(default=StopKind.CANCEL, description="How a running driver is stopped first")
+    stop_mode: StopKind = Field(default=StopKind.cancel, description="How a running driver is stopped first")
     start_timeout: float = Field(default=600.0, gt=0)
     stop_timeout: float = Field(default=STOP_TIMEOUT, gt=0)
 

@@ -27,7 +27,11 @@ T = TypeVar("T")
 
 
 def _checked(check: Callable[[], object], value: T) -> T:
-    """``value`` if ``check()`` passes; a ValueError (what pydantic and Dagster report) with its message if not."""
+    """``value`` if ``check()`` passes; a ValueError (what pydantic and Dagster report) with its message if not.
+    A ``dg.EnvVar`` is the variable's name: it is checked once Dagster resolved it, when the run builds the
+    resource again from the values."""
+    if isinstance(value, dg.EnvVar) or not isinstance(value, str | None):  # a wrong type: pydantic says so
+        return value
     try:
         check()
     except CkptError as err:
@@ -36,10 +40,11 @@ def _checked(check: Callable[[], object], value: T) -> T:
 
 
 class DeployMode(StrEnum):
-    """Where the Spark driver runs: on the host of the op (client) or in the cluster."""
+    """Where the Spark driver runs: on the host of the op (client) or in the cluster. Dagster's config enums take
+    member names: the names are the spellings."""
 
-    CLIENT = "client"
-    CLUSTER = "cluster"
+    client = "client"
+    cluster = "cluster"
 
 
 class CkptResource(dg.ConfigurableResource):  # type: ignore[type-arg]  # generic over the resource it makes (itself)
@@ -57,27 +62,27 @@ class CkptResource(dg.ConfigurableResource):  # type: ignore[type-arg]  # generi
     secret_access_key: str | None = Field(default=None, description="The S3 secret key (use dg.EnvVar)")
     session_token: str | None = Field(default=None, description="An S3 session token (use dg.EnvVar)")
     master: str = Field(default=DEFAULT_MASTER, description="local[N], spark://HOST:PORT, yarn or k8s://https://...")
-    deploy_mode: DeployMode = Field(default=DeployMode.CLIENT, description="client or cluster")
+    deploy_mode: DeployMode = Field(default=DeployMode.client, description="client or cluster")
     spark_submit: str | None = Field(default=None, description="spark-submit to run; none: pyspark's or PATH's")
     spark_conf: dict[str, str] = Field(default_factory=dict, description="Spark settings of every job's launch")
     python_env: str = Field(default="auto", description="The executors' Python: auto, ship, none or an archive")
 
     # The connections' own checks, one field at a time (so the error names the field, and shows no other
     # field's value: a secret stays out of it).
-    @field_validator("store_url")
+    @field_validator("store_url", mode="before")
     @classmethod
-    def _check_store_url(cls, value: str) -> str:
-        return _checked(lambda: StoreConfig.from_fields(store_url=value, where="the ckpt resource"), value)
+    def _check_store_url(cls, value: object) -> object:
+        return _checked(lambda: StoreConfig.from_fields(store_url=str(value), where="the ckpt resource"), value)
 
-    @field_validator("endpoint_url")
+    @field_validator("endpoint_url", mode="before")
     @classmethod
-    def _check_endpoint(cls, value: str | None) -> str | None:
-        return _checked(lambda: S3Options(endpoint_url=value or None), value)
+    def _check_endpoint(cls, value: object) -> object:
+        return _checked(lambda: S3Options(endpoint_url=str(value or "") or None), value)
 
-    @field_validator("master")
+    @field_validator("master", mode="before")
     @classmethod
-    def _check_master(cls, value: str) -> str:
-        return _checked(lambda: SparkTarget.from_fields(host=value, where="the ckpt resource"), value)
+    def _check_master(cls, value: object) -> object:
+        return _checked(lambda: SparkTarget.from_fields(host=str(value), where="the ckpt resource"), value)
 
     def store_config(self) -> StoreConfig:
         return StoreConfig.from_fields(

@@ -7,8 +7,8 @@ so a restarted daemon neither repeats nor skips an event. The health watch remem
 restart of that process starts it over, as a triggerer restart does for the Airflow trigger.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: Dagster reads the annotations of decorated functions (the context's
+# type, config classes, resources) at definition time and does not resolve them from strings.
 import json
 from collections.abc import Sequence
 from typing import Any
