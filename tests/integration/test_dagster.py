@@ -73,6 +73,59 @@ def test_the_lag_sensor_runs_once_when_the_lag_rises_above_the_threshold(
     assert still_above.run_requests == []
 
 
+def test_the_dagster_webserver_on_loopback_loads_the_example_definitions(tmp_path: Path) -> None:
+    """dagster-webserver (and the code server it starts) on 127.0.0.1 serves the example Definitions: every job,
+    sensor, asset and asset check, read back through its GraphQL API."""
+    import json
+    import socket
+    import subprocess
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    home = tmp_path / "dagster-home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    example = Path(__file__).parents[2] / "examples" / "dagster" / "definitions.py"
+    webserver = Path(sys.executable).with_name("dagster-webserver")
+    env = {**os.environ, "DAGSTER_HOME": str(home), "CKPT_STORE": str(tmp_path / "store")}
+    log = tmp_path / "webserver.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([str(webserver), "-h", "127.0.0.1", "-p", str(port), "-f", str(example)], env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    query = ("{ repositoriesOrError { ... on RepositoryConnection { nodes { sensors { name } jobs { name } "
+             "assetNodes { assetKey { path } assetChecksOrError { ... on AssetChecks { checks { name } } } } } } } }")
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/server_info", timeout=2).read()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.5)
+        request = urllib.request.Request(f"{base}/graphql", data=json.dumps({"query": query}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        body = json.loads(urllib.request.urlopen(request, timeout=30).read())
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    [repo] = body["data"]["repositoriesOrError"]["nodes"]
+    assert sorted(s["name"] for s in repo["sensors"]) == [
+        "ckpt_orders_lag", "orders_health", "orders_output", "orders_savepoints"]
+    assert sorted(j["name"] for j in repo["jobs"]) == [
+        "__ASSET_JOB", "ckpt_keep_alive", "ckpt_on_lag", "ckpt_on_savepoint", "ckpt_restart", "ckpt_savepoint_restore"]
+    checks = {"/".join(a["assetKey"]["path"]): sorted(c["name"] for c in a["assetChecksOrError"]["checks"])
+              for a in repo["assetNodes"]}
+    assert checks == {"orders/output": ["fresh", "lag"], "orders/savepoints": []}
+
+
 def _stop_supervisor(env: JobEnv) -> None:
     """Teardown: a supervisor still alive (a failed assertion) gets SIGTERM, then SIGKILL."""
     store = env.store()
