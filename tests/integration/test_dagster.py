@@ -35,7 +35,8 @@ from tests.support.runtimejob import JOB_FILE, SPARK_CONF, JobEnv, expected_coun
 
 pytestmark = pytest.mark.integration
 
-RECORDS = 600  # 3 batches of 200 (CKPT_TEST_MAX_OFFSETS)
+RECORDS = 600  # 3 batches of 200 (CKPT_TEST_MAX_OFFSETS) after the source's first, empty batch 0
+LAST_BATCH = 3
 
 
 def resource(env: JobEnv, secret: str | None = None) -> CkptResource:
@@ -192,18 +193,19 @@ def test_a_job_submitted_through_the_dagster_op_takes_a_savepoint_of_its_last_ba
     submitted = result.output_for_node("submit_streaming_job")
     assert (submitted["epoch"], submitted["state"], submitted["launch_id"]) == (1, "RUNNING", launch.launch_id)
     caught_up = result.output_for_node("wait_until_healthy")
-    assert (caught_up["status"], caught_up["epoch"], caught_up["batch_id"]) == ("healthy", 1, 2)
+    assert (caught_up["status"], caught_up["epoch"], caught_up["batch_id"]) == ("healthy", 1, LAST_BATCH)
+    assert [b for b, _ in env.commits()[1]] == list(range(LAST_BATCH + 1))  # each batch committed once
 
     savepoint = result.output_for_node("trigger_savepoint")
-    assert (savepoint["action"], savepoint["outcome"], savepoint["batch_id"]) == ("savepoint", "completed", 2)
+    assert (savepoint["action"], savepoint["outcome"], savepoint["batch_id"]) == ("savepoint", "completed", LAST_BATCH)
     manifest = load_manifest(store, savepoint["snapshot_id"])  # the snapshot exists, complete
     assert (manifest.kind, manifest.trigger, manifest.batch_id, manifest.job) == (
-        Kind.SAVEPOINT, Trigger.MANUAL, 2, env.job)
+        Kind.SAVEPOINT, Trigger.MANUAL, LAST_BATCH, env.job)
     assert savepoint["snapshot_uri"] == store.snapshot_uri(savepoint["snapshot_id"])
 
     cancelled = result.output_for_node("cancel_streaming_job")
     assert (cancelled["action"], cancelled["outcome"]) == ("cancel", "completed")
     final = read_status(store)
-    assert final is not None and (final.state, final.epoch, final.batch_id) == (JobState.STOPPED, 1, 2)
+    assert final is not None and (final.state, final.epoch, final.batch_id) == (JobState.STOPPED, 1, LAST_BATCH)
     assert env.consumed(final) == RECORDS
     assert env.final_counts() == expected_counts(RECORDS)
