@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 
-from airflow_ckpt_provider.core.control import RequestAction
+from airflow_ckpt_provider.core.control import Request, RequestAction, submit_request
 from airflow_ckpt_provider.core.deployments import Launch, read_launch
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError, StorageError
 from airflow_ckpt_provider.core.jobstore import LEASE, SNAPSHOTS, STATUS, JobStore, is_job_name
@@ -283,3 +283,30 @@ def check_can_request(view: JobView, action: RequestAction) -> JobStatus:
             f"{newer.epoch} RUNNING"
         )
     return s
+
+
+def request_running(store: JobStore, action: RequestAction, *, requested_by: str | None = None) -> Request:
+    """Write ``action`` for the driver that runs the job now (the operators', the Dagster ops' and the UI's way
+    to ask); ConfigError for an unknown job, ConflictError (check_can_request) when no driver could answer:
+    nothing is written then."""
+    status = check_can_request(observe(store), action)
+    return submit_request(store, action, epoch=status.epoch, requested_by=requested_by)
+
+
+def stop_check(store: JobStore, now: float | None = None) -> tuple[JobStatus | None, str]:
+    """Before a stop: (the status of the driver to stop, '') or (the last status if any, why there is nothing to
+    stop: never ran here, stopped, stale). ConflictError while its supervisor restarts it: stopping nothing
+    would be wrong, the supervisor brings the job back right after."""
+    try:
+        view = observe(store, now)
+    except ConfigError as err:  # never ran here: nothing to stop (safe as a teardown)
+        return None, f"job {store.job}: nothing to stop: {err}"
+    status, restarter = view.status, view.restarter
+    if restarter is not None and restarter.by is RestartOwner.SUPERVISOR:
+        raise ConflictError(
+            f"job {store.job} is {restarter.describe()}: there is no driver to stop until it runs; nothing was "
+            "requested. Retry once it runs (the task's retries do that)")
+    if status is None or not view.live:
+        state = "never reported" if status is None else ("stale" if view.stale else status.state.value)
+        return status, f"job {store.job} is not running ({state}): nothing to stop"
+    return status, ""

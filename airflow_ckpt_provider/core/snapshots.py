@@ -292,3 +292,20 @@ def apply_retention(
         log.info("job %s snapshot %s: disposed by retention (%s)", store.job, d.snapshot_id, d.reason)
         done.append(d)
     return done
+
+
+def dispose_snapshots(store: JobStore, snapshot_ids: Iterable[str] | None, policy: RetentionPolicy, *,
+                      preview: bool = False) -> list[dict[str, Any]]:
+    """Dispose of the named snapshots, or (none named) of those ``policy`` selects; with ``preview`` nothing is
+    disposed of. ``[{"snapshot_id", "kind", "reason"}]``: what was (or would be) disposed of. The Airflow
+    operator and the Dagster op both call this."""
+    ids = list(snapshot_ids or ())
+    if ids:
+        disposed = []
+        for snapshot_id in ids:
+            manifest = None if preview else dispose_snapshot(store, snapshot_id)
+            disposed.append({"snapshot_id": snapshot_id, "kind": manifest.kind.value if manifest else None,
+                             "reason": "requested"})
+        return disposed
+    return [{"snapshot_id": d.snapshot_id, "kind": d.kind.value, "reason": d.reason}
+            for d in apply_retention(store, policy, dry_run=preview)]

@@ -10,7 +10,8 @@ from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError, CredentialsError
 from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
+from airflow_ckpt_provider.core.storage import S3Options, Storage
+from airflow_ckpt_provider.core.storeconfig import StoreConfig, check_store
 
 
 class JobStoreHook(BaseHook):
@@ -84,19 +85,24 @@ class JobStoreHook(BaseHook):
         return options_from_aws_hook(AwsBaseHook(aws_conn_id=aws_conn_id, client_type="s3"), aws_conn_id,
                                      endpoint_url=conn.host or None, region=self._extra.get("region_name"))
 
+    @property
+    def config(self) -> StoreConfig:
+        """The store URL and S3 options (core/storeconfig.py, shared with the Dagster resource)."""
+        return StoreConfig(self.store_url, self.s3_options)
+
     def storage(self) -> Storage:
-        return open_storage(self.store_url, self.s3_options)
+        return self.config.storage()
 
     def job_store(self, job: str) -> JobStore:
-        return JobStore(self.storage(), job)
+        return self.config.job_store(job)
 
     def test_connection(self) -> tuple[bool, str]:
         """List the store root (one request): checks endpoint, credentials and bucket."""
         try:
-            self.storage().list("ckpt-connection-test/")
+            config = self.config
         except CkptError as err:
             return False, str(err)
-        return True, f"job store {self.store_url} is reachable"
+        return check_store(config)
 
 
 class _Credentials(NamedTuple):

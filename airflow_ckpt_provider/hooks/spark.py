@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
 from functools import cached_property
 from typing import Any
-from urllib.parse import urlparse
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
-from airflow_ckpt_provider.core.errors import CkptError, ConfigError
-from airflow_ckpt_provider.launcher.submit import cluster_manager, find_spark_submit
+from airflow_ckpt_provider.core.errors import CkptError
+from airflow_ckpt_provider.launcher.sparktarget import DEFAULT_MASTER, SparkTarget
 
-DEFAULT_MASTER = "local[2]"
+__all__ = ["CkptSparkHook"]
 
 
 class CkptSparkHook(BaseHook):
@@ -38,58 +32,28 @@ class CkptSparkHook(BaseHook):
     @cached_property
     def settings(self) -> dict[str, Any]:
         """``master``, ``deploy_mode``, ``spark_submit``, ``conf`` and ``python_env`` of the connection."""
+        return self.target.as_dict()
+
+    @cached_property
+    def target(self) -> SparkTarget:
+        """The connection's fields, parsed (launcher/sparktarget.py, shared with the Dagster resource)."""
         try:
             conn = self.get_connection(self.ckpt_spark_conn_id)
         except AirflowNotFoundException:
             if self.ckpt_spark_conn_id != self.default_conn_name:
                 raise
             self.log.info("no connection %s: running jobs on %s", self.ckpt_spark_conn_id, DEFAULT_MASTER)
-            return {"master": DEFAULT_MASTER, "deploy_mode": "client", "spark_submit": None, "conf": {},
-                    "python_env": "auto"}
+            return SparkTarget()
         extra = conn.extra_dejson
-        master = (conn.host or DEFAULT_MASTER).strip()
-        if master.startswith("spark://") and conn.port and not urlparse(master).port:
-            master = f"{master}:{conn.port}"
-        cluster_manager(master)  # refuses an unknown master with a clear message
-        return {
-            "master": master,
-            "deploy_mode": extra.get("deploy_mode") or "client",
-            "spark_submit": extra.get("spark_submit") or None,
-            "conf": _conf(extra.get("conf"), self.ckpt_spark_conn_id),
-            "python_env": extra.get("python_env") or "auto",
-        }
+        return SparkTarget.from_fields(
+            host=conn.host, port=conn.port, deploy_mode=extra.get("deploy_mode"),
+            spark_submit=extra.get("spark_submit"), conf=extra.get("conf"), python_env=extra.get("python_env"),
+            where=f"connection {self.ckpt_spark_conn_id}")
 
     def test_connection(self) -> tuple[bool, str]:
         """spark-submit runs (``--version``); a standalone master's port accepts connections."""
         try:
-            settings = self.settings
-            binary = find_spark_submit(settings["spark_submit"])
-            # pyspark's spark-submit finds SPARK_HOME with a Python that has pyspark: this one unless told
-            env = {"PYSPARK_PYTHON": sys.executable, **os.environ}
-            done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=120, check=False,
-                                  env=env)
-            if done.returncode != 0:
-                return False, f"{binary} --version exited with {done.returncode}: {done.stderr.strip()[-300:]}"
-            master = settings["master"]
-            if master.startswith("spark://"):
-                first = urlparse(master.split(",")[0])
-                with socket.create_connection((first.hostname or "", first.port or 7077), timeout=10):
-                    pass
-        except (CkptError, OSError, subprocess.TimeoutExpired) as err:
+            target = self.target
+        except CkptError as err:
             return False, str(err)
-        return True, f"spark-submit {binary} works; master {master}"
-
-
-def _conf(value: Any, conn_id: str) -> dict[str, str]:
-    if value in (None, ""):
-        return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError as err:
-            raise ConfigError(f"connection {conn_id}: extra 'conf' is not JSON ({err}); expected an object such "
-                              'as {"spark.sql.shuffle.partitions": "4"}') from err
-    if not isinstance(value, dict):
-        raise ConfigError(f"connection {conn_id}: extra 'conf' must be a JSON object of Spark settings, "
-                          f"found {type(value).__name__}")
-    return {str(k): str(v) for k, v in value.items()}
+        return target.test()

@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from airflow_ckpt_provider.core.deployments import LAUNCH_ENV, Deployment, Launch, new_launch_id
+from airflow_ckpt_provider.core.deployments import LAUNCH_ENV, Deployment, Launch, new_launch_id, read_launch
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.jobstore import SPEC_LAST, JobStore
 from airflow_ckpt_provider.core.modes import RestoreSpec
@@ -149,3 +149,13 @@ def log_tail(launch_record: Launch | None, lines: int = 20) -> str:
     except OSError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
+
+
+def start_failure(store: JobStore, event: dict[str, Any]) -> str:
+    """Why a launch's driver did not start, from the health watch's event ('' when it is healthy): its message
+    and, when the launch ran on this host, the last lines of its log."""
+    if event.get("status") == "healthy":
+        return ""
+    tail = log_tail(read_launch(store))
+    return f"job {store.job} did not start: {event.get('message')}" + (
+        f"\nlast lines of its log:\n{tail}" if tail else "")

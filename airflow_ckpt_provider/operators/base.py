@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_ckpt_provider.core.errors import StorageError
+from airflow_ckpt_provider.core.watches.base import wait_for
 from airflow_ckpt_provider.hooks.job_store import JobStoreHook
 from airflow_ckpt_provider.triggers.base import min_deferral
 
@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from airflow_ckpt_provider.core.jobstore import JobStore
-    from airflow_ckpt_provider.core.watches.base import Watch
     from airflow_ckpt_provider.triggers.base import WatchTrigger
 
 
@@ -85,14 +84,8 @@ class JobOperator(BaseOperator):
             trigger.waiting_since = time.time()
             trigger.min_wait = min_deferral(self.min_deferral)
             self.defer(trigger=trigger, method_name="resume", timeout=backstop)
-        watch = trigger.build_watch()
-        deadline = None if trigger.timeout is None else time.monotonic() + trigger.timeout
-        while (event := _poll(watch, self)) is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                event = {"status": "timeout",
-                         "message": f"no outcome within {trigger.timeout:.0f} s: {watch.waiting_for()}"}
-                break
-            time.sleep(self.poll_interval)
+        event = wait_for(trigger.build_watch(), timeout=trigger.timeout, poll_interval=self.poll_interval,
+                         what=f"job {self.job}")
         return getattr(self, method_name)(context, event, **(kwargs or {}))
 
     def resume(self, context: Context, event: dict[str, Any] | None = None) -> Any:
@@ -109,14 +102,6 @@ def default_deferrable() -> bool:
     from airflow.sdk.configuration import conf  # the module's __getattr__ makes it: typed Any
 
     return bool(conf.getboolean("operators", "default_deferrable", fallback=False))
-
-
-def _poll(watch: Watch, op: JobOperator) -> dict[str, Any] | None:
-    try:
-        return watch.poll()
-    except StorageError as err:  # unreachable for now: keep trying until the timeout, as the trigger does
-        op.log.warning("job %s: cannot read the job store, will retry: %s", op.job, err)
-        return None
 
 
 def resume_step(op: JobOperator, context: Context, event: dict[str, Any] | None) -> Any:

@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_ckpt_provider.core.control import RequestAction, submit_request
-from airflow_ckpt_provider.core.errors import CkptError, ConfigError
-from airflow_ckpt_provider.core.jobview import check_can_request, observe
+from airflow_ckpt_provider.core.control import STOP_ACTION, STOP_TIMEOUT, RequestAction
+from airflow_ckpt_provider.core.errors import CkptError
+from airflow_ckpt_provider.core.jobview import request_running, stop_check
 from airflow_ckpt_provider.core.modes import StopMode
-from airflow_ckpt_provider.core.status import RestartOwner
+from airflow_ckpt_provider.core.watches.control import request_failure, request_result
 from airflow_ckpt_provider.links import SnapshotLink, persist_empty_links
 from airflow_ckpt_provider.operators.arguments import mode_arg, parse_mode
 from airflow_ckpt_provider.operators.base import JobOperator, check_event
@@ -22,10 +22,7 @@ if TYPE_CHECKING:
 
     from airflow_ckpt_provider.core.jobstore import JobStore
 
-#: The request that stops a driver in each stop mode.
-STOP_ACTION = {StopMode.SAVEPOINT: RequestAction.STOP, StopMode.CANCEL: RequestAction.CANCEL}
-#: Seconds a driver gets to answer a stop (a final savepoint uploads state) or a cancel.
-STOP_TIMEOUT = 600.0
+__all__ = ["STOP_ACTION", "STOP_TIMEOUT", "StopStreamingJobOperator", "ack_result", "request_and_wait"]
 
 
 class StopStreamingJobOperator(JobOperator):
@@ -53,20 +50,11 @@ class StopStreamingJobOperator(JobOperator):
             raise AirflowException(f"job {self.job}: {err}") from err
         store = self.job_store()
         try:
-            view = observe(store)
-        except ConfigError as err:  # never ran here: nothing to stop (safe as a teardown)
-            self.log.info("job %s: nothing to stop: %s", self.job, err)
-            return {"job": self.job, "outcome": "not_running", "snapshot_id": None, "snapshot_uri": None,
-                    "batch_id": None}
-        status = view.status
-        restarter = view.restarter
-        if restarter is not None and restarter.by is RestartOwner.SUPERVISOR:  # stopping nothing would be wrong:
-            raise AirflowException(  # the supervisor brings the job back right after
-                f"job {self.job} is {restarter.describe()}: there is no driver to stop until it runs; nothing was "
-                "requested. Retry once it runs (the task's retries do that)")
-        if status is None or not view.live:
-            state = "never reported" if status is None else ("stale" if view.stale else status.state.value)
-            self.log.info("job %s is not running (%s): nothing to stop", self.job, state)
+            status, nothing = stop_check(store)
+        except CkptError as err:  # its supervisor restarts it: retry once it runs
+            raise AirflowException(str(err)) from err
+        if nothing:
+            self.log.info("%s", nothing)
             return {"job": self.job, "outcome": "not_running", "snapshot_id": None, "snapshot_uri": None,
                     "batch_id": status.batch_id if status else None}
         return request_and_wait(self, context, store, STOP_ACTION[mode], timeout=self.timeout,
@@ -80,8 +68,7 @@ def request_and_wait(op: JobOperator, context: Context, store: JobStore, action:
                      method_name: str, kwargs: dict[str, Any] | None = None) -> Any:
     """Submit ``action`` to the running driver (refused with nothing written if none could answer), then wait."""
     try:
-        status = check_can_request(observe(store), action)
-        request = submit_request(store, action, epoch=status.epoch)
+        request = request_running(store, action)
     except CkptError as err:
         raise AirflowException(f"job {op.job}: {err}") from err
     op.log.info("job %s: requested %s of the driver of epoch %d (request %s); waiting up to %.0f s", op.job, action,
@@ -93,12 +80,11 @@ def request_and_wait(op: JobOperator, context: Context, store: JobStore, action:
 def ack_result(op: JobOperator, context: Context, event: dict[str, Any]) -> dict[str, Any]:
     """The driver's answer as the task's result; AirflowException unless it completed."""
     event = check_event(event, ("completed", "failed", "rejected"), f"job {op.job}")
+    failure = request_failure(op.job, event)
+    if failure:
+        raise AirflowException(failure)
     ack = event.get("ack") or {}
-    if event["status"] != "completed":
-        raise AirflowException(f"job {op.job}: {ack.get('action') or 'request'} {event['status']}: "
-                               f"{event.get('message') or ack.get('message')}")
     SnapshotLink.persist_snapshot(context, ack.get("snapshot_uri"), op.store_hook.s3_options.endpoint_url)
     op.log.info("job %s: %s completed at batch %s%s", op.job, ack.get("action"), ack.get("batch_id"),
                 f", snapshot {ack['snapshot_uri']}" if ack.get("snapshot_uri") else "")
-    return {"job": op.job, "outcome": "completed", "action": ack.get("action"), "snapshot_id": ack.get("snapshot_id"),
-            "snapshot_uri": ack.get("snapshot_uri"), "batch_id": ack.get("batch_id")}
+    return request_result(op.job, event)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -14,7 +13,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_ckpt_provider.core.control import RequestAction, submit_request
 from airflow_ckpt_provider.core.deployments import Deployment, Launch, read_launch
-from airflow_ckpt_provider.core.errors import CkptError, ConfigError
+from airflow_ckpt_provider.core.errors import CkptError, ConfigError, ConflictError
 from airflow_ckpt_provider.core.health import HealthCriteria
 from airflow_ckpt_provider.core.jobview import (
     RestartDecision,
@@ -27,8 +26,9 @@ from airflow_ckpt_provider.core.jobview import (
 from airflow_ckpt_provider.core.modes import KillPolicy, RestoreSpec, StopMode
 from airflow_ckpt_provider.core.settings import JobSettings, names
 from airflow_ckpt_provider.core.status import JobState
+from airflow_ckpt_provider.core.submission import find_running, what_to_launch
 from airflow_ckpt_provider.hooks.spark import CkptSparkHook
-from airflow_ckpt_provider.launcher.deploy import launch, log_tail
+from airflow_ckpt_provider.launcher.deploy import launch, start_failure
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink, persist_empty_links
 from airflow_ckpt_provider.operators import lineage
 from airflow_ckpt_provider.operators.arguments import (
@@ -89,9 +89,7 @@ class _LaunchMixin(JobOperator):
     def _running_result(self, context: Context, event: dict[str, Any], launch_id: str | None) -> dict[str, Any]:
         event = check_event(event, ("healthy", "unhealthy"), f"job {self.job}")
         if event["status"] != "healthy":
-            tail = log_tail(read_launch(self.job_store()))
-            raise AirflowException(f"job {self.job} did not start: {event.get('message')}"
-                                   + (f"\nlast lines of its log:\n{tail}" if tail else ""))
+            raise AirflowException(start_failure(self.job_store(), event))
         SparkUILink.persist(context, event.get("ui_url"))
         self.log.info("job %s: RUNNING, epoch %s, batch %s", self.job, event.get("epoch"), event.get("batch_id"))
         return {"job": self.job, "epoch": event.get("epoch"), "batch_id": event.get("batch_id"),
@@ -206,55 +204,23 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
         return {"launch_id": record.launch_id, "launched_at": record.launched_at, "epoch": None}
 
     def _what_to_launch(self, store: JobStore) -> Deployment:
-        """This task's deployment, unless the job last ran other code (an upgrade from another DAG): then that,
-        so that a keep-alive restart never silently downgrades a job whose state newer code wrote."""
-        mine, last = self.deployment(), read_launch(store)
-        if last is None:
-            return mine
-        if mine.checkpoint is None and last.deployment.checkpoint:  # e.g. a stateless upgrade's fresh location
-            mine = replace(mine, checkpoint=last.deployment.checkpoint)
-        if not self.keep_recorded_code:
-            return mine
-        theirs = last.deployment
-        if (theirs.job_file, theirs.code_version) == (mine.job_file, mine.code_version):
-            return mine
-        self.log.warning("job %s last ran %s (code %s, launched by %s); starting that again, not this task's %s "
-                         "(code %s): change code with UpgradeStreamingJobOperator, or set keep_recorded_code=False",
-                         self.job, theirs.job_file, theirs.code_version or "-", last.launched_by, mine.job_file,
-                         mine.code_version or "-")
-        return theirs
+        """This task's deployment, unless the job last ran other code (core/submission.what_to_launch)."""
+        deployment, warning = what_to_launch(read_launch(store), self.deployment(),
+                                             keep_recorded_code=self.keep_recorded_code)
+        if warning:
+            self.log.warning("%s", warning)
+        return deployment
 
     def _running_driver(self, store: JobStore) -> dict[str, Any] | None:
         """The identity of a live driver of this job, or of a launch on its way: a second submit would fence it."""
         try:
-            view = observe(store)
-        except ConfigError:  # never ran, or a launch whose driver has not taken the lease yet
-            view = None
-        status = view.status if view else None
-        restarter = view.restarter if view else None
-        if restarter is not None:
-            self.log.info("job %s is %s: waiting for that restart instead of submitting the job again", self.job,
-                          restarter.describe())
-            last = read_launch(store)
-            launched_at = last.launched_at if last is not None and last.launch_id == restarter.launch_id else None
-            return {"launch_id": restarter.launch_id, "launched_at": launched_at, "epoch": restarter.min_epoch}
-        starting = starting_launch(store, status, time.time(), self.start_timeout)
-        runs = view is not None and view.live and status is not None and status.state is JobState.RUNNING
-        if starting is not None and not runs:
-            self.log.info("job %s: launch %s (by %s) is starting its driver: waiting for it instead of submitting "
-                          "the job again", self.job, starting.launch_id, starting.launched_by)
-            return {"launch_id": starting.launch_id, "launched_at": starting.launched_at, "epoch": None}
-        if view is None or status is None or not view.live:
+            found = find_running(store, self.start_timeout)
+        except ConflictError as err:  # STOPPING
+            raise AirflowException(str(err)) from err
+        if found is None:
             return None
-        if status.state is JobState.STOPPING:  # a new driver would fence it before its final savepoint is out
-            raise AirflowException(
-                f"job {self.job} is STOPPING (epoch {status.epoch}: {status.reason}); nothing was submitted. Retry "
-                "once it is STOPPED (the task's retries do that), then it restarts from its final savepoint")
-        last = read_launch(store)
-        self.log.info("job %s already runs (epoch %d, %s, pid %s on %s, code %s): reconnecting instead of "
-                      "submitting it again; use UpgradeStreamingJobOperator to change its code", self.job,
-                      status.epoch, status.state, status.pid, status.host, status.code_version or "-")
-        return {"launch_id": last.launch_id if last else None, "launched_at": None, "epoch": status.epoch}
+        self.log.info("%s", found.message)
+        return found.identity()
 
     def get_job_status(self, external_id: JsonValue, context: Context) -> str:
         store = self.job_store()

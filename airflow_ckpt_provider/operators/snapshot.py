@@ -10,7 +10,7 @@ from airflow.sdk.exceptions import AirflowException
 from airflow_ckpt_provider.core.control import RequestAction
 from airflow_ckpt_provider.core.errors import CkptError
 from airflow_ckpt_provider.core.retention import RetentionPolicy
-from airflow_ckpt_provider.core.snapshots import apply_retention, dispose_snapshot
+from airflow_ckpt_provider.core.snapshots import dispose_snapshots
 from airflow_ckpt_provider.links import SnapshotLink, persist_empty_links
 from airflow_ckpt_provider.operators.base import JobOperator
 from airflow_ckpt_provider.operators.control import STOP_TIMEOUT, ack_result, request_and_wait
@@ -72,20 +72,12 @@ class DisposeSnapshotsOperator(JobOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         store = self.job_store()
-        disposed: list[dict[str, Any]] = []
         if isinstance(self.snapshot_ids, str):  # a template rendered "a,b" (or one id)
             self.snapshot_ids = [i.strip() for i in self.snapshot_ids.split(",") if i.strip()]
+        age = None if self.max_savepoint_age is None else timedelta(seconds=self.max_savepoint_age)
         try:
-            if self.snapshot_ids:
-                for snapshot_id in self.snapshot_ids:
-                    manifest = dispose_snapshot(store, snapshot_id) if not self.preview else None
-                    disposed.append({"snapshot_id": snapshot_id, "kind": manifest.kind.value if manifest else None,
-                                     "reason": "requested"})
-            else:
-                age = None if self.max_savepoint_age is None else timedelta(seconds=self.max_savepoint_age)
-                policy = RetentionPolicy(self.keep_checkpoints, self.keep_savepoints, age)
-                disposed = [{"snapshot_id": d.snapshot_id, "kind": d.kind.value, "reason": d.reason}
-                            for d in apply_retention(store, policy, dry_run=self.preview)]
+            policy = RetentionPolicy(self.keep_checkpoints, self.keep_savepoints, age)
+            disposed = dispose_snapshots(store, self.snapshot_ids, policy, preview=self.preview)
         except CkptError as err:
             raise AirflowException(f"job {self.job}: {err}") from err
         verb = "would dispose of" if self.preview else "disposed of"

@@ -77,3 +77,20 @@ class RequestWatch:
     def _event(self, outcome: RequestOutcome, message: str, ack: dict[str, Any] | None) -> dict[str, Any]:
         return {"status": outcome.value, "ack": ack, "message": message, "job": self.store.job,
                 "request_id": self.request_id}
+
+
+def request_result(job: str, event: dict[str, Any]) -> dict[str, Any]:
+    """What a completed request returns (the operators' XCom, the Dagster ops' output): ``{"job", "outcome",
+    "action", "snapshot_id", "snapshot_uri", "batch_id"}`` from the driver's ack in the event."""
+    ack = event.get("ack") or {}
+    return {"job": job, "outcome": "completed", "action": ack.get("action"), "snapshot_id": ack.get("snapshot_id"),
+            "snapshot_uri": ack.get("snapshot_uri"), "batch_id": ack.get("batch_id")}
+
+
+def request_failure(job: str, event: dict[str, Any]) -> str:
+    """Why a request did not complete ('' when it did): the driver's answer, or the watch's message."""
+    if event.get("status") == RequestOutcome.COMPLETED.value:
+        return ""
+    ack = event.get("ack") or {}
+    why = event.get("message") or ack.get("message")
+    return f"job {job}: {ack.get('action') or 'request'} {event.get('status')}: {why}"

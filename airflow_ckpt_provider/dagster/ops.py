@@ -1,0 +1,373 @@
+"""Ops for a job's life, one verb each, as the Airflow operators (operators/job.py, control.py, snapshot.py):
+submit or reconnect, trigger a savepoint, stop with a savepoint, cancel, restart, dispose of snapshots, and wait
+until the job is healthy.
+
+The same calls as the operators: the decisions in core/ (submission.py, jobview.py), the launch in
+launcher/deploy.py, requests through the control channel (core/control.py) answered by the driver, and waits on
+the same watches (core/watches/), polled in the op's process (an op has no triggerer to defer to). Every op takes
+the resource ``ckpt`` (dagster/resources.py). Expected refusals (nothing to request, a STOPPING job, a bad
+setting) fail the op with ``dg.Failure`` whose description says what was expected, found and what to do.
+
+TODO(issue 20): the upgrade op (restore check, stop with savepoint, start the new code, verify, roll back) will
+call the Airflow-free upgrade/rescale step machine being moved out of operators/upgrade.py; it is not written
+here so that no step of it is copied.
+"""
+
+# No ``from __future__ import annotations``: Dagster reads the ops' parameter annotations (the config class, the
+# resource) at definition time and does not resolve them from strings.
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from enum import StrEnum
+from typing import Any, TypeVar
+
+import dagster as dg
+from pydantic import Field, field_validator
+
+from airflow_ckpt_provider.core.control import STOP_ACTION, STOP_TIMEOUT, RequestAction
+from airflow_ckpt_provider.core.deployments import Deployment, read_launch
+from airflow_ckpt_provider.core.errors import CkptError, ConfigError
+from airflow_ckpt_provider.core.health import HealthCriteria
+from airflow_ckpt_provider.core.jobstore import JobStore, check_job_name
+from airflow_ckpt_provider.core.jobview import RestartDecision, observe, request_running, restart_decision, stop_check
+from airflow_ckpt_provider.core.modes import RestoreSpec, StopMode
+from airflow_ckpt_provider.core.restart import Health
+from airflow_ckpt_provider.core.retention import RetentionPolicy
+from airflow_ckpt_provider.core.settings import JobSettings, setting_fields
+from airflow_ckpt_provider.core.snapshots import dispose_snapshots as dispose
+from airflow_ckpt_provider.core.submission import find_running, what_to_launch
+from airflow_ckpt_provider.core.watches.base import wait_for
+from airflow_ckpt_provider.core.watches.control import RequestWatch, request_failure, request_result
+from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
+from airflow_ckpt_provider.dagster.resources import CkptResource
+from airflow_ckpt_provider.launcher.deploy import launch, start_failure
+
+#: The resource key every op of this module asks for.
+CKPT_RESOURCE = "ckpt"
+#: JobSettings the ``settings`` field takes: all but the driver's poll_interval (the ops' own poll_interval is
+#: how often they look at the job store), as SubmitStreamingJobOperator's arguments.
+_SETTINGS = {f.name: m for f, m in setting_fields(JobSettings) if f.name != "poll_interval"}
+T = TypeVar("T")
+
+
+def _config_error(check: Callable[[], object], value: T) -> T:
+    """``value`` if ``check()`` passes; else a ValueError with the check's message, which Dagster reports."""
+    try:
+        check()
+    except CkptError as err:
+        raise ValueError(f"{err}. Fix the op's config") from err
+    return value
+
+
+class JobConfig(dg.Config):
+    """The job an op acts on, and how often it looks at the job store while it waits."""
+
+    job: str = Field(description="The job's name in the job store")
+    poll_interval: float = Field(default=2.0, gt=0, description="Seconds between looks at the job store")
+
+    @field_validator("job")
+    @classmethod
+    def _check_job(cls, value: str) -> str:
+        return _config_error(lambda: check_job_name(value), value)
+
+
+class SubmitConfig(JobConfig):
+    """SubmitStreamingJobOperator's arguments (docs/airflow.md); ``settings``: JobSettings by name, as text."""
+
+    job_file: str = Field(description="The Python file with the job's @streaming_job function")
+    code_version: str | None = Field(default=None, description="The code's version label")
+    restore: str = Field(default="latest-state", description="latest-state, latest-savepoint, none, or a snapshot")
+    env: dict[str, str] = Field(default_factory=dict, description="The job's own settings (never credentials)")
+    spark_conf: dict[str, str] = Field(default_factory=dict, description="Spark settings on top of the resource's")
+    settings: dict[str, str] = Field(default_factory=dict,
+                                     description="JobSettings by name, e.g. savepoint_interval: '600'")
+    start_timeout: float = Field(default=600.0, gt=0, description="Seconds the driver gets to report RUNNING")
+    keep_recorded_code: bool = Field(default=True, description="Start the code the job last ran (after an upgrade)")
+
+    @field_validator("restore")
+    @classmethod
+    def _check_restore(cls, value: str) -> str:
+        return _config_error(lambda: RestoreSpec.parse(value), value)
+
+    @field_validator("settings")
+    @classmethod
+    def _check_settings(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            meta = _SETTINGS.get(name)
+            if meta is None:
+                raise ValueError(f"unknown setting {name!r}: expected one of {', '.join(sorted(_SETTINGS))}")
+            _config_error(lambda m=meta, t=text, n=name: m.parse(t, n), text)  # type: ignore[misc]
+        return value
+
+
+class StopKind(StrEnum):
+    """core/modes.StopMode for Dagster's config: its enums take member names, so the names are the spellings."""
+
+    savepoint = StopMode.SAVEPOINT.value
+    cancel = StopMode.CANCEL.value
+
+
+class StopConfig(JobConfig):
+    mode: StopKind = Field(default=StopKind.savepoint, description="savepoint (stop with savepoint) or cancel")
+    timeout: float = Field(default=STOP_TIMEOUT, gt=0, description="Seconds the driver gets to answer")
+
+
+class RequestConfig(JobConfig):
+    timeout: float = Field(default=STOP_TIMEOUT, gt=0, description="Seconds the driver gets to answer")
+
+
+class RestartConfig(JobConfig):
+    restore: str = Field(default="latest-state",
+                         description="latest-state, latest-savepoint, none, or a snapshot id or URI; a snapshot "
+                                     "given as the op's input wins")
+    stop_mode: StopKind = Field(default=StopKind.cancel, description="How a running driver is stopped first")
+    start_timeout: float = Field(default=600.0, gt=0)
+    stop_timeout: float = Field(default=STOP_TIMEOUT, gt=0)
+
+    @field_validator("restore")
+    @classmethod
+    def _check_restore(cls, value: str) -> str:
+        return _config_error(lambda: RestoreSpec.parse(value), value)
+
+
+class DisposeConfig(JobConfig):
+    snapshot_ids: list[str] = Field(default_factory=list, description="Dispose of these; none: apply retention")
+    keep_checkpoints: int = Field(default=3, ge=1)
+    keep_savepoints: int | None = Field(default=None, ge=1)
+    max_savepoint_age: float | None = Field(default=None, gt=0, description="Seconds")
+    preview: bool = False
+
+
+class HealthyConfig(JobConfig):
+    """JobHealthSensor(expect="healthy")'s arguments: the job RUNNING with ``min_batches`` new batches for
+    ``healthy_for`` s; fails as soon as it is unhealthy, or after ``timeout`` s."""
+
+    min_batches: int = Field(default=1, ge=0)
+    healthy_for: float = Field(default=0, ge=0)
+    start_timeout: float = Field(default=300.0, gt=0)
+    timeout: float = Field(default=600.0, gt=0)
+
+
+# -- what the ops share ----------------------------------------------------------------------------
+
+
+def _failure(message: str, **metadata: Any) -> dg.Failure:
+    return dg.Failure(description=message, metadata={k: v for k, v in metadata.items() if v is not None})
+
+
+def _store(ckpt: CkptResource, job: str) -> JobStore:
+    try:
+        return ckpt.job_store(job)
+    except CkptError as err:
+        raise _failure(f"job {job}: {err}") from err
+
+
+def _launched_by(context: dg.OpExecutionContext) -> str:
+    return f"dagster:{context.job_name}.{context.op.name} (run {context.run_id})"
+
+
+def _request(context: dg.OpExecutionContext, store: JobStore, action: RequestAction, *, timeout: float,
+             poll_interval: float) -> dict[str, Any]:
+    """Ask the running driver for ``action`` (refused, with nothing written, when none could answer) and wait
+    for its answer: the request's result, or dg.Failure."""
+    try:
+        request = request_running(store, action, requested_by=_launched_by(context))
+    except CkptError as err:
+        raise _failure(f"job {store.job}: {err}") from err
+    context.log.info("job %s: requested %s of the driver of epoch %d (request %s); waiting up to %.0f s", store.job,
+                     action, request.epoch, request.id, timeout)
+    event = wait_for(RequestWatch(store, request.id, request.epoch), timeout=timeout, poll_interval=poll_interval,
+                     what=f"job {store.job}")
+    failure = request_failure(store.job, event)
+    if failure:
+        raise _failure(failure, request_id=request.id)
+    result = request_result(store.job, event)
+    context.log.info("job %s: %s completed at batch %s%s", store.job, result["action"], result["batch_id"],
+                     f", snapshot {result['snapshot_uri']}" if result["snapshot_uri"] else "")
+    return result
+
+
+def _wait_running(context: dg.OpExecutionContext, store: JobStore, *, start_timeout: float, poll_interval: float,
+                  started_after: float | None, min_epoch: int | None, launch_id: str | None) -> dict[str, Any]:
+    """Wait until a driver of the launch (``started_after``/``min_epoch``) runs, as the submit operator does."""
+    criteria = HealthCriteria(min_epoch=min_epoch, started_after=started_after, start_timeout=start_timeout)
+    event = wait_for(JobHealthWatch(store, criteria), timeout=start_timeout + 60, poll_interval=poll_interval,
+                     what=f"job {store.job}")
+    if event["status"] != Health.HEALTHY.value:
+        raise _failure(start_failure(store, event), reason=event.get("reason"), launch_id=launch_id)
+    context.log.info("job %s: RUNNING, epoch %s, batch %s", store.job, event.get("epoch"), event.get("batch_id"))
+    return {"job": store.job, "epoch": event.get("epoch"), "batch_id": event.get("batch_id"),
+            "state": event.get("state"), "ui_url": event.get("ui_url"), "launch_id": launch_id}
+
+
+def _launch(context: dg.OpExecutionContext, ckpt: CkptResource, store: JobStore, deployment: Deployment,
+            restore: RestoreSpec) -> tuple[str, float]:
+    try:
+        record = launch(store, deployment, restore=restore, store_url=ckpt.store_url, s3=ckpt.s3_options(),
+                        launched_by=_launched_by(context))
+    except CkptError as err:
+        raise _failure(f"cannot launch job {store.job}: {err}") from err
+    context.log.info("job %s: launched %s (code %s, restore %s), supervisor pid %s on %s, log %s", store.job,
+                     record.launch_id, deployment.code_version or "-", restore, record.pid, record.host,
+                     record.log_file)
+    return record.launch_id, record.launched_at
+
+
+def _stop(context: dg.OpExecutionContext, store: JobStore, mode: StopMode, *, timeout: float,
+          poll_interval: float) -> dict[str, Any]:
+    try:
+        status, nothing = stop_check(store)
+    except CkptError as err:  # its supervisor restarts it: retry once it runs
+        raise _failure(str(err)) from err
+    if nothing:
+        context.log.info("%s", nothing)
+        return {"job": store.job, "outcome": "not_running", "action": None, "snapshot_id": None,
+                "snapshot_uri": None, "batch_id": status.batch_id if status else None}
+    return _request(context, store, STOP_ACTION[mode], timeout=timeout, poll_interval=poll_interval)
+
+
+# -- the ops -----------------------------------------------------------------------------------------
+
+_AFTER = {"after": dg.In(dg.Nothing, description="Runs after this op (ordering only)")}
+
+
+@dg.op(ins=_AFTER, out=dg.Out(dict), tags={"kind": "ckpt"})
+def submit_streaming_job(context: dg.OpExecutionContext, config: SubmitConfig, ckpt: CkptResource) -> dict[str, Any]:
+    """Start the job supervised, or reconnect to it (never a second driver), and wait until it runs.
+
+    Output: ``{"job", "epoch", "batch_id", "state", "ui_url", "launch_id"}``."""
+    store = _store(ckpt, config.job)
+    target = ckpt.spark_target()
+    settings: dict[str, Any] = dict(config.settings)  # text: each setting's parser reads it (core/settings.py)
+    try:
+        restore = RestoreSpec.parse(config.restore)
+        mine = Deployment(job_file=config.job_file, code_version=config.code_version, master=target.master,
+                          deploy_mode=target.deploy_mode, spark_submit=target.spark_submit,
+                          conf={**target.conf, **config.spark_conf}, python_env=target.python_env,
+                          env=dict(config.env), **settings)
+        found = find_running(store, config.start_timeout)
+    except CkptError as err:  # a bad setting or env name, a STOPPING job: nothing was launched
+        raise _failure(f"job {config.job}: {err}") from err
+    if found is not None:
+        context.log.info("%s", found.message)
+        ident = found.identity()
+    else:
+        deployment, warning = what_to_launch(read_launch(store), mine, keep_recorded_code=config.keep_recorded_code)
+        if warning:
+            context.log.warning("%s", warning)
+        launch_id, launched_at = _launch(context, ckpt, store, deployment, restore)
+        ident = {"launch_id": launch_id, "launched_at": launched_at, "epoch": None}
+    return _wait_running(context, store, start_timeout=config.start_timeout, poll_interval=config.poll_interval,
+                         started_after=ident["launched_at"], min_epoch=ident["epoch"], launch_id=ident["launch_id"])
+
+
+@dg.op(ins=_AFTER, out=dg.Out(dict), tags={"kind": "ckpt"})
+def trigger_savepoint(context: dg.OpExecutionContext, config: RequestConfig, ckpt: CkptResource) -> dict[str, Any]:
+    """A savepoint of the running job (Flink's ``flink savepoint``); the job keeps running.
+
+    Output: ``{"job", "outcome", "action", "snapshot_id", "snapshot_uri", "batch_id"}``."""
+    result = _request(context, _store(ckpt, config.job), RequestAction.SAVEPOINT, timeout=config.timeout,
+                      poll_interval=config.poll_interval)
+    context.add_output_metadata({"snapshot_id": result["snapshot_id"], "batch_id": result["batch_id"],
+                                 "snapshot_uri": result["snapshot_uri"]})
+    return result
+
+
+@dg.op(ins=_AFTER, out=dg.Out(dict), tags={"kind": "ckpt"})
+def stop_streaming_job(context: dg.OpExecutionContext, config: StopConfig, ckpt: CkptResource) -> dict[str, Any]:
+    """Stop with a savepoint (``mode: savepoint``) or cancel; a job that does not run is left as it is."""
+    return _stop(context, _store(ckpt, config.job), StopMode(config.mode.value), timeout=config.timeout,
+                 poll_interval=config.poll_interval)
+
+
+@dg.op(ins=_AFTER, out=dg.Out(dict), tags={"kind": "ckpt"})
+def cancel_streaming_job(context: dg.OpExecutionContext, config: RequestConfig, ckpt: CkptResource) -> dict[str, Any]:
+    """Cancel: stop now, the latest completed checkpoint stays valid; a job that does not run is left as it is."""
+    return _stop(context, _store(ckpt, config.job), StopMode.CANCEL, timeout=config.timeout,
+                 poll_interval=config.poll_interval)
+
+
+@dg.op(ins={"snapshot": dg.In(dict, description="A savepoint op's output: restore that snapshot"),
+            "after": _AFTER["after"]},
+       out=dg.Out(dict), tags={"kind": "ckpt"})
+def restart_from_snapshot(context: dg.OpExecutionContext, config: RestartConfig, ckpt: CkptResource,
+                          snapshot: dict[str, Any]) -> dict[str, Any]:
+    """Restart the job's last deployment from the snapshot a savepoint op returned (``snapshot_id``)."""
+    return _restart(context, config, ckpt, str(snapshot["snapshot_id"]))
+
+
+@dg.op(ins=_AFTER, out=dg.Out(dict), tags={"kind": "ckpt"})
+def restart_streaming_job(context: dg.OpExecutionContext, config: RestartConfig, ckpt: CkptResource) -> dict[str, Any]:
+    """Restart the job's last deployment from ``restore``; a running driver is stopped first (``stop_mode``).
+    One owner per restart: a ``latest-state`` restart of a job its supervisor restarts already waits for that."""
+    return _restart(context, config, ckpt, config.restore)
+
+
+def _restart(context: dg.OpExecutionContext, config: RestartConfig, ckpt: CkptResource,
+             restore: str) -> dict[str, Any]:
+    """RestartStreamingJobOperator's steps, in one process (core/jobview.restart_decision decides)."""
+    from airflow_ckpt_provider.runtime.startup import check_named_restore  # reads snapshots: not at load time
+
+    store = _store(ckpt, config.job)
+    last = read_launch(store)
+    if last is None:
+        raise _failure(f"job {config.job} has no recorded deployment (spec/last.json): submit it first")
+    try:
+        spec = RestoreSpec.parse(restore)
+        check_named_restore(store, spec, last.deployment.time_travel)  # before the running driver is stopped
+    except CkptError as err:
+        raise _failure(f"job {config.job}: {err}") from err
+    try:
+        view = observe(store)
+    except ConfigError:
+        view = None
+    decision, restarter = restart_decision(view, spec)
+    extra = {"restore": str(spec), "restarted_by": "op"}
+    if decision is RestartDecision.LEAVE_TO_OWNER:
+        assert restarter is not None
+        context.log.info("job %s: not launching: it is %s", config.job, restarter.describe())
+        launched_at = last.launched_at if last.launch_id == restarter.launch_id else None
+        return _wait_running(context, store, start_timeout=config.start_timeout, poll_interval=config.poll_interval,
+                             started_after=launched_at, min_epoch=restarter.min_epoch,
+                             launch_id=restarter.launch_id) | extra | {"restarted_by": restarter.by.value}
+    if decision is RestartDecision.STOP_THEN_LAUNCH:
+        _request(context, store, STOP_ACTION[StopMode(config.stop_mode.value)], timeout=config.stop_timeout,
+                 poll_interval=config.poll_interval)
+    launch_id, launched_at = _launch(context, ckpt, store, last.deployment, spec)
+    return _wait_running(context, store, start_timeout=config.start_timeout, poll_interval=config.poll_interval,
+                         started_after=launched_at, min_epoch=None, launch_id=launch_id) | extra
+
+
+@dg.op(ins=_AFTER, out=dg.Out(dict), tags={"kind": "ckpt"})
+def dispose_snapshots(context: dg.OpExecutionContext, config: DisposeConfig, ckpt: CkptResource) -> dict[str, Any]:
+    """Dispose of the named snapshots, or apply retention (the newest completed savepoint always stays)."""
+    store = _store(ckpt, config.job)
+    age = None if config.max_savepoint_age is None else timedelta(seconds=config.max_savepoint_age)
+    try:
+        policy = RetentionPolicy(config.keep_checkpoints, config.keep_savepoints, age)
+        disposed = dispose(store, config.snapshot_ids, policy, preview=config.preview)
+    except CkptError as err:
+        raise _failure(f"job {config.job}: {err}") from err
+    verb = "would dispose of" if config.preview else "disposed of"
+    context.log.info("job %s: %s %d snapshots%s", config.job, verb, len(disposed),
+                     "".join(f"\n  {d['snapshot_id']} ({d['reason']})" for d in disposed))
+    return {"job": config.job, "disposed": disposed, "preview": config.preview}
+
+
+@dg.op(ins={"started": dg.In(dict, description="A submit or restart op's output: its epoch is watched"),
+            "after": _AFTER["after"]},
+       out=dg.Out(dict), tags={"kind": "ckpt"})
+def wait_until_healthy(context: dg.OpExecutionContext, config: HealthyConfig, ckpt: CkptResource,
+                       started: dict[str, Any]) -> dict[str, Any]:
+    """Wait until the driver of ``started``'s epoch (or a newer one) is healthy (core/watches/job_health.py);
+    fail as soon as it is unhealthy. Output: the health watch's event."""
+    store = _store(ckpt, config.job)
+    criteria = HealthCriteria(expect=Health.HEALTHY, min_epoch=started.get("epoch"), min_batches=config.min_batches,
+                              healthy_for=config.healthy_for, start_timeout=config.start_timeout)
+    begun = time.monotonic()
+    event = wait_for(JobHealthWatch(store, criteria), timeout=config.timeout, poll_interval=config.poll_interval,
+                     what=f"job {config.job}")
+    if event["status"] != Health.HEALTHY.value:
+        raise _failure(str(event.get("message")), reason=event.get("reason"), state=event.get("state"))
+    context.log.info("%s (after %.0f s)", event["message"], time.monotonic() - begun)
+    return event

@@ -1,0 +1,211 @@
+"""The Dagster layer end to end: real Dagster in-process execution, SeaweedFS S3, a tansu broker and real Spark.
+
+A job submitted through the Dagster op (a detached supervisor, spark-submit local[2]) consumes a topic, the
+health op waits until it caught up, the savepoint op takes a savepoint of its last batch through the control
+channel, and the cancel op stops it: exact batch ids, counts and snapshot contents.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from airflow_ckpt_provider.core.deployments import read_launch
+from airflow_ckpt_provider.core.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.snapshots import load_manifest
+from airflow_ckpt_provider.core.status import JobState, read_status
+from airflow_ckpt_provider.core.supervision import SupervisorState, read_supervisor
+from airflow_ckpt_provider.dagster import (
+    CKPT_RESOURCE,
+    CkptResource,
+    cancel_streaming_job,
+    kafka_lag_sensor,
+    submit_streaming_job,
+    trigger_savepoint,
+    wait_until_healthy,
+)
+from tests.support.runtimejob import JOB_FILE, SPARK_CONF, JobEnv, expected_counts, produce
+
+pytestmark = pytest.mark.integration
+
+RECORDS = 600  # 3 batches of 200 (CKPT_TEST_MAX_OFFSETS) after the source's first, empty batch 0
+LAST_BATCH = 3
+
+
+def resource(env: JobEnv, secret: str | None = None) -> CkptResource:
+    return CkptResource(store_url=env.store_url, endpoint_url=env.s3.endpoint_url, region_name=env.s3.region,
+                        access_key_id=env.s3.access_key, secret_access_key=secret or env.s3.secret_key,
+                        spark_conf=dict(c.split("=", 1) for c in SPARK_CONF))
+
+
+def test_the_resource_connection_test_lists_the_s3_store_and_names_refused_credentials(env: JobEnv) -> None:
+    assert resource(env).test_connection() == (True, f"job store {env.store_url} is reachable")
+    ok, message = resource(env, secret="wrong-secret-value").test_connection()
+    assert not ok
+    assert "refused the credentials" in message and "wrong-secret-value" not in message
+
+
+def test_the_lag_sensor_runs_once_when_the_lag_rises_above_the_threshold(
+    env: JobEnv
+) -> None:
+    target = dg.GraphDefinition(name="on_lag", node_defs=[]).to_job()
+    sensor = kafka_lag_sensor("g-never-committed", threshold=40, rearm_below=10, topics=[env.topic], run_job=target,
+                              bootstrap_servers=env.kafka.bootstrap_servers)
+
+    def tick(cursor: str | None) -> Any:
+        with dg.build_sensor_context(cursor=cursor) as context:
+            return sensor.evaluate_tick(context)
+
+    produce(env.kafka.bootstrap_servers, env.topic, 0, 30)
+    below = tick(None)
+    assert below.run_requests == [] and "last seen 30 over 3 partitions" in str(below.skip_message)
+    produce(env.kafka.bootstrap_servers, env.topic, 30, 20)
+    above = tick(below.cursor)
+    [run] = above.run_requests
+    assert (run.tags["ckpt/group"], run.tags["ckpt/total_lag"]) == ("g-never-committed", "50")
+    still_above = tick(above.cursor)  # one run per crossing, not one per tick
+    assert still_above.run_requests == []
+
+
+def test_the_dagster_webserver_on_loopback_loads_the_example_definitions(tmp_path: Path) -> None:
+    """dagster-webserver (and the code server it starts) on 127.0.0.1 serves the example Definitions: every job,
+    sensor, asset and asset check, read back through its GraphQL API."""
+    import json
+    import socket
+    import subprocess
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    home = tmp_path / "dagster-home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    example = Path(__file__).parents[2] / "examples" / "dagster" / "definitions.py"
+    webserver = Path(sys.executable).with_name("dagster-webserver")
+    env = {**os.environ, "DAGSTER_HOME": str(home), "CKPT_STORE": str(tmp_path / "store")}
+    log = tmp_path / "webserver.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([str(webserver), "-h", "127.0.0.1", "-p", str(port), "-f", str(example)], env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    query = ("{ repositoriesOrError { ... on RepositoryConnection { nodes { sensors { name } jobs { name } "
+             "assetNodes { assetKey { path } assetChecksOrError { ... on AssetChecks { checks { name } } } } } } } }")
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/server_info", timeout=2).read()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.5)
+        request = urllib.request.Request(f"{base}/graphql", data=json.dumps({"query": query}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        body = json.loads(urllib.request.urlopen(request, timeout=30).read())
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    [repo] = body["data"]["repositoriesOrError"]["nodes"]
+    assert sorted(s["name"] for s in repo["sensors"]) == [
+        "ckpt_orders_lag", "orders_health", "orders_output", "orders_savepoints"]
+    assert sorted(j["name"] for j in repo["jobs"]) == [
+        "__ASSET_JOB", "ckpt_keep_alive", "ckpt_on_lag", "ckpt_on_savepoint", "ckpt_restart", "ckpt_savepoint_restore"]
+    checks = {"/".join(a["assetKey"]["path"]): sorted(c["name"] for c in a["assetChecksOrError"]["checks"])
+              for a in repo["assetNodes"]}
+    assert checks == {"orders/output": ["fresh", "lag"], "orders/savepoints": []}
+
+
+def _stop_supervisor(env: JobEnv) -> None:
+    """Teardown: a supervisor still alive (a failed assertion) gets SIGTERM, then SIGKILL."""
+    store = env.store()
+    last = read_launch(store)
+    record = read_supervisor(store, last.launch_id) if last is not None else None
+    if record is None or record.state is SupervisorState.ENDED:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.kill(record.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                os.kill(record.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.5)
+
+
+def test_a_job_submitted_through_the_dagster_op_takes_a_savepoint_of_its_last_batch(
+    env: JobEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CKPT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    monkeypatch.setenv("PYSPARK_DRIVER_PYTHON", sys.executable)
+    produce(env.kafka.bootstrap_servers, env.topic, 0, RECORDS)
+    job = dg.GraphDefinition(
+        name="submit_and_savepoint",
+        node_defs=[submit_streaming_job, wait_until_healthy, trigger_savepoint, cancel_streaming_job],
+        dependencies={
+            "wait_until_healthy": {"started": dg.DependencyDefinition("submit_streaming_job")},
+            "trigger_savepoint": {"after": dg.DependencyDefinition("wait_until_healthy")},
+            "cancel_streaming_job": {"after": dg.DependencyDefinition("trigger_savepoint")},
+        },
+    ).to_job(resource_defs={CKPT_RESOURCE: resource(env)})
+    config: dict[str, Any] = {"ops": {
+        "submit_streaming_job": {"config": {
+            "job": env.job, "job_file": str(JOB_FILE), "code_version": "v1", "poll_interval": 0.5,
+            "env": {"CKPT_TEST_TOPIC": env.topic, "CKPT_TEST_BOOTSTRAP": env.kafka.bootstrap_servers,
+                    "CKPT_TEST_OUT": str(env.out), "CKPT_TEST_MAX_OFFSETS": "200"},
+            "settings": {"checkpoint": str(tmp_path / "checkpoint"), "heartbeat_interval": "1",
+                         "restart_strategy": "fixed-delay", "restart_attempts": "1"},
+            "start_timeout": 240}},
+        # min_batches above what the topic holds: healthy once the query caught up (idle), after its last batch
+        "wait_until_healthy": {"config": {"job": env.job, "min_batches": 1000, "timeout": 240,
+                                          "poll_interval": 0.5}},
+        "trigger_savepoint": {"config": {"job": env.job, "timeout": 180, "poll_interval": 0.5}},
+        "cancel_streaming_job": {"config": {"job": env.job, "timeout": 180, "poll_interval": 0.5}},
+    }}
+    try:
+        result = job.execute_in_process(run_config=config, raise_on_error=False)
+        log = read_launch(env.store())
+        tail = Path(str(log.log_file)).read_text(errors="replace")[-4000:] if log and log.log_file else ""
+        assert result.success, tail
+    finally:
+        _stop_supervisor(env)
+
+    store = env.store()
+    launch = read_launch(store)
+    assert launch is not None and launch.launched_by.startswith("dagster:submit_and_savepoint.submit_streaming_job")
+    submitted = result.output_for_node("submit_streaming_job")
+    assert (submitted["epoch"], submitted["state"], submitted["launch_id"]) == (1, "RUNNING", launch.launch_id)
+    caught_up = result.output_for_node("wait_until_healthy")
+    assert (caught_up["status"], caught_up["epoch"], caught_up["batch_id"]) == ("healthy", 1, LAST_BATCH)
+    assert [b for b, _ in env.commits()[1]] == list(range(LAST_BATCH + 1))  # each batch committed once
+
+    savepoint = result.output_for_node("trigger_savepoint")
+    assert (savepoint["action"], savepoint["outcome"], savepoint["batch_id"]) == ("savepoint", "completed", LAST_BATCH)
+    manifest = load_manifest(store, savepoint["snapshot_id"])  # the snapshot exists, complete
+    assert (manifest.kind, manifest.trigger, manifest.batch_id, manifest.job) == (
+        Kind.SAVEPOINT, Trigger.MANUAL, LAST_BATCH, env.job)
+    assert savepoint["snapshot_uri"] == store.snapshot_uri(savepoint["snapshot_id"])
+
+    cancelled = result.output_for_node("cancel_streaming_job")
+    assert (cancelled["action"], cancelled["outcome"]) == ("cancel", "completed")
+    final = read_status(store)
+    assert final is not None and (final.state, final.epoch, final.batch_id) == (JobState.STOPPED, 1, LAST_BATCH)
+    assert env.consumed(final) == RECORDS
+    assert env.final_counts() == expected_counts(RECORDS)

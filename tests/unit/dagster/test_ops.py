@@ -1,0 +1,223 @@
+"""The ops, run in-process with real Dagster on a local job store whose driver is played by the test: they write
+the same control requests and launch records as the Airflow operators, and refuse what the operators refuse."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_ckpt_provider.core.control import Ack, Outcome, RequestAction, open_requests, write_ack
+from airflow_ckpt_provider.core.deployments import Deployment, Launch, read_launch
+from airflow_ckpt_provider.core.jobstore import CONTROL, SPEC_LAST, JobStore
+from airflow_ckpt_provider.core.manifest import Kind
+from airflow_ckpt_provider.core.snapshots import list_snapshots
+from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
+from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.dagster import (
+    CkptResource,
+    cancel_streaming_job,
+    dispose_snapshots,
+    restart_streaming_job,
+    stop_streaming_job,
+    submit_streaming_job,
+    trigger_savepoint,
+)
+from tests.support.operatorfakes import make_snapshots
+from tests.unit.dagster.conftest import failure, run_op
+
+SID = "savepoint-7-20261122T101500Z-abc123"
+
+
+def report(store: JobStore, **changes: Any) -> JobStatus:
+    """A fresh heartbeat of the driver of epoch 3, RUNNING at batch 7."""
+    now = time.time()
+    body: dict[str, Any] = {"job": "orders", "state": JobState.RUNNING, "epoch": 3, "updated_at": now,
+                            "started_at": now - 1, "batch_id": 7}
+    status = JobStatus(**body | changes)
+    assert write_status(store, status)
+    return status
+
+
+class Driver(threading.Thread):
+    """Answers the first control request as the driver of its epoch would (an ack with a snapshot)."""
+
+    def __init__(self, store: JobStore, outcome: Outcome = Outcome.COMPLETED) -> None:
+        super().__init__(daemon=True)
+        self.store, self.outcome = store, outcome
+        self.answered: list[Ack] = []
+
+    def run(self) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            requests = open_requests(self.store)
+            if requests:
+                r = requests[0]
+                ack = Ack(r.id, r.action, self.outcome, "done" if self.outcome is Outcome.COMPLETED else "no space",
+                          r.epoch, time.time(), snapshot_id=SID, snapshot_uri=self.store.snapshot_uri(SID), batch_id=7)
+                write_ack(self.store, ack)
+                self.answered.append(ack)
+                return
+            time.sleep(0.02)
+
+
+def test_the_savepoint_op_returns_the_drivers_savepoint_requested_of_its_epoch(store: JobStore,
+                                                                                 ckpt: CkptResource) -> None:
+    report(store)
+    driver = Driver(store)
+    driver.start()
+    result = run_op(trigger_savepoint, ckpt, {"job": "orders", "poll_interval": 0.05})
+    driver.join(5)
+    assert result.success
+    assert result.output_for_node("trigger_savepoint") == {
+        "job": "orders", "outcome": "completed", "action": "savepoint", "snapshot_id": SID,
+        "snapshot_uri": store.snapshot_uri(SID), "batch_id": 7}
+    [ack] = driver.answered
+    assert (ack.action, ack.epoch) == (RequestAction.SAVEPOINT, 3)
+    [materialized] = [e for e in result.all_events if e.event_type_value == "STEP_OUTPUT"]
+    metadata = materialized.step_output_data.metadata  # type: ignore[union-attr]
+    assert metadata["snapshot_id"].value == SID and metadata["batch_id"].value == 7
+
+
+def test_a_savepoint_the_driver_fails_fails_the_op_with_its_answer(store: JobStore, ckpt: CkptResource) -> None:
+    report(store)
+    driver = Driver(store, Outcome.FAILED)
+    driver.start()
+    result = run_op(trigger_savepoint, ckpt, {"job": "orders", "poll_interval": 0.05})
+    driver.join(5)
+    assert not result.success
+    assert "job orders: savepoint failed: job orders: request savepoint-" in failure(result)
+    assert "failed by the driver of epoch 3: no space" in failure(result)
+
+
+def test_a_savepoint_of_a_stopped_job_is_refused_with_nothing_requested(store: JobStore, ckpt: CkptResource) -> None:
+    report(store, state=JobState.STOPPED, reason="stopped with savepoint")
+    result = run_op(trigger_savepoint, ckpt, {"job": "orders"})
+    assert not result.success
+    assert "job orders is STOPPED since" in failure(result)
+    assert "there is no running driver to take a savepoint; nothing was requested" in failure(result)
+    assert store.storage.list(CONTROL) == []
+
+
+def test_a_savepoint_of_an_unknown_job_names_the_jobs_the_store_holds(store: JobStore, ckpt: CkptResource) -> None:
+    report(store)
+    result = run_op(trigger_savepoint, ckpt, {"job": "ordres"})
+    assert not result.success
+    assert "job 'ordres' not found in job store" in failure(result) and "jobs in this store: orders" in failure(result)
+
+
+@pytest.mark.parametrize("op", [stop_streaming_job, cancel_streaming_job])
+def test_stop_and_cancel_of_a_job_that_never_ran_leave_it_and_say_so(ckpt: CkptResource, op: Any) -> None:
+    result = run_op(op, ckpt, {"job": "orders"})
+    assert result.success
+    assert result.output_for_node(op.name) == {"job": "orders", "outcome": "not_running", "action": None,
+                                               "snapshot_id": None, "snapshot_uri": None, "batch_id": None}
+
+
+def test_stop_with_savepoint_asks_the_driver_to_stop_and_returns_its_final_savepoint(store: JobStore,
+                                                                                   ckpt: CkptResource) -> None:
+    report(store)
+    driver = Driver(store)
+    driver.start()
+    result = run_op(stop_streaming_job, ckpt, {"job": "orders", "mode": "savepoint", "poll_interval": 0.05})
+    driver.join(5)
+    assert result.success
+    assert result.output_for_node("stop_streaming_job")["action"] == "stop"
+    assert [(a.action, a.epoch) for a in driver.answered] == [(RequestAction.STOP, 3)]
+
+
+class FakeLaunch:
+    """Stands in for launcher.deploy.launch: records spec/last.json as it does, then reports the new driver."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Launch, str, S3Options | None]] = []
+
+    def __call__(self, store: JobStore, deployment: Deployment, *, restore: Any, store_url: str,
+                 s3: S3Options | None = None, launched_by: str = "", **_: Any) -> Launch:
+        now = time.time()
+        record = Launch(store.job, deployment, restore, now, launched_by, f"launch-{len(self.calls) + 1}")
+        store.storage.write(SPEC_LAST, record.to_bytes())
+        self.calls.append((record, store_url, s3))
+        report(store, epoch=4, started_at=now + 0.01, batch_id=None)  # the new driver, as it reports
+        return record
+
+
+@pytest.fixture
+def launches(monkeypatch: pytest.MonkeyPatch) -> FakeLaunch:
+    fake = FakeLaunch()
+    monkeypatch.setattr("airflow_ckpt_provider.dagster.ops.launch", fake)
+    return fake
+
+
+SUBMIT = {"job": "orders", "job_file": "/opt/jobs/orders_v1.py", "code_version": "v1", "poll_interval": 0.05,
+          "env": {"ORDERS_TOPIC": "orders"}, "spark_conf": {"spark.sql.shuffle.partitions": "2"},
+          "settings": {"savepoint_interval": "600", "restart_strategy": "fixed-delay", "keep_savepoints": "6"}}
+
+
+def test_submit_of_a_job_that_never_ran_launches_its_deployment_once_and_waits_until_it_runs(
+    store: JobStore, ckpt: CkptResource, root: Path, launches: FakeLaunch
+) -> None:
+    result = run_op(submit_streaming_job, ckpt, SUBMIT)
+    assert result.success, failure(result)
+    [(record, store_url, _)] = launches.calls
+    d = record.deployment
+    assert (d.job_file, d.code_version, d.master, d.savepoint_interval, d.keep_savepoints, d.restart_strategy.value,
+            d.env) == ("/opt/jobs/orders_v1.py", "v1", "local[2]", 600.0, 6, "fixed-delay", {"ORDERS_TOPIC": "orders"})
+    assert d.conf == {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"}  # the resource's, then the op's
+    assert str(record.restore) == "latest-state" and store_url == str(root)
+    assert record.launched_by.startswith("dagster:one_submit_streaming_job.submit_streaming_job (run ")
+    assert result.output_for_node("submit_streaming_job") == {
+        "job": "orders", "epoch": 4, "batch_id": None, "state": "RUNNING", "ui_url": None, "launch_id": "launch-1"}
+
+
+def test_submit_of_a_running_job_reconnects_and_launches_nothing(store: JobStore, ckpt: CkptResource,
+                                                                  launches: FakeLaunch) -> None:
+    report(store)
+    result = run_op(submit_streaming_job, ckpt, SUBMIT)
+    assert result.success, failure(result)
+    assert launches.calls == []
+    assert result.output_for_node("submit_streaming_job")["epoch"] == 3
+
+
+def test_submit_of_a_stopping_job_is_refused_and_launches_nothing(store: JobStore, ckpt: CkptResource,
+                                                                   launches: FakeLaunch) -> None:
+    report(store, state=JobState.STOPPING, reason="stop requested")
+    result = run_op(submit_streaming_job, ckpt, SUBMIT)
+    assert not result.success
+    assert "job orders is STOPPING (epoch 3: stop requested); nothing was submitted" in failure(result)
+    assert launches.calls == [] and read_launch(store) is None
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    ({"env": {"DB_PASSWORD": "x"}}, "refusing env DB_PASSWORD"),
+    ({"settings": {"savepoint_interval": "soon"}}, "savepoint_interval"),
+    ({"settings": {"savepoint_every": "600"}}, "unknown setting 'savepoint_every': expected one of"),
+    ({"job_file": ""}, "a deployment needs a job file"),
+])
+def test_submit_with_bad_input_fails_before_anything_is_launched(store: JobStore, ckpt: CkptResource,
+                                                                  launches: FakeLaunch, change: dict[str, Any],
+                                                                  expected: str) -> None:
+    result = run_op(submit_streaming_job, ckpt, SUBMIT | change)
+    assert not result.success
+    assert expected in failure(result)
+    assert launches.calls == [] and read_launch(store) is None
+
+
+def test_restart_of_a_job_without_a_deployment_says_to_submit_first(ckpt: CkptResource, launches: FakeLaunch) -> None:
+    result = run_op(restart_streaming_job, ckpt, {"job": "orders"})
+    assert not result.success
+    assert "job orders has no recorded deployment (spec/last.json): submit it first" in failure(result)
+    assert launches.calls == []
+
+
+def test_dispose_applies_retention_and_keeps_the_newest_savepoint(store: JobStore, ckpt: CkptResource,
+                                                                   tmp_path: Path) -> None:
+    ids = make_snapshots(store, tmp_path, [Kind.SAVEPOINT, Kind.SAVEPOINT, Kind.SAVEPOINT])
+    result = run_op(dispose_snapshots, ckpt, {"job": "orders", "keep_savepoints": 1})
+    assert result.success, failure(result)
+    disposed = result.output_for_node("dispose_snapshots")["disposed"]
+    assert sorted(d["snapshot_id"] for d in disposed) == sorted(ids[:2])
+    assert [m.snapshot_id for m in list_snapshots(store)] == ids[2:]
