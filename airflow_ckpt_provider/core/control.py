@@ -19,6 +19,7 @@ from typing import Any
 
 from airflow_ckpt_provider.core.errors import ConfigError, StorageError
 from airflow_ckpt_provider.core.jobstore import CONTROL, JobStore
+from airflow_ckpt_provider.core.modes import StopMode
 
 ACK_SUFFIX = ".ack.json"
 
@@ -29,6 +30,10 @@ class RequestAction(StrEnum):
     SAVEPOINT = "savepoint"  # take a savepoint now, keep running
     STOP = "stop"  # finish the batch in flight, take a final savepoint, exit 0
     CANCEL = "cancel"  # stop now; the latest completed checkpoint stays valid
+
+
+#: The request that stops a driver in each stop mode.
+STOP_ACTION = {StopMode.SAVEPOINT: RequestAction.STOP, StopMode.CANCEL: RequestAction.CANCEL}
 
 
 class Outcome(StrEnum):

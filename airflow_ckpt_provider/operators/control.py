@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_ckpt_provider.core.control import RequestAction, submit_request
+from airflow_ckpt_provider.core.control import STOP_ACTION, RequestAction, submit_request
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.jobview import check_can_request, observe
 from airflow_ckpt_provider.core.modes import StopMode
@@ -22,8 +22,6 @@ if TYPE_CHECKING:
 
     from airflow_ckpt_provider.core.jobstore import JobStore
 
-#: The request that stops a driver in each stop mode.
-STOP_ACTION = {StopMode.SAVEPOINT: RequestAction.STOP, StopMode.CANCEL: RequestAction.CANCEL}
 #: Seconds a driver gets to answer a stop (a final savepoint uploads state) or a cancel.
 STOP_TIMEOUT = 600.0
 
