@@ -1,7 +1,7 @@
 """``ckpt job rescale``: the rescale of a recorded deployment from a terminal, one step after another.
 
-The same steps as RescaleStreamingJobOperator (operators/upgrade.py), in the foreground: each waits here
-instead of in Airflow's triggerer, and each says what it does on one line.
+The steps of RescaleStreamingJobOperator, decided by the same function (launcher/upgradesteps.py next_step);
+here each waits in the foreground instead of in Airflow's triggerer, and each says what it does on one line.
 
 1. check: the job's code runs on a copy of its latest state repartitioned into N partitions (refused here,
    before anything stops: stateless, HDFS-backed state, the same count, Spark's own refusal);
@@ -18,35 +18,63 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 from airflow_ckpt_provider.core.control import Ack, Outcome, RequestAction, submit_request, wait_ack
-from airflow_ckpt_provider.core.deployments import Launch, mark_stable, read_launch
+from airflow_ckpt_provider.core.deployments import Deployment, Launch, mark_stable
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.faults import crash_point
 from airflow_ckpt_provider.core.health import HealthCriteria
 from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.jobview import JobView, check_can_request, observe
-from airflow_ckpt_provider.core.manifest import Kind
 from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec
-from airflow_ckpt_provider.core.rescaling import snapshot_problem, stopped_source
-from airflow_ckpt_provider.core.snapshots import dispose_snapshot, latest_completed, list_snapshots
+from airflow_ckpt_provider.core.snapshots import dispose_snapshot
 from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
 from airflow_ckpt_provider.launcher.deploy import launch, submit_spec
 from airflow_ckpt_provider.launcher.restorecheck import check_restore, check_spec
+from airflow_ckpt_provider.launcher.upgradesteps import (
+    RESCALE,
+    Check,
+    Checked,
+    Done,
+    Fail,
+    Refuse,
+    Relaunch,
+    Rescale,
+    Rescaled,
+    RollBack,
+    RolledBack,
+    Running,
+    Saved,
+    Start,
+    Started,
+    Stop,
+    StopFailed,
+    Stopped,
+    TakeSavepoint,
+    UpgradePlan,
+    Verified,
+    Verify,
+    next_step,
+    observe_running,
+    prepare,
+)
+from airflow_ckpt_provider.launcher.upgradesteps import (
+    Outcome as StepOutcome,
+)
 from airflow_ckpt_provider.runtime.restoreverdict import RestoreCheck
 
 log = logging.getLogger(__name__)
 
+#: How to record a deployment, for a job without one.
+SUBMIT_HINT = ("`ckpt job rescale` restarts the job as it was launched, so it must have been launched by an operator "
+               "or `ckpt job rescale` before. For a job you run yourself: stop it with a savepoint, then `ckpt run ... "
+               "--check-restore --restore SAVEPOINT --rescale-to N --save-rescaled`, and start it from the savepoint "
+               "that prints")
+
 
 class RescaleFailed(CkptError):
-    """The rescale failed after the job stopped; the message says where the job is now (rolled back or not).
-    ``rescaled``: the savepoint of the new partitions, if it was saved."""
-
-    def __init__(self, message: str, rescaled: str | None = None) -> None:
-        super().__init__(message)
-        self.rescaled = rescaled
+    """The rescale failed after the job stopped; the message says where the job is now (rolled back or not)."""
 
 
 @dataclass(frozen=True)
@@ -70,114 +98,116 @@ class JobRescale:
         self.job = store.job
 
     def run(self) -> dict[str, Any]:
-        n = self.options.partitions
-        old = read_launch(self.store)
-        if old is None:
-            raise ConfigError(f"job {self.job} has no recorded deployment (spec/last.json): `ckpt job rescale` "
-                              "restarts the job as it was launched, so it must have been launched by an operator or "
-                              "`ckpt job rescale` before. For a job you run yourself: stop it with a savepoint, then "
-                              "`ckpt run ... --check-restore --restore SAVEPOINT --rescale-to N --save-rescaled`, and "
-                              "start it from the savepoint that prints")
-        view = observe(self.store)
-        if not view.live:  # stopped: rescale from its final savepoint, or finish a rescale that was interrupted
-            return self._stopped(old, view)
-        status = check_can_request(view, RequestAction.STOP)  # running, or refused here
-        latest = latest_completed(list_snapshots(self.store))
-        problem = snapshot_problem(latest, n) if latest is not None else None
-        if problem:  # the same count, no state, HDFS-backed: known from the manifest, no Spark needed
-            raise self._refused(f"snapshot {latest.snapshot_id if latest else '-'}: {problem}")
-        if latest is None:
-            self.say(f"1/5 job {self.job} has no snapshot to check against: taking a savepoint (it keeps running)")
-            self._request(RequestAction.SAVEPOINT, status.epoch)
-        self.say(f"1/5 checking that {old.deployment.job_file} runs on its latest state repartitioned into {n} "
-                 "partitions (on a copy)")
-        try:
-            checked = self._check(old, LATEST_STATE, save=False)
-        except ConfigError as err:  # bad input: Spark or the check refused
-            raise self._refused(err) from err
-        if not checked.compatible:
-            raise self._refused(f"{checked.outcome.value}: {checked.reason}")
-        self.say(f"1/5 compatible: snapshot {checked.snapshot_id} (batch {checked.batch_id}) in {n} partitions, "
-                 f"{checked.seconds} s")
-        status = check_can_request(observe(self.store), RequestAction.STOP)  # it may have changed meanwhile
-        self.say(f"2/5 stopping the driver of epoch {status.epoch} with a savepoint")
-        ack = self._request(RequestAction.STOP, status.epoch)
-        source = ack.snapshot_id
-        assert source is not None  # _request checked it
-        self.say(f"2/5 stopped with savepoint {source} at batch {ack.batch_id}")
-        crash_point("rescale.after-stop")
-        return self._rescale_or_roll_back(old, source)
+        outcome: StepOutcome
+        plan, outcome = prepare(self.store, store_url=self.store_url, s3=self.s3, what=RESCALE,
+                                partitions=self.options.partitions, submit_hint=SUBMIT_HINT, savepoint_first=True)
+        while True:
+            plan, step = next_step(plan, outcome)
+            match step:
+                case Refuse(message=message):
+                    raise ConfigError(message)
+                case Fail(message=message):
+                    raise RescaleFailed(message)
+                case Relaunch(message=message):  # pragma: no cover (this driver does not observe a failed stop)
+                    self._start(plan.old_deployment, LATEST_STATE)
+                    raise RescaleFailed(message)
+                case Done(result=result):
+                    return self._done(plan, result)
+                case TakeSavepoint(epoch=epoch):
+                    self.say(f"1/5 job {self.job} has no snapshot to check against: taking a savepoint (it keeps "
+                             "running)")
+                    _, why = self._request(RequestAction.SAVEPOINT, epoch)
+                    outcome = Saved(why)
+                case Check():
+                    outcome = self._check_latest(plan)
+                case Stop(epoch=epoch):
+                    outcome = self._stop(epoch)
+                case Rescale():
+                    outcome = self._rescale(plan, step)
+                case Start():
+                    outcome = self._start_new(plan, step)
+                case Verify():
+                    outcome = self._verify_new(plan)
+                case RollBack():
+                    outcome = self._roll_back(plan, step)
 
-    def _rescale_or_roll_back(self, old: Launch, source: str, rescaled: str | None = None) -> dict[str, Any]:
-        try:
-            return self._rescale(old, source, rescaled)
-        except RescaleFailed as err:
-            return self._roll_back(old, source, err)
-
-    def _stopped(self, old: Launch, view: JobView) -> dict[str, Any]:
-        """A stopped job: rescale it from the savepoint it stopped with and start it on the new partitions
-        (core/rescaling.stopped_source decides)."""
-        try:
-            start = stopped_source(view.status, list_snapshots(self.store, Kind.SAVEPOINT), self.options.partitions)
-        except ConfigError as err:
-            raise self._refused(err, stopped=True) from err
-        self.say(start.describe(self.options.partitions))
-        return self._rescale_or_roll_back(old, start.source.snapshot_id,
-                                          start.rescaled.snapshot_id if start.rescaled else None)
-
-    def _refused(self, why: object, *, stopped: bool = False) -> ConfigError:
-        return ConfigError(f"rescale of job {self.job} to {self.options.partitions} partitions refused before anything "
-                           f"was stopped: {why}; " + ("nothing was changed" if stopped else "the job runs as before"))
-
-    def _request(self, action: RequestAction, epoch: int) -> Ack:
-        """A savepoint or stop with savepoint of the driver of ``epoch``, completed with its snapshot."""
+    def _request(self, action: RequestAction, epoch: int | None) -> tuple[Ack | None, str | None]:
+        """A savepoint or stop with savepoint of the driver of ``epoch``: its ack, or why it did not complete."""
+        assert epoch is not None  # a rescale stops a running driver (a stopped job has nothing to stop)
         request = submit_request(self.store, action, epoch, requested_by=self.launched_by)
         ack = wait_ack(self.store, request.id, self.options.stop_timeout, poll=self.options.poll)
         if ack is None or ack.outcome is not Outcome.COMPLETED or not ack.snapshot_id:
-            why = "no answer" if ack is None else f"{ack.outcome.value}: {ack.message}"
-            if action is RequestAction.SAVEPOINT:
-                raise self._refused(f"the savepoint to check against did not complete ({why})")
-            raise RescaleFailed(f"rescale of job {self.job}: the stop with savepoint did not complete ({why}); the "
-                                f"stop may still be under way: check `ckpt job status --job {self.job}`; nothing "
-                                "was repartitioned")
-        return ack
+            return ack, "no answer" if ack is None else f"{ack.outcome.value}: {ack.message}"
+        return ack, None
 
-    def _check(self, old: Launch, restore: RestoreSpec, *, save: bool) -> RestoreCheck:
-        spec = check_spec(submit_spec(old.deployment, self.job, self.store_url, restore, self.s3,
+    def _check(self, plan: UpgradePlan, restore: RestoreSpec, *, save: bool) -> RestoreCheck:
+        deployment = plan.new_deployment
+        spec = check_spec(submit_spec(deployment, self.job, self.store_url, restore, self.s3,
                                       check_restore=True, rescale_to=self.options.partitions,
                                       save_rescaled=save),
                           self.options.check_timeout)
-        return check_restore(spec, self.options.check_timeout, env=old.deployment.env)
+        return check_restore(spec, self.options.check_timeout, env=deployment.env)
 
-    def _rescale(self, old: Launch, source: str, rescaled: str | None) -> dict[str, Any]:
+    def _check_latest(self, plan: UpgradePlan) -> Checked:
         n = self.options.partitions
-        if rescaled is None:
-            self.say(f"3/5 repartitioning savepoint {source} into {n} partitions on a copy")
-            try:
-                report = self._check(old, RestoreSpec(RestoreMode.SNAPSHOT, source), save=True)
-            except ConfigError as err:
-                raise RescaleFailed(str(err)) from err
-            if not report.compatible or not report.rescaled_snapshot_id:
-                raise RescaleFailed(f"the rescale of savepoint {source}: {report.outcome.value}: {report.reason}")
-            rescaled = report.rescaled_snapshot_id
-            self.say(f"3/5 saved savepoint {rescaled} ({n} partitions) in {report.seconds} s")
-            crash_point("rescale.after-save")
-        self.say(f"4/5 starting {old.deployment.job_file} from {rescaled}")
+        self.say(f"1/5 checking that {plan.new['job_file']} runs on its latest state repartitioned into {n} "
+                 "partitions (on a copy)")
         try:
-            record = self._start(old, RestoreSpec(RestoreMode.SNAPSHOT, rescaled))
-            crash_point("rescale.after-start")
-            event = self._verify(record)
-        except CkptError as err:
-            raise RescaleFailed(f"{err}", rescaled) from err
-        if event.get("status") != "healthy":
-            raise RescaleFailed(f"the job on {n} partitions failed verification: {event.get('message')}", rescaled)
-        mark_stable(self.store, record)
-        self.say(f"4/5 verified: epoch {event.get('epoch')} at batch {event.get('batch_id')}, {n} partitions")
-        return {"job": self.job, "partitions": n, "snapshot_id": source, "rescaled_snapshot_id": rescaled,
-                "epoch": event.get("epoch"), "batch_id": event.get("batch_id")}
+            checked = self._check(plan, LATEST_STATE, save=False)
+        except ConfigError as err:  # bad input: Spark or the check refused
+            return Checked(problem=str(err))
+        running = Running()
+        if checked.compatible:
+            self.say(f"1/5 compatible: snapshot {checked.snapshot_id} (batch {checked.batch_id}) in {n} partitions, "
+                     f"{checked.seconds} s")
+            running = observe_running(self.store)  # it may have changed meanwhile
+        return Checked(checked.outcome.value, checked.reason, checked.snapshot_id, running=running)
 
-    def _start(self, old: Launch, restore: RestoreSpec) -> Launch:
-        return launch(self.store, old.deployment, restore=restore, store_url=self.store_url, s3=self.s3,
+    def _stop(self, epoch: int | None) -> StepOutcome:
+        self.say(f"2/5 stopping the driver of epoch {epoch} with a savepoint")
+        ack, why = self._request(RequestAction.STOP, epoch)
+        if why is not None or ack is None:
+            return StopFailed(f"the stop with savepoint did not complete ({why})")
+        self.say(f"2/5 stopped with savepoint {ack.snapshot_id} at batch {ack.batch_id}")
+        crash_point("rescale.after-stop")
+        return Stopped(ack.snapshot_id)
+
+    def _rescale(self, plan: UpgradePlan, step: Rescale) -> Rescaled:
+        if step.note:
+            self.say(step.note)
+        self.say(f"3/5 repartitioning savepoint {step.snapshot_id} into {step.partitions} partitions on a copy")
+        try:
+            report = self._check(plan, RestoreSpec(RestoreMode.SNAPSHOT, step.snapshot_id), save=True)
+        except ConfigError as err:
+            return Rescaled(problem=str(err))
+        if report.compatible and report.rescaled_snapshot_id:
+            self.say(f"3/5 saved savepoint {report.rescaled_snapshot_id} ({step.partitions} partitions) in "
+                     f"{report.seconds} s")
+            crash_point("rescale.after-save")
+        return Rescaled(report.outcome.value, report.reason, report.rescaled_snapshot_id)
+
+    def _start_new(self, plan: UpgradePlan, step: Start) -> Started:
+        if step.note:
+            self.say(step.note)
+        self.say(f"4/5 starting {plan.new['job_file']} from {step.restore}")
+        try:
+            record = self._start(plan.new_deployment, step.restore)
+        except CkptError as err:
+            return Started(problem=f"cannot launch job {self.job}: {err}")
+        crash_point("rescale.after-start")
+        return Started(record.to_dict())
+
+    def _verify_new(self, plan: UpgradePlan) -> Verified:
+        assert plan.launch is not None  # recorded with the launch
+        try:
+            event = self._verify(Launch.from_dict(plan.launch))
+        except CkptError as err:  # the job store unreachable meanwhile: no verdict, roll back
+            return Verified(False, str(err))
+        return Verified(event.get("status") == "healthy", str(event.get("message")), event.get("epoch"),
+                        event.get("batch_id"))
+
+    def _start(self, deployment: Deployment, restore: RestoreSpec) -> Launch:
+        return launch(self.store, deployment, restore=restore, store_url=self.store_url, s3=self.s3,
                       launched_by=self.launched_by)
 
     def _verify(self, record: Launch, *, batches: int | None = None) -> dict[str, Any]:
@@ -193,21 +223,21 @@ class JobRescale:
             time.sleep(self.options.poll)
         return event
 
-    def _roll_back(self, old: Launch, source: str, failure: RescaleFailed) -> NoReturn:
-        why, rescaled = str(failure), failure.rescaled
-        if rescaled:  # a restore strategy must not pick the new partitions up again (the newest savepoint)
+    def _done(self, plan: UpgradePlan, result: dict[str, Any]) -> dict[str, Any]:
+        assert plan.launch is not None
+        mark_stable(self.store, Launch.from_dict(plan.launch))
+        self.say(f"4/5 verified: epoch {result['epoch']} at batch {result['batch_id']}, {plan.partitions} partitions")
+        return {key: result[key] for key in ("job", "partitions", "snapshot_id", "rescaled_snapshot_id", "epoch",
+                                             "batch_id")}
+
+    def _roll_back(self, plan: UpgradePlan, step: RollBack) -> RolledBack:
+        if step.dispose:  # a restore strategy must not pick the new partitions up again (the newest savepoint)
             try:
-                dispose_snapshot(self.store, rescaled, force=True)
+                dispose_snapshot(self.store, step.dispose, force=True)
             except CkptError as dispose_err:
-                log.warning("job %s: savepoint %s (the new partitions) was not disposed: %s", self.job, rescaled,
+                log.warning("job %s: savepoint %s (the new partitions) was not disposed: %s", self.job, step.dispose,
                             dispose_err)
-        self.say(f"5/5 rolling back: starting {old.deployment.job_file} from {source} (the old partitions): {why}")
-        record = self._start(old, RestoreSpec(RestoreMode.SNAPSHOT, source))
-        event = self._verify(record, batches=0)
-        if event.get("status") != "healthy":
-            raise RescaleFailed(f"rescale of job {self.job} failed ({why}) and the rollback from {source} ALSO failed "
-                                f"({event.get('message')}); the job's state is in savepoint {source}: check `ckpt "
-                                f"job status --job {self.job}`")
-        raise RescaleFailed(f"rescale of job {self.job} to {self.options.partitions} partitions failed ({why}); rolled "
-                            f"back: the job runs on its old partitions from savepoint {source} (epoch "
-                            f"{event.get('epoch')})")
+        old = plan.old_deployment
+        self.say(f"5/5 rolling back: starting {old.job_file} from {step.restore} (the old partitions): {step.why}")
+        event = self._verify(self._start(old, step.restore), batches=0)
+        return RolledBack(step.why, event.get("status") == "healthy", str(event.get("message")), event.get("epoch"))

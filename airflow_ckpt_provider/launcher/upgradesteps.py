@@ -18,7 +18,7 @@ triggers. No Airflow here (the layer contracts in pyproject.toml check it).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -312,62 +312,58 @@ Step = TakeSavepoint | Check | Stop | Rescale | Start | Verify | RollBack | Rela
 
 def next_step(plan: UpgradePlan, outcome: Outcome) -> tuple[UpgradePlan, Step]:
     """The step after ``outcome``, and the plan with what it recorded. Pure: no IO, no clock."""
-    match outcome:
-        case Began():
-            return _began(plan, outcome)
-        case Saved(problem=problem):
-            if problem:
-                return plan, Refuse(plan.refused(f"the savepoint to check against did not complete ({problem})"))
-            return plan, Check(plan.partitions)
-        case Checked():
-            return _checked(plan, outcome)
-        case Stopped():
-            return _stopped(plan, outcome)
-        case StopFailed():
-            return plan, _stop_failed(plan, outcome)
-        case Rescaled():
-            return _rescaled(plan, outcome)
-        case Started(launch=launch, problem=problem):
-            if launch is None:
-                what = "the new code" if plan.what == UPGRADE else f"the job on {plan.partitions} partitions"
-                return plan, _roll_back(plan, f"{what} could not be launched: {problem}")
-            return replace(plan, launch=launch), Verify()
-        case Verified():
-            if not outcome.healthy:
-                return plan, _roll_back(plan, outcome.why)
-            return plan, Done(_result(plan, outcome))
-        case RolledBack():
-            return plan, Fail(_rolled_back(plan, outcome))
-    raise TypeError(f"unexpected outcome {outcome!r}")  # pragma: no cover (the match is exhaustive)
+    decide: Callable[[UpgradePlan, Any], tuple[UpgradePlan, Step]] = _DECISIONS[type(outcome)]
+    return decide(plan, outcome)
+
+
+def _saved(plan: UpgradePlan, saved: Saved) -> tuple[UpgradePlan, Step]:
+    if saved.problem:
+        return plan, Refuse(plan.refused(f"the savepoint to check against did not complete ({saved.problem})"))
+    return plan, Check(plan.partitions)
+
+
+def _started(plan: UpgradePlan, started: Started) -> tuple[UpgradePlan, Step]:
+    if started.launch is None:
+        what = "the new code" if plan.what == UPGRADE else f"the job on {plan.partitions} partitions"
+        return plan, _roll_back(plan, f"{what} could not be launched: {started.problem}")
+    return replace(plan, launch=started.launch), Verify()
+
+
+def _verified(plan: UpgradePlan, verified: Verified) -> tuple[UpgradePlan, Step]:
+    if not verified.healthy:
+        return plan, _roll_back(plan, verified.why)
+    return plan, Done(_result(plan, verified))
 
 
 def _began(plan: UpgradePlan, seen: Began) -> tuple[UpgradePlan, Step]:
-    running = seen.running
-    if running.problem:
-        return plan, Refuse(plan.refused(running.problem))
-    n = plan.partitions
-    if n is not None and running.epoch is None:  # a stopped job: from the savepoint it stopped with
-        plan = replace(plan, stopped=True)
-        try:
-            start = stopped_source(seen.status, seen.savepoints, n)
-        except ConfigError as err:
-            return plan, Refuse(plan.refused(err))
-        plan, note = replace(plan, snapshot_id=start.source.snapshot_id), start.describe(n)
-        if start.rescaled is None:  # the rescale step runs the code on its copy: no check of its own
-            return plan, Rescale(start.source.snapshot_id, n, note)
-        plan = replace(plan, rescaled_snapshot_id=start.rescaled.snapshot_id)
-        return plan, Start(RestoreSpec(RestoreMode.SNAPSHOT, start.rescaled.snapshot_id), note)
-    if running.epoch is None and plan.mode is UpgradeMode.SAVEPOINT:
-        return plan, Refuse(plan.refused(NOT_RUNNING))
-    latest = seen.latest
+    """The first step: refused from what was observed, or the check (a stopped job's rescale: the repartition)."""
+    running, n, latest = seen.running, plan.partitions, seen.latest
+    if n is not None and running.epoch is None and running.problem is None:  # stopped: from its final savepoint
+        return _stopped_job(replace(plan, stopped=True), seen, n)
     problem = snapshot_problem(latest, n) if latest is not None and n is not None else None
-    if latest is not None and problem:  # the same count, no state, HDFS-backed: no check needed to say so
-        return plan, Refuse(plan.refused(f"snapshot {latest.snapshot_id}: {problem}"))
+    why = running.problem or (NOT_RUNNING if running.epoch is None and plan.mode is UpgradeMode.SAVEPOINT else None) \
+        or (f"snapshot {latest.snapshot_id}: {problem}" if latest is not None and problem else None)
+    if why:  # the same count, no state, HDFS-backed: no check needed to say so
+        return plan, Refuse(plan.refused(why))
     if plan.mode is UpgradeMode.STATELESS:  # nothing to restore, nothing to check
         return plan, _stop(plan, running)
     if n is not None and latest is None and plan.savepoint_first and running.epoch is not None:
         return plan, TakeSavepoint(running.epoch)
     return plan, Check(n)
+
+
+def _stopped_job(plan: UpgradePlan, seen: Began, n: int) -> tuple[UpgradePlan, Step]:
+    """Nothing to stop: repartition the savepoint the job stopped with (the step runs the code on its copy: no
+    check of its own), or start from the one an unfinished rescale saved."""
+    try:
+        start = stopped_source(seen.status, seen.savepoints, n)
+    except ConfigError as err:
+        return plan, Refuse(plan.refused(err))
+    plan, note = replace(plan, snapshot_id=start.source.snapshot_id), start.describe(n)
+    if start.rescaled is None:
+        return plan, Rescale(start.source.snapshot_id, n, note)
+    plan = replace(plan, rescaled_snapshot_id=start.rescaled.snapshot_id)
+    return plan, Start(RestoreSpec(RestoreMode.SNAPSHOT, start.rescaled.snapshot_id), note)
 
 
 def _checked(plan: UpgradePlan, verdict: Checked) -> tuple[UpgradePlan, Step]:
@@ -378,8 +374,9 @@ def _checked(plan: UpgradePlan, verdict: Checked) -> tuple[UpgradePlan, Step]:
     if verdict.status == CheckOutcome.BAD_INPUT:
         return plan, Refuse(plan.refused(verdict.reason))
     if verdict.status != CheckOutcome.COMPATIBLE:
-        return plan, Refuse(plan.refused(f"restore check of snapshot {verdict.snapshot_id or '-'} with the new "
-                                         f"code: {verdict.status}: {verdict.reason}"))
+        how = "with the new code" if plan.what == UPGRADE else f"repartitioned into {plan.partitions} partitions"
+        return plan, Refuse(plan.refused(f"restore check of snapshot {verdict.snapshot_id or '-'} {how}: "
+                                         f"{verdict.status}: {verdict.reason}"))
     running = verdict.running
     problem = running.problem or (NOT_RUNNING if running.epoch is None and plan.mode is UpgradeMode.SAVEPOINT
                                   else None)
@@ -405,7 +402,11 @@ def _stopped(plan: UpgradePlan, stopped: Stopped) -> tuple[UpgradePlan, Step]:
     return plan, Start(restore)
 
 
-def _stop_failed(plan: UpgradePlan, failed: StopFailed) -> Step:
+def _stop_failed(plan: UpgradePlan, failed: StopFailed) -> tuple[UpgradePlan, Step]:
+    return plan, _stop_failure(plan, failed)
+
+
+def _stop_failure(plan: UpgradePlan, failed: StopFailed) -> Step:
     """The old driver did not stop as asked: say what state the job is in; relaunch it if it is down."""
     head = f"{plan.what} of job {plan.job}: {failed.why}"
     if failed.seen == "stopping":
@@ -446,7 +447,11 @@ def _result(plan: UpgradePlan, verified: Verified) -> dict[str, Any]:
             "partitions": plan.partitions, "rescaled_snapshot_id": plan.rescaled_snapshot_id}
 
 
-def _rolled_back(plan: UpgradePlan, rolled: RolledBack) -> str:
+def _rolled_back(plan: UpgradePlan, rolled: RolledBack) -> tuple[UpgradePlan, Step]:
+    return plan, Fail(_rollback_message(plan, rolled))
+
+
+def _rollback_message(plan: UpgradePlan, rolled: RolledBack) -> str:
     new = plan.new.get("code_version") or plan.new.get("job_file") or ""
     head = f"{plan.what} of job {plan.job} to {plan.target(new)} failed verification ({rolled.why})"
     if not rolled.healthy:
@@ -456,6 +461,11 @@ def _rolled_back(plan: UpgradePlan, rolled: RolledBack) -> str:
     return (f"{head}; rolled back to {plan.old_code} from {plan.snapshot_id or 'its latest state'}"
             + (" on its old partitions: it runs again" if plan.partitions else ": the old code runs again")
             + f" (epoch {rolled.epoch})")
+
+
+_DECISIONS: dict[type, Callable[[UpgradePlan, Any], tuple[UpgradePlan, Step]]] = {
+    Began: _began, Saved: _saved, Checked: _checked, Stopped: _stopped, StopFailed: _stop_failed,
+    Rescaled: _rescaled, Started: _started, Verified: _verified, RolledBack: _rolled_back}
 
 
 # -- observe ------------------------------------------------------------------------------------------------------

@@ -20,7 +20,8 @@ that one, and a rollback goes back to the savepoint of step 2 with the old parti
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
@@ -167,49 +168,49 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
     # -- act: each step as launcher/upgradesteps.py decides it; a wait defers, and resumes in an after_* method --
 
     def _drive(self, context: Context, plan: UpgradePlan, outcome: Outcome) -> Any:
-        while True:  # the job store is opened when a step needs it (a failed rollback's message does not)
+        """Act on each step until one waits (it defers; not deferrable: it returns the run's end) or ends the run."""
+        acts: dict[type, Callable[[Context, UpgradePlan, Any], Any]] = {
+            Refuse: self._fail, Fail: self._fail, Relaunch: self._relaunch, Done: self._done, Check: self._check,
+            Stop: self._stop, Rescale: self._rescale, Start: self._start_new, Verify: self._verify,
+            RollBack: self._roll_back, TakeSavepoint: self._fail}
+        while True:
             plan, step = next_step(plan, outcome)
-            match step:
-                case Refuse(message=message) | Fail(message=message):
-                    raise AirflowException(message)
-                case Relaunch(message=message):
-                    self._launch(self.job_store(), plan.old_deployment, LATEST_STATE)
-                    raise AirflowException(message)
-                case Done(result=result):
-                    return self._done(context, self.job_store(), plan, result)
-                case Check():
-                    try:
-                        check_id = self._start_check(context, self.job_store(), plan)
-                    except CkptError as err:
-                        outcome = Checked(problem=str(err))
-                        continue
-                    return self._wait_check(context, check_id, "after_check", plan)
-                case Stop(action=action, epoch=epoch):
-                    if epoch is None:
-                        self._step(2, "no driver runs: nothing to stop")
-                        outcome = Stopped(None, _latest(self.job_store()))
-                        continue
-                    if action is RequestAction.STOP:
-                        self._step(2, "stop with savepoint (driver of epoch %d)", epoch)
-                    else:
-                        self._step(2, "cancel the driver of epoch %d (%s)", epoch, plan.mode)
-                    return request_and_wait(self, context, self.job_store(), action, timeout=self.stop_timeout,
-                                            method_name="after_stop", kwargs={"plan": plan.to_dict()})
-                case Rescale():
-                    try:
-                        check_id = self._start_rescale(context, self.job_store(), plan, step)
-                    except CkptError as err:
-                        outcome = Rescaled(problem=f"the rescale could not start: {err}")
-                        continue
-                    return self._wait_check(context, check_id, "after_rescale", plan)
-                case Start():
-                    outcome = self._start_new(self.job_store(), plan, step)
-                case Verify():
-                    return self._verify(context, plan)
-                case RollBack():
-                    return self._roll_back(context, self.job_store(), plan, step)
-                case TakeSavepoint():  # pragma: no cover (only a plan with savepoint_first asks for it)
-                    raise AirflowException(f"{self._what} of job {self.job}: unexpected step {step}")
+            acted = acts[type(step)](context, plan, step)
+            if not isinstance(acted, Outcome):
+                return acted
+            outcome = acted
+
+    def _fail(self, context: Context, plan: UpgradePlan, step: Refuse | Fail | TakeSavepoint) -> NoReturn:
+        raise AirflowException(getattr(step, "message", f"{self._what} of job {self.job}: unexpected step {step}"))
+
+    def _relaunch(self, context: Context, plan: UpgradePlan, step: Relaunch) -> NoReturn:
+        self._launch(self.job_store(), plan.old_deployment, LATEST_STATE)
+        raise AirflowException(step.message)
+
+    def _check(self, context: Context, plan: UpgradePlan, step: Check) -> Any:
+        try:
+            check_id = self._start_check(context, self.job_store(), plan)
+        except CkptError as err:
+            return Checked(problem=str(err))
+        return self._wait_check(context, check_id, "after_check", plan)
+
+    def _stop(self, context: Context, plan: UpgradePlan, step: Stop) -> Any:
+        if step.epoch is None:
+            self._step(2, "no driver runs: nothing to stop")
+            return Stopped(None, _latest(self.job_store()))
+        if step.action is RequestAction.STOP:
+            self._step(2, "stop with savepoint (driver of epoch %d)", step.epoch)
+        else:
+            self._step(2, "cancel the driver of epoch %d (%s)", step.epoch, plan.mode)
+        return request_and_wait(self, context, self.job_store(), step.action, timeout=self.stop_timeout,
+                                method_name="after_stop", kwargs={"plan": plan.to_dict()})
+
+    def _rescale(self, context: Context, plan: UpgradePlan, step: Rescale) -> Any:
+        try:
+            check_id = self._start_rescale(context, self.job_store(), plan, step)
+        except CkptError as err:
+            return Rescaled(problem=f"the rescale could not start: {err}")
+        return self._wait_check(context, check_id, "after_rescale", plan)
 
     def _start_check(self, context: Context, store: JobStore, plan: UpgradePlan) -> str:
         """Start the restore check detached (its record first); the task then waits for its verdict."""
@@ -253,17 +254,17 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
             who += f" run {ti.run_id} try {getattr(ti, 'try_number', 1)}"
         return who
 
-    def _start_new(self, store: JobStore, plan: UpgradePlan, step: Start) -> Started:
+    def _start_new(self, context: Context, plan: UpgradePlan, step: Start) -> Started:
         if step.note:
             self._step(2, step.note)
         new = plan.new_deployment
         self._step(3, "starting %s (code %s), restore %s", new.job_file, new.code_version or "-", step.restore)
         try:
-            return Started(self._launch(store, new, step.restore).to_dict())
+            return Started(self._launch(self.job_store(), new, step.restore).to_dict())
         except AirflowException as err:  # e.g. the job file is missing on this worker: bring the old code back
             return Started(problem=str(err))
 
-    def _verify(self, context: Context, plan: UpgradePlan) -> Any:
+    def _verify(self, context: Context, plan: UpgradePlan, step: Verify) -> Any:
         assert plan.launch is not None  # the plan records the launch before it asks to verify it
         criteria = HealthCriteria(started_after=Launch.from_dict(plan.launch).launched_at,
                                   min_batches=int(self.verify_batches), start_timeout=self.verify_timeout,
@@ -272,8 +273,9 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         trigger = JobHealthTrigger(**self._store_args, criteria=criteria, timeout=self.verify_timeout)
         return self.wait(context, trigger=trigger, method_name="after_verify", kwargs={"plan": plan.to_dict()})
 
-    def _done(self, context: Context, store: JobStore, plan: UpgradePlan, result: dict[str, Any]) -> dict[str, Any]:
+    def _done(self, context: Context, plan: UpgradePlan, step: Done) -> dict[str, Any]:
         assert plan.launch is not None
+        store, result = self.job_store(), step.result
         mark_stable(store, Launch.from_dict(plan.launch))
         SnapshotLink.persist_snapshot(context, plan.snapshot_id and store.snapshot_uri(plan.snapshot_id),
                                       self.store_hook.s3_options.endpoint_url)
@@ -281,7 +283,8 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
                    result["batch_id"], plan.new.get("code_version") or plan.new.get("job_file"))
         return result
 
-    def _roll_back(self, context: Context, store: JobStore, plan: UpgradePlan, step: RollBack) -> Any:
+    def _roll_back(self, context: Context, plan: UpgradePlan, step: RollBack) -> Any:
+        store = self.job_store()
         if step.dispose:
             try:
                 dispose_snapshot(store, step.dispose, force=True)
