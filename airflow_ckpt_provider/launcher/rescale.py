@@ -30,38 +30,9 @@ from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreS
 from airflow_ckpt_provider.core.snapshots import dispose_snapshot
 from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
+from airflow_ckpt_provider.launcher import upgradesteps as steps
 from airflow_ckpt_provider.launcher.deploy import launch, submit_spec
 from airflow_ckpt_provider.launcher.restorecheck import check_restore, check_spec
-from airflow_ckpt_provider.launcher.upgradesteps import (
-    RESCALE,
-    Check,
-    Checked,
-    Done,
-    Fail,
-    Refuse,
-    Relaunch,
-    Rescale,
-    Rescaled,
-    RollBack,
-    RolledBack,
-    Running,
-    Saved,
-    Start,
-    Started,
-    Stop,
-    StopFailed,
-    Stopped,
-    TakeSavepoint,
-    UpgradePlan,
-    Verified,
-    Verify,
-    next_step,
-    observe_running,
-    prepare,
-)
-from airflow_ckpt_provider.launcher.upgradesteps import (
-    Outcome as StepOutcome,
-)
 from airflow_ckpt_provider.runtime.restoreverdict import RestoreCheck
 
 log = logging.getLogger(__name__)
@@ -98,37 +69,38 @@ class JobRescale:
         self.job = store.job
 
     def run(self) -> dict[str, Any]:
-        outcome: StepOutcome
-        plan, outcome = prepare(self.store, store_url=self.store_url, s3=self.s3, what=RESCALE,
-                                partitions=self.options.partitions, submit_hint=SUBMIT_HINT, savepoint_first=True)
+        outcome: steps.Outcome
+        plan, outcome = steps.prepare(self.store, store_url=self.store_url, s3=self.s3, what=steps.RESCALE,
+                                      partitions=self.options.partitions, submit_hint=SUBMIT_HINT,
+                                      savepoint_first=True)
         while True:
-            plan, step = next_step(plan, outcome)
+            plan, step = steps.next_step(plan, outcome)
             match step:
-                case Refuse(message=message):
+                case steps.Refuse(message=message):
                     raise ConfigError(message)
-                case Fail(message=message):
+                case steps.Fail(message=message):
                     raise RescaleFailed(message)
-                case Relaunch(message=message):  # pragma: no cover (this driver does not observe a failed stop)
+                case steps.Relaunch(message=message):  # pragma: no cover (this driver does not observe a failed stop)
                     self._start(plan.old_deployment, LATEST_STATE)
                     raise RescaleFailed(message)
-                case Done(result=result):
+                case steps.Done(result=result):
                     return self._done(plan, result)
-                case TakeSavepoint(epoch=epoch):
+                case steps.TakeSavepoint(epoch=epoch):
                     self.say(f"1/5 job {self.job} has no snapshot to check against: taking a savepoint (it keeps "
                              "running)")
                     _, why = self._request(RequestAction.SAVEPOINT, epoch)
-                    outcome = Saved(why)
-                case Check():
+                    outcome = steps.Saved(why)
+                case steps.Check():
                     outcome = self._check_latest(plan)
-                case Stop(epoch=epoch):
+                case steps.Stop(epoch=epoch):
                     outcome = self._stop(epoch)
-                case Rescale():
+                case steps.Rescale():
                     outcome = self._rescale(plan, step)
-                case Start():
+                case steps.Start():
                     outcome = self._start_new(plan, step)
-                case Verify():
+                case steps.Verify():
                     outcome = self._verify_new(plan)
-                case RollBack():
+                case steps.RollBack():
                     outcome = self._roll_back(plan, step)
 
     def _request(self, action: RequestAction, epoch: int | None) -> tuple[Ack | None, str | None]:
@@ -140,7 +112,7 @@ class JobRescale:
             return ack, "no answer" if ack is None else f"{ack.outcome.value}: {ack.message}"
         return ack, None
 
-    def _check(self, plan: UpgradePlan, restore: RestoreSpec, *, save: bool) -> RestoreCheck:
+    def _check(self, plan: steps.UpgradePlan, restore: RestoreSpec, *, save: bool) -> RestoreCheck:
         deployment = plan.new_deployment
         spec = check_spec(submit_spec(deployment, self.job, self.store_url, restore, self.s3,
                                       check_restore=True, rescale_to=self.options.partitions,
@@ -148,62 +120,62 @@ class JobRescale:
                           self.options.check_timeout)
         return check_restore(spec, self.options.check_timeout, env=deployment.env)
 
-    def _check_latest(self, plan: UpgradePlan) -> Checked:
+    def _check_latest(self, plan: steps.UpgradePlan) -> steps.Checked:
         n = self.options.partitions
         self.say(f"1/5 checking that {plan.new['job_file']} runs on its latest state repartitioned into {n} "
                  "partitions (on a copy)")
         try:
             checked = self._check(plan, LATEST_STATE, save=False)
         except ConfigError as err:  # bad input: Spark or the check refused
-            return Checked(problem=str(err))
-        running = Running()
+            return steps.Checked(problem=str(err))
+        running = steps.Running()
         if checked.compatible:
             self.say(f"1/5 compatible: snapshot {checked.snapshot_id} (batch {checked.batch_id}) in {n} partitions, "
                      f"{checked.seconds} s")
-            running = observe_running(self.store)  # it may have changed meanwhile
-        return Checked(checked.outcome.value, checked.reason, checked.snapshot_id, running=running)
+            running = steps.observe_running(self.store)  # it may have changed meanwhile
+        return steps.Checked(checked.outcome.value, checked.reason, checked.snapshot_id, running=running)
 
-    def _stop(self, epoch: int | None) -> StepOutcome:
+    def _stop(self, epoch: int | None) -> steps.Outcome:
         self.say(f"2/5 stopping the driver of epoch {epoch} with a savepoint")
         ack, why = self._request(RequestAction.STOP, epoch)
         if why is not None or ack is None:
-            return StopFailed(f"the stop with savepoint did not complete ({why})")
+            return steps.StopFailed(f"the stop with savepoint did not complete ({why})")
         self.say(f"2/5 stopped with savepoint {ack.snapshot_id} at batch {ack.batch_id}")
         crash_point("rescale.after-stop")
-        return Stopped(ack.snapshot_id)
+        return steps.Stopped(ack.snapshot_id)
 
-    def _rescale(self, plan: UpgradePlan, step: Rescale) -> Rescaled:
+    def _rescale(self, plan: steps.UpgradePlan, step: steps.Rescale) -> steps.Rescaled:
         if step.note:
             self.say(step.note)
         self.say(f"3/5 repartitioning savepoint {step.snapshot_id} into {step.partitions} partitions on a copy")
         try:
             report = self._check(plan, RestoreSpec(RestoreMode.SNAPSHOT, step.snapshot_id), save=True)
         except ConfigError as err:
-            return Rescaled(problem=str(err))
+            return steps.Rescaled(problem=str(err))
         if report.compatible and report.rescaled_snapshot_id:
             self.say(f"3/5 saved savepoint {report.rescaled_snapshot_id} ({step.partitions} partitions) in "
                      f"{report.seconds} s")
             crash_point("rescale.after-save")
-        return Rescaled(report.outcome.value, report.reason, report.rescaled_snapshot_id)
+        return steps.Rescaled(report.outcome.value, report.reason, report.rescaled_snapshot_id)
 
-    def _start_new(self, plan: UpgradePlan, step: Start) -> Started:
+    def _start_new(self, plan: steps.UpgradePlan, step: steps.Start) -> steps.Started:
         if step.note:
             self.say(step.note)
         self.say(f"4/5 starting {plan.new['job_file']} from {step.restore}")
         try:
             record = self._start(plan.new_deployment, step.restore)
         except CkptError as err:
-            return Started(problem=f"cannot launch job {self.job}: {err}")
+            return steps.Started(problem=f"cannot launch job {self.job}: {err}")
         crash_point("rescale.after-start")
-        return Started(record.to_dict())
+        return steps.Started(record.to_dict())
 
-    def _verify_new(self, plan: UpgradePlan) -> Verified:
+    def _verify_new(self, plan: steps.UpgradePlan) -> steps.Verified:
         assert plan.launch is not None  # recorded with the launch
         try:
             event = self._verify(Launch.from_dict(plan.launch))
         except CkptError as err:  # the job store unreachable meanwhile: no verdict, roll back
-            return Verified(False, str(err))
-        return Verified(event.get("status") == "healthy", str(event.get("message")), event.get("epoch"),
+            return steps.Verified(False, str(err))
+        return steps.Verified(event.get("status") == "healthy", str(event.get("message")), event.get("epoch"),
                         event.get("batch_id"))
 
     def _start(self, deployment: Deployment, restore: RestoreSpec) -> Launch:
@@ -223,14 +195,14 @@ class JobRescale:
             time.sleep(self.options.poll)
         return event
 
-    def _done(self, plan: UpgradePlan, result: dict[str, Any]) -> dict[str, Any]:
+    def _done(self, plan: steps.UpgradePlan, result: dict[str, Any]) -> dict[str, Any]:
         assert plan.launch is not None
         mark_stable(self.store, Launch.from_dict(plan.launch))
         self.say(f"4/5 verified: epoch {result['epoch']} at batch {result['batch_id']}, {plan.partitions} partitions")
         return {key: result[key] for key in ("job", "partitions", "snapshot_id", "rescaled_snapshot_id", "epoch",
                                              "batch_id")}
 
-    def _roll_back(self, plan: UpgradePlan, step: RollBack) -> RolledBack:
+    def _roll_back(self, plan: steps.UpgradePlan, step: steps.RollBack) -> steps.RolledBack:
         if step.dispose:  # a restore strategy must not pick the new partitions up again (the newest savepoint)
             try:
                 dispose_snapshot(self.store, step.dispose, force=True)
@@ -240,4 +212,5 @@ class JobRescale:
         old = plan.old_deployment
         self.say(f"5/5 rolling back: starting {old.job_file} from {step.restore} (the old partitions): {step.why}")
         event = self._verify(self._start(old, step.restore), batches=0)
-        return RolledBack(step.why, event.get("status") == "healthy", str(event.get("message")), event.get("epoch"))
+        healthy = event.get("status") == "healthy"
+        return steps.RolledBack(step.why, healthy, str(event.get("message")), event.get("epoch"))

@@ -34,36 +34,9 @@ from airflow_ckpt_provider.core.outcomes import CHECK_EVENTS, CheckOutcome
 from airflow_ckpt_provider.core.rescaling import parse_partitions
 from airflow_ckpt_provider.core.restorechecks import OUTCOME_GRACE
 from airflow_ckpt_provider.core.snapshots import dispose_snapshot, latest_completed, list_snapshots
+from airflow_ckpt_provider.launcher import upgradesteps as steps
 from airflow_ckpt_provider.launcher.deploy import log_tail
 from airflow_ckpt_provider.launcher.restorecheck import start_check
-from airflow_ckpt_provider.launcher.upgradesteps import (
-    Check,
-    Checked,
-    Done,
-    Fail,
-    NotRetried,
-    Outcome,
-    Refuse,
-    Relaunch,
-    Rescale,
-    Rescaled,
-    RollBack,
-    RolledBack,
-    Running,
-    Start,
-    Started,
-    Stop,
-    StopFailed,
-    Stopped,
-    TakeSavepoint,
-    UpgradePlan,
-    Verified,
-    Verify,
-    next_step,
-    observe_running,
-    observe_stop_failure,
-    prepare,
-)
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink, persist_empty_links
 from airflow_ckpt_provider.operators.arguments import mode_arg, parse_mode
 from airflow_ckpt_provider.operators.base import check_event
@@ -148,56 +121,59 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         ti = context.get("ti")
         hook = self.store_hook
         try:
-            plan, began = prepare(
+            plan, began = steps.prepare(
                 self.job_store(), store_url=hook.store_url, s3=hook.s3_options, what=self._what,
                 job_file=self.job_file, code_version=self.code_version, mode=mode, partitions=self._partitions(),
                 attempt=int(getattr(ti, "try_number", 1) or 1) if ti is not None else 1,
                 submit_hint="submit it first with SubmitStreamingJobOperator; nothing was changed")
-        except NotRetried as err:
+        except steps.NotRetried as err:
             raise AirflowFailException(str(err)) from err
         except ConfigError as err:
             raise AirflowException(str(err)) from err
         return self._drive(context, plan, began)
 
-    def _plan(self, plan: dict[str, Any]) -> UpgradePlan:
+    def _plan(self, plan: dict[str, Any]) -> steps.UpgradePlan:
         """The plan a trigger carried back; what it lacks (a plan of an earlier version) from this task."""
         own = {"job": self.job, "what": self._what, "mode": self._mode().value, "partitions": self._partitions(),
                "new": {"job_file": self.job_file, "code_version": self.code_version}}
-        return UpgradePlan.from_dict(own | plan)
+        return steps.UpgradePlan.from_dict(own | plan)
 
     # -- act: each step as launcher/upgradesteps.py decides it; a wait defers, and resumes in an after_* method --
 
-    def _drive(self, context: Context, plan: UpgradePlan, outcome: Outcome) -> Any:
+    def _drive(self, context: Context, plan: steps.UpgradePlan, outcome: steps.Outcome) -> Any:
         """Act on each step until one waits (it defers; not deferrable: it returns the run's end) or ends the run."""
-        acts: dict[type, Callable[[Context, UpgradePlan, Any], Any]] = {
-            Refuse: self._fail, Fail: self._fail, Relaunch: self._relaunch, Done: self._done, Check: self._check,
-            Stop: self._stop, Rescale: self._rescale, Start: self._start_new, Verify: self._verify,
-            RollBack: self._roll_back, TakeSavepoint: self._fail}
+        acts: dict[type, Callable[[Context, steps.UpgradePlan, Any], Any]] = {
+            steps.Refuse: self._fail, steps.Fail: self._fail, steps.TakeSavepoint: self._fail,
+            steps.Relaunch: self._relaunch, steps.Done: self._done, steps.Check: self._check, steps.Stop: self._stop,
+            steps.Rescale: self._rescale, steps.Start: self._start_new, steps.Verify: self._verify,
+            steps.RollBack: self._roll_back}
         while True:
-            plan, step = next_step(plan, outcome)
+            plan, step = steps.next_step(plan, outcome)
             acted = acts[type(step)](context, plan, step)
-            if not isinstance(acted, Outcome):
+            if not isinstance(acted, steps.Outcome):
                 return acted
             outcome = acted
 
-    def _fail(self, context: Context, plan: UpgradePlan, step: Refuse | Fail | TakeSavepoint) -> NoReturn:
+    def _fail(self, context: Context, plan: steps.UpgradePlan,
+              step: steps.Refuse | steps.Fail | steps.TakeSavepoint) -> NoReturn:
+        """Refused, failed; or a savepoint to check against, which only ``ckpt job rescale`` asks for."""
         raise AirflowException(getattr(step, "message", f"{self._what} of job {self.job}: unexpected step {step}"))
 
-    def _relaunch(self, context: Context, plan: UpgradePlan, step: Relaunch) -> NoReturn:
+    def _relaunch(self, context: Context, plan: steps.UpgradePlan, step: steps.Relaunch) -> NoReturn:
         self._launch(self.job_store(), plan.old_deployment, LATEST_STATE)
         raise AirflowException(step.message)
 
-    def _check(self, context: Context, plan: UpgradePlan, step: Check) -> Any:
+    def _check(self, context: Context, plan: steps.UpgradePlan, step: steps.Check) -> Any:
         try:
             check_id = self._start_check(context, self.job_store(), plan)
         except CkptError as err:
-            return Checked(problem=str(err))
+            return steps.Checked(problem=str(err))
         return self._wait_check(context, check_id, "after_check", plan)
 
-    def _stop(self, context: Context, plan: UpgradePlan, step: Stop) -> Any:
+    def _stop(self, context: Context, plan: steps.UpgradePlan, step: steps.Stop) -> Any:
         if step.epoch is None:
             self._step(2, "no driver runs: nothing to stop")
-            return Stopped(None, _latest(self.job_store()))
+            return steps.Stopped(None, _latest(self.job_store()))
         if step.action is RequestAction.STOP:
             self._step(2, "stop with savepoint (driver of epoch %d)", step.epoch)
         else:
@@ -205,14 +181,14 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         return request_and_wait(self, context, self.job_store(), step.action, timeout=self.stop_timeout,
                                 method_name="after_stop", kwargs={"plan": plan.to_dict()})
 
-    def _rescale(self, context: Context, plan: UpgradePlan, step: Rescale) -> Any:
+    def _rescale(self, context: Context, plan: steps.UpgradePlan, step: steps.Rescale) -> Any:
         try:
             check_id = self._start_rescale(context, self.job_store(), plan, step)
         except CkptError as err:
-            return Rescaled(problem=f"the rescale could not start: {err}")
+            return steps.Rescaled(problem=f"the rescale could not start: {err}")
         return self._wait_check(context, check_id, "after_rescale", plan)
 
-    def _start_check(self, context: Context, store: JobStore, plan: UpgradePlan) -> str:
+    def _start_check(self, context: Context, store: JobStore, plan: steps.UpgradePlan) -> str:
         """Start the restore check detached (its record first); the task then waits for its verdict."""
         partitions, new = plan.partitions, plan.new_deployment
         self._step(1, "checking that %s (code %s) restores the current state%s", new.job_file,
@@ -225,7 +201,7 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
                    check.check_id, check.pid, check.host, check.log_file, self.check_timeout)
         return check.check_id
 
-    def _start_rescale(self, context: Context, store: JobStore, plan: UpgradePlan, step: Rescale) -> str:
+    def _start_rescale(self, context: Context, store: JobStore, plan: steps.UpgradePlan, step: steps.Rescale) -> str:
         """The savepoint repartitioned on a copy and saved as a savepoint of its own, in a detached process."""
         if step.note:
             self._step(2, step.note)
@@ -241,7 +217,7 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
                    check.host, check.log_file, self.check_timeout)
         return check.check_id
 
-    def _wait_check(self, context: Context, check_id: str, method_name: str, plan: UpgradePlan) -> Any:
+    def _wait_check(self, context: Context, check_id: str, method_name: str, plan: steps.UpgradePlan) -> Any:
         # The watch's own deadline (timeout + OUTCOME_GRACE) says "no verdict" before the trigger times out.
         trigger = RestoreCheckTrigger(**self._store_args, check_id=check_id,
                                       timeout=self.check_timeout + OUTCOME_GRACE + 30)
@@ -254,17 +230,17 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
             who += f" run {ti.run_id} try {getattr(ti, 'try_number', 1)}"
         return who
 
-    def _start_new(self, context: Context, plan: UpgradePlan, step: Start) -> Started:
+    def _start_new(self, context: Context, plan: steps.UpgradePlan, step: steps.Start) -> steps.Started:
         if step.note:
             self._step(2, step.note)
         new = plan.new_deployment
         self._step(3, "starting %s (code %s), restore %s", new.job_file, new.code_version or "-", step.restore)
         try:
-            return Started(self._launch(self.job_store(), new, step.restore).to_dict())
+            return steps.Started(self._launch(self.job_store(), new, step.restore).to_dict())
         except AirflowException as err:  # e.g. the job file is missing on this worker: bring the old code back
-            return Started(problem=str(err))
+            return steps.Started(problem=str(err))
 
-    def _verify(self, context: Context, plan: UpgradePlan, step: Verify) -> Any:
+    def _verify(self, context: Context, plan: steps.UpgradePlan, step: steps.Verify) -> Any:
         assert plan.launch is not None  # the plan records the launch before it asks to verify it
         criteria = HealthCriteria(started_after=Launch.from_dict(plan.launch).launched_at,
                                   min_batches=int(self.verify_batches), start_timeout=self.verify_timeout,
@@ -273,7 +249,7 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         trigger = JobHealthTrigger(**self._store_args, criteria=criteria, timeout=self.verify_timeout)
         return self.wait(context, trigger=trigger, method_name="after_verify", kwargs={"plan": plan.to_dict()})
 
-    def _done(self, context: Context, plan: UpgradePlan, step: Done) -> dict[str, Any]:
+    def _done(self, context: Context, plan: steps.UpgradePlan, step: steps.Done) -> dict[str, Any]:
         assert plan.launch is not None
         store, result = self.job_store(), step.result
         mark_stable(store, Launch.from_dict(plan.launch))
@@ -283,7 +259,7 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
                    result["batch_id"], plan.new.get("code_version") or plan.new.get("job_file"))
         return result
 
-    def _roll_back(self, context: Context, plan: UpgradePlan, step: RollBack) -> Any:
+    def _roll_back(self, context: Context, plan: steps.UpgradePlan, step: steps.RollBack) -> Any:
         store = self.job_store()
         if step.dispose:
             try:
@@ -308,36 +284,37 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         try:
             event = check_event(event, CHECK_EVENTS, "restore check")
         except AirflowException as err:  # timed out, the trigger failed: no verdict
-            return self._drive(context, self._plan(plan), Checked(problem=str(err)))
-        running = Running()
+            return self._drive(context, self._plan(plan), steps.Checked(problem=str(err)))
+        running = steps.Running()
         if event["status"] == CheckOutcome.COMPATIBLE:
             self._step(1, "compatible: Spark restored snapshot %s (batch %s) with the new code%s",
                        event.get("snapshot_id"), event.get("batch_id"), f", in {event['state_partitions']} state "
                        "partitions" if event.get("state_partitions") else "")
-            running = observe_running(self.job_store())
-        return self._drive(context, self._plan(plan),
-                           Checked(event["status"], event.get("reason"), event.get("snapshot_id"), running=running))
+            running = steps.observe_running(self.job_store())
+        verdict = steps.Checked(event["status"], event.get("reason"), event.get("snapshot_id"), running=running)
+        return self._drive(context, self._plan(plan), verdict)
 
     def after_stop(self, context: Context, event: dict[str, Any], plan: dict[str, Any]) -> Any:
         store = self.job_store()
         try:
             snapshot_id = ack_result(self, context, event)["snapshot_id"]
         except AirflowException as err:
-            seen, epoch = observe_stop_failure(store)
-            return self._drive(context, self._plan(plan), StopFailed(str(err), seen, epoch))
-        return self._drive(context, self._plan(plan), Stopped(snapshot_id, None if snapshot_id else _latest(store)))
+            seen, epoch = steps.observe_stop_failure(store)
+            return self._drive(context, self._plan(plan), steps.StopFailed(str(err), seen, epoch))
+        stopped = steps.Stopped(snapshot_id, None if snapshot_id else _latest(store))
+        return self._drive(context, self._plan(plan), stopped)
 
     def after_rescale(self, context: Context, event: dict[str, Any], plan: dict[str, Any]) -> Any:
         """The repartitioned savepoint, or why there is none."""
         try:
             event = check_event(event, CHECK_EVENTS, "rescale")
         except AirflowException as err:
-            return self._drive(context, self._plan(plan), Rescaled(problem=str(err)))
+            return self._drive(context, self._plan(plan), steps.Rescaled(problem=str(err)))
         rescaled = event.get("rescaled_snapshot_id")
         if event["status"] == CheckOutcome.COMPATIBLE and rescaled:
             self._step(3, "savepoint %s holds the state in %s partitions (rescaled from %s)", rescaled,
                        event.get("state_partitions"), plan.get("snapshot_id"))
-        return self._drive(context, self._plan(plan), Rescaled(event["status"], event.get("reason"), rescaled))
+        return self._drive(context, self._plan(plan), steps.Rescaled(event["status"], event.get("reason"), rescaled))
 
     def after_verify(self, context: Context, event: dict[str, Any], plan: dict[str, Any]) -> Any:
         healthy, why = self._healthy(event)
@@ -348,13 +325,13 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
             self.log.error("%s of job %s: the new code failed verification: %s%s", self._what, self.job, why,
                            f"\nlast lines of its log:\n{tail}" if tail else "")
         return self._drive(context, self._plan(plan),
-                           Verified(healthy, why, event.get("epoch"), event.get("batch_id")))
+                           steps.Verified(healthy, why, event.get("epoch"), event.get("batch_id")))
 
     def after_rollback(self, context: Context, event: dict[str, Any], plan: dict[str, Any], why: str) -> Any:
         healthy, rollback_why = self._healthy(event)
         if healthy:
             SparkUILink.persist(context, event.get("ui_url"))
-        return self._drive(context, self._plan(plan), RolledBack(why, healthy, rollback_why, event.get("epoch")))
+        return self._drive(context, self._plan(plan), steps.RolledBack(why, healthy, rollback_why, event.get("epoch")))
 
     def _healthy(self, event: dict[str, Any]) -> tuple[bool, str]:
         if event.get("status") == "timeout":
@@ -399,4 +376,4 @@ class RescaleStreamingJobOperator(UpgradeStreamingJobOperator):
         if self._partitions() is None:
             raise AirflowException(f"rescale of job {self.job}: expected partitions (a whole number >= 1), found "
                                    f"{self.partitions!r}; nothing was changed")
-        return super().execute(context)  # job_file "": the running code (launcher/upgradesteps.py prepare)
+        return super().execute(context)  # job_file "": the running code (launcher/upgradesteps.py steps.prepare)
