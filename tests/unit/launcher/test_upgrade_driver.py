@@ -1,25 +1,29 @@
-"""``ckpt job rescale``'s driver (launcher/rescale.py JobRescale): it acts on the steps launcher/upgradesteps.py
-decides, in the foreground, one line per step. Spark, the driver and the launch are fakes here (the real ones:
-integration/test_rescale.py)."""
+"""``ckpt job rescale|upgrade``'s driver (launcher/upgrade.py JobUpgrade): it acts on the steps
+launcher/upgradesteps.py decides, in the foreground, one line per step. Spark, the driver and the launch are fakes
+here (the real ones: integration/test_rescale.py, integration/test_cli_job.py)."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core.control import Ack, Outcome, open_requests
+from airflow_ckpt_provider.cli.main import main
+from airflow_ckpt_provider.core.control import Ack, Outcome, RequestAction, open_requests
 from airflow_ckpt_provider.core.deployments import read_launch
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.jobstore import SPEC_STABLE, JobStore
+from airflow_ckpt_provider.core.modes import UpgradeMode
 from airflow_ckpt_provider.core.outcomes import CheckOutcome
 from airflow_ckpt_provider.core.status import JobState
-from airflow_ckpt_provider.launcher import rescale
-from airflow_ckpt_provider.launcher.rescale import JobRescale, RescaleFailed, RescaleOptions
+from airflow_ckpt_provider.launcher import upgrade
+from airflow_ckpt_provider.launcher.upgrade import JobUpgrade, UpgradeFailed, UpgradeOptions
 from airflow_ckpt_provider.runtime.restoreverdict import RestoreCheck
 from tests.support.operatorfakes import (
     ORDERS_V1,
+    ORDERS_V2,
     RESCALED_SID,
     SID,
     FakeLaunch,
@@ -39,10 +43,10 @@ class World:
         self.rescale_outcome = CheckOutcome.COMPATIBLE
         self.stop_answers = True
         self.healthy = [True]
-        monkeypatch.setattr(rescale, "check_restore", self.check_restore)
-        monkeypatch.setattr(rescale, "wait_ack", self.wait_ack)
-        monkeypatch.setattr(rescale, "launch", self.launches)
-        monkeypatch.setattr(rescale, "JobHealthWatch", self.watch)
+        monkeypatch.setattr(upgrade, "check_restore", self.check_restore)
+        monkeypatch.setattr(upgrade, "wait_ack", self.wait_ack)
+        monkeypatch.setattr(upgrade, "launch", self.launches)
+        monkeypatch.setattr(upgrade, "JobHealthWatch", self.watch)
 
     def check_restore(self, spec: Any, timeout: float, *, env: Any = None) -> RestoreCheck:
         save = bool(spec.config.save_rescaled)
@@ -56,8 +60,9 @@ class World:
         [request] = [r for r in open_requests(store) if r.id == request_id]
         if not self.stop_answers:
             return None
-        return Ack(request_id, request.action, Outcome.COMPLETED, "done", request.epoch, time.time(), snapshot_id=SID,
-                   batch_id=7)
+        snapshot = None if request.action is RequestAction.CANCEL else SID
+        return Ack(request_id, request.action, Outcome.COMPLETED, "done", request.epoch, time.time(),
+                   snapshot_id=snapshot, batch_id=7)
 
     def watch(self, store: JobStore, criteria: Any) -> Any:
         healthy = self.healthy.pop(0)
@@ -73,9 +78,9 @@ class World:
 
         return Watch()
 
-    def run(self, partitions: int = 5) -> dict[str, Any]:
-        options = RescaleOptions(partitions, poll=0.01, verify_timeout=5)
-        return JobRescale(self.store, str(self.store.storage.url), None, options, say=self.said.append,
+    def run(self, partitions: int | None = 5, **upgrade: Any) -> dict[str, Any]:
+        options = UpgradeOptions(partitions, poll=0.01, verify_timeout=5, **upgrade)
+        return JobUpgrade(self.store, str(self.store.storage.url), None, options, say=self.said.append,
                           launched_by="test").run()
 
 
@@ -100,7 +105,7 @@ def test_a_rescale_checks_stops_repartitions_starts_and_verifies_saying_each_ste
 
 def test_a_failed_verification_rolls_back_to_the_stops_savepoint(world: World) -> None:
     world.healthy = [False, True]
-    with pytest.raises(RescaleFailed) as info:
+    with pytest.raises(UpgradeFailed) as info:
         world.run()
     new, old = world.launches.calls
     assert (str(new.restore), str(old.restore), old.deployment.job_file) == (RESCALED_SID, SID, ORDERS_V1)
@@ -112,7 +117,7 @@ def test_a_failed_verification_rolls_back_to_the_stops_savepoint(world: World) -
 
 def test_a_failed_repartition_rolls_back_before_anything_new_starts(world: World) -> None:
     world.rescale_outcome = CheckOutcome.INCOMPATIBLE
-    with pytest.raises(RescaleFailed, match=rf"\(the rescale of savepoint {SID} to 5 partitions: incompatible: "
+    with pytest.raises(UpgradeFailed, match=rf"\(the rescale of savepoint {SID} to 5 partitions: incompatible: "
                                             r"repartitioned\); rolled back"):
         world.run()
     [old] = world.launches.calls
@@ -121,7 +126,7 @@ def test_a_failed_repartition_rolls_back_before_anything_new_starts(world: World
 
 def test_a_stop_without_an_answer_fails_and_starts_nothing(world: World) -> None:
     world.stop_answers = False
-    with pytest.raises(RescaleFailed) as info:
+    with pytest.raises(UpgradeFailed) as info:
         world.run()
     assert str(info.value) == (
         "rescale of job orders: the stop with savepoint did not complete (no answer); the stop may still be under "
@@ -143,3 +148,45 @@ def test_a_stopped_job_is_rescaled_from_its_final_savepoint_without_a_stop(world
     world.run()
     assert world.said[0].endswith("rescaling it from there") and world.checks == [(SID, True)]
     assert open_requests(world.store) == []
+
+
+# -- ckpt job upgrade ---------------------------------------------------------------------------------------------
+
+
+def test_an_upgrade_checks_the_new_code_stops_with_savepoint_and_starts_it_from_the_savepoint(world: World) -> None:
+    result = world.run(None, job_file=ORDERS_V2, code_version="v2")
+    assert result == {"job": "orders", "from_version": "v1", "to_version": "v2", "upgrade_mode": "savepoint",
+                      "snapshot_id": SID, "epoch": 4, "batch_id": 9, "partitions": None, "rescaled_snapshot_id": None}
+    assert world.checks == [("latest-state", False)]  # no repartition
+    assert [line[:3] for line in world.said] == ["1/5", "1/5", "2/5", "2/5", "4/5", "4/5"]
+    assert world.said[0] == f"1/5 checking that {ORDERS_V2} (code v2) restores the latest state (on a copy)"
+    assert world.said[-1] == "4/5 verified: epoch 4 at batch 9; v2 is the stable deployment"
+    [started] = world.launches.calls
+    assert (started.deployment.job_file, started.deployment.code_version, str(started.restore)) == (ORDERS_V2, "v2",
+                                                                                                     SID)
+
+
+def test_an_upgrade_in_last_state_mode_cancels_and_rolls_back_to_the_latest_snapshot(world: World) -> None:
+    world.healthy = [False, True]
+    with pytest.raises(UpgradeFailed) as info:
+        world.run(None, job_file=ORDERS_V2, code_version="v2", mode=UpgradeMode.LAST_STATE)
+    assert [r.action for r in open_requests(world.store)] == [RequestAction.CANCEL]
+    assert "2/5 cancelled at batch 7" in world.said
+    new, old = world.launches.calls
+    assert (str(new.restore), old.deployment.job_file, str(old.restore)) == ("latest-state", ORDERS_V1, SID)
+    assert str(info.value) == ("upgrade of job orders to v2 failed verification (job orders: expected it healthy, "
+                               f"found FAILED); rolled back to v1 from {SID}: the old code runs again (epoch 4)")
+
+
+def test_ckpt_job_upgrade_prints_where_the_job_went(world: World, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    store = str(tmp_path / "store")  # the store fixture's root
+    assert main(["job", "upgrade", "--store", store, "--job", "orders", "--job-file", ORDERS_V2, "--code-version",
+                 "v2", "--verify-timeout", "5"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == f"upgraded job orders to v2 (savepoint, from {SID}), running at epoch 4, batch 9"
+    assert "2/5 stopping the driver of epoch 3 with a savepoint" in err
+    assert main(["job", "upgrade", "--store", store, "--job", "orders", "--job-file", ORDERS_V2, "--partitions", "3",
+                 "--upgrade-mode", "last-state"]) == 1
+    _, err = capsys.readouterr()
+    assert "partitions=3 with upgrade_mode last-state; a rescale goes through a savepoint" in err

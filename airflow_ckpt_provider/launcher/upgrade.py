@@ -1,15 +1,18 @@
-"""``ckpt job rescale``: the rescale of a recorded deployment from a terminal, one step after another.
+"""``ckpt job rescale`` and ``ckpt job upgrade``: a recorded deployment rescaled or upgraded from a terminal, one
+step after another.
 
-The steps of RescaleStreamingJobOperator, decided by the same function (launcher/upgradesteps.py next_step);
-here each waits in the foreground instead of in Airflow's triggerer, and each says what it does on one line.
+The steps of RescaleStreamingJobOperator and UpgradeStreamingJobOperator, decided by the same function
+(launcher/upgradesteps.py next_step); here each waits in the foreground instead of in Airflow's triggerer, and
+each says what it does on one line.
 
-1. check: the job's code runs on a copy of its latest state repartitioned into N partitions (refused here,
-   before anything stops: stateless, HDFS-backed state, the same count, Spark's own refusal);
-2. stop with savepoint S;
-3. repartition S on a copy and save it as savepoint R (trigger ``rescale``), once the job's empty batch ran
-   on it;
-4. start the deployment from R and verify ``verify_batches`` batches;
-5. anything failing after the stop: R disposed, the deployment started again from S (the old partitions).
+1. check: the new code (a rescale: the job's code) runs on a copy of its latest state, repartitioned into N
+   partitions for a rescale (refused here, before anything stops: stateless, HDFS-backed state, the same count,
+   Spark's own refusal);
+2. stop with savepoint S (an upgrade in last-state or stateless mode: cancel);
+3. a rescale: repartition S on a copy and save it as savepoint R (trigger ``rescale``), once the job's empty
+   batch ran on it;
+4. start the new deployment from R (S, the latest state, no state) and verify ``verify_batches`` batches;
+5. anything failing after the stop: R disposed, the old deployment started again from S (the old partitions).
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.faults import crash_point
 from airflow_ckpt_provider.core.health import HealthCriteria
 from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec
-from airflow_ckpt_provider.core.snapshots import dispose_snapshot
+from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec, UpgradeMode
+from airflow_ckpt_provider.core.snapshots import dispose_snapshot, latest_completed, list_snapshots
 from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
 from airflow_ckpt_provider.launcher import upgradesteps as steps
@@ -38,31 +41,41 @@ from airflow_ckpt_provider.runtime.restoreverdict import RestoreCheck
 log = logging.getLogger(__name__)
 
 #: How to record a deployment, for a job without one.
-SUBMIT_HINT = ("`ckpt job rescale` restarts the job as it was launched, so it must have been launched by an operator "
-               "or `ckpt job rescale` before. For a job you run yourself: stop it with a savepoint, then `ckpt run ... "
-               "--check-restore --restore SAVEPOINT --rescale-to N --save-rescaled`, and start it from the savepoint "
-               "that prints")
+SUBMIT_HINT = ("`ckpt job {verb}` restarts the job as it was launched, so it must have been launched by an operator "
+               "or `ckpt job rescale|upgrade` before. For a job you run yourself: stop it with a savepoint, then `ckpt "
+               "run ... --check-restore --restore SAVEPOINT --rescale-to N --save-rescaled`, and start it from the "
+               "savepoint that prints")
 
 
-class RescaleFailed(CkptError):
-    """The rescale failed after the job stopped; the message says where the job is now (rolled back or not)."""
+class UpgradeFailed(CkptError):
+    """The run failed after the job stopped; the message says where the job is now (rolled back or not)."""
 
 
 @dataclass(frozen=True)
-class RescaleOptions:
-    partitions: int
+class UpgradeOptions:
+    """``partitions`` alone: a rescale of the running code; ``job_file``: an upgrade (with ``partitions``: both)."""
+
+    partitions: int | None = None
     check_timeout: float = 600.0
     stop_timeout: float = 300.0
     verify_batches: int = 2
     verify_timeout: float = 300.0
     poll: float = 1.0
+    job_file: str | None = None
+    code_version: str | None = None
+    mode: UpgradeMode = UpgradeMode.SAVEPOINT
+    allow_non_restored_state: bool = False
+
+    @property
+    def what(self) -> str:
+        return steps.UPGRADE if self.job_file else steps.RESCALE
 
 
-class JobRescale:
-    """One rescale of ``store``'s job; ``run()`` returns the result or raises ConfigError (refused, nothing
-    changed) or RescaleFailed (after the stop; rolled back when possible)."""
+class JobUpgrade:
+    """One rescale or upgrade of ``store``'s job; ``run()`` returns the result or raises ConfigError (refused,
+    nothing changed) or UpgradeFailed (after the stop; rolled back when possible)."""
 
-    def __init__(self, store: JobStore, store_url: str, s3: S3Options | None, options: RescaleOptions, *,
+    def __init__(self, store: JobStore, store_url: str, s3: S3Options | None, options: UpgradeOptions, *,
                  say: Callable[[str], None], launched_by: str) -> None:
         self.store, self.store_url, self.s3, self.options = store, store_url, s3, options
         self.say, self.launched_by = say, launched_by
@@ -70,8 +83,10 @@ class JobRescale:
 
     def run(self) -> dict[str, Any]:
         outcome: steps.Outcome
-        plan, outcome = steps.prepare(self.store, store_url=self.store_url, s3=self.s3, what=steps.RESCALE,
-                                      partitions=self.options.partitions, submit_hint=SUBMIT_HINT,
+        o = self.options
+        plan, outcome = steps.prepare(self.store, store_url=self.store_url, s3=self.s3, what=o.what,
+                                      job_file=o.job_file, code_version=o.code_version, mode=o.mode,
+                                      partitions=o.partitions, submit_hint=SUBMIT_HINT.format(verb=o.what),
                                       savepoint_first=True)
         while True:
             plan, step = steps.next_step(plan, outcome)
@@ -79,10 +94,10 @@ class JobRescale:
                 case steps.Refuse(message=message):
                     raise ConfigError(message)
                 case steps.Fail(message=message):
-                    raise RescaleFailed(message)
+                    raise UpgradeFailed(message)
                 case steps.Relaunch(message=message):  # pragma: no cover (this driver does not observe a failed stop)
                     self._start(plan.old_deployment, LATEST_STATE)
-                    raise RescaleFailed(message)
+                    raise UpgradeFailed(message)
                 case steps.Done(result=result):
                     return self._done(plan, result)
                 case steps.TakeSavepoint(epoch=epoch):
@@ -92,8 +107,8 @@ class JobRescale:
                     outcome = steps.Saved(why)
                 case steps.Check():
                     outcome = self._check_latest(plan)
-                case steps.Stop(epoch=epoch):
-                    outcome = self._stop(epoch)
+                case steps.Stop():
+                    outcome = self._stop(step)
                 case steps.Rescale():
                     outcome = self._rescale(plan, step)
                 case steps.Start():
@@ -103,12 +118,13 @@ class JobRescale:
                 case steps.RollBack():
                     outcome = self._roll_back(plan, step)
 
-    def _request(self, action: RequestAction, epoch: int | None) -> tuple[Ack | None, str | None]:
-        """A savepoint or stop with savepoint of the driver of ``epoch``: its ack, or why it did not complete."""
-        assert epoch is not None  # a rescale stops a running driver (a stopped job has nothing to stop)
+    def _request(self, action: RequestAction, epoch: int) -> tuple[Ack | None, str | None]:
+        """A savepoint, a stop with savepoint (completed with its snapshot) or a cancel of the driver of ``epoch``:
+        its ack, or why it did not complete."""
         request = submit_request(self.store, action, epoch, requested_by=self.launched_by)
         ack = wait_ack(self.store, request.id, self.options.stop_timeout, poll=self.options.poll)
-        if ack is None or ack.outcome is not Outcome.COMPLETED or not ack.snapshot_id:
+        snapshot = ack is not None and (ack.snapshot_id or action is RequestAction.CANCEL)
+        if ack is None or ack.outcome is not Outcome.COMPLETED or not snapshot:
             return ack, "no answer" if ack is None else f"{ack.outcome.value}: {ack.message}"
         return ack, None
 
@@ -116,33 +132,48 @@ class JobRescale:
         deployment = plan.new_deployment
         spec = check_spec(submit_spec(deployment, self.job, self.store_url, restore, self.s3,
                                       check_restore=True, rescale_to=self.options.partitions,
-                                      save_rescaled=save),
+                                      save_rescaled=save,
+                                      allow_non_restored_state=self.options.allow_non_restored_state),
                           self.options.check_timeout)
         return check_restore(spec, self.options.check_timeout, env=deployment.env)
 
     def _check_latest(self, plan: steps.UpgradePlan) -> steps.Checked:
-        n = self.options.partitions
-        self.say(f"1/5 checking that {plan.new['job_file']} runs on its latest state repartitioned into {n} "
-                 "partitions (on a copy)")
+        n, new = self.options.partitions, plan.new_deployment
+        if plan.what == steps.RESCALE:
+            self.say(f"1/5 checking that {new.job_file} runs on its latest state repartitioned into {n} partitions "
+                     "(on a copy)")
+        else:
+            self.say(f"1/5 checking that {new.job_file} (code {new.code_version or '-'}) restores the latest state"
+                     + (f" repartitioned into {n} partitions" if n else "") + " (on a copy)")
         try:
             checked = self._check(plan, LATEST_STATE, save=False)
         except ConfigError as err:  # bad input: Spark or the check refused
             return steps.Checked(problem=str(err))
         running = steps.Running()
         if checked.compatible:
-            self.say(f"1/5 compatible: snapshot {checked.snapshot_id} (batch {checked.batch_id}) in {n} partitions, "
-                     f"{checked.seconds} s")
+            self.say(f"1/5 compatible: snapshot {checked.snapshot_id} (batch {checked.batch_id})"
+                     + (f" in {n} partitions" if n else "") + f", {checked.seconds} s")
             running = steps.observe_running(self.store)  # it may have changed meanwhile
         return steps.Checked(checked.outcome.value, checked.reason, checked.snapshot_id, running=running)
 
-    def _stop(self, epoch: int | None) -> steps.Outcome:
-        self.say(f"2/5 stopping the driver of epoch {epoch} with a savepoint")
-        ack, why = self._request(RequestAction.STOP, epoch)
-        if why is not None or ack is None:
-            return steps.StopFailed(f"the stop with savepoint did not complete ({why})")
-        self.say(f"2/5 stopped with savepoint {ack.snapshot_id} at batch {ack.batch_id}")
-        crash_point("rescale.after-stop")
-        return steps.Stopped(ack.snapshot_id)
+    def _stop(self, step: steps.Stop) -> steps.Outcome:
+        what = "stop with savepoint" if step.action is RequestAction.STOP else "cancel"
+        if step.epoch is None:
+            self.say("2/5 no driver runs: nothing to stop")
+            ack, why = None, None
+        else:
+            self.say(f"2/5 stopping the driver of epoch {step.epoch} " + (
+                "with a savepoint" if step.action is RequestAction.STOP else f"({self.options.mode}: cancel)"))
+            ack, why = self._request(step.action, step.epoch)
+            if why is not None or ack is None:
+                return steps.StopFailed(f"the {what} did not complete ({why})")
+            self.say(f"2/5 stopped with savepoint {ack.snapshot_id} at batch {ack.batch_id}" if ack.snapshot_id else
+                     f"2/5 cancelled at batch {ack.batch_id}")
+        crash_point(f"{self.options.what}.after-stop")
+        if ack is not None and ack.snapshot_id:
+            return steps.Stopped(ack.snapshot_id)
+        latest = latest_completed(list_snapshots(self.store))  # the rollback's source
+        return steps.Stopped(None, latest.snapshot_id if latest else None)
 
     def _rescale(self, plan: steps.UpgradePlan, step: steps.Rescale) -> steps.Rescaled:
         if step.note:
@@ -166,7 +197,7 @@ class JobRescale:
             record = self._start(plan.new_deployment, step.restore)
         except CkptError as err:
             return steps.Started(problem=f"cannot launch job {self.job}: {err}")
-        crash_point("rescale.after-start")
+        crash_point(f"{self.options.what}.after-start")
         return steps.Started(record.to_dict())
 
     def _verify_new(self, plan: steps.UpgradePlan) -> steps.Verified:
@@ -176,7 +207,7 @@ class JobRescale:
         except CkptError as err:  # the job store unreachable meanwhile: no verdict, roll back
             return steps.Verified(False, str(err))
         return steps.Verified(event.get("status") == "healthy", str(event.get("message")), event.get("epoch"),
-                        event.get("batch_id"))
+                              event.get("batch_id"))
 
     def _start(self, deployment: Deployment, restore: RestoreSpec) -> Launch:
         return launch(self.store, deployment, restore=restore, store_url=self.store_url, s3=self.s3,
@@ -198,6 +229,10 @@ class JobRescale:
     def _done(self, plan: steps.UpgradePlan, result: dict[str, Any]) -> dict[str, Any]:
         assert plan.launch is not None
         mark_stable(self.store, Launch.from_dict(plan.launch))
+        if plan.what == steps.UPGRADE:
+            self.say(f"4/5 verified: epoch {result['epoch']} at batch {result['batch_id']}; "
+                     f"{plan.new.get('code_version') or plan.new['job_file']} is the stable deployment")
+            return result
         self.say(f"4/5 verified: epoch {result['epoch']} at batch {result['batch_id']}, {plan.partitions} partitions")
         return {key: result[key] for key in ("job", "partitions", "snapshot_id", "rescaled_snapshot_id", "epoch",
                                              "batch_id")}
@@ -210,7 +245,8 @@ class JobRescale:
                 log.warning("job %s: savepoint %s (the new partitions) was not disposed: %s", self.job, step.dispose,
                             dispose_err)
         old = plan.old_deployment
-        self.say(f"5/5 rolling back: starting {old.job_file} from {step.restore} (the old partitions): {step.why}")
+        self.say(f"5/5 rolling back: starting {old.job_file} from {step.restore} (the old "
+                 f"{'code' if plan.what == steps.UPGRADE else 'partitions'}): {step.why}")
         event = self._verify(self._start(old, step.restore), batches=0)
         healthy = event.get("status") == "healthy"
         return steps.RolledBack(step.why, healthy, str(event.get("message")), event.get("epoch"))
