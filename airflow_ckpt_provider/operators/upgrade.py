@@ -1,6 +1,8 @@
 """Upgrade a running job to new code, keeping its state; roll back if the new code does not make progress.
 
-Observe, decide, act one step at a time (the Flink Kubernetes Operator's upgrade):
+Observe, decide, act one step at a time (the Flink Kubernetes Operator's upgrade). The steps, refusals and
+decisions are launcher/upgradesteps.py's (``prepare``, ``next_step``), shared with ``ckpt job rescale|upgrade``;
+these operators only act: they start each step, defer with its trigger, and feed the event back on resume.
 
 1. check: the new code restores the current state (Spark plans a batch on a scratch copy of the latest
    snapshot: state operators, partitions, schemas), in a process of its own whose verdict the task waits for
