@@ -7,7 +7,7 @@ For each size, one deployment of bench/jobs/keys_count.py (a count per key over 
 fed one file of SIZE distinct keys: its state then holds SIZE keys. Then, side by side on that job:
 
 1. plain: stop with savepoint, start again from it, to the first batch of a new 10-key file;
-2. rescale to 5 partitions (``ckpt job rescale``'s steps, launcher/rescale.py): the check (a savepoint to check
+2. rescale to 5 partitions (``ckpt job rescale``'s steps, launcher/upgrade.py): the check (a savepoint to check
    against, then a spark-submit that restores it on a copy, repartitions and runs one empty batch), the stop with
    savepoint, the repartition of that savepoint on a copy and its save as a savepoint, the start from it to the
    first batch of a new 10-key file.
@@ -41,7 +41,7 @@ from airflow_ckpt_provider.core.status import JobState, read_status
 from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.embedded import EmbeddedS3
 from airflow_ckpt_provider.launcher.deploy import launch
-from airflow_ckpt_provider.launcher.rescale import JobRescale, RescaleOptions
+from airflow_ckpt_provider.launcher.upgrade import JobUpgrade, UpgradeOptions
 
 JOB = Path(__file__).parent / "jobs" / "keys_count.py"
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -105,8 +105,8 @@ class Bench:
                     feed(inp, 2, NEW_KEYS, "newer")
 
             began = time.time()
-            JobRescale(store, self.store_url, self.options,
-                       RescaleOptions(self.to, verify_batches=1, check_timeout=TIMEOUT, stop_timeout=TIMEOUT,
+            JobUpgrade(store, self.store_url, self.options,
+                       UpgradeOptions(self.to, verify_batches=1, check_timeout=TIMEOUT, stop_timeout=TIMEOUT,
                                       verify_timeout=TIMEOUT),
                        say=progress, launched_by="rescale_bench").run()
             starting = _mark(marks, "4/5 starting")

@@ -11,13 +11,17 @@ import argparse
 import json
 import sys
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_ckpt_provider.cli.common import add_store_args, emit, open_job_store, progress
 from airflow_ckpt_provider.core.control import Ack, Outcome, Request, RequestAction, submit_request, wait_ack
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.jobview import JobView, check_can_request, observe, state_text, when
 from airflow_ckpt_provider.core.lease import LeaseRecord
+from airflow_ckpt_provider.core.modes import UpgradeMode
+
+if TYPE_CHECKING:
+    from airflow_ckpt_provider.core.jobstore import JobStore
 
 EXIT_ERROR = 1
 EXIT_TIMEOUT = 4
@@ -142,27 +146,53 @@ def cmd_request(args: argparse.Namespace) -> int:
 
 
 def cmd_rescale(args: argparse.Namespace) -> int:
-    import getpass
-    import socket
-
-    from airflow_ckpt_provider.cli.common import s3_options
-    from airflow_ckpt_provider.core.rescaling import parse_partitions
-    from airflow_ckpt_provider.launcher.rescale import JobRescale, RescaleOptions
-
-    try:
-        partitions = parse_partitions(args.partitions)
-    except ValueError as err:
-        raise ConfigError(f"--{err}") from None
-    options = RescaleOptions(partitions, check_timeout=args.check_timeout, stop_timeout=args.stop_timeout,
-                             verify_batches=args.verify_batches, verify_timeout=args.verify_timeout)
-    store = open_job_store(args)
-    rescale = JobRescale(store, args.store, s3_options(args), options, say=progress,
-                         launched_by=f"{getpass.getuser()}@{socket.gethostname()} (ckpt job rescale)")
-    result = rescale.run()
+    partitions = _partitions(args.partitions)
+    assert partitions is not None  # required
+    store, result = _run_upgrade(args, partitions, "rescale")
     emit(args, result, lambda: (f"rescaled job {store.job} to {partitions} state partitions: savepoint "
                                 f"{result['rescaled_snapshot_id']} (from {result['snapshot_id']}), running at epoch "
                                 f"{result['epoch']}, batch {result['batch_id']}"))
     return 0
+
+
+def cmd_upgrade(args: argparse.Namespace) -> int:
+    store, result = _run_upgrade(args, _partitions(args.partitions), "upgrade")
+    moved = result["to_version"] or args.job_file
+    if result["partitions"] is not None:
+        moved += f" with {result['partitions']} state partitions"
+    emit(args, result, lambda: (f"upgraded job {store.job} to {moved} ({result['upgrade_mode']}, from "
+                                f"{result['snapshot_id'] or 'its latest state'}), running at epoch {result['epoch']}, "
+                                f"batch {result['batch_id']}"))
+    return 0
+
+
+def _partitions(value: str | None) -> int | None:
+    from airflow_ckpt_provider.core.rescaling import parse_partitions
+
+    if value is None:
+        return None
+    try:
+        return parse_partitions(value)
+    except ValueError as err:
+        raise ConfigError(f"--{err}") from None
+
+
+def _run_upgrade(args: argparse.Namespace, partitions: int | None, verb: str) -> tuple[JobStore, dict[str, Any]]:
+    """``ckpt job rescale|upgrade``: the steps of launcher/upgrade.py, each said on a line of stderr."""
+    import getpass
+    import socket
+
+    from airflow_ckpt_provider.cli.common import s3_options
+    from airflow_ckpt_provider.launcher.upgrade import JobUpgrade, UpgradeOptions
+
+    upgrade = {"job_file": args.job_file, "code_version": args.code_version, "mode": UpgradeMode(args.upgrade_mode),
+               "allow_non_restored_state": args.allow_non_restored_state} if verb == "upgrade" else {}
+    options = UpgradeOptions(partitions, check_timeout=args.check_timeout, stop_timeout=args.stop_timeout,
+                             verify_batches=args.verify_batches, verify_timeout=args.verify_timeout, **upgrade)
+    store = open_job_store(args)
+    run = JobUpgrade(store, args.store, s3_options(args), options, say=progress,
+                     launched_by=f"{getpass.getuser()}@{socket.gethostname()} (ckpt job {verb})")
+    return store, run.run()
 
 
 def _json(data: Any) -> str:
@@ -174,7 +204,8 @@ def _json(data: Any) -> str:
 
 def add_job_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """`ckpt job status|savepoint|stop|cancel`, with the same common options as `ckpt snapshot`."""
-    job = groups.add_parser("job", help="a job's status; savepoint, stop or cancel of its running driver; rescale")
+    job = groups.add_parser("job", help="a job's status; savepoint, stop or cancel of its running driver; rescale, "
+                            "upgrade")
     sub = job.add_subparsers(dest="command", required=True)
     p = sub.add_parser("status", help="state, epoch, batch, heartbeat, last snapshot and lease of a job")
     add_store_args(p)
@@ -197,11 +228,29 @@ def add_job_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]
     add_store_args(p)
     p.set_defaults(fn=cmd_rescale)
     p.add_argument("--partitions", required=True, metavar="N", help="the state partitions to rescale to")
+    _add_step_args(p)
+    p = sub.add_parser("upgrade", help="upgrade a recorded deployment to new code keeping its state: the new code "
+                       "checked on a copy of the state first, the job verified after, rolled back if it fails")
+    add_store_args(p)
+    p.set_defaults(fn=cmd_upgrade)
+    p.add_argument("--job-file", required=True, metavar="F", help="the new code: the Python file defining the job")
+    p.add_argument("--code-version", metavar="V", help="the new code's version (recorded, shown in the status)")
+    p.add_argument("--upgrade-mode", choices=[m.value for m in UpgradeMode], default=UpgradeMode.SAVEPOINT.value,
+                   help="savepoint (stop with savepoint, restore it; default), last-state (cancel, restore the latest "
+                        "checkpoint) or stateless (cancel, start without state)")
+    p.add_argument("--partitions", metavar="N", help="also rescale the state to N partitions (savepoint mode)")
+    p.add_argument("--allow-non-restored-state", action="store_true",
+                   help="let the new code drop state of operators it no longer has")
+    _add_step_args(p)
+
+
+def _add_step_args(p: argparse.ArgumentParser) -> None:
+    """The timeouts of the steps of `ckpt job rescale|upgrade`."""
     p.add_argument("--check-timeout", type=float, default=600.0, metavar="S",
                    help="seconds for each of the check and the repartition (default 600)")
     p.add_argument("--stop-timeout", type=float, default=300.0, metavar="S",
                    help="seconds for the stop with savepoint (default 300)")
     p.add_argument("--verify-batches", type=int, default=2, metavar="N",
-                   help="batches the rescaled job must complete (default 2)")
+                   help="batches the new deployment must complete (default 2)")
     p.add_argument("--verify-timeout", type=float, default=300.0, metavar="S",
                    help="seconds for the verification (default 300)")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk import ResumableJobMixin
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_ckpt_provider.core.control import RequestAction, submit_request
+from airflow_ckpt_provider.core.control import STOP_ACTION, RequestAction, submit_request
 from airflow_ckpt_provider.core.deployments import Deployment, Launch, read_launch
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError, ConflictError
 from airflow_ckpt_provider.core.health import HealthCriteria
@@ -42,7 +42,6 @@ from airflow_ckpt_provider.operators.arguments import (
 )
 from airflow_ckpt_provider.operators.base import JobOperator, check_event
 from airflow_ckpt_provider.operators.control import (
-    STOP_ACTION,
     STOP_TIMEOUT,
     StopStreamingJobOperator,
     ack_result,

@@ -1,6 +1,8 @@
 """Upgrade a running job to new code, keeping its state; roll back if the new code does not make progress.
 
-Observe, decide, act one step at a time (the Flink Kubernetes Operator's upgrade):
+Observe, decide, act one step at a time (the Flink Kubernetes Operator's upgrade). The steps, refusals and
+decisions are launcher/upgradesteps.py's (``prepare``, ``next_step``), shared with ``ckpt job rescale|upgrade``;
+these operators only act: they start each step, defer with its trigger, and feed the event back on resume.
 
 1. check: the new code restores the current state (Spark plans a batch on a scratch copy of the latest
    snapshot: state operators, partitions, schemas), in a process of its own whose verdict the task waits for
@@ -20,33 +22,28 @@ that one, and a rollback goes back to the savepoint of step 2 with the old parti
 
 from __future__ import annotations
 
-import time
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_ckpt_provider.core.control import RequestAction
-from airflow_ckpt_provider.core.deployments import Deployment, Launch, mark_stable, read_launch
+from airflow_ckpt_provider.core.deployments import Launch, mark_stable, read_launch
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.health import HealthCriteria
-from airflow_ckpt_provider.core.jobview import check_can_request, observe
-from airflow_ckpt_provider.core.manifest import Kind
-from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec, StopMode, UpgradeMode
+from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec, UpgradeMode
 from airflow_ckpt_provider.core.outcomes import CHECK_EVENTS, CheckOutcome
-from airflow_ckpt_provider.core.rescaling import StoppedSource, parse_partitions, snapshot_problem, stopped_source
-from airflow_ckpt_provider.core.restorechecks import OUTCOME_GRACE, CheckStarted
+from airflow_ckpt_provider.core.rescaling import parse_partitions
+from airflow_ckpt_provider.core.restorechecks import OUTCOME_GRACE
 from airflow_ckpt_provider.core.snapshots import dispose_snapshot, latest_completed, list_snapshots
-from airflow_ckpt_provider.core.status import JobState, read_status
-from airflow_ckpt_provider.launcher.deploy import log_tail, submit_spec
+from airflow_ckpt_provider.launcher import upgradesteps as steps
+from airflow_ckpt_provider.launcher.deploy import log_tail
 from airflow_ckpt_provider.launcher.restorecheck import start_check
-from airflow_ckpt_provider.launcher.submit import build_command
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink, persist_empty_links
 from airflow_ckpt_provider.operators.arguments import mode_arg, parse_mode
 from airflow_ckpt_provider.operators.base import check_event
-from airflow_ckpt_provider.operators.control import STOP_ACTION, STOP_TIMEOUT, ack_result, request_and_wait
+from airflow_ckpt_provider.operators.control import STOP_TIMEOUT, ack_result, request_and_wait
 from airflow_ckpt_provider.operators.job import _LaunchMixin
-from airflow_ckpt_provider.runtime.config import default_checkpoint
 from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
 from airflow_ckpt_provider.triggers.restore_check import RestoreCheckTrigger
 
@@ -54,6 +51,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from airflow_ckpt_provider.core.jobstore import JobStore
+
 
 class UpgradeStreamingJobOperator(_LaunchMixin):
     """Upgrade ``job`` to ``job_file`` (``code_version``) with ``upgrade_mode`` savepoint (default),
@@ -107,8 +105,6 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         except ValueError as err:
             raise AirflowException(f"{self._what} of job {self.job}: {err}; nothing was changed") from err
 
-    # -- 1. check, 2. stop -------------------------------------------------------------------------
-
     def _mode(self) -> UpgradeMode:
         try:
             return parse_mode(UpgradeMode, self.upgrade_mode)
@@ -124,119 +120,110 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
             verify_batches = -1
         if verify_batches < 0:
             raise AirflowException(f"verify_batches: expected a whole number >= 0, found {self.verify_batches!r}")
-        partitions = self._partitions()
-        if partitions is not None and mode is not UpgradeMode.SAVEPOINT:
-            raise AirflowException(f"{self._what} of job {self.job}: partitions={partitions} with upgrade_mode "
-                                   f"{mode}; a rescale goes through a savepoint: use upgrade_mode savepoint. Nothing "
-                                   "was changed")
         ti = context.get("ti")
-        if ti is not None and int(getattr(ti, "try_number", 1) or 1) > 1:
-            # A retry would take spec/last.json (maybe the new code by now) for the old deployment.
-            raise AirflowFailException(
-                f"{self._what} of job {self.job}: not retried (try {ti.try_number}): an earlier try may have "
-                "stopped the old job or started the new code. Check `ckpt job status` and spec/last.json, then "
-                "trigger a new run; set retries=0 on this task")
-        store = self.job_store()
-        old = read_launch(store)
-        if old is None:
-            raise AirflowException(f"job {self.job} has no recorded deployment (spec/last.json): submit it first "
-                                   "with SubmitStreamingJobOperator; nothing was changed")
+        hook = self.store_hook
         try:
-            new = old.deployment.with_code(self.job_file, self.code_version)
-            if mode is UpgradeMode.STATELESS:  # without state: on a fresh live checkpoint location
-                base = old.deployment.checkpoint or default_checkpoint(self.job)
-                new = replace(new, checkpoint=f"{base.rstrip('/')}-stateless-{int(time.time())}")
-            running = self._running_epoch(store)
-            hook = self.store_hook  # a deployment spark-submit would refuse fails here, before anything stops
-            build_command(submit_spec(new, self.job, hook.store_url, LATEST_STATE, hook.s3_options, supervised=True))
-            stopped = self._observe(store, mode, partitions, running)
-            check = None if mode is UpgradeMode.STATELESS or stopped else self._start_check(context, store, new)
+            plan, began = steps.prepare(
+                self.job_store(), store_url=hook.store_url, s3=hook.s3_options, what=self._what,
+                job_file=self.job_file, code_version=self.code_version, mode=mode, partitions=self._partitions(),
+                attempt=int(getattr(ti, "try_number", 1) or 1) if ti is not None else 1,
+                submit_hint="submit it first with SubmitStreamingJobOperator; nothing was changed")
+        except steps.NotRetried as err:
+            raise AirflowFailException(str(err)) from err
+        except ConfigError as err:
+            raise AirflowException(str(err)) from err
+        return self._drive(context, plan, began)
+
+    def _plan(self, plan: dict[str, Any]) -> steps.UpgradePlan:
+        """The plan a trigger carried back; what it lacks (a plan of an earlier version) from this task."""
+        own = {"job": self.job, "what": self._what, "mode": self._mode().value, "partitions": self._partitions(),
+               "new": {"job_file": self.job_file, "code_version": self.code_version}}
+        return steps.UpgradePlan.from_dict(own | plan)
+
+    # -- act: each step as launcher/upgradesteps.py decides it; a wait defers, and resumes in an after_* method --
+
+    def _drive(self, context: Context, plan: steps.UpgradePlan, outcome: steps.Outcome) -> Any:
+        """Act on each step until one waits (it defers; not deferrable: it returns the run's end) or ends the run."""
+        acts: dict[type, Callable[[Context, steps.UpgradePlan, Any], Any]] = {
+            steps.Refuse: self._fail, steps.Fail: self._fail, steps.TakeSavepoint: self._fail,
+            steps.Relaunch: self._relaunch, steps.Done: self._done, steps.Check: self._check, steps.Stop: self._stop,
+            steps.Rescale: self._rescale, steps.Start: self._start_new, steps.Verify: self._verify,
+            steps.RollBack: self._roll_back}
+        while True:
+            plan, step = steps.next_step(plan, outcome)
+            acted = acts[type(step)](context, plan, step)
+            if not isinstance(acted, steps.Outcome):
+                return acted
+            outcome = acted
+
+    def _fail(self, context: Context, plan: steps.UpgradePlan,
+              step: steps.Refuse | steps.Fail | steps.TakeSavepoint) -> NoReturn:
+        """Refused, failed; or a savepoint to check against, which only ``ckpt job rescale`` asks for."""
+        raise AirflowException(getattr(step, "message", f"{self._what} of job {self.job}: unexpected step {step}"))
+
+    def _relaunch(self, context: Context, plan: steps.UpgradePlan, step: steps.Relaunch) -> NoReturn:
+        self._launch(self.job_store(), plan.old_deployment, LATEST_STATE)
+        raise AirflowException(step.message)
+
+    def _check(self, context: Context, plan: steps.UpgradePlan, step: steps.Check) -> Any:
+        try:
+            check_id = self._start_check(context, self.job_store(), plan)
         except CkptError as err:
-            raise self._refused(err) from err
-        plan: dict[str, Any] = {"old": old.to_dict(), "new": new.to_dict(), "partitions": partitions}
-        if stopped is not None:
-            return self._from_stopped(context, store, plan, stopped)
-        if check is None:  # stateless: nothing to restore, nothing to check
-            return self._stop(context, store, plan, running)
-        # The watch's own deadline (timeout + OUTCOME_GRACE) says "no verdict" before the trigger times out.
-        trigger = RestoreCheckTrigger(**self._store_args, check_id=check.check_id,
-                                      timeout=self.check_timeout + OUTCOME_GRACE + 30)
-        return self.wait(context, trigger=trigger, method_name="after_check", kwargs={"plan": plan})
+            return steps.Checked(problem=str(err))
+        return self._wait_check(context, check_id, "after_check", plan)
 
-    def _observe(self, store: JobStore, mode: UpgradeMode, partitions: int | None,
-                 running: int | None) -> StoppedSource | None:
-        """Refuse what cannot work (CkptError); a rescale of a stopped job: where it starts from."""
-        if partitions is not None and running is None:  # a stopped job: from the savepoint it stopped with
-            return stopped_source(read_status(store), list_snapshots(store, Kind.SAVEPOINT), partitions)
-        self._check_running(mode, running)
-        latest = latest_completed(list_snapshots(store)) if partitions is not None else None
-        problem = snapshot_problem(latest, partitions) if latest is not None and partitions is not None else None
-        if latest is not None and problem:  # the same count, no state, HDFS-backed: no check needed to say so
-            raise ConfigError(f"snapshot {latest.snapshot_id}: {problem}")
-        return None
-
-    def _from_stopped(self, context: Context, store: JobStore, plan: dict[str, Any], stopped: StoppedSource) -> Any:
-        """Nothing to stop: repartition the savepoint the job stopped with (the step runs the code on its copy),
-        or start from the one an unfinished rescale saved."""
-        self._step(2, stopped.describe(int(plan["partitions"])))
-        plan["snapshot_id"] = stopped.source.snapshot_id
-        if stopped.rescaled is None:
-            return self._rescale(context, store, plan)
-        plan["rescaled_snapshot_id"] = rescaled = stopped.rescaled.snapshot_id
-        return self._start_new(context, store, plan, RestoreSpec(RestoreMode.SNAPSHOT, rescaled))
-
-    def _refused(self, why: object) -> AirflowException:
-        return AirflowException(f"{self._what} of job {self.job} to {self._target(self.job_file)} refused before "
-                                f"anything was stopped: {why}; the job runs as before")
-
-    def _target(self, code: str) -> str:
-        """What the run moves the job to: the new ``code``, and/or the partitions."""
-        partitions = self._partitions()
-        if partitions is None:
-            return code
-        return f"{partitions} state partitions" if self._what == "rescale" else f"{code} with {partitions} state " \
-            "partitions"
-
-    @staticmethod
-    def _check_running(mode: UpgradeMode, running: int | None) -> None:
-        if running is None and mode is UpgradeMode.SAVEPOINT:
-            raise ConfigError("it is not running, so no savepoint can be taken; use upgrade_mode last-state to "
-                              "upgrade from its latest checkpoint")
-
-    def _stop(self, context: Context, store: JobStore, plan: dict[str, Any], running: int | None) -> Any:
-        mode = self._mode()
-        if running is None:
+    def _stop(self, context: Context, plan: steps.UpgradePlan, step: steps.Stop) -> Any:
+        if step.epoch is None:
             self._step(2, "no driver runs: nothing to stop")
-            return self.after_stop(context, None, plan)
-        if mode.stop is StopMode.SAVEPOINT:
-            self._step(2, "stop with savepoint (driver of epoch %d)", running)
+            return steps.Stopped(None, _latest(self.job_store()))
+        if step.action is RequestAction.STOP:
+            self._step(2, "stop with savepoint (driver of epoch %d)", step.epoch)
         else:
-            self._step(2, "cancel the driver of epoch %d (%s)", running, mode)
-        return request_and_wait(self, context, store, STOP_ACTION[mode.stop], timeout=self.stop_timeout,
-                                method_name="after_stop", kwargs={"plan": plan})
+            self._step(2, "cancel the driver of epoch %d (%s)", step.epoch, plan.mode)
+        return request_and_wait(self, context, self.job_store(), step.action, timeout=self.stop_timeout,
+                                method_name="after_stop", kwargs={"plan": plan.to_dict()})
 
-    def _running_epoch(self, store: JobStore) -> int | None:
+    def _rescale(self, context: Context, plan: steps.UpgradePlan, step: steps.Rescale) -> Any:
         try:
-            view = observe(store)
-        except ConfigError:
-            return None
-        if not view.live:
-            return None
-        return check_can_request(view, RequestAction.STOP).epoch
+            check_id = self._start_rescale(context, self.job_store(), plan, step)
+        except CkptError as err:
+            return steps.Rescaled(problem=f"the rescale could not start: {err}")
+        return self._wait_check(context, check_id, "after_rescale", plan)
 
-    def _start_check(self, context: Context, store: JobStore, new: Deployment) -> CheckStarted:
+    def _start_check(self, context: Context, store: JobStore, plan: steps.UpgradePlan) -> str:
         """Start the restore check detached (its record first); the task then waits for its verdict."""
-        partitions = self._partitions()
+        partitions, new = plan.partitions, plan.new_deployment
         self._step(1, "checking that %s (code %s) restores the current state%s", new.job_file,
                    new.code_version or "-", f" repartitioned into {partitions} partitions" if partitions else "")
-        who = self._who(context)
         hook = self.store_hook
         check = start_check(store, new, store_url=hook.store_url, timeout=self.check_timeout, s3=hook.s3_options,
-                            allow_non_restored_state=_flag(self.allow_non_restored_state), started_by=who,
-                            rescale_to=partitions)
+                            allow_non_restored_state=_flag(self.allow_non_restored_state),
+                            started_by=self._who(context), rescale_to=partitions)
         self._step(1, "restore check %s runs as pid %s on %s (log %s); waiting up to %.0f s for its verdict",
                    check.check_id, check.pid, check.host, check.log_file, self.check_timeout)
-        return check
+        return check.check_id
+
+    def _start_rescale(self, context: Context, store: JobStore, plan: steps.UpgradePlan, step: steps.Rescale) -> str:
+        """The savepoint repartitioned on a copy and saved as a savepoint of its own, in a detached process."""
+        if step.note:
+            self._step(2, step.note)
+        self._step(3, "repartitioning savepoint %s into %d state partitions on a copy", step.snapshot_id,
+                   step.partitions)
+        hook = self.store_hook
+        check = start_check(store, plan.new_deployment, store_url=hook.store_url, timeout=self.check_timeout,
+                            s3=hook.s3_options, started_by=self._who(context),
+                            allow_non_restored_state=_flag(self.allow_non_restored_state),
+                            restore=RestoreSpec(RestoreMode.SNAPSHOT, step.snapshot_id), rescale_to=step.partitions,
+                            save_rescaled=True)
+        self._step(3, "rescale %s runs as pid %s on %s (log %s); waiting up to %.0f s", check.check_id, check.pid,
+                   check.host, check.log_file, self.check_timeout)
+        return check.check_id
+
+    def _wait_check(self, context: Context, check_id: str, method_name: str, plan: steps.UpgradePlan) -> Any:
+        # The watch's own deadline (timeout + OUTCOME_GRACE) says "no verdict" before the trigger times out.
+        trigger = RestoreCheckTrigger(**self._store_args, check_id=check_id,
+                                      timeout=self.check_timeout + OUTCOME_GRACE + 30)
+        return self.wait(context, trigger=trigger, method_name=method_name, kwargs={"plan": plan.to_dict()})
 
     def _who(self, context: Context) -> str:
         ti = context.get("ti")
@@ -245,191 +232,120 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
             who += f" run {ti.run_id} try {getattr(ti, 'try_number', 1)}"
         return who
 
+    def _start_new(self, context: Context, plan: steps.UpgradePlan, step: steps.Start) -> steps.Started:
+        if step.note:
+            self._step(2, step.note)
+        new = plan.new_deployment
+        self._step(3, "starting %s (code %s), restore %s", new.job_file, new.code_version or "-", step.restore)
+        try:
+            return steps.Started(self._launch(self.job_store(), new, step.restore).to_dict())
+        except AirflowException as err:  # e.g. the job file is missing on this worker: bring the old code back
+            return steps.Started(problem=str(err))
+
+    def _verify(self, context: Context, plan: steps.UpgradePlan, step: steps.Verify) -> Any:
+        assert plan.launch is not None  # the plan records the launch before it asks to verify it
+        criteria = HealthCriteria(started_after=Launch.from_dict(plan.launch).launched_at,
+                                  min_batches=int(self.verify_batches), start_timeout=self.verify_timeout,
+                                  max_restarts=1, health_window=self.verify_timeout)
+        self._step(4, "verifying: %d batches within %.0f s", int(self.verify_batches), self.verify_timeout)
+        trigger = JobHealthTrigger(**self._store_args, criteria=criteria, timeout=self.verify_timeout)
+        return self.wait(context, trigger=trigger, method_name="after_verify", kwargs={"plan": plan.to_dict()})
+
+    def _done(self, context: Context, plan: steps.UpgradePlan, step: steps.Done) -> dict[str, Any]:
+        assert plan.launch is not None
+        store, result = self.job_store(), step.result
+        mark_stable(store, Launch.from_dict(plan.launch))
+        SnapshotLink.persist_snapshot(context, plan.snapshot_id and store.snapshot_uri(plan.snapshot_id),
+                                      self.store_hook.s3_options.endpoint_url)
+        self._step(4, "verified: epoch %s at batch %s; %s is the stable deployment", result["epoch"],
+                   result["batch_id"], plan.new.get("code_version") or plan.new.get("job_file"))
+        return result
+
+    def _roll_back(self, context: Context, plan: steps.UpgradePlan, step: steps.RollBack) -> Any:
+        store = self.job_store()
+        if step.dispose:
+            try:
+                dispose_snapshot(store, step.dispose, force=True)
+                self.log.info("%s of job %s: disposed savepoint %s (the state in %s partitions)", self._what,
+                              self.job, step.dispose, plan.partitions)
+            except CkptError as err:
+                self.log.warning("%s of job %s: savepoint %s (the new partitions) was not disposed: %s; dispose it "
+                                 "with `ckpt snapshot dispose`", self._what, self.job, step.dispose, err)
+        old = plan.old_deployment
+        self._step(5, "rolling back to %s (code %s) from %s", old.job_file, old.code_version or "-", step.restore)
+        record = self._launch(store, old, step.restore)
+        criteria = HealthCriteria(started_after=record.launched_at, start_timeout=self.verify_timeout)
+        trigger = JobHealthTrigger(**self._store_args, criteria=criteria, timeout=self.verify_timeout)
+        return self.wait(context, trigger=trigger, method_name="after_rollback",
+                         kwargs={"plan": plan.to_dict(), "why": step.why})
+
+    # -- the outcomes of the waits, fed back to the decision -----------------------------------------------------
+
     def after_check(self, context: Context, event: dict[str, Any], plan: dict[str, Any]) -> Any:
-        """The check's verdict: compatible goes on to the stop (the job observed again: it may have changed
-        meanwhile); anything else refuses the upgrade, nothing stopped."""
+        """The check's verdict; compatible: the job observed again (it may have changed meanwhile)."""
         try:
             event = check_event(event, CHECK_EVENTS, "restore check")
         except AirflowException as err:  # timed out, the trigger failed: no verdict
-            raise self._refused(err) from err
-        status = event["status"]
-        if status == CheckOutcome.BAD_INPUT:
-            raise self._refused(event.get("reason"))
-        if status != CheckOutcome.COMPATIBLE:
-            raise self._refused(f"restore check of snapshot {event.get('snapshot_id') or '-'} with the new code: "
-                                f"{status}: {event.get('reason')}")
-        self._step(1, "compatible: Spark restored snapshot %s (batch %s) with the new code%s", event.get("snapshot_id"),
-                   event.get("batch_id"), f", in {event['state_partitions']} state partitions"
-                   if event.get("state_partitions") else "")
+            return self._drive(context, self._plan(plan), steps.Checked(problem=str(err)))
+        running = steps.Running()
+        if event["status"] == CheckOutcome.COMPATIBLE:
+            self._step(1, "compatible: Spark restored snapshot %s (batch %s) with the new code%s",
+                       event.get("snapshot_id"), event.get("batch_id"), f", in {event['state_partitions']} state "
+                       "partitions" if event.get("state_partitions") else "")
+            running = steps.observe_running(self.job_store())
+        verdict = steps.Checked(event["status"], event.get("reason"), event.get("snapshot_id"), running=running)
+        return self._drive(context, self._plan(plan), verdict)
+
+    def after_stop(self, context: Context, event: dict[str, Any], plan: dict[str, Any]) -> Any:
         store = self.job_store()
         try:
-            running = self._running_epoch(store)
-            self._check_running(self._mode(), running)
-        except CkptError as err:
-            raise self._refused(f"{err} (observed after the restore check)") from err
-        return self._stop(context, store, plan, running)
-
-    # -- 3. start the new code ---------------------------------------------------------------------
-
-    def after_stop(self, context: Context, event: dict[str, Any] | None, plan: dict[str, Any]) -> Any:
-        store = self.job_store()
-        snapshot_id = None
-        if event is not None:
-            try:
-                snapshot_id = ack_result(self, context, event)["snapshot_id"]
-            except AirflowException as err:
-                self._stop_failed(store, plan, err)
-        if snapshot_id is None:  # cancelled or not running: the rollback goes back to the latest snapshot
-            latest = latest_completed(list_snapshots(store))
-            snapshot_id = latest.snapshot_id if latest else None
-        saved = RestoreSpec(RestoreMode.SNAPSHOT, snapshot_id) if snapshot_id else LATEST_STATE
-        restore = {UpgradeMode.SAVEPOINT: saved, UpgradeMode.LAST_STATE: LATEST_STATE,
-                   UpgradeMode.STATELESS: RestoreSpec(RestoreMode.NONE)}[self._mode()]
-        plan = plan | {"snapshot_id": snapshot_id}
-        if plan.get("partitions") is not None:
-            return self._rescale(context, store, plan)
-        return self._start_new(context, store, plan, restore)
-
-    def _start_new(self, context: Context, store: JobStore, plan: dict[str, Any], restore: RestoreSpec) -> Any:
-        self._step(3, "starting %s (code %s), restore %s", self.job_file, self.code_version or "-", restore)
-        try:
-            record = self._launch(store, Deployment.from_dict(plan["new"]), restore)
-        except AirflowException as err:  # e.g. the job file is missing on this worker: bring the old code back
-            return self._roll_back(context, store, plan, f"the new code could not be launched: {err}")
-        return self._verify(context, store, record, "after_verify", plan)
-
-    # -- 2b. rescale: the savepoint repartitioned on a copy, saved as a savepoint of its own ---------------------
-
-    def _rescale(self, context: Context, store: JobStore, plan: dict[str, Any]) -> Any:
-        partitions, snapshot_id = plan["partitions"], plan["snapshot_id"]
-        if snapshot_id is None:
-            return self._roll_back(context, store, plan, "the stop left no savepoint to repartition")
-        self._step(3, "repartitioning savepoint %s into %d state partitions on a copy", snapshot_id, partitions)
-        hook = self.store_hook
-        try:
-            check = start_check(store, Deployment.from_dict(plan["new"]), store_url=hook.store_url,
-                                timeout=self.check_timeout, s3=hook.s3_options, started_by=self._who(context),
-                                allow_non_restored_state=_flag(self.allow_non_restored_state),
-                                restore=RestoreSpec(RestoreMode.SNAPSHOT, snapshot_id), rescale_to=partitions,
-                                save_rescaled=True)
-        except CkptError as err:
-            return self._roll_back(context, store, plan, f"the rescale could not start: {err}")
-        self._step(3, "rescale %s runs as pid %s on %s (log %s); waiting up to %.0f s", check.check_id, check.pid,
-                   check.host, check.log_file, self.check_timeout)
-        trigger = RestoreCheckTrigger(**self._store_args, check_id=check.check_id,
-                                      timeout=self.check_timeout + OUTCOME_GRACE + 30)
-        return self.wait(context, trigger=trigger, method_name="after_rescale", kwargs={"plan": plan})
+            snapshot_id = ack_result(self, context, event)["snapshot_id"]
+        except AirflowException as err:
+            seen, epoch = steps.observe_stop_failure(store)
+            return self._drive(context, self._plan(plan), steps.StopFailed(str(err), seen, epoch))
+        stopped = steps.Stopped(snapshot_id, None if snapshot_id else _latest(store))
+        return self._drive(context, self._plan(plan), stopped)
 
     def after_rescale(self, context: Context, event: dict[str, Any], plan: dict[str, Any]) -> Any:
-        """The repartitioned savepoint: start the job on it; anything else rolls back to the old partitions."""
-        store = self.job_store()
+        """The repartitioned savepoint, or why there is none."""
         try:
             event = check_event(event, CHECK_EVENTS, "rescale")
         except AirflowException as err:
-            return self._roll_back(context, store, plan, str(err))
+            return self._drive(context, self._plan(plan), steps.Rescaled(problem=str(err)))
         rescaled = event.get("rescaled_snapshot_id")
-        if event["status"] != CheckOutcome.COMPATIBLE or not rescaled:
-            return self._roll_back(context, store, plan, f"the rescale of savepoint {plan['snapshot_id']} to "
-                                   f"{plan['partitions']} partitions: {event['status']}: {event.get('reason')}")
-        self._step(3, "savepoint %s holds the state in %s partitions (rescaled from %s)", rescaled,
-                   event.get("state_partitions"), plan["snapshot_id"])
-        plan = plan | {"rescaled_snapshot_id": rescaled}
-        return self._start_new(context, store, plan, RestoreSpec(RestoreMode.SNAPSHOT, rescaled))
-
-    def _stop_failed(self, store: JobStore, plan: dict[str, Any], err: AirflowException) -> None:
-        """The old driver did not stop as asked: say what state the job is in; relaunch it if it is down."""
-        try:
-            view = observe(store)
-        except ConfigError:
-            view = None
-        status = view.status if view else None
-        if view is not None and status is not None and view.live:
-            if status.state is JobState.STOPPING:
-                raise AirflowException(
-                    f"{self._what} of job {self.job}: {err}; the old driver (epoch {status.epoch}) is still STOPPING: "
-                    "the stop stays in effect and nothing restarts the job afterwards; once `ckpt job status` "
-                    "shows it STOPPED, run the upgrade again (or restart the job)") from err
-            raise AirflowException(f"{self._what} of job {self.job}: {err}; the old job still runs (epoch "
-                                   f"{status.epoch}), nothing was changed") from err
-        old = Deployment.from_dict(plan["old"]["deployment"])
-        self._launch(store, old, LATEST_STATE)
-        raise AirflowException(f"{self._what} of job {self.job}: {err}; the old job had stopped: relaunched "
-                               f"{old.job_file} (code {old.code_version or '-'}) from its latest state") from err
-
-    def _verify(self, context: Context, store: JobStore, record: Launch, method_name: str,
-                plan: dict[str, Any]) -> Any:
-        criteria = HealthCriteria(started_after=record.launched_at, min_batches=int(self.verify_batches),
-                                  start_timeout=self.verify_timeout, max_restarts=1, health_window=self.verify_timeout)
-        self._step(4, "verifying: %d batches within %.0f s", int(self.verify_batches), self.verify_timeout)
-        trigger = JobHealthTrigger(**self._store_args, criteria=criteria, timeout=self.verify_timeout)
-        return self.wait(context, trigger=trigger, method_name=method_name,
-                         kwargs={"plan": plan | {"launch": record.to_dict()}})
-
-    # -- 4. verify, 5. roll back -------------------------------------------------------------------
+        if event["status"] == CheckOutcome.COMPATIBLE and rescaled:
+            self._step(3, "savepoint %s holds the state in %s partitions (rescaled from %s)", rescaled,
+                       event.get("state_partitions"), plan.get("snapshot_id"))
+        return self._drive(context, self._plan(plan), steps.Rescaled(event["status"], event.get("reason"), rescaled))
 
     def after_verify(self, context: Context, event: dict[str, Any], plan: dict[str, Any]) -> Any:
-        store = self.job_store()
         healthy, why = self._healthy(event)
-        old = Deployment.from_dict(plan["old"]["deployment"])
         if healthy:
-            launched = Launch.from_dict(plan["launch"])
-            mark_stable(store, launched)
             SparkUILink.persist(context, event.get("ui_url"))
-            SnapshotLink.persist_snapshot(context, plan["snapshot_id"] and store.snapshot_uri(plan["snapshot_id"]),
-                                          self.store_hook.s3_options.endpoint_url)
-            self._step(4, "verified: epoch %s at batch %s; %s is the stable deployment", event.get("epoch"),
-                       event.get("batch_id"), self.code_version or self.job_file)
-            return {"job": self.job, "from_version": old.code_version, "to_version": self.code_version,
-                    "upgrade_mode": self._mode().value, "snapshot_id": plan["snapshot_id"],
-                    "epoch": event.get("epoch"), "batch_id": event.get("batch_id"),
-                    "partitions": plan.get("partitions"), "rescaled_snapshot_id": plan.get("rescaled_snapshot_id")}
-        tail = log_tail(read_launch(store))
-        self.log.error("%s of job %s: the new code failed verification: %s%s", self._what, self.job, why,
-                       f"\nlast lines of its log:\n{tail}" if tail else "")
-        return self._roll_back(context, store, plan, why)
-
-    def _roll_back(self, context: Context, store: JobStore, plan: dict[str, Any], why: str) -> Any:
-        old = Deployment.from_dict(plan["old"]["deployment"])
-        rescaled = plan.get("rescaled_snapshot_id")
-        if rescaled:  # a restore strategy must not pick the new partitions up again (it is the newest savepoint)
-            try:
-                dispose_snapshot(store, rescaled, force=True)
-                self.log.info("%s of job %s: disposed savepoint %s (the state in %s partitions)", self._what,
-                              self.job, rescaled, plan.get("partitions"))
-            except CkptError as err:
-                self.log.warning("%s of job %s: savepoint %s (the new partitions) was not disposed: %s; dispose it "
-                                 "with `ckpt snapshot dispose`", self._what, self.job, rescaled, err)
-        restore = RestoreSpec(RestoreMode.SNAPSHOT, plan["snapshot_id"]) if plan["snapshot_id"] else LATEST_STATE
-        self._step(5, "rolling back to %s (code %s) from %s", old.job_file, old.code_version or "-", restore)
-        record = self._launch(store, old, restore)
-        criteria = HealthCriteria(started_after=record.launched_at, start_timeout=self.verify_timeout)
-        trigger = JobHealthTrigger(**self._store_args, criteria=criteria, timeout=self.verify_timeout)
-        return self.wait(context, trigger=trigger, method_name="after_rollback", kwargs={"plan": plan, "why": why})
+        else:
+            tail = log_tail(read_launch(self.job_store()))
+            self.log.error("%s of job %s: the new code failed verification: %s%s", self._what, self.job, why,
+                           f"\nlast lines of its log:\n{tail}" if tail else "")
+        return self._drive(context, self._plan(plan),
+                           steps.Verified(healthy, why, event.get("epoch"), event.get("batch_id")))
 
     def after_rollback(self, context: Context, event: dict[str, Any], plan: dict[str, Any], why: str) -> Any:
         healthy, rollback_why = self._healthy(event)
-        old = plan["old"]["deployment"]
-        if not healthy:
-            raise AirflowException(
-                f"{self._what} of job {self.job} to {self._target(self.code_version or self.job_file)} failed "
-                f"verification ({why}) "
-                f"and the rollback to {old.get('code_version') or old['job_file']} ALSO failed ({rollback_why}); "
-                f"the job's state is uncertain: check `ckpt job status --job {self.job}`, and if it is not "
-                f"running restore it from snapshot {plan['snapshot_id'] or '(its latest state)'}")
-        SparkUILink.persist(context, event.get("ui_url"))
-        raise AirflowException(
-            f"{self._what} of job {self.job} to {self._target(self.code_version or self.job_file)} failed "
-            f"verification ({why}); "
-            f"rolled back to {old.get('code_version') or old['job_file']} from "
-            f"{plan['snapshot_id'] or 'its latest state'}"
-            + (" on its old partitions: it runs again" if plan.get("partitions") else ": the old code runs again")
-            + f" (epoch {event.get('epoch')})")
+        if healthy:
+            SparkUILink.persist(context, event.get("ui_url"))
+        return self._drive(context, self._plan(plan), steps.RolledBack(why, healthy, rollback_why, event.get("epoch")))
 
     def _healthy(self, event: dict[str, Any]) -> tuple[bool, str]:
         if event.get("status") == "timeout":
             return False, f"no verdict within {self.verify_timeout:.0f} s"
         event = check_event(event, ("healthy", "unhealthy"), f"job {self.job}")
         return event["status"] == "healthy", str(event.get("message") or event.get("reason"))
+
+
+def _latest(store: JobStore) -> str | None:
+    """The latest completed snapshot: where a cancelled job's rollback restarts from."""
+    latest = latest_completed(list_snapshots(store))
+    return latest.snapshot_id if latest else None
 
 
 def _flag(value: object) -> bool:
@@ -462,8 +378,4 @@ class RescaleStreamingJobOperator(UpgradeStreamingJobOperator):
         if self._partitions() is None:
             raise AirflowException(f"rescale of job {self.job}: expected partitions (a whole number >= 1), found "
                                    f"{self.partitions!r}; nothing was changed")
-        old = read_launch(self.job_store())
-        if old is not None and not self.job_file:
-            self.job_file = old.deployment.job_file
-            self.code_version = self.code_version or old.deployment.code_version
-        return super().execute(context)
+        return super().execute(context)  # job_file "": the running code (launcher/upgradesteps.py steps.prepare)

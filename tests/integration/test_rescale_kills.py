@@ -18,6 +18,7 @@ orders produced, exactly.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -119,7 +120,8 @@ def test_a_rescale_killed_at_each_step_leaves_the_job_on_its_old_or_new_partitio
         for crash in ("rescale.repartitioned", "rescale.save.uploaded"):
             done = rescale.run(3, crash)
             assert done.returncode != 0, done.stderr[-3000:]
-            assert "rolled back: the job runs on its old partitions from savepoint" in done.stderr, done.stderr[-3000:]
+            rolled_back = r"rolled back to \S+ from savepoint-\S+ on its old partitions: it runs again"
+            assert re.search(rolled_back, done.stderr), done.stderr[-3000:]
             last = read_launch(store)
             assert last is not None
             status = running(env, status.epoch, last.log_file)

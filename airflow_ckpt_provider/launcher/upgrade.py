@@ -1,0 +1,252 @@
+"""``ckpt job rescale`` and ``ckpt job upgrade``: a recorded deployment rescaled or upgraded from a terminal, one
+step after another.
+
+The steps of RescaleStreamingJobOperator and UpgradeStreamingJobOperator, decided by the same function
+(launcher/upgradesteps.py next_step); here each waits in the foreground instead of in Airflow's triggerer, and
+each says what it does on one line.
+
+1. check: the new code (a rescale: the job's code) runs on a copy of its latest state, repartitioned into N
+   partitions for a rescale (refused here, before anything stops: stateless, HDFS-backed state, the same count,
+   Spark's own refusal);
+2. stop with savepoint S (an upgrade in last-state or stateless mode: cancel);
+3. a rescale: repartition S on a copy and save it as savepoint R (trigger ``rescale``), once the job's empty
+   batch ran on it;
+4. start the new deployment from R (S, the latest state, no state) and verify ``verify_batches`` batches;
+5. anything failing after the stop: R disposed, the old deployment started again from S (the old partitions).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_ckpt_provider.core.control import Ack, Outcome, RequestAction, submit_request, wait_ack
+from airflow_ckpt_provider.core.deployments import Deployment, Launch, mark_stable
+from airflow_ckpt_provider.core.errors import CkptError, ConfigError
+from airflow_ckpt_provider.core.faults import crash_point
+from airflow_ckpt_provider.core.health import HealthCriteria
+from airflow_ckpt_provider.core.jobstore import JobStore
+from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec, UpgradeMode
+from airflow_ckpt_provider.core.snapshots import dispose_snapshot, latest_completed, list_snapshots
+from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
+from airflow_ckpt_provider.launcher import upgradesteps as steps
+from airflow_ckpt_provider.launcher.deploy import launch, submit_spec
+from airflow_ckpt_provider.launcher.restorecheck import check_restore, check_spec
+from airflow_ckpt_provider.runtime.restoreverdict import RestoreCheck
+
+log = logging.getLogger(__name__)
+
+#: How to record a deployment, for a job without one.
+SUBMIT_HINT = ("`ckpt job {verb}` restarts the job as it was launched, so it must have been launched by an operator "
+               "or `ckpt job rescale|upgrade` before. For a job you run yourself: stop it with a savepoint, then `ckpt "
+               "run ... --check-restore --restore SAVEPOINT --rescale-to N --save-rescaled`, and start it from the "
+               "savepoint that prints")
+
+
+class UpgradeFailed(CkptError):
+    """The run failed after the job stopped; the message says where the job is now (rolled back or not)."""
+
+
+@dataclass(frozen=True)
+class UpgradeOptions:
+    """``partitions`` alone: a rescale of the running code; ``job_file``: an upgrade (with ``partitions``: both)."""
+
+    partitions: int | None = None
+    check_timeout: float = 600.0
+    stop_timeout: float = 300.0
+    verify_batches: int = 2
+    verify_timeout: float = 300.0
+    poll: float = 1.0
+    job_file: str | None = None
+    code_version: str | None = None
+    mode: UpgradeMode = UpgradeMode.SAVEPOINT
+    allow_non_restored_state: bool = False
+
+    @property
+    def what(self) -> str:
+        return steps.UPGRADE if self.job_file else steps.RESCALE
+
+
+class JobUpgrade:
+    """One rescale or upgrade of ``store``'s job; ``run()`` returns the result or raises ConfigError (refused,
+    nothing changed) or UpgradeFailed (after the stop; rolled back when possible)."""
+
+    def __init__(self, store: JobStore, store_url: str, s3: S3Options | None, options: UpgradeOptions, *,
+                 say: Callable[[str], None], launched_by: str) -> None:
+        self.store, self.store_url, self.s3, self.options = store, store_url, s3, options
+        self.say, self.launched_by = say, launched_by
+        self.job = store.job
+
+    def run(self) -> dict[str, Any]:
+        outcome: steps.Outcome
+        o = self.options
+        plan, outcome = steps.prepare(self.store, store_url=self.store_url, s3=self.s3, what=o.what,
+                                      job_file=o.job_file, code_version=o.code_version, mode=o.mode,
+                                      partitions=o.partitions, submit_hint=SUBMIT_HINT.format(verb=o.what),
+                                      savepoint_first=True)
+        while True:
+            plan, step = steps.next_step(plan, outcome)
+            match step:
+                case steps.Refuse(message=message):
+                    raise ConfigError(message)
+                case steps.Fail(message=message):
+                    raise UpgradeFailed(message)
+                case steps.Relaunch(message=message):  # pragma: no cover (this driver does not observe a failed stop)
+                    self._start(plan.old_deployment, LATEST_STATE)
+                    raise UpgradeFailed(message)
+                case steps.Done(result=result):
+                    return self._done(plan, result)
+                case steps.TakeSavepoint(epoch=epoch):
+                    self.say(f"1/5 job {self.job} has no snapshot to check against: taking a savepoint (it keeps "
+                             "running)")
+                    _, why = self._request(RequestAction.SAVEPOINT, epoch)
+                    outcome = steps.Saved(why)
+                case steps.Check():
+                    outcome = self._check_latest(plan)
+                case steps.Stop():
+                    outcome = self._stop(step)
+                case steps.Rescale():
+                    outcome = self._rescale(plan, step)
+                case steps.Start():
+                    outcome = self._start_new(plan, step)
+                case steps.Verify():
+                    outcome = self._verify_new(plan)
+                case steps.RollBack():
+                    outcome = self._roll_back(plan, step)
+
+    def _request(self, action: RequestAction, epoch: int) -> tuple[Ack | None, str | None]:
+        """A savepoint, a stop with savepoint (completed with its snapshot) or a cancel of the driver of ``epoch``:
+        its ack, or why it did not complete."""
+        request = submit_request(self.store, action, epoch, requested_by=self.launched_by)
+        ack = wait_ack(self.store, request.id, self.options.stop_timeout, poll=self.options.poll)
+        snapshot = ack is not None and (ack.snapshot_id or action is RequestAction.CANCEL)
+        if ack is None or ack.outcome is not Outcome.COMPLETED or not snapshot:
+            return ack, "no answer" if ack is None else f"{ack.outcome.value}: {ack.message}"
+        return ack, None
+
+    def _check(self, plan: steps.UpgradePlan, restore: RestoreSpec, *, save: bool) -> RestoreCheck:
+        deployment = plan.new_deployment
+        spec = check_spec(submit_spec(deployment, self.job, self.store_url, restore, self.s3,
+                                      check_restore=True, rescale_to=self.options.partitions,
+                                      save_rescaled=save,
+                                      allow_non_restored_state=self.options.allow_non_restored_state),
+                          self.options.check_timeout)
+        return check_restore(spec, self.options.check_timeout, env=deployment.env)
+
+    def _check_latest(self, plan: steps.UpgradePlan) -> steps.Checked:
+        n, new = self.options.partitions, plan.new_deployment
+        if plan.what == steps.RESCALE:
+            self.say(f"1/5 checking that {new.job_file} runs on its latest state repartitioned into {n} partitions "
+                     "(on a copy)")
+        else:
+            self.say(f"1/5 checking that {new.job_file} (code {new.code_version or '-'}) restores the latest state"
+                     + (f" repartitioned into {n} partitions" if n else "") + " (on a copy)")
+        try:
+            checked = self._check(plan, LATEST_STATE, save=False)
+        except ConfigError as err:  # bad input: Spark or the check refused
+            return steps.Checked(problem=str(err))
+        running = steps.Running()
+        if checked.compatible:
+            self.say(f"1/5 compatible: snapshot {checked.snapshot_id} (batch {checked.batch_id})"
+                     + (f" in {n} partitions" if n else "") + f", {checked.seconds} s")
+            running = steps.observe_running(self.store)  # it may have changed meanwhile
+        return steps.Checked(checked.outcome.value, checked.reason, checked.snapshot_id, running=running)
+
+    def _stop(self, step: steps.Stop) -> steps.Outcome:
+        what = "stop with savepoint" if step.action is RequestAction.STOP else "cancel"
+        if step.epoch is None:
+            self.say("2/5 no driver runs: nothing to stop")
+            ack, why = None, None
+        else:
+            self.say(f"2/5 stopping the driver of epoch {step.epoch} " + (
+                "with a savepoint" if step.action is RequestAction.STOP else f"({self.options.mode}: cancel)"))
+            ack, why = self._request(step.action, step.epoch)
+            if why is not None or ack is None:
+                return steps.StopFailed(f"the {what} did not complete ({why})")
+            self.say(f"2/5 stopped with savepoint {ack.snapshot_id} at batch {ack.batch_id}" if ack.snapshot_id else
+                     f"2/5 cancelled at batch {ack.batch_id}")
+        crash_point(f"{self.options.what}.after-stop")
+        if ack is not None and ack.snapshot_id:
+            return steps.Stopped(ack.snapshot_id)
+        latest = latest_completed(list_snapshots(self.store))  # the rollback's source
+        return steps.Stopped(None, latest.snapshot_id if latest else None)
+
+    def _rescale(self, plan: steps.UpgradePlan, step: steps.Rescale) -> steps.Rescaled:
+        if step.note:
+            self.say(step.note)
+        self.say(f"3/5 repartitioning savepoint {step.snapshot_id} into {step.partitions} partitions on a copy")
+        try:
+            report = self._check(plan, RestoreSpec(RestoreMode.SNAPSHOT, step.snapshot_id), save=True)
+        except ConfigError as err:
+            return steps.Rescaled(problem=str(err))
+        if report.compatible and report.rescaled_snapshot_id:
+            self.say(f"3/5 saved savepoint {report.rescaled_snapshot_id} ({step.partitions} partitions) in "
+                     f"{report.seconds} s")
+            crash_point("rescale.after-save")
+        return steps.Rescaled(report.outcome.value, report.reason, report.rescaled_snapshot_id)
+
+    def _start_new(self, plan: steps.UpgradePlan, step: steps.Start) -> steps.Started:
+        if step.note:
+            self.say(step.note)
+        self.say(f"4/5 starting {plan.new['job_file']} from {step.restore}")
+        try:
+            record = self._start(plan.new_deployment, step.restore)
+        except CkptError as err:
+            return steps.Started(problem=f"cannot launch job {self.job}: {err}")
+        crash_point(f"{self.options.what}.after-start")
+        return steps.Started(record.to_dict())
+
+    def _verify_new(self, plan: steps.UpgradePlan) -> steps.Verified:
+        assert plan.launch is not None  # recorded with the launch
+        try:
+            event = self._verify(Launch.from_dict(plan.launch))
+        except CkptError as err:  # the job store unreachable meanwhile: no verdict, roll back
+            return steps.Verified(False, str(err))
+        return steps.Verified(event.get("status") == "healthy", str(event.get("message")), event.get("epoch"),
+                              event.get("batch_id"))
+
+    def _start(self, deployment: Deployment, restore: RestoreSpec) -> Launch:
+        return launch(self.store, deployment, restore=restore, store_url=self.store_url, s3=self.s3,
+                      launched_by=self.launched_by)
+
+    def _verify(self, record: Launch, *, batches: int | None = None) -> dict[str, Any]:
+        timeout = self.options.verify_timeout
+        criteria = HealthCriteria(started_after=record.launched_at, start_timeout=timeout, max_restarts=1,
+                                  health_window=timeout,
+                                  min_batches=self.options.verify_batches if batches is None else batches)
+        watch = JobHealthWatch(self.store, criteria)
+        deadline = time.monotonic() + timeout
+        while (event := watch.poll()) is None:
+            if time.monotonic() >= deadline:
+                return {"status": "timeout", "message": f"no verdict within {timeout:.0f} s: {watch.waiting_for()}"}
+            time.sleep(self.options.poll)
+        return event
+
+    def _done(self, plan: steps.UpgradePlan, result: dict[str, Any]) -> dict[str, Any]:
+        assert plan.launch is not None
+        mark_stable(self.store, Launch.from_dict(plan.launch))
+        if plan.what == steps.UPGRADE:
+            self.say(f"4/5 verified: epoch {result['epoch']} at batch {result['batch_id']}; "
+                     f"{plan.new.get('code_version') or plan.new['job_file']} is the stable deployment")
+            return result
+        self.say(f"4/5 verified: epoch {result['epoch']} at batch {result['batch_id']}, {plan.partitions} partitions")
+        return {key: result[key] for key in ("job", "partitions", "snapshot_id", "rescaled_snapshot_id", "epoch",
+                                             "batch_id")}
+
+    def _roll_back(self, plan: steps.UpgradePlan, step: steps.RollBack) -> steps.RolledBack:
+        if step.dispose:  # a restore strategy must not pick the new partitions up again (the newest savepoint)
+            try:
+                dispose_snapshot(self.store, step.dispose, force=True)
+            except CkptError as dispose_err:
+                log.warning("job %s: savepoint %s (the new partitions) was not disposed: %s", self.job, step.dispose,
+                            dispose_err)
+        old = plan.old_deployment
+        self.say(f"5/5 rolling back: starting {old.job_file} from {step.restore} (the old "
+                 f"{'code' if plan.what == steps.UPGRADE else 'partitions'}): {step.why}")
+        event = self._verify(self._start(old, step.restore), batches=0)
+        healthy = event.get("status") == "healthy"
+        return steps.RolledBack(step.why, healthy, str(event.get("message")), event.get("epoch"))

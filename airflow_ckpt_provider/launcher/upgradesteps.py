@@ -1,0 +1,538 @@
+"""The steps of an upgrade or a rescale, decided once for every driver (the Airflow operators, ``ckpt job rescale``,
+and any other orchestrator): observe, decide, act, as the Flink Kubernetes Operator's upgrade.
+
+1. check: the new code restores the current state on a copy (repartitioned, for a rescale): refused here,
+   before anything stops;
+2. stop the old driver: stop-with-savepoint (``savepoint``) or cancel (``last-state``, ``stateless``);
+3. a rescale: the stop's savepoint S repartitioned on a copy and saved as savepoint R;
+4. start the new deployment (from S, R, the latest state or no state) and verify it;
+5. on failure, roll back: R disposed, the old deployment started again from S (or its latest state).
+
+:func:`prepare` observes (spec/last.json, the job's status and snapshots) and refuses what cannot work;
+:func:`next_step` is pure: given the plan and the outcome of the last step it returns the next step. A driver
+only acts: it runs each step (waiting in the foreground, or deferred in Airflow's triggerer) and feeds its
+outcome back. The plan is JSON (``to_dict``/``from_dict``): a deferred operator carries it through its
+triggers. No Airflow here (the layer contracts in pyproject.toml check it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from airflow_ckpt_provider.core.control import STOP_ACTION, RequestAction
+from airflow_ckpt_provider.core.deployments import Deployment, read_launch
+from airflow_ckpt_provider.core.errors import CkptError, ConfigError
+from airflow_ckpt_provider.core.jobstore import JobStore
+from airflow_ckpt_provider.core.jobview import check_can_request, observe
+from airflow_ckpt_provider.core.manifest import Kind, Manifest
+from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec, UpgradeMode
+from airflow_ckpt_provider.core.outcomes import CheckOutcome
+from airflow_ckpt_provider.core.rescaling import snapshot_problem, stopped_source
+from airflow_ckpt_provider.core.snapshots import latest_completed, list_snapshots
+from airflow_ckpt_provider.core.status import JobState, JobStatus, read_status
+from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.launcher.deploy import submit_spec
+from airflow_ckpt_provider.launcher.submit import build_command
+from airflow_ckpt_provider.runtime.config import default_checkpoint
+
+UPGRADE = "upgrade"
+RESCALE = "rescale"
+
+#: Why an upgrade with a savepoint of a job that does not run is refused.
+NOT_RUNNING = ("it is not running, so no savepoint can be taken; use upgrade_mode last-state to upgrade from its "
+               "latest checkpoint")
+
+
+class NotRetried(ConfigError):
+    """A second try of a run that may have stopped the old job already: refused, and not to be retried."""
+
+
+# -- the plan -----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UpgradePlan:
+    """One run's target and what it has done so far. ``old``: the old launch record (spec/last.json) as JSON,
+    the rollback's deployment; ``new``: the new deployment as JSON; ``snapshot_id``: the stop's savepoint (or the
+    latest snapshot), the rollback's source; ``rescaled_snapshot_id``: R; ``launch``: the new deployment's launch
+    under verification; ``stopped``: the job was stopped with a savepoint when the run began (nothing to stop)."""
+
+    job: str
+    old: dict[str, Any]
+    new: dict[str, Any]
+    what: str = UPGRADE
+    mode: UpgradeMode = UpgradeMode.SAVEPOINT
+    partitions: int | None = None
+    savepoint_first: bool = False  # a running job without a snapshot: take a savepoint to check against
+    stopped: bool = False
+    snapshot_id: str | None = None
+    rescaled_snapshot_id: str | None = None
+    launch: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job": self.job, "old": self.old, "new": self.new, "what": self.what, "mode": self.mode.value,
+                "partitions": self.partitions, "savepoint_first": self.savepoint_first, "stopped": self.stopped,
+                "snapshot_id": self.snapshot_id, "rescaled_snapshot_id": self.rescaled_snapshot_id,
+                "launch": self.launch}
+
+    @classmethod
+    def from_dict(cls, body: dict[str, Any]) -> UpgradePlan:
+        """The plan back from its JSON; keys it lacks (a plan written by an earlier version) take defaults."""
+        return cls(job=str(body.get("job", "")), old=body["old"], new=body.get("new") or {},
+                   what=body.get("what") or UPGRADE, mode=UpgradeMode(body.get("mode") or UpgradeMode.SAVEPOINT),
+                   partitions=body.get("partitions"), savepoint_first=bool(body.get("savepoint_first")),
+                   stopped=bool(body.get("stopped")), snapshot_id=body.get("snapshot_id"),
+                   rescaled_snapshot_id=body.get("rescaled_snapshot_id"), launch=body.get("launch"))
+
+    @property
+    def old_deployment(self) -> Deployment:
+        return Deployment.from_dict(self.old["deployment"])
+
+    @property
+    def new_deployment(self) -> Deployment:
+        return Deployment.from_dict(self.new)
+
+    @property
+    def old_code(self) -> str:
+        """The old code as the messages name it: its version, or its job file."""
+        return str(self.old["deployment"].get("code_version") or self.old["deployment"]["job_file"])
+
+    def target(self, code: str | None = None) -> str:
+        """What the run moves the job to: ``code`` (default the new job file), and/or the partitions."""
+        code = self.new.get("job_file", "") if code is None else code
+        if self.partitions is None:
+            return str(code)
+        return f"{self.partitions} state partitions" if self.what == RESCALE else \
+            f"{code} with {self.partitions} state partitions"
+
+    def refused(self, why: object) -> str:
+        """A refusal's message: nothing was stopped."""
+        return (f"{self.what} of job {self.job} to {self.target()} refused before anything was stopped: {why}; "
+                + ("nothing was changed" if self.stopped else "the job runs as before"))
+
+    @property
+    def source(self) -> RestoreSpec:
+        """Where the old deployment restarts from in a rollback: the stop's savepoint, or its latest state."""
+        return RestoreSpec(RestoreMode.SNAPSHOT, self.snapshot_id) if self.snapshot_id else LATEST_STATE
+
+
+# -- the outcomes a driver feeds back -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Running:
+    """The running driver's epoch (None: no driver runs), or why no request can be made to it (``problem``)."""
+
+    epoch: int | None = None
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class Began:
+    """What :func:`prepare` observed: the running driver; for a rescale, the latest snapshot (a running job) or
+    the status and savepoints (a stopped one)."""
+
+    running: Running
+    latest: Manifest | None = None
+    status: JobStatus | None = None
+    savepoints: Sequence[Manifest] = ()
+
+
+@dataclass(frozen=True)
+class Saved:
+    """The savepoint to check against: taken, or ``problem``."""
+
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class Checked:
+    """The restore check's verdict (``status``: a CheckOutcome value), or ``problem``: no verdict (it could not
+    start, the wait timed out or failed). ``running``: the job observed again after the verdict."""
+
+    status: str | None = None
+    reason: str | None = None
+    snapshot_id: str | None = None
+    problem: str | None = None
+    running: Running = field(default_factory=Running)
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """The old driver stopped (or there was none): with its final savepoint, else the latest completed snapshot."""
+
+    snapshot_id: str | None = None
+    latest: str | None = None
+
+
+@dataclass(frozen=True)
+class StopFailed:
+    """The stop did not complete (``why``); ``seen``: the job observed after it, ``stopping``, ``running`` or
+    ``down``, None when the driver did not look."""
+
+    why: str
+    seen: str | None = None
+    epoch: int | None = None
+
+
+@dataclass(frozen=True)
+class Rescaled:
+    """The repartition's verdict and savepoint R, or ``problem``: no verdict."""
+
+    status: str | None = None
+    reason: str | None = None
+    rescaled_snapshot_id: str | None = None
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class Started:
+    """The new deployment launched (``launch``: its record as JSON), or ``problem``: it could not be."""
+
+    launch: dict[str, Any] | None = None
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class Verified:
+    """The health verdict on the new deployment."""
+
+    healthy: bool
+    why: str = ""
+    epoch: int | None = None
+    batch_id: int | None = None
+
+
+@dataclass(frozen=True)
+class RolledBack:
+    """The health verdict on the old deployment started again; ``why``: the failure rolled back."""
+
+    why: str
+    healthy: bool
+    rollback_why: str = ""
+    epoch: int | None = None
+
+
+Outcome = Began | Saved | Checked | Stopped | StopFailed | Rescaled | Started | Verified | RolledBack
+
+
+# -- the steps ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TakeSavepoint:
+    """Ask the driver of ``epoch`` for a savepoint (it keeps running): the check needs a snapshot."""
+
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Check:
+    """Run the new deployment on a copy of the latest state (``rescale_to``: repartitioned first)."""
+
+    rescale_to: int | None
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Stop the driver of ``epoch`` with ``action`` (stop with savepoint, or cancel); None: none runs."""
+
+    action: RequestAction
+    epoch: int | None
+
+
+@dataclass(frozen=True)
+class Rescale:
+    """Repartition savepoint ``snapshot_id`` into ``partitions`` on a copy, saved as a savepoint of its own.
+    ``note``: where a stopped job's rescale starts, for the driver to say first."""
+
+    snapshot_id: str
+    partitions: int
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class Start:
+    """Launch the new deployment, restoring ``restore`` (``note``: as for Rescale)."""
+
+    restore: RestoreSpec
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class Verify:
+    """Wait for the health verdict on the new deployment's launch (the plan's ``launch``)."""
+
+
+@dataclass(frozen=True)
+class RollBack:
+    """Dispose savepoint ``dispose`` (if any), start the old deployment from ``restore``, wait for its health."""
+
+    why: str
+    dispose: str | None
+    restore: RestoreSpec
+
+
+@dataclass(frozen=True)
+class Relaunch:
+    """The old job went down while it was asked to stop: start it again from its latest state, then fail."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Done:
+    """Verified: record the new deployment as stable; ``result`` is the run's result."""
+
+    result: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """Refused before anything stopped."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Fail:
+    """Failed after the stop; the message says where the job is now."""
+
+    message: str
+
+
+Step = TakeSavepoint | Check | Stop | Rescale | Start | Verify | RollBack | Relaunch | Done | Refuse | Fail
+
+
+# -- decide -------------------------------------------------------------------------------------------------------
+
+
+def next_step(plan: UpgradePlan, outcome: Outcome) -> tuple[UpgradePlan, Step]:
+    """The step after ``outcome``, and the plan with what it recorded. Pure: no IO, no clock."""
+    decide: Callable[[UpgradePlan, Any], tuple[UpgradePlan, Step]] = _DECISIONS[type(outcome)]
+    return decide(plan, outcome)
+
+
+def _saved(plan: UpgradePlan, saved: Saved) -> tuple[UpgradePlan, Step]:
+    if saved.problem:
+        return plan, Refuse(plan.refused(f"the savepoint to check against did not complete ({saved.problem})"))
+    return plan, Check(plan.partitions)
+
+
+def _started(plan: UpgradePlan, started: Started) -> tuple[UpgradePlan, Step]:
+    if started.launch is None:
+        what = "the new code" if plan.what == UPGRADE else f"the job on {plan.partitions} partitions"
+        return plan, _roll_back(plan, f"{what} could not be launched: {started.problem}")
+    return replace(plan, launch=started.launch), Verify()
+
+
+def _verified(plan: UpgradePlan, verified: Verified) -> tuple[UpgradePlan, Step]:
+    if not verified.healthy:
+        return plan, _roll_back(plan, verified.why)
+    return plan, Done(_result(plan, verified))
+
+
+def _began(plan: UpgradePlan, seen: Began) -> tuple[UpgradePlan, Step]:
+    """The first step: refused from what was observed, or the check (a stopped job's rescale: the repartition)."""
+    running, n, latest = seen.running, plan.partitions, seen.latest
+    if n is not None and running.epoch is None and running.problem is None:  # stopped: from its final savepoint
+        return _stopped_job(replace(plan, stopped=True), seen, n)
+    problem = snapshot_problem(latest, n) if latest is not None and n is not None else None
+    why = running.problem or (NOT_RUNNING if running.epoch is None and plan.mode is UpgradeMode.SAVEPOINT else None) \
+        or (f"snapshot {latest.snapshot_id}: {problem}" if latest is not None and problem else None)
+    if why:  # the same count, no state, HDFS-backed: no check needed to say so
+        return plan, Refuse(plan.refused(why))
+    if plan.mode is UpgradeMode.STATELESS:  # nothing to restore, nothing to check
+        return plan, _stop(plan, running)
+    if n is not None and latest is None and plan.savepoint_first and running.epoch is not None:
+        return plan, TakeSavepoint(running.epoch)
+    return plan, Check(n)
+
+
+def _stopped_job(plan: UpgradePlan, seen: Began, n: int) -> tuple[UpgradePlan, Step]:
+    """Nothing to stop: repartition the savepoint the job stopped with (the step runs the code on its copy: no
+    check of its own), or start from the one an unfinished rescale saved."""
+    try:
+        start = stopped_source(seen.status, seen.savepoints, n)
+    except ConfigError as err:
+        return plan, Refuse(plan.refused(err))
+    plan, note = replace(plan, snapshot_id=start.source.snapshot_id), start.describe(n)
+    if start.rescaled is None:
+        return plan, Rescale(start.source.snapshot_id, n, note)
+    plan = replace(plan, rescaled_snapshot_id=start.rescaled.snapshot_id)
+    return plan, Start(RestoreSpec(RestoreMode.SNAPSHOT, start.rescaled.snapshot_id), note)
+
+
+def _checked(plan: UpgradePlan, verdict: Checked) -> tuple[UpgradePlan, Step]:
+    """Compatible goes on to the stop (of the job observed again: it may have changed meanwhile); anything else
+    refuses the run, nothing stopped."""
+    if verdict.problem is not None:
+        return plan, Refuse(plan.refused(verdict.problem))
+    if verdict.status == CheckOutcome.BAD_INPUT:
+        return plan, Refuse(plan.refused(verdict.reason))
+    if verdict.status != CheckOutcome.COMPATIBLE:
+        how = "with the new code" if plan.what == UPGRADE else f"repartitioned into {plan.partitions} partitions"
+        return plan, Refuse(plan.refused(f"restore check of snapshot {verdict.snapshot_id or '-'} {how}: "
+                                         f"{verdict.status}: {verdict.reason}"))
+    running = verdict.running
+    problem = running.problem or (NOT_RUNNING if running.epoch is None and plan.mode is UpgradeMode.SAVEPOINT
+                                  else None)
+    if problem:
+        return plan, Refuse(plan.refused(f"{problem} (observed after the restore check)"))
+    return plan, _stop(plan, running)
+
+
+def _stop(plan: UpgradePlan, running: Running) -> Stop:
+    return Stop(STOP_ACTION[plan.mode.stop], running.epoch)
+
+
+def _stopped(plan: UpgradePlan, stopped: Stopped) -> tuple[UpgradePlan, Step]:
+    """Cancelled or not running: the rollback goes back to the latest snapshot."""
+    snapshot_id = stopped.snapshot_id or stopped.latest
+    plan = replace(plan, snapshot_id=snapshot_id)
+    if plan.partitions is not None:
+        if snapshot_id is None:
+            return plan, _roll_back(plan, "the stop left no savepoint to repartition")
+        return plan, Rescale(snapshot_id, plan.partitions)
+    restore = {UpgradeMode.SAVEPOINT: plan.source, UpgradeMode.LAST_STATE: LATEST_STATE,
+               UpgradeMode.STATELESS: RestoreSpec(RestoreMode.NONE)}[plan.mode]
+    return plan, Start(restore)
+
+
+def _stop_failed(plan: UpgradePlan, failed: StopFailed) -> tuple[UpgradePlan, Step]:
+    return plan, _stop_failure(plan, failed)
+
+
+def _stop_failure(plan: UpgradePlan, failed: StopFailed) -> Step:
+    """The old driver did not stop as asked: say what state the job is in; relaunch it if it is down."""
+    head = f"{plan.what} of job {plan.job}: {failed.why}"
+    if failed.seen == "stopping":
+        return Fail(f"{head}; the old driver (epoch {failed.epoch}) is still STOPPING: the stop stays in effect and "
+                    "nothing restarts the job afterwards; once `ckpt job status` shows it STOPPED, run the upgrade "
+                    "again (or restart the job)")
+    if failed.seen == "running":
+        return Fail(f"{head}; the old job still runs (epoch {failed.epoch}), nothing was changed")
+    if failed.seen == "down":
+        old = plan.old_deployment
+        return Relaunch(f"{head}; the old job had stopped: relaunched {old.job_file} (code "
+                        f"{old.code_version or '-'}) from its latest state")
+    return Fail(f"{head}; the stop may still be under way: check `ckpt job status --job {plan.job}`; nothing was "
+                + ("repartitioned" if plan.partitions is not None else "changed"))
+
+
+def _rescaled(plan: UpgradePlan, verdict: Rescaled) -> tuple[UpgradePlan, Step]:
+    """The repartitioned savepoint: start the job on it; anything else rolls back to the old partitions."""
+    if verdict.problem is not None:
+        return plan, _roll_back(plan, verdict.problem)
+    rescaled = verdict.rescaled_snapshot_id
+    if verdict.status != CheckOutcome.COMPATIBLE or not rescaled:
+        return plan, _roll_back(plan, f"the rescale of savepoint {plan.snapshot_id} to {plan.partitions} "
+                                      f"partitions: {verdict.status}: {verdict.reason}")
+    plan = replace(plan, rescaled_snapshot_id=rescaled)
+    return plan, Start(RestoreSpec(RestoreMode.SNAPSHOT, rescaled))
+
+
+def _roll_back(plan: UpgradePlan, why: str) -> RollBack:
+    # A restore strategy must not pick the new partitions up again (R is the newest savepoint): R goes.
+    return RollBack(why, plan.rescaled_snapshot_id, plan.source)
+
+
+def _result(plan: UpgradePlan, verified: Verified) -> dict[str, Any]:
+    return {"job": plan.job, "from_version": plan.old["deployment"].get("code_version"),
+            "to_version": plan.new.get("code_version"), "upgrade_mode": plan.mode.value,
+            "snapshot_id": plan.snapshot_id, "epoch": verified.epoch, "batch_id": verified.batch_id,
+            "partitions": plan.partitions, "rescaled_snapshot_id": plan.rescaled_snapshot_id}
+
+
+def _rolled_back(plan: UpgradePlan, rolled: RolledBack) -> tuple[UpgradePlan, Step]:
+    return plan, Fail(_rollback_message(plan, rolled))
+
+
+def _rollback_message(plan: UpgradePlan, rolled: RolledBack) -> str:
+    new = plan.new.get("code_version") or plan.new.get("job_file") or ""
+    head = f"{plan.what} of job {plan.job} to {plan.target(new)} failed verification ({rolled.why})"
+    if not rolled.healthy:
+        return (f"{head} and the rollback to {plan.old_code} ALSO failed ({rolled.rollback_why}); the job's state is "
+                f"uncertain: check `ckpt job status --job {plan.job}`, and if it is not running restore it from "
+                f"snapshot {plan.snapshot_id or '(its latest state)'}")
+    return (f"{head}; rolled back to {plan.old_code} from {plan.snapshot_id or 'its latest state'}"
+            + (" on its old partitions: it runs again" if plan.partitions else ": the old code runs again")
+            + f" (epoch {rolled.epoch})")
+
+
+_DECISIONS: dict[type, Callable[[UpgradePlan, Any], tuple[UpgradePlan, Step]]] = {
+    Began: _began, Saved: _saved, Checked: _checked, Stopped: _stopped, StopFailed: _stop_failed,
+    Rescaled: _rescaled, Started: _started, Verified: _verified, RolledBack: _rolled_back}
+
+
+# -- observe ------------------------------------------------------------------------------------------------------
+
+
+def observe_running(store: JobStore) -> Running:
+    """The epoch of the driver a stop can be asked of; None when none runs; ``problem`` when one runs but cannot
+    be asked (a restart under way, a newer driver starting)."""
+    try:
+        view = observe(store)
+    except ConfigError:  # never ran
+        return Running()
+    if not view.live:
+        return Running()
+    try:
+        return Running(check_can_request(view, RequestAction.STOP).epoch)
+    except CkptError as err:
+        return Running(problem=str(err))
+
+
+def observe_stop_failure(store: JobStore) -> tuple[str, int | None]:
+    """After a stop that did not complete: is the old driver ``stopping``, ``running``, or ``down``?"""
+    try:
+        view = observe(store)
+    except ConfigError:
+        return "down", None
+    status = view.status
+    if status is None or not view.live:
+        return "down", None
+    return ("stopping" if status.state is JobState.STOPPING else "running"), status.epoch
+
+
+def prepare(store: JobStore, *, store_url: str, s3: S3Options | None, what: str = UPGRADE,
+            job_file: str | None = None, code_version: str | None = None,
+            mode: UpgradeMode = UpgradeMode.SAVEPOINT, partitions: int | None = None, attempt: int = 1,
+            submit_hint: str, savepoint_first: bool = False,
+            now: float | None = None) -> tuple[UpgradePlan, Began]:
+    """Observe the job and build the plan; ConfigError (its message final) for what is refused before any step:
+    ``partitions`` with a mode other than savepoint, a second ``attempt``, no recorded deployment (``submit_hint``
+    says how to make one), a new deployment spark-submit would refuse. ``job_file`` None: the running code."""
+    job = store.job
+    if partitions is not None and mode is not UpgradeMode.SAVEPOINT:
+        raise ConfigError(f"{what} of job {job}: partitions={partitions} with upgrade_mode {mode}; a rescale goes "
+                          "through a savepoint: use upgrade_mode savepoint. Nothing was changed")
+    if attempt > 1:  # a retry would take spec/last.json (maybe the new code by now) for the old deployment
+        raise NotRetried(
+            f"{what} of job {job}: not retried (try {attempt}): an earlier try may have stopped the old job or "
+            "started the new code. Check `ckpt job status` and spec/last.json, then trigger a new run; set "
+            "retries=0 on this task")
+    old = read_launch(store)
+    if old is None:
+        raise ConfigError(f"job {job} has no recorded deployment (spec/last.json): {submit_hint}")
+    if not job_file:
+        job_file, code_version = old.deployment.job_file, code_version or old.deployment.code_version
+    new = old.deployment.with_code(job_file, code_version)
+    if mode is UpgradeMode.STATELESS:  # without state: on a fresh live checkpoint location
+        base = old.deployment.checkpoint or default_checkpoint(job)
+        new = replace(new, checkpoint=f"{base.rstrip('/')}-stateless-{int(time.time() if now is None else now)}")
+    plan = UpgradePlan(job, old.to_dict(), new.to_dict(), what, mode, partitions, savepoint_first)
+    running = observe_running(store)
+    if running.problem is None:
+        try:  # a deployment spark-submit would refuse fails here, before anything stops
+            build_command(submit_spec(new, job, store_url, LATEST_STATE, s3, supervised=True))
+        except CkptError as err:
+            raise ConfigError(plan.refused(err)) from err
+    if partitions is None:
+        return plan, Began(running)
+    if running.epoch is None and running.problem is None:
+        return plan, Began(running, status=read_status(store), savepoints=list_snapshots(store, Kind.SAVEPOINT))
+    return plan, Began(running, latest=latest_completed(list_snapshots(store)))

@@ -1,0 +1,192 @@
+"""``ckpt job rescale|upgrade``'s driver (launcher/upgrade.py JobUpgrade): it acts on the steps
+launcher/upgradesteps.py decides, in the foreground, one line per step. Spark, the driver and the launch are fakes
+here (the real ones: integration/test_rescale.py, integration/test_cli_job.py)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_ckpt_provider.cli.main import main
+from airflow_ckpt_provider.core.control import Ack, Outcome, RequestAction, open_requests
+from airflow_ckpt_provider.core.deployments import read_launch
+from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.jobstore import SPEC_STABLE, JobStore
+from airflow_ckpt_provider.core.modes import UpgradeMode
+from airflow_ckpt_provider.core.outcomes import CheckOutcome
+from airflow_ckpt_provider.core.status import JobState
+from airflow_ckpt_provider.launcher import upgrade
+from airflow_ckpt_provider.launcher.upgrade import JobUpgrade, UpgradeFailed, UpgradeOptions
+from airflow_ckpt_provider.runtime.restoreverdict import RestoreCheck
+from tests.support.operatorfakes import (
+    ORDERS_V1,
+    ORDERS_V2,
+    RESCALED_SID,
+    SID,
+    FakeLaunch,
+    old_deployment,
+    record_deployment,
+    report,
+)
+from tests.unit.operators.test_rescale import _savepoint
+
+
+class World:
+    """The fakes: the check and the repartition (Spark), the driver's acks, the health of each launch."""
+
+    def __init__(self, store: JobStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.store, self.launches, self.said = store, FakeLaunch(), []  # type: ignore[var-annotated]
+        self.checks: list[tuple[str, bool]] = []
+        self.rescale_outcome = CheckOutcome.COMPATIBLE
+        self.stop_answers = True
+        self.healthy = [True]
+        monkeypatch.setattr(upgrade, "check_restore", self.check_restore)
+        monkeypatch.setattr(upgrade, "wait_ack", self.wait_ack)
+        monkeypatch.setattr(upgrade, "launch", self.launches)
+        monkeypatch.setattr(upgrade, "JobHealthWatch", self.watch)
+
+    def check_restore(self, spec: Any, timeout: float, *, env: Any = None) -> RestoreCheck:
+        save = bool(spec.config.save_rescaled)
+        self.checks.append((str(spec.config.restore), save))
+        if not save:
+            return RestoreCheck(CheckOutcome.COMPATIBLE, "ok", snapshot_id=SID, batch_id=7, seconds=1.0)
+        return RestoreCheck(self.rescale_outcome, "repartitioned", snapshot_id=SID, batch_id=7, seconds=2.0,
+                            rescaled_snapshot_id=RESCALED_SID if self.rescale_outcome == "compatible" else None)
+
+    def wait_ack(self, store: JobStore, request_id: str, timeout: float, *, poll: float) -> Ack | None:
+        [request] = [r for r in open_requests(store) if r.id == request_id]
+        if not self.stop_answers:
+            return None
+        snapshot = None if request.action is RequestAction.CANCEL else SID
+        return Ack(request_id, request.action, Outcome.COMPLETED, "done", request.epoch, time.time(),
+                   snapshot_id=snapshot, batch_id=7)
+
+    def watch(self, store: JobStore, criteria: Any) -> Any:
+        healthy = self.healthy.pop(0)
+
+        class Watch:
+            def poll(self) -> dict[str, Any]:
+                return {"status": "healthy" if healthy else "unhealthy", "epoch": 4, "batch_id": 9,
+                        "message": "job orders: RUNNING" if healthy else "job orders: expected it healthy, found "
+                                                                         "FAILED"}
+
+            def waiting_for(self) -> str:
+                return "-"
+
+        return Watch()
+
+    def run(self, partitions: int | None = 5, **upgrade: Any) -> dict[str, Any]:
+        options = UpgradeOptions(partitions, poll=0.01, verify_timeout=5, **upgrade)
+        return JobUpgrade(self.store, str(self.store.storage.url), None, options, say=self.said.append,
+                          launched_by="test").run()
+
+
+@pytest.fixture
+def world(store: JobStore, monkeypatch: pytest.MonkeyPatch) -> World:
+    record_deployment(store, old_deployment(job_file=ORDERS_V1))
+    report(store, epoch=3, code_version="v1")
+    _savepoint(store, SID, 7, 2)  # the latest snapshot: RocksDB state in 2 partitions
+    return World(store, monkeypatch)
+
+
+def test_a_rescale_checks_stops_repartitions_starts_and_verifies_saying_each_step(world: World) -> None:
+    result = world.run()
+    assert result == {"job": "orders", "partitions": 5, "snapshot_id": SID, "rescaled_snapshot_id": RESCALED_SID,
+                      "epoch": 4, "batch_id": 9}
+    assert [line[:3] for line in world.said] == ["1/5", "1/5", "2/5", "2/5", "3/5", "3/5", "4/5", "4/5"]
+    assert world.said[2] == "2/5 stopping the driver of epoch 3 with a savepoint"
+    assert world.checks == [("latest-state", False), (SID, True)]
+    [started] = world.launches.calls
+    assert str(started.restore) == RESCALED_SID and read_launch(world.store, SPEC_STABLE) == started
+
+
+def test_a_failed_verification_rolls_back_to_the_stops_savepoint(world: World) -> None:
+    world.healthy = [False, True]
+    with pytest.raises(UpgradeFailed) as info:
+        world.run()
+    new, old = world.launches.calls
+    assert (str(new.restore), str(old.restore), old.deployment.job_file) == (RESCALED_SID, SID, ORDERS_V1)
+    assert world.said[-1].startswith(f"5/5 rolling back: starting {ORDERS_V1} from {SID} (the old partitions)")
+    assert str(info.value) == (
+        "rescale of job orders to 5 state partitions failed verification (job orders: expected it healthy, found "
+        f"FAILED); rolled back to v1 from {SID} on its old partitions: it runs again (epoch 4)")
+
+
+def test_a_failed_repartition_rolls_back_before_anything_new_starts(world: World) -> None:
+    world.rescale_outcome = CheckOutcome.INCOMPATIBLE
+    with pytest.raises(UpgradeFailed, match=rf"\(the rescale of savepoint {SID} to 5 partitions: incompatible: "
+                                            r"repartitioned\); rolled back"):
+        world.run()
+    [old] = world.launches.calls
+    assert str(old.restore) == SID
+
+
+def test_a_stop_without_an_answer_fails_and_starts_nothing(world: World) -> None:
+    world.stop_answers = False
+    with pytest.raises(UpgradeFailed) as info:
+        world.run()
+    assert str(info.value) == (
+        "rescale of job orders: the stop with savepoint did not complete (no answer); the stop may still be under "
+        "way: check `ckpt job status --job orders`; nothing was repartitioned")
+    assert world.launches.calls == []
+
+
+def test_the_same_count_is_refused_before_anything(world: World) -> None:
+    with pytest.raises(ConfigError) as info:
+        world.run(2)
+    assert str(info.value).startswith(f"rescale of job orders to 2 state partitions refused before anything was "
+                                      f"stopped: snapshot {SID}: the state already has 2 partitions")
+    assert world.checks == [] and open_requests(world.store) == [] and world.launches.calls == []
+
+
+def test_a_stopped_job_is_rescaled_from_its_final_savepoint_without_a_stop(world: World) -> None:
+    report(world.store, epoch=3, state=JobState.STOPPED, batch_id=7, last_snapshot={"id": SID, "kind": "savepoint",
+                                                                               "batch_id": 7})
+    world.run()
+    assert world.said[0].endswith("rescaling it from there") and world.checks == [(SID, True)]
+    assert open_requests(world.store) == []
+
+
+# -- ckpt job upgrade ---------------------------------------------------------------------------------------------
+
+
+def test_an_upgrade_checks_the_new_code_stops_with_savepoint_and_starts_it_from_the_savepoint(world: World) -> None:
+    result = world.run(None, job_file=ORDERS_V2, code_version="v2")
+    assert result == {"job": "orders", "from_version": "v1", "to_version": "v2", "upgrade_mode": "savepoint",
+                      "snapshot_id": SID, "epoch": 4, "batch_id": 9, "partitions": None, "rescaled_snapshot_id": None}
+    assert world.checks == [("latest-state", False)]  # no repartition
+    assert [line[:3] for line in world.said] == ["1/5", "1/5", "2/5", "2/5", "4/5", "4/5"]
+    assert world.said[0] == f"1/5 checking that {ORDERS_V2} (code v2) restores the latest state (on a copy)"
+    assert world.said[-1] == "4/5 verified: epoch 4 at batch 9; v2 is the stable deployment"
+    [started] = world.launches.calls
+    assert (started.deployment.job_file, started.deployment.code_version, str(started.restore)) == (ORDERS_V2, "v2",
+                                                                                                     SID)
+
+
+def test_an_upgrade_in_last_state_mode_cancels_and_rolls_back_to_the_latest_snapshot(world: World) -> None:
+    world.healthy = [False, True]
+    with pytest.raises(UpgradeFailed) as info:
+        world.run(None, job_file=ORDERS_V2, code_version="v2", mode=UpgradeMode.LAST_STATE)
+    assert [r.action for r in open_requests(world.store)] == [RequestAction.CANCEL]
+    assert "2/5 cancelled at batch 7" in world.said
+    new, old = world.launches.calls
+    assert (str(new.restore), old.deployment.job_file, str(old.restore)) == ("latest-state", ORDERS_V1, SID)
+    assert str(info.value) == ("upgrade of job orders to v2 failed verification (job orders: expected it healthy, "
+                               f"found FAILED); rolled back to v1 from {SID}: the old code runs again (epoch 4)")
+
+
+def test_ckpt_job_upgrade_prints_where_the_job_went(world: World, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    store = str(tmp_path / "store")  # the store fixture's root
+    assert main(["job", "upgrade", "--store", store, "--job", "orders", "--job-file", ORDERS_V2, "--code-version",
+                 "v2", "--verify-timeout", "5"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == f"upgraded job orders to v2 (savepoint, from {SID}), running at epoch 4, batch 9"
+    assert "2/5 stopping the driver of epoch 3 with a savepoint" in err
+    assert main(["job", "upgrade", "--store", store, "--job", "orders", "--job-file", ORDERS_V2, "--partitions", "3",
+                 "--upgrade-mode", "last-state"]) == 1
+    _, err = capsys.readouterr()
+    assert "partitions=3 with upgrade_mode last-state; a rescale goes through a savepoint" in err

@@ -1,0 +1,249 @@
+"""The upgrade/rescale steps as one pure function (launcher/upgradesteps.py next_step): each transition, with the
+plan round-tripping through JSON before every decision, as a deferred operator carries it through its triggers."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from airflow_ckpt_provider.core.control import RequestAction
+from airflow_ckpt_provider.core.manifest import RESCALED_FROM, Trigger
+from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec, UpgradeMode
+from airflow_ckpt_provider.launcher.upgradesteps import (
+    NOT_RUNNING,
+    RESCALE,
+    Began,
+    Check,
+    Checked,
+    Done,
+    Fail,
+    Outcome,
+    Refuse,
+    Relaunch,
+    Rescale,
+    Rescaled,
+    RollBack,
+    RolledBack,
+    Running,
+    Saved,
+    Start,
+    Started,
+    Step,
+    Stop,
+    StopFailed,
+    Stopped,
+    TakeSavepoint,
+    UpgradePlan,
+    Verified,
+    Verify,
+    next_step,
+)
+from tests.support.operatorfakes import old_deployment
+from tests.unit.core.test_rescaling import manifest, op, stopped
+
+S, R = "savepoint-7-x", "savepoint-8-r"
+LAUNCH = {"job": "orders", "launch_id": "launch-1", "launched_at": 1.0}
+
+
+def plan_of(what: str = "upgrade", mode: UpgradeMode = UpgradeMode.SAVEPOINT, partitions: int | None = None,
+            **changes: Any) -> UpgradePlan:
+    old = {"job": "orders", "deployment": old_deployment().to_dict(), "restore": "latest-state", "launched_at": 0.0,
+           "launched_by": "test", "launch_id": "launch-0"}
+    new = old_deployment().with_code("orders_v2.py" if what == "upgrade" else "orders_v1.py",
+                                     "v2" if what == "upgrade" else "v1")
+    return replace(UpgradePlan("orders", old, new.to_dict(), what, mode, partitions), **changes)
+
+
+def decide(plan: UpgradePlan, outcome: Outcome) -> tuple[UpgradePlan, Step]:
+    """next_step on the plan as it comes back from JSON; the plan it returns survives JSON too."""
+    plan, step = next_step(UpgradePlan.from_dict(json.loads(json.dumps(plan.to_dict()))), outcome)
+    assert UpgradePlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+    return plan, step
+
+
+def refusal(step: Step) -> str:
+    assert isinstance(step, Refuse), step
+    return step.message
+
+
+# -- the first step, from what prepare observed -------------------------------------------------------------------
+
+
+def test_a_running_job_is_checked_first() -> None:
+    assert decide(plan_of(), Began(Running(3))) == (plan_of(), Check(None))
+    assert decide(plan_of("rescale", partitions=5), Began(Running(3), latest=manifest(op())))[1] == Check(5)
+    assert decide(plan_of(mode=UpgradeMode.LAST_STATE), Began(Running(None)))[1] == Check(None)
+
+
+def test_stateless_has_nothing_to_check_and_cancels() -> None:
+    assert decide(plan_of(mode=UpgradeMode.STATELESS), Began(Running(3)))[1] == Stop(RequestAction.CANCEL, 3)
+
+
+@pytest.mark.parametrize(("plan", "began", "why", "tail"), [
+    (plan_of(), Began(Running(None)), NOT_RUNNING, "the job runs as before"),
+    (plan_of(), Began(Running(problem="job orders is RESTARTING")), "job orders is RESTARTING",
+     "the job runs as before"),
+    (plan_of(RESCALE, partitions=2), Began(Running(3), latest=manifest(op())),
+     f"snapshot {S}: the state already has 2 partitions", "the job runs as before"),
+    (plan_of(RESCALE, partitions=5), Began(Running(None), status=stopped(snapshot=None), savepoints=[manifest(op())]),
+     "the job is not running (STOPPED) and did not stop with a savepoint", "nothing was changed"),
+], ids=["not-running", "restarting", "same-count", "cancelled"])
+def test_what_is_refused_before_anything_stops(plan: UpgradePlan, began: Began, why: str, tail: str) -> None:
+    text = refusal(decide(plan, began)[1])
+    target = "5 state partitions" if plan.partitions == 5 else "2 state partitions" if plan.partitions else \
+        "orders_v2.py"
+    assert text.startswith(f"{plan.what} of job orders to {target} refused before anything was stopped: {why}")
+    assert text.endswith(f"; {tail}")
+
+
+def test_a_stopped_jobs_rescale_repartitions_its_final_savepoint_or_starts_on_the_saved_one() -> None:
+    source = manifest(op())
+    plan, step = decide(plan_of(RESCALE, partitions=5), Began(Running(), status=stopped(), savepoints=[source]))
+    assert (plan.stopped, plan.snapshot_id) == (True, S)
+    assert isinstance(step, Rescale) and (step.snapshot_id, step.partitions) == (S, 5)
+    assert step.note is not None and step.note.endswith("rescaling it from there")
+    rescaled = manifest(op(), partitions=5, snapshot_id=R, batch_id=8, trigger=Trigger.RESCALE,
+                        labels={RESCALED_FROM: S})
+    plan, step = decide(plan_of(RESCALE, partitions=5), Began(Running(), status=stopped(),
+                                                              savepoints=[source, rescaled]))
+    assert (plan.snapshot_id, plan.rescaled_snapshot_id) == (S, R)
+    assert isinstance(step, Start) and str(step.restore) == R and "already repartitioned" in (step.note or "")
+
+
+def test_a_rescale_without_a_snapshot_takes_a_savepoint_to_check_against_when_asked() -> None:
+    plan = plan_of(RESCALE, partitions=5, savepoint_first=True)
+    assert decide(plan, Began(Running(3)))[1] == TakeSavepoint(3)
+    assert decide(replace(plan, savepoint_first=False), Began(Running(3)))[1] == Check(5)
+    assert decide(plan, Saved())[1] == Check(5)
+    assert "the savepoint to check against did not complete (no answer)" in refusal(decide(plan, Saved("no answer"))[1])
+
+
+# -- 1. the check's verdict ---------------------------------------------------------------------------------------
+
+
+def test_a_compatible_verdict_stops_the_job_observed_again() -> None:
+    assert decide(plan_of(), Checked("compatible", running=Running(4)))[1] == Stop(RequestAction.STOP, 4)
+    last_state = plan_of(mode=UpgradeMode.LAST_STATE)
+    assert decide(last_state, Checked("compatible", running=Running(4)))[1] == Stop(RequestAction.CANCEL, 4)
+    assert decide(last_state, Checked("compatible"))[1] == Stop(RequestAction.CANCEL, None)  # nothing runs
+
+
+@pytest.mark.parametrize(("plan", "verdict", "why"), [
+    (plan_of(), Checked(problem="restore check: timed out: no outcome"), "restore check: timed out: no outcome"),
+    (plan_of(), Checked("bad-input", "job file orders_v2.py does not define a @streaming_job"),
+     "job file orders_v2.py does not define a @streaming_job"),
+    (plan_of(), Checked("incompatible", "the key schema changed", S),
+     f"restore check of snapshot {S} with the new code: incompatible: the key schema changed"),
+    (plan_of(RESCALE, partitions=5), Checked("inconclusive", "timeout"),
+     "restore check of snapshot - repartitioned into 5 partitions: inconclusive: timeout"),
+    (plan_of(), Checked("compatible"), f"{NOT_RUNNING} (observed after the restore check)"),
+    (plan_of(), Checked("compatible", running=Running(problem="a newer driver")),
+     "a newer driver (observed after the restore check)"),
+], ids=["no-verdict", "bad-input", "incompatible", "rescale-inconclusive", "stopped-meanwhile", "newer-driver"])
+def test_anything_but_a_compatible_verdict_on_a_running_job_refuses(plan: UpgradePlan, verdict: Checked,
+                                                                    why: str) -> None:
+    text = refusal(decide(plan, verdict)[1])
+    assert f"refused before anything was stopped: {why}; the job runs as before" in text
+
+
+# -- 2. the stop --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("mode", "stopped_with", "restore"), [
+    (UpgradeMode.SAVEPOINT, Stopped(S), S),
+    (UpgradeMode.SAVEPOINT, Stopped(None, None), "latest-state"),
+    (UpgradeMode.LAST_STATE, Stopped(None, "checkpoint-9-c"), "latest-state"),
+    (UpgradeMode.STATELESS, Stopped(None, "checkpoint-9-c"), "none"),
+])
+def test_after_the_stop_the_new_code_starts(mode: UpgradeMode, stopped_with: Stopped, restore: str) -> None:
+    plan, step = decide(plan_of(mode=mode), stopped_with)
+    assert plan.snapshot_id == (stopped_with.snapshot_id or stopped_with.latest)  # the rollback's source
+    assert isinstance(step, Start) and str(step.restore) == restore
+
+
+def test_a_rescale_repartitions_the_stops_savepoint_or_rolls_back_without_one() -> None:
+    plan, step = decide(plan_of(RESCALE, partitions=5), Stopped(S))
+    assert step == Rescale(S, 5) and plan.snapshot_id == S
+    _, step = decide(plan_of(RESCALE, partitions=5), Stopped(None, None))
+    assert step == RollBack("the stop left no savepoint to repartition", None, LATEST_STATE)
+
+
+@pytest.mark.parametrize(("failed", "kind", "text"), [
+    (StopFailed("job orders: stop failed: x", "running", 3), Fail,
+     "upgrade of job orders: job orders: stop failed: x; the old job still runs (epoch 3), nothing was changed"),
+    (StopFailed("job orders: stop timed out", "stopping", 3), Fail, "the old driver (epoch 3) is still STOPPING"),
+    (StopFailed("job orders: stop failed: x", "down"), Relaunch,
+     "upgrade of job orders: job orders: stop failed: x; the old job had stopped: relaunched orders_v1.py (code v1) "
+     "from its latest state"),
+    (StopFailed("the stop with savepoint did not complete (no answer)"), Fail,
+     "upgrade of job orders: the stop with savepoint did not complete (no answer); the stop may still be under way: "
+     "check `ckpt job status --job orders`; nothing was changed"),
+], ids=["still-running", "stopping", "down", "not-observed"])
+def test_a_stop_that_did_not_complete(failed: StopFailed, kind: type, text: str) -> None:
+    _, step = decide(plan_of(), failed)
+    assert isinstance(step, kind) and text in step.message  # type: ignore[attr-defined]
+
+
+# -- 3. the repartition, the start, the verification --------------------------------------------------------------
+
+
+def test_the_repartitioned_savepoint_is_started_or_the_rescale_rolls_back() -> None:
+    plan = plan_of(RESCALE, partitions=5, snapshot_id=S)
+    plan, step = decide(plan, Rescaled("compatible", rescaled_snapshot_id=R))
+    assert plan.rescaled_snapshot_id == R and step == Start(RestoreSpec(RestoreMode.SNAPSHOT, R))
+    _, step = decide(plan_of(RESCALE, partitions=5, snapshot_id=S), Rescaled("incompatible", "no"))
+    assert step == RollBack(f"the rescale of savepoint {S} to 5 partitions: incompatible: no", None,
+                            RestoreSpec(RestoreMode.SNAPSHOT, S))
+    _, step = decide(plan_of(RESCALE, partitions=5, snapshot_id=S), Rescaled(problem="rescale: timed out"))
+    assert isinstance(step, RollBack) and step.why == "rescale: timed out"
+
+
+def test_a_launched_deployment_is_verified_and_one_that_could_not_be_launched_rolls_back() -> None:
+    plan, step = decide(plan_of(snapshot_id=S), Started(LAUNCH))
+    assert plan.launch == LAUNCH and step == Verify()
+    _, step = decide(plan_of(snapshot_id=S), Started(problem="cannot launch job orders: job file gone"))
+    assert step == RollBack("the new code could not be launched: cannot launch job orders: job file gone", None,
+                            RestoreSpec(RestoreMode.SNAPSHOT, S))
+    _, step = decide(plan_of(RESCALE, partitions=5, snapshot_id=S, rescaled_snapshot_id=R), Started(problem="p"))
+    assert step == RollBack("the job on 5 partitions could not be launched: p", R, RestoreSpec(RestoreMode.SNAPSHOT, S))
+
+
+def test_a_verified_run_is_done_with_its_result() -> None:
+    plan = plan_of(RESCALE, partitions=5, snapshot_id=S, rescaled_snapshot_id=R, launch=LAUNCH)
+    _, step = decide(plan, Verified(True, "healthy", 4, 9))
+    assert step == Done({"job": "orders", "from_version": "v1", "to_version": "v1", "upgrade_mode": "savepoint",
+                         "snapshot_id": S, "epoch": 4, "batch_id": 9, "partitions": 5, "rescaled_snapshot_id": R})
+
+
+def test_a_failed_verification_disposes_the_rescaled_savepoint_and_rolls_back_to_the_stops() -> None:
+    plan = plan_of(RESCALE, partitions=5, snapshot_id=S, rescaled_snapshot_id=R, launch=LAUNCH)
+    _, step = decide(plan, Verified(False, "job orders: expected it healthy, found FAILED"))
+    assert step == RollBack("job orders: expected it healthy, found FAILED", R, RestoreSpec(RestoreMode.SNAPSHOT, S))
+
+
+# -- 5. the rollback's outcome ------------------------------------------------------------------------------------
+
+
+def test_the_rollback_fails_the_run_either_way_saying_where_the_job_is() -> None:
+    _, step = decide(plan_of(snapshot_id=S), RolledBack("why", healthy=True, epoch=5))
+    assert step == Fail(f"upgrade of job orders to v2 failed verification (why); rolled back to v1 from {S}: the "
+                        "old code runs again (epoch 5)")
+    _, step = decide(plan_of(RESCALE, partitions=5, snapshot_id=S), RolledBack("why", healthy=True, epoch=5))
+    assert isinstance(step, Fail) and step.message.startswith("rescale of job orders to 5 state partitions failed")
+    assert step.message.endswith(f"rolled back to v1 from {S} on its old partitions: it runs again (epoch 5)")
+    _, step = decide(plan_of(mode=UpgradeMode.LAST_STATE), RolledBack("why", healthy=False, rollback_why="boom"))
+    assert step == Fail("upgrade of job orders to v2 failed verification (why) and the rollback to v1 ALSO failed "
+                        "(boom); the job's state is uncertain: check `ckpt job status --job orders`, and if it is "
+                        "not running restore it from snapshot (its latest state)")
+
+
+def test_a_plan_of_an_earlier_version_reads_with_defaults() -> None:
+    old = {"deployment": old_deployment().to_dict()}
+    plan = UpgradePlan.from_dict({"old": old, "new": {"job_file": "orders_v2.py"}, "partitions": None,
+                                  "snapshot_id": S, "launch": LAUNCH})
+    assert (plan.what, plan.mode, plan.stopped, plan.rescaled_snapshot_id, plan.old_code) == (
+        "upgrade", UpgradeMode.SAVEPOINT, False, None, "v1")
+    assert plan.source == RestoreSpec(RestoreMode.SNAPSHOT, S)
