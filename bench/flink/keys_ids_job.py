@@ -21,7 +21,8 @@ from pyflink.table import EnvironmentSettings, TableEnvironment
 
 
 def main(path: str) -> None:
-    s = json.loads(open(path).read())
+    with open(path) as f:
+        s = json.load(f)
     conf = Configuration()
     for key, value in {
         "parallelism.default": str(s["parallelism"]),

@@ -18,7 +18,7 @@ from airflow_ckpt_provider.runtime import JobContext, streaming_job
 
 @streaming_job
 def build(spark: Any, ctx: JobContext) -> Any:
-    from pyspark.sql import functions as F  # noqa: N812  # pyspark's own convention
+    from pyspark.sql import functions as F
 
     faults = Path(os.environ.get("CKPT_BENCH_FAULT_DIR", "/nonexistent"))
     state = (spark.readStream.schema("k STRING, id LONG").option("maxFilesPerTrigger", 1)
