@@ -107,8 +107,8 @@ def wait_for(what: str, found: Callable[[], Any], alive: Callable[[], str | None
 
 # -- prerequisites ----------------------------------------------------------------------------------
 
-def java_version() -> str:
-    """The ``java -version`` line; BenchError unless java and javac 17+ are found."""
+def java_version() -> tuple[str, str]:
+    """The ``java -version`` line and javac's path; BenchError unless java and javac 17+ are found."""
     home = os.environ.get("JAVA_HOME")
     path = (os.path.join(home, "bin") + os.pathsep if home else "") + os.environ.get("PATH", "")
     java, javac = shutil.which("java", path=path), shutil.which("javac", path=path)
@@ -119,7 +119,7 @@ def java_version() -> str:
     major = re.search(r'version "(\d+)', line)
     if major is None or int(major.group(1)) < 17:
         raise BenchError(f"expected Java 17 or later (PySpark 4 and Flink 2 need it); found: {line}")
-    return line
+    return line, javac
 
 
 def _pyflink(python: Path) -> str | None:
@@ -151,7 +151,7 @@ def pyflink_python(given: Path | None) -> tuple[Path, str]:
     uv = shutil.which("uv")
     if uv is None:
         raise BenchError(f"expected uv on PATH to create the PyFlink environment {venv}; found none. Install uv "
-                         f"(pip install uv), or pass --flink-python with a Python that has apache-flink {FLINK_VERSION}")
+                         f"(pip install uv), or pass --flink-python: a Python with apache-flink {FLINK_VERSION}")
     say(f"creating the PyFlink environment {venv} (apache-flink=={FLINK_VERSION}, ~1 GB; 1-2 min, once)")
     if not python.exists():
         subprocess.run([uv, "venv", "--quiet", "--python", "3.11", str(venv)], check=True)
@@ -162,11 +162,11 @@ def pyflink_python(given: Path | None) -> tuple[Path, str]:
     return python, found
 
 
-def compile_mark(work: Path, flink_home: Path) -> Path:
+def compile_mark(javac: str, work: Path, flink_home: Path) -> Path:
     """Compile bench/flink/Mark.java against PyFlink's jars into a jar (javac, then a plain zip)."""
     classes = work / "mark-classes"
     classes.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["javac", "-nowarn", "-d", str(classes), "-cp", str(flink_home / "lib" / "*"),
+    subprocess.run([javac, "-nowarn", "-d", str(classes), "-cp", str(flink_home / "lib" / "*"),
                     str(FLINK_DIR / "Mark.java")], check=True)
     jar = work / "mark.jar"
     with zipfile.ZipFile(jar, "w") as z:
@@ -631,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(x) for x in opts.sizes.split(",")]
     sides = opts.sides.split(",")
     try:
-        java = java_version()
+        java, javac = java_version()
         python, pyflink = pyflink_python(opts.flink_python)
     except (BenchError, subprocess.CalledProcessError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -643,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     results: list[tuple[int, Figures, Figures]] = []
     try:
-        jar = compile_mark(work, flink_home)
+        jar = compile_mark(javac, work, flink_home)
         with EmbeddedS3(workdir=work / "s3") as s3:
             for size in sizes:
                 flink = provider = Figures()
