@@ -23,9 +23,10 @@ read files (Flink's filesystem source monitored every 200 ms; Spark's file sourc
 Per state size N (keys), each side in turn (never both at once), in this order:
 
 1. load: one file of N distinct keys; the first checkpoint/snapshot after it is a full one (duration, bytes).
-2. throughput: --files files of --batch records (keys cycling over the N) written at once: records/s from the first
-   record of the first file to the last of the last (Flink: times the probe function saw two marker rows; here: the
-   completion lines of the first and last of these batches, so one batch fewer is counted).
+2. throughput: --files files of --batch records (keys cycling over the N) written at once. Flink: all records over
+   the time from the first file's first row to the last file's last row (marker rows in each file, seen by the probe
+   function; Flink's readers take files in no fixed order); here: the records of the batches after the first over
+   the time between the first batch's completion line and the last one's.
 3. incremental: one file changing 1% of the keys (new ids). Here: the snapshot after that batch. Flink: the first
    checkpoint triggered after the change was processed; bytes are the sum over the checkpoints triggered since the
    file was written (a periodic checkpoint may have taken part of the change).
@@ -206,15 +207,13 @@ class Feed:
         return self.write([f"k{i}" for i in range(self.keys)] + ["probe-load"])
 
     def backlog(self, files: int, rows: int) -> None:
-        """``files`` files of ``rows`` keys cycling over the N; marker rows first in the first, last in the last."""
+        """``files`` files of ``rows`` keys cycling over the N; in file n a marker row first (probe-tput<n>a) and
+        last (probe-tput<n>z): Flink's readers take the files in no fixed order."""
         g = 0
         for n in range(files):
             keys = [f"k{(g + i) % self.keys}" for i in range(rows)]
             g += rows
-            if n == 0:
-                keys[0] = "probe-tput0"
-            if n == files - 1:
-                keys[-1] = "probe-tput1"
+            keys[0], keys[-1] = f"probe-tput{n}a", f"probe-tput{n}z"
             self.write(keys)
 
     def change(self) -> float:
@@ -366,8 +365,9 @@ def run_flink(side: FlinkSide, size: int, opts: argparse.Namespace) -> Figures:
         first = side.checkpoint_after(loaded)
         fig.load_ckpt_s, fig.load_ckpt_bytes = first["end_to_end_duration"] / 1000, first["checkpointed_size"]
         feed.backlog(opts.files, opts.batch)
-        t0, t1 = side.seen("probe-tput0"), side.seen("probe-tput1")
-        fig.rate = (opts.files * opts.batch - 1) / (t1 - t0)
+        t1 = max(side.seen(f"probe-tput{n}z") for n in range(opts.files))
+        t0 = min(side.seen(f"probe-tput{n}a") for n in range(opts.files))
+        fig.rate = opts.files * opts.batch / (t1 - t0)
         say(f"flink {size:,}: {fig.rate:,.0f} records/s")
         side.checkpoint_after(t1)  # the backlog's tail checkpointed before the change, as on the provider side
         changed = feed.change()
@@ -545,10 +545,12 @@ def run_provider(side: ProviderSide, size: int, opts: argparse.Namespace) -> Fig
         armed = feed.write(["probe-fail"])
         side.wait("the query's restart in the driver", "qrestarted", armed)
         raised = float((side.faults / "sink.fired").read_text().split()[0])
-        fig.task_failure_s = side.batch(1, raised, "the probe batch after the query restart").t - raised
+        replayed = side.batch(1, raised, "the probe batch after the query restart")
+        fig.task_failure_s = replayed.t - raised
         if [e for e in side.log.poll() if e.kind == "spawn"] != spawns:
             fig.notes.append("the task failure restarted the driver, not the query in it")
         say(f"provider {size:,}: task failure recovered in {fig.task_failure_s:.1f} s")
+        side.snapshot_of(replayed)  # its snapshot done, as Flink has a checkpoint after its recovery
         pid = int(spawns[-1].fields[0])
         killed = time.time()
         os.killpg(pid, signal.SIGKILL)  # spark-submit leads the driver's process group
