@@ -24,9 +24,9 @@ Per state size N (keys), each side in turn (never both at once), in this order:
 
 1. load: one file of N distinct keys; the first checkpoint/snapshot after it is a full one (duration, bytes).
 2. throughput: --files files of --batch records (keys cycling over the N) written at once. Flink: all records over
-   the time from the first file's first row to the last file's last row (marker rows in each file, seen by the probe
-   function; Flink's readers take files in no fixed order); here: the records of the batches after the first over
-   the time between the first batch's completion line and the last one's.
+   the time from the first marker row seen to the last (each file starts and ends with one, seen by the probe
+   function: Flink's two readers take the files in no fixed order); here: the records of the batches after the first
+   over the time between the first batch's completion line and the last one's.
 3. incremental: one file changing 1% of the keys (new ids). Here: the snapshot after that batch. Flink: the first
    checkpoint triggered after the change was processed; bytes are the sum over the checkpoints triggered since the
    file was written (a periodic checkpoint may have taken part of the change).
@@ -652,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
         jar = compile_mark(javac, work, flink_home)
         with EmbeddedS3(workdir=work / "s3") as s3:
             for size in sizes:
-                flink = provider = Figures()
+                flink, provider = Figures(), Figures()
                 if "flink" in sides:
                     flink = run_flink(FlinkSide(python, jar, work / f"flink-{size}", opts.flink_interval,
                                                 opts.flink_mini_batch), size, opts)
