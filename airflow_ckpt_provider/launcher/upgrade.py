@@ -65,6 +65,8 @@ class UpgradeOptions:
     code_version: str | None = None
     mode: UpgradeMode = UpgradeMode.SAVEPOINT
     allow_non_restored_state: bool = False
+    attempt: int = 1  # the orchestrator's try: a second one is refused (upgradesteps.NotRetried)
+    submit_hint: str | None = None  # how to record a deployment in this orchestrator (default: SUBMIT_HINT)
 
     @property
     def what(self) -> str:
@@ -86,7 +88,8 @@ class JobUpgrade:
         o = self.options
         plan, outcome = steps.prepare(self.store, store_url=self.store_url, s3=self.s3, what=o.what,
                                       job_file=o.job_file, code_version=o.code_version, mode=o.mode,
-                                      partitions=o.partitions, submit_hint=SUBMIT_HINT.format(verb=o.what),
+                                      partitions=o.partitions, attempt=o.attempt,
+                                      submit_hint=o.submit_hint or SUBMIT_HINT.format(verb=o.what),
                                       savepoint_first=True)
         while True:
             plan, step = steps.next_step(plan, outcome)
