@@ -121,7 +121,8 @@ def test_the_dagster_webserver_on_loopback_loads_the_example_definitions(tmp_pat
     assert sorted(s["name"] for s in repo["sensors"]) == [
         "ckpt_orders_lag", "orders_health", "orders_output", "orders_savepoints"]
     assert sorted(j["name"] for j in repo["jobs"]) == [
-        "__ASSET_JOB", "ckpt_keep_alive", "ckpt_on_lag", "ckpt_on_savepoint", "ckpt_restart", "ckpt_savepoint_restore"]
+        "__ASSET_JOB", "ckpt_keep_alive", "ckpt_on_lag", "ckpt_on_savepoint", "ckpt_restart", "ckpt_savepoint_restore",
+        "ckpt_upgrade_job"]
     checks = {"/".join(a["assetKey"]["path"]): sorted(c["name"] for c in a["assetChecksOrError"]["checks"])
               for a in repo["assetNodes"]}
     assert checks == {"orders/output": ["fresh", "lag"], "orders/savepoints": []}
