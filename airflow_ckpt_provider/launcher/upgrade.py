@@ -34,7 +34,7 @@ from airflow_ckpt_provider.core.snapshots import dispose_snapshot, latest_comple
 from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
 from airflow_ckpt_provider.launcher import upgradesteps as steps
-from airflow_ckpt_provider.launcher.deploy import launch, submit_spec
+from airflow_ckpt_provider.launcher.deploy import credentials_env, launch, submit_spec
 from airflow_ckpt_provider.launcher.restorecheck import check_restore, check_spec
 from airflow_ckpt_provider.runtime.restoreverdict import RestoreCheck
 
@@ -138,7 +138,9 @@ class JobUpgrade:
                                       save_rescaled=save,
                                       allow_non_restored_state=self.options.allow_non_restored_state),
                           self.options.check_timeout)
-        return check_restore(spec, self.options.check_timeout, env=deployment.env)
+        # The job store's credentials as the job gets them (launch): given to this process (a resource, --access-key),
+        # they need not be in its environment.
+        return check_restore(spec, self.options.check_timeout, env={**deployment.env, **credentials_env(self.s3)})
 
     def _check_latest(self, plan: steps.UpgradePlan) -> steps.Checked:
         n, new = self.options.partitions, plan.new_deployment
