@@ -13,6 +13,7 @@ from airflow_ckpt_provider.core.control import Ack, Outcome, RequestAction, open
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.manifest import Kind, Manifest, Trigger
 from airflow_ckpt_provider.core.outcomes import CheckOutcome
+from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.launcher import upgrade
 from airflow_ckpt_provider.launcher.upgrade import JobUpgrade, UpgradeOptions
 from airflow_ckpt_provider.runtime.restoreverdict import RestoreCheck
@@ -38,6 +39,7 @@ class World:
     def __init__(self, store: JobStore, monkeypatch: pytest.MonkeyPatch) -> None:
         self.store, self.launches, self.said = store, FakeLaunch(), []  # type: ignore[var-annotated]
         self.checks: list[tuple[str, bool]] = []
+        self.check_envs: list[dict[str, str]] = []
         self.check_outcome = self.rescale_outcome = CheckOutcome.COMPATIBLE
         self.stop_answers = True
         self.healthy = [True]
@@ -49,6 +51,7 @@ class World:
     def check_restore(self, spec: Any, timeout: float, *, env: Any = None) -> RestoreCheck:
         save = bool(spec.config.save_rescaled)
         self.checks.append((str(spec.config.restore), save))
+        self.check_envs.append(dict(env or {}))
         if not save:
             why = "ok" if self.check_outcome == "compatible" else "key schema differs"
             return RestoreCheck(self.check_outcome, why, snapshot_id=SID, batch_id=7, seconds=1.0)
@@ -77,7 +80,7 @@ class World:
 
         return Watch()
 
-    def run(self, partitions: int | None = 5, **upgrade: Any) -> dict[str, Any]:
+    def run(self, partitions: int | None = 5, s3: S3Options | None = None, **upgrade: Any) -> dict[str, Any]:
         options = UpgradeOptions(partitions, poll=0.01, verify_timeout=5, **upgrade)
-        return JobUpgrade(self.store, str(self.store.storage.url), None, options, say=self.said.append,
+        return JobUpgrade(self.store, str(self.store.storage.url), s3, options, say=self.said.append,
                           launched_by="test").run()

@@ -16,6 +16,7 @@ from airflow_ckpt_provider.core.jobstore import SPEC_STABLE, JobStore
 from airflow_ckpt_provider.core.modes import UpgradeMode
 from airflow_ckpt_provider.core.outcomes import CheckOutcome
 from airflow_ckpt_provider.core.status import JobState
+from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.launcher.upgrade import UpgradeFailed
 from tests.support.operatorfakes import (
     ORDERS_V1,
@@ -109,6 +110,14 @@ def test_an_upgrade_checks_the_new_code_stops_with_savepoint_and_starts_it_from_
     [started] = world.launches.calls
     assert (started.deployment.job_file, started.deployment.code_version, str(started.restore)) == (ORDERS_V2, "v2",
                                                                                                      SID)
+
+
+def test_the_restore_check_gets_the_job_stores_credentials_given_to_the_driver(world: World) -> None:
+    s3 = S3Options(access_key_id="AKID", secret_access_key="not-in-the-environment")
+    world.run(None, s3, job_file=ORDERS_V2, code_version="v2")
+    [env] = world.check_envs
+    assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]) == ("AKID", "not-in-the-environment")
+    assert env["TOPIC"] == "orders"  # and the job's settings
 
 
 def test_an_upgrade_in_last_state_mode_cancels_and_rolls_back_to_the_latest_snapshot(world: World) -> None:
