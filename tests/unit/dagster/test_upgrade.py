@@ -13,7 +13,7 @@ from airflow_ckpt_provider.core.control import RequestAction, open_requests
 from airflow_ckpt_provider.core.deployments import read_launch
 from airflow_ckpt_provider.core.jobstore import SPEC_STABLE, JobStore
 from airflow_ckpt_provider.core.outcomes import CheckOutcome
-from airflow_ckpt_provider.dagster import CkptResource, rescale_streaming_job, upgrade_streaming_job
+from airflow_ckpt_provider.dagster import CKPT_RESOURCE, CkptResource, rescale_streaming_job, upgrade_streaming_job
 from tests.support.operatorfakes import (
     ORDERS_V1,
     ORDERS_V2,
@@ -158,3 +158,21 @@ def test_a_config_of_the_wrong_type_is_refused_before_the_run_starts(ckpt: CkptR
         run_op(rescale_streaming_job, ckpt, {"job": "orders", "partitions": "three"})
     assert ('Invalid scalar at path root:ops:rescale_streaming_job:config:partitions. Value "three" of type '
             "\"<class 'str'>\" is not valid for expected type \"Int\"") in str(info.value)
+
+
+def test_a_retry_of_an_upgrade_that_failed_unexpectedly_is_refused_and_not_retried_again(
+        world: World, ckpt: CkptResource, monkeypatch: pytest.MonkeyPatch) -> None:
+    def lost(*_: Any, **__: Any) -> Any:
+        raise OSError("connection reset")  # no verdict, no refusal: Dagster's RetryPolicy retries the op
+
+    monkeypatch.setattr("airflow_ckpt_provider.launcher.upgrade.check_restore", lost)
+    job = dg.GraphDefinition(name="retried", node_defs=[upgrade_streaming_job]).to_job(
+        resource_defs={CKPT_RESOURCE: ckpt}, op_retry_policy=dg.RetryPolicy(max_retries=3))
+    result = job.execute_in_process(run_config={"ops": {"upgrade_streaming_job": {"config": UPGRADE}}},
+                                    raise_on_error=False)
+    assert [e.event_type_value for e in result.all_events].count("STEP_UP_FOR_RETRY") == 1  # once, then refused
+    message, metadata = refused(result)
+    assert message.startswith("upgrade of job orders: not retried (try 2): an earlier try may have stopped the old job "
+                              "or started the new code")
+    assert metadata == {"outcome": "not_retried"}
+    assert untouched(world)
