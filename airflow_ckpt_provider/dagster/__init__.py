@@ -12,11 +12,13 @@ from airflow_ckpt_provider.dagster.ops import (
     CKPT_RESOURCE,
     cancel_streaming_job,
     dispose_snapshots,
+    rescale_streaming_job,
     restart_from_snapshot,
     restart_streaming_job,
     stop_streaming_job,
     submit_streaming_job,
     trigger_savepoint,
+    upgrade_streaming_job,
     wait_until_healthy,
 )
 from airflow_ckpt_provider.dagster.resources import CkptResource
@@ -32,11 +34,13 @@ __all__ = [
     "job_output_checks",
     "job_output_sensor",
     "kafka_lag_sensor",
+    "rescale_streaming_job",
     "restart_from_snapshot",
     "restart_streaming_job",
     "snapshot_sensor",
     "stop_streaming_job",
     "submit_streaming_job",
     "trigger_savepoint",
+    "upgrade_streaming_job",
     "wait_until_healthy",
 ]

@@ -8,9 +8,9 @@ the same watches (core/watches/), polled in the op's process (an op has no trigg
 the resource ``ckpt`` (dagster/resources.py). Expected refusals (nothing to request, a STOPPING job, a bad
 setting) fail the op with ``dg.Failure`` whose description says what was expected, found and what to do.
 
-TODO(issue 20): the upgrade op (restore check, stop with savepoint, start the new code, verify, roll back) will
-call the Airflow-free upgrade/rescale step machine being moved out of operators/upgrade.py; it is not written
-here so that no step of it is copied.
+The upgrade and the rescale (``upgrade_streaming_job``, ``rescale_streaming_job``) run launcher/upgrade.py's
+JobUpgrade, the driver of ``ckpt job upgrade|rescale``: the steps are decided by launcher/upgradesteps.py, as for
+UpgradeStreamingJobOperator; the op gives its config and logs each step the driver says.
 """
 
 # No ``from __future__ import annotations``: Dagster reads the ops' parameter annotations (the config class, the
@@ -30,7 +30,8 @@ from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.health import HealthCriteria
 from airflow_ckpt_provider.core.jobstore import JobStore, check_job_name
 from airflow_ckpt_provider.core.jobview import RestartDecision, observe, request_running, restart_decision, stop_check
-from airflow_ckpt_provider.core.modes import RestoreSpec, StopMode
+from airflow_ckpt_provider.core.modes import RestoreSpec, StopMode, UpgradeMode
+from airflow_ckpt_provider.core.rescaling import MAX_PARTITIONS, parse_partitions
 from airflow_ckpt_provider.core.restart import Health
 from airflow_ckpt_provider.core.retention import RetentionPolicy
 from airflow_ckpt_provider.core.settings import JobSettings, setting_fields
@@ -41,6 +42,8 @@ from airflow_ckpt_provider.core.watches.control import RequestWatch, request_fai
 from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
 from airflow_ckpt_provider.dagster.resources import CkptResource
 from airflow_ckpt_provider.launcher.deploy import launch, start_failure
+from airflow_ckpt_provider.launcher.upgrade import JobUpgrade, UpgradeFailed, UpgradeOptions
+from airflow_ckpt_provider.launcher.upgradesteps import NotRetried
 
 #: The resource key every op of this module asks for.
 CKPT_RESOURCE = "ckpt"
@@ -148,11 +151,91 @@ class HealthyConfig(JobConfig):
     timeout: float = Field(default=600.0, gt=0)
 
 
+#: The upgrade DAG's bounds on verify_batches (dags/example_ckpt_upgrade.py).
+MAX_VERIFY_BATCHES = 100
+
+
+def _partitions(value: int | None, keep: str = "") -> int | None:
+    """``value`` if it is a partition count (or None); else a ValueError saying what was expected."""
+    if value is None:
+        return None
+    try:
+        return parse_partitions(value)
+    except ValueError as err:
+        raise ValueError(f"{err}{keep}. Fix the op's config") from None
+
+
+class StepsConfig(JobConfig):
+    """The steps' knobs, shared by the upgrade and the rescale (UpgradeStreamingJobOperator's arguments)."""
+
+    verify_batches: int = Field(default=2, description="Batches the new deployment must complete to pass "
+                                                        f"verification (1-{MAX_VERIFY_BATCHES})")
+    check_timeout: float = Field(default=600.0, gt=0, description="Seconds the restore check (and the "
+                                                                  "repartition of a rescale) may take")
+    stop_timeout: float = Field(default=STOP_TIMEOUT, gt=0, description="Seconds the driver gets to stop")
+    verify_timeout: float = Field(default=300.0, gt=0, description="Seconds the new deployment gets to pass "
+                                                                   "verification (and the rollback to run)")
+
+    @field_validator("verify_batches")
+    @classmethod
+    def _check_verify_batches(cls, value: int) -> int:
+        if not 1 <= value <= MAX_VERIFY_BATCHES:
+            raise ValueError(f"verify_batches: expected a whole number from 1 to {MAX_VERIFY_BATCHES} (the batches "
+                             f"the new deployment must complete), found {value}. Fix the op's config")
+        return value
+
+
+class UpgradeConfig(StepsConfig):
+    """The upgrade DAG's Params (dags/example_ckpt_upgrade.py) and the timeouts of the steps."""
+
+    job_file: str = Field(description="The new code: a Python file with a @streaming_job function")
+    code_version: str | None = Field(default=None, description="The new code's version label")
+    upgrade_mode: str = Field(default=UpgradeMode.SAVEPOINT.value,
+                              description="savepoint: stop with a savepoint and restore it; last-state: cancel and "
+                                          "restore the latest checkpoint; stateless: start without state")
+    allow_non_restored_state: bool = Field(default=False,
+                                           description="Allow dropping state the new code no longer has")
+    partitions: int | None = Field(default=None, description="Also rescale the state to this many partitions "
+                                                             f"(1-{MAX_PARTITIONS}; none: keep them); needs "
+                                                             "upgrade_mode savepoint and RocksDB state")
+
+    @field_validator("job_file")
+    @classmethod
+    def _check_job_file(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("job_file: expected the new code's Python file (with a @streaming_job function), found "
+                             "an empty string. Fix the op's config")
+        return value
+
+    @field_validator("upgrade_mode")
+    @classmethod
+    def _check_mode(cls, value: str) -> str:
+        return _config_error(lambda: UpgradeMode.parse(value), value)
+
+    @field_validator("partitions")
+    @classmethod
+    def _check_partitions(cls, value: int | None) -> int | None:
+        return _partitions(value, "; leave it out to keep the state's partitions")
+
+
+class RescaleConfig(StepsConfig):
+    """RescaleStreamingJobOperator's arguments: the running code, its state in ``partitions`` partitions."""
+
+    partitions: int = Field(description=f"The state partitions to rescale to (1-{MAX_PARTITIONS}); RocksDB state")
+
+    @field_validator("partitions")
+    @classmethod
+    def _check_partitions(cls, value: int) -> int:
+        _partitions(value)
+        return value
+
+
 # -- what the ops share ----------------------------------------------------------------------------
 
 
-def _failure(message: str, **metadata: Any) -> dg.Failure:
-    return dg.Failure(description=message, metadata={k: v for k, v in metadata.items() if v is not None})
+def _failure(message: str, *, allow_retries: bool | None = None, **metadata: Any) -> dg.Failure:
+    return dg.Failure(description=message, metadata={k: v for k, v in metadata.items() if v is not None},
+                      allow_retries=allow_retries)
 
 
 def _store(ckpt: CkptResource, job: str) -> JobStore:
@@ -371,3 +454,53 @@ def wait_until_healthy(context: dg.OpExecutionContext, config: HealthyConfig, ck
         raise _failure(str(event.get("message")), reason=event.get("reason"), state=event.get("state"))
     context.log.info("%s (after %.0f s)", event["message"], time.monotonic() - begun)
     return event
+
+
+@dg.op(ins=_AFTER, out=dg.Out(dict), tags={"kind": "ckpt"})
+def upgrade_streaming_job(context: dg.OpExecutionContext, config: UpgradeConfig, ckpt: CkptResource) -> dict[str, Any]:
+    """UpgradeStreamingJobOperator's run: the new code checked on a copy of the state before anything stops, the
+    stop (with a savepoint in ``savepoint`` mode), the new code started and verified, rolled back if it fails;
+    with ``partitions``, the state rescaled in the same run.
+
+    Output: ``{"job", "from_version", "to_version", "upgrade_mode", "snapshot_id", "epoch", "batch_id",
+    "partitions", "rescaled_snapshot_id"}``."""
+    options = UpgradeOptions(config.partitions, job_file=config.job_file, code_version=config.code_version,
+                             mode=UpgradeMode.parse(config.upgrade_mode),
+                             allow_non_restored_state=config.allow_non_restored_state, **_steps(context, config))
+    return _upgrade(context, ckpt, config.job, options)
+
+
+@dg.op(ins=_AFTER, out=dg.Out(dict), tags={"kind": "ckpt"})
+def rescale_streaming_job(context: dg.OpExecutionContext, config: RescaleConfig, ckpt: CkptResource) -> dict[str, Any]:
+    """RescaleStreamingJobOperator's run: the upgrade's steps with the running code, its state repartitioned into
+    ``partitions`` through a savepoint (on a copy), back to the old partitions if it fails.
+
+    Output: ``{"job", "partitions", "snapshot_id", "rescaled_snapshot_id", "epoch", "batch_id"}``."""
+    return _upgrade(context, ckpt, config.job, UpgradeOptions(config.partitions, **_steps(context, config)))
+
+
+def _steps(context: dg.OpExecutionContext, config: StepsConfig) -> dict[str, Any]:
+    """UpgradeOptions from the config both ops share; the op's retry (Dagster counts from 0) as the attempt."""
+    return {"check_timeout": config.check_timeout, "stop_timeout": config.stop_timeout,
+            "verify_batches": config.verify_batches, "verify_timeout": config.verify_timeout,
+            "poll": config.poll_interval, "attempt": context.retry_number + 1,
+            "submit_hint": "submit it first with the op submit_streaming_job; nothing was stopped"}
+
+
+def _upgrade(context: dg.OpExecutionContext, ckpt: CkptResource, job: str, options: UpgradeOptions) -> dict[str, Any]:
+    """Run the driver; its refusals (nothing stopped) and failures (after the stop: rolled back or not) become
+    dg.Failure, never retried: a retry would take the new deployment for the old one."""
+    store = _store(ckpt, job)
+    run = JobUpgrade(store, ckpt.store_url, ckpt.s3_options(), options, say=context.log.info,
+                     launched_by=_launched_by(context))
+    try:
+        result = run.run()
+    except NotRetried as err:
+        raise _failure(str(err), allow_retries=False, outcome="not_retried") from err
+    except ConfigError as err:
+        raise _failure(str(err), allow_retries=False, outcome="refused") from err
+    except UpgradeFailed as err:
+        raise _failure(str(err), allow_retries=False, outcome="failed") from err
+    context.add_output_metadata({k: v for k, v in result.items() if v is not None and k in (
+        "snapshot_id", "rescaled_snapshot_id", "epoch", "batch_id", "to_version", "partitions")})
+    return result

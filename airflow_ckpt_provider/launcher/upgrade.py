@@ -34,7 +34,7 @@ from airflow_ckpt_provider.core.snapshots import dispose_snapshot, latest_comple
 from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
 from airflow_ckpt_provider.launcher import upgradesteps as steps
-from airflow_ckpt_provider.launcher.deploy import launch, submit_spec
+from airflow_ckpt_provider.launcher.deploy import credentials_env, launch, submit_spec
 from airflow_ckpt_provider.launcher.restorecheck import check_restore, check_spec
 from airflow_ckpt_provider.runtime.restoreverdict import RestoreCheck
 
@@ -65,6 +65,8 @@ class UpgradeOptions:
     code_version: str | None = None
     mode: UpgradeMode = UpgradeMode.SAVEPOINT
     allow_non_restored_state: bool = False
+    attempt: int = 1  # the orchestrator's try: a second one is refused (upgradesteps.NotRetried)
+    submit_hint: str | None = None  # how to record a deployment in this orchestrator (default: SUBMIT_HINT)
 
     @property
     def what(self) -> str:
@@ -86,7 +88,8 @@ class JobUpgrade:
         o = self.options
         plan, outcome = steps.prepare(self.store, store_url=self.store_url, s3=self.s3, what=o.what,
                                       job_file=o.job_file, code_version=o.code_version, mode=o.mode,
-                                      partitions=o.partitions, submit_hint=SUBMIT_HINT.format(verb=o.what),
+                                      partitions=o.partitions, attempt=o.attempt,
+                                      submit_hint=o.submit_hint or SUBMIT_HINT.format(verb=o.what),
                                       savepoint_first=True)
         while True:
             plan, step = steps.next_step(plan, outcome)
@@ -135,7 +138,9 @@ class JobUpgrade:
                                       save_rescaled=save,
                                       allow_non_restored_state=self.options.allow_non_restored_state),
                           self.options.check_timeout)
-        return check_restore(spec, self.options.check_timeout, env=deployment.env)
+        # The job store's credentials as the job gets them (launch): given to this process (a resource, --access-key),
+        # they need not be in its environment.
+        return check_restore(spec, self.options.check_timeout, env={**deployment.env, **credentials_env(self.s3)})
 
     def _check_latest(self, plan: steps.UpgradePlan) -> steps.Checked:
         n, new = self.options.partitions, plan.new_deployment

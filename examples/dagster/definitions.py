@@ -6,7 +6,8 @@ orders_v1.py) operated from Dagster over the same job store.
 | ckpt_keep_alive          | job ``ckpt_keep_alive`` every 30 min (submit or reconnect, retention) and sensor |
 |                          | ``orders_health``: a run of ``ckpt_restart`` when the job turns unhealthy         |
 | ckpt_savepoint_restore   | job ``ckpt_savepoint_restore``: savepoint, restart from it, wait until healthy    |
-| ckpt_upgrade_job         | TODO(issue 20): the upgrade op calls the Airflow-free upgrade step machine        |
+| ckpt_upgrade_job         | job ``ckpt_upgrade_job``: restore check, stop with savepoint, new code, verify,   |
+|                          | roll back (the op ``upgrade_streaming_job``; edit its config in the launchpad)    |
 | ckpt_on_savepoint        | sensor ``orders_savepoints``: a run of ``ckpt_on_savepoint`` per new savepoint,    |
 |                          | and a materialization of the asset ``orders/savepoints``                          |
 | ckpt_on_lag              | sensor ``ckpt_orders_lag``: a run of ``ckpt_on_lag`` each time the lag rises       |
@@ -43,11 +44,13 @@ from airflow_ckpt_provider.dagster import (
     snapshot_sensor,
     submit_streaming_job,
     trigger_savepoint,
+    upgrade_streaming_job,
     wait_until_healthy,
 )
 
 JOB = os.environ.get("CKPT_EXAMPLE_JOB", "orders")
-JOB_FILE = str(Path(examples.__file__).parent / "orders_v1.py")
+EXAMPLES = Path(examples.__file__).parent
+JOB_FILE = str(EXAMPLES / "orders_v1.py")
 GROUP = os.environ.get("CKPT_EXAMPLE_GROUP", "ckpt-orders")
 
 
@@ -105,6 +108,21 @@ savepoint_restore = dg.GraphDefinition(
 }})
 # [END dagster_savepoint_restore]
 
+# [START dagster_upgrade]
+upgrade = dg.GraphDefinition(name="ckpt_upgrade_job", node_defs=[upgrade_streaming_job]).to_job(config={"ops": {
+    "upgrade_streaming_job": {"config": {
+        "job": JOB,
+        "job_file": str(EXAMPLES / "orders_v2.py"),  # the new code
+        "code_version": "v2",
+        "upgrade_mode": "savepoint",  # or last-state, stateless
+        "allow_non_restored_state": False,
+        "verify_batches": 2,
+        "partitions": None,  # a number: also rescale the state to that many partitions (savepoint mode, RocksDB)
+        "verify_timeout": 300,
+    }},
+}})
+# [END dagster_upgrade]
+
 
 # [START dagster_on_savepoint]
 savepoints = dg.AssetSpec(dg.AssetKey([JOB, "savepoints"]), group_name="ckpt",
@@ -147,7 +165,7 @@ output_windows = job_output_sensor(JOB, output)
 defs = dg.Definitions(
     assets=[output, savepoints],
     asset_checks=output_checks,
-    jobs=[keep_alive, restart, savepoint_restore, on_savepoint, on_lag],
+    jobs=[keep_alive, restart, savepoint_restore, upgrade, on_savepoint, on_lag],
     schedules=[every_30_minutes],
     sensors=[health, new_savepoints, lagging, output_windows],
     resources={CKPT_RESOURCE: ckpt},

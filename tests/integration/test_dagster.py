@@ -2,7 +2,9 @@
 
 A job submitted through the Dagster op (a detached supervisor, spark-submit local[2]) consumes a topic, the
 health op waits until it caught up, the savepoint op takes a savepoint of its last batch through the control
-channel, and the cancel op stops it: exact batch ids, counts and snapshot contents.
+channel, and the cancel op stops it: exact batch ids, counts and snapshot contents. The orders example, submitted
+through the op, is upgraded by the upgrade op to orders_v2 with its state (the totals exact after), and an upgrade
+to orders_incompatible.py is refused before the job stops.
 """
 
 from __future__ import annotations
@@ -17,7 +19,11 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from airflow_ckpt_provider import examples
+from airflow_ckpt_provider.core.control import RequestAction
 from airflow_ckpt_provider.core.deployments import read_launch
+from airflow_ckpt_provider.core.jobstore import CONTROL
+from airflow_ckpt_provider.core.lease import read_lease
 from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.snapshots import load_manifest
 from airflow_ckpt_provider.core.status import JobState, read_status
@@ -29,8 +35,11 @@ from airflow_ckpt_provider.dagster import (
     kafka_lag_sensor,
     submit_streaming_job,
     trigger_savepoint,
+    upgrade_streaming_job,
     wait_until_healthy,
 )
+from airflow_ckpt_provider.examples._orders import read_totals
+from tests.integration.test_restore_check import expected_totals, produce_orders
 from tests.support.runtimejob import JOB_FILE, SPARK_CONF, JobEnv, expected_counts, produce
 
 pytestmark = pytest.mark.integration
@@ -121,7 +130,8 @@ def test_the_dagster_webserver_on_loopback_loads_the_example_definitions(tmp_pat
     assert sorted(s["name"] for s in repo["sensors"]) == [
         "ckpt_orders_lag", "orders_health", "orders_output", "orders_savepoints"]
     assert sorted(j["name"] for j in repo["jobs"]) == [
-        "__ASSET_JOB", "ckpt_keep_alive", "ckpt_on_lag", "ckpt_on_savepoint", "ckpt_restart", "ckpt_savepoint_restore"]
+        "__ASSET_JOB", "ckpt_keep_alive", "ckpt_on_lag", "ckpt_on_savepoint", "ckpt_restart", "ckpt_savepoint_restore",
+        "ckpt_upgrade_job"]
     checks = {"/".join(a["assetKey"]["path"]): sorted(c["name"] for c in a["assetChecksOrError"]["checks"])
               for a in repo["assetNodes"]}
     assert checks == {"orders/output": ["fresh", "lag"], "orders/savepoints": []}
@@ -209,3 +219,73 @@ def test_a_job_submitted_through_the_dagster_op_takes_a_savepoint_of_its_last_ba
     assert final is not None and (final.state, final.epoch, final.batch_id) == (JobState.STOPPED, 1, LAST_BATCH)
     assert env.consumed(final) == RECORDS
     assert env.final_counts() == expected_counts(RECORDS)
+
+
+EXAMPLES = Path(examples.__file__).parent
+#: orders_v1 submitted through the op, caught up, then upgraded by the upgrade op (the ``after`` edges order them).
+SUBMIT_AND_UPGRADE = dg.GraphDefinition(
+    name="submit_and_upgrade",
+    node_defs=[submit_streaming_job, wait_until_healthy, upgrade_streaming_job],
+    dependencies={"wait_until_healthy": {"started": dg.DependencyDefinition("submit_streaming_job")},
+                  "upgrade_streaming_job": {"after": dg.DependencyDefinition("wait_until_healthy")}},
+)
+
+
+def test_the_upgrade_op_takes_orders_to_v2_with_its_state_and_refuses_an_incompatible_upgrade_before_the_stop(
+    env: JobEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CKPT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    monkeypatch.setenv("PYSPARK_DRIVER_PYTHON", sys.executable)
+    produce_orders(env.kafka.bootstrap_servers, env.topic, 0, 300)
+    upgrade = {"job": env.job, "code_version": "v2", "job_file": str(EXAMPLES / "orders_v2.py"), "verify_batches": 1,
+               "check_timeout": 240, "stop_timeout": 180, "verify_timeout": 240, "poll_interval": 0.5}
+    config: dict[str, Any] = {"ops": {
+        "submit_streaming_job": {"config": {
+            "job": env.job, "job_file": str(EXAMPLES / "orders_v1.py"), "code_version": "v1", "poll_interval": 0.5,
+            "env": {"ORDERS_BOOTSTRAP": env.kafka.bootstrap_servers, "ORDERS_TOPIC": env.topic,
+                    "ORDERS_OUT": str(env.out), "ORDERS_GROUP": f"ckpt-{env.job}", "ORDERS_MAX_PER_BATCH": "100"},
+            "settings": {"checkpoint": str(tmp_path / "checkpoint"), "heartbeat_interval": "1"},
+            "start_timeout": 240}},
+        "wait_until_healthy": {"config": {"job": env.job, "min_batches": 1000, "timeout": 240,  # caught up
+                                          "poll_interval": 0.5}},
+        "upgrade_streaming_job": {"config": upgrade},
+    }}
+    ckpt = resource(env)
+    store = env.store()
+    try:
+        result = SUBMIT_AND_UPGRADE.to_job(resource_defs={CKPT_RESOURCE: ckpt}).execute_in_process(
+            run_config=config, raise_on_error=False)
+        assert result.success, [str(e.event_specific_data) for e in result.all_events if e.is_failure]
+        assert read_totals(env.out) == expected_totals(300)  # v1's, before the upgrade
+        upgraded = result.output_for_node("upgrade_streaming_job")
+        assert (upgraded["from_version"], upgraded["to_version"], upgraded["upgrade_mode"], upgraded["epoch"]) == (
+            "v1", "v2", "savepoint", 2)
+        running = env.status()
+        assert running is not None and (running.code_version, running.epoch) == ("v2", 2)
+        assert str(running.restored_from).endswith(upgraded["snapshot_id"])  # the stop's savepoint
+        produce_orders(env.kafka.bootstrap_servers, env.topic, 300, 150)
+        deadline = time.monotonic() + 180
+        while read_totals(env.out) != expected_totals(450):  # v1's totals carried on by v2: the state was kept
+            assert time.monotonic() < deadline, read_totals(env.out)
+            time.sleep(0.5)
+
+        # orders_incompatible.py (a new grouping key): refused by the restore check, v2 runs on untouched.
+        lease, requests = read_lease(store), store.storage.list(CONTROL)
+        refused = dg.GraphDefinition(name="upgrade", node_defs=[upgrade_streaming_job]).to_job(
+            resource_defs={CKPT_RESOURCE: ckpt}).execute_in_process(raise_on_error=False, run_config={"ops": {
+                "upgrade_streaming_job": {"config": upgrade | {"job_file": str(EXAMPLES / "orders_incompatible.py"),
+                                                               "code_version": "bad"}}}})
+        [failed] = [e for e in refused.all_events if e.event_type_value == "STEP_FAILURE"]
+        message = str(failed.step_failure_data.user_failure_data.description)  # type: ignore[union-attr]
+        assert "refused before anything was stopped: restore check of snapshot " in message, message
+        assert "with the new code: incompatible" in message and message.endswith("the job runs as before")
+        after = env.status()
+        assert after is not None and (after.state, after.epoch, after.code_version) == (JobState.RUNNING, 2, "v2")
+        assert read_lease(store) == lease and store.storage.list(CONTROL) == requests  # not even a stop requested
+    finally:
+        status = env.status()
+        if status is not None and status.state is JobState.RUNNING:
+            env.request(RequestAction.CANCEL, status.epoch)
+        _stop_supervisor(env)

@@ -30,14 +30,15 @@ def ckpt(root: Path) -> CkptResource:
     return CkptResource(store_url=str(root), spark_conf={"spark.ui.enabled": "false"})
 
 
-def run_op(op: dg.OpDefinition, ckpt: CkptResource, config: dict[str, Any],
-           inputs: dict[str, Any] | None = None) -> dg.ExecuteInProcessResult:
-    """``op`` alone in a job, executed in this process; failures are in the result, not raised."""
+def run_op(op: dg.OpDefinition, ckpt: CkptResource, config: dict[str, Any], inputs: dict[str, Any] | None = None,
+           instance: dg.DagsterInstance | None = None) -> dg.ExecuteInProcessResult:
+    """``op`` alone in a job, executed in this process (on ``instance``, to read its logs after); failures are in
+    the result, not raised."""
     job = dg.GraphDefinition(name=f"one_{op.name}", node_defs=[op]).to_job(resource_defs={CKPT_RESOURCE: ckpt})
     run_config: dict[str, Any] = {"ops": {op.name: {"config": config}}}
     if inputs:
         run_config["ops"][op.name]["inputs"] = {k: {"value": v} for k, v in inputs.items()}
-    return job.execute_in_process(run_config=run_config, raise_on_error=False)
+    return job.execute_in_process(run_config=run_config, raise_on_error=False, instance=instance)
 
 
 def failure(result: dg.ExecuteInProcessResult) -> str:

@@ -31,7 +31,8 @@ def test_the_example_definitions_load_with_every_job_sensor_and_check(tmp_path: 
     defs = runpy.run_path(str(EXAMPLE))["defs"]
     dg.Definitions.validate_loadable(defs)
     jobs = {j.name for j in defs.resolve_all_job_defs()} - {"__ASSET_JOB"}
-    assert jobs == {"ckpt_keep_alive", "ckpt_restart", "ckpt_savepoint_restore", "ckpt_on_savepoint", "ckpt_on_lag"}
+    assert jobs == {"ckpt_keep_alive", "ckpt_restart", "ckpt_savepoint_restore", "ckpt_upgrade_job",
+                    "ckpt_on_savepoint", "ckpt_on_lag"}
     assert {s.name for s in defs.sensors} == {"orders_health", "orders_savepoints", "ckpt_orders_lag", "orders_output"}
     assert sorted((k.asset_key.to_user_string(), k.name) for k in defs.resolve_asset_graph().asset_check_keys) == [
         ("orders/output", "fresh"), ("orders/output", "lag")]

@@ -4,91 +4,37 @@ here (the real ones: integration/test_rescale.py, integration/test_cli_job.py)."
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from airflow_ckpt_provider.cli.main import main
-from airflow_ckpt_provider.core.control import Ack, Outcome, RequestAction, open_requests
+from airflow_ckpt_provider.core.control import RequestAction, open_requests
 from airflow_ckpt_provider.core.deployments import read_launch
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.jobstore import SPEC_STABLE, JobStore
 from airflow_ckpt_provider.core.modes import UpgradeMode
 from airflow_ckpt_provider.core.outcomes import CheckOutcome
 from airflow_ckpt_provider.core.status import JobState
-from airflow_ckpt_provider.launcher import upgrade
-from airflow_ckpt_provider.launcher.upgrade import JobUpgrade, UpgradeFailed, UpgradeOptions
-from airflow_ckpt_provider.runtime.restoreverdict import RestoreCheck
+from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.launcher.upgrade import UpgradeFailed
 from tests.support.operatorfakes import (
     ORDERS_V1,
     ORDERS_V2,
     RESCALED_SID,
     SID,
-    FakeLaunch,
     old_deployment,
     record_deployment,
     report,
 )
-from tests.unit.operators.test_rescale import _savepoint
-
-
-class World:
-    """The fakes: the check and the repartition (Spark), the driver's acks, the health of each launch."""
-
-    def __init__(self, store: JobStore, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.store, self.launches, self.said = store, FakeLaunch(), []  # type: ignore[var-annotated]
-        self.checks: list[tuple[str, bool]] = []
-        self.rescale_outcome = CheckOutcome.COMPATIBLE
-        self.stop_answers = True
-        self.healthy = [True]
-        monkeypatch.setattr(upgrade, "check_restore", self.check_restore)
-        monkeypatch.setattr(upgrade, "wait_ack", self.wait_ack)
-        monkeypatch.setattr(upgrade, "launch", self.launches)
-        monkeypatch.setattr(upgrade, "JobHealthWatch", self.watch)
-
-    def check_restore(self, spec: Any, timeout: float, *, env: Any = None) -> RestoreCheck:
-        save = bool(spec.config.save_rescaled)
-        self.checks.append((str(spec.config.restore), save))
-        if not save:
-            return RestoreCheck(CheckOutcome.COMPATIBLE, "ok", snapshot_id=SID, batch_id=7, seconds=1.0)
-        return RestoreCheck(self.rescale_outcome, "repartitioned", snapshot_id=SID, batch_id=7, seconds=2.0,
-                            rescaled_snapshot_id=RESCALED_SID if self.rescale_outcome == "compatible" else None)
-
-    def wait_ack(self, store: JobStore, request_id: str, timeout: float, *, poll: float) -> Ack | None:
-        [request] = [r for r in open_requests(store) if r.id == request_id]
-        if not self.stop_answers:
-            return None
-        snapshot = None if request.action is RequestAction.CANCEL else SID
-        return Ack(request_id, request.action, Outcome.COMPLETED, "done", request.epoch, time.time(),
-                   snapshot_id=snapshot, batch_id=7)
-
-    def watch(self, store: JobStore, criteria: Any) -> Any:
-        healthy = self.healthy.pop(0)
-
-        class Watch:
-            def poll(self) -> dict[str, Any]:
-                return {"status": "healthy" if healthy else "unhealthy", "epoch": 4, "batch_id": 9,
-                        "message": "job orders: RUNNING" if healthy else "job orders: expected it healthy, found "
-                                                                         "FAILED"}
-
-            def waiting_for(self) -> str:
-                return "-"
-
-        return Watch()
-
-    def run(self, partitions: int | None = 5, **upgrade: Any) -> dict[str, Any]:
-        options = UpgradeOptions(partitions, poll=0.01, verify_timeout=5, **upgrade)
-        return JobUpgrade(self.store, str(self.store.storage.url), None, options, say=self.said.append,
-                          launched_by="test").run()
+from tests.support.upgradefakes import World, rocksdb_savepoint
 
 
 @pytest.fixture
 def world(store: JobStore, monkeypatch: pytest.MonkeyPatch) -> World:
     record_deployment(store, old_deployment(job_file=ORDERS_V1))
     report(store, epoch=3, code_version="v1")
-    _savepoint(store, SID, 7, 2)  # the latest snapshot: RocksDB state in 2 partitions
+    rocksdb_savepoint(store, SID, 7, 2)  # the latest snapshot: RocksDB state in 2 partitions
     return World(store, monkeypatch)
 
 
@@ -164,6 +110,14 @@ def test_an_upgrade_checks_the_new_code_stops_with_savepoint_and_starts_it_from_
     [started] = world.launches.calls
     assert (started.deployment.job_file, started.deployment.code_version, str(started.restore)) == (ORDERS_V2, "v2",
                                                                                                      SID)
+
+
+def test_the_restore_check_gets_the_job_stores_credentials_given_to_the_driver(world: World) -> None:
+    s3 = S3Options(access_key_id="AKID", secret_access_key="not-in-the-environment")
+    world.run(None, s3, job_file=ORDERS_V2, code_version="v2")
+    [env] = world.check_envs
+    assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]) == ("AKID", "not-in-the-environment")
+    assert env["TOPIC"] == "orders"  # and the job's settings
 
 
 def test_an_upgrade_in_last_state_mode_cancels_and_rolls_back_to_the_latest_snapshot(world: World) -> None:

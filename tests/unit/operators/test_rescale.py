@@ -11,7 +11,7 @@ from airflow.sdk.exceptions import AirflowException, TaskDeferred
 from airflow_ckpt_provider.core.control import RequestAction
 from airflow_ckpt_provider.core.deployments import Launch
 from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.manifest import Kind, Manifest, Trigger
+from airflow_ckpt_provider.core.manifest import Kind
 from airflow_ckpt_provider.core.status import JobState
 from airflow_ckpt_provider.operators.upgrade import RescaleStreamingJobOperator
 from airflow_ckpt_provider.runtime.restoreverdict import CheckOutcome
@@ -39,6 +39,7 @@ from tests.support.operatorfakes import (
     upgrade_op,
     verdict,
 )
+from tests.support.upgradefakes import rocksdb_savepoint
 
 
 @pytest.fixture
@@ -148,22 +149,9 @@ def test_a_stateless_jobs_rescale_is_refused_from_its_latest_snapshot_without_a_
     assert checks.calls == [] and control_keys(store) == []
 
 
-def _savepoint(store: JobStore, snapshot_id: str, batch_id: int, partitions: int, **labels: str) -> None:
-    """A stateful savepoint's manifest (RocksDB, ``partitions`` partitions), as the job store holds it."""
-    rocksdb = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-    m = Manifest(job="orders", snapshot_id=snapshot_id, kind=Kind.SAVEPOINT,
-                 trigger=Trigger.RESCALE if labels else Trigger.STOP, batch_id=batch_id,
-                 created_at=f"2026-11-26T10:00:0{batch_id % 10}.000+00:00", query_id="q", checkpoint="/c", files=(),
-                 operators=[{"operator_id": 0, "name": "stateStoreSave", "partitions": partitions,
-                             "store_names": ["default"], "provider": "rocksdb", "changelog": False}],
-                 conf={"spark.sql.shuffle.partitions": str(partitions),
-                       "spark.sql.streaming.stateStore.providerClass": rocksdb}, labels=dict(labels))
-    store.storage.write(store.manifest_key(snapshot_id), m.to_bytes())
-
-
 def test_a_job_stopped_with_a_savepoint_is_repartitioned_from_it_without_a_stop(
         store: JobStore, checks: FakeCheck, launches: FakeLaunch, running: Launch) -> None:
-    _savepoint(store, SID, 7, 2)
+    rocksdb_savepoint(store, SID, 7, 2)
     report(store, epoch=3, state=JobState.STOPPED, batch_id=7,
            last_snapshot={"id": SID, "kind": "savepoint", "batch_id": 7})
     op = rescale_op()
@@ -178,8 +166,8 @@ def test_a_job_stopped_with_a_savepoint_is_repartitioned_from_it_without_a_stop(
 
 def test_a_rescale_that_died_after_saving_is_finished_from_the_saved_savepoint(
         store: JobStore, checks: FakeCheck, launches: FakeLaunch, running: Launch) -> None:
-    _savepoint(store, SID, 7, 2)
-    _savepoint(store, RESCALED_SID, 8, 5, rescaled_from=SID, partitions_before="2")
+    rocksdb_savepoint(store, SID, 7, 2)
+    rocksdb_savepoint(store, RESCALED_SID, 8, 5, rescaled_from=SID, partitions_before="2")
     report(store, epoch=3, state=JobState.STOPPED, batch_id=7,
            last_snapshot={"id": SID, "kind": "savepoint", "batch_id": 7})
     op = rescale_op()
@@ -190,7 +178,7 @@ def test_a_rescale_that_died_after_saving_is_finished_from_the_saved_savepoint(
 
 
 def test_a_cancelled_jobs_rescale_is_refused(store: JobStore, checks: FakeCheck, running: Launch) -> None:
-    _savepoint(store, SID, 7, 2)
+    rocksdb_savepoint(store, SID, 7, 2)
     report(store, epoch=3, state=JobState.STOPPED, batch_id=9)
     with pytest.raises(AirflowException, match=r"refused before anything was stopped: the job is not running "
                                                r"\(STOPPED\) and did not stop with a savepoint"):
