@@ -158,6 +158,8 @@ def _stop_supervisor(env: JobEnv) -> None:
             time.sleep(0.5)
 
 
+@pytest.mark.full(proven_by="test_the_upgrade_op_takes_orders_to_v2_... (submit, savepoint and cancel through the "
+                            "ops, exact totals)")
 def test_a_job_submitted_through_the_dagster_op_takes_a_savepoint_of_its_last_batch(
     env: JobEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -231,7 +233,12 @@ SUBMIT_AND_UPGRADE = dg.GraphDefinition(
 )
 
 
-def test_the_upgrade_op_takes_orders_to_v2_with_its_state_and_refuses_an_incompatible_upgrade_before_the_stop(
+SAVEPOINT_AND_CANCEL = dg.GraphDefinition(
+    name="savepoint_and_cancel", node_defs=[trigger_savepoint, cancel_streaming_job],
+    dependencies={"cancel_streaming_job": {"after": dg.DependencyDefinition("trigger_savepoint")}})
+
+
+def test_the_upgrade_op_takes_orders_to_v2_with_its_state_refuses_an_incompatible_one_then_savepoint_and_cancel_ops(
     env: JobEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CKPT_HOME", str(tmp_path / "home"))
@@ -284,6 +291,23 @@ def test_the_upgrade_op_takes_orders_to_v2_with_its_state_and_refuses_an_incompa
         after = env.status()
         assert after is not None and (after.state, after.epoch, after.code_version) == (JobState.RUNNING, 2, "v2")
         assert read_lease(store) == lease and store.storage.list(CONTROL) == requests  # not even a stop requested
+
+        # A savepoint of v2's state through the op, then a cancel through the op.
+        ops: dict[str, Any] = {"job": env.job, "timeout": 180, "poll_interval": 0.5}
+        done = SAVEPOINT_AND_CANCEL.to_job(resource_defs={CKPT_RESOURCE: ckpt}).execute_in_process(
+            raise_on_error=False, run_config={"ops": {"trigger_savepoint": {"config": ops},
+                                                      "cancel_streaming_job": {"config": ops}}})
+        assert done.success, [str(e.event_specific_data) for e in done.all_events if e.is_failure]
+        final = env.status()
+        savepoint = done.output_for_node("trigger_savepoint")
+        assert (savepoint["action"], savepoint["outcome"]) == ("savepoint", "completed"), savepoint
+        manifest = load_manifest(store, savepoint["snapshot_id"])  # the snapshot exists, complete
+        assert (manifest.kind, manifest.trigger, manifest.batch_id, manifest.code_version) == (
+            Kind.SAVEPOINT, Trigger.MANUAL, savepoint["batch_id"], "v2"), manifest
+        assert savepoint["snapshot_uri"] == store.snapshot_uri(savepoint["snapshot_id"])
+        assert done.output_for_node("cancel_streaming_job")["outcome"] == "completed"
+        assert final is not None and (final.state, final.epoch) == (JobState.STOPPED, 2), final
+        assert read_totals(env.out) == expected_totals(450)
     finally:
         status = env.status()
         if status is not None and status.state is JobState.RUNNING:

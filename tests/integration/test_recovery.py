@@ -148,7 +148,10 @@ def wait_for_log(run: Run, text: str, timeout: float) -> None:
                                                   "raises at the query's start; the exit code of this one: "
                                                   "unit/runtime/test_failures.py")),
     ("schema", EXIT_INCOMPATIBLE, "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE"),
-    ("nomodule", EXIT_CONFIG, "No module named 'ckpt_test_missing_module'"),
+    pytest.param("nomodule", EXIT_CONFIG, "No module named 'ckpt_test_missing_module'",
+                 marks=pytest.mark.full(proven_by="integration/test_cluster.py::test_without_shipping_a_job_on_nodes_"
+                                                  "lacking_its_modules_fails_once_... (a missing module: one driver, "
+                                                  "exit code EXIT_CONFIG, no restart loop)")),
 ])
 def test_a_failure_no_restart_fixes_ends_the_driver_and_its_supervisor_once_with_its_exit_code(
     env: JobEnv, runs: list[Run], variant: str, code: int, message: str,
