@@ -265,8 +265,10 @@ def write_partition(options: SinkOptions, batches: Iterator[pa.RecordBatch], *, 
         _abort_quietly(clients, options, err)
         _drop(txid)
         raise
-    log.info("batch %d partition %d of job %s (query %s): %d records committed by %s", batch_id, partition,
-             options.job, query_id, result.records, txid)
+    # The marker the task found says why it wrote (a replay that wrote again shows which marker it missed).
+    found = f"batch {marker.batch_id}" if marker is not None else "none"
+    log.info("batch %d partition %d of job %s (query %s): %d records committed by %s (marker found: %s)", batch_id,
+             partition, options.job, query_id, result.records, txid, found)
     crash_point("kafka.task.after-commit", batch_id)
     return result
 

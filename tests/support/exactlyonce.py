@@ -169,7 +169,10 @@ class KafkaSink:
         commits = Counter(_KAFKA_COMMITTED.findall(log))
         twice = sorted(k for k, n in commits.items() if n > 1)
         assert commits, "no 'records committed by' line of the sink's tasks in the supervisors' logs"
-        assert not twice, f"(batch, partition, query) committed by more than one transaction: {twice[:5]}"
+        lines = [ln for ln in log.splitlines() for b, p, q in twice[:3]
+                 if f"batch {b} partition {p} of job " in ln and f"(query {q})" in ln]
+        assert not twice, (f"(batch, partition, query) committed by more than one transaction: {twice[:5]}; their "
+                           "lines (the marker each task found):\n" + "\n".join(lines))
         return len(commits)
 
     def check_nothing_uncommitted(self) -> str:
