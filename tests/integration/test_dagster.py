@@ -158,8 +158,6 @@ def _stop_supervisor(env: JobEnv) -> None:
             time.sleep(0.5)
 
 
-@pytest.mark.full(proven_by="test_the_upgrade_op_takes_orders_to_v2_... (submit, savepoint and cancel through the "
-                            "ops, exact totals)")
 def test_a_job_submitted_through_the_dagster_op_takes_a_savepoint_of_its_last_batch(
     env: JobEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -238,6 +236,10 @@ SAVEPOINT_AND_CANCEL = dg.GraphDefinition(
     dependencies={"cancel_streaming_job": {"after": dg.DependencyDefinition("trigger_savepoint")}})
 
 
+@pytest.mark.full(proven_by="test_a_job_submitted_through_the_dagster_op_takes_a_savepoint_... (the ops on real "
+                            "Spark) and integration/test_rescale.py::test_ckpt_job_rescale_moves_a_deployment_... (the "
+                            "driver the upgrade op runs, launcher/upgrade.JobUpgrade, end to end); the op itself: "
+                            "unit/dagster/test_upgrade.py")
 def test_the_upgrade_op_takes_orders_to_v2_with_its_state_refuses_an_incompatible_one_then_savepoint_and_cancel_ops(
     env: JobEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -66,6 +66,8 @@ def _markers(kafka: EmbeddedKafka, sink: str, job: str, query_id: str, partition
     return found
 
 
+@pytest.mark.full(proven_by="integration/test_exactly_once.py (the sink's replays after kills at each of its commit "
+                            "steps skip what was committed: every id once, each transaction committed once)")
 def test_records_exactly_once_after_batches_and_replay_skipped(kafka_spark: Any, kafka_server: EmbeddedKafka,
                                                                topic: str, tmp_path: Path) -> None:
     sink, job, ckpt = _new_topic(kafka_server), f"j{uuid.uuid4().hex[:6]}", tmp_path / "ckpt"

@@ -201,6 +201,9 @@ def test_broken_or_deleted_live_checkpoint_falls_back_to_the_newest_snapshot(env
     assert env.final_counts() == expected_counts(2000)
 
 
+@pytest.mark.full(proven_by="test_two_drivers_started_at_once_exactly_one_runs (the driver of the older epoch exits "
+                            "fenced, only the newest epoch commits) and test_lease_control.py::"
+                            "test_newer_driver_fences_the_older")
 def test_a_newer_driver_fences_the_running_one(env: JobEnv, runs: list[Run]) -> None:
     produce(env.kafka.bootstrap_servers, env.topic, 0, 3000)
     runs.append(a := env.run("a", env.work / "a" / "checkpoint", max_offsets=100))
