@@ -18,7 +18,6 @@ each says what it does on one line.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +31,7 @@ from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec, UpgradeMode
 from airflow_ckpt_provider.core.snapshots import dispose_snapshot, latest_completed, list_snapshots
 from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.core.watches.base import wait_for
 from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
 from airflow_ckpt_provider.launcher import upgradesteps as steps
 from airflow_ckpt_provider.launcher.deploy import credentials_env, launch, submit_spec
@@ -98,7 +98,7 @@ class JobUpgrade:
                     raise ConfigError(message)
                 case steps.Fail(message=message):
                     raise UpgradeFailed(message)
-                case steps.Relaunch(message=message):  # pragma: no cover (this driver does not observe a failed stop)
+                case steps.Relaunch(message=message):  # the old driver went down during a stop that failed
                     self._start(plan.old_deployment, LATEST_STATE)
                     raise UpgradeFailed(message)
                 case steps.Done(result=result):
@@ -171,7 +171,8 @@ class JobUpgrade:
                 "with a savepoint" if step.action is RequestAction.STOP else f"({self.options.mode}: cancel)"))
             ack, why = self._request(step.action, step.epoch)
             if why is not None or ack is None:
-                return steps.StopFailed(f"the {what} did not complete ({why})")
+                seen, epoch = steps.observe_stop_failure(self.store)
+                return steps.StopFailed(f"the {what} did not complete ({why})", seen, epoch)
             self.say(f"2/5 stopped with savepoint {ack.snapshot_id} at batch {ack.batch_id}" if ack.snapshot_id else
                      f"2/5 cancelled at batch {ack.batch_id}")
         crash_point(f"{self.options.what}.after-stop")
@@ -211,7 +212,7 @@ class JobUpgrade:
             event = self._verify(Launch.from_dict(plan.launch))
         except CkptError as err:  # the job store unreachable meanwhile: no verdict, roll back
             return steps.Verified(False, str(err))
-        return steps.Verified(event.get("status") == "healthy", str(event.get("message")), event.get("epoch"),
+        return steps.Verified(event.get("status") == "healthy", _said(event), event.get("epoch"),
                               event.get("batch_id"))
 
     def _start(self, deployment: Deployment, restore: RestoreSpec) -> Launch:
@@ -223,13 +224,8 @@ class JobUpgrade:
         criteria = HealthCriteria(started_after=record.launched_at, start_timeout=timeout, max_restarts=1,
                                   health_window=timeout,
                                   min_batches=self.options.verify_batches if batches is None else batches)
-        watch = JobHealthWatch(self.store, criteria)
-        deadline = time.monotonic() + timeout
-        while (event := watch.poll()) is None:
-            if time.monotonic() >= deadline:
-                return {"status": "timeout", "message": f"no verdict within {timeout:.0f} s: {watch.waiting_for()}"}
-            time.sleep(self.options.poll)
-        return event
+        return wait_for(JobHealthWatch(self.store, criteria), timeout=timeout, poll_interval=self.options.poll,
+                        what=f"job {self.job}")
 
     def _done(self, plan: steps.UpgradePlan, result: dict[str, Any]) -> dict[str, Any]:
         assert plan.launch is not None
@@ -252,6 +248,14 @@ class JobUpgrade:
         old = plan.old_deployment
         self.say(f"5/5 rolling back: starting {old.job_file} from {step.restore} (the old "
                  f"{'code' if plan.what == steps.UPGRADE else 'partitions'}): {step.why}")
-        event = self._verify(self._start(old, step.restore), batches=0)
+        try:
+            event = self._verify(self._start(old, step.restore), batches=0)
+        except CkptError as err:  # the launch refused, or the store unreadable: the rollback did not happen
+            return steps.RolledBack(step.why, False, f"the old deployment could not be started: {err}", None)
         healthy = event.get("status") == "healthy"
-        return steps.RolledBack(step.why, healthy, str(event.get("message")), event.get("epoch"))
+        return steps.RolledBack(step.why, healthy, _said(event), event.get("epoch"))
+
+
+def _said(event: dict[str, Any]) -> str:
+    """What a health event says (its message, else its reason)."""
+    return str(event.get("message") or event.get("reason") or event.get("status"))

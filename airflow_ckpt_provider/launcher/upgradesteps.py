@@ -478,6 +478,8 @@ def observe_running(store: JobStore) -> Running:
         view = observe(store)
     except ConfigError:  # never ran
         return Running()
+    except CkptError as err:  # the job store unreadable: nothing can be decided on it
+        return Running(problem=f"the job store could not be read: {err}")
     if not view.live:
         return Running()
     try:
@@ -518,6 +520,9 @@ def prepare(store: JobStore, *, store_url: str, s3: S3Options | None, what: str 
     old = read_launch(store)
     if old is None:
         raise ConfigError(f"job {job} has no recorded deployment (spec/last.json): {submit_hint}")
+    if not job_file and what == UPGRADE:
+        raise ConfigError(f"upgrade of job {job}: expected the new code's job file, found none; give job_file (to "
+                          "keep the code and change the partitions, rescale instead). Nothing was changed")
     if not job_file:
         job_file, code_version = old.deployment.job_file, code_version or old.deployment.code_version
     new = old.deployment.with_code(job_file, code_version)

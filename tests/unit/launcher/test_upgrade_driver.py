@@ -74,9 +74,9 @@ def test_a_stop_without_an_answer_fails_and_starts_nothing(world: World) -> None
     world.stop_answers = False
     with pytest.raises(UpgradeFailed) as info:
         world.run()
-    assert str(info.value) == (
-        "rescale of job orders: the stop with savepoint did not complete (no answer); the stop may still be under "
-        "way: check `ckpt job status --job orders`; nothing was repartitioned")
+    # The driver looks at the job after the failed stop, as the operator does: it still runs, nothing changed.
+    assert str(info.value).startswith("rescale of job orders: the stop with savepoint did not complete (no answer)")
+    assert str(info.value).endswith("the old job still runs (epoch 3), nothing was changed"), info.value
     assert world.launches.calls == []
 
 
@@ -144,3 +144,15 @@ def test_ckpt_job_upgrade_prints_where_the_job_went(world: World, tmp_path: Path
                  "--upgrade-mode", "last-state"]) == 1
     _, err = capsys.readouterr()
     assert "partitions=3 with upgrade_mode last-state; a rescale goes through a savepoint" in err
+
+
+def test_an_upgrade_without_a_job_file_is_refused_before_anything_stops(store: JobStore) -> None:
+    """An empty job file keeps the running code for a rescale only; an upgrade needs the new code's file."""
+    from airflow_ckpt_provider.core.errors import ConfigError
+    from airflow_ckpt_provider.launcher import upgradesteps as steps
+
+    record_deployment(store, old_deployment(job_file=ORDERS_V1))
+    with pytest.raises(ConfigError, match=r"upgrade of job orders: expected the new code's job file, found none"):
+        steps.prepare(store, store_url="file:///unused", s3=None, what=steps.UPGRADE, job_file="",
+                      submit_hint="unused")
+    assert [str(o.key) for o in store.storage.list("control/")] == []  # nothing requested
