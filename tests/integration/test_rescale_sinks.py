@@ -42,9 +42,10 @@ from tests.support.exactlyonce import (
 from tests.support.runtimejob import ROCKSDB, JobEnv, Run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800), pytest.mark.usefixtures("launcher_env"),
-              pytest.mark.full(proven_by="integration/test_rescale.py::test_ckpt_job_rescale_moves_a_deployment_... "
-                                         "(a rescale through a kill, totals exact) and test_exactly_once.py (the "
-                                         "sinks through kills and a savepoint restore)")]
+              pytest.mark.full(proven_by="partly: integration/test_rescale.py::test_ckpt_job_rescale_moves_a_"
+                                         "deployment_... (a rescale through a kill, totals exact) and "
+                                         "test_exactly_once.py (the sinks through kills and a savepoint restore); "
+                                         "the sinks across a repartition batch are run here only")]
 
 CHECK_TIMEOUT = 240.0
 RESCALES = (5, 3)

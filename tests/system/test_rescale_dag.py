@@ -28,8 +28,10 @@ from tests.support.runtimejob import ROCKSDB
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(900),
               pytest.mark.full(proven_by="integration/test_rescale.py::test_ckpt_job_rescale_moves_a_deployment_... "
-                                         "(the same steps from the CLI, exact) and test_example_dags.py (the "
-                                         "upgrade DAG's refusal of a rescale of HDFS-backed state, real Airflow)")]
+                                         "(the same steps, launcher/upgradesteps.py, from the CLI, exact), "
+                                         "test_example_dags.py (the upgrade DAG under real Airflow, and its refusal "
+                                         "of a rescale of HDFS-backed state); the operator's deferred rescale step "
+                                         "itself: unit/operators/test_rescale.py only")]
 
 UPGRADE = {"job_file": str(EXAMPLES / "orders_v1.py"), "code_version": "v1", "verify_batches": 1}
 
