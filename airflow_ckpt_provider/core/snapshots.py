@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
@@ -294,11 +294,13 @@ def apply_retention(
     return done
 
 
-def dispose_snapshots(store: JobStore, snapshot_ids: Iterable[str] | None, policy: RetentionPolicy, *,
-                      preview: bool = False) -> list[dict[str, Any]]:
-    """Dispose of the named snapshots, or (none named) of those ``policy`` selects; with ``preview`` nothing is
-    disposed of. ``[{"snapshot_id", "kind", "reason"}]``: what was (or would be) disposed of. The Airflow
-    operator and the Dagster op both call this."""
+def dispose_snapshots(store: JobStore, snapshot_ids: Iterable[str] | None, *, keep_checkpoints: int,
+                      keep_savepoints: int | None, max_savepoint_age_s: float | None,
+                      preview: bool = False) -> tuple[list[dict[str, Any]], str]:
+    """Dispose of the named snapshots, or (none named) of those the retention settings select; with ``preview``
+    nothing is disposed of. Returns ``[{"snapshot_id", "kind", "reason"}]`` (what was, or would be, disposed of)
+    and the line to log. The settings are checked only when they are used (no ids named). The Airflow operator
+    and the Dagster op both call this."""
     ids = list(snapshot_ids or ())
     if ids:
         disposed = []
@@ -306,6 +308,12 @@ def dispose_snapshots(store: JobStore, snapshot_ids: Iterable[str] | None, polic
             manifest = None if preview else dispose_snapshot(store, snapshot_id)
             disposed.append({"snapshot_id": snapshot_id, "kind": manifest.kind.value if manifest else None,
                              "reason": "requested"})
-        return disposed
-    return [{"snapshot_id": d.snapshot_id, "kind": d.kind.value, "reason": d.reason}
-            for d in apply_retention(store, policy, dry_run=preview)]
+    else:
+        age = None if max_savepoint_age_s is None else timedelta(seconds=max_savepoint_age_s)
+        policy = RetentionPolicy(keep_checkpoints, keep_savepoints, age)
+        disposed = [{"snapshot_id": d.snapshot_id, "kind": d.kind.value, "reason": d.reason}
+                    for d in apply_retention(store, policy, dry_run=preview)]
+    verb = "would dispose of" if preview else "disposed of"
+    line = (f"job {store.job}: {verb} {len(disposed)} snapshots"
+            + "".join(f"\n  {d['snapshot_id']} ({d['reason']})" for d in disposed))
+    return disposed, line

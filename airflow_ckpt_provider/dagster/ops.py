@@ -17,7 +17,6 @@ UpgradeStreamingJobOperator; the op gives its config and logs each step the driv
 # resource) at definition time and does not resolve them from strings.
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -33,7 +32,6 @@ from airflow_ckpt_provider.core.jobview import RestartDecision, observe, request
 from airflow_ckpt_provider.core.modes import RestoreSpec, StopMode, UpgradeMode
 from airflow_ckpt_provider.core.rescaling import MAX_PARTITIONS, parse_partitions
 from airflow_ckpt_provider.core.restart import Health
-from airflow_ckpt_provider.core.retention import RetentionPolicy
 from airflow_ckpt_provider.core.settings import JobSettings, setting_fields
 from airflow_ckpt_provider.core.snapshots import dispose_snapshots as dispose
 from airflow_ckpt_provider.core.submission import find_running, what_to_launch
@@ -425,15 +423,13 @@ def _restart(context: dg.OpExecutionContext, config: RestartConfig, ckpt: CkptRe
 def dispose_snapshots(context: dg.OpExecutionContext, config: DisposeConfig, ckpt: CkptResource) -> dict[str, Any]:
     """Dispose of the named snapshots, or apply retention (the newest completed savepoint always stays)."""
     store = _store(ckpt, config.job)
-    age = None if config.max_savepoint_age is None else timedelta(seconds=config.max_savepoint_age)
     try:
-        policy = RetentionPolicy(config.keep_checkpoints, config.keep_savepoints, age)
-        disposed = dispose(store, config.snapshot_ids, policy, preview=config.preview)
+        disposed, line = dispose(store, config.snapshot_ids, keep_checkpoints=config.keep_checkpoints,
+                                 keep_savepoints=config.keep_savepoints,
+                                 max_savepoint_age_s=config.max_savepoint_age, preview=config.preview)
     except CkptError as err:
         raise _failure(f"job {config.job}: {err}") from err
-    verb = "would dispose of" if config.preview else "disposed of"
-    context.log.info("job %s: %s %d snapshots%s", config.job, verb, len(disposed),
-                     "".join(f"\n  {d['snapshot_id']} ({d['reason']})" for d in disposed))
+    context.log.info("%s", line)
     return {"job": config.job, "disposed": disposed, "preview": config.preview}
 
 

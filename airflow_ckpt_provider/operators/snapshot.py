@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_ckpt_provider.core.control import RequestAction
 from airflow_ckpt_provider.core.errors import CkptError
-from airflow_ckpt_provider.core.retention import RetentionPolicy
 from airflow_ckpt_provider.core.snapshots import dispose_snapshots
 from airflow_ckpt_provider.links import SnapshotLink, persist_empty_links
 from airflow_ckpt_provider.operators.base import JobOperator
@@ -74,13 +72,11 @@ class DisposeSnapshotsOperator(JobOperator):
         store = self.job_store()
         if isinstance(self.snapshot_ids, str):  # a template rendered "a,b" (or one id)
             self.snapshot_ids = [i.strip() for i in self.snapshot_ids.split(",") if i.strip()]
-        age = None if self.max_savepoint_age is None else timedelta(seconds=self.max_savepoint_age)
         try:
-            policy = RetentionPolicy(self.keep_checkpoints, self.keep_savepoints, age)
-            disposed = dispose_snapshots(store, self.snapshot_ids, policy, preview=self.preview)
+            disposed, line = dispose_snapshots(store, self.snapshot_ids, keep_checkpoints=self.keep_checkpoints,
+                                               keep_savepoints=self.keep_savepoints,
+                                               max_savepoint_age_s=self.max_savepoint_age, preview=self.preview)
         except CkptError as err:
             raise AirflowException(f"job {self.job}: {err}") from err
-        verb = "would dispose of" if self.preview else "disposed of"
-        self.log.info("job %s: %s %d snapshots%s", self.job, verb, len(disposed),
-                      "".join(f"\n  {d['snapshot_id']} ({d['reason']})" for d in disposed))
+        self.log.info("%s", line)
         return {"job": self.job, "disposed": disposed, "preview": self.preview}

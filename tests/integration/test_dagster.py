@@ -27,7 +27,6 @@ from airflow_ckpt_provider.core.lease import read_lease
 from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.snapshots import load_manifest
 from airflow_ckpt_provider.core.status import JobState, read_status
-from airflow_ckpt_provider.core.supervision import SupervisorState, read_supervisor
 from airflow_ckpt_provider.dagster import (
     CKPT_RESOURCE,
     CkptResource,
@@ -40,7 +39,7 @@ from airflow_ckpt_provider.dagster import (
 )
 from airflow_ckpt_provider.examples._orders import read_totals
 from tests.integration.test_restore_check import expected_totals, produce_orders
-from tests.support.runtimejob import JOB_FILE, SPARK_CONF, JobEnv, expected_counts, produce
+from tests.support.runtimejob import JOB_FILE, SPARK_CONF, JobEnv, expected_counts, produce, stop_supervisor
 
 pytestmark = pytest.mark.integration
 
@@ -138,33 +137,24 @@ def test_the_dagster_webserver_on_loopback_loads_the_example_definitions(tmp_pat
 
 
 def _stop_supervisor(env: JobEnv) -> None:
-    """Teardown: a supervisor still alive (a failed assertion) gets SIGTERM, then SIGKILL."""
-    store = env.store()
-    last = read_launch(store)
-    record = read_supervisor(store, last.launch_id) if last is not None else None
-    if record is None or record.state is SupervisorState.ENDED:
-        return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.kill(record.pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                os.kill(record.pid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.5)
+    """Teardown: the last launch's supervisor, if a failed assertion left it alive."""
+    last = read_launch(env.store())
+    if last is not None:
+        stop_supervisor(env.store(), last.launch_id)
 
 
-def test_a_job_submitted_through_the_dagster_op_takes_a_savepoint_of_its_last_batch(
-    env: JobEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def launched_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ops launch drivers from this process: a CKPT_HOME of the test's own, loopback, this Python."""
     monkeypatch.setenv("CKPT_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
     monkeypatch.setenv("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+def test_a_job_submitted_through_the_dagster_op_takes_a_savepoint_of_its_last_batch(
+    env: JobEnv, tmp_path: Path, launched_here: None
+) -> None:
     produce(env.kafka.bootstrap_servers, env.topic, 0, RECORDS)
     job = dg.GraphDefinition(
         name="submit_and_savepoint",
@@ -241,12 +231,8 @@ SAVEPOINT_AND_CANCEL = dg.GraphDefinition(
                             "driver the upgrade op runs, launcher/upgrade.JobUpgrade, end to end); the op itself: "
                             "unit/dagster/test_upgrade.py")
 def test_the_upgrade_op_takes_orders_to_v2_with_its_state_refuses_an_incompatible_one_then_savepoint_and_cancel_ops(
-    env: JobEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    env: JobEnv, tmp_path: Path, launched_here: None
 ) -> None:
-    monkeypatch.setenv("CKPT_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
-    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
-    monkeypatch.setenv("PYSPARK_DRIVER_PYTHON", sys.executable)
     produce_orders(env.kafka.bootstrap_servers, env.topic, 0, 300)
     upgrade = {"job": env.job, "code_version": "v2", "job_file": str(EXAMPLES / "orders_v2.py"), "verify_batches": 1,
                "check_timeout": 240, "stop_timeout": 180, "verify_timeout": 240, "poll_interval": 0.5}

@@ -33,7 +33,15 @@ from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
 from airflow_ckpt_provider.launcher.deploy import launch
 from airflow_ckpt_provider.operators.job import RestartStreamingJobOperator
 from tests.support.operatorfakes import context
-from tests.support.runtimejob import JOB_FILE, SPARK_CONF, JobEnv, expected_counts, kill_driver, produce
+from tests.support.runtimejob import (
+    JOB_FILE,
+    SPARK_CONF,
+    JobEnv,
+    expected_counts,
+    kill_driver,
+    produce,
+    stop_supervisor,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -151,7 +159,7 @@ def test_a_killed_driver_is_restarted_once_by_its_supervisor_while_the_watch_and
             60.0, log)
         assert (ended.ending, ended.exit_code) == ("stopped", 0)
     finally:
-        _stop(store, record.launch_id, log)
+        stop_supervisor(store, record.launch_id)
 
     # Each driver of the launch sent its first RUNNING event at its start (the next only 600 s later), in one run.
     events = [json.loads(line) for line in events_file.read_text().splitlines()]
@@ -168,25 +176,3 @@ def test_a_killed_driver_is_restarted_once_by_its_supervisor_while_the_watch_and
     assert env.final_counts() == expected_counts(RECORDS)
     committed = {b for entries in env.commits().values() for b, _t in entries}
     assert committed == set(range(max(committed) + 1)), "every batch id committed, none missing"
-
-
-def _stop(store: Any, launch_id: str, log: Path) -> None:
-    """Teardown: a supervisor still alive (a failed assertion) is stopped with SIGTERM, then SIGKILL."""
-    import os
-    import signal
-
-    record = read_supervisor(store, launch_id)
-    if record is None or record.state is SupervisorState.ENDED:
-        return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.kill(record.pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                os.kill(record.pid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.5)

@@ -56,6 +56,27 @@ def produce(bootstrap: str, topic: str, start: int, count: int) -> None:
         del producer
 
 
+def stop_supervisor(store: JobStore, launch_id: str) -> None:
+    """Teardown: the supervisor of ``launch_id`` still alive (a failed assertion) gets SIGTERM, then SIGKILL."""
+    from airflow_ckpt_provider.core.supervision import SupervisorState, read_supervisor
+
+    record = read_supervisor(store, launch_id)
+    if record is None or record.state is SupervisorState.ENDED:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.kill(record.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                os.kill(record.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.5)
+
+
 def expected_counts(total: int) -> dict[str, int]:
     return dict(Counter(f"k{i % KEYS}" for i in range(total)))
 

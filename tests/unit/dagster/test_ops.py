@@ -15,7 +15,7 @@ from airflow_ckpt_provider.core.deployments import Deployment, Launch, read_laun
 from airflow_ckpt_provider.core.jobstore import CONTROL, SPEC_LAST, JobStore
 from airflow_ckpt_provider.core.manifest import Kind
 from airflow_ckpt_provider.core.snapshots import list_snapshots
-from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
+from airflow_ckpt_provider.core.status import JobState
 from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.dagster import (
     CkptResource,
@@ -26,20 +26,8 @@ from airflow_ckpt_provider.dagster import (
     submit_streaming_job,
     trigger_savepoint,
 )
-from tests.support.operatorfakes import make_snapshots
+from tests.support.operatorfakes import SID, make_snapshots, report
 from tests.unit.dagster.conftest import failure, run_op
-
-SID = "savepoint-7-20261122T101500Z-abc123"
-
-
-def report(store: JobStore, **changes: Any) -> JobStatus:
-    """A fresh heartbeat of the driver of epoch 3, RUNNING at batch 7."""
-    now = time.time()
-    body: dict[str, Any] = {"job": "orders", "state": JobState.RUNNING, "epoch": 3, "updated_at": now,
-                            "started_at": now - 1, "batch_id": 7}
-    status = JobStatus(**body | changes)
-    assert write_status(store, status)
-    return status
 
 
 class Driver(threading.Thread):
