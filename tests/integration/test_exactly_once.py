@@ -15,8 +15,6 @@ By default every crash point once (3 + 4 + 2, the last of each sink after its re
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
 from airflow_ckpt_provider.core.storage import S3Options
@@ -27,6 +25,7 @@ from tests.support.exactlyonce import (
     KafkaSink,
     LedgerSink,
     job_of_its_own,
+    new_sink_topic,
     prove_exactly_once,
 )
 from tests.support.runtimejob import JobEnv, Run
@@ -41,8 +40,7 @@ SIDE_BY_SIDE = True  # the three jobs at once (a thread each), not one after the
 def test_three_sinks_exactly_once_through_kills_at_every_commit_step_random_kills_and_a_savepoint_restore(
         env: JobEnv, runs: list[Run], s3_options: S3Options, pytestconfig: pytest.Config) -> None:
     files, kafka, ledger = job_of_its_own(env, "files"), job_of_its_own(env, "kafka"), job_of_its_own(env, "ledger")
-    out = f"eo-{uuid.uuid4().hex[:10]}"
-    env.kafka.create_topic(out, partitions=3)
+    out = new_sink_topic(env.kafka)
     jobs: list[tuple[JobEnv, EoSink]] = [
         (files, FilesSink(f"s3://{env.bucket}/eo-out", s3_options)),
         (kafka, KafkaSink(env.kafka.bootstrap_servers, out)),

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import random
 import time
-import uuid
 from functools import partial
 
 import pytest
@@ -38,6 +37,7 @@ from tests.support.exactlyonce import (
     Proof,
     all_at_once,
     job_of_its_own,
+    new_sink_topic,
 )
 from tests.support.runtimejob import ROCKSDB, JobEnv, Run
 
@@ -103,8 +103,7 @@ def rescale_twice(chaos: Chaos, files_sink: FilesSink | None) -> str:
 def test_files_kafka_and_ledger_sinks_keep_every_id_once_across_rescales_2_to_5_to_3_with_a_kill_after_each(
         env: JobEnv, runs: list[Run], s3_options: S3Options) -> None:
     files, kafka, ledger = job_of_its_own(env, "files"), job_of_its_own(env, "kafka"), job_of_its_own(env, "ledger")
-    out = f"eo-{uuid.uuid4().hex[:10]}"
-    env.kafka.create_topic(out, partitions=3)
+    out = new_sink_topic(env.kafka)
     files_sink = FilesSink(f"s3://{env.bucket}/eo-out", s3_options)
     jobs: list[tuple[JobEnv, EoSink]] = [
         (files, files_sink),
