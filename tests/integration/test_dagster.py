@@ -2,7 +2,9 @@
 
 A job submitted through the Dagster op (a detached supervisor, spark-submit local[2]) consumes a topic, the
 health op waits until it caught up, the savepoint op takes a savepoint of its last batch through the control
-channel, and the cancel op stops it: exact batch ids, counts and snapshot contents. The orders example, submitted
+channel, a kill -9 of the driver is restarted by the supervisor while the health sensor ticks without asking for a
+restart, the restart op restores the savepoint, and the cancel op stops it: exact batch ids, counts, epochs and
+snapshot contents. The orders example, submitted
 through the op, is upgraded by the upgrade op to orders_v2 with its state (the totals exact after), and an upgrade
 to orders_incompatible.py is refused before the job stops.
 """
@@ -31,7 +33,9 @@ from airflow_ckpt_provider.dagster import (
     CKPT_RESOURCE,
     CkptResource,
     cancel_streaming_job,
+    job_health_sensor,
     kafka_lag_sensor,
+    restart_from_snapshot,
     submit_streaming_job,
     trigger_savepoint,
     upgrade_streaming_job,
@@ -39,12 +43,21 @@ from airflow_ckpt_provider.dagster import (
 )
 from airflow_ckpt_provider.examples._orders import read_totals
 from tests.integration.test_restore_check import expected_totals, produce_orders
-from tests.support.runtimejob import JOB_FILE, SPARK_CONF, JobEnv, expected_counts, produce, stop_supervisor
+from tests.support.runtimejob import (
+    JOB_FILE,
+    SPARK_CONF,
+    JobEnv,
+    expected_counts,
+    kill_driver,
+    produce,
+    stop_supervisor,
+)
 
 pytestmark = pytest.mark.integration
 
 RECORDS = 600  # 3 batches of 200 (CKPT_TEST_MAX_OFFSETS) after the source's first, empty batch 0
 LAST_BATCH = 3
+MORE = 200  # one more batch after the restore
 
 
 def resource(env: JobEnv, secret: str | None = None) -> CkptResource:
@@ -152,19 +165,58 @@ def launched_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
-def test_a_job_submitted_through_the_dagster_op_takes_a_savepoint_of_its_last_batch(
+def test_a_job_submitted_through_dagster_ops_rides_out_a_kill_9_unseen_by_the_health_sensor_and_restores_its_savepoint(
     env: JobEnv, tmp_path: Path, launched_here: None
 ) -> None:
+    """One Dagster run: submit, caught up, savepoint of the last batch; kill -9 of the driver while the health
+    sensor ticks (the supervisor restarts it: no tick asks for a restart run, the ticks say a restart is in
+    progress); the restart op restores the savepoint; more records; caught up again; cancel. Exact batch ids,
+    counts, epochs and the snapshot restored."""
     produce(env.kafka.bootstrap_servers, env.topic, 0, RECORDS)
+    ckpt = resource(env)
+    restart_target = dg.GraphDefinition(name="restart_orders", node_defs=[]).to_job()
+    health = job_health_sensor(env.job, restart_job=restart_target, name="health_under_test")
+
+    @dg.op(ins={"snapshot": dg.In(dict)}, out=dg.Out(dict))
+    def kill_9_while_the_health_sensor_ticks(snapshot: dict[str, Any]) -> dict[str, Any]:
+        store = env.store()
+        killed = read_status(store)
+        assert killed is not None and killed.state is JobState.RUNNING
+        kill_driver(killed)
+        ticks, deadline = [], time.monotonic() + 240
+        while True:
+            with dg.build_sensor_context(resources={CKPT_RESOURCE: ckpt}) as context:
+                tick = health.evaluate_tick(context)
+            ticks.append((len(tick.run_requests or []), str(tick.skip_message)))
+            now = read_status(store)
+            if now is not None and now.state is JobState.RUNNING and now.epoch > killed.epoch and len(ticks) > 1:
+                break
+            assert time.monotonic() < deadline, f"not running again within 240 s; ticks: {ticks[-3:]}"
+            time.sleep(0.5)
+        return snapshot | {"killed_epoch": killed.epoch, "running_epoch": now.epoch, "ticks": ticks}
+
+    @dg.op(ins={"after": dg.In(dg.Nothing)})
+    def produce_more() -> None:
+        produce(env.kafka.bootstrap_servers, env.topic, RECORDS, MORE)
+
+    caught_up_again = dg.NodeInvocation("wait_until_healthy", alias="caught_up_again")
     job = dg.GraphDefinition(
-        name="submit_and_savepoint",
-        node_defs=[submit_streaming_job, wait_until_healthy, trigger_savepoint, cancel_streaming_job],
+        name="submit_kill_restore",
+        node_defs=[submit_streaming_job, wait_until_healthy, trigger_savepoint, kill_9_while_the_health_sensor_ticks,
+                   restart_from_snapshot, produce_more, cancel_streaming_job],
         dependencies={
             "wait_until_healthy": {"started": dg.DependencyDefinition("submit_streaming_job")},
             "trigger_savepoint": {"after": dg.DependencyDefinition("wait_until_healthy")},
-            "cancel_streaming_job": {"after": dg.DependencyDefinition("trigger_savepoint")},
+            "kill_9_while_the_health_sensor_ticks": {"snapshot": dg.DependencyDefinition("trigger_savepoint")},
+            "restart_from_snapshot": {"snapshot": dg.DependencyDefinition("kill_9_while_the_health_sensor_ticks")},
+            "produce_more": {"after": dg.DependencyDefinition("restart_from_snapshot")},
+            caught_up_again: {"started": dg.DependencyDefinition("restart_from_snapshot"),
+                              "after": dg.DependencyDefinition("produce_more")},
+            "cancel_streaming_job": {"after": dg.DependencyDefinition("caught_up_again")},
         },
-    ).to_job(resource_defs={CKPT_RESOURCE: resource(env)})
+    ).to_job(resource_defs={CKPT_RESOURCE: ckpt})
+    # min_batches above what the topic holds: healthy once the query caught up (idle), after its last batch
+    caught_up = {"job": env.job, "min_batches": 1000, "timeout": 240, "poll_interval": 0.5}
     config: dict[str, Any] = {"ops": {
         "submit_streaming_job": {"config": {
             "job": env.job, "job_file": str(JOB_FILE), "code_version": "v1", "poll_interval": 0.5,
@@ -173,10 +225,10 @@ def test_a_job_submitted_through_the_dagster_op_takes_a_savepoint_of_its_last_ba
             "settings": {"checkpoint": str(tmp_path / "checkpoint"), "heartbeat_interval": "1",
                          "restart_strategy": "fixed-delay", "restart_attempts": "1"},
             "start_timeout": 240}},
-        # min_batches above what the topic holds: healthy once the query caught up (idle), after its last batch
-        "wait_until_healthy": {"config": {"job": env.job, "min_batches": 1000, "timeout": 240,
-                                          "poll_interval": 0.5}},
+        "wait_until_healthy": {"config": caught_up},
         "trigger_savepoint": {"config": {"job": env.job, "timeout": 180, "poll_interval": 0.5}},
+        "restart_from_snapshot": {"config": {"job": env.job, "start_timeout": 240, "poll_interval": 0.5}},
+        "caught_up_again": {"config": caught_up},
         "cancel_streaming_job": {"config": {"job": env.job, "timeout": 180, "poll_interval": 0.5}},
     }}
     try:
@@ -189,13 +241,11 @@ def test_a_job_submitted_through_the_dagster_op_takes_a_savepoint_of_its_last_ba
 
     store = env.store()
     launch = read_launch(store)
-    assert launch is not None and launch.launched_by.startswith("dagster:submit_and_savepoint.submit_streaming_job")
+    assert launch is not None and launch.launched_by.startswith("dagster:submit_kill_restore.restart_from_snapshot")
     submitted = result.output_for_node("submit_streaming_job")
-    assert (submitted["epoch"], submitted["state"], submitted["launch_id"]) == (1, "RUNNING", launch.launch_id)
-    caught_up = result.output_for_node("wait_until_healthy")
-    assert (caught_up["status"], caught_up["epoch"], caught_up["batch_id"]) == ("healthy", 1, LAST_BATCH)
-    assert [b for b, _ in env.commits()[1]] == list(range(LAST_BATCH + 1))  # each batch committed once
-
+    assert (submitted["epoch"], submitted["state"]) == (1, "RUNNING")
+    caught_up_1 = result.output_for_node("wait_until_healthy")
+    assert (caught_up_1["status"], caught_up_1["epoch"], caught_up_1["batch_id"]) == ("healthy", 1, LAST_BATCH)
     savepoint = result.output_for_node("trigger_savepoint")
     assert (savepoint["action"], savepoint["outcome"], savepoint["batch_id"]) == ("savepoint", "completed", LAST_BATCH)
     manifest = load_manifest(store, savepoint["snapshot_id"])  # the snapshot exists, complete
@@ -203,12 +253,27 @@ def test_a_job_submitted_through_the_dagster_op_takes_a_savepoint_of_its_last_ba
         Kind.SAVEPOINT, Trigger.MANUAL, LAST_BATCH, env.job)
     assert savepoint["snapshot_uri"] == store.snapshot_uri(savepoint["snapshot_id"])
 
+    # The supervisor owned the restart; the sensor saw it in progress and never asked for a restart run.
+    killed = result.output_for_node("kill_9_while_the_health_sensor_ticks")
+    assert (killed["killed_epoch"], killed["running_epoch"]) == (1, 2)
+    assert sum(n for n, _ in killed["ticks"]) == 0, killed["ticks"]
+    assert any("restarts it" in message or "RESTARTING by the supervisor" in message
+               for _, message in killed["ticks"]), killed["ticks"]
+
+    restored = result.output_for_node("restart_from_snapshot")
+    assert (restored["epoch"], restored["state"], restored["restore"]) == (3, "RUNNING", savepoint["snapshot_id"])
+    caught_up_2 = result.output_for_node("caught_up_again")
+    assert (caught_up_2["status"], caught_up_2["epoch"], caught_up_2["batch_id"]) == ("healthy", 3, LAST_BATCH + 1)
     cancelled = result.output_for_node("cancel_streaming_job")
     assert (cancelled["action"], cancelled["outcome"]) == ("cancel", "completed")
     final = read_status(store)
-    assert final is not None and (final.state, final.epoch, final.batch_id) == (JobState.STOPPED, 1, LAST_BATCH)
-    assert env.consumed(final) == RECORDS
-    assert env.final_counts() == expected_counts(RECORDS)
+    assert final is not None and (final.state, final.epoch, final.batch_id) == (JobState.STOPPED, 3, LAST_BATCH + 1)
+    assert final.restored_from == savepoint["snapshot_id"]
+    commits = env.commits()
+    assert [b for b, _ in commits[1]] == list(range(LAST_BATCH + 1))  # each batch committed once
+    assert [b for b, _ in commits.get(2, [])] == [] and [b for b, _ in commits[3]] == [LAST_BATCH + 1]
+    assert env.consumed(final) == RECORDS + MORE
+    assert env.final_counts() == expected_counts(RECORDS + MORE)
 
 
 EXAMPLES = Path(examples.__file__).parent
@@ -226,7 +291,7 @@ SAVEPOINT_AND_CANCEL = dg.GraphDefinition(
     dependencies={"cancel_streaming_job": {"after": dg.DependencyDefinition("trigger_savepoint")}})
 
 
-@pytest.mark.full(proven_by="test_a_job_submitted_through_the_dagster_op_takes_a_savepoint_... (the ops on real "
+@pytest.mark.full(proven_by="test_a_job_submitted_through_dagster_ops_rides_out_a_kill_9_... (the ops on real "
                             "Spark) and integration/test_rescale.py::test_ckpt_job_rescale_moves_a_deployment_... (the "
                             "driver the upgrade op runs, launcher/upgrade.JobUpgrade, end to end); the op itself: "
                             "unit/dagster/test_upgrade.py")
