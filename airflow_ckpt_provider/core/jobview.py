@@ -305,7 +305,7 @@ def stop_check(store: JobStore, now: float | None = None) -> tuple[JobStatus | N
     if restarter is not None and restarter.by is RestartOwner.SUPERVISOR:
         raise ConflictError(
             f"job {store.job} is {restarter.describe()}: there is no driver to stop until it runs; nothing was "
-            "requested. Retry once it runs (the task's retries do that)")
+            "requested. Retry once it runs (a retry of the task or op does that)")
     if status is None or not view.live:
         state = "never reported" if status is None else ("stale" if view.stale else status.state.value)
         return status, f"job {store.job} is not running ({state}): nothing to stop"

@@ -64,7 +64,7 @@ def find_running(store: JobStore, start_timeout: float, now: float | None = None
     if status.state is JobState.STOPPING:
         raise ConflictError(
             f"job {job} is STOPPING (epoch {status.epoch}: {status.reason}); nothing was submitted. Retry "
-            "once it is STOPPED (the task's retries do that), then it restarts from its final savepoint")
+            "once it is STOPPED (a retry of the task or op does that), then it restarts from its final savepoint")
     last = read_launch(store)
     return Reconnect(last.launch_id if last else None, None, status.epoch,
                      f"job {job} already runs (epoch {status.epoch}, {status.state}, pid {status.pid} on "
@@ -85,5 +85,5 @@ def what_to_launch(last: Launch | None, mine: Deployment, *, keep_recorded_code:
     if not keep_recorded_code or (theirs.job_file, theirs.code_version) == (mine.job_file, mine.code_version):
         return mine, ""
     return theirs, (f"job {last.job} last ran {theirs.job_file} (code {theirs.code_version or '-'}, launched by "
-                    f"{last.launched_by}); starting that again, not this task's {mine.job_file} (code "
+                    f"{last.launched_by}); starting that again, not the {mine.job_file} asked for (code "
                     f"{mine.code_version or '-'}): change code with an upgrade, or set keep_recorded_code=False")

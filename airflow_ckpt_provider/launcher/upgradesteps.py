@@ -80,8 +80,15 @@ class UpgradePlan:
 
     @classmethod
     def from_dict(cls, body: dict[str, Any]) -> UpgradePlan:
-        """The plan back from its JSON; keys it lacks (a plan written by an earlier version) take defaults."""
-        return cls(job=str(body.get("job", "")), old=body["old"], new=body.get("new") or {},
+        """The plan back from its JSON; optional keys it lacks take defaults (a plan of an earlier version: the
+        job from the old launch). Both deployments are required (without them a step would relaunch nothing, or
+        the wrong code): ConfigError."""
+        missing = [k for k in ("old", "new") if not body.get(k)]
+        job = body.get("job") or (body.get("old") or {}).get("job")
+        if missing or not job:
+            raise ConfigError(f"upgrade plan: expected the old and new deployments and the job, found keys "
+                              f"{sorted(body)}; the plan is written by prepare(): trigger a new run")
+        return cls(job=str(job), old=body["old"], new=body["new"],
                    what=body.get("what") or UPGRADE, mode=UpgradeMode(body.get("mode") or UpgradeMode.SAVEPOINT),
                    partitions=body.get("partitions"), savepoint_first=bool(body.get("savepoint_first")),
                    stopped=bool(body.get("stopped")), snapshot_id=body.get("snapshot_id"),
@@ -515,8 +522,8 @@ def prepare(store: JobStore, *, store_url: str, s3: S3Options | None, what: str 
     if attempt > 1:  # a retry would take spec/last.json (maybe the new code by now) for the old deployment
         raise NotRetried(
             f"{what} of job {job}: not retried (try {attempt}): an earlier try may have stopped the old job or "
-            "started the new code. Check `ckpt job status` and spec/last.json, then trigger a new run; set "
-            "retries=0 on this task")
+            "started the new code. Check `ckpt job status` and spec/last.json, then trigger a new run; run "
+            "upgrades without retries (Airflow: retries=0 on the task; Dagster: no RetryPolicy on the op)")
     old = read_launch(store)
     if old is None:
         raise ConfigError(f"job {job} has no recorded deployment (spec/last.json): {submit_hint}")

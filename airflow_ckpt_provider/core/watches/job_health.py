@@ -368,6 +368,8 @@ class JobHealthWatch:
                 f"{ui(s)}")
 
     def waiting_for(self) -> str:
+        if self.criteria.expect is Health.UNHEALTHY:  # a watch for faults, not a wait for them
+            return f"job {self.store.job}: watching for a fault; last seen: {self._seen}"
         return f"job {self.store.job}: expected it {self.criteria.expect.value}; last seen: {self._seen}"
 
     def _event(

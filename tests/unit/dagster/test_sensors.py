@@ -70,7 +70,7 @@ def test_an_unhealthy_job_is_one_restart_run_per_epoch_and_reason(store: JobStor
     report(store)
     healthy = tick(sensor, ckpt)
     assert healthy.run_requests == []
-    assert "job orders: expected it unhealthy; last seen: RUNNING" in healthy.skip_message
+    assert "job orders: watching for a fault; last seen: RUNNING" in healthy.skip_message
     report(store, state=JobState.FAILED, reason="sink raised")
     [run] = tick(sensor, ckpt).run_requests
     assert run.run_key == "orders-unhealthy-3-failed"

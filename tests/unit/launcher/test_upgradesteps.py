@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from airflow_ckpt_provider.core.control import RequestAction
+from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.manifest import RESCALED_FROM, Trigger
 from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec, UpgradeMode
 from airflow_ckpt_provider.launcher.upgradesteps import (
@@ -241,9 +242,19 @@ def test_the_rollback_fails_the_run_either_way_saying_where_the_job_is() -> None
 
 
 def test_a_plan_of_an_earlier_version_reads_with_defaults() -> None:
-    old = {"deployment": old_deployment().to_dict()}
+    old = {"job": "orders", "deployment": old_deployment().to_dict()}
     plan = UpgradePlan.from_dict({"old": old, "new": {"job_file": "orders_v2.py"}, "partitions": None,
                                   "snapshot_id": S, "launch": LAUNCH})
     assert (plan.what, plan.mode, plan.stopped, plan.rescaled_snapshot_id, plan.old_code) == (
         "upgrade", UpgradeMode.SAVEPOINT, False, None, "v1")
     assert plan.source == RestoreSpec(RestoreMode.SNAPSHOT, S)
+    assert plan.job == "orders"  # from the old launch
+
+
+@pytest.mark.parametrize("drop", ["old", "new"])
+def test_a_plan_without_a_deployment_is_refused_not_defaulted(drop: str) -> None:
+    body = {"job": "orders", "old": {"job": "orders", "deployment": old_deployment().to_dict()},
+            "new": {"job_file": "orders_v2.py"}}
+    del body[drop]
+    with pytest.raises(ConfigError, match="expected the old and new deployments and the job, found keys"):
+        UpgradePlan.from_dict(body)

@@ -142,7 +142,7 @@ def test_submit_of_a_stopped_job_starts_the_code_it_last_ran(store: JobStore, la
     logged = "".join(capfd.readouterr())  # Airflow's structlog writes to stdout
     [line] = [line for line in logged.splitlines() if "job orders last ran" in line]
     assert "[warning" in line and "job orders last ran orders_v2.py (code v2, launched by test); starting that " \
-           "again, not this task's orders_v1.py (code v1)" in line
+           "again, not the orders_v1.py asked for (code v1)" in line
 
 
 def test_submit_with_keep_recorded_code_false_starts_the_task_s_code(store: JobStore, launches: FakeLaunch) -> None:

@@ -28,7 +28,7 @@ def test_a_restart_by_a_live_supervisor_is_waited_on_until_it_is_overdue(store: 
         supervised(store, now)  # the supervisor's heartbeat every poll
         assert watch.poll(now) is None
     assert watch.waiting_for() == (
-        "job orders: expected it unhealthy; last seen: RESTARTING by the supervisor, attempt 2, expected running "
+        "job orders: watching for a fault; last seen: RESTARTING by the supervisor, attempt 2, expected running "
         f"by {hms(T0 + 40)} (RESTARTING at epoch 1, batch 9)")
     supervised(store, T0 + 46)
     event = unhealthy(watch.poll(T0 + 46), Unhealthy.NO_HEARTBEAT)  # 6 s late, limit 5 s
