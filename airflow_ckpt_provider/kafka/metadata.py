@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -22,6 +23,9 @@ log = logging.getLogger(__name__)
 
 #: Timeout of each driver metadata request.
 REQUEST_TIMEOUT_S = 30.0
+#: While a request waits for a broker, the client's queued log lines are served this often: a broker that went
+#: away is logged "unreachable" (kafka/clientlog.py) within about a second, not after the request's timeout.
+SERVE_INTERVAL_S = 1.0
 
 TP = tuple[str, int]
 
@@ -108,10 +112,7 @@ class BrokerMetadata:
         """List all topics (naming one would auto-create it on some brokers) and keep the subscribed ones."""
         from confluent_kafka import KafkaError
 
-        try:
-            metadata = self._client().list_topics(timeout=REQUEST_TIMEOUT_S)
-        finally:
-            serve(self._client())
+        metadata = self._list_topics()
         partitions: list[TP] = []
         unavailable: set[str] = set()
         for name, topic in metadata.topics.items():
@@ -123,6 +124,24 @@ class BrokerMetadata:
                 continue
             partitions.extend((name, p) for p in topic.partitions)
         return sorted(partitions), unavailable
+
+    def _list_topics(self) -> Any:
+        """list_topics within REQUEST_TIMEOUT_S, asked in SERVE_INTERVAL_S slices with the client served between
+        them; a timeout or transport error before the deadline is asked again (librdkafka keeps reconnecting)."""
+        from confluent_kafka import KafkaError, KafkaException
+
+        deadline = time.monotonic() + REQUEST_TIMEOUT_S
+        while True:
+            asked = time.monotonic()
+            try:
+                return self._client().list_topics(timeout=max(0.1, min(SERVE_INTERVAL_S, deadline - asked)))
+            except KafkaException as err:
+                code = err.args[0].code() if err.args and isinstance(err.args[0], KafkaError) else None
+                if code not in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT) or time.monotonic() >= deadline:
+                    raise
+                self._sleep(max(0.0, SERVE_INTERVAL_S - (time.monotonic() - asked)))  # a fast failure: no spin
+            finally:
+                serve(self._client())
 
     def _offsets(self, partitions: Sequence[TP], spec: Any, *,
                  watermark: bool = False) -> tuple[dict[TP, int], set[TP]]:
@@ -152,9 +171,16 @@ class BrokerMetadata:
                 isolation_level=level,
                 request_timeout=REQUEST_TIMEOUT_S,
             )
+            deadline, pending = time.monotonic() + REQUEST_TIMEOUT_S, set(futures.values())
+            while pending and time.monotonic() < deadline:  # served while it waits (see SERVE_INTERVAL_S)
+                pending = wait(pending, timeout=SERVE_INTERVAL_S).not_done
+                serve(self._client())
             for tp, future in futures.items():
+                if future in pending:
+                    failed[(tp.topic, tp.partition)] = f"no answer within {REQUEST_TIMEOUT_S:g} s"
+                    continue
                 try:  # every partition carries its own error, even when the request succeeded
-                    offset = int(future.result(timeout=REQUEST_TIMEOUT_S).offset)
+                    offset = int(future.result(timeout=0).offset)
                 except KafkaException as err:
                     failed[(tp.topic, tp.partition)] = str(err.args[0])
                     continue

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -414,6 +414,51 @@ def test_snapshot_marks_partitions_that_keep_failing_unknown() -> None:
                       failures=100)
     snap = broker(admin, **{"fetchOffset.numRetries": 2}).snapshot()
     assert snap.unknown == frozenset({("t", 1)}) and dict(snap.high) == {("t", 0): 5}
+
+
+def test_a_metadata_request_waiting_for_a_broker_serves_the_client_log_every_slice_until_it_answers() -> None:
+    """The planner's list_topics waits in SERVE_INTERVAL_S slices with the client's queued lines served between
+    them, so a broker that went away is logged unreachable within a slice, not after the request's 30 s."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from airflow_ckpt_provider.kafka.metadata import SERVE_INTERVAL_S
+
+    class Reconnecting(FakeAdmin):
+        timeouts: ClassVar[list[float]] = []
+        polls = 0
+
+        def list_topics(self, timeout: float) -> Any:
+            self.timeouts.append(timeout)
+            if len(self.timeouts) <= 2:
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT if len(self.timeouts) == 1
+                                                else KafkaError._TRANSPORT))
+            return super().list_topics(timeout)
+
+        def poll(self, timeout: float) -> int:
+            self.polls += 1
+            return 0
+
+    admin = Reconnecting({"t": [0]}, earliest={("t", 0): 0}, latest={("t", 0): 4})
+    snap = broker(admin).snapshot()
+    assert dict(snap.high) == {("t", 0): 4}
+    assert admin.timeouts == [SERVE_INTERVAL_S] * 3
+    assert admin.polls >= 3  # served after each slice (and after each offsets request)
+
+
+def test_a_metadata_error_other_than_a_timeout_is_not_asked_again_within_the_request() -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    class Denied(FakeAdmin):
+        asked = 0
+
+        def list_topics(self, timeout: float) -> Any:
+            self.asked += 1
+            raise KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+
+    admin = Denied({"t": [0]}, earliest={}, latest={})
+    with pytest.raises(KafkaException):
+        broker(admin, **{"fetchOffset.numRetries": 2}).snapshot()
+    assert admin.asked == 2  # once per retry of fetchOffset.numRetries, no slices
 
 
 def test_a_negative_watermark_while_a_broker_reconnects_is_no_offset_not_a_truncated_partition() -> None:
