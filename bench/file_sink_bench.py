@@ -26,8 +26,8 @@ from airflow_ckpt_provider.embedded import EmbeddedS3, local_spark
 
 def make_input(directory: Path, rows: int, files: int, size: int) -> None:
     """``files`` Parquet files of rows/files rows: an id, a key, a number and a payload of ``size`` bytes."""
-    import pyarrow as pa  # type: ignore[import-untyped]
-    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+    import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type stubs (no py.typed)
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]  # pyarrow ships no type stubs (no py.typed)
 
     directory.mkdir(parents=True)
     per = rows // files

@@ -492,6 +492,7 @@ class ProviderSide:
         return f"ckpt run exited with {self.run.proc.returncode}\n{self.run.tail()}"
 
     def wait(self, what: str, kind: str, after: float, test: Callable[[Event], bool] = lambda e: True) -> Event:
+        # ignore[no-any-return] below: wait_for returns what find found: an Event
         return wait_for(what, lambda: self.log.find(kind, after, test), self.dead)  # type: ignore[no-any-return]
 
     def batch(self, rows: int, after: float, what: str) -> Event:

@@ -175,6 +175,7 @@ def store_root(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
     """A job store root on each backend (the S3 one starts the session's SeaweedFS)."""
     if request.param == "local":
         return LocalStorage(tmp_path / "store")
+    # ignore[no-any-return] below: getfixturevalue is Any: the s3_root fixture's Storage
     return request.getfixturevalue("s3_root")  # type: ignore[no-any-return]
 
 
@@ -194,4 +195,5 @@ def postgres_server() -> Iterator[object]:
 @pytest.fixture(scope="session")
 def postgres_dsn(postgres_server: object) -> str:
     """A libpq DSN (trust auth, 127.0.0.1) of the session's PostgreSQL server."""
+    # ignore[attr-defined] below: the session's PgServer, typed object: imported lazily
     return str(postgres_server.dsn)  # type: ignore[attr-defined]

@@ -301,6 +301,7 @@ class S3Storage(Storage):
             chunk = batch[i : i + 1000]
             result = self._call(
                 f"delete {len(chunk)} objects under {self.url}",
+                # ignore[misc] below: mypy cannot infer a lambda with a default argument; c binds this chunk
                 lambda c=chunk: self.client.delete_objects(  # type: ignore[misc]
                     Bucket=self.bucket, Delete={"Objects": c, "Quiet": True}
                 ),

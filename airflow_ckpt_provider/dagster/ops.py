@@ -18,6 +18,7 @@ UpgradeStreamingJobOperator; the op gives its config and logs each step the driv
 import time
 from collections.abc import Callable
 from enum import StrEnum
+from functools import partial
 from typing import Any, TypeVar
 
 import dagster as dg
@@ -97,7 +98,7 @@ class SubmitConfig(JobConfig):
             meta = _SETTINGS.get(name)
             if meta is None:
                 raise ValueError(f"unknown setting {name!r}: expected one of {', '.join(sorted(_SETTINGS))}")
-            _config_error(lambda m=meta, t=text, n=name: m.parse(t, n), text)  # type: ignore[misc]
+            _config_error(partial(meta.parse, text, name), text)
         return value
 
 

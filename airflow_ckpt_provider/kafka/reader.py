@@ -21,7 +21,7 @@ from airflow_ckpt_provider.kafka.offsets import DataLossError
 from airflow_ckpt_provider.kafka.options import SourceOptions
 
 if TYPE_CHECKING:
-    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type stubs (no py.typed)
 
 log = logging.getLogger(__name__)
 

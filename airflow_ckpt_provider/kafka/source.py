@@ -61,7 +61,7 @@ from airflow_ckpt_provider.kafka.reader import Range, read_range
 from airflow_ckpt_provider.kafka.writer import stream_writer
 
 if TYPE_CHECKING:
-    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type stubs (no py.typed)
     from pyspark.sql import SparkSession
 
 NAME = "ckpt-kafka"

@@ -44,7 +44,7 @@ from airflow_ckpt_provider.kafka.writeroptions import (
 )
 
 if TYPE_CHECKING:
-    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type stubs (no py.typed)
     from pyspark.sql import DataFrame
     from pyspark.sql.streaming.readwriter import DataStreamWriter
 

@@ -11,8 +11,9 @@ import inspect
 import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 import airflow
 from airflow.exceptions import AirflowProviderDeprecationWarning
@@ -26,7 +27,7 @@ T = TypeVar("T")
 S = TypeVar("S", bound=Settings)
 
 
-def is_template(value: object) -> bool:
+def is_template(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 
@@ -57,8 +58,7 @@ def parse_mode(kind: type[M], value: object) -> M:
 
 def mode_arg(kind: type[M], value: object) -> M | str:
     """``value`` parsed now, unless it is a template (``execute`` parses it with ``parse_mode``)."""
-    # value is an object: is_template(value) means a str, a narrowing mypy cannot see (no TypeGuard there)
-    return value if is_template(value) else parse_mode(kind, value)  # type: ignore[return-value]
+    return value if is_template(value) else parse_mode(kind, value)
 
 
 def restore_arg(value: object) -> str:
@@ -96,8 +96,7 @@ def settings_args(cls: type[Settings], kwargs: dict[str, Any], skip: Sequence[st
         if is_template(value):
             found[f.name] = value
         else:
-            # defaults bind this iteration's values; mypy cannot infer a lambda's default-argument types
-            found[f.name] = _as_airflow_warnings(lambda v=value, m=meta, n=f.name: m.parse(v, n))  # type: ignore[misc]
+            found[f.name] = _as_airflow_warnings(partial(meta.parse, value, f.name))
     return found
 
 

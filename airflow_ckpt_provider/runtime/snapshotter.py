@@ -100,7 +100,7 @@ class Snapshotter:
         result = create_snapshot(
             self.store, self.checkpoint, kind=job.kind, trigger=job.trigger, labels=self.labels,
             on_step=lambda step: self.fence() if step == "uploaded" else None, epoch=self._epoch(),
-            **self.meta,  # type: ignore[arg-type]
+            code_version=self.meta["code_version"], spark_version=self.meta["spark_version"],
         )
         if job.kind is Kind.CHECKPOINT:
             self.last_checkpoint_batch = result.manifest.batch_id

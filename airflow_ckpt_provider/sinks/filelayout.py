@@ -32,8 +32,8 @@ from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
 from airflow_ckpt_provider.sinks.timelines import TimelineRecord, Timelines, effective, split
 
 if TYPE_CHECKING:
-    import pandas as pd  # type: ignore[import-untyped]
-    import pyarrow as pa  # type: ignore[import-untyped]
+    import pandas as pd  # type: ignore[import-untyped]  # pandas ships no py.typed; pandas-stubs is not installed
+    import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type stubs (no py.typed)
 
 log = logging.getLogger(__name__)
 
@@ -260,7 +260,7 @@ def read_committed(path: str | Storage, s3: S3Options | None = None, *, batch_id
     ``batch_id_column``/``query_id_column`` add the batch id (int64) / query id (string) as columns.
     """
     import pyarrow as pa
-    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]  # pyarrow ships no type stubs (no py.typed)
 
     storage = sink_storage(path, s3)
     manifests = committed_batches(storage)

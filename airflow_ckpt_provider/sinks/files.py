@@ -42,7 +42,7 @@ from airflow_ckpt_provider.sinks.filelayout import (
 )
 
 if TYPE_CHECKING:
-    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type stubs (no py.typed)
     from pyspark.sql.streaming.readwriter import DataStreamWriter
 
 log = logging.getLogger(__name__)
@@ -201,7 +201,7 @@ def _write_files(storage: Storage, batches: Iterator[pa.RecordBatch], options: S
                  batch_id: int, partition: int) -> list[DataFile]:
     """Stream the task's rows into Parquet files (rolled at maxRecordsPerFile); an empty task writes none."""
     import pyarrow as pa
-    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]  # pyarrow ships no type stubs (no py.typed)
 
     attempt = uuid.uuid4().hex[:16]
     files: list[DataFile] = []

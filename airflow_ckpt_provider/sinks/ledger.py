@@ -335,6 +335,7 @@ def committed_batches(connect: Connect, job: str, table: str = "ckpt_ledger",
     try:
         marks, params = placeholders(paramstyle or detect_paramstyle(conn), (job,))
         cur = conn.cursor()
+        # S608 below: table name quoted by quote_table; the job is a parameter
         cur.execute(f"SELECT query_id, batch_id FROM {quoted} WHERE job = {marks[0]}", params)  # noqa: S608
         found = sorted((str(q), int(b)) for q, b in cur.fetchall())
         conn.rollback()

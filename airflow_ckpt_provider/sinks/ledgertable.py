@@ -122,6 +122,7 @@ class LedgerTable:
         """Insert a ledger row (job, query_id, batch_id, rows_written, epoch, coverage, timeline), committed now."""
         job, query_id, batch_id, rows, epoch, coverage, timeline = row
         marks, params = placeholders(style, (job, query_id, batch_id, rows, epoch, now_iso(), coverage, timeline))
+        # S608 below: table names quoted by quote_table; values are parameters
         cur.execute(f"INSERT INTO {self.quoted} ({', '.join(COLUMNS)}) VALUES ({', '.join(marks)})", params)  # noqa: S608
 
     def observe(self, cur: Any, style: str, job: str, query_id: str,
@@ -130,19 +131,23 @@ class LedgerTable:
         decision reads, the current timeline and batch N's row (committed_at, rows_written, coverage) or None."""
         marks, params = placeholders(style, (job, query_id, batch_id - 1, batch_id))
         cur.execute(
+            # S608 below: table names quoted by quote_table; values are parameters
             f"SELECT batch_id, committed_at, rows_written, coverage FROM {self.quoted} "  # noqa: S608
             f"WHERE job = {marks[0]} AND query_id = {marks[1]} AND batch_id IN ({marks[2]}, {marks[3]})", params)
         rows = {int(r[0]): tuple(r[1:]) for r in cur.fetchall()}
         marks, params = placeholders(style, (job, query_id))
         where = f"WHERE job = {marks[0]} AND query_id = {marks[1]}"
+        # S608 below: table names quoted by quote_table; values are parameters
         cur.execute(f"SELECT MAX(timeline) FROM {self.quoted} {where}", params)  # noqa: S608
         current = int(cur.fetchone()[0] or 0)
+        # S608 below: table names quoted by quote_table; values are parameters
         cur.execute(f"SELECT MAX(timeline) FROM {self.quoted_abandoned} {where}", params)  # noqa: S608
         newest = max(current, int(cur.fetchone()[0] or 0))
         at, before = rows.get(batch_id), rows.get(batch_id - 1)
         abandoned_before: tuple[str, ...] = ()
         if before is None and batch_id > 0:
             marks, params = placeholders(style, (job, query_id, batch_id - 1))
+            # S608 below: table names quoted by quote_table; values are parameters
             cur.execute(f"SELECT coverage FROM {self.quoted_abandoned} "  # noqa: S608
                         f"WHERE job = {marks[0]} AND query_id = {marks[1]} AND batch_id = {marks[2]}", params)
             abandoned_before = tuple(str(r[0]) for r in cur.fetchall() if r[0])
@@ -153,6 +158,7 @@ class LedgerTable:
     def batches_from(self, cur: Any, style: str, job: str, query_id: str, batch_id: int) -> list[int]:
         """The batches of the query the ledger holds from ``batch_id`` on, ascending."""
         where, params = _from_batch(style, job, query_id, batch_id)
+        # S608 below: table names quoted by quote_table; values are parameters
         cur.execute(f"SELECT batch_id FROM {self.quoted} {where}", params)  # noqa: S608
         return sorted(int(r[0]) for r in cur.fetchall())
 
@@ -160,10 +166,12 @@ class LedgerTable:
         """Move the query's ledger rows from ``batch_id`` on to the abandoned table (fork to ``timeline``)."""
         marks_move, params_move = placeholders(style, (now_iso(), timeline, job, query_id, batch_id))
         cur.execute(
+            # S608 below: table names quoted by quote_table; values are parameters
             f"INSERT INTO {self.quoted_abandoned} ({', '.join(COLUMNS)}, abandoned_at, abandoned_by_timeline) "  # noqa: S608
             f"SELECT {', '.join(COLUMNS)}, {marks_move[0]}, {marks_move[1]} FROM {self.quoted} "
             f"WHERE job = {marks_move[2]} AND query_id = {marks_move[3]} AND batch_id >= {marks_move[4]}", params_move)
         where, params = _from_batch(style, job, query_id, batch_id)
+        # S608 below: table names quoted by quote_table; values are parameters
         cur.execute(f"DELETE FROM {self.quoted} {where}", params)  # noqa: S608
 
 

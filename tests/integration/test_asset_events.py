@@ -150,7 +150,7 @@ def test_one_event_per_new_savepoint_none_for_checkpoints_none_repeated_after_a_
 
         s3 = await asyncio.to_thread(snapshot, Kind.SAVEPOINT)  # while no trigger runs
         again = SnapshotEventTrigger(**trigger.serialize()[1])  # as the triggerer re-creates it
-        again.asset_state_store = state  # type: ignore[assignment]
+        again.asset_state_store = state  # type: ignore[assignment]  # the accessor's two methods
         second = Running(again, drains)
         await second.until("the savepoint taken while stopped", lambda: len(second.events) >= 1)
         await second.quiet_polls(3)
@@ -170,7 +170,7 @@ def test_checkpoints_are_announced_when_asked_and_an_unconfirmed_event_comes_aga
     async def scenario() -> None:
         state = DictStateStore()
         trigger = SnapshotEventTrigger(job="orders", kinds=["checkpoint", "savepoint"], poll_interval=0.2)
-        trigger.asset_state_store = state  # type: ignore[assignment]
+        trigger.asset_state_store = state  # type: ignore[assignment]  # the accessor's two methods
         first = Running(trigger, drains)
         key = trigger.cursor_key()
         await first.until("the baseline stored", lambda: key in state.values)
@@ -183,7 +183,7 @@ def test_checkpoints_are_announced_when_asked_and_an_unconfirmed_event_comes_aga
         assert state.values[key] == {"seen": []}  # the baseline only: neither was confirmed
 
         again = SnapshotEventTrigger(**trigger.serialize()[1])
-        again.asset_state_store = state  # type: ignore[assignment]
+        again.asset_state_store = state  # type: ignore[assignment]  # the accessor's two methods
         second = Running(again, drains)
         await second.until("the re-announcements", lambda: len(second.events) >= 2)
         assert ids(second.events) == ids(first.events)
@@ -202,7 +202,7 @@ def test_lag_above_the_threshold_fires_once_per_rise(kafka_server: EmbeddedKafka
         state = DictStateStore()
         trigger = KafkaLagEventTrigger(group=group, topics=[topic], threshold=10, rearm_below=3,
                                        bootstrap_servers=bootstrap, poll_interval=0.2)
-        trigger.asset_state_store = state  # type: ignore[assignment]
+        trigger.asset_state_store = state  # type: ignore[assignment]  # the accessor's two methods
         key = trigger.cursor_key()
         running = Running(trigger, drains)
         await running.until("the first rise", lambda: len(running.events) >= 1)
@@ -219,7 +219,7 @@ def test_lag_above_the_threshold_fires_once_per_rise(kafka_server: EmbeddedKafka
         await running.stop()
 
         again = KafkaLagEventTrigger(**trigger.serialize()[1])  # restarted while still 12 behind
-        again.asset_state_store = state  # type: ignore[assignment]
+        again.asset_state_store = state  # type: ignore[assignment]  # the accessor's two methods
         second = Running(again, drains)
         await second.quiet_polls(3)
         assert second.events == []

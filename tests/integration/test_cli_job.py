@@ -85,7 +85,7 @@ def running(epoch: int = 3, age: float = 1.0, **changes: object) -> JobStatus:
         host="worker-1", app_id="local-1700000000", ui_url="http://127.0.0.1:4040", code_version="git-1a2b3c",
         heartbeat_interval=5.0,
     )
-    return replace(status, **changes)  # type: ignore[arg-type]
+    return replace(status, **changes)  # type: ignore[arg-type]  # changes are JobStatus fields, each of its own type
 
 
 def lease(epoch: int = 3, owner: str = "worker-1:4242:abcd1234") -> LeaseRecord:
@@ -296,7 +296,8 @@ def test_completed_savepoint_json_prints_the_ack(target: Target, capsys: pytest.
     store = install(target, running(), lease())
     with FakeDriver(store, completed) as driver:
         data = json.loads(ckpt(target, capsys, "savepoint", "--timeout", "30", "--json").out)
-    assert data == read_ack(store, driver.requests[0].id).to_dict()  # type: ignore[union-attr]
+    ack = read_ack(store, driver.requests[0].id)
+    assert ack is not None and data == ack.to_dict()
     assert (data["outcome"], data["snapshot_id"], data["batch_id"]) == ("completed", SNAPSHOT_ID, 41)
 
 

@@ -371,7 +371,9 @@ def test_the_upgrade_op_takes_orders_to_v2_with_its_state_refuses_an_incompatibl
                 "upgrade_streaming_job": {"config": upgrade | {"job_file": str(EXAMPLES / "orders_incompatible.py"),
                                                                "code_version": "bad"}}}})
         [failed] = [e for e in refused.all_events if e.event_type_value == "STEP_FAILURE"]
-        message = str(failed.step_failure_data.user_failure_data.description)  # type: ignore[union-attr]
+        data = failed.step_failure_data.user_failure_data
+        assert data is not None
+        message = str(data.description)
         assert "refused before anything was stopped: restore check of snapshot " in message, message
         assert "with the new code: incompatible" in message and message.endswith("the job runs as before")
         after = env.status()

@@ -117,7 +117,8 @@ def test_release_lets_the_next_driver_know(store: JobStore) -> None:
     nxt = Lease(store)
     assert nxt.acquire().epoch == 2
     assert nxt.previous == released and not nxt.previous_may_run()
-    assert not read_lease(store).released  # type: ignore[union-attr]
+    record = read_lease(store)
+    assert record is not None and not record.released
 
 
 def test_fenced_release_changes_nothing(store: JobStore) -> None:
@@ -134,7 +135,8 @@ def test_release_without_acquire_is_false(store: JobStore) -> None:
     assert Lease(store).release() is False
     Lease(store).acquire()
     assert Lease(store).release() is False
-    assert read_lease(store).epoch == 1  # type: ignore[union-attr]
+    record = read_lease(store)
+    assert record is not None and record.epoch == 1
 
 
 def test_concurrent_acquires_get_distinct_epochs_and_only_the_newest_runs(store: JobStore) -> None:

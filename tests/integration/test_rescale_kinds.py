@@ -271,6 +271,7 @@ def test_dedup_agg_join_and_tws_state_rescaled_2_to_5_to_3_gives_exactly_the_uni
         job.produce(third)
         done = None
         if expected_final is not None and third == 2:  # the last windows close in a batch after the last data
+            # E731 below: a one-line stop condition, None when the run needs none
             done = lambda: len(job.committed_rows()) >= len(expected_final)  # noqa: E731
         after = job.run_until_stopped(f"on-{partitions}", rescaled.snapshot_id, done)
         assert after.state_partitions == partitions and after.batch_id > rescaled.batch_id, after

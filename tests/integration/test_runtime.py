@@ -70,7 +70,8 @@ def test_stop_with_savepoint_then_restore_elsewhere_continues_exactly(env: JobEn
     savepoint = load_manifest(env.store(), str(ack.snapshot_id))
     assert (savepoint.kind, savepoint.trigger, savepoint.batch_id) == (Kind.SAVEPOINT, Trigger.STOP, ack.batch_id)
     assert savepoint.next_offsets is None
-    assert read_lease(env.store()).released  # type: ignore[union-attr]
+    record = read_lease(env.store())
+    assert record is not None and record.released
 
     # Another machine: a fresh checkpoint location, restored from that savepoint, 600 more records.
     produce(env.kafka.bootstrap_servers, env.topic, 1200, 600)

@@ -10,7 +10,9 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -334,8 +336,8 @@ def test_gc_sees_a_writer_that_commits_between_its_listings(
     writer.start()
     assert at_manifest.wait(30)  # the writer reused the old objects and is about to commit
 
-    def first_listing(real):  # type: ignore[no-untyped-def]
-        def wrapped(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def first_listing(real: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
             result = real(*args, **kwargs)
             if not finish.is_set():  # let the writer commit and drop its marker right after gc's first listing
                 finish.set()

@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from airflow_ckpt_provider.core.control import Ack, Outcome, RequestAction
 from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobState, JobStatus
@@ -106,7 +106,7 @@ class FilesSink:
                         table.column("part").to_pylist(), strict=True))
 
     def check_nothing_uncommitted(self) -> str:
-        import pyarrow.parquet as pq  # type: ignore[import-untyped]
+        import pyarrow.parquet as pq  # type: ignore[import-untyped]  # pyarrow ships no type stubs (no py.typed)
 
         from airflow_ckpt_provider.core.storage import open_storage
         from airflow_ckpt_provider.sinks.filelayout import read_committed
@@ -225,7 +225,7 @@ class LedgerSink:
     def env(self) -> dict[str, str]:
         return {"CKPT_EO_SINK": "ledger", "CKPT_EO_DB": str(self.db)}
 
-    def _query(self, sql: str) -> list[tuple[object, ...]]:
+    def _query(self, sql: str) -> list[tuple[Any, ...]]:
         conn = sqlite3.connect(self.db, timeout=30)
         try:
             return conn.execute(sql).fetchall()
@@ -233,14 +233,14 @@ class LedgerSink:
             conn.close()
 
     def committed(self) -> list[Row]:
-        return [(int(i), str(k), int(p)) for i, k, p in self._query("SELECT id, key, part FROM eo_out")]  # type: ignore[call-overload]
+        return [(int(i), str(k), int(p)) for i, k, p in self._query("SELECT id, key, part FROM eo_out")]
 
     def check_nothing_uncommitted(self) -> str:
         # Every output row belongs to a batch the ledger recorded for this job, in the same numbers:
         # no row of an uncommitted (rolled back) transaction survived, none is missing.
-        ledger = {(str(q), int(b)): r for q, b, r in self._query(  # type: ignore[call-overload]
+        ledger = {(str(q), int(b)): r for q, b, r in self._query(
             f"SELECT query_id, batch_id, rows_written FROM ckpt_ledger WHERE job = '{self.job}'")}
-        rows = Counter((str(q), int(b)) for q, b in self._query("SELECT query_id, batch_id FROM eo_out"))  # type: ignore[call-overload]
+        rows = Counter((str(q), int(b)) for q, b in self._query("SELECT query_id, batch_id FROM eo_out"))
         orphans = sorted(set(rows) - set(ledger))
         assert not orphans, f"output rows of batches the ledger does not hold: {orphans}"
         wrong = {k: (rows.get(k, 0), n) for k, n in ledger.items() if rows.get(k, 0) != n}

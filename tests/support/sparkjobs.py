@@ -213,7 +213,7 @@ def _processor_class() -> type:
     """The StatefulProcessor: running count (ValueState), last 3 values (ListState), per-category
     counts (MapState). A class local to a function: cloudpickle ships it to Spark's Python workers
     by value (they cannot import the tests package), and this module imports without pyspark."""
-    import pandas as pd  # type: ignore[import-untyped]
+    import pandas as pd  # type: ignore[import-untyped]  # pandas ships no py.typed; pandas-stubs is not installed
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
     class RunningStats(StatefulProcessor):

@@ -121,6 +121,7 @@ def supervise(
 ) -> tuple[SupervisorOutcome, Spawner]:
     spawner = Spawner(clock, runs)
     kw = {"wall": clock, "group_of": group_of, **kw}
+    # ignore[arg-type] below: kw holds Supervisor keywords of their own types
     sup = Supervisor(spec, strategy, clock=clock, sleep=clock.sleep, spawn=spawner, **kw)  # type: ignore[arg-type]
     outcome = sup.run()
     assert spawner.runs == []  # every scripted run was used, no more

@@ -37,7 +37,8 @@ class World:
     """The fakes: the check and the repartition (Spark), the driver's acks, the health of each launch."""
 
     def __init__(self, store: JobStore, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.store, self.launches, self.said = store, FakeLaunch(), []  # type: ignore[var-annotated]
+        self.store, self.launches = store, FakeLaunch()
+        self.said: list[str] = []
         self.checks: list[tuple[str, bool]] = []
         self.check_envs: list[dict[str, str]] = []
         self.check_outcome = self.rescale_outcome = CheckOutcome.COMPATIBLE

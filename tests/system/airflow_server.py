@@ -292,7 +292,7 @@ class AirflowServer:
         while True:
             resp = self.api("GET", f"/dags/{dag_id}")
             if resp.status_code == 200:
-                return resp.json()  # type: ignore[no-any-return]
+                return resp.json()  # type: ignore[no-any-return]  # httpx's json() is Any: a DAG's details
             errors = self.api_json("GET", "/importErrors")["import_errors"]
             if errors:
                 raise AirflowServerError(f"DAG {dag_id} not parsed; import errors: {errors}")
@@ -314,6 +314,7 @@ class AirflowServer:
         return self.api("POST", f"/dags/{dag_id}/dagRuns", json=body)
 
     def runs(self, dag_id: str) -> list[dict[str, Any]]:
+        # ignore[no-any-return] below: api_json is Any: the REST API's JSON
         return self.api_json("GET", f"/dags/{dag_id}/dagRuns")["dag_runs"]  # type: ignore[no-any-return]
 
     def wait_run(self, dag_id: str, run_id: str, timeout: float = 120.0) -> str:

@@ -20,6 +20,7 @@ def world(request: pytest.FixtureRequest, s3_server: EmbeddedS3, kafka_server: E
     services = SimpleNamespace(s3=s3_server, kafka=kafka_server)
     module = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_").replace("_", "-")
     work = tmp_path_factory.mktemp(module)
+    # ignore[arg-type] below: a namespace with the two servers World uses
     w = World(services, work, job="orders", bucket=f"{module[:40]}-{time.monotonic_ns() % 10**9}",  # type: ignore[arg-type]
               topic=f"orders-{module}")
     try:

@@ -79,7 +79,8 @@ def test_keep_alive_dag_restarts_a_killed_driver_with_exact_counts(world: World,
     assert again.returncode == 0, again.stdout[-5000:]
     assert "reconnecting instead of submitting it again" in again.stdout
     assert error_lines(again.stdout) == []
-    assert world.status().epoch == status.epoch  # type: ignore[union-attr]
+    now = world.status()
+    assert now is not None and now.epoch == status.epoch
 
 
 @pytest.mark.full(proven_by="integration/test_cluster.py::test_exactly_once_on_the_cluster_... and "
@@ -118,7 +119,8 @@ def test_incompatible_upgrade_and_a_rescale_of_hdfs_state_are_refused_before_the
     assert after is not None and after.epoch == before.epoch and after.state == JobState.RUNNING
     assert read_lease(world.store) == lease
     assert control_requests(world) == requests  # no stop was even requested
-    assert read_launch(world.store).deployment.code_version == "v1"  # type: ignore[union-attr]
+    launch = read_launch(world.store)
+    assert launch is not None and launch.deployment.code_version == "v1"
     assert_exact(world)
 
 
@@ -131,7 +133,8 @@ def test_failing_upgrade_is_rolled_back(world: World, home: AirflowHome) -> None
     assert "rolled back to" in done.stdout, done.stdout[-5000:]
     status = world.wait("the old code again", lambda s: s.epoch > before.epoch + 1 and s.state == JobState.RUNNING
                         and s.code_version == "v1")
-    assert read_launch(world.store).deployment.code_version == "v1"  # type: ignore[union-attr]
+    launch = read_launch(world.store)
+    assert launch is not None and launch.deployment.code_version == "v1"
     assert status.restored_from is not None  # the stop's savepoint
     world.produce(500)
     assert_exact(world)
@@ -170,7 +173,7 @@ def airflow(world: World, home: AirflowHome) -> Iterator[AirflowServer]:
     passthrough = {k: v for k, v in home.env.items() if k.startswith(("AIRFLOW_CONN_", "AIRFLOW_VAR_", "CKPT_"))}
     # asyncio's debug mode makes the triggerer name any coroutine step that holds its event loop over 0.1 s.
     # Its home (component logs, task logs) stays in pytest's temp directory for a look after a failure.
-    with AirflowServer(home.env["AIRFLOW__CORE__DAGS_FOLDER"], env=passthrough,  # type: ignore[arg-type]
+    with AirflowServer(Path(home.env["AIRFLOW__CORE__DAGS_FOLDER"]), env=passthrough,
                        home=world.work / "airflow-server", users={"reader": "viewer"},
                        component_env={"triggerer": {"PYTHONASYNCIODEBUG": "1"}}) as server:
         server.wait_dag_parsed(UPGRADE_DAG)

@@ -51,6 +51,7 @@ def test_get_link_reads_the_xcom(monkeypatch: pytest.MonkeyPatch) -> None:
     stored = {"_link_SparkUILink": UI}
     monkeypatch.setattr(XCom, "get_value", lambda *, ti_key, key: stored.get(key))
     op = submit_op()
+    # ignore[arg-type] on the next 2 lines: no task instance key; the patched get_value ignores it
     assert SparkUILink().get_link(op, ti_key=None) == UI  # type: ignore[arg-type]
     assert SnapshotLink().get_link(op, ti_key=None) == ""  # type: ignore[arg-type]
 

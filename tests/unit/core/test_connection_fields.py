@@ -52,7 +52,7 @@ class Script:
         answer = self.answers.pop(0) if self.answers else None
         if isinstance(answer, Exception):
             raise answer
-        return answer  # type: ignore[no-any-return]
+        return answer
 
     def waiting_for(self) -> str:
         return "something"

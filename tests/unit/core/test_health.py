@@ -24,6 +24,7 @@ def test_the_defaults_judge_no_restarts_and_no_progress() -> None:
 
 
 def test_expect_is_a_health_whether_given_as_text_or_enum() -> None:
+    # ignore[arg-type] on the next 2 lines: expect given as text on purpose (HealthCriteria parses it)
     assert HealthCriteria(expect="unhealthy").expect is Health.UNHEALTHY  # type: ignore[arg-type]
     assert HealthCriteria(expect=Health.UNHEALTHY) == HealthCriteria(expect="unhealthy")  # type: ignore[arg-type]
 

@@ -56,7 +56,8 @@ def test_a_fenced_driver_is_fenced_whatever_its_tolerance(store: JobStore) -> No
 def test_the_tolerance_is_recorded_and_a_newer_driver_waits_it_out(store: JobStore) -> None:
     old = Lease(store, poll_interval=1.0, outage_tolerance=29.0)
     old.acquire()
-    assert read_lease(store).outage_tolerance == 29.0  # type: ignore[union-attr]
+    record = read_lease(store)
+    assert record is not None and record.outage_tolerance == 29.0
     newer = Lease(store, poll_interval=1.0)
     newer.acquire()
     assert newer.previous is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -117,7 +118,7 @@ def test_retrying_passes_the_run_length_to_the_strategy() -> None:
     lambda: ExponentialDelay(jitter=2.0),
     lambda: FailureRate(max_failures=0),
 ])
-def test_nonsense_settings_are_refused(make) -> None:  # type: ignore[no-untyped-def]
+def test_nonsense_settings_are_refused(make: Callable[[], object]) -> None:
     with pytest.raises(ConfigError, match="must be"):
         make()
 

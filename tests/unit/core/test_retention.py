@@ -70,7 +70,7 @@ def test_retention_by_age_never_deletes_newest_savepoint() -> None:
                                     {"savepoints_max_age": timedelta(0)}])
 def test_retention_policy_rejects_nonsense(kwargs: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
-        RetentionPolicy(**kwargs)  # type: ignore[arg-type]
+        RetentionPolicy(**kwargs)  # type: ignore[arg-type]  # kwargs holds one RetentionPolicy field
 
 
 def test_progress_reports_files_bytes_rate_with_injected_clock() -> None:

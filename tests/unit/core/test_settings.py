@@ -49,6 +49,7 @@ def test_job_settings_are_the_runtime_and_the_restart_settings() -> None:
 
 
 def test_values_are_parsed_on_construction_whatever_their_source() -> None:
+    # ignore[arg-type] on the next 2 lines: the values are text on purpose (parsed on construction)
     settings = JobSettings(savepoint_interval="30", keep_checkpoints="4", time_travel="refuse",  # type: ignore[arg-type]
                            restart_strategy="fixed-delay", checkpoint_interval="none")  # type: ignore[arg-type]
     assert (settings.savepoint_interval, settings.keep_checkpoints, settings.checkpoint_interval) == (30.0, 4, None)

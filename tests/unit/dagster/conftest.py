@@ -44,7 +44,7 @@ def run_op(op: dg.OpDefinition, ckpt: CkptResource, config: dict[str, Any], inpu
 def failure(result: dg.ExecuteInProcessResult) -> str:
     """The description of the step's dg.Failure (what the UI shows)."""
     [event] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
-    error = event.step_failure_data.error  # type: ignore[union-attr]
+    error = event.step_failure_data.error
     assert error is not None
     return str(error.message) + "".join(str(c.message) for c in _causes(error))
 

@@ -66,7 +66,7 @@ def test_the_savepoint_op_returns_the_drivers_savepoint_requested_of_its_epoch(s
     [ack] = driver.answered
     assert (ack.action, ack.epoch) == (RequestAction.SAVEPOINT, 3)
     [materialized] = [e for e in result.all_events if e.event_type_value == "STEP_OUTPUT"]
-    metadata = materialized.step_output_data.metadata  # type: ignore[union-attr]
+    metadata = materialized.step_output_data.metadata
     assert metadata["snapshot_id"].value == SID and metadata["batch_id"].value == 7
 
 

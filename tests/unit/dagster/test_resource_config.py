@@ -26,6 +26,7 @@ def run(resource: Any, op_config: dict[str, Any] | None = None, resource_config:
 
 def failure_text(result: dg.ExecuteInProcessResult) -> str:
     events = [e for e in result.all_events if e.is_failure or e.event_type_value == "RESOURCE_INIT_FAILURE"]
+    # ignore[union-attr] below: its if clause keeps only the events that have an error
     return "\n".join(str(e.event_specific_data.error) for e in events  # type: ignore[union-attr]
                      if getattr(e.event_specific_data, "error", None) is not None)
 

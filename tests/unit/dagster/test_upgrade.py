@@ -42,7 +42,7 @@ def refused(result: dg.ExecuteInProcessResult) -> tuple[str, dict[str, Any]]:
     """The dg.Failure's description and metadata."""
     assert not result.success
     [event] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
-    data = event.step_failure_data.user_failure_data  # type: ignore[union-attr]
+    data = event.step_failure_data.user_failure_data
     assert data is not None, failure(result)
     return str(data.description), {k: v.value for k, v in data.metadata.items()}
 
@@ -60,7 +60,7 @@ def test_an_upgrade_logs_each_step_and_returns_where_the_job_went(world: World, 
         "job": "orders", "from_version": "v1", "to_version": "v2", "upgrade_mode": "savepoint", "snapshot_id": SID,
         "epoch": 4, "batch_id": 9, "partitions": None, "rescaled_snapshot_id": None}
     [output] = [e for e in result.all_events if e.event_type_value == "STEP_OUTPUT"]
-    metadata = {k: v.value for k, v in output.step_output_data.metadata.items()}  # type: ignore[union-attr]
+    metadata = {k: v.value for k, v in output.step_output_data.metadata.items()}
     assert metadata == {"snapshot_id": SID, "epoch": 4, "batch_id": 9, "to_version": "v2"}
     lines = [e.user_message for e in instance.all_logs(result.run_id) if e.user_message[:4] in ("1/5 ", "2/5 ",
                                                                                                 "4/5 ")]

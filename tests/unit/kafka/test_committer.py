@@ -73,16 +73,17 @@ def test_commits_each_submission_in_order() -> None:
 
 
 def test_newest_wins_when_commits_fall_behind_and_warns_once(caplog: pytest.LogCaptureFixture) -> None:
-    backend = FakeBackend(gate=threading.Semaphore(0))
+    gate = threading.Semaphore(0)
+    backend = FakeBackend(gate=gate)
     c = committer(backend)
     caplog.set_level(logging.DEBUG, "airflow_ckpt_provider.kafka.offsetcommitter")
     c.submit(off(1), batch_id=1)
     assert backend.entered.acquire(timeout=WAIT)  # batch 1 is inside the (slow) broker call
     for batch in (2, 3, 4):
         c.submit(off(batch), batch_id=batch)  # returns at once although the commit is blocked
-    backend.gate.release()  # type: ignore[union-attr]
+    gate.release()
     assert backend.entered.acquire(timeout=WAIT)
-    backend.gate.release()  # type: ignore[union-attr]
+    gate.release()
     assert c.flush(WAIT)
     assert backend.commits == [off(1), off(4)]  # 2 and 3 were superseded before their turn
     assert c.stats().skipped == 2 and c.stats().last_committed_batch == 4
@@ -93,15 +94,16 @@ def test_newest_wins_when_commits_fall_behind_and_warns_once(caplog: pytest.LogC
 
 def test_pending_offsets_merge_per_partition() -> None:
     """Two queries (or sources) with different partitions in one group: neither is dropped."""
-    backend = FakeBackend(gate=threading.Semaphore(0))
+    gate = threading.Semaphore(0)
+    backend = FakeBackend(gate=gate)
     c = committer(backend)
     c.submit({"a": {0: 1}}, batch_id=1)
     assert backend.entered.acquire(timeout=WAIT)
     c.submit({"a": {0: 2}, "b": {0: 7}}, batch_id=2)
     c.submit({"a": {0: 3}}, batch_id=3)  # newer a[0]; b[0] from batch 2 stays pending
-    backend.gate.release()  # type: ignore[union-attr]
+    gate.release()
     assert backend.entered.acquire(timeout=WAIT)
-    backend.gate.release()  # type: ignore[union-attr]
+    gate.release()
     assert c.flush(WAIT)
     assert backend.commits == [{"a": {0: 1}}, {"a": {0: 3}, "b": {0: 7}}]
     assert c.close()
@@ -183,12 +185,13 @@ def test_any_exception_of_the_backend_is_contained() -> None:
 
 
 def test_close_drains_the_pending_offsets_once() -> None:
-    backend = FakeBackend(gate=threading.Semaphore(0))
+    gate = threading.Semaphore(0)
+    backend = FakeBackend(gate=gate)
     c = committer(backend)
     c.submit(off(1), batch_id=1)
     assert backend.entered.acquire(timeout=WAIT)
     c.submit(off(2), batch_id=2)
-    backend.gate.release(2)  # type: ignore[union-attr]
+    gate.release(2)
     assert c.close(WAIT)  # batch 1 finishes, then the last attempt commits batch 2
     assert backend.commits == [off(1), off(2)]
     assert backend.closed.is_set()
@@ -213,12 +216,13 @@ def test_close_without_submissions_releases_the_client() -> None:
 
 
 def test_close_gives_up_on_a_stuck_broker_call() -> None:
-    backend = FakeBackend(gate=threading.Semaphore(0))
+    gate = threading.Semaphore(0)
+    backend = FakeBackend(gate=gate)
     c = committer(backend)
     c.submit(off(1), batch_id=1)
     assert backend.entered.acquire(timeout=WAIT)
     assert not c.close(timeout=0.05)  # bounded: returns although the call is still running
-    backend.gate.release()  # type: ignore[union-attr]
+    gate.release()
     assert backend.closed.wait(WAIT)
 
 
@@ -261,6 +265,7 @@ RATE = Source("RateStreamV2[rowsPerSecond=1]", "12")
 def test_listener_commits_every_kafka_source_of_a_progress_event() -> None:
     backend = FakeBackend()
     listener = KafkaCommitListener(committer(backend))
+    # ignore[arg-type] below: Event and Progress are duck-typed stand-ins for pyspark's
     listener.onQueryProgress(Event(Progress("q-1", None, 4, [KAFKA_V2, FILES, PYTHON, RATE])))  # type: ignore[arg-type]
     assert listener.committer.flush(WAIT)
     assert backend.commits == [{"orders": {0: 12, 1: 5}, "clicks": {0: 3, 2: 4}}]
@@ -273,6 +278,7 @@ def test_listener_filters_by_query_and_topic() -> None:
     by_name = Progress("q-1", "orders-job", 0, [KAFKA_V2, PYTHON])
     by_id = Progress("orders-job", None, 0, [KAFKA_V2])
     other = Progress("q-2", "clicks-job", 0, [KAFKA_V2, PYTHON])
+    # ignore[arg-type] on the next 4 lines: Progress is a duck-typed stand-in for pyspark's progress
     assert listener.offsets_of(by_name) == {"orders": {0: 12, 1: 5}}  # type: ignore[arg-type]
     assert listener.offsets_of(by_id) == {"orders": {0: 12, 1: 5}}  # type: ignore[arg-type]
     assert listener.offsets_of(other) is None  # type: ignore[arg-type]

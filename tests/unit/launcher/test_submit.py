@@ -49,6 +49,7 @@ def config(tmp_path: Path) -> RuntimeConfig:
 
 
 def spec(job_file: Path | str, config: RuntimeConfig, **kw: object) -> SubmitSpec:
+    # ignore[arg-type] below: kw holds SubmitSpec fields
     return SubmitSpec(job_file=str(job_file), config=config, spark_submit=SUBMIT, **kw)  # type: ignore[arg-type]
 
 
@@ -136,6 +137,7 @@ def test_refuses_what_spark_refuses(
 ) -> None:
     kw: dict[str, object] = {"job_file": str(job_file), **changes}
     with pytest.raises(ConfigError, match=re.escape(message)):
+        # ignore[arg-type] below: kw holds SubmitSpec fields
         build_command(SubmitSpec(config=config, spark_submit=SUBMIT, **kw))  # type: ignore[arg-type]
 
 

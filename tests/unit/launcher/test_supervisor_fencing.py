@@ -113,6 +113,7 @@ def _lease_then(store: JobStore, *, epoch: int = 5, acquired: float = START + 1,
 def test_no_fencing_without_a_newer_live_driver(
     spec: SubmitSpec, clock: FakeClock, store: JobStore, caplog: pytest.LogCaptureFixture, world: dict[str, object]
 ) -> None:
+    # ignore[arg-type] below: world holds _lease_then's keywords
     runs = [Run(1, runs_for=3.0, tick=_lease_then(store, **world)), Run(0)]  # type: ignore[arg-type]
     outcome, spawner = supervise(spec, clock, runs, FixedDelay(attempts=5, clock=clock), store=store)
     assert (outcome.final, outcome.attempts, outcome.restarts) == (Ending.STOPPED, 2, 1)

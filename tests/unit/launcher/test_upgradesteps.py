@@ -183,9 +183,9 @@ def test_a_rescale_repartitions_the_stops_savepoint_or_rolls_back_without_one() 
      "upgrade of job orders: the stop with savepoint did not complete (no answer); the stop may still be under way: "
      "check `ckpt job status --job orders`; nothing was changed"),
 ], ids=["still-running", "stopping", "down", "not-observed"])
-def test_a_stop_that_did_not_complete(failed: StopFailed, kind: type, text: str) -> None:
+def test_a_stop_that_did_not_complete(failed: StopFailed, kind: type[Fail | Relaunch], text: str) -> None:
     _, step = decide(plan_of(), failed)
-    assert isinstance(step, kind) and text in step.message  # type: ignore[attr-defined]
+    assert isinstance(step, kind) and text in step.message
 
 
 # -- 3. the repartition, the start, the verification --------------------------------------------------------------

@@ -27,6 +27,7 @@ def test_every_job_setting_is_an_argument_that_reaches_the_deployment() -> None:
 
 def test_templated_settings_are_read_as_their_type_once_rendered() -> None:
     op = submit_op(savepoint_interval="{{ params.every }}", time_travel="{{ params.travel }}")
+    # ignore[attr-defined] below: the operator sets its settings with setattr
     assert op.savepoint_interval == "{{ params.every }}"  # type: ignore[attr-defined]
     op.savepoint_interval, op.time_travel = "30", "refuse"  # type: ignore[attr-defined]  # as Airflow renders
     d = op.deployment()
@@ -35,8 +36,8 @@ def test_templated_settings_are_read_as_their_type_once_rendered() -> None:
 
 def test_literal_settings_are_parsed_when_the_dag_is_parsed() -> None:
     op = submit_op(savepoint_interval="30", restart_strategy="failure-rate")
-    assert op.savepoint_interval == 30.0  # type: ignore[attr-defined]
-    assert op.restart_strategy is RestartStrategyName.FAILURE_RATE  # type: ignore[attr-defined]
+    assert op.savepoint_interval == 30.0  # type: ignore[attr-defined]  # the operator sets its settings with setattr
+    assert op.restart_strategy is RestartStrategyName.FAILURE_RATE  # type: ignore[attr-defined]  # set with setattr
 
 
 def test_settings_come_from_default_args_too() -> None:

@@ -252,7 +252,8 @@ def test_upgrade_stateless_starts_on_a_fresh_checkpoint_location(store: JobStore
     verifying = deferral(lambda: op.resume(context(), fire(stopped, ack_event(store, only_request(store),
                                                                               snapshot_id=None))))
     [new] = launches.calls
-    prefix, stamp = new.deployment.checkpoint.rsplit("-stateless-", 1)  # type: ignore[union-attr]
+    assert new.deployment.checkpoint is not None
+    prefix, stamp = new.deployment.checkpoint.rsplit("-stateless-", 1)
     assert prefix == (base or default_checkpoint("orders")) and before <= int(stamp) <= after
     assert (new.deployment.code_version, str(new.restore)) == ("v2", "none")
     assert new.deployment.to_dict() | {"checkpoint": checkpoint} == \

@@ -103,12 +103,14 @@ def test_bad_restore_is_refused_at_construction() -> None:
 @pytest.mark.parametrize("name", ["checkpoint_interval", "savepoint_interval"])
 def test_negative_interval_is_refused(name: str) -> None:
     with pytest.raises(ConfigError, match=rf"^{name} must be >= 0 seconds or unset, found -1.0$"):
+        # ignore[arg-type] below: name is one of the two interval fields
         RuntimeConfig(job="j", store="/s", checkpoint="/c", **{name: -1.0})  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("name", ["heartbeat_interval", "poll_interval"])
 def test_non_positive_heartbeat_and_poll_are_refused(name: str) -> None:
     with pytest.raises(ConfigError, match=rf"^{name} must be > 0 seconds, found 0.0$"):
+        # ignore[arg-type] below: name is one of the two interval fields
         RuntimeConfig(job="j", store="/s", checkpoint="/c", **{name: 0})  # type: ignore[arg-type]
 
 

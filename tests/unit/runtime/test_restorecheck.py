@@ -93,7 +93,7 @@ def test_exit_code_five_means_incompatible() -> None:
 
 def _report(**changes: object) -> RestoreCheck:
     base = RestoreCheck(CheckOutcome.COMPATIBLE, "fine", "checkpoint-6-20261122T130841Z-f853f8", 6, (0,), (0,), ())
-    return RestoreCheck(**{**base.__dict__, **changes})  # type: ignore[arg-type]
+    return RestoreCheck(**{**base.__dict__, **changes})
 
 
 def test_report_round_trips_through_its_line() -> None:

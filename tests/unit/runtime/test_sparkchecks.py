@@ -13,8 +13,8 @@ from tests.support.supervisorfakes import START, FakeClock
 def test_a_python_is_checked_for_the_modules_spark_s_workers_need() -> None:
     assert missing_module(sys.executable, ("json", "pyarrow")) is None
     assert missing_module(sys.executable, ("json", "ckpt_no_such_module")) == "ckpt_no_such_module"
-    assert missing_module("/nonexistent/bin/python", ("json",)).startswith(  # type: ignore[union-attr]
-        "anything: the interpreter does not run")
+    missing = missing_module("/nonexistent/bin/python", ("json",))
+    assert missing is not None and missing.startswith("anything: the interpreter does not run")
 
 
 @dataclass

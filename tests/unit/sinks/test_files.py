@@ -8,8 +8,8 @@ import json
 import threading
 from pathlib import Path
 
-import pyarrow as pa  # type: ignore[import-untyped]
-import pyarrow.parquet as pq  # type: ignore[import-untyped]
+import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type stubs (no py.typed)
+import pyarrow.parquet as pq  # type: ignore[import-untyped]  # pyarrow ships no type stubs (no py.typed)
 import pytest
 
 from airflow_ckpt_provider.core.coverage import Coverage
@@ -229,7 +229,8 @@ def test_task_writes_rolled_files_and_nothing_for_an_empty_partition(sink: Local
     assert all(f.key.startswith(f"data/{Q}/00000000000000000007/part-00001-") for f in files)
     assert len({f.key.split("-")[-2] for f in files}) == 1  # one attempt id
     for f in files:
-        assert sink.stat(f.key).size == f.size  # type: ignore[union-attr]
+        info = sink.stat(f.key)
+        assert info is not None and info.size == f.size
     assert _write_files(sink, iter([]), opts, query_id=Q, batch_id=7, partition=2) == []
     commit_batch(sink, _manifest(7, *files))
     assert read_committed(sink).column("v").to_pylist() == list(range(9))

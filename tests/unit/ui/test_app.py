@@ -32,7 +32,7 @@ def client(store: JobStore, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestCli
 
     app = ui.create_app()
     for dep in (*ui.READ, *ui.ACT):
-        app.dependency_overrides[dep.dependency] = lambda: None  # type: ignore[index]
+        app.dependency_overrides[dep.dependency] = lambda: None
     app.dependency_overrides[get_user] = User
     monkeypatch.setattr(ui, "_can_act", lambda user: True)
     with TestClient(app) as c:
