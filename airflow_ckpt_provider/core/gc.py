@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError, SnapshotError, StorageError
-from airflow_ckpt_provider.core.jobstore import GC_LOCK, LEASE, OBJECTS, JobStore
+from airflow_ckpt_provider.core.jobstore import GC_GENERATION, GC_LOCK, LEASE, OBJECTS, JobStore
 from airflow_ckpt_provider.core.lease import LeaseRecord, pid_alive, read_lease
 from airflow_ckpt_provider.core.pending import PendingMarker, human_age, writer_gone
 from airflow_ckpt_provider.core.snapshots import list_snapshots, pending_markers
@@ -106,6 +106,8 @@ def collect_garbage(
         objects = store.storage.list(OBJECTS)
         garbage = [o for o in objects if o.key not in referenced and now - o.mtime >= min_age_s]
         if not dry_run:
+            if garbage:  # before any object goes: writers then list the objects again (core/snapshotwrite.py)
+                store.storage.write(GC_GENERATION, json.dumps({"token": secrets.token_hex(8), "at": now}).encode())
             store.storage.delete([o.key for o in garbage] + finished)
         result = GcResult(len(garbage), sum(o.size for o in garbage), len(objects) - len(garbage))
         log.info(

@@ -6,6 +6,12 @@ unless the store already holds its content (a per-process digest cache skips fil
 the manifest is created last with a conditional create, the commit point. Around it, the writer's
 half of the gc handshake (core/gc.py): a pending marker names the writer, and the writer waits
 while gc holds its lock.
+
+Which objects the store holds is LISTed once per process and then kept (``known_objects``): only gc deletes
+objects, and it writes a new generation token (GC_GENERATION) before it does, so a writer that reads the
+token it listed under (one GET, after its marker and the lock check) knows the list still holds; a new token,
+or a list older than KNOWN_MAX_AGE_S (something outside the provider may delete objects), lists again. A
+snapshot's requests thus stay the same as the job's history grows, instead of one LIST page per 1,000 objects.
 """
 
 from __future__ import annotations
@@ -16,13 +22,14 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from airflow_ckpt_provider.core.checkpoint import BatchView, CheckpointFile
 from airflow_ckpt_provider.core.ckptfiles import verify_file
 from airflow_ckpt_provider.core.errors import ConflictError, SnapshotError, StorageError
-from airflow_ckpt_provider.core.jobstore import GC_LOCK, OBJECTS, JobStore
+from airflow_ckpt_provider.core.jobstore import GC_GENERATION, GC_LOCK, OBJECTS, JobStore
 from airflow_ckpt_provider.core.manifest import Kind, Manifest, ManifestFile, Trigger
 from airflow_ckpt_provider.core.pending import PendingMarker
 from airflow_ckpt_provider.core.progress import Progress, TransferStats
@@ -37,6 +44,61 @@ STALE_AFTER_S = 6 * 3600.0
 #: Test hook: called with the name of each creation step: "pending", "upload", "file" (after each
 #: file is stored), "uploaded", "manifest" (before it is created) and "committed".
 StepHook = Callable[[str], None]
+
+#: A process's object list of a store is LISTed again after this long even when no gc ran in between.
+KNOWN_MAX_AGE_S = 600.0
+
+
+@dataclass
+class _Listed:
+    generation: bytes | None  # GC_GENERATION's body when the objects were listed (None: no gc ever deleted)
+    listed_at: float  # time.monotonic()
+    digests: set[str]
+
+
+#: Objects each job store (by URL) held when this process last listed them, plus what it stored since.
+_listed: dict[str, _Listed] = {}
+_listed_lock = threading.Lock()
+
+
+def _generation(store: JobStore) -> bytes | None:
+    try:
+        return store.storage.read(GC_GENERATION)
+    except FileNotFoundError:
+        return None
+
+
+def known_objects(store: JobStore, clock: Callable[[], float] = time.monotonic) -> tuple[set[str], bool]:
+    """The digests the store holds, and whether they were LISTed now (False: this process's list still holds).
+
+    Call it only after the writer's pending marker is written and gc's lock is seen released: from then on
+    gc defers to the writer, so nothing listed before can go until the marker is dropped.
+    """
+    generation = _generation(store)
+    with _listed_lock:
+        cached = _listed.get(store.url)
+        if cached is not None and cached.generation == generation and clock() - cached.listed_at < KNOWN_MAX_AGE_S:
+            return set(cached.digests), False
+    listed_at = clock()
+    digests = {o.key[len(OBJECTS) :] for o in store.storage.list(OBJECTS)}
+    with _listed_lock:
+        _listed[store.url] = _Listed(generation, listed_at, set(digests))
+    return digests, True
+
+
+def remember_objects(store: JobStore, digests: set[str]) -> None:
+    """Add what a committed snapshot references to the process's list (they exist: the manifest needs them)."""
+    with _listed_lock:
+        cached = _listed.get(store.url)
+        if cached is not None:
+            cached.digests |= digests
+
+
+def forget_objects() -> None:
+    """Drop every cached list (tests; a process that learns objects were deleted behind gc's back)."""
+    with _listed_lock:
+        _listed.clear()
+
 
 #: SHA-256 of local checkpoint files by (path, size, mtime): Spark never rewrites a file in place,
 #: so periodic snapshots in one process read and hash only files they have not seen.
@@ -127,7 +189,8 @@ def write_snapshot(
     """Upload the objects the job store lacks, then create the manifest: the commit point."""
     what = f"job {store.job} snapshot {snapshot_id} (batch {view.batch_id})"
     step("pending")
-    known = {o.key[len(OBJECTS) :] for o in store.storage.list(OBJECTS)}
+    known, listed = known_objects(store)
+    log.debug("%s: %d objects known (%s)", what, len(known), "listed now" if listed else "cached, no gc since")
     progress = Progress(what, len(view.files), sum(f.size for f in view.files), report=report)
     step("upload")
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
@@ -162,6 +225,7 @@ def write_snapshot(
     step("manifest")
     if not store.storage.create(store.manifest_key(snapshot_id), manifest.to_bytes()):
         raise ConflictError(f"{what}: a manifest with this id already exists; take the snapshot again")
+    remember_objects(store, {f.sha256 for f in files})
     step("committed")
     return manifest, stats
 

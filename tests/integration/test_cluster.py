@@ -28,6 +28,7 @@ from tests.support.runtimejob import JobEnv, Run, kill_driver, produce
 pytestmark = pytest.mark.integration
 
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1"}
+EXECUTOR_KILLS_FULL = 3  # executor kills in a row with --full (one in the default suite)
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +95,8 @@ class EoJob:
 
 
 def test_exactly_once_on_the_cluster_through_executor_worker_master_and_driver_kills_then_restored_in_local_mode(
-        env: JobEnv, s3_options: S3Options, cluster: EmbeddedSparkCluster, runs: list[Run]) -> None:
+        env: JobEnv, s3_options: S3Options, cluster: EmbeddedSparkCluster, runs: list[Run],
+        pytestconfig: pytest.Config) -> None:
     job = EoJob(env, s3_options, runs)
     job.feeder.feed()
     run = job.start("on-cluster", env.work / "checkpoint-cluster", cluster=cluster)
@@ -110,7 +112,8 @@ def test_exactly_once_on_the_cluster_through_executor_worker_master_and_driver_k
         found = _listening(group or 0)
         assert found and {addr for _, addr, _ in found} <= LOOPBACK, (name, found)
 
-    for _ in range(3):  # kill -9 an executor while batches run; the master starts a new one
+    # kill -9 an executor while batches run; the master starts a new one (three times in a row with --full)
+    for _ in range(EXECUTOR_KILLS_FULL if pytestconfig.getoption("--full", default=False) else 1):
         job.feeder.feed()
         killed = cluster.kill_executor(app)
         wait_for("a replacement executor", lambda k=killed: len(cluster.executors(app)) == 2

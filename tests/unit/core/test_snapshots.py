@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core.jobstore import JobStore
+from airflow_ckpt_provider.core.gc import collect_garbage
+from airflow_ckpt_provider.core.jobstore import GC_GENERATION, OBJECTS, JobStore
 from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.retention import RetentionPolicy
-from airflow_ckpt_provider.core.snapshots import create_snapshot, list_snapshots
+from airflow_ckpt_provider.core.snapshots import create_snapshot, dispose_snapshot, list_snapshots, verify_snapshot
+from airflow_ckpt_provider.core.snapshotwrite import KNOWN_MAX_AGE_S, forget_objects, known_objects
 from airflow_ckpt_provider.core.storage import LocalStorage
 from airflow_ckpt_provider.runtime.snapshotter import SnapshotJob, Snapshotter
 from tests.support.ckptfactory import make_checkpoint, write_batch
@@ -39,3 +42,74 @@ def test_a_corrupt_manifest_is_warned_about_once_per_snapshot_not_after_every_ba
     # manifests are read in parallel: the two warnings may come in either order
     assert sorted(w.split(":", 1)[0] for w in warnings) == [f"job orders snapshot {sid}" for sid in sorted(bad)]
     assert all("skipped, its manifest cannot be trusted" in w and "is corrupt" in w for w in warnings)
+
+
+# --------------------------------------------------------------------------------------------
+# The object list a writer keeps between snapshots (core/snapshotwrite.known_objects)
+# --------------------------------------------------------------------------------------------
+
+
+def count_object_lists(store: JobStore) -> list[str]:
+    """Record each LIST of the store's objects/ prefix."""
+    calls: list[str] = []
+    original = store.storage.list
+
+    def counted(prefix: str = "") -> Any:
+        if prefix == OBJECTS:
+            calls.append(prefix)
+        return original(prefix)
+
+    store.storage.list = counted  # type: ignore[method-assign]  # a test spy on one instance
+    return calls
+
+
+@pytest.fixture(autouse=True)
+def _no_cached_lists() -> Any:
+    forget_objects()
+    yield
+    forget_objects()
+
+
+def test_a_second_snapshot_in_the_process_lists_no_objects_while_no_gc_deleted_any(tmp_path: Path) -> None:
+    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
+    lists = count_object_lists(store)
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
+    first = create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT)
+    write_batch(ckpt, 2)
+    second = create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT)
+    assert len(lists) == 1  # the first snapshot's LIST, then the process's list
+    stored = {f.sha256 for f in first.manifest.files}
+    reused = [f for f in second.manifest.files if f.sha256 in stored]
+    assert reused and second.stats.skipped_files == len(reused)  # what the first stored is not sent again
+    assert verify_snapshot(store, second.manifest.snapshot_id).ok
+
+
+def test_a_gc_that_deleted_objects_makes_the_next_snapshot_list_them_again_and_store_what_went(
+        tmp_path: Path) -> None:
+    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
+    lists = count_object_lists(store)
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
+    first = create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT)
+    dispose_snapshot(store, first.manifest.snapshot_id)
+    result = collect_garbage(store, min_age_s=0)
+    assert result.deleted_objects == len({f.sha256 for f in first.manifest.files})
+    assert store.storage.read(GC_GENERATION)  # written before the objects went
+    again = create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT)
+    assert len(lists) == 3  # first snapshot, gc, and the snapshot after the new generation
+    assert again.stats.skipped_files == 0  # every object stored again
+    assert verify_snapshot(store, again.manifest.snapshot_id).ok
+
+
+def test_a_gc_that_deleted_nothing_keeps_the_generation_and_an_old_list_is_listed_again(tmp_path: Path) -> None:
+    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
+    create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT)
+    assert collect_garbage(store, min_age_s=0).deleted_objects == 0
+    assert not (tmp_path / "store" / "orders" / GC_GENERATION).exists()
+    forget_objects()
+    now = [0.0]
+    assert known_objects(store, clock=lambda: now[0])[1] is True  # no list of this clock yet
+    now[0] = KNOWN_MAX_AGE_S - 1
+    assert known_objects(store, clock=lambda: now[0])[1] is False
+    now[0] = KNOWN_MAX_AGE_S + 1
+    assert known_objects(store, clock=lambda: now[0])[1] is True  # too old: listed again
