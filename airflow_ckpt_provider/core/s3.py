@@ -205,7 +205,8 @@ class S3Storage(Storage):
                 for obj in page.get("Contents", []):
                     key = obj["Key"][strip:]
                     if key and not key.endswith("/"):
-                        found.append(ObjectInfo(key, int(obj["Size"]), obj["LastModified"].timestamp()))
+                        found.append(ObjectInfo(key, int(obj["Size"]), obj["LastModified"].timestamp(),
+                                                obj.get("ETag", "")))
             return found
 
         return sorted(self._call(f"list {self.uri(prefix)}", pages), key=lambda o: o.key)
@@ -230,7 +231,7 @@ class S3Storage(Storage):
             )
         except FileNotFoundError:
             return None
-        return ObjectInfo(key, int(head["ContentLength"]), head["LastModified"].timestamp())
+        return ObjectInfo(key, int(head["ContentLength"]), head["LastModified"].timestamp(), head.get("ETag", ""))
 
     def read(self, key: str) -> bytes:
         def get() -> bytes:

@@ -25,7 +25,7 @@ from airflow_ckpt_provider.core.pending import PendingMarker, read_markers
 from airflow_ckpt_provider.core.progress import TransferStats
 from airflow_ckpt_provider.core.retention import Disposal, RetentionPolicy, plan_retention
 from airflow_ckpt_provider.core.snapshotwrite import StepHook, drop_marker, wait_for_gc, write_marker, write_snapshot
-from airflow_ckpt_provider.core.storage import Storage
+from airflow_ckpt_provider.core.storage import ObjectInfo, Storage
 
 log = logging.getLogger(__name__)
 
@@ -131,17 +131,31 @@ def _first_warning(uri: str) -> bool:
         return True
 
 
+#: Manifests this process read, by (URI, size, version tag from the LIST): a manifest is written once (create if
+#: absent) and never changed, so a snapshot's retention reads only the manifests that are new since the last one
+#: (one LIST page per 1,000 snapshots, not one GET per manifest). A changed tag reads it again.
+_manifests: dict[tuple[str, int, str], Manifest] = {}
+_manifests_lock = threading.Lock()
+_MANIFESTS_MAX = 100_000
+
+
 def list_snapshots(store: JobStore, kind: Kind | None = None, *, strict: bool = False) -> list[Manifest]:
     """Completed snapshots, oldest first.
 
     A corrupt or unreadable manifest is skipped with a warning, or raises SnapshotError if
-    ``strict`` (gc must not mistake the objects of a snapshot it cannot read for garbage).
+    ``strict`` (gc must not mistake the objects of a snapshot it cannot read for garbage). Manifests read
+    before are taken from the process's cache (``_manifests``) while their LISTed size and tag are unchanged.
     """
-    keys = [o.key for o in store.storage.list(SNAPSHOTS) if o.key.endswith("/manifest.json")]
+    listed = [o for o in store.storage.list(SNAPSHOTS) if o.key.endswith("/manifest.json")]
 
-    def load(key: str) -> Manifest | None:
+    def load(info: ObjectInfo) -> Manifest | None:
+        key = info.key
+        cache_key = (store.storage.uri(key), info.size, info.version) if info.version else None
+        cached = _manifests.get(cache_key) if cache_key else None
+        if cached is not None:
+            return cached
         try:
-            return Manifest.from_bytes(store.storage.read(key), store.storage.uri(key))
+            manifest = Manifest.from_bytes(store.storage.read(key), store.storage.uri(key))
         except FileNotFoundError:  # disposed while we listed
             return None
         except SnapshotError as err:
@@ -152,9 +166,15 @@ def list_snapshots(store: JobStore, kind: Kind | None = None, *, strict: bool = 
                     "job %s snapshot %s: skipped, its manifest cannot be trusted (said once per process): %s",
                     store.job, snapshot_id, err)
             return None
+        if cache_key:
+            with _manifests_lock:
+                if len(_manifests) >= _MANIFESTS_MAX:
+                    _manifests.clear()
+                _manifests[cache_key] = manifest
+        return manifest
 
     with ThreadPoolExecutor(max_workers=8) as pool:
-        found = [m for m in pool.map(load, keys) if m is not None]
+        found = [m for m in pool.map(load, listed) if m is not None]
     return sorted((m for m in found if kind is None or m.kind == kind), key=snapshot_order)
 
 

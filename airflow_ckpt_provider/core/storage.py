@@ -34,11 +34,14 @@ LARGE_FILE = 16 * 1024 * 1024
 
 @dataclass(frozen=True)
 class ObjectInfo:
-    """One stored object: its key relative to the storage root, size in bytes, modification time."""
+    """One stored object: its key relative to the storage root, size in bytes, modification time, and a tag
+    that changes whenever its content does (S3: the ETag; a directory: the modification time in ns; '' when
+    unknown)."""
 
     key: str
     size: int
     mtime: float
+    version: str = ""
 
 
 @dataclass(frozen=True)
@@ -180,7 +183,7 @@ class LocalStorage(Storage):
                     st = full.stat()
                 except FileNotFoundError:  # deleted while we walked
                     continue
-                found.append(ObjectInfo(key, st.st_size, st.st_mtime))
+                found.append(ObjectInfo(key, st.st_size, st.st_mtime, str(st.st_mtime_ns)))
         return sorted(found, key=lambda o: o.key)
 
     def folders(self, prefix: str = "") -> tuple[str, ...]:
@@ -194,7 +197,7 @@ class LocalStorage(Storage):
             st = self._path(key).stat()
         except (FileNotFoundError, NotADirectoryError):
             return None
-        return ObjectInfo(key, st.st_size, st.st_mtime) if not _is_dir(st.st_mode) else None
+        return ObjectInfo(key, st.st_size, st.st_mtime, str(st.st_mtime_ns)) if not _is_dir(st.st_mode) else None
 
     def read(self, key: str) -> bytes:
         try:

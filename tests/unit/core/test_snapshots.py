@@ -113,3 +113,25 @@ def test_a_gc_that_deleted_nothing_keeps_the_generation_and_an_old_list_is_liste
     assert known_objects(store, clock=lambda: now[0])[1] is False
     now[0] = KNOWN_MAX_AGE_S + 1
     assert known_objects(store, clock=lambda: now[0])[1] is True  # too old: listed again
+
+
+def test_listing_snapshots_again_reads_only_new_or_changed_manifests(tmp_path: Path) -> None:
+    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
+    ids = [create_snapshot(store, LocalStorage(ckpt), kind=Kind.SAVEPOINT).manifest.snapshot_id for _ in range(3)]
+    reads: list[str] = []
+    original = store.storage.read
+
+    def counted(key: str) -> bytes:
+        reads.append(key)
+        return original(key)
+
+    store.storage.read = counted  # type: ignore[method-assign]  # a test spy on one instance
+    assert [m.snapshot_id for m in list_snapshots(store)] == ids
+    first = len(reads)
+    assert [m.snapshot_id for m in list_snapshots(store)] == ids
+    assert len(reads) == first  # nothing read again: the LIST's size and tag are unchanged
+    newest = create_snapshot(store, LocalStorage(ckpt), kind=Kind.SAVEPOINT).manifest.snapshot_id
+    reads.clear()
+    assert [m.snapshot_id for m in list_snapshots(store)] == [*ids, newest]
+    assert reads == [store.manifest_key(newest)]
