@@ -35,7 +35,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -271,11 +271,24 @@ def poll_watches(env: JobEnv, proxy: CountingProxy, services: EmbeddedServices) 
 
 # -- listing with long histories --------------------------------------------------------------------
 
+FIRST_SNAPSHOT = "checkpoint snapshot + retention, first in the process"
+NEXT_SNAPSHOT = "checkpoint snapshot + retention, next"
+
+
 def listing(services: EmbeddedServices, proxy: CountingProxy, sizes: Sequence[int]) -> list[dict[str, Any]]:
     """For each N: a store with N savepoints + 3 checkpoints and N objects; requests of the library's reads."""
     from airflow_ckpt_provider.core.retention import RetentionPolicy
-    from airflow_ckpt_provider.core.snapshots import apply_retention, latest_completed, list_snapshots
+    from airflow_ckpt_provider.core.snapshots import (
+        apply_retention,
+        create_snapshot,
+        forget_manifests,
+        latest_completed,
+        list_snapshots,
+    )
+    from airflow_ckpt_provider.core.snapshotwrite import forget_objects
+    from airflow_ckpt_provider.core.storage import LocalStorage
     from airflow_ckpt_provider.core.watches.snapshot import SnapshotWatch
+    from tests.support.ckptfactory import make_checkpoint, write_batch
 
     s3 = services.s3
     direct = S3Options(endpoint_url=s3.endpoint_url, region=s3.region, access_key_id=s3.access_key,
@@ -313,13 +326,31 @@ def listing(services: EmbeddedServices, proxy: CountingProxy, sizes: Sequence[in
             ("snapshot watch poll", lambda store=store: SnapshotWatch(store, after=time.time()).poll()),
             ("objects LIST of a snapshot", lambda store=store: store.storage.list(OBJECTS)),
         ]
+        # A checkpoint snapshot and its retention as the runtime's snapshotter takes them, in a process that has
+        # not listed this store yet (what every snapshot cost before the process kept its lists), then the next.
+        ckpt = make_checkpoint(Path(tempfile.mkdtemp(prefix="history-ckpt-")), 2)
+        batch = iter(range(2, 100))
+
+        def snapshot(store: JobStore = store, ckpt: Path = ckpt, batch: Iterator[int] = batch) -> None:
+            write_batch(ckpt, next(batch))
+            create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT)
+            apply_retention(store, RetentionPolicy())
+
+        def cold_snapshot() -> None:  # the reads above filled this process's lists: a new process has none
+            forget_objects()
+            forget_manifests()
+            snapshot()
+
+        reads += [(FIRST_SNAPSHOT, cold_snapshot), (NEXT_SNAPSHOT, snapshot)]
         for name, read in reads:
             mark, started = proxy.mark(), time.perf_counter()
             read()
             elapsed = time.perf_counter() - started
             t = tally(proxy.since(mark, role=lambda r: r == "watch"))
             row[name] = {"LIST": t["by_op"].get("LIST", 0), "GET": t["by_op"].get("GET", 0),
-                         "keys_listed": t["list_keys"], "bytes": t["bytes_received"], "seconds": round(elapsed, 3)}
+                         "keys_listed": t["list_keys"], "bytes": t["bytes_received"], "seconds": round(elapsed, 3),
+                         "requests": t["requests"]}
+        shutil.rmtree(ckpt, ignore_errors=True)
         results.append(row)
         setup.storage.delete([o.key for o in setup.storage.list("")])
     return results
@@ -411,14 +442,20 @@ def report(job: dict[str, Any], history: list[dict[str, Any]], args: argparse.Na
           f"{mem.get('workers_rss', 0):.0f}")
 
     if history:
-        print("\n## Listing with a long snapshot history (N savepoints + 3 checkpoints, N objects)\n")
-        names = [k for k in history[0] if k != "n"]
-        print("| N | " + " | ".join(f"{n}: LIST / GET / keys listed / s" for n in names) + " |")
-        print("| ---: | " + " | ".join("---" for _ in names) + " |")
-        for row in history:
-            print(f"| {row['n']} | " + " | ".join(
-                f"{row[n]['LIST']} / {row[n]['GET']} / {row[n]['keys_listed']} / {row[n]['seconds']:.2f}"
-                for n in names) + " |")
+        history_table(history)
+
+
+def history_table(history: list[dict[str, Any]]) -> None:
+    """One row per N, one column per read: LIST / GET / keys listed / seconds (all requests for the snapshots)."""
+    print("\n## Listing with a long snapshot history (N savepoints + 3 checkpoints, N objects)\n")
+    names = [k for k in history[0] if k != "n"]
+    print("| N | " + " | ".join(f"{n}: LIST / GET / keys listed / s" for n in names) + " |")
+    print("| ---: | " + " | ".join("---" for _ in names) + " |")
+    for row in history:
+        print(f"| {row['n']:,} | " + " | ".join(
+            f"{row[n]['LIST']} / {row[n]['GET']} / {row[n]['keys_listed']:,} / {row[n]['seconds']:.2f}"
+            + (f" ({row[n]['requests']} requests)" if n in (FIRST_SNAPSHOT, NEXT_SNAPSHOT) else "")
+            for n in names) + " |")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -459,8 +496,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def report_history_only(history: list[dict[str, Any]]) -> None:
-    for row in history:
-        print(json.dumps(row))
+    history_table(history)
 
 
 if __name__ == "__main__":
