@@ -131,12 +131,13 @@ def _first_warning(uri: str) -> bool:
         return True
 
 
-#: Manifests this process read, by (URI, size, version tag from the LIST): a manifest is written once (create if
-#: absent) and never changed, so a snapshot's retention reads only the manifests that are new since the last one
-#: (one LIST page per 1,000 snapshots, not one GET per manifest). A changed tag reads it again.
-_manifests: dict[tuple[str, int, str], Manifest] = {}
+#: Manifests this process read, per job store URL, by (key, size, version tag from the LIST): a manifest is
+#: written once (create if absent) and never changed, so a snapshot's retention reads only the manifests that are
+#: new since the last one (one LIST page per 1,000 snapshots, not one GET per manifest); a changed tag reads it
+#: again. Each listing replaces its store's entry with what it listed, so disposed manifests leave the cache.
+_manifests: dict[str, dict[tuple[str, int, str], Manifest]] = {}
 _manifests_lock = threading.Lock()
-_MANIFESTS_MAX = 100_000
+_STORES_MAX = 1_000  # stores whose manifests are kept (a triggerer may watch many jobs)
 
 
 def forget_manifests() -> None:
@@ -153,17 +154,19 @@ def list_snapshots(store: JobStore, kind: Kind | None = None, *, strict: bool = 
     before are taken from the process's cache (``_manifests``) while their LISTed size and tag are unchanged.
     """
     listed = [o for o in store.storage.list(SNAPSHOTS) if o.key.endswith("/manifest.json")]
+    with _manifests_lock:
+        known = dict(_manifests.get(store.url, {}))
 
-    def load(info: ObjectInfo) -> Manifest | None:
+    def load(info: ObjectInfo) -> tuple[tuple[str, int, str] | None, Manifest | None]:
         key = info.key
-        cache_key = (store.storage.uri(key), info.size, info.version) if info.version else None
-        cached = _manifests.get(cache_key) if cache_key else None
+        cache_key = (key, info.size, info.version) if info.version else None
+        cached = known.get(cache_key) if cache_key else None
         if cached is not None:
-            return cached
+            return cache_key, cached
         try:
-            manifest = Manifest.from_bytes(store.storage.read(key), store.storage.uri(key))
+            return cache_key, Manifest.from_bytes(store.storage.read(key), store.storage.uri(key))
         except FileNotFoundError:  # disposed while we listed
-            return None
+            return None, None
         except SnapshotError as err:
             if strict:
                 raise
@@ -171,16 +174,15 @@ def list_snapshots(store: JobStore, kind: Kind | None = None, *, strict: bool = 
             log.log(logging.WARNING if _first_warning(store.storage.uri(key)) else logging.DEBUG,
                     "job %s snapshot %s: skipped, its manifest cannot be trusted (said once per process): %s",
                     store.job, snapshot_id, err)
-            return None
-        if cache_key:
-            with _manifests_lock:
-                if len(_manifests) >= _MANIFESTS_MAX:
-                    _manifests.clear()
-                _manifests[cache_key] = manifest
-        return manifest
+            return None, None
 
     with ThreadPoolExecutor(max_workers=8) as pool:
-        found = [m for m in pool.map(load, listed) if m is not None]
+        loaded = list(pool.map(load, listed))
+    with _manifests_lock:
+        if store.url not in _manifests and len(_manifests) >= _STORES_MAX:
+            _manifests.clear()
+        _manifests[store.url] = {k: m for k, m in loaded if k is not None and m is not None}
+    found = [m for _, m in loaded if m is not None]
     return sorted((m for m in found if kind is None or m.kind == kind), key=snapshot_order)
 
 

@@ -12,12 +12,16 @@ objects, and it writes a new generation token (GC_GENERATION) before it does, so
 token it listed under (one GET, after its marker and the lock check) knows the list still holds; a new token,
 or a list older than KNOWN_MAX_AGE_S (something outside the provider may delete objects), lists again. A
 snapshot's requests thus stay the same as the job's history grows, instead of one LIST page per 1,000 objects.
+What this relies on: every process that runs gc on the store writes the token (upgrade `ckpt snapshot gc`
+runners with the workers), and no S3 lifecycle rule expires ``objects/``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -51,7 +55,7 @@ KNOWN_MAX_AGE_S = 600.0
 
 @dataclass
 class _Listed:
-    generation: bytes | None  # GC_GENERATION's body when the objects were listed (None: no gc ever deleted)
+    generation: bytes  # GC_GENERATION's body when the objects were listed
     listed_at: float  # time.monotonic()
     digests: set[str]
 
@@ -61,11 +65,14 @@ _listed: dict[str, _Listed] = {}
 _listed_lock = threading.Lock()
 
 
-def _generation(store: JobStore) -> bytes | None:
+def _generation(store: JobStore) -> bytes:
+    """GC_GENERATION's body; a store without one gets one first (create if absent), so that a store wiped and
+    made again (no token before, none after) never passes for the one this process listed."""
     try:
         return store.storage.read(GC_GENERATION)
     except FileNotFoundError:
-        return None
+        store.storage.create(GC_GENERATION, json.dumps({"token": secrets.token_hex(8), "by": "writer"}).encode())
+        return store.storage.read(GC_GENERATION)
 
 
 def known_objects(store: JobStore, clock: Callable[[], float] = time.monotonic) -> tuple[set[str], bool]:

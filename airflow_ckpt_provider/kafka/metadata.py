@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import wait
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 #: Timeout of each driver metadata request.
 REQUEST_TIMEOUT_S = 30.0
 #: While a request waits for a broker, the client's queued log lines are served this often: a broker that went
-#: away is logged "unreachable" (kafka/clientlog.py) within about a second, not after the request's timeout.
+#: away is logged "unreachable" (kafka/clientlog.py) within about a second, not after the request's timeout
+#: (the request itself is unchanged: one call with REQUEST_TIMEOUT_S).
 SERVE_INTERVAL_S = 1.0
 
 TP = tuple[str, int]
@@ -63,6 +64,7 @@ class BrokerMetadata:
         self.options = options
         self._sleep = sleep
         self._admin: Any = None
+        self._pool: ThreadPoolExecutor | None = None
 
     def _client(self) -> Any:
         from confluent_kafka.admin import AdminClient
@@ -106,6 +108,9 @@ class BrokerMetadata:
         return found
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
         self._admin = None  # AdminClient has no close(); its threads end when it is collected
 
     def _subscribed_partitions(self) -> tuple[list[TP], set[str]]:
@@ -126,22 +131,17 @@ class BrokerMetadata:
         return sorted(partitions), unavailable
 
     def _list_topics(self) -> Any:
-        """list_topics within REQUEST_TIMEOUT_S, asked in SERVE_INTERVAL_S slices with the client served between
-        them; a timeout or transport error before the deadline is asked again (librdkafka keeps reconnecting)."""
-        from confluent_kafka import KafkaError, KafkaException
-
-        deadline = time.monotonic() + REQUEST_TIMEOUT_S
-        while True:
-            asked = time.monotonic()
-            try:
-                return self._client().list_topics(timeout=max(0.1, min(SERVE_INTERVAL_S, deadline - asked)))
-            except KafkaException as err:
-                code = err.args[0].code() if err.args and isinstance(err.args[0], KafkaError) else None
-                if code not in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT) or time.monotonic() >= deadline:
-                    raise
-                self._sleep(max(0.0, SERVE_INTERVAL_S - (time.monotonic() - asked)))  # a fast failure: no spin
-            finally:
+        """One list_topics (REQUEST_TIMEOUT_S) in a worker thread, the client served every SERVE_INTERVAL_S while it
+        waits: the same request and errors as a direct call, its lines logged as they come."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-kafka-metadata")
+        future = self._pool.submit(self._client().list_topics, timeout=REQUEST_TIMEOUT_S)
+        try:
+            while not wait([future], timeout=SERVE_INTERVAL_S).done:
                 serve(self._client())
+        finally:
+            serve(self._client())
+        return future.result()
 
     def _offsets(self, partitions: Sequence[TP], spec: Any, *,
                  watermark: bool = False) -> tuple[dict[TP, int], set[TP]]:

@@ -83,8 +83,8 @@ class UpgradePlan:
         """The plan back from its JSON; optional keys it lacks take defaults (a plan of an earlier version: the
         job from the old launch). Both deployments are required (without them a step would relaunch nothing, or
         the wrong code): ConfigError."""
-        missing = [k for k in ("old", "new") if not body.get(k)]
-        job = body.get("job") or (body.get("old") or {}).get("job")
+        missing = [k for k in ("old", "new") if not isinstance(body.get(k), dict) or not body[k]]
+        job = body.get("job") or (body["old"].get("job") if isinstance(body.get("old"), dict) else None)
         if missing or not job:
             raise ConfigError(f"upgrade plan: expected the old and new deployments and the job, found keys "
                               f"{sorted(body)}; the plan is written by prepare(): trigger a new run")

@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from airflow_ckpt_provider.core import snapshots as snapshots_module
 from airflow_ckpt_provider.core.gc import collect_garbage
 from airflow_ckpt_provider.core.jobstore import GC_GENERATION, OBJECTS, JobStore
 from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.retention import RetentionPolicy
-from airflow_ckpt_provider.core.snapshots import create_snapshot, dispose_snapshot, list_snapshots, verify_snapshot
+from airflow_ckpt_provider.core.snapshots import (
+    create_snapshot,
+    dispose_snapshot,
+    forget_manifests,
+    list_snapshots,
+    verify_snapshot,
+)
 from airflow_ckpt_provider.core.snapshotwrite import KNOWN_MAX_AGE_S, forget_objects, known_objects
 from airflow_ckpt_provider.core.storage import LocalStorage
 from airflow_ckpt_provider.runtime.snapshotter import SnapshotJob, Snapshotter
@@ -66,8 +74,10 @@ def count_object_lists(store: JobStore) -> list[str]:
 @pytest.fixture(autouse=True)
 def _no_cached_lists() -> Any:
     forget_objects()
+    forget_manifests()
     yield
     forget_objects()
+    forget_manifests()
 
 
 def test_a_second_snapshot_in_the_process_lists_no_objects_while_no_gc_deleted_any(tmp_path: Path) -> None:
@@ -104,8 +114,9 @@ def test_a_gc_that_deleted_nothing_keeps_the_generation_and_an_old_list_is_liste
     store = JobStore(LocalStorage(tmp_path / "store"), "orders")
     ckpt = make_checkpoint(tmp_path / "ckpt", 2)
     create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT)
+    generation = store.storage.read(GC_GENERATION)  # made by the first writer
     assert collect_garbage(store, min_age_s=0).deleted_objects == 0
-    assert not (tmp_path / "store" / "orders" / GC_GENERATION).exists()
+    assert store.storage.read(GC_GENERATION) == generation
     forget_objects()
     now = [0.0]
     assert known_objects(store, clock=lambda: now[0])[1] is True  # no list of this clock yet
@@ -135,3 +146,25 @@ def test_listing_snapshots_again_reads_only_new_or_changed_manifests(tmp_path: P
     reads.clear()
     assert [m.snapshot_id for m in list_snapshots(store)] == [*ids, newest]
     assert reads == [store.manifest_key(newest)]
+
+
+def test_a_store_wiped_and_made_again_is_listed_again_not_taken_for_the_one_listed_before(tmp_path: Path) -> None:
+    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
+    lists = count_object_lists(store)
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
+    create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT)
+    shutil.rmtree(tmp_path / "store" / "orders")  # by hand, within the list's age: no gc, no token
+    again = create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT)
+    assert len(lists) == 2 and again.stats.skipped_files == 0
+    assert verify_snapshot(store, again.manifest.snapshot_id).ok
+
+
+def test_a_disposed_manifest_leaves_the_process_cache_at_the_next_listing(tmp_path: Path) -> None:
+    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
+    ids = [create_snapshot(store, LocalStorage(ckpt), kind=Kind.SAVEPOINT).manifest.snapshot_id for _ in range(2)]
+    list_snapshots(store)
+    assert sorted(m.snapshot_id for m in snapshots_module._manifests[store.url].values()) == sorted(ids)
+    dispose_snapshot(store, ids[0], force=True)
+    assert [m.snapshot_id for m in list_snapshots(store)] == ids[1:]
+    assert [m.snapshot_id for m in snapshots_module._manifests[store.url].values()] == ids[1:]

@@ -416,33 +416,56 @@ def test_snapshot_marks_partitions_that_keep_failing_unknown() -> None:
     assert snap.unknown == frozenset({("t", 1)}) and dict(snap.high) == {("t", 0): 5}
 
 
-def test_a_metadata_request_waiting_for_a_broker_serves_the_client_log_every_slice_until_it_answers() -> None:
-    """The planner's list_topics waits in SERVE_INTERVAL_S slices with the client's queued lines served between
-    them, so a broker that went away is logged unreachable within a slice, not after the request's 30 s."""
-    from confluent_kafka import KafkaError, KafkaException
+def test_a_metadata_request_waiting_for_a_broker_has_the_client_log_served_while_it_waits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planner's list_topics runs once (its own timeout) in a worker thread while the client's queued lines
+    are served every SERVE_INTERVAL_S, so a broker that went away is logged unreachable within a slice, not after
+    the request's 30 s: this fake answers only once it was served three times."""
+    import threading
 
-    from airflow_ckpt_provider.kafka.metadata import SERVE_INTERVAL_S
+    from airflow_ckpt_provider.kafka import metadata
 
-    class Reconnecting(FakeAdmin):
-        timeouts: ClassVar[list[float]] = []
+    monkeypatch.setattr(metadata, "SERVE_INTERVAL_S", 0.01)
+
+    class Waiting(FakeAdmin):
+        served = threading.Event()
         polls = 0
+        timeouts: ClassVar[list[float]] = []
 
         def list_topics(self, timeout: float) -> Any:
             self.timeouts.append(timeout)
-            if len(self.timeouts) <= 2:
-                raise KafkaException(KafkaError(KafkaError._TIMED_OUT if len(self.timeouts) == 1
-                                                else KafkaError._TRANSPORT))
+            assert self.served.wait(10), "the client was not served while the request waited"
             return super().list_topics(timeout)
 
         def poll(self, timeout: float) -> int:
             self.polls += 1
+            if self.polls >= 3:
+                self.served.set()
             return 0
 
-    admin = Reconnecting({"t": [0]}, earliest={("t", 0): 0}, latest={("t", 0): 4})
-    snap = broker(admin).snapshot()
-    assert dict(snap.high) == {("t", 0): 4}
-    assert admin.timeouts == [SERVE_INTERVAL_S] * 3
-    assert admin.polls >= 3  # served after each slice (and after each offsets request)
+    admin = Waiting({"t": [0]}, earliest={("t", 0): 0}, latest={("t", 0): 4})
+    meta = broker(admin)
+    try:
+        assert dict(meta.snapshot().high) == {("t", 0): 4}
+    finally:
+        meta.close()
+    assert admin.timeouts == [metadata.REQUEST_TIMEOUT_S]  # one request, its timeout unchanged
+
+
+def test_an_offsets_answer_that_never_comes_is_an_unknown_partition_not_a_hang(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_ckpt_provider.kafka import metadata
+
+    monkeypatch.setattr(metadata, "REQUEST_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(metadata, "SERVE_INTERVAL_S", 0.05)
+
+    class Silent(FakeAdmin):
+        def list_offsets(self, request: Mapping[Any, Any], isolation_level: Any, request_timeout: float) -> Any:
+            futures = super().list_offsets(request, isolation_level, request_timeout)
+            return {tp: (Future() if tp.partition == 1 else f) for tp, f in futures.items()}  # 1 never answers
+
+    admin = Silent({"t": [0, 1]}, earliest={("t", 0): 0, ("t", 1): 0}, latest={("t", 0): 5, ("t", 1): 7})
+    snap = broker(admin, **{"fetchOffset.numRetries": 1}).snapshot()
+    assert snap.unknown == frozenset({("t", 1)}) and dict(snap.high) == {("t", 0): 5}
 
 
 def test_a_metadata_error_other_than_a_timeout_is_not_asked_again_within_the_request() -> None:

@@ -251,10 +251,13 @@ def test_a_plan_of_an_earlier_version_reads_with_defaults() -> None:
     assert plan.job == "orders"  # from the old launch
 
 
-@pytest.mark.parametrize("drop", ["old", "new"])
-def test_a_plan_without_a_deployment_is_refused_not_defaulted(drop: str) -> None:
-    body = {"job": "orders", "old": {"job": "orders", "deployment": old_deployment().to_dict()},
-            "new": {"job_file": "orders_v2.py"}}
-    del body[drop]
+@pytest.mark.parametrize(("key", "value"), [("old", None), ("new", None), ("old", "not a launch"), ("new", [])])
+def test_a_plan_without_a_deployment_is_refused_not_defaulted(key: str, value: object) -> None:
+    body: dict[str, object] = {"old": {"job": "orders", "deployment": old_deployment().to_dict()},
+                               "new": {"job_file": "orders_v2.py"}}
+    if value is None:
+        del body[key]
+    else:
+        body[key] = value
     with pytest.raises(ConfigError, match="expected the old and new deployments and the job, found keys"):
         UpgradePlan.from_dict(body)
