@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +39,12 @@ class SnapshotOutcome:
     job: SnapshotJob
     result: SnapshotResult | None = None
     error: str | None = None
+
+
+#: Retention runs after every savepoint, and after a checkpoint at most this often: with a snapshot after every
+#: batch (two a second with short batches) it would otherwise LIST, read and delete on every one (3 of a
+#: snapshot's 9 requests). Meanwhile up to this many seconds' worth of checkpoints more than keep_checkpoints stay.
+RETENTION_INTERVAL_S = 10.0
 
 
 class Snapshotter:
@@ -71,6 +78,7 @@ class Snapshotter:
         self._closed = False
         self.last_checkpoint_batch: int | None = None
         self.last_savepoint_batch: int | None = None
+        self._retained_at: float | None = None  # time.monotonic() of the last retention that ran through
         self._thread = threading.Thread(target=self._run, name=f"ckpt-snapshots-{store.job}", daemon=True)
         self._thread.start()
 
@@ -107,10 +115,13 @@ class Snapshotter:
         else:
             self.last_savepoint_batch = result.manifest.batch_id
         self.fence()
-        try:
-            apply_retention(self.store, self.retention)
-        except CkptError as err:  # retention is retried after the next snapshot
-            log.warning("job %s: retention failed, will retry: %s", self.store.job, err)
+        now = time.monotonic()
+        if job.kind is Kind.SAVEPOINT or self._retained_at is None or now - self._retained_at >= RETENTION_INTERVAL_S:
+            try:
+                apply_retention(self.store, self.retention)
+                self._retained_at = now
+            except CkptError as err:  # retention is retried after the next snapshot
+                log.warning("job %s: retention failed, will retry: %s", self.store.job, err)
         return result
 
     def _epoch(self) -> int | None:

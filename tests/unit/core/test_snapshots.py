@@ -168,3 +168,34 @@ def test_a_disposed_manifest_leaves_the_process_cache_at_the_next_listing(tmp_pa
     dispose_snapshot(store, ids[0], force=True)
     assert [m.snapshot_id for m in list_snapshots(store)] == ids[1:]
     assert [m.snapshot_id for m in snapshots_module._manifests[store.url].values()] == ids[1:]
+
+
+def test_the_snapshotter_applies_retention_after_a_savepoint_and_after_checkpoints_at_most_every_interval(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_ckpt_provider.runtime import snapshotter as snapshotter_module
+
+    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
+    snapshotter = Snapshotter(store, LocalStorage(ckpt), retention=RetentionPolicy(checkpoints_keep=2),
+                              fence=lambda: None, on_done=lambda _outcome: None)
+
+    def checkpoints() -> int:
+        return len(list_snapshots(store, Kind.CHECKPOINT))
+
+    try:
+        for batch in range(2, 7):  # five checkpoints within the interval: retention ran after the first only
+            write_batch(ckpt, batch)
+            snapshotter.take(SnapshotJob(Kind.CHECKPOINT, Trigger.PERIODIC))
+        assert checkpoints() == 5
+        snapshotter.take(SnapshotJob(Kind.SAVEPOINT, Trigger.MANUAL))  # a savepoint: retention now
+        assert checkpoints() == 2
+        for batch in range(7, 9):
+            write_batch(ckpt, batch)
+            snapshotter.take(SnapshotJob(Kind.CHECKPOINT, Trigger.PERIODIC))
+        assert checkpoints() == 4
+        monkeypatch.setattr(snapshotter_module, "RETENTION_INTERVAL_S", 0.0)  # the interval has passed
+        write_batch(ckpt, 9)
+        snapshotter.take(SnapshotJob(Kind.CHECKPOINT, Trigger.PERIODIC))
+        assert checkpoints() == 2
+    finally:
+        snapshotter.close()
