@@ -264,13 +264,17 @@ def test_bad_input_changes_nothing(env: JobEnv, runs: list[Run], tmp_path: Path)
     # before the lease is taken, so the running driver is not fenced.
     other = f"{env.store_url}/other-job/snapshots/savepoint-1-20261122T100000Z-abcdef"
     # --restore none on the running driver's own live checkpoint: refused, not discarded.
-    for name, target, restore, message in [
+    cases = [
         ("foreign", tmp_path / "foreign", other, "belongs to job 'other-job'"),
         ("missing", tmp_path / "missing", "savepoint-1-20261122T100000Z-abcdef", "savepoint-1-20261122T100000Z-abcdef"),
         ("no-savepoint", tmp_path / "no-savepoint", "latest-savepoint", "no restorable savepoint (none exists)"),
         ("none-on-live", checkpoint, "none", "is not empty: delete it, choose another --checkpoint"),
-    ]:
+    ]
+    started = []  # all four at once: each is refused before it takes the lease, so they cannot interfere
+    for name, target, restore, message in cases:
         runs.append(bad := env.run(name, target, "--restore", restore))
+        started.append((bad, target, message))
+    for bad, target, message in started:
         assert bad.wait(TIMEOUT) == EXIT_CONFIG, bad.tail()
         assert any(message in ln for ln in bad.ckpt_lines()), bad.tail()
         assert target == checkpoint or not target.exists()
