@@ -66,6 +66,12 @@ def _starts(env: JobEnv) -> list[dict[str, Any]]:
     return [json.loads(storage.read(i.key)) for i in sorted(storage.list(DEPLOYMENTS), key=lambda i: i.key)]
 
 
+@pytest.mark.full(proven_by="system/test_example_dags.py::test_keep_alive_dag_restarts_a_killed_driver_with_exact_"
+                            "counts (the supervisor restarts a killed driver once, the DAG adds no epoch), "
+                            "integration/test_dagster.py::test_a_job_submitted_through_dagster_ops_rides_out_a_kill_9_"
+                            "... (the health watch sees the restart in progress and asks for none) and "
+                            "unit/operators/test_restart_owner.py (the restart task leaves a supervised restart to "
+                            "its owner)")
 def test_a_killed_driver_is_restarted_once_by_its_supervisor_while_the_watch_and_the_dag_restart_wait(
     env: JobEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
