@@ -112,6 +112,10 @@ def make_client(opts: S3Options) -> S3Client:
                 # tenacity retries at our call sites; keep botocore's own retries short.
                 retries={"max_attempts": 2, "mode": "standard"},
                 max_pool_connections=max(10, opts.max_concurrency * 2),
+                # No CRC32 of every body: objects are content-addressed by SHA-256, checked on every read and
+                # restore, and the CRC cost 0.5 ms of CPU per small PUT (a third of its client time).
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
             )
             client = boto3.session.Session().client(
                 "s3",

@@ -124,16 +124,22 @@ def _file_identity(local: Path | None, size: int) -> tuple[str, int, int] | None
     return (str(local), size, st.st_mtime_ns) if st.st_size == size else None
 
 
+def _reused(src: Storage, f: CheckpointFile, known: set[str], progress: Progress) -> ManifestFile | None:
+    """The file as checked and hashed by an earlier snapshot of this process, if the store holds its content."""
+    identity = _file_identity(src.local_path(f.path), f.size)
+    cached = _digests.get(identity) if identity else None
+    if cached is None or cached not in known:
+        return None
+    progress.skipped(f.size)
+    return ManifestFile(f.path, f.size, cached)
+
+
 def _store_one(
     src: Storage, store: JobStore, f: CheckpointFile, known: set[str], progress: Progress, *, codec: str
 ) -> ManifestFile:
     """Check and hash one checkpoint file; upload it unless the job store already has its content."""
     local = src.local_path(f.path)
     identity = _file_identity(local, f.size)
-    cached = _digests.get(identity) if identity else None
-    if cached is not None and cached in known:
-        progress.skipped(f.size)  # checked and hashed by an earlier snapshot, content already stored
-        return ManifestFile(f.path, f.size, cached)
     try:
         if local is not None and f.size >= LARGE_FILE:
             digest = sha256_file(local)
@@ -200,15 +206,24 @@ def write_snapshot(
     log.debug("%s: %d objects known (%s)", what, len(known), "listed now" if listed else "cached, no gc since")
     progress = Progress(what, len(view.files), sum(f.size for f in view.files), report=report)
     step("upload")
-    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        codec = view.conf.get(_CODEC, "lz4")
+    codec = view.conf.get(_CODEC, "lz4")
 
-        def store_one(f: CheckpointFile) -> ManifestFile:
-            stored = _store_one(checkpoint, store, f, known, progress, codec=codec)
-            step("file")
-            return stored
+    def store_one(f: CheckpointFile) -> ManifestFile:
+        stored = _store_one(checkpoint, store, f, known, progress, codec=codec)
+        step("file")
+        return stored
 
-        files = list(pool.map(store_one, view.files))
+    # A periodic snapshot finds most files reused (a stat each) and a few new: threads only for those few.
+    reused = {f.path: m for f in view.files if (m := _reused(checkpoint, f, known, progress)) is not None}
+    new_files = [f for f in view.files if f.path not in reused]
+    for _ in reused:
+        step("file")
+    if len(new_files) > 1 and concurrency > 1:
+        with ThreadPoolExecutor(max_workers=min(concurrency, len(new_files))) as pool:
+            stored = dict(zip((f.path for f in new_files), pool.map(store_one, new_files), strict=True))
+    else:
+        stored = {f.path: store_one(f) for f in new_files}
+    files = [reused.get(f.path) or stored[f.path] for f in view.files]
     stats = progress.finish()
     step("uploaded")
     manifest = Manifest(

@@ -170,6 +170,47 @@ def test_a_disposed_manifest_leaves_the_process_cache_at_the_next_listing(tmp_pa
     assert [m.snapshot_id for m in snapshots_module._manifests[store.url].values()] == ids[1:]
 
 
+def test_a_checkpoint_reads_the_lease_once_at_its_commit_point_and_a_savepoint_also_before_uploading(
+        tmp_path: Path) -> None:
+    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
+    steps: list[str] = []
+    snapshotter = Snapshotter(store, LocalStorage(ckpt), retention=RetentionPolicy(checkpoints_keep=5),
+                              fence=lambda: steps.append("fence"), on_done=lambda _outcome: None)
+    try:
+        snapshotter.take(SnapshotJob(Kind.CHECKPOINT, Trigger.PERIODIC))  # the first retention runs: fence first
+        assert steps == ["fence", "fence"]
+        steps.clear()
+        write_batch(ckpt, 2)
+        snapshotter.take(SnapshotJob(Kind.CHECKPOINT, Trigger.PERIODIC))  # within the retention interval
+        assert steps == ["fence"]
+        steps.clear()
+        snapshotter.take(SnapshotJob(Kind.SAVEPOINT, Trigger.MANUAL))  # before upload, commit point, retention
+        assert steps == ["fence", "fence", "fence"]
+    finally:
+        snapshotter.close()
+
+
+def test_a_fenced_driver_publishes_no_checkpoint(tmp_path: Path) -> None:
+    from airflow_ckpt_provider.core.lease import FencedError
+
+    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
+
+    def fence() -> None:
+        raise FencedError("job orders: this driver was fenced")
+
+    snapshotter = Snapshotter(store, LocalStorage(ckpt), retention=RetentionPolicy(checkpoints_keep=5),
+                              fence=fence, on_done=lambda _outcome: None)
+    try:
+        with pytest.raises(FencedError):
+            snapshotter.take(SnapshotJob(Kind.CHECKPOINT, Trigger.PERIODIC))
+    finally:
+        snapshotter.close()
+    assert list_snapshots(store) == []
+    assert store.storage.list("pending/") == []
+
+
 def test_the_snapshotter_applies_retention_after_a_savepoint_and_after_checkpoints_at_most_every_interval(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow_ckpt_provider.runtime import snapshotter as snapshotter_module

@@ -27,6 +27,17 @@ def test_list_is_recursive_sorted_and_prefix_filtered(tmp_path: Path) -> None:
     assert s.list("nothing/") == []
 
 
+def test_list_skips_temp_files_and_does_not_follow_a_link_to_a_directory(tmp_path: Path) -> None:
+    s = LocalStorage(tmp_path / "root")
+    s.write("state/0/1.delta", b"1")
+    (tmp_path / "root" / "state" / "0" / ".2.delta.ckpt-tmp-1234abcd").write_bytes(b"half")  # a write under way
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "big").write_bytes(b"not ours")
+    (tmp_path / "root" / "state" / "link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    assert [(o.key, o.size) for o in s.list()] == [("state/0/1.delta", 1)]
+    assert [o.key for o in s.list("state/0/")] == ["state/0/1.delta"]
+
+
 def test_delete_prunes_empty_dirs_and_ignores_missing(tmp_path: Path) -> None:
     s = LocalStorage(tmp_path / "root")
     s.write("a/b/c", b"1")
