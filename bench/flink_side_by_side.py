@@ -1,6 +1,6 @@
 """Benchmark: the same keyed stateful job on Flink (PyFlink, local mini-cluster) and on this provider, side by side.
 
-    .venv/bin/python bench/flink_side_by_side.py [--sizes 10000[,100000,1000000]] [--files 10] [--batch 20000]
+    .venv/bin/python bench/flink_side_by_side.py [--sizes 10000[,100000,1000000]] [--rounds 1] [--files 10]
 
 One command from a fresh clone (after the project's own setup): the first run creates a PyFlink environment
 (``apache-flink==2.3.0``, ~1 GB, ~1-2 min with uv) in ``~/.cache/airflow-ckpt-provider/pyflink-2.3.0`` (or
@@ -592,7 +592,25 @@ def _cell(value: float | None) -> str:
     return f"{value:.2f}"
 
 
-def report(results: list[tuple[int, Figures, Figures]], lines: list[str]) -> None:
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _summary(runs: list[Figures], attr: str) -> tuple[float | None, str]:
+    """The median of the rounds' values, and the cell: the median, with the rounds' range when there are several."""
+    values = [v for v in (getattr(f, attr) for f in runs) if v is not None]
+    if not values:
+        return None, "-"
+    med = _median(values)
+    if isinstance(values[0], int):
+        med = round(med)
+    cell = _cell(med)
+    return med, cell if len(values) == 1 else f"{cell} ({_cell(min(values))}-{_cell(max(values))})"
+
+
+def report(results: list[tuple[int, list[Figures], list[Figures]]], lines: list[str]) -> None:
     print("# Side by side with Flink: the same keyed job (count + set of ids per key)\n")
     for line in lines:
         print(f"- {line}")
@@ -600,10 +618,11 @@ def report(results: list[tuple[int, Figures, Figures]], lines: list[str]) -> Non
     print("| ---: | --- | ---: | ---: | ---: |")
     for size, ours, flink in results:
         for attr, label in ROWS:
-            a, b = getattr(ours, attr), getattr(flink, attr)
+            (a, a_cell), (b, b_cell) = _summary(ours, attr), _summary(flink, attr)
             ratio = f"{a / b:.2f}" if a is not None and b else "-"
-            print(f"| {size:,} | {label} | {_cell(a)} | {_cell(b)} | {ratio} |")
-        notes = [f"provider: {n}" for n in ours.notes] + [f"Flink: {n}" for n in flink.notes]
+            print(f"| {size:,} | {label} | {a_cell} | {b_cell} | {ratio} |")
+        notes = sorted({f"provider: {n}" for f in ours for n in f.notes}
+                       | {f"Flink: {n}" for f in flink for n in f.notes})
         if notes:
             print(f"| {size:,} | notes | {'; '.join(notes)} | | |")
 
@@ -633,9 +652,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="Flink mini-batch aggregation with this allowed latency (default 0: off, as in Flink)")
     parser.add_argument("--flink-python", type=Path, help="a Python with PyFlink (default: a cached environment)")
     parser.add_argument("--sides", default="flink,provider", help="which sides to run (default both)")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each side per size, who goes first "
+                        "alternating; the table shows medians and, with more than one, the range (default 1)")
     parser.add_argument("--workdir", type=Path, help="keep logs, inputs and checkpoints here (default: a temp dir)")
     opts = parser.parse_args(argv)
     sizes = [int(x) for x in opts.sizes.split(",")]
+    if opts.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {opts.rounds}")
     sides = opts.sides.split(",")
     try:
         java, javac = java_version()
@@ -648,18 +671,24 @@ def main(argv: list[str] | None = None) -> int:
     work = opts.workdir or Path(tempfile.mkdtemp(prefix="flink-side-"))
     work.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    results: list[tuple[int, Figures, Figures]] = []
+    results: list[tuple[int, list[Figures], list[Figures]]] = []
     try:
         jar = compile_mark(javac, work, flink_home)
         with EmbeddedS3(workdir=work / "s3") as s3:
             for size in sizes:
-                flink, provider = Figures(), Figures()
-                if "flink" in sides:
-                    flink = run_flink(FlinkSide(python, jar, work / f"flink-{size}", opts.flink_interval,
-                                                opts.flink_mini_batch), size, opts)
-                if "provider" in sides:
-                    provider = run_provider(ProviderSide(s3, work / f"provider-{size}"), size, opts)
-                results.append((size, provider, flink))
+                flink_runs: list[Figures] = []
+                provider_runs: list[Figures] = []
+                for r in range(opts.rounds):
+                    order = sides if r % 2 == 0 else list(reversed(sides))  # who goes first alternates
+                    for side in order:
+                        if side == "flink":
+                            flink_runs.append(run_flink(FlinkSide(python, jar, work / f"flink-{size}-{r}",
+                                                                  opts.flink_interval, opts.flink_mini_batch),
+                                                        size, opts))
+                        elif side == "provider":
+                            provider_runs.append(run_provider(ProviderSide(s3, work / f"provider-{size}-{r}"), size,
+                                                              opts))
+                results.append((size, provider_runs, flink_runs))
     except BenchError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -680,8 +709,8 @@ def main(argv: list[str] | None = None) -> int:
         "kill -9: Flink has no supervisor in local mode, the bench restarts it at once (no detection time); this "
         "provider's supervisor detects the exit and restarts the driver",
         f"input: per size one load file of N keys, {opts.files} files of {opts.batch:,} records, a 1% change; "
-        "one run each (sides in turn, never at once), nothing asserted; ours/Flink > 1 is slower or more bytes, "
-        "except records/s",
+        f"{opts.rounds} run(s) of each side per size (sides in turn, never at once; cells: median (min-max)), "
+        "nothing asserted; ours/Flink (of the medians) > 1 is slower or more bytes, except records/s",
     ])
     return 0
 

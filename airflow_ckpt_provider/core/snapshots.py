@@ -76,12 +76,15 @@ def create_snapshot(
     report: Callable[[str], None] | None = None,
     on_step: StepHook | None = None,
     epoch: int | None = None,
+    keep_marker: bool = False,
 ) -> SnapshotResult:
     """Snapshot the checkpoint at batch ``batch_id`` (default: the latest completed batch).
 
     Safe while the query keeps running: the files of a completed batch are immutable. ``epoch`` is
     the writing driver's lease epoch, recorded in the pending marker so gc can tell a fenced writer.
-    ``write_ahead=False`` leaves out a planned batch N+1 (a rescale's check batch).
+    ``write_ahead=False`` leaves out a planned batch N+1 (a rescale's check batch). ``keep_marker`` leaves the
+    pending marker of a snapshot that committed for the caller to delete later, with others in one request (gc
+    takes a marker whose manifest exists for finished); a failed snapshot's marker is always deleted.
     """
     step = on_step or (lambda _name: None)
     started = time.monotonic()
@@ -92,17 +95,20 @@ def create_snapshot(
     log.info("%s: creating %s from %s, %d files", what, kind.value, checkpoint.url, len(view.files))
 
     write_marker(store, snapshot_id, now, epoch)  # nothing to clean up if even this fails
+    committed = False
     try:
         wait_for_gc(store)
         manifest, stats = write_snapshot(
             store, checkpoint, view, snapshot_id=snapshot_id, kind=kind, trigger=trigger, now=now, step=step,
             concurrency=concurrency, report=report, meta=(code_version, spark_version), labels=labels or {},
         )
+        committed = True
     finally:
         # On success the manifest exists; on failure nothing references the uploaded objects (gc
         # removes them). Either way the marker has served. After kill -9 it stays until gc sees
         # that its writer is gone (core/pending.py).
-        drop_marker(store, snapshot_id)
+        if not (committed and keep_marker):
+            drop_marker(store, snapshot_id)
     uri = store.snapshot_uri(snapshot_id)
     seconds = time.monotonic() - started
     log.info(

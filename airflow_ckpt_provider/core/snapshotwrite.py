@@ -65,14 +65,20 @@ _listed: dict[str, _Listed] = {}
 _listed_lock = threading.Lock()
 
 
-def _generation(store: JobStore) -> bytes:
+def _generation(store: JobStore, *, first: bool) -> bytes:
     """GC_GENERATION's body; a store without one gets one first (create if absent), so that a store wiped and
-    made again (no token before, none after) never passes for the one this process listed."""
-    try:
-        return store.storage.read(GC_GENERATION)
-    except FileNotFoundError:
-        store.storage.create(GC_GENERATION, json.dumps({"token": secrets.token_hex(8), "by": "writer"}).encode())
-        return store.storage.read(GC_GENERATION)
+    made again (no token before, none after) never passes for the one this process listed. ``first`` (no list of
+    this store in this process yet, often a new store) tries the create first: one request for a new store, two for
+    an old one, once per process; later snapshots read it (one request)."""
+    token = json.dumps({"token": secrets.token_hex(8), "by": "writer"}).encode()
+    if not first:
+        try:
+            return store.storage.read(GC_GENERATION)
+        except FileNotFoundError:
+            pass
+    if store.storage.create(GC_GENERATION, token):
+        return token  # created: the store holds these bytes
+    return store.storage.read(GC_GENERATION)  # it exists (another process created it, or gc wrote it)
 
 
 def known_objects(store: JobStore, clock: Callable[[], float] = time.monotonic) -> tuple[set[str], bool]:
@@ -81,7 +87,9 @@ def known_objects(store: JobStore, clock: Callable[[], float] = time.monotonic) 
     Call it only after the writer's pending marker is written and gc's lock is seen released: from then on
     gc defers to the writer, so nothing listed before can go until the marker is dropped.
     """
-    generation = _generation(store)
+    with _listed_lock:
+        first = store.url not in _listed
+    generation = _generation(store, first=first)
     with _listed_lock:
         cached = _listed.get(store.url)
         if cached is not None and cached.generation == generation and clock() - cached.listed_at < KNOWN_MAX_AGE_S:
@@ -254,12 +262,22 @@ def write_snapshot(
 
 def drop_marker(store: JobStore, snapshot_id: str) -> None:
     """Best effort: a marker left behind only delays gc; it must not hide the snapshot's outcome."""
+    drop_markers(store, [snapshot_id])
+
+
+def drop_markers(store: JobStore, snapshot_ids: list[str]) -> bool:
+    """Delete these snapshots' pending markers in one request; best effort (False, with a warning, if it failed)."""
     try:
-        store.storage.delete([store.pending_key(snapshot_id)])
+        store.storage.delete([store.pending_key(i) for i in snapshot_ids])
     except StorageError as err:
-        log.warning("job %s snapshot %s: could not delete its pending marker %s (%s); gc clears it once this "
-                    "writer is provably gone, or now with `ckpt snapshot gc --clear-pending %s`", store.job,
-                    snapshot_id, store.storage.uri(store.pending_key(snapshot_id)), err, snapshot_id)
+        first = snapshot_ids[0]
+        log.warning("job %s snapshot %s%s: could not delete the pending marker %s (%s); gc clears it once its "
+                    "snapshot is committed or its writer provably gone, or now with `ckpt snapshot gc "
+                    "--clear-pending %s`", store.job, first,
+                    f" and {len(snapshot_ids) - 1} more" if len(snapshot_ids) > 1 else "",
+                    store.storage.uri(store.pending_key(first)), err, first)
+        return False
+    return True
 
 
 def _is_fresh(store: JobStore, key: str, now: float) -> bool:

@@ -21,6 +21,7 @@ from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.outage import Outage
 from airflow_ckpt_provider.core.retention import RetentionPolicy
 from airflow_ckpt_provider.core.snapshots import SnapshotResult, apply_retention, create_snapshot
+from airflow_ckpt_provider.core.snapshotwrite import drop_markers
 from airflow_ckpt_provider.core.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,9 @@ class Snapshotter:
         self.last_checkpoint_batch: int | None = None
         self.last_savepoint_batch: int | None = None
         self._retained_at: float | None = None  # time.monotonic() of the last retention that ran through
+        # Committed snapshots whose pending markers are still to delete: one request with the next retention, not
+        # one per snapshot (gc takes a marker whose manifest exists for finished).
+        self._finished_markers: list[str] = []
         self._thread = threading.Thread(target=self._run, name=f"ckpt-snapshots-{store.job}", daemon=True)
         self._thread.start()
 
@@ -116,14 +120,16 @@ class Snapshotter:
         result = create_snapshot(
             self.store, self.checkpoint, kind=job.kind, trigger=job.trigger, labels=self.labels,
             on_step=lambda step: self.fence() if step == "uploaded" else None, epoch=self._epoch(),
-            code_version=self.meta["code_version"], spark_version=self.meta["spark_version"],
+            code_version=self.meta["code_version"], spark_version=self.meta["spark_version"], keep_marker=True,
         )
+        self._finished_markers.append(result.manifest.snapshot_id)
         if job.kind is Kind.CHECKPOINT:
             self.last_checkpoint_batch = result.manifest.batch_id
         else:
             self.last_savepoint_batch = result.manifest.batch_id
         now = time.monotonic()
         if job.kind is Kind.SAVEPOINT or self._retained_at is None or now - self._retained_at >= RETENTION_INTERVAL_S:
+            self._drop_finished_markers()  # before retention may dispose their snapshots
             self.fence()
             try:
                 apply_retention(self.store, self.retention)
@@ -131,6 +137,11 @@ class Snapshotter:
             except CkptError as err:  # retention is retried after the next snapshot
                 log.warning("job %s: retention failed, will retry: %s", self.store.job, err)
         return result
+
+    def _drop_finished_markers(self) -> None:
+        """Delete the pending markers of the snapshots committed since the last time, in one request."""
+        if self._finished_markers and drop_markers(self.store, self._finished_markers):
+            self._finished_markers.clear()
 
     def _epoch(self) -> int | None:
         """The driver's lease epoch, which it passes as the ``epoch`` label (None outside a driver)."""
@@ -167,6 +178,8 @@ class Snapshotter:
             self._checkpoint_due = False
             self._cond.notify_all()
         self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self._drop_finished_markers()
         return dropped
 
     def _next(self) -> SnapshotJob | None:

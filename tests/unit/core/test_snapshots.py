@@ -110,6 +110,23 @@ def test_a_gc_that_deleted_objects_makes_the_next_snapshot_list_them_again_and_s
     assert verify_snapshot(store, again.manifest.snapshot_id).ok
 
 
+def test_the_first_writer_of_a_new_store_creates_its_generation_and_a_process_new_to_a_store_keeps_the_existing_one(
+        tmp_path: Path) -> None:
+    from airflow_ckpt_provider.core import snapshotwrite
+
+    new = JobStore(LocalStorage(tmp_path / "new"), "orders")
+    known_objects(new)
+    created = new.storage.read(GC_GENERATION)
+    assert b'"by": "writer"' in created
+    assert snapshotwrite._listed[new.url].generation == created
+
+    old = JobStore(LocalStorage(tmp_path / "old"), "orders")
+    old.storage.write(GC_GENERATION, b'{"token": "from-gc"}')
+    known_objects(old)  # first in this process: tries to create, finds gc's token and keeps it
+    assert old.storage.read(GC_GENERATION) == b'{"token": "from-gc"}'
+    assert snapshotwrite._listed[old.url].generation == b'{"token": "from-gc"}'
+
+
 def test_a_gc_that_deleted_nothing_keeps_the_generation_and_an_old_list_is_listed_again(tmp_path: Path) -> None:
     store = JobStore(LocalStorage(tmp_path / "store"), "orders")
     ckpt = make_checkpoint(tmp_path / "ckpt", 2)
@@ -189,6 +206,41 @@ def test_a_checkpoint_reads_the_lease_once_at_its_commit_point_and_a_savepoint_a
         assert steps == ["fence", "fence", "fence"]
     finally:
         snapshotter.close()
+
+
+def test_committed_checkpoints_markers_go_in_one_request_with_retention_and_gc_takes_them_for_finished(
+        tmp_path: Path) -> None:
+    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
+    deletes: list[list[str]] = []
+    original = store.storage.delete
+
+    def counted(keys: Any) -> None:
+        keys = list(keys)
+        if any(k.startswith("pending/") for k in keys):
+            deletes.append(keys)
+        original(keys)
+
+    store.storage.delete = counted  # type: ignore[method-assign]  # a test spy on one instance
+    snapshotter = Snapshotter(store, LocalStorage(ckpt), retention=RetentionPolicy(checkpoints_keep=5),
+                              fence=lambda: None, on_done=lambda _outcome: None)
+    try:
+        snapshotter.take(SnapshotJob(Kind.CHECKPOINT, Trigger.PERIODIC))  # the first retention: its marker goes
+        assert store.storage.list("pending/") == []
+        ids = []
+        for batch in (2, 3):  # within the retention interval: the markers stay, their snapshots committed
+            write_batch(ckpt, batch)
+            ids.append(snapshotter.take(SnapshotJob(Kind.CHECKPOINT, Trigger.PERIODIC)).manifest.snapshot_id)
+        assert [o.key for o in store.storage.list("pending/")] == [store.pending_key(i) for i in sorted(ids)]
+        assert collect_garbage(store).deferred is None  # gc takes them for finished, not for writers at work
+        assert store.storage.list("pending/") == []
+        write_batch(ckpt, 4)
+        last = snapshotter.take(SnapshotJob(Kind.CHECKPOINT, Trigger.PERIODIC)).manifest.snapshot_id
+    finally:
+        snapshotter.close()
+    assert store.storage.list("pending/") == []  # close() deleted the last one
+    # three requests: the first retention's, gc's (with its garbage), and close()'s for all three committed since
+    assert len(deletes) == 3 and deletes[-1] == [store.pending_key(i) for i in [*ids, last]]
 
 
 def test_a_fenced_driver_publishes_no_checkpoint(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ watches as the Airflow triggers see (a new savepoint, an unhealthy job, committe
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -126,5 +127,6 @@ def test_the_checks_fail_for_a_stale_heartbeat_an_old_batch_and_a_high_lag(store
     report(store, batch_at=time.time() - 300, data_waiting=True)
     fresh = check_results(ckpt, max_batch_age=60)["fresh"]
     assert fresh[0] is False
-    assert "job orders: expected a batch within 60 s while data waits, found the last one (batch 7) 300 s ago" \
-           in str(fresh[1])
+    # 300 s, or 301 s on a loaded machine where the check runs a second after the report
+    assert re.search(r"job orders: expected a batch within 60 s while data waits, found the last one \(batch 7\) "
+                     r"30[01] s ago", str(fresh[1]))
