@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -89,6 +90,7 @@ class Snapshotter:
         # Committed snapshots whose pending markers are still to delete: one request with the next retention, not
         # one per snapshot (gc takes a marker whose manifest exists for finished).
         self._finished_markers: list[str] = []
+        self._markers_lock = threading.Lock()  # the snapshot thread, and a stop's final savepoint on the caller's
         self._thread = threading.Thread(target=self._run, name=f"ckpt-snapshots-{store.job}", daemon=True)
         self._thread.start()
 
@@ -122,7 +124,8 @@ class Snapshotter:
             on_step=lambda step: self.fence() if step == "uploaded" else None, epoch=self._epoch(),
             code_version=self.meta["code_version"], spark_version=self.meta["spark_version"], keep_marker=True,
         )
-        self._finished_markers.append(result.manifest.snapshot_id)
+        with self._markers_lock:
+            self._finished_markers.append(result.manifest.snapshot_id)
         if job.kind is Kind.CHECKPOINT:
             self.last_checkpoint_batch = result.manifest.batch_id
         else:
@@ -140,8 +143,11 @@ class Snapshotter:
 
     def _drop_finished_markers(self) -> None:
         """Delete the pending markers of the snapshots committed since the last time, in one request."""
-        if self._finished_markers and drop_markers(self.store, self._finished_markers):
-            self._finished_markers.clear()
+        with self._markers_lock:
+            ids = list(self._finished_markers)
+        if ids and drop_markers(self.store, ids):
+            with self._markers_lock:
+                self._finished_markers = [i for i in self._finished_markers if i not in ids]
 
     def _epoch(self) -> int | None:
         """The driver's lease epoch, which it passes as the ``epoch`` label (None outside a driver)."""
@@ -222,10 +228,12 @@ class Snapshotter:
 
 def _lower_priority(nice: int) -> None:
     """Raise this thread's nice value by ``nice`` (lower its CPU priority); where threads have none, do nothing."""
+    if not sys.platform.startswith("linux"):  # elsewhere setpriority takes no thread id: it would name a process
+        return
     try:
         tid = threading.get_native_id()
         os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
-    except (AttributeError, OSError) as err:  # not Linux, or not allowed: snapshots run at the driver's priority
+    except OSError as err:  # not allowed: snapshots run at the driver's priority
         log.debug("snapshot thread keeps the driver's CPU priority: %s", err)
 
 

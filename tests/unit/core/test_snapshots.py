@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -292,3 +295,28 @@ def test_the_snapshotter_applies_retention_after_a_savepoint_and_after_checkpoin
         assert checkpoints() == 2
     finally:
         snapshotter.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+def test_the_snapshot_thread_and_the_threads_it_starts_run_at_a_lower_cpu_priority_than_the_driver() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from airflow_ckpt_provider.runtime.snapshotter import SNAPSHOT_NICE, _lower_priority
+
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    before = nice()
+    seen: list[int] = []
+
+    def snapshot_thread() -> None:
+        _lower_priority(SNAPSHOT_NICE)
+        seen.append(nice())
+        with ThreadPoolExecutor(1) as pool:  # an upload thread it starts
+            seen.append(pool.submit(nice).result())
+
+    thread = threading.Thread(target=snapshot_thread)
+    thread.start()
+    thread.join()
+    assert seen == [min(19, before + SNAPSHOT_NICE)] * 2
+    assert nice() == before  # the driver's own threads keep theirs
