@@ -29,7 +29,7 @@ from airflow_ckpt_provider.core.faults import crash_point
 from airflow_ckpt_provider.core.health import HealthCriteria
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec, UpgradeMode
-from airflow_ckpt_provider.core.snapshots import dispose_snapshot, latest_completed, list_snapshots
+from airflow_ckpt_provider.core.snapshots import latest_completed, list_snapshots
 from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.core.watches.base import wait_for
 from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
@@ -239,12 +239,8 @@ class JobUpgrade:
                                              "batch_id")}
 
     def _roll_back(self, plan: steps.UpgradePlan, step: steps.RollBack) -> steps.RolledBack:
-        if step.dispose:  # a restore strategy must not pick the new partitions up again (the newest savepoint)
-            try:
-                dispose_snapshot(self.store, step.dispose, force=True)
-            except CkptError as dispose_err:
-                log.warning("job %s: savepoint %s (the new partitions) was not disposed: %s", self.job, step.dispose,
-                            dispose_err)
+        if (disposed := steps.dispose_rescaled(self.store, step)) is not None:
+            self.say(f"5/5 {disposed[1]}")
         old = plan.old_deployment
         self.say(f"5/5 rolling back: starting {old.job_file} from {step.restore} (the old "
                  f"{'code' if plan.what == steps.UPGRADE else 'partitions'}): {step.why}")

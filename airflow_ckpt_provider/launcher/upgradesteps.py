@@ -31,7 +31,7 @@ from airflow_ckpt_provider.core.manifest import Kind, Manifest
 from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec, UpgradeMode
 from airflow_ckpt_provider.core.outcomes import CheckOutcome
 from airflow_ckpt_provider.core.rescaling import snapshot_problem, stopped_source
-from airflow_ckpt_provider.core.snapshots import latest_completed, list_snapshots
+from airflow_ckpt_provider.core.snapshots import dispose_snapshot, latest_completed, list_snapshots
 from airflow_ckpt_provider.core.status import JobState, JobStatus, read_status
 from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.launcher.deploy import submit_spec
@@ -476,6 +476,20 @@ _DECISIONS: dict[type, Callable[[UpgradePlan, Any], tuple[UpgradePlan, Step]]] =
 
 
 # -- observe ------------------------------------------------------------------------------------------------------
+
+
+def dispose_rescaled(store: JobStore, step: RollBack) -> tuple[bool, str] | None:
+    """The rollback's first act, for both drivers: dispose R (the state in the new partitions), so that no restore
+    strategy picks it up again (it is the newest savepoint). None if there is no R; else whether it went and what
+    to say. A failure is said, not raised: the rollback goes on."""
+    if not step.dispose:
+        return None
+    try:
+        dispose_snapshot(store, step.dispose, force=True)
+    except CkptError as err:
+        return False, (f"savepoint {step.dispose} (the new partitions) was not disposed: {err}; dispose it with "
+                       "`ckpt snapshot dispose`")
+    return True, f"disposed savepoint {step.dispose} (the state in the new partitions)"
 
 
 def observe_running(store: JobStore) -> Running:

@@ -22,6 +22,7 @@ that one, and a rollback goes back to the savepoint of step 2 with the old parti
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -35,7 +36,7 @@ from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreS
 from airflow_ckpt_provider.core.outcomes import CHECK_EVENTS, CheckOutcome
 from airflow_ckpt_provider.core.rescaling import parse_partitions
 from airflow_ckpt_provider.core.restorechecks import OUTCOME_GRACE
-from airflow_ckpt_provider.core.snapshots import dispose_snapshot, latest_completed, list_snapshots
+from airflow_ckpt_provider.core.snapshots import latest_completed, list_snapshots
 from airflow_ckpt_provider.launcher import upgradesteps as steps
 from airflow_ckpt_provider.launcher.deploy import log_tail
 from airflow_ckpt_provider.launcher.restorecheck import start_check
@@ -263,14 +264,9 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
 
     def _roll_back(self, context: Context, plan: steps.UpgradePlan, step: steps.RollBack) -> Any:
         store = self.job_store()
-        if step.dispose:
-            try:
-                dispose_snapshot(store, step.dispose, force=True)
-                self.log.info("%s of job %s: disposed savepoint %s (the state in %s partitions)", self._what,
-                              self.job, step.dispose, plan.partitions)
-            except CkptError as err:
-                self.log.warning("%s of job %s: savepoint %s (the new partitions) was not disposed: %s; dispose it "
-                                 "with `ckpt snapshot dispose`", self._what, self.job, step.dispose, err)
+        if (disposed := steps.dispose_rescaled(store, step)) is not None:
+            self.log.log(logging.INFO if disposed[0] else logging.WARNING, "%s of job %s: %s", self._what, self.job,
+                         disposed[1])
         old = plan.old_deployment
         self._step(5, "rolling back to %s (code %s) from %s", old.job_file, old.code_version or "-", step.restore)
         record = self._launch(store, old, step.restore)

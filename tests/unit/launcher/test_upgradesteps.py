@@ -261,3 +261,25 @@ def test_a_plan_without_a_deployment_is_refused_not_defaulted(key: str, value: o
         body[key] = value
     with pytest.raises(ConfigError, match="expected the old and new deployments and the job, found keys"):
         UpgradePlan.from_dict(body)
+
+
+def test_a_rollback_disposes_the_rescaled_savepoint_and_says_so_or_says_why_not(tmp_path: Any) -> None:
+    from airflow_ckpt_provider.core.jobstore import JobStore
+    from airflow_ckpt_provider.core.manifest import Kind
+    from airflow_ckpt_provider.core.snapshots import create_snapshot, list_snapshots
+    from airflow_ckpt_provider.core.storage import LocalStorage
+    from airflow_ckpt_provider.launcher.upgradesteps import RollBack, dispose_rescaled
+    from tests.support.ckptfactory import make_checkpoint
+
+    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
+    ckpt = LocalStorage(make_checkpoint(tmp_path / "ckpt", 2))
+    source = create_snapshot(store, ckpt, kind=Kind.SAVEPOINT).manifest.snapshot_id
+    rescaled = create_snapshot(store, ckpt, kind=Kind.SAVEPOINT).manifest.snapshot_id
+    restore = RestoreSpec(RestoreMode.SNAPSHOT, source)
+    assert dispose_rescaled(store, RollBack("verify failed", None, restore)) is None  # an upgrade: no R
+    assert dispose_rescaled(store, RollBack("verify failed", rescaled, restore)) == (
+        True, f"disposed savepoint {rescaled} (the state in the new partitions)")
+    assert [m.snapshot_id for m in list_snapshots(store)] == [source]
+    ok, said = dispose_rescaled(store, RollBack("verify failed", rescaled, restore))  # gone already: said, not raised
+    assert not ok and said.startswith(f"savepoint {rescaled} (the new partitions) was not disposed: ")
+    assert said.endswith("dispose it with `ckpt snapshot dispose`")
