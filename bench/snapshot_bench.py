@@ -326,14 +326,13 @@ def run_batch(spark: SparkSession, input_dir: Path, checkpoint: Path, expected_r
 
 
 def plain_client(s3: EmbeddedS3, concurrency: int) -> S3Client:
-    """A boto3 client configured like the engine's (same pool size, timeouts and checksum setting: no CRC32 of
-    every body, core/s3.make_client), without its wrappers."""
+    """A boto3 client configured like the engine's (core/s3.client_config: pool size, timeouts, checksum setting),
+    without its wrappers."""
     import boto3
-    from botocore.config import Config
 
-    config = Config(connect_timeout=5.0, read_timeout=60.0, retries={"max_attempts": 2, "mode": "standard"},
-                    max_pool_connections=max(10, concurrency * 2), request_checksum_calculation="when_required",
-                    response_checksum_validation="when_required")
+    from airflow_ckpt_provider.core.s3 import client_config
+
+    config = client_config(concurrency, connect_timeout=5.0, read_timeout=60.0)
     return boto3.session.Session().client(
         "s3", endpoint_url=s3.endpoint_url, region_name=s3.region,
         aws_access_key_id=s3.access_key, aws_secret_access_key=s3.secret_key, config=config,

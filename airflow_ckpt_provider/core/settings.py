@@ -246,6 +246,10 @@ class RuntimeSettings(Settings):
         300.0, kind=SECONDS, metavar="S",
         help="seconds between the driver's OpenLineage RUNNING events, sent only when its environment configures "
         "OpenLineage (default 300; 0 for none)")
+    snapshot_nice: int = setting(
+        10, kind=COUNT, metavar="N",
+        help="how much lower the CPU priority of the driver's snapshot thread is (a nice value added, Linux; 0: the "
+        "driver's own; at most 19; default 10): snapshots use the CPU batches leave idle")
     time_travel: TimeTravel = setting(
         TimeTravel.FORK, kind=mode(TimeTravel), metavar="{fork,refuse}",
         help="a restore of a snapshot older than the job's latest batch: fork (default: restore, the exactly-once "
@@ -257,6 +261,9 @@ class RuntimeSettings(Settings):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"{name} must be >= 0 seconds or unset, found {value}")
+        if not 0 <= self.snapshot_nice <= 19:
+            raise ConfigError(f"snapshot_nice must be a nice value from 0 (the driver's priority) to 19 (the lowest), "
+                              f"found {self.snapshot_nice}")
         if self.lineage_interval < 0:
             raise ConfigError(f"lineage_interval must be >= 0 seconds (0 for no lineage events), found "
                               f"{self.lineage_interval}")

@@ -297,10 +297,17 @@ def dispose_snapshot(store: JobStore, snapshot_id: str, *, force: bool = False) 
                 f"snapshot {snapshot_id} is the newest completed savepoint of job {store.job}; it is "
                 "kept as the last safe restore point. Take a newer savepoint first, or pass force"
             )
-    store.storage.delete([store.manifest_key(snapshot_id)])
+    store.storage.delete(_disposal_keys(store, snapshot_id))
     log.info("job %s snapshot %s: disposed (%s, batch %d)", store.job, snapshot_id, manifest.kind.value,
              manifest.batch_id)
     return manifest
+
+
+def _disposal_keys(store: JobStore, snapshot_id: str) -> list[str]:
+    """The manifest, and the snapshot's pending marker if its writer left it (a driver deletes its committed
+    snapshots' markers in batches): without its manifest a marker would look like a writer at work and make gc
+    defer. A snapshot with a manifest is written, so its marker protects nothing."""
+    return [store.manifest_key(snapshot_id), store.pending_key(snapshot_id)]
 
 
 def pending_markers(store: JobStore) -> list[PendingMarker]:
@@ -319,7 +326,7 @@ def apply_retention(
             done.append(d)
             continue
         try:
-            store.storage.delete([store.manifest_key(d.snapshot_id)])
+            store.storage.delete(_disposal_keys(store, d.snapshot_id))
         except StorageError as err:
             log.warning("job %s snapshot %s: disposal failed, will retry: %s", store.job, d.snapshot_id, err)
             continue

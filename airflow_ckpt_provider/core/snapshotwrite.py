@@ -187,7 +187,7 @@ def _store_one(
             assert local is not None
             store.storage.upload(local, key, callback=progress.add_bytes)
         else:
-            store.storage.write(key, data)
+            store.storage.write_object(key, data, digest)
             progress.add_bytes(size)
         progress.file_done()
     return ManifestFile(f.path, size, digest)
@@ -262,20 +262,26 @@ def write_snapshot(
 
 def drop_marker(store: JobStore, snapshot_id: str) -> None:
     """Best effort: a marker left behind only delays gc; it must not hide the snapshot's outcome."""
-    drop_markers(store, [snapshot_id])
+    try:
+        store.storage.delete([store.pending_key(snapshot_id)])
+    except StorageError as err:
+        log.warning("job %s snapshot %s: could not delete its pending marker %s (%s); gc clears it once this "
+                    "writer is provably gone, or now with `ckpt snapshot gc --clear-pending %s`", store.job,
+                    snapshot_id, store.storage.uri(store.pending_key(snapshot_id)), err, snapshot_id)
 
 
-def drop_markers(store: JobStore, snapshot_ids: list[str]) -> bool:
-    """Delete these snapshots' pending markers in one request; best effort (False, with a warning, if it failed)."""
+def drop_committed_markers(store: JobStore, snapshot_ids: list[str]) -> bool:
+    """Delete the pending markers of these committed snapshots in one request; False (with a warning) if it failed.
+
+    Nothing depends on it: gc takes a marker whose manifest exists for finished and deletes it, and disposing a
+    snapshot deletes its marker with its manifest."""
     try:
         store.storage.delete([store.pending_key(i) for i in snapshot_ids])
     except StorageError as err:
-        first = snapshot_ids[0]
-        log.warning("job %s snapshot %s%s: could not delete the pending marker %s (%s); gc clears it once its "
-                    "snapshot is committed or its writer provably gone, or now with `ckpt snapshot gc "
-                    "--clear-pending %s`", store.job, first,
-                    f" and {len(snapshot_ids) - 1} more" if len(snapshot_ids) > 1 else "",
-                    store.storage.uri(store.pending_key(first)), err, first)
+        log.warning("job %s: could not delete the pending markers of %d committed snapshots under %s (%s): %s; "
+                    "retried with the next retention; gc removes them itself, since their snapshots are committed",
+                    store.job, len(snapshot_ids), store.storage.uri("pending/"), ", ".join(snapshot_ids[:5])
+                    + (f" and {len(snapshot_ids) - 5} more" if len(snapshot_ids) > 5 else ""), err)
         return False
     return True
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.errors import ConfigError, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,11 @@ class Storage(ABC):
     def write(self, key: str, data: bytes) -> None:
         """Create or replace the object atomically (readers see the old or the new bytes)."""
 
+    def write_object(self, key: str, data: bytes, sha256: str) -> None:
+        """``write`` for content-addressed bytes whose SHA-256 (hex) is known: a store that can check it on arrival
+        (S3's x-amz-checksum-sha256) refuses a body corrupted on the way, before any snapshot can reuse it."""
+        self.write(key, data)
+
     @abstractmethod
     def create(self, key: str, data: bytes) -> bool:
         """Create the object only if absent, atomically; True if created, False if it existed."""
@@ -180,6 +185,10 @@ class LocalStorage(Storage):
                 entries = list(os.scandir(directory))
             except (FileNotFoundError, NotADirectoryError):  # deleted while we walked
                 continue
+            except PermissionError as err:  # a listing that skipped it would miss files (a snapshot, a restore)
+                raise StorageError(f"cannot list {directory}: expected a directory this process (uid {os.getuid()}) "
+                                   f"can read, found {err.strerror}; make it readable (the Spark driver's user "
+                                   "writes the checkpoint) and try again") from err
             for entry in entries:
                 key = key_prefix + entry.name
                 try:

@@ -480,15 +480,18 @@ _DECISIONS: dict[type, Callable[[UpgradePlan, Any], tuple[UpgradePlan, Step]]] =
 
 def dispose_rescaled(store: JobStore, step: RollBack) -> tuple[bool, str] | None:
     """The rollback's first act, for both drivers: dispose R (the state in the new partitions), so that no restore
-    strategy picks it up again (it is the newest savepoint). None if there is no R; else whether it went and what
+    strategy picks it up again (it is the newest savepoint). None if there is no R; else whether it is gone and what
     to say. A failure is said, not raised: the rollback goes on."""
     if not step.dispose:
         return None
+    if store.storage.stat(store.manifest_key(step.dispose)) is None:  # a retried rollback disposed it already
+        return True, f"savepoint {step.dispose} (the new partitions) is already disposed"
     try:
         dispose_snapshot(store, step.dispose, force=True)
     except CkptError as err:
         return False, (f"savepoint {step.dispose} (the new partitions) was not disposed: {err}; dispose it with "
-                       "`ckpt snapshot dispose`")
+                       f"`ckpt snapshot dispose --store {store.root.url} --job {store.job} "
+                       f"{step.dispose} --force` before restarting the job from its latest savepoint")
     return True, f"disposed savepoint {step.dispose} (the state in the new partitions)"
 
 

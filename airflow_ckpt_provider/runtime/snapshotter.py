@@ -22,7 +22,7 @@ from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.outage import Outage
 from airflow_ckpt_provider.core.retention import RetentionPolicy
 from airflow_ckpt_provider.core.snapshots import SnapshotResult, apply_retention, create_snapshot
-from airflow_ckpt_provider.core.snapshotwrite import drop_markers
+from airflow_ckpt_provider.core.snapshotwrite import drop_committed_markers
 from airflow_ckpt_provider.core.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -49,9 +49,14 @@ class SnapshotOutcome:
 #: snapshot's 9 requests). Meanwhile up to this many seconds' worth of checkpoints more than keep_checkpoints stay.
 RETENTION_INTERVAL_S = 10.0
 
-#: The snapshot thread's nice value (Linux: per thread; the upload threads it starts inherit it). A snapshot then
-#: takes the CPU the batches leave idle instead of slowing the next batch on a busy driver host; it may take
-#: longer, and checkpoint requests coalesce meanwhile. The final savepoint of a stop runs on the caller's thread.
+#: Committed snapshots' markers kept for deletion at most (a store refusing deletes must not grow the list forever).
+MARKERS_MAX = 10_000
+
+#: The snapshot thread's default nice value (the job setting ``snapshot_nice``; Linux: per thread, and the upload
+#: threads it starts inherit it). A snapshot then takes the CPU the batches leave idle instead of slowing the next
+#: batch on a busy driver host; it may take longer, and checkpoint requests coalesce meanwhile. The cost: while
+#: this thread holds the GIL and waits for a core, the driver's other Python threads (foreachBatch) wait too
+#: (0 turns it off). The final savepoint of a stop runs on the caller's thread, at the driver's priority.
 SNAPSHOT_NICE = 10
 
 
@@ -70,6 +75,7 @@ class Snapshotter:
         spark_version: str | None = None,
         labels: dict[str, str] | None = None,
         outage: Outage | None = None,
+        nice: int = SNAPSHOT_NICE,
     ) -> None:
         self.store = store
         self.outage = outage  # the job store's: a snapshot that failed for an outage is one of its failures
@@ -79,6 +85,7 @@ class Snapshotter:
         self.on_done = on_done
         self.meta = {"code_version": code_version, "spark_version": spark_version}
         self.labels = labels or {}
+        self.nice = nice
         self._cond = threading.Condition()
         self._savepoints: deque[SnapshotJob] = deque()
         self._checkpoint_due = False
@@ -126,6 +133,7 @@ class Snapshotter:
         )
         with self._markers_lock:
             self._finished_markers.append(result.manifest.snapshot_id)
+            del self._finished_markers[:-MARKERS_MAX]  # while deletes fail: gc and disposal take what is let go
         if job.kind is Kind.CHECKPOINT:
             self.last_checkpoint_batch = result.manifest.batch_id
         else:
@@ -145,7 +153,7 @@ class Snapshotter:
         """Delete the pending markers of the snapshots committed since the last time, in one request."""
         with self._markers_lock:
             ids = list(self._finished_markers)
-        if ids and drop_markers(self.store, ids):
+        if ids and drop_committed_markers(self.store, ids):
             with self._markers_lock:
                 self._finished_markers = [i for i in self._finished_markers if i not in ids]
 
@@ -205,7 +213,8 @@ class Snapshotter:
         return self.outage is not None and self.outage.down
 
     def _run(self) -> None:
-        _lower_priority(SNAPSHOT_NICE)
+        if self.nice:
+            _lower_priority(self.nice)
         while (job := self._next()) is not None:
             if job.kind is Kind.CHECKPOINT and (self._store_down() or not self._new_batch_completed()):
                 continue  # during a store outage the next batch after it asks again

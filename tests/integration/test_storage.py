@@ -82,6 +82,18 @@ def test_create_recognizes_its_own_earlier_attempt(s3_root: Storage) -> None:
     assert s3_root.create("job/snapshots/x/manifest.json", b"someone else's bytes") is False
 
 
+def test_s3_refuses_a_content_addressed_body_that_does_not_match_its_sha256(s3_root: Storage) -> None:
+    """Snapshot objects travel with their SHA-256: a body corrupted on the way never lands under its name."""
+    import hashlib
+
+    body = b"state file" * 100
+    s3_root.write_object("job/objects/ok", body, hashlib.sha256(body).hexdigest())
+    assert s3_root.read("job/objects/ok") == body
+    with pytest.raises(StorageError, match="BadDigest"):
+        s3_root.write_object("job/objects/bad", body, hashlib.sha256(b"what was hashed").hexdigest())
+    assert s3_root.stat("job/objects/bad") is None
+
+
 def test_endpoint_without_scheme_is_refused_clearly() -> None:
     from airflow_ckpt_provider.core.errors import ConfigError
 

@@ -65,6 +65,8 @@ def test_values_are_parsed_on_construction_whatever_their_source() -> None:
     ({"restart_strategy": "fixed-delay", "restart_interval": 5}, "--restart-interval applies to failure-rate only"),
     ({"poll_interval": 2.0}, r"fence_grace \(3.0 s\) must be at least twice poll_interval \(2.0 s\)"),
     ({"keep_savepoints": -1}, "keep_savepoints must be >= 0 or unset, found -1"),
+    ({"snapshot_nice": 20},
+     r"snapshot_nice must be a nice value from 0 \(the driver's priority\) to 19 \(the lowest\), found 20"),
 ])
 def test_bad_values_are_refused_naming_the_setting(values: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):

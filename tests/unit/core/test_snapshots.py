@@ -18,6 +18,7 @@ from airflow_ckpt_provider.core.jobstore import GC_GENERATION, OBJECTS, JobStore
 from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.retention import RetentionPolicy
 from airflow_ckpt_provider.core.snapshots import (
+    apply_retention,
     create_snapshot,
     dispose_snapshot,
     forget_manifests,
@@ -113,19 +114,38 @@ def test_a_gc_that_deleted_objects_makes_the_next_snapshot_list_them_again_and_s
     assert verify_snapshot(store, again.manifest.snapshot_id).ok
 
 
-def test_the_first_writer_of_a_new_store_creates_its_generation_and_a_process_new_to_a_store_keeps_the_existing_one(
+def test_the_first_writer_of_a_new_store_creates_its_generation_in_one_request_and_keeps_an_existing_one(
         tmp_path: Path) -> None:
     from airflow_ckpt_provider.core import snapshotwrite
 
+    def spy(store: JobStore) -> list[str]:
+        calls: list[str] = []
+        for name in ("read", "create"):
+            original = getattr(store.storage, name)
+
+            def counted(key: str, *args: Any, _original: Any = original, _name: str = name) -> Any:
+                if key == GC_GENERATION:
+                    calls.append(_name)
+                return _original(key, *args)
+
+            setattr(store.storage, name, counted)
+        return calls
+
     new = JobStore(LocalStorage(tmp_path / "new"), "orders")
+    calls = spy(new)
     known_objects(new)
     created = new.storage.read(GC_GENERATION)
+    assert calls == ["create", "read"]  # one request for the snapshot (the read is this test's)
     assert b'"by": "writer"' in created
     assert snapshotwrite._listed[new.url].generation == created
 
     old = JobStore(LocalStorage(tmp_path / "old"), "orders")
     old.storage.write(GC_GENERATION, b'{"token": "from-gc"}')
+    calls = spy(old)
     known_objects(old)  # first in this process: tries to create, finds gc's token and keeps it
+    assert calls == ["create", "read"]
+    known_objects(old)  # later snapshots read it: one request
+    assert calls == ["create", "read", "read"]
     assert old.storage.read(GC_GENERATION) == b'{"token": "from-gc"}'
     assert snapshotwrite._listed[old.url].generation == b'{"token": "from-gc"}'
 
@@ -191,7 +211,10 @@ def test_a_disposed_manifest_leaves_the_process_cache_at_the_next_listing(tmp_pa
 
 
 def test_a_checkpoint_reads_the_lease_once_at_its_commit_point_and_a_savepoint_also_before_uploading(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_ckpt_provider.runtime import snapshotter as snapshotter_module
+
+    monkeypatch.setattr(snapshotter_module, "RETENTION_INTERVAL_S", 3600.0)  # no retention by the clock
     store = JobStore(LocalStorage(tmp_path / "store"), "orders")
     ckpt = make_checkpoint(tmp_path / "ckpt", 2)
     steps: list[str] = []
@@ -212,7 +235,10 @@ def test_a_checkpoint_reads_the_lease_once_at_its_commit_point_and_a_savepoint_a
 
 
 def test_committed_checkpoints_markers_go_in_one_request_with_retention_and_gc_takes_them_for_finished(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_ckpt_provider.runtime import snapshotter as snapshotter_module
+
+    monkeypatch.setattr(snapshotter_module, "RETENTION_INTERVAL_S", 3600.0)  # no retention by the clock
     store = JobStore(LocalStorage(tmp_path / "store"), "orders")
     ckpt = make_checkpoint(tmp_path / "ckpt", 2)
     deletes: list[list[str]] = []
@@ -244,6 +270,26 @@ def test_committed_checkpoints_markers_go_in_one_request_with_retention_and_gc_t
     assert store.storage.list("pending/") == []  # close() deleted the last one
     # three requests: the first retention's, gc's (with its garbage), and close()'s for all three committed since
     assert len(deletes) == 3 and deletes[-1] == [store.pending_key(i) for i in [*ids, last]]
+
+
+def test_disposing_a_snapshot_takes_its_leftover_marker_so_gc_never_mistakes_it_for_a_writer_at_work(
+        tmp_path: Path) -> None:
+    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
+    ckpt = LocalStorage(make_checkpoint(tmp_path / "ckpt", 2))
+    # markers a killed driver left behind: snapshots committed, their markers not yet deleted in a batch
+    first = create_snapshot(store, ckpt, kind=Kind.CHECKPOINT, keep_marker=True).manifest.snapshot_id
+    write_batch(tmp_path / "ckpt", 2)
+    second = create_snapshot(store, ckpt, kind=Kind.CHECKPOINT, keep_marker=True).manifest.snapshot_id
+    write_batch(tmp_path / "ckpt", 3)
+    third = create_snapshot(store, ckpt, kind=Kind.SAVEPOINT, keep_marker=True).manifest.snapshot_id
+    assert len(store.storage.list("pending/")) == 3
+    apply_retention(store, RetentionPolicy(checkpoints_keep=1))  # disposes the first checkpoint
+    dispose_snapshot(store, third, force=True)
+    assert [o.key for o in store.storage.list("pending/")] == [store.pending_key(second)]
+    result = collect_garbage(store, min_age_s=0)
+    assert result.deferred is None and result.deleted_objects > 0
+    assert store.storage.list("pending/") == []
+    assert [m.snapshot_id for m in list_snapshots(store)] == [second] and first != second
 
 
 def test_a_fenced_driver_publishes_no_checkpoint(tmp_path: Path) -> None:
@@ -298,25 +344,33 @@ def test_the_snapshotter_applies_retention_after_a_savepoint_and_after_checkpoin
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
-def test_the_snapshot_thread_and_the_threads_it_starts_run_at_a_lower_cpu_priority_than_the_driver() -> None:
+@pytest.mark.parametrize("lower", [10, 0])  # the default snapshot_nice, and 0: the driver's own priority
+def test_the_snapshot_thread_and_the_threads_it_starts_run_at_a_lower_cpu_priority_than_the_driver(
+        tmp_path: Path, lower: int) -> None:
     from concurrent.futures import ThreadPoolExecutor
-
-    from airflow_ckpt_provider.runtime.snapshotter import SNAPSHOT_NICE, _lower_priority
 
     def nice() -> int:
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
     before = nice()
     seen: list[int] = []
+    done = threading.Event()
 
-    def snapshot_thread() -> None:
-        _lower_priority(SNAPSHOT_NICE)
+    def on_done(outcome: Any) -> None:  # called on the snapshot thread, after the snapshot
+        assert outcome.error is None
         seen.append(nice())
-        with ThreadPoolExecutor(1) as pool:  # an upload thread it starts
+        with ThreadPoolExecutor(1) as pool:  # a thread it starts, as the uploads' are
             seen.append(pool.submit(nice).result())
+        done.set()
 
-    thread = threading.Thread(target=snapshot_thread)
-    thread.start()
-    thread.join()
-    assert seen == [min(19, before + SNAPSHOT_NICE)] * 2
+    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
+    snapshotter = Snapshotter(store, LocalStorage(make_checkpoint(tmp_path / "ckpt", 2)),
+                              retention=RetentionPolicy(checkpoints_keep=5), fence=lambda: None, on_done=on_done,
+                              nice=lower)
+    try:
+        snapshotter.checkpoint_now()
+        assert done.wait(30), "no checkpoint snapshot within 30 s"
+    finally:
+        snapshotter.close()
+    assert seen == [min(19, before + lower)] * 2
     assert nice() == before  # the driver's own threads keep theirs

@@ -1,10 +1,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.errors import ConfigError, StorageError
 from airflow_ckpt_provider.core.storage import LocalStorage, join, open_storage
 
 
@@ -36,6 +37,26 @@ def test_list_skips_temp_files_and_does_not_follow_a_link_to_a_directory(tmp_pat
     (tmp_path / "root" / "state" / "link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
     assert [(o.key, o.size) for o in s.list()] == [("state/0/1.delta", 1)]
     assert [o.key for o in s.list("state/0/")] == ["state/0/1.delta"]
+
+
+def test_list_refuses_an_unreadable_directory_instead_of_missing_its_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    s = LocalStorage(tmp_path / "root")
+    s.write("state/0/1.delta", b"1")
+    unreadable = str(tmp_path / "root" / "state" / "0")
+    scandir = os.scandir
+
+    def refusing(path: str) -> Any:  # what a directory of another user with mode 700 gives (tests run as root)
+        if path == unreadable:
+            raise PermissionError(13, "Permission denied", path)
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refusing)
+    with pytest.raises(StorageError, match=r"cannot list .*/state/0: expected a directory this process \(uid \d+\) "
+                                           r"can read, found Permission denied; make it readable"):
+        s.list()
 
 
 def test_delete_prunes_empty_dirs_and_ignores_missing(tmp_path: Path) -> None:

@@ -280,6 +280,10 @@ def test_a_rollback_disposes_the_rescaled_savepoint_and_says_so_or_says_why_not(
     assert dispose_rescaled(store, RollBack("verify failed", rescaled, restore)) == (
         True, f"disposed savepoint {rescaled} (the state in the new partitions)")
     assert [m.snapshot_id for m in list_snapshots(store)] == [source]
-    ok, said = dispose_rescaled(store, RollBack("verify failed", rescaled, restore))  # gone already: said, not raised
-    assert not ok and said.startswith(f"savepoint {rescaled} (the new partitions) was not disposed: ")
-    assert said.endswith("dispose it with `ckpt snapshot dispose`")
+    assert dispose_rescaled(store, RollBack("verify failed", rescaled, restore)) == (  # a retried rollback
+        True, f"savepoint {rescaled} (the new partitions) is already disposed")
+    (tmp_path / "store" / "orders" / "snapshots" / source / "manifest.json").write_text("not json")
+    ok, said = dispose_rescaled(store, RollBack("verify failed", source, restore))  # cannot: said, not raised
+    assert not ok and said.startswith(f"savepoint {source} (the new partitions) was not disposed: ")
+    assert said.endswith(f"dispose it with `ckpt snapshot dispose --store {store.root.url} --job orders {source} "
+                         "--force` before restarting the job from its latest savepoint")
