@@ -154,8 +154,9 @@ class Snapshotter:
         with self._markers_lock:
             ids = list(self._finished_markers)
         if ids and drop_committed_markers(self.store, ids):
+            gone = set(ids)
             with self._markers_lock:
-                self._finished_markers = [i for i in self._finished_markers if i not in ids]
+                self._finished_markers = [i for i in self._finished_markers if i not in gone]
 
     def _epoch(self) -> int | None:
         """The driver's lease epoch, which it passes as the ``epoch`` label (None outside a driver)."""
