@@ -52,16 +52,16 @@ RETENTION_INTERVAL_S = 10.0
 #: Committed snapshots' markers kept for deletion at most (a store refusing deletes must not grow the list forever).
 MARKERS_MAX = 10_000
 
-#: The snapshot thread's default nice value (the job setting ``snapshot_nice``; Linux: per thread, and the upload
-#: threads it starts inherit it). A snapshot then takes the CPU the batches leave idle instead of slowing the next
-#: batch on a busy driver host; it may take longer, and checkpoint requests coalesce meanwhile. The cost: while
-#: this thread holds the GIL and waits for a core, the driver's other Python threads (foreachBatch) wait too
-#: (0 turns it off). The final savepoint of a stop runs on the caller's thread, at the driver's priority.
-SNAPSHOT_NICE = 10
-
 
 class Snapshotter:
-    """Takes snapshots of ``checkpoint`` into ``store`` on its own thread."""
+    """Takes snapshots of ``checkpoint`` into ``store`` on its own thread.
+
+    ``nice`` lowers that thread's CPU priority (the driver passes the job setting ``snapshot_nice``; Linux: per
+    thread, and the upload threads it starts inherit it): a snapshot then takes the CPU the batches leave idle
+    instead of slowing the next batch on a busy driver host; it may take longer, and checkpoint requests coalesce
+    meanwhile. The cost: while this thread holds the GIL and waits for a core, the driver's other Python threads
+    (foreachBatch) wait too. The final savepoint of a stop runs on the caller's thread, at the driver's priority.
+    """
 
     def __init__(
         self,
@@ -75,7 +75,7 @@ class Snapshotter:
         spark_version: str | None = None,
         labels: dict[str, str] | None = None,
         outage: Outage | None = None,
-        nice: int = SNAPSHOT_NICE,
+        nice: int = 0,
     ) -> None:
         self.store = store
         self.outage = outage  # the job store's: a snapshot that failed for an outage is one of its failures
