@@ -2,8 +2,11 @@
 
 Protocol (the writer's half: core/snapshotwrite.py): gc creates ``locks/gc.json`` with a
 conditional create, then looks for pending snapshot markers; if one is fresh it releases the lock
-and defers. A writer writes its pending marker first and then waits while the lock exists. Either
+and defers. A writer writes its pending marker and then waits while the lock exists. Either
 gc sees the writer or the writer sees gc, so an object a new snapshot reuses is never deleted under it.
+Since a writer uploads while it does so, gc also keeps a generation token (core/generation.py), held while gc is
+at work and new before and after it deletes objects: a writer that reads the same token, not held, before its
+uploads and after its handshake knows no deletion overlapped them.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError, SnapshotError, StorageError
+from airflow_ckpt_provider.core.generation import Generation, read_generation, write_generation
 from airflow_ckpt_provider.core.jobstore import GC_GENERATION, GC_LOCK, LEASE, OBJECTS, JobStore
 from airflow_ckpt_provider.core.lease import LeaseRecord, pid_alive, read_lease
 from airflow_ckpt_provider.core.pending import PendingMarker, human_age, writer_gone
@@ -84,40 +88,80 @@ def collect_garbage(
     if now is None:
         return GcResult(0, 0, 0, deferred=f"another gc holds {store.storage.uri(GC_LOCK)}")
     try:
-        pending = pending_markers(store)
-        _check_clear_requests(store, pending, clear_pending)
+        if dry_run:
+            return _collect(store, now, min_age_s, clear_pending, None)
+        held = _Held(store)  # before the pending markers are listed
         try:
-            manifests = list_snapshots(store, strict=True)
-        except SnapshotError as err:
-            return GcResult(0, 0, 0, deferred=f"a manifest cannot be read, so its objects cannot be told apart: {err}")
-        done = {m.snapshot_id for m in manifests}
-        lease = _lease(store) if any(m.snapshot_id not in done for m in pending) else (None, None)
-        finished = []
-        for marker in pending:
-            gone = None if marker.snapshot_id in done else _gone(store, marker, now, lease, clear_pending)
-            if marker.snapshot_id not in done and gone is None:
-                return GcResult(0, 0, 0, deferred=_still_written(store, marker, now))
-            if gone is not None:
-                log.log(logging.WARNING if marker.snapshot_id in clear_pending else logging.INFO,
-                        "job %s snapshot %s: %s the pending marker of %s: %s", store.job, marker.snapshot_id,
-                        "would clear" if dry_run else "clearing", marker.owner(), gone)
-            finished.append(store.pending_key(marker.snapshot_id))
-        referenced = {store.object_key(f.sha256) for m in manifests for f in m.files}
-        objects = store.storage.list(OBJECTS)
-        garbage = [o for o in objects if o.key not in referenced and now - o.mtime >= min_age_s]
-        if not dry_run:
-            if garbage:  # before any object goes: writers then list the objects again (core/snapshotwrite.py)
-                store.storage.write(GC_GENERATION, json.dumps({"token": secrets.token_hex(8), "at": now}).encode())
-            store.storage.delete([o.key for o in garbage] + finished)
-        result = GcResult(len(garbage), sum(o.size for o in garbage), len(objects) - len(garbage))
-        log.info(
-            "job %s: gc %s %d unreferenced objects (%d bytes), kept %d referenced or recent",
-            store.job, "would delete" if dry_run else "deleted", result.deleted_objects,
-            result.deleted_bytes, result.kept_objects,
-        )
-        return result
+            return _collect(store, now, min_age_s, clear_pending, held)
+        finally:
+            held.release()
     finally:
         _release_lock(store, body)
+
+
+def _collect(store: JobStore, now: float, min_age_s: float, clear_pending: Collection[str],
+             held: _Held | None) -> GcResult:
+    """gc's work under its lock; ``held`` None: a dry run."""
+    dry_run = held is None
+    pending = pending_markers(store)
+    _check_clear_requests(store, pending, clear_pending)
+    try:
+        manifests = list_snapshots(store, strict=True)
+    except SnapshotError as err:
+        return GcResult(0, 0, 0, deferred=f"a manifest cannot be read, so its objects cannot be told apart: {err}")
+    done = {m.snapshot_id for m in manifests}
+    lease = _lease(store) if any(m.snapshot_id not in done for m in pending) else (None, None)
+    finished = []
+    for marker in pending:
+        gone = None if marker.snapshot_id in done else _gone(store, marker, now, lease, clear_pending)
+        if marker.snapshot_id not in done and gone is None:
+            return GcResult(0, 0, 0, deferred=_still_written(store, marker, now))
+        if gone is not None:
+            log.log(logging.WARNING if marker.snapshot_id in clear_pending else logging.INFO,
+                    "job %s snapshot %s: %s the pending marker of %s: %s", store.job, marker.snapshot_id,
+                    "would clear" if dry_run else "clearing", marker.owner(), gone)
+        finished.append(store.pending_key(marker.snapshot_id))
+    referenced = {store.object_key(f.sha256) for m in manifests for f in m.files}
+    objects = store.storage.list(OBJECTS)
+    garbage = [o for o in objects if o.key not in referenced and now - o.mtime >= min_age_s]
+    if held is not None:
+        if garbage:
+            held.deleting()
+            store.storage.delete([o.key for o in garbage])
+        store.storage.delete(finished)
+    result = GcResult(len(garbage), sum(o.size for o in garbage), len(objects) - len(garbage))
+    log.info(
+        "job %s: gc %s %d unreferenced objects (%d bytes), kept %d referenced or recent",
+        store.job, "would delete" if dry_run else "deleted", result.deleted_objects,
+        result.deleted_bytes, result.kept_objects,
+    )
+    return result
+
+
+class _Held:
+    """gc's side of the generation token (core/generation.py): held from before gc looks for writers' markers
+    until after its last delete, and a new token before the first delete and with the release after the last."""
+
+    def __init__(self, store: JobStore) -> None:
+        self._store = store
+        self._token = read_generation(store, create_first=False)[0].token
+        self._deleted = False
+        write_generation(store, Generation(self._token, held=True))
+
+    def deleting(self) -> None:
+        """Before the first delete: a writer that kept a list of the objects lists them again, even if gc dies."""
+        self._deleted = True
+        write_generation(self._store, Generation.new(held=True))
+
+    def release(self) -> None:
+        """After the last delete (or none): a writer that read the token before its uploads, while deletes ran,
+        sees a new one. A failure is logged: writers then take the token for held and list the objects again."""
+        generation = Generation.new(held=False) if self._deleted else Generation(self._token, held=False)
+        try:
+            write_generation(self._store, generation)
+        except StorageError as err:
+            log.warning("job %s: gc could not clear its flag on %s (%s); snapshot writers list the objects again "
+                        "until the next gc clears it", self._store.job, self._store.storage.uri(GC_GENERATION), err)
 
 
 def _lease(store: JobStore) -> tuple[LeaseRecord | None, float | None]:

@@ -90,10 +90,11 @@ class Progress:
             self.files += 1
         self._maybe_report()
 
-    def skipped(self, size: int) -> None:
-        """A file not transferred because it is already stored (incremental snapshots)."""
+    def skipped(self, size: int, files: int = 1) -> None:
+        """A file not transferred because it is already stored (incremental snapshots); ``files=-1`` and a negative
+        size take back one counted so that turned out missing after all."""
         with self._lock:
-            self.skipped_files += 1
+            self.skipped_files += files
             self.skipped_bytes += size
         self._maybe_report()
 

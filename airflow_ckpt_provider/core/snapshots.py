@@ -24,7 +24,7 @@ from airflow_ckpt_provider.core.manifest import Kind, Manifest, ManifestFile, Tr
 from airflow_ckpt_provider.core.pending import PendingMarker, read_markers
 from airflow_ckpt_provider.core.progress import TransferStats
 from airflow_ckpt_provider.core.retention import Disposal, RetentionPolicy, plan_retention
-from airflow_ckpt_provider.core.snapshotwrite import StepHook, drop_marker, wait_for_gc, write_marker, write_snapshot
+from airflow_ckpt_provider.core.snapshotwrite import StepHook, write_snapshot
 from airflow_ckpt_provider.core.storage import ObjectInfo, Storage
 
 log = logging.getLogger(__name__)
@@ -94,21 +94,11 @@ def create_snapshot(
     what = f"job {store.job} snapshot {snapshot_id} (batch {view.batch_id})"
     log.info("%s: creating %s from %s, %d files", what, kind.value, checkpoint.url, len(view.files))
 
-    write_marker(store, snapshot_id, now, epoch)  # nothing to clean up if even this fails
-    committed = False
-    try:
-        wait_for_gc(store)
-        manifest, stats = write_snapshot(
-            store, checkpoint, view, snapshot_id=snapshot_id, kind=kind, trigger=trigger, now=now, step=step,
-            concurrency=concurrency, report=report, meta=(code_version, spark_version), labels=labels or {},
-        )
-        committed = True
-    finally:
-        # On success the manifest exists; on failure nothing references the uploaded objects (gc
-        # removes them). Either way the marker has served. After kill -9 it stays until gc sees
-        # that its writer is gone (core/pending.py).
-        if not (committed and keep_marker):
-            drop_marker(store, snapshot_id)
+    manifest, stats = write_snapshot(
+        store, checkpoint, view, snapshot_id=snapshot_id, kind=kind, trigger=trigger, now=now, step=step,
+        concurrency=concurrency, report=report, meta=(code_version, spark_version), labels=labels or {},
+        epoch=epoch, keep_marker=keep_marker,
+    )
     uri = store.snapshot_uri(snapshot_id)
     seconds = time.monotonic() - started
     log.info(

@@ -3,29 +3,33 @@
 Runs wherever a snapshot is taken (the Spark driver's snapshotter, ``ckpt snapshot create``), for
 ``create_snapshot`` (core/snapshots.py). Each file of a BatchView is checked, hashed and uploaded
 unless the store already holds its content (a per-process digest cache skips files hashed before);
-the manifest is created last with a conditional create, the commit point. Around it, the writer's
-half of the gc handshake (core/gc.py): a pending marker names the writer, and the writer waits
-while gc holds its lock.
+the manifest is created last with a conditional create, the commit point.
 
-Which objects the store holds is LISTed once per process and then kept (``known_objects``): only gc deletes
-objects, and it writes a new generation token (GC_GENERATION) before it does, so a writer that reads the
-token it listed under (one GET, after its marker and the lock check) knows the list still holds; a new token,
-or a list older than KNOWN_MAX_AGE_S (something outside the provider may delete objects), lists again. A
-snapshot's requests thus stay the same as the job's history grows, instead of one LIST page per 1,000 objects.
-What this relies on: every process that runs gc on the store writes the token (upgrade `ckpt snapshot gc`
-runners with the workers), and no S3 lifecycle rule expires ``objects/``.
+The writer's half of the gc handshake (core/gc.py) runs beside the uploads, not before them: a pending
+marker names the writer, then the writer waits while gc holds its lock, then it reads gc's generation token
+(GC_GENERATION). From that point on gc defers to the marker, so nothing the snapshot needs can go any more. What
+went before that point is told by the token: gc writes a new one before it deletes any object and again after
+its last delete, and this writer read the token (or kept one it read earlier) before its first upload and before
+the listing it trusts. The same token after the handshake means no gc deleted anything in between, neither an
+object listed as stored nor one this snapshot just uploaded; a different token means the objects are listed
+again and what is missing is stored again, before the manifest. A snapshot thus waits for the handshake only
+where it takes longer than the uploads.
+
+Which objects the store holds is LISTed once per process and then kept (``_listed``), with the token read before
+that LIST; a list older than KNOWN_MAX_AGE_S (something outside the provider may delete objects) is listed again.
+A snapshot's requests thus stay the same as the job's history grows, instead of one LIST page per 1,000 objects.
+What this relies on: every process that runs gc on the store writes the token both times (upgrade `ckpt snapshot
+gc` runners with the workers), and no S3 lifecycle rule expires ``objects/``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import secrets
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -33,7 +37,8 @@ from pathlib import Path
 from airflow_ckpt_provider.core.checkpoint import BatchView, CheckpointFile
 from airflow_ckpt_provider.core.ckptfiles import verify_file
 from airflow_ckpt_provider.core.errors import ConflictError, SnapshotError, StorageError
-from airflow_ckpt_provider.core.jobstore import GC_GENERATION, GC_LOCK, OBJECTS, JobStore
+from airflow_ckpt_provider.core.generation import read_generation
+from airflow_ckpt_provider.core.jobstore import GC_LOCK, OBJECTS, JobStore
 from airflow_ckpt_provider.core.manifest import Kind, Manifest, ManifestFile, Trigger
 from airflow_ckpt_provider.core.pending import PendingMarker
 from airflow_ckpt_provider.core.progress import Progress, TransferStats
@@ -45,8 +50,9 @@ _CODEC = "spark.sql.streaming.stateStore.compression.codec"
 #: A lock or pending marker older than this belongs to a crashed process and is ignored.
 STALE_AFTER_S = 6 * 3600.0
 
-#: Test hook: called with the name of each creation step: "pending", "upload", "file" (after each
-#: file is stored), "uploaded", "manifest" (before it is created) and "committed".
+#: Test hook: called with the name of each creation step: "upload" (the uploads begin), "file" (after each file
+#: is stored), "uploaded", "pending" (the handshake is done: marker stored, gc not running), "manifest" (before it
+#: is created) and "committed". The uploads and the handshake run side by side: "pending" follows "uploaded".
 StepHook = Callable[[str], None]
 
 #: A process's object list of a store is LISTed again after this long even when no gc ran in between.
@@ -55,7 +61,7 @@ KNOWN_MAX_AGE_S = 600.0
 
 @dataclass
 class _Listed:
-    generation: bytes  # GC_GENERATION's body when the objects were listed
+    token: str  # the generation token, read (not held) before the objects were listed
     listed_at: float  # time.monotonic()
     digests: set[str]
 
@@ -65,47 +71,48 @@ _listed: dict[str, _Listed] = {}
 _listed_lock = threading.Lock()
 
 
-def _generation(store: JobStore, *, first: bool) -> bytes:
-    """GC_GENERATION's body; a store without one gets one first (create if absent), so that a store wiped and
-    made again (no token before, none after) never passes for the one this process listed. ``first`` (no list of
-    this store in this process yet, often a new store) tries the create first: one request for a new store, two for
-    an old one, once per process; later snapshots read it (one request)."""
-    token = json.dumps({"token": secrets.token_hex(8), "by": "writer"}).encode()
-    if not first:
-        try:
-            return store.storage.read(GC_GENERATION)
-        except FileNotFoundError:
-            pass
-    if store.storage.create(GC_GENERATION, token):
-        return token  # created: the store holds these bytes
-    return store.storage.read(GC_GENERATION)  # it exists (another process created it, or gc wrote it)
-
-
-def known_objects(store: JobStore, clock: Callable[[], float] = time.monotonic) -> tuple[set[str], bool]:
-    """The digests the store holds, and whether they were LISTed now (False: this process's list still holds).
-
-    Call it only after the writer's pending marker is written and gc's lock is seen released: from then on
-    gc defers to the writer, so nothing listed before can go until the marker is dropped.
-    """
-    with _listed_lock:
-        first = store.url not in _listed
-    generation = _generation(store, first=first)
-    with _listed_lock:
-        cached = _listed.get(store.url)
-        if cached is not None and cached.generation == generation and clock() - cached.listed_at < KNOWN_MAX_AGE_S:
-            return set(cached.digests), False
-    listed_at = clock()
+def _list_objects(store: JobStore, token: str | None, listed_at: float) -> set[str]:
+    """LIST the store's objects and keep the list for later snapshots (``token``: read before, not held; None:
+    not kept)."""
     digests = {o.key[len(OBJECTS) :] for o in store.storage.list(OBJECTS)}
-    with _listed_lock:
-        _listed[store.url] = _Listed(generation, listed_at, set(digests))
-    return digests, True
+    if token is not None:
+        with _listed_lock:
+            _listed[store.url] = _Listed(token, listed_at, set(digests))
+    return digests
 
 
-def remember_objects(store: JobStore, digests: set[str]) -> None:
-    """Add what a committed snapshot references to the process's list (they exist: the manifest needs them)."""
+def known_objects(
+    store: JobStore, pool: ThreadPoolExecutor, clock: Callable[[], float] = time.monotonic
+) -> tuple[str | None, Future[set[str]], str]:
+    """The generation token read before any of a snapshot's uploads (None: read while gc was at work, so nothing
+    is trusted), the digests the store held after it, and how they are known: "kept" (this process's list), "new
+    store" (this call created the token: no LIST, nothing to reuse) or "listed" (a LIST started on ``pool``).
+
+    Neither may be trusted before the handshake (``_handshake``) reads the same token again.
+    """
+    done: Future[set[str]] = Future()
     with _listed_lock:
         cached = _listed.get(store.url)
-        if cached is not None:
+        if cached is not None and clock() - cached.listed_at < KNOWN_MAX_AGE_S:
+            done.set_result(set(cached.digests))
+            return cached.token, done, "kept"
+    generation, created = read_generation(store, create_first=cached is None)
+    if created:  # no writer or gc of this protocol has been here: a store made anew (an older store's objects
+        # would only be uploaded again; KNOWN_MAX_AGE_S later a LIST finds them)
+        done.set_result(set())
+        with _listed_lock:
+            _listed[store.url] = _Listed(generation.token, clock(), set())
+        return generation.token, done, "new store"
+    token = None if generation.held else generation.token
+    return token, pool.submit(_list_objects, store, token, clock()), "listed"
+
+
+def remember_objects(store: JobStore, token: str, digests: set[str]) -> None:
+    """Add what a committed snapshot references to the process's list, if that list is still of ``token`` (the
+    one the snapshot's handshake read: the objects existed then, and its manifest now references them)."""
+    with _listed_lock:
+        cached = _listed.get(store.url)
+        if cached is not None and cached.token == token:
             cached.digests |= digests
 
 
@@ -143,11 +150,18 @@ def _reused(src: Storage, f: CheckpointFile, known: set[str], progress: Progress
 
 
 def _store_one(
-    src: Storage, store: JobStore, f: CheckpointFile, known: set[str], progress: Progress, *, codec: str
-) -> ManifestFile:
-    """Check and hash one checkpoint file; upload it unless the job store already has its content."""
+    src: Storage, store: JobStore, f: CheckpointFile, known: Future[set[str]], progress: Progress, *, codec: str
+) -> tuple[ManifestFile, bool]:
+    """Check and hash one checkpoint file; upload it unless the job store already has its content (True: uploaded).
+
+    ``known`` is awaited only after the file is read and hashed, so a LIST under way overlaps the hashing.
+    """
     local = src.local_path(f.path)
     identity = _file_identity(local, f.size)
+    cached = _digests.get(identity) if identity else None
+    if cached is not None and cached in known.result():  # hashed by an earlier snapshot of this process
+        progress.skipped(f.size)
+        return ManifestFile(f.path, f.size, cached), False
     try:
         if local is not None and f.size >= LARGE_FILE:
             digest = sha256_file(local)
@@ -179,18 +193,90 @@ def _store_one(
             if len(_digests) >= _DIGESTS_MAX:
                 _digests.clear()
             _digests[identity] = digest
-    if digest in known:
+    if digest in known.result():
         progress.skipped(size)
+        return ManifestFile(f.path, size, digest), False
+    key = store.object_key(digest)
+    if data is None:
+        assert local is not None
+        store.storage.upload(local, key, callback=progress.add_bytes)
     else:
-        key = store.object_key(digest)
-        if data is None:
-            assert local is not None
-            store.storage.upload(local, key, callback=progress.add_bytes)
-        else:
-            store.storage.write_object(key, data, digest)
-            progress.add_bytes(size)
-        progress.file_done()
-    return ManifestFile(f.path, size, digest)
+        store.storage.write_object(key, data, digest)
+        progress.add_bytes(size)
+    progress.file_done()
+    return ManifestFile(f.path, size, digest), True
+
+
+def _store_files(
+    src: Storage, store: JobStore, view: BatchView, known: Future[set[str]], progress: Progress, *,
+    step: StepHook, concurrency: int,
+) -> tuple[list[ManifestFile], set[str]]:
+    """Store the view's files the store lacks; their manifest entries in the view's order, and the paths uploaded."""
+    codec = view.conf.get(_CODEC, "lz4")
+    uploaded: set[str] = set()
+
+    def store_one(f: CheckpointFile) -> ManifestFile:
+        stored, sent = _store_one(src, store, f, known, progress, codec=codec)
+        if sent:
+            uploaded.add(f.path)
+        step("file")
+        return stored
+
+    # A periodic snapshot finds most files reused (a stat each) and a few new: threads only for those few.
+    reused: dict[str, ManifestFile] = {}
+    if known.done():  # this process's list (a LIST still under way: every file goes to the threads)
+        kept = known.result()
+        reused = {f.path: m for f in view.files if (m := _reused(src, f, kept, progress)) is not None}
+    new_files = [f for f in view.files if f.path not in reused]
+    for _ in reused:
+        step("file")
+    if len(new_files) > 1 and concurrency > 1:
+        with ThreadPoolExecutor(max_workers=min(concurrency, len(new_files))) as pool:
+            stored = dict(zip((f.path for f in new_files), pool.map(store_one, new_files), strict=True))
+    else:
+        stored = {f.path: store_one(f) for f in new_files}
+    return [reused.get(f.path) or stored[f.path] for f in view.files], uploaded
+
+
+def _store_again(
+    src: Storage, store: JobStore, view: BatchView, files: list[ManifestFile], *, uploaded: set[str],
+    token: str | None, progress: Progress, what: str,
+) -> list[ManifestFile]:
+    """A gc ran between the token read before the uploads and the handshake's (``token``), so it may have
+    deleted objects listed as stored or just uploaded: LIST again (gc defers to the marker now) and store what is
+    missing."""
+    listed: Future[set[str]] = Future()
+    listed.set_result(_list_objects(store, token, time.monotonic()))
+    missing = [f for f, m in zip(view.files, files, strict=True) if m.sha256 not in listed.result()]
+    log.info("%s: gc was at work or deleted objects while the snapshot uploaded (its generation token held or "
+             "changed); listed the objects again: "
+             "%d of %d files' objects missing, storing them again", what, len(missing), len(files))
+    codec = view.conf.get(_CODEC, "lz4")
+    again = {}
+    for f in missing:
+        if f.path not in uploaded:  # counted as already stored; it is sent now
+            progress.skipped(-f.size, files=-1)
+        again[f.path] = _store_one(src, store, f, listed, progress, codec=codec)[0]
+    return [again.get(m.path, m) for m in files]
+
+
+def _handshake(store: JobStore, snapshot_id: str, now: datetime, epoch: int | None, *, marked: threading.Event,
+               before: threading.Event, stop: threading.Event) -> str | None:
+    """The writer's half of the gc handshake: its marker stored (then ``marked`` is set), then the generation token
+    read (after the one read before the uploads, ``before``): not held, gc defers to the marker from then on
+    (core/generation.py); held, the writer waits for gc's lock to go and reads the token again. None: still held
+    (a gc that died with it set, or could not clear it): nothing read before is trusted."""
+    write_marker(store, snapshot_id, now, epoch)
+    marked.set()
+    while not before.wait(0.05):
+        if stop.is_set():
+            raise SnapshotError(f"job {store.job} snapshot {snapshot_id}: failed before its uploads")
+    generation, _ = read_generation(store, create_first=False)
+    if generation.held:
+        wait_for_gc(store, stop=stop)  # released, or stale: a gc that died, whose flag stays
+        generation, _ = read_generation(store, create_first=False)
+    return None if generation.held else generation.token
+
 
 def write_snapshot(
     store: JobStore,
@@ -206,58 +292,71 @@ def write_snapshot(
     report: Callable[[str], None] | None,
     meta: tuple[str | None, str | None],
     labels: dict[str, str],
+    epoch: int | None,
+    keep_marker: bool,
 ) -> tuple[Manifest, TransferStats]:
-    """Upload the objects the job store lacks, then create the manifest: the commit point."""
+    """Upload the objects the job store lacks beside the gc handshake, then create the manifest: the commit point.
+
+    The pending marker is deleted at the end, unless the snapshot committed and ``keep_marker`` leaves it for the
+    caller to delete with others (gc takes a marker whose manifest exists for finished).
+    """
     what = f"job {store.job} snapshot {snapshot_id} (batch {view.batch_id})"
-    step("pending")
-    known, listed = known_objects(store)
-    log.debug("%s: %d objects known (%s)", what, len(known), "listed now" if listed else "cached, no gc since")
-    progress = Progress(what, len(view.files), sum(f.size for f in view.files), report=report)
-    step("upload")
-    codec = view.conf.get(_CODEC, "lz4")
-
-    def store_one(f: CheckpointFile) -> ManifestFile:
-        stored = _store_one(checkpoint, store, f, known, progress, codec=codec)
-        step("file")
-        return stored
-
-    # A periodic snapshot finds most files reused (a stat each) and a few new: threads only for those few.
-    reused = {f.path: m for f in view.files if (m := _reused(checkpoint, f, known, progress)) is not None}
-    new_files = [f for f in view.files if f.path not in reused]
-    for _ in reused:
-        step("file")
-    if len(new_files) > 1 and concurrency > 1:
-        with ThreadPoolExecutor(max_workers=min(concurrency, len(new_files))) as pool:
-            stored = dict(zip((f.path for f in new_files), pool.map(store_one, new_files), strict=True))
-    else:
-        stored = {f.path: store_one(f) for f in new_files}
-    files = [reused.get(f.path) or stored[f.path] for f in view.files]
-    stats = progress.finish()
-    step("uploaded")
-    manifest = Manifest(
-        job=store.job,
-        snapshot_id=snapshot_id,
-        kind=kind,
-        trigger=trigger,
-        batch_id=view.batch_id,
-        created_at=now.isoformat(timespec="milliseconds"),
-        query_id=view.query_id,
-        checkpoint=checkpoint.url,
-        files=tuple(files),
-        offsets=list(view.offsets),
-        next_offsets=list(view.next_offsets) if view.next_offsets is not None else None,
-        operators=[op.to_json() for op in view.operators],
-        conf=dict(view.conf),
-        code_version=meta[0],
-        spark_version=meta[1],
-        labels=labels,
-    )
-    step("manifest")
-    if not store.storage.create(store.manifest_key(snapshot_id), manifest.to_bytes()):
-        raise ConflictError(f"{what}: a manifest with this id already exists; take the snapshot again")
-    remember_objects(store, {f.sha256 for f in files})
-    step("committed")
-    return manifest, stats
+    marked, before, stop = threading.Event(), threading.Event(), threading.Event()
+    committed = False
+    try:
+        progress = Progress(what, len(view.files), sum(f.size for f in view.files), report=report)
+        # Two side threads: the handshake, and a LIST of the objects when this process has no list of the store.
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckpt-snapshot-side") as side:
+            try:
+                handshake = side.submit(_handshake, store, snapshot_id, now, epoch, marked=marked, before=before,
+                                        stop=stop)
+                token, known, how = known_objects(store, side)
+                before.set()
+                step("upload")
+                files, uploaded = _store_files(checkpoint, store, view, known, progress, step=step,
+                                               concurrency=concurrency)
+                step("uploaded")
+                confirmed = handshake.result()
+            finally:
+                stop.set()  # a snapshot that failed stops waiting for gc's lock
+        step("pending")
+        log.debug("%s: %d objects known (%s)", what, len(known.result()), how)
+        if token is None or confirmed != token:
+            files = _store_again(checkpoint, store, view, files, uploaded=uploaded, token=confirmed,
+                                 progress=progress, what=what)
+        stats = progress.finish()
+        manifest = Manifest(
+            job=store.job,
+            snapshot_id=snapshot_id,
+            kind=kind,
+            trigger=trigger,
+            batch_id=view.batch_id,
+            created_at=now.isoformat(timespec="milliseconds"),
+            query_id=view.query_id,
+            checkpoint=checkpoint.url,
+            files=tuple(files),
+            offsets=list(view.offsets),
+            next_offsets=list(view.next_offsets) if view.next_offsets is not None else None,
+            operators=[op.to_json() for op in view.operators],
+            conf=dict(view.conf),
+            code_version=meta[0],
+            spark_version=meta[1],
+            labels=labels,
+        )
+        step("manifest")
+        if not store.storage.create(store.manifest_key(snapshot_id), manifest.to_bytes()):
+            raise ConflictError(f"{what}: a manifest with this id already exists; take the snapshot again")
+        committed = True
+        if confirmed is not None:
+            remember_objects(store, confirmed, {f.sha256 for f in files})
+        step("committed")
+        return manifest, stats
+    finally:
+        # On success the manifest exists; on failure nothing references the uploaded objects (gc removes them).
+        # Either way the marker has served. After kill -9 it stays until gc sees that its writer is gone
+        # (core/pending.py). The side threads are done here: ``marked`` no longer changes.
+        if marked.is_set() and not (committed and keep_marker):
+            drop_marker(store, snapshot_id)
 
 
 def drop_marker(store: JobStore, snapshot_id: str) -> None:
@@ -301,13 +400,16 @@ def write_marker(store: JobStore, snapshot_id: str, now: datetime, epoch: int | 
     store.storage.write(store.pending_key(snapshot_id), PendingMarker.body(snapshot_id, now, epoch))
 
 
-def wait_for_gc(store: JobStore, wait_s: float = 120.0) -> None:
-    """Wait while gc holds its lock (the writer's marker is already written)."""
+def wait_for_gc(store: JobStore, wait_s: float = 120.0, stop: threading.Event | None = None) -> None:
+    """Wait while gc holds its lock (the writer's marker is already written); ``stop`` ends the wait early."""
     deadline = time.monotonic() + wait_s
+    stop = stop or threading.Event()
     while _is_fresh(store, GC_LOCK, time.time()):
+        if stop.is_set():
+            raise SnapshotError(f"job {store.job}: the snapshot failed while waiting for gc's lock")
         if time.monotonic() > deadline:
             raise ConflictError(
                 f"job {store.job}: garbage collection has held {store.storage.uri(GC_LOCK)} for more "
                 f"than {wait_s:.0f} s; retry later, or delete that lock if no gc is running"
             )
-        time.sleep(0.2)
+        stop.wait(0.2)

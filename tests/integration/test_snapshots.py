@@ -113,16 +113,21 @@ def test_crash_at_each_step_leaves_no_visible_snapshot(store: JobStore, tmp_path
 
 def _create_and_die(store_root: Storage, ckpt: str, step: str) -> None:
     seen: list[str] = []
+    store = JobStore(store_root, "orders")
 
     def die(name: str) -> None:
         seen.append(name)
         if name == step and (step != "file" or seen.count("file") == 2):
+            # The handshake runs beside the uploads: before "pending" the marker may still be on its way
+            deadline = time.monotonic() + 30
+            while not pending_markers(store) and time.monotonic() < deadline:
+                time.sleep(0.01)
             os._exit(137)  # like kill -9: no finally, no cleanup
 
-    create_snapshot(JobStore(store_root, "orders"), LocalStorage(ckpt), on_step=die, concurrency=1)
+    create_snapshot(store, LocalStorage(ckpt), on_step=die, concurrency=1)
 
 
-@pytest.mark.parametrize("step", ["upload", "file", "uploaded", "manifest"])
+@pytest.mark.parametrize("step", ["upload", "file", "uploaded", "pending", "manifest"])
 def test_killed_writer_leaves_no_snapshot_and_gc_clears_its_marker_at_once_on_its_host(
     store: JobStore, tmp_path: Path, step: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -232,25 +237,89 @@ def test_retention_dispose_and_gc_keep_what_is_referenced(store: JobStore, tmp_p
     assert collect_garbage(store, min_age_s=3600).deleted_objects == 0
 
 
-def test_gc_and_a_concurrent_snapshot_never_lose_an_object(store: JobStore, tmp_path: Path) -> None:
+def test_a_snapshot_waits_while_gc_is_at_work_and_gc_then_defers_to_its_marker(
+    store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ckpt = make_checkpoint(tmp_path / "ckpt", 3)
     first = create_snapshot(store, LocalStorage(ckpt)).manifest
-    # gc holds its lock: a new snapshot waits for it instead of reusing objects gc may delete
-    assert store.storage.create(GC_LOCK, b"{}")
+    dispose_snapshot(store, first.snapshot_id, force=True)  # unreferenced now: gc would delete what the next reuses
+    at_work, go_on, waiting = threading.Event(), threading.Event(), threading.Event()
+    real_pending, real_wait = gc_module.pending_markers, snapshotwrite.wait_for_gc
+
+    def paused(s: JobStore) -> Any:  # gc holds its lock and has flagged the token, before it looks for writers
+        at_work.set()
+        go_on.wait(30)
+        return real_pending(s)
+
+    def wait_for_gc(*args: Any, **kwargs: Any) -> None:
+        waiting.set()
+        real_wait(*args, **kwargs)
+
+    monkeypatch.setattr(gc_module, "pending_markers", paused)
+    monkeypatch.setattr(snapshotwrite, "wait_for_gc", wait_for_gc)
+    results: list[Any] = []
+    gc = threading.Thread(target=lambda: results.append(collect_garbage(store, min_age_s=0)))
+    gc.start()
+    assert at_work.wait(30)
     done: list[str] = []
     t = threading.Thread(target=lambda: done.append(create_snapshot(store, LocalStorage(ckpt)).manifest.snapshot_id))
     t.start()
-    deadline = time.monotonic() + 10
-    while not store.storage.list("pending/") and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert store.storage.list("pending/") and not done  # announced, waiting
+    assert waiting.wait(30) and not done  # its marker stored, the token read held: it waits for gc's lock
+    [marker] = pending_markers(store)
     assert "another gc holds" in str(collect_garbage(store, min_age_s=0).deferred)
-    store.storage.delete([GC_LOCK])
+    go_on.set()
+    gc.join(30)
+    [result] = results
+    assert result.deleted_objects == 0 and str(result.deferred).startswith(
+        f"snapshot {marker.snapshot_id} is being written by pid {os.getpid()}")
     t.join(30)
-    assert len(done) == 1
-    dispose_snapshot(store, first.snapshot_id, force=True)
-    collect_garbage(store, min_age_s=0)
+    assert done == [marker.snapshot_id]
     assert verify_snapshot(store, done[0]).ok
+    assert collect_garbage(store, min_age_s=0).deleted_objects == 0  # the new snapshot references them all
+
+
+@pytest.mark.parametrize("when", ["upload", "uploaded"])
+def test_a_gc_that_deletes_objects_while_a_snapshot_uploads_makes_it_store_them_again_before_it_commits(
+    store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The handshake runs beside the uploads: a gc that ran before the writer's marker was stored may delete what
+    the snapshot reuses ("upload": objects of a disposed snapshot, in the process's list) or has just sent
+    ("uploaded": gc with no minimum age). The new generation token tells the writer, which lists and stores again."""
+    ckpt = make_checkpoint(tmp_path / "ckpt", 3)
+    first = create_snapshot(store, LocalStorage(ckpt)).manifest
+    dispose_snapshot(store, first.snapshot_id, force=True)
+    if when == "uploaded":
+        snapshotwrite.forget_objects()
+        collect_garbage(store, min_age_s=0)  # nothing stored: every file is sent
+    release = threading.Event()
+    real_marker = snapshotwrite.write_marker
+
+    def slow_marker(*args: Any) -> None:  # the marker's PUT is slower than the uploads
+        assert release.wait(30)
+        real_marker(*args)
+
+    gc_results: list[Any] = []
+
+    def gc_then_marker(name: str) -> None:
+        if name == when:
+            assert pending_markers(store) == []
+            gc_results.append(collect_garbage(store, min_age_s=0))
+            release.set()
+
+    monkeypatch.setattr(snapshotwrite, "write_marker", slow_marker)
+    with caplog.at_level(logging.INFO, logger="airflow_ckpt_provider.core.snapshotwrite"):
+        result = create_snapshot(store, LocalStorage(ckpt), on_step=gc_then_marker)
+    [deleted] = gc_results
+    contents = distinct_contents(ckpt)
+    assert deleted.deleted_objects == contents  # all it needed were gone before its marker was stored
+    assert [r.getMessage().split(": ", 1)[1] for r in caplog.records if "listed the objects again" in r.getMessage()] \
+        == [f"gc was at work or deleted objects while the snapshot uploaded (its generation token held or changed); "
+            f"listed the objects again: {len(result.manifest.files)} of {len(result.manifest.files)} files' objects "
+            "missing, storing them again"]
+    assert len(store.storage.list(OBJECTS)) == contents
+    assert verify_snapshot(store, result.manifest.snapshot_id).ok
+    sent = 2 * contents if when == "uploaded" else contents
+    assert (result.stats.files, result.stats.skipped_files) == (sent, 0)
 
 
 def test_gc_defers_while_a_snapshot_is_being_written(

@@ -80,11 +80,11 @@ def store(tmp_path: Path) -> JobStore:
     return JobStore(LocalStorage(tmp_path / "store"), "orders")
 
 
-def test_snapshot_marker_names_its_writer_while_it_uploads(store: JobStore, tmp_path: Path) -> None:
+def test_snapshot_marker_names_its_writer_before_it_commits(store: JobStore, tmp_path: Path) -> None:
     ckpt = make_checkpoint(tmp_path / "ckpt", 2)
     seen: list[list[PendingMarker]] = []
     create_snapshot(store, LocalStorage(ckpt), epoch=5,
-                    on_step=lambda step: seen.append(pending_markers(store)) if step == "upload" else None)
+                    on_step=lambda step: seen.append(pending_markers(store)) if step == "pending" else None)
     [[m]] = seen
     assert (m.host, m.pid, m.epoch) == (socket.gethostname(), os.getpid(), 5)
     assert pending_markers(store) == []  # dropped after the commit

@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 
 from airflow_ckpt_provider.core import snapshots as snapshots_module
 from airflow_ckpt_provider.core.gc import collect_garbage
+from airflow_ckpt_provider.core.generation import Generation
 from airflow_ckpt_provider.core.jobstore import GC_GENERATION, OBJECTS, JobStore
 from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.retention import RetentionPolicy
@@ -91,11 +93,15 @@ def test_a_second_snapshot_in_the_process_lists_no_objects_while_no_gc_deleted_a
     first = create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT)
     write_batch(ckpt, 2)
     second = create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT)
-    assert len(lists) == 1  # the first snapshot's LIST, then the process's list
+    assert lists == []  # a new store (its first writer made the token): nothing to list; then the process's list
     stored = {f.sha256 for f in first.manifest.files}
     reused = [f for f in second.manifest.files if f.sha256 in stored]
     assert reused and second.stats.skipped_files == len(reused)  # what the first stored is not sent again
     assert verify_snapshot(store, second.manifest.snapshot_id).ok
+    lists.clear()  # verify listed them too
+    forget_objects()  # another process, e.g. the CLI: one LIST of the store it finds
+    third = create_snapshot(store, LocalStorage(ckpt), kind=Kind.SAVEPOINT)
+    assert len(lists) == 1 and third.stats.files == 0
 
 
 def test_a_gc_that_deleted_objects_makes_the_next_snapshot_list_them_again_and_store_what_went(
@@ -107,63 +113,73 @@ def test_a_gc_that_deleted_objects_makes_the_next_snapshot_list_them_again_and_s
     dispose_snapshot(store, first.manifest.snapshot_id)
     result = collect_garbage(store, min_age_s=0)
     assert result.deleted_objects == len({f.sha256 for f in first.manifest.files})
-    assert store.storage.read(GC_GENERATION)  # written before the objects went
+    assert not Generation.parse(store.storage.read(GC_GENERATION)).held  # released after the objects went
     again = create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT)
-    assert len(lists) == 3  # first snapshot, gc, and the snapshot after the new generation
+    assert len(lists) == 2  # gc's, then the next snapshot's after its handshake found a new token
     assert again.stats.skipped_files == 0  # every object stored again
     assert verify_snapshot(store, again.manifest.snapshot_id).ok
+
+
+def spy_generation(store: JobStore) -> list[str]:
+    """Record each request for the store's gc generation token: "read", "create" or "write"."""
+    calls: list[str] = []
+    for name in ("read", "create", "write"):
+        original = getattr(store.storage, name)
+
+        def counted(key: str, *args: Any, _original: Any = original, _name: str = name) -> Any:
+            if key == GC_GENERATION:
+                calls.append(_name)
+            return _original(key, *args)
+
+        setattr(store.storage, name, counted)
+    return calls
 
 
 def test_the_first_writer_of_a_new_store_creates_its_generation_in_one_request_and_keeps_an_existing_one(
         tmp_path: Path) -> None:
     from airflow_ckpt_provider.core import snapshotwrite
 
-    def spy(store: JobStore) -> list[str]:
-        calls: list[str] = []
-        for name in ("read", "create"):
-            original = getattr(store.storage, name)
-
-            def counted(key: str, *args: Any, _original: Any = original, _name: str = name) -> Any:
-                if key == GC_GENERATION:
-                    calls.append(_name)
-                return _original(key, *args)
-
-            setattr(store.storage, name, counted)
-        return calls
-
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
     new = JobStore(LocalStorage(tmp_path / "new"), "orders")
-    calls = spy(new)
-    known_objects(new)
+    calls = spy_generation(new)
+    create_snapshot(new, LocalStorage(ckpt), kind=Kind.CHECKPOINT)
+    assert calls == ["create", "read"]  # created before the uploads, read again after the handshake
     created = new.storage.read(GC_GENERATION)
-    assert calls == ["create", "read"]  # one request for the snapshot (the read is this test's)
     assert b'"by": "writer"' in created
-    assert snapshotwrite._listed[new.url].generation == created
+    assert snapshotwrite._listed[new.url].token == Generation.parse(created).token
 
     old = JobStore(LocalStorage(tmp_path / "old"), "orders")
     old.storage.write(GC_GENERATION, b'{"token": "from-gc"}')
-    calls = spy(old)
-    known_objects(old)  # first in this process: tries to create, finds gc's token and keeps it
-    assert calls == ["create", "read"]
-    known_objects(old)  # later snapshots read it: one request
+    calls = spy_generation(old)
+    create_snapshot(old, LocalStorage(ckpt), kind=Kind.CHECKPOINT)  # first in this process: keeps gc's token
     assert calls == ["create", "read", "read"]
+    create_snapshot(old, LocalStorage(ckpt), kind=Kind.CHECKPOINT)  # later snapshots: the handshake's read only
+    assert calls == ["create", "read", "read", "read"]
     assert old.storage.read(GC_GENERATION) == b'{"token": "from-gc"}'
-    assert snapshotwrite._listed[old.url].generation == b'{"token": "from-gc"}'
+    assert snapshotwrite._listed[old.url].token == "from-gc"
 
 
 def test_a_gc_that_deleted_nothing_keeps_the_generation_and_an_old_list_is_listed_again(tmp_path: Path) -> None:
     store = JobStore(LocalStorage(tmp_path / "store"), "orders")
     ckpt = make_checkpoint(tmp_path / "ckpt", 2)
     create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT)
-    generation = store.storage.read(GC_GENERATION)  # made by the first writer
+    generation = Generation.parse(store.storage.read(GC_GENERATION))  # made by the first writer
     assert collect_garbage(store, min_age_s=0).deleted_objects == 0
-    assert store.storage.read(GC_GENERATION) == generation
+    assert Generation.parse(store.storage.read(GC_GENERATION)) == generation
     forget_objects()
     now = [0.0]
-    assert known_objects(store, clock=lambda: now[0])[1] is True  # no list of this clock yet
+
+    def known_how() -> str:
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            token, listing, how = known_objects(store, pool, clock=lambda: now[0])
+            assert token == generation.token and listing.result()
+            return how
+
+    assert known_how() == "listed"  # no list of this clock yet
     now[0] = KNOWN_MAX_AGE_S - 1
-    assert known_objects(store, clock=lambda: now[0])[1] is False
+    assert known_how() == "kept"
     now[0] = KNOWN_MAX_AGE_S + 1
-    assert known_objects(store, clock=lambda: now[0])[1] is True  # too old: listed again
+    assert known_how() == "listed"  # too old: listed again
 
 
 def test_listing_snapshots_again_reads_only_new_or_changed_manifests(tmp_path: Path) -> None:
@@ -195,7 +211,7 @@ def test_a_store_wiped_and_made_again_is_listed_again_not_taken_for_the_one_list
     create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT)
     shutil.rmtree(tmp_path / "store" / "orders")  # by hand, within the list's age: no gc, no token
     again = create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT)
-    assert len(lists) == 2 and again.stats.skipped_files == 0
+    assert len(lists) == 1 and again.stats.skipped_files == 0  # its handshake found a new token: listed again
     assert verify_snapshot(store, again.manifest.snapshot_id).ok
 
 
