@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from airflow_ckpt_provider.core import snapshots as snapshots_module
+from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.gc import collect_garbage
 from airflow_ckpt_provider.core.generation import Generation
 from airflow_ckpt_provider.core.jobstore import GC_GENERATION, OBJECTS, JobStore
@@ -202,6 +203,86 @@ def test_listing_snapshots_again_reads_only_new_or_changed_manifests(tmp_path: P
     reads.clear()
     assert [m.snapshot_id for m in list_snapshots(store)] == [*ids, newest]
     assert reads == [store.manifest_key(newest)]
+
+
+def gc_generation_writes(monkeypatch: pytest.MonkeyPatch) -> list[Generation]:
+    """Record each generation token gc writes."""
+    from airflow_ckpt_provider.core import gc as gc_module
+
+    written: list[Generation] = []
+    real = gc_module.write_generation
+
+    def spy(store: JobStore, generation: Generation) -> None:
+        written.append(generation)
+        real(store, generation)
+
+    monkeypatch.setattr(gc_module, "write_generation", spy)
+    return written
+
+
+def test_gc_flags_its_token_while_at_work_and_renews_it_before_and_after_its_deletes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
+    first = create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT)
+    token = Generation.parse(store.storage.read(GC_GENERATION)).token
+    written = gc_generation_writes(monkeypatch)
+
+    assert collect_garbage(store, min_age_s=0, dry_run=True).deleted_objects == 0
+    assert written == []  # a dry run leaves the token alone
+
+    assert collect_garbage(store, min_age_s=0).deleted_objects == 0  # all referenced
+    assert written == [Generation(token, held=True), Generation(token, held=False)]  # nothing deleted: same token
+
+    written.clear()
+    dispose_snapshot(store, first.manifest.snapshot_id)
+    assert collect_garbage(store, min_age_s=0).deleted_objects > 0
+    held, before, after = written
+    assert (held, before.held, after.held) == (Generation(token, held=True), True, False)
+    assert len({token, before.token, after.token}) == 3  # new before the first delete, new again after the last
+    assert Generation.parse(store.storage.read(GC_GENERATION)) == after
+
+    written.clear()
+    store.storage.write(store.pending_key("savepoint-9-20261122T000000Z-abcdef"), b"{}")  # a writer at work
+    assert collect_garbage(store, min_age_s=0).deferred is not None
+    assert written == [Generation(after.token, held=True), Generation(after.token, held=False)]
+
+
+def test_a_gc_that_fails_while_deleting_still_renews_and_releases_the_token(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
+    dispose_snapshot(store, create_snapshot(store, LocalStorage(ckpt)).manifest.snapshot_id, force=True)
+    written = gc_generation_writes(monkeypatch)
+    real_delete = store.storage.delete
+
+    def failing(keys: Any) -> None:
+        keys = list(keys)
+        real_delete(keys[:1])  # one object went, then the store failed
+        if keys:
+            raise StorageError("injected: delete failed midway")
+
+    monkeypatch.setattr(store.storage, "delete", failing)
+    with pytest.raises(StorageError, match="midway"):
+        collect_garbage(store, min_age_s=0)
+    assert [g.held for g in written] == [True, True, False]
+    assert not Generation.parse(store.storage.read(GC_GENERATION)).held
+
+
+def test_a_writer_that_finds_the_token_held_by_a_gc_that_died_lists_the_objects_again_and_commits(
+        tmp_path: Path) -> None:
+    """gc died after flagging the token (its lock removed by hand, or stale): the writer does not wait for a gc
+    that is gone, and trusts no list read before: it lists again."""
+    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
+    create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT)
+    token = Generation.parse(store.storage.read(GC_GENERATION)).token
+    store.storage.write(GC_GENERATION, Generation(token, held=True).body("gc"))  # no lock: that gc is gone
+    lists = count_object_lists(store)
+    write_batch(ckpt, 2)
+    again = create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT)
+    assert len(lists) == 1  # listed again after the handshake, though the process kept a list
+    assert verify_snapshot(store, again.manifest.snapshot_id).ok
 
 
 def test_a_store_wiped_and_made_again_is_listed_again_not_taken_for_the_one_listed_before(tmp_path: Path) -> None:
