@@ -433,10 +433,11 @@ def snapshot(store: JobStore, checkpoint: Path, concurrency: int) -> SnapshotRun
     ended = time.perf_counter()
     drop_committed_markers(store, [result.manifest.snapshot_id])
     phases = {
-        "prepare_s": marks["upload"] - started,  # read the checkpoint, read (or create) gc's generation token
+        # read the checkpoint; a process's first snapshot of the store reads (or, new, creates) gc's token
+        "prepare_s": marks["upload"] - started,
         "transfer_s": marks["uploaded"] - marks["upload"],  # hash and upload (a LIST and the handshake beside)
         "handshake_s": marks["pending"] - marks["uploaded"],  # waiting for the handshake after the uploads
-        "commit_s": ended - marks["pending"],  # create the manifest
+        "commit_s": ended - marks["pending"],  # create the manifest (after storing again what a gc deleted, if so)
         "marker_s": time.perf_counter() - ended,  # the pending marker's DELETE, batched by the driver
     }
     stats = result.stats

@@ -1,12 +1,12 @@
 """Garbage collection of objects that no manifest references, safe against concurrent snapshots.
 
 Protocol (the writer's half: core/snapshotwrite.py): gc creates ``locks/gc.json`` with a
-conditional create, then looks for pending snapshot markers; if one is fresh it releases the lock
-and defers. A writer writes its pending marker and then waits while the lock exists. Either
-gc sees the writer or the writer sees gc, so an object a new snapshot reuses is never deleted under it.
-Since a writer uploads while it does so, gc also keeps a generation token (core/generation.py), held while gc is
-at work and new before and after it deletes objects: a writer that reads the same token, not held, before its
-uploads and after its handshake knows no deletion overlapped them.
+conditional create (one gc at a time), flags the generation token (core/generation.py) "held", then looks for
+pending snapshot markers; if one is fresh it defers. A writer writes its pending marker and then reads the token;
+held, it waits while the lock exists. Either gc sees the writer or the writer sees gc, so an object a new
+snapshot reuses is never deleted under it. Since a writer uploads while it does so, gc also writes a new token
+before its first delete and again, not held, after its last: a writer that reads the same token, not held,
+before its uploads and after its handshake knows no deletion overlapped them.
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ class _Held:
 
     def __init__(self, store: JobStore) -> None:
         self._store = store
-        self._token = read_generation(store, create_first=False)[0].token
+        self._token = read_generation(store, create_first=False, by="gc")[0].token
         self._deleted = False
         write_generation(store, Generation(self._token, held=True))
 

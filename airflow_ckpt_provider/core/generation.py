@@ -41,7 +41,7 @@ class Generation:
         return json.dumps({"token": self.token, "held": self.held, "by": by, "at": time.time()}).encode()
 
 
-def read_generation(store: JobStore, *, create_first: bool) -> tuple[Generation, bool]:
+def read_generation(store: JobStore, *, create_first: bool, by: str = "writer") -> tuple[Generation, bool]:
     """The store's generation and whether this call created it.
 
     A store without one gets one first (create if absent), so that a store wiped and made again (no token before,
@@ -54,7 +54,7 @@ def read_generation(store: JobStore, *, create_first: bool) -> tuple[Generation,
             return Generation.parse(store.storage.read(GC_GENERATION)), False
         except FileNotFoundError:
             pass
-    if store.storage.create(GC_GENERATION, new.body("writer")):
+    if store.storage.create(GC_GENERATION, new.body(by)):
         return new, True
     return Generation.parse(store.storage.read(GC_GENERATION)), False  # another process or gc wrote it
 

@@ -5,7 +5,7 @@
 <root>/<job>/snapshots/<id>/manifest.json  written last, create-if-absent: the snapshot exists iff it does
 <root>/<job>/pending/<id>.json             a snapshot being written (protects its objects from gc)
 <root>/<job>/locks/gc.json                 held while gc deletes objects
-<root>/<job>/locks/gc-generation.json      a new token before each gc deletes objects (writers' object cache)
+<root>/<job>/locks/gc-generation.json      gc's token: new before and after gc deletes objects, "held" while gc works
 <root>/<job>/lease.json                    owner + epoch; a newer epoch fences an older driver
 <root>/<job>/status.json                   the driver's heartbeat: state, epoch, batch, offsets, ...
 <root>/<job>/control/<id>.json             a request (savepoint, stop, cancel); <id>.ack.json its answer

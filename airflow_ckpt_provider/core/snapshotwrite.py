@@ -6,20 +6,21 @@ unless the store already holds its content (a per-process digest cache skips fil
 the manifest is created last with a conditional create, the commit point.
 
 The writer's half of the gc handshake (core/gc.py) runs beside the uploads, not before them: a pending
-marker names the writer, then the writer waits while gc holds its lock, then it reads gc's generation token
-(GC_GENERATION). From that point on gc defers to the marker, so nothing the snapshot needs can go any more. What
-went before that point is told by the token: gc writes a new one before it deletes any object and again after
-its last delete, and this writer read the token (or kept one it read earlier) before its first upload and before
-the listing it trusts. The same token after the handshake means no gc deleted anything in between, neither an
-object listed as stored nor one this snapshot just uploaded; a different token means the objects are listed
-again and what is missing is stored again, before the manifest. A snapshot thus waits for the handshake only
-where it takes longer than the uploads.
+marker names the writer, then the writer reads gc's generation token (core/generation.py); only if gc flags it
+"held" (at work) does the writer wait while gc's lock exists, and read it again. From that point on gc defers to
+the marker, so nothing the snapshot needs can go any more. What went before that point is told by the token: gc
+writes a new one before it deletes any object and again after its last delete, and this writer read the token
+(or kept one it read earlier) before its first upload and before the listing it trusts. The same token, not held,
+after the handshake means no gc deleted anything in between, neither an object listed as stored nor one this
+snapshot just uploaded; anything else means the objects are listed again and what is missing is stored again,
+before the manifest. A snapshot thus waits for the handshake only where it takes longer than the uploads.
 
 Which objects the store holds is LISTed once per process and then kept (``_listed``), with the token read before
 that LIST; a list older than KNOWN_MAX_AGE_S (something outside the provider may delete objects) is listed again.
 A snapshot's requests thus stay the same as the job's history grows, instead of one LIST page per 1,000 objects.
-What this relies on: every process that runs gc on the store writes the token both times (upgrade `ckpt snapshot
-gc` runners with the workers), and no S3 lifecycle rule expires ``objects/``.
+What this relies on: every process that runs gc on the store is of this version or later (a `ckpt snapshot gc` of
+an earlier version neither flags the token nor renews it after deleting: upgrade gc runners before the drivers),
+and no S3 lifecycle rule expires ``objects/``.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ _CODEC = "spark.sql.streaming.stateStore.compression.codec"
 STALE_AFTER_S = 6 * 3600.0
 
 #: Test hook: called with the name of each creation step: "upload" (the uploads begin), "file" (after each file
-#: is stored), "uploaded", "pending" (the handshake is done: marker stored, gc not running), "manifest" (before it
+#: is stored), "uploaded", "pending" (the handshake is done: marker stored, gc defers to it), "manifest" (before it
 #: is created) and "committed". The uploads and the handshake run side by side: "pending" follows "uploaded".
 StepHook = Callable[[str], None]
 
@@ -150,7 +151,8 @@ def _reused(src: Storage, f: CheckpointFile, known: set[str], progress: Progress
 
 
 def _store_one(
-    src: Storage, store: JobStore, f: CheckpointFile, known: Future[set[str]], progress: Progress, *, codec: str
+    src: Storage, store: JobStore, f: CheckpointFile, known: Future[set[str]], progress: Progress, *, codec: str,
+    count_file: bool = True,
 ) -> tuple[ManifestFile, bool]:
     """Check and hash one checkpoint file; upload it unless the job store already has its content (True: uploaded).
 
@@ -203,16 +205,16 @@ def _store_one(
     else:
         store.storage.write_object(key, data, digest)
         progress.add_bytes(size)
-    progress.file_done()
+    if count_file:  # False: sent again (its bytes count, the file was counted the first time)
+        progress.file_done()
     return ManifestFile(f.path, size, digest), True
 
 
 def _store_files(
     src: Storage, store: JobStore, view: BatchView, known: Future[set[str]], progress: Progress, *,
-    step: StepHook, concurrency: int,
+    step: StepHook, concurrency: int, codec: str,
 ) -> tuple[list[ManifestFile], set[str]]:
     """Store the view's files the store lacks; their manifest entries in the view's order, and the paths uploaded."""
-    codec = view.conf.get(_CODEC, "lz4")
     uploaded: set[str] = set()
 
     def store_one(f: CheckpointFile) -> ManifestFile:
@@ -240,32 +242,43 @@ def _store_files(
 
 def _store_again(
     src: Storage, store: JobStore, view: BatchView, files: list[ManifestFile], *, uploaded: set[str],
-    token: str | None, progress: Progress, what: str,
-) -> list[ManifestFile]:
-    """A gc ran between the token read before the uploads and the handshake's (``token``), so it may have
-    deleted objects listed as stored or just uploaded: LIST again (gc defers to the marker now) and store what is
-    missing."""
+    token: str | None, progress: Progress, what: str, codec: str, concurrency: int,
+) -> None:
+    """gc was at work or deleted objects between the token read before the uploads and the handshake's (``token``),
+    so objects listed as stored or just uploaded may be gone: LIST again (gc defers to the marker now) and store
+    each missing content once, on ``concurrency`` threads."""
     listed: Future[set[str]] = Future()
     listed.set_result(_list_objects(store, token, time.monotonic()))
-    missing = [f for f, m in zip(view.files, files, strict=True) if m.sha256 not in listed.result()]
+    missing: dict[str, CheckpointFile] = {}  # content -> one file that has it
+    for f, m in zip(view.files, files, strict=True):
+        if m.sha256 not in listed.result():
+            missing.setdefault(m.sha256, f)
     log.info("%s: gc was at work or deleted objects while the snapshot uploaded (its generation token held or "
-             "changed); listed the objects again: "
-             "%d of %d files' objects missing, storing them again", what, len(missing), len(files))
-    codec = view.conf.get(_CODEC, "lz4")
-    again = {}
-    for f in missing:
-        if f.path not in uploaded:  # counted as already stored; it is sent now
+             "changed); listed the objects again: %d of %d objects missing, storing them again", what,
+             len(missing), len({m.sha256 for m in files}))
+
+    def again(item: tuple[str, CheckpointFile]) -> None:
+        digest, f = item
+        sent_before = f.path in uploaded
+        if not sent_before:  # counted as already stored: it is an upload after all
             progress.skipped(-f.size, files=-1)
-        again[f.path] = _store_one(src, store, f, listed, progress, codec=codec)[0]
-    return [again.get(m.path, m) for m in files]
+        stored, _ = _store_one(src, store, f, listed, progress, codec=codec, count_file=not sent_before)
+        if stored.sha256 != digest:
+            raise SnapshotError(f"checkpoint file {src.uri(f.path)} changed while the snapshot was taken (SHA-256 "
+                                f"{digest} when first read, {stored.sha256} now); Spark files are immutable once "
+                                "written, so something else writes into this checkpoint; take the snapshot again")
+
+    with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(missing)))) as pool:
+        list(pool.map(again, missing.items()))
 
 
-def _handshake(store: JobStore, snapshot_id: str, now: datetime, epoch: int | None, *, marked: threading.Event,
-               before: threading.Event, stop: threading.Event) -> str | None:
+def _handshake(store: JobStore, snapshot_id: str, now: datetime, epoch: int | None, *, sent: threading.Event,
+               marked: threading.Event, before: threading.Event, stop: threading.Event) -> str | None:
     """The writer's half of the gc handshake: its marker stored (then ``marked`` is set), then the generation token
     read (after the one read before the uploads, ``before``): not held, gc defers to the marker from then on
     (core/generation.py); held, the writer waits for gc's lock to go and reads the token again. None: still held
     (a gc that died with it set, or could not clear it): nothing read before is trusted."""
+    sent.set()
     write_marker(store, snapshot_id, now, epoch)
     marked.set()
     while not before.wait(0.05):
@@ -301,20 +314,21 @@ def write_snapshot(
     caller to delete with others (gc takes a marker whose manifest exists for finished).
     """
     what = f"job {store.job} snapshot {snapshot_id} (batch {view.batch_id})"
-    marked, before, stop = threading.Event(), threading.Event(), threading.Event()
+    codec = view.conf.get(_CODEC, "lz4")
+    sent, marked, before, stop = threading.Event(), threading.Event(), threading.Event(), threading.Event()
     committed = False
     try:
         progress = Progress(what, len(view.files), sum(f.size for f in view.files), report=report)
         # Two side threads: the handshake, and a LIST of the objects when this process has no list of the store.
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckpt-snapshot-side") as side:
             try:
-                handshake = side.submit(_handshake, store, snapshot_id, now, epoch, marked=marked, before=before,
-                                        stop=stop)
+                handshake = side.submit(_handshake, store, snapshot_id, now, epoch, sent=sent, marked=marked,
+                                        before=before, stop=stop)
                 token, known, how = known_objects(store, side)
                 before.set()
                 step("upload")
                 files, uploaded = _store_files(checkpoint, store, view, known, progress, step=step,
-                                               concurrency=concurrency)
+                                               concurrency=concurrency, codec=codec)
                 step("uploaded")
                 confirmed = handshake.result()
             finally:
@@ -322,8 +336,8 @@ def write_snapshot(
         step("pending")
         log.debug("%s: %d objects known (%s)", what, len(known.result()), how)
         if token is None or confirmed != token:
-            files = _store_again(checkpoint, store, view, files, uploaded=uploaded, token=confirmed,
-                                 progress=progress, what=what)
+            _store_again(checkpoint, store, view, files, uploaded=uploaded, token=confirmed, progress=progress,
+                         what=what, codec=codec, concurrency=concurrency)
         stats = progress.finish()
         manifest = Manifest(
             job=store.job,
@@ -354,19 +368,22 @@ def write_snapshot(
     finally:
         # On success the manifest exists; on failure nothing references the uploaded objects (gc removes them).
         # Either way the marker has served. After kill -9 it stays until gc sees that its writer is gone
-        # (core/pending.py). The side threads are done here: ``marked`` no longer changes.
-        if marked.is_set() and not (committed and keep_marker):
-            drop_marker(store, snapshot_id)
+        # (core/pending.py). The side threads are done here: the events no longer change. A marker whose PUT
+        # failed may still have been stored: it is deleted too, quietly if that fails as well.
+        if sent.is_set() and not (committed and keep_marker):
+            drop_marker(store, snapshot_id, stored=marked.is_set())
 
 
-def drop_marker(store: JobStore, snapshot_id: str) -> None:
-    """Best effort: a marker left behind only delays gc; it must not hide the snapshot's outcome."""
+def drop_marker(store: JobStore, snapshot_id: str, *, stored: bool = True) -> None:
+    """Best effort: a marker left behind only delays gc; it must not hide the snapshot's outcome. ``stored``
+    False: its PUT failed, so most likely there is nothing to delete and a failure is not worth a warning."""
     try:
         store.storage.delete([store.pending_key(snapshot_id)])
     except StorageError as err:
-        log.warning("job %s snapshot %s: could not delete its pending marker %s (%s); gc clears it once this "
-                    "writer is provably gone, or now with `ckpt snapshot gc --clear-pending %s`", store.job,
-                    snapshot_id, store.storage.uri(store.pending_key(snapshot_id)), err, snapshot_id)
+        log.log(logging.WARNING if stored else logging.DEBUG,
+                "job %s snapshot %s: could not delete its pending marker %s (%s); gc clears it once this writer "
+                "is provably gone, or now with `ckpt snapshot gc --clear-pending %s`", store.job, snapshot_id,
+                store.storage.uri(store.pending_key(snapshot_id)), err, snapshot_id)
 
 
 def drop_committed_markers(store: JobStore, snapshot_ids: list[str]) -> bool:
@@ -393,9 +410,10 @@ def _is_fresh(store: JobStore, key: str, now: float) -> bool:
 def write_marker(store: JobStore, snapshot_id: str, now: datetime, epoch: int | None) -> None:
     """Announce a snapshot being written, naming its writer (host, pid, lease epoch, start time).
 
-    Writer and gc each write their own marker and then look for the other's (the Dekker pattern on
-    a strongly consistent store): gc backs off when it sees a writer, so at least one always
-    sees the other and gc never deletes an object a new snapshot reuses.
+    Writer and gc each write their own mark and then look for the other's (the Dekker pattern on a strongly
+    consistent store: the writer its marker, then gc's generation token; gc its "held" token, then the pending
+    markers): gc backs off when it sees a writer, the writer waits when it sees gc, so at least one always sees
+    the other and gc never deletes an object a new snapshot reuses.
     """
     store.storage.write(store.pending_key(snapshot_id), PendingMarker.body(snapshot_id, now, epoch))
 

@@ -128,7 +128,7 @@ class Snapshotter:
             self.fence()
         result = create_snapshot(
             self.store, self.checkpoint, kind=job.kind, trigger=job.trigger, labels=self.labels,
-            on_step=lambda step: self.fence() if step == "uploaded" else None, epoch=self._epoch(),
+            on_step=lambda step: self.fence() if step == "manifest" else None, epoch=self._epoch(),
             code_version=self.meta["code_version"], spark_version=self.meta["spark_version"], keep_marker=True,
         )
         with self._markers_lock:

@@ -106,6 +106,7 @@ def test_crash_at_each_step_leaves_no_visible_snapshot(store: JobStore, tmp_path
         create_snapshot(store, LocalStorage(ckpt), on_step=crash)
     assert list_snapshots(store) == []
     assert store.storage.list("snapshots/") == []
+    assert store.storage.list("pending/") == []  # its marker deleted, even one the handshake was still writing
     ok = create_snapshot(store, LocalStorage(ckpt))
     assert [m.snapshot_id for m in list_snapshots(store)] == [ok.manifest.snapshot_id]
     assert verify_snapshot(store, ok.manifest.snapshot_id).ok
@@ -314,12 +315,11 @@ def test_a_gc_that_deletes_objects_while_a_snapshot_uploads_makes_it_store_them_
     assert deleted.deleted_objects == contents  # all it needed were gone before its marker was stored
     assert [r.getMessage().split(": ", 1)[1] for r in caplog.records if "listed the objects again" in r.getMessage()] \
         == [f"gc was at work or deleted objects while the snapshot uploaded (its generation token held or changed); "
-            f"listed the objects again: {len(result.manifest.files)} of {len(result.manifest.files)} files' objects "
-            "missing, storing them again"]
+            f"listed the objects again: {contents} of {contents} objects missing, storing them again"]
     assert len(store.storage.list(OBJECTS)) == contents
     assert verify_snapshot(store, result.manifest.snapshot_id).ok
-    sent = 2 * contents if when == "uploaded" else contents
-    assert (result.stats.files, result.stats.skipped_files) == (sent, 0)
+    assert (result.stats.files, result.stats.skipped_files) == (contents, 0)  # each file counted once
+    assert result.stats.bytes == (2 if when == "uploaded" else 1) * result.manifest.total_bytes  # what was sent
 
 
 def test_gc_defers_while_a_snapshot_is_being_written(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -100,3 +101,32 @@ def test_endpoint_without_scheme_is_refused_clearly() -> None:
     with pytest.raises(ConfigError, match="expected http://HOST:PORT"):
         S3Options(endpoint_url="127.0.0.1:9000")
     assert "secret" not in repr(S3Options(access_key_id="AKIAEXAMPLE", secret_access_key="secret"))
+
+
+def test_every_s3_put_carries_the_sha256_of_its_body_and_is_not_signed_twice(s3_root: Storage) -> None:
+    """The server checks each body against the checksum header the signature covers; botocore hashes no body again."""
+    import base64
+    import hashlib
+
+    sent: list[tuple[str, str]] = []
+
+    def header(request: Any, name: str) -> str:
+        value = request.headers.get(name, "")
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    def record(request: Any, **_: Any) -> None:
+        sent.append((header(request, "x-amz-checksum-sha256"), header(request, "X-Amz-Content-SHA256")))
+
+    events = s3_root.client.meta.events  # type: ignore[attr-defined]  # S3Storage's shared boto3 client
+    events.register("before-send.s3.PutObject", record)
+    state = b"state file" * 100
+    try:
+        s3_root.write("job/status.json", b"status")
+        assert s3_root.create("job/snapshots/a/manifest.json", b"manifest") is True
+        current = s3_root.read_versioned("job/status.json")
+        assert current is not None and s3_root.write_if("job/status.json", b"status 2", current.tag) is True
+        s3_root.write_object("job/objects/x", state, hashlib.sha256(state).hexdigest())
+    finally:
+        events.unregister("before-send.s3.PutObject", record)
+    bodies = [b"status", b"manifest", b"status 2", state]  # write, create, write_if, write_object
+    assert sent == [(base64.b64encode(hashlib.sha256(b).digest()).decode(), "UNSIGNED-PAYLOAD") for b in bodies]

@@ -266,6 +266,7 @@ def test_a_gc_that_fails_while_deleting_still_renews_and_releases_the_token(
     with pytest.raises(StorageError, match="midway"):
         collect_garbage(store, min_age_s=0)
     assert [g.held for g in written] == [True, True, False]
+    assert len({g.token for g in written}) == 3  # renewed before the deletes and again after the failure
     assert not Generation.parse(store.storage.read(GC_GENERATION)).held
 
 
@@ -309,24 +310,35 @@ def test_a_disposed_manifest_leaves_the_process_cache_at_the_next_listing(tmp_pa
 
 def test_a_checkpoint_reads_the_lease_once_at_its_commit_point_and_a_savepoint_also_before_uploading(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commit point's lease check follows the gc handshake, which may wait for gc: a driver fenced meanwhile
+    (gc then clears its marker after pending.FENCED_GRACE_S) never publishes."""
+    from airflow_ckpt_provider.core import snapshotwrite
     from airflow_ckpt_provider.runtime import snapshotter as snapshotter_module
 
     monkeypatch.setattr(snapshotter_module, "RETENTION_INTERVAL_S", 3600.0)  # no retention by the clock
     store = JobStore(LocalStorage(tmp_path / "store"), "orders")
     ckpt = make_checkpoint(tmp_path / "ckpt", 2)
     steps: list[str] = []
+    real_handshake = snapshotwrite._handshake
+
+    def handshake(*args: Any, **kwargs: Any) -> Any:
+        token = real_handshake(*args, **kwargs)
+        steps.append("handshake done")
+        return token
+
+    monkeypatch.setattr(snapshotwrite, "_handshake", handshake)
     snapshotter = Snapshotter(store, LocalStorage(ckpt), retention=RetentionPolicy(checkpoints_keep=5),
                               fence=lambda: steps.append("fence"), on_done=lambda _outcome: None)
     try:
         snapshotter.take(SnapshotJob(Kind.CHECKPOINT, Trigger.PERIODIC))  # the first retention runs: fence first
-        assert steps == ["fence", "fence"]
+        assert steps == ["handshake done", "fence", "fence"]
         steps.clear()
         write_batch(ckpt, 2)
         snapshotter.take(SnapshotJob(Kind.CHECKPOINT, Trigger.PERIODIC))  # within the retention interval
-        assert steps == ["fence"]
+        assert steps == ["handshake done", "fence"]
         steps.clear()
         snapshotter.take(SnapshotJob(Kind.SAVEPOINT, Trigger.MANUAL))  # before upload, commit point, retention
-        assert steps == ["fence", "fence", "fence"]
+        assert steps == ["fence", "handshake done", "fence", "fence"]
     finally:
         snapshotter.close()
 
