@@ -156,14 +156,14 @@ def _store_one(
 ) -> tuple[ManifestFile, bool]:
     """Check and hash one checkpoint file; upload it unless the job store already has its content (True: uploaded).
 
-    ``known`` is awaited only after the file is read and hashed, so a LIST under way overlaps the hashing.
+    ``known`` is awaited first only for a file this process hashed before (``_reused``); any other file is read and
+    hashed first, so a LIST under way overlaps the hashing.
     """
+    reused = _reused(src, f, known.result(), progress)  # hashed by an earlier snapshot of this process
+    if reused is not None:
+        return reused, False
     local = src.local_path(f.path)
     identity = _file_identity(local, f.size)
-    cached = _digests.get(identity) if identity else None
-    if cached is not None and cached in known.result():  # hashed by an earlier snapshot of this process
-        progress.skipped(f.size)
-        return ManifestFile(f.path, f.size, cached), False
     try:
         if local is not None and f.size >= LARGE_FILE:
             digest = sha256_file(local)
