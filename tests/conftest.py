@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import shutil
+import tempfile
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
@@ -45,30 +47,53 @@ SUBMIT_OPTS = "SPARK_SUBMIT_OPTS"
 #: The tiers whose tests start Spark drivers: only a session that collects one of them makes the archive.
 SPARK_TIERS = ("tests/integration/", "tests/system/")
 
-#: SPARK_SUBMIT_OPTS before pytest_configure set it (None: unset), restored at the end.
-_SAVED_OPTS = pytest.StashKey[str | None]()
+#: The order in which xdist's workers take modules (scripts/test: ``--dist loadfile --no-loadscope-reorder``):
+#: the tiers whose modules take minutes first, so that the unit tests' many short modules fill the end and both
+#: workers finish together; the example DAGs' module (~5 min, its tests share one job) before the others.
+LONGEST_FIRST = ("tests/system/test_example_dags.py", "tests/system/", "tests/integration/")
+
+#: This session set SPARK_SUBMIT_OPTS (it was unset) and removes it at the end.
+_SET_OPTS = pytest.StashKey[bool]()
+#: This session set CKPT_HOME (it was unset) to a directory of its own, removed at the end.
+_SET_HOME = pytest.StashKey[Path]()
 
 
+def _xdist_controller(config: pytest.Config) -> bool:
+    """The process that hands tests to pytest-xdist's workers (``-n N``): it runs none itself."""
+    return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+
+
+@pytest.hookimpl(trylast=True)  # after the terminal reporter is registered: the archive's line reaches it
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "stress(base, per_run): repeated under load, once by default, more with --full or --stress-runs N")
     config.addinivalue_line(
         "markers", "full(proven_by): runs only with --full; the test named proven_by proves the same guarantee "
         "in the default suite (the 30-minute budget)")
+    # Records and logs of detached processes: never the user's ~/.ckpt, and one home per xdist worker (the
+    # controller sets none: each worker's own pytest_configure does).
+    if "CKPT_HOME" not in os.environ and not _xdist_controller(config):
+        home = Path(tempfile.mkdtemp(prefix="ckpt-tests-home-"))
+        os.environ["CKPT_HOME"] = str(home)
+        config.stash[_SET_HOME] = home
     if SUBMIT_OPTS not in os.environ:
-        config.stash[_SAVED_OPTS] = None
+        config.stash[_SET_OPTS] = True
         os.environ[SUBMIT_OPTS] = TEST_DRIVER_JVM
+        if _xdist_controller(config):  # the workers inherit the options; they start after this hook
+            _add_class_archive(config)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if _SAVED_OPTS in config.stash:
+    if config.stash.get(_SET_OPTS, False):
         os.environ.pop(SUBMIT_OPTS, None)
+    home = config.stash.get(_SET_HOME, None)
+    if home is not None:
+        os.environ.pop("CKPT_HOME", None)
+        shutil.rmtree(home, ignore_errors=True)
 
 
-def _add_class_archive(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Before the first Spark test: the class archive into the drivers' options (made once per machine)."""
-    if _SAVED_OPTS not in config.stash or not any(i.nodeid.startswith(SPARK_TIERS) for i in items):
-        return
+def _add_class_archive(config: pytest.Config) -> None:
+    """The class archive into the drivers' options (made once per machine)."""
     from tests.support.jvmarchive import QUIET, driver_archive
 
     archive, how = driver_archive(TEST_DRIVER_JVM)
@@ -89,7 +114,10 @@ def stress_runs(config: pytest.Config) -> int:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A stress test's time limit grows with its iterations: ``@pytest.mark.stress(base=S, per_run=S)``; a test
-    marked ``full`` is skipped without --full."""
+    marked ``full`` is skipped without --full. On xdist's workers, the longest modules first (``LONGEST_FIRST``)."""
+    if hasattr(config, "workerinput"):  # every worker sorts alike: xdist checks that they collected the same order
+        items.sort(key=lambda item: next((i for i, t in enumerate(LONGEST_FIRST) if item.nodeid.startswith(t)),
+                                         len(LONGEST_FIRST)))
     runs = stress_runs(config)
     full = config.getoption("--full")
     for item in items:
@@ -101,7 +129,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if marker is not None:
             limit = marker.kwargs.get("base", 300) + marker.kwargs.get("per_run", 600) * runs
             item.add_marker(pytest.mark.timeout(limit))
-    _add_class_archive(config, [i for i in items if not i.get_closest_marker("skip")])
+    wanted = [i for i in items if i.nodeid.startswith(SPARK_TIERS) and not i.get_closest_marker("skip")]
+    if config.stash.get(_SET_OPTS, False) and wanted and not hasattr(config, "workerinput"):
+        _add_class_archive(config)  # before the first Spark test (an xdist controller made it earlier)
 
 
 #: Seconds and tests per tier (tests/<tier>/...): setup, call and teardown, servers started by fixtures included.
