@@ -146,11 +146,13 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _TIER_TESTS[tier] += report.when == "call"
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Time per tier, for the table in docs/development.md (the 15 slowest tests come from --durations)."""
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """Time per tier, for the table in docs/development.md (the slowest tests come from --durations): the tests'
+    own time, summed over xdist's workers when there are some (then more than the run's wall time)."""
     if not _TIER_SECONDS:
         return
-    terminalreporter.section("time per tier")
+    workers = getattr(config.option, "numprocesses", None)
+    terminalreporter.section(f"time per tier (summed over {workers} workers)" if workers else "time per tier")
     for tier, seconds in sorted(_TIER_SECONDS.items(), key=lambda kv: -kv[1]):
         terminalreporter.write_line(f"{tier:<12} {seconds / 60:6.1f} min  {_TIER_TESTS[tier]:5d} tests")
 
