@@ -11,6 +11,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,8 +39,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 #: DAGs' jobs): the client-tier JIT only and one GC thread. The tests' drivers live seconds to minutes with tiny
 #: batches, so C2 compilation and parallel GC threads only cost CPU: on two cores a driver's start to its first
 #: batch takes 11 CPU-s with these instead of 19-21, and most integration and system tests are driver starts.
-#: Benchmarks and the demo run Spark's defaults. A session that runs Spark tests adds a class archive of Spark's
-#: driver classes (tests/support/jvmarchive.py): a driver's start to its first job, 9.1-9.6 s -> 5.3-5.5 s.
+#: Benchmarks and the demo run Spark's defaults. A session (or worker) whose tests start drivers adds a class archive
+#: of Spark's driver classes (tests/support/jvmarchive.py): a driver's start to its first job, 9.1-9.6 s -> 5.3-5.5 s.
 TEST_DRIVER_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:CICompilerCount=1"
 #: Where spark-submit takes extra options of the driver JVM (client mode) from: inherited by every spark-submit
 #: the tests start, directly or through Airflow, Dagster and the launcher; one of your own wins.
@@ -49,7 +50,8 @@ SPARK_TIERS = ("tests/integration/", "tests/system/")
 
 #: The order in which xdist's workers take modules (scripts/test: ``--dist loadfile --no-loadscope-reorder``):
 #: the tiers whose modules take minutes first, so that the unit tests' many short modules fill the end and both
-#: workers finish together; the example DAGs' module (~5 min, its tests share one job) before the others.
+#: workers finish together; the example DAGs' module (the longest: 8-10 min on the slower VM; its tests share one
+#: job) before the others.
 LONGEST_FIRST = ("tests/system/test_example_dags.py", "tests/system/", "tests/integration/")
 
 #: This session set SPARK_SUBMIT_OPTS (it was unset) and removes it at the end.
@@ -59,28 +61,30 @@ _SET_HOME = pytest.StashKey[Path]()
 
 
 def _xdist_controller(config: pytest.Config) -> bool:
-    """The process that hands tests to pytest-xdist's workers (``-n N``): it runs none itself."""
-    return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+    """The process that hands tests to pytest-xdist's workers (``-n N``, or ``--dist`` with ``--tx``): it runs
+    none itself."""
+    if hasattr(config, "workerinput"):
+        return False
+    return bool(getattr(config.option, "numprocesses", None)) or (
+        getattr(config.option, "dist", "no") != "no" and bool(getattr(config.option, "tx", None)))
 
 
-@pytest.hookimpl(trylast=True)  # after the terminal reporter is registered: the archive's line reaches it
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "stress(base, per_run): repeated under load, once by default, more with --full or --stress-runs N")
     config.addinivalue_line(
         "markers", "full(proven_by): runs only with --full; the test named proven_by proves the same guarantee "
         "in the default suite (the 30-minute budget)")
-    # Records and logs of detached processes: never the user's ~/.ckpt, and one home per xdist worker (the
-    # controller sets none: each worker's own pytest_configure does).
-    if "CKPT_HOME" not in os.environ and not _xdist_controller(config):
+    if _xdist_controller(config):  # each worker sets its own (it would take the controller's for the user's)
+        return
+    # Records and logs of detached processes: never the user's ~/.ckpt, and one home per xdist worker.
+    if "CKPT_HOME" not in os.environ:
         home = Path(tempfile.mkdtemp(prefix="ckpt-tests-home-"))
         os.environ["CKPT_HOME"] = str(home)
         config.stash[_SET_HOME] = home
     if SUBMIT_OPTS not in os.environ:
         config.stash[_SET_OPTS] = True
         os.environ[SUBMIT_OPTS] = TEST_DRIVER_JVM
-        if _xdist_controller(config):  # the workers inherit the options; they start after this hook
-            _add_class_archive(config)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -92,16 +96,36 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(home, ignore_errors=True)
 
 
-def _add_class_archive(config: pytest.Config) -> None:
-    """The class archive into the drivers' options (made once per machine)."""
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Before the first test, in a session (or xdist worker) whose tests start Spark drivers: the class archive
+    into the drivers' options. One process makes it once per machine; a second worker waits for it."""
+    config = session.config
+    if not config.stash.get(_SET_OPTS, False) or config.option.collectonly or not any(
+            i.nodeid.startswith(SPARK_TIERS) and not i.get_closest_marker("skip") for i in session.items):
+        return
     from tests.support.jvmarchive import QUIET, driver_archive
 
     archive, how = driver_archive(TEST_DRIVER_JVM)
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(f"Spark drivers: {TEST_DRIVER_JVM}; {how}")
     if archive is not None:
         os.environ[SUBMIT_OPTS] = f"{TEST_DRIVER_JVM} -XX:SharedArchiveFile={archive} {QUIET}"
+    line = f"Spark drivers: {TEST_DRIVER_JVM}; {how}"
+    worker = getattr(config, "workeroutput", None)
+    if worker is not None:  # shown by the controller at the end (pytest_testnodedown)
+        worker[_ARCHIVE_LINE] = line
+    elif (reporter := config.pluginmanager.get_plugin("terminalreporter")) is not None:
+        reporter.write_line(line)
+
+
+#: The workers' lines on the class archive, for the controller's summary.
+_ARCHIVE_LINE = "ckpt_class_archive"
+_WORKER_LINES: list[str] = []
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: called only where xdist runs
+def pytest_testnodedown(node: Any, error: object) -> None:
+    line = getattr(node, "workeroutput", {}).get(_ARCHIVE_LINE)
+    if line:
+        _WORKER_LINES.append(f"{node.gateway.id}: {line}")
 
 
 def stress_runs(config: pytest.Config) -> int:
@@ -129,9 +153,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if marker is not None:
             limit = marker.kwargs.get("base", 300) + marker.kwargs.get("per_run", 600) * runs
             item.add_marker(pytest.mark.timeout(limit))
-    wanted = [i for i in items if i.nodeid.startswith(SPARK_TIERS) and not i.get_closest_marker("skip")]
-    if config.stash.get(_SET_OPTS, False) and wanted and not hasattr(config, "workerinput"):
-        _add_class_archive(config)  # before the first Spark test (an xdist controller made it earlier)
 
 
 #: Seconds and tests per tier (tests/<tier>/...): setup, call and teardown, servers started by fixtures included.
@@ -149,6 +170,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     """Time per tier, for the table in docs/development.md (the slowest tests come from --durations): the tests'
     own time, summed over xdist's workers when there are some (then more than the run's wall time)."""
+    for line in _WORKER_LINES:
+        terminalreporter.write_line(line)
     if not _TIER_SECONDS:
         return
     workers = getattr(config.option, "numprocesses", None)
