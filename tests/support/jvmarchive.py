@@ -34,7 +34,7 @@ from pathlib import Path
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 
 _TRAINING = textwrap.dedent("""
-    import sys, tempfile
+    import shutil, sys, tempfile
     from pyspark.sql import SparkSession, functions as F
     work = tempfile.mkdtemp(prefix="ckpt-cds-training-")
     spark = (SparkSession.builder.master("local[2]").appName("ckpt-cds-training")
@@ -55,6 +55,7 @@ _TRAINING = textwrap.dedent("""
         query.awaitTermination(0.5)
     query.stop()
     spark.stop()
+    shutil.rmtree(work)
     print("trained on", len(seen), "batches", file=sys.stderr)
 """)
 
