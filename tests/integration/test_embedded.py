@@ -53,7 +53,11 @@ def _group_pids(pgid: int) -> set[int]:
 def _socket_inodes(pids: set[int]) -> set[int]:
     inodes: set[int] = set()
     for pid in pids:
-        for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:  # exited since it was listed (a short-lived child of the group): it holds no socket
+            continue
+        for fd in fds:
             try:
                 target = os.readlink(fd)
             except OSError:
