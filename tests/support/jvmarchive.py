@@ -30,15 +30,19 @@ import textwrap
 import time
 from pathlib import Path
 
+from airflow_ckpt_provider.launcher.submit import LOOPBACK
+
 #: Quiet CDS: a driver that cannot use the archive (another classpath) says so on stderr otherwise.
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 
 _TRAINING = textwrap.dedent("""
     import shutil, sys, tempfile
     from pyspark.sql import SparkSession, functions as F
+    LOOPBACK = sys.argv[1]  # every port the training driver opens is on loopback
     work = tempfile.mkdtemp(prefix="ckpt-cds-training-")
     spark = (SparkSession.builder.master("local[2]").appName("ckpt-cds-training")
-             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.sql.shuffle.partitions", "2").config("spark.ui.enabled", "false")
+             .config("spark.driver.bindAddress", LOOPBACK).config("spark.driver.host", LOOPBACK)
              .config("spark.sql.streaming.stateStore.providerClass",
                      "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
              .getOrCreate())
@@ -107,10 +111,11 @@ def driver_archive(jvm_options: str, *, timeout: float = 300.0) -> tuple[Path | 
 def _train(archive: Path, jvm_options: str, timeout: float) -> tuple[Path | None, str]:
     partial = archive.with_suffix(f".{os.getpid()}.partial")
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+           "SPARK_LOCAL_IP": LOOPBACK,  # the block manager too, as the launcher sets for local masters
            "SPARK_SUBMIT_OPTS": f"{jvm_options} -XX:ArchiveClassesAtExit={partial} -Xlog:cds=error"}
     started = time.monotonic()
     # Its own process group: a training run over time is killed with its JVM, not only its Python.
-    proc = subprocess.Popen([sys.executable, "-c", _TRAINING], env=env, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, "-c", _TRAINING, LOOPBACK], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         _, err = proc.communicate(timeout=timeout)
