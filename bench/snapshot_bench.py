@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from airflow_ckpt_provider.core.jobstore import JobStore
-    from airflow_ckpt_provider.core.manifest import Manifest
+    from airflow_ckpt_provider.core.manifest import Manifest, ManifestFile
     from airflow_ckpt_provider.embedded import EmbeddedS3
 
 log = logging.getLogger("snapshot_bench")
@@ -565,6 +565,10 @@ class SizeRun:
     def restores(self, manifests: Sequence[Manifest]) -> tuple[list[Transfer], list[float], list[Transfer]]:
         """Restore each job store's latest snapshot next to a plain download of the same objects."""
         restored, phases, plains = [], [], []
+        for store, manifest in zip(self.stores, manifests, strict=True):  # the baseline downloads every file
+            for f in manifest.files:
+                if f.data is not None:
+                    self.client.put_object(Bucket=BUCKET, Key=self.plain_key(store, f), Body=f.data)
         settle()
         warm = plain_download(self.client, self.objects(self.stores[0], manifests[0]), self.base / "warm-up",
                               self.opts.concurrency)
@@ -589,9 +593,17 @@ class SizeRun:
         return restored, phases, plains
 
     @staticmethod
-    def objects(store: JobStore, manifest: Manifest) -> list[tuple[str, str, int]]:
-        """(bucket key of the object, checkpoint path, size) for every file of a snapshot."""
-        return [(f"{STORE_PREFIX}/{store.job}/{store.object_key(f.sha256)}", f.path, f.size) for f in manifest.files]
+    def plain_key(store: JobStore, f: ManifestFile) -> str:
+        """The bucket key the plain download reads a file from: its object, or for a file inline in the manifest
+        (which has none) a copy stored for the baseline only."""
+        key = store.object_key(f.sha256) if f.data is None else f"plain-inline/{f.sha256}"
+        return f"{STORE_PREFIX}/{store.job}/{key}"
+
+    @classmethod
+    def objects(cls, store: JobStore, manifest: Manifest) -> list[tuple[str, str, int]]:
+        """(bucket key, checkpoint path, size) for every file of a snapshot: the plain download gets each file
+        from an object of its own, where the restore reads the inline files from the manifest."""
+        return [(cls.plain_key(store, f), f.path, f.size) for f in manifest.files]
 
 
 def _sha256(path: Path) -> str:

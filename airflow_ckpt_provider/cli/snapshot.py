@@ -17,7 +17,7 @@ from airflow_ckpt_provider.cli.common import (
     table,
     transfer_report,
 )
-from airflow_ckpt_provider.core.manifest import Kind, Manifest, Trigger, parse_enum
+from airflow_ckpt_provider.core.manifest import INLINE_MAX, INLINE_TOTAL_MAX, Kind, Manifest, Trigger, parse_enum
 from airflow_ckpt_provider.core.progress import human_bytes
 from airflow_ckpt_provider.core.storage import open_storage
 
@@ -27,6 +27,17 @@ def _row(m: Manifest) -> list[str]:
             str(len(m.files)), human_bytes(m.total_bytes)]
 
 
+def inline_bytes(text: str) -> int:
+    """``--inline-bytes``: a whole number from 0 to INLINE_TOTAL_MAX (argparse turns the error into a usage error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= INLINE_TOTAL_MAX:
+        raise argparse.ArgumentTypeError(f"expected a number of bytes from 0 to {INLINE_TOTAL_MAX}, found {text!r}")
+    return value
+
+
 def cmd_create(args: argparse.Namespace) -> int:
     from airflow_ckpt_provider.core.snapshots import create_snapshot
 
@@ -34,7 +45,7 @@ def cmd_create(args: argparse.Namespace) -> int:
     with transfer_report() as report:
         result = create_snapshot(store, checkpoint, kind=parse_enum(Kind, args.kind),
                                  trigger=parse_enum(Trigger, args.trigger), batch_id=args.batch,
-                                 code_version=args.code_version, report=report)
+                                 code_version=args.code_version, report=report, inline_max=args.inline_bytes)
     d = result.to_dict()
     emit(args, d, lambda: (
         f"created {d['kind']} {d['snapshot_id']} at batch {d['batch_id']}: {d['files']} files, "
@@ -60,14 +71,18 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     store, snapshot_id = store_and_snapshot(args)
     m = load_manifest(store, snapshot_id)
-    data = m.to_dict() if args.files else m.summary()
+    data = m.summary()
     data["uri"] = store.snapshot_uri(m.snapshot_id)
+    if args.files:  # where each file's content is: an object of the store, or inline in the manifest
+        data["files"] = [{"path": f.path, "size": f.size, "sha256": f.sha256,
+                          "content": "inline" if f.inline else store.object_key(f.sha256)} for f in m.files]
 
     def human() -> str:
         lines = [f"{k}: {json.dumps(v) if isinstance(v, (dict, list)) else v}"
                  for k, v in sorted(data.items()) if k != "files"]
         if args.files:
-            lines += [f"  {p}  {s}  {h[:16]}" for p, s, h in data["files"]]
+            lines += [f"  {f['path']}  {f['size']}  {f['sha256'][:16]}{'  inline' if f['content'] == 'inline' else ''}"
+                      for f in data["files"]]
         return "\n".join(lines)
 
     emit(args, data, human)
@@ -160,6 +175,9 @@ def add_snapshot_commands(groups: argparse._SubParsersAction[argparse.ArgumentPa
     p.add_argument("--trigger", default="manual", help="periodic, manual (default), stop or upgrade")
     p.add_argument("--batch", type=int, help="a completed batch id (default: the latest completed)")
     p.add_argument("--code-version", help="the code version running the query, recorded in the manifest")
+    p.add_argument("--inline-bytes", type=inline_bytes, default=INLINE_MAX, metavar="BYTES",
+                   help=f"files up to this size go into the manifest instead of an object of their own (default "
+                   f"{INLINE_MAX}, at most {INLINE_TOTAL_MAX}; 0: none), as the driver's --snapshot-inline-bytes")
     p = add("list", cmd_list, "list completed snapshots, oldest first")
     p.add_argument("--kind", help="only checkpoints or savepoints")
     p = add("show", cmd_show, "show one snapshot's manifest")

@@ -121,7 +121,7 @@ def _collect(store: JobStore, now: float, min_age_s: float, clear_pending: Colle
                     "job %s snapshot %s: %s the pending marker of %s: %s", store.job, marker.snapshot_id,
                     "would clear" if dry_run else "clearing", marker.owner(), gone)
         finished.append(store.pending_key(marker.snapshot_id))
-    referenced = {store.object_key(f.sha256) for m in manifests for f in m.files}
+    referenced = {store.object_key(f.sha256) for m in manifests for f in m.stored_files}  # inline: no object
     objects = store.storage.list(OBJECTS)
     garbage = [o for o in objects if o.key not in referenced and now - o.mtime >= min_age_s]
     if held is not None:

@@ -206,11 +206,12 @@ def snapshot_rows(manifests: Sequence[Manifest], starts: Iterable[StartRow], uri
     seen: set[str] = set()
     rows = []
     for m in sorted(manifests, key=snapshot_order):
-        new = {f.sha256: f.size for f in m.files if f.sha256 not in seen}
-        seen.update(f.sha256 for f in m.files)
+        new = {f.sha256: f.size for f in m.stored_files if f.sha256 not in seen}
+        seen.update(f.sha256 for f in m.stored_files)
         rows.append(SnapshotRow(
             snapshot_id=m.snapshot_id, kind=m.kind.value, trigger=m.trigger.value, batch_id=m.batch_id,
-            created_at=m.created_at, files=len(m.files), size=m.total_bytes, new_bytes=sum(new.values()),
+            created_at=m.created_at, files=len(m.files), size=m.total_bytes,
+            new_bytes=sum(new.values()) + m.inline_bytes,  # inline files: in this snapshot's manifest only
             code_version=m.code_version, uri=uri_of(m.snapshot_id),
             restored_by=tuple(restored.get(m.snapshot_id, ())), state_partitions=m.state_partitions,
             rescaled_from=m.labels.get(RESCALED_FROM)))

@@ -1,7 +1,20 @@
-"""The snapshot manifest: the one file that makes a snapshot exist, with a checksum of itself."""
+"""The snapshot manifest: the one file that makes a snapshot exist, with a checksum of itself.
+
+Each checkpoint file is listed with its size and SHA-256; its content is either an object of the job store
+(``objects/<sha256>``, shared by every snapshot that holds it) or, for a small file, written into the manifest
+itself (base64), as Flink keeps state chunks under ``state.storage.fs.memory-threshold`` in its checkpoint
+metadata: a RocksDB checkpoint's metadata, offsets, commits and per-partition archives are a few kB each, and
+one PUT apiece made most of a small snapshot's requests. An inline file is never an object: gc does not keep one
+for it, a writer never counts it as stored, a restore writes it from the manifest.
+
+Format 1 has no inline files, format 2 may have them; a manifest without inline files is written as format 1,
+so the versions before inline files still read it.
+"""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import secrets
@@ -14,7 +27,13 @@ from airflow_ckpt_provider.core.errors import ConfigError, SnapshotError
 from airflow_ckpt_provider.core.statestore import state_partitions
 from airflow_ckpt_provider.core.storage import check_key
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: The formats this version reads (the format written: 2 if a file is inline, else 1).
+READ_FORMATS = (1, 2)
+#: A checkpoint file up to this size goes into the manifest instead of an object (Flink's default threshold is
+#: 20 kb), as long as the manifest's inline bytes stay within INLINE_TOTAL_MAX; other files are objects.
+INLINE_MAX = 20 * 1024
+INLINE_TOTAL_MAX = 128 * 1024
 #: Labels of a rescale's savepoint: the savepoint it was repartitioned from, and that one's partitions.
 RESCALED_FROM = "rescaled_from"
 PARTITIONS_BEFORE = "partitions_before"
@@ -52,11 +71,39 @@ def new_snapshot_id(kind: Kind, batch_id: int, now: datetime) -> str:
 
 @dataclass(frozen=True)
 class ManifestFile:
-    """One checkpoint file: its path relative to the checkpoint root, size and SHA-256."""
+    """One checkpoint file: its path relative to the checkpoint root, size and SHA-256, and for a file written
+    into the manifest its content (``data``; None: the content is the object ``objects/<sha256>``)."""
 
     path: str
     size: int
     sha256: str
+    data: bytes | None = field(default=None, repr=False)
+
+    @property
+    def inline(self) -> bool:
+        return self.data is not None
+
+    def to_json(self) -> list[Any]:
+        entry: list[Any] = [self.path, self.size, self.sha256]
+        if self.data is not None:
+            entry.append(base64.b64encode(self.data).decode("ascii"))
+        return entry
+
+    @classmethod
+    def from_json(cls, entry: Any, inline_allowed: bool) -> ManifestFile:
+        if not isinstance(entry, list) or len(entry) not in ((3, 4) if inline_allowed else (3,)):
+            raise ValueError(f"file entry {str(entry)[:120]!r} is not [path, size, sha256"
+                             f"{', content' if inline_allowed else ''}]")
+        path, size, digest = check_key(str(entry[0])), int(entry[1]), _hex64(entry[2])
+        if len(entry) == 3:
+            return cls(path, size, digest)
+        try:
+            data = base64.b64decode(str(entry[3]), validate=True)
+        except binascii.Error as err:
+            raise ValueError(f"inline content of {path} is not base64 ({err})") from None
+        if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
+            raise ValueError(f"inline content of {path} does not match its size and SHA-256")
+        return cls(path, size, digest, data)
 
 
 @dataclass(frozen=True)
@@ -85,6 +132,15 @@ class Manifest:
         return sum(f.size for f in self.files)
 
     @property
+    def stored_files(self) -> tuple[ManifestFile, ...]:
+        """The files whose content is an object of the job store (not inline)."""
+        return tuple(f for f in self.files if f.data is None)
+
+    @property
+    def inline_bytes(self) -> int:
+        return sum(f.size for f in self.files if f.data is not None)
+
+    @property
     def created(self) -> datetime:
         return datetime.fromisoformat(self.created_at)
 
@@ -95,7 +151,7 @@ class Manifest:
 
     def to_dict(self) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "format": FORMAT_VERSION,
+            "format": FORMAT_VERSION if any(f.inline for f in self.files) else 1,
             "job": self.job,
             "snapshot_id": self.snapshot_id,
             "kind": self.kind.value,
@@ -112,7 +168,7 @@ class Manifest:
             "spark_version": self.spark_version,
             "labels": self.labels,
             "total_bytes": self.total_bytes,
-            "files": [[f.path, f.size, f.sha256] for f in self.files],
+            "files": [f.to_json() for f in self.files],
         }
         body["checksum"] = _checksum(body)
         return body
@@ -126,6 +182,8 @@ class Manifest:
         d.pop("files")
         d.pop("checksum")
         d["file_count"] = len(self.files)
+        d["inline_files"] = sum(1 for f in self.files if f.inline)
+        d["inline_bytes"] = self.inline_bytes
         d["state_partitions"] = self.state_partitions
         return d
 
@@ -143,15 +201,15 @@ class Manifest:
             d = json.loads(data)
             if not isinstance(d, dict):
                 raise ValueError("not a JSON object")
-            if d.get("format") != FORMAT_VERSION:
+            if d.get("format") not in READ_FORMATS:
                 raise SnapshotError(
-                    f"manifest {where} has format {d.get('format')!r}, this version reads format "
-                    f"{FORMAT_VERSION}; upgrade airflow-ckpt-provider"
+                    f"manifest {where} has format {d.get('format')!r}, this version reads formats "
+                    f"{', '.join(map(str, READ_FORMATS))}; upgrade airflow-ckpt-provider"
                 )
             expected = d.pop("checksum", None)
             if expected != _checksum(d):
                 raise ValueError("its checksum does not match its content")
-            files = tuple(ManifestFile(check_key(str(p)), int(s), _hex64(h)) for p, s, h in d["files"])
+            files = tuple(ManifestFile.from_json(e, inline_allowed=d["format"] >= 2) for e in d["files"])
             return cls(
                 job=d["job"],
                 snapshot_id=d["snapshot_id"],

@@ -166,7 +166,10 @@ def _fetch(store: JobStore, f: ManifestFile, dest: LocalStorage, location: str, 
 
 def _copy_object(store: JobStore, f: ManifestFile, dest: LocalStorage, location: str, progress: Progress) -> None:
     key = store.object_key(f.sha256)
-    if f.size >= LARGE_FILE:
+    if f.data is not None:  # inline in the manifest (checked against size and SHA-256 when it was read)
+        dest.write(f.path, relocate(f.path, f.data, location))
+        progress.add_bytes(f.size)
+    elif f.size >= LARGE_FILE:
         staged = dest.root / f.path  # private until the staging directory is renamed or uploaded
         store.storage.download(key, staged, callback=progress.add_bytes)
         _check(f, key, staged.stat().st_size, sha256_file(staged))

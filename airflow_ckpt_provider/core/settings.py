@@ -23,6 +23,7 @@ from enum import Enum
 from typing import Any, Self
 
 from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.manifest import INLINE_MAX, INLINE_TOTAL_MAX
 from airflow_ckpt_provider.core.modes import Mode, RestartStrategyName, RestoreSpec, TimeTravel
 from airflow_ckpt_provider.core.restart import HealthRule, RestartStrategy, health_rule, restart_strategy
 
@@ -250,6 +251,11 @@ class RuntimeSettings(Settings):
         10, kind=COUNT, metavar="N",
         help="how much lower the CPU priority of the driver's snapshot thread is (a nice value added, Linux; 0: the "
         "driver's own; at most 19; default 10): snapshots use the CPU batches leave idle")
+    snapshot_inline_bytes: int = setting(
+        INLINE_MAX, kind=COUNT, metavar="BYTES",
+        help=f"checkpoint files up to this size go into the snapshot's manifest instead of an object of their own "
+        f"(Flink's state.storage.fs.memory-threshold; {INLINE_TOTAL_MAX // 1024} KiB per manifest at most; 0: none; "
+        f"default {INLINE_MAX})")
     time_travel: TimeTravel = setting(
         TimeTravel.FORK, kind=mode(TimeTravel), metavar="{fork,refuse}",
         help="a restore of a snapshot older than the job's latest batch: fork (default: restore, the exactly-once "
@@ -264,6 +270,9 @@ class RuntimeSettings(Settings):
         if not 0 <= self.snapshot_nice <= 19:
             raise ConfigError(f"snapshot_nice must be a nice value from 0 (the driver's priority) to 19 (the lowest), "
                               f"found {self.snapshot_nice}")
+        if not 0 <= self.snapshot_inline_bytes <= INLINE_TOTAL_MAX:
+            raise ConfigError(f"snapshot_inline_bytes must be from 0 (no file inline) to {INLINE_TOTAL_MAX} (a "
+                              f"manifest's inline bytes at most), found {self.snapshot_inline_bytes}")
         if self.lineage_interval < 0:
             raise ConfigError(f"lineage_interval must be >= 0 seconds (0 for no lineage events), found "
                               f"{self.lineage_interval}")

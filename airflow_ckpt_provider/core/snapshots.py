@@ -20,7 +20,15 @@ from typing import Any
 from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
 from airflow_ckpt_provider.core.errors import ConflictError, SnapshotError, StorageError
 from airflow_ckpt_provider.core.jobstore import OBJECTS, SNAPSHOTS, JobStore, check_snapshot_id
-from airflow_ckpt_provider.core.manifest import Kind, Manifest, ManifestFile, Trigger, new_snapshot_id, snapshot_order
+from airflow_ckpt_provider.core.manifest import (
+    INLINE_MAX,
+    Kind,
+    Manifest,
+    ManifestFile,
+    Trigger,
+    new_snapshot_id,
+    snapshot_order,
+)
 from airflow_ckpt_provider.core.pending import PendingMarker, read_markers
 from airflow_ckpt_provider.core.progress import TransferStats
 from airflow_ckpt_provider.core.retention import Disposal, RetentionPolicy, plan_retention
@@ -77,6 +85,7 @@ def create_snapshot(
     on_step: StepHook | None = None,
     epoch: int | None = None,
     keep_marker: bool = False,
+    inline_max: int = INLINE_MAX,
 ) -> SnapshotResult:
     """Snapshot the checkpoint at batch ``batch_id`` (default: the latest completed batch).
 
@@ -84,7 +93,8 @@ def create_snapshot(
     the writing driver's lease epoch, recorded in the pending marker so gc can tell a fenced writer.
     ``write_ahead=False`` leaves out a planned batch N+1 (a rescale's check batch). ``keep_marker`` leaves the
     pending marker of a snapshot that committed for the caller to delete later, with others in one request (gc
-    takes a marker whose manifest exists for finished); a failed snapshot's marker is always deleted.
+    takes a marker whose manifest exists for finished); a failed snapshot's marker is always deleted. Files up to
+    ``inline_max`` bytes go into the manifest (core/manifest.py; 0: none).
     """
     step = on_step or (lambda _name: None)
     started = time.monotonic()
@@ -97,7 +107,7 @@ def create_snapshot(
     manifest, stats = write_snapshot(
         store, checkpoint, view, snapshot_id=snapshot_id, kind=kind, trigger=trigger, now=now, step=step,
         concurrency=concurrency, report=report, meta=(code_version, spark_version), labels=labels or {},
-        epoch=epoch, keep_marker=keep_marker,
+        epoch=epoch, keep_marker=keep_marker, inline_max=inline_max,
     )
     uri = store.snapshot_uri(snapshot_id)
     seconds = time.monotonic() - started
@@ -228,10 +238,11 @@ class VerifyReport:
 
 
 def object_problems(store: JobStore, manifest: Manifest) -> dict[str, str]:
-    """Files of ``manifest`` whose object is missing or has the wrong size: path -> problem (one LIST)."""
+    """Files of ``manifest`` whose object is missing or has the wrong size: path -> problem (one LIST; a file inline
+    in the manifest has no object, and was checked when the manifest was read)."""
     stored = {o.key: o.size for o in store.storage.list(OBJECTS)}
     problems = {}
-    for f in manifest.files:
+    for f in manifest.stored_files:
         key = store.object_key(f.sha256)
         if key not in stored:
             problems[f.path] = f"{f.path}: object {key} is missing"
@@ -258,7 +269,7 @@ def verify_snapshot(store: JobStore, snapshot_id: str, *, deep: bool = True, con
 
     def check(f: ManifestFile) -> str | None:
         key = store.object_key(f.sha256)
-        digest = hashlib.sha256(store.storage.read(key)).hexdigest()
+        digest = hashlib.sha256(store.storage.read(key) if f.data is None else f.data).hexdigest()
         if digest == f.sha256:
             return None
         return f"{f.path}: object {key} content has SHA-256 {digest}, expected {f.sha256}"

@@ -3,7 +3,9 @@
 Runs wherever a snapshot is taken (the Spark driver's snapshotter, ``ckpt snapshot create``), for
 ``create_snapshot`` (core/snapshots.py). Each file of a BatchView is checked, hashed and uploaded
 unless the store already holds its content (a per-process digest cache skips files hashed before);
-the manifest is created last with a conditional create, the commit point.
+the manifest is created last with a conditional create, the commit point. A small file whose content the store
+lacks goes into the manifest instead (core/manifest.py, INLINE_MAX): no request of its own, and never an object,
+so it is never added to the known objects below.
 
 The writer's half of the gc handshake (core/gc.py) runs beside the uploads, not before them: a pending
 marker names the writer, then the writer reads gc's generation token (core/generation.py); only if gc flags it
@@ -40,7 +42,7 @@ from airflow_ckpt_provider.core.ckptfiles import verify_file
 from airflow_ckpt_provider.core.errors import ConflictError, SnapshotError, StorageError
 from airflow_ckpt_provider.core.generation import read_generation
 from airflow_ckpt_provider.core.jobstore import GC_LOCK, OBJECTS, JobStore
-from airflow_ckpt_provider.core.manifest import Kind, Manifest, ManifestFile, Trigger
+from airflow_ckpt_provider.core.manifest import INLINE_MAX, INLINE_TOTAL_MAX, Kind, Manifest, ManifestFile, Trigger
 from airflow_ckpt_provider.core.pending import PendingMarker
 from airflow_ckpt_provider.core.progress import Progress, TransferStats
 from airflow_ckpt_provider.core.storage import LARGE_FILE, Storage, sha256_file
@@ -150,20 +152,9 @@ def _reused(src: Storage, f: CheckpointFile, known: set[str], progress: Progress
     return ManifestFile(f.path, f.size, cached)
 
 
-def _store_one(
-    src: Storage, store: JobStore, f: CheckpointFile, known: Future[set[str]], progress: Progress, *, codec: str,
-    count_file: bool = True,
-) -> tuple[ManifestFile, bool]:
-    """Check and hash one checkpoint file; upload it unless the job store already has its content (True: uploaded).
-
-    ``known`` is awaited first only for a file this process hashed before (``_reused``); any other file is read and
-    hashed first, so a LIST under way overlaps the hashing.
-    """
-    reused = _reused(src, f, known.result(), progress)  # hashed by an earlier snapshot of this process
-    if reused is not None:
-        return reused, False
-    local = src.local_path(f.path)
-    identity = _file_identity(local, f.size)
+def _read_checked(src: Storage, f: CheckpointFile, local: Path | None, codec: str) -> tuple[str, bytes | None]:
+    """The file's SHA-256 and, unless it is large and local (hashed from disk), its content; checked for size and,
+    for Spark's own formats, for being whole (ckptfiles.verify_file)."""
     try:
         if local is not None and f.size >= LARGE_FILE:
             digest = sha256_file(local)
@@ -190,35 +181,60 @@ def _store_one(
             "at this batch. Run `ckpt snapshot create --batch` with an older completed batch, or restore "
             "the latest snapshot"
         )
+    return digest, data
+
+
+def _store_one(
+    src: Storage, store: JobStore, f: CheckpointFile, known: Future[set[str]], progress: Progress, *, codec: str,
+    count_file: bool = True, inline: bool = False,
+) -> tuple[ManifestFile, bool]:
+    """Check and hash one checkpoint file; upload it unless the job store already has its content (True: uploaded).
+    ``inline``: a content the store lacks is kept for the manifest instead of uploaded (it counts as sent).
+
+    ``known`` is awaited first only for a file this process hashed before (``_reused``); any other file is read and
+    hashed first, so a LIST under way overlaps the hashing.
+    """
+    reused = _reused(src, f, known.result(), progress)  # hashed by an earlier snapshot of this process
+    if reused is not None:
+        return reused, False
+    local = src.local_path(f.path)
+    identity = _file_identity(local, f.size)
+    digest, data = _read_checked(src, f, local, codec)
     if identity:
         with _digests_lock:
             if len(_digests) >= _DIGESTS_MAX:
                 _digests.clear()
             _digests[identity] = digest
     if digest in known.result():
-        progress.skipped(size)
-        return ManifestFile(f.path, size, digest), False
+        progress.skipped(f.size)
+        return ManifestFile(f.path, f.size, digest), False
+    if inline and data is not None:
+        progress.add_bytes(f.size)
+        progress.file_done()
+        return ManifestFile(f.path, f.size, digest, data), False
     key = store.object_key(digest)
     if data is None:
         assert local is not None
         store.storage.upload(local, key, callback=progress.add_bytes)
     else:
         store.storage.write_object(key, data, digest)
-        progress.add_bytes(size)
+        progress.add_bytes(f.size)
     if count_file:  # False: sent again (its bytes count, the file was counted the first time)
         progress.file_done()
-    return ManifestFile(f.path, size, digest), True
+    return ManifestFile(f.path, f.size, digest), True
 
 
 def _store_files(
     src: Storage, store: JobStore, view: BatchView, known: Future[set[str]], progress: Progress, *,
-    step: StepHook, concurrency: int, codec: str,
+    step: StepHook, concurrency: int, codec: str, inline_max: int,
 ) -> tuple[list[ManifestFile], set[str]]:
-    """Store the view's files the store lacks; their manifest entries in the view's order, and the paths uploaded."""
+    """Store the view's files the store lacks; their manifest entries in the view's order, and the paths uploaded.
+    New files up to ``inline_max`` bytes go into the manifest, smallest first, up to INLINE_TOTAL_MAX bytes in all."""
     uploaded: set[str] = set()
+    inline = _inline_candidates(view.files, inline_max)
 
     def store_one(f: CheckpointFile) -> ManifestFile:
-        stored, sent = _store_one(src, store, f, known, progress, codec=codec)
+        stored, sent = _store_one(src, store, f, known, progress, codec=codec, inline=f.path in inline)
         if sent:
             uploaded.add(f.path)
         step("file")
@@ -240,6 +256,21 @@ def _store_files(
     return [reused.get(f.path) or stored[f.path] for f in view.files], uploaded
 
 
+def _inline_candidates(files: list[CheckpointFile] | tuple[CheckpointFile, ...], inline_max: int) -> set[str]:
+    """The paths of the files that go into the manifest if the store lacks their content: each at most ``inline_max``
+    bytes (0: none), smallest first, INLINE_TOTAL_MAX bytes in all (a file whose content is stored is referenced
+    instead)."""
+    chosen: set[str] = set()
+    total = 0
+    small = (f for f in files if inline_max > 0 and f.size <= min(inline_max, LARGE_FILE - 1))
+    for f in sorted(small, key=lambda f: (f.size, f.path)):
+        if total + f.size > INLINE_TOTAL_MAX:
+            break
+        chosen.add(f.path)
+        total += f.size
+    return chosen
+
+
 def _store_again(
     src: Storage, store: JobStore, view: BatchView, files: list[ManifestFile], *, uploaded: set[str],
     token: str | None, progress: Progress, what: str, codec: str, concurrency: int,
@@ -251,11 +282,11 @@ def _store_again(
     listed.set_result(_list_objects(store, token, time.monotonic()))
     missing: dict[str, CheckpointFile] = {}  # content -> one file that has it
     for f, m in zip(view.files, files, strict=True):
-        if m.sha256 not in listed.result():
+        if not m.inline and m.sha256 not in listed.result():
             missing.setdefault(m.sha256, f)
     log.info("%s: gc was at work or deleted objects while the snapshot uploaded (its generation token held or "
              "changed); listed the objects again: %d of %d objects missing, storing them again", what,
-             len(missing), len({m.sha256 for m in files}))
+             len(missing), len({m.sha256 for m in files if not m.inline}))
 
     def again(item: tuple[str, CheckpointFile]) -> None:
         digest, f = item
@@ -307,6 +338,7 @@ def write_snapshot(
     labels: dict[str, str],
     epoch: int | None,
     keep_marker: bool,
+    inline_max: int = INLINE_MAX,
 ) -> tuple[Manifest, TransferStats]:
     """Upload the objects the job store lacks beside the gc handshake, then create the manifest: the commit point.
 
@@ -328,7 +360,7 @@ def write_snapshot(
                 before.set()
                 step("upload")
                 files, uploaded = _store_files(checkpoint, store, view, known, progress, step=step,
-                                               concurrency=concurrency, codec=codec)
+                                               concurrency=concurrency, codec=codec, inline_max=inline_max)
                 step("uploaded")
                 confirmed = handshake.result()
             finally:
@@ -362,7 +394,7 @@ def write_snapshot(
             raise ConflictError(f"{what}: a manifest with this id already exists; take the snapshot again")
         committed = True
         if confirmed is not None:
-            remember_objects(store, confirmed, {f.sha256 for f in files})
+            remember_objects(store, confirmed, {f.sha256 for f in files if not f.inline})  # inline: no object
         step("committed")
         return manifest, stats
     finally:

@@ -244,6 +244,7 @@ class JobDriver:
             self.store, self.live, retention=retention, fence=self._fence, on_done=self.outcomes.put,
             code_version=self.config.code_version, spark_version=spark.version,
             labels={"epoch": str(self.lease.epoch)}, outage=self.store_outage, nice=self.config.snapshot_nice,
+            inline_max=self.config.snapshot_inline_bytes,
         )
 
     def _wait_for_grace(self, seconds: float) -> None:

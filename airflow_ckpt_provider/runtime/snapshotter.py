@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
 from airflow_ckpt_provider.core.errors import CkptError, UnreachableError
 from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.manifest import INLINE_MAX, Kind, Trigger
 from airflow_ckpt_provider.core.outage import Outage
 from airflow_ckpt_provider.core.retention import RetentionPolicy
 from airflow_ckpt_provider.core.snapshots import SnapshotResult, apply_retention, create_snapshot
@@ -76,6 +76,7 @@ class Snapshotter:
         labels: dict[str, str] | None = None,
         outage: Outage | None = None,
         nice: int = 0,
+        inline_max: int = INLINE_MAX,
     ) -> None:
         self.store = store
         self.outage = outage  # the job store's: a snapshot that failed for an outage is one of its failures
@@ -86,6 +87,7 @@ class Snapshotter:
         self.meta = {"code_version": code_version, "spark_version": spark_version}
         self.labels = labels or {}
         self.nice = nice
+        self.inline_max = inline_max
         self._cond = threading.Condition()
         self._savepoints: deque[SnapshotJob] = deque()
         self._checkpoint_due = False
@@ -130,6 +132,7 @@ class Snapshotter:
             self.store, self.checkpoint, kind=job.kind, trigger=job.trigger, labels=self.labels,
             on_step=lambda step: self.fence() if step == "manifest" else None, epoch=self._epoch(),
             code_version=self.meta["code_version"], spark_version=self.meta["spark_version"], keep_marker=True,
+            inline_max=self.inline_max,
         )
         with self._markers_lock:
             self._finished_markers.append(result.manifest.snapshot_id)

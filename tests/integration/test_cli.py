@@ -34,13 +34,16 @@ def ckpt(env: dict[str, str], *args: str, expect: int = 0) -> subprocess.Complet
 
 def test_snapshot_commands_end_to_end(ckpt_env: dict[str, str], tmp_path: Path) -> None:
     ckpt_dir = make_checkpoint(tmp_path / "ckpt", 3)
-    first = json.loads(ckpt(ckpt_env, "snapshot", "create", "--checkpoint", str(ckpt_dir), "--json").stdout)
+    first = json.loads(ckpt(ckpt_env, "snapshot", "create", "--checkpoint", str(ckpt_dir), "--inline-bytes", "0",
+                            "--json").stdout)  # every file an object
     assert (first["batch_id"], first["kind"], first["reused_files"]) == (2, "savepoint", 0)
     write_batch(ckpt_dir, 3)
     second = json.loads(ckpt(ckpt_env, "snapshot", "create", "--checkpoint", str(ckpt_dir), "--kind",
-                             "checkpoint", "--trigger", "periodic", "--json").stdout)
+                             "checkpoint", "--trigger", "periodic", "--json").stdout)  # new small files inline
     assert second["batch_id"] == 3 and second["reused_files"] > 0
     assert second["uploaded_files"] + second["reused_files"] == second["files"]
+    bad = ckpt(ckpt_env, "snapshot", "create", "--checkpoint", str(ckpt_dir), "--inline-bytes", "1MB", expect=2)
+    assert "expected a number of bytes from 0 to 131072, found '1MB'" in bad.stderr
 
     listed = json.loads(ckpt(ckpt_env, "snapshot", "list", "--json").stdout)
     assert [s["snapshot_id"] for s in listed] == [first["snapshot_id"], second["snapshot_id"]]
@@ -48,8 +51,12 @@ def test_snapshot_commands_end_to_end(ckpt_env: dict[str, str], tmp_path: Path) 
     assert human.splitlines()[0].split() == ["ID", "KIND", "TRIGGER", "BATCH", "CREATED", "FILES", "SIZE"]
     assert first["snapshot_id"] in human
 
-    shown = json.loads(ckpt(ckpt_env, "snapshot", "show", second["snapshot_id"], "--json").stdout)
+    shown = json.loads(ckpt(ckpt_env, "snapshot", "show", second["snapshot_id"], "--json", "--files").stdout)
     assert shown["batch_id"] == 3 and shown["uri"].endswith(second["snapshot_id"])
+    content = {f["path"]: f["content"] for f in shown["files"]}
+    assert content["offsets/3"] == "inline" and content["metadata"].startswith("objects/")
+    assert content["commits/3"].startswith("objects/")  # the same bytes as commits/2, stored by the first: reused
+    assert shown["inline_files"] == second["uploaded_files"] == sum(c == "inline" for c in content.values())
     assert ckpt(ckpt_env, "snapshot", "verify", second["snapshot_id"]).stdout.startswith(
         f"snapshot {second['snapshot_id']}: OK")
 

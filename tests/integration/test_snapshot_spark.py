@@ -70,11 +70,12 @@ def test_incremental_snapshot_uploads_only_new_files(spark: Any, store: JobStore
     for i in range(3):
         write_input(inputs, i)
     run_to_completion(spark, wl, input_dir=inputs, checkpoint_dir=ckpt, output_dir=output, provider=provider)
-    first = create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT, trigger=Trigger.PERIODIC)
+    # Every file an object (inline_max=0): what is proven here is that stored content is not sent again.
+    first = create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT, trigger=Trigger.PERIODIC, inline_max=0)
     for i in range(3, 5):
         write_input(inputs, i)
     run_to_completion(spark, wl, input_dir=inputs, checkpoint_dir=ckpt, output_dir=output, provider=provider)
-    second = create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT, trigger=Trigger.PERIODIC)
+    second = create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT, trigger=Trigger.PERIODIC, inline_max=0)
 
     stored_before = {f.sha256 for f in first.manifest.files}
     new = {f.sha256: f.size for f in second.manifest.files if f.sha256 not in stored_before}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from airflow_ckpt_provider.core import gc as gc_module
+from airflow_ckpt_provider.core import snapshots as snapshots_module
 from airflow_ckpt_provider.core import snapshotwrite
 from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
 from airflow_ckpt_provider.core.errors import CheckpointError, ConflictError, SnapshotError
@@ -28,7 +30,6 @@ from airflow_ckpt_provider.core.restore import restore_snapshot
 from airflow_ckpt_provider.core.retention import RetentionPolicy
 from airflow_ckpt_provider.core.snapshots import (
     apply_retention,
-    create_snapshot,
     dispose_snapshot,
     latest_completed,
     list_snapshots,
@@ -38,6 +39,11 @@ from airflow_ckpt_provider.core.snapshots import (
 )
 from airflow_ckpt_provider.core.storage import LocalStorage, Storage
 from tests.support.ckptfactory import make_checkpoint, write_batch
+
+#: This module proves the object store's side of snapshots (content-addressed objects, gc, corruption, crashes): the
+#: factory's files are a few bytes each, so here none goes into the manifest (tests/unit/core/test_inline_files.py
+#: proves inline files, and every Spark test restores snapshots that have them).
+create_snapshot = functools.partial(snapshots_module.create_snapshot, inline_max=0)
 
 pytestmark = pytest.mark.integration
 

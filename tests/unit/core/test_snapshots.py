@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -22,7 +23,6 @@ from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.retention import RetentionPolicy
 from airflow_ckpt_provider.core.snapshots import (
     apply_retention,
-    create_snapshot,
     dispose_snapshot,
     forget_manifests,
     list_snapshots,
@@ -32,6 +32,10 @@ from airflow_ckpt_provider.core.snapshotwrite import KNOWN_MAX_AGE_S, forget_obj
 from airflow_ckpt_provider.core.storage import LocalStorage
 from airflow_ckpt_provider.runtime.snapshotter import SnapshotJob, Snapshotter
 from tests.support.ckptfactory import make_checkpoint, write_batch
+
+#: This module proves the object protocol (the gc handshake, the known objects, retention): the factory's files are a
+#: few bytes each, so here none goes into the manifest (tests/unit/core/test_inline_files.py proves inline files).
+create_snapshot = functools.partial(snapshots_module.create_snapshot, inline_max=0)
 
 
 def test_a_corrupt_manifest_is_warned_about_once_per_snapshot_not_after_every_batch(

@@ -1,0 +1,140 @@
+"""Small checkpoint files inline in the manifest (core/manifest.py INLINE_MAX): no object of their own, never taken
+for a stored object by a later snapshot or gc, restored and verified byte for byte."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_ckpt_provider.core.checkpoint import CheckpointFile
+from airflow_ckpt_provider.core.errors import ConfigError, SnapshotError
+from airflow_ckpt_provider.core.gc import collect_garbage
+from airflow_ckpt_provider.core.jobstore import OBJECTS, JobStore
+from airflow_ckpt_provider.core.manifest import INLINE_MAX, INLINE_TOTAL_MAX, Manifest, _checksum
+from airflow_ckpt_provider.core.restore import restore_snapshot
+from airflow_ckpt_provider.core.settings import RuntimeSettings
+from airflow_ckpt_provider.core.snapshots import create_snapshot, dispose_snapshot, load_manifest, verify_snapshot
+from airflow_ckpt_provider.core.snapshotwrite import _inline_candidates, forget_objects
+from airflow_ckpt_provider.core.storage import LocalStorage
+from tests.support.ckptfactory import make_checkpoint, write_batch
+
+
+@pytest.fixture(autouse=True)
+def _no_cached_lists() -> None:
+    forget_objects()
+
+
+def objects(store: JobStore) -> set[str]:
+    return {o.key[len(OBJECTS):] for o in store.storage.list(OBJECTS)}
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_small_files_go_into_the_manifest_and_a_large_one_is_an_object(store: JobStore, tmp_path: Path) -> None:
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
+    write_batch(ckpt, 2, payload=INLINE_MAX + 1000)  # offsets/2 above the threshold
+    result = create_snapshot(store, LocalStorage(ckpt))
+    m = result.manifest
+    inline = sorted(f.path for f in m.files if f.inline)
+    stored = sorted(f.path for f in m.stored_files)
+    assert stored == ["offsets/2"] and inline and "offsets/2" not in inline, (inline, stored)
+    assert objects(store) == {f.sha256 for f in m.stored_files}  # one object: the inline files have none
+    assert (result.stats.files, result.stats.bytes) == (len(m.files), m.total_bytes)  # inline content is sent too
+    raw = json.loads(store.storage.read(store.manifest_key(m.snapshot_id)))
+    assert raw["format"] == 2 and sum(len(e) == 4 for e in raw["files"]) == len(inline)
+    assert m.summary()["inline_files"] == len(inline) and m.summary()["inline_bytes"] == m.inline_bytes
+
+    restored = tmp_path / "restored"
+    restore_snapshot(store, m.snapshot_id, LocalStorage(restored))
+    assert tree(restored) == {k: v for k, v in tree(ckpt).items() if k in {f.path for f in m.files}}
+    report = verify_snapshot(store, m.snapshot_id)
+    assert report.ok and report.files == len(m.files) and report.bytes_checked == m.total_bytes
+
+
+def test_an_inline_file_is_never_taken_for_a_stored_object_by_a_later_snapshot(store: JobStore,
+                                                                               tmp_path: Path) -> None:
+    """The data-loss guard: the same content snapshotted again without inlining must be uploaded, since the first
+    snapshot stored no object for it; gc after the first snapshot is disposed keeps what the second references."""
+    ckpt = make_checkpoint(tmp_path / "ckpt", 3)
+    first = create_snapshot(store, LocalStorage(ckpt)).manifest
+    assert first.files and all(f.inline for f in first.files) and objects(store) == set()
+    second = create_snapshot(store, LocalStorage(ckpt), inline_max=0)  # same process: its known list is kept
+    assert second.stats.skipped_files == 0 and second.stats.files == len(second.manifest.files)
+    assert objects(store) == {f.sha256 for f in second.manifest.files}
+    dispose_snapshot(store, first.snapshot_id, force=True)
+    assert collect_garbage(store, min_age_s=0).deleted_objects == 0
+    assert verify_snapshot(store, second.manifest.snapshot_id).ok
+
+
+def test_gc_deletes_nothing_for_inline_files_and_keeps_no_object_for_them(store: JobStore, tmp_path: Path) -> None:
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
+    write_batch(ckpt, 2, payload=INLINE_MAX + 1)
+    m = create_snapshot(store, LocalStorage(ckpt)).manifest
+    store.storage.write(store.object_key("e" * 64), b"orphan")
+    result = collect_garbage(store, min_age_s=0)
+    assert (result.deleted_objects, result.kept_objects) == (1, 1)
+    assert objects(store) == {f.sha256 for f in m.stored_files}
+    restore_snapshot(store, m.snapshot_id, LocalStorage(tmp_path / "restored"))
+    assert (tmp_path / "restored" / "metadata").read_bytes() == (ckpt / "metadata").read_bytes()
+
+
+def test_a_manifest_without_inline_files_is_format_1_and_either_format_reads(store: JobStore, tmp_path: Path) -> None:
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
+    m = create_snapshot(store, LocalStorage(ckpt), inline_max=0).manifest
+    raw = store.storage.read(store.manifest_key(m.snapshot_id))
+    assert json.loads(raw)["format"] == 1  # readable by the versions before inline files
+    assert Manifest.from_bytes(raw, "here") == m
+
+
+def _tampered(store: JobStore, snapshot_id: str, edit: Callable[[dict[str, Any]], object]) -> bytes:
+    body = json.loads(store.storage.read(store.manifest_key(snapshot_id)))
+    body.pop("checksum")
+    edit(body)
+    body["checksum"] = _checksum(body)  # a consistent checksum: only the entry's own check can tell
+    return json.dumps(body).encode()
+
+
+def test_inline_content_that_does_not_match_its_digest_or_a_format_1_inline_entry_is_corrupt(
+        store: JobStore, tmp_path: Path) -> None:
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
+    m = create_snapshot(store, LocalStorage(ckpt)).manifest
+
+    def flip(body: dict[str, Any]) -> None:
+        entry = body["files"][0]
+        data = bytearray(base64.b64decode(entry[3]))
+        data[0] ^= 1
+        entry[3] = base64.b64encode(bytes(data)).decode()
+
+    with pytest.raises(SnapshotError, match=r"corrupt .*inline content of .* does not match its size and SHA-256"):
+        Manifest.from_bytes(_tampered(store, m.snapshot_id, flip), "tampered")
+    with pytest.raises(SnapshotError, match=r"corrupt .*inline content of .* is not base64"):
+        Manifest.from_bytes(_tampered(store, m.snapshot_id, lambda b: b["files"][0].__setitem__(3, "!!")), "bad")
+    with pytest.raises(SnapshotError, match=r"corrupt .*is not \[path, size, sha256\]"):
+        Manifest.from_bytes(_tampered(store, m.snapshot_id, lambda b: b.__setitem__("format", 1)), "format 1")
+    with pytest.raises(SnapshotError, match=r"has format 3, this version reads formats 1, 2; upgrade"):
+        Manifest.from_bytes(_tampered(store, m.snapshot_id, lambda b: b.__setitem__("format", 3)), "future")
+    assert load_manifest(store, m.snapshot_id) == m
+
+
+def test_inline_candidates_are_the_smallest_files_within_the_threshold_and_the_manifest_total() -> None:
+    files = [CheckpointFile(f"state/0/{i}/{i}.zip", size) for i, size in enumerate([
+        INLINE_MAX, INLINE_MAX + 1, 10, 0, 5000] + [INLINE_MAX] * 10)]
+    chosen = _inline_candidates(files, INLINE_MAX)
+    sizes = sorted(f.size for f in files if f.path in chosen)
+    assert INLINE_MAX + 1 not in sizes and sizes[:3] == [0, 10, 5000]
+    assert sum(sizes) <= INLINE_TOTAL_MAX < sum(sizes) + INLINE_MAX  # filled up to the total, smallest first
+    assert _inline_candidates(files, 0) == set()
+    assert _inline_candidates(files, 100) == {files[2].path, files[3].path}
+
+
+@pytest.mark.parametrize("value", [-1, INLINE_TOTAL_MAX + 1])
+def test_an_inline_threshold_outside_0_to_the_manifest_total_is_refused(value: int) -> None:
+    with pytest.raises(ConfigError, match=rf"snapshot_inline_bytes must be from 0 .* found {value}"):
+        RuntimeSettings(snapshot_inline_bytes=value)
