@@ -460,11 +460,11 @@ def restore(store: JobStore, manifest: Manifest, target: Path, concurrency: int)
     return Transfer(len(manifest.files), manifest.total_bytes, wall), result.stats.seconds
 
 
-def check_same(what: str, engine: Transfer, plain: Transfer) -> None:
-    """Warn when the plain baseline did not move the same files and bytes as the engine."""
+def check_same(what: str, engine: Transfer, plain: Transfer, why: str = "") -> None:
+    """Warn when the plain baseline did not move the same files and bytes as the engine (``why``: the known reason)."""
     if (engine.files, engine.bytes) != (plain.files, plain.bytes):
-        log.warning("%s: engine moved %d files / %d bytes, plain boto3 %d files / %d bytes",
-                    what, engine.files, engine.bytes, plain.files, plain.bytes)
+        log.warning("%s: engine moved %d files / %d bytes, plain boto3 %d files / %d bytes%s",
+                    what, engine.files, engine.bytes, plain.files, plain.bytes, why)
 
 
 # ---------------------------------------------------------------- one size
@@ -542,7 +542,10 @@ class SizeRun:
             )
             runs.append(run)
             plains.append(plain)
-            check_same(f"[{self.tag}] {what} #{i}", run.transfer, plain)
+            resent = sum(1 for f in run.manifest.files if f.data is not None and f.path not in paths)
+            check_same(f"[{self.tag}] {what} #{i}", run.transfer, plain,
+                       f" ({resent} of the engine's files are unchanged small files sent again inside the manifest, "
+                       "which holds them instead of an object)" if resent else "")
             log.info("[%s] %s snapshot #%d: %d files, %.2f MiB in %.2f s (%.1f MiB/s); plain boto3 %.2f s (%.1f MiB/s)",
                      self.tag, what, i, run.transfer.files, run.transfer.bytes / MiB, run.transfer.seconds,
                      run.transfer.mib_s, plain.seconds, plain.mib_s)

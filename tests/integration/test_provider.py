@@ -16,23 +16,31 @@ pytestmark = pytest.mark.integration
 
 
 def test_airflow_lists_the_provider_and_its_connection_type(tmp_path: Path) -> None:
-    env = dict(os.environ, AIRFLOW_HOME=str(tmp_path), AIRFLOW__CORE__LOAD_EXAMPLES="False")
     airflow = str(Path(sys.executable).with_name("airflow"))
-    providers = subprocess.run([airflow, "providers", "list"], env=env, capture_output=True, text=True,
-                               timeout=120, check=True).stdout
-    assert "airflow-ckpt-provider" in providers
-    hooks = subprocess.run([airflow, "providers", "hooks"], env=env, capture_output=True, text=True,
-                           timeout=120, check=True).stdout
-    line = next(x for x in hooks.splitlines() if x.startswith("ckpt_store"))
+    commands = {"providers": ["providers", "list"], "hooks": ["providers", "hooks"], "links": ["providers", "links"],
+                "plugins": ["plugins", "-o", "json"]}
+    procs = {}  # the four CLIs at once (each starts Airflow, ~10 s of imports), each with an AIRFLOW_HOME of its own
+    for name, args in commands.items():
+        env = dict(os.environ, AIRFLOW_HOME=str(tmp_path / name), AIRFLOW__CORE__LOAD_EXAMPLES="False")
+        procs[name] = subprocess.Popen([airflow, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=True)
+    out, errors = {}, {}
+    try:
+        for name, proc in procs.items():
+            out[name], errors[name] = proc.communicate(timeout=180)
+    finally:
+        for proc in procs.values():
+            proc.kill()  # none is left running if one hangs
+            proc.wait()
+    assert all(proc.returncode == 0 for proc in procs.values()), {n: e[-3000:] for n, e in errors.items()}
+    assert "airflow-ckpt-provider" in out["providers"]
+    line = next(x for x in out["hooks"].splitlines() if x.startswith("ckpt_store"))
     assert "airflow_ckpt_provider.hooks.job_store.JobStoreHook" in line
-    line = next(x for x in hooks.splitlines() if x.startswith("ckpt_spark"))
+    line = next(x for x in out["hooks"].splitlines() if x.startswith("ckpt_spark"))
     assert "airflow_ckpt_provider.hooks.spark.CkptSparkHook" in line
-    links = subprocess.run([airflow, "providers", "links"], env=env, capture_output=True, text=True,
-                           timeout=120, check=True).stdout
-    assert "airflow_ckpt_provider.links.SparkUILink" in links
-    assert "airflow_ckpt_provider.links.SnapshotLink" in links
-    listed = subprocess.run([airflow, "plugins", "-o", "json"], env=env, capture_output=True, text=True,
-                            timeout=120, check=True).stdout
+    assert "airflow_ckpt_provider.links.SparkUILink" in out["links"]
+    assert "airflow_ckpt_provider.links.SnapshotLink" in out["links"]
+    listed = out["plugins"]
     plugins = {p["name"]: p for p in json.loads(listed[listed.index("["):])}
     page = plugins["ckpt_streaming_jobs"]  # once: the entry point only, never also as a provider plugin
     assert [(a["url_prefix"], a["name"]) for a in page["fastapi_apps"]] == [("/ckpt-jobs", "Streaming jobs")]
