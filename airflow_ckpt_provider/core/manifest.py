@@ -91,9 +91,11 @@ class ManifestFile:
 
     @classmethod
     def from_json(cls, entry: Any, inline_allowed: bool) -> ManifestFile:
-        if not isinstance(entry, list) or len(entry) not in ((3, 4) if inline_allowed else (3,)):
-            raise ValueError(f"file entry {str(entry)[:120]!r} is not [path, size, sha256"
-                             f"{', content' if inline_allowed else ''}]")
+        if isinstance(entry, list) and len(entry) == 4 and not inline_allowed:
+            raise ValueError(f"file entry {str(entry)[:120]!r} has inline content, which needs format 2")
+        if not isinstance(entry, list) or len(entry) not in (3, 4):
+            raise ValueError(f"file entry {str(entry)[:120]!r} is not [path, size, sha256] or [path, size, sha256, "
+                             "content]")
         path, size, digest = check_key(str(entry[0])), int(entry[1]), _hex64(entry[2])
         if len(entry) == 3:
             return cls(path, size, digest)
@@ -101,8 +103,10 @@ class ManifestFile:
             data = base64.b64decode(str(entry[3]), validate=True)
         except binascii.Error as err:
             raise ValueError(f"inline content of {path} is not base64 ({err})") from None
-        if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
-            raise ValueError(f"inline content of {path} does not match its size and SHA-256")
+        found = hashlib.sha256(data).hexdigest()
+        if len(data) != size or found != digest:
+            raise ValueError(f"inline content of {path} has {len(data)} bytes and SHA-256 {found}, its entry says "
+                             f"{size} bytes and {digest}")
         return cls(path, size, digest, data)
 
 
@@ -150,7 +154,14 @@ class Manifest:
         return self.batch_id + 1
 
     def to_dict(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
+        body = self._fields()
+        body["files"] = [f.to_json() for f in self.files]
+        body["checksum"] = _checksum(body)
+        return body
+
+    def _fields(self) -> dict[str, Any]:
+        """Everything but the files and the checksum."""
+        return {
             "format": FORMAT_VERSION if any(f.inline for f in self.files) else 1,
             "job": self.job,
             "snapshot_id": self.snapshot_id,
@@ -168,19 +179,14 @@ class Manifest:
             "spark_version": self.spark_version,
             "labels": self.labels,
             "total_bytes": self.total_bytes,
-            "files": [f.to_json() for f in self.files],
         }
-        body["checksum"] = _checksum(body)
-        return body
 
     def to_bytes(self) -> bytes:
         return json.dumps(self.to_dict(), indent=1, sort_keys=True).encode()
 
     def summary(self) -> dict[str, Any]:
         """The manifest without its file list, for listings."""
-        d = self.to_dict()
-        d.pop("files")
-        d.pop("checksum")
+        d = self._fields()
         d["file_count"] = len(self.files)
         d["inline_files"] = sum(1 for f in self.files if f.inline)
         d["inline_bytes"] = self.inline_bytes

@@ -216,6 +216,7 @@ class RestoreChecker:
             code_version=self.config.code_version or manifest.code_version, spark_version=manifest.spark_version,
             labels={RESCALED_FROM: manifest.snapshot_id, PARTITIONS_BEFORE: str(manifest.state_partitions)},
             on_step=lambda step: crash_point(f"rescale.save.{step}"),  # tests: killed while saving (no manifest)
+            inline_max=self.config.snapshot_inline_bytes,
         )
         saved = result.manifest
         log.info("job %s: rescaled savepoint %s (batch %d, %s partitions, from %s with %s)", self.config.job,

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from airflow_ckpt_provider.core import snapshotwrite
 from airflow_ckpt_provider.core.checkpoint import CheckpointFile
 from airflow_ckpt_provider.core.errors import ConfigError, SnapshotError
 from airflow_ckpt_provider.core.gc import collect_garbage
+from airflow_ckpt_provider.core.generation import Generation, write_generation
 from airflow_ckpt_provider.core.jobstore import OBJECTS, JobStore
 from airflow_ckpt_provider.core.manifest import INLINE_MAX, INLINE_TOTAL_MAX, Manifest, _checksum
 from airflow_ckpt_provider.core.restore import restore_snapshot
@@ -73,6 +77,36 @@ def test_an_inline_file_is_never_taken_for_a_stored_object_by_a_later_snapshot(s
     assert verify_snapshot(store, second.manifest.snapshot_id).ok
 
 
+def test_a_gc_that_deleted_objects_during_the_uploads_makes_the_writer_store_objects_again_but_no_inline_file(
+        store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The writer's repair after gc renewed the generation token mid-snapshot (_store_again) stores what is missing as
+    objects: the large file, never an inline one (which has no object), and counts each file once."""
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
+    write_batch(ckpt, 2, payload=INLINE_MAX + 1)
+    reads, uploaded = [], threading.Event()
+    real_read = snapshotwrite.read_generation
+
+    def gc_renews_between_the_reads(*args: Any, **kwargs: Any) -> Any:
+        reads.append(1)
+        if len(reads) == 2:  # the handshake's read, once the uploads are done: a gc deleted them meanwhile
+            assert uploaded.wait(30)
+            store.storage.delete([o.key for o in store.storage.list(OBJECTS)])
+            write_generation(store, Generation.new(held=False))
+        return real_read(*args, **kwargs)
+
+    monkeypatch.setattr(snapshotwrite, "read_generation", gc_renews_between_the_reads)
+    caplog.set_level(logging.INFO, logger=snapshotwrite.__name__)
+    result = create_snapshot(store, LocalStorage(ckpt), on_step=lambda step: step == "uploaded" and uploaded.set())
+    assert len(reads) == 2 and "listed the objects again: 1 of 1 objects missing" in caplog.text
+    m = result.manifest
+    assert [f.path for f in m.stored_files] == ["offsets/2"] and len(m.files) > 1
+    assert objects(store) == {f.sha256 for f in m.stored_files}
+    resent = m.stored_files[0].size  # the large file went twice; its bytes count twice, the file once
+    assert (result.stats.files, result.stats.bytes, result.stats.skipped_files) == (
+        len(m.files), m.total_bytes + resent, 0)
+    assert verify_snapshot(store, m.snapshot_id).ok
+
+
 def test_gc_deletes_nothing_for_inline_files_and_keeps_no_object_for_them(store: JobStore, tmp_path: Path) -> None:
     ckpt = make_checkpoint(tmp_path / "ckpt", 2)
     write_batch(ckpt, 2, payload=INLINE_MAX + 1)
@@ -112,11 +146,12 @@ def test_inline_content_that_does_not_match_its_digest_or_a_format_1_inline_entr
         data[0] ^= 1
         entry[3] = base64.b64encode(bytes(data)).decode()
 
-    with pytest.raises(SnapshotError, match=r"corrupt .*inline content of .* does not match its size and SHA-256"):
+    with pytest.raises(SnapshotError, match=r"corrupt .*inline content of .* has \d+ bytes and SHA-256 [0-9a-f]{64}, "
+                       r"its entry says \d+ bytes and [0-9a-f]{64}"):
         Manifest.from_bytes(_tampered(store, m.snapshot_id, flip), "tampered")
     with pytest.raises(SnapshotError, match=r"corrupt .*inline content of .* is not base64"):
         Manifest.from_bytes(_tampered(store, m.snapshot_id, lambda b: b["files"][0].__setitem__(3, "!!")), "bad")
-    with pytest.raises(SnapshotError, match=r"corrupt .*is not \[path, size, sha256\]"):
+    with pytest.raises(SnapshotError, match=r"corrupt .*has inline content, which needs format 2"):
         Manifest.from_bytes(_tampered(store, m.snapshot_id, lambda b: b.__setitem__("format", 1)), "format 1")
     with pytest.raises(SnapshotError, match=r"has format 3, this version reads formats 1, 2; upgrade"):
         Manifest.from_bytes(_tampered(store, m.snapshot_id, lambda b: b.__setitem__("format", 3)), "future")
