@@ -478,6 +478,21 @@ def test_local_writes_survive_concurrent_deletes_of_their_directory(tmp_path: Pa
     assert errors == []
 
 
+def test_a_snapshot_with_inline_files_restores_into_s3_byte_for_byte(s3_root: Storage, tmp_path: Path) -> None:
+    """The files inline in the manifest (the default: this module's other tests turn it off) land on an S3 target
+    like the objects: every key, every byte, and the target's checkpoint resumes at the snapshot's batch."""
+    store = JobStore(s3_root.child("stores"), "orders")
+    target = s3_root.child("live").child("inline-ckpt")
+    ckpt = make_checkpoint(tmp_path / "a", 2)
+    write_batch(ckpt, 2, payload=30_000)  # offsets/2 above the inline threshold: an object
+    m = snapshots_module.create_snapshot(store, LocalStorage(ckpt)).manifest
+    assert [f.path for f in m.stored_files] == ["offsets/2"] and len(m.files) - len(m.stored_files) >= 3
+    restore_snapshot(store, m.snapshot_id, target)
+    assert {f.path: target.read(f.path) for f in m.files} == {f.path: (ckpt / f.path).read_bytes() for f in m.files}
+    assert {o.key for o in target.list()} == {f.path for f in m.files}
+    assert SparkCheckpoint(target).latest_completed_batch() == 2
+
+
 def test_restore_into_s3_is_verified_before_the_target_is_touched(
     s3_root: Storage, tmp_path: Path
 ) -> None:
