@@ -231,7 +231,15 @@ def _store_files(
     """Store the view's files the store lacks; their manifest entries in the view's order, and the paths uploaded.
     New files up to ``inline_max`` bytes go into the manifest, smallest first, up to INLINE_TOTAL_MAX bytes in all."""
     uploaded: set[str] = set()
-    inline = _inline_candidates(view.files, inline_max)
+    # A periodic snapshot finds most files reused (a stat each) and a few new: threads only for those few.
+    reused: dict[str, ManifestFile] = {}
+    if known.done():  # this process's list (a LIST still under way: every file goes to the threads)
+        kept = known.result()
+        reused = {f.path: m for f in view.files if (m := _reused(src, f, kept, progress)) is not None}
+    new_files = [f for f in view.files if f.path not in reused]
+    inline = _inline_candidates(new_files, inline_max)  # a reused file takes none of the manifest's budget
+    for _ in reused:
+        step("file")
 
     def store_one(f: CheckpointFile) -> ManifestFile:
         stored, sent = _store_one(src, store, f, known, progress, codec=codec, inline=f.path in inline)
@@ -240,14 +248,6 @@ def _store_files(
         step("file")
         return stored
 
-    # A periodic snapshot finds most files reused (a stat each) and a few new: threads only for those few.
-    reused: dict[str, ManifestFile] = {}
-    if known.done():  # this process's list (a LIST still under way: every file goes to the threads)
-        kept = known.result()
-        reused = {f.path: m for f in view.files if (m := _reused(src, f, kept, progress)) is not None}
-    new_files = [f for f in view.files if f.path not in reused]
-    for _ in reused:
-        step("file")
     if len(new_files) > 1 and concurrency > 1:
         with ThreadPoolExecutor(max_workers=min(concurrency, len(new_files))) as pool:
             stored = dict(zip((f.path for f in new_files), pool.map(store_one, new_files), strict=True))
