@@ -25,11 +25,12 @@ class HealthCriteria:
 
     Statuses of an epoch below ``min_epoch``, or that started before ``started_after`` (epoch seconds),
     belong to an older deployment. Unhealthy: FAILED or STOPPED; ``max_restarts`` driver restarts within
-    ``health_window`` s (None: restarts are not judged); no heartbeat for ``heartbeat_timeout`` s (None:
-    three heartbeat intervals + 5 s; a STARTING or STOPPING driver gets ``start_timeout`` at least); data
-    waiting and no batch for ``progress_timeout`` s (None: not judged); no status of the watched deployment
-    within ``start_timeout`` s. Healthy: RUNNING, ``min_batches`` new batches (or caught up), continuously
-    for ``healthy_for`` s. Invalid values raise ConfigError.
+    ``health_window`` s (None: restarts are not judged; ``count_query_restarts``: the driver's own restarts of
+    its query count too, as an upgrade's verification wants: any failure of the new code fails it); no
+    heartbeat for ``heartbeat_timeout`` s (None: three heartbeat intervals + 5 s; a STARTING or STOPPING driver
+    gets ``start_timeout`` at least); data waiting and no batch for ``progress_timeout`` s (None: not judged);
+    no status of the watched deployment within ``start_timeout`` s. Healthy: RUNNING, ``min_batches`` new
+    batches (or caught up), continuously for ``healthy_for`` s. Invalid values raise ConfigError.
     """
 
     expect: Health = Health.HEALTHY
@@ -39,6 +40,7 @@ class HealthCriteria:
     min_batches: int = 0
     heartbeat_timeout: float | None = None
     max_restarts: int | None = None
+    count_query_restarts: bool = False
     health_window: float = 600
     progress_timeout: float | None = None
     start_timeout: float = 300

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -93,6 +94,15 @@ class JobStatus:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "state": self.state.value}
+
+    def query_restarts(self) -> list[Restart]:
+        """This driver's restarts of its query (the newest ``RESTARTS_KEPT``), oldest first; an entry that does
+        not parse is left out."""
+        found = []
+        for entry in self.restarts:
+            with contextlib.suppress(KeyError, TypeError, ValueError, AttributeError):
+                found.append(Restart.from_dict(entry))
+        return found
 
     def current_restart(self) -> Restart | None:
         """The restart in progress, when the state is RESTARTING."""

@@ -26,7 +26,6 @@ from airflow_ckpt_provider.core.control import Ack, Outcome, RequestAction, subm
 from airflow_ckpt_provider.core.deployments import Deployment, Launch, mark_stable
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.faults import crash_point
-from airflow_ckpt_provider.core.health import HealthCriteria
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec, UpgradeMode
 from airflow_ckpt_provider.core.snapshots import latest_completed, list_snapshots
@@ -221,9 +220,8 @@ class JobUpgrade:
 
     def _verify(self, record: Launch, *, batches: int | None = None) -> dict[str, Any]:
         timeout = self.options.verify_timeout
-        criteria = HealthCriteria(started_after=record.launched_at, start_timeout=timeout, max_restarts=1,
-                                  health_window=timeout,
-                                  min_batches=self.options.verify_batches if batches is None else batches)
+        criteria = steps.verify_criteria(record.launched_at, timeout=timeout,
+                                         batches=self.options.verify_batches if batches is None else batches)
         return wait_for(JobHealthWatch(self.store, criteria), timeout=timeout, poll_interval=self.options.poll,
                         what=f"job {self.job}")
 

@@ -25,6 +25,7 @@ from typing import Any
 from airflow_ckpt_provider.core.control import STOP_ACTION, RequestAction
 from airflow_ckpt_provider.core.deployments import Deployment, read_launch
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
+from airflow_ckpt_provider.core.health import HealthCriteria
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.jobview import check_can_request, observe
 from airflow_ckpt_provider.core.manifest import Kind, Manifest
@@ -271,7 +272,16 @@ class Start:
 
 @dataclass(frozen=True)
 class Verify:
-    """Wait for the health verdict on the new deployment's launch (the plan's ``launch``)."""
+    """Wait for the health verdict on the new deployment's launch (the plan's ``launch``): ``verify_criteria``."""
+
+
+def verify_criteria(launched_at: float, *, batches: int, timeout: float) -> HealthCriteria:
+    """What verifying a launch waits for: a driver of that launch RUNNING with ``batches`` new batches within
+    ``timeout`` s, and no restart meanwhile: not of the driver (its supervisor's) nor of its query in the driver
+    (``count_query_restarts``), so new code that fails its first batch fails the verification at that batch's
+    failure, not once the driver's restart strategy is spent."""
+    return HealthCriteria(started_after=launched_at, start_timeout=timeout, min_batches=batches, max_restarts=1,
+                          count_query_restarts=True, health_window=timeout)
 
 
 @dataclass(frozen=True)

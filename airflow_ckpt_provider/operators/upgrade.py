@@ -245,9 +245,8 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
 
     def _verify(self, context: Context, plan: steps.UpgradePlan, step: steps.Verify) -> Any:
         assert plan.launch is not None  # the plan records the launch before it asks to verify it
-        criteria = HealthCriteria(started_after=Launch.from_dict(plan.launch).launched_at,
-                                  min_batches=int(self.verify_batches), start_timeout=self.verify_timeout,
-                                  max_restarts=1, health_window=self.verify_timeout)
+        criteria = steps.verify_criteria(Launch.from_dict(plan.launch).launched_at, batches=int(self.verify_batches),
+                                         timeout=self.verify_timeout)
         self._step(4, "verifying: %d batches within %.0f s", int(self.verify_batches), self.verify_timeout)
         trigger = JobHealthTrigger(**self._store_args, criteria=criteria, timeout=self.verify_timeout)
         return self.wait(context, trigger=trigger, method_name="after_verify", kwargs={"plan": plan.to_dict()})

@@ -47,6 +47,7 @@ class JobHealthSensor(WatchSensor):
         min_batches: int = 0,
         heartbeat_timeout: float | None = None,
         max_restarts: int | None = None,
+        count_query_restarts: bool = False,
         health_window: float = 600,
         progress_timeout: float | None = None,
         start_timeout: float = 300,
@@ -68,7 +69,8 @@ class JobHealthSensor(WatchSensor):
         try:  # min_epoch and started_after are templated: the trigger gets them once rendered (make_trigger)
             self.criteria = HealthCriteria(
                 expect=Health(expect), healthy_for=healthy_for, min_batches=min_batches,
-                heartbeat_timeout=heartbeat_timeout, max_restarts=max_restarts, health_window=health_window,
+                heartbeat_timeout=heartbeat_timeout, max_restarts=max_restarts,
+                count_query_restarts=count_query_restarts, health_window=health_window,
                 progress_timeout=progress_timeout, start_timeout=start_timeout)
         except ConfigError as err:
             raise ValueError(f"{self.task_id}: {err}") from err

@@ -26,6 +26,14 @@ def _hms(ts: float) -> str:
     return time.strftime("%H:%M:%SZ", time.gmtime(ts))
 
 
+def _last_failure(s: JobStatus | None) -> str:
+    """'; the query failed at batch B (cause)' from the driver's newest query restart, or ''."""
+    restarts = s.query_restarts() if s is not None else []
+    if not restarts:
+        return ""
+    return f"; the query failed at batch {restarts[-1].from_batch} ({restarts[-1].cause})"
+
+
 class Unhealthy(StrEnum):
     """Why a job is unhealthy."""
 
@@ -128,6 +136,8 @@ class JobHealthWatch:
         self._supervision_seen, self._restarting = None, ""
         status = self._current(view)
         restart_times = self._restart_times()
+        if self.criteria.count_query_restarts and status is not None:
+            restart_times = sorted(restart_times + [r.at for r in status.query_restarts()])
         restarts = sum(1 for t in restart_times if now - t <= self.criteria.health_window)
         if status is None:
             if self._pending_since is None:
@@ -188,10 +198,10 @@ class JobHealthWatch:
     ) -> tuple[Unhealthy, str] | None:
         """The first unhealthy reason that applies, with its message; None if none does."""
         if s is None:
-            return self._crash_loop(restart_times, restarts, now) or self._not_started(view, now)
+            return self._crash_loop(None, restart_times, restarts, now) or self._not_started(view, now)
         if s.state is not JobState.RUNNING and starting_launch(self.store, s, now, self.criteria.start_timeout):
             return None  # stopped or dead, but a newer launch (restart, upgrade, restore) is on its way
-        return (self._ended(s, now) or self._crash_loop(restart_times, restarts, now) or self._dead(s, now)
+        return (self._ended(s, now) or self._crash_loop(s, restart_times, restarts, now) or self._dead(s, now)
                 or self._stuck(s, now))
 
     def _ended(self, s: JobStatus, now: float) -> tuple[Unhealthy, str] | None:
@@ -215,13 +225,20 @@ class JobHealthWatch:
             )
         return None
 
-    def _crash_loop(self, restart_times: list[float], restarts: int, now: float) -> tuple[Unhealthy, str] | None:
+    def _crash_loop(self, s: JobStatus | None, restart_times: list[float], restarts: int,
+                    now: float) -> tuple[Unhealthy, str] | None:
         if self.criteria.max_restarts is None:
             return None
         rule = HealthRule(self.criteria.max_restarts, self.criteria.health_window, None)
         verdict = rule.judge(restart_times, None, False, now)
         if verdict.health is Health.HEALTHY:
             return None
+        if self.criteria.count_query_restarts:
+            return Unhealthy.TOO_MANY_RESTARTS, (
+                f"job {self.store.job}: expected fewer than {self.criteria.max_restarts} restarts (of the driver or "
+                f"of its query) within {self.criteria.health_window:.0f} s, found {restarts}{_last_failure(s)} "
+                "(deployments/ and status.json in " f"{self.store.url}). Read the driver log"
+            )
         return Unhealthy.TOO_MANY_RESTARTS, (
             f"job {self.store.job}: expected fewer than {self.criteria.max_restarts} driver restarts within "
             f"{self.criteria.health_window:.0f} s, found {restarts} (deployments/ in {self.store.url}): it is "

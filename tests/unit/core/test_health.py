@@ -14,7 +14,8 @@ from airflow_ckpt_provider.core.restart import Health
 
 EVERY_FIELD: dict[str, Any] = {"expect": "unhealthy", "min_epoch": 4, "started_after": 1.5e9, "healthy_for": 30.0,
                                "min_batches": 2, "heartbeat_timeout": 45.0, "max_restarts": 3,
-                               "health_window": 900.0, "progress_timeout": 120.0, "start_timeout": 200.0}
+                               "count_query_restarts": True, "health_window": 900.0, "progress_timeout": 120.0,
+                               "start_timeout": 200.0}
 
 
 def test_the_defaults_judge_no_restarts_and_no_progress() -> None:

@@ -114,11 +114,11 @@ def test_restart_window_is_the_deprecated_name_of_health_window() -> None:
 
 def test_every_health_argument_reaches_the_trigger_s_criteria() -> None:
     sensor = JobHealthSensor(task_id="h", job="orders", expect="unhealthy", min_epoch="4", started_after=1.5e9,
-                             healthy_for=30, min_batches=2, heartbeat_timeout=45, max_restarts=3, health_window=900,
-                             progress_timeout=120, start_timeout=200)
+                             healthy_for=30, min_batches=2, heartbeat_timeout=45, max_restarts=3,
+                             count_query_restarts=True, health_window=900, progress_timeout=120, start_timeout=200)
     assert sensor.make_trigger().criteria == HealthCriteria(
         expect=Health.UNHEALTHY, min_epoch=4, started_after=1.5e9, healthy_for=30, min_batches=2, heartbeat_timeout=45,
-        max_restarts=3, health_window=900, progress_timeout=120, start_timeout=200)
+        max_restarts=3, count_query_restarts=True, health_window=900, progress_timeout=120, start_timeout=200)
 
 
 # -- the defer path ---------------------------------------------------------------------------------------

@@ -47,7 +47,8 @@ RESUME_WITH = {"method": "after_verify", "kwargs": {"plan": {"snapshot_id": "sav
 ALL_ARGUMENTS: list[tuple[type[WatchTrigger], dict[str, Any]]] = [
     (JobHealthTrigger, {"job": "orders", "expect": "unhealthy", "min_epoch": 4, "started_after": 1.5e9,
                         "healthy_for": 30.0, "min_batches": 2, "heartbeat_timeout": 45.0, "max_restarts": 3,
-                        "health_window": 900.0, "progress_timeout": 120.0, "start_timeout": 200.0,
+                        "count_query_restarts": True, "health_window": 900.0, "progress_timeout": 120.0,
+                        "start_timeout": 200.0,
                         "ckpt_store_conn_id": "my_store", "store_url": "s3://b/jobs", "poll_interval": 3.0,
                         "timeout": 600.0, "waiting_since": 1.7e9, "min_wait": 30.0, "resume_with": RESUME_WITH}),
     (RequestTrigger, {"job": "orders", "request_id": "stop-20261122T101500Z-abc123", "epoch": 7,
@@ -150,7 +151,8 @@ def test_a_job_health_trigger_the_previous_version_serialized_still_loads() -> N
     assert (trigger.timeout, trigger.waiting_since, trigger.min_wait, trigger.resume_with) == (
         900.0, 1.7e9 + 1, 30.0, RESUME_WITH)
     renamed = {("health_window" if k == "restart_window" else k): v for k, v in PREVIOUS_VERSION.items()}
-    assert trigger.serialize()[1] == renamed  # serialized again under the current name
+    # Serialized again under the current name, with the fields added since at their defaults (the earlier meaning).
+    assert trigger.serialize()[1] == renamed | {"count_query_restarts": False}
 
 
 def test_a_job_health_trigger_takes_criteria_or_their_fields() -> None:

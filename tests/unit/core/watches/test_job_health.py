@@ -132,6 +132,32 @@ def test_too_many_restarts_counts_driver_starts_after_the_first_within_the_windo
     assert healthy is not None and (healthy["status"], healthy["restarts"]) == ("healthy", 1)
 
 
+def test_a_verification_fails_at_the_first_query_restart_in_the_driver_with_its_cause(store: JobStore) -> None:
+    """The upgrade's verification (``count_query_restarts``): new code whose batch fails is unhealthy as soon as
+    its driver restarts the query, not once the driver's restart strategy is spent and its supervisor restarts
+    it; a health watch without the flag leaves the driver's own restarts to the driver."""
+    from airflow_ckpt_provider.core.status import Restart, RestartOwner
+    from airflow_ckpt_provider.launcher.upgradesteps import verify_criteria
+
+    deployed(store, 1, T0 - 50)
+    report(store, T0 - 5, started_at=T0 - 50, batch_id=None)
+    criteria = verify_criteria(T0 - 60, batches=1, timeout=300)
+    assert JobHealthWatch(store, criteria).poll(T0) is None  # running, no batch yet
+    restart = Restart(RestartOwner.DRIVER, 1, "RuntimeError: v2 bug", 2.0, at=T0 - 2, expected_by=T0 + 30,
+                      from_batch=47)
+    report(store, T0, state=JobState.RESTARTING, started_at=T0 - 50, batch_id=None, restart=restart.to_dict(),
+           restarts=[restart.to_dict()], restart_count=1)
+    event = unhealthy(JobHealthWatch(store, criteria).poll(T0), Unhealthy.TOO_MANY_RESTARTS)
+    assert event["restarts"] == 1 and "found 1; the query failed at batch 47 (RuntimeError: v2 bug)" in event[
+        "message"], event
+    # Without the flag (a health watch: the driver owns its query restarts) the same job is waited on.
+    assert JobHealthWatch(store, HealthCriteria(started_after=T0 - 60, max_restarts=1)).poll(T0) is None
+    # A query restart outside the window does not count.
+    old = Restart(RestartOwner.DRIVER, 1, "RuntimeError: old", 2.0, at=T0 - 400, expected_by=T0 - 370)
+    report(store, T0, started_at=T0 - 500, batch_id=3, restarts=[old.to_dict(), {"by": "driver"}], restart_count=2)
+    assert JobHealthWatch(store, verify_criteria(T0 - 600, batches=9, timeout=300)).poll(T0) is None
+
+
 def test_a_crash_loop_is_unhealthy_even_before_any_status(store: JobStore) -> None:
     for epoch in (1, 2, 3):
         deployed(store, epoch, T0 - 30 + epoch)
