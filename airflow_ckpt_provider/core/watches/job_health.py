@@ -27,11 +27,12 @@ def _hms(ts: float) -> str:
 
 
 def _last_failure(s: JobStatus | None) -> str:
-    """'; the query failed at batch B (cause)' from the driver's newest query restart, or ''."""
+    """'; after batch B: <cause>' from the driver's newest query restart, or ''."""
     restarts = s.query_restarts() if s is not None else []
     if not restarts:
         return ""
-    return f"; the query failed at batch {restarts[-1].from_batch} ({restarts[-1].cause})"
+    last = restarts[-1]
+    return "; " + (f"after batch {last.from_batch}: " if last.from_batch is not None else "") + last.cause
 
 
 class Unhealthy(StrEnum):
@@ -236,8 +237,8 @@ class JobHealthWatch:
         if self.criteria.count_query_restarts:
             return Unhealthy.TOO_MANY_RESTARTS, (
                 f"job {self.store.job}: expected fewer than {self.criteria.max_restarts} restarts (of the driver or "
-                f"of its query) within {self.criteria.health_window:.0f} s, found {restarts}{_last_failure(s)} "
-                "(deployments/ and status.json in " f"{self.store.url}). Read the driver log"
+                f"of its query) within {self.criteria.health_window:.0f} s, found {restarts}{_last_failure(s)}. Read "
+                f"the driver log (restarts: deployments/ and status.json in {self.store.url})"
             )
         return Unhealthy.TOO_MANY_RESTARTS, (
             f"job {self.store.job}: expected fewer than {self.criteria.max_restarts} driver restarts within "

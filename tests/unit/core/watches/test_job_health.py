@@ -143,13 +143,13 @@ def test_a_verification_fails_at_the_first_query_restart_in_the_driver_with_its_
     report(store, T0 - 5, started_at=T0 - 50, batch_id=None)
     criteria = verify_criteria(T0 - 60, batches=1, timeout=300)
     assert JobHealthWatch(store, criteria).poll(T0) is None  # running, no batch yet
-    restart = Restart(RestartOwner.DRIVER, 1, "RuntimeError: v2 bug", 2.0, at=T0 - 2, expected_by=T0 + 30,
-                      from_batch=47)
+    restart = Restart(RestartOwner.DRIVER, 1, "the query failed: RuntimeError: v2 bug", 2.0, at=T0 - 2,
+                      expected_by=T0 + 30, from_batch=47)
     report(store, T0, state=JobState.RESTARTING, started_at=T0 - 50, batch_id=None, restart=restart.to_dict(),
            restarts=[restart.to_dict()], restart_count=1)
     event = unhealthy(JobHealthWatch(store, criteria).poll(T0), Unhealthy.TOO_MANY_RESTARTS)
-    assert event["restarts"] == 1 and "found 1; the query failed at batch 47 (RuntimeError: v2 bug)" in event[
-        "message"], event
+    assert event["restarts"] == 1 and "found 1; after batch 47: the query failed: RuntimeError: v2 bug. Read" in \
+        event["message"], event
     # Without the flag (a health watch: the driver owns its query restarts) the same job is waited on.
     assert JobHealthWatch(store, HealthCriteria(started_after=T0 - 60, max_restarts=1)).poll(T0) is None
     # A query restart outside the window does not count.
