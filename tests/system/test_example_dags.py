@@ -207,8 +207,8 @@ def test_invalid_upgrade_params_are_refused_over_rest_without_a_run(airflow: Air
 def test_upgrade_chain_survives_defer_and_resume_through_scheduler_and_triggerer_under_cpu_load(
         world: World, airflow: AirflowServer, stress_run_count: int) -> None:
     """The upgrade task defers (stop with savepoint, then verification) and resumes through the real scheduler
-    and triggerer while every core is kept busy, ``stress_run_count`` times in a row (v2 -> v2.1 -> v2.2 ...),
-    all successful. Airflow 3.3's scheduler fails a task that resumes before the report of its exit after
+    and triggerer while every core is kept busy (``BURNERS``), ``stress_run_count`` times in a row (v2 -> v2.1
+    -> v2.2 ...), all successful. Airflow 3.3's scheduler fails a task that resumes before the report of its exit after
     defer() was processed (docs/airflow.md); the deferrals' min_deferral keeps that from happening."""
     from tests.system.cpuload import cpu_burner
 
