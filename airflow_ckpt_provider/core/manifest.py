@@ -39,6 +39,11 @@ RESCALED_FROM = "rescaled_from"
 PARTITIONS_BEFORE = "partitions_before"
 
 
+class NewerFormatError(SnapshotError):
+    """A manifest of a format above ``READ_FORMATS``: a newer version of this package wrote it. Restoring "the
+    latest" without it would silently go back in time (core/snapshots.list_snapshots, ``refuse_newer``)."""
+
+
 class Kind(StrEnum):
     """Flink's split: checkpoints are automatic and short-lived, savepoints are owned by the user."""
 
@@ -208,7 +213,8 @@ class Manifest:
             if not isinstance(d, dict):
                 raise ValueError("not a JSON object")
             if d.get("format") not in READ_FORMATS:
-                raise SnapshotError(
+                newer = isinstance(d.get("format"), int) and d["format"] > max(READ_FORMATS)
+                raise (NewerFormatError if newer else SnapshotError)(
                     f"manifest {where} has format {d.get('format')!r}, this version reads formats "
                     f"{', '.join(map(str, READ_FORMATS))}; upgrade airflow-ckpt-provider"
                 )

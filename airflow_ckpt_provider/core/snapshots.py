@@ -25,6 +25,7 @@ from airflow_ckpt_provider.core.manifest import (
     Kind,
     Manifest,
     ManifestFile,
+    NewerFormatError,
     Trigger,
     new_snapshot_id,
     snapshot_order,
@@ -152,12 +153,15 @@ def forget_manifests() -> None:
         _manifests.clear()
 
 
-def list_snapshots(store: JobStore, kind: Kind | None = None, *, strict: bool = False) -> list[Manifest]:
+def list_snapshots(store: JobStore, kind: Kind | None = None, *, strict: bool = False,
+                   refuse_newer: bool = False) -> list[Manifest]:
     """Completed snapshots, oldest first.
 
     A corrupt or unreadable manifest is skipped with a warning, or raises SnapshotError if
-    ``strict`` (gc must not mistake the objects of a snapshot it cannot read for garbage). Manifests read
-    before are taken from the process's cache (``_manifests``) while their LISTed size and tag are unchanged.
+    ``strict`` (gc must not mistake the objects of a snapshot it cannot read for garbage). A manifest a newer
+    version wrote (a format above READ_FORMATS) raises NewerFormatError if ``refuse_newer``: a restore of "the
+    latest" must not silently take an older snapshot this version can read. Manifests read before are taken
+    from the process's cache (``_manifests``) while their LISTed size and tag are unchanged.
     """
     listed = [o for o in store.storage.list(SNAPSHOTS) if o.key.endswith("/manifest.json")]
     with _manifests_lock:
@@ -174,7 +178,7 @@ def list_snapshots(store: JobStore, kind: Kind | None = None, *, strict: bool = 
         except FileNotFoundError:  # disposed while we listed
             return None, None
         except SnapshotError as err:
-            if strict:
+            if strict or (refuse_newer and isinstance(err, NewerFormatError)):
                 raise
             snapshot_id = key[len(SNAPSHOTS) : -len("/manifest.json")]
             log.log(logging.WARNING if _first_warning(store.storage.uri(key)) else logging.DEBUG,

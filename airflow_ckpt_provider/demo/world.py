@@ -340,16 +340,17 @@ class AirflowHome:
             raise RuntimeError(f"airflow db migrate failed:\n{done.stdout[-3000:]}")
 
     def dags_test(self, dag_id: str, conf: dict[str, Any] | None = None, *,
-                  on_line: Callable[[str], None] | None = None) -> subprocess.CompletedProcess[str]:
+                  on_line: Callable[[str], None] | None = None,
+                  env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         """``airflow dags test DAG_ID`` (deferred tasks run in-process); returncode 0 iff the run succeeded;
-        ``on_line``: each line of its output as it comes.
+        ``on_line``: each line of its output as it comes; ``env``: variables on top of this home's.
 
         No scheduler runs here, so no stale exit report can fail a resumed task: deferrals need no minimum
         (``[ckpt] min_deferral`` 0; with a scheduler the operators hold each one 30 s, docs/airflow.md).
         """
         args = ["dags", "test", dag_id] + (["--conf", json.dumps(conf)] if conf else [])
         return self.airflow(*args, log_name=f"dags-test-{dag_id}-{time.monotonic_ns()}",
-                            env={"AIRFLOW__CKPT__MIN_DEFERRAL": "0"}, on_line=on_line)
+                            env={"AIRFLOW__CKPT__MIN_DEFERRAL": "0", **(env or {})}, on_line=on_line)
 
     def start_dags_test(self, dag_id: str, *, env: dict[str, str] | None = None) -> DagTestProcess:
         """``airflow dags test DAG_ID`` in the background, in a session of its own (``dags_test``'s settings,

@@ -16,7 +16,7 @@ from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
 from airflow_ckpt_provider.core.deployments import LAUNCH_ENV
 from airflow_ckpt_provider.core.errors import CheckpointError, CkptError, ConfigError, SnapshotError
 from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, JobStore, split_snapshot_ref
-from airflow_ckpt_provider.core.manifest import Kind, Manifest, snapshot_order
+from airflow_ckpt_provider.core.manifest import Kind, Manifest, NewerFormatError, snapshot_order
 from airflow_ckpt_provider.core.modes import RestoreMode, RestoreSpec, TimeTravel
 from airflow_ckpt_provider.core.restore import restore_snapshot
 from airflow_ckpt_provider.core.snapshots import list_snapshots, load_manifest, object_problems
@@ -261,6 +261,19 @@ def check_named_restore(store: JobStore, spec: RestoreSpec, policy: TimeTravel) 
     check_time_travel(spec, plan, policy)
 
 
+def _every_snapshot(store: JobStore, spec: RestoreSpec) -> list[Manifest]:
+    """Every completed snapshot, for a restore of "the latest": refused (SnapshotError) if a newer version of this
+    package wrote one, since without it "the latest" this version can read may be an older one."""
+    try:
+        return list_snapshots(store, refuse_newer=True)
+    except NewerFormatError as err:
+        raise SnapshotError(
+            f"job {store.job}: restore {spec} refused: {err}. Without it the newest snapshot this version "
+            "can read may be an older one, and the job would silently go back in time: upgrade airflow-ckpt-provider "
+            "to the version that wrote it, or restore a snapshot by name"
+        ) from err
+
+
 def plan_start(store: JobStore, live_storage: Storage, spec: RestoreSpec,
                policy: TimeTravel = TimeTravel.FORK) -> tuple[StartPlan, LiveCheckpoint]:
     """Observe and decide, changing nothing: raises when the restore must be refused."""
@@ -271,7 +284,7 @@ def plan_start(store: JobStore, live_storage: Storage, spec: RestoreSpec,
     elif spec.mode is RestoreMode.NONE:
         snapshots = []
     else:
-        snapshots = list_snapshots(store)
+        snapshots = _every_snapshot(store, spec)
         lineage = read_lineage(store) if spec.mode is RestoreMode.LATEST_STATE else None
         if lineage is not None:
             snapshots = [m for m in snapshots if lineage.holds(m)]
@@ -283,7 +296,9 @@ def plan_start(store: JobStore, live_storage: Storage, spec: RestoreSpec,
     plan = decide(spec, live, snapshots, problems)
     if plan.action is StartAction.RESTORE:
         lineage = read_lineage(store)
-        every = snapshots if spec.mode is RestoreMode.LATEST_STATE else list_snapshots(store)
+        # The lineage's snapshots (latest-state), every one (latest-savepoint), or for a named one every one this
+        # version reads (the user chose it: a newer format's snapshot does not refuse it).
+        every = list_snapshots(store) if spec.mode is RestoreMode.SNAPSHOT else snapshots
         plan = replace(plan, travel=travel_of(plan, latest_batch(store, lineage, every), lineage))
         check_time_travel(spec, plan, policy)
     return plan, live

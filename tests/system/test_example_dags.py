@@ -75,8 +75,8 @@ def test_keep_alive_dag_restarts_a_killed_driver_with_exact_counts(world: World,
     deployment = json.loads(world.store.storage.read(f"deployments/{status.epoch:010d}.json"))
     assert deployment["restore"] == "latest-state"
     assert_exact(world)
-    # A second run reconnects to the running job instead of submitting it again.
-    again = home.dags_test("ckpt_keep_alive")
+    # A second run reconnects to the running job instead of submitting it again (its health watch: 3 s, not 25).
+    again = home.dags_test("ckpt_keep_alive", env={"CKPT_EXAMPLE_WATCH_SECONDS": "3"})
     assert again.returncode == 0, again.stdout[-5000:]
     assert "reconnecting instead of submitting it again" in again.stdout
     assert error_lines(again.stdout) == []

@@ -173,3 +173,34 @@ def test_inline_candidates_are_the_smallest_files_within_the_threshold_and_the_m
 def test_an_inline_threshold_outside_0_to_the_manifest_total_is_refused(value: int) -> None:
     with pytest.raises(ConfigError, match=rf"snapshot_inline_bytes must be from 0 .* found {value}"):
         RuntimeSettings(snapshot_inline_bytes=value)
+
+
+def test_a_restore_of_the_latest_is_refused_when_a_newer_version_wrote_the_newest_snapshot(
+        store: JobStore, tmp_path: Path) -> None:
+    """After a downgrade, a manifest of a format this version cannot read must not make "the latest" an older
+    snapshot: listings skip it with a warning, gc defers, a restore of latest-* is refused, a named one works."""
+    from airflow_ckpt_provider.core.manifest import NewerFormatError
+    from airflow_ckpt_provider.core.modes import RestoreSpec
+    from airflow_ckpt_provider.core.snapshots import list_snapshots
+    from airflow_ckpt_provider.runtime.startup import StartAction, plan_start
+
+    older = create_snapshot(store, LocalStorage(make_checkpoint(tmp_path / "a", 2))).manifest
+    newer = create_snapshot(store, LocalStorage(make_checkpoint(tmp_path / "b", 3))).manifest
+    store.storage.write(store.manifest_key(newer.snapshot_id),
+                        _tampered(store, newer.snapshot_id, lambda b: b.__setitem__("format", 3)))
+    assert list_snapshots(store) == [older]  # a listing for people: the newer one skipped, with a warning
+    with pytest.raises(NewerFormatError, match=r"has format 3, this version reads formats 1, 2"):
+        list_snapshots(store, refuse_newer=True)
+    with pytest.raises(SnapshotError, match=r"has format 3"):
+        list_snapshots(store, strict=True)  # gc defers
+    live = LocalStorage(tmp_path / "live")
+    for latest in ("latest-state", "latest-savepoint"):
+        with pytest.raises(SnapshotError, match=rf"job orders: restore {latest} refused: manifest .* has format 3, .*"
+                                                r"silently go back in time: upgrade airflow-ckpt-provider"):
+            plan_start(store, live, RestoreSpec.parse(latest))
+    plan, _ = plan_start(store, live, RestoreSpec.parse(older.snapshot_id))  # named: the user chose it
+    assert plan.action is StartAction.RESTORE and plan.snapshot == older
+    # Not a number above the formats read: corrupt, not newer; skipped as before.
+    store.storage.write(store.manifest_key(newer.snapshot_id),
+                        _tampered(store, newer.snapshot_id, lambda b: b.__setitem__("format", "3")))
+    assert list_snapshots(store, refuse_newer=True) == [older]
