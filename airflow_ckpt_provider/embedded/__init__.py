@@ -38,7 +38,10 @@ def local_spark(app_name: str, **conf: str) -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", HOST)
+    from airflow_ckpt_provider.runtime.sparkchecks import IDLE_POLL
+
     settings = {
+        IDLE_POLL[0]: IDLE_POLL[1],  # as every job's session (runtime/sparkchecks.job_session)
         "spark.driver.bindAddress": HOST,
         "spark.driver.host": HOST,
         "spark.ui.enabled": "false",

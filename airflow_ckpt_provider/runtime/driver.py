@@ -45,7 +45,7 @@ from airflow_ckpt_provider.runtime.lineage import LineageEmitter, start_emitter
 from airflow_ckpt_provider.runtime.queryrestart import QueryRestarter
 from airflow_ckpt_provider.runtime.reporting import DriverReporter, snapshot_info
 from airflow_ckpt_provider.runtime.snapshotter import SnapshotOutcome, Snapshotter
-from airflow_ckpt_provider.runtime.sparkchecks import check_executors, check_spark_python, job_session
+from airflow_ckpt_provider.runtime.sparkchecks import IDLE_POLL, check_executors, check_spark_python, job_session
 from airflow_ckpt_provider.runtime.startup import plan_start, prepare_checkpoint
 
 if TYPE_CHECKING:
@@ -117,6 +117,7 @@ class JobDriver:
         self._new_batches = 0
         self._handled: set[str] = set()  # requests taken on (a savepoint is acked only when done)
         self._query_started = clock()
+        self._idle_poll = "?"  # spark.sql.streaming.pollingDelay of the session, once it exists
         self.restarter = QueryRestarter(
             config, store=self.store, live=self.live, lease=self.lease, reporter=self.reporter,
             outage=self.store_outage, start_query=self._restart_query, query_started=lambda: self._query_started,
@@ -149,6 +150,7 @@ class JobDriver:
             log.error("job %s: cannot start: %s", job, lacking)
             return EXIT_CONFIG
         register_data_sources(spark)  # the ckpt-kafka source and writer, the ckpt-files sink
+        self._idle_poll = spark.conf.get(IDLE_POLL[0], "10ms") or "10ms"  # said in the query's start line
         spark.sparkContext.setLogLevel("WARN")
         try:
             writer = self._writer = self.build(spark, JobContext(self.config, self.lease))
@@ -221,8 +223,9 @@ class JobDriver:
         job = self.config.job
         self.query = writer.option("checkpointLocation", self.config.live_checkpoint).queryName(job).start()
         self._query_started = self.clock()
-        log.info("job %s epoch %d: query %s started (run %s), checkpoint %s", job, self.lease.epoch,
-                 self.query.id, self.query.runId, self.config.live_checkpoint)
+        log.info("job %s epoch %d: query %s started (run %s), checkpoint %s, idle sources polled every %s", job,
+                 self.lease.epoch, self.query.id, self.query.runId, self.config.live_checkpoint,
+                 self._idle_poll)
 
     def _restart_query(self) -> None:
         assert self._writer is not None

@@ -114,6 +114,7 @@ def test_savepoint_and_cancel_requests_and_a_request_for_another_epoch(env: JobE
     runs.append(a := env.run("a", checkpoint, "--checkpoint-interval", "none", "--lineage-interval", "2",
                              extra_env=lineage_env))
     status = env.wait_status("batch 1 completed", lambda s: (s.batch_id or 0) >= 1, TIMEOUT, a)
+    assert "idle sources polled every 100ms" in a.log.read_text(), a.tail()  # not Spark's 10 ms (IDLE_POLL)
 
     ack = env.request(RequestAction.SAVEPOINT, status.epoch)
     assert ack.outcome is Outcome.COMPLETED, ack
@@ -194,8 +195,9 @@ def test_broken_or_deleted_live_checkpoint_falls_back_to_the_newest_snapshot(env
     # Deleted entirely: the newest snapshot again, then all 2000 records exactly.
     newest = max(list_snapshots(env.store()), key=lambda m: m.batch_id)
     shutil.rmtree(checkpoint)
-    runs.append(c := env.run("c", checkpoint))
+    runs.append(c := env.run("c", checkpoint, conf={"spark.sql.streaming.pollingDelay": "50ms"}))
     status = env.wait_status("all 2000 records counted", lambda s: env.consumed(s) == 2000, TIMEOUT, c)
+    assert "idle sources polled every 50ms" in c.log.read_text(), c.tail()  # the job's own value wins
     assert status.restored_from == newest.snapshot_id
     assert env.request(RequestAction.STOP, status.epoch).outcome is Outcome.COMPLETED
     assert c.wait(TIMEOUT) == EXIT_STOPPED
