@@ -240,7 +240,7 @@ def summarize(view: JobView, manifests: Sequence[Manifest], starts: Sequence[Sta
     s: JobStatus | None = view.status
     now = view.now
     process = sum(1 for r in starts if r.restart and now - r.at <= window)
-    in_driver = sum(1 for r in (s.restarts if s else []) if now - float(r.get("at") or 0) <= window)
+    in_driver = sum(1 for r in (s.query_restarts() if s else []) if now - r.at <= window)
     live = view.live and s is not None and s.state in ACTIVE_STATES
     return JobSummary(
         job=view.store.job, store=view.store.root.url,
@@ -302,13 +302,13 @@ def history(starts: Sequence[StartRow], status: JobStatus | None) -> list[dict[s
         if r.code_version:
             what += f", code {r.code_version}"
         events.append({"at": r.at, "epoch": r.epoch, "event": what})
-    for restart in (status.restarts if status else []):
-        events.append({"at": float(restart.get("at") or 0), "epoch": status.epoch if status else None,
-                       "event": f"query failed at batch {restart.get('from_batch')} ({restart.get('cause')}): "
-                                f"restarted in its driver, attempt {restart.get('attempt')}"})
-        if restart.get("resumed_at"):
-            events.append({"at": float(restart["resumed_at"]), "epoch": status.epoch if status else None,
-                           "event": f"resumed at batch {restart.get('resumed_batch')}"})
+    for restart in (status.query_restarts() if status else []):
+        events.append({"at": restart.at, "epoch": status.epoch if status else None,
+                       "event": f"query failed at batch {restart.from_batch} ({restart.cause}): "
+                                f"restarted in its driver, attempt {restart.attempt}"})
+        if restart.resumed_at:
+            events.append({"at": restart.resumed_at, "epoch": status.epoch if status else None,
+                           "event": f"resumed at batch {restart.resumed_batch}"})
     if status is not None:
         reason = f": {status.reason}" if status.reason else ""
         events.append({"at": status.updated_at, "epoch": status.epoch, "event": f"{status.state}{reason}"})

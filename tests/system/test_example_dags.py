@@ -162,7 +162,7 @@ def test_upgrade_dag_takes_the_job_to_v2_with_its_state(world: World, home: Airf
 UPGRADE_DAG = "ckpt_upgrade_job"
 #: ``[ckpt] min_deferral`` on the real Airflow below: half the product's default (MIN_DEFERRAL, 30 s). The upgrade
 #: chain under load then proves the floor with half the margin a deployment has: every deferral's executor report
-#: (0.3-6.2 s measured under load) must come within it, which the test asserts; each upgrade defers 3 times, so the
+#: (0.2-6.2 s measured under load) must come within it, which the test asserts; each upgrade defers 3 times, so the
 #: module's time drops by ~45 s (and the CPU burner's by as much).
 SERVER_MIN_DEFERRAL = MIN_DEFERRAL / 2
 #: Busy-looping processes of the upgrade chain under load: every core but one. The running job, Airflow's four
