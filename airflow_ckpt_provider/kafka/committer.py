@@ -24,11 +24,8 @@ import threading
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
-# The listener must subclass pyspark's class (ruff TID253 is ignored for this file only: it runs in
-# the Spark driver, where pyspark is loaded anyway, and nothing imports it while DAGs are parsed).
-from pyspark.sql.streaming.listener import StreamingQueryListener
-
 from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.kafka.listening import ProgressListener  # imports pyspark: only the driver imports this
 from airflow_ckpt_provider.kafka.offsetcommitter import DEFAULT_TIMEOUT, KafkaConf, OffsetCommitter
 from airflow_ckpt_provider.kafka.offsets import Offsets, commit_target, kafka_offsets_or_none
 
@@ -45,7 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class KafkaCommitListener(StreamingQueryListener):
+class KafkaCommitListener(ProgressListener):
     """Submits each completed batch's Kafka end offsets to an :class:`OffsetCommitter`.
 
     Every source whose ``endOffset`` is Kafka-shaped counts: the ``ckpt-kafka`` Python source and
@@ -107,7 +104,7 @@ class KafkaCommitListener(StreamingQueryListener):
 _lock = threading.Lock()
 
 
-class SourceCommitRouter(StreamingQueryListener):
+class SourceCommitRouter(ProgressListener):
     """Commits for ``ckpt-kafka`` sources that set ``commitGroupId``: the group is in their end offset.
 
     One per session (installed by ``source.register``); one :class:`OffsetCommitter` per group.

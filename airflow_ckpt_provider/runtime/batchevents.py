@@ -39,11 +39,11 @@ class BatchListener:
         self.events = events
 
     def as_spark_listener(self) -> Any:
-        from pyspark.sql.streaming.listener import StreamingQueryListener
+        from airflow_ckpt_provider.kafka.listening import ProgressListener  # imports pyspark
 
         events = self.events
 
-        class Listener(StreamingQueryListener):
+        class Listener(ProgressListener):  # each progress event crosses py4j once, as JSON
             def onQueryStarted(self, event: Any) -> None:
                 pass
 

@@ -19,9 +19,10 @@ first executor at most ``executor_timeout`` seconds and then gives up with the r
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow_ckpt_provider.core.storage import S3Options
 
@@ -94,6 +95,44 @@ IDLE_POLL = ("spark.sql.streaming.pollingDelay", "100ms")
 REDACTION = r"(?i)secret|password|token|access[.]?key|credential|access_key_id"
 
 
+class _OnlyWithNumpy:
+    """One of pyspark's numpy input converters for py4j, asked only about numpy objects.
+
+    pyspark's NumpyArrayConverter and NumpyScalarConverter import ``pyspark.testing.utils`` in every
+    ``can_convert`` to learn whether numpy is installed; that module imports pandas, pyarrow and Google's protobuf
+    messages. py4j asks every converter about every argument of every call into the JVM, so a driver's first call
+    (its SparkConf) paid that import: 2.4 CPU-s on the slower 2-core VM, on the path of every start and restart,
+    in a driver that has no other use for pandas. An object can only be a numpy array or scalar once numpy is
+    imported, and then it is an instance of numpy's base classes: only such an object goes on to the converter,
+    which answers as before."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def can_convert(self, obj: object) -> bool:
+        numpy = sys.modules.get("numpy")
+        return (numpy is not None and isinstance(obj, (numpy.ndarray, numpy.generic))
+                and bool(self.inner.can_convert(obj)))
+
+    def convert(self, obj: object, gateway_client: Any) -> Any:
+        return self.inner.convert(obj, gateway_client)
+
+
+def defer_numpy_converters() -> int:
+    """Wrap pyspark's numpy converters in py4j's list (which every gateway shares) in :class:`_OnlyWithNumpy`;
+    the number wrapped now (0 once done)."""
+    import pyspark.sql.types  # noqa: F401  # registers pyspark's converters with py4j
+    from py4j import protocol
+
+    wrapped = 0
+    for i, converter in enumerate(protocol.INPUT_CONVERTER):
+        kind = type(converter)
+        if kind.__module__ == "pyspark.sql.types" and kind.__name__ in ("NumpyArrayConverter", "NumpyScalarConverter"):
+            protocol.INPUT_CONVERTER[i] = _OnlyWithNumpy(converter)
+            wrapped += 1
+    return wrapped
+
+
 def job_session(config: RuntimeConfig) -> SparkSession:
     """The job's session, polling idle sources every ``IDLE_POLL`` unless the job's conf says otherwise. On a
     standalone or YARN cluster, its executors get the job store's S3 settings (the
@@ -103,6 +142,7 @@ def job_session(config: RuntimeConfig) -> SparkSession:
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
+    defer_numpy_converters()  # before the first call into the JVM
     SparkContext._ensure_initialized()  # the JVM spark-submit started: SparkConf() then holds its settings
     given, builder = SparkConf(), SparkSession.builder
     if not given.contains(IDLE_POLL[0]):

@@ -262,13 +262,17 @@ def batch_end(ckpt: Path, batch: int) -> Offsets | None:
     return kafka_offsets_or_none(entry.offsets[0])
 
 
-def progress_recorder(ckpt: Path) -> Any:
-    """A listener that records, when each batch's progress arrives, whether commits/N exists."""
+def progress_recorder(ckpt: Path, *, as_json: bool = False) -> Any:
+    """A listener that records, when each batch's progress arrives, whether commits/N exists, and what the event
+    says. ``as_json``: a ProgressListener (the event parsed from Spark's JSON), else pyspark's own listener class."""
     from pyspark.sql.streaming.listener import StreamingQueryListener
 
-    class Recorder(StreamingQueryListener):
+    from airflow_ckpt_provider.kafka.listening import ProgressListener
+
+    class Recorder(ProgressListener if as_json else StreamingQueryListener):  # type: ignore[misc]  # either base
         def __init__(self) -> None:
             self.seen: list[tuple[int, bool, str]] = []
+            self.said: list[tuple[Any, ...]] = []  # what else each event says, offsets parsed
 
         def onQueryStarted(self, event: Any) -> None:
             pass
@@ -276,6 +280,9 @@ def progress_recorder(ckpt: Path) -> Any:
         def onQueryProgress(self, event: Any) -> None:
             p = event.progress
             self.seen.append((p.batchId, (ckpt / "commits" / str(p.batchId)).exists(), p.sources[0].endOffset))
+            self.said.append((p.id, p.runId, p.batchId, p.numInputRows, sorted(p.durationMs), p.sink.description,
+                              [(s.description, s.numInputRows, kafka_offsets_or_none(s.startOffset),
+                                kafka_offsets_or_none(s.latestOffset)) for s in p.sources]))
 
         def onQueryTerminated(self, event: Any) -> None:
             pass
@@ -300,8 +307,9 @@ def test_group_offsets_follow_completed_batches_only(
     assert ensure_listener(spark, group, bootstrap, topics=[topic]) is listener  # one per session and group
     with pytest.raises(ConfigError, match="other client settings"):
         ensure_listener(spark, group, "127.0.0.1:1")
-    recorder = progress_recorder(ckpt)
+    recorder, json_recorder = progress_recorder(ckpt), progress_recorder(ckpt, as_json=True)
     spark.streams.addListener(recorder)
+    spark.streams.addListener(json_recorder)
 
     inside: dict[int, Offsets] = {}  # batch N -> the group's offsets seen while N ran
     problems: list[str] = []
@@ -348,11 +356,13 @@ def test_group_offsets_follow_completed_batches_only(
         deadline = time.monotonic() + 20  # both listeners see the last batch's progress event
         while time.monotonic() < deadline and (
             group_offsets(bootstrap, group) != final or last not in [b for b, _, _ in recorder.seen]
+            or last not in [b for b, _, _ in json_recorder.seen]
         ):
             time.sleep(0.05)
     finally:
         query.stop()
         spark.streams.removeListener(recorder)
+        spark.streams.removeListener(json_recorder)
 
     assert problems == []
     assert rows[0] == 60
@@ -366,6 +376,11 @@ def test_group_offsets_follow_completed_batches_only(
     # Spark delivered every progress event after writing commits/N, with the offsets log's end offsets.
     assert [(b, exists) for b, exists, _ in recorder.seen] == [(n, True) for n in range(last + 1)]
     assert [kafka_offsets_or_none(end) for _, _, end in recorder.seen] == ends
+    # A ProgressListener (the event parsed from Spark's JSON, as the driver's and the commit listeners take it) got
+    # the same events as pyspark's own conversion: the same batches, offsets, counts and names.
+    assert [(b, exists, kafka_offsets_or_none(end)) for b, exists, end in json_recorder.seen] == [
+        (b, exists, kafka_offsets_or_none(end)) for b, exists, end in recorder.seen]
+    assert json_recorder.said == recorder.said and len(recorder.said) == last + 1
     stats = listener.committer.stats()
     assert stats.failed == 0 and stats.last_committed_batch == last
 

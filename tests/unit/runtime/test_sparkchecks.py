@@ -69,3 +69,29 @@ def test_local_masters_and_dynamic_allocation_are_not_waited_for() -> None:
     assert check_executors(FakeSpark("local[2]", [0]), 60) is None
     dynamic = FakeSpark("yarn", [0], {"spark.dynamicAllocation.enabled": "true"})
     assert check_executors(dynamic, 60) is None  # executors come when tasks wait
+
+
+def test_pyspark_s_numpy_converters_ask_only_about_numpy_objects_and_convert_them_as_before() -> None:
+    """In a fresh interpreter (as a driver starts): the wrapped converters answer a call's usual arguments without
+    importing pyspark.testing.utils (and pandas with it); a numpy array and scalar still go to pyspark's
+    converters, which take them as before."""
+    import subprocess
+
+    code = """if True:
+        import sys
+        from airflow_ckpt_provider.runtime.sparkchecks import defer_numpy_converters
+        assert defer_numpy_converters() == 2 and defer_numpy_converters() == 0  # once
+        from py4j import protocol
+        wrapped = [c for c in protocol.INPUT_CONVERTER if type(c).__name__ == "_OnlyWithNumpy"]
+        for arg in ("spark.master", 3, 2.5, [1, 2], {"a": 1}, None, b"x"):
+            assert not any(c.can_convert(arg) for c in wrapped), arg
+        assert "pyspark.testing.utils" not in sys.modules and "pandas" not in sys.modules
+        import numpy as np
+        assert [c.can_convert(np.array([1, 2])) for c in wrapped] == [True, False]  # the array converter first
+        assert [c.can_convert(np.int64(5)) for c in wrapped] == [False, True]
+        assert not any(c.can_convert(np.zeros((2, 2))) for c in wrapped)  # pyspark takes 1-D arrays only
+        assert wrapped[1].convert(np.int64(5), None) == 5
+        print("ok")
+    """
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
