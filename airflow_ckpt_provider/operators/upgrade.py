@@ -196,13 +196,7 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         partitions, new = plan.partitions, plan.new_deployment
         self._step(1, "checking that %s (code %s) restores the current state%s", new.job_file,
                    new.code_version or "-", f" repartitioned into {partitions} partitions" if partitions else "")
-        hook = self.store_hook
-        check = start_check(store, new, store_url=hook.store_url, timeout=self.check_timeout, s3=hook.s3_options,
-                            allow_non_restored_state=_flag(self.allow_non_restored_state),
-                            started_by=self._who(context), rescale_to=partitions)
-        self._step(1, "restore check %s runs as pid %s on %s (log %s); waiting up to %.0f s for its verdict",
-                   check.check_id, check.pid, check.host, check.log_file, self.check_timeout)
-        return check.check_id
+        return self._start_detached(context, store, plan, 1, "restore check", rescale_to=partitions)
 
     def _start_rescale(self, context: Context, store: JobStore, plan: steps.UpgradePlan, step: steps.Rescale) -> str:
         """The savepoint repartitioned on a copy and saved as a savepoint of its own, in a detached process."""
@@ -210,14 +204,19 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
             self._step(2, step.note)
         self._step(3, "repartitioning savepoint %s into %d state partitions on a copy", step.snapshot_id,
                    step.partitions)
+        return self._start_detached(context, store, plan, 3, "rescale", rescale_to=step.partitions, save_rescaled=True,
+                                    restore=RestoreSpec(RestoreMode.SNAPSHOT, step.snapshot_id))
+
+    def _start_detached(self, context: Context, store: JobStore, plan: steps.UpgradePlan, step: int, what: str,
+                        **options: Any) -> str:
+        """A restore check of the new deployment (``options``: what start_check takes beyond the common ones) in a
+        detached process, its record written first; its id."""
         hook = self.store_hook
         check = start_check(store, plan.new_deployment, store_url=hook.store_url, timeout=self.check_timeout,
                             s3=hook.s3_options, started_by=self._who(context),
-                            allow_non_restored_state=_flag(self.allow_non_restored_state),
-                            restore=RestoreSpec(RestoreMode.SNAPSHOT, step.snapshot_id), rescale_to=step.partitions,
-                            save_rescaled=True)
-        self._step(3, "rescale %s runs as pid %s on %s (log %s); waiting up to %.0f s", check.check_id, check.pid,
-                   check.host, check.log_file, self.check_timeout)
+                            allow_non_restored_state=_flag(self.allow_non_restored_state), **options)
+        self._step(step, "%s %s runs as pid %s on %s (log %s); waiting up to %.0f s for its verdict", what,
+                   check.check_id, check.pid, check.host, check.log_file, self.check_timeout)
         return check.check_id
 
     def _wait_check(self, context: Context, check_id: str, method_name: str, plan: steps.UpgradePlan) -> Any:
