@@ -14,6 +14,9 @@ advice.
 On a cluster, an application whose executors fit no worker (more memory or cores than any worker offers)
 waits forever: Spark only warns "Initial job has not accepted any resources". The driver waits for its
 first executor at most ``executor_timeout`` seconds and then gives up with the reason.
+
+The job's session also polls idle sources every IDLE_POLL, and its py4j calls skip pyspark's numpy converters for
+anything that is not a numpy object (``defer_numpy_converters``: they imported pandas at the driver's first call).
 """
 
 from __future__ import annotations
