@@ -272,26 +272,28 @@ class S3Storage(Storage):
         )
 
     def create(self, key: str, data: bytes) -> bool:
+        return self.create_tagged(key, data) is not None
+
+    def create_tagged(self, key: str, data: bytes) -> str | None:
         checksum = _checksum(hashlib.sha256(data).hexdigest())
 
-        def put() -> bool:
+        def put() -> str | None:
             try:
-                self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*",
-                                       ChecksumSHA256=checksum)
+                answer = self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*",
+                                                ChecksumSHA256=checksum)
             except ClientError as err:
                 if _code(err) in ("PreconditionFailed", "412"):
-                    return False
+                    return None
                 raise
-            return True
+            return str(answer.get("ETag", ""))
 
-        if self._call(f"create {self.uri(key)}", put):
-            return True
+        tag = self._call(f"create {self.uri(key)}", put)
+        if tag is not None:
+            return tag
         # A 412 after a retried PUT may answer our own first attempt, whose response was lost: the
         # bytes we write are unique (ids, timestamps, tokens), so equal bytes mean we created it.
-        try:
-            return self.read(key) == data
-        except FileNotFoundError:
-            return False
+        found = self.read_versioned(key)
+        return found.tag if found is not None and found.data == data else None
 
     def read_versioned(self, key: str) -> Versioned | None:
         def get() -> Versioned:

@@ -105,11 +105,12 @@ def create_snapshot(
     what = f"job {store.job} snapshot {snapshot_id} (batch {view.batch_id})"
     log.info("%s: creating %s from %s, %d files", what, kind.value, checkpoint.url, len(view.files))
 
-    manifest, stats = write_snapshot(
+    manifest, stats, stored = write_snapshot(
         store, checkpoint, view, snapshot_id=snapshot_id, kind=kind, trigger=trigger, now=now, step=step,
         concurrency=concurrency, report=report, meta=(code_version, spark_version), labels=labels or {},
         epoch=epoch, keep_marker=keep_marker, inline_max=inline_max,
     )
+    _remember(store, stored, manifest)
     uri = store.snapshot_uri(snapshot_id)
     seconds = time.monotonic() - started
     log.info(
@@ -138,9 +139,9 @@ def _first_warning(uri: str) -> bool:
         return True
 
 
-#: Manifests this process read, per job store URL, by (key, size, version tag from the LIST): a manifest is
-#: written once (create if absent) and never changed, so a snapshot's retention reads only the manifests that are
-#: new since the last one (one LIST page per 1,000 snapshots, not one GET per manifest); a changed tag reads it
+#: Manifests this process read or created, per job store URL, by (key, size, version tag from the LIST): a manifest
+#: is written once (create if absent) and never changed, so a snapshot's retention reads none of them again (one LIST
+#: page per 1,000 snapshots, not one GET per manifest), not even the one it has just created; a changed tag reads it
 #: again. Each listing replaces its store's entry with what it listed, so disposed manifests leave the cache.
 _manifests: dict[str, dict[tuple[str, int, str], Manifest]] = {}
 _manifests_lock = threading.Lock()
@@ -148,9 +149,20 @@ _STORES_MAX = 1_000  # stores whose manifests are kept (a triggerer may watch ma
 
 
 def forget_manifests() -> None:
-    """Drop the manifests this process read (benchmarks measuring a cold process)."""
+    """Drop the manifests this process read or created (benchmarks measuring a cold process)."""
     with _manifests_lock:
         _manifests.clear()
+
+
+def _remember(store: JobStore, stored: ObjectInfo, manifest: Manifest) -> None:
+    """Keep a manifest this process created, for its next listing (kept until then only if the store knows this
+    process's listings: a process that never lists keeps none)."""
+    if not stored.version:
+        return
+    with _manifests_lock:
+        known = _manifests.get(store.url)
+        if known is not None:
+            known[(stored.key, stored.size, stored.version)] = manifest
 
 
 def list_snapshots(store: JobStore, kind: Kind | None = None, *, strict: bool = False,
@@ -186,8 +198,12 @@ def list_snapshots(store: JobStore, kind: Kind | None = None, *, strict: bool = 
                     store.job, snapshot_id, err)
             return None, None
 
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        loaded = list(pool.map(load, listed))
+    unread = sum(1 for o in listed if not o.version or (o.key, o.size, o.version) not in known)
+    if unread <= 1:  # a driver's retention after its own snapshots: nothing to read, no threads to start
+        loaded = [load(o) for o in listed]
+    else:
+        with ThreadPoolExecutor(max_workers=min(8, unread)) as pool:
+            loaded = list(pool.map(load, listed))
     with _manifests_lock:
         if store.url not in _manifests and len(_manifests) >= _STORES_MAX:
             _manifests.clear()
@@ -323,21 +339,20 @@ def pending_markers(store: JobStore) -> list[PendingMarker]:
 def apply_retention(
     store: JobStore, policy: RetentionPolicy, *, now: datetime | None = None, dry_run: bool = False
 ) -> list[Disposal]:
-    """Dispose of what the policy selects; a failed disposal is logged and retried next time."""
+    """Dispose of what the policy selects, in one delete request; a failed request is logged and retried next
+    time (its deletes are idempotent)."""
     plan = plan_retention(list_snapshots(store), policy, now or _now())
-    done = []
+    if dry_run or not plan:
+        return plan
+    try:
+        store.storage.delete([key for d in plan for key in _disposal_keys(store, d.snapshot_id)])
+    except StorageError as err:
+        log.warning("job %s: disposal of %d snapshots (%s) failed, will retry: %s", store.job, len(plan),
+                    ", ".join(d.snapshot_id for d in plan), err)
+        return []
     for d in plan:
-        if dry_run:
-            done.append(d)
-            continue
-        try:
-            store.storage.delete(_disposal_keys(store, d.snapshot_id))
-        except StorageError as err:
-            log.warning("job %s snapshot %s: disposal failed, will retry: %s", store.job, d.snapshot_id, err)
-            continue
         log.info("job %s snapshot %s: disposed by retention (%s)", store.job, d.snapshot_id, d.reason)
-        done.append(d)
-    return done
+    return plan
 
 
 def dispose_snapshots(store: JobStore, snapshot_ids: Iterable[str] | None, *, keep_checkpoints: int,

@@ -45,7 +45,7 @@ from airflow_ckpt_provider.core.jobstore import GC_LOCK, OBJECTS, JobStore
 from airflow_ckpt_provider.core.manifest import INLINE_MAX, INLINE_TOTAL_MAX, Kind, Manifest, ManifestFile, Trigger
 from airflow_ckpt_provider.core.pending import PendingMarker
 from airflow_ckpt_provider.core.progress import Progress, TransferStats
-from airflow_ckpt_provider.core.storage import LARGE_FILE, Storage, sha256_file
+from airflow_ckpt_provider.core.storage import LARGE_FILE, ObjectInfo, Storage, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -339,8 +339,9 @@ def write_snapshot(
     epoch: int | None,
     keep_marker: bool,
     inline_max: int = INLINE_MAX,
-) -> tuple[Manifest, TransferStats]:
+) -> tuple[Manifest, TransferStats, ObjectInfo]:
     """Upload the objects the job store lacks beside the gc handshake, then create the manifest: the commit point.
+    Returns the manifest, what the uploads did, and the manifest's object as a listing would show it.
 
     The pending marker is deleted at the end, unless the snapshot committed and ``keep_marker`` leaves it for the
     caller to delete with others (gc takes a marker whose manifest exists for finished).
@@ -390,13 +391,15 @@ def write_snapshot(
             labels=labels,
         )
         step("manifest")
-        if not store.storage.create(store.manifest_key(snapshot_id), manifest.to_bytes()):
+        body, key = manifest.to_bytes(), store.manifest_key(snapshot_id)
+        tag = store.storage.create_tagged(key, body)
+        if tag is None:
             raise ConflictError(f"{what}: a manifest with this id already exists; take the snapshot again")
         committed = True
         if confirmed is not None:
             remember_objects(store, confirmed, {f.sha256 for f in files if not f.inline})  # inline: no object
         step("committed")
-        return manifest, stats
+        return manifest, stats, ObjectInfo(key, len(body), time.time(), tag)
     finally:
         # On success the manifest exists; on failure nothing references the uploaded objects (gc removes them).
         # Either way the marker has served. After kill -9 it stays until gc sees that its writer is gone

@@ -35,8 +35,8 @@ LARGE_FILE = 16 * 1024 * 1024
 @dataclass(frozen=True)
 class ObjectInfo:
     """One stored object: its key relative to the storage root, size in bytes, modification time, and a tag
-    that changes whenever its content does (S3: the ETag; a directory: the modification time in ns; '' when
-    unknown)."""
+    that changes whenever its content does (S3: the ETag; a directory: the modification time in ns and the inode,
+    new with each write; '' when unknown)."""
 
     key: str
     size: int
@@ -113,6 +113,14 @@ class Storage(ABC):
     @abstractmethod
     def create(self, key: str, data: bytes) -> bool:
         """Create the object only if absent, atomically; True if created, False if it existed."""
+
+    def create_tagged(self, key: str, data: bytes) -> str | None:
+        """``create`` that returns the new object's version tag (as ``list`` and ``stat`` report it; '' if the
+        store tells none), or None if the object existed."""
+        if not self.create(key, data):
+            return None
+        info = self.stat(key)
+        return info.version if info is not None and info.size == len(data) else ""
 
     @abstractmethod
     def read_versioned(self, key: str) -> Versioned | None:
@@ -201,7 +209,7 @@ class LocalStorage(Storage):
                     st = entry.stat()
                 except FileNotFoundError:  # deleted while we walked
                     continue
-                found.append(ObjectInfo(key, st.st_size, st.st_mtime, str(st.st_mtime_ns)))
+                found.append(ObjectInfo(key, st.st_size, st.st_mtime, _tag(st)))
         return sorted(found, key=lambda o: o.key)
 
     def folders(self, prefix: str = "") -> tuple[str, ...]:
@@ -215,7 +223,7 @@ class LocalStorage(Storage):
             st = self._path(key).stat()
         except (FileNotFoundError, NotADirectoryError):
             return None
-        return ObjectInfo(key, st.st_size, st.st_mtime, str(st.st_mtime_ns)) if not _is_dir(st.st_mode) else None
+        return ObjectInfo(key, st.st_size, st.st_mtime, _tag(st)) if not _is_dir(st.st_mode) else None
 
     def read(self, key: str) -> bytes:
         try:
@@ -304,6 +312,12 @@ class LocalStorage(Storage):
 
 def _is_dir(mode: int) -> bool:
     return stat.S_ISDIR(mode)
+
+
+def _tag(st: os.stat_result) -> str:
+    """A file's version tag: every write replaces the file (a new inode), and two writes within one tick of the
+    file system's clock have the same modification time."""
+    return f"{st.st_mtime_ns}.{st.st_ino}"
 
 
 def _prune_empty_dirs(directory: Path, root: Path) -> None:

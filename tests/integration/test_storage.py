@@ -55,6 +55,19 @@ def test_conditional_create_has_exactly_one_winner(store_root: Storage) -> None:
     assert s.read("lease.json") == str(wins[0]).encode()
 
 
+def test_a_created_object_s_tag_is_the_one_its_listing_and_stat_report_and_changes_with_a_same_size_write(
+        store_root: Storage) -> None:
+    s = store_root.child("tags")
+    tag = s.create_tagged("snapshots/1/manifest.json", b'{"batch_id": 1}')
+    assert tag and s.create_tagged("snapshots/1/manifest.json", b"other") is None
+    [listed] = s.list("snapshots/")
+    stat = s.stat("snapshots/1/manifest.json")
+    assert listed.version == tag and stat is not None and stat.version == tag
+    s.write("snapshots/1/manifest.json", b'{"batch_id": 2}')  # the same size, at once
+    [again] = s.list("snapshots/")
+    assert again.size == listed.size and again.version != tag
+
+
 def test_wrong_credentials_are_refused_clearly(s3_server: EmbeddedS3, bucket: str, s3_options: S3Options) -> None:
     bad = S3Options(endpoint_url=s3_options.endpoint_url, region=s3_options.region,
                     access_key_id=s3_options.access_key_id, secret_access_key="wrong-secret")
@@ -80,6 +93,9 @@ def test_create_recognizes_its_own_earlier_attempt(s3_root: Storage) -> None:
     """A PUT that landed but whose response was lost is retried, gets 412, and still counts as ours."""
     s3_root.write("job/snapshots/x/manifest.json", b"our unique bytes")  # the attempt that landed
     assert s3_root.create("job/snapshots/x/manifest.json", b"our unique bytes") is True
+    stored = s3_root.stat("job/snapshots/x/manifest.json")
+    assert stored is not None and s3_root.create_tagged("job/snapshots/x/manifest.json", b"our unique bytes") == \
+        stored.version
     assert s3_root.create("job/snapshots/x/manifest.json", b"someone else's bytes") is False
 
 

@@ -187,10 +187,8 @@ def test_a_gc_that_deleted_nothing_keeps_the_generation_and_an_old_list_is_liste
     assert known_how() == "listed"  # too old: listed again
 
 
-def test_listing_snapshots_again_reads_only_new_or_changed_manifests(tmp_path: Path) -> None:
-    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
-    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
-    ids = [create_snapshot(store, LocalStorage(ckpt), kind=Kind.SAVEPOINT).manifest.snapshot_id for _ in range(3)]
+def count_reads(store: JobStore) -> list[str]:
+    """Record each key read from the store."""
     reads: list[str] = []
     original = store.storage.read
 
@@ -199,14 +197,39 @@ def test_listing_snapshots_again_reads_only_new_or_changed_manifests(tmp_path: P
         return original(key)
 
     store.storage.read = counted  # type: ignore[method-assign]  # a test spy on one instance
+    return reads
+
+
+def test_listing_snapshots_again_reads_only_new_or_changed_manifests(tmp_path: Path) -> None:
+    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
+    ids = [create_snapshot(store, LocalStorage(ckpt), kind=Kind.SAVEPOINT).manifest.snapshot_id for _ in range(3)]
+    reads = count_reads(store)
     assert [m.snapshot_id for m in list_snapshots(store)] == ids
-    first = len(reads)
+    assert sorted(reads) == sorted(store.manifest_key(i) for i in ids)  # the process's first listing reads each
     assert [m.snapshot_id for m in list_snapshots(store)] == ids
-    assert len(reads) == first  # nothing read again: the LIST's size and tag are unchanged
+    assert len(reads) == len(ids)  # nothing read again: the LIST's size and tag are unchanged
     newest = create_snapshot(store, LocalStorage(ckpt), kind=Kind.SAVEPOINT).manifest.snapshot_id
+    changed = store.manifest_key(ids[0])
+    store.storage.write(changed, store.storage.read(changed) + b" ")  # the same manifest, another size and tag
     reads.clear()
     assert [m.snapshot_id for m in list_snapshots(store)] == [*ids, newest]
-    assert reads == [store.manifest_key(newest)]
+    assert reads == [changed]  # not the newest: this process created it, and its tag is the one listed
+
+
+def test_a_manifest_changed_after_this_process_created_it_is_read_by_its_next_listing(tmp_path: Path) -> None:
+    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
+    first = create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT).manifest
+    assert list_snapshots(store) == [first]
+    write_batch(ckpt, 2)
+    second = create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT).manifest
+    key = store.manifest_key(second.snapshot_id)
+    body = store.storage.read(key)
+    store.storage.write(key, body.replace(b'"batch_id": 2', b'"batch_id": 3'))  # the same size: its tag tells
+    reads = count_reads(store)
+    assert list_snapshots(store) == [first]  # read, found corrupt (its checksum), skipped
+    assert reads == [key]
 
 
 def gc_generation_writes(monkeypatch: pytest.MonkeyPatch) -> list[Generation]:
@@ -487,3 +510,33 @@ def test_the_snapshot_thread_and_the_threads_it_starts_run_at_a_lower_cpu_priori
         snapshotter.close()
     assert seen == [min(19, before + lower)] * 2
     assert nice() == before  # the driver's own threads keep theirs
+
+
+def test_retention_disposes_of_every_due_snapshot_in_one_delete_request_and_retries_a_failed_one_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
+    ids = []
+    for batch in range(2, 6):
+        write_batch(ckpt, batch)
+        ids.append(create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT).manifest.snapshot_id)
+    deletes: list[list[str]] = []
+    real = store.storage.delete
+    failing = [True]
+
+    def delete(keys: Any) -> None:
+        deletes.append(list(keys))
+        if failing[0]:
+            raise StorageError("delete under the store: 2 objects were not deleted, first x: SlowDown")
+        real(deletes[-1])
+
+    monkeypatch.setattr(store.storage, "delete", delete)
+    policy = RetentionPolicy(checkpoints_keep=1)
+    assert apply_retention(store, policy) == []  # failed: nothing reported disposed, nothing gone
+    assert [m.snapshot_id for m in list_snapshots(store)] == ids
+    failing[0] = False
+    disposed = apply_retention(store, policy)
+    assert sorted(d.snapshot_id for d in disposed) == sorted(ids[:3])
+    assert [m.snapshot_id for m in list_snapshots(store)] == ids[3:]
+    expected = sorted(k for i in ids[:3] for k in (store.manifest_key(i), store.pending_key(i)))
+    assert len(deletes) == 2 and sorted(deletes[0]) == sorted(deletes[1]) == expected  # one request per pass
