@@ -93,6 +93,7 @@ class Options:
     workdir: Path
     failures: int = 3
     cluster: bool = False
+    driver_jvm: str = ""
 
 
 # -- the ckpt run log ------------------------------------------------------------------------------
@@ -594,6 +595,8 @@ def job_run(env: JobEnv, opts: Options, rnd: int, config: str, servers: dict[str
     # fixed-delay counts the restarts of one driver (in-driver) and of the supervisor (processes) apart
     where: dict[str, Any] = {}
     extra = {"CKPT_TEST_FAULT_DIR": str(faults), "CKPT_TEST_FAULTS": "sink"}
+    if opts.driver_jvm:
+        extra["SPARK_SUBMIT_OPTS"] = opts.driver_jvm
     if config == "C":
         assert cluster is not None
         where = {"master": cluster.master_url, "conf": cluster.job_conf()}
@@ -649,7 +652,8 @@ def report_throughput(runs: list[Throughput], opts: Options) -> list[str]:
     print(f"\n## Snapshot overhead: records/s, A = checkpoint {every} + savepoint every "
           f"{opts.savepoint_interval:g} s, B = no snapshots\n")
     print(f"Rows of the batches completed after the first batch with rows, over the time between their "
-          f"completion lines ({opts.window:g} s window, {opts.max_offsets} records per batch).\n")
+          f"completion lines ({opts.window:g} s window, {opts.max_offsets} records per batch). Driver JVMs: "
+          f"{opts.driver_jvm or 'Spark defaults'}.\n")
     print("| round | config | batches | rows | s | records/s | s per batch | snapshots in the window "
           "| in the store after | s per checkpoint snapshot | CPU s per batch: JVM / Python driver / Python workers "
           "/ S3 / Kafka | load / other JVMs |")
@@ -813,6 +817,9 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Options, bool]:
     parser.add_argument("--cluster", action="store_true",
                         help="also run C = A on a Spark standalone cluster on 127.0.0.1 (executors' Python shipped)")
     parser.add_argument("--workdir", type=Path, help="keep logs and checkpoints here (default: a temp dir, removed)")
+    parser.add_argument("--driver-jvm", default="", metavar="OPTS",
+                        help="extra options of every job's driver JVM, A's and B's alike (SPARK_SUBMIT_OPTS; default: "
+                             "none, Spark's defaults), e.g. -XX:G1HeapRegionSize=16m (docs/benchmarks.md)")
     args = parser.parse_args(argv)
     # the backlog lasts the window, the in-driver failures (two batches each) and the kills
     quick = {"rounds": 1, "kills": 1, "records": 900_000, "window": 15.0, "savepoint_interval": 10.0}
@@ -824,7 +831,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Options, bool]:
     workdir.mkdir(parents=True, exist_ok=True)
     opts = Options(**chosen, keys=args.keys, max_offsets=args.max_offsets,
                    checkpoint_interval=args.checkpoint_interval, restart_delay=args.restart_delay,
-                   kill_after=args.kill_after, workdir=workdir, failures=args.failures, cluster=args.cluster)
+                   kill_after=args.kill_after, workdir=workdir, failures=args.failures, cluster=args.cluster,
+                   driver_jvm=args.driver_jvm)
     return opts, keep
 
 

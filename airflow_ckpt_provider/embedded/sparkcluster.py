@@ -76,8 +76,9 @@ class _Node(EmbeddedProcess):
     def _env(self, extra: dict[str, str]) -> dict[str, str]:
         conf_dir = self.workdir / "conf"  # empty: no spark-defaults.conf of the host leaks in
         conf_dir.mkdir(exist_ok=True)
+        daemon = {"SPARK_DAEMON_JAVA_OPTS": self.cluster.java_opts} if self.cluster.java_opts else {}
         return child_env(_DROP, {"SPARK_HOME": str(self.cluster.spark_home), "SPARK_LOCAL_IP": HOST,
-                                 "SPARK_CONF_DIR": str(conf_dir), "SPARK_NO_DAEMONIZE": "1", **extra})
+                                 "SPARK_CONF_DIR": str(conf_dir), "SPARK_NO_DAEMONIZE": "1", **daemon, **extra})
 
 
 class _Master(_Node):
@@ -139,17 +140,20 @@ class EmbeddedSparkCluster:
 
     ``master_url`` is what ``ckpt run --master`` takes; ``job_conf()`` the settings a job needs on it
     (executors that fit the workers). Kill and start nodes to test failures: ``kill_executor``,
-    ``kill_worker``/``start_worker``, ``kill_master``/``start_master``.
+    ``kill_worker``/``start_worker``, ``kill_master``/``start_master``. ``java_opts``: extra options of every JVM
+    of the cluster, the master's, the workers' and (through ``job_conf()``) the executors' (the tests' cheaper JIT
+    and GC; default: none, as on a real cluster).
     """
 
     def __init__(self, *, workers: int = 2, worker_cores: int = 1, worker_memory: str = "1g",
-                 workdir: Path | None = None, start_timeout: float = 90.0) -> None:
+                 workdir: Path | None = None, start_timeout: float = 90.0, java_opts: str = "") -> None:
         # Logs, the recovery directory, the workers' Python; unless given, a temp dir close() removes.
         self._tempdir = None if workdir is not None else Path(tempfile.mkdtemp(prefix="embedded-spark-"))
         self.workdir: Path = workdir or self._tempdir or Path()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.worker_cores = worker_cores
         self.worker_memory = worker_memory
+        self.java_opts = java_opts
         self.spark_home = Path(pyspark_home())
         self.master = _Master(self, self.workdir / "master", start_timeout)
         self.workers = [_Worker(self, i, self.workdir / f"worker-{i}", start_timeout) for i in range(workers)]
@@ -213,6 +217,8 @@ class EmbeddedSparkCluster:
         cores than that (``spark.cores.max``: a standalone application otherwise takes every free core, and a
         second one, such as an upgrade's restore check, waits until the first ends)."""
         conf = {"spark.executor.memory": EXECUTOR_MEMORY, "spark.executor.cores": str(self.worker_cores)}
+        if self.java_opts:
+            conf["spark.executor.extraJavaOptions"] = self.java_opts
         return conf if cores is None else {**conf, "spark.cores.max": str(cores)}
 
     def executors(self, app_id: str | None = None) -> list[Executor]:

@@ -150,7 +150,7 @@ class JobDriver:
             log.error("job %s: cannot start: %s", job, lacking)
             return EXIT_CONFIG
         register_data_sources(spark)  # the ckpt-kafka source and writer, the ckpt-files sink
-        self._idle_poll = spark.conf.get(IDLE_POLL[0], "10ms") or "10ms"  # said in the query's start line
+        self._idle_poll = str(spark.conf.get(IDLE_POLL[0]))  # said in the query's start line (Spark's default if unset)
         spark.sparkContext.setLogLevel("WARN")
         try:
             writer = self._writer = self.build(spark, JobContext(self.config, self.lease))

@@ -20,6 +20,7 @@ from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.embedded.sparkcluster import EmbeddedSparkCluster
 from airflow_ckpt_provider.examples._orders import read_totals
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_STOPPED
+from tests.conftest import TEST_DRIVER_JVM
 from tests.integration.test_embedded import _listening
 from tests.integration.test_restore_check import EXAMPLES, expected_totals, produce_orders, store_contents
 from tests.support.exactlyonce import EO_JOB, MAX_OFFSETS, WAIT, Feeder, FilesSink, expected_rows, wait_for
@@ -33,7 +34,8 @@ EXECUTOR_KILLS_FULL = 3  # executor kills in a row with --full (one in the defau
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedSparkCluster]:
-    with EmbeddedSparkCluster(workdir=tmp_path_factory.mktemp("spark-cluster")) as started:
+    # the drivers' JVM options on every JVM of the cluster too: its daemons and executors live minutes at most here
+    with EmbeddedSparkCluster(workdir=tmp_path_factory.mktemp("spark-cluster"), java_opts=TEST_DRIVER_JVM) as started:
         yield started
 
 
