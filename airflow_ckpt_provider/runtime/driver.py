@@ -29,7 +29,7 @@ from airflow_ckpt_provider.core.deployments import LAUNCH_ENV, read_launch
 from airflow_ckpt_provider.core.errors import CkptError, CredentialsError, StorageError
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.lease import FencedError, Lease
-from airflow_ckpt_provider.core.manifest import Trigger
+from airflow_ckpt_provider.core.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.modes import RestoreSpec
 from airflow_ckpt_provider.core.outage import Outage
 from airflow_ckpt_provider.core.retention import RetentionPolicy
@@ -369,7 +369,11 @@ class JobDriver:
             except queue.Empty:
                 return
             if outcome.result is not None:
-                self.reporter.update(last_snapshot=snapshot_info(outcome.result))
+                info = snapshot_info(outcome.result)
+                if outcome.job.kind is Kind.CHECKPOINT and outcome.job.request_id is None:
+                    self.reporter.note(last_snapshot=info)  # a periodic checkpoint: with the next batch's report
+                else:
+                    self.reporter.update(last_snapshot=info)
             if outcome.job.request_id is not None:
                 self.reporter.ack(outcome.job.request_id, RequestAction.SAVEPOINT, outcome.result, outcome.error)
 

@@ -1,0 +1,38 @@
+"""What a driver reports in status.json, and when it writes it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from airflow_ckpt_provider.core.jobstore import JobStore
+from airflow_ckpt_provider.core.lease import Lease
+from airflow_ckpt_provider.core.status import JobState, read_status
+from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.runtime.config import RuntimeConfig
+from airflow_ckpt_provider.runtime.reporting import DriverReporter
+
+
+def test_a_noted_change_is_written_with_the_next_report_not_on_its_own(tmp_path: Path) -> None:
+    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
+    lease = Lease(store)
+    lease.acquire()
+    reporter = DriverReporter(RuntimeConfig(job="orders", store=str(tmp_path / "store")), store, lease)
+    snapshot = {"id": "checkpoint-3-20261127T140000Z-abc123", "kind": "checkpoint", "batch_id": 3}
+    reporter.note(last_snapshot=snapshot)  # nothing reported yet: written at once
+    first = read_status(store)
+    assert first is not None and first.last_snapshot == snapshot and first.state is JobState.RUNNING
+    writes: list[str] = []
+    real = store.storage.write
+
+    def write(key: str, data: bytes) -> None:
+        writes.append(key)
+        real(key, data)
+
+    store.storage.write = write  # type: ignore[method-assign]  # a test spy on one instance
+    newer = {**snapshot, "id": "checkpoint-4-20261127T140001Z-def456", "batch_id": 4}
+    reporter.note(last_snapshot=newer)
+    kept = read_status(store)
+    assert writes == [] and kept is not None and kept.last_snapshot == snapshot
+    reporter.update(batch_id=5)  # the next batch's report carries it
+    status = read_status(store)
+    assert status is not None and status.batch_id == 5 and status.last_snapshot == newer and len(writes) == 1
