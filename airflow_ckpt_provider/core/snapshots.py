@@ -155,8 +155,8 @@ def forget_manifests() -> None:
 
 
 def _remember(store: JobStore, stored: ObjectInfo, manifest: Manifest) -> None:
-    """Keep a manifest this process created, for its next listing (kept until then only if the store knows this
-    process's listings: a process that never lists keeps none)."""
+    """Keep a manifest this process created for its next listing of the store, under the tag that listing will show;
+    only for a store this process has listed before (one that never lists keeps none)."""
     if not stored.version:
         return
     with _manifests_lock:
