@@ -5,11 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import secrets
 import signal
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
 from airflow_ckpt_provider.embedded.process import (
     GRPC_OFFSET,
@@ -28,6 +29,13 @@ if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
 
 log = logging.getLogger(__name__)
+
+
+#: Starts tried, each on fresh ports, when the last one failed as a port taken meanwhile does: the ports are picked
+#: free, but another process (a second test worker starting its own SeaweedFS at the same moment) can bind one first.
+#: weed then exits ("Port allocation failed"), or its services cannot reach each other and it never gets ready.
+START_ATTEMPTS = 3
+_PORT_TROUBLE = re.compile(r"Port allocation failed|address already in use|to be ready within")
 
 
 class EmbeddedS3(EmbeddedProcess):
@@ -66,6 +74,20 @@ class EmbeddedS3(EmbeddedProcess):
     @property
     def endpoint_url(self) -> str:
         return f"http://{HOST}:{self.port}"
+
+    def start(self) -> Self:
+        """Start weed and wait until it answers; a start that fails for a port taken meanwhile (or that never gets
+        ready) is tried again on fresh ports, START_ATTEMPTS in all. The data dir is kept across attempts."""
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                return super().start()
+            except EmbeddedServiceError as err:
+                if attempt == START_ATTEMPTS or not _PORT_TROUBLE.search(str(err)):
+                    raise
+                log.warning("seaweedfs failed to start on ports %s (attempt %d of %d), trying again on fresh "
+                            "ports: %s", self.ports, attempt, START_ATTEMPTS, str(err).splitlines()[-1])
+                self.ports = {}
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _command(self) -> tuple[list[str], dict[str, str]]:
         binary = self._binary or find_binary("weed")

@@ -277,6 +277,26 @@ def test_start_that_never_gets_ready_leaves_no_process(tmp_path: Path) -> None:
     assert not workdir.exists()
 
 
+def test_s3_whose_port_another_process_took_meanwhile_starts_again_on_fresh_ports(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from airflow_ckpt_provider.embedded.process import free_ports_with_grpc
+
+    s3 = EmbeddedS3(workdir=tmp_path / "s3")
+    first = dict(zip(("master", "volume", "filer", "s3", "admin"), free_ports_with_grpc(5), strict=True))
+    s3.ports = dict(first)  # as if picked free, then ...
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", first["admin"]))  # ... another process bound one before weed did
+        taken.listen()
+        with s3, caplog.at_level("WARNING"):
+            assert s3.ports["admin"] != first["admin"]
+            s3.create_bucket("after")
+            s3.client().put_object(Bucket="after", Key="k", Body=b"v")
+            assert s3.client().get_object(Bucket="after", Key="k")["Body"].read() == b"v"
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and f"'admin': {first['admin']}" in warnings[0] and "attempt 1 of 3" in warnings[0]
+    assert "Port allocation failed" in (tmp_path / "s3" / "seaweedfs.log").read_text()
+
+
 def test_start_with_missing_binary_fails_clearly() -> None:
     s3 = EmbeddedS3(binary="/nonexistent/weed")
     with pytest.raises(EmbeddedServiceError, match="Cannot run seaweedfs binary"):
