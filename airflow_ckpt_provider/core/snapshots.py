@@ -154,15 +154,19 @@ def forget_manifests() -> None:
         _manifests.clear()
 
 
+def _cache_key(info: ObjectInfo) -> tuple[str, int, str] | None:
+    """A manifest's key in ``_manifests``: None when the store tells no version tag (such a manifest is read)."""
+    return (info.key, info.size, info.version) if info.version else None
+
+
 def _remember(store: JobStore, stored: ObjectInfo, manifest: Manifest) -> None:
     """Keep a manifest this process created for its next listing of the store, under the tag that listing will show;
     only for a store this process has listed before (one that never lists keeps none)."""
-    if not stored.version:
-        return
+    cache_key = _cache_key(stored)
     with _manifests_lock:
         known = _manifests.get(store.url)
-        if known is not None:
-            known[(stored.key, stored.size, stored.version)] = manifest
+        if known is not None and cache_key is not None:
+            known[cache_key] = manifest
 
 
 def list_snapshots(store: JobStore, kind: Kind | None = None, *, strict: bool = False,
@@ -181,7 +185,7 @@ def list_snapshots(store: JobStore, kind: Kind | None = None, *, strict: bool = 
 
     def load(info: ObjectInfo) -> tuple[tuple[str, int, str] | None, Manifest | None]:
         key = info.key
-        cache_key = (key, info.size, info.version) if info.version else None
+        cache_key = _cache_key(info)
         cached = known.get(cache_key) if cache_key else None
         if cached is not None:
             return cache_key, cached
@@ -198,7 +202,7 @@ def list_snapshots(store: JobStore, kind: Kind | None = None, *, strict: bool = 
                     store.job, snapshot_id, err)
             return None, None
 
-    unread = sum(1 for o in listed if not o.version or (o.key, o.size, o.version) not in known)
+    unread = sum(1 for o in listed if _cache_key(o) not in known)
     if unread <= 1:  # a driver's retention after its own snapshots: nothing to read, no threads to start
         loaded = [load(o) for o in listed]
     else:

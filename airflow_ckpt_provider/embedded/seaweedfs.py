@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 #: free, but another process (a second test worker starting its own SeaweedFS at the same moment) can bind one first.
 #: weed then exits ("Port allocation failed"), or its services cannot reach each other and it never gets ready.
 START_ATTEMPTS = 3
+#: The services of `weed mini` that listen, each on a port of its own (and gRPC on port + 10000).
+PORT_ROLES = ("master", "volume", "filer", "s3", "admin")
 _PORT_TROUBLE = re.compile(r"Port allocation failed|address already in use|to be ready within")
 
 
@@ -92,7 +94,7 @@ class EmbeddedS3(EmbeddedProcess):
     def _command(self) -> tuple[list[str], dict[str, str]]:
         binary = self._binary or find_binary("weed")
         if not self.ports:
-            self.ports = dict(zip(("master", "volume", "filer", "s3", "admin"), free_ports_with_grpc(5), strict=True))
+            self.ports = dict(zip(PORT_ROLES, free_ports_with_grpc(len(PORT_ROLES)), strict=True))
         (self.data_dir / "master").mkdir(parents=True, exist_ok=True)
         config = self.workdir / "s3.json"
         identity = {

@@ -280,9 +280,10 @@ def test_start_that_never_gets_ready_leaves_no_process(tmp_path: Path) -> None:
 def test_s3_whose_port_another_process_took_meanwhile_starts_again_on_fresh_ports(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from airflow_ckpt_provider.embedded.process import free_ports_with_grpc
+    from airflow_ckpt_provider.embedded.seaweedfs import PORT_ROLES
 
     s3 = EmbeddedS3(workdir=tmp_path / "s3")
-    first = dict(zip(("master", "volume", "filer", "s3", "admin"), free_ports_with_grpc(5), strict=True))
+    first = dict(zip(PORT_ROLES, free_ports_with_grpc(len(PORT_ROLES)), strict=True))
     s3.ports = dict(first)  # as if picked free, then ...
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("127.0.0.1", first["admin"]))  # ... another process bound one before weed did
