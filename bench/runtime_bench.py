@@ -1,7 +1,8 @@
 """Benchmark of the job runtime: recovery after a query failure inside a live driver and after kill -9,
 versus a cold start, and the throughput cost of periodic snapshots, measured side by side in one run.
 
-    .venv/bin/python bench/runtime_bench.py [--rounds 3] [--kills 1] [--failures 3] [--window 30] [--quick]
+    .venv/bin/python bench/runtime_bench.py [--rounds 3] [--kills 1] [--failures 3] [--window 30] [--warmup 60]
+                                           [--quick]
 
 Runs the test job (tests/jobs/kafka_count.py: a stateful count per key over a ckpt-kafka topic) with
 ``ckpt run --supervise`` (fixed-delay restarts, 0.5 s apart) exactly as users do, on one backlog topic
@@ -11,8 +12,12 @@ order (A B, B A, A B). Each job is measured for:
 
 1. Cold start: spawn of ``ckpt run`` to the first batch that read rows (batch 1: the ckpt-kafka
    source's batch 0 only resolves startingOffsets and reads nothing).
-2. Throughput: records/s of the batches completed over --window seconds after that first batch
-   (the backlog never runs dry); target: A within 5% of B.
+2. Throughput: records/s of the batches completed over --window seconds (the backlog never runs dry), in
+   steady state: the window starts --warmup seconds after that first batch; target: A within 5% of B. The
+   warm-up window before it is measured and reported apart, without a target: a fresh driver JVM's JIT
+   compiler threads are still compiling Spark's planner and scheduler then (about half the JVM's CPU per batch
+   in the first 30 s on a 2-core VM, a third of that a minute later; the "JIT" CPU in the tables), and anything
+   else running on the machine, snapshots included, delays that compilation and slows the batches.
 3. Recovery (A jobs only: the default configuration), --kills times after the window: kill -9 of
    the driver's process group in steady state (after >= 2 batches with rows of its epoch), to the
    first batch the restarted driver completes, split into detection, restart, JVM + Python,
@@ -94,6 +99,8 @@ class Options:
     failures: int = 3
     cluster: bool = False
     driver_jvm: str = ""
+    warmup: float = 60.0
+    snapshot_nice: int | None = None  # A's and C's snapshot thread (None: the runtime's default)
 
 
 # -- the ckpt run log ------------------------------------------------------------------------------
@@ -219,10 +226,11 @@ def batches(events: Sequence[Event], epoch: int) -> list[Event]:
 
 # -- processes -------------------------------------------------------------------------------------
 
-def _stat(pid: int) -> list[str] | None:
-    """Fields of /proc/PID/stat after the command name (state, ppid, pgrp, session, ...), or None."""
+def _stat(pid: int, tid: int | None = None) -> list[str] | None:
+    """Fields of /proc/PID/stat (or of its thread TID) after the command name (state, ppid, pgrp, session, ...),
+    or None."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return Path(f"/proc/{pid}" + (f"/task/{tid}" if tid else "") + "/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
 
@@ -287,12 +295,26 @@ def foreign_jvms() -> int:
     return count
 
 
-ROLES = ("jvm", "driver", "workers", "s3", "kafka")
+ROLES = ("jvm", "jit", "driver", "workers", "s3", "kafka")
+#: HotSpot's JIT compiler threads ("C1 CompilerThread0", "C2 CompilerThread1"; /proc truncates names to 15 bytes)
+JIT_THREAD = re.compile(r"^C\d CompilerThre")
+
+
+def jit_seconds(pid: int, tick: int) -> float:
+    """CPU seconds the JVM ``pid``'s JIT compiler threads used so far (part of its own CPU seconds)."""
+    used = 0.0
+    with contextlib.suppress(OSError):  # the JVM exited meanwhile
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):  # the thread ended meanwhile
+                if JIT_THREAD.match((task / "comm").read_text()) and (s := _stat(pid, int(task.name))):
+                    used += (int(s[11]) + int(s[12])) / tick
+    return used
 
 
 def cpu_seconds(driver_session: int, servers: dict[str, int | None]) -> dict[str, float]:
-    """CPU seconds (user + system) used so far by the driver's JVM, its Python driver, its other processes
-    (Python workers, the streaming source runner) and the S3 and Kafka servers' sessions."""
+    """CPU seconds (user + system) used so far by the driver's JVM (and, part of it, its JIT compiler threads),
+    its Python driver, its other processes (Python workers, the streaming source runner) and the S3 and Kafka
+    servers' sessions."""
     tick = os.sysconf("SC_CLK_TCK")
     used = dict.fromkeys(ROLES, 0.0)
     by_session = {sid: role for role, sid in servers.items() if sid is not None}
@@ -311,6 +333,8 @@ def cpu_seconds(driver_session: int, servers: dict[str, int | None]) -> dict[str
             role = ("jvm" if argv[0].endswith(b"java") else
                     "driver" if any(a.endswith(b"entrypoint.py") for a in argv) else "workers")
             used[role] += cpu
+            if role == "jvm":
+                used["jit"] += jit_seconds(pid, tick)
     return used
 
 
@@ -530,6 +554,7 @@ class Throughput:
     snapshot_s: float | None = None  # median seconds per checkpoint snapshot (log)
     noise: str = ""  # mean load average / most foreign JVMs during the window
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds per batch in the window, by role
+    warmup: bool = False  # the window of the job's first --warmup seconds, not the measured steady one
 
     @property
     def rate(self) -> float:
@@ -537,9 +562,11 @@ class Throughput:
 
 
 def throughput(env: JobEnv, watch: LogWatch, opts: Options, rnd: int, config: str, begin: Event,
-               servers: dict[str, int | None]) -> Throughput:
-    """Records/s of the batches completed in ``--window`` seconds after ``begin`` (the first batch with rows),
-    and the CPU seconds per batch each part used meanwhile (sampled when the bench sees the first and last batch)."""
+               servers: dict[str, int | None], *, warmup: bool = False) -> tuple[Throughput, Event]:
+    """Records/s of the batches completed in the window that starts at batch ``begin`` and lasts ``--window``
+    seconds (``--warmup`` seconds for the warm-up window), the CPU seconds per batch each part used meanwhile
+    (sampled when the bench sees the first and last batch), and the window's last batch."""
+    seconds = opts.warmup if warmup else opts.window
     since = watch.mark()
     session = need(first(watch.events, "spawn"), "the driver's spawn", watch).int(0)
     cpu_begin = cpu_seconds(session, servers)
@@ -549,17 +576,17 @@ def throughput(env: JobEnv, watch: LogWatch, opts: Options, rnd: int, config: st
         if short is not None:
             raise BenchError(f"{watch.run.name}: batch {short.int(1)} read {short.int(2)} rows, fewer than "
                              f"{opts.max_offsets}: the backlog ran out within the window; raise --records")
-        return first(ev, "batch", after=begin.t + opts.window)
+        return first(ev, "batch", after=begin.t + seconds)
 
-    last = watch.wait(f"a batch {opts.window:g} s after the first", window_end)
+    last = watch.wait(f"a batch {seconds:g} s after batch {begin.int(1)}", window_end)
     cpu_end = cpu_seconds(session, servers)
     if [e for e in watch.events if e.kind == "exit"]:
         raise BenchError(f"{watch.run.name}: the driver exited during the measurement\n{watch.run.tail()}")
     done = [e for e in batches(watch.events, 1) if begin.t <= e.t <= last.t]
-    snaps = [e for e in watch.events if e.kind == "snapshot" and e.t <= last.t]
+    snaps = [e for e in watch.events if e.kind == "snapshot" and begin.t < e.t <= last.t]
     ckpts = [float(e.fields[2]) for e in snaps if e.fields[1] == "checkpoint"]
     stored = ""
-    if config in MEASURED:
+    if config in MEASURED and not warmup:
         found = list_snapshots(env.store())
         stored = (f"{sum(m.kind is Kind.CHECKPOINT for m in found)} ckpt + "
                   f"{sum(m.kind is Kind.SAVEPOINT for m in found)} sp")
@@ -567,12 +594,13 @@ def throughput(env: JobEnv, watch: LogWatch, opts: Options, rnd: int, config: st
         rnd, config, len(done) - 1, sum(e.int(2) for e in done[1:]), last.t - begin.t,
         statistics.median(b.t - a.t for a, b in itertools.pairwise(done)),
         len(ckpts), len(snaps) - len(ckpts), stored, statistics.median(ckpts) if ckpts else None,
-        watch.noise(since), {k: (cpu_end[k] - cpu_begin[k]) / max(1, len(done) - 1) for k in ROLES},
+        watch.noise(since), {k: (cpu_end[k] - cpu_begin[k]) / max(1, len(done) - 1) for k in ROLES}, warmup,
     )
-    print(f"  round {rnd} {config} throughput: {result.rows} rows in {result.seconds:.1f} s = {result.rate:,.0f}/s, "
-          f"batch {result.batch_s:.2f} s, snapshots {result.checkpoints} ckpt + {result.savepoints} sp; "
+    print(f"  round {rnd} {config} {'warm-up' if warmup else 'steady'} throughput: {result.rows} rows in "
+          f"{result.seconds:.1f} s = {result.rate:,.0f}/s, batch {result.batch_s:.2f} s, JIT "
+          f"{result.cpu['jit']:.2f} CPU-s per batch, snapshots {result.checkpoints} ckpt + {result.savepoints} sp; "
           f"load / other JVMs {result.noise}", file=sys.stderr)
-    return result
+    return result, last
 
 
 # -- one job: cold start, throughput, recoveries --------------------------------------------------
@@ -583,7 +611,9 @@ BUILT = "built the environment"
 
 
 def job_run(env: JobEnv, opts: Options, rnd: int, config: str, servers: dict[str, int | None],
-            cluster: EmbeddedSparkCluster | None = None) -> tuple[list[Start], Throughput, list[QueryRecovery]]:
+            cluster: EmbeddedSparkCluster | None = None) -> tuple[list[Start], list[Throughput], list[QueryRecovery]]:
+    """One job: its cold start, its throughput in the warm-up window (if any) and the steady window after it, then
+    its in-driver recoveries and kill recoveries."""
     name = f"{rnd}-{config}"
     if (opts.workdir / name).exists():  # the second C job of the first round: its own log and checkpoint
         name += "-2"
@@ -591,6 +621,8 @@ def job_run(env: JobEnv, opts: Options, rnd: int, config: str, servers: dict[str
     faults = opts.workdir / name / "faults"
     faults.mkdir(parents=True, exist_ok=True)
     args = [a.format(ci=f"{opts.checkpoint_interval:g}", sp=f"{opts.savepoint_interval:g}") for a in CONFIGS[config]]
+    if opts.snapshot_nice is not None and config != "B":
+        args += ["--snapshot-nice", str(opts.snapshot_nice)]
     spawned = time.time()
     # fixed-delay counts the restarts of one driver (in-driver) and of the supervisor (processes) apart
     where: dict[str, Any] = {}
@@ -615,7 +647,11 @@ def job_run(env: JobEnv, opts: Options, rnd: int, config: str, servers: dict[str
                                             f"{built.fields[2]} MB")
         log_start(starts[0])
         begin = need(first(watch.events, "batch", test=lambda e: e.int(2) > 0), "the first batch with rows", watch)
-        result = throughput(env, watch, opts, rnd, config, begin, servers)
+        windows: list[Throughput] = []
+        if opts.warmup > 0:
+            warm, begin = throughput(env, watch, opts, rnd, config, begin, servers, warmup=True)
+            windows.append(warm)
+        windows.append(throughput(env, watch, opts, rnd, config, begin, servers)[0])
         for attempt in range(1, opts.failures + 1 if config in MEASURED else 1):
             in_driver.append(query_failure(watch, opts, rnd, config, 1, faults, attempt))
             q = in_driver[-1]
@@ -624,7 +660,7 @@ def job_run(env: JobEnv, opts: Options, rnd: int, config: str, servers: dict[str
         for epoch in range(1, opts.kills + 1 if config in MEASURED else 1):
             starts.append(recover(watch, opts, rnd, config, epoch, checkpoint))
             log_start(starts[-1])
-        return starts, result, in_driver
+        return starts, windows, in_driver
     finally:
         stop_run(run, watch)
 
@@ -636,7 +672,22 @@ def _f(value: float | None, digits: int = 1) -> str:
 
 
 def _cpu(cpu: dict[str, float]) -> str:
-    return " / ".join(f"{cpu[k]:.2f}" for k in ROLES) + f" (sum {sum(cpu.values()):.2f})"
+    """The CPU seconds by role, the JIT's within the JVM's: "JVM (JIT) / Python driver / workers / S3 / Kafka"."""
+    parts = [f"{cpu['jvm']:.2f} ({cpu['jit']:.2f})", *(f"{cpu[k]:.2f}" for k in ROLES if k not in ("jvm", "jit"))]
+    return " / ".join(parts) + f" (sum {sum(v for k, v in cpu.items() if k != 'jit'):.2f})"
+
+
+CPU_HEADER = "CPU s per batch: JVM (its JIT) / Python driver / Python workers / S3 / Kafka"
+
+
+def _ratios(runs: list[Throughput]) -> list[float]:
+    """A's records/s over B's, per round."""
+    ratios = []
+    for rnd in sorted({r.round for r in runs}):
+        a = next(r for r in runs if r.round == rnd and r.config == "A")
+        b = next(r for r in runs if r.round == rnd and r.config == "B")
+        ratios.append(a.rate / b.rate)
+    return ratios
 
 
 def _med(values: Sequence[float | None]) -> float | None:
@@ -651,22 +702,20 @@ def report_throughput(runs: list[Throughput], opts: Options) -> list[str]:
     every = f"every {opts.checkpoint_interval:g} s" if opts.checkpoint_interval else "after every batch"
     print(f"\n## Snapshot overhead: records/s, A = checkpoint {every} + savepoint every "
           f"{opts.savepoint_interval:g} s, B = no snapshots\n")
-    print(f"Rows of the batches completed after the first batch with rows, over the time between their "
-          f"completion lines ({opts.window:g} s window, {opts.max_offsets} records per batch). Driver JVMs: "
-          f"{opts.driver_jvm or 'Spark defaults'}.\n")
+    after = (f"the first batch {opts.warmup:g} s after the first batch with rows (the warm-up window below)"
+             if opts.warmup > 0 else "the first batch with rows")
+    print(f"Rows of the batches completed after {after}, over the time between their completion lines "
+          f"({opts.window:g} s window, {opts.max_offsets} records per batch). Driver JVMs: "
+          f"{opts.driver_jvm or 'Spark defaults'}. Snapshot thread: nice "
+          f"{'the default' if opts.snapshot_nice is None else opts.snapshot_nice}.\n")
     print("| round | config | batches | rows | s | records/s | s per batch | snapshots in the window "
-          "| in the store after | s per checkpoint snapshot | CPU s per batch: JVM / Python driver / Python workers "
-          "/ S3 / Kafka | load / other JVMs |")
+          f"| in the store after | s per checkpoint snapshot | {CPU_HEADER} | load / other JVMs |")
     print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | ---: |")
     for r in runs:
         snaps = f"{r.checkpoints} ckpt + {r.savepoints} sp" if r.config == "A" else "-"
         print(f"| {r.round} | {r.config} | {r.batches} | {r.rows} | {r.seconds:.1f} | {r.rate:,.0f} | {r.batch_s:.2f} "
               f"| {snaps} | {r.stored or '-'} | {_f(r.snapshot_s, 2)} | {_cpu(r.cpu)} | {r.noise} |")
-    ratios = []
-    for rnd in sorted({r.round for r in runs}):
-        a = next(r for r in runs if r.round == rnd and r.config == "A")
-        b = next(r for r in runs if r.round == rnd and r.config == "B")
-        ratios.append(a.rate / b.rate)
+    ratios = _ratios(runs)
     for config in ("A", "B"):
         mine = [r for r in runs if r.config == config]
         med = {k: statistics.median(r.cpu[k] for r in mine) for k in ROLES}
@@ -681,6 +730,23 @@ def report_throughput(runs: list[Throughput], opts: Options) -> list[str]:
     return [f"snapshot overhead < {OVERHEAD_TARGET:.0%}: {'met' if abs(diff) < OVERHEAD_TARGET else 'MISSED'} "
             f"(A/B {ratio:.3f}: {abs(diff):.1%} {'fewer' if diff > 0 else 'more'} records/s with snapshots; per round "
             f"{min(ratios):.3f} to {max(ratios):.3f})"]
+
+
+def report_warmup(runs: list[Throughput], opts: Options) -> list[str]:
+    """The same jobs' first --warmup seconds: the JVM is still compiling Spark's planner and scheduler then."""
+    print(f"\n## The first {opts.warmup:g} s of the same jobs (JIT warm-up; not the overhead target)\n")
+    print("From the first batch with rows. A fresh driver JVM's JIT compiler threads are still compiling Spark's "
+          "planner, scheduler and codegen then: their CPU per batch (in brackets) is several times the steady "
+          "window's, and whatever else runs on the machine (here the snapshots and the S3 server) delays it.\n")
+    print(f"| round | config | batches | records/s | s per batch | {CPU_HEADER} |")
+    print("| ---: | --- | ---: | ---: | ---: | --- |")
+    for r in runs:
+        print(f"| {r.round} | {r.config} | {r.batches} | {r.rate:,.0f} | {r.batch_s:.2f} | {_cpu(r.cpu)} |")
+    ratios = _ratios(runs)
+    ratio = statistics.median(ratios)
+    print("\nA/B per round " + ", ".join(f"{x:.3f}" for x in ratios) + f"; median {ratio:.3f}")
+    return [f"the first {opts.warmup:g} s (JIT warm-up, no target): A/B {ratio:.3f}, per round {min(ratios):.3f} to "
+            f"{max(ratios):.3f}"]
 
 
 def report_starts(starts: list[Start], opts: Options) -> list[str]:
@@ -803,10 +869,13 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Options, bool]:
     parser.add_argument("--kills", type=int, help="kill -9s per A job after its throughput window (default 1)")
     parser.add_argument("--failures", type=int, default=3,
                         help="query failures per A job, recovered inside the driver, before the kills (default 3)")
-    parser.add_argument("--records", type=int, help="backlog records (default 1,800,000)")
+    parser.add_argument("--records", type=int, help="backlog records (default 3,600,000)")
     parser.add_argument("--keys", type=int, default=10_000, help="distinct keys (default 10000)")
     parser.add_argument("--max-offsets", type=int, default=20_000, help="maxOffsetsPerTrigger (default 20000)")
     parser.add_argument("--window", type=float, help="seconds of batches per throughput measurement (default 30)")
+    parser.add_argument("--warmup", type=float,
+                        help="seconds of batches before the throughput window, measured and reported apart: the "
+                             "driver JVM's JIT warm-up (default 60; 0: the window starts at the first batch)")
     parser.add_argument("--checkpoint-interval", type=float, default=0.0,
                         help="config A's checkpoint interval (default 0: after every batch)")
     parser.add_argument("--savepoint-interval", type=float, help="config A's savepoint interval (default 30)")
@@ -820,10 +889,12 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Options, bool]:
     parser.add_argument("--driver-jvm", default="", metavar="OPTS",
                         help="extra options of every job's driver JVM, A's and B's alike (SPARK_SUBMIT_OPTS; default: "
                              "none, Spark's defaults), e.g. -XX:G1HeapRegionSize=16m (docs/benchmarks.md)")
+    parser.add_argument("--snapshot-nice", type=int, metavar="N",
+                        help="`ckpt run --snapshot-nice N` for the jobs that take snapshots (default: the runtime's)")
     args = parser.parse_args(argv)
-    # the backlog lasts the window, the in-driver failures (two batches each) and the kills
-    quick = {"rounds": 1, "kills": 1, "records": 900_000, "window": 15.0, "savepoint_interval": 10.0}
-    full = {"rounds": 3, "kills": 1, "records": 1_800_000, "window": 30.0, "savepoint_interval": 30.0}
+    # the backlog lasts the warm-up, the window, the in-driver failures (two batches each) and the kills
+    quick = {"rounds": 1, "kills": 1, "records": 1_400_000, "window": 15.0, "warmup": 15.0, "savepoint_interval": 10.0}
+    full = {"rounds": 3, "kills": 1, "records": 3_600_000, "window": 30.0, "warmup": 60.0, "savepoint_interval": 30.0}
     defaults = quick if args.quick else full
     chosen: dict[str, Any] = {k: defaults[k] if getattr(args, k) is None else getattr(args, k) for k in full}
     keep = args.workdir is not None
@@ -832,7 +903,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Options, bool]:
     opts = Options(**chosen, keys=args.keys, max_offsets=args.max_offsets,
                    checkpoint_interval=args.checkpoint_interval, restart_delay=args.restart_delay,
                    kill_after=args.kill_after, workdir=workdir, failures=args.failures, cluster=args.cluster,
-                   driver_jvm=args.driver_jvm)
+                   driver_jvm=args.driver_jvm, snapshot_nice=args.snapshot_nice)
     return opts, keep
 
 
@@ -865,9 +936,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for config in (*order, *extra) if cluster else order:
                     env = JobEnv(services.s3, services.kafka, opts.workdir, bucket, topic,
                                  job=f"bench-{uuid.uuid4().hex[:8]}")
-                    job_starts, result, recoveries = job_run(env, opts, rnd, config, servers, cluster)
+                    job_starts, windows, recoveries = job_run(env, opts, rnd, config, servers, cluster)
                     starts += job_starts
-                    runs.append(result)
+                    runs += windows
                     in_driver += recoveries
     finally:
         if not keep:
@@ -875,7 +946,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"# Job runtime benchmark ({time.monotonic() - started:.0f} s, load average "
           f"{os.getloadavg()[0]:.1f} at the end)")
     local = [r for r in runs if r.config != "C"]
-    verdicts = report_throughput(local, opts)
+    verdicts = report_throughput([r for r in local if not r.warmup], opts)
+    if opts.warmup > 0:
+        verdicts += report_warmup([r for r in local if r.warmup], opts)
+    runs = [r for r in runs if not r.warmup]
     if in_driver:
         verdicts += report_in_driver([q for q in in_driver if q.config != "C"], starts, opts)
     if any(s.kind == "recovery" for s in starts):
