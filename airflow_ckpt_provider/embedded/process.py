@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -33,6 +34,14 @@ REGION = "us-east-1"
 GRPC_OFFSET = 10_000  # SeaweedFS serves gRPC on every http port + 10000
 _MAX_HTTP_PORT = 65_535 - GRPC_OFFSET
 _LOG_TAIL_LINES = 30
+
+#: Starts tried, each on fresh ports, when the last one failed for a port taken meanwhile: a server's ports are picked
+#: free here and bound by the child later, and another process (a second test worker starting its own servers at the
+#: same moment) can bind one in between.
+START_ATTEMPTS = 3
+#: How a server that could not bind one of its ports says so: Rust's words (tansu: "Address in use", AddrInUse), the C
+#: library's and Go's ("address already in use"), Java's (Spark: BindException).
+PORT_TAKEN = re.compile(r"[Aa]ddress (already )?in use|AddrInUse|BindException")
 WEED_SOCKET_DIR = Path("/tmp")  # noqa: S108 - weed hardcodes its gRPC unix sockets there
 unclosed: set[EmbeddedProcess] = set()  # started and not closed yet: closed at exit
 
@@ -107,6 +116,9 @@ class EmbeddedProcess:
     """A server child process: start, wait until ready, stop (SIGTERM, then SIGKILL)."""
 
     name: ClassVar[str]
+    #: What in a failed start's error (its log's tail) says a port was taken meanwhile: that start is tried again on
+    #: fresh ports if ``_fresh_ports`` can pick them.
+    port_taken: ClassVar[re.Pattern[str]] = PORT_TAKEN
 
     def __init__(self, workdir: Path | None, start_timeout: float, stop_timeout: float) -> None:
         self._workdir_arg = workdir
@@ -115,6 +127,7 @@ class EmbeddedProcess:
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.startup_seconds: float | None = None
+        self.started_once = False  # a server that ran keeps its ports: its clients reconnect to them
 
     @property
     def workdir(self) -> Path:
@@ -147,10 +160,33 @@ class EmbeddedProcess:
     def _describe(self) -> str:
         raise NotImplementedError
 
+    def _fresh_ports(self) -> str | None:
+        """Forget the ports picked for this server, so that the next start picks new ones, and return the ones given
+        up (for the log); None if its ports cannot change (given by the caller): then a port taken meanwhile fails the
+        start. Called only before a first start succeeded: a restarted server keeps its ports."""
+        return None
+
     def start(self) -> Self:
-        """Start the server and wait until it answers; on any failure it is stopped again."""
+        """Start the server and wait until it answers; on any failure it is stopped again. A first start that failed
+        for a port taken meanwhile (``port_taken``) is tried again on fresh ports, START_ATTEMPTS in all."""
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                self._start()
+                self.started_once = True
+                return self
+            except EmbeddedServiceError as err:
+                if attempt == START_ATTEMPTS or self.started_once or not self.port_taken.search(str(err)):
+                    raise
+                gave_up = self._fresh_ports()
+                if gave_up is None:
+                    raise
+                log.warning("%s failed to start on ports %s (attempt %d of %d), trying again on fresh ports: %s",
+                            self.name, gave_up, attempt, START_ATTEMPTS, str(err).splitlines()[-1])
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _start(self) -> None:
         if self.running:
-            return self
+            return
         unclosed.add(self)
         args, env = self._command()
         started = time.monotonic()
@@ -174,7 +210,6 @@ class EmbeddedProcess:
             raise
         self.startup_seconds = time.monotonic() - started
         log.info("%s started in %.2f s: %s", self.name, self.startup_seconds, self._describe())
-        return self
 
     def _wait_ready(self, deadline: float) -> None:
         assert self._proc is not None

@@ -10,11 +10,12 @@ import secrets
 import signal
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING
 
 from airflow_ckpt_provider.embedded.process import (
     GRPC_OFFSET,
     HOST,
+    PORT_TAKEN,
     REGION,
     WEED_SOCKET_DIR,
     EmbeddedProcess,
@@ -31,19 +32,17 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-#: Starts tried, each on fresh ports, when the last one failed as a port taken meanwhile does: the ports are picked
-#: free, but another process (a second test worker starting its own SeaweedFS at the same moment) can bind one first.
-#: weed then exits ("Port allocation failed"), or its services cannot reach each other and it never gets ready.
-START_ATTEMPTS = 3
 #: The services of `weed mini` that listen, each on a port of its own (and gRPC on port + 10000).
 PORT_ROLES = ("master", "volume", "filer", "s3", "admin")
-_PORT_TROUBLE = re.compile(r"Port allocation failed|address already in use|to be ready within")
 
 
 class EmbeddedS3(EmbeddedProcess):
     """SeaweedFS `weed mini`: an S3 gateway with on-disk data and one random admin identity."""
 
     name = "seaweedfs"
+    #: weed exits with "Port allocation failed" when a port it was given is taken, or its services cannot reach each
+    #: other (one of them reached another process's port) and it never gets ready.
+    port_taken = re.compile(rf"{PORT_TAKEN.pattern}|Port allocation failed|to be ready within")
 
     def __init__(
         self,
@@ -77,19 +76,9 @@ class EmbeddedS3(EmbeddedProcess):
     def endpoint_url(self) -> str:
         return f"http://{HOST}:{self.port}"
 
-    def start(self) -> Self:
-        """Start weed and wait until it answers; a start that fails for a port taken meanwhile (or that never gets
-        ready) is tried again on fresh ports, START_ATTEMPTS in all. The data dir is kept across attempts."""
-        for attempt in range(1, START_ATTEMPTS + 1):
-            try:
-                return super().start()
-            except EmbeddedServiceError as err:
-                if attempt == START_ATTEMPTS or not _PORT_TROUBLE.search(str(err)):
-                    raise
-                log.warning("seaweedfs failed to start on ports %s (attempt %d of %d), trying again on fresh "
-                            "ports: %s", self.ports, attempt, START_ATTEMPTS, str(err).splitlines()[-1])
-                self.ports = {}
-        raise AssertionError("unreachable: the last attempt returns or raises")
+    def _fresh_ports(self) -> str:
+        gave_up, self.ports = str(self.ports), {}  # the next _command picks new ones; the data dir is kept
+        return gave_up
 
     def _command(self) -> tuple[list[str], dict[str, str]]:
         binary = self._binary or find_binary("weed")

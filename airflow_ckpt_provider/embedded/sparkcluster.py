@@ -63,6 +63,8 @@ class Executor:
 class _Node(EmbeddedProcess):
     """A master or worker JVM started with spark-class; its log is its stdout."""
 
+    port: int  # the master's or worker's own (set by the subclass)
+
     def __init__(self, cluster: EmbeddedSparkCluster, name: str, workdir: Path, start_timeout: float) -> None:
         self.name = name  # type: ignore[misc]  # per instance: master, worker-0, worker-1
         super().__init__(workdir, start_timeout, stop_timeout=15.0)
@@ -72,6 +74,11 @@ class _Node(EmbeddedProcess):
     @property
     def ui_url(self) -> str:
         return f"http://{HOST}:{self.ui_port}"
+
+    def _fresh_ports(self) -> str:
+        gave_up = f"{self.port} (UI {self.ui_port})"
+        self.port, self.ui_port = free_port(), free_port()  # spark.port.maxRetries=0: Spark itself tries no other
+        return gave_up
 
     def _env(self, extra: dict[str, str]) -> dict[str, str]:
         conf_dir = self.workdir / "conf"  # empty: no spark-defaults.conf of the host leaks in

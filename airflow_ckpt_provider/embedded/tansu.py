@@ -46,6 +46,7 @@ class EmbeddedKafka(EmbeddedProcess):
         self.s3 = s3
         self.bucket = bucket
         self._port = port
+        self._port_given = port is not None or advertised_port is not None  # a proxy in front may expect it
         # The port clients are told to use (tansu's advertised listener): a proxy in front of the broker that a
         # test can cut for a broker outage, the broker and its memory storage staying up. Default: ``port``.
         self._advertised_port = advertised_port
@@ -120,6 +121,12 @@ class EmbeddedKafka(EmbeddedProcess):
             yield
         finally:
             self.start()
+
+    def _fresh_ports(self) -> str | None:
+        if self._port_given:
+            return None
+        gave_up, self._port = str(self._port), None  # the next _command picks a new one
+        return gave_up
 
     def _admin_config(self) -> dict[str, str | int | float | bool]:
         return {"bootstrap.servers": self.bootstrap_servers, "socket.connection.setup.timeout.ms": 2000}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +38,22 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedSparkC
     # the drivers' JVM options on every JVM of the cluster too: its daemons and executors live minutes at most here
     with EmbeddedSparkCluster(workdir=tmp_path_factory.mktemp("spark-cluster"), java_opts=TEST_DRIVER_JVM) as started:
         yield started
+
+
+def test_master_whose_port_another_process_took_meanwhile_starts_again_on_fresh_ports(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cluster = EmbeddedSparkCluster(workers=0, workdir=tmp_path / "spark", java_opts=TEST_DRIVER_JVM)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))  # bound, not listening: the master cannot bind it
+        port = taken.getsockname()[1]
+        cluster.master.port = port  # as if picked free, then another process bound it before the master did
+        with cluster, caplog.at_level("WARNING"):
+            assert cluster.master.port != port
+            assert cluster.state()["status"] == "ALIVE"
+            assert cluster.master_url == f"spark://127.0.0.1:{cluster.master.port}"
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and f"spark-master failed to start on ports {port} (UI " in warnings[0]
+    assert "BindException" in (tmp_path / "spark" / "master" / "spark-master.log").read_text()
 
 
 def on_cluster(env: JobEnv, cluster: EmbeddedSparkCluster, name: str, checkpoint: Path, *args: str,

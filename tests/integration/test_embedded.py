@@ -22,6 +22,7 @@ from airflow_ckpt_provider.embedded import (
     EmbeddedServices,
     free_port,
 )
+from airflow_ckpt_provider.embedded.process import PORT_TAKEN
 
 if TYPE_CHECKING:
     from confluent_kafka import KafkaError, Message
@@ -296,6 +297,37 @@ def test_s3_whose_port_another_process_took_meanwhile_starts_again_on_fresh_port
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and f"'admin': {first['admin']}" in warnings[0] and "attempt 1 of 3" in warnings[0]
     assert "Port allocation failed" in (tmp_path / "s3" / "seaweedfs.log").read_text()
+
+
+def test_kafka_whose_port_another_process_took_meanwhile_starts_again_on_a_fresh_port(
+        caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))  # bound, not listening: tansu cannot bind it, and nothing answers on it
+        port = taken.getsockname()[1]
+        kafka = EmbeddedKafka()
+        kafka._port = port  # as if picked free, then another process bound it before tansu did
+        with kafka, caplog.at_level("WARNING"):
+            assert kafka.port != port
+            kafka.create_topic("after", 1)  # returns once the broker's metadata shows the topic
+            log = kafka.log_path.read_text()  # close() removes the workdir: read while it exists
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and f"tansu failed to start on ports {port} (attempt 1 of 3" in warnings[0]
+    assert PORT_TAKEN.search(log)
+
+
+def test_kafka_restarted_on_its_port_taken_meanwhile_fails_and_keeps_the_port(caplog: pytest.LogCaptureFixture) -> None:
+    with EmbeddedKafka() as kafka:
+        port = kafka.port
+        kafka.stop()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken, caplog.at_level("WARNING"):
+            taken.bind(("127.0.0.1", port))
+            with pytest.raises(EmbeddedServiceError, match=PORT_TAKEN.pattern):
+                kafka.start()  # its clients reconnect to this port: no fresh one
+            assert kafka.port == port and not kafka.running
+        assert [r for r in caplog.records if r.levelname == "WARNING"] == []
+        kafka.start()  # the port free again: the same port
+        assert kafka.port == port
+        kafka.create_topic("again", 1)
 
 
 def test_start_with_missing_binary_fails_clearly() -> None:
