@@ -706,8 +706,8 @@ def report_throughput(runs: list[Throughput], opts: Options) -> list[str]:
              if opts.warmup > 0 else "the first batch with rows")
     print(f"Rows of the batches completed after {after}, over the time between their completion lines "
           f"({opts.window:g} s window, {opts.max_offsets} records per batch). Driver JVMs: "
-          f"{opts.driver_jvm or 'Spark defaults'}. Snapshot thread: nice "
-          f"{'the default' if opts.snapshot_nice is None else opts.snapshot_nice}.\n")
+          f"{opts.driver_jvm or 'Spark defaults'}. The snapshot thread's nice: "
+          f"{'the runtime default' if opts.snapshot_nice is None else opts.snapshot_nice}.\n")
     print("| round | config | batches | rows | s | records/s | s per batch | snapshots in the window "
           f"| in the store after | s per checkpoint snapshot | {CPU_HEADER} | load / other JVMs |")
     print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | --- | ---: |")
@@ -869,7 +869,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Options, bool]:
     parser.add_argument("--kills", type=int, help="kill -9s per A job after its throughput window (default 1)")
     parser.add_argument("--failures", type=int, default=3,
                         help="query failures per A job, recovered inside the driver, before the kills (default 3)")
-    parser.add_argument("--records", type=int, help="backlog records (default 3,600,000)")
+    parser.add_argument("--records", type=int, help="backlog records (default 4,500,000)")
     parser.add_argument("--keys", type=int, default=10_000, help="distinct keys (default 10000)")
     parser.add_argument("--max-offsets", type=int, default=20_000, help="maxOffsetsPerTrigger (default 20000)")
     parser.add_argument("--window", type=float, help="seconds of batches per throughput measurement (default 30)")
@@ -894,7 +894,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Options, bool]:
     args = parser.parse_args(argv)
     # the backlog lasts the warm-up, the window, the in-driver failures (two batches each) and the kills
     quick = {"rounds": 1, "kills": 1, "records": 1_400_000, "window": 15.0, "warmup": 15.0, "savepoint_interval": 10.0}
-    full = {"rounds": 3, "kills": 1, "records": 3_600_000, "window": 30.0, "warmup": 60.0, "savepoint_interval": 30.0}
+    full = {"rounds": 3, "kills": 1, "records": 4_500_000, "window": 30.0, "warmup": 60.0, "savepoint_interval": 30.0}
     defaults = quick if args.quick else full
     chosen: dict[str, Any] = {k: defaults[k] if getattr(args, k) is None else getattr(args, k) for k in full}
     keep = args.workdir is not None
