@@ -118,7 +118,7 @@ class EmbeddedProcess:
     name: ClassVar[str]
     #: What in a failed start's error (its log's tail) says a port was taken meanwhile: that start is tried again on
     #: fresh ports if ``_fresh_ports`` can pick them.
-    port_taken: ClassVar[re.Pattern[str]] = PORT_TAKEN
+    _port_taken: ClassVar[re.Pattern[str]] = PORT_TAKEN
 
     def __init__(self, workdir: Path | None, start_timeout: float, stop_timeout: float) -> None:
         self._workdir_arg = workdir
@@ -127,7 +127,7 @@ class EmbeddedProcess:
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.startup_seconds: float | None = None
-        self.started_once = False  # a server that ran keeps its ports: its clients reconnect to them
+        self._started_once = False  # a server that ran keeps its ports: its clients reconnect to them
 
     @property
     def workdir(self) -> Path:
@@ -168,14 +168,14 @@ class EmbeddedProcess:
 
     def start(self) -> Self:
         """Start the server and wait until it answers; on any failure it is stopped again. A first start that failed
-        for a port taken meanwhile (``port_taken``) is tried again on fresh ports, START_ATTEMPTS in all."""
+        for a port taken meanwhile (``_port_taken``) is tried again on fresh ports, START_ATTEMPTS in all."""
         for attempt in range(1, START_ATTEMPTS + 1):
             try:
                 self._start()
-                self.started_once = True
+                self._started_once = True
                 return self
             except EmbeddedServiceError as err:
-                if attempt == START_ATTEMPTS or self.started_once or not self.port_taken.search(str(err)):
+                if attempt == START_ATTEMPTS or self._started_once or not self._port_taken.search(str(err)):
                     raise
                 gave_up = self._fresh_ports()
                 if gave_up is None:

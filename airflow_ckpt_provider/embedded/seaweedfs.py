@@ -42,7 +42,7 @@ class EmbeddedS3(EmbeddedProcess):
     name = "seaweedfs"
     #: weed exits with "Port allocation failed" when a port it was given is taken, or its services cannot reach each
     #: other (one of them reached another process's port) and it never gets ready.
-    port_taken = re.compile(rf"{PORT_TAKEN.pattern}|Port allocation failed|to be ready within")
+    _port_taken = re.compile(rf"{PORT_TAKEN.pattern}|Port allocation failed|to be ready within")
 
     def __init__(
         self,
