@@ -127,7 +127,6 @@ class EmbeddedProcess:
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.startup_seconds: float | None = None
-        self._started_once = False  # a server that ran keeps its ports: its clients reconnect to them
 
     @property
     def workdir(self) -> Path:
@@ -172,10 +171,10 @@ class EmbeddedProcess:
         for attempt in range(1, START_ATTEMPTS + 1):
             try:
                 self._start()
-                self._started_once = True
                 return self
             except EmbeddedServiceError as err:
-                if attempt == START_ATTEMPTS or self._started_once or not self._port_taken.search(str(err)):
+                ran = self.startup_seconds is not None  # a server that ran keeps its ports: clients reconnect
+                if attempt == START_ATTEMPTS or ran or not self._port_taken.search(str(err)):
                     raise
                 gave_up = self._fresh_ports()
                 if gave_up is None:
