@@ -171,11 +171,14 @@ class QueryRestarter:
         """Confirm the lease and check the live checkpoint as a start does, waiting out a store outage."""
         job = self.config.job
         next_beat = self.clock()
+        waited = False
         while True:
             if self.stop_signal():
                 return self._stopped(f"{self.stop_signal()} received while restarting")
             try:
                 self.lease.check()
+                if waited:
+                    self._store_back()
                 prepare_checkpoint(self.store, self.live, LATEST_STATE, epoch=self.lease.epoch,
                                    policy=self.config.time_travel, record=False)
                 self.outage.ok()
@@ -186,6 +189,7 @@ class QueryRestarter:
                 return self.reporter.end_failed(classify(err))
             except StorageError as err:  # the store is down: wait for it, with one line when it is back
                 self.outage.failed(err)
+                waited = True
             except CkptError as err:
                 return self.reporter.end_failed(Failure(Recovery.NONE, EXIT_CONFIG, "the checkpoint cannot resume",
                                                 str(err)))
@@ -193,6 +197,14 @@ class QueryRestarter:
                 next_beat = self.clock() + self.config.heartbeat_interval
                 self.reporter.update()
             time.sleep(self.config.poll_interval)
+
+    def _store_back(self) -> None:
+        """The store answers again after this restart waited for it: RESTARTING is written at once, with the
+        time the query is now expected by. A supervisor that could not read meanwhile judges the heartbeat again
+        as soon as it can; the writes of the wait failed, and starting the query comes after more requests."""
+        restart = self.restarts[-1]
+        self.restarts[-1] = replace(restart, expected_by=time.time() + QUERY_START_ALLOWANCE)
+        self.reporter.update(restart=self.restarts[-1].to_dict(), **self.fields())
 
     def _stopped(self, reason: str) -> int:
         log.info("job %s epoch %d: %s; the latest completed batch is resumed at the next start", self.config.job,

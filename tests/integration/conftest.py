@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -72,3 +72,15 @@ def runs() -> Iterator[list[Run]]:
     yield started
     for run in started:
         run.stop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None],
+                             ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test that started runs shows the tail of each run's log under its failure: what the job's
+    processes said is often the only evidence of why (CI keeps no files)."""
+    report = yield
+    started = getattr(item, "funcargs", {}).get("runs")
+    if report.failed and call.when == "call" and started:
+        report.sections.append(("job logs", "\n".join(run.tail(80) for run in started)))
+    return report

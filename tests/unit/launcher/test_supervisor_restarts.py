@@ -10,6 +10,7 @@ import signal
 import pytest
 
 from airflow_ckpt_provider.core.deployments import Deployment, Launch, read_launch
+from airflow_ckpt_provider.core.errors import UnreachableError
 from airflow_ckpt_provider.core.jobstore import SPEC_LAST, STATUS, JobStore
 from airflow_ckpt_provider.core.restart import FixedDelay
 from airflow_ckpt_provider.core.status import JobState, JobStatus, Restart, RestartOwner, read_status
@@ -171,3 +172,54 @@ def test_without_an_outage_the_same_stale_heartbeat_gets_the_driver_killed(
     assert spawner.procs[0].signals == [signal.SIGTERM]
     assert spawner.procs[0].ended == START + 30  # seen at 30 s: 21 s without a heartbeat (limit 20 s)
     assert (outcome.final, outcome.attempts) == (Ending.STOPPED, 2)
+
+
+def _slow_outage(store: JobStore, clock: FakeClock, *, ends: float, cost: float) -> None:
+    """The store does not answer from START + 10 until ``ends``: a request begun meanwhile fails after ``cost``
+    seconds of retries (as S3Storage's do), reads and writes alike."""
+    storage = store.storage
+    real_read, real_write = storage.read, storage.write
+
+    def failing(what: str) -> None:
+        if START + 10 <= clock.now < ends:
+            clock.now += cost
+            raise UnreachableError(f"{what}: cannot reach S3 endpoint")
+
+    def read(key: str) -> bytes:
+        failing(f"read {key}")
+        return real_read(key)
+
+    def write(key: str, data: bytes) -> None:
+        failing(f"write {key}")
+        real_write(key, data)
+
+    storage.read = read  # type: ignore[method-assign]  # the fault, in a unit test
+    storage.write = write  # type: ignore[method-assign]  # the fault, in a unit test
+
+
+def test_the_grace_after_an_outage_counts_from_the_first_read_that_worked_not_the_last_that_failed(
+    spec: SubmitSpec, clock: FakeClock, store: JobStore
+) -> None:
+    """Failed requests take 3 s each (retries), so the supervisor's last failed read of status.json can be
+    seconds older than the store's return: the driver gets a whole heartbeat limit (8 s) from the first read
+    that worked, and reports 6 s after it."""
+    back: list[float] = []  # the supervisor's first poll after the outage
+
+    def beat() -> None:
+        store.storage.write(STATUS, JobStatus("orders", JobState.RUNNING, 4, clock.now, START, batch_id=7, pid=5000,
+                                              host=HOST, heartbeat_interval=1.0).to_bytes())
+
+    def tick(proc: FakeProcess) -> None:  # called at each of the supervisor's polls
+        if clock.now < START + 10:
+            beat()
+        elif clock.now >= START + 40:
+            if not back:
+                back.append(clock.now)
+            if clock.now >= back[0] + 6:
+                beat()
+
+    _slow_outage(store, clock, ends=START + 40, cost=3.0)
+    outcome, spawner = supervise(spec, clock, [Run(0, runs_for=70.0, term_code=1, tick=tick)],
+                                 FixedDelay(attempts=0, clock=clock), store=store, poll=1.0)
+    assert spawner.procs[0].signals == [], f"terminated, ended at {spawner.procs[0].ended}"
+    assert outcome == SupervisorOutcome(Ending.STOPPED, 1, 0, 0, "driver stopped")
