@@ -215,3 +215,30 @@ def test_postgres_zombie_race_one_wins(postgres_dsn: str) -> None:
     assert "committed meanwhile by another driver" in str(loser[0])
     assert db.query(f"SELECT batch_id, k, v FROM {db.out}") == [(0, "k", winner[0])]
     assert committed_batches(db.connect, "race", db.ledger) == [("q", 0)]
+
+
+def test_postgres_whose_port_another_process_took_meanwhile_starts_again_on_a_fresh_port(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The tests' PostgreSQL is started like the package's servers: a port picked free and bound by another
+    process before postgres did is given up for a fresh one, with one warning, as a second test worker's would."""
+    import socket
+
+    import psycopg
+
+    from airflow_ckpt_provider.embedded.process import PORT_TAKEN
+    from tests.support.pgserver import PgServer
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))  # bound, not listening: postgres cannot bind it, and nothing answers on it
+        port = taken.getsockname()[1]
+        pg = PgServer()
+        pg.port = port  # as if picked free, then another process bound it before postgres did
+        with pg, caplog.at_level("WARNING"):
+            assert pg.port != port
+            with psycopg.connect(pg.dsn) as conn:
+                assert conn.execute("select 1").fetchone() == (1,)
+            log = pg.log_path.read_text()  # close() removes the directory: read while it exists
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and f"postgres failed to start on ports {port} (attempt 1 of 3" in warnings[0]
+    assert PORT_TAKEN.search(log)
+    assert not pg.root.exists()

@@ -2,7 +2,9 @@
 
 initdb into a fresh directory under /tmp, trust auth on 127.0.0.1 only, a free port, the unix socket
 inside the directory, fsync off. initdb and postgres refuse to run as root: as uid 0 both run as the
-``postgres`` user through ``runuser``. Stopped with SIGTERM, then SIGKILL; the directory is removed.
+``postgres`` user through ``runuser``. An ``EmbeddedProcess`` (airflow_ckpt_provider/embedded/process.py)
+like the package's own servers: its own session and log, a start that another process took the port from
+meanwhile tried again on a fresh port, stopped with SIGTERM then SIGKILL; ``close`` removes the directory.
 
     with PgServer() as pg:
         psycopg.connect(pg.dsn)
@@ -14,13 +16,11 @@ import glob
 import os
 import pwd
 import shutil
-import signal
-import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
-from types import TracebackType
+
+from airflow_ckpt_provider.embedded.process import EmbeddedProcess, EmbeddedServiceError, free_port
 
 
 def find_bin_dir() -> Path:
@@ -34,94 +34,75 @@ def find_bin_dir() -> Path:
     return Path(found[-1]).parent
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class PgServer:
+class PgServer(EmbeddedProcess):
     """Start on ``__enter__`` (ready to accept connections), stop and delete on ``__exit__``."""
+
+    name = "postgres"
 
     def __init__(self, *, start_timeout: float = 60.0, stop_timeout: float = 15.0) -> None:
         self.bin = find_bin_dir()
-        self.start_timeout = start_timeout
-        self.stop_timeout = stop_timeout
-        self.port = _free_port()
         self.root = Path(tempfile.mkdtemp(prefix="ckpt-pg-", dir="/tmp"))
         os.chmod(self.root, 0o755)  # postgres must traverse it when we are root
+        super().__init__(self.root, start_timeout, stop_timeout)
+        self.port = free_port()
         self.data = self.root / "data"
-        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def dsn(self) -> str:
         return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres connect_timeout=5"
 
-    def _cmd(self, *args: str) -> list[str]:
+    def _as_postgres(self, *args: str) -> list[str]:
         if os.getuid() == 0:
             return ["runuser", "-u", "postgres", "--", *args]
         return list(args)
 
-    def start(self) -> None:
+    def _command(self) -> tuple[list[str], dict[str, str]]:
+        if not (self.data / "PG_VERSION").exists():
+            self._initdb()
+        return self._as_postgres(
+            str(self.bin / "postgres"), "-D", str(self.data), "-p", str(self.port),
+            "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.root}",
+            "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+            "-c", "max_connections=50", "-c", "shared_buffers=32MB",
+        ), dict(os.environ)
+
+    def _initdb(self) -> None:
         if os.getuid() == 0:
             pw = pwd.getpwnam("postgres")
             os.chown(self.root, pw.pw_uid, pw.pw_gid)
-        subprocess.run(
-            self._cmd(str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust",
-                      "--no-sync", "-E", "UTF8", "--locale=C"),
-            check=True, capture_output=True, timeout=120,
+        done = subprocess.run(
+            self._as_postgres(str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust",
+                              "--no-sync", "-E", "UTF8", "--locale=C"),
+            check=False, capture_output=True, timeout=120,
         )
+        if done.returncode != 0:
+            raise EmbeddedServiceError(f"Expected initdb to create {self.data}, it exited with code "
+                                       f"{done.returncode}:\n{done.stderr.decode(errors='replace')[-2000:]}")
         (self.data / "pg_hba.conf").write_text("host all all 127.0.0.1/32 trust\nlocal all all trust\n")
-        log = open(self.root / "postgres.log", "wb")  # noqa: SIM115 - lives as long as the server
-        self.proc = subprocess.Popen(
-            self._cmd(str(self.bin / "postgres"), "-D", str(self.data), "-p", str(self.port),
-                      "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.root}",
-                      "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
-                      "-c", "max_connections=50", "-c", "shared_buffers=32MB"),
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        log.close()
-        self._wait_ready()
 
-    def _wait_ready(self) -> None:
+    def _ready(self) -> bool:
         import psycopg
 
-        assert self.proc is not None
-        deadline = time.monotonic() + self.start_timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"postgres exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                psycopg.connect(self.dsn).close()
-                return
-            except psycopg.OperationalError as err:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"postgres not ready within {self.start_timeout} s:\n{self.log_tail()}") from err
-                time.sleep(0.1)
+        try:
+            psycopg.connect(self.dsn).close()
+        except psycopg.OperationalError:
+            return False
+        return True
 
-    def log_tail(self, lines: int = 30) -> str:
-        path = self.root / "postgres.log"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+    def _describe(self) -> str:
+        return f"127.0.0.1:{self.port}, data {self.data}"
 
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)  # runuser forwards it: "smart" shutdown
-            try:
-                self.proc.wait(self.stop_timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self.proc = None
-        shutil.rmtree(self.root, ignore_errors=True)
+    def _fresh_ports(self) -> str | None:
+        gave_up, self.port = str(self.port), free_port()
+        return gave_up
 
     def __enter__(self) -> PgServer:
         try:
-            self.start()
+            return self.start()
         except BaseException:
-            self.stop()
+            self.close()
             raise
-        return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
+    def close(self) -> None:
+        super().close()
+        shutil.rmtree(self.root, ignore_errors=True)
