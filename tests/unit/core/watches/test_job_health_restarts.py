@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
+from airflow_ckpt_provider.core.errors import StorageError, UnreachableError
 from airflow_ckpt_provider.core.health import HealthCriteria
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.restart import Health
@@ -93,3 +96,74 @@ def test_a_query_restart_by_the_driver_is_waited_on_until_its_heartbeat_stops(st
     assert "RESTARTING by its driver, attempt 2" in watch.waiting_for()
     event = unhealthy(watch.poll(T0 + 301), Unhealthy.NO_HEARTBEAT)
     assert "expected its driver's query restart (attempt 2" in event["message"]
+
+
+
+class Outage:
+    """The job store's reads fail while ``down``, as S3's do when it does not answer."""
+
+    def __init__(self, store: JobStore) -> None:
+        self.down = False
+        storage = store.storage
+        real_read, real_versioned = storage.read, storage.read_versioned
+
+        def read(key: str) -> bytes:
+            self._fail(key)
+            return real_read(key)
+
+        def read_versioned(key: str):  # type: ignore[no-untyped-def]  # mirrors Storage.read_versioned
+            self._fail(key)
+            return real_versioned(key)
+
+        storage.read = read  # type: ignore[method-assign]  # the outage, in a unit test
+        storage.read_versioned = read_versioned  # type: ignore[method-assign]  # the outage, in a unit test
+
+    def _fail(self, key: str) -> None:
+        if self.down:
+            raise UnreachableError(f"read {key}: cannot reach S3 endpoint")
+
+
+def test_after_a_store_outage_heartbeats_are_judged_again_only_a_whole_limit_after_the_store_answered(
+    store: JobStore,
+) -> None:
+    """A job store outage silences the driver and its supervisor (on another host, so only their heartbeats
+    tell) as much as it blinds the watch: when the watch can read again, both records are stale. It waits a whole
+    heartbeat limit from then (the larger of the driver's, 20 s, and the supervisor's, 20 s) before it calls the
+    driver dead, where it would otherwise say NO_HEARTBEAT at once, and the DAG restart a job that is running."""
+    outage = Outage(store)
+    watch = JobHealthWatch(store, HealthCriteria(expect=Health.UNHEALTHY))  # default heartbeat limit: 3 x 5 s + 5
+    report(store, T0, batch_id=9)
+    supervised(store, T0)
+    assert watch.poll(T0) is None
+    outage.down = True
+    for now in (T0 + 10, T0 + 30, T0 + 59):
+        with pytest.raises(StorageError):
+            watch.poll(now)
+    outage.down = False  # back at T0 + 60: both heartbeats are 60 s old
+    assert watch.poll(T0 + 60) is None
+    assert watch.waiting_for() == (
+        f"job orders: watching for a fault; last seen: the job store could not be read until {hms(T0 + 60)}, so "
+        f"no heartbeat is judged before {hms(T0 + 80)} (RUNNING at epoch 1, batch 9)")
+    assert watch.poll(T0 + 79) is None
+    event = unhealthy(watch.poll(T0 + 80), Unhealthy.NO_HEARTBEAT)  # nobody wrote again within the limit
+    assert "its supervisor (pid 77 on host-b, launch 20270115T080000Z-aaaaaa) is gone" in event["message"]
+
+
+def test_after_a_store_outage_a_driver_that_reports_again_within_the_limit_is_never_called_dead(
+    store: JobStore,
+) -> None:
+    outage = Outage(store)
+    watch = JobHealthWatch(store, HealthCriteria(expect=Health.UNHEALTHY))
+    report(store, T0, batch_id=9)
+    supervised(store, T0)
+    assert watch.poll(T0) is None
+    outage.down = True
+    with pytest.raises(StorageError):
+        watch.poll(T0 + 30)
+    outage.down = False
+    for now in (T0 + 60, T0 + 70):
+        assert watch.poll(now) is None
+    for now in (T0 + 75, T0 + 76, T0 + 90):  # the driver's first heartbeat after the outage comes 15 s after it
+        report(store, now, batch_id=10)
+        supervised(store, now)
+        assert watch.poll(now) is None
