@@ -23,6 +23,7 @@ from airflow_ckpt_provider.embedded import (
     free_port,
 )
 from airflow_ckpt_provider.embedded.process import PORT_TAKEN
+from tests.support.ports import taken_port
 
 if TYPE_CHECKING:
     from confluent_kafka import KafkaError, Message
@@ -301,9 +302,7 @@ def test_s3_whose_port_another_process_took_meanwhile_starts_again_on_fresh_port
 
 def test_kafka_whose_port_another_process_took_meanwhile_starts_again_on_a_fresh_port(
         caplog: pytest.LogCaptureFixture) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
-        taken.bind(("127.0.0.1", 0))  # bound, not listening: tansu cannot bind it, and nothing answers on it
-        port = taken.getsockname()[1]
+    with taken_port() as port:
         kafka = EmbeddedKafka()
         kafka._port = port  # as if picked free, then another process bound it before tansu did
         with kafka, caplog.at_level("WARNING"):

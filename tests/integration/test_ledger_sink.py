@@ -221,16 +221,13 @@ def test_postgres_whose_port_another_process_took_meanwhile_starts_again_on_a_fr
         caplog: pytest.LogCaptureFixture) -> None:
     """The tests' PostgreSQL is started like the package's servers: a port picked free and bound by another
     process before postgres did is given up for a fresh one, with one warning, as a second test worker's would."""
-    import socket
-
     import psycopg
 
     from airflow_ckpt_provider.embedded.process import PORT_TAKEN
     from tests.support.pgserver import PgServer
+    from tests.support.ports import taken_port
 
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
-        taken.bind(("127.0.0.1", 0))  # bound, not listening: postgres cannot bind it, and nothing answers on it
-        port = taken.getsockname()[1]
+    with taken_port() as port:
         pg = PgServer()
         pg.port = port  # as if picked free, then another process bound it before postgres did
         with pg, caplog.at_level("WARNING"):
