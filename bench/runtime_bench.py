@@ -863,22 +863,32 @@ def report_cluster(runs: list[Throughput], starts: list[Start], in_driver: list[
 
 # -- main ------------------------------------------------------------------------------------------
 
+#: The defaults of the options a --quick run shortens. The backlog lasts the warm-up, the window, the in-driver
+#: failures (two batches each) and the kills.
+QUICK = {"rounds": 1, "kills": 1, "records": 1_400_000, "window": 15.0, "warmup": 15.0, "savepoint_interval": 10.0}
+FULL = {"rounds": 3, "kills": 1, "records": 4_500_000, "window": 30.0, "warmup": 60.0, "savepoint_interval": 30.0}
+
+
 def parse_args(argv: Sequence[str] | None) -> tuple[Options, bool]:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--rounds", type=int, help="rounds of one A and one B job (default 3)")
-    parser.add_argument("--kills", type=int, help="kill -9s per A job after its throughput window (default 1)")
+    parser.add_argument("--rounds", type=int, help=f"rounds of one A and one B job (default {FULL['rounds']})")
+    parser.add_argument("--kills", type=int,
+                        help=f"kill -9s per A job after its throughput window (default {FULL['kills']})")
     parser.add_argument("--failures", type=int, default=3,
                         help="query failures per A job, recovered inside the driver, before the kills (default 3)")
-    parser.add_argument("--records", type=int, help="backlog records (default 4,500,000)")
+    parser.add_argument("--records", type=int, help=f"backlog records (default {FULL['records']:,})")
     parser.add_argument("--keys", type=int, default=10_000, help="distinct keys (default 10000)")
     parser.add_argument("--max-offsets", type=int, default=20_000, help="maxOffsetsPerTrigger (default 20000)")
-    parser.add_argument("--window", type=float, help="seconds of batches per throughput measurement (default 30)")
+    parser.add_argument("--window", type=float,
+                        help=f"seconds of batches per throughput measurement (default {FULL['window']:g})")
     parser.add_argument("--warmup", type=float,
                         help="seconds of batches before the throughput window, measured and reported apart: the "
-                             "driver JVM's JIT warm-up (default 60; 0: the window starts at the first batch)")
+                             f"driver JVM's JIT warm-up (default {FULL['warmup']:g}; 0: the window starts at the first "
+                             "batch)")
     parser.add_argument("--checkpoint-interval", type=float, default=0.0,
                         help="config A's checkpoint interval (default 0: after every batch)")
-    parser.add_argument("--savepoint-interval", type=float, help="config A's savepoint interval (default 30)")
+    parser.add_argument("--savepoint-interval", type=float,
+                        help=f"config A's savepoint interval (default {FULL['savepoint_interval']:g})")
     parser.add_argument("--restart-delay", type=float, default=0.5, help="fixed-delay restart delay (default 0.5)")
     parser.add_argument("--kill-after", type=float, default=1.0,
                         help="seconds after a driver's second batch with rows before the kill (default 1)")
@@ -892,11 +902,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Options, bool]:
     parser.add_argument("--snapshot-nice", type=int, metavar="N",
                         help="`ckpt run --snapshot-nice N` for the jobs that take snapshots (default: the runtime's)")
     args = parser.parse_args(argv)
-    # the backlog lasts the warm-up, the window, the in-driver failures (two batches each) and the kills
-    quick = {"rounds": 1, "kills": 1, "records": 1_400_000, "window": 15.0, "warmup": 15.0, "savepoint_interval": 10.0}
-    full = {"rounds": 3, "kills": 1, "records": 4_500_000, "window": 30.0, "warmup": 60.0, "savepoint_interval": 30.0}
-    defaults = quick if args.quick else full
-    chosen: dict[str, Any] = {k: defaults[k] if getattr(args, k) is None else getattr(args, k) for k in full}
+    defaults = QUICK if args.quick else FULL
+    chosen: dict[str, Any] = {k: defaults[k] if getattr(args, k) is None else getattr(args, k) for k in FULL}
     keep = args.workdir is not None
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="runtime-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,9 @@ the store is down for 30 s, each of those calls fails. ``Outage`` turns the fail
 
 ``failed`` and ``ok`` are called around each request; recovery is seen by a request that succeeds.
 Thread-safe: the snapshotter's thread and the driver's loop share one.
+
+``ReadableAgain`` is the reader's side of an outage: when the store could be read again, counted by the readers of
+heartbeats (the supervisor, the health watch) before they judge records that the outage kept from being written.
 """
 
 from __future__ import annotations
@@ -64,3 +67,28 @@ class Outage:
             self._since, self._failures = None, 0
         self.log.warning("job %s: %s is reachable again after %.1f s (%d failed requests)", self.job, self.what,
                          self.clock() - since, failures)
+
+
+class ReadableAgain:
+    """When a reader of heartbeats (the supervisor, the health watch) could read the store again after reads failed.
+
+    An outage silences the writers as it blinds the reader: when the reader sees their records again, they are
+    stale. ``within`` says whether a heartbeat limit has passed since the first read that worked (not since the last
+    that failed: a failed request retries for seconds, so that one may be long before the store answered again).
+    ``now`` is the caller's clock.
+    """
+
+    def __init__(self) -> None:
+        self._failing = False
+        self.since: float | None = None  # the first read that worked after one that failed; None: no outage yet
+
+    def failed(self) -> None:
+        self._failing = True
+
+    def worked(self, now: float) -> None:
+        if self._failing:
+            self._failing, self.since = False, now
+
+    def within(self, now: float, limit: float) -> bool:
+        """Whether ``now`` is less than ``limit`` seconds after the store answered again."""
+        return self.since is not None and now - self.since < limit

@@ -32,6 +32,7 @@ from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.lease import read_lease
 from airflow_ckpt_provider.core.modes import LATEST_STATE
+from airflow_ckpt_provider.core.outage import ReadableAgain
 from airflow_ckpt_provider.core.restart import Health, HealthRule, RestartStrategy, describe_strategy
 from airflow_ckpt_provider.core.status import (
     JobState,
@@ -153,8 +154,7 @@ class Supervisor:
         self._ran = False  # a driver of ours reported RUNNING: restarts resume from latest-state
         self.reports = SupervisorReports(spec.config.job, store, launch_id=launch_id, poll=poll, grace=grace,
                                          wall=wall, runs_here=self._runs_here)
-        self._unreadable = False  # the last read of status.json failed
-        self._readable_since: float | None = None  # supervisor clock of the first read that worked after one failed
+        self._reads = ReadableAgain()  # of status.json, on the supervisor's clock
 
     @property
     def job(self) -> str:
@@ -346,20 +346,17 @@ class Supervisor:
 
     def _observe(self, driver: DriverRun) -> JobStatus | None:
         """status.json now, noting the epoch, the batch and a RUNNING state when our driver wrote it; a read
-        that fails is remembered: heartbeats are not judged right after an outage (``_readable_since``)."""
+        that fails is remembered: heartbeats are not judged right after an outage (``_reads``)."""
         if self.store is None:
             return None
         try:
             status = read_status(self.store)
         except StorageError as err:
             self.reports.outage.failed(f"cannot read status.json, progress not judged meanwhile: {err}")
-            self._unreadable = True
+            self._reads.failed()
             return None
         self.reports.outage.ok()
-        if self._unreadable:
-            # Back by now, not by when the last read failed: a failed read retries for seconds, and between reads
-            # the supervisor's own heartbeat write may retry as long; the driver's requests retry too.
-            self._unreadable, self._readable_since = False, self.clock()
+        self._reads.worked(self.clock())  # between two reads the supervisor's own heartbeat write retries too
         if status is not None and self._own(driver, status):
             driver.epoch = self.reports.epoch = status.epoch
             driver.batch_id, driver.reason = status.batch_id, status.reason
@@ -392,8 +389,7 @@ class Supervisor:
         # RUNNING only: a driver STOPPING with a savepoint sends no heartbeat while it takes the final one
         if driver.running and status.state is JobState.RUNNING and status.epoch == driver.epoch \
                 and not driver_live(status, wall):
-            readable_for = None if self._readable_since is None else self.clock() - self._readable_since
-            if readable_for is not None and readable_for < heartbeat_limit(status):
+            if self._reads.within(self.clock(), heartbeat_limit(status)):
                 # The driver could not write while we could not read: give it a whole limit to report again,
                 # counted from when we could read again.
                 return ""

@@ -14,6 +14,7 @@ from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.health import HealthCriteria, restart_times
 from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, JobStore
 from airflow_ckpt_provider.core.jobview import JobView, starting_launch, when
+from airflow_ckpt_provider.core.outage import ReadableAgain
 from airflow_ckpt_provider.core.restart import Health, HealthRule
 from airflow_ckpt_provider.core.status import JobState, JobStatus, Restart, RestartOwner, driver_live
 from airflow_ckpt_provider.core.supervision import Supervision, observe_supervision, restarts_dead_driver
@@ -84,8 +85,7 @@ class JobHealthWatch:
         self._seen = "nothing polled yet"
         self._supervision_seen: Supervision | None = None  # read at most once per poll, when it matters
         self._restarting = ""  # who restarts the job, for the describe line ('' when nobody does)
-        self._unreadable = False  # the last poll could not read the store
-        self._readable_since: float | None = None  # the first poll that could read it again after one that could not
+        self._reads = ReadableAgain()  # of the store, on the polls' clock
 
     # -- observe -------------------------------------------------------------------------------
 
@@ -138,13 +138,12 @@ class JobHealthWatch:
         try:
             return self._poll(now)
         except StorageError:  # the poller logs it and polls again
-            self._unreadable = True
+            self._reads.failed()
             raise
 
     def _poll(self, now: float) -> dict[str, Any] | None:
         view = look(self.store, now)
-        if self._unreadable:
-            self._unreadable, self._readable_since = False, now
+        self._reads.worked(now)
         self._supervision_seen, self._restarting = None, ""
         status = self._current(view)
         restart_times = self._restart_times()
@@ -259,32 +258,31 @@ class JobHealthWatch:
 
     def _after_outage(self, s: JobStatus, now: float) -> float | None:
         """Until when heartbeats are not judged, or None: this watch could not read the store until
-        ``_readable_since``, nor could the driver and its supervisor write (and their requests retry for
-        seconds): both get a whole heartbeat limit from then to report again, as the supervisor gives its driver."""
-        if self._readable_since is None:
+        ``_reads.since``, nor could the driver and its supervisor write (and their requests retry for seconds):
+        both get a whole heartbeat limit from then to report again, as the supervisor gives its driver."""
+        since = self._reads.since
+        if since is None:
             return None
         c = self.criteria
         limit = c.heartbeat_timeout if c.heartbeat_timeout is not None else 3 * s.heartbeat_interval + 5
         sup = self._supervision(now)
         if sup.record is not None:
             limit = max(limit, sup.record.heartbeat_limit())
-        until = self._readable_since + limit
-        return until if now < until else None
+        return since + limit if self._reads.within(now, limit) else None
 
     def _dead(self, s: JobStatus, now: float) -> tuple[Unhealthy, str] | None:
         # Reached for an active status only (_ended answered for the others).
         c = self.criteria
-        until = self._after_outage(s, now)
-        if until is not None and not driver_live(s, now, heartbeat_timeout=c.heartbeat_timeout,
-                                                 busy_timeout=c.start_timeout):
-            assert self._readable_since is not None
-            self._restarting = (f"the job store could not be read until {_hms(self._readable_since)}, so no "
+        live = driver_live(s, now, heartbeat_timeout=c.heartbeat_timeout, busy_timeout=c.start_timeout)
+        if not live and (until := self._after_outage(s, now)) is not None:  # reads supervisors/ only then
+            assert self._reads.since is not None
+            self._restarting = (f"the job store could not be read until {_hms(self._reads.since)}, so no "
                                 f"heartbeat is judged before {_hms(until)}")
             return None
         restart = s.current_restart()
         if restart is not None and restart.by is RestartOwner.SUPERVISOR:
             return self._restart_lost(s, restart, now)
-        if driver_live(s, now, heartbeat_timeout=c.heartbeat_timeout, busy_timeout=c.start_timeout):
+        if live:
             if restart is not None:
                 self._restarting = f"RESTARTING by its driver, attempt {restart.attempt}, expected running by " \
                                    f"{_hms(restart.expected_by)}"
