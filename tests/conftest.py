@@ -159,6 +159,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 #: Seconds and tests per tier (tests/<tier>/...): setup, call and teardown, servers started by fixtures included.
 _TIER_SECONDS: defaultdict[str, float] = defaultdict(float)
 _TIER_TESTS: defaultdict[str, int] = defaultdict(int)
+#: Seconds per module and per xdist worker: a worker's sum is about the run's wall time, so the budget is the
+#: larger of the two workers' sums, and the longest modules are where time can come out.
+_MODULE_SECONDS: defaultdict[str, float] = defaultdict(float)
+_WORKER_SECONDS: defaultdict[str, float] = defaultdict(float)
+_SHOWN_MODULES = 15
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -166,11 +171,16 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     tier = parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
     _TIER_SECONDS[tier] += report.duration
     _TIER_TESTS[tier] += report.when == "call"
+    _MODULE_SECONDS[report.nodeid.split("::")[0]] += report.duration
+    node = getattr(report, "node", None)  # set by xdist on the controller: the worker that ran the test
+    if node is not None:
+        _WORKER_SECONDS[node.gateway.id] += report.duration
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    """Time per tier, for the table in docs/development.md (the slowest tests come from --durations): the tests'
-    own time, summed over xdist's workers when there are some (then more than the run's wall time)."""
+    """Time per tier, per xdist worker and of the longest modules, for the table in docs/development.md (the
+    slowest tests come from --durations): the tests' own time, so the tiers' sums exceed the run's wall time on
+    two workers, and the larger worker's sum is about that wall time."""
     for line in _WORKER_LINES:
         terminalreporter.write_line(line)
     if not _TIER_SECONDS:
@@ -179,6 +189,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     terminalreporter.section(f"time per tier (summed over {workers} workers)" if workers else "time per tier")
     for tier, seconds in sorted(_TIER_SECONDS.items(), key=lambda kv: -kv[1]):
         terminalreporter.write_line(f"{tier:<12} {seconds / 60:6.1f} min  {_TIER_TESTS[tier]:5d} tests")
+    for worker, seconds in sorted(_WORKER_SECONDS.items()):
+        terminalreporter.write_line(f"worker {worker:<5} {seconds / 60:6.1f} min")
+    terminalreporter.section(f"the {_SHOWN_MODULES} longest modules")
+    for module, seconds in sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1])[:_SHOWN_MODULES]:
+        terminalreporter.write_line(f"{seconds:7.1f} s  {module}")
 
 
 @pytest.fixture(scope="session")
