@@ -16,8 +16,20 @@ from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, JobStore
 from airflow_ckpt_provider.core.jobview import JobView, starting_launch, when
 from airflow_ckpt_provider.core.outage import ReadableAgain
 from airflow_ckpt_provider.core.restart import Health, HealthRule
-from airflow_ckpt_provider.core.status import JobState, JobStatus, Restart, RestartOwner, driver_live
-from airflow_ckpt_provider.core.supervision import Supervision, observe_supervision, restarts_dead_driver
+from airflow_ckpt_provider.core.status import (
+    TERMINAL_STATES,
+    JobState,
+    JobStatus,
+    Restart,
+    RestartOwner,
+    driver_live,
+)
+from airflow_ckpt_provider.core.supervision import (
+    Supervision,
+    SupervisorState,
+    observe_supervision,
+    restarts_dead_driver,
+)
 from airflow_ckpt_provider.core.watches.base import current_time, look, ui, why
 
 log = logging.getLogger(__name__)
@@ -212,8 +224,9 @@ class JobHealthWatch:
             return self._crash_loop(None, restart_times, restarts, now) or self._not_started(view, now)
         if s.state is not JobState.RUNNING and starting_launch(self.store, s, now, self.criteria.start_timeout):
             return None  # stopped or dead, but a newer launch (restart, upgrade, restore) is on its way
-        return (self._ended(s, now) or self._crash_loop(s, restart_times, restarts, now) or self._dead(s, now)
-                or self._stuck(s, now))
+        if s.state in TERMINAL_STATES:  # a supervisor's restart may still be coming (_ended)
+            return self._ended(s, now) or self._crash_loop(s, restart_times, restarts, now)
+        return self._crash_loop(s, restart_times, restarts, now) or self._dead(s, now) or self._stuck(s, now)
 
     def _ended(self, s: JobStatus, now: float) -> tuple[Unhealthy, str] | None:
         job = self.store.job
@@ -222,6 +235,14 @@ class JobHealthWatch:
             if restarts_dead_driver(s, sup, now):
                 assert sup.record is not None
                 self._restarting = f"its driver failed; the {sup.record.describe()} restarts it"
+                return None
+            if (sup.record is not None and sup.record.state is not SupervisorState.ENDED
+                    and (until := self._after_outage(s, now)) is not None):
+                # Its supervisor could not write its decision (RESTARTING, or ended) while the store was out.
+                assert self._reads.since is not None
+                self._restarting = (f"its driver failed, and the job store could not be read until "
+                                    f"{_hms(self._reads.since)}, so its {sup.record.describe()} is given until "
+                                    f"{_hms(until)} to restart it")
                 return None
             return Unhealthy.FAILED, (
                 f"job {job}: expected it {self._expected()}, found FAILED at epoch {s.epoch} since "
@@ -271,7 +292,7 @@ class JobHealthWatch:
         return since + limit if self._reads.within(now, limit) else None
 
     def _dead(self, s: JobStatus, now: float) -> tuple[Unhealthy, str] | None:
-        # Reached for an active status only (_ended answered for the others).
+        # Reached for an active status only (_ended judges the others).
         c = self.criteria
         live = driver_live(s, now, heartbeat_timeout=c.heartbeat_timeout, busy_timeout=c.start_timeout)
         if not live and (until := self._after_outage(s, now)) is not None:  # reads supervisors/ only then
@@ -399,7 +420,8 @@ class JobHealthWatch:
     def _describe(self, view: JobView, s: JobStatus | None, now: float) -> str:
         if s is None:
             return f"waiting for {self._deployment()} to report; found {self._found(view)}"
-        line = f"{s.state} at epoch {s.epoch}, batch {s.batch_id}"
+        batch = f"batch {s.batch_id}" if s.batch_id is not None else "no batch yet"
+        line = f"{s.state} at epoch {s.epoch}, {batch}"
         if self._restarting:
             return f"{self._restarting} ({line})"
         if s.state is JobState.RUNNING and self._healthy_since is not None:

@@ -167,3 +167,49 @@ def test_after_a_store_outage_a_driver_that_reports_again_within_the_limit_is_ne
         report(store, now, batch_id=10)
         supervised(store, now)
         assert watch.poll(now) is None
+
+
+def test_a_driver_failed_before_a_store_outage_is_left_to_its_supervisor_for_a_whole_limit_after_it(
+    store: JobStore,
+) -> None:
+    """The driver failed just before the store went away, so its supervisor could write neither its decision
+    (RESTARTING, or ended) nor its heartbeat. When the watch reads again, the FAILED status and the supervisor's
+    heartbeat are both stale: it gives the supervisor a whole limit from then before it says FAILED, where it would
+    say FAILED at once, and the DAG restart a job whose supervisor is restarting it."""
+    outage = Outage(store)
+    watch = JobHealthWatch(store, HealthCriteria(expect=Health.UNHEALTHY))
+    report(store, T0, state=JobState.FAILED, reason="query failed: boom")
+    supervised(store, T0)
+    assert watch.poll(T0) is None  # within the supervisor's reaction time
+    outage.down = True
+    with pytest.raises(StorageError):
+        watch.poll(T0 + 30)
+    outage.down = False  # back at T0 + 60
+    assert watch.poll(T0 + 60) is None
+    assert watch.waiting_for() == (
+        f"job orders: watching for a fault; last seen: its driver failed, and the job store could not be read until "
+        f"{hms(T0 + 60)}, so its supervisor (pid 77 on host-b, launch 20270115T080000Z-aaaaaa) is given until "
+        f"{hms(T0 + 80)} to restart it (FAILED at epoch 1, no batch yet)")
+    assert watch.poll(T0 + 79) is None
+    event = unhealthy(watch.poll(T0 + 80), Unhealthy.FAILED)  # it wrote nothing within the limit
+    assert "found FAILED at epoch 1" in event["message"]
+
+
+def test_a_failed_driver_whose_supervisor_restarts_it_after_a_store_outage_is_never_called_failed(
+    store: JobStore,
+) -> None:
+    outage = Outage(store)
+    watch = JobHealthWatch(store, HealthCriteria(expect=Health.UNHEALTHY))
+    report(store, T0, state=JobState.FAILED, reason="query failed: boom")
+    supervised(store, T0)
+    outage.down = True
+    with pytest.raises(StorageError):
+        watch.poll(T0 + 30)
+    outage.down = False
+    assert watch.poll(T0 + 60) is None
+    supervised(store, T0 + 65)
+    restarting(store, T0 + 65, expected_by=T0 + 120)  # the supervisor's decision, once it can write again
+    for now in (T0 + 70, T0 + 90, T0 + 110):
+        supervised(store, now)
+        assert watch.poll(now) is None
+    assert "RESTARTING by the supervisor, attempt 2" in watch.waiting_for()
