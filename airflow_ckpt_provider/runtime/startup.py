@@ -257,8 +257,26 @@ def check_named_restore(store: JobStore, spec: RestoreSpec, policy: TimeTravel) 
     named = load_manifest(store, _snapshot_id(store, spec.snapshot))
     lineage = read_lineage(store)
     plan = StartPlan(StartAction.RESTORE, "named", named)
-    plan = replace(plan, travel=travel_of(plan, latest_batch(store, lineage, list_snapshots(store)), lineage))
+    plan = replace(plan, travel=travel_of(plan, latest_batch(store, lineage, _every_for_travel(store, spec, policy)),
+                                          lineage))
     check_time_travel(spec, plan, policy)
+
+
+def _every_for_travel(store: JobStore, spec: RestoreSpec, policy: TimeTravel) -> list[Manifest]:
+    """Every completed snapshot, to tell whether restoring a named one goes back in time. Under ``refuse`` one that
+    a newer version of this package wrote refuses the restore (ConfigError): its batch cannot be read, so going back
+    cannot be ruled out. Otherwise it is skipped: the user chose the snapshot."""
+    if policy is not TimeTravel.REFUSE:
+        return list_snapshots(store)
+    try:
+        return list_snapshots(store, refuse_newer=True)
+    except NewerFormatError as err:
+        raise ConfigError(
+            f"restoring {spec.snapshot} under --time-travel refuse: expected every snapshot of job {store.job} "
+            f"readable, to tell whether the restore goes back in time; found {err}. Nothing was changed (the "
+            "running job, its lease and its sinks are untouched). Upgrade airflow-ckpt-provider to the version "
+            "that wrote it, or allow going back in time with --time-travel fork"
+        ) from err
 
 
 def _every_snapshot(store: JobStore, spec: RestoreSpec) -> list[Manifest]:
@@ -297,8 +315,8 @@ def plan_start(store: JobStore, live_storage: Storage, spec: RestoreSpec,
     if plan.action is StartAction.RESTORE:
         lineage = read_lineage(store)
         # The lineage's snapshots (latest-state), every one (latest-savepoint), or for a named one every one this
-        # version reads (the user chose it: a newer format's snapshot does not refuse it).
-        every = list_snapshots(store) if spec.mode is RestoreMode.SNAPSHOT else snapshots
+        # version reads (the user chose it: a newer format's snapshot refuses it under ``refuse`` only).
+        every = _every_for_travel(store, spec, policy) if spec.mode is RestoreMode.SNAPSHOT else snapshots
         plan = replace(plan, travel=travel_of(plan, latest_batch(store, lineage, every), lineage))
         check_time_travel(spec, plan, policy)
     return plan, live

@@ -178,11 +178,12 @@ def test_an_inline_threshold_outside_0_to_the_manifest_total_is_refused(value: i
 def test_a_restore_of_the_latest_is_refused_when_a_newer_version_wrote_the_newest_snapshot(
         store: JobStore, tmp_path: Path) -> None:
     """After a downgrade, a manifest of a format this version cannot read must not make "the latest" an older
-    snapshot: listings skip it with a warning, gc defers, a restore of latest-* is refused, a named one works."""
+    snapshot: listings skip it with a warning, gc defers, a restore of latest-* is refused, a named one works unless
+    going back in time is refused (--time-travel refuse)."""
     from airflow_ckpt_provider.core.manifest import NewerFormatError
     from airflow_ckpt_provider.core.modes import RestoreSpec
     from airflow_ckpt_provider.core.snapshots import list_snapshots
-    from airflow_ckpt_provider.runtime.startup import StartAction, plan_start
+    from airflow_ckpt_provider.runtime.startup import StartAction, TimeTravel, check_named_restore, plan_start
 
     older = create_snapshot(store, LocalStorage(make_checkpoint(tmp_path / "a", 2))).manifest
     newer = create_snapshot(store, LocalStorage(make_checkpoint(tmp_path / "b", 3))).manifest
@@ -200,6 +201,15 @@ def test_a_restore_of_the_latest_is_refused_when_a_newer_version_wrote_the_newes
             plan_start(store, live, RestoreSpec.parse(latest))
     plan, _ = plan_start(store, live, RestoreSpec.parse(older.snapshot_id))  # named: the user chose it
     assert plan.action is StartAction.RESTORE and plan.snapshot == older
+    # ... unless going back in time is refused: the newer snapshot's batch cannot be read, so it cannot be ruled out
+    for refused in (lambda: plan_start(store, live, RestoreSpec.parse(older.snapshot_id), TimeTravel.REFUSE),
+                    lambda: check_named_restore(store, RestoreSpec.parse(older.snapshot_id), TimeTravel.REFUSE)):
+        with pytest.raises(ConfigError, match=rf"restoring {older.snapshot_id} under --time-travel refuse: expected "
+                                              r"every snapshot of job orders readable, .* found manifest .* has format "
+                                              r"3, .*Nothing was changed .* or allow going back in time with "
+                                              r"--time-travel fork"):
+            refused()
+    assert not (tmp_path / "live").exists()
     # Not a number above the formats read: corrupt, not newer; skipped as before.
     store.storage.write(store.manifest_key(newer.snapshot_id),
                         _tampered(store, newer.snapshot_id, lambda b: b.__setitem__("format", "3")))
