@@ -269,7 +269,12 @@ class EmbeddedProcess:
             self._tempdir = None
 
     def __enter__(self) -> Self:
-        return self.start()
+        """Start; a start that failed closes too (its work dir goes), since ``with`` calls no ``__exit__`` then."""
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

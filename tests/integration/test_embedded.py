@@ -7,6 +7,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -258,7 +259,8 @@ def test_stop_ends_processes_and_s3_data_survives_restart(tmp_path: Path) -> Non
         assert s3.client().get_object(Bucket="keep", Key="k")["Body"].read() == b"survives"
 
 
-def test_start_that_never_gets_ready_leaves_no_process(tmp_path: Path) -> None:
+def test_start_that_never_gets_ready_leaves_no_process_nor_work_dir(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = tmp_path / "fake-broker"
     fake.write_text('#!/bin/sh\nsleep 300 &\necho "fake broker pid $$"\nexec sleep 300\n')
     fake.chmod(0o755)
@@ -277,6 +279,14 @@ def test_start_that_never_gets_ready_leaves_no_process(tmp_path: Path) -> None:
     workdir = kafka.workdir
     kafka.close()
     assert not workdir.exists()
+    # Started by ``with``: a start that fails closes too (``with`` calls no __exit__ then), its work dir goes.
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # where the work dir is made
+    failing = EmbeddedKafka(binary=str(fake), start_timeout=1.0)
+    with pytest.raises(EmbeddedServiceError, match="ready within"), failing:
+        raise AssertionError("unreachable: the start fails")
+    assert not failing.running and list(temp.iterdir()) == []
 
 
 def test_s3_whose_port_another_process_took_meanwhile_starts_again_on_fresh_ports(

@@ -96,13 +96,6 @@ class PgServer(EmbeddedProcess):
         gave_up, self.port = str(self.port), free_port()
         return gave_up
 
-    def __enter__(self) -> PgServer:
-        try:
-            return self.start()
-        except BaseException:
-            self.close()
-            raise
-
     def close(self) -> None:
         super().close()
         shutil.rmtree(self.root, ignore_errors=True)
