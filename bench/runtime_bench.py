@@ -2,7 +2,7 @@
 versus a cold start, and the throughput cost of periodic snapshots, measured side by side in one run.
 
     .venv/bin/python bench/runtime_bench.py [--rounds 3] [--kills 1] [--failures 3] [--window 30] [--warmup 60]
-                                           [--quick]
+                                           [--turns 4] [--turn-window 10] [--quick]
 
 Runs the test job (tests/jobs/kafka_count.py: a stateful count per key over a ckpt-kafka topic) with
 ``ckpt run --supervise`` (fixed-delay restarts, 0.5 s apart) exactly as users do, on one backlog topic
@@ -18,6 +18,9 @@ order (A B, B A, A B). Each job is measured for:
    compiler threads are still compiling Spark's planner and scheduler then (about half the JVM's CPU per batch
    in the first 30 s on a 2-core VM, a third of that a minute later; the "JIT" CPU in the tables), and anything
    else running on the machine, snapshots included, delays that compilation and slows the batches.
+   Then (A jobs only) --turns windows of --turn-window seconds with checkpoint snapshots paused and taken in
+   turns (the file named by CKPT_BENCH_PAUSE_CHECKPOINTS, core/faults.py): the same driver JVM against itself,
+   free of the JIT and GC modes that make whole jobs 10-15% faster or slower than others; same target.
 3. Recovery (A jobs only: the default configuration), --kills times after the window: kill -9 of
    the driver's process group in steady state (after >= 2 batches with rows of its epoch), to the
    first batch the restarted driver completes, split into detection, restart, JVM + Python,
@@ -64,6 +67,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make `tests` importable
 
+from airflow_ckpt_provider.core.faults import PAUSE_ENV
 from airflow_ckpt_provider.core.manifest import Kind
 from airflow_ckpt_provider.core.snapshots import list_snapshots
 from airflow_ckpt_provider.embedded import EmbeddedServices
@@ -101,6 +105,8 @@ class Options:
     driver_jvm: str = ""
     warmup: float = 60.0
     snapshot_nice: int | None = None  # A's and C's snapshot thread (None: the runtime's default)
+    turns: int = 0  # A's windows with and without checkpoint snapshots in turns, after its steady window
+    turn_window: float = 10.0
 
 
 # -- the ckpt run log ------------------------------------------------------------------------------
@@ -603,6 +609,73 @@ def throughput(env: JobEnv, watch: LogWatch, opts: Options, rnd: int, config: st
     return result, last
 
 
+@dataclass(frozen=True)
+class Turn:
+    """One window of an A job's turns: checkpoint snapshots taken after every batch, or paused."""
+
+    round: int
+    index: int
+    snapshots: bool
+    batches: int
+    rows: int
+    seconds: float
+    checkpoints: int  # checkpoint snapshots completed in the window (log)
+
+    @property
+    def rate(self) -> float:
+        return self.rows / self.seconds
+
+
+#: A turn's window starts at the first batch completed this long after the switch: a snapshot under way at the
+#: switch is done by then, and the first snapshot after a pause (the paused batches' files) lands before it.
+SETTLE_S = 2.0
+
+
+def turns(watch: LogWatch, opts: Options, rnd: int, pause: Path) -> list[Turn]:
+    """``--turns`` windows of ``--turn-window`` seconds, checkpoint snapshots paused (the file that
+    core/faults.checkpoints_paused looks for) and taken in turns, pairs in alternating order (off-on, on-off, ...):
+    the same driver JVM against itself, so its JIT and GC luck is the same on both sides."""
+    done: list[Turn] = []
+    for index in range(opts.turns):
+        pair, second = divmod(index, 2)
+        snapshots = (second == 1) == (pair % 2 == 0)
+        if snapshots:
+            pause.unlink(missing_ok=True)
+        else:
+            pause.touch()
+        switched = time.time()
+        start = watch.wait("a batch after the switch", lambda ev, t=switched: first(ev, "batch", after=t + SETTLE_S))
+        end = watch.wait(f"a batch {opts.turn_window:g} s later",
+                         lambda ev, t=start.t: first(ev, "batch", after=t + opts.turn_window))
+        if [e for e in watch.events if e.kind == "exit"]:
+            raise BenchError(f"{watch.run.name}: the driver exited during the turns\n{watch.run.tail()}")
+        short = [e for e in batches(watch.events, 1) if start.t < e.t <= end.t and e.int(2) < opts.max_offsets]
+        if short:
+            raise BenchError(f"{watch.run.name}: batch {short[0].int(1)} read {short[0].int(2)} rows, fewer than "
+                             f"{opts.max_offsets}: the backlog ran out in the turns; raise --records")
+        window = [e for e in batches(watch.events, 1) if start.t < e.t <= end.t]
+        ckpts = [e for e in watch.events if e.kind == "snapshot" and e.fields[1] == "checkpoint"
+                 and start.t < e.t <= end.t]
+        turn = Turn(rnd, index + 1, snapshots, len(window), sum(e.int(2) for e in window), end.t - start.t,
+                    len(ckpts))
+        print(f"  round {rnd} A turn {turn.index} ({'snapshots' if snapshots else 'paused'}): {turn.rows} rows in "
+              f"{turn.seconds:.1f} s = {turn.rate:,.0f}/s, {turn.checkpoints} checkpoint snapshots", file=sys.stderr)
+        done.append(turn)
+    pause.unlink(missing_ok=True)
+    return done
+
+
+def _turn_ratios(done: Sequence[Turn]) -> list[float]:
+    """Per pair of turns of one job: records/s with snapshots over records/s paused."""
+    ratios = []
+    for rnd in sorted({t.round for t in done}):
+        mine = sorted((t for t in done if t.round == rnd), key=lambda t: t.index)
+        for a, b in zip(mine[::2], mine[1::2], strict=False):
+            on, off = (a, b) if a.snapshots else (b, a)
+            ratios.append(on.rate / off.rate)
+    return ratios
+
+
 # -- one job: cold start, throughput, recoveries --------------------------------------------------
 
 #: The configurations whose recoveries are measured: A in local mode, and C, the same on the cluster.
@@ -611,9 +684,10 @@ BUILT = "built the environment"
 
 
 def job_run(env: JobEnv, opts: Options, rnd: int, config: str, servers: dict[str, int | None],
-            cluster: EmbeddedSparkCluster | None = None) -> tuple[list[Start], list[Throughput], list[QueryRecovery]]:
-    """One job: its cold start, its throughput in the warm-up window (if any) and the steady window after it, then
-    its in-driver recoveries and kill recoveries."""
+            cluster: EmbeddedSparkCluster | None = None
+            ) -> tuple[list[Start], list[Throughput], list[QueryRecovery], list[Turn]]:
+    """One job: its cold start, its throughput in the warm-up window (if any) and the steady window after it, for A
+    its turns with and without checkpoint snapshots, then its in-driver recoveries and kill recoveries."""
     name = f"{rnd}-{config}"
     if (opts.workdir / name).exists():  # the second C job of the first round: its own log and checkpoint
         name += "-2"
@@ -626,7 +700,8 @@ def job_run(env: JobEnv, opts: Options, rnd: int, config: str, servers: dict[str
     spawned = time.time()
     # fixed-delay counts the restarts of one driver (in-driver) and of the supervisor (processes) apart
     where: dict[str, Any] = {}
-    extra = {"CKPT_TEST_FAULT_DIR": str(faults), "CKPT_TEST_FAULTS": "sink"}
+    pause = opts.workdir / name / "pause-checkpoints"
+    extra = {"CKPT_TEST_FAULT_DIR": str(faults), "CKPT_TEST_FAULTS": "sink", PAUSE_ENV: str(pause)}
     if opts.driver_jvm:
         extra["SPARK_SUBMIT_OPTS"] = opts.driver_jvm
     if config == "C":
@@ -652,6 +727,7 @@ def job_run(env: JobEnv, opts: Options, rnd: int, config: str, servers: dict[str
             warm, begin = throughput(env, watch, opts, rnd, config, begin, servers, warmup=True)
             windows.append(warm)
         windows.append(throughput(env, watch, opts, rnd, config, begin, servers)[0])
+        taken = turns(watch, opts, rnd, pause) if config == "A" else []
         for attempt in range(1, opts.failures + 1 if config in MEASURED else 1):
             in_driver.append(query_failure(watch, opts, rnd, config, 1, faults, attempt))
             q = in_driver[-1]
@@ -660,7 +736,7 @@ def job_run(env: JobEnv, opts: Options, rnd: int, config: str, servers: dict[str
         for epoch in range(1, opts.kills + 1 if config in MEASURED else 1):
             starts.append(recover(watch, opts, rnd, config, epoch, checkpoint))
             log_start(starts[-1])
-        return starts, windows, in_driver
+        return starts, windows, in_driver, taken
     finally:
         stop_run(run, watch)
 
@@ -730,6 +806,31 @@ def report_throughput(runs: list[Throughput], opts: Options) -> list[str]:
     return [f"snapshot overhead < {OVERHEAD_TARGET:.0%}: {'met' if abs(diff) < OVERHEAD_TARGET else 'MISSED'} "
             f"(A/B {ratio:.3f}: {abs(diff):.1%} {'fewer' if diff > 0 else 'more'} records/s with snapshots; per round "
             f"{min(ratios):.3f} to {max(ratios):.3f})"]
+
+
+def report_turns(done: list[Turn], opts: Options) -> list[str]:
+    """Each A job against itself: its turns with checkpoint snapshots after every batch and paused."""
+    print(f"\n## Snapshot overhead within one job: {opts.turns} turns of {opts.turn_window:g} s per A job, checkpoint "
+          "snapshots taken and paused in turns\n")
+    print("After the steady window each A job pauses its checkpoint snapshots and takes them again in turns "
+          f"(pairs in alternating order; each turn from the first batch {SETTLE_S:g} s after the switch). Both sides "
+          "of a pair run in the same driver JVM, so the JIT and GC modes that move whole jobs by 10-15% (A against B "
+          "above) are the same on both; what differs is only the snapshots.\n")
+    print("| round | turn | checkpoint snapshots | batches | rows | s | records/s | snapshots in the window |")
+    print("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    for t in done:
+        print(f"| {t.round} | {t.index} | {'taken' if t.snapshots else 'paused'} | {t.batches} | {t.rows} "
+              f"| {t.seconds:.1f} | {t.rate:,.0f} | {t.checkpoints} |")
+    ratios = _turn_ratios(done)
+    if not ratios:
+        return ["snapshot overhead within one job: no pair of turns (--turns 2 or more)"]
+    ratio = statistics.median(ratios)
+    print("\nwith / without per pair " + ", ".join(f"{x:.3f}" for x in ratios) + f"; median {ratio:.3f}")
+    diff = 1 - ratio
+    return [f"snapshot overhead within one job < {OVERHEAD_TARGET:.0%}: "
+            f"{'met' if abs(diff) < OVERHEAD_TARGET else 'MISSED'} (with / without {ratio:.3f}: {abs(diff):.1%} "
+            f"{'fewer' if diff > 0 else 'more'} records/s with snapshots; per pair {min(ratios):.3f} to "
+            f"{max(ratios):.3f}, {len(ratios)} pairs)"]
 
 
 def report_warmup(runs: list[Throughput], opts: Options) -> list[str]:
@@ -863,10 +964,12 @@ def report_cluster(runs: list[Throughput], starts: list[Start], in_driver: list[
 
 # -- main ------------------------------------------------------------------------------------------
 
-#: The defaults of the options a --quick run shortens. The backlog lasts the warm-up, the window, the in-driver
-#: failures (two batches each) and the kills.
-QUICK = {"rounds": 1, "kills": 1, "records": 1_400_000, "window": 15.0, "warmup": 15.0, "savepoint_interval": 10.0}
-FULL = {"rounds": 3, "kills": 1, "records": 4_500_000, "window": 30.0, "warmup": 60.0, "savepoint_interval": 30.0}
+#: The defaults of the options a --quick run shortens. The backlog lasts the warm-up, the window, A's turns, the
+#: in-driver failures (two batches each) and the kills.
+QUICK = {"rounds": 1, "kills": 1, "records": 2_000_000, "window": 15.0, "warmup": 15.0, "savepoint_interval": 10.0,
+         "turns": 2}
+FULL = {"rounds": 3, "kills": 1, "records": 6_000_000, "window": 30.0, "warmup": 60.0, "savepoint_interval": 30.0,
+        "turns": 4}
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[Options, bool]:
@@ -899,6 +1002,10 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Options, bool]:
     parser.add_argument("--driver-jvm", default="", metavar="OPTS",
                         help="extra options of every job's driver JVM, A's and B's alike (SPARK_SUBMIT_OPTS; default: "
                              "none, Spark's defaults), e.g. -XX:G1HeapRegionSize=16m (docs/benchmarks.md)")
+    parser.add_argument("--turns", type=int,
+                        help="windows of each A job after its steady window, checkpoint snapshots paused and taken in "
+                             f"turns: the same driver JVM measured against itself (default {FULL['turns']}; 0: none)")
+    parser.add_argument("--turn-window", type=float, default=10.0, help="seconds of batches per turn (default 10)")
     parser.add_argument("--snapshot-nice", type=int, metavar="N",
                         help="`ckpt run --snapshot-nice N` for the jobs that take snapshots (default: the runtime's)")
     args = parser.parse_args(argv)
@@ -910,7 +1017,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Options, bool]:
     opts = Options(**chosen, keys=args.keys, max_offsets=args.max_offsets,
                    checkpoint_interval=args.checkpoint_interval, restart_delay=args.restart_delay,
                    kill_after=args.kill_after, workdir=workdir, failures=args.failures, cluster=args.cluster,
-                   driver_jvm=args.driver_jvm, snapshot_nice=args.snapshot_nice)
+                   driver_jvm=args.driver_jvm, snapshot_nice=args.snapshot_nice, turn_window=args.turn_window)
     return opts, keep
 
 
@@ -920,6 +1027,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     starts: list[Start] = []
     runs: list[Throughput] = []
     in_driver: list[QueryRecovery] = []
+    all_turns: list[Turn] = []
     try:
         with EmbeddedServices() as services, contextlib.ExitStack() as stack:
             cluster = stack.enter_context(EmbeddedSparkCluster(workdir=opts.workdir / "spark")) if opts.cluster \
@@ -943,7 +1051,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for config in (*order, *extra) if cluster else order:
                     env = JobEnv(services.s3, services.kafka, opts.workdir, bucket, topic,
                                  job=f"bench-{uuid.uuid4().hex[:8]}")
-                    job_starts, windows, recoveries = job_run(env, opts, rnd, config, servers, cluster)
+                    job_starts, windows, recoveries, job_turns = job_run(env, opts, rnd, config, servers, cluster)
+                    all_turns += job_turns
                     starts += job_starts
                     runs += windows
                     in_driver += recoveries
@@ -954,6 +1063,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{os.getloadavg()[0]:.1f} at the end)")
     local = [r for r in runs if r.config != "C"]
     verdicts = report_throughput([r for r in local if not r.warmup], opts)
+    if all_turns:
+        verdicts += report_turns(all_turns, opts)
     if opts.warmup > 0:
         verdicts += report_warmup([r for r in local if r.warmup], opts)
     runs = [r for r in runs if not r.warmup]

@@ -1,4 +1,5 @@
-"""Crash points for fault-injection tests: kill -9 the whole driver at a named step, once.
+"""Crash points for fault-injection tests: kill -9 the whole driver at a named step, once; and the benchmark's
+switch that pauses a driver's checkpoint snapshots (``checkpoints_paused``).
 
 Sinks call ``crash_point("files.commit.after-manifest", batch_id)`` at each step of their commit
 protocol. Nothing happens unless ``CKPT_FAULT_DIR`` names a directory holding a file called
@@ -20,6 +21,9 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 ENV = "CKPT_FAULT_DIR"
+#: A file whose existence pauses the driver's checkpoint snapshots after batches (bench/runtime_bench.py measures
+#: the same job with and without them, in turns); savepoints are taken as always. Unset: never paused.
+PAUSE_ENV = "CKPT_BENCH_PAUSE_CHECKPOINTS"
 
 
 def crash_point(point: str, batch_id: int | None = None) -> None:
@@ -53,3 +57,9 @@ def _jvm_pgid() -> int:
         if pid <= 1:
             break
     return os.getpgid(0)
+
+
+def checkpoints_paused() -> bool:
+    """Whether the benchmark paused checkpoint snapshots (``PAUSE_ENV`` names a file that exists): one stat."""
+    path = os.environ.get(PAUSE_ENV)
+    return bool(path and os.path.exists(path))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
 from airflow_ckpt_provider.core.errors import CkptError, UnreachableError
+from airflow_ckpt_provider.core.faults import checkpoints_paused
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.manifest import INLINE_MAX, Kind, Trigger
 from airflow_ckpt_provider.core.outage import Outage
@@ -220,7 +221,8 @@ class Snapshotter:
         if self.nice:
             _lower_priority(self.nice)
         while (job := self._next()) is not None:
-            if job.kind is Kind.CHECKPOINT and (self._store_down() or not self._new_batch_completed()):
+            if job.kind is Kind.CHECKPOINT and (self._store_down() or checkpoints_paused()
+                                                or not self._new_batch_completed()):
                 continue  # during a store outage the next batch after it asks again
             try:
                 outcome = SnapshotOutcome(job, result=self.take(job))

@@ -540,3 +540,36 @@ def test_retention_disposes_of_every_due_snapshot_in_one_delete_request_and_retr
     assert [m.snapshot_id for m in list_snapshots(store)] == ids[3:]
     expected = sorted(k for i in ids[:3] for k in (store.manifest_key(i), store.pending_key(i)))
     assert len(deletes) == 2 and sorted(deletes[0]) == sorted(deletes[1]) == expected  # one request per pass
+
+
+def test_checkpoints_paused_by_the_benchs_file_are_skipped_and_savepoints_are_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench/runtime_bench.py measures one job with and without checkpoint snapshots, in turns: while the file named
+    by CKPT_BENCH_PAUSE_CHECKPOINTS exists, a batch's checkpoint request is skipped; a savepoint is taken."""
+    from airflow_ckpt_provider.core.faults import PAUSE_ENV
+
+    pause = tmp_path / "pause"
+    monkeypatch.setenv(PAUSE_ENV, str(pause))
+    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
+    ckpt = make_checkpoint(tmp_path / "ckpt", 2)
+    outcomes: list[Any] = []
+    snapshotter = Snapshotter(store, LocalStorage(ckpt), retention=RetentionPolicy(checkpoints_keep=5),
+                              fence=lambda: None, on_done=outcomes.append, inline_max=0)
+    try:
+        snapshotter.checkpoint_now()  # batch 1
+        assert snapshotter.drain(30)
+        pause.touch()
+        write_batch(ckpt, 2)
+        snapshotter.checkpoint_now()
+        assert snapshotter.drain(30)
+        snapshotter.savepoint(Trigger.MANUAL, "r-1")
+        assert snapshotter.drain(30)
+        pause.unlink()
+        write_batch(ckpt, 3)
+        snapshotter.checkpoint_now()
+        assert snapshotter.drain(30)
+    finally:
+        snapshotter.close()
+    taken = [(o.job.kind, o.result.manifest.batch_id) for o in outcomes if o.result is not None]
+    assert taken == [(Kind.CHECKPOINT, 1), (Kind.SAVEPOINT, 2), (Kind.CHECKPOINT, 3)]
+    assert [o.error for o in outcomes] == [None, None, None]
