@@ -631,10 +631,16 @@ class Turn:
 SETTLE_S = 2.0
 
 
-def turns(watch: LogWatch, opts: Options, rnd: int, pause: Path) -> list[Turn]:
+def turns(watch: LogWatch, opts: Options, rnd: int, pause: Path, rate: float) -> list[Turn]:
     """``--turns`` windows of ``--turn-window`` seconds, checkpoint snapshots paused (the file that
     core/faults.checkpoints_paused looks for) and taken in turns, pairs in alternating order (off-on, on-off, ...):
-    the same driver JVM against itself, so its JIT and GC luck is the same on both sides."""
+    the same driver JVM against itself, so its JIT and GC luck is the same on both sides. ``rate``: records/s of the
+    steady window, to tell before the turns whether the backlog lasts them (an idle job logs no batches)."""
+    left = opts.records - sum(e.int(2) for e in batches(watch.events, 1))
+    needed = int(1.5 * rate * opts.turns * (opts.turn_window + SETTLE_S + 2))
+    if left < needed:
+        raise BenchError(f"{watch.run.name}: {left:,} records left in the backlog, the turns need about {needed:,}; "
+                         "raise --records")
     done: list[Turn] = []
     for index in range(opts.turns):
         pair, second = divmod(index, 2)
@@ -727,7 +733,7 @@ def job_run(env: JobEnv, opts: Options, rnd: int, config: str, servers: dict[str
             warm, begin = throughput(env, watch, opts, rnd, config, begin, servers, warmup=True)
             windows.append(warm)
         windows.append(throughput(env, watch, opts, rnd, config, begin, servers)[0])
-        taken = turns(watch, opts, rnd, pause) if config == "A" else []
+        taken = turns(watch, opts, rnd, pause, windows[-1].rate) if config == "A" else []
         for attempt in range(1, opts.failures + 1 if config in MEASURED else 1):
             in_driver.append(query_failure(watch, opts, rnd, config, 1, faults, attempt))
             q = in_driver[-1]
@@ -966,7 +972,7 @@ def report_cluster(runs: list[Throughput], starts: list[Start], in_driver: list[
 
 #: The defaults of the options a --quick run shortens. The backlog lasts the warm-up, the window, A's turns, the
 #: in-driver failures (two batches each) and the kills.
-QUICK = {"rounds": 1, "kills": 1, "records": 2_000_000, "window": 15.0, "warmup": 15.0, "savepoint_interval": 10.0,
+QUICK = {"rounds": 1, "kills": 1, "records": 2_500_000, "window": 15.0, "warmup": 15.0, "savepoint_interval": 10.0,
          "turns": 2}
 FULL = {"rounds": 3, "kills": 1, "records": 6_000_000, "window": 30.0, "warmup": 60.0, "savepoint_interval": 30.0,
         "turns": 4}
@@ -1023,6 +1029,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Options, bool]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     opts, keep = parse_args(argv)
+    # kill (SIGTERM) unwinds like Ctrl-C: the jobs, SeaweedFS and tansu this bench started are stopped on the way out
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     started = time.monotonic()
     starts: list[Start] = []
     runs: list[Throughput] = []
