@@ -637,7 +637,7 @@ def turns(watch: LogWatch, opts: Options, rnd: int, pause: Path, rate: float) ->
     the same driver JVM against itself, so its JIT and GC luck is the same on both sides. ``rate``: records/s of the
     steady window, to tell before the turns whether the backlog lasts them (an idle job logs no batches)."""
     left = opts.records - sum(e.int(2) for e in batches(watch.events, 1))
-    needed = int(1.5 * rate * opts.turns * (opts.turn_window + SETTLE_S + 2))
+    needed = int(1.2 * rate * opts.turns * (opts.turn_window + SETTLE_S + 2))
     if left < needed:
         raise BenchError(f"{watch.run.name}: {left:,} records left in the backlog, the turns need about {needed:,}; "
                          "raise --records")
@@ -972,9 +972,9 @@ def report_cluster(runs: list[Throughput], starts: list[Start], in_driver: list[
 
 #: The defaults of the options a --quick run shortens. The backlog lasts the warm-up, the window, A's turns, the
 #: in-driver failures (two batches each) and the kills.
-QUICK = {"rounds": 1, "kills": 1, "records": 2_500_000, "window": 15.0, "warmup": 15.0, "savepoint_interval": 10.0,
+QUICK = {"rounds": 1, "kills": 1, "records": 2_800_000, "window": 15.0, "warmup": 15.0, "savepoint_interval": 10.0,
          "turns": 2}
-FULL = {"rounds": 3, "kills": 1, "records": 6_000_000, "window": 30.0, "warmup": 60.0, "savepoint_interval": 30.0,
+FULL = {"rounds": 3, "kills": 1, "records": 7_000_000, "window": 30.0, "warmup": 60.0, "savepoint_interval": 30.0,
         "turns": 4}
 
 
