@@ -620,6 +620,7 @@ class Turn:
     rows: int
     seconds: float
     checkpoints: int  # checkpoint snapshots completed in the window (log)
+    savepoints: int  # the periodic savepoints (--savepoint-interval) completed in it, taken either way
 
     @property
     def rate(self) -> float:
@@ -660,12 +661,12 @@ def turns(watch: LogWatch, opts: Options, rnd: int, pause: Path, rate: float) ->
             raise BenchError(f"{watch.run.name}: batch {short[0].int(1)} read {short[0].int(2)} rows, fewer than "
                              f"{opts.max_offsets}: the backlog ran out in the turns; raise --records")
         window = [e for e in batches(watch.events, 1) if start.t < e.t <= end.t]
-        ckpts = [e for e in watch.events if e.kind == "snapshot" and e.fields[1] == "checkpoint"
-                 and start.t < e.t <= end.t]
+        kinds = [e.fields[1] for e in watch.events if e.kind == "snapshot" and start.t < e.t <= end.t]
         turn = Turn(rnd, index + 1, snapshots, len(window), sum(e.int(2) for e in window), end.t - start.t,
-                    len(ckpts))
+                    kinds.count("checkpoint"), kinds.count("savepoint"))
         print(f"  round {rnd} A turn {turn.index} ({'snapshots' if snapshots else 'paused'}): {turn.rows} rows in "
-              f"{turn.seconds:.1f} s = {turn.rate:,.0f}/s, {turn.checkpoints} checkpoint snapshots", file=sys.stderr)
+              f"{turn.seconds:.1f} s = {turn.rate:,.0f}/s, {turn.checkpoints} checkpoint snapshots + "
+              f"{turn.savepoints} savepoints", file=sys.stderr)
         done.append(turn)
     pause.unlink(missing_ok=True)
     return done
@@ -823,10 +824,10 @@ def report_turns(done: list[Turn], opts: Options) -> list[str]:
           "of a pair run in the same driver JVM, so the JIT and GC modes that move whole jobs by 10-15% (A against B "
           "above) are the same on both; what differs is only the snapshots.\n")
     print("| round | turn | checkpoint snapshots | batches | rows | s | records/s | snapshots in the window |")
-    print("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |")
     for t in done:
         print(f"| {t.round} | {t.index} | {'taken' if t.snapshots else 'paused'} | {t.batches} | {t.rows} "
-              f"| {t.seconds:.1f} | {t.rate:,.0f} | {t.checkpoints} |")
+              f"| {t.seconds:.1f} | {t.rate:,.0f} | {t.checkpoints} ckpt + {t.savepoints} sp |")
     ratios = _turn_ratios(done)
     if not ratios:
         return ["snapshot overhead within one job: no pair of turns (--turns 2 or more)"]
