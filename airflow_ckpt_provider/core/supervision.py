@@ -113,7 +113,12 @@ class SupervisorRecord:
                 return True, ""
         if age <= self.heartbeat_limit():
             return True, ""
-        return False, f"is gone: no heartbeat for {age:.0f} s (every {self.interval:g} s expected)"
+        return False, f"{STALE} for {age:.0f} s (every {self.interval:g} s expected)"
+
+
+#: How ``liveness`` begins when only the heartbeat says the supervisor is gone (not its end, its process or a newer
+#: launch): after a job store outage that may be the outage's doing (the health watch's grace, core/watches).
+STALE = "is gone: no heartbeat"
 
 
 def supervisor_key(launch_id: str) -> str:

@@ -100,7 +100,12 @@ class EmbeddedServices:
         return {**self.s3.env(), "KAFKA_BOOTSTRAP_SERVERS": self.kafka.bootstrap_servers}
 
     def __enter__(self) -> Self:
-        return self.start()
+        """Start both; a start that failed closes both (work dirs included), as EmbeddedProcess does."""
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

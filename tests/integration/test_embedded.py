@@ -289,6 +289,22 @@ def test_start_that_never_gets_ready_leaves_no_process_nor_work_dir(
     assert not failing.running and list(temp.iterdir()) == []
 
 
+def test_services_whose_kafka_never_gets_ready_stop_s3_and_leave_no_work_dir(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "fake-broker"
+    fake.write_text("#!/bin/sh\nexec sleep 300\n")
+    fake.chmod(0o755)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # where the work dirs are made
+    services = EmbeddedServices()
+    services.kafka = EmbeddedKafka(binary=str(fake), start_timeout=1.0)
+    with pytest.raises(EmbeddedServiceError, match="ready within"), services:
+        raise AssertionError("unreachable: the start fails")
+    assert not services.s3.running and not services.kafka.running
+    assert list(temp.iterdir()) == []  # SeaweedFS's and the broker's work dirs
+
+
 def test_s3_whose_port_another_process_took_meanwhile_starts_again_on_fresh_ports(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from airflow_ckpt_provider.embedded.process import free_ports_with_grpc

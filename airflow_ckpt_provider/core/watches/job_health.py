@@ -25,8 +25,8 @@ from airflow_ckpt_provider.core.status import (
     driver_live,
 )
 from airflow_ckpt_provider.core.supervision import (
+    STALE,
     Supervision,
-    SupervisorState,
     observe_supervision,
     restarts_dead_driver,
 )
@@ -37,6 +37,15 @@ log = logging.getLogger(__name__)
 
 def _hms(ts: float) -> str:
     return time.strftime("%H:%M:%SZ", time.gmtime(ts))
+
+
+def _silenced(sup: Supervision, failed: JobStatus) -> bool:
+    """Whether a job store outage may have kept the supervisor from acting on the failed driver: it was beating when
+    the driver failed, and now it is live or only its heartbeat is stale (not ended, superseded or found dead)."""
+    record = sup.record
+    if record is None or record.updated_at + record.heartbeat_limit() < failed.updated_at:
+        return False  # no supervisor, or one already silent when the driver failed
+    return sup.live or sup.why_not.startswith(STALE)
 
 
 def _last_failure(s: JobStatus | None) -> str:
@@ -236,10 +245,10 @@ class JobHealthWatch:
                 assert sup.record is not None
                 self._restarting = f"its driver failed; the {sup.record.describe()} restarts it"
                 return None
-            if (sup.record is not None and sup.record.state is not SupervisorState.ENDED
-                    and (until := self._after_outage(s, now)) is not None):
+            if _silenced(sup, s) and (until := self._after_outage(s, now)) is not None:
                 # Its supervisor could not write its decision (RESTARTING, or ended) while the store was out.
                 assert self._reads.since is not None
+                assert sup.record is not None
                 self._restarting = (f"its driver failed, and the job store could not be read until "
                                     f"{_hms(self._reads.since)}, so its {sup.record.describe()} is given until "
                                     f"{_hms(until)} to restart it")

@@ -213,3 +213,20 @@ def test_a_failed_driver_whose_supervisor_restarts_it_after_a_store_outage_is_ne
         supervised(store, now)
         assert watch.poll(now) is None
     assert "RESTARTING by the supervisor, attempt 2" in watch.waiting_for()
+
+
+def test_a_failed_driver_whose_supervisor_was_already_silent_is_failed_at_once_after_a_store_outage(
+    store: JobStore,
+) -> None:
+    """The grace is for a supervisor the outage silenced: one whose heartbeat had stopped before the driver failed
+    (killed with it, say) is not waited on."""
+    outage = Outage(store)
+    watch = JobHealthWatch(store, HealthCriteria(expect=Health.UNHEALTHY))
+    supervised(store, T0 - 60)  # its last heartbeat, a minute before the failure (limit 3 x 5 s + 5 s)
+    report(store, T0, state=JobState.FAILED, reason="query failed: boom")
+    outage.down = True
+    with pytest.raises(StorageError):
+        watch.poll(T0 + 30)
+    outage.down = False
+    event = unhealthy(watch.poll(T0 + 60), Unhealthy.FAILED)
+    assert "found FAILED at epoch 1" in event["message"]
