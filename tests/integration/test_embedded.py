@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -294,15 +295,19 @@ def test_services_whose_kafka_never_gets_ready_stop_s3_and_leave_no_work_dir(
     fake = tmp_path / "fake-broker"
     fake.write_text("#!/bin/sh\nexec sleep 300\n")
     fake.chmod(0o755)
-    temp = tmp_path / "temp"
-    temp.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # where the work dirs are made
-    services = EmbeddedServices()
-    services.kafka = EmbeddedKafka(binary=str(fake), start_timeout=1.0)
-    with pytest.raises(EmbeddedServiceError, match="ready within"), services:
-        raise AssertionError("unreachable: the start fails")
-    assert not services.s3.running and not services.kafka.running
-    assert list(temp.iterdir()) == []  # SeaweedFS's and the broker's work dirs
+    # Where the work dirs are made: a short path, since SeaweedFS binds a unix socket in its work dir (at most 107
+    # bytes; pytest's tmp_path on an xdist worker is too long for it)
+    temp = Path(tempfile.mkdtemp(prefix="ckpt-svc-", dir="/tmp"))
+    try:
+        monkeypatch.setattr(tempfile, "tempdir", str(temp))
+        services = EmbeddedServices()
+        services.kafka = EmbeddedKafka(binary=str(fake), start_timeout=1.0)
+        with pytest.raises(EmbeddedServiceError, match="ready within"), services:
+            raise AssertionError("unreachable: the start fails")
+        assert not services.s3.running and not services.kafka.running
+        assert list(temp.iterdir()) == []  # SeaweedFS's and the broker's work dirs
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_s3_whose_port_another_process_took_meanwhile_starts_again_on_fresh_ports(
