@@ -7,9 +7,11 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import pytest
 
 from airflow_ckpt_provider.core.storage import LocalStorage, S3Options, Storage, open_storage
 from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
+from tests.support import fullpass
 
 # py4j logs "Closing down clientserver connection" from __del__ at interpreter exit, after pytest
 # closed its capture streams, which prints a "Logging error" traceback under the summary.
@@ -177,12 +180,55 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _WORKER_SECONDS[node.gateway.id] += report.duration
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+#: A --full session's clone (HEAD, uncommitted changes) and start, for its record (tests/support/fullpass.py).
+_FULL_TREE = pytest.StashKey[fullpass.Tree]()
+_FULL_STARTED = pytest.StashKey[float]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A --full session notes the commit it tests before any test runs (the controller only, under xdist)."""
+    config = session.config
+    if config.getoption("--full") and not hasattr(config, "workerinput") and not config.option.collectonly:
+        config.stash[_FULL_TREE] = fullpass.tree_state()
+        config.stash[_FULL_STARTED] = time.monotonic()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int,
+                            config: pytest.Config) -> None:
+    for line in _WORKER_LINES:
+        terminalreporter.write_line(line)
+    _time_summary(terminalreporter, config)
+    if not hasattr(config, "workerinput") and not config.option.collectonly:
+        terminalreporter.section("the --full tier")
+        terminalreporter.write_line(_full_pass_line(terminalreporter, exitstatus, config))
+
+
+def _full_pass_line(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> str:
+    """A --full run of the whole suite with no failures records its commit in tests/full-pass.json (a tracked
+    file: committed, it reaches every clone) and says so, or says why not; every other run says which commit
+    the tier last passed on and how many commits ago that is (docs/development.md, "Tests")."""
+    if not config.getoption("--full"):
+        return fullpass.summary_line(fullpass.read_record(), fullpass.distance)
+    counts = fullpass.counts_of(terminalreporter.stats)
+    from_testpaths = config.args_source is pytest.Config.ArgsSource.TESTPATHS
+    narrowed = fullpass.narrowing(
+        config.args, base=config.rootpath if from_testpaths else config.invocation_params.dir, root=config.rootpath,
+        testpaths=config.getini("testpaths"), keyword=config.option.keyword, markexpr=config.option.markexpr,
+        deselect=config.getoption("deselect") or ())
+    why = fullpass.why_not_record(exitstatus=int(exitstatus), counts=counts, narrowed=narrowed,
+                                  stress_runs=stress_runs(config), stress_runs_full=STRESS_RUNS_FULL)
+    if why is not None:
+        return fullpass.not_recorded_line(why)
+    rec = fullpass.record(config.stash[_FULL_TREE], counts, time.monotonic() - config.stash[_FULL_STARTED],
+                          datetime.now(UTC))
+    fullpass.write_record(rec)
+    return fullpass.recorded_line(rec)
+
+
+def _time_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     """Time per tier, per xdist worker and of the longest modules, for the table in docs/development.md (the
     slowest tests come from --durations): the tests' own time, so the tiers' sums exceed the run's wall time on
     two workers, and the larger worker's sum is about that wall time."""
-    for line in _WORKER_LINES:
-        terminalreporter.write_line(line)
     if not _TIER_SECONDS:
         return
     workers = getattr(config.option, "numprocesses", None)
