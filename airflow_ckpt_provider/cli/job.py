@@ -19,6 +19,7 @@ from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.jobview import JobView, check_can_request, observe, state_text, when
 from airflow_ckpt_provider.core.lease import LeaseRecord
 from airflow_ckpt_provider.core.modes import UpgradeMode
+from airflow_ckpt_provider.core.progress import human_count
 
 if TYPE_CHECKING:
     from airflow_ckpt_provider.core.jobstore import JobStore
@@ -149,7 +150,7 @@ def cmd_rescale(args: argparse.Namespace) -> int:
     partitions = _partitions(args.partitions)
     assert partitions is not None  # required
     store, result = _run_upgrade(args, partitions, "rescale")
-    emit(args, result, lambda: (f"rescaled job {store.job} to {partitions} state partitions: savepoint "
+    emit(args, result, lambda: (f"rescaled job {store.job} to {human_count(partitions, 'state partition')}: savepoint "
                                 f"{result['rescaled_snapshot_id']} (from {result['snapshot_id']}), running at epoch "
                                 f"{result['epoch']}, batch {result['batch_id']}"))
     return 0
@@ -159,7 +160,7 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     store, result = _run_upgrade(args, _partitions(args.partitions), "upgrade")
     moved = result["to_version"] or args.job_file
     if result["partitions"] is not None:
-        moved += f" with {result['partitions']} state partitions"
+        moved += f" with {human_count(result['partitions'], 'state partition')}"
     emit(args, result, lambda: (f"upgraded job {store.job} to {moved} ({result['upgrade_mode']}, from "
                                 f"{result['snapshot_id'] or 'its latest state'}), running at epoch {result['epoch']}, "
                                 f"batch {result['batch_id']}"))

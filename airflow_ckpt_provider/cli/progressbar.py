@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from rich.progress import BarColumn, DownloadColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
 
-from airflow_ckpt_provider.core.progress import Progress, human_bytes
+from airflow_ckpt_provider.core.progress import Progress, human_bytes, human_count
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -38,7 +38,7 @@ class TransferBar:
         self._bars.stop()  # the bars stay on the terminal as they last were
 
     def start(self, progress: Progress) -> None:
-        self(f"{progress.what}: {progress.total_files} files, {human_bytes(progress.total_bytes)}")
+        self(f"{progress.what}: {human_count(progress.total_files, 'file')}, {human_bytes(progress.total_bytes)}")
         self._tasks[progress] = self._bars.add_task(progress.what, total=progress.total_bytes,
                                                     files=f"0/{progress.total_files}", rate=human_bytes(0))
 

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from airflow_ckpt_provider.cli.common import add_store_args
 from airflow_ckpt_provider.core.deployments import LAUNCH_ENV
 from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.progress import human_count
 from airflow_ckpt_provider.core.restart import HealthRule, RestartStrategy, describe_strategy
 from airflow_ckpt_provider.core.settings import RestartSettings, RuntimeSettings
 from airflow_ckpt_provider.core.storage import S3Options
@@ -170,8 +171,8 @@ def _run_supervised(args: argparse.Namespace, spec: SubmitSpec, strategy: Restar
         outcome = supervisor.run()
     d = outcome.to_dict()
     print(json.dumps(d, indent=2, sort_keys=True) if args.json else
-          f"job {spec.config.job}: {outcome.final.value} after {outcome.attempts} attempts "
-          f"({outcome.restarts} restarts), last exit code {outcome.exit_code}: {outcome.reason}")
+          f"job {spec.config.job}: {outcome.final.value} after {human_count(outcome.attempts, 'attempt')} "
+          f"({human_count(outcome.restarts, 'restart')}), last exit code {outcome.exit_code}: {outcome.reason}")
     return outcome.final.exit_code
 
 
@@ -195,7 +196,7 @@ def _print_dry_run(args: argparse.Namespace, argv: list[str], env: dict[str, str
     if strategy is not None:
         lines.append(f"supervised: restart strategy {describe_strategy(strategy)}; " + (
             "no health rule" if health is None else
-            f"unhealthy after {health.max_restarts} restarts within {health.window:g} s"
+            f"unhealthy after {human_count(health.max_restarts, 'restart')} within {health.window:g} s"
             + ("" if health.progress_timeout is None else
                f" or {health.progress_timeout:g} s without a batch while data waits")))
     print("\n".join(lines))

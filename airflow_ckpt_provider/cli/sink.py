@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from airflow_ckpt_provider.cli.common import EXIT_VERIFY_FAILED, emit, s3_options, table
-from airflow_ckpt_provider.core.progress import human_bytes
+from airflow_ckpt_provider.core.progress import human_bytes, human_count
 
 
 def cmd_sink_verify(args: argparse.Namespace) -> int:
@@ -13,20 +13,22 @@ def cmd_sink_verify(args: argparse.Namespace) -> int:
 
     report = verify_sink(args.path, s3_options(args), checksums=args.checksums)
     batches = sum(len(b) for b in report.batches.values())
-    orphans = f"; {len(report.orphans)} uncommitted files (gc deletes them)" if report.orphans else ""
+    orphans = f"; {human_count(len(report.orphans), 'uncommitted file')} (gc deletes them)" if report.orphans else ""
     forks = [f"  query {q}: timeline {f['timeline']} from batch {f['fork_batch']} (fork of timeline {f['parent']} at "
              f"{f['created_at']}" + (")" if f["took_effect"] else "; its first batch never committed)")
              for q, fs in report.forks.items() for f in fs]
     abandoned = [f"  query {q}: abandoned batches " + ", ".join(f"{a['batch_id']}@t{a['timeline']}" for a in items)
-                 + f" ({sum(a['rows'] for a in items)} rows, hidden from readers, deleted by gc)"
+                 + f" ({human_count(sum(a['rows'] for a in items), 'row')}, hidden from readers, deleted by gc)"
                  for q, items in report.abandoned.items()]
     emit(args, report.to_dict(), lambda: (
-        f"sink {report.url}: OK, job {report.job}, {len(report.batches)} queries, {batches} batches shown, "
-        f"{report.files} files, {report.rows} rows, {human_bytes(report.bytes)}"
+        f"sink {report.url}: OK, job {report.job}, {human_count(len(report.batches), 'query', 'queries')}, "
+        f"{human_count(batches, 'batch', 'batches')} shown, {human_count(report.files, 'file')}, "
+        f"{human_count(report.rows, 'row')}, {human_bytes(report.bytes)}"
         + (" checksummed" if args.checksums else " (sizes only)") + orphans
-        + (f"\n{len(forks)} forks (restores that went back in time):\n" + "\n".join(forks + abandoned) if forks else "")
+        + (f"\n{human_count(len(forks), 'fork')} (restores that went back in time):\n"
+           + "\n".join(forks + abandoned) if forks else "")
         if report.ok else
-        f"sink {report.url}: {len(report.problems)} problems\n" + "\n".join(report.problems)
+        f"sink {report.url}: {human_count(len(report.problems), 'problem')}\n" + "\n".join(report.problems)
     ))
     return 0 if report.ok else EXIT_VERIFY_FAILED
 
@@ -44,7 +46,8 @@ def cmd_sink_ls(args: argparse.Namespace) -> int:
              "committed_at": m.committed_at, "files": len(m.files), "rows": m.rows, "bytes": m.total_bytes,
              "offsets_digest": m.coverage, "offsets": m.offsets} for m, status in listed]
     hidden = "" if args.all or not view.abandoned else (
-        f"\n{len(view.abandoned)} batches of abandoned timelines not listed (--all lists them)")
+        f"\n{human_count(len(view.abandoned), 'batch', 'batches')} of abandoned timelines not listed (--all lists "
+        "them)")
     emit(args, data, lambda: (table(rows, ["QUERY", "BATCH", "TIMELINE", "STATUS", "COMMITTED", "FILES", "ROWS",
                                              "SIZE", "OFFSETS"]) if rows else "no committed batches") + hidden)
     return 0
@@ -55,8 +58,9 @@ def cmd_sink_gc(args: argparse.Namespace) -> int:
 
     result = gc_sink(args.path, s3_options(args), older_than_s=args.older_than, dry_run=args.dry_run)
     emit(args, result.to_dict(), lambda: (
-        f"{'would delete' if args.dry_run else 'deleted'} {len(result.deleted)} uncommitted or abandoned files "
-        f"({human_bytes(result.deleted_bytes)}) and {len(result.abandoned_batches)} abandoned batches' manifests, "
+        f"{'would delete' if args.dry_run else 'deleted'} "
+        f"{human_count(len(result.deleted), 'uncommitted or abandoned file')} ({human_bytes(result.deleted_bytes)}) "
+        f"and the manifests of {human_count(len(result.abandoned_batches), 'abandoned batch', 'abandoned batches')}, "
         f"kept {result.kept_young} younger than {args.older_than:g} s"
     ))
     return 0

@@ -6,6 +6,7 @@ import argparse
 import json
 from collections.abc import Callable
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from airflow_ckpt_provider.cli.common import (
     EXIT_VERIFY_FAILED,
@@ -18,8 +19,11 @@ from airflow_ckpt_provider.cli.common import (
     transfer_report,
 )
 from airflow_ckpt_provider.core.manifest import INLINE_MAX, INLINE_TOTAL_MAX, Kind, Manifest, Trigger, parse_enum
-from airflow_ckpt_provider.core.progress import human_bytes
+from airflow_ckpt_provider.core.progress import human_bytes, human_count
 from airflow_ckpt_provider.core.storage import open_storage
+
+if TYPE_CHECKING:
+    from airflow_ckpt_provider.core.gc import GcResult
 
 
 def _row(m: Manifest) -> list[str]:
@@ -48,8 +52,8 @@ def cmd_create(args: argparse.Namespace) -> int:
                                  code_version=args.code_version, report=report, inline_max=args.inline_bytes)
     d = result.to_dict()
     emit(args, d, lambda: (
-        f"created {d['kind']} {d['snapshot_id']} at batch {d['batch_id']}: {d['files']} files, "
-        f"{human_bytes(d['bytes'])}; uploaded {d['uploaded_files']} files "
+        f"created {d['kind']} {d['snapshot_id']} at batch {d['batch_id']}: {human_count(d['files'], 'file')}, "
+        f"{human_bytes(d['bytes'])}; uploaded {human_count(d['uploaded_files'], 'file')} "
         f"({human_bytes(d['uploaded_bytes'])}), reused {d['reused_files']} in {d['seconds']} s\n{d['uri']}"
     ))
     return 0
@@ -96,10 +100,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     data = {"snapshot_id": report.snapshot_id, "ok": report.ok, "files": report.files,
             "bytes_checked": report.bytes_checked, "problems": list(report.problems)}
     emit(args, data, lambda: (
-        f"snapshot {report.snapshot_id}: OK, {report.files} files"
+        f"snapshot {report.snapshot_id}: OK, {human_count(report.files, 'file')}"
         + (f", {human_bytes(report.bytes_checked)} checksummed" if not args.quick else " (sizes only)")
         if report.ok else
-        f"snapshot {report.snapshot_id}: {len(report.problems)} problems\n" + "\n".join(report.problems)
+        f"snapshot {report.snapshot_id}: {human_count(len(report.problems), 'problem')}\n"
+        + "\n".join(report.problems)
     ))
     return 0 if report.ok else EXIT_VERIFY_FAILED
 
@@ -113,7 +118,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
         result = restore_snapshot(store, snapshot_id, target, replace=args.replace, report=report)
     d = result.to_dict()
     emit(args, d, lambda: (
-        f"restored {d['snapshot_id']} (batch {d['batch_id']}) into {d['target']}: {d['files']} files, "
+        f"restored {d['snapshot_id']} (batch {d['batch_id']}) into {d['target']}: {human_count(d['files'], 'file')}, "
         f"{human_bytes(d['bytes'])}; Spark resumes at batch {d['resume_batch']}"
     ))
     return 0
@@ -150,13 +155,21 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
     result = collect_garbage(open_job_store(args), min_age_s=args.min_age, dry_run=args.dry_run,
                              clear_pending=args.clear_pending or ())
-    d = result.to_dict()
-    emit(args, d, lambda: (
-        f"gc deferred: {result.deferred}" if result.deferred else
-        f"{'would delete' if args.dry_run else 'deleted'} {result.deleted_objects} objects "
-        f"({human_bytes(result.deleted_bytes)}), kept {result.kept_objects}"
-    ))
+    emit(args, result.to_dict(), lambda: gc_summary(result, dry_run=args.dry_run))
     return 0
+
+
+def gc_summary(result: GcResult, *, dry_run: bool) -> str:
+    """gc's output: what it deleted and kept, and each pending marker it cleared (whose, and why it could go)."""
+    if result.deferred:
+        return f"gc deferred: {result.deferred}"
+    text = (f"{'would delete' if dry_run else 'deleted'} {human_count(result.deleted_objects, 'object')} "
+            f"({human_bytes(result.deleted_bytes)}), kept {result.kept_objects}")
+    if result.cleared_pending:
+        text += (f"; {'would clear' if dry_run else 'cleared'} "
+                 f"{human_count(len(result.cleared_pending), 'pending marker')}:"
+                 + "".join(f"\n  {m.snapshot_id}, written by {m.owner}: {m.reason}" for m in result.cleared_pending))
+    return text
 
 
 def add_snapshot_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -31,15 +31,32 @@ from airflow_ckpt_provider.core.snapshotwrite import STALE_AFTER_S
 
 log = logging.getLogger(__name__)
 
+#: Why gc clears the marker of a snapshot that is complete: its writer finished but did not delete it.
+LEFT_BEHIND = "its snapshot is complete (the writer left its marker behind)"
+
+
+@dataclass(frozen=True)
+class ClearedMarker:
+    """A pending marker gc cleared (or, in a dry run, would clear): whose it was and why it could go."""
+
+    snapshot_id: str
+    owner: str
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"snapshot_id": self.snapshot_id, "owner": self.owner, "reason": self.reason}
+
 
 @dataclass(frozen=True)
 class GcResult:
-    """What gc did: ``deferred`` names why nothing was deleted, if so."""
+    """What gc did: ``deferred`` names why nothing was deleted, if so; ``cleared_pending`` the pending markers it
+    cleared."""
 
     deleted_objects: int
     deleted_bytes: int
     kept_objects: int
     deferred: str | None = None
+    cleared_pending: tuple[ClearedMarker, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -47,6 +64,7 @@ class GcResult:
             "deleted_bytes": self.deleted_bytes,
             "kept_objects": self.kept_objects,
             "deferred": self.deferred,
+            "cleared_pending": [m.to_dict() for m in self.cleared_pending],
         }
 
 
@@ -111,7 +129,7 @@ def _collect(store: JobStore, now: float, min_age_s: float, clear_pending: Colle
         return GcResult(0, 0, 0, deferred=f"a manifest cannot be read, so its objects cannot be told apart: {err}")
     done = {m.snapshot_id for m in manifests}
     lease = _lease(store) if any(m.snapshot_id not in done for m in pending) else (None, None)
-    finished = []
+    finished, cleared = [], []
     for marker in pending:
         gone = None if marker.snapshot_id in done else _gone(store, marker, now, lease, clear_pending)
         if marker.snapshot_id not in done and gone is None:
@@ -120,6 +138,7 @@ def _collect(store: JobStore, now: float, min_age_s: float, clear_pending: Colle
             log.log(logging.WARNING if marker.snapshot_id in clear_pending else logging.INFO,
                     "job %s snapshot %s: %s the pending marker of %s: %s", store.job, marker.snapshot_id,
                     "would clear" if dry_run else "clearing", marker.owner(), gone)
+        cleared.append(ClearedMarker(marker.snapshot_id, marker.owner(), gone or LEFT_BEHIND))
         finished.append(store.pending_key(marker.snapshot_id))
     referenced = {store.object_key(f.sha256) for m in manifests for f in m.stored_files}  # inline: no object
     objects = store.storage.list(OBJECTS)
@@ -129,7 +148,8 @@ def _collect(store: JobStore, now: float, min_age_s: float, clear_pending: Colle
             held.deleting()
             store.storage.delete([o.key for o in garbage])
         store.storage.delete(finished)
-    result = GcResult(len(garbage), sum(o.size for o in garbage), len(objects) - len(garbage))
+    result = GcResult(len(garbage), sum(o.size for o in garbage), len(objects) - len(garbage),
+                      cleared_pending=tuple(cleared))
     log.info(
         "job %s: gc %s %d unreferenced objects (%d bytes), kept %d referenced or recent",
         store.job, "would delete" if dry_run else "deleted", result.deleted_objects,

@@ -24,6 +24,12 @@ def human_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def human_count(n: int, noun: str, nouns: str | None = None) -> str:
+    """``1 file``, ``2 files``, ``0 files``; ``nouns`` when the plural is not ``noun`` + s (``1 query``,
+    ``2 queries``)."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
+
+
 @dataclass(frozen=True)
 class TransferStats:
     """The outcome of a transfer: what moved, what was skipped as already stored, and how fast."""
@@ -126,7 +132,7 @@ class Progress:
         return (
             f"{self.what}: {self.done_files}/{self.total_files} files, "
             f"{human_bytes(self.done_bytes)}/{human_bytes(self.total_bytes)} "
-            f"({self.skipped_files} files already stored), {human_bytes(self.rate())}/s"
+            f"({human_count(self.skipped_files, 'file')} already stored), {human_bytes(self.rate())}/s"
         )
 
     def finish(self) -> TransferStats:

@@ -78,7 +78,7 @@ def test_snapshot_commands_end_to_end(ckpt_env: dict[str, str], tmp_path: Path) 
     gone = ckpt(ckpt_env, "snapshot", "dispose", first["snapshot_id"], "--force").stdout
     assert gone.startswith(f"disposed savepoint {first['snapshot_id']}")
     gc = json.loads(ckpt(ckpt_env, "snapshot", "gc", "--min-age", "0", "--json").stdout)
-    assert gc["deferred"] is None
+    assert gc["deferred"] is None and gc["cleared_pending"] == []
     assert json.loads(ckpt(ckpt_env, "snapshot", "verify", second["snapshot_id"], "--json").stdout)["ok"]
 
 

@@ -46,7 +46,7 @@ def test_the_bar_shows_bytes_files_and_rate_and_prints_only_the_final_line() -> 
     lines = screen(out.getvalue())
     assert lines[:2] == [
         "snapshot s1: 3 files, 3.0 KiB",
-        "snapshot s1: 3/3 files, 3.0 KiB/3.0 KiB (1 files already stored), 1.0 KiB/s, done in 2.00 s"]
+        "snapshot s1: 3/3 files, 3.0 KiB/3.0 KiB (1 file already stored), 1.0 KiB/s, done in 2.00 s"]
     assert re.fullmatch(r"━+ 3\.0/3\.0 KiB 3/3 files 1\.0 KiB/s 0:00:0\d", lines[-2]), lines
     assert len(lines[-2]) == 120 and lines[-1] == ""  # the bar takes the terminal's width
     assert [line for line in lines if "already stored" in line] == [lines[1]]  # every=0, yet no other line

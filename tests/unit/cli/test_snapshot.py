@@ -35,7 +35,7 @@ def test_snapshot_verify_exits_3_on_a_corrupt_manifest_as_documented(
     capsys.readouterr()
     assert cli.main([*base, m.snapshot_id]) == cli.EXIT_VERIFY_FAILED == 3
     out = capsys.readouterr().out
-    assert out.startswith(f"snapshot {m.snapshot_id}: 1 problems\nmanifest {manifest.as_uri()} is corrupt "
+    assert out.startswith(f"snapshot {m.snapshot_id}: 1 problem\nmanifest {manifest.as_uri()} is corrupt "
                           "(its checksum does not match its content)")
     assert cli.main([*base, m.snapshot_id, "--json"]) == 3
     data = json.loads(capsys.readouterr().out)
@@ -92,3 +92,34 @@ def test_snapshot_reference_that_names_no_job_store_fails_with_expected_found_an
         f"ROOT/JOB/snapshots/ID (e.g. s3://BUCKET/PREFIX/JOB/snapshots/ID or a directory), found no ROOT before "
         "job 'orders'; pass the full URI `ckpt snapshot create` printed, or the id with --store and --job\n")
     assert not (tmp_path / "t").exists()
+
+
+def test_gc_summary_counts_in_the_singular_and_plural_and_names_each_cleared_marker() -> None:
+    from airflow_ckpt_provider.cli.snapshot import gc_summary
+    from airflow_ckpt_provider.core.gc import ClearedMarker, GcResult
+
+    assert gc_summary(GcResult(1, 2048, 3), dry_run=False) == "deleted 1 object (2.0 KiB), kept 3"
+    assert gc_summary(GcResult(0, 0, 1), dry_run=True) == "would delete 0 objects (0 B), kept 1"
+    assert gc_summary(GcResult(0, 0, 0, deferred="another gc holds it"), dry_run=False) == (
+        "gc deferred: another gc holds it")
+    one = ClearedMarker("savepoint-1-x", "pid 7 on host h", "the marker is 6 h 0 min old (older than 6 h 0 min)")
+    two = ClearedMarker("checkpoint-2-y", "pid 8 on host h (lease epoch 3)", "cleared on request (--clear-pending)")
+    assert gc_summary(GcResult(2, 10, 0, cleared_pending=(one,)), dry_run=False) == (
+        "deleted 2 objects (10 B), kept 0; cleared 1 pending marker:\n"
+        "  savepoint-1-x, written by pid 7 on host h: the marker is 6 h 0 min old (older than 6 h 0 min)")
+    assert gc_summary(GcResult(0, 0, 0, cleared_pending=(one, two)), dry_run=True).splitlines() == [
+        "would delete 0 objects (0 B), kept 0; would clear 2 pending markers:",
+        "  savepoint-1-x, written by pid 7 on host h: the marker is 6 h 0 min old (older than 6 h 0 min)",
+        "  checkpoint-2-y, written by pid 8 on host h (lease epoch 3): cleared on request (--clear-pending)"]
+    assert GcResult(0, 0, 0, cleared_pending=(one,)).to_dict()["cleared_pending"] == [
+        {"snapshot_id": "savepoint-1-x", "owner": "pid 7 on host h",
+         "reason": "the marker is 6 h 0 min old (older than 6 h 0 min)"}]
+
+
+@pytest.mark.parametrize(("n", "noun", "nouns", "text"), [
+    (0, "problem", None, "0 problems"), (1, "problem", None, "1 problem"), (2, "problem", None, "2 problems"),
+    (1, "query", "queries", "1 query"), (3, "query", "queries", "3 queries"), (1, "batch", "batches", "1 batch")])
+def test_human_count(n: int, noun: str, nouns: str | None, text: str) -> None:
+    from airflow_ckpt_provider.core.progress import human_count
+
+    assert human_count(n, noun, nouns) == text

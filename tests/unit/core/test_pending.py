@@ -158,8 +158,44 @@ def test_ckpt_snapshot_gc_clear_pending_clears_a_stale_marker_and_refuses_a_live
     assert f"no pending marker for snapshot 'checkpoint-5-20261122T000000Z-000000' to clear (pending markers: {SID})" \
         in capsys.readouterr().err
     assert cli.main([*base, "--clear-pending", SID]) == 0
-    assert capsys.readouterr().out == "deleted 0 objects (0 B), kept 0\n"
+    assert capsys.readouterr().out == (
+        f"deleted 0 objects (0 B), kept 0; cleared 1 pending marker:\n"
+        f"  {SID}, written by pid 1 on host elsewhere: cleared on request (--clear-pending)\n")
     assert pending_markers(store) == []
+
+
+def test_ckpt_snapshot_gc_says_which_pending_markers_it_cleared_without_verbose(
+    store: JobStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["snapshot", "gc", "--store", str(store.root.url.removeprefix("file://")), "--job", "orders",
+            "--min-age", "0"]
+    dead = os.fork()
+    if dead == 0:
+        os._exit(0)
+    os.waitpid(dead, 0)  # reaped: the pid no longer exists
+    _write_marker(store, host=socket.gethostname(), pid=dead)
+    done = create_snapshot(store, LocalStorage(make_checkpoint(tmp_path / "ckpt", 2))).manifest.snapshot_id
+    store.storage.write(store.pending_key(done), json.dumps({"snapshot_id": done}).encode())  # left behind
+    host = socket.gethostname()
+    cleared = (f"1 pending marker:\n  {SID}, written by pid {dead} on host {host}: its writer, pid {dead} on this "
+               f"host ({host}), no longer exists")
+    both = (f"2 pending markers:\n  {SID}, written by pid {dead} on host {host}: its writer, pid {dead} on this "
+            f"host ({host}), no longer exists\n  {done}, written by an unknown writer (the marker does not name its "
+            "owner): its snapshot is complete (the writer left its marker behind)")
+    assert sorted(m.snapshot_id for m in pending_markers(store)) == sorted([SID, done])
+    assert cli.main([*base, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("would delete 0 objects (0 B), kept ") and "; would clear " in out
+    assert sorted(out.split("; would clear ")[1].splitlines()[1:]) == sorted(both.splitlines()[1:])
+    assert len(pending_markers(store)) == 2  # a dry run clears nothing
+    store.storage.delete([store.pending_key(done)])
+    assert cli.main(base) == 0
+    assert capsys.readouterr().out.endswith(f"; cleared {cleared}\n")
+    assert pending_markers(store) == []
+    assert cli.main([*base, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cleared_pending"] == []
+    assert cli.main(base) == 0
+    assert "pending marker" not in capsys.readouterr().out
 
 
 def test_a_drivers_snapshot_marker_carries_its_lease_epoch(store: JobStore, tmp_path: Path) -> None:

@@ -83,7 +83,7 @@ def test_progress_reports_files_bytes_rate_with_injected_clock() -> None:
     assert lines == []  # less than `every` seconds passed
     now[0] = 2.0
     p.skipped(1024 * 1024)
-    assert lines == ["upload: 2/3 files, 2.0 MiB/3.0 MiB (1 files already stored), 512.0 KiB/s"]
+    assert lines == ["upload: 2/3 files, 2.0 MiB/3.0 MiB (1 file already stored), 512.0 KiB/s"]
     stats = p.finish()
     assert (stats.files, stats.bytes, stats.skipped_files, stats.seconds) == (1, 1024 * 1024, 1, 2.0)
     assert lines[-1].endswith("done in 2.00 s")

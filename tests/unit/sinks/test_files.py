@@ -244,16 +244,16 @@ def test_cli_sink_verify_ls_gc(sink: LocalStorage, capsys: pytest.CaptureFixture
     orphan = _file(sink, 1, 0, [3])
     assert main(["sink", "verify", str(sink.root), "--checksums"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"sink {sink.url}: OK, job orders, 1 queries, 1 batches shown, 1 files, 2 rows")
-    assert "1 uncommitted files" in out
+    assert out.startswith(f"sink {sink.url}: OK, job orders, 1 query, 1 batch shown, 1 file, 2 rows")
+    assert "; 1 uncommitted file (gc deletes them)" in out
     assert main(["sink", "ls", str(sink.root), "--json"]) == 0
     assert [(b["batch_id"], b["rows"]) for b in json.loads(capsys.readouterr().out)] == [(0, 2)]
     sink.delete([f.key])
     assert main(["sink", "verify", str(sink.root)]) == EXIT_VERIFY_FAILED
     assert capsys.readouterr().out.splitlines() == [
-        f"sink {sink.url}: 1 problems", f"{f.key}: missing (committed in {manifest_key(Q, 0)})"]
+        f"sink {sink.url}: 1 problem", f"{f.key}: missing (committed in {manifest_key(Q, 0)})"]
     assert main(["sink", "gc", str(sink.root), "--older-than", "0"]) == 0
-    assert capsys.readouterr().out.startswith("deleted 1 uncommitted or abandoned files")
+    assert capsys.readouterr().out.startswith("deleted 1 uncommitted or abandoned file (")
     assert not sink.exists(orphan.key)
     assert main(["sink", "gc", str(sink.root / "nope"), "--older-than", "0"]) == 1
     assert "not a ckpt-files sink" in capsys.readouterr().err
@@ -334,8 +334,8 @@ def test_cli_sink_ls_shows_timelines_and_verify_reports_the_fork(sink: LocalStor
     assert "TIMELINE" in table and "2 batches of abandoned timelines not listed (--all lists them)" in table
     assert main(["sink", "verify", str(sink.root)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith(f"sink {sink.url}: OK, job orders, 1 queries, 2 batches shown, 2 files, 2 rows")
-    assert out[1:] == ["1 forks (restores that went back in time):",
+    assert out[0].startswith(f"sink {sink.url}: OK, job orders, 1 query, 2 batches shown, 2 files, 2 rows")
+    assert out[1:] == ["1 fork (restores that went back in time):",
                        f"  query {Q}: timeline 1 from batch 1 (fork of timeline 0 at {out[2].split(' at ')[1]}",
                        f"  query {Q}: abandoned batches 1@t0, 2@t0 (2 rows, hidden from readers, deleted by gc)"]
 
