@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 
 #: Spark's local properties of a streaming batch: set in every task and in the foreachBatch thread.
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
@@ -31,3 +32,24 @@ def worker_logging() -> None:
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         logger.propagate = False
+
+
+#: What sinks set up in the job's build function asked to run before each start of its query (after the lease
+#: is taken, so a refused start never touches a running job's sink): (name, action) in the order registered.
+_BEFORE_START: list[tuple[str, Callable[[], object]]] = []
+
+
+def before_query_start(name: str, action: Callable[[], object]) -> None:
+    """Run ``action`` before every start of the driver's query (the first and each in-driver restart).
+
+    The ckpt-kafka sink aborts the transactions a killed driver left open here. A name registered again
+    replaces its action (a job's build function may run more than once in a process).
+    """
+    _BEFORE_START[:] = [(n, a) for n, a in _BEFORE_START if n != name]
+    _BEFORE_START.append((name, action))
+
+
+def run_before_query_start() -> None:
+    """The runtime calls this right before ``DataStreamWriter.start()``; an action's error fails the start."""
+    for _name, action in list(_BEFORE_START):
+        action()

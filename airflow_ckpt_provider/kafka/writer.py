@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +28,12 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, DataSourceStream
 from airflow_ckpt_provider.core.coverage import checkpoint_storage, read_coverage
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.faults import crash_point
-from airflow_ckpt_provider.core.streambatch import BATCH_ID_PROPERTY, QUERY_ID_PROPERTY, worker_logging
+from airflow_ckpt_provider.core.streambatch import (
+    BATCH_ID_PROPERTY,
+    QUERY_ID_PROPERTY,
+    before_query_start,
+    worker_logging,
+)
 from airflow_ckpt_provider.kafka.clientlog import configured, serve
 from airflow_ckpt_provider.kafka.writeroptions import (
     HEADER,
@@ -113,95 +118,97 @@ def check_topics(options: SinkOptions) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Producers cached per Python worker
+# Clients: a producer per task, a marker consumer per group and Python worker
 # --------------------------------------------------------------------------------------------
 
-@dataclass
-class _Clients:
-    """The transactional producer of one transactional.id and the marker consumer of one group."""
-
-    producer: Any
-    consumer: Any
-    group: str
-    fresh: bool = True
-
-    def close(self) -> None:
-        """Release the clients without waiting for the broker.
-
-        Producer.close() aborts the open transaction and flushes with no timeout: a fenced producer whose
-        abort never completes (tansu drops the connection of a fenced EndTxn) blocks there forever, and
-        the task with it. What it has queued or in flight is void anyway: purge, then let it go.
-        """
-        try:
-            self.consumer.close()
-        except Exception:
-            log.debug("closing the marker consumer of %s failed", self.group, exc_info=True)
-        try:
-            self.producer.purge(in_queue=True, in_flight=True, blocking=False)
-            self.producer.flush(0)
-        except Exception:
-            log.debug("purging the producer of %s failed", self.group, exc_info=True)
-
-
-_CACHE: dict[str, _Clients] = {}
+_CONSUMERS: dict[str, Any] = {}
 _LOCK = threading.Lock()
 
 
-def _clients(options: SinkOptions, partition: int, group: str) -> _Clients:
-    """The cached clients of ``partition`` (Python workers are reused), or new ones after init_transactions.
+def _marker_consumer(options: SinkOptions, group: str) -> Any:
+    """The consumer that reads and commits (inside transactions) the marker of ``group``, cached per Python worker.
 
-    init_transactions of a new producer fences every older producer of the same transactional.id and
-    completes or aborts its open transaction before returning.
+    It never joins the group and is never polled (no stats pile up in its queue): a reader, so two workers
+    holding one for the same group never disturb each other, unlike two producers of one transactional.id.
     """
-    from confluent_kafka import Consumer, Producer
+    from confluent_kafka import Consumer
 
-    txid = options.transactional_id(partition)
     with _LOCK:
-        cached = _CACHE.get(txid)
-        if cached is not None and cached.group == group:
-            cached.fresh = False
-            return cached
-        if cached is not None:
-            _CACHE.pop(txid).close()
+        consumer = _CONSUMERS.get(group)
+        if consumer is None:
+            consumer = Consumer(configured({**options.client_config(), "group.id": group, "enable.auto.commit": False,
+                                            "isolation.level": "read_committed",
+                                            "client.id": f"ckpt-kafka-sink-{options.job}"}, job=options.job,
+                                           stats=False))
+            _CONSUMERS[group] = consumer
+    return consumer
+
+
+def new_producer(options: SinkOptions, partition: int) -> Any:
+    """A transactional producer of ``partition``'s transactional.id, after init_transactions.
+
+    One per task, never cached: init_transactions fences every older producer of the id (a zombie attempt,
+    or the previous task of this sink partition in another Python worker) and completes or aborts its open
+    transaction before returning. A producer cached per worker would be fenced by the other workers' tasks of
+    the same sink partition in normal running (Spark moves a partition's tasks between workers).
+    """
+    from confluent_kafka import Producer
+
     producer = Producer(configured(options.producer_config(partition), job=options.job))
-    consumer = None
     try:
         producer.init_transactions(options.timeout_s)
-        # Never polled: no stats (they would pile up in its queue); its failures raise from committed().
-        consumer = Consumer(configured({**options.client_config(), "group.id": group, "enable.auto.commit": False,
-                                        "isolation.level": "read_committed",
-                                        "client.id": f"ckpt-kafka-sink-{options.job}"}, job=options.job, stats=False))
     except BaseException:
-        producer.purge(in_queue=True, in_flight=True, blocking=False)  # not close(): see _Clients.close
+        release(producer)
         raise
-    clients = _Clients(producer, consumer, group)
-    with _LOCK:
-        _CACHE[txid] = clients
-    log.info("producer of %s initialised (job %s, marker group %s)", txid, options.job, group)
-    return clients
+    return producer
 
 
-def _drop(txid: str) -> None:
-    with _LOCK:
-        clients = _CACHE.pop(txid, None)
-    if clients is not None:
-        clients.close()
+def release(producer: Any) -> None:
+    """Let a producer go without waiting for the broker.
+
+    Producer.close() aborts the open transaction and flushes with no timeout: a fenced producer whose abort
+    never completes (tansu drops the connection of a fenced EndTxn) blocks there forever, and the task with
+    it. What it has queued or in flight is void anyway: purge, then drop it.
+    """
+    try:
+        producer.purge(in_queue=True, in_flight=True, blocking=False)
+        producer.flush(0)
+    except Exception:
+        log.debug("purging a producer failed", exc_info=True)
 
 
 @atexit.register
 def _close_all() -> None:
-    for txid in list(_CACHE):
-        _drop(txid)
+    with _LOCK:
+        consumers = list(_CONSUMERS.values())
+        _CONSUMERS.clear()
+    for consumer in consumers:
+        try:
+            consumer.close()
+        except Exception:
+            log.debug("closing a marker consumer failed", exc_info=True)
 
 
 # --------------------------------------------------------------------------------------------
 # One task: one transaction
 # --------------------------------------------------------------------------------------------
 
-def write_partition(options: SinkOptions, batches: Iterator[pa.RecordBatch], *, query_id: str, batch_id: int,
-                    partition: int) -> KafkaSinkCommit:
-    """Write one sink partition of one batch in one transaction, or skip it if its marker says so."""
+def _read_marker(consumer: Any, options: SinkOptions) -> int:
+    """The committed offset of the marker group (NO_OFFSET when it has none)."""
     from confluent_kafka import KafkaException, TopicPartition
+
+    # require_stable (librdkafka sends it for read_committed): waits for pending transactional offsets.
+    (tp,) = consumer.committed([TopicPartition(options.marker_topic, 0)], timeout=options.timeout_s)
+    if tp.error is not None:
+        raise KafkaException(tp.error)
+    return int(tp.offset)
+
+
+def write_partition(options: SinkOptions, batches: Iterator[pa.RecordBatch], *, query_id: str, batch_id: int,
+                    partition: int, clock: Callable[[], float] = time.monotonic,
+                    sleep: Callable[[float], None] = time.sleep) -> KafkaSinkCommit:
+    """Write one sink partition of one batch in one transaction, or skip it if its marker says so."""
+    from confluent_kafka import TopicPartition
 
     txid = options.transactional_id(partition)
     group = options.marker_group(query_id, partition)
@@ -214,66 +221,93 @@ def write_partition(options: SinkOptions, batches: Iterator[pa.RecordBatch], *, 
         return result
     # One read per task: the marker keeps only the batch's own digest, so offsets/N-1 is not needed.
     coverage = read_coverage(checkpoint_storage(options.checkpoint), batch_id, previous=False)
-    for retry in (False, True):
-        clients = _clients(options, partition, group)
-        try:
-            # require_stable (librdkafka sends it for read_committed): waits for pending transactional offsets.
-            (tp,) = clients.consumer.committed([TopicPartition(options.marker_topic, 0)], timeout=options.timeout_s)
-            if tp.error is not None:
-                raise KafkaException(tp.error)
-            marker = read_marker(tp.offset)
-            action = marker_decision(marker, batch_id, coverage.digest)
-            if action is MarkerAction.SKIP:
-                log.info("batch %d partition %d of job %s (query %s, offsets %s) is already committed: skipped",
-                         batch_id, partition, options.job, query_id, coverage.short())
-                result.skipped = True
-                return result
-            if action is MarkerAction.REWRITE and marker is not None:
-                log.warning("batch %d partition %d of job %s (query %s, offsets %s): the sink's marker is at batch %d "
-                            "of another timeline: the query was restored to an older snapshot; writing this batch "
-                            "(consumers have also seen the records of the abandoned batches up to %d, Kafka cannot "
-                            "unpublish them)", batch_id, partition, options.job, query_id, coverage.short(),
-                            marker.batch_id, marker.batch_id)
-                result.rewritten = True
-            clients.producer.begin_transaction()
-            # The marker goes first: it is only applied if the transaction commits, and its
-            # AddOffsetsToTxn request tells a fenced cached producer before any input is consumed.
-            clients.producer.send_offsets_to_transaction(
-                [TopicPartition(options.marker_topic, 0, marker_offset(batch_id, coverage.digest))],
-                clients.consumer.consumer_group_metadata(), options.timeout_s)
-            break
-        except KafkaException as err:
-            _abort_quietly(clients, options, err)
-            _drop(txid)
-            if retry or clients.fresh:
-                raise
-            log.warning("cached producer of %s failed to start batch %d (%s): recreating it once (job %s)",
-                        txid, batch_id, err, options.job)
+    consumer = _marker_consumer(options, group)
+    # Fencing first: an older attempt of this sink partition can no longer commit once the marker is read.
+    producer = new_producer(options, partition)
     try:
-        headers = [(HEADER, AttemptTag(query_id, batch_id, partition, attempt).encode())]
-        for rb in itertools.chain((first,), batches):
-            result.records += produce_batch(clients.producer, rb, options.topic, headers)
-        remaining = clients.producer.flush(options.timeout_s)
-        if remaining:
-            raise CkptError(f"{remaining} records of batch {batch_id} partition {partition} (job {options.job}) "
-                            f"were not delivered within {options.timeout_s:g} s: the transaction is aborted")
-        # Both points: records on the broker inside the open transaction, marker sent, not committed.
-        crash_point("kafka.task.after-produce", batch_id)
-        crash_point("kafka.task.before-commit", batch_id)
-        clients.producer.commit_transaction(options.timeout_s)
-    except BaseException as err:
-        _abort_quietly(clients, options, err)
-        _drop(txid)
-        raise
+        marker = read_marker(_read_marker(consumer, options))
+        action = marker_decision(marker, batch_id, coverage.digest)
+        if action is MarkerAction.SKIP:
+            log.info("batch %d partition %d of job %s (query %s, offsets %s) is already committed: skipped",
+                     batch_id, partition, options.job, query_id, coverage.short())
+            result.skipped = True
+            return result
+        if action is MarkerAction.REWRITE and marker is not None:
+            log.warning("batch %d partition %d of job %s (query %s, offsets %s): the sink's marker is at batch %d "
+                        "of another timeline: the query was restored to an older snapshot; writing this batch "
+                        "(consumers have also seen the records of the abandoned batches up to %d, Kafka cannot "
+                        "unpublish them)", batch_id, partition, options.job, query_id, coverage.short(),
+                        marker.batch_id, marker.batch_id)
+            result.rewritten = True
+        wanted = marker_offset(batch_id, coverage.digest)
+        try:
+            producer.begin_transaction()
+            # The marker goes first: it is only applied if the transaction commits.
+            producer.send_offsets_to_transaction([TopicPartition(options.marker_topic, 0, wanted)],
+                                                 consumer.consumer_group_metadata(), options.timeout_s)
+            headers = [(HEADER, AttemptTag(query_id, batch_id, partition, attempt).encode())]
+            for rb in itertools.chain((first,), batches):
+                result.records += produce_batch(producer, rb, options.topic, headers)
+            remaining = producer.flush(options.timeout_s)
+            if remaining:
+                raise CkptError(f"{remaining} records of batch {batch_id} partition {partition} (job {options.job}) "
+                                f"were not delivered within {options.timeout_s:g} s: the transaction is aborted")
+            # Both points: records on the broker inside the open transaction, marker sent, not committed.
+            crash_point("kafka.task.after-produce", batch_id)
+            crash_point("kafka.task.before-commit", batch_id)
+            producer.commit_transaction(options.timeout_s)
+        except BaseException as err:
+            _abort_quietly(producer, options, err)
+            raise
+    finally:
+        release(producer)
+    waited = _await_marker(consumer, options, group, wanted, batch_id=batch_id, partition=partition, clock=clock,
+                           sleep=sleep)
     # The marker the task found says why it wrote (a replay that wrote again shows which marker it missed).
     found = f"batch {marker.batch_id}" if marker is not None else "none"
-    log.info("batch %d partition %d of job %s (query %s): %d records committed by %s (marker found: %s)", batch_id,
-             partition, options.job, query_id, result.records, txid, found)
+    log.info("batch %d partition %d of job %s (query %s): %d records committed by %s (marker found: %s%s)", batch_id,
+             partition, options.job, query_id, result.records, txid, found,
+             f"; the broker applied the new marker after {waited:.1f} s" if waited >= 1.0 else "")
     crash_point("kafka.task.after-commit", batch_id)
     return result
 
 
-def _abort_quietly(clients: _Clients, options: SinkOptions, err: BaseException) -> None:
+class MarkerNotApplied(CkptError):
+    """The broker committed a transaction but does not show its marker: a replay could write the batch again."""
+
+
+def _await_marker(consumer: Any, options: SinkOptions, group: str, wanted: int, *, batch_id: int, partition: int,
+                  clock: Callable[[], float], sleep: Callable[[float], None]) -> float:
+    """Wait until the committed transaction's marker reads back; seconds waited, or MarkerNotApplied.
+
+    Apache Kafka shows it at once (OffsetFetch with require_stable waits for the commit to complete).
+    tansu 0.6 applies a transaction's offsets only when no overlapping transaction on the same topic
+    partitions is still open, so the marker of the first of two concurrent tasks shows when the second
+    commits (docs/sink-kafka.md). Until the marker reads back a replay cannot tell that the batch was
+    written, so the task does not report success before it does.
+    """
+    start = clock()
+    pause = 0.02
+    while True:
+        found = _read_marker(consumer, options)
+        if found == wanted:
+            return clock() - start
+        waited = clock() - start
+        if waited >= options.timeout_s:
+            seen = read_marker(found)
+            raise MarkerNotApplied(
+                f"batch {batch_id} partition {partition} of job {options.job}: expected the committed transaction's "
+                f"marker (group {group}) to read batch {batch_id} within "
+                f"{options.timeout_s:g} s (timeoutMs), found {f'batch {seen.batch_id}' if seen else 'no marker'}. "
+                "The broker committed the records but has not applied the marker, so a replay could not tell "
+                "that this batch was written: the task fails rather than report success. Apache Kafka applies "
+                "it with the commit; tansu 0.6 defers it while another transaction that wrote the same topic "
+                f"partitions is open: look for producers holding transactions open on topic {options.topic}")
+        sleep(min(pause, max(options.timeout_s - waited, 0.0)))
+        pause = min(pause * 2, 0.5)
+
+
+def _abort_quietly(producer: Any, options: SinkOptions, err: BaseException) -> None:
     """Best effort: if this fails, the next init_transactions of the id or transaction.timeout.ms aborts it.
 
     A fatal error (fenced by a newer producer of the id) leaves nothing this producer may abort.
@@ -282,7 +316,7 @@ def _abort_quietly(clients: _Clients, options: SinkOptions, err: BaseException) 
     if callable(fatal) and fatal():
         return
     try:
-        clients.producer.abort_transaction(min(options.timeout_s, 10.0))
+        producer.abort_transaction(min(options.timeout_s, 10.0))
     except Exception:  # no transaction in progress, fenced, or broker down
         log.debug("abort_transaction failed (job %s)", options.job, exc_info=True)
 
@@ -316,6 +350,64 @@ def produce_batch(producer: Any, rb: pa.RecordBatch, topic: str | None,
 
 
 # --------------------------------------------------------------------------------------------
+# Lingering transactions (driver)
+# --------------------------------------------------------------------------------------------
+
+def recorded_partitions(options: SinkOptions) -> int:
+    """How many sink partitions the job's batches have had (0: none recorded), from its partitions group."""
+    return max(_read_marker(_marker_consumer(options, options.partitions_group()), options), 0)
+
+
+def record_partitions(options: SinkOptions, partitions: int) -> None:
+    """Raise the recorded number of sink partitions to ``partitions`` (never lowers it); outside any transaction."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    if partitions <= recorded_partitions(options):
+        return
+    group = options.partitions_group()
+    admin = AdminClient(configured({"client.id": f"ckpt-kafka-sink-{options.job}", **options.client_config()},
+                                   job=options.job))
+    try:
+        futures = admin.alter_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(group, [TopicPartition(options.marker_topic, 0, partitions)])],
+            request_timeout=options.timeout_s)
+        (tp,) = futures[group].result(timeout=options.timeout_s + 1.0).topic_partitions
+        if tp.error is not None:
+            raise KafkaException(tp.error)
+    finally:
+        serve(admin)
+        del admin
+    log.info("job %s: the ckpt-kafka sink now has %d partitions (recorded in group %s: the transactional ids "
+             "whose lingering transactions a restart aborts)", options.job, partitions, group)
+
+
+def abort_lingering(options: SinkOptions) -> int:
+    """Abort the transactions that a killed driver's tasks left open; the number of transactional ids fenced.
+
+    init_transactions on every transactional id the sink has used (as Flink's KafkaSink does on recovery):
+    the broker aborts an open transaction of the id, or completes one that is committing, before it answers.
+    Run before the query starts (``kafka_sink``): until then an open transaction holds the last stable
+    offset of its partitions for transaction.timeout.ms (for ever on tansu 0.6), and on tansu it also keeps
+    the markers of other committed transactions on those partitions from being applied, so a replay of
+    their batches would not see them.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    partitions = recorded_partitions(options)
+    if partitions == 0:
+        return 0
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=min(partitions, 8), thread_name_prefix="ckpt-kafka-fence") as pool:
+        for producer in pool.map(lambda p: new_producer(options, p), range(partitions)):
+            release(producer)
+    log.info("job %s: fenced the ckpt-kafka sink's %d transactional ids %s..%s before the query starts (open "
+             "transactions of earlier attempts aborted) in %.2f s", options.job, partitions,
+             options.transactional_id(0), options.transactional_id(partitions - 1), time.monotonic() - started)
+    return partitions
+
+
+# --------------------------------------------------------------------------------------------
 # The Spark writer
 # --------------------------------------------------------------------------------------------
 
@@ -344,6 +436,7 @@ class CkptKafkaStreamWriter(DataSourceStreamArrowWriter):
         worker_logging()
         crash_point("kafka.commit.driver", batchId)
         done = [m for m in messages if isinstance(m, KafkaSinkCommit)]
+        record_partitions(self.options, len(messages))
         written = sorted(m.partition for m in done if not m.skipped and not m.empty)
         skipped = sorted(m.partition for m in done if m.skipped)
         rewritten = sorted(m.partition for m in done if m.rewritten)
@@ -367,9 +460,13 @@ def kafka_sink(df: DataFrame, *, job: str, **options: str) -> DataStreamWriter:
 
     Options as for ``format("ckpt-kafka")`` (``kafka.bootstrap.servers``, ``topic``, ...). Spark 4.3
     builds a Python sink's writer only when the first batch is planned; calling this in a job's build
-    function refuses bad options, columns and missing topics before the runtime takes the lease.
+    function refuses bad options, columns and missing topics before the runtime takes the lease. The runtime
+    then aborts the transactions an earlier driver left open before each start of the query (``abort_lingering``;
+    call it yourself before ``start()`` when the query does not run under ``ckpt run``).
     """
     parsed = parse_sink_options({**options, "job": job})
     check_schema(df.schema, parsed)
     check_topics(parsed)
+    # Not now: the lease is not taken yet, and a running driver of the job may still be writing.
+    before_query_start(f"ckpt-kafka:{parsed.job}", lambda: abort_lingering(parsed))
     return df.writeStream.format("ckpt-kafka").options(**options).option("job", job)

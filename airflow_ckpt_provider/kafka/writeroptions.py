@@ -77,6 +77,10 @@ class SinkOptions:
         """Consumer group of the commit marker of (job, query id, sink partition); never shared across jobs."""
         return f"{self.prefix}-{self.job}-{query_id}-{partition}"
 
+    def partitions_group(self) -> str:
+        """Consumer group whose offset on the marker topic is the number of sink partitions the job has had."""
+        return f"{self.prefix}-{self.job}-partitions"
+
     def producer_config(self, partition: int) -> dict[str, str | int | bool]:
         """librdkafka config of the transactional producer of ``partition``."""
         return {

@@ -35,6 +35,7 @@ from airflow_ckpt_provider.core.outage import Outage
 from airflow_ckpt_provider.core.retention import RetentionPolicy
 from airflow_ckpt_provider.core.status import JobState
 from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
+from airflow_ckpt_provider.core.streambatch import run_before_query_start
 from airflow_ckpt_provider.runtime.batchevents import BatchEvent, BatchListener
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.controlhandler import ControlHandler, fenced_exit
@@ -221,6 +222,7 @@ class JobDriver:
 
     def _start_query(self, writer: DataStreamWriter) -> None:
         job = self.config.job
+        run_before_query_start()  # the sinks' own preparation (the ckpt-kafka sink aborts lingering transactions)
         self.query = writer.option("checkpointLocation", self.config.live_checkpoint).queryName(job).start()
         self._query_started = self.clock()
         log.info("job %s epoch %d: query %s started (run %s), checkpoint %s, idle sources polled every %s", job,

@@ -145,11 +145,11 @@ def _offsets_log(checkpoint: Path, batches: int) -> str:
     return str(checkpoint)
 
 
-def _options(kafka: EmbeddedKafka, sink: str, job: str, checkpoint: str) -> Any:
+def _options(kafka: EmbeddedKafka, sink: str, job: str, checkpoint: str, timeout_ms: int = 10_000) -> Any:
     from airflow_ckpt_provider.kafka.writeroptions import parse_sink_options
 
     return parse_sink_options({"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": sink, "job": job,
-                               "timeoutMs": "10000", "checkpointLocation": checkpoint})
+                               "timeoutMs": str(timeout_ms), "checkpointLocation": checkpoint})
 
 
 def test_zombie_producer_is_fenced(kafka_server: EmbeddedKafka, tmp_path: Path) -> None:
@@ -176,37 +176,49 @@ def test_zombie_producer_is_fenced(kafka_server: EmbeddedKafka, tmp_path: Path) 
     assert write_partition(options, _batches(0, 5), query_id="q2", batch_id=0, partition=0).records == 5
 
 
-def test_cached_producer_fenced_by_another_worker_is_replaced(kafka_server: EmbeddedKafka, tmp_path: Path) -> None:
-    """Python workers cache a producer per transactional.id; a task of the same sink partition in another
-    worker fences it. The next task here must drop the fenced producer and write with a new one.
-
-    Regression: dropping it with Producer.close() hung for good (close aborts and flushes without a
-    timeout; tansu drops the connection of a fenced producer's EndTxn), and the batch with it.
-    """
-    import threading
-
-    from confluent_kafka import Producer
-
-    from airflow_ckpt_provider.kafka.writer import write_partition
-
-    sink, job = _new_topic(kafka_server), f"f{uuid.uuid4().hex[:6]}"
-    options = _options(kafka_server, sink, job, _offsets_log(tmp_path / "ckpt", 2))
-    assert write_partition(options, _batches(0, 3), query_id="q", batch_id=0, partition=0).records == 3
-    other_worker = Producer(options.producer_config(0))
+def test_tasks_of_one_sink_partition_in_two_workers_never_fence_each_other_and_markers_advance_every_batch(
+        kafka_server: EmbeddedKafka, tmp_path: Path) -> None:
+    """Spark moves a sink partition's tasks between Python workers. A producer cached per worker was fenced by
+    the other worker's task in normal running (~10 s lost per fence on tansu, markers stuck, a replay written
+    twice: issue 39). Each task now makes its own producer: two workers (processes) alternate on partition 0
+    of one batch after another, every batch commits once, and the marker reads each batch as it commits."""
+    sink, job = _new_topic(kafka_server), f"w{uuid.uuid4().hex[:6]}"
+    checkpoint = _offsets_log(tmp_path / "ckpt", 8)
+    worker = textwrap.dedent("""
+        import sys
+        import pyarrow as pa
+        from airflow_ckpt_provider.kafka.writer import write_partition
+        from airflow_ckpt_provider.kafka.writeroptions import parse_sink_options
+        bootstrap, sink, job, checkpoint = sys.argv[1:5]
+        options = parse_sink_options({"kafka.bootstrap.servers": bootstrap, "topic": sink, "job": job,
+                                      "checkpointLocation": checkpoint, "timeoutMs": "10000"})
+        for line in sys.stdin:  # one batch id per line, as Spark hands this worker a task of partition 0
+            batch = int(line)
+            rb = pa.RecordBatch.from_pydict({"value": [f"{batch}-{i}".encode() for i in range(4)]})
+            r = write_partition(options, iter([rb]), query_id="q", batch_id=batch, partition=0)
+            print(r.records, r.skipped, flush=True)
+    """)
+    workers = [subprocess.Popen([sys.executable, "-c", worker, kafka_server.bootstrap_servers, sink, job, checkpoint],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for _ in range(2)]
+    markers = []
     try:
-        other_worker.init_transactions(10)  # fences this process's cached producer of partition 0
-        results: list[Any] = []
-        task = threading.Thread(target=lambda: results.append(
-            write_partition(options, _batches(3, 3), query_id="q", batch_id=1, partition=0)), daemon=True)
-        task.start()
-        task.join(120)
+        for batch in range(8):
+            w = workers[batch % 2]
+            assert w.stdin is not None and w.stdout is not None
+            w.stdin.write(f"{batch}\n")
+            w.stdin.flush()
+            assert w.stdout.readline().split() == ["4", "False"], w.stderr.read() if w.poll() is not None else ""
+            markers.append(read_marker(_markers(kafka_server, sink, job, "q", partitions=1)[0]).batch_id)
     finally:
-        del other_worker  # fenced in turn: released, not closed (see kafka/writer._Clients.close)
-    assert not task.is_alive(), "the task hung replacing its fenced producer"
-    assert [(r.records, r.skipped) for r in results] == [(3, False)]
+        for w in workers:
+            w.kill()
+            _, err = w.communicate(timeout=30)
+    assert markers == list(range(8))  # the marker advanced with every batch
+    assert "recreating" not in err and "FENCED" not in err, err[-2000:]
     out = read_sink_output(kafka_server.bootstrap_servers, sink)
-    assert sorted((r.batch_id, r.value) for r in out) == [(b, str(i).encode()) for b, i in
-                                                        [(0, 0), (0, 1), (0, 2), (1, 3), (1, 4), (1, 5)]]
+    assert sorted(r.value or b"" for r in out) == sorted(f"{b}-{i}".encode() for b in range(8) for i in range(4))
+    assert len(read_all(kafka_server.bootstrap_servers, sink)) == 32  # no aborted attempt either
 
 
 _KILLED_TASK = textwrap.dedent("""
@@ -280,38 +292,99 @@ def test_kafka_sink_refuses_bad_input_before_the_query_starts(kafka_spark: Any, 
     assert type(writer).__name__ == "DataStreamWriter"
 
 
-def test_tansu_hides_a_committed_marker_while_another_transaction_on_its_partition_is_open(
+def test_a_task_whose_marker_tansu_defers_waits_for_the_overlapping_transaction_then_a_replay_skips(
         kafka_server: EmbeddedKafka, tmp_path: Path) -> None:
-    """A tansu 0.6 deviation the tests work around (docs/embedded.md): it applies a transaction's offsets only
-    once every OTHER transaction that wrote the same topic partition before it has ended (tansu-storage,
-    dynostore txn_end: "overlapping transactions"), and its OffsetFetch ignores require_stable. So a sink task's
-    marker committed while another sink partition's transaction is open on the same Kafka partition stays
-    invisible, and a replay of that batch writes it again. Apache Kafka applies the offsets when the committing
-    transaction's markers are written, and answers UNSTABLE_OFFSET_COMMIT to require_stable until then.
+    """A tansu 0.6 deviation (docs/embedded.md): it applies a transaction's offsets only once every OTHER
+    transaction that wrote the same topic partition before it has ended (tansu-storage, dynostore txn_end:
+    "overlapping transactions"), and its OffsetFetch ignores require_stable. Sink partitions of one batch
+    write the same Kafka partitions concurrently, so a task's marker may show only when the other task
+    commits. The task does not report success before its marker reads back: a replay then always finds it.
+    Apache Kafka applies the offsets with the commit (the task reads its marker back at once)."""
+    import threading
 
-    Hence the exactly-once proof gives each sink partition a Kafka partition of its own
-    (tests/support/exactlyonce.new_sink_topic). If this test fails, tansu has fixed it: drop that layout."""
     from confluent_kafka import Producer
 
     from airflow_ckpt_provider.kafka.writer import write_partition
 
     sink, job = _new_topic(kafka_server), f"o{uuid.uuid4().hex[:6]}"
     options = _options(kafka_server, sink, job, _offsets_log(tmp_path / "ckpt", 5))
-    other = Producer({"bootstrap.servers": kafka_server.bootstrap_servers, "transactional.id": f"{job}-other"})
+    other = Producer(options.producer_config(1))  # the task of sink partition 1, still producing
     other.init_transactions(10)
     other.begin_transaction()
     for partition in range(3):  # wherever the task's records land
         other.produce(sink, b"open", partition=partition)
     assert other.flush(10) == 0
 
-    first = write_partition(options, _batches(0, 5), query_id="q", batch_id=4, partition=0)
-    assert (first.records, first.skipped) == (5, False)
-    assert _markers(kafka_server, sink, job, "q", partitions=1) == {}, "tansu applied the marker at once: drop the " \
-        "one-Kafka-partition-per-sink-partition layout of the exactly-once proof"
-    replay = write_partition(options, _batches(0, 5), query_id="q", batch_id=4, partition=0)
-    assert (replay.records, replay.skipped) == (5, False)  # written twice: what Apache Kafka would not do
-
-    other.commit_transaction(10)
+    results: list[Any] = []
+    task = threading.Thread(target=lambda: results.append(
+        write_partition(options, _batches(0, 5), query_id="q", batch_id=4, partition=0)), daemon=True)
+    task.start()
+    task.join(3)
+    assert task.is_alive() and not results, "the task returned while its marker was not applied"
+    assert _markers(kafka_server, sink, job, "q", partitions=1) == {}, "tansu applied the marker at once: the " \
+        "deviation is gone; drop the one-Kafka-partition-per-sink-partition layout of the exactly-once proof"
+    other.commit_transaction(10)  # the overlapping transaction ends: tansu applies both
+    task.join(30)
+    assert [(r.records, r.skipped) for r in results] == [(5, False)]
     assert {p: read_marker(m).batch_id for p, m in _markers(kafka_server, sink, job, "q", partitions=1).items()} \
         == {0: 4}
     assert write_partition(options, _batches(0, 5), query_id="q", batch_id=4, partition=0).skipped
+
+
+def test_a_killed_drivers_open_transaction_is_aborted_before_the_restart_and_the_replay_skips(
+        kafka_server: EmbeddedKafka, tmp_path: Path) -> None:
+    """A driver killed while sink partition 1's task had its transaction open and partition 0's task waited for
+    its deferred marker (tansu). Without lingering aborts, the open transaction holds the last stable offset
+    for ever (tansu has no transaction timeout) and partition 0's marker stays invisible, so the replay of
+    partition 0 wrote the batch again (issue 39). abort_lingering (run by the runtime before each start of a
+    query built with kafka_sink) fences every transactional id the sink used: partition 1's transaction is
+    aborted, partition 0's commit applied, the replay skips and read_committed reaches the end of the topic."""
+    import threading
+
+    from confluent_kafka import Producer
+
+    from airflow_ckpt_provider.kafka.writer import (
+        MarkerNotApplied,
+        abort_lingering,
+        record_partitions,
+        recorded_partitions,
+        write_partition,
+    )
+
+    sink, job = _new_topic(kafka_server), f"l{uuid.uuid4().hex[:6]}"
+    options = _options(kafka_server, sink, job, _offsets_log(tmp_path / "ckpt", 5), timeout_ms=3000)
+    record_partitions(options, 2)  # the driver's commit of an earlier batch recorded two sink partitions
+    record_partitions(options, 1)  # never lowered
+    assert recorded_partitions(options) == 2
+    zombie = Producer(options.producer_config(1))  # the killed driver's task of partition 1: open for good
+    zombie.init_transactions(10)
+    zombie.begin_transaction()
+    for partition in range(3):
+        zombie.produce(sink, b"zombie", partition=partition)
+    assert zombie.flush(10) == 0
+
+    failed: list[BaseException] = []
+
+    def task() -> None:
+        try:
+            write_partition(options, _batches(0, 5), query_id="q", batch_id=4, partition=0)
+        except BaseException as err:
+            failed.append(err)
+
+    t = threading.Thread(target=task, daemon=True)
+    t.start()
+    t.join(60)
+    assert [type(e) for e in failed] == [MarkerNotApplied]  # no success reported for an unreadable marker
+    assert _markers(kafka_server, sink, job, "q", partitions=1) == {}
+
+    assert abort_lingering(options) == 2
+    assert {p: read_marker(m).batch_id for p, m in _markers(kafka_server, sink, job, "q", partitions=1).items()} \
+        == {0: 4}
+    assert write_partition(options, _batches(0, 5), query_id="q", batch_id=4, partition=0).skipped
+    # The zombie's aborted records (no ckpt header here) stay visible on tansu; the sink's records are there once.
+    out = [r for r in read_sink_output(kafka_server.bootstrap_servers, sink) if r.attempt]
+    assert sorted(r.value or b"" for r in out) == sorted(str(i).encode() for i in range(5))
+    # The last stable offset moved: a read_committed consumer reaches every record (tansu shows the aborted ones).
+    assert len(read_all(kafka_server.bootstrap_servers, sink, isolation="read_committed")) == \
+        len(read_all(kafka_server.bootstrap_servers, sink)) == 8
+    del zombie

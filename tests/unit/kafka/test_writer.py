@@ -115,18 +115,39 @@ def test_only_a_replay_of_the_marked_batch_is_skipped() -> None:
 # The task protocol over fake clients
 # --------------------------------------------------------------------------------------------
 
+class FakeConsumer:
+    """The marker group: ``offset`` is what the broker shows; ``applies`` is whether a commit makes it show."""
+
+    def __init__(self, offset: int = NO_OFFSET, *, applies: bool = True) -> None:
+        self.offset = offset
+        self.applies = applies
+        self.reads = 0
+
+    def committed(self, partitions: list[Any], timeout: float) -> list[Any]:
+        from confluent_kafka import TopicPartition
+
+        self.reads += 1
+        return [TopicPartition(partitions[0].topic, 0, self.offset)]
+
+    def consumer_group_metadata(self) -> object:
+        return object()
+
+
 class FakeProducer:
-    def __init__(self, fail_offsets: bool = False) -> None:
+    def __init__(self, consumer: FakeConsumer, fail_offsets: bool = False) -> None:
+        self.consumer = consumer
         self.calls: list[str] = []
         self.records: list[tuple[str, Any, dict[str, Any]]] = []
         self.fail_offsets = fail_offsets
         self.full_once = True
+        self.pending: int | None = None
 
     def begin_transaction(self) -> None:
         self.calls.append("begin")
 
     def send_offsets_to_transaction(self, offsets: list[Any], meta: Any, timeout: float) -> None:
         self.calls.append(f"offsets:{offsets[0].offset}")
+        self.pending = offsets[0].offset
         if self.fail_offsets:
             from confluent_kafka import KafkaError, KafkaException
 
@@ -145,111 +166,151 @@ class FakeProducer:
         self.calls.append("flush")
         return 0
 
+    def purge(self, **kwargs: Any) -> None:
+        self.calls.append("release")
+
     def commit_transaction(self, timeout: float) -> None:
         self.calls.append("commit")
+        if self.consumer.applies and self.pending is not None:
+            self.consumer.offset = self.pending
 
     def abort_transaction(self, timeout: float) -> None:
         self.calls.append("abort")
 
-    def close(self) -> None:
-        self.calls.append("close")
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
 
 
-class FakeConsumer:
-    def __init__(self, offset: int = NO_OFFSET) -> None:
-        self.offset = offset
+def _install(monkeypatch: pytest.MonkeyPatch, producer: FakeProducer) -> list[int]:
+    """Every task gets ``producer`` and its consumer; returns the partitions producers were made for."""
+    made: list[int] = []
 
-    def committed(self, partitions: list[Any], timeout: float) -> list[Any]:
-        from confluent_kafka import TopicPartition
+    def fake_producer(options: Any, partition: int) -> FakeProducer:
+        made.append(partition)
+        return producer
 
-        return [TopicPartition(partitions[0].topic, 0, self.offset)]
-
-    def consumer_group_metadata(self) -> object:
-        return object()
-
-    def close(self) -> None:
-        pass
-
-
-def _install(monkeypatch: pytest.MonkeyPatch, *clients: sink._Clients) -> list[sink._Clients]:
-    queue = list(clients)
-    handed: list[sink._Clients] = []
-
-    def fake(options: Any, partition: int, group: str) -> sink._Clients:
-        handed.append(queue.pop(0))
-        return handed[-1]
-
-    monkeypatch.setattr(sink, "_clients", fake)
-    monkeypatch.setattr(sink, "_drop", lambda txid: None)
+    monkeypatch.setattr(sink, "new_producer", fake_producer)
+    monkeypatch.setattr(sink, "_marker_consumer", lambda options, group: producer.consumer)
     monkeypatch.setattr(sink, "checkpoint_storage", lambda location: location)
     monkeypatch.setattr(sink, "read_coverage", lambda storage, batch_id, **_: Coverage(batch_id, DIGEST, None))
-    return handed
+    return made
 
 
 def _rows(n: int) -> Iterator[Any]:
     return iter([pa.RecordBatch.from_pydict({"key": [b"k"] * n, "value": [str(i) for i in range(n)]})])
 
 
-def test_task_writes_marker_first_then_records_then_commits(monkeypatch: pytest.MonkeyPatch) -> None:
-    producer = FakeProducer()
-    _install(monkeypatch, sink._Clients(producer, FakeConsumer(marker_offset(2, OTHER)), "g"))
-    result = sink.write_partition(parse_sink_options(BASE), _rows(3), query_id="q", batch_id=3, partition=1)
+def _write(producer: FakeProducer, rows: Iterator[Any], batch_id: int, partition: int = 0,
+           clock: FakeClock | None = None) -> sink.KafkaSinkCommit:
+    clock = clock or FakeClock()
+    return sink.write_partition(parse_sink_options(BASE), rows, query_id="q", batch_id=batch_id, partition=partition,
+                                clock=clock, sleep=clock.sleep)
+
+
+def test_task_fences_then_writes_marker_first_then_records_commits_and_reads_its_marker_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    consumer = FakeConsumer(marker_offset(2, OTHER))
+    producer = FakeProducer(consumer)
+    made = _install(monkeypatch, producer)
+    result = _write(producer, _rows(3), batch_id=3, partition=1)
     assert (result.records, result.skipped, result.empty, result.rewritten) == (3, False, False, False)
-    assert producer.calls == ["begin", f"offsets:{marker_offset(3, DIGEST)}", "flush", "commit"]
+    assert made == [1]  # a producer of its own (init_transactions fenced older ones), never a cached one
+    assert producer.calls == ["begin", f"offsets:{marker_offset(3, DIGEST)}", "flush", "commit", "release", "flush"]
+    assert consumer.reads == 2  # the marker before, and the new marker read back after the commit
     topic, value, kwargs = producer.records[0]
     assert (topic, value, kwargs["key"]) == ("out", "0", b"k")
     assert kwargs["headers"] == [("ckpt", f"q/3/1/{result.attempt}".encode())]
 
 
+def test_each_task_makes_its_own_producer_so_workers_never_fence_each_other(monkeypatch: pytest.MonkeyPatch) -> None:
+    producer = FakeProducer(FakeConsumer())
+    made = _install(monkeypatch, producer)
+    for batch in range(3):
+        producer.full_once = False
+        assert _write(producer, _rows(1), batch_id=batch, partition=2).records == 1
+    assert made == [2, 2, 2]
+
+
 def test_task_skips_committed_batch_and_empty_partition(monkeypatch: pytest.MonkeyPatch) -> None:
-    producer = FakeProducer()
-    _install(monkeypatch, sink._Clients(producer, FakeConsumer(marker_offset(3, DIGEST)), "g"))
-    options = parse_sink_options(BASE)
-    assert sink.write_partition(options, _rows(3), query_id="q", batch_id=3, partition=0).skipped
-    assert producer.calls == []  # no transaction at all
-    assert sink.write_partition(options, iter([]), query_id="q", batch_id=4, partition=0).empty
+    producer = FakeProducer(FakeConsumer(marker_offset(3, DIGEST)))
+    _install(monkeypatch, producer)
+    assert _write(producer, _rows(3), batch_id=3).skipped
+    assert producer.calls == ["release", "flush"]  # fenced, nothing begun
+    assert _write(producer, iter([]), batch_id=4).empty
 
 
 def test_task_rewrites_a_batch_planned_again_after_a_restore(monkeypatch: pytest.MonkeyPatch) -> None:
-    producer = FakeProducer()
-    _install(monkeypatch, sink._Clients(producer, FakeConsumer(marker_offset(7, OTHER)), "g"))
-    result = sink.write_partition(parse_sink_options(BASE), _rows(2), query_id="q", batch_id=3, partition=0)
+    producer = FakeProducer(FakeConsumer(marker_offset(7, OTHER)))
+    _install(monkeypatch, producer)
+    result = _write(producer, _rows(2), batch_id=3)
     assert (result.records, result.skipped, result.rewritten) == (2, False, True)
-    assert producer.calls == ["begin", f"offsets:{marker_offset(3, DIGEST)}", "flush", "commit"]
+    assert producer.calls[:4] == ["begin", f"offsets:{marker_offset(3, DIGEST)}", "flush", "commit"]
 
 
-def test_fenced_cached_producer_is_recreated_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    stale, new = FakeProducer(fail_offsets=True), FakeProducer()
-    _install(monkeypatch, sink._Clients(stale, FakeConsumer(), "g", fresh=False),
-             sink._Clients(new, FakeConsumer(), "g"))
-    result = sink.write_partition(parse_sink_options(BASE), _rows(2), query_id="q", batch_id=0, partition=0)
-    # A fenced producer is not asked to abort (nothing it may abort; on tansu that call only times out).
-    assert result.records == 2 and "abort" not in stale.calls and new.calls[-1] == "commit"
+def test_a_marker_the_broker_applies_late_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tansu applies a transaction's offsets once the overlapping transactions ended: the task waits for it."""
+    consumer = FakeConsumer(applies=False)
+    producer = FakeProducer(consumer)
+    _install(monkeypatch, producer)
+    clock = FakeClock()
+    reads_before_applied = 4
+
+    def committed(partitions: list[Any], timeout: float) -> list[Any]:
+        from confluent_kafka import TopicPartition
+
+        consumer.reads += 1
+        shown = producer.pending if consumer.reads > reads_before_applied else NO_OFFSET
+        return [TopicPartition(partitions[0].topic, 0, shown)]
+
+    monkeypatch.setattr(consumer, "committed", committed)
+    assert _write(producer, _rows(2), batch_id=5, clock=clock).records == 2
+    assert consumer.reads == reads_before_applied + 1 and 0 < clock.now < 1
 
 
-def test_fenced_fresh_producer_is_a_real_zombie(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_marker_never_applied_fails_the_task_instead_of_reporting_success(monkeypatch: pytest.MonkeyPatch) -> None:
+    producer = FakeProducer(FakeConsumer(marker_offset(4, DIGEST), applies=False))
+    _install(monkeypatch, producer)
+    clock = FakeClock()
+    with pytest.raises(sink.MarkerNotApplied, match=r"expected the committed transaction's marker .* to read batch 5 "
+                                                    r"within 30 s .*found batch 4.*a replay could not tell"):
+        _write(producer, _rows(2), batch_id=5, clock=clock)
+    assert clock.now == pytest.approx(30.0)
+
+
+def test_fenced_producer_is_a_real_zombie_and_is_not_asked_to_abort(monkeypatch: pytest.MonkeyPatch) -> None:
     from confluent_kafka import KafkaException
 
-    _install(monkeypatch, sink._Clients(FakeProducer(fail_offsets=True), FakeConsumer(), "g"))
+    producer = FakeProducer(FakeConsumer(), fail_offsets=True)
+    _install(monkeypatch, producer)
     with pytest.raises(KafkaException):
-        sink.write_partition(parse_sink_options(BASE), _rows(2), query_id="q", batch_id=0, partition=0)
+        _write(producer, _rows(2), batch_id=0)
+    # Nothing it may abort; on tansu that call only times out.
+    assert "abort" not in producer.calls and "commit" not in producer.calls
 
 
 def test_failure_while_producing_aborts(monkeypatch: pytest.MonkeyPatch) -> None:
-    producer = FakeProducer()
-    _install(monkeypatch, sink._Clients(producer, FakeConsumer(), "g"))
+    producer = FakeProducer(FakeConsumer())
+    _install(monkeypatch, producer)
 
     def broken() -> Iterator[Any]:
         yield from _rows(1)
         raise RuntimeError("upstream failed")
 
     with pytest.raises(RuntimeError):
-        sink.write_partition(parse_sink_options(BASE), broken(), query_id="q", batch_id=0, partition=0)
-    assert producer.calls[-1] == "abort" and "commit" not in producer.calls
+        _write(producer, broken(), batch_id=0)
+    assert "abort" in producer.calls and "commit" not in producer.calls
 
 
 def test_produce_batch_topic_column_partition_and_user_headers() -> None:
-    producer = FakeProducer()
+    producer = FakeProducer(FakeConsumer())
     rb = pa.RecordBatch.from_pydict({
         "value": [b"a", None], "topic": ["t1", "t2"], "partition": pa.array([2, None], pa.int32()),
         "headers": [[{"key": "h", "value": b"1"}], None],
