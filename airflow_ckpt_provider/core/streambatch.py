@@ -28,7 +28,8 @@ def worker_logging() -> None:
         if logger.handlers:
             continue
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        # The worker's pid: which Python worker ran a task (Spark moves a sink partition's tasks between them).
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s [worker %(process)d]: %(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         logger.propagate = False

@@ -107,7 +107,7 @@ def test_files_kafka_and_ledger_sinks_keep_every_id_once_across_rescales_2_to_5_
     files_sink = FilesSink(f"s3://{env.bucket}/eo-out", s3_options)
     jobs: list[tuple[JobEnv, EoSink]] = [
         (files, files_sink),
-        (kafka, KafkaSink(env.kafka.bootstrap_servers, out)),
+        (kafka, KafkaSink(env.kafka.bootstrap_servers, out, sink_partitions=2)),  # the state's 2 partitions
         (ledger, LedgerSink(ledger.work / "out.db", ledger.job)),
     ]
     proof = Proof(seed=0, sinks=tuple(s.name for _, s in jobs))  # no random kills: the rng is never drawn from

@@ -57,14 +57,13 @@ def build(spark: Any, ctx: JobContext) -> Any:
         return (rows.writeStream.format("ckpt-files").outputMode("append")
                 .option("path", os.environ["CKPT_EO_PATH"]).option("job", ctx.job))
     if sink == "kafka":
-        # Each sink partition writes a Kafka partition of its own: tansu 0.6 hides a transaction's marker while
-        # another transaction that wrote the same Kafka partition earlier is open (tests/support/exactlyonce.
-        # new_sink_topic); Apache Kafka needs no such layout.
-        return (rows.selectExpr("key", "to_json(named_struct('id', id, 'part', part)) AS value",
-                                "spark_partition_id() AS partition")
-                .writeStream.format("ckpt-kafka").outputMode("append")
-                .option("kafka.bootstrap.servers", os.environ["CKPT_TEST_BOOTSTRAP"])
-                .option("topic", os.environ["CKPT_EO_TOPIC"]).option("job", ctx.job))
+        from airflow_ckpt_provider.kafka.writer import kafka_sink
+
+        # Keyed records: Kafka's partitioner spreads every sink partition over every Kafka partition, so the
+        # sink partitions' transactions overlap, as in users' jobs.
+        out = rows.selectExpr("CAST(key AS BINARY) AS key", "to_json(named_struct('id', id, 'part', part)) AS value")
+        return kafka_sink(out, job=ctx.job, topic=os.environ["CKPT_EO_TOPIC"],
+                          **{"kafka.bootstrap.servers": os.environ["CKPT_TEST_BOOTSTRAP"]}).outputMode("append")
     if sink == "ledger":
         from airflow_ckpt_provider.sinks.ledger import Ledger, delete_batches
 

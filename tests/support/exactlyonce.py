@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import io
+import itertools
 import json
 import os
 import random
@@ -70,6 +71,10 @@ class EoSink(Protocol):
         """Environment variables that select and configure this sink in tests/jobs/eo_job.py."""
         ...
 
+    def conf(self) -> dict[str, str]:
+        """Spark settings of this sink's job (beyond tests/support/runtimejob.SPARK_CONF)."""
+        ...
+
     def committed(self) -> list[Row]:
         """The sink's committed output, as a reader of committed data sees it."""
         ...
@@ -95,6 +100,9 @@ class FilesSink:
 
     def env(self) -> dict[str, str]:
         return {"CKPT_EO_SINK": "files", "CKPT_EO_PATH": self.url}
+
+    def conf(self) -> dict[str, str]:
+        return {}
 
     def committed(self) -> list[Row]:
         from airflow_ckpt_provider.sinks.filelayout import read_committed
@@ -133,22 +141,20 @@ class FilesSink:
         return f"verify_sink: ok {report.ok}, {report.rows} rows, {len(report.orphans)} orphans, {report.problems}"
 
 
-_KAFKA_COMMITTED = re.compile(r"batch (\d+) partition (\d+) of job \S+ \(query (\S+)\): \d+ records committed by")
+#: A task's commit line (kafka/writer.py): worker pid, batch, sink partition, query, the marker the task found.
+_KAFKA_COMMITTED = re.compile(r"\[worker (\d+)\]: batch (\d+) partition (\d+) of job \S+ \(query (\S+)\): \d+ records "
+                              r"committed by \S+ \(marker found: (?:batch )?(\d+|none)")
 
-
-SINK_TOPIC_PARTITIONS = 8  # at least the most sink partitions a proof uses (the rescale proof's 5)
+SINK_TOPIC_PARTITIONS = 4  # keys hash over them: every sink partition's transactions share them, as in users' jobs
+#: Sink partitions of the Kafka sink's job (spark.sql.shuffle.partitions of its dropDuplicates): more than the two
+#: Python workers of local[2], so a sink partition's tasks move between workers from batch to batch.
+KAFKA_SINK_PARTITIONS = 4
 
 
 def new_sink_topic(kafka: EmbeddedKafka) -> str:
-    """The Kafka sink's output topic: tests/jobs/eo_job.py sends sink partition p to Kafka partition p.
-
-    tansu 0.6 applies a transaction's offsets (the sink's marker) only once every other transaction that wrote
-    the same Kafka partition before it has ended, and its OffsetFetch ignores require_stable: with sink
-    partitions sharing Kafka partitions, a marker committed while the other sink partition's transaction is open
-    stays invisible, and a replay after a kill writes the batch again (seen once in this proof; shown in
-    test_kafka_sink.test_tansu_hides_a_committed_marker_while_another_transaction_on_its_partition_is_open).
-    Apache Kafka applies the offsets with the committing transaction's markers: the sink needs no such layout.
-    """
+    """The Kafka sink's output topic: tests/jobs/eo_job.py keys its records, so every sink partition writes
+    every Kafka partition and their transactions overlap, as in users' jobs (tansu 0.6 then applies a
+    transaction's marker only when the overlapping ones have ended: the sink waits for it, kafka/writer.py)."""
     topic = f"eo-{uuid.uuid4().hex[:10]}"
     kafka.create_topic(topic, partitions=SINK_TOPIC_PARTITIONS)
     return topic
@@ -166,11 +172,15 @@ class KafkaSink:
     bootstrap: str
     topic: str
     name: str = "kafka"
+    sink_partitions: int = KAFKA_SINK_PARTITIONS
     crash_points: tuple[str, ...] = ("kafka.task.after-produce", "kafka.task.before-commit",
                                      "kafka.task.after-commit", "kafka.commit.driver")
 
     def env(self) -> dict[str, str]:
         return {"CKPT_EO_SINK": "kafka", "CKPT_EO_TOPIC": self.topic}
+
+    def conf(self) -> dict[str, str]:
+        return {"spark.sql.shuffle.partitions": str(self.sink_partitions)}
 
     def committed(self) -> list[Row]:
         from tests.support.kafkasink import read_sink_output
@@ -184,8 +194,17 @@ class KafkaSink:
 
     def check_single_commits(self, log: str) -> int:
         """Each (query, batch, sink partition) was committed by one transaction at most, from the tasks' log
-        lines: the last-attempt filter alone would hide a second committed attempt (a broken skip)."""
-        commits = Counter(_KAFKA_COMMITTED.findall(log))
+        lines: the last-attempt filter alone would hide a second committed attempt (a broken skip). And the
+        markers advanced with every batch: the marker a task found is at least the previous batch its sink
+        partition committed (a line lost to a kill -9 right after a commit only makes it newer)."""
+        found = _KAFKA_COMMITTED.findall(log)
+        check_markers_advanced([line[1:] for line in found])
+        workers: dict[tuple[str, str], set[str]] = {}
+        for worker, _, partition, query, _ in found:
+            workers.setdefault((query, partition), set()).add(worker)
+        assert any(len(w) > 1 for w in workers.values()), \
+            f"no sink partition's tasks ran in more than one Python worker: {workers}"
+        commits = Counter((b, p, q) for _, b, p, q, _ in found)
         twice = sorted(k for k, n in commits.items() if n > 1)
         assert commits, "no 'records committed by' line of the sink's tasks in the supervisors' logs"
         lines = [ln for ln in log.splitlines() for b, p, q in twice[:3]
@@ -213,6 +232,22 @@ class KafkaSink:
                                lambda r: int(json.loads(r.value or b"{}").get("id", -1)))
 
 
+def check_markers_advanced(lines: list[tuple[str, str, str, str]]) -> None:
+    """(batch, sink partition, query, marker found) of the tasks' commit lines: per (query, partition), in batch
+    order, each marker found is below its batch and at least the previous committed batch."""
+    chains: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    for batch, partition, query, marker in lines:
+        chains.setdefault((query, partition), []).append((int(batch), -1 if marker == "none" else int(marker)))
+    stuck = []
+    for (query, partition), chain in chains.items():
+        chain.sort()
+        for (before, _), (batch, marker) in itertools.pairwise(chain):
+            if batch != before and not before <= marker < batch:
+                stuck.append(f"query {query} partition {partition}: batch {batch} found the marker at {marker}, "
+                             f"expected {before}..{batch - 1} (batch {before} was committed before)")
+    assert not stuck, "markers that did not advance with the batches:\n" + "\n".join(stuck[:10])
+
+
 @dataclass
 class LedgerSink:
     """foreachBatch through the Ledger into SQLite: rows and ledger row commit in one transaction."""
@@ -224,6 +259,9 @@ class LedgerSink:
 
     def env(self) -> dict[str, str]:
         return {"CKPT_EO_SINK": "ledger", "CKPT_EO_DB": str(self.db)}
+
+    def conf(self) -> dict[str, str]:
+        return {}
 
     def _query(self, sql: str) -> list[tuple[Any, ...]]:
         conn = sqlite3.connect(self.db, timeout=30)
@@ -385,7 +423,7 @@ class Chaos:
         run = self.env.run(name, checkpoint,
                            "--supervise", "-v", "--restart-strategy", "fixed-delay",
                            "--restart-attempts", str(restarts), "--restart-delay", "0.5", "--poll", "1", *args,
-                           max_offsets=MAX_OFFSETS, job_file=EO_JOB,
+                           max_offsets=MAX_OFFSETS, job_file=EO_JOB, conf=self.sink.conf(),
                            extra_env={**self.sink.env(), "CKPT_FAULT_DIR": str(self.faults)})
         self.runs.append(run)
         return run
