@@ -220,10 +220,13 @@ def build_command(spec: SubmitSpec) -> tuple[list[str], dict[str, str]]:
     manager = _check(spec)
     cluster = spec.deploy_mode == "cluster"
     conf = _conf(spec, manager)
+    shipping = shipped_lists(spec)
+    for key in LIST_CONF.values():  # on the command line instead, merged: spark-submit would ignore them
+        conf.pop(key, None)
     path = _job_path(spec.job_file)
-    files = list(spec.files)
+    files = shipping["files"]
     if cluster:
-        files.append(str(path) if path else spec.job_file)
+        files = merge_paths(files, [str(path) if path else spec.job_file])
         job_arg = path.name if path else Path(urlparse(spec.job_file).path).name
     else:
         job_arg = str(path)
@@ -231,16 +234,60 @@ def build_command(spec: SubmitSpec) -> tuple[list[str], dict[str, str]]:
             "--name", spec.app_name]
     for key, value in conf.items():
         argv += ["--conf", f"{key}={value}"]
-    shipped = spec.shipped
-    py_files = [*spec.py_files, *(shipped.py_files if shipped else ())]
-    if py_files:
-        argv += ["--py-files", ",".join(py_files)]
+    if shipping["py_files"]:
+        argv += ["--py-files", ",".join(shipping["py_files"])]
     if files:
         argv += ["--files", ",".join(files)]
-    if shipped is not None:
-        argv += ["--archives", f"{shipped.archive}#{ALIAS}"]
+    if shipping["archives"]:
+        argv += ["--archives", ",".join(shipping["archives"])]
     argv += [str(ENTRYPOINT_PY), job_arg, *spec.config.to_args()]
     return argv, _env(spec, manager, argv[0])
+
+
+#: The settings spark-submit reads only when its option of the same list is not given (SparkSubmitArguments:
+#: ``pyFiles = Option(pyFiles).orElse(sparkProperties.get("spark.submit.pyFiles"))``, the same for files and
+#: archives). ``ckpt run`` gives the options itself (the provider's code zip, the job file in cluster mode, the
+#: shipped environment), so a job's own entries in these settings (the ckpt_spark connection's conf, --conf)
+#: would be dropped silently: they are merged into the options instead.
+LIST_CONF = {"py_files": "spark.submit.pyFiles", "files": "spark.files", "archives": "spark.archives"}
+
+
+def merge_paths(*lists: Iterable[str]) -> list[str]:
+    """The entries of ``lists`` in order, each once (comma-separated entries split, blanks dropped)."""
+    seen: dict[str, None] = {}
+    for items in lists:
+        for item in items:
+            for part in item.split(","):
+                if part.strip():
+                    seen.setdefault(part.strip(), None)
+    return list(seen)
+
+
+def _conf_paths(conf: Mapping[str, str], key: str) -> list[str]:
+    """A list setting's local paths made absolute (a client-mode driver may run in a directory of its own,
+    ``driver_cwd``), URIs as they are."""
+    return [p if "://" in p else os.path.abspath(p) for p in merge_paths([conf.get(key, "")])]
+
+
+def shipped_lists(spec: SubmitSpec) -> dict[str, list[str]]:
+    """``py_files``, ``files`` and ``archives`` as spark-submit gets them: the job's own (the spec's, then the
+    ones its conf names in ``LIST_CONF``'s settings), then the provider's (its code zip, the shipped environment);
+    each once. The job file, in cluster mode, is added by ``build_command``.
+
+    The provider's entries come last on purpose. pyspark puts each py file at ``sys.path[1]`` in turn, in the driver
+    (SparkContext) and in every Python worker (worker_util.add_path), so the last one listed is looked in first: a
+    job whose zip bundles another copy of ``airflow_ckpt_provider`` still runs the provider's code that matches the
+    launching side (entrypoint.py, the supervisor), while no name of the job's own modules is shadowed, as the
+    provider's zip holds that one package only.
+    """
+    shipped = spec.shipped
+    return {
+        "py_files": merge_paths(spec.py_files, _conf_paths(spec.conf, LIST_CONF["py_files"]),
+                                shipped.py_files if shipped else ()),
+        "files": merge_paths(spec.files, _conf_paths(spec.conf, LIST_CONF["files"])),
+        "archives": merge_paths(_conf_paths(spec.conf, LIST_CONF["archives"]),
+                                [f"{shipped.archive}#{ALIAS}"] if shipped else ()),
+    }
 
 
 def driver_cwd(spec: SubmitSpec) -> str | None:
@@ -369,9 +416,9 @@ def _yarn_attempts(conf: Mapping[str, str]) -> int | None:
 
 def _local_files(spec: SubmitSpec) -> list[str]:
     """The names of the command's files on this host's disk (no scheme, or file://), which spark-submit uploads."""
-    shipped = spec.shipped
-    files = [str(ENTRYPOINT_PY), spec.job_file, *spec.files, *spec.py_files,
-             *((*shipped.py_files, shipped.archive) if shipped else ())]
+    lists = shipped_lists(spec)
+    files = [str(ENTRYPOINT_PY), spec.job_file, *lists["files"], *lists["py_files"],
+             *(a.partition("#")[0] for a in lists["archives"])]
     return [Path(f).name for f in files if _job_path(f) is not None]
 
 

@@ -327,3 +327,37 @@ def test_an_unreachable_standalone_master_is_refused_with_what_to_check() -> Non
         server.listen()
         check_master(f"spark://127.0.0.1:{closed},127.0.0.1:{server.getsockname()[1]}")  # one of two HA masters
     check_master("yarn")  # not probed
+
+
+def test_the_job_s_own_py_files_and_files_ship_with_the_provider_s_code_on_one_list_each(
+    capsys: pytest.CaptureFixture[str], job_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """spark-submit ignores spark.submit.pyFiles, spark.files and spark.archives once --py-files, --files and
+    --archives are given, which a cluster run always gives (the provider's code zip, the job file, the shipped
+    Python): the job's entries of every source are merged into the options, each once, the job's before the
+    provider's, and the settings leave the command."""
+    monkeypatch.chdir(tmp_path)
+    code, data, err = dry_run(
+        capsys, job_file, "--master", "yarn", "--deploy-mode", "cluster",
+        "--py-files", "lib/job_common.py,hdfs:///code/deps.zip", "--files", "schema.json",
+        "--conf", "spark.submit.pyFiles=hdfs:///code/deps.zip, lib/extra.zip",
+        "--conf", "spark.files=s3a://conf/lookup.csv", "--conf", "spark.archives=s3a://conf/models.tgz#models")
+    assert (code, err) == (0, "")
+    argv = data["argv"]
+    shipped = data["python_env"]
+    (code_zip,) = shipped["py_files"]
+    assert argv[argv.index("--py-files") + 1].split(",") == [
+        str(tmp_path / "lib/job_common.py"), "hdfs:///code/deps.zip", str(tmp_path / "lib/extra.zip"), code_zip]
+    assert argv[argv.index("--files") + 1].split(",") == [
+        str(tmp_path / "schema.json"), "s3a://conf/lookup.csv", str(job_file)]
+    assert argv[argv.index("--archives") + 1].split(",") == [
+        "s3a://conf/models.tgz#models", f"{shipped['archive']}#ckpt-env"]
+    assert not [c for c in confs(argv) if c.startswith(("spark.submit.pyFiles=", "spark.files=", "spark.archives="))]
+    assert argv.count("--py-files") == argv.count("--files") == argv.count("--archives") == 1
+
+
+def test_py_files_of_the_conf_alone_reach_a_local_run_too(capsys: pytest.CaptureFixture[str], job_file: Path) -> None:
+    code, data, _ = dry_run(capsys, job_file, "--master", "local[2]", "--conf", "spark.submit.pyFiles=/code/a.py")
+    argv = data["argv"]
+    assert code == 0 and argv[argv.index("--py-files") + 1] == "/code/a.py"
+    assert "spark.submit.pyFiles=/code/a.py" not in confs(argv)
