@@ -172,7 +172,9 @@ def _run_supervised(args: argparse.Namespace, spec: SubmitSpec, strategy: Restar
     d = outcome.to_dict()
     print(json.dumps(d, indent=2, sort_keys=True) if args.json else
           f"job {spec.config.job}: {outcome.final.value} after {human_count(outcome.attempts, 'attempt')} "
-          f"({human_count(outcome.restarts, 'restart')}), last exit code {outcome.exit_code}: {outcome.reason}")
+          f"({human_count(outcome.restarts, 'restart')}), "
+          + ("no driver started" if outcome.exit_code is None else f"last exit code {outcome.exit_code}")
+          + f": {outcome.reason}")
     return outcome.final.exit_code
 
 

@@ -12,6 +12,15 @@ One owner per restart: before the restart delay the supervisor writes RESTARTING
 attempt, cause, by when the job should run again) with its own pid and host, and it keeps a heartbeat of
 its own in ``supervisors/<launch id>.json`` (core/supervision.py), so that the health watch and the DAG's
 restart leave the restart to it; launcher/supervisorreports.py writes those records.
+
+Credentials the job store refuses are no outage (issue 39): waiting or restarting does not fix them. At its start
+the supervisor writes its own record first; refused, it logs that once (never the credentials) and ends at once
+as credentials-refused (exit 6) without starting a driver. A refusal that appears while a driver runs is logged
+once as a refusal, not as an outage, and does not stop that driver: the driver uses the store itself and exits 6
+when it is refused too (in cluster mode it may hold credentials of its own). While the refusal lasts the
+supervisor cannot read status.json, so it judges no heartbeats, and when that driver exits it does not restart
+it: it ends as credentials-refused, as a new driver could neither be watched nor, with the same credentials,
+start.
 """
 
 from __future__ import annotations
@@ -183,29 +192,33 @@ class Supervisor:
         restart_times: list[float] = []
         resume = replace(self.spec, config=replace(self.spec.config, restore=LATEST_STATE))
         self.reports.beat(SupervisorState.WATCHING)
+        if self.reports.refused:  # a driver with the same credentials would be refused too: none is started
+            return self._end(Ending.DENIED, 0, None, "the job store refused the supervisor's credentials: no driver "
+                             "started; fix the access key, secret or permissions (a restart does not) and launch "
+                             "again")
         while True:
             attempts += 1
             self.reports.attempt = attempts
             driver = self._run_driver(resume if self._ran else self.spec, attempts)
             code = driver.code
-            ending = self._ending(code, driver) or self._taken_over(driver)
+            ending = self._ending(code, driver) or self._refused() or self._taken_over(driver)
             if ending is not None:
                 return self._end(ending[0], attempts, code, ending[1])
             failure = driver.stuck or f"driver exited with code {code} ({exit_meaning(code)})"
             delay, why_not = self._restart_delay(restart_times, driver.ran)
             if delay is None:
                 return self._give_up(attempts, code, f"{why_not}; last failure: {failure}")
-            superseded = self._superseded()  # before claiming the restart in status.json
-            if superseded:
-                return self._end(Ending.FENCED, attempts, code, superseded)
+            blocked = self._blocked()  # before claiming the restart in status.json
+            if blocked is not None:
+                return self._end(blocked[0], attempts, code, blocked[1])
             self.reports.announce_restart(driver, attempts, delay, describe_strategy(self.strategy))
             self._wait_delay(delay)
             if self._stop_requests:
                 self.reports.stopped_while_restarting()
                 return self._end(Ending.STOPPED, attempts, code, "stop requested before the restart")
-            superseded = self._superseded()
-            if superseded:
-                return self._end(Ending.FENCED, attempts, code, superseded)
+            blocked = self._blocked()  # a refusal seen by the supervisor's heartbeats during the delay, a new launch
+            if blocked is not None:
+                return self._end(blocked[0], attempts, code, blocked[1])
             restart_times.append(self.clock())
 
     # -- one owner per restart: RESTARTING in status.json, the supervisor's own heartbeat ----------------
@@ -233,6 +246,22 @@ class Supervisor:
         if code == EXIT_STOPPED and not driver.stuck:
             return Ending.STOPPED, "driver stopped"
         return None
+
+    def _blocked(self) -> tuple[Ending, str] | None:
+        """Why not to restart now: the store refuses our credentials, or a newer launch superseded this one."""
+        refused = self._refused()
+        if refused is not None:
+            return refused
+        superseded = self._superseded()
+        return (Ending.FENCED, superseded) if superseded else None
+
+    def _refused(self) -> tuple[Ending, str] | None:
+        """DENIED if the store refuses the supervisor's credentials now (its last request): not restarting."""
+        if not self.reports.refused:
+            return None
+        return Ending.DENIED, ("the job store refuses the supervisor's credentials: not restarting the driver (a "
+                               "new one could not be watched, nor start with the same credentials); fix the access "
+                               "key, secret or permissions and launch again")
 
     def _taken_over(self, driver: DriverRun) -> tuple[Ending, str] | None:
         """FENCED if, after our driver failed, a newer driver holds the lease and reports a live status.
@@ -352,10 +381,10 @@ class Supervisor:
         try:
             status = read_status(self.store)
         except StorageError as err:
-            self.reports.outage.failed(f"cannot read status.json, progress not judged meanwhile: {err}")
+            self.reports.store_failed("cannot read status.json, progress not judged meanwhile", err)
             self._reads.failed()
             return None
-        self.reports.outage.ok()
+        self.reports.store_ok()
         self._reads.worked(self.clock())  # between two reads the supervisor's own heartbeat write retries too
         if status is not None and self._own(driver, status):
             driver.epoch = self.reports.epoch = status.epoch
@@ -426,7 +455,8 @@ class Supervisor:
         self.reports.ended(Ending.GAVE_UP.value, code, reason)
         return SupervisorOutcome(Ending.GAVE_UP, attempts, attempts - 1, code, reason)
 
-    def _end(self, final: Ending, attempts: int, code: int, reason: str) -> SupervisorOutcome:
-        log.info("job %s: %s: %s", self.job, final.value, reason)
+    def _end(self, final: Ending, attempts: int, code: int | None, reason: str) -> SupervisorOutcome:
+        """``code``: the last driver's exit code, None when no driver was started."""
+        (log.error if final is Ending.DENIED else log.info)("job %s: %s: %s", self.job, final.value, reason)
         self.reports.ended(final.value, code, reason)
-        return SupervisorOutcome(final, attempts, attempts - 1, code, reason)
+        return SupervisorOutcome(final, attempts, max(0, attempts - 1), code, reason)

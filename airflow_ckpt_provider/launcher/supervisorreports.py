@@ -4,7 +4,9 @@ The supervisor's counterpart of runtime/reporting.py. One owner per restart: bef
 supervisor writes RESTARTING in ``status.json`` (who, attempt, cause, by when the job should run again) with
 its own pid and host, and it keeps a heartbeat of its own in ``supervisors/<launch id>.json``
 (core/supervision.py), so that the health watch and the DAG's restart leave the restart to it. A write that
-fails is logged once per outage of the store, never fatal.
+fails is logged once per outage of the store, never fatal; a store that refuses the supervisor's credentials
+is no outage: ``refused`` says so (one ERROR line, without any credential), and the supervisor ends on it
+instead of starting a driver (see launcher/supervisor.py).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from airflow_ckpt_provider.core.deployments import new_launch_id, record_end
-from airflow_ckpt_provider.core.errors import StorageError
+from airflow_ckpt_provider.core.errors import CredentialsError, StorageError
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.lease import read_lease
 from airflow_ckpt_provider.core.outage import Outage
@@ -84,6 +86,26 @@ class SupervisorReports:
         self.epoch: int | None = None
         self.cold_start: float | None = None
         self.outage = Outage(job, "the supervisor's job store")  # the driver logs its own
+        #: Why the store refused the supervisor's credentials (its message names no secret), "" if it did not.
+        self.refused = ""
+
+    def store_failed(self, what: str, err: StorageError) -> None:
+        """A request to the store failed: a refusal of the credentials is logged once as one (no outage, a
+        wait does not end it), anything else counts towards an outage."""
+        if isinstance(err, CredentialsError):
+            if not self.refused:
+                log.error("job %s: the job store refused the supervisor's credentials: %s (not an outage: waiting "
+                          "or restarting does not fix it)", self.job, err)
+            self.refused = str(err)
+            return
+        self.outage.failed(f"{what}: {err}")
+
+    def store_ok(self) -> None:
+        """A request to the store worked: ends an outage, or a refusal (credentials rotated back)."""
+        if self.refused:
+            log.warning("job %s: the job store accepts the supervisor's credentials again", self.job)
+            self.refused = ""
+        self.outage.ok()
 
     def beat(self, state: SupervisorState, *, proc: ProcessLike | None = None, ending: str | None = None,
              code: int | None = None, reason: str | None = None) -> None:
@@ -98,9 +120,9 @@ class SupervisorReports:
         try:
             write_supervisor(self.store, record)
         except StorageError as err:
-            self.outage.failed(f"write {record.key}: {err}")
+            self.store_failed(f"write {record.key}", err)
         else:
-            self.outage.ok()
+            self.store_ok()
 
     def cold_start_allowance(self) -> tuple[float, str]:
         """Seconds the next driver gets from spawn to RUNNING, and where the number comes from."""
@@ -123,7 +145,7 @@ class SupervisorReports:
             try:
                 current = read_status(self.store)
             except StorageError as err:
-                self.outage.failed(f"read status.json: {err}")
+                self.store_failed("read status.json", err)
         epoch = self.epoch if self.epoch is not None else (current.epoch if current is not None else 0)
         ours = current is not None and current.epoch == epoch
         batch = driver.batch_id if driver.batch_id is not None else (current.batch_id if ours and current else None)
@@ -149,7 +171,7 @@ class SupervisorReports:
             if not write_status(self.store, status):
                 log.info("job %s: a newer driver reports in status.json: not marking it RESTARTING", self.job)
         except StorageError as err:
-            self.outage.failed(f"write status.json: {err}")
+            self.store_failed("write status.json", err)
 
     def stopped_while_restarting(self) -> None:
         """STOPPED over our RESTARTING status: no driver runs, and none will."""
@@ -185,11 +207,11 @@ class SupervisorReports:
         except StorageError as err:
             log.warning("job %s: cannot record FAILED in status.json: %s", self.job, err)
 
-    def ended(self, ending: str, code: int, reason: str) -> None:
+    def ended(self, ending: str, code: int | None, reason: str) -> None:
         """The end of supervision: the heartbeat record marked ended, and, when launched from Airflow, how the
-        launch ended in spec/last.json (a waiter stops waiting)."""
+        launch ended in spec/last.json (a waiter stops waiting). ``code`` None: no driver was started."""
         self.beat(SupervisorState.ENDED, ending=ending, code=code, reason=reason)
-        if self.store is None or self.launch_id is None:
+        if self.store is None or self.launch_id is None or code is None or self.refused:  # refused: logged once
             return
         try:
             record_end(self.store, self.launch_id, ending=ending, exit_code=code, reason=reason)

@@ -98,3 +98,25 @@ def test_errors_are_clear_and_secrets_never_printed(ckpt_env: dict[str, str], tm
     assert "does not exist" in ckpt(nobucket, "snapshot", "list", expect=1).stderr
     nostore = {k: v for k, v in ckpt_env.items() if k != "CKPT_STORE"}
     assert "no job store given" in ckpt(nostore, "snapshot", "list", expect=1).stderr
+
+
+def test_a_supervisor_refused_by_the_store_starts_no_driver(ckpt_env: dict[str, str], tmp_path: Path,
+                                                           s3_server: EmbeddedS3, bucket: str) -> None:
+    """Issue 39 (7): a wrong S3 secret is a refusal, not an outage; exit 6 at once, no driver, nothing written."""
+    started = tmp_path / "spark-submit-started"
+    spark_submit = tmp_path / "spark-submit"
+    spark_submit.write_text(f"#!/bin/sh\ntouch {started}\n")
+    spark_submit.chmod(0o755)
+    job = tmp_path / "job.py"
+    job.write_text("# never run\n")
+    wrong = dict(ckpt_env, AWS_SECRET_ACCESS_KEY="definitely-wrong")
+    run = ckpt(wrong, "run", str(job), "--checkpoint", str(tmp_path / "ckpt"), "--supervise",
+               "--spark-submit", str(spark_submit), expect=6)
+    assert "the job store refused the supervisor's credentials" in run.stderr, run.stderr
+    assert "unreachable" not in run.stderr
+    assert "definitely-wrong" not in run.stderr + run.stdout
+    assert ckpt_env["AWS_SECRET_ACCESS_KEY"] not in run.stderr + run.stdout
+    assert "credentials-refused after 0 attempts (0 restarts), no driver started" in run.stdout
+    assert not started.exists()  # no driver started
+    listed = s3_server.client().list_objects_v2(Bucket=bucket, Prefix="jobs/")
+    assert listed.get("Contents", []) == []  # no status.json, no supervisor record, no deployment
