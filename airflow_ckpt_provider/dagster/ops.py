@@ -81,6 +81,10 @@ class SubmitConfig(JobConfig):
     restore: str = Field(default="latest-state", description="latest-state, latest-savepoint, none, or a snapshot")
     env: dict[str, str] = Field(default_factory=dict, description="The job's own settings (never credentials)")
     spark_conf: dict[str, str] = Field(default_factory=dict, description="Spark settings on top of the resource's")
+    py_files: list[str] = Field(default_factory=list,
+                                description="The job's own Python modules (.py, .zip, .egg), after the resource's; "
+                                            "recorded with the deployment, so restarts and upgrades ship them too")
+    files: list[str] = Field(default_factory=list, description="The job's data files, after the resource's")
     settings: dict[str, str] = Field(default_factory=dict,
                                      description="JobSettings by name, e.g. savepoint_interval: '600'")
     start_timeout: float = Field(default=600.0, gt=0, description="Seconds the driver gets to report RUNNING")
@@ -232,6 +236,11 @@ class RescaleConfig(StepsConfig):
 # -- what the ops share ----------------------------------------------------------------------------
 
 
+def _paths(*lists: list[str]) -> tuple[str, ...]:
+    """The resource's paths, then the op's, each once (comma-separated entries split)."""
+    return tuple(dict.fromkeys(p.strip() for items in lists for item in items for p in item.split(",") if p.strip()))
+
+
 def _failure(message: str, *, allow_retries: bool | None = None, **metadata: Any) -> dg.Failure:
     return dg.Failure(description=message, metadata={k: v for k, v in metadata.items() if v is not None},
                       allow_retries=allow_retries)
@@ -326,7 +335,8 @@ def submit_streaming_job(context: dg.OpExecutionContext, config: SubmitConfig, c
         mine = Deployment(job_file=config.job_file, code_version=config.code_version, master=target.master,
                           deploy_mode=target.deploy_mode, spark_submit=target.spark_submit,
                           conf={**target.conf, **config.spark_conf}, python_env=target.python_env,
-                          env=dict(config.env), **settings)
+                          env=dict(config.env), py_files=_paths(ckpt.py_files, config.py_files),
+                          files=_paths(ckpt.files, config.files), **settings)
         found = find_running(store, config.start_timeout)
     except CkptError as err:  # a bad setting or env name, a STOPPING job: nothing was launched
         raise _failure(f"job {config.job}: {err}") from err

@@ -49,7 +49,8 @@ class DeployMode(StrEnum):
 
 class CkptResource(dg.ConfigurableResource):  # type: ignore[type-arg]  # generic over the resource it makes (itself)
     """The job store (``store_url`` and how to reach S3) and where jobs run (``master``, ``deploy_mode``,
-    ``spark_submit``, ``spark_conf``, ``python_env``): the ``ckpt_store`` and ``ckpt_spark`` connections' fields.
+    ``spark_submit``, ``spark_conf``, ``python_env``): the ``ckpt_store`` and ``ckpt_spark`` connections' fields;
+    ``py_files`` and ``files`` ship with every job's launch, before the submit op's own.
 
     Give secrets with ``dg.EnvVar("AWS_SECRET_ACCESS_KEY")``: Dagster then shows the variable's name, never its
     value. Without keys, boto3's usual chain (the environment, a profile, an instance role) is used.
@@ -66,6 +67,10 @@ class CkptResource(dg.ConfigurableResource):  # type: ignore[type-arg]  # generi
     spark_submit: str | None = Field(default=None, description="spark-submit to run; none: pyspark's or PATH's")
     spark_conf: dict[str, str] = Field(default_factory=dict, description="Spark settings of every job's launch")
     python_env: str = Field(default="auto", description="The executors' Python: auto, ship, none or an archive")
+    py_files: list[str] = Field(default_factory=list,
+                                description="Python modules of every job (.py, .zip, .egg), shipped to its driver and "
+                                            "executors with the provider's code (spark-submit --py-files)")
+    files: list[str] = Field(default_factory=list, description="Data files of every job (spark-submit --files)")
 
     # The connections' own checks, one field at a time (so the error names the field, and shows no other
     # field's value: a secret stays out of it).

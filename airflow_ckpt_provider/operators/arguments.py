@@ -19,6 +19,7 @@ import airflow
 from airflow.exceptions import AirflowProviderDeprecationWarning
 
 import airflow_ckpt_provider
+from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.modes import Mode, RestoreSpec
 from airflow_ckpt_provider.core.settings import Settings, setting_fields
 
@@ -70,6 +71,18 @@ def restore_arg(value: object) -> str:
 
 def parse_restore(value: object) -> RestoreSpec:
     return _as_airflow_warnings(lambda: RestoreSpec.parse(value))
+
+
+def path_list(value: object, name: str) -> tuple[str, ...]:
+    """A (rendered) list argument of paths or URIs (``py_files``, ``files``): a sequence of strings or one
+    comma-separated string (what a template renders to), blanks dropped; None is none. ConfigError otherwise."""
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, Sequence) or not all(isinstance(item, str) for item in items):
+        raise ConfigError(f"{name} must be a list of paths or URIs (or one comma-separated string), found "
+                          f"{type(value).__name__} {str(value)[:80]!r}")
+    return tuple(part.strip() for item in items for part in item.split(",") if part.strip())
 
 
 def with_settings(init: Callable[..., None], cls: type[Settings], skip: Sequence[str] = ()) -> inspect.Signature:

@@ -4,7 +4,7 @@ with the other control requests in operators/control.py and is importable from h
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -35,6 +35,7 @@ from airflow_ckpt_provider.operators.arguments import (
     mode_arg,
     parse_mode,
     parse_restore,
+    path_list,
     restore_arg,
     settings_args,
     settings_of,
@@ -116,6 +117,10 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
     :param restore: latest-state (default), latest-savepoint, none, or a snapshot id or URI
     :param env: the job's own settings for its driver (never credentials: they are stored with the deployment)
     :param conf: Spark settings on top of the Spark connection's
+    :param py_files: the job's own Python modules (``.py``, ``.zip``, ``.egg``; paths on the worker or URIs the
+        cluster reads), shipped to the driver and every executor with the provider's code (spark-submit's
+        ``--py-files``); recorded with the deployment, so restarts and upgrades ship them too
+    :param files: data files the job reads from its working directory (spark-submit's ``--files``), recorded too
     :param keep_recorded_code: when the job is not running and last ran other code than this task's (it was
         upgraded), start that code again (default) rather than this task's
 
@@ -126,7 +131,7 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
     """
 
     template_fields = (*JobOperator.template_fields, "job_file", "code_version", "restore", "env", "conf",
-                       *(name for name in names(JobSettings) if name not in NOT_ARGUMENTS))
+                       "py_files", "files", *(name for name in names(JobSettings) if name not in NOT_ARGUMENTS))
     template_fields_renderers: ClassVar[dict[str, str]] = {"env": "json", "conf": "json"}
     operator_extra_links = (SparkUILink(),)
     external_id_key = "ckpt_launch"
@@ -140,6 +145,8 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
         restore: str = "latest-state",
         ckpt_spark_conn_id: str = CkptSparkHook.default_conn_name,
         conf: Mapping[str, str] | None = None,
+        py_files: Sequence[str] | str | None = None,
+        files: Sequence[str] | str | None = None,
         env: Mapping[str, str] | None = None,
         start_timeout: float = 600.0,
         on_kill_policy: KillPolicy | str = KillPolicy.LEAVE_RUNNING,
@@ -155,6 +162,8 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
         self.restore = restore_arg(restore)
         self.ckpt_spark_conn_id = ckpt_spark_conn_id
         self.conf = conf
+        self.py_files = py_files
+        self.files = files
         self.env = env
         self.start_timeout = start_timeout
         self.on_kill_policy = mode_arg(KillPolicy, on_kill_policy)
@@ -180,7 +189,8 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
         return settings_of(Deployment, self, skip=NOT_ARGUMENTS, job_file=self.job_file,
                            code_version=self.code_version, master=spark["master"], deploy_mode=spark["deploy_mode"],
                            spark_submit=spark["spark_submit"], conf={**spark["conf"], **(self.conf or {})},
-                           python_env=spark["python_env"], env=dict(self.env or {}))
+                           python_env=spark["python_env"], env=dict(self.env or {}),
+                           py_files=path_list(self.py_files, "py_files"), files=path_list(self.files, "files"))
 
     def execute(self, context: Context) -> Any:
         persist_empty_links(context, self)  # before anything can fail or defer (links.py)

@@ -161,6 +161,19 @@ def test_submit_of_a_job_that_never_ran_launches_its_deployment_once_and_waits_u
         "job": "orders", "epoch": 4, "batch_id": None, "state": "RUNNING", "ui_url": None, "launch_id": "launch-1"}
 
 
+def test_submit_ships_the_resource_s_then_the_op_s_py_files_and_files_recorded_with_the_deployment(
+    store: JobStore, root: Path, launches: FakeLaunch
+) -> None:
+    ckpt = CkptResource(store_url=str(root), py_files=["s3a://code/common.zip"], files=["s3a://code/ref.csv"])
+    config = SUBMIT | {"py_files": ["s3a://code/job_common.py", "s3a://code/common.zip"], "files": ["schema.json"]}
+    result = run_op(submit_streaming_job, ckpt, config)
+    assert result.success, failure(result)
+    [(record, _, _)] = launches.calls
+    assert (record.deployment.py_files, record.deployment.files) == (
+        ("s3a://code/common.zip", "s3a://code/job_common.py"), ("s3a://code/ref.csv", "schema.json"))
+    assert read_launch(store).deployment.py_files == record.deployment.py_files  # type: ignore[union-attr]
+
+
 def test_submit_of_a_running_job_reconnects_and_launches_nothing(store: JobStore, ckpt: CkptResource,
                                                                   launches: FakeLaunch) -> None:
     report(store)

@@ -220,3 +220,46 @@ def test_launch_whose_pid_cannot_be_recorded_still_returns_it(store: JobStore, p
     assert record.pid == 4242 and len(popen_calls) == 1  # it runs; the warning says its pid was not recorded
     stored = read_launch(store)
     assert stored == replace(record, pid=None)  # the record written before the start stays
+
+
+def test_the_task_s_py_files_reach_the_recorded_deployment_and_one_spark_submit_list_with_the_provider_s_code(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SubmitStreamingJobOperator(py_files=..., files=...) on a cluster: the deployment records them (restarts and
+    upgrades relaunch it), and the spark-submit command ``ckpt run`` builds from it ships them, the connection's
+    spark.submit.pyFiles too, beside the provider's code zip on one --py-files."""
+    from airflow_ckpt_provider.cli import main as cli
+
+    monkeypatch.setenv("CKPT_ENV_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("AIRFLOW_CONN_CKPT_SPARK_DEFAULT", json.dumps({
+        "conn_type": "ckpt_spark", "host": "yarn",
+        "extra": {"deploy_mode": "cluster", "conf": {"spark.submit.pyFiles": "hdfs:///shared/common.zip"}}}))
+    op = submit_op(job_file="s3a://code/orders.py", py_files=["s3a://code/job_common.py", "s3a://code/deps.zip"],
+                   files="s3a://code/schema.json")
+    d = op.deployment()
+    assert (d.py_files, d.files) == (("s3a://code/job_common.py", "s3a://code/deps.zip"), ("s3a://code/schema.json",))
+    assert Deployment.from_dict(json.loads(json.dumps(d.to_dict()))).py_files == d.py_files  # in spec/last.json
+
+    argv = run_argv(d, "orders", "s3://bucket/jobs", "latest-state")
+    assert cli.main([*argv[3:], "--dry-run", "--json"]) == 0
+    submit = json.loads(capsys.readouterr().out)
+    (code_zip,) = submit["python_env"]["py_files"]
+    spark_submit = submit["argv"]
+    assert spark_submit.count("--py-files") == 1
+    assert spark_submit[spark_submit.index("--py-files") + 1].split(",") == [
+        "s3a://code/job_common.py", "s3a://code/deps.zip", "hdfs:///shared/common.zip", code_zip]
+    assert spark_submit[spark_submit.index("--files") + 1].split(",") == ["s3a://code/schema.json",
+                                                                          "s3a://code/orders.py"]
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (None, ()), ("a.py, s3a://b/c.zip", ("a.py", "s3a://b/c.zip")),
+    (["a.py", "b.zip,c.egg"], ("a.py", "b.zip", "c.egg")),
+])
+def test_py_files_arguments_are_lists_or_comma_separated_text(value: Any, expected: tuple[str, ...]) -> None:
+    assert submit_op(py_files=value).deployment().py_files == expected
+
+
+def test_a_py_files_argument_of_another_type_is_refused_naming_it() -> None:
+    with pytest.raises(ConfigError, match="py_files must be a list of paths or URIs"):
+        submit_op(py_files={"a": 1}).deployment()

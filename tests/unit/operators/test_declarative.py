@@ -48,9 +48,9 @@ def test_every_template_field_is_an_attribute(op: JobOperator) -> None:
 def test_template_fields_and_extra_links() -> None:
     ops = {type(op).__name__: op for op in every_operator()}
     assert ops["SubmitStreamingJobOperator"].template_fields == (
-        "job", "store_url", "job_file", "code_version", "restore", "env", "conf",
+        "job", "store_url", "job_file", "code_version", "restore", "env", "conf", "py_files", "files",
         *(name for name in names(JobSettings) if name != "poll_interval"))  # every setting but JobOperator's own
-    assert ops["SubmitStreamingJobOperator"].template_fields[7:10] == (
+    assert ops["SubmitStreamingJobOperator"].template_fields[9:12] == (
         "checkpoint", "checkpoint_interval", "savepoint_interval")
     assert ops["UpgradeStreamingJobOperator"].template_fields == (
         "job", "store_url", "job_file", "code_version", "upgrade_mode", "allow_non_restored_state", "verify_batches",
