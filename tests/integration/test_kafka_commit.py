@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,9 @@ from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
 from airflow_ckpt_provider.core.ckptfiles import parse_log_entry
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.storage import LocalStorage
-from airflow_ckpt_provider.embedded import EmbeddedKafka
+from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
 from airflow_ckpt_provider.kafka.lag import LagError, checkpoint_lag, consumer_group_lag
-from airflow_ckpt_provider.kafka.offsetcommitter import OffsetCommitter
+from airflow_ckpt_provider.kafka.offsetcommitter import MAX_RETRY_INTERVAL, OffsetCommitter
 from airflow_ckpt_provider.kafka.offsets import Offsets, kafka_offsets_or_none
 
 pytestmark = pytest.mark.integration
@@ -155,6 +156,72 @@ def test_an_unreachable_broker_is_a_bounded_logged_failure() -> None:
     assert time.monotonic() - started < 5.0
     assert committer.stats().failed == 1
     assert not committer.close(5.0)
+
+
+@pytest.fixture
+def kafka_on_s3(s3_server: EmbeddedS3, bucket: str, tmp_path: Path) -> Iterator[EmbeddedKafka]:
+    """A broker of its own whose log and committed offsets live on S3: they survive its restart."""
+    with EmbeddedKafka(s3=s3_server, bucket=bucket, workdir=tmp_path / "tansu") as kafka:
+        yield kafka
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"expected {what} within {timeout:.0f} s"
+        time.sleep(0.1)
+
+
+OUTAGE_S = 15.0  # longer than COMMIT_TIMEOUT twice over: commits time out during it
+COMMIT_TIMEOUT = 5.0
+
+
+def test_after_a_broker_outage_the_group_reaches_the_newest_offsets_at_the_next_batch_or_idle_on_its_own(
+    kafka_on_s3: EmbeddedKafka, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 39: commits that timed out during an outage must not break later ones. Two committers
+    ride out one outage: "flowing" (its query goes on with new batches; its own retries are set
+    beyond the test) and "idle" (no batch after the outage: only its own retries can commit)."""
+    caplog.set_level("INFO", logger="airflow_ckpt_provider.kafka.offsetcommitter")
+    kafka = kafka_on_s3
+    bootstrap, topic = kafka.bootstrap_servers, f"t-{uuid.uuid4().hex[:10]}"
+    kafka.create_topic(topic, partitions=3)
+
+    def batch(n: int) -> Offsets:
+        return {topic: {0: 10 * n, 1: 10 * n + 1, 2: 10 * n + 2}}
+
+    flowing = OffsetCommitter(group_name(), bootstrap, timeout=COMMIT_TIMEOUT, retry_interval=600.0)
+    idle = OffsetCommitter(group_name(), bootstrap, timeout=COMMIT_TIMEOUT, retry_interval=1.0)
+    try:
+        for committer in (flowing, idle):
+            committer.submit(batch(0), batch_id=0)
+            assert committer.flush(TIMEOUT)
+            assert group_offsets(bootstrap, committer.group_id) == batch(0)
+
+        with kafka.outage():
+            down = time.monotonic()
+            for committer in (flowing, idle):  # batch 1 completes as the broker goes
+                committer.submit(batch(1), batch_id=1)
+            wait_for(lambda: flowing.stats().failed == 1 and idle.stats().failed >= 2, OUTAGE_S + 2 * COMMIT_TIMEOUT,
+                     "batch 1's commits and a retry of the idle one failing")
+            time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down)))  # the outage's length is the test's input
+        # start() returned: the broker answers on the same port, its data kept.
+
+        # The flowing query's first batch after the outage is committed at its first attempt.
+        flowing.submit(batch(2), batch_id=2)
+        assert flowing.flush(COMMIT_TIMEOUT + 1.0), flowing.stats()
+        assert group_offsets(bootstrap, flowing.group_id) == batch(2)
+        # The idle query's batch 1 reaches its group with no new submission, by the committer's own retry.
+        wait_for(lambda: group_offsets(bootstrap, idle.group_id) == batch(1), MAX_RETRY_INTERVAL + 2 * COMMIT_TIMEOUT,
+                 f"the idle group at batch 1 ({idle.stats()})")
+    finally:
+        closed = [flowing.close(), idle.close()]
+    assert closed == [True, True]
+    assert flowing.stats().committed == 2 and flowing.stats().last_committed_batch == 2
+    assert idle.stats().committed == 2 and idle.stats().last_committed_batch == 1 and idle.stats().submitted == 2
+    replaced = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Replacing the Kafka admin")]
+    # One line per group for the whole outage however many clients were replaced.
+    assert sorted(line.split()[7] for line in replaced) == sorted([flowing.group_id, idle.group_id]), replaced
 
 
 # ------------------------------------------------------------------------------------------------
