@@ -37,10 +37,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CkptError as err:
         logging.getLogger("airflow_ckpt_provider.runtime").error("cannot start: %s", err)
         return EXIT_CONFIG
-    except Exception:  # the job file itself is broken (SyntaxError, ImportError): a restart fails the same way
-        logging.getLogger("airflow_ckpt_provider.runtime").exception("cannot start: loading %s failed", args[0])
+    except Exception as err:  # the job file itself is broken (SyntaxError, ImportError): a restart fails the same way
+        logging.getLogger("airflow_ckpt_provider.runtime").exception("cannot start: loading %s failed%s", args[0],
+                                                                     _missing_module(err))
         return EXIT_CONFIG
     return run()
+
+
+def _missing_module(err: BaseException) -> str:
+    """``: No module named 'M' in the driver, loading the job file: how to ship it`` for a module the job file
+    imports and the driver lacks, else ''."""
+    if not isinstance(err, ModuleNotFoundError) or not err.name:
+        return ""
+    from airflow_ckpt_provider.runtime.failures import missing_module_message
+
+    return f": {missing_module_message(err.name, 'in the driver, loading the job file')}"
 
 
 if __name__ == "__main__":

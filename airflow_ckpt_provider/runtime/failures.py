@@ -8,6 +8,7 @@ table of failure kinds, who restarts, how it is detected and what the user sees.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from dataclasses import dataclass
 from enum import StrEnum
@@ -21,7 +22,7 @@ from airflow_ckpt_provider.runtime.exitcodes import (
     EXIT_REFUSED,
 )
 from airflow_ckpt_provider.runtime.restoreverdict import OPERATORS_MISMATCH, spark_error
-from airflow_ckpt_provider.runtime.sparkchecks import SHIP_ADVICE
+from airflow_ckpt_provider.runtime.sparkchecks import PY_FILES_ADVICE, SHIP_ADVICE
 from airflow_ckpt_provider.sinks.timelines import REFUSED
 
 
@@ -85,11 +86,55 @@ def root_message(err: BaseException) -> str:
     return spark_error(err)[0]
 
 
+#: The driver, where a module is missing outside any task: the job's code that runs there.
+IN_DRIVER = "in the driver (the job's code that runs there: its build function, a foreachBatch function)"
+
+
 def _missing(text: str, first: str) -> str:
-    """The missing module and where it was missing (an executor's task, or here), from Spark's error text."""
-    where = re.search(r"Lost task [\d.]+ in stage [\d.]+ \(TID \d+\) \(([^ ]+) executor (\w+)\)", text)
-    place = f" on executor {where.group(2)} ({where.group(1)})" if where else ""
-    return f"{first}{place}"
+    """The missing module, where it was missing (an executor's task, or the driver) and how to ship it, from Spark's
+    error text (``first``: what the pattern matched)."""
+    found = re.search(r"Lost task [\d.]+ in stage [\d.]+ \(TID \d+\) \(([^ ]+) executor (\w+)\)", text)
+    if found is None:
+        where = IN_DRIVER
+    elif found.group(2) == "driver":  # a local master: the tasks run in the driver's JVM
+        where = f"in a task on the driver ({found.group(1)})"
+    else:
+        where = f"on executor {found.group(2)} ({found.group(1)})"
+    module = re.match(r"No module named '([^']+)'", first)
+    if module is None:  # Spark cannot start the Python at all: the environment, not a module, is missing
+        return f"{first} {where}: {SHIP_ADVICE}"
+    return missing_module_message(module.group(1), where)
+
+
+def missing_module_message(module: str, where: str) -> str:
+    """``No module named 'M' WHERE: how to ship it``: a package installed in this driver's Python (so the executor's
+    Python is not the driver's) → ship the environment; a module this driver finds outside its packages, or none
+    at all → the job's own module, to pass with its py files (for none, the package advice too)."""
+    top = module.split(".", maxsplit=1)[0]
+    head = f"No module named '{module}' {where}"
+    kind = _module_kind(top)
+    if kind == "package":
+        return f"{head}: {SHIP_ADVICE}"
+    if kind == "job":
+        return (f"{head}: {top} is not an installed package (this driver finds it outside its Python's packages) but "
+                f"a module of the job: {PY_FILES_ADVICE}")
+    return (f"{head}: if {top} is a module of the job (a helper file next to the job file), {PY_FILES_ADVICE}; if it "
+            f"is a package, install it into the job's Python environment and {SHIP_ADVICE}")
+
+
+def _module_kind(top: str) -> str | None:
+    """``package`` if this Python imports ``top`` from its installed packages, ``job`` if from elsewhere (a
+    directory on sys.path, a py file Spark shipped), None if it cannot import it."""
+    if top == __name__.split(".")[0]:  # this provider: shipped with the Python environment (its code zip)
+        return "package"
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    origin = spec.origin or next(iter(spec.submodule_search_locations or ()), "")
+    return "package" if re.search(r"[/\\](site|dist)-packages[/\\]", origin or "") else "job"
 
 
 def classify(err: BaseException | None) -> Failure:
@@ -108,7 +153,7 @@ def classify(err: BaseException | None) -> Failure:
     for what, code, pattern in _FATAL:
         if found := pattern.search(text):
             if what == _MISSING:
-                message = f"{_missing(text, found.group(0))}: {SHIP_ADVICE}"
+                message = _missing(text, found.group(0))
             return Failure(Recovery.NONE, code, what, message, condition)
     if _PROCESS.search(text) or type(err).__name__.startswith("Py4J"):
         return Failure(Recovery.PROCESS, EXIT_FAILED, "the Spark session is broken", message, condition)

@@ -273,6 +273,11 @@ class RestoreChecker:
             raise
         except Exception as err:  # the job file itself is broken: there is nothing to check
             log.exception("job %s: loading %s failed", self.config.job, self.job_file)
+            if isinstance(err, ModuleNotFoundError) and err.name:
+                from airflow_ckpt_provider.runtime.failures import missing_module_message
+
+                raise CkptError(f"the job file {self.job_file} does not load: "
+                                f"{missing_module_message(err.name, 'in the driver')}") from err
             raise CkptError(f"the job file {self.job_file} does not load: {type(err).__name__}: {err}") from err
 
     def _run_batch(self, build: JobBuilder, spark: SparkSession, scratch: Storage) -> RestoreCheck | None:

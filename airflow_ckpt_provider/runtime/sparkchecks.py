@@ -39,6 +39,10 @@ REQUIRED = ("pyarrow", "pandas")
 #: How to give Spark's Python what it lacks; failures.py says the same for executors.
 SHIP_ADVICE = ("ship the job's Python environment (ckpt run --python-env ship, automatic on spark://, yarn and "
                "k8s:// masters; see docs/cluster.md) or install the module on every node")
+#: How to give the driver and every executor a module of the job's own (a helper next to the job file).
+PY_FILES_ADVICE = ("pass it with the job's py files, which ship to the driver and every executor: ckpt run --py-files, "
+                   "SubmitStreamingJobOperator(py_files=[...]) or Deployment(py_files=...), the Dagster resource's or "
+                   "submit op's py_files (docs/runtime.md)")
 
 
 def missing_module(python: str, modules: tuple[str, ...] = REQUIRED, timeout: float = 60.0) -> str | None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from airflow_ckpt_provider.core.errors import ConfigError, CredentialsError, UnreachableError
+from airflow_ckpt_provider.runtime import entrypoint
 from airflow_ckpt_provider.runtime.exitcodes import (
     EXIT_CONFIG,
     EXIT_DENIED,
@@ -14,6 +17,7 @@ from airflow_ckpt_provider.runtime.exitcodes import (
     NOT_RESTARTABLE,
 )
 from airflow_ckpt_provider.runtime.failures import Recovery, classify, root_message
+from airflow_ckpt_provider.runtime.jobfile import load_builder
 from airflow_ckpt_provider.sinks.timelines import REFUSED
 
 #: How a foreachBatch function's exception reaches the driver: py4j's proxy wraps the Python traceback.
@@ -130,3 +134,53 @@ def test_root_message_is_the_exception_line_without_the_query_dump() -> None:
                        "=== Streaming Query ===\nIdentifier: x")
     assert root_message(err) == ("RuntimeError: [STREAM_FAILED] Query [id = 1, runId = 2] terminated with exception: "
                                  "disk full")
+
+
+#: A job's helper module imported in its foreachBatch function, which runs in the driver: no task, no executor.
+DRIVER_LACKS = PROXY.format(error="ModuleNotFoundError: No module named 'job_common'")
+
+
+def test_a_job_s_own_module_missing_in_the_driver_names_the_driver_and_the_py_files_first() -> None:
+    failure = classify(RuntimeError(DRIVER_LACKS))
+    assert (failure.recovery, failure.exit_code) == (Recovery.NONE, EXIT_CONFIG)
+    assert failure.message.startswith(
+        "No module named 'job_common' in the driver (the job's code that runs there: its build function, a "
+        "foreachBatch function): if job_common is a module of the job (a helper file next to the job file), pass it "
+        "with the job's py files, which ship to the driver and every executor: ckpt run --py-files, "
+        "SubmitStreamingJobOperator(py_files=[...])")
+    assert failure.message.endswith("if it is a package, install it into the job's Python environment and ship the "
+                                    "job's Python environment (ckpt run --python-env ship, automatic on spark://, "
+                                    "yarn and k8s:// masters; see docs/cluster.md) or install the module on every node")
+
+
+def test_a_job_s_module_the_driver_has_but_an_executor_lacks_is_named_a_module_of_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver finds job_common outside its packages (e.g. its working directory in client mode): the executor
+    needs it shipped as a py file, and shipping the environment would not help."""
+    (tmp_path / "job_common.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    failure = classify(RuntimeError(EXECUTOR_LACKS.replace("confluent_kafka", "job_common.orders")))
+    assert failure.message.startswith(
+        "No module named 'job_common.orders' on executor 1 (127.0.0.1): job_common is not an installed package (this "
+        "driver finds it outside its Python's packages) but a module of the job: pass it with the job's py files")
+    assert "--python-env" not in failure.message
+
+
+def test_a_module_missing_in_a_local_task_is_in_a_task_on_the_driver() -> None:
+    local = EXECUTOR_LACKS.replace("(127.0.0.1 executor 1)", "(10.0.0.5 executor driver)")
+    assert classify(RuntimeError(local)).message.startswith(
+        "No module named 'confluent_kafka' in a task on the driver (10.0.0.5): ship the job's Python environment")
+
+
+def test_a_missing_module_of_the_job_file_names_the_driver_loading_it(tmp_path: Path) -> None:
+    """entrypoint.py's line when the job file's own import fails (exit 2, before Spark starts): the module, where,
+    and the advice."""
+    job = tmp_path / "orders.py"
+    job.write_text("import job_common_not_here\n")
+    with pytest.raises(ModuleNotFoundError) as raised:
+        load_builder(str(job))
+    assert entrypoint._missing_module(raised.value).startswith(
+        ": No module named 'job_common_not_here' in the driver, loading the job file: if job_common_not_here is a "
+        "module of the job (a helper file next to the job file), pass it with the job's py files")
+    assert entrypoint._missing_module(SyntaxError("bad")) == ""
