@@ -152,7 +152,9 @@ def cmd_rescale(args: argparse.Namespace) -> int:
     store, result = _run_upgrade(args, partitions, "rescale")
     emit(args, result, lambda: (f"rescaled job {store.job} to {human_count(partitions, 'state partition')}: savepoint "
                                 f"{result['rescaled_snapshot_id']} (from {result['snapshot_id']}), running at epoch "
-                                f"{result['epoch']}, batch {result['batch_id']}"))
+                                f"{result['epoch']}, " + ("no batch since the rescale (see the 4/5 line)"
+                                                          if result['batch_id'] is None else
+                                                          f"batch {result['batch_id']}")))
     return 0
 
 
@@ -163,7 +165,8 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
         moved += f" with {human_count(result['partitions'], 'state partition')}"
     emit(args, result, lambda: (f"upgraded job {store.job} to {moved} ({result['upgrade_mode']}, from "
                                 f"{result['snapshot_id'] or 'its latest state'}), running at epoch {result['epoch']}, "
-                                f"batch {result['batch_id']}"))
+                                + ("no batch since the upgrade" if result['batch_id'] is None else
+                                   f"batch {result['batch_id']}")))
     return 0
 
 
@@ -189,7 +192,9 @@ def _run_upgrade(args: argparse.Namespace, partitions: int | None, verb: str) ->
     upgrade = {"job_file": args.job_file, "code_version": args.code_version, "mode": UpgradeMode(args.upgrade_mode),
                "allow_non_restored_state": args.allow_non_restored_state} if verb == "upgrade" else {}
     options = UpgradeOptions(partitions, check_timeout=args.check_timeout, stop_timeout=args.stop_timeout,
-                             verify_batches=args.verify_batches, verify_timeout=args.verify_timeout, **upgrade)
+                             verify_batches=2 if args.verify_batches is None else args.verify_batches,
+                             require_batches=args.verify_batches is not None, verify_timeout=args.verify_timeout,
+                             **upgrade)
     store = open_job_store(args)
     run = JobUpgrade(store, args.store, s3_options(args), options, say=progress,
                      launched_by=f"{getpass.getuser()}@{socket.gethostname()} (ckpt job {verb})")
@@ -251,7 +256,9 @@ def _add_step_args(p: argparse.ArgumentParser) -> None:
                    help="seconds for each of the check and the repartition (default 600)")
     p.add_argument("--stop-timeout", type=float, default=300.0, metavar="S",
                    help="seconds for the stop with savepoint (default 300)")
-    p.add_argument("--verify-batches", type=int, default=2, metavar="N",
-                   help="batches the new deployment must complete (default 2)")
+    p.add_argument("--verify-batches", type=int, default=None, metavar="N",
+                   help="wait for N batches of the new deployment within --verify-timeout, even if no input comes "
+                        "(0: none). Default: 2 batches, or none on a job caught up with no new input, which is "
+                        "then reported as verified without a batch")
     p.add_argument("--verify-timeout", type=float, default=300.0, metavar="S",
                    help="seconds for the verification (default 300)")

@@ -18,6 +18,7 @@ each says what it does on one line.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,9 @@ class UpgradeOptions:
     stop_timeout: float = 300.0
     verify_batches: int = 2
     verify_timeout: float = 300.0
+    #: Wait for ``verify_batches`` batches even on a job caught up with no new input (False: such a job is
+    #: verified without a batch, and the run says so).
+    require_batches: bool = False
     poll: float = 1.0
     job_file: str | None = None
     code_version: str | None = None
@@ -100,8 +104,8 @@ class JobUpgrade:
                 case steps.Relaunch(message=message):  # the old driver went down during a stop that failed
                     self._start(plan.old_deployment, LATEST_STATE)
                     raise UpgradeFailed(message)
-                case steps.Done(result=result):
-                    return self._done(plan, result)
+                case steps.Done(result=result, said=said):
+                    return self._done(plan, result, said)
                 case steps.TakeSavepoint(epoch=epoch):
                     self.say(f"1/5 job {self.job} has no snapshot to check against: taking a savepoint (it keeps "
                              "running)")
@@ -212,27 +216,48 @@ class JobUpgrade:
         except CkptError as err:  # the job store unreachable meanwhile: no verdict, roll back
             return steps.Verified(False, str(err))
         return steps.Verified(event.get("status") == "healthy", _said(event), event.get("epoch"),
-                              event.get("batch_id"))
+                              event.get("batch_id"), event.get("batches"), self.options.verify_batches,
+                              bool(event.get("idle")))
 
     def _start(self, deployment: Deployment, restore: RestoreSpec) -> Launch:
         return launch(self.store, deployment, restore=restore, store_url=self.store_url, s3=self.s3,
                       launched_by=self.launched_by)
 
     def _verify(self, record: Launch, *, batches: int | None = None) -> dict[str, Any]:
+        """The health verdict on ``record``'s deployment: ``batches`` new batches (default ``verify_batches``),
+        or caught up with no new input; with ``require_batches`` (the new deployment only) the batches are awaited
+        within the same timeout even then, and their absence is a verdict of its own."""
         timeout = self.options.verify_timeout
-        criteria = steps.verify_criteria(record.launched_at, timeout=timeout,
-                                         batches=self.options.verify_batches if batches is None else batches)
-        return wait_for(JobHealthWatch(self.store, criteria), timeout=timeout, poll_interval=self.options.poll,
-                        what=f"job {self.job}")
+        need = self.options.verify_batches if batches is None else batches
+        criteria = steps.verify_criteria(record.launched_at, timeout=timeout, batches=need)
+        watch = JobHealthWatch(self.store, criteria)
+        deadline = time.monotonic() + timeout
+        strict = batches is None and self.options.require_batches and need > 0
+        while True:
+            event = wait_for(watch, timeout=max(0.0, deadline - time.monotonic()), poll_interval=self.options.poll,
+                             what=f"job {self.job}")
+            if event.get("status") == "healthy" and hasattr(watch, "progress"):  # (a test's fake watch has not)
+                ran, idle = watch.progress()
+                event = {**event, "batches": ran, "idle": idle}  # what was verified (upgradesteps.verification_said)
+            if not strict or event.get("status") != "healthy" or int(event.get("batches") or 0) >= need:
+                return event
+            if time.monotonic() >= deadline:
+                ran = int(event.get("batches") or 0)
+                return {**event, "status": "unhealthy", "reason": "no-batch", "message": (
+                    f"job {self.job}: expected {need} batches of the new deployment within {timeout:.0f} s "
+                    f"(--verify-batches {need}), found {ran}: it runs (epoch {event.get('epoch')}) but had no new "
+                    "input; send input or raise --verify-timeout, or verify without waiting for a batch")}
+            time.sleep(self.options.poll)
 
-    def _done(self, plan: steps.UpgradePlan, result: dict[str, Any]) -> dict[str, Any]:
+    def _done(self, plan: steps.UpgradePlan, result: dict[str, Any], said: str) -> dict[str, Any]:
         assert plan.launch is not None
         mark_stable(self.store, Launch.from_dict(plan.launch))
+        said = said or f"epoch {result['epoch']} at batch {result['batch_id']}"
         if plan.what == steps.UPGRADE:
-            self.say(f"4/5 verified: epoch {result['epoch']} at batch {result['batch_id']}; "
-                     f"{plan.new.get('code_version') or plan.new['job_file']} is the stable deployment")
+            self.say(f"4/5 verified: {said}; {plan.new.get('code_version') or plan.new['job_file']} is the stable "
+                     "deployment")
             return result
-        self.say(f"4/5 verified: epoch {result['epoch']} at batch {result['batch_id']}, {plan.partitions} partitions")
+        self.say(f"4/5 verified: {said}")
         return {key: result[key] for key in ("job", "partitions", "snapshot_id", "rescaled_snapshot_id", "epoch",
                                              "batch_id")}
 

@@ -206,12 +206,17 @@ class Started:
 
 @dataclass(frozen=True)
 class Verified:
-    """The health verdict on the new deployment."""
+    """The health verdict on the new deployment. ``batches``: the batches its driver completed during the
+    verification (None: not known); ``required``: the batches asked for (None: not known); ``idle``: it was
+    caught up with no new input when it was found healthy."""
 
     healthy: bool
     why: str = ""
     epoch: int | None = None
     batch_id: int | None = None
+    batches: int | None = None
+    required: int | None = None
+    idle: bool = False
 
 
 @dataclass(frozen=True)
@@ -302,9 +307,11 @@ class Relaunch:
 
 @dataclass(frozen=True)
 class Done:
-    """Verified: record the new deployment as stable; ``result`` is the run's result."""
+    """Verified: record the new deployment as stable; ``result`` is the run's result, ``said`` what was verified
+    (``verification_said``)."""
 
     result: dict[str, Any]
+    said: str = ""
 
 
 @dataclass(frozen=True)
@@ -349,7 +356,27 @@ def _started(plan: UpgradePlan, started: Started) -> tuple[UpgradePlan, Step]:
 def _verified(plan: UpgradePlan, verified: Verified) -> tuple[UpgradePlan, Step]:
     if not verified.healthy:
         return plan, _roll_back(plan, verified.why)
-    return plan, Done(_result(plan, verified))
+    return plan, Done(_result(plan, verified), verification_said(plan, verified))
+
+
+def verification_said(plan: UpgradePlan, verified: Verified) -> str:
+    """What the verification of the new deployment verified, and what it did not: a job caught up with no new
+    input is healthy without a batch (unless batches were required: ``UpgradeOptions.require_batches``), and then
+    no batch of the new deployment was verified; that is said, not a batch that never ran. Pure."""
+    runs = f", {plan.partitions} partitions" if plan.what == RESCALE else ""
+    required, batches = verified.required, verified.batches
+    if verified.batch_id is not None and (required is None or batches is None or batches >= required):
+        return f"epoch {verified.epoch} at batch {verified.batch_id}{runs}"  # the batches asked for ran
+    driver = (f"the new driver (epoch {verified.epoch}) runs on {plan.partitions} partitions" if plan.what == RESCALE
+              else f"the new driver (epoch {verified.epoch}) runs")
+    if required == 0:
+        return f"{driver}; no batch was asked for (--verify-batches 0), so no batch was verified"
+    hint = "to wait for one, pass --verify-batches N (a batch then must run within --verify-timeout)"
+    if verified.batch_id is None:
+        return (f"{driver}; no batch has run since the {plan.what} (no new input), so no batch was verified; "
+                f"{hint}")
+    return (f"{driver}; {batches} of {required} batches ran since the {plan.what}, up to batch "
+            f"{verified.batch_id}, then no new input: only those were verified; {hint}")
 
 
 def _began(plan: UpgradePlan, seen: Began) -> tuple[UpgradePlan, Step]:

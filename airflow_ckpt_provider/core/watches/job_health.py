@@ -104,6 +104,7 @@ class JobHealthWatch:
         self._was_waiting = False
         self._deployments: dict[str, tuple[int, float, str | None] | None] = {}  # immutable records, read once
         self._seen = "nothing polled yet"
+        self._last: JobStatus | None = None  # the watched deployment's status at the last poll
         self._supervision_seen: Supervision | None = None  # read at most once per poll, when it matters
         self._restarting = ""  # who restarts the job, for the describe line ('' when nobody does)
         self._reads = ReadableAgain()  # of the store, on the polls' clock
@@ -181,6 +182,7 @@ class JobHealthWatch:
 
         unhealthy = self._unhealthy(view, status, restart_times, restarts, now)
         self._seen = self._describe(view, status, now)
+        self._last = status
         if unhealthy is not None:
             reason, message = unhealthy
             return self._event(Health.UNHEALTHY, reason, message, status, restarts)
@@ -445,6 +447,12 @@ class JobHealthWatch:
         return (f"job {self.store.job} is healthy: RUNNING at epoch {s.epoch}, batch {s.batch_id}, "
                 f"{self._batches(s)} batches since the check began, healthy for {now - self._healthy_since:.0f} s"
                 f"{ui(s)}")
+
+    def progress(self) -> tuple[int, bool]:
+        """As of the last poll: the batches the watched deployment completed since the watch began, and whether it
+        was caught up with no new input (idle), which counts as progress for ``min_batches``."""
+        last = self._last
+        return (0, False) if last is None else (max(0, self._batches(last)), last.idle)
 
     def waiting_for(self) -> str:
         if self.criteria.expect is Health.UNHEALTHY:  # a watch for faults, not a wait for them

@@ -41,6 +41,7 @@ from airflow_ckpt_provider.launcher.upgradesteps import (
     Verified,
     Verify,
     next_step,
+    verification_said,
 )
 from tests.support.operatorfakes import old_deployment
 from tests.unit.core.test_rescaling import manifest, op, stopped
@@ -216,7 +217,38 @@ def test_a_verified_run_is_done_with_its_result() -> None:
     plan = plan_of(RESCALE, partitions=5, snapshot_id=S, rescaled_snapshot_id=R, launch=LAUNCH)
     _, step = decide(plan, Verified(True, "healthy", 4, 9))
     assert step == Done({"job": "orders", "from_version": "v1", "to_version": "v1", "upgrade_mode": "savepoint",
-                         "snapshot_id": S, "epoch": 4, "batch_id": 9, "partitions": 5, "rescaled_snapshot_id": R})
+                         "snapshot_id": S, "epoch": 4, "batch_id": 9, "partitions": 5, "rescaled_snapshot_id": R},
+                        "epoch 4 at batch 9, 5 partitions")
+
+
+HINT = "to wait for one, pass --verify-batches N (a batch then must run within --verify-timeout)"
+
+
+@pytest.mark.parametrize(("verified", "said"), [
+    (Verified(True, "", 2, 9, batches=2, required=2), "epoch 2 at batch 9, 5 partitions"),
+    (Verified(True, "", 2, 9), "epoch 2 at batch 9, 5 partitions"),  # the count not known: as before
+    (Verified(True, "", 2, None, batches=0, required=2, idle=True),
+     "the new driver (epoch 2) runs on 5 partitions; no batch has run since the rescale (no new input), so no batch "
+     f"was verified; {HINT}"),
+    (Verified(True, "", 2, 9, batches=1, required=2, idle=True),
+     "the new driver (epoch 2) runs on 5 partitions; 1 of 2 batches ran since the rescale, up to batch 9, then no "
+     f"new input: only those were verified; {HINT}"),
+    (Verified(True, "", 2, None, batches=0, required=0),
+     "the new driver (epoch 2) runs on 5 partitions; no batch was asked for (--verify-batches 0), so no batch was "
+     "verified"),
+])
+def test_the_verification_says_what_it_verified_and_never_a_batch_that_did_not_run(verified: Verified,
+                                                                                    said: str) -> None:
+    plan = plan_of(RESCALE, partitions=5, snapshot_id=S, rescaled_snapshot_id=R, launch=LAUNCH)
+    assert verification_said(plan, verified) == said
+    _, step = decide(plan, verified)
+    assert isinstance(step, Done) and step.said == said
+
+
+def test_an_idle_upgrade_is_not_said_to_be_verified_at_a_batch() -> None:
+    said = verification_said(plan_of(snapshot_id=S, launch=LAUNCH), Verified(True, "", 4, None, 0, 2, idle=True))
+    assert said == (f"the new driver (epoch 4) runs; no batch has run since the upgrade (no new input), so no batch "
+                    f"was verified; {HINT}")
 
 
 def test_a_failed_verification_disposes_the_rescaled_savepoint_and_rolls_back_to_the_stops() -> None:
