@@ -164,6 +164,40 @@ def test_savepoint_and_cancel_requests_and_a_request_for_another_epoch(env: JobE
     assert cancel.batch_id == SparkCheckpoint(LocalStorage(checkpoint)).latest_completed_batch()
 
 
+def test_periodic_savepoints_appear_at_the_interval_and_only_after_new_batches(env: JobEnv, runs: list[Run]) -> None:
+    """--savepoint-interval: savepoints triggered by time appear while the job runs (kind savepoint, trigger
+    periodic, at a completed batch), a later one after new input covers a later batch, and none is taken twice
+    at one batch (an interval with no new batch is skipped)."""
+    produce(env.kafka.bootstrap_servers, env.topic, 0, 400)
+    runs.append(a := env.run("a", env.work / "checkpoint", "--checkpoint-interval", "none", "--savepoint-interval", "2",
+                             max_offsets=100))
+
+    def periodic() -> list[Any]:
+        return [m for m in list_snapshots(env.store()) if m.trigger is Trigger.PERIODIC]
+
+    def wait_periodic(what: str, ok: Callable[[list[Any]], bool]) -> list[Any]:
+        deadline = time.monotonic() + TIMEOUT
+        while not ok(found := periodic()):
+            assert a.proc.poll() is None and time.monotonic() < deadline, f"waiting for {what}: {found}\n{a.tail()}"
+            time.sleep(0.5)
+        return found
+
+    first = wait_periodic("a periodic savepoint", bool)[0]
+    assert (first.kind, first.trigger) == (Kind.SAVEPOINT, Trigger.PERIODIC)
+    assert first.batch_id is not None and first.batch_id >= 0
+    done = env.wait_status("every record counted", lambda s: env.consumed(s) >= 400, TIMEOUT, a)
+    produce(env.kafka.bootstrap_servers, env.topic, 400, 400)
+    env.wait_status("the new records counted", lambda s: env.consumed(s) >= 800, TIMEOUT, a)
+    later = wait_periodic("a periodic savepoint of a batch after the new input",
+                          lambda found: any(m.batch_id > (done.batch_id or 0) for m in found))
+    batches = [m.batch_id for m in later]
+    assert len(batches) == len(set(batches)), f"two periodic savepoints at one batch: {batches}"
+    assert all(m.kind is Kind.SAVEPOINT for m in later)
+    cancel = env.request(RequestAction.CANCEL, done.epoch)
+    assert cancel.outcome is Outcome.COMPLETED
+    assert a.wait(TIMEOUT) == EXIT_STOPPED
+
+
 def test_broken_or_deleted_live_checkpoint_falls_back_to_the_newest_snapshot(env: JobEnv, runs: list[Run]) -> None:
     produce(env.kafka.bootstrap_servers, env.topic, 0, 2000)
     checkpoint = env.work / "checkpoint"
