@@ -32,7 +32,6 @@ import contextlib
 import logging
 import shutil
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -51,6 +50,7 @@ from airflow_ckpt_provider.core.manifest import PARTITIONS_BEFORE, RESCALED_FROM
 from airflow_ckpt_provider.core.modes import RestoreMode
 from airflow_ckpt_provider.core.rescaling import current_partitions, repartition_problem
 from airflow_ckpt_provider.core.restore import restore_snapshot
+from airflow_ckpt_provider.core.scratch import make_scratch, sweep_scratch
 from airflow_ckpt_provider.core.storage import LocalStorage, S3Options, Storage, open_storage
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.restoreverdict import (
@@ -76,6 +76,9 @@ if TYPE_CHECKING:
     from airflow_ckpt_provider.runtime.driver import JobBuilder
 
 log = logging.getLogger(__name__)
+
+#: The local scratch copies of restore checks and repartitions: ``<temp dir>/ckpt-restore-check-<job>-*``.
+SCRATCH_PREFIX = "ckpt-restore-check-"
 
 # --------------------------------------------------------------------------------------------
 # The check
@@ -352,11 +355,14 @@ class RestoreChecker:
         """An empty location for the copy, next to the live checkpoint's kind, and how to delete it.
 
         Local for a local live checkpoint; otherwise a sibling of it on the same file system (executors
-        of a cluster write state files there, so it must be where they can reach).
+        of a cluster write state files there, so it must be where they can reach). A local copy is marked with
+        this process's pid (core/scratch.py): the copies of checks killed before they deleted theirs are removed
+        here first.
         """
         location = self.config.live_checkpoint.rstrip("/")
         if urlparse(location).scheme in ("", "file"):
-            root = Path(tempfile.mkdtemp(prefix=f"ckpt-restore-check-{self.config.job}-"))
+            sweep_scratch(SCRATCH_PREFIX, self.config.job)  # copies of killed checks, of any job of this host
+            root = make_scratch(f"{SCRATCH_PREFIX}{self.config.job}-", self.config.job)
             return LocalStorage(root / "checkpoint"), lambda: shutil.rmtree(root, ignore_errors=True)
         storage = open_storage(f"{location}-restore-check-{uuid.uuid4().hex[:8]}", self.s3)
 
