@@ -5,15 +5,22 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
+import math
+import os
+import socket
 import threading
+import time
 from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import boto3
+import botocore.session
 from boto3.exceptions import Boto3Error, S3TransferFailedError, S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
+from botocore.credentials import CredentialProvider, RefreshableCredentials
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
@@ -25,7 +32,7 @@ from botocore.exceptions import (
 from botocore.exceptions import ConnectTimeoutError as BotoConnectTimeout
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from airflow_ckpt_provider.core.errors import CredentialsError, StorageError, UnreachableError
+from airflow_ckpt_provider.core.errors import CkptError, CredentialsError, StorageError, UnreachableError
 from airflow_ckpt_provider.core.storage import (
     BytesCallback,
     ObjectInfo,
@@ -98,7 +105,132 @@ def _retrying(what: str) -> Retrying:
     )
 
 _clients: dict[tuple[Any, ...], S3Client] = {}
+_roles: dict[tuple[Any, ...], AssumedRole] = {}
 _clients_lock = threading.Lock()
+
+#: botocore's windows before an expiry (RefreshableCredentials): from the first, one request refreshes while the
+#: others go on with the old credentials; in the second, every request waits for new ones.
+_ADVISORY_REFRESH_S = 15 * 60
+_MANDATORY_REFRESH_S = 10 * 60
+
+
+class AssumedRole:
+    """The temporary credentials of ``opts.role_arn`` for one S3 client: assumed with STS AssumeRole (with the
+    options' credentials, else boto3's chain) when the client is made, and again whenever they near their expiry,
+    for as long as the process runs (a driver, a supervisor): botocore's RefreshableCredentials refreshes them
+    a quarter of their lifetime (at most 15 minutes) before it, and from a sixth (at most 10 minutes) before it
+    every request waits for the new ones. Credentials are never logged, only the first 4 characters of a key id."""
+
+    def __init__(self, opts: S3Options) -> None:
+        assert opts.role_arn
+        self.arn = opts.role_arn
+        self.opts = opts
+        self.refreshes = 0  # successful AssumeRole calls
+        self.last_refresh: float | None = None  # time.time() of the last one
+        self.key_id = ""  # the first 4 characters of the last access key id
+        self._sts: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def sts_endpoint(self) -> str:
+        return self.opts.sts_endpoint_url or "AWS STS"
+
+    def _client(self) -> Any:
+        with self._lock:
+            if self._sts is None:
+                o = self.opts
+                self._sts = boto3.session.Session().client(
+                    "sts", endpoint_url=o.sts_endpoint_url, region_name=o.region, aws_access_key_id=o.access_key_id,
+                    aws_secret_access_key=o.secret_access_key, aws_session_token=o.session_token,
+                    config=Config(connect_timeout=o.connect_timeout, read_timeout=o.read_timeout,
+                                  retries={"max_attempts": 3, "mode": "standard"}),
+                )
+            return self._sts
+
+    def fetch(self) -> dict[str, Any]:
+        """AssumeRole once: botocore's credential metadata, or CredentialsError (refused) or UnreachableError."""
+        o = self.opts
+        args: dict[str, Any] = {"RoleArn": self.arn, "RoleSessionName": o.role_session_name or _session_name()}
+        if o.role_external_id:
+            args["ExternalId"] = o.role_external_id
+        if o.role_duration_s:
+            args["DurationSeconds"] = o.role_duration_s
+        what = f"refreshing the credentials of role {self.arn} (refresh {self.refreshes + 1})"
+        try:
+            answer = self._client().assume_role(**args)
+        except ClientError as err:
+            raise CredentialsError(
+                f"{what}: {self.sts_endpoint} refused AssumeRole ({_code(err)}: "
+                f"{err.response.get('Error', {}).get('Message', '')}); check the role's trust policy, the external "
+                "id and the credentials it is assumed with"
+            ) from err
+        except NoCredentialsError as err:
+            raise CredentialsError(f"{what}: no credentials to assume it with; set them in the connection, or "
+                                   "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in the environment") from err
+        except (EndpointConnectionError, BotoConnectTimeout, ConnectionClosedError, ReadTimeoutError) as err:
+            raise UnreachableError(f"{what}: cannot reach {self.sts_endpoint} ({err})") from err
+        except BotoCoreError as err:
+            raise StorageError(f"{what}: AssumeRole failed: {err}") from err
+        creds = answer["Credentials"]
+        expiry = creds["Expiration"]
+        if expiry.tzinfo is None:
+            expiry = expiry.replace(tzinfo=UTC)
+        with self._lock:
+            self.refreshes += 1
+            self.last_refresh = time.time()
+            self.key_id = str(creds["AccessKeyId"])[:4]
+        log.info("S3: assumed role %s (refresh %d), credentials valid until %s", self.arn, self.refreshes,
+                 expiry.isoformat(timespec="seconds"))
+        return {"access_key": creds["AccessKeyId"], "secret_key": creds["SecretAccessKey"],
+                "token": creds.get("SessionToken") or None, "expiry_time": expiry.isoformat()}
+
+    def credentials(self) -> RefreshableCredentials:
+        """Credentials that assume the role again before they expire (now once, then from botocore's signer)."""
+        first = self.fetch()
+        lifetime = (datetime.fromisoformat(first["expiry_time"]) - datetime.now(UTC)).total_seconds()
+        return RefreshableCredentials.create_from_metadata(
+            first, self.fetch, "ckpt-assume-role",
+            advisory_timeout=min(_ADVISORY_REFRESH_S, math.ceil(max(lifetime, 0) / 4)),
+            mandatory_timeout=min(_MANDATORY_REFRESH_S, math.ceil(max(lifetime, 0) / 6)),
+        )
+
+    def describe(self) -> str:
+        """For error messages: which role, which refresh, which key id (4 characters)."""
+        when = (datetime.fromtimestamp(self.last_refresh, UTC).strftime("%H:%M:%S UTC") if self.last_refresh
+                else "never")
+        return (f"temporary credentials of role {self.arn}, access key id {self.key_id or '?'}… from its refresh "
+                f"{self.refreshes} at {when} through {self.sts_endpoint}")
+
+
+class _RoleProvider(CredentialProvider):
+    """First in the session's chain: the assumed role's refreshing credentials."""
+
+    METHOD = "ckpt-assume-role"
+
+    def __init__(self, role: AssumedRole) -> None:
+        super().__init__()
+        self.role = role
+
+    def load(self) -> RefreshableCredentials:
+        return self.role.credentials()
+
+
+def _session_name() -> str:
+    """AssumeRole's RoleSessionName (in CloudTrail): this host and process, in its alphabet and 64 characters."""
+    host = "".join(c if c.isalnum() or c in "=,.@-" else "-" for c in socket.gethostname())
+    return f"ckpt-{host}"[:52] + f"-{os.getpid()}"
+
+
+def assumed_role(opts: S3Options) -> AssumedRole | None:
+    """The role whose credentials the client for these options uses, once it was made."""
+    with _clients_lock:
+        return _roles.get(_client_key(opts))
+
+
+def _client_key(opts: S3Options) -> tuple[Any, ...]:
+    return (opts.endpoint_url, opts.region, opts.access_key_id, opts.secret_access_key,
+            opts.session_token, opts.max_concurrency, opts.connect_timeout, opts.read_timeout,
+            opts.role_arn, opts.role_external_id, opts.role_session_name, opts.role_duration_s, opts.sts_endpoint_url)
 
 
 def client_config(max_concurrency: int, connect_timeout: float, read_timeout: float) -> Config:
@@ -129,10 +261,11 @@ def _checksum(sha256: str) -> str:
 
 def make_client(opts: S3Options) -> S3Client:
     """A shared, thread-safe boto3 client for these options."""
-    key = (opts.endpoint_url, opts.region, opts.access_key_id, opts.secret_access_key,
-           opts.session_token, opts.max_concurrency, opts.connect_timeout, opts.read_timeout)
+    key = _client_key(opts)
     with _clients_lock:
         client = _clients.get(key)
+        if client is None and opts.role_arn:
+            return _role_client(opts, key)
         if client is None:
             config = client_config(opts.max_concurrency, opts.connect_timeout, opts.read_timeout)
             client = boto3.session.Session().client(
@@ -146,6 +279,22 @@ def make_client(opts: S3Options) -> S3Client:
             )
             _clients[key] = client
         return client
+
+
+def _role_client(opts: S3Options, key: tuple[Any, ...]) -> S3Client:
+    """The client of options with a role_arn (holding _clients_lock): its session's credentials are the role's,
+    refreshing (the options' own credentials only assume it). Assumes the role now: CredentialsError if STS
+    refuses, and nothing is kept, so the next request tries again."""
+    role = _roles.get(key) or AssumedRole(opts)
+    _roles[key] = role
+    core = botocore.session.Session()
+    core.get_component("credential_provider").insert_before("env", _RoleProvider(role))
+    client = boto3.session.Session(botocore_session=core).client(
+        "s3", endpoint_url=opts.endpoint_url, region_name=opts.region,
+        config=client_config(opts.max_concurrency, opts.connect_timeout, opts.read_timeout),
+    )
+    _clients[key] = client
+    return client
 
 
 class S3Storage(Storage):
@@ -179,6 +328,8 @@ class S3Storage(Storage):
                 raise _unwrap(wrapped) from None
         except ClientError as err:
             raise self._translate(what, err) from err
+        except CkptError as err:  # from AssumedRole.fetch, refreshing a role's credentials at this request
+            raise type(err)(f"{what}: {err}") from err
         except NoCredentialsError as err:
             raise CredentialsError(
                 f"{what}: no S3 credentials found; set them in the connection, or AWS_ACCESS_KEY_ID/"
@@ -204,6 +355,14 @@ class S3Storage(Storage):
         if code == "RequestTimeTooSkewed":
             return StorageError(
                 f"{what}: the local clock is more than 15 minutes off the S3 server's; sync the clock (NTP)"
+            )
+        if code in _AUTH_CODES and self.opts.role_arn:
+            role = assumed_role(self.opts)
+            return CredentialsError(
+                f"{what}: S3 refused the credentials ({code}) for bucket {self.bucket!r} at "
+                f"{self.opts.endpoint_url or 'AWS'}: the "
+                f"{role.describe() if role else f'temporary credentials of role {self.opts.role_arn}'}; check the "
+                "role's permissions on the bucket, and what STS gives for it"
             )
         if code in _AUTH_CODES:
             creds = self.opts.redacted()

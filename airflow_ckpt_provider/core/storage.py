@@ -329,9 +329,20 @@ def _prune_empty_dirs(directory: Path, root: Path) -> None:
         directory = directory.parent
 
 
+#: S3Options' role settings in the environment (``from_env``/``env``): not AWS_ROLE_ARN, which botocore reads as
+#: part of a web identity (AWS_WEB_IDENTITY_TOKEN_FILE) and which a host may set for that.
+ROLE_ENV = {"role_arn": "CKPT_S3_ROLE_ARN", "role_external_id": "CKPT_S3_ROLE_EXTERNAL_ID",
+            "role_session_name": "CKPT_S3_ROLE_SESSION_NAME", "role_duration_s": "CKPT_S3_ROLE_DURATION_S",
+            "sts_endpoint_url": "CKPT_S3_STS_ENDPOINT_URL"}
+
+
 @dataclass(frozen=True)
 class S3Options:
-    """Where and how to reach S3; unset fields fall back to boto3's usual chain (env, profile)."""
+    """Where and how to reach S3; unset fields fall back to boto3's usual chain (env, profile).
+
+    ``role_arn``: the requests are made with the temporary credentials of this role, assumed (STS AssumeRole,
+    at ``sts_endpoint_url`` or AWS's) with the other credentials here or, without them, boto3's chain, and assumed
+    again before they expire, for as long as the process runs (core/s3.py)."""
 
     endpoint_url: str | None = None
     region: str | None = None
@@ -341,12 +352,24 @@ class S3Options:
     max_concurrency: int = 8
     connect_timeout: float = 5.0
     read_timeout: float = 60.0
+    role_arn: str | None = None
+    role_external_id: str | None = field(default=None, repr=False)
+    role_session_name: str | None = None
+    role_duration_s: int | None = None
+    sts_endpoint_url: str | None = None
 
     def __post_init__(self) -> None:
         if self.endpoint_url and urlparse(self.endpoint_url).scheme not in ("http", "https"):
             raise ConfigError(
                 f"invalid S3 endpoint URL {self.endpoint_url!r}: expected http://HOST:PORT or https://HOST"
             )
+        if self.sts_endpoint_url and urlparse(self.sts_endpoint_url).scheme not in ("http", "https"):
+            raise ConfigError(
+                f"invalid STS endpoint URL {self.sts_endpoint_url!r}: expected http://HOST:PORT or https://HOST"
+            )
+        if self.role_duration_s is not None and not 900 <= self.role_duration_s <= 43200:
+            raise ConfigError(f"invalid role duration {self.role_duration_s!r}: expected seconds from 900 "
+                              "(STS's minimum) to 43200")
 
     def __repr__(self) -> str:
         return f"S3Options({self.redacted()})"
@@ -356,20 +379,30 @@ class S3Options:
         """Endpoint and region as given or from AWS_ENDPOINT_URL/AWS_REGION; credentials from the
         environment only (AWS_ACCESS_KEY_ID, ...), never from argv, where ``ps`` would show them."""
         env = os.environ.get
+        duration = env(ROLE_ENV["role_duration_s"]) or None
+        if duration is not None and not duration.isdigit():
+            raise ConfigError(f"invalid {ROLE_ENV['role_duration_s']}={duration!r}: expected a number of seconds")
         return cls(
             endpoint_url=endpoint_url or env("AWS_ENDPOINT_URL") or None,
             region=region or env("AWS_REGION") or env("AWS_DEFAULT_REGION") or None,
             access_key_id=env("AWS_ACCESS_KEY_ID") or None,
             secret_access_key=env("AWS_SECRET_ACCESS_KEY") or None,
             session_token=env("AWS_SESSION_TOKEN") or None,
+            role_arn=env(ROLE_ENV["role_arn"]) or None,
+            role_external_id=env(ROLE_ENV["role_external_id"]) or None,
+            role_session_name=env(ROLE_ENV["role_session_name"]) or None,
+            role_duration_s=int(duration) if duration else None,
+            sts_endpoint_url=env(ROLE_ENV["sts_endpoint_url"]) or None,
         )
 
     def env(self) -> dict[str, str]:
-        """The AWS_* variables ``from_env`` reads back into these options (the unset ones left out)."""
+        """The AWS_* (and CKPT_S3_ROLE_*) variables ``from_env`` reads back into these options (the unset ones
+        left out)."""
         env = {"AWS_ENDPOINT_URL": self.endpoint_url, "AWS_REGION": self.region,
                "AWS_ACCESS_KEY_ID": self.access_key_id, "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
-               "AWS_SESSION_TOKEN": self.session_token}
-        return {k: v for k, v in env.items() if v}
+               "AWS_SESSION_TOKEN": self.session_token,
+               **{name: getattr(self, attr) for attr, name in ROLE_ENV.items()}}
+        return {k: str(v) for k, v in env.items() if v}
 
     def redacted(self) -> dict[str, Any]:
         """For logs and messages: the key id shortened, secrets never shown."""
@@ -378,6 +411,7 @@ class S3Options:
             "endpoint_url": self.endpoint_url,
             "region": self.region,
             "access_key_id": f"{key[:4]}…" if key else None,
+            **({"role_arn": self.role_arn} if self.role_arn else {}),
         }
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from functools import cached_property
 from typing import Any, NamedTuple, Protocol
 
@@ -12,6 +14,8 @@ from airflow_ckpt_provider.core.errors import CkptError, ConfigError, Credential
 from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.storage import S3Options, Storage
 from airflow_ckpt_provider.core.storeconfig import StoreConfig, check_store
+
+log = logging.getLogger(__name__)
 
 
 class JobStoreHook(BaseHook):
@@ -64,6 +68,7 @@ class JobStoreHook(BaseHook):
             region=self._extra.get("region_name"),
             access_key_id=conn.login or None,
             secret_access_key=conn.password or None,
+            **role_options(self._extra),
         )
 
     def _aws_options(self, aws_conn_id: str, conn: Connection) -> S3Options:
@@ -81,6 +86,7 @@ class JobStoreHook(BaseHook):
                 access_key_id=aws.login or None,
                 secret_access_key=aws.password or None,
                 session_token=aws_extra.get("aws_session_token"),
+                **role_options(aws_extra),
             )
         return options_from_aws_hook(AwsBaseHook(aws_conn_id=aws_conn_id, client_type="s3"), aws_conn_id,
                                      endpoint_url=conn.host or None, region=self._extra.get("region_name"))
@@ -105,6 +111,22 @@ class JobStoreHook(BaseHook):
         return check_store(config)
 
 
+def role_options(extra: Mapping[str, Any]) -> dict[str, Any]:
+    """S3Options' role fields from a connection's extra, named as an AWS connection names them: ``role_arn``,
+    ``assume_role_kwargs`` (``ExternalId``, ``RoleSessionName``, ``DurationSeconds``) and ``sts_endpoint_url``."""
+    if not extra.get("role_arn"):
+        return {}
+    kwargs = extra.get("assume_role_kwargs") or {}
+    if not isinstance(kwargs, Mapping):
+        raise ConfigError(f"invalid assume_role_kwargs {kwargs!r}: expected an object such as "
+                          '{"ExternalId": "...", "DurationSeconds": 3600}')
+    duration = kwargs.get("DurationSeconds")
+    return {"role_arn": str(extra["role_arn"]), "role_external_id": kwargs.get("ExternalId"),
+            "role_session_name": kwargs.get("RoleSessionName"),
+            "role_duration_s": int(duration) if duration is not None else None,
+            "sts_endpoint_url": extra.get("sts_endpoint_url") or None}
+
+
 class _Credentials(NamedTuple):
     """botocore's ReadOnlyCredentials."""
 
@@ -119,7 +141,39 @@ class _AwsConnectionConfig(Protocol):
     @property
     def region_name(self) -> str | None: ...
 
+    @property
+    def aws_access_key_id(self) -> str | None: ...
+
+    @property
+    def aws_secret_access_key(self) -> str | None: ...
+
+    @property
+    def aws_session_token(self) -> str | None: ...
+
+    @property
+    def profile_name(self) -> str | None: ...
+
+    @property
+    def role_arn(self) -> str | None: ...
+
+    @property
+    def assume_role_method(self) -> str | None: ...
+
+    @property
+    def assume_role_kwargs(self) -> dict[str, Any]: ...
+
     def get_service_endpoint_url(self, service_name: str) -> str | None: ...
+
+
+class _CredentialsLike(Protocol):
+    @property
+    def access_key(self) -> str | None: ...
+
+    @property
+    def secret_key(self) -> str | None: ...
+
+    @property
+    def token(self) -> str | None: ...
 
 
 class AwsHook(Protocol):
@@ -128,19 +182,34 @@ class AwsHook(Protocol):
     @property
     def conn_config(self) -> _AwsConnectionConfig: ...
 
-    def get_credentials(self) -> _Credentials: ...
+    def get_credentials(self, region_name: str | None = None) -> _CredentialsLike: ...
 
 
 def options_from_aws_hook(hook: AwsHook, aws_conn_id: str, *, endpoint_url: str | None,
                           region: str | None) -> S3Options:
-    """S3 options from the Amazon provider's hook on ``aws_conn_id``: its session's credentials, frozen now (the
-    connection's keys, or those of the role it assumes, its profile, web identity, ...); its S3 endpoint and
-    region, else the store connection's ``endpoint_url`` and ``region``.
+    """S3 options from the Amazon provider's hook on ``aws_conn_id``: its S3 endpoint and region, else the store
+    connection's ``endpoint_url`` and ``region``; and its credentials.
 
-    Frozen: credentials of an assumed role expire (an hour by default) and are not renewed for what runs
-    longer on them, e.g. a job's driver launched with them."""
+    A ``role_arn`` assumed with the connection's keys (or, without keys, boto3's chain where the job runs) becomes
+    the options' role: every process that opens the store with them (the task, a job's supervisor and driver)
+    assumes the role itself and again before its credentials expire (core/s3.py). Otherwise the credentials its
+    session resolves (keys, a profile, web identity, a role through a profile or SAML) are frozen now: temporary
+    ones are not renewed for what runs longer on them, e.g. a job's driver."""
     from botocore.exceptions import BotoCoreError, ClientError  # with boto3; not imported while DAGs are parsed
 
+    config = hook.conn_config
+    endpoint = config.get_service_endpoint_url("s3") or endpoint_url
+    if config.role_arn and (config.assume_role_method or "assume_role") == "assume_role" and not config.profile_name:
+        kwargs = config.assume_role_kwargs or {}
+        duration = kwargs.get("DurationSeconds")
+        return S3Options(
+            endpoint_url=endpoint, region=config.region_name or region,
+            access_key_id=config.aws_access_key_id or None, secret_access_key=config.aws_secret_access_key or None,
+            session_token=config.aws_session_token or None, role_arn=config.role_arn,
+            role_external_id=kwargs.get("ExternalId"), role_session_name=kwargs.get("RoleSessionName"),
+            role_duration_s=int(duration) if duration is not None else None,
+            sts_endpoint_url=config.get_service_endpoint_url("sts") or None,
+        )
     try:
         credentials = hook.get_credentials()
     except (BotoCoreError, ClientError, AttributeError) as err:  # AttributeError: no credentials at all (None)
@@ -149,9 +218,13 @@ def options_from_aws_hook(hook: AwsHook, aws_conn_id: str, *, endpoint_url: str 
             f"environment, found none usable ({type(err).__name__}: {err}); check the connection's login, "
             "password and extra"
         ) from err
-    config = hook.conn_config
+    if config.role_arn:
+        log.warning("AWS connection %r: the credentials of role %s (assume_role_method %s%s) are taken once and not "
+                    "renewed in a job's driver and supervisor; set the role with assume_role and the connection's "
+                    "keys to have them refreshed", aws_conn_id, config.role_arn, config.assume_role_method,
+                    ", through profile " + repr(config.profile_name) if config.profile_name else "")
     return S3Options(
-        endpoint_url=config.get_service_endpoint_url("s3") or endpoint_url,
+        endpoint_url=endpoint,
         region=config.region_name or region,
         access_key_id=credentials.access_key,
         secret_access_key=credentials.secret_key,

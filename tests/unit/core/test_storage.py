@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from airflow_ckpt_provider.core.errors import ConfigError, StorageError
-from airflow_ckpt_provider.core.storage import LocalStorage, join, open_storage
+from airflow_ckpt_provider.core.storage import LocalStorage, S3Options, join, open_storage
 
 
 def test_create_is_exclusive_and_atomic(tmp_path: Path) -> None:
@@ -111,3 +111,21 @@ def test_folders_are_the_first_segments_below_a_prefix_without_listing_deeper(tm
     assert s.folders("orders/") == ("objects",)
     assert s.folders("billing") == ("snapshots",)
     assert s.folders("missing/") == ()
+
+
+def test_s3_options_role_settings_round_trip_through_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job's supervisor and driver get the role as CKPT_S3_ROLE_* (not AWS_ROLE_ARN: botocore's web identity)."""
+    options = S3Options(access_key_id="AKIA", secret_access_key="s", role_arn="arn:aws:iam::1:role/r",
+                        role_external_id="ext-secret", role_session_name="n", role_duration_s=3600,
+                        sts_endpoint_url="http://sts:1")
+    for name, value in options.env().items():
+        monkeypatch.setenv(name, value)
+    assert S3Options.from_env() == options
+    assert "ext-secret" not in repr(options)
+    assert options.redacted()["role_arn"] == "arn:aws:iam::1:role/r"
+
+
+@pytest.mark.parametrize("kwargs", [{"role_duration_s": 60}, {"sts_endpoint_url": "sts.amazonaws.com"}])
+def test_s3_options_refuse_a_bad_role_setting(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        S3Options(role_arn="arn:aws:iam::1:role/r", **kwargs)

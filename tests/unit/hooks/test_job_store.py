@@ -1,5 +1,5 @@
 """JobStoreHook's S3 options from an ``aws_conn_id``: through the Amazon provider's AwsBaseHook when it is importable
-(here a fake of it: the provider is not in the development environment), else the connection's keys."""
+(here a fake of it; tests/integration/test_aws_connection.py uses the real one), else the connection's keys."""
 
 from __future__ import annotations
 
@@ -23,6 +23,13 @@ PROVIDER = "airflow.providers.amazon.aws.hooks.base_aws"
 class FakeConfig:
     endpoints: dict[str, str] = field(default_factory=dict)
     region_name: str | None = None
+    aws_access_key_id: str | None = None
+    aws_secret_access_key: str | None = None
+    aws_session_token: str | None = None
+    profile_name: str | None = None
+    role_arn: str | None = None
+    assume_role_method: str | None = None
+    assume_role_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def get_service_endpoint_url(self, service_name: str) -> str | None:
         return self.endpoints.get(service_name)
@@ -56,6 +63,29 @@ def test_without_an_endpoint_or_region_the_store_connections_count() -> None:
     options = options_from_aws_hook(hook, "aws_x", endpoint_url="http://store-host:1", region="us-east-1")
     assert options == S3Options(endpoint_url="http://store-host:1", region="us-east-1", access_key_id="AKIA",
                                 secret_access_key="secret", session_token=None)
+
+
+def test_a_role_assumed_with_the_connections_keys_is_passed_on_to_be_refreshed_not_frozen() -> None:
+    """The role's credentials expire; the options carry the role and its source keys, so every process that opens
+    the store (a job's supervisor and driver) assumes it again before they do (core/s3.py)."""
+    config = FakeConfig({"s3": "http://aws-endpoint:8333", "sts": "http://sts:1"}, "eu-west-1", "AKIA-SRC",
+                        "src-secret", role_arn="arn:aws:iam::1:role/ckpt", assume_role_method="assume_role",
+                        assume_role_kwargs={"ExternalId": "x-1", "DurationSeconds": 7200})
+    hook = FakeAwsHook(NoCredentialsError(), config)  # never asked: nothing is frozen
+    options = options_from_aws_hook(hook, "aws_x", endpoint_url=None, region=None)
+    assert options == S3Options(endpoint_url="http://aws-endpoint:8333", region="eu-west-1", access_key_id="AKIA-SRC",
+                                secret_access_key="src-secret", role_arn="arn:aws:iam::1:role/ckpt",
+                                role_external_id="x-1", role_duration_s=7200, sts_endpoint_url="http://sts:1")
+    env = options.env()
+    assert (env["CKPT_S3_ROLE_ARN"], env["CKPT_S3_ROLE_EXTERNAL_ID"], env["CKPT_S3_ROLE_DURATION_S"]) == (
+        "arn:aws:iam::1:role/ckpt", "x-1", "7200")
+
+
+def test_a_role_through_a_profile_is_frozen_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    config = FakeConfig(region_name="eu-west-1", profile_name="p", role_arn="arn:aws:iam::1:role/ckpt")
+    options = options_from_aws_hook(FakeAwsHook(config=config), "aws_x", endpoint_url=None, region=None)
+    assert (options.role_arn, options.access_key_id) == (None, "ASIA-ROLE")
+    assert "not renewed" in caplog.text
 
 
 @pytest.mark.parametrize("error", [NoCredentialsError(), AttributeError("'NoneType' has no get_frozen_credentials")])
