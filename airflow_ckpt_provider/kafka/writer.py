@@ -436,7 +436,12 @@ class CkptKafkaStreamWriter(DataSourceStreamArrowWriter):
         worker_logging()
         crash_point("kafka.commit.driver", batchId)
         done = [m for m in messages if isinstance(m, KafkaSinkCommit)]
-        record_partitions(self.options, len(messages))
+        try:
+            record_partitions(self.options, len(messages))
+        except Exception as err:  # the batch is committed in Kafka: a lost count must not fail it
+            log.warning("batch %d of job %s: could not record its %d sink partitions (%s); a restart aborts the "
+                        "lingering transactions of the partitions recorded before", batchId, self.options.job,
+                        len(messages), err)
         written = sorted(m.partition for m in done if not m.skipped and not m.empty)
         skipped = sorted(m.partition for m in done if m.skipped)
         rewritten = sorted(m.partition for m in done if m.rewritten)
