@@ -337,3 +337,20 @@ def test_last_attempt_filtering() -> None:
                rec(4, 2, 0, "003-c")]
     kept = last_attempts(records)
     assert [(r.partition, r.offset) for r in kept] == [(0, 2), (0, 3), (1, 0), (0, 4)]
+
+
+def test_driver_commit_records_the_partitions_and_survives_a_broker_hiccup(monkeypatch: pytest.MonkeyPatch,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
+    recorded: list[int] = []
+    monkeypatch.setattr(sink, "record_partitions", lambda options, n: recorded.append(n))
+    writer = sink.CkptKafkaStreamWriter(parse_sink_options(BASE))
+    messages: list[Any] = [sink.KafkaSinkCommit(p, 7, "q", f"t{p}", "a", records=2) for p in range(3)]
+    writer.commit(messages, 7)
+    assert recorded == [3]
+
+    def down(options: Any, n: int) -> None:
+        raise RuntimeError("broker down")
+
+    monkeypatch.setattr(sink, "record_partitions", down)
+    writer.commit(messages, 8)  # Kafka committed the batch: the count's failure does not fail it
+    assert "could not record its 3 sink partitions (broker down)" in caplog.text
