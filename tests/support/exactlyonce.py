@@ -217,6 +217,12 @@ class KafkaSink:
         from tests.support.kafkasink import last_attempts, read_all
 
         everything = read_all(self.bootstrap, self.topic)
+        # The documented consumer view: a read_committed consumer reaches the end of every partition (no
+        # transaction left open holds the last stable offset; the restarts aborted the killed drivers' ones).
+        committed_view = read_all(self.bootstrap, self.topic, isolation="read_committed")
+        assert len(committed_view) == len(everything), (
+            f"a read_committed consumer read {len(committed_view)} of {len(everything)} records: a transaction "
+            "left open holds the last stable offset")
         kept = last_attempts(everything)
         assert all(r.query_id and r.batch_id is not None and r.attempt for r in everything), \
             "a record without the sink's headers"
