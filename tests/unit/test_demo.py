@@ -15,7 +15,7 @@ OP = "airflow.task.operators.airflow_ckpt_provider.operators.upgrade.UpgradeStre
 DAG = "airflow.sdk.definitions.dag"
 API = "airflow.api_fastapi.execution_api.routes.task_instances"
 #: An ``airflow dags test`` run of ckpt_upgrade_job, trimmed: Airflow's noise, our lines, a failed verification.
-UPGRADE_RUN = Path(__file__).with_name("demo_dags_test.log")
+UPGRADE_RUN = Path(__file__).parent / "data" / "dags_test_upgrade_output.txt"
 
 
 def _picked(text: str) -> list[str]:
