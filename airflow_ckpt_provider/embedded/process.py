@@ -83,9 +83,9 @@ def free_ports_with_grpc(count: int) -> list[int]:
     )
 
 
-def port_accepts(port: int) -> bool:
+def port_accepts(port: int, host: str = HOST) -> bool:
     try:
-        with socket.create_connection((HOST, port), timeout=0.5):
+        with socket.create_connection((host, port), timeout=0.5):
             return True
     except OSError:
         return False

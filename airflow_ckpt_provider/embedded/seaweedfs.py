@@ -52,8 +52,10 @@ class EmbeddedS3(EmbeddedProcess):
         binary: str | None = None,
         start_timeout: float = 60.0,
         stop_timeout: float = 10.0,
+        host: str = HOST,
     ) -> None:
         super().__init__(workdir, start_timeout, stop_timeout)
+        self.host = host  # the address every service binds and advertises (a test host's, tests/support/hosts.py)
         self._data_dir = data_dir
         self._binary = binary
         self.access_key = "AK" + secrets.token_hex(8).upper()
@@ -74,7 +76,7 @@ class EmbeddedS3(EmbeddedProcess):
 
     @property
     def endpoint_url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def _fresh_ports(self) -> str:
         gave_up, self.ports = str(self.ports), {}  # the next _command picks new ones; the data dir is kept
@@ -103,8 +105,8 @@ class EmbeddedS3(EmbeddedProcess):
             f"-dir={self.data_dir}",
             # The master keeps its state in m<port>/ by default: pin it so a restart on other ports finds it.
             f"-master.dir={self.data_dir / 'master'}",
-            f"-ip={HOST}",
-            f"-ip.bind={HOST}",
+            f"-ip={self.host}",
+            f"-ip.bind={self.host}",
             "-master.telemetry=false",
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
@@ -132,7 +134,7 @@ class EmbeddedS3(EmbeddedProcess):
     def _ready(self) -> bool:
         from botocore.exceptions import BotoCoreError, ClientError
 
-        if not port_accepts(self.port):
+        if not port_accepts(self.port, self.host):
             return False
         if self._probe is None:
             self._probe = self.client(retries=0, timeout=2.0)

@@ -41,8 +41,10 @@ class EmbeddedKafka(EmbeddedProcess):
         binary: str | None = None,
         start_timeout: float = 30.0,
         stop_timeout: float = 10.0,
+        host: str = HOST,
     ) -> None:
         super().__init__(workdir, start_timeout, stop_timeout)
+        self.host = host  # the address it listens on and advertises (a test host's, tests/support/hosts.py)
         self.s3 = s3
         self.bucket = bucket
         self._port = port
@@ -60,7 +62,7 @@ class EmbeddedKafka(EmbeddedProcess):
 
     @property
     def bootstrap_servers(self) -> str:
-        return f"{HOST}:{self._advertised_port or self.port}"
+        return f"{self.host}:{self._advertised_port or self.port}"
 
     @property
     def storage_engine(self) -> str:
@@ -93,7 +95,7 @@ class EmbeddedKafka(EmbeddedProcess):
         args = [
             self._binary,
             "broker",
-            f"--listener-url=tcp://{HOST}:{self._port}",
+            f"--listener-url=tcp://{self.host}:{self._port}",
             f"--advertised-listener-url=tcp://{self.bootstrap_servers}",
             f"--storage-engine={self.storage_engine}",
         ]
@@ -136,7 +138,7 @@ class EmbeddedKafka(EmbeddedProcess):
         from confluent_kafka.admin import AdminClient
 
         # Probe TCP first: librdkafka logs every refused connection to stderr.
-        if not port_accepts(self.port):
+        if not port_accepts(self.port, self.host):
             return False
         try:
             AdminClient(self._admin_config()).list_topics(timeout=2.0)
