@@ -50,7 +50,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -145,6 +145,24 @@ def _kill_all(name: str, timeout: float = 10.0) -> None:
         time.sleep(0.05)
 
 
+def _state(pid: int) -> str | None:
+    """The process's state letter (R, S, T for stopped, Z...), None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _wait_stopped(pids: Iterable[int], timeout: float = 10.0) -> None:
+    """Return once every process of ``pids`` is stopped (SIGSTOP is delivered asynchronously) or gone."""
+    deadline = time.monotonic() + timeout
+    while running := [pid for pid in pids if _state(pid) not in (None, "T", "t", "Z", "X")]:
+        if time.monotonic() > deadline:
+            raise HostsError(f"Expected processes {running} stopped within {timeout:.0f} s of SIGSTOP, found them "
+                             "running")
+        time.sleep(0.01)
+
+
 def _start_ticks(pid: int) -> int | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -162,6 +180,8 @@ class Host:
     link: str  # inside the host's namespace
     bridge_port: str  # the veth peer, on the bridge
     address: str
+    #: every process popen() started, reaped at the topology's end (the namespace's processes are killed anyway)
+    started: list[subprocess.Popen[Any]] = field(default_factory=list, compare=False, repr=False)
 
     @property
     def netns_path(self) -> Path:
@@ -174,7 +194,9 @@ class Host:
     def popen(self, args: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
         """Start a process inside this host, in a session of its own (the host's faults reach it; so does close())."""
         kwargs.setdefault("stdin", subprocess.DEVNULL)
-        return subprocess.Popen(self.wrap(args), start_new_session=True, **kwargs)
+        proc = subprocess.Popen(self.wrap(args), start_new_session=True, **kwargs)
+        self.started.append(proc)
+        return proc
 
     def run(self, args: Sequence[str], *, timeout: float = 120.0, check: bool = True,
             **kwargs: Any) -> subprocess.CompletedProcess[Any]:
@@ -346,7 +368,16 @@ class Topology:
             except Exception:
                 log.exception("Cannot stop %s of topology %s", server.name, self.name)
         self.servers.clear()
+        for host in self.hosts.values():  # also what left the namespace meanwhile (a stuck `ip netns exec`)
+            for proc in host.started:
+                if proc.poll() is None:  # not reaped yet: its pid is still its own
+                    _signal([proc.pid], signal.SIGKILL)
         _remove_run(self.run_id, self.namespaces())
+        for host in self.hosts.values():
+            for proc in host.started:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(5)
+            host.started.clear()
         self._started = False
         _open.discard(self)
 
@@ -460,11 +491,12 @@ class Topology:
         return self._fault(f"netem {ha.role} {arrow} {hb.role}: {delay_ms:g} ms, {loss_pct:g}% loss", undo, seconds)
 
     def pause(self, ref: HostRef, *, seconds: float | None = None) -> Fault:
-        """SIGSTOP every process of the host (a GC-like stall: sockets stay open, nothing answers); healing sends
-        SIGCONT to the same processes."""
+        """SIGSTOP every process of the host (a GC-like stall: sockets stay open, nothing answers) and return once
+        all are stopped; healing sends SIGCONT to the same processes."""
         host = self.host(ref)
         stopped = host.pids()
         _signal(stopped, signal.SIGSTOP)
+        _wait_stopped(stopped)
         return self._fault(f"host {host.role} paused ({len(stopped)} processes)",
                            lambda: _signal(stopped, signal.SIGCONT), seconds)
 
