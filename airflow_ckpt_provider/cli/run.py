@@ -37,6 +37,7 @@ from airflow_ckpt_provider.launcher.submit import (
     driver_cwd,
     parse_conf,
     redact,
+    shared_checkpoint_warning,
 )
 from airflow_ckpt_provider.launcher.supervisor import Supervisor
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
@@ -94,6 +95,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.check_id and not spec.config.check_restore:
             raise ConfigError("--check-id records a restore check's verdict: expected --check-restore with it")
         argv, env = build_command(spec)
+        warning = shared_checkpoint_warning(spec)  # client mode, remote executors, a local checkpoint
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
         restart = RestartSettings.from_namespace(args)
         strategy = restart.strategy() if args.supervise else None
         health = restart.health()

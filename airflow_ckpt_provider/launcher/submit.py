@@ -27,7 +27,7 @@ from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.gate import GATE_ENV
 from airflow_ckpt_provider.core.modes import LATEST_STATE
 from airflow_ckpt_provider.launcher.pyenv import ALIAS, ShippedEnv
-from airflow_ckpt_provider.runtime.config import RuntimeConfig
+from airflow_ckpt_provider.runtime.config import RuntimeConfig, default_checkpoint
 
 #: The driver program spark-submit runs; it sits next to this module.
 ENTRYPOINT_PY = Path(__file__).absolute().parent.parent / "runtime" / "entrypoint.py"
@@ -184,6 +184,7 @@ def _check(spec: SubmitSpec) -> str:
         )
     if path is not None and not path.is_file():
         raise ConfigError(f"job file {spec.job_file} not found: expected a Python file defining the job")
+    _check_shared_locations(spec, manager)  # a driver in the cluster cannot use this host's disk
     _check_cluster(spec, manager)  # YARN, Kubernetes: one owner per driver restart, files the cluster can reach
     return manager
 
@@ -194,6 +195,59 @@ def _job_path(job_file: str) -> Path | None:
     if parsed.scheme == "file":
         return Path(parsed.path)
     return None if parsed.scheme else Path(job_file).absolute()
+
+
+#: Where a cluster-mode driver runs, for messages.
+_REMOTE_DRIVER = {"yarn": "YARN's application master container", "k8s": "a Kubernetes driver pod"}
+
+
+def _check_shared_locations(spec: SubmitSpec, manager: str) -> None:
+    """Refuse, in YARN or Kubernetes cluster mode, a live checkpoint or job store on this host's disk (a path, or
+    ``file://``): the driver runs on another host, so it would write the checkpoint (and the lease and status) to
+    its own container's disk, lost with it, while the executors' state stores write to theirs; the default
+    checkpoint ($CKPT_HOME/jobs/JOB/checkpoint) is such a path. Client mode only warns
+    (``shared_checkpoint_warning``): there a file system mounted at the same path on every host works."""
+    if spec.deploy_mode != "cluster" or manager not in _REMOTE_DRIVER:
+        return
+    where = f"{'YARN' if manager == 'yarn' else 'Kubernetes'} cluster mode runs the driver in {_REMOTE_DRIVER[manager]}"
+    checkpoint = spec.config.live_checkpoint
+    if _job_path(checkpoint) is not None:
+        default = os.path.abspath(default_checkpoint(spec.config.job))
+        given = (f"{checkpoint}, the default $CKPT_HOME/jobs/JOB/checkpoint as no --checkpoint was given"
+                 if checkpoint in (default, default_checkpoint(spec.config.job)) else checkpoint)
+        raise ConfigError(
+            f"the live checkpoint is a path on this host ({given}), but {where}, not here, and the executors' "
+            "state stores write to the checkpoint too: each would write to its own disk, and a restarted driver "
+            "would find no checkpoint; expected --checkpoint s3a://BUCKET/PREFIX (or s3://), a location the driver "
+            "and every executor can read (docs/cluster.md, Where the live checkpoint lives)"
+        )
+    if _job_path(spec.config.store) is not None:
+        raise ConfigError(
+            f"the job store is a path on this host ({spec.config.store}), but {where}, not here: the driver would "
+            "write its lease, status and snapshots to that host's disk, where no supervisor, Airflow task or "
+            "ckpt command sees them; expected --store s3://BUCKET/PREFIX, a location the driver and this host "
+            "both reach (docs/cluster.md, Where the job store lives)"
+        )
+
+
+def shared_checkpoint_warning(spec: SubmitSpec) -> str | None:
+    """A warning for client mode with executors on other hosts and the live checkpoint on a local path.
+
+    The executors' state stores write to the checkpoint location, so a local path works only where it is a file
+    system mounted at that same path on this host and every executor's host (NFS and the like), which this host
+    cannot tell: warned, not refused. None on a local master or one on this host's loopback (all on one host), in
+    cluster mode (refused there, ``_check_shared_locations``) and for a URI (s3a://).
+    """
+    checkpoint = spec.config.live_checkpoint
+    if spec.deploy_mode != "client" or on_loopback(spec.master) or _job_path(checkpoint) is None:
+        return None
+    return (
+        f"the live checkpoint {checkpoint} is a path on this host, and the executors run on other hosts (master "
+        f"{spec.master}): their state stores write to the checkpoint too, so it must be a file system mounted at "
+        "that same path on this host and on every executor's host (NFS and the like), else the state is split "
+        "over the hosts' disks and lost; if it is not, pass --checkpoint s3a://BUCKET/PREFIX (docs/cluster.md, "
+        "Where the live checkpoint lives)"
+    )
 
 
 #: The conf prefix that sets the environment of a driver running in the cluster.

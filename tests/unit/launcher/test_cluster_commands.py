@@ -361,3 +361,96 @@ def test_py_files_of_the_conf_alone_reach_a_local_run_too(capsys: pytest.Capture
     argv = data["argv"]
     assert code == 0 and argv[argv.index("--py-files") + 1] == "/code/a.py"
     assert "spark.submit.pyFiles=/code/a.py" not in confs(argv)
+
+
+def run_with(capsys: pytest.CaptureFixture[str], job_file: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
+    """``dry_run`` with the job store and the checkpoint left to ``extra``."""
+    code = cli.main(["run", str(job_file), "--job", "orders", "--spark-submit", SUBMIT, *extra, "--dry-run", "--json"])
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if out else {}), err
+
+
+CLUSTERS = [
+    pytest.param(["--master", "yarn"], "YARN cluster mode runs the driver in YARN's application master container",
+                 id="yarn"),
+    pytest.param(["--master", K8S, "--conf", UPLOAD], "Kubernetes cluster mode runs the driver in a Kubernetes "
+                 "driver pod", id="k8s"),
+]
+
+
+@pytest.mark.parametrize(("master", "where"), CLUSTERS)
+def test_cluster_mode_without_a_checkpoint_is_refused_not_run_on_the_driver_s_disk(
+    capsys: pytest.CaptureFixture[str], job_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    master: list[str], where: str
+) -> None:
+    """The default live checkpoint ($CKPT_HOME/jobs/JOB/checkpoint) is on the launching host: a driver in the
+    cluster would silently keep its checkpoint on its own container's disk."""
+    monkeypatch.setenv("CKPT_HOME", str(tmp_path / "home"))
+    code, data, err = run_with(capsys, job_file, "--store", "s3://bucket/jobs", *master, "--deploy-mode", "cluster",
+                               "--python-env", "none")
+    assert (code, data) == (2, {})
+    assert err == (
+        f"error: the live checkpoint is a path on this host ({tmp_path}/home/jobs/orders/checkpoint, the default "
+        f"$CKPT_HOME/jobs/JOB/checkpoint as no --checkpoint was given), but {where}, not here, and the executors' "
+        "state stores write to the checkpoint too: each would write to its own disk, and a restarted driver would "
+        "find no checkpoint; expected --checkpoint s3a://BUCKET/PREFIX (or s3://), a location the driver and every "
+        "executor can read (docs/cluster.md, Where the live checkpoint lives)\n"
+    )
+    assert not (tmp_path / "home").exists()  # nothing written, nothing launched
+
+
+@pytest.mark.parametrize(("master", "where"), CLUSTERS)
+@pytest.mark.parametrize("checkpoint", ["/data/ckpt/orders", "file:///data/ckpt/orders"])
+def test_cluster_mode_with_a_local_checkpoint_is_refused(
+    capsys: pytest.CaptureFixture[str], job_file: Path, master: list[str], where: str, checkpoint: str
+) -> None:
+    code, data, err = run_with(capsys, job_file, "--store", "s3://bucket/jobs", "--checkpoint", checkpoint, *master,
+                               "--deploy-mode", "cluster", "--python-env", "none")
+    assert (code, data) == (2, {})
+    assert err.startswith(f"error: the live checkpoint is a path on this host ({checkpoint}), but {where}, not here")
+    assert "expected --checkpoint s3a://BUCKET/PREFIX (or s3://)" in err
+
+
+@pytest.mark.parametrize(("master", "where"), CLUSTERS)
+def test_cluster_mode_with_a_local_job_store_is_refused(
+    capsys: pytest.CaptureFixture[str], job_file: Path, tmp_path: Path, master: list[str], where: str
+) -> None:
+    store = str(tmp_path / "store")
+    code, data, err = run_with(capsys, job_file, "--store", store, "--checkpoint", "s3a://bucket/ckpt/orders",
+                               *master, "--deploy-mode", "cluster", "--python-env", "none")
+    assert (code, data) == (2, {})
+    assert err == (
+        f"error: the job store is a path on this host ({store}), but {where}, not here: the driver would write its "
+        "lease, status and snapshots to that host's disk, where no supervisor, Airflow task or ckpt command sees "
+        "them; expected --store s3://BUCKET/PREFIX, a location the driver and this host both reach (docs/cluster.md, "
+        "Where the job store lives)\n"
+    )
+
+
+@pytest.mark.parametrize("master", ["yarn", K8S, "spark://master.example:7077"])
+def test_client_mode_with_remote_executors_and_a_local_checkpoint_warns_with_the_reason(
+    capsys: pytest.CaptureFixture[str], job_file: Path, tmp_path: Path, master: str
+) -> None:
+    """A file system mounted at the same path on every host (NFS) works, and this host cannot tell one: a warning,
+    and the command is built."""
+    code, data, err = run_with(capsys, job_file, "--store", str(tmp_path / "store"), "--checkpoint", "/shared/ckpt",
+                               "--master", master, "--python-env", "none")
+    assert code == 0 and data["argv"]
+    assert err == (
+        f"warning: the live checkpoint /shared/ckpt is a path on this host, and the executors run on other hosts "
+        f"(master {master}): their state stores write to the checkpoint too, so it must be a file system mounted at "
+        "that same path on this host and on every executor's host (NFS and the like), else the state is split over "
+        "the hosts' disks and lost; if it is not, pass --checkpoint s3a://BUCKET/PREFIX (docs/cluster.md, Where the "
+        "live checkpoint lives)\n"
+    )
+
+
+@pytest.mark.parametrize(("master", "checkpoint"), [
+    ("local[2]", "/data/ckpt"), ("spark://127.0.0.1:7077", "/data/ckpt"), ("yarn", "s3a://bucket/ckpt/orders"),
+])
+def test_no_warning_where_the_checkpoint_is_shared(
+    capsys: pytest.CaptureFixture[str], job_file: Path, tmp_path: Path, master: str, checkpoint: str
+) -> None:
+    code, _, err = run_with(capsys, job_file, "--store", str(tmp_path / "store"), "--checkpoint", checkpoint,
+                            "--master", master, "--python-env", "none")
+    assert (code, err) == (0, "")

@@ -241,7 +241,7 @@ def test_the_task_s_py_files_reach_the_recorded_deployment_and_one_spark_submit_
     assert Deployment.from_dict(json.loads(json.dumps(d.to_dict()))).py_files == d.py_files  # in spec/last.json
 
     argv = run_argv(d, "orders", "s3://bucket/jobs", "latest-state")
-    assert cli.main([*argv[3:], "--dry-run", "--json"]) == 0
+    assert cli.main([*argv[3:], "--checkpoint", "s3a://bucket/ckpt/orders", "--dry-run", "--json"]) == 0
     submit = json.loads(capsys.readouterr().out)
     (code_zip,) = submit["python_env"]["py_files"]
     spark_submit = submit["argv"]

@@ -48,6 +48,12 @@ def config(tmp_path: Path) -> RuntimeConfig:
     return RuntimeConfig(job="orders", store=str(tmp_path / "store"), checkpoint=str(tmp_path / "ckpt"))
 
 
+@pytest.fixture
+def shared() -> RuntimeConfig:
+    """A job store and a live checkpoint a cluster-mode driver can reach."""
+    return RuntimeConfig(job="orders", store="s3://bucket/jobs", checkpoint="s3a://bucket/ckpt/orders")
+
+
 def spec(job_file: Path | str, config: RuntimeConfig, **kw: object) -> SubmitSpec:
     # ignore[arg-type] below: kw holds SubmitSpec fields
     return SubmitSpec(job_file=str(job_file), config=config, spark_submit=SUBMIT, **kw)  # type: ignore[arg-type]
@@ -93,7 +99,8 @@ def test_standalone_client_mode(job_file: Path, config: RuntimeConfig) -> None:
     assert env == {"PYSPARK_DRIVER_PYTHON": PY, GATE_ENV: gate_file(config)}
 
 
-def test_yarn_cluster_mode_ships_the_job_file(job_file: Path, config: RuntimeConfig) -> None:
+def test_yarn_cluster_mode_ships_the_job_file(job_file: Path, shared: RuntimeConfig) -> None:
+    config = shared
     argv, env = build_command(spec(job_file, config, master="yarn", deploy_mode="cluster", files=["lookup.csv"],
                                    conf={"spark.yarn.maxAppAttempts": "1"}))
     assert argv == [
@@ -105,7 +112,8 @@ def test_yarn_cluster_mode_ships_the_job_file(job_file: Path, config: RuntimeCon
     assert env == {}  # YARN would copy a local PYSPARK_PYTHON into the cluster
 
 
-def test_k8s_cluster_mode_with_a_remote_job_file(config: RuntimeConfig) -> None:
+def test_k8s_cluster_mode_with_a_remote_job_file(shared: RuntimeConfig) -> None:
+    config = shared
     argv, env = build_command(spec("s3a://jobs/v2/count.py", config, master="k8s://https://k8s:6443",
                                    deploy_mode="cluster", env_python="/opt/venv/bin/python",
                                    conf={"spark.kubernetes.file.upload.path": "s3a://uploads/ckpt"}))
@@ -202,7 +210,8 @@ def test_no_credentials_on_the_command_line(
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLEKEYID")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t-value")
     monkeypatch.setenv("AWS_SESSION_TOKEN", "t0ken-value")
-    s3 = RuntimeConfig(job="orders", store="s3://bucket/jobs", endpoint_url="http://127.0.0.1:8333", region="eu-1")
+    s3 = RuntimeConfig(job="orders", store="s3://bucket/jobs", checkpoint="s3a://bucket/ckpt/orders",
+                       endpoint_url="http://127.0.0.1:8333", region="eu-1")
     for s in (spec(job_file, s3), spec(job_file, s3, master="yarn", deploy_mode="cluster")):
         argv, env = build_command(s)
         text = " ".join(argv) + " ".join(env.values())
@@ -282,15 +291,16 @@ def test_dry_run_never_shows_a_secret_reference_value(
 def test_dry_run_json_and_env_defaults(
     job_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("CKPT_STORE", str(tmp_path / "store"))
+    monkeypatch.setenv("CKPT_STORE", "s3://bucket/jobs")
     monkeypatch.setenv("CKPT_JOB", "orders")
-    code, out, _ = _run_dry(capsys, str(job_file), "--master", "yarn", "--deploy-mode", "cluster", "--json")
+    code, out, _ = _run_dry(capsys, str(job_file), "--master", "yarn", "--deploy-mode", "cluster", "--checkpoint",
+                            "s3a://bucket/ckpt/orders", "--json")
     data = json.loads(out)
     assert code == 0
     assert data["env"] == {} and data["supervise"] is None
     assert data["command"] == describe(data["argv"])
     assert data["argv"][data["argv"].index(LAUNCH) + 1:][:5] == ["count.py", "--job", "orders", "--store",
-                                                                  str(tmp_path / "store")]
+                                                                  "s3://bucket/jobs"]
 
 
 @pytest.mark.parametrize(
@@ -442,7 +452,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("deploy", [[], ["--master", "yarn", "--deploy-mode", "cluster"]])
+@pytest.mark.parametrize("deploy", [[], ["--master", "yarn", "--deploy-mode", "cluster", "--checkpoint", "s3a://b/c"]])
 def test_dry_run_shows_the_endpoint_the_driver_uses_never_none(
     job_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
     deploy: list[str]

@@ -145,7 +145,9 @@ def test_in_cluster_mode_our_driver_is_known_by_its_epoch(spec: SubmitSpec, cloc
         put_lease(store, 4, START + 1)
         put_status(store, JobState.RUNNING, 4, clock.now, pid=77, host="host-b")
 
-    cluster = replace(spec, master="yarn", deploy_mode="cluster")
+    # a cluster-mode driver needs a checkpoint and a job store the cluster shares (the test's store stands for it)
+    shared = replace(spec.config, store="s3://bucket/jobs", checkpoint="s3a://bucket/ckpt/orders")
+    cluster = replace(spec, master="yarn", deploy_mode="cluster", config=shared)
     outcome, spawner = supervise(cluster, clock, [Run(1, tick=remote), Run(0)], FixedDelay(attempts=5, clock=clock),
                                  store=store)
     assert (outcome.final, outcome.attempts) == (Ending.STOPPED, 2)
