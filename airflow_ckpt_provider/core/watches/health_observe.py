@@ -1,0 +1,176 @@
+"""The health watch's observation: every job store record its judgement reads, read once per poll.
+
+``observe`` reads status.json and the lease, the deployments/ records of the watched deployment (each record once
+in the watch's life: they are never rewritten), spec/last.json and supervisors/ only when the judgement may need
+them, each at most once. The judgement (health_judge.py) never reads the store.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from airflow_ckpt_provider.core.deployments import Launch, read_launch
+from airflow_ckpt_provider.core.errors import StorageError
+from airflow_ckpt_provider.core.health import HealthCriteria
+from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, JobStore
+from airflow_ckpt_provider.core.lease import LeaseRecord
+from airflow_ckpt_provider.core.outage import ReadableAgain
+from airflow_ckpt_provider.core.status import TERMINAL_STATES, JobState, JobStatus, RestartOwner, driver_live
+from airflow_ckpt_provider.core.supervision import Supervision, latest_supervisor, process_alive
+from airflow_ckpt_provider.core.watches.base import look
+
+log = logging.getLogger(__name__)
+
+#: One driver start of the watched deployment (a deployments/<epoch>.json record): (epoch, at, launch id).
+Start = tuple[int, float, str | None]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the job store said at ``now``, for one poll of the health watch."""
+
+    now: float
+    found: JobStatus | None  # status.json as found: maybe an older deployment's
+    lease: LeaseRecord | None
+    status: JobStatus | None  # the watched deployment's current driver (``found`` if it qualifies), or None
+    starts: tuple[Start, ...] = ()  # every driver start of the watched deployment, by epoch
+    launch: Launch | None = None  # spec/last.json when the judgement needs it (None: absent, unreadable or unread)
+    supervision: Supervision | None = None  # the job's supervisor when the judgement needs it (None: unread)
+    readable_since: float | None = None  # the store answered again then, after reads failed (None: no outage)
+
+    @property
+    def newer_lease(self) -> LeaseRecord | None:
+        """The lease when a driver newer than the one that wrote status.json took it."""
+        if self.lease is not None and self.found is not None and self.lease.epoch > self.found.epoch:
+            return self.lease
+        return None
+
+
+def qualifies(status: JobStatus, criteria: HealthCriteria) -> bool:
+    """Whether ``status`` is of the watched deployment (epoch and start time), not of an older one."""
+    return (criteria.min_epoch is None or status.epoch >= criteria.min_epoch) and (
+        criteria.started_after is None or status.started_at >= criteria.started_after)
+
+
+class StartRecords:
+    """The deployments/ records of the watched deployment, each read once (a record is never rewritten): the
+    observer's cache across polls, not the judgement's memory."""
+
+    def __init__(self) -> None:
+        self._read: dict[str, Start | None] = {}  # None: below min_epoch, or unreadable
+
+    def starts(self, store: JobStore, criteria: HealthCriteria) -> tuple[Start, ...]:
+        """(epoch, at, launch id) of every driver start of the watched deployment, by epoch: one listing of
+        deployments/, a read of each record not seen before."""
+        for info in store.storage.list(DEPLOYMENTS):
+            key = info.key
+            if key in self._read or not key.endswith(".json"):
+                continue
+            try:
+                epoch = int(key[len(DEPLOYMENTS) : -len(".json")])
+                if criteria.min_epoch is not None and epoch < criteria.min_epoch:
+                    self._read[key] = None
+                    continue
+                body = json.loads(store.storage.read(key))
+                self._read[key] = (epoch, float(body["at"]), body.get("launch_id"))
+            except FileNotFoundError:
+                continue
+            except (ValueError, KeyError, TypeError) as err:
+                log.warning("job %s: ignoring unreadable deployment record %s: %s", store.job, key, err)
+                self._read[key] = None
+        starts = [r for r in self._read.values() if r is not None]
+        return tuple(sorted(s for s in starts if criteria.started_after is None or s[1] >= criteria.started_after))
+
+
+def observe(store: JobStore, criteria: HealthCriteria, now: float, *, records: StartRecords,
+            reads: ReadableAgain) -> Observation:
+    """One poll's reads. ``reads`` learns that the store answered (status.json read) before the rest is read,
+    so a later failure in this poll counts as a new outage; StorageError propagates."""
+    view = look(store, now)
+    reads.worked(now)
+    status = view.status
+    if status is not None and (not qualifies(status, criteria) or view.newer_lease is not None):
+        status = None
+    starts = records.starts(store, criteria)
+    launch = _LaunchRecord(store)
+    if (status is None and criteria.started_after is not None) or (
+            status is not None and status.state is not JobState.RUNNING):
+        launch.read()  # a launch that ended before its driver reported; a newer launch on its way
+    supervision = None
+    if _supervision_matters(status, criteria, launch, now):
+        supervision = _supervision(store, launch, now)
+    return Observation(now, view.status, view.lease, status, starts, launch.record, supervision, reads.since)
+
+
+def on_its_way(launch: Launch | None, status: JobStatus | None, now: float, within: float) -> Launch | None:
+    """The launch in spec/last.json made after the driver of ``status`` started, not ended and younger than
+    ``within`` s: a new driver is on its way (core/jobview.starting_launch, on a launch already read)."""
+    if launch is None or launch.ended_at is not None or now - launch.launched_at >= within:
+        return None
+    return None if status is not None and launch.launched_at <= status.started_at else launch
+
+
+class _LaunchRecord:
+    """spec/last.json, read at most once per poll: unreadable counts as none for the judgement (as in
+    jobview.starting_launch), but the supervisor's liveness, which needs it, fails on it (as observe_supervision)."""
+
+    def __init__(self, store: JobStore) -> None:
+        self.store = store
+        self.done = False
+        self.record: Launch | None = None
+        self.error: StorageError | None = None
+
+    def read(self) -> Launch | None:
+        if not self.done:
+            self.done = True
+            try:
+                self.record = read_launch(self.store)
+            except StorageError as err:
+                self.error = err
+        return self.record
+
+    def required(self) -> Launch | None:
+        self.read()
+        if self.error is not None:
+            raise self.error
+        return self.record
+
+
+def _supervision_matters(status: JobStatus | None, criteria: HealthCriteria, launch: _LaunchRecord,
+                         now: float) -> bool:
+    """Whether the judgement may ask about the supervisor: a FAILED driver (its supervisor may restart it), a
+    restart by a supervisor, or an active driver that stopped reporting. Not for a driver a newer launch
+    replaces, nor for a STOPPED one."""
+    if status is None:
+        return False
+    if status.state is not JobState.RUNNING and on_its_way(launch.read(), status, now, criteria.start_timeout):
+        return False
+    if status.state is JobState.FAILED:
+        return True
+    if status.state in TERMINAL_STATES:
+        return False
+    restart = status.current_restart()
+    if restart is not None and restart.by is RestartOwner.SUPERVISOR:
+        return True
+    return not driver_live(status, now, heartbeat_timeout=criteria.heartbeat_timeout,
+                           busy_timeout=criteria.start_timeout)
+
+
+def _supervision(store: JobStore, launch: _LaunchRecord, now: float, *, host: str | None = None,
+                 pid_alive: Callable[[int], bool] | None = None) -> Supervision:
+    """The newest supervisor and whether it is live (core/supervision.observe_supervision, on this poll's
+    spec/last.json): one superseded by a newer launch owns nothing."""
+    record = latest_supervisor(store)
+    if record is None:
+        return Supervision(None, False)
+    live, why_not = record.liveness(now, host=socket.gethostname() if host is None else host,
+                                    pid_alive=process_alive if pid_alive is None else pid_alive)
+    if live and not record.standalone:
+        last = launch.required()
+        if last is not None and last.launch_id != record.launch_id and last.launched_at >= record.started_at:
+            return Supervision(record, False, f"is superseded by launch {last.launch_id} (by {last.launched_by})")
+    return Supervision(record, live, why_not)
