@@ -299,6 +299,7 @@ class Topology:
             code, octet = ROLES[role]
             self.hosts[role] = Host(role, f"{self.name}-{role}", f"{self.name}-{code}", f"{self.name}-{code}-b",
                                     str(SUBNET.network_address + octet))
+            assert len(self.hosts[role].bridge_port) <= 15, "Linux interface names have at most 15 characters"
         self.workdir = WORK_ROOT / self.name
         self.servers: list[EmbeddedS3 | EmbeddedKafka | PgServer] = []
         self.store: EmbeddedS3 | None = None
@@ -323,7 +324,10 @@ class Topology:
         _check_range_free()
         RECORD_DIR.mkdir(parents=True, exist_ok=True)
         record = {"pid": os.getpid(), "start": _start_ticks(os.getpid()), "namespaces": self.namespaces()}
-        (RECORD_DIR / f"{self.run_id}.json").write_text(json.dumps(record))  # before anything that needs removing
+        # Written before anything that needs removing, and whole (rename) so that no cleanup reads it half-written.
+        partial = RECORD_DIR / f"{self.run_id}.json.partial"
+        partial.write_text(json.dumps(record))
+        partial.rename(RECORD_DIR / f"{self.run_id}.json")
         _open.add(self)
         self._started = True
         try:
@@ -670,9 +674,8 @@ def cleanup_leftovers(*, everything: bool = False) -> list[str]:
     for link in _root_links():
         if match := _RUN_ID.match(link):
             by_run.setdefault(match[1], set())
-    for path in [*RECORD_DIR.glob("*.json"), *WORK_ROOT.glob(f"{PREFIX}-*")] if RECORD_DIR.exists() else \
-            WORK_ROOT.glob(f"{PREFIX}-*"):
-        if match := re.fullmatch(r"(?:ckh-)?([0-9a-f]{4})(?:\.json)?", path.name):
+    for path in [*RECORD_DIR.glob("*.json"), *WORK_ROOT.glob(f"{PREFIX}-*")]:  # glob of a missing dir: nothing
+        if match := re.fullmatch(rf"(?:{PREFIX}-)?([0-9a-f]{{4}})(?:\.json)?", path.name):
             by_run.setdefault(match[1], set())
     removed = []
     for run_id, namespaces in sorted(by_run.items()):
