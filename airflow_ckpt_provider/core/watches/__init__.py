@@ -8,7 +8,8 @@ closed set. The Airflow triggers and sensors run these (in a thread, or in the w
 imports Airflow. Time is a parameter, so the rules are tested without sleeping.
 
 One module per watch, as the triggers have one per trigger: ``base`` (the ``Watch`` protocol and what the
-watches share), ``job_health``, ``control`` (a control request's answer), ``snapshot``, ``restore_check`` (a
-detached restore check's verdict), and ``events`` (watches with a cursor that announce a stream of events: each
+watches share), ``job_health`` (observe, judge, remember, tell: ``health_observe``, ``health_judge``,
+``health_memory``, ``health_messages``), ``control`` (a control request's answer), ``snapshot``, ``restore_check``
+(a detached restore check's verdict), and ``events`` (watches with a cursor that announce a stream of events: each
 new snapshot, each rise of a number above a threshold).
 """
