@@ -189,16 +189,20 @@ def _print_dry_run(args: argparse.Namespace, argv: list[str], env: dict[str, str
                                         "progress_timeout": health.progress_timeout}
     supervise = None if strategy is None else {"strategy": describe_strategy(strategy), "health": rule}
     if args.json:
+        # given: the user's archive (--python-env PATH_OR_URI), shipped as it is; else built here into the cache,
+        # and built says whether that happened already
         ship = None if shipped is None else {"archive": shipped.archive, "py_files": list(shipped.py_files),
-                                             "built": shipped.built, "requirements": list(shipped.requirements),
+                                             "built": shipped.built, "given": shipped.given,
+                                             "requirements": list(shipped.requirements),
                                              "requirements_file": shipped.requirements_file}
         print(json.dumps({"argv": redact(argv), "command": describe(argv), "env": env, "supervise": supervise,
                           "python_env": ship}, indent=2, sort_keys=True))
         return
     lines = [describe(argv), *(f"env: {k}={v}" for k, v in sorted(env.items()))]
     if shipped is not None:
-        lines.append(f"python env: {shipped.archive} ({'built' if shipped.built else 'built on the first run'}), "
-                     f"code {', '.join(shipped.py_files)}")
+        state = ("given, shipped as it is" if shipped.given else "built" if shipped.built else
+                 "built on the first run")
+        lines.append(f"python env: {shipped.archive} ({state}), code {', '.join(shipped.py_files)}")
     if strategy is not None:
         lines.append(f"supervised: restart strategy {describe_strategy(strategy)}; " + (
             "no health rule" if health is None else

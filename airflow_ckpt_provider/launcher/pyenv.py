@@ -59,13 +59,16 @@ def cache_dir() -> Path:
 
 @dataclass(frozen=True)
 class ShippedEnv:
-    """The archive and code zip one job ships; ``built`` says whether both exist already (no build needed)."""
+    """The archive and code zip one job ships. ``given``: the archive is the user's (``--python-env PATH_OR_URI``),
+    shipped as it is and never built here; else this provider builds it into its cache. ``built`` says whether
+    the provider built both already (no build needed); never for a given archive."""
 
     archive: str
     py_files: tuple[str, ...]
     requirements: tuple[str, ...] = ()  # name==version pins of the provider's dependencies
     requirements_file: str | None = None  # the job's own, installed with ``-r`` (pip's whole format)
     base_python: str = ""
+    given: bool = False
 
     @property
     def python(self) -> str:
@@ -74,8 +77,7 @@ class ShippedEnv:
 
     @property
     def built(self) -> bool:
-        local = [p for p in (self.archive, *self.py_files) if "://" not in p]
-        return all(Path(p).is_file() for p in local)
+        return not self.given and all(Path(p).is_file() for p in (self.archive, *self.py_files))
 
     def driver_dir(self, python: str) -> str:
         """A working directory for a driver running here (client mode) where ``./ckpt-env`` is ``python``'s
@@ -122,11 +124,11 @@ def plan(python_env: str, master: str, *, requirements_file: str | None = None,
     code = cache / f"ckpt-provider-{_package_digest()}.zip"
     if python_env not in (AUTO, SHIP):
         if "://" in python_env:
-            return ShippedEnv(archive=python_env, py_files=(str(code),))
+            return ShippedEnv(archive=python_env, py_files=(str(code),), given=True)
         if not Path(python_env).is_file():
             raise ConfigError(f"--python-env {python_env}: expected auto, ship, none or a packed environment "
                               "(a .tar.gz made by venv-pack, or a URI the cluster can read), found no such file")
-        return ShippedEnv(archive=str(Path(python_env).absolute()), py_files=(str(code),))
+        return ShippedEnv(archive=str(Path(python_env).absolute()), py_files=(str(code),), given=True)
     own = _read_requirements(requirements_file) if requirements_file else b""
     base = _base_python()
     pins = pinned(EXECUTOR_REQUIREMENTS)

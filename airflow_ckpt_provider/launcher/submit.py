@@ -254,14 +254,19 @@ def shared_checkpoint_warning(spec: SubmitSpec) -> str | None:
 _DRIVER_ENV_CONF = {"yarn": "spark.yarn.appMasterEnv", "k8s": "spark.kubernetes.driverEnv"}
 
 
-def gate_file(config: RuntimeConfig) -> str:
-    """The admission gate of this job's driver (core/gate.py): one per job and live checkpoint.
+def gate_name(config: RuntimeConfig) -> str:
+    """The file name of this job's admission gate (core/gate.py): one per job and live checkpoint.
 
-    A restore check (``check_restore``) has its own: it must never open or close the running driver's.
-    """
+    A restore check (``check_restore``) has its own: it must never open or close the running driver's. A driver
+    in the cluster gets this bare name (core/gate.py resolves it in the temporary directory of its own host)."""
     digest = hashlib.sha256(f"{config.job}\0{config.checkpoint}".encode()).hexdigest()[:12]
     kind = "check-" if config.check_restore else ""
-    return str(Path(tempfile.gettempdir()) / f"ckpt-gate-{kind}{config.job}-{digest}")
+    return f"ckpt-gate-{kind}{config.job}-{digest}"
+
+
+def gate_file(config: RuntimeConfig) -> str:
+    """The admission gate of a driver running on this host: ``gate_name`` in this host's temporary directory."""
+    return str(Path(tempfile.gettempdir()) / gate_name(config))
 
 
 def build_command(spec: SubmitSpec) -> tuple[list[str], dict[str, str]]:
@@ -365,7 +370,8 @@ def _conf(spec: SubmitSpec, manager: str) -> dict[str, str]:
         if not cluster:  # conf beats PYSPARK_DRIVER_PYTHON in spark-submit: name the driver's own
             conf.setdefault("spark.pyspark.driver.python", spec.env_python or sys.executable)
     if cluster and manager in _DRIVER_ENV_CONF:  # the driver runs remotely: its environment comes from conf
-        conf.setdefault(f"{_DRIVER_ENV_CONF[manager]}.{GATE_ENV}", gate_file(spec.config))
+        # a bare name, in the driver host's temporary directory: this host's paths mean nothing there
+        conf.setdefault(f"{_DRIVER_ENV_CONF[manager]}.{GATE_ENV}", gate_name(spec.config))
     _cluster_conf(spec, manager, conf)  # YARN, Kubernetes: who restarts the driver, spark-submit waits for its end
     return conf
 
@@ -492,11 +498,15 @@ def _cluster_conf(spec: SubmitSpec, manager: str, conf: dict[str, str]) -> None:
 
 
 def redact(argv: Sequence[str]) -> list[str]:
-    """``argv`` with the value of every ``--conf K=V`` whose key looks secret replaced, as Spark's UI does."""
+    """``argv`` with the value of every ``--conf K=V`` whose key looks secret replaced, as Spark's UI does.
+
+    A reference to a secret is kept (``spark.kubernetes.driver.secretKeyRef.ENV=SECRET:KEY``,
+    ``spark.kubernetes.executor.secrets.SECRET=/mount/path``, a ``...File`` setting naming a file): it holds no
+    secret, and a command copied from ``--dry-run --json`` (into a SparkApplication) needs it as it is."""
     out = list(argv)
     for i in range(1, len(out)):
         key, sep, _ = out[i].partition("=")
-        if out[i - 1] == "--conf" and sep and _SECRET_CONF.search(key):
+        if out[i - 1] == "--conf" and sep and _SECRET_CONF.search(key) and not _SECRET_REFERENCE.search(key):
             out[i] = f"{key}={REDACTED}"
     return out
 

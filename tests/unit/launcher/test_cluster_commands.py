@@ -18,7 +18,7 @@ from airflow_ckpt_provider.core.deployments import LAUNCH_ENV
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.gate import GATE_ENV
 from airflow_ckpt_provider.embedded.process import free_port
-from airflow_ckpt_provider.launcher.submit import check_master, gate_file, on_loopback
+from airflow_ckpt_provider.launcher.submit import check_master, gate_file, gate_name, on_loopback
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 
 SUBMIT = "/opt/spark/bin/spark-submit"
@@ -74,7 +74,7 @@ def test_yarn_cluster_supervised_leaves_restarts_to_the_supervisor_and_ships_the
     assert argv == [
         SUBMIT, "--master", "yarn", "--deploy-mode", "cluster", "--name", "ckpt-orders",
         "--conf", "spark.pyspark.python=./ckpt-env/bin/python",
-        "--conf", f"spark.yarn.appMasterEnv.{GATE_ENV}={gate_file(tail(argv))}",
+        "--conf", f"spark.yarn.appMasterEnv.{GATE_ENV}={gate_name(tail(argv))}",
         "--conf", "spark.yarn.maxAppAttempts=1",
         "--conf", "spark.yarn.submit.waitAppCompletion=true",
         "--py-files", code_zip,
@@ -117,7 +117,7 @@ def test_yarn_unsupervised_may_let_yarn_restart_the_driver(
     assert data["supervise"] is None and data["python_env"] is None
     assert confs(data["argv"]) == [
         "spark.yarn.maxAppAttempts=3", "spark.yarn.am.attemptFailuresValidityInterval=1h",
-        f"spark.yarn.appMasterEnv.{GATE_ENV}={gate_file(tail(data['argv']))}",
+        f"spark.yarn.appMasterEnv.{GATE_ENV}={gate_name(tail(data['argv']))}",
         "spark.yarn.submit.waitAppCompletion=true",
     ]
 
@@ -200,7 +200,7 @@ def test_k8s_cluster_with_an_s3a_archive(capsys: pytest.CaptureFixture[str], job
         SUBMIT, "--master", K8S, "--deploy-mode", "cluster", "--name", "ckpt-orders",
         "--conf", UPLOAD,
         "--conf", "spark.pyspark.python=./ckpt-env/bin/python",
-        "--conf", f"spark.kubernetes.driverEnv.{GATE_ENV}={gate_file(tail(argv))}",
+        "--conf", f"spark.kubernetes.driverEnv.{GATE_ENV}={gate_name(tail(argv))}",
         "--conf", "spark.kubernetes.submission.waitAppCompletion=true",
         "--py-files", code_zip,
         "--files", str(job_file),
@@ -270,7 +270,7 @@ def test_a_remote_driver_gets_its_gate_and_launch_id_through_conf(
                             "--conf", UPLOAD)
     assert code == 0
     settings = confs(data["argv"])
-    assert f"{prefix}.{GATE_ENV}={gate_file(tail(data['argv']))}" in settings
+    assert f"{prefix}.{GATE_ENV}={gate_name(tail(data['argv']))}" in settings
     assert f"{prefix}.{LAUNCH_ENV}=20260101T000000Z-abc123" in settings
     assert GATE_ENV not in data["env"] and LAUNCH_ENV not in data["env"]
 
@@ -454,3 +454,54 @@ def test_no_warning_where_the_checkpoint_is_shared(
     code, _, err = run_with(capsys, job_file, "--store", str(tmp_path / "store"), "--checkpoint", checkpoint,
                             "--master", master, "--python-env", "none")
     assert (code, err) == (0, "")
+
+
+def test_k8s_cluster_dry_run_json_is_what_a_spark_application_can_take_as_it_is(
+    capsys: pytest.CaptureFixture[str], job_file: Path, cache: Path
+) -> None:
+    """docs/cluster.md says to copy this JSON into a SparkApplication: secret references stay whole (they name a
+    secret, they hold none), the environment archive is said to be the user's, and the driver pod gets no path of
+    this host."""
+    refs = ["spark.kubernetes.driver.secretKeyRef.AWS_ACCESS_KEY_ID=aws:id",
+            "spark.kubernetes.driver.secretKeyRef.AWS_SECRET_ACCESS_KEY=aws:secret",
+            "spark.kubernetes.executor.secretKeyRef.AWS_SECRET_ACCESS_KEY=aws:secret",
+            "spark.kubernetes.driver.secrets.kafka-tls=/etc/kafka-tls",
+            "spark.kubernetes.executor.secrets.kafka-tls=/etc/kafka-tls"]
+    code, data, err = dry_run(capsys, job_file, "--master", K8S, "--deploy-mode", "cluster",
+                              "--python-env", "s3a://bucket/envs/env.tar.gz", "--conf", UPLOAD,
+                              *(arg for ref in refs for arg in ("--conf", ref)))
+    assert (code, err) == (0, "")
+    argv = data["argv"]
+    gate = gate_name(tail(argv))
+    assert fnmatch(gate, "ckpt-gate-orders-????????????") and "/" not in gate
+    assert confs(argv) == [UPLOAD, *refs, "spark.pyspark.python=./ckpt-env/bin/python",
+                           f"spark.kubernetes.driverEnv.{GATE_ENV}={gate}",
+                           "spark.kubernetes.submission.waitAppCompletion=true"]
+    assert "redacted" not in data["command"] and all(ref in data["command"] for ref in refs)
+    (code_zip,) = data["python_env"]["py_files"]
+    assert data["python_env"] == {"archive": "s3a://bucket/envs/env.tar.gz", "py_files": [code_zip],
+                                  "built": False, "given": True, "requirements": [], "requirements_file": None}
+    assert data["env"] == {} and data["supervise"] is None
+
+
+def test_only_an_archive_built_here_is_said_to_be_built(
+    capsys: pytest.CaptureFixture[str], job_file: Path, archive: Path, cache: Path
+) -> None:
+    """``built``: this provider built the archive (auto, ship) and it is in the cache; ``given``: the user's."""
+    code, data, _ = dry_run(capsys, job_file, "--master", "yarn", "--deploy-mode", "cluster")
+    assert code == 0 and (data["python_env"]["built"], data["python_env"]["given"]) == (False, False)
+    (code_zip,) = data["python_env"]["py_files"]
+    cache.mkdir()
+    Path(code_zip).write_bytes(b"zip")
+    Path(data["python_env"]["archive"]).write_bytes(b"env")
+    code, data, _ = dry_run(capsys, job_file, "--master", "yarn", "--deploy-mode", "cluster")
+    assert code == 0 and (data["python_env"]["built"], data["python_env"]["given"]) == (True, False)
+    for given in (str(archive), "s3a://bucket/envs/env.tar.gz"):  # the code zip exists: still not built here
+        code, data, _ = dry_run(capsys, job_file, "--master", "yarn", "--deploy-mode", "cluster", "--python-env",
+                                given)
+        assert code == 0 and (data["python_env"]["built"], data["python_env"]["given"]) == (False, True)
+    code = cli.main(["run", str(job_file), "--job", "orders", "--store", "s3://bucket/jobs", "--checkpoint",
+                     "s3a://bucket/ckpt/orders", "--spark-submit", SUBMIT, "--master", "yarn", "--deploy-mode",
+                     "cluster", "--python-env", "s3a://bucket/envs/env.tar.gz", "--dry-run"])
+    assert code == 0
+    assert "python env: s3a://bucket/envs/env.tar.gz (given, shipped as it is), code " in capsys.readouterr().out
