@@ -10,7 +10,6 @@ Manifests never change once written (create-if-absent), so they are read once pe
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -22,9 +21,10 @@ from typing import Any
 from airflow_ckpt_provider.core.deployments import Launch, read_launch
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.health import HealthCriteria, restart_times
-from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, SNAPSHOTS, SPEC_STABLE, JobStore
+from airflow_ckpt_provider.core.jobstore import SNAPSHOTS, SPEC_STABLE, JobStore
 from airflow_ckpt_provider.core.jobview import JobView, observe, state_text
 from airflow_ckpt_provider.core.manifest import RESCALED_FROM, Kind, Manifest, snapshot_order
+from airflow_ckpt_provider.core.records.start import StartRecord, read_starts
 from airflow_ckpt_provider.core.snapshots import latest_completed, load_manifest
 from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobStatus
 from airflow_ckpt_provider.core.supervision import observe_supervision
@@ -163,37 +163,14 @@ class ManifestCache:
 MANIFESTS = ManifestCache()
 
 
-def read_starts(store: JobStore) -> list[dict[str, Any]]:
-    """The deployments/ records (one per driver start), oldest first; an unreadable one is skipped."""
-    out = []
-    for info in store.storage.list(DEPLOYMENTS):
-        if not info.key.endswith(".json"):
-            continue
-        try:
-            body = json.loads(store.storage.read(info.key))
-            epoch = int(info.key[len(DEPLOYMENTS):-len(".json")])
-        except (FileNotFoundError, ValueError) as err:
-            log.warning("job %s: ignoring unreadable deployment record %s: %s", store.job, info.key, err)
-            continue
-        if isinstance(body, dict):
-            out.append({**body, "epoch": epoch})
-    return sorted(out, key=lambda b: b["epoch"])
-
-
-def start_rows(records: Sequence[dict[str, Any]], retained: set[str]) -> list[StartRow]:
+def start_rows(records: Sequence[StartRecord], retained: set[str]) -> list[StartRow]:
     """The driver starts, oldest first, each marked as a restart or not (core/health.restart_times)."""
-    starts = [(int(r["epoch"]), float(r.get("at") or 0), r.get("launch_id")) for r in records]
-    restarted = set(restart_times(starts))
-    rows = []
-    for r, (_epoch, at, _launch) in zip(records, starts, strict=True):
-        snapshot = r.get("snapshot")
-        rows.append(StartRow(
-            epoch=int(r["epoch"]), at=at, action=str(r.get("action") or "?"), restore=str(r.get("restore") or "?"),
-            snapshot=snapshot, snapshot_retained=None if snapshot is None else snapshot in retained,
-            code_version=r.get("code_version"), launch_id=r.get("launch_id"), timeline=int(r.get("timeline") or 0),
-            time_travel=bool(r.get("time_travel")), restart=at in restarted,
-            reason=str(r.get("reason") or "")))
-    return rows
+    restarted = set(restart_times([(r.epoch, r.at, r.launch_id) for r in records]))
+    return [StartRow(
+        epoch=r.epoch, at=r.at, action=r.action or "?", restore=r.restore or "?", snapshot=r.snapshot,
+        snapshot_retained=None if r.snapshot is None else r.snapshot in retained, code_version=r.code_version,
+        launch_id=r.launch_id, timeline=r.timeline, time_travel=bool(r.time_travel), restart=r.at in restarted,
+        reason=r.reason) for r in records]
 
 
 def snapshot_rows(manifests: Sequence[Manifest], starts: Iterable[StartRow], uri_of: Any) -> list[SnapshotRow]:

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from airflow_ckpt_provider.core.deployments import Launch, read_launch
-from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, JobStore
+from airflow_ckpt_provider.core.jobstore import JobStore
+from airflow_ckpt_provider.core.records.start import StartRecord, read_start
 from airflow_ckpt_provider.core.status import JobState, JobStatus, RestartOwner, read_status
 from airflow_ckpt_provider.core.storage import S3Options
 from airflow_ckpt_provider.core.supervision import latest_supervisor
@@ -140,10 +141,12 @@ class World:
         os.killpg(driver_group, signal.SIGKILL)
         return record.pid, status.pid
 
-    def deployment(self, epoch: int) -> dict[str, Any]:
+    def deployment(self, epoch: int) -> StartRecord:
         """How the driver of ``epoch`` started: deployments/<epoch>.json (action, snapshot, launch id...)."""
-        body: dict[str, Any] = json.loads(self.store.storage.read(f"{DEPLOYMENTS}{epoch:010d}.json"))
-        return body
+        start = read_start(self.store, epoch)
+        if start is None:
+            raise AssertionError(f"job {self.store.job}: no readable start record of epoch {epoch}")
+        return start
 
     def watch_restart(self, killed: JobStatus, killed_at: float, timeout: float = TIMEOUT) -> RestartSeen:
         """After a kill at ``killed_at`` of the driver of ``killed``: follow status.json until a driver of a newer
@@ -157,7 +160,7 @@ class World:
                 restarting = restarting or status
             if status is not None and status.epoch > killed.epoch and status.batch_id is not None:
                 return RestartSeen(killed, killed_at, restarting, status, time.time(), self.deployment(status.epoch),
-                                   self.deployment(killed.epoch).get("launch_id"), read_launch(self.store))
+                                   self.deployment(killed.epoch).launch_id, read_launch(self.store))
             time.sleep(0.1)
         raise RuntimeError(f"timed out after {timeout:.0f} s waiting for a batch of a driver newer than epoch "
                            f"{killed.epoch}; last status: {self.status()}")
@@ -182,14 +185,14 @@ class RestartSeen:
     restarting: JobStatus | None
     first: JobStatus
     first_at: float
-    deployment: dict[str, Any]
+    deployment: StartRecord
     killed_launch_id: str | None
     launch: Launch | None
 
     @property
     def new_launch(self) -> bool:
         """The new driver belongs to another launch than the killed one: someone launched the job again."""
-        return self.deployment.get("launch_id") != self.killed_launch_id
+        return self.deployment.launch_id != self.killed_launch_id
 
     def summary(self) -> str:
         """One line for the demo's closing block: the kill, who restarted the job, from which batch, how fast."""
@@ -213,21 +216,21 @@ class RestartSeen:
         elif not self.new_launch:
             who = f"the supervisor of launch {self.killed_launch_id} restarted it (its RESTARTING was not seen)"
         else:
-            by = self.launch.launched_by if self.launch and self.launch.launch_id == d.get("launch_id") else "?"
-            pid = self.launch.pid if self.launch and self.launch.launch_id == d.get("launch_id") else None
-            who = (f"{by} relaunched it as launch {d.get('launch_id')} (supervisor pid {pid}); nobody wrote "
+            by = self.launch.launched_by if self.launch and self.launch.launch_id == d.launch_id else "?"
+            pid = self.launch.pid if self.launch and self.launch.launch_id == d.launch_id else None
+            who = (f"{by} relaunched it as launch {d.launch_id} (supervisor pid {pid}); nobody wrote "
                    f"RESTARTING: the supervisor of launch {self.killed_launch_id} was gone")
-        snapshot = d.get("snapshot") or "none: the live checkpoint"
+        snapshot = d.snapshot or "none: the live checkpoint"
         return [
             f"after the kill -9: {who}",
-            f"epoch {k.epoch} -> {f.epoch}: deployments/{f.epoch:010d}.json says action {d.get('action')}, "
-            f"restore {d.get('restore')}, snapshot {snapshot} ({d.get('reason')}); the killed driver had reported "
+            f"epoch {k.epoch} -> {f.epoch}: deployments/{f.epoch:010d}.json says action {d.action}, "
+            f"restore {d.restore}, snapshot {snapshot} ({d.reason}); the killed driver had reported "
             f"batch {k.batch_id}, the new one's first reported batch is {f.batch_id}",
             f"kill -9 -> first batch of epoch {f.epoch}: {self.first_at - self.killed_at:.1f} s",
             ("the DAG launched nothing after the kill: spec/last.json still names launch "
              f"{self.launch.launch_id if self.launch else '-'} ({self.launch.launched_by if self.launch else '-'})")
             if not self.new_launch else
-            f"the DAG's restart task launched it: spec/last.json names launch {d.get('launch_id')} "
+            f"the DAG's restart task launched it: spec/last.json names launch {d.launch_id} "
             f"({self.launch.launched_by if self.launch else '-'})",
         ]
 

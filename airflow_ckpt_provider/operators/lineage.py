@@ -19,7 +19,6 @@ The job file's sinks are not recorded anywhere the Airflow side can read: they c
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -27,8 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_ckpt_provider.core.deployments import read_launch
 from airflow_ckpt_provider.core.errors import CkptError
-from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, check_snapshot_id
+from airflow_ckpt_provider.core.jobstore import check_snapshot_id
 from airflow_ckpt_provider.core.lineagenames import RUN_FACET, DatasetName, uri_dataset
+from airflow_ckpt_provider.core.records.start import read_start
 from airflow_ckpt_provider.core.snapshots import load_manifest
 from airflow_ckpt_provider.core.status import read_status
 from airflow_ckpt_provider.kafka.offsets import kafka_inputs
@@ -95,26 +95,15 @@ def observe_launch(store: JobStore) -> LaunchLineage:
     if status is None:
         return lineage
     inputs, unnamed = kafka_inputs(status.offsets)
-    start = _start_record(store, status.epoch)
-    snapshot_id = start.get("snapshot")
+    start = read_start(store, status.epoch)  # None when missing or unreadable (logged)
+    snapshot_id = start.snapshot if start else None
     return LaunchLineage(
         job=store.job, code_version=status.code_version or lineage.code_version,
-        restore=start.get("restore") or lineage.restore, epoch=status.epoch,
-        launch_id=start.get("launch_id") or lineage.launch_id, action=start.get("action"),
+        restore=(start.restore if start else None) or lineage.restore, epoch=status.epoch,
+        launch_id=(start.launch_id if start else None) or lineage.launch_id,
+        action=(start.action or None) if start else None,
         restored_from=_restored_from(store, snapshot_id) if isinstance(snapshot_id, str) else None,
         inputs=tuple(inputs), unnamed_topics=tuple(unnamed))
-
-
-def _start_record(store: JobStore, epoch: int) -> dict[str, Any]:
-    """deployments/<epoch>.json ({} when missing or unreadable)."""
-    try:
-        body = json.loads(store.storage.read(f"{DEPLOYMENTS}{epoch:010d}.json"))
-    except FileNotFoundError:
-        return {}
-    except (CkptError, ValueError) as err:
-        log.warning("job %s: lineage without deployments/%010d.json: %s", store.job, epoch, err)
-        return {}
-    return body if isinstance(body, dict) else {}
 
 
 def _restored_from(store: JobStore, snapshot_id: str) -> RestoredFrom:

@@ -3,21 +3,20 @@ the restore strategy, then act (restore into the live location). Pure decision, 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any
 
 from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
 from airflow_ckpt_provider.core.deployments import LAUNCH_ENV
 from airflow_ckpt_provider.core.errors import CheckpointError, CkptError, ConfigError, SnapshotError
-from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, JobStore, split_snapshot_ref
+from airflow_ckpt_provider.core.jobstore import JobStore, split_snapshot_ref
 from airflow_ckpt_provider.core.manifest import Kind, Manifest, NewerFormatError, snapshot_order
 from airflow_ckpt_provider.core.modes import RestoreMode, RestoreSpec, TimeTravel
+from airflow_ckpt_provider.core.records.start import StartRecord, last_start, write_start
 from airflow_ckpt_provider.core.restore import restore_snapshot
 from airflow_ckpt_provider.core.snapshots import list_snapshots, load_manifest, object_problems
 from airflow_ckpt_provider.core.status import read_status
@@ -179,29 +178,15 @@ class Lineage:
         return m.snapshot_id == self.base or m.created.timestamp() >= self.since
 
 
-def _last_record(store: JobStore) -> dict[str, Any]:
-    """The record the last driver start wrote in deployments/ ({} before the first, or if unreadable)."""
-    keys = sorted(o.key for o in store.storage.list(DEPLOYMENTS) if o.key.endswith(".json"))
-    if not keys:
-        return {}
-    try:
-        body = json.loads(store.storage.read(keys[-1]))
-    except (FileNotFoundError, ValueError) as err:
-        log.warning("job %s: ignoring unreadable deployment record %s: %s", store.job, keys[-1], err)
-        return {}
-    return body if isinstance(body, dict) else {}
-
-
 def read_lineage(store: JobStore) -> Lineage | None:
-    """The lineage the last deployment recorded, or None before the first."""
-    body = _last_record(store)
-    if not body:
+    """The lineage the last driver start recorded, or None before the first."""
+    start = last_start(store)
+    if start is None:
         return None
-    try:
-        return Lineage(float(body["lineage_since"]), body.get("lineage_base"))
-    except (KeyError, TypeError, ValueError) as err:
-        log.warning("job %s: ignoring a deployment record without its lineage: %s", store.job, err)
+    if start.lineage_since is None:
+        log.warning("job %s: ignoring start record %d without its lineage", store.job, start.epoch)
         return None
+    return Lineage(start.lineage_since, start.lineage_base)
 
 
 def latest_batch(store: JobStore, lineage: Lineage | None, snapshots: Sequence[Manifest]) -> int | None:
@@ -332,8 +317,8 @@ def prepare_checkpoint(store: JobStore, live_storage: Storage, spec: RestoreSpec
     plan, live = plan_start(store, live_storage, spec, policy)
     loud = plan.skipped or (live.problem and live.problem != NO_COMPLETED_BATCH and plan.action is StartAction.RESTORE)
     (log.warning if loud else log.info)("job %s: start: %s", store.job, plan.reason)
-    previous_record = _last_record(store)
-    timeline = int(previous_record.get("timeline", 0)) + (1 if plan.travel else 0)
+    previous_start = last_start(store)
+    timeline = (previous_start.timeline if previous_start else 0) + (1 if plan.travel else 0)
     if plan.travel is not None:
         t = plan.travel
         log.warning(
@@ -352,13 +337,13 @@ def prepare_checkpoint(store: JobStore, live_storage: Storage, spec: RestoreSpec
         lineage = previous or Lineage(0.0)
     else:
         lineage = Lineage(time.time(), plan.snapshot.snapshot_id if plan.snapshot else None)
-    start = {"epoch": epoch, "at": time.time(), "restore": str(spec), "action": plan.action.value,
-              "snapshot": plan.snapshot.snapshot_id if plan.snapshot else None, "reason": plan.reason,
-              "lineage_since": lineage.since, "lineage_base": lineage.base, "timeline": timeline,
-              "time_travel": plan.travel.to_dict() if plan.travel else None,
-              "launch_id": os.environ.get(LAUNCH_ENV),  # restarts of one launch are its supervisor's
-              "code_version": code_version}
-    store.storage.write(f"{DEPLOYMENTS}{epoch:010d}.json", json.dumps(start, sort_keys=True).encode())
+    write_start(store, StartRecord(
+        epoch=epoch, at=time.time(), restore=str(spec), action=plan.action.value,
+        snapshot=plan.snapshot.snapshot_id if plan.snapshot else None, reason=plan.reason,
+        lineage_since=lineage.since, lineage_base=lineage.base, timeline=timeline,
+        time_travel=plan.travel.to_dict() if plan.travel else None,
+        launch_id=os.environ.get(LAUNCH_ENV),  # restarts of one launch are its supervisor's
+        code_version=code_version))
     return plan
 
 

@@ -1,0 +1,79 @@
+"""One base for every file the job store holds: typed fields, one serializer, one rule, one mechanism.
+
+- Serializer: msgspec's JSON (measured against pydantic and the hand-written code: docs/benchmarks.md,
+  "The job store's records").
+- Unknown keys are ignored (a newer release may add fields; an older one reads what it knows). A record read
+  and written again by an older release loses the fields it did not know: records are written by one owner.
+- Versions: each file carries ``schema``, the version of its record type that wrote it (files written before
+  issue 40 have none: version 0). Older versions are brought up to date by the type's ``UPGRADES``, one step
+  per version, before the fields are checked; a newer version than this release knows is refused
+  (``NewerRecordError``): its meaning may have changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar, Self
+
+import msgspec
+
+from airflow_ckpt_provider.core.errors import StorageError
+
+#: A step from one version of a record type to the next, on the decoded JSON object.
+Upgrade = Callable[[dict[str, Any]], dict[str, Any]]
+
+_ENCODER = msgspec.json.Encoder(order="sorted")
+
+
+class RecordError(StorageError):
+    """A file of the job store is not a valid record of its type."""
+
+
+class NewerRecordError(RecordError):
+    """A file was written by a newer release (a higher ``schema`` than this release knows)."""
+
+
+class Record(msgspec.Struct, frozen=True, kw_only=True):
+    """Base of the job store's records. A subclass sets ``SCHEMA`` (the version it writes), ``WHAT`` (what the
+    file is, for errors) and, from version 2 on, ``UPGRADES[v]`` (version v to v + 1)."""
+
+    SCHEMA: ClassVar[int] = 1
+    WHAT: ClassVar[str] = "record"
+    UPGRADES: ClassVar[dict[int, Upgrade]] = {}
+
+    schema: int = 0  # the version that wrote it; to_bytes writes SCHEMA
+
+    def to_bytes(self) -> bytes:
+        return _ENCODER.encode(msgspec.structs.replace(self, schema=type(self).SCHEMA))
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str) -> Self:
+        """Decode, upgrade an older version, check the fields; RecordError says what is wrong with the file."""
+        try:
+            record = msgspec.json.decode(data, type=cls)
+        except msgspec.ValidationError:
+            record = None  # an older version's shape, or a broken file: decide from the raw object
+        except msgspec.DecodeError as err:
+            raise RecordError(f"{cls.WHAT} {where} is not JSON ({err})") from err
+        if record is not None and record.schema == cls.SCHEMA:
+            return record
+        return cls.from_object(msgspec.json.decode(data), where)
+
+    @classmethod
+    def from_object(cls, body: Any, where: str) -> Self:
+        """The record of a decoded JSON object, upgraded from its version."""
+        if not isinstance(body, dict):
+            raise RecordError(f"{cls.WHAT} {where}: expected a JSON object, found {type(body).__name__}")
+        version = body.get("schema", 0)
+        if not isinstance(version, int) or version < 0:
+            raise RecordError(f"{cls.WHAT} {where}: expected a schema version (a whole number), found {version!r}")
+        if version > cls.SCHEMA:
+            raise NewerRecordError(
+                f"{cls.WHAT} {where} was written with schema {version}, this release reads up to {cls.SCHEMA}: "
+                "upgrade airflow-ckpt-provider where it is read")
+        for step in range(max(version, 1), cls.SCHEMA):  # version 0 is version 1 without the key
+            body = cls.UPGRADES[step](dict(body))
+        try:
+            return msgspec.convert({**body, "schema": cls.SCHEMA}, cls)
+        except msgspec.ValidationError as err:
+            raise RecordError(f"{cls.WHAT} {where} is not valid: {err}") from err
