@@ -7,7 +7,6 @@ them, each at most once. The judgement (health_judge.py) never reads the store.
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from airflow_ckpt_provider.core.health import HealthCriteria
 from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, JobStore
 from airflow_ckpt_provider.core.lease import LeaseRecord
 from airflow_ckpt_provider.core.outage import ReadableAgain
+from airflow_ckpt_provider.core.records.start import epoch_of, read_start
 from airflow_ckpt_provider.core.status import TERMINAL_STATES, JobState, JobStatus, RestartOwner, driver_live
 from airflow_ckpt_provider.core.supervision import Supervision, latest_supervisor, process_alive
 from airflow_ckpt_provider.core.watches.base import look
@@ -61,27 +61,20 @@ class StartRecords:
     observer's cache across polls, not the judgement's memory."""
 
     def __init__(self) -> None:
-        self._read: dict[str, Start | None] = {}  # None: below min_epoch, or unreadable
+        self._read: dict[int, Start | None] = {}  # by epoch; None: below min_epoch, or unreadable
 
     def starts(self, store: JobStore, criteria: HealthCriteria) -> tuple[Start, ...]:
         """(epoch, at, launch id) of every driver start of the watched deployment, by epoch: one listing of
-        deployments/, a read of each record not seen before."""
+        deployments/, a read of each record not seen before (core/records/start.py, the one reader)."""
         for info in store.storage.list(DEPLOYMENTS):
-            key = info.key
-            if key in self._read or not key.endswith(".json"):
+            epoch = epoch_of(info.key)
+            if epoch is None or epoch in self._read:
                 continue
-            try:
-                epoch = int(key[len(DEPLOYMENTS) : -len(".json")])
-                if criteria.min_epoch is not None and epoch < criteria.min_epoch:
-                    self._read[key] = None
-                    continue
-                body = json.loads(store.storage.read(key))
-                self._read[key] = (epoch, float(body["at"]), body.get("launch_id"))
-            except FileNotFoundError:
+            if criteria.min_epoch is not None and epoch < criteria.min_epoch:
+                self._read[epoch] = None
                 continue
-            except (ValueError, KeyError, TypeError) as err:
-                log.warning("job %s: ignoring unreadable deployment record %s: %s", store.job, key, err)
-                self._read[key] = None
+            record = read_start(store, epoch)  # None: unreadable (logged once: never read again)
+            self._read[epoch] = (record.epoch, record.at, record.launch_id) if record is not None else None
         starts = [r for r in self._read.values() if r is not None]
         return tuple(sorted(s for s in starts if criteria.started_after is None or s[1] >= criteria.started_after))
 
