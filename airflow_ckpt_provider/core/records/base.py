@@ -35,10 +35,13 @@ class NewerRecordError(RecordError):
 
 class Record(msgspec.Struct, frozen=True, kw_only=True):
     """Base of the job store's records. A subclass sets ``SCHEMA`` (the version it writes), ``WHAT`` (what the
-    file is, for errors) and, from version 2 on, ``UPGRADES[v]`` (version v to v + 1)."""
+    file is, for errors), ``KEY`` (where it lives under the job's root, for the generated layout, e.g.
+    ``deployments/<epoch>.json``), its docstring (what the file says, who writes and who reads it) and, from
+    version 2 on, ``UPGRADES[v]`` (version v to v + 1)."""
 
     SCHEMA: ClassVar[int] = 1
     WHAT: ClassVar[str] = "record"
+    KEY: ClassVar[str] = ""
     UPGRADES: ClassVar[dict[int, Upgrade]] = {}
 
     schema: int = 0  # the version that wrote it; to_bytes writes SCHEMA

@@ -19,6 +19,7 @@ class StartRecord(Record, frozen=True, kw_only=True):
     starts a new one), the launch it belongs to (restarts of one launch are its supervisor's) and its code."""
 
     WHAT = "start record"
+    KEY = "deployments/<epoch>.json"
 
     epoch: int
     at: float

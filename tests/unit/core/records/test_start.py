@@ -45,7 +45,8 @@ def test_written_once_read_by_epoch_and_newest_last(tmp_path: Path) -> None:
     store = _store(tmp_path)
     assert last_start(store) is None and read_starts(store) == []
     for epoch in (2, 10, 1):
-        write_start(store, StartRecord(epoch=epoch, at=1795850000.0 + epoch, action="keep-live", restore="latest-state"))
+        write_start(store, StartRecord(epoch=epoch, at=1795850000.0 + epoch, action="keep-live",
+                                       restore="latest-state"))
     assert [s.epoch for s in read_starts(store)] == [1, 2, 10]  # by epoch, not by key text
     assert [s.epoch for s in read_starts(store, since_epoch=2, known=frozenset({10}))] == [2]
     assert read_start(store, 10) == last_start(store)

@@ -1,0 +1,61 @@
+"""The job store's layout, generated from the record types: ``python -m airflow_ckpt_provider.core.records.layout``
+prints the Markdown that docs/jobstore-layout.md holds (tests/unit/core/records/test_layout.py keeps them equal)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+from collections.abc import Iterable
+
+import msgspec
+
+from airflow_ckpt_provider.core.records.base import Record
+
+HEADER = """# The job store's layout
+
+Generated from the record types (`core/records/`) by `python -m airflow_ckpt_provider.core.records.layout`;
+do not edit by hand. Every file below is a typed record: JSON with a `schema` version; unknown keys are
+ignored, older versions are upgraded when read, newer ones refused (`core/records/base.py`).
+"""
+
+
+#: The modules that define record types (a new record type's module is added here).
+MODULES = ("airflow_ckpt_provider.core.records.start",)
+
+
+def record_types() -> list[type[Record]]:
+    """Every record type of the job store: the subclasses of Record that name their key, by key."""
+    for module in MODULES:
+        importlib.import_module(module)
+    found: list[type[Record]] = []
+    todo: list[type[Record]] = [Record]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if cls.KEY:
+            found.append(cls)
+    return sorted(found, key=lambda c: c.KEY)
+
+
+def _type_name(tp: object) -> str:
+    text = getattr(tp, "__name__", None) if isinstance(tp, type) else None
+    return (text or str(tp).replace("typing.", "")).replace("|", "\\|")  # a pipe would end the table cell
+
+
+def markdown(types: Iterable[type[Record]]) -> str:
+    out = [HEADER]
+    for cls in types:
+        doc = inspect.cleandoc(cls.__doc__ or "").replace("\n", " ")
+        out.append(f"## `{cls.KEY}`: {cls.WHAT} (schema {cls.SCHEMA})\n\n{doc}\n")
+        out.append("| field | type | default |\n| --- | --- | --- |")
+        for field in msgspec.structs.fields(cls):
+            default = "required" if field.required else repr(
+                field.default if field.default is not msgspec.NODEFAULT else field.default_factory())
+            out.append(f"| `{field.encode_name}` | `{_type_name(field.type)}` | {default} |")
+        out.append("")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown(record_types()))
