@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
@@ -190,7 +191,8 @@ def _run_upgrade(args: argparse.Namespace, partitions: int | None, verb: str) ->
     from airflow_ckpt_provider.launcher.upgrade import JobUpgrade, UpgradeOptions
 
     upgrade = {"job_file": args.job_file, "code_version": args.code_version, "mode": UpgradeMode(args.upgrade_mode),
-               "allow_non_restored_state": args.allow_non_restored_state} if verb == "upgrade" else {}
+               "allow_non_restored_state": args.allow_non_restored_state, "py_files": _paths(args.py_files),
+               "files": _paths(args.files)} if verb == "upgrade" else {}
     options = UpgradeOptions(partitions, check_timeout=args.check_timeout, stop_timeout=args.stop_timeout,
                              verify_batches=2 if args.verify_batches is None else args.verify_batches,
                              require_batches=args.verify_batches is not None, verify_timeout=args.verify_timeout,
@@ -199,6 +201,15 @@ def _run_upgrade(args: argparse.Namespace, partitions: int | None, verb: str) ->
     run = JobUpgrade(store, args.store, s3_options(args), options, say=progress,
                      launched_by=f"{getpass.getuser()}@{socket.gethostname()} (ckpt job {verb})")
     return store, run.run()
+
+
+def _paths(values: list[str] | None) -> tuple[str, ...] | None:
+    """``--py-files``/``--files`` of an upgrade: None when not given (the recorded ones stay), else the paths
+    (``--py-files ''``: none); local paths made absolute, as ``ckpt run`` does, URIs as they are."""
+    if values is None:
+        return None
+    return tuple(p.strip() if "://" in p else os.path.abspath(p.strip())
+                 for value in values for p in value.split(",") if p.strip())
 
 
 def _json(data: Any) -> str:
@@ -247,6 +258,12 @@ def add_job_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]
     p.add_argument("--partitions", metavar="N", help="also rescale the state to N partitions (savepoint mode)")
     p.add_argument("--allow-non-restored-state", action="store_true",
                    help="let the new code drop state of operators it no longer has")
+    p.add_argument("--py-files", action="append", metavar="A,B",
+                   help="the new code's own Python modules (spark-submit --py-files; repeatable), instead of the "
+                        "recorded deployment's; default: keep those; '' ships none. A rollback ships the old ones")
+    p.add_argument("--files", action="append", metavar="A,B",
+                   help="the new code's data files (spark-submit --files), instead of the recorded deployment's; "
+                        "default: keep those; '' ships none")
     _add_step_args(p)
 
 

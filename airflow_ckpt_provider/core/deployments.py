@@ -15,6 +15,7 @@ import json
 import re
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -82,9 +83,13 @@ class Deployment(JobSettings):
         lists = {name: tuple(body[name]) for name in ("py_files", "files") if body.get(name) is not None}
         return cls.from_json(body, **lists)
 
-    def with_code(self, job_file: str, code_version: str | None) -> Deployment:
-        """The same deployment running other code (an upgrade's target)."""
-        return replace(self, job_file=job_file, code_version=code_version)
+    def with_code(self, job_file: str, code_version: str | None, *, py_files: Sequence[str] | None = None,
+                  files: Sequence[str] | None = None) -> Deployment:
+        """The same deployment running other code (an upgrade's target); ``py_files`` and ``files`` replace the
+        recorded ones when given (new code may need other helper modules), None keeps them."""
+        return replace(self, job_file=job_file, code_version=code_version,
+                       py_files=self.py_files if py_files is None else tuple(py_files),
+                       files=self.files if files is None else tuple(files))
 
 
 @dataclass(frozen=True)

@@ -201,6 +201,12 @@ class UpgradeConfig(StepsConfig):
     partitions: int | None = Field(default=None, description="Also rescale the state to this many partitions "
                                                              f"(1-{MAX_PARTITIONS}; none: keep them); needs "
                                                              "upgrade_mode savepoint and RocksDB state")
+    py_files: list[str] | None = Field(default=None,
+                                       description="The new code's own Python modules (.py, .zip, .egg), after the "
+                                                   "resource's; none: keep the recorded deployment's; []: only the "
+                                                   "resource's. A rollback ships the old deployment's")
+    files: list[str] | None = Field(default=None, description="The new code's data files, after the resource's; "
+                                                              "none: keep the recorded deployment's")
 
     @field_validator("job_file")
     @classmethod
@@ -471,7 +477,10 @@ def upgrade_streaming_job(context: dg.OpExecutionContext, config: UpgradeConfig,
 
     Output: ``{"job", "from_version", "to_version", "upgrade_mode", "snapshot_id", "epoch", "batch_id",
     "partitions", "rescaled_snapshot_id"}``."""
+    # the new code's py_files/files after the resource's, as the submit op records them; None keeps the recorded
     options = UpgradeOptions(config.partitions, job_file=config.job_file, code_version=config.code_version,
+                             py_files=None if config.py_files is None else _paths(ckpt.py_files, config.py_files),
+                             files=None if config.files is None else _paths(ckpt.files, config.files),
                              mode=UpgradeMode.parse(config.upgrade_mode),
                              allow_non_restored_state=config.allow_non_restored_state, **_steps(context, config))
     return _upgrade(context, ckpt, config.job, options)

@@ -66,6 +66,10 @@ class UpgradeOptions:
     poll: float = 1.0
     job_file: str | None = None
     code_version: str | None = None
+    #: The new code's py files and files (spark-submit --py-files, --files); None keeps the recorded deployment's.
+    #: A rollback ships the old deployment's.
+    py_files: tuple[str, ...] | None = None
+    files: tuple[str, ...] | None = None
     mode: UpgradeMode = UpgradeMode.SAVEPOINT
     allow_non_restored_state: bool = False
     attempt: int = 1  # the orchestrator's try: a second one is refused (upgradesteps.NotRetried)
@@ -91,7 +95,8 @@ class JobUpgrade:
         o = self.options
         plan, outcome = steps.prepare(self.store, store_url=self.store_url, s3=self.s3, what=o.what,
                                       job_file=o.job_file, code_version=o.code_version, mode=o.mode,
-                                      partitions=o.partitions, attempt=o.attempt,
+                                      partitions=o.partitions, attempt=o.attempt, py_files=o.py_files,
+                                      files=o.files,
                                       submit_hint=o.submit_hint or SUBMIT_HINT.format(verb=o.what),
                                       savepoint_first=True)
         while True:

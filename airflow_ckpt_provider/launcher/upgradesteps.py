@@ -564,12 +564,18 @@ def observe_stop_failure(store: JobStore) -> tuple[str, int | None]:
 def prepare(store: JobStore, *, store_url: str, s3: S3Options | None, what: str = UPGRADE,
             job_file: str | None = None, code_version: str | None = None,
             mode: UpgradeMode = UpgradeMode.SAVEPOINT, partitions: int | None = None, attempt: int = 1,
-            submit_hint: str, savepoint_first: bool = False,
-            now: float | None = None) -> tuple[UpgradePlan, Began]:
+            submit_hint: str, savepoint_first: bool = False, py_files: Sequence[str] | None = None,
+            files: Sequence[str] | None = None, now: float | None = None) -> tuple[UpgradePlan, Began]:
     """Observe the job and build the plan; ConfigError (its message final) for what is refused before any step:
     ``partitions`` with a mode other than savepoint, a second ``attempt``, no recorded deployment (``submit_hint``
-    says how to make one), a new deployment spark-submit would refuse. ``job_file`` None: the running code."""
+    says how to make one), a new deployment spark-submit would refuse, ``py_files``/``files`` in a rescale.
+    ``job_file`` None: the running code. ``py_files``/``files``: the new code's (None: the recorded ones); a
+    rollback goes back to the old deployment, its files included."""
     job = store.job
+    if what == RESCALE and (py_files is not None or files is not None):
+        raise ConfigError(f"rescale of job {job}: py_files/files given, but a rescale keeps the running code and "
+                          "the files it ships; expected none: upgrade instead (job_file with py_files/files) to "
+                          "change them. Nothing was changed")
     if partitions is not None and mode is not UpgradeMode.SAVEPOINT:
         raise ConfigError(f"{what} of job {job}: partitions={partitions} with upgrade_mode {mode}; a rescale goes "
                           "through a savepoint: use upgrade_mode savepoint. Nothing was changed")
@@ -586,7 +592,7 @@ def prepare(store: JobStore, *, store_url: str, s3: S3Options | None, what: str 
                           "keep the code and change the partitions, rescale instead). Nothing was changed")
     if not job_file:
         job_file, code_version = old.deployment.job_file, code_version or old.deployment.code_version
-    new = old.deployment.with_code(job_file, code_version)
+    new = old.deployment.with_code(job_file, code_version, py_files=py_files, files=files)
     if mode is UpgradeMode.STATELESS:  # without state: on a fresh live checkpoint location
         base = old.deployment.checkpoint or default_checkpoint(job)
         new = replace(new, checkpoint=f"{base.rstrip('/')}-stateless-{int(time.time() if now is None else now)}")

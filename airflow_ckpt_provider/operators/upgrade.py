@@ -23,7 +23,7 @@ that one, and a rollback goes back to the savepoint of step 2 with the old parti
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
@@ -41,7 +41,7 @@ from airflow_ckpt_provider.launcher import upgradesteps as steps
 from airflow_ckpt_provider.launcher.deploy import log_tail
 from airflow_ckpt_provider.launcher.restorecheck import start_check
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink, persist_empty_links
-from airflow_ckpt_provider.operators.arguments import mode_arg, parse_mode
+from airflow_ckpt_provider.operators.arguments import mode_arg, parse_mode, path_list
 from airflow_ckpt_provider.operators.base import check_event
 from airflow_ckpt_provider.operators.control import STOP_TIMEOUT, ack_result, request_and_wait
 from airflow_ckpt_provider.operators.job import _LaunchMixin
@@ -58,12 +58,16 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
     """Upgrade ``job`` to ``job_file`` (``code_version``) with ``upgrade_mode`` savepoint (default),
     last-state or stateless. The job's other settings come from its last deployment.
 
+    ``py_files`` and ``files`` (a list, or one comma-separated string; templated): the new code's own Python
+    modules and data files, instead of the last deployment's; None (or a template rendering to '' or 'None')
+    keeps those, ``[]`` ships none. A rollback ships the old deployment's.
+
     Returns ``{"job", "from_version", "to_version", "upgrade_mode", "snapshot_id", "epoch", "batch_id"}``;
     fails (after rolling back) when the new code does not pass verification.
     """
 
     template_fields = (*_LaunchMixin.template_fields, "job_file", "code_version", "upgrade_mode",
-                       "allow_non_restored_state", "verify_batches", "partitions")
+                       "allow_non_restored_state", "verify_batches", "partitions", "py_files", "files")
     operator_extra_links = (SparkUILink(), SnapshotLink())
 
     def __init__(
@@ -78,10 +82,14 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         check_timeout: float = 600.0,
         stop_timeout: float = STOP_TIMEOUT,
         partitions: int | str | None = None,
+        py_files: Sequence[str] | str | None = None,
+        files: Sequence[str] | str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.partitions = partitions
+        self.py_files = py_files
+        self.files = files
         self.job_file = job_file
         self.code_version = code_version
         self.upgrade_mode = mode_arg(UpgradeMode, upgrade_mode)
@@ -106,6 +114,16 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         except ValueError as err:
             raise AirflowException(f"{self._what} of job {self.job}: {err}; nothing was changed") from err
 
+    def _paths(self, name: str) -> tuple[str, ...] | None:
+        """``py_files`` or ``files`` as given; None (or a rendered '' or 'None') keeps the recorded ones."""
+        value = getattr(self, name)
+        if value is None or (isinstance(value, str) and value.strip() in ("", "None")):
+            return None
+        try:
+            return path_list(value, name)
+        except ConfigError as err:
+            raise AirflowException(f"{self._what} of job {self.job}: {err}; nothing was changed") from err
+
     def _mode(self) -> UpgradeMode:
         try:
             return parse_mode(UpgradeMode, self.upgrade_mode)
@@ -128,6 +146,7 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
                 self.job_store(), store_url=hook.store_url, s3=hook.s3_options, what=self._what,
                 job_file=self.job_file, code_version=self.code_version, mode=mode, partitions=self._partitions(),
                 attempt=int(getattr(ti, "try_number", 1) or 1) if ti is not None else 1,
+                py_files=self._paths("py_files"), files=self._paths("files"),
                 submit_hint="submit it first with SubmitStreamingJobOperator; nothing was changed")
         except steps.NotRetried as err:
             raise AirflowFailException(str(err)) from err

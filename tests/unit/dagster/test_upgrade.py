@@ -176,3 +176,25 @@ def test_a_retry_of_an_upgrade_that_failed_unexpectedly_is_refused_and_not_retri
                               "or started the new code")
     assert metadata == {"outcome": "not_retried"}
     assert untouched(world)
+
+
+def test_an_upgrade_ships_the_new_code_s_files_after_the_resource_s_and_its_rollback_the_old_ones(
+    world: World, ckpt: CkptResource
+) -> None:
+    old_files = {"py_files": ("s3a://shared/all.zip", "s3a://code/v1/common.py"), "files": ("s3a://code/v1/a.csv",)}
+    record_deployment(world.store, old_deployment(job_file=ORDERS_V1, **old_files))
+    shared = ckpt.model_copy(update={"py_files": ["s3a://shared/all.zip"]})
+    world.healthy = [False, True]
+    config = UPGRADE | {"py_files": ["s3a://code/v2/common.py"], "files": []}
+    message, _ = refused(run_op(upgrade_streaming_job, shared, config))
+    assert message.startswith("upgrade of job orders to v2 failed verification")
+    new, old = world.launches.calls
+    assert (new.deployment.py_files, new.deployment.files) == (("s3a://shared/all.zip", "s3a://code/v2/common.py"), ())
+    assert (old.deployment.py_files, old.deployment.files) == (old_files["py_files"], old_files["files"])
+
+
+def test_an_upgrade_without_files_keeps_the_recorded_ones(world: World, ckpt: CkptResource) -> None:
+    record_deployment(world.store, old_deployment(job_file=ORDERS_V1, py_files=("s3a://code/v1/common.py",)))
+    assert run_op(upgrade_streaming_job, ckpt, UPGRADE).success
+    [new] = world.launches.calls
+    assert (new.deployment.job_file, new.deployment.py_files) == (ORDERS_V2, ("s3a://code/v1/common.py",))

@@ -156,3 +156,54 @@ def test_an_upgrade_without_a_job_file_is_refused_before_anything_stops(store: J
         steps.prepare(store, store_url="file:///unused", s3=None, what=steps.UPGRADE, job_file="",
                       submit_hint="unused")
     assert [str(o.key) for o in store.storage.list("control/")] == []  # nothing requested
+
+
+# -- the new code's py files and files --------------------------------------------------------------------------
+
+V1_FILES = {"py_files": ("s3a://code/v1/common.py",), "files": ("s3a://code/v1/lookup.csv",)}
+
+
+def test_an_upgrade_ships_the_new_code_s_files_and_its_rollback_the_old_ones(world: World) -> None:
+    record_deployment(world.store, old_deployment(job_file=ORDERS_V1, **V1_FILES))
+    world.healthy = [False, True]
+    with pytest.raises(UpgradeFailed):
+        world.run(None, job_file=ORDERS_V2, code_version="v2", py_files=("s3a://code/v2/common.py", "s3a://code/v2/x.zip"),
+                  files=())
+    new, old = world.launches.calls
+    assert (new.deployment.job_file, new.deployment.py_files, new.deployment.files) == (
+        ORDERS_V2, ("s3a://code/v2/common.py", "s3a://code/v2/x.zip"), ())
+    assert (old.deployment.job_file, old.deployment.py_files, old.deployment.files) == (
+        ORDERS_V1, V1_FILES["py_files"], V1_FILES["files"])
+
+
+def test_an_upgrade_without_files_keeps_the_recorded_ones(world: World) -> None:
+    record_deployment(world.store, old_deployment(job_file=ORDERS_V1, **V1_FILES))
+    world.run(None, job_file=ORDERS_V2, code_version="v2")
+    [new] = world.launches.calls
+    assert (new.deployment.job_file, new.deployment.py_files, new.deployment.files) == (
+        ORDERS_V2, V1_FILES["py_files"], V1_FILES["files"])
+    assert read_launch(world.store, SPEC_STABLE) == new
+
+
+def test_ckpt_job_upgrade_py_files_and_files_reach_the_new_deployment(
+    world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record_deployment(world.store, old_deployment(job_file=ORDERS_V1, **V1_FILES))
+    monkeypatch.chdir(tmp_path)
+    assert main(["job", "upgrade", "--store", str(tmp_path / "store"), "--job", "orders", "--job-file", ORDERS_V2,
+                 "--code-version", "v2", "--verify-timeout", "5", "--py-files", "lib/common.py,s3a://code/v2/x.zip",
+                 "--py-files", "lib/more.py", "--files", ""]) == 0
+    capsys.readouterr()
+    [new] = world.launches.calls
+    assert new.deployment.py_files == (str(tmp_path / "lib/common.py"), "s3a://code/v2/x.zip",
+                                       str(tmp_path / "lib/more.py"))
+    assert new.deployment.files == ()  # --files '': none
+
+
+def test_a_rescale_keeps_the_code_s_files_and_refuses_new_ones(world: World) -> None:
+    with pytest.raises(ConfigError) as info:
+        world.run(3, py_files=("s3a://code/v2/common.py",))
+    assert str(info.value) == (
+        "rescale of job orders: py_files/files given, but a rescale keeps the running code and the files it ships; "
+        "expected none: upgrade instead (job_file with py_files/files) to change them. Nothing was changed")
+    assert world.checks == [] and open_requests(world.store) == [] and world.launches.calls == []

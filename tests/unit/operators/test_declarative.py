@@ -54,7 +54,7 @@ def test_template_fields_and_extra_links() -> None:
         "checkpoint", "checkpoint_interval", "savepoint_interval")
     assert ops["UpgradeStreamingJobOperator"].template_fields == (
         "job", "store_url", "job_file", "code_version", "upgrade_mode", "allow_non_restored_state", "verify_batches",
-        "partitions")
+        "partitions", "py_files", "files")
     assert ops["RescaleStreamingJobOperator"].template_fields == ops["UpgradeStreamingJobOperator"].template_fields
     assert ops["RestartStreamingJobOperator"].template_fields == ("job", "store_url", "restore", "stop_mode")
     assert ops["StopStreamingJobOperator"].template_fields == ("job", "store_url", "mode")

@@ -332,3 +332,43 @@ def test_allow_non_restored_state_rendered_as_text(store: JobStore, checks: Fake
     deferral(lambda: upgrade_op(allow_non_restored_state=value).execute(context()))
     [call] = checks.calls
     assert call.allow_non_restored_state is expected
+
+
+# -- the new code's py files and files ------------------------------------------------------------------------------
+
+
+def test_upgrade_ships_the_new_code_s_files_and_the_rollback_the_old_ones(
+    store: JobStore, checks: FakeCheck, launches: FakeLaunch
+) -> None:
+    old = record_deployment(store, old_deployment(py_files=("s3a://code/v1/common.py",), files=("s3a://v1/a.csv",)))
+    report(store, epoch=3, code_version="v1")
+    op = upgrade_op(py_files="s3a://code/v2/common.py, s3a://code/v2/x.zip", files=[])  # as a template renders
+    verifying = start_new_code(store, op)
+    [call] = checks.calls  # the restore check ran the new code with its own files
+    assert call.deployment.py_files == ("s3a://code/v2/common.py", "s3a://code/v2/x.zip")
+    deferral(lambda: op.resume(context(), fire(verifying, UNHEALTHY)))
+    new, rollback = launches.calls
+    assert (new.deployment.py_files, new.deployment.files) == (("s3a://code/v2/common.py", "s3a://code/v2/x.zip"), ())
+    assert rollback.deployment == old.deployment
+    assert (rollback.deployment.py_files, rollback.deployment.files) == (("s3a://code/v1/common.py",),
+                                                                         ("s3a://v1/a.csv",))
+
+
+@pytest.mark.parametrize("kept", [None, "", "None"])  # not given, or a template that rendered to nothing
+def test_upgrade_without_files_keeps_the_recorded_ones(store: JobStore, checks: FakeCheck, launches: FakeLaunch,
+                                                       kept: str | None) -> None:
+    record_deployment(store, old_deployment(py_files=("s3a://code/v1/common.py",)))
+    report(store, epoch=3, code_version="v1")
+    start_new_code(store, upgrade_op(py_files=kept, files=kept))
+    [new] = launches.calls
+    assert (new.deployment.job_file, new.deployment.py_files, new.deployment.files) == (
+        ORDERS_V2, ("s3a://code/v1/common.py",), ())
+
+
+@pytest.mark.usefixtures("no_launch", "running_v1")
+def test_upgrade_refuses_py_files_that_are_no_list_of_paths(store: JobStore, checks: FakeCheck) -> None:
+    with pytest.raises(AirflowException) as info:
+        upgrade_op(py_files=7).execute(context())
+    assert str(info.value) == ("upgrade of job orders: py_files must be a list of paths or URIs (or one "
+                               "comma-separated string), found int '7'; nothing was changed")
+    assert checks.calls == [] and control_keys(store) == []
