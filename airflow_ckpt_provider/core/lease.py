@@ -135,7 +135,11 @@ class Lease:
         return max(minimum, 2 * prev.poll_interval + 1.0, prev.outage_tolerance + prev.poll_interval + 1.0)
 
     def check(self) -> LeaseRecord:
-        """Raise FencedError unless the lease still names this driver at its epoch."""
+        """Raise FencedError unless the lease still names this driver at its epoch.
+
+        A confirmation counts from when the read was sent, not when it was answered: a newer driver may have taken
+        the lease right after the store answered, and its grace counts from then."""
+        asked = self.monotonic()
         current = read_lease(self.store)
         if current is None or current.epoch != self.epoch or current.owner != self.owner:
             found = f"epoch {current.epoch} held by {current.owner}" if current else "no lease"
@@ -143,7 +147,7 @@ class Lease:
                 f"job {self.store.job}: this driver ({self.owner}, epoch {self.epoch}) was fenced: the lease "
                 f"now shows {found}. Another driver runs the job; this one stops without committing"
             )
-        self.confirmed_at = self.monotonic()
+        self.confirmed_at = max(self.confirmed_at, asked)  # two threads confirm (runtime/leasewatch.py)
         return current
 
     def confirm(self) -> bool:

@@ -42,6 +42,7 @@ from airflow_ckpt_provider.runtime.controlhandler import ControlHandler, fenced_
 from airflow_ckpt_provider.runtime.datasources import check_output_mode, register_data_sources
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_DENIED, EXIT_FAILED, EXIT_FENCED
 from airflow_ckpt_provider.runtime.failures import Recovery, classify
+from airflow_ckpt_provider.runtime.leasewatch import LeaseWatch
 from airflow_ckpt_provider.runtime.lineage import LineageEmitter, start_emitter
 from airflow_ckpt_provider.runtime.queryrestart import QueryRestarter
 from airflow_ckpt_provider.runtime.reporting import DriverReporter, snapshot_info
@@ -113,6 +114,7 @@ class JobDriver:
         self.query: StreamingQuery | None = None
         self.snapshotter: Snapshotter | None = None
         self.lineage: LineageEmitter | None = None  # OpenLineage RUNNING events (runtime/lineage.py), if configured
+        self.watch: LeaseWatch | None = None  # stops the query once the lease is unconfirmed (runtime/leasewatch.py)
         self._writer: DataStreamWriter | None = None
         self._signal: str | None = None
         self._new_batches = 0
@@ -163,6 +165,8 @@ class JobDriver:
         try:
             return self._start(spark, writer, spec)
         finally:
+            if self.watch is not None:
+                self.watch.close()
             if self.lineage is not None:
                 self.lineage.close()
             if self.snapshotter is not None:
@@ -205,6 +209,7 @@ class JobDriver:
                 self._start_query(writer)
             except Exception as err:  # Spark refused the query (analysis, state schema) or could not start it
                 return self.reporter.end_failed(classify(err))
+            self.watch = LeaseWatch(job, self.lease, lambda: self.query, poll=self.config.poll_interval).start()
             self.reporter.report(JobState.RUNNING, "running")
             self.lineage = start_emitter(job, self.config.lineage_interval, self.lease.epoch,
                                          lambda: _launched_by(self.store))
@@ -281,7 +286,10 @@ class JobDriver:
                 self._new_batches, last_checkpoint = 0, self.clock()
             self._drain_outcomes()
             now = self.clock()
-            lost = now >= next_poll and not self._lease_held()  # the store is down for too long
+            # The watch stopped the query (the lease unconfirmed beyond its tolerance while this loop waited on the
+            # store, or a newer epoch): a look at the lease raises FencedError if lost, else it goes as below.
+            lapsed = self.watch is not None and self.watch.take_lapsed()
+            lost = (lapsed or now >= next_poll) and (not self._lease_held() or lapsed)  # the store is down too long
             if lost or not self.query.isActive:  # restart the query here, or end with the exit code
                 code = self._lease_unconfirmed() if lost else self._recover(self.query.exception())
                 if code is not None:
