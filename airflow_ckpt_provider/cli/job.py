@@ -15,7 +15,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from airflow_ckpt_provider.cli.common import add_store_args, emit, open_job_store, progress
-from airflow_ckpt_provider.core.control import Ack, Outcome, Request, RequestAction, submit_request, wait_ack
+from airflow_ckpt_provider.core.control import Ack, Outcome, RequestAction, submit_request, wait_ack
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.jobview import JobView, check_can_request, observe, state_text, when
 from airflow_ckpt_provider.core.lease import LeaseRecord
@@ -89,10 +89,6 @@ def status_dict(view: JobView) -> dict[str, Any]:
                    "restarting": view.restarter.describe() if view.restarter else None}
 
 
-def _request_dict(request: Request) -> dict[str, Any]:
-    return {**asdict(request), "action": request.action.value}
-
-
 def _ack_text(ack: Ack, job: str) -> str:
     batch = f" at batch {ack.batch_id}" if ack.batch_id is not None else ""
     if ack.outcome is not Outcome.COMPLETED:
@@ -122,7 +118,7 @@ def cmd_request(args: argparse.Namespace) -> int:
     request = submit_request(store, action, epoch=status.epoch)
     queued = f"requested {action} of job {store.job}: request {request.id} for the driver of epoch {request.epoch}"
     if args.no_wait:
-        emit(args, _request_dict(request), lambda: f"{queued}; `ckpt job status` shows its effect")
+        emit(args, request.to_dict(), lambda: f"{queued}; `ckpt job status` shows its effect")
         return 0
     progress(f"{queued}; waiting up to {timeout:.0f} s for its answer")
     try:
@@ -133,7 +129,7 @@ def cmd_request(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     if ack is None:
         if args.json:
-            print(_json({**_request_dict(request), "ack": None}))
+            print(_json({**request.to_dict(), "ack": None}))
         print(f"error: no answer to {action} request {request.id} within {timeout:.0f} s: the request stays "
               f"queued and the driver of epoch {request.epoch} acts on it when it next polls; check with "
               f"`ckpt job status --job {store.job}`", file=sys.stderr)

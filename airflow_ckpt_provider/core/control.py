@@ -6,20 +6,21 @@ has since been replaced is rejected instead of acting on the new one.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+import msgspec
+
 from airflow_ckpt_provider.core.errors import ConfigError, StorageError
 from airflow_ckpt_provider.core.jobstore import CONTROL, JobStore
 from airflow_ckpt_provider.core.modes import StopMode
+from airflow_ckpt_provider.core.records.base import Record
 
 ACK_SUFFIX = ".ack.json"
 
@@ -44,32 +45,34 @@ class Outcome(StrEnum):
     REJECTED = "rejected"
 
 
-@dataclass(frozen=True)
-class Request:
+class Request(Record, frozen=True):
+    """A request to the running driver of ``epoch``: take a savepoint, stop with a final savepoint, or cancel.
+    Written create-if-absent by ``submit_request`` (`ckpt job savepoint|stop|cancel`, the operators, the UI,
+    Dagster), with who asked (``requested_by``); read by the driver (``open_requests``), which answers it in
+    ``control/<id>.ack.json`` and rejects one meant for another epoch, or one it cannot read."""
+
+    WHAT = "control request"
+    KEY = "control/<id>.json"
+
     id: str
     action: RequestAction
     epoch: int
     created_at: float
-    requested_by: str
+    requested_by: str = ""
 
-    def to_bytes(self) -> bytes:
-        return json.dumps({**asdict(self), "action": self.action.value}, sort_keys=True).encode()
-
-    @classmethod
-    def from_bytes(cls, data: bytes, where: str) -> Request:
-        try:
-            body = json.loads(data)
-            return cls(
-                id=str(body["id"]), action=RequestAction(body["action"]), epoch=int(body["epoch"]),
-                created_at=float(body["created_at"]), requested_by=str(body.get("requested_by", "")),
-            )
-        except (ValueError, KeyError, TypeError) as err:
-            raise StorageError(f"control request {where} is malformed ({err})") from err
+    def to_dict(self) -> dict[str, Any]:
+        """The request as printed (`ckpt job ... --json`): its fields, without the file's schema version."""
+        return _fields(self)
 
 
-@dataclass(frozen=True)
-class Ack:
-    """The driver's answer: outcome, a message for humans, and for savepoints the snapshot."""
+class Ack(Record, frozen=True):
+    """The driver's answer to request ``id``: ``outcome`` (completed, failed or rejected), a message for humans,
+    the epoch of the driver that answered, and for a savepoint the snapshot and its batch. ``action`` is None
+    when the request could not be read. Written once by the driver (runtime/reporting.py); read by whoever
+    waits for it (``wait_ack``: `ckpt job`, the operators and triggers, the UI, Dagster, the control watch)."""
+
+    WHAT = "control ack"
+    KEY = "control/<id>.ack.json"
 
     id: str
     action: RequestAction | None  # None: the request could not be read
@@ -82,22 +85,15 @@ class Ack:
     batch_id: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "action": self.action.value if self.action else None, "outcome": self.outcome.value}
+        """The ack as printed and sent (`ckpt job --json`, the UI, the control watch's event): its fields,
+        without the file's schema version."""
+        return _fields(self)
 
-    def to_bytes(self) -> bytes:
-        return json.dumps(self.to_dict(), sort_keys=True).encode()
 
-    @classmethod
-    def from_bytes(cls, data: bytes, where: str) -> Ack:
-        try:
-            body = json.loads(data)
-            if not isinstance(body, dict):
-                raise TypeError(f"expected a JSON object, found {type(body).__name__}")
-            known = {k: v for k, v in body.items() if k in cls.__dataclass_fields__}  # newer drivers may add fields
-            action = RequestAction(body["action"]) if body.get("action") is not None else None
-            return cls(**known | {"action": action, "outcome": Outcome(body["outcome"])})
-        except (ValueError, KeyError, TypeError) as err:
-            raise StorageError(f"control ack {where} is malformed ({err})") from err
+def _fields(record: Record) -> dict[str, Any]:
+    body: dict[str, Any] = msgspec.to_builtins(record)
+    del body["schema"]
+    return body
 
 
 def request_key(request_id: str) -> str:
@@ -111,7 +107,8 @@ def ack_key(request_id: str) -> str:
 def submit_request(store: JobStore, action: RequestAction, epoch: int, *, now: float | None = None,
                    requested_by: str | None = None) -> Request:
     """Write a request for the driver of ``epoch``; it is picked up within the driver's poll interval.
-    ``requested_by`` (default: USER@host) says who asked, e.g. an Airflow user from the UI."""
+    ``requested_by`` (default: USER@host) says who asked, e.g. an Airflow user from the UI. Returns the request
+    as written (its ``schema`` the version that wrote it)."""
     created = time.time() if now is None else now
     stamp = datetime.fromtimestamp(created, UTC).strftime("%Y%m%dT%H%M%SZ")
     request = Request(
@@ -120,7 +117,7 @@ def submit_request(store: JobStore, action: RequestAction, epoch: int, *, now: f
     )
     if not store.storage.create(request_key(request.id), request.to_bytes()):
         raise ConfigError(f"control request id {request.id} already exists; retry")
-    return request
+    return msgspec.structs.replace(request, schema=Request.SCHEMA)  # as written, equal to the request read back
 
 
 def open_requests(store: JobStore, on_malformed: Callable[[str, str], None] | None = None) -> list[Request]:

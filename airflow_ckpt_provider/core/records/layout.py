@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 import sys
 from collections.abc import Iterable
 
@@ -21,13 +22,20 @@ ignored, older versions are upgraded when read, newer ones refused (`core/record
 
 
 #: The modules that define record types (a new record type's module is added here).
-MODULES = ("airflow_ckpt_provider.core.records.start",)
+MODULES = ("airflow_ckpt_provider.core.records.start", "airflow_ckpt_provider.core.control")
 
 
 def record_types() -> list[type[Record]]:
-    """Every record type of the job store: the subclasses of Record that name their key, by key."""
+    """Every record type of the job store: the subclasses of Record in MODULES that name their key, by key (a
+    type of another module is left out, so the page does not depend on what else was imported:
+    ``keyed_types`` finds those)."""
     for module in MODULES:
         importlib.import_module(module)
+    return [cls for cls in keyed_types() if cls.__module__ in MODULES]
+
+
+def keyed_types() -> list[type[Record]]:
+    """The subclasses of Record that name their key, of every module imported so far, by key."""
     found: list[type[Record]] = []
     todo: list[type[Record]] = [Record]
     while todo:
@@ -40,7 +48,8 @@ def record_types() -> list[type[Record]]:
 
 def _type_name(tp: object) -> str:
     text = getattr(tp, "__name__", None) if isinstance(tp, type) else None
-    return (text or str(tp).replace("typing.", "")).replace("|", "\\|")  # a pipe would end the table cell
+    text = text or re.sub(r"\b(?:\w+\.)+(\w+)", r"\1", str(tp))  # typing.Any, a.b.RequestAction | None: their names
+    return text.replace("|", "\\|")  # a pipe would end the table cell
 
 
 def markdown(types: Iterable[type[Record]]) -> str:

@@ -6,10 +6,12 @@ import json
 from typing import Any
 
 import pytest
+from msgspec.structs import replace
 
 from airflow_ckpt_provider.core.control import Ack, Outcome, Request, RequestAction
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.lease import LeaseRecord
+from airflow_ckpt_provider.core.records.base import RecordError
 from airflow_ckpt_provider.core.status import (
     JobState,
     JobStatus,
@@ -31,13 +33,16 @@ def _status(**changes: Any) -> JobStatus:
 def test_request_round_trip(action: RequestAction) -> None:
     request = Request(id=f"{action}-20261122T101500Z-abc123", action=action, epoch=4, created_at=1700000000.25,
                       requested_by="ana@host")
-    assert Request.from_bytes(request.to_bytes(), WHERE) == request
+    assert Request.from_bytes(request.to_bytes(), WHERE) == replace(request, schema=Request.SCHEMA)
     assert json.loads(request.to_bytes())["action"] == action.value
+    assert request.to_dict() == {"id": request.id, "action": action.value, "epoch": 4, "created_at": 1700000000.25,
+                                 "requested_by": "ana@host"}
 
 
 def test_request_without_requested_by_reads_as_empty() -> None:
     body = {"id": "stop-1", "action": "stop", "epoch": 1, "created_at": 5}
-    assert Request.from_bytes(json.dumps(body).encode(), WHERE) == Request("stop-1", RequestAction.STOP, 1, 5.0, "")
+    assert Request.from_bytes(json.dumps(body).encode(), WHERE) == Request("stop-1", RequestAction.STOP, 1, 5.0, "",
+                                                                            schema=1)
 
 
 @pytest.mark.parametrize(
@@ -51,8 +56,9 @@ def test_request_without_requested_by_reads_as_empty() -> None:
     ],
 )
 def test_ack_round_trip(ack: Ack) -> None:
-    assert Ack.from_bytes(ack.to_bytes(), WHERE) == ack
+    assert Ack.from_bytes(ack.to_bytes(), WHERE) == replace(ack, schema=Ack.SCHEMA)
     assert ack.to_dict()["outcome"] == ack.outcome.value and isinstance(ack.to_dict()["outcome"], str)
+    assert "schema" not in ack.to_dict() and Ack.from_bytes(ack.to_bytes(), WHERE).to_dict() == ack.to_dict()
 
 
 def test_status_round_trip_with_every_field() -> None:
@@ -89,13 +95,20 @@ def test_lease_round_trip_and_default_released() -> None:
 # -- malformed bytes: a clear StorageError naming the object -------------------------------------
 
 _MALFORMED = [b"", b"not json", b"\xff\xfe", b"[]", b"null", b'"text"', b"{}"]
+#: What a broken record says (core/records/base.py): the file, then what was expected and what was found.
+_BROKEN = r"( is not JSON \(.+\)|: expected a JSON object, found \w+| is not valid: .+)$"
 
 
-@pytest.mark.parametrize("data", [*_MALFORMED, b'{"id": "x", "action": "pause", "epoch": 1, "created_at": 1}',
-                                  b'{"id": "x", "action": "stop", "epoch": "one", "created_at": 1}'])
-def test_malformed_request(data: bytes) -> None:
-    with pytest.raises(StorageError, match=rf"^control request {WHERE} is malformed \(.+\)$"):
+@pytest.mark.parametrize(("data", "found"), [
+    *((data, "") for data in _MALFORMED),
+    (b'{"id": "x", "action": "pause", "epoch": 1, "created_at": 1}', "Invalid enum value 'pause' - at `$.action`"),
+    (b'{"id": "x", "action": "stop", "epoch": "one", "created_at": 1}', "Expected `int`, got `str` - at `$.epoch`"),
+    (b'{"id": "x", "action": "stop", "created_at": 1}', "Object missing required field `epoch`"),
+])
+def test_malformed_request(data: bytes, found: str) -> None:
+    with pytest.raises(RecordError, match=rf"^control request {WHERE}{_BROKEN}") as err:
         Request.from_bytes(data, WHERE)
+    assert isinstance(err.value, StorageError) and found in str(err.value)  # the driver answers it (REJECTED)
 
 
 _ACK = {"id": "x", "action": "stop", "outcome": "completed", "message": "", "epoch": 1, "finished_at": 1.0}
@@ -104,7 +117,7 @@ _ACK = {"id": "x", "action": "stop", "outcome": "completed", "message": "", "epo
 @pytest.mark.parametrize("data", [*_MALFORMED, json.dumps(_ACK | {"outcome": "maybe"}).encode(),
                                   json.dumps({k: v for k, v in _ACK.items() if k != "message"}).encode()])
 def test_malformed_ack(data: bytes) -> None:
-    with pytest.raises(StorageError, match=rf"^control ack {WHERE} is malformed \(.+\)$"):
+    with pytest.raises(StorageError, match=rf"^control ack {WHERE}{_BROKEN}"):
         Ack.from_bytes(data, WHERE)
 
 
