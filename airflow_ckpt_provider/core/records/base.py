@@ -7,12 +7,16 @@
 - Versions: each file carries ``schema``, the version of its record type that wrote it (files written before
   issue 40 have none: version 0). Older versions are brought up to date by the type's ``UPGRADES``, one step
   per version, before the fields are checked; a newer version than this release knows is refused
-  (``NewerRecordError``): its meaning may have changed.
+  (``NewerRecordError``): its meaning may have changed. A type whose files predate the base may keep its own
+  name for the version key (the ``schema`` field renamed, ``msgspec.field(name="format")``: the snapshot
+  manifest), and may write the lowest version that holds a record (``written_schema``), so that older releases,
+  which refuse a version they do not know, still read what they can.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 from typing import Any, ClassVar, Self
 
 import msgspec
@@ -44,10 +48,19 @@ class Record(msgspec.Struct, frozen=True, kw_only=True):
     KEY: ClassVar[str] = ""
     UPGRADES: ClassVar[dict[int, Upgrade]] = {}
 
-    schema: int = 0  # the version that wrote it; to_bytes writes SCHEMA
+    schema: int = 0  # the version that wrote it; to_bytes writes written_schema() (SCHEMA)
+
+    def written_schema(self) -> int:
+        """The version this record is written with: SCHEMA, or for a type that says so the lowest that holds it."""
+        return type(self).SCHEMA
 
     def to_bytes(self) -> bytes:
-        return _ENCODER.encode(msgspec.structs.replace(self, schema=type(self).SCHEMA))
+        return _ENCODER.encode(msgspec.structs.replace(self, schema=self.written_schema()))
+
+    @classmethod
+    def version_key(cls) -> str:
+        """The version's key in the file: ``schema``, unless the type renamed its ``schema`` field."""
+        return _version_key(cls)
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str) -> Self:
@@ -67,16 +80,22 @@ class Record(msgspec.Struct, frozen=True, kw_only=True):
         """The record of a decoded JSON object, upgraded from its version."""
         if not isinstance(body, dict):
             raise RecordError(f"{cls.WHAT} {where}: expected a JSON object, found {type(body).__name__}")
-        version = body.get("schema", 0)
-        if not isinstance(version, int) or version < 0:
-            raise RecordError(f"{cls.WHAT} {where}: expected a schema version (a whole number), found {version!r}")
+        key = cls.version_key()
+        version = body.get(key, 0)
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise RecordError(f"{cls.WHAT} {where}: expected a {key} version (a whole number), found {version!r}")
         if version > cls.SCHEMA:
             raise NewerRecordError(
-                f"{cls.WHAT} {where} was written with schema {version}, this release reads up to {cls.SCHEMA}: "
+                f"{cls.WHAT} {where} was written with {key} {version}, this release reads up to {cls.SCHEMA}: "
                 "upgrade airflow-ckpt-provider where it is read")
         for step in range(max(version, 1), cls.SCHEMA):  # version 0 is version 1 without the key
             body = cls.UPGRADES[step](dict(body))
         try:
-            return msgspec.convert({**body, "schema": cls.SCHEMA}, cls)
+            return msgspec.convert({**body, key: cls.SCHEMA}, cls)
         except msgspec.ValidationError as err:
             raise RecordError(f"{cls.WHAT} {where} is not valid: {err}") from err
+
+
+@cache
+def _version_key(cls: type[Record]) -> str:
+    return next(f.encode_name for f in msgspec.structs.fields(cls) if f.name == "schema")

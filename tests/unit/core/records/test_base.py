@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar
 
+import msgspec
 import pytest
 
 from airflow_ckpt_provider.core.records.base import NewerRecordError, Record, RecordError, Upgrade
@@ -65,3 +66,32 @@ def test_a_newer_version_is_refused_with_what_to_do() -> None:
 def test_a_broken_file_says_what_is_wrong(data: bytes, message: str) -> None:
     with pytest.raises(RecordError, match=message):
         Counter.from_bytes(data, "f")
+
+
+class Legacy(Record, frozen=True, kw_only=True):
+    """A type whose files predate the base: its version key is ``format``; it writes the lowest format that holds
+    a record (format 2 only for a record with ``extra``), so that older releases still read the rest."""
+
+    SCHEMA: ClassVar[int] = 2
+    WHAT: ClassVar[str] = "legacy"
+    UPGRADES: ClassVar[dict[int, Upgrade]] = {1: lambda body: body}  # format 2 only adds a field
+
+    schema: int = msgspec.field(default=0, name="format")
+    name: str
+    extra: str | None = None
+
+    def written_schema(self) -> int:
+        return 2 if self.extra is not None else 1
+
+
+def test_a_type_may_name_its_version_key_and_write_the_lowest_version_that_holds_a_record() -> None:
+    assert Legacy.version_key() == "format" and Counter.version_key() == "schema"
+    assert json.loads(Legacy(name="a").to_bytes()) == {"format": 1, "name": "a", "extra": None}
+    assert json.loads(Legacy(name="a", extra="x").to_bytes())["format"] == 2
+    assert Legacy.from_bytes(b'{"format": 1, "name": "a", "extra": null}', "x") == Legacy(name="a", schema=2)
+    assert Legacy.from_bytes(b'{"name": "a"}', "x").schema == 2  # no key: version 1
+    assert Legacy.from_bytes(b'{"format": 2, "name": "a", "schema": 9}', "x").name == "a"  # not its key: ignored
+    with pytest.raises(NewerRecordError, match=r"legacy f was written with format 3, this release reads up to 2"):
+        Legacy.from_bytes(b'{"format": 3, "name": "a"}', "f")
+    with pytest.raises(RecordError, match=r"expected a format version \(a whole number\), found True"):
+        Legacy.from_bytes(b'{"format": true, "name": "a"}', "f")
