@@ -65,6 +65,17 @@ def check_key(key: str) -> str:
     return key
 
 
+def check_keys(keys: list[str]) -> None:
+    """check_key for many keys at once (a manifest's thousands of paths): substring scans of the keys joined by
+    '/' instead of a call per key (an empty key, or one that starts or ends with '/', makes '//' there too); a key
+    that may have a segment over 255 bytes, and a refused one, go through check_key, which says why."""
+    joined = f"/{'/'.join(keys)}/"
+    longest = max(map(len, keys), default=0)
+    if "//" in joined or "/./" in joined or "/../" in joined or longest > (255 if joined.isascii() else 255 // 4):
+        for key in keys:
+            check_key(key)
+
+
 def join(*parts: str) -> str:
     """Join key fragments with '/', ignoring empty fragments and stray slashes."""
     return "/".join(p.strip("/") for p in parts if p.strip("/"))

@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from airflow_ckpt_provider.core.errors import ConfigError, StorageError
-from airflow_ckpt_provider.core.storage import LocalStorage, S3Options, join, open_storage
+from airflow_ckpt_provider.core.storage import LocalStorage, S3Options, check_key, check_keys, join, open_storage
 
 
 def test_create_is_exclusive_and_atomic(tmp_path: Path) -> None:
@@ -79,6 +79,27 @@ def test_read_missing_raises_file_not_found(tmp_path: Path) -> None:
 def test_invalid_keys_are_refused_with_reason(tmp_path: Path, key: str) -> None:
     with pytest.raises(ConfigError, match="invalid storage key"):
         LocalStorage(tmp_path).write(key, b"")
+
+
+KEYS = ["", "/abs", "a//b", "./a", "a/./b", "a/../b", "a/..", "a/.", "a/", "..", ".", "x" * 256, "a/" + "x" * 256,
+        "x" * 255, "\u00e9" * 128, "\u00e9" * 127, "a\nb", "a\n/b", "a/\n", "...", "a/.../b", ".a/b..", "a b/c", "\n"]
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_many_keys_are_checked_at_once_as_check_key_checks_each(key: str) -> None:
+    """check_keys (a manifest's paths) refuses what check_key refuses, with its message, and nothing else."""
+    try:
+        check_key(key)
+        refused = None
+    except ConfigError as err:
+        refused = str(err)
+    for keys in ([key], ["state/0/1/2.delta", key, "commits/3"], [key, "offsets/4"]):
+        if refused is None:
+            check_keys(keys)
+        else:
+            with pytest.raises(ConfigError) as raised:
+                check_keys(keys)
+            assert str(raised.value) == refused
 
 
 def test_child_and_upload_download(tmp_path: Path) -> None:
