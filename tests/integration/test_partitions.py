@@ -342,6 +342,7 @@ def _run(sc: Scenario, feed: Feed) -> str:
     t_first_exit = time.time()
     sc.times["first driver: exit after the heal, s"] = round(t_first_exit - t_heal, 1)
     sc.times["first driver: exit code"] = code
+    _assert_stopped_in_time(sc, first, first_epoch, lease, t_cut)  # (a), before the second's long catch-up
 
     # The second driver finishes the feed, then stops with a savepoint.
     feed.finish()
@@ -355,6 +356,20 @@ def _run(sc: Scenario, feed: Feed) -> str:
     return _assert(sc, feed, first, second, first_epoch, lease, t_cut, code)
 
 
+def _assert_stopped_in_time(sc: Scenario, first: Stamped, first_epoch: int, lease: LeaseRecord, t_cut: float) -> None:
+    """(a) No sink commit of the first driver once the second may commit: its lease time plus the grace it waits."""
+    grace_end = lease.acquired_at + max(FENCE_GRACE, 2 * POLL + 1.0, (FENCE_GRACE - POLL) + POLL + 1.0)
+    commits = _commit_times(first)
+    late = [(round(t - t_cut, 1), what) for t, what in commits if t >= grace_end]
+    sc.times["first driver: commits after the second's lease + grace"] = len(late)
+    after = [t for t, _ in commits if t > t_cut]
+    sc.times["first driver: last commit after the cut, s"] = round(after[-1] - t_cut, 1) if after else None
+    assert not late, (f"(a) the first driver (epoch {first_epoch}) committed after the second took the lease at "
+                      f"{lease.acquired_at - t_cut:.1f} s after the cut and its grace ended at "
+                      f"{grace_end - t_cut:.1f} s: {len(late)} commits until {late[-1][0]} s after the cut, first "
+                      f"{late[:6]}; timeline: {json.dumps(sc.times)}")
+
+
 def _commit_times(driver: Stamped) -> list[tuple[float, str]]:
     """Every sink commit the driver's log shows: (time, what)."""
     found = [(t, f"task commit batch {m[1]} partition {m[2]}") for t, m in driver.matching(TASK_COMMIT)]
@@ -366,7 +381,6 @@ def _commit_times(driver: Stamped) -> list[tuple[float, str]]:
 def _assert(sc: Scenario, feed: Feed, first: Stamped, second: Stamped, first_epoch: int, lease: LeaseRecord,
             t_cut: float, code: int) -> str:
     times = sc.times
-    grace_end = lease.acquired_at + max(FENCE_GRACE, 2 * POLL + 1.0, (FENCE_GRACE - POLL) + POLL + 1.0)
     first_commits = _commit_times(first)
     second_commits = _commit_times(second)
     after_cut = [(round(t - t_cut, 1), what) for t, what in first_commits if t > t_cut]
@@ -407,11 +421,8 @@ def _assert(sc: Scenario, feed: Feed, first: Stamped, second: Stamped, first_epo
     print(f"scenario 1: {json.dumps(times, indent=1)}")
     print("first driver's commits after the cut (s after the cut):", after_cut)
 
-    # (a) no commit of the first driver once the second may commit (its lease + grace).
-    late = [(round(t - t_cut, 1), what) for t, what in first_commits if t >= grace_end]
-    assert not late, (f"(a) the first driver (epoch {first_epoch}) committed after the second took the lease at "
-                      f"{lease.acquired_at - t_cut:.1f} s after the cut and its grace ended at "
-                      f"{grace_end - t_cut:.1f} s: {late[:10]}")
+    # (a) again, against the second's first commit.
+    _assert_stopped_in_time(sc, first, first_epoch, lease, t_cut)
     if second_commits:
         overlap = [(round(t - t_cut, 1), what) for t, what in first_commits if t >= second_commits[0][0]]
         assert not overlap, f"(a) the first driver committed after the second's first commit: {overlap[:10]}"
