@@ -15,17 +15,18 @@ still runs (``liveness``) is decided here once, for the watch and for the refusa
 
 from __future__ import annotations
 
-import json
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
+
+import msgspec
 
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.jobstore import CHECKS, JobStore
 from airflow_ckpt_provider.core.lease import pid_alive
 from airflow_ckpt_provider.core.outcomes import CheckOutcome
+from airflow_ckpt_provider.core.records.base import Record
 
 #: The check process's environment variable naming its check id (inherited by its spark-submit).
 CHECK_ENV = "CKPT_CHECK_ID"
@@ -50,21 +51,17 @@ def outcome_key(check_id: str) -> str:
     return f"{CHECKS}{check_id}{OUTCOME_SUFFIX}"
 
 
-def _body(data: bytes, where: str) -> dict[str, Any]:
-    try:
-        body = json.loads(data)
-    except ValueError as err:
-        raise StorageError(f"restore check record {where} is malformed ({err})") from err
-    if not isinstance(body, dict):
-        raise StorageError(f"restore check record {where} is malformed: expected a JSON object, found "
-                           f"{type(body).__name__}")
-    return body
+class CheckStarted(Record, frozen=True):
+    """A restore check of ``job_file`` (its code version) started on ``host`` at ``started_at``: its process
+    (``pid``, None until it is spawned) and log, who asked (``started_by``: an Airflow task and its try), the time
+    it is allowed (``timeout``), the state it checks (``restore``) and, for a rescale, the partitions it
+    repartitions that state into first and whether it saves the result as a savepoint. Written by whoever starts the
+    check (launcher/restorecheck.start_check: the upgrade and rescale operators, `ckpt job upgrade`), before its
+    process starts, then once more with the pid; read by the check process (its settings), by the waiters (the
+    operators, the trigger, the restore check watch) and by a second check, which is refused while this one runs."""
 
-
-@dataclass(frozen=True)
-class CheckStarted:
-    """A restore check of ``job_file`` started on ``host`` (``pid``: its process, None until it is spawned),
-    allowed ``timeout`` s; ``started_by`` says who asked (an Airflow task and its try)."""
+    WHAT = "restore check record"
+    KEY = "checks/<check id>.json"
 
     job: str
     check_id: str
@@ -89,49 +86,31 @@ class CheckStarted:
     def key(self) -> str:
         return check_key(self.check_id)
 
+    def with_pid(self, pid: int) -> CheckStarted:
+        """The record once its process is spawned."""
+        return msgspec.structs.replace(self, pid=pid)
+
     def describe(self) -> str:
         pid = "not spawned yet" if self.pid is None else f"pid {self.pid}"
         what = "restore check" if self.rescale_to is None else f"rescale to {self.rescale_to} partitions"
         return (f"{what} {self.check_id} of {self.job_file} ({pid} on {self.host}, started at "
                 f"{_hms(self.started_at)} by {self.started_by})")
 
-    def to_bytes(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True, indent=1).encode()
 
-    @classmethod
-    def from_bytes(cls, data: bytes, where: str) -> CheckStarted:
-        body = _body(data, where)
-        try:
-            known = {f.name for f in fields(cls)}
-            return cls(**{k: v for k, v in body.items() if k in known} | {
-                "started_at": float(body["started_at"]), "timeout": float(body["timeout"])})
-        except (KeyError, TypeError, ValueError) as err:
-            raise StorageError(f"restore check record {where} is malformed ({err!r})") from err
+class CheckEnded(Record, frozen=True):
+    """The verdict of check ``check_id``: ``outcome`` and ``reason``, when it ended, and the whole report
+    (runtime/restoreverdict.RestoreCheck.to_dict: snapshot, batch, operators, Spark's error class). Written once by
+    the check process when it ends (launcher/restorecheck.run_recorded_check, retried), whatever happened; read by
+    the waiters (the upgrade and rescale operators, the trigger, `ckpt job upgrade`, the restore check watch)."""
 
-
-@dataclass(frozen=True)
-class CheckEnded:
-    """The verdict of check ``check_id``: ``outcome`` and ``reason``, and the whole report
-    (runtime/restoreverdict.RestoreCheck.to_dict: snapshot, batch, operators, Spark's error class)."""
+    WHAT = "restore check verdict"
+    KEY = "checks/<check id>.outcome.json"
 
     check_id: str
     outcome: CheckOutcome
     reason: str
     ended_at: float
-    report: dict[str, Any] = field(default_factory=dict)
-
-    def to_bytes(self) -> bytes:
-        return json.dumps({**asdict(self), "outcome": self.outcome.value}, sort_keys=True, indent=1).encode()
-
-    @classmethod
-    def from_bytes(cls, data: bytes, where: str) -> CheckEnded:
-        body = _body(data, where)
-        try:
-            return cls(check_id=str(body["check_id"]), outcome=CheckOutcome(body["outcome"]),
-                       reason=str(body["reason"]), ended_at=float(body["ended_at"]),
-                       report=dict(body.get("report") or {}))
-        except (KeyError, TypeError, ValueError) as err:
-            raise StorageError(f"restore check record {where} is malformed ({err!r})") from err
+    report: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 def record_start(store: JobStore, started: CheckStarted) -> None:
@@ -142,12 +121,19 @@ def record_start(store: JobStore, started: CheckStarted) -> None:
 
 
 def record_pid(store: JobStore, started: CheckStarted, pid: int) -> CheckStarted:
-    """The record with the process's pid, written over our own record only (compare-and-swap)."""
-    spawned = replace(started, pid=pid)
+    """The record with the process's pid, written over our own record only (compare-and-swap); returned as
+    written (its ``schema`` the version that wrote it: equal to the record read back)."""
+    spawned = started.with_pid(pid)
     current = store.storage.read_versioned(started.key)
-    if current is not None and CheckStarted.from_bytes(current.data, started.key) == started:
-        store.storage.write_if(started.key, spawned.to_bytes(), current.tag)
+    ours = current is not None and _same(CheckStarted.from_bytes(current.data, store.storage.uri(started.key)), started)
+    if ours and current is not None and store.storage.write_if(started.key, spawned.to_bytes(), current.tag):
+        return msgspec.structs.replace(spawned, schema=CheckStarted.SCHEMA)
     return spawned
+
+
+def _same(read: CheckStarted, started: CheckStarted) -> bool:
+    """Whether the record read is ``started`` (a record made here has no ``schema`` until it is written)."""
+    return msgspec.structs.replace(read, schema=started.schema) == started
 
 
 def record_end(store: JobStore, ended: CheckEnded) -> None:

@@ -12,17 +12,18 @@ listing ``supervisors/``, without reading every record.
 
 from __future__ import annotations
 
-import json
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from enum import StrEnum
 
+import msgspec
+
 from airflow_ckpt_provider.core.deployments import read_launch
-from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.jobstore import SUPERVISORS, JobStore
 from airflow_ckpt_provider.core.lease import pid_alive
+from airflow_ckpt_provider.core.records.base import Record
 from airflow_ckpt_provider.core.status import ACTIVE_STATES, BUSY_ALLOWANCE, JobState, JobStatus, heartbeat_limit
 
 #: Characters of a launch id that name its second (``YYYYmmddTHHMMSSZ``): ids of one second are compared by record.
@@ -43,9 +44,15 @@ def _hms(ts: float) -> str:
     return time.strftime("%H:%M:%SZ", time.gmtime(ts))
 
 
-@dataclass(frozen=True)
-class SupervisorRecord:
-    """One supervisor's heartbeat (``updated_at``, every ``interval`` s while it runs)."""
+class SupervisorRecord(Record, frozen=True, kw_only=True):
+    """One supervisor's heartbeat: its process (``pid`` on ``host``), the launch it supervises, its state
+    (watching a driver, restarting one that died, or ended: ``ending``, ``exit_code`` and ``end_reason`` say how),
+    the drivers it started and the one it watches. Written by the supervisor (launcher/supervisorreports.py) when
+    it starts, every ``interval`` s while it runs and once when it ends; read by the health watch, the job view,
+    the job report and the operators (``observe_supervision``: is a live supervisor restarting this job?)."""
+
+    WHAT = "supervisor record"
+    KEY = "supervisors/<launch id>.json"
 
     job: str
     launch_id: str
@@ -67,22 +74,6 @@ class SupervisorRecord:
     @property
     def key(self) -> str:
         return supervisor_key(self.launch_id)
-
-    def to_bytes(self) -> bytes:
-        return json.dumps({**asdict(self), "state": self.state.value}, sort_keys=True).encode()
-
-    @classmethod
-    def from_bytes(cls, data: bytes, where: str) -> SupervisorRecord:
-        try:
-            body = json.loads(data)
-            if not isinstance(body, dict):
-                raise TypeError(f"expected a JSON object, found {type(body).__name__}")
-            known = set(cls.__dataclass_fields__)
-            return cls(**{k: v for k, v in body.items() if k in known} | {
-                "state": SupervisorState(body["state"]), "pid": int(body["pid"]),
-                "updated_at": float(body["updated_at"]), "interval": float(body["interval"])})
-        except (ValueError, KeyError, TypeError) as err:
-            raise StorageError(f"supervisor record {where} is malformed ({err})") from err
 
     def heartbeat_limit(self) -> float:
         """Seconds without a heartbeat after which the supervisor counts as gone: three polls + 5 s."""
@@ -125,8 +116,10 @@ def supervisor_key(launch_id: str) -> str:
     return f"{SUPERVISORS}{launch_id}.json"
 
 
-def write_supervisor(store: JobStore, record: SupervisorRecord) -> None:
+def write_supervisor(store: JobStore, record: SupervisorRecord) -> SupervisorRecord:
+    """Write the record; returns it as written (its ``schema`` the version that wrote it), equal to it read back."""
     store.storage.write(record.key, record.to_bytes())
+    return msgspec.structs.replace(record, schema=SupervisorRecord.SCHEMA)
 
 
 def read_supervisor(store: JobStore, launch_id: str) -> SupervisorRecord | None:

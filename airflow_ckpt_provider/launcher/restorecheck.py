@@ -220,7 +220,7 @@ def start_check(
     except StorageError as err:
         log.warning("job %s: restore check %s runs (pid %d) but its pid was not recorded: %s", store.job, check_id,
                     proc.pid, err)
-        return replace(started, pid=proc.pid)
+        return started.with_pid(proc.pid)
 
 
 def run_recorded_check(store: JobStore, spec: SubmitSpec, check_id: str) -> int:

@@ -69,8 +69,7 @@ def supervised(store: JobStore, now: float, *, launch_id: str = "20270115T080000
                               started_at=now - 300, updated_at=now, interval=5.0, grace=30.0, standalone=standalone,
                               attempt=2, epoch=1, ending=ending, exit_code=1 if ending else None,
                               end_reason=end_reason)
-    write_supervisor(store, record)
-    return record
+    return write_supervisor(store, record)
 
 
 def restarting(store: JobStore, now: float, *, epoch: int = 1, expected_by: float | None = None, attempt: int = 2,

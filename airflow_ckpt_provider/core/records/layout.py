@@ -22,7 +22,8 @@ ignored, older versions are upgraded when read, newer ones refused (`core/record
 
 
 #: The modules that define record types (a new record type's module is added here).
-MODULES = ("airflow_ckpt_provider.core.records.start", "airflow_ckpt_provider.core.control")
+MODULES = ("airflow_ckpt_provider.core.records.start", "airflow_ckpt_provider.core.control",
+           "airflow_ckpt_provider.core.supervision", "airflow_ckpt_provider.core.restorechecks")
 
 
 def record_types() -> list[type[Record]]:

@@ -79,5 +79,6 @@ def test_a_supervisor_superseded_by_a_newer_launch_owns_nothing(store: JobStore)
 
 def test_a_malformed_record_is_a_storage_error_naming_it(store: JobStore) -> None:
     store.storage.write(supervisor_key("20270115T080000Z-aaaaaa"), b"{}")
-    with pytest.raises(StorageError, match=r"supervisor record .*20270115T080000Z-aaaaaa.json is malformed"):
+    with pytest.raises(StorageError, match=r"supervisor record .*20270115T080000Z-aaaaaa.json is not valid: Object "
+                                           "missing required field `job`"):
         latest_supervisor(store)

@@ -56,7 +56,8 @@ def test_the_record_is_written_before_the_detached_check_starts(store: JobStore,
     [(argv, env, seen)] = spawned.calls
     assert seen["record"] == CheckStarted(  # recorded before the process, without its pid
         "orders", started.check_id, str(job_file), "v2", T0, 240.0, socket.gethostname(), "airflow:upgrade.upgrade",
-        log_file=str(Path(os.environ["CKPT_HOME"], "jobs", "orders", "logs", f"check-{started.check_id}.log")))
+        log_file=str(Path(os.environ["CKPT_HOME"], "jobs", "orders", "logs", f"check-{started.check_id}.log")),
+        schema=CheckStarted.SCHEMA)
     assert started.check_id.startswith("20270115T080000Z-")
     assert started == read_start(store, started.check_id) and started.pid == 4242  # then its pid
     assert argv[1:6] == ["-m", "airflow_ckpt_provider.cli", "run", str(job_file), "--job"]
@@ -74,7 +75,7 @@ def test_the_record_is_written_before_the_detached_check_starts(store: JobStore,
 def test_a_second_check_of_the_job_is_refused_while_one_runs(store: JobStore, spawned: Spawned,
                                                              job_file: Path) -> None:
     first = start(store, job_file)  # pid 4242: not a process of this host, so take ours, which runs
-    store.storage.write(first.key, CheckStarted(**{**first.__dict__, "pid": os.getpid()}).to_bytes())
+    store.storage.write(first.key, first.with_pid(os.getpid()).to_bytes())
     with pytest.raises(ConfigError) as info:
         start(store, job_file)
     assert str(info.value).startswith(f"expected no restore check of job orders running, found restore check "

@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
+import pytest
+
 from airflow_ckpt_provider.core.control import (
     Ack,
     Outcome,
@@ -19,8 +22,29 @@ from airflow_ckpt_provider.core.control import (
     request_key,
     submit_request,
 )
+from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.jobstore import JobStore
+from airflow_ckpt_provider.core.outcomes import CheckOutcome
+from airflow_ckpt_provider.core.restorechecks import (
+    OUTCOME_GRACE,
+    CheckStarted,
+    check_key,
+    outcome_key,
+    read_end,
+    record_pid,
+    record_start,
+    running_checks,
+)
+from airflow_ckpt_provider.core.restorechecks import read_start as read_check
 from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.core.supervision import (
+    SupervisorRecord,
+    SupervisorState,
+    latest_supervisor,
+    read_supervisor,
+    supervisor_key,
+    write_supervisor,
+)
 
 RELEASE_STORE = Path(__file__).parents[2] / "data" / "store-1441567"
 SAVEPOINT = "savepoint-7-20261127T101500Z-0a1b2c"
@@ -72,3 +96,77 @@ def test_an_ack_without_an_action_round_trips() -> None:
     ack = Ack("garbage", None, Outcome.REJECTED, "rejected: ...", 2, 1.5)
     assert Ack.from_bytes(ack.to_bytes(), "x").to_dict() == ack.to_dict()
 
+
+# -- supervisors/ ----------------------------------------------------------------------------------
+
+
+def test_the_release_before_supervisor_records_are_read() -> None:
+    store = _release()
+    ended = read_supervisor(store, "20261127T090000Z-0a0b0c")
+    assert ended is not None and (ended.state, ended.ending, ended.exit_code, ended.epoch) == (
+        SupervisorState.ENDED, "fenced", 0, 2)
+    assert ended.liveness(1795846500.0)[0] is False
+    latest = latest_supervisor(store)
+    assert latest == read_supervisor(store, "20261127T101455Z-0c1d2e")
+    assert latest is not None and (latest.state, latest.pid, latest.driver_pid, latest.interval, latest.grace) == (
+        SupervisorState.WATCHING, 5151, 5160, 5.0, 30.0)
+    assert latest.liveness(1795852800.0, host="elsewhere") == (True, "")  # its heartbeat is 10 s old
+    assert {k: v for k, v in msgspec.to_builtins(latest).items() if k != "schema"} == _raw(store, latest.key)
+
+
+def test_a_supervisor_record_is_written_with_its_schema_and_a_broken_one_says_what_it_found(tmp_path: Path) -> None:
+    store = JobStore(LocalStorage(tmp_path), "orders")
+    record = SupervisorRecord(job="orders", launch_id="L1", pid=1, host="h", state=SupervisorState.RESTARTING,
+                              started_at=1.0, updated_at=2.0, interval=5.0)
+    assert write_supervisor(store, record) == read_supervisor(store, "L1")
+    assert json.loads(store.storage.read(supervisor_key("L1")))["schema"] == SupervisorRecord.SCHEMA
+    store.storage.write(supervisor_key("L2"), b'{"job": "orders", "launch_id": "L2", "state": "sleeping"}')
+    with pytest.raises(StorageError, match=r"^supervisor record .*L2.json is not valid: Invalid enum value 'sleeping'"):
+        read_supervisor(store, "L2")
+
+
+# -- checks/: restore checks and their verdicts ----------------------------------------------------
+
+
+def test_the_release_before_restore_check_records_are_read() -> None:
+    store = _release()
+    started = read_check(store, "20261127T101000Z-3c4d5e")
+    assert started is not None and (started.pid, started.timeout, started.restore, started.rescale_to) == (
+        6161, 600.0, "latest-state", None)
+    assert started.deadline == 1795846200.0 + 600 + OUTCOME_GRACE
+    ended = read_end(store, started.check_id)
+    assert ended is not None and (ended.outcome, ended.ended_at) == (CheckOutcome.COMPATIBLE, 1795846380.0)
+    assert ended.report == _raw(store, outcome_key(started.check_id))["report"]
+    rescale = read_check(store, "20261127T110000Z-5e6f7a")
+    assert rescale is not None and (rescale.pid, rescale.rescale_to, rescale.save_rescaled) == (None, 16, True)
+    assert rescale.describe().startswith("rescale to 16 partitions 20261127T110000Z-5e6f7a of orders_v2.py (not "
+                                         "spawned yet on airflow-worker-1")
+    # The one without a verdict runs until its deadline (on another host: no process to look at).
+    assert running_checks(store, 1795849200.0 + 60, host="elsewhere") == [rescale]
+    assert read_end(store, rescale.check_id) is None
+
+
+def test_the_pid_is_recorded_over_a_record_in_the_release_before_shape(tmp_path: Path) -> None:
+    store = JobStore(LocalStorage(tmp_path), "orders")
+    key = check_key("20261127T110000Z-5e6f7a")
+    store.storage.write(key, (RELEASE_STORE / "orders" / key).read_bytes())
+    started = read_check(store, "20261127T110000Z-5e6f7a")
+    assert started is not None
+    spawned = record_pid(store, started, 7171)
+    assert spawned == read_check(store, started.check_id) and spawned.pid == 7171
+    assert json.loads(store.storage.read(key))["schema"] == CheckStarted.SCHEMA
+    # A record made here (no schema until written) is recognised as the one in the store too.
+    made = CheckStarted("orders", "c2", "v2.py", "v2", 1.0, 60.0, "h", "test")
+    record_start(store, made)
+    assert record_pid(store, made, 8181) == read_check(store, "c2")
+
+
+def test_a_broken_restore_check_record_says_what_it_found(tmp_path: Path) -> None:
+    store = JobStore(LocalStorage(tmp_path), "orders")
+    store.storage.write(outcome_key("c1"), b'{"check_id": "c1", "outcome": "fine", "reason": "", "ended_at": 1}')
+    with pytest.raises(StorageError, match=r"^restore check verdict .*c1.outcome.json is not valid: Invalid enum value "
+                                           r"'fine' - at `\$.outcome`"):
+        read_end(store, "c1")
+    store.storage.write(check_key("c2"), b"[]")
+    with pytest.raises(StorageError, match=r"^restore check record .*c2.json: expected a JSON object, found list"):
+        read_check(store, "c2")
