@@ -1,7 +1,9 @@
 """Which library should serialize the job store's records (issue 40)? Encode and decode the two hot records,
 side by side in one run: a snapshot manifest (written after every batch by default, read by every restore,
 listing and retention pass) and the driver's status (written every heartbeat and batch, read by every health
-poll), each with today's hand-written code and with msgspec and pydantic models of the same JSON.
+poll), each with today's code and with msgspec and pydantic models of the same JSON. Today's manifest is the
+record base's (msgspec, since issue 40; docs/benchmarks.md has the hand-written code's numbers before it); to
+measure an older commit's code, run this file with that commit's package first on PYTHONPATH.
 
 Prints the time per record of each and the ratios to today's code (higher is faster); nothing is asserted.
 The models check what today's parsers check (types, enums, required fields) and keep the same JSON, so the
@@ -215,10 +217,10 @@ def main() -> None:
         base = times["today"]
         row = "  ".join(f"{name} {t * 1e6:9.1f} us ({base / t:5.2f}x)" for name, t in times.items())
         print(f"{title:45s} {row}")
-    print("today: the hand-written code (the manifest's also computes or checks its checksum, a second JSON dump "
-          "and a SHA-256, checks each inline file's SHA-256 and indents); json: the stdlib on the same dict, "
+    print("today: the package's code (the manifest's also computes or checks its checksum, a SHA-256 of the whole "
+          "file, checks each inline file's SHA-256, the digests and the paths); json: the stdlib on the same dict, "
           "untyped (no checks at all); msgspec and pydantic: typed models of the same JSON (types, enums, "
-          "required fields checked), without the checksum, whose cost a record base adds the same for each")
+          "required fields checked), without the checksum and those checks")
 
 
 if __name__ == "__main__":

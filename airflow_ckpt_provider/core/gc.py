@@ -11,7 +11,6 @@ before its uploads and after its handshake knows no deletion overlapped them.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
@@ -26,6 +25,7 @@ from airflow_ckpt_provider.core.generation import Generation, read_generation, w
 from airflow_ckpt_provider.core.jobstore import GC_GENERATION, GC_LOCK, LEASE, OBJECTS, JobStore
 from airflow_ckpt_provider.core.lease import LeaseRecord, pid_alive, read_lease
 from airflow_ckpt_provider.core.pending import PendingMarker, human_age, writer_gone
+from airflow_ckpt_provider.core.records.base import Record
 from airflow_ckpt_provider.core.snapshots import list_snapshots, pending_markers
 from airflow_ckpt_provider.core.snapshotwrite import STALE_AFTER_S
 
@@ -33,6 +33,20 @@ log = logging.getLogger(__name__)
 
 #: Why gc clears the marker of a snapshot that is complete: its writer finished but did not delete it.
 LEFT_BEHIND = "its snapshot is complete (the writer left its marker behind)"
+
+
+class GcLock(Record, frozen=True, kw_only=True):
+    """Held while gc runs: created with a conditional create (one gc at a time) and deleted by its holder only
+    while it is still the holder's (the bytes it wrote: ``token`` makes them its own); one older than the
+    writers' stale limit is broken by the next gc. Written by gc (core/gc.collect_garbage); a snapshot writer
+    waits while a fresh one exists (core/snapshotwrite.py); only its age and its bytes are ever read."""
+
+    WHAT = "gc lock"
+    KEY = "locks/gc.json"
+
+    host: str
+    pid: int
+    token: str
 
 
 @dataclass(frozen=True)
@@ -101,7 +115,7 @@ def collect_garbage(
     provably gone (core/pending.py) is cleared; ``clear_pending`` names markers the user clears
     explicitly (refused for a writer that is alive on this host).
     """
-    body = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "token": secrets.token_hex(8)}).encode()
+    body = GcLock(host=socket.gethostname(), pid=os.getpid(), token=secrets.token_hex(8)).to_bytes()
     now = _take_lock(store, body)
     if now is None:
         return GcResult(0, 0, 0, deferred=f"another gc holds {store.storage.uri(GC_LOCK)}")

@@ -9,6 +9,14 @@ for it, a writer never counts it as stored, a restore writes it from the manifes
 
 Format 1 has no inline files, format 2 may have them; a manifest without inline files is written as format 1,
 so the versions before inline files still read it.
+
+A record of the job store (core/records/base.py) whose version key is ``format``, as it was before the records
+were typed: the releases before refuse a manifest by its format, and still read the format 1 and 2 manifests this
+one writes. On top of the record, the manifest carries ``total_bytes`` and a ``checksum`` of itself (SHA-256 of
+its other keys as compact JSON with sorted keys and ASCII escapes, as Python's ``json.dumps`` writes it), checked
+after decoding with each inline file's SHA-256. Written compact: the manifest is read by programs (restores,
+listings, gc, ``jq``) and by people through ``ckpt snapshot show``; indenting a large one cost 15-20 % more bytes
+and most of the encode time (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -18,14 +26,16 @@ import binascii
 import hashlib
 import json
 import secrets
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any, ClassVar
+
+import msgspec
 
 from airflow_ckpt_provider.core.errors import ConfigError, SnapshotError
+from airflow_ckpt_provider.core.records.base import Record, Upgrade
 from airflow_ckpt_provider.core.statestore import state_partitions
-from airflow_ckpt_provider.core.storage import check_key
+from airflow_ckpt_provider.core.storage import check_key, check_keys
 
 FORMAT_VERSION = 2
 #: The formats this version reads (the format written: 2 if a file is inline, else 1).
@@ -74,15 +84,19 @@ def new_snapshot_id(kind: Kind, batch_id: int, now: datetime) -> str:
     return f"{kind.value}-{batch_id}-{now.astimezone(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
 
 
-@dataclass(frozen=True)
-class ManifestFile:
+class ManifestFile(msgspec.Struct, frozen=True, array_like=True):
     """One checkpoint file: its path relative to the checkpoint root, size and SHA-256, and for a file written
-    into the manifest its content (``data``; None: the content is the object ``objects/<sha256>``)."""
+    into the manifest its content (``data``; None: the content is the object ``objects/<sha256>``). In the
+    manifest: ``[path, size, sha256]``, or ``[path, size, sha256, content in base64]``."""
 
     path: str
     size: int
-    sha256: str
-    data: bytes | None = field(default=None, repr=False)
+    sha256: Annotated[str, msgspec.Meta(min_length=64, max_length=64)]  # hex: checked after decoding
+    data: bytes | None = None
+
+    def __repr__(self) -> str:
+        return (f"ManifestFile(path={self.path!r}, size={self.size}, sha256={self.sha256!r}"
+                f"{', inline' if self.data is not None else ''})")
 
     @property
     def inline(self) -> bool:
@@ -96,6 +110,8 @@ class ManifestFile:
 
     @classmethod
     def from_json(cls, entry: Any, inline_allowed: bool) -> ManifestFile:
+        """One entry checked on its own, saying what is wrong with it (the checks Manifest.from_bytes runs on
+        all entries at once, for a manifest they refuse)."""
         if isinstance(entry, list) and len(entry) == 4 and not inline_allowed:
             raise ValueError(f"file entry {str(entry)[:120]!r} has inline content, which needs format 2")
         if not isinstance(entry, list) or len(entry) not in (3, 4):
@@ -115,10 +131,26 @@ class ManifestFile:
         return cls(path, size, digest, data)
 
 
-@dataclass(frozen=True)
-class Manifest:
-    """Everything needed to restore and to judge a snapshot without reading its objects."""
+def _identity(body: dict[str, Any]) -> dict[str, Any]:
+    return body
 
+
+class Manifest(Record, frozen=True, kw_only=True):
+    """The snapshot: the one file that makes it exist (written last, create-if-absent), everything needed to
+    restore it and to judge it without reading its objects. Written by the snapshot's writer (core/snapshotwrite.py:
+    the driver, ``ckpt snapshot create``, a rescale); read by restores, listings, retention, gc, the job report
+    and the health watch. ``files``: ``[path, size, sha256]``, or ``[path, size, sha256, content in base64]`` for
+    a file written into the manifest; ``format`` is 2 only with such a file, else 1 (the releases before inline
+    files read it). Besides the fields below the file holds ``total_bytes`` (the
+    files' sizes summed) and ``checksum`` (SHA-256 of the other keys as compact, sorted, ASCII JSON); a manifest
+    whose checksum, entries or inline contents do not match is corrupt and never restored."""
+
+    SCHEMA: ClassVar[int] = FORMAT_VERSION
+    WHAT: ClassVar[str] = "manifest"
+    KEY: ClassVar[str] = "snapshots/<snapshot id>/manifest.json"
+    UPGRADES: ClassVar[dict[int, Upgrade]] = {1: _identity}  # format 2 only adds inline entries
+
+    schema: int = msgspec.field(default=FORMAT_VERSION, name="format")  # written: written_schema()
     job: str
     snapshot_id: str
     kind: Kind
@@ -128,13 +160,17 @@ class Manifest:
     query_id: str
     checkpoint: str
     files: tuple[ManifestFile, ...]
-    offsets: list[str | None] = field(default_factory=list)
+    offsets: list[str | None] = msgspec.field(default_factory=list)
     next_offsets: list[str | None] | None = None
-    operators: list[dict[str, Any]] = field(default_factory=list)
-    conf: dict[str, str] = field(default_factory=dict)
+    operators: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    conf: dict[str, str] = msgspec.field(default_factory=dict)
     code_version: str | None = None
     spark_version: str | None = None
-    labels: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+
+    def written_schema(self) -> int:
+        """Format 2 only with an inline file: the versions before inline files read the others."""
+        return FORMAT_VERSION if any(f.data is not None for f in self.files) else 1
 
     @property
     def total_bytes(self) -> int:
@@ -159,15 +195,14 @@ class Manifest:
         return self.batch_id + 1
 
     def to_dict(self) -> dict[str, Any]:
-        body = self._fields()
-        body["files"] = [f.to_json() for f in self.files]
-        body["checksum"] = _checksum(body)
+        """The manifest as JSON values, as it is written."""
+        body: dict[str, Any] = json.loads(self.to_bytes())
         return body
 
-    def _fields(self) -> dict[str, Any]:
-        """Everything but the files and the checksum."""
+    def _fields(self, fmt: int | None = None, total: int | None = None) -> dict[str, Any]:
+        """Everything but the files and the checksum (``fmt``, ``total``: as a stored manifest says)."""
         return {
-            "format": FORMAT_VERSION if any(f.inline for f in self.files) else 1,
+            "format": self.written_schema() if fmt is None else fmt,
             "job": self.job,
             "snapshot_id": self.snapshot_id,
             "kind": self.kind.value,
@@ -183,11 +218,24 @@ class Manifest:
             "code_version": self.code_version,
             "spark_version": self.spark_version,
             "labels": self.labels,
-            "total_bytes": self.total_bytes,
+            "total_bytes": self.total_bytes if total is None else total,
         }
 
+    def _canonical(self, fmt: int | None = None, total: int | None = None) -> bytes:
+        """The bytes the checksum is of: every key but the checksum, compact, sorted, as ``json.dumps`` writes
+        them (msgspec writes the same for ASCII text without DEL and no floats; otherwise json.dumps does)."""
+        body = self._fields(fmt, total)
+        body["files"] = [(f.path, f.size, f.sha256) if f.data is None else (f.path, f.size, f.sha256, f.data)
+                         for f in self.files]  # msgspec writes bytes as base64, as to_json does
+        canonical = _SORTED.encode(body)
+        if canonical.isascii() and b"\x7f" not in canonical and not _has_float(self.operators):
+            return canonical
+        return _canonical_json(json.loads(canonical))
+
     def to_bytes(self) -> bytes:
-        return json.dumps(self.to_dict(), indent=1, sort_keys=True).encode()
+        """The canonical bytes with the checksum of them added last (so a reader can check the bytes as read)."""
+        canonical = self._canonical()
+        return b"%s%s%s\"}" % (canonical[:-1], _CHECKSUM_KEY, hashlib.sha256(canonical).hexdigest().encode())
 
     def summary(self) -> dict[str, Any]:
         """The manifest without its file list, for listings."""
@@ -207,39 +255,14 @@ class Manifest:
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str) -> Manifest:
-        """Parse and check a manifest; SnapshotError says what is wrong with it."""
+        """Parse and check a manifest; SnapshotError says what is wrong with it.
+
+        Decoded typed, then checked as a whole (format, checksum, digests, paths, inline contents); a manifest
+        that fails any of these (or holds keys this release does not know, which its checksum covers) is read
+        again key by key, which says what is wrong or accepts it."""
         try:
-            d = json.loads(data)
-            if not isinstance(d, dict):
-                raise ValueError("not a JSON object")
-            if d.get("format") not in READ_FORMATS:
-                newer = isinstance(d.get("format"), int) and d["format"] > max(READ_FORMATS)
-                raise (NewerFormatError if newer else SnapshotError)(
-                    f"manifest {where} has format {d.get('format')!r}, this version reads formats "
-                    f"{', '.join(map(str, READ_FORMATS))}; upgrade airflow-ckpt-provider"
-                )
-            expected = d.pop("checksum", None)
-            if expected != _checksum(d):
-                raise ValueError("its checksum does not match its content")
-            files = tuple(ManifestFile.from_json(e, inline_allowed=d["format"] >= 2) for e in d["files"])
-            return cls(
-                job=d["job"],
-                snapshot_id=d["snapshot_id"],
-                kind=Kind(d["kind"]),
-                trigger=Trigger(d["trigger"]),
-                batch_id=int(d["batch_id"]),
-                created_at=d["created_at"],
-                query_id=d["query_id"],
-                checkpoint=d["checkpoint"],
-                files=files,
-                offsets=d["offsets"],
-                next_offsets=d["next_offsets"],
-                operators=d["operators"],
-                conf=d["conf"],
-                code_version=d["code_version"],
-                spark_version=d["spark_version"],
-                labels=d["labels"],
-            )
+            manifest = cls._checked(data)
+            return manifest if manifest is not None else cls._read_each(data, where)
         except SnapshotError:
             raise
         except (ValueError, KeyError, TypeError, ConfigError) as err:
@@ -247,6 +270,86 @@ class Manifest:
                 f"manifest {where} is corrupt ({err}); the snapshot cannot be trusted: restore another "
                 "snapshot, and dispose of this one"
             ) from err
+
+    @classmethod
+    def _checked(cls, data: bytes) -> Manifest | None:
+        """The manifest if every check passes at once, else None."""
+        try:
+            stored = _DECODER.decode(data)
+        except msgspec.DecodeError:  # not JSON, or not a manifest's shape: _read_each says why
+            return None
+        files = stored.files
+        inline = [f for f in files if f.data is not None]
+        if (stored.schema not in READ_FORMATS or (inline and stored.schema < 2)
+                or not stored._checksum_matches(data)
+                or "".join([f.sha256 for f in files]).encode().translate(None, b"0123456789abcdef")  # not hex
+                or any(len(f.data) != f.size or hashlib.sha256(f.data).hexdigest() != f.sha256
+                       for f in inline if f.data is not None)):
+            return None
+        try:
+            check_keys([f.path for f in files])
+        except ConfigError:
+            return None
+        return cls(**{name: getattr(stored, name) for name in cls.__struct_fields__ if name != "schema"})
+
+    @classmethod
+    def _read_each(cls, data: bytes, where: str) -> Manifest:
+        """The manifest read key by key and entry by entry, as the releases before the record base read it."""
+        d = json.loads(data)
+        if not isinstance(d, dict):
+            raise ValueError("not a JSON object")
+        if d.get("format") not in READ_FORMATS:
+            newer = isinstance(d.get("format"), int) and d["format"] > max(READ_FORMATS)
+            raise (NewerFormatError if newer else SnapshotError)(
+                f"manifest {where} has format {d.get('format')!r}, this version reads formats "
+                f"{', '.join(map(str, READ_FORMATS))}; upgrade airflow-ckpt-provider"
+            )
+        expected = d.pop("checksum", None)
+        if expected != _checksum(d):
+            raise ValueError("its checksum does not match its content")
+        files = tuple(ManifestFile.from_json(e, inline_allowed=d["format"] >= 2) for e in d["files"])
+        missing = [name for name in _WRITTEN if name not in d]  # required, as the releases before required them
+        if missing:
+            raise KeyError(missing[0])
+        try:
+            fields = msgspec.convert({**d, "files": [], "format": FORMAT_VERSION}, cls)
+        except msgspec.ValidationError as err:
+            raise ValueError(str(err)) from None
+        return msgspec.structs.replace(fields, files=files)
+
+
+class _Stored(Manifest, frozen=True, kw_only=True):
+    """A manifest as stored: with its total and checksum (read, then checked)."""
+
+    KEY: ClassVar[str] = ""  # the same file as Manifest's, not another record of the layout
+
+    total: int = msgspec.field(default=0, name="total_bytes")
+    checksum: str = ""
+
+    def _checksum_matches(self, data: bytes) -> bool:
+        """Of the bytes read, as this release writes them (the checksum last); else of the canonical JSON."""
+        tail = _CHECKSUM_KEY + self.checksum.encode() + b'"}'
+        if data.endswith(tail) and hashlib.sha256(data[:-len(tail)] + b"}").hexdigest() == self.checksum:
+            return True
+        return hashlib.sha256(self._canonical(self.schema, self.total)).hexdigest() == self.checksum
+
+
+_DECODER = msgspec.json.Decoder(_Stored)
+_SORTED = msgspec.json.Encoder(order="sorted")
+_CHECKSUM_KEY = b',"checksum":"'
+#: The keys every release writes (the entry-by-entry reading requires them all, as the releases before did).
+_WRITTEN = ("job", "snapshot_id", "kind", "trigger", "batch_id", "created_at", "query_id", "checkpoint", "offsets",
+            "next_offsets", "operators", "conf", "code_version", "spark_version", "labels")
+
+
+def _has_float(value: object) -> bool:
+    if isinstance(value, float):
+        return True
+    if isinstance(value, dict):
+        return any(_has_float(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_has_float(v) for v in value)
+    return False
 
 
 def _hex64(value: object) -> str:
@@ -261,6 +364,10 @@ def snapshot_order(m: Manifest) -> tuple[str, int]:
     return (m.created_at, m.batch_id)
 
 
+def _canonical_json(body: Any) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
 def _checksum(body: dict[str, Any]) -> str:
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(canonical).hexdigest()
+    """The checksum of a manifest's JSON object without its checksum key."""
+    return hashlib.sha256(_canonical_json(body)).hexdigest()

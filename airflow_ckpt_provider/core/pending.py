@@ -7,21 +7,37 @@ fenced, or a marker older than the age limit) from one that may still be uploadi
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from airflow_ckpt_provider.core.jobstore import PENDING, JobStore
 from airflow_ckpt_provider.core.lease import LeaseRecord, pid_alive
+from airflow_ckpt_provider.core.records.base import Record, RecordError
 
 #: A writer of epoch E checks the lease right before its manifest (its commit point), and a fenced
 #: driver stops itself within its poll interval: once a newer epoch has held the lease this long, a
 #: writer of an older epoch has either committed or never will.
 FENCED_GRACE_S = 60.0
+
+
+class PendingRecord(Record, frozen=True, kw_only=True):
+    """Who writes snapshot ``snapshot_id`` and since when: the writer's host and pid, and the lease epoch of the
+    driver that writes it (None: not a driver, e.g. `ckpt snapshot create`). Written by the snapshot's writer
+    (core/snapshotwrite.py) before its first upload, deleted once its manifest exists; read by gc
+    (core/pending.writer_gone), which keeps every object while a writer may still be uploading. Every field may
+    be missing (markers of older versions were empty): the writer is then unknown, and only age proves it gone."""
+
+    WHAT = "pending marker"
+    KEY = "pending/<snapshot id>.json"
+
+    snapshot_id: str | None = None
+    started_at: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    epoch: int | None = None
 
 
 @dataclass(frozen=True)
@@ -42,27 +58,18 @@ class PendingMarker:
     @staticmethod
     def body(snapshot_id: str, now: datetime, epoch: int | None) -> bytes:
         """The marker this process writes for ``snapshot_id``."""
-        return json.dumps({
-            "snapshot_id": snapshot_id, "started_at": now.astimezone(UTC).isoformat(timespec="seconds"),
-            "host": socket.gethostname(), "pid": os.getpid(), "epoch": epoch,
-        }, sort_keys=True).encode()
+        return PendingRecord(snapshot_id=snapshot_id, started_at=now.astimezone(UTC).isoformat(timespec="seconds"),
+                             host=socket.gethostname(), pid=os.getpid(), epoch=epoch).to_bytes()
 
     @classmethod
     def parse(cls, snapshot_id: str, mtime: float, data: bytes | None) -> PendingMarker:
         """A marker from its bytes; an unreadable or foreign body gives a marker with an unknown owner."""
         try:
-            d: Any = json.loads(data) if data else {}
-        except ValueError:
-            d = {}
-        if not isinstance(d, dict):
-            d = {}
-
-        def get(name: str, kind: type[str] | type[int]) -> Any:
-            value = d.get(name)
-            return value if isinstance(value, kind) and not isinstance(value, bool) else None
-
-        return cls(snapshot_id, mtime, host=get("host", str), pid=get("pid", int), epoch=get("epoch", int),
-                   created_at=get("started_at", str))
+            record = PendingRecord.from_bytes(data, f"{PENDING}{snapshot_id}.json") if data else PendingRecord()
+        except RecordError:
+            record = PendingRecord()
+        return cls(snapshot_id, mtime, host=record.host, pid=record.pid, epoch=record.epoch,
+                   created_at=record.started_at)
 
     def owner(self) -> str:
         """``pid 42 on host h (lease epoch 3)``, or what is known of it."""

@@ -209,7 +209,7 @@ def test_corrupt_object_and_manifest_are_detected(store: JobStore, tmp_path: Pat
         restore_snapshot(store, m.snapshot_id, LocalStorage(tmp_path / "t"))
 
     manifest_key = store.manifest_key(m.snapshot_id)
-    store.storage.write(manifest_key, store.storage.read(manifest_key).replace(b'"batch_id": 1', b'"batch_id": 0'))
+    store.storage.write(manifest_key, store.storage.read(manifest_key).replace(b'"batch_id":1', b'"batch_id":0'))
     with pytest.raises(SnapshotError, match="is corrupt"):
         load_manifest(store, m.snapshot_id)
     assert list_snapshots(store) == []  # skipped with a warning, never trusted
@@ -432,7 +432,7 @@ def test_gc_deletes_nothing_while_a_manifest_is_unreadable(store: JobStore, tmp_
     ckpt = make_checkpoint(tmp_path / "ckpt", 2)
     m = create_snapshot(store, LocalStorage(ckpt)).manifest
     key = store.manifest_key(m.snapshot_id)
-    store.storage.write(key, store.storage.read(key).replace(b'"format": 1', b'"format": 2'))  # a newer writer
+    store.storage.write(key, store.storage.read(key).replace(b'"format":1', b'"format":2'))  # a newer writer
     before = store.storage.list(OBJECTS)
     result = collect_garbage(store, min_age_s=0)
     assert result.deferred is not None and "cannot be read" in result.deferred

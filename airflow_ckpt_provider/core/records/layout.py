@@ -16,14 +16,16 @@ from airflow_ckpt_provider.core.records.base import Record
 HEADER = """# The job store's layout
 
 Generated from the record types (`core/records/`) by `python -m airflow_ckpt_provider.core.records.layout`;
-do not edit by hand. Every file below is a typed record: JSON with a `schema` version; unknown keys are
-ignored, older versions are upgraded when read, newer ones refused (`core/records/base.py`).
+do not edit by hand. Every file below is a typed record: JSON with a `schema` version (the manifest's is
+`format`); unknown keys are ignored, older versions are upgraded when read, newer ones refused
+(`core/records/base.py`).
 """
 
 
 #: The modules that define record types (a new record type's module is added here).
 MODULES = ("airflow_ckpt_provider.core.records.start", "airflow_ckpt_provider.core.control",
-           "airflow_ckpt_provider.core.supervision", "airflow_ckpt_provider.core.restorechecks")
+           "airflow_ckpt_provider.core.supervision", "airflow_ckpt_provider.core.restorechecks",
+           "airflow_ckpt_provider.core.manifest", "airflow_ckpt_provider.core.pending", "airflow_ckpt_provider.core.gc")
 
 
 def record_types() -> list[type[Record]]:
@@ -57,7 +59,7 @@ def markdown(types: Iterable[type[Record]]) -> str:
     out = [HEADER]
     for cls in types:
         doc = inspect.cleandoc(cls.__doc__ or "").replace("\n", " ")
-        out.append(f"## `{cls.KEY}`: {cls.WHAT} (schema {cls.SCHEMA})\n\n{doc}\n")
+        out.append(f"## `{cls.KEY}`: {cls.WHAT} ({cls.version_key()} {cls.SCHEMA})\n\n{doc}\n")
         out.append("| field | type | default |\n| --- | --- | --- |")
         for field in msgspec.structs.fields(cls):
             default = "required" if field.required else repr(

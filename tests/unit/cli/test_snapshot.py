@@ -31,7 +31,7 @@ def test_snapshot_verify_exits_3_on_a_corrupt_manifest_as_documented(
     base = ["snapshot", "verify", "--store", str(root), "--job", "orders"]
     assert cli.main([*base, m.snapshot_id]) == 0
     manifest = root / "orders" / "snapshots" / m.snapshot_id / "manifest.json"
-    manifest.write_bytes(manifest.read_bytes().replace(b'"batch_id": 2', b'"batch_id": 1'))
+    manifest.write_bytes(manifest.read_bytes().replace(b'"batch_id":2', b'"batch_id":1'))
     capsys.readouterr()
     assert cli.main([*base, m.snapshot_id]) == cli.EXIT_VERIFY_FAILED == 3
     out = capsys.readouterr().out

@@ -68,10 +68,13 @@ def test_a_newer_lease_epoch_proves_a_fenced_writer_gone_only_after_the_fencing_
 def test_marker_records_host_pid_epoch_and_start_and_old_markers_have_an_unknown_owner() -> None:
     body = PendingMarker.body(SID, datetime(2026, 11, 22, 8, 0, tzinfo=UTC), 7)
     assert json.loads(body) == {"snapshot_id": SID, "started_at": "2026-11-22T08:00:00+00:00",
-                                "host": socket.gethostname(), "pid": os.getpid(), "epoch": 7}
+                                "host": socket.gethostname(), "pid": os.getpid(), "epoch": 7, "schema": 1}
     parsed = PendingMarker.parse(SID, 5.0, body)
     assert parsed.owner() == f"pid {os.getpid()} on host {socket.gethostname()} (lease epoch 7)"
-    for old in (b"{}", b"not json", b"[1]", None):
+    written_before = json.dumps({"epoch": None, "host": "h", "pid": 42, "snapshot_id": SID,
+                                 "started_at": "2026-11-22T08:00:00+00:00"}, sort_keys=True).encode()
+    assert PendingMarker.parse(SID, 5.0, written_before).owner() == "pid 42 on host h"  # the release before's
+    for old in (b"{}", b"not json", b"[1]", None, b'{"host": "h", "pid": true}'):
         assert PendingMarker.parse(SID, 5.0, old).owner() == "an unknown writer (the marker does not name its owner)"
 
 

@@ -46,7 +46,7 @@ def test_a_corrupt_manifest_is_warned_about_once_per_snapshot_not_after_every_ba
     bad = [create_snapshot(store, LocalStorage(ckpt), kind=Kind.SAVEPOINT).manifest.snapshot_id for _ in range(2)]
     for snapshot_id in bad:
         manifest = tmp_path / "store" / "orders" / "snapshots" / snapshot_id / "manifest.json"
-        manifest.write_bytes(manifest.read_bytes().replace(b'"batch_id": 1', b'"batch_id": 0'))
+        manifest.write_bytes(manifest.read_bytes().replace(b'"batch_id":1', b'"batch_id":0'))
     snapshotter = Snapshotter(store, LocalStorage(ckpt), retention=RetentionPolicy(checkpoints_keep=3),
                               fence=lambda: None, on_done=lambda _outcome: None, labels={"epoch": "1"})
     try:
@@ -226,7 +226,7 @@ def test_a_manifest_changed_after_this_process_created_it_is_read_by_its_next_li
     second = create_snapshot(store, LocalStorage(ckpt), kind=Kind.CHECKPOINT).manifest
     key = store.manifest_key(second.snapshot_id)
     body = store.storage.read(key)
-    store.storage.write(key, body.replace(b'"batch_id": 2', b'"batch_id": 3'))  # the same size: its tag tells
+    store.storage.write(key, body.replace(b'"batch_id":2', b'"batch_id":3'))  # the same size: its tag tells
     reads = count_reads(store)
     assert list_snapshots(store) == [first]  # read, found corrupt (its checksum), skipped
     assert reads == [key]

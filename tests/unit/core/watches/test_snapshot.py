@@ -55,5 +55,5 @@ def test_snapshot_watch_skips_a_corrupt_manifest(store: JobStore, checkpoint: Lo
     watch = SnapshotWatch(store, after=time.time() - 1)
     result = create_snapshot(store, checkpoint, kind=Kind.SAVEPOINT, trigger=Trigger.MANUAL)
     key = store.manifest_key(result.manifest.snapshot_id)
-    store.storage.write(key, store.storage.read(key).replace(b'"batch_id": 2', b'"batch_id": 1'))
+    store.storage.write(key, store.storage.read(key).replace(b'"batch_id":2', b'"batch_id":1'))
     assert watch.poll() is None  # its checksum no longer matches: not a completed snapshot
