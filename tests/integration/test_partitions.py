@@ -18,6 +18,12 @@ nothing to the sink once the second may commit; (b) every input id is in the sin
 (c) once the link heals, the first driver exits 3 (fenced) saying a newer driver holds the lease; (d) nothing is
 left behind. Every output line of both drivers is stamped with its arrival time here (one wall clock: the hosts
 share this machine's), which times the commits of each driver against the second driver's lease.
+
+(b) fails with the ckpt-kafka sink when the first driver committed batches that never reached the store as a
+snapshot (its live checkpoint is on its host) and the second plans them again with other offsets: Kafka cannot
+unpublish, they are committed twice (docs/reliability.md, scenario 1, finding 2). When every duplicate is of such a
+batch the test ends in ``pytest.xfail`` with that reason; imperatively, not ``xfail(strict=True)``, since a run is
+exact when the second driver plans the one batch past the snapshot with the same offsets (its marker then skips it).
 """
 
 from __future__ import annotations
