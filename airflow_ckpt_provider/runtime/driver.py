@@ -328,6 +328,8 @@ class JobDriver:
         failure = classify(err)
         if failure.recovery is not Recovery.QUERY:
             return self.reporter.end_failed(failure)
+        if self.watch is not None:
+            self.watch.take_lapsed()  # the restart confirms the lease before the query starts again
         return self.restarter.restart(f"{failure.what}: {failure.message}")
 
     def _lease_unconfirmed(self) -> int | None:
@@ -336,6 +338,8 @@ class JobDriver:
         assert self.query is not None
         self.query.stop()
         self._drain_events()
+        if self.watch is not None:
+            self.watch.take_lapsed()  # a stop of the watch meanwhile is this one: handled by the restart below
         return self.restarter.restart(f"the job store is unreachable for {self.store_outage.seconds():.0f} s: "
                                       "the lease cannot be confirmed")
 

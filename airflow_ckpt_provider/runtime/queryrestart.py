@@ -176,7 +176,13 @@ class QueryRestarter:
             if self.stop_signal():
                 return self._stopped(f"{self.stop_signal()} received while restarting")
             try:
+                asked = self.lease.monotonic()
                 self.lease.check()
+                if 0 < self.lease.outage_tolerance <= self.lease.monotonic() - asked:
+                    # A read the outage held confirms only as of when it was sent: too old to start on (the lease
+                    # watch would stop the query at once). Read again, now that the store answers.
+                    waited = True
+                    continue
                 if waited:
                     self._store_back()
                 prepare_checkpoint(self.store, self.live, LATEST_STATE, epoch=self.lease.epoch,
