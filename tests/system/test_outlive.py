@@ -126,8 +126,8 @@ def test_job_outlives_its_killed_worker_and_a_lost_host_is_relaunched_once_by_th
     new = deployment_keys(world) - deployments
     assert new == {f"{DEPLOYMENTS}{restarted.first.epoch:010d}.json"}, new
     record = restarted.deployment
-    assert (record["launch_id"], record["restore"]) == (launch.launch_id, "latest-state"), record
-    assert record["action"] == "keep-live" and f"at batch {killed.batch_id} " in record["reason"], record
+    assert (record.launch_id, record.restore) == (launch.launch_id, "latest-state"), record
+    assert record.action == "keep-live" and f"at batch {killed.batch_id} " in record.reason, record
     assert killed.batch_id is not None and restarted.first.batch_id == killed.batch_id + 1
     assert restarted.first.epoch == killed.epoch + 1 and restarted.first.pid != driver_pid
     # Totals exact, and still exactly one new start once everything is consumed.
