@@ -267,7 +267,14 @@ def _files_sink(topo: Topology, s3: Any) -> FilesSink:
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("sink_name", ["kafka", "files"])
+@pytest.mark.parametrize("sink_name", [
+    # The Kafka variant ends in its expected failure (a local live checkpoint: docs/reliability.md, finding 2); the
+    # fencing guarantee it shares with the files variant is proven by that one in the default run.
+    pytest.param("kafka", marks=pytest.mark.full(
+        proven_by="integration/test_partitions.py::test_driver_cut_from_the_store_is_fenced_and_a_driver_elsewhere_"
+                  "takes_over[files] (the cut driver stops committing before the new one may commit)")),
+    "files",
+])
 def test_driver_cut_from_the_store_is_fenced_and_a_driver_elsewhere_takes_over(sink_name: str,
                                                                                tmp_path: Path) -> None:
     pids: list[int] = []
