@@ -158,7 +158,8 @@ def test_a_failure_no_restart_fixes_ends_the_driver_and_its_supervisor_once_with
 ) -> None:
     """A wrong S3 secret, an output mode Spark refuses, a state schema change, a module the sink lacks:
     the driver fails once with the message and its exit code; the supervisor (exponential-delay, unbounded)
-    does not restart it and exits with the same code."""
+    does not restart it and exits with the same code. A wrong secret is refused at the supervisor's first write
+    to the store: no driver starts (issue 39, item 7)."""
     produce(env.kafka.bootstrap_servers, env.topic, 0, 200)
     checkpoint = env.work / "checkpoint"
     if variant == "schema":  # state of the original query first: a count per key
@@ -170,8 +171,13 @@ def test_a_failure_no_restart_fixes_ends_the_driver_and_its_supervisor_once_with
     runs.append(run := env.run(variant, checkpoint, "--supervise", "--poll", "1", extra_env=extra))
     assert run.wait(TIMEOUT) == code, run.tail()
 
-    assert len(supervisor_lines(run, "started (attempt")) == 1, "the supervisor started exactly one driver"
-    errors = [ln for ln in run.ckpt_lines() if "no restart can fix it" in ln or "cannot start" in ln]
+    if variant == "secret":  # the supervisor's own first write is refused: it starts no driver at all
+        assert supervisor_lines(run, "started (attempt") == [], "a driver started with refused credentials"
+        errors = [ln for ln in run.ckpt_lines()
+                  if "refused the supervisor's credentials" in ln and "not an outage" in ln]
+    else:
+        assert len(supervisor_lines(run, "started (attempt")) == 1, "the supervisor started exactly one driver"
+        errors = [ln for ln in run.ckpt_lines() if "no restart can fix it" in ln or "cannot start" in ln]
     assert len(errors) == 1 and message in errors[0], "\n".join(errors) or run.tail()
     if variant != "secret":  # with the wrong secret nothing can be written to the store
         status = env.status()
