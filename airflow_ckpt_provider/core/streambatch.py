@@ -50,6 +50,12 @@ def before_query_start(name: str, action: Callable[[], object]) -> None:
     _BEFORE_START.append((name, action))
 
 
+def forget_before_query_start() -> None:
+    """Drop every registered action: the runtime does this before it runs a job's build function, so a process
+    that ran another job before never runs that job's actions."""
+    _BEFORE_START.clear()
+
+
 def run_before_query_start() -> None:
     """The runtime calls this right before ``DataStreamWriter.start()``; an action's error fails the start."""
     for _name, action in list(_BEFORE_START):

@@ -35,7 +35,7 @@ from airflow_ckpt_provider.core.outage import Outage
 from airflow_ckpt_provider.core.retention import RetentionPolicy
 from airflow_ckpt_provider.core.status import JobState
 from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
-from airflow_ckpt_provider.core.streambatch import run_before_query_start
+from airflow_ckpt_provider.core.streambatch import forget_before_query_start, run_before_query_start
 from airflow_ckpt_provider.runtime.batchevents import BatchEvent, BatchListener
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.controlhandler import ControlHandler, fenced_exit
@@ -155,6 +155,7 @@ class JobDriver:
         register_data_sources(spark)  # the ckpt-kafka source and writer, the ckpt-files sink
         self._idle_poll = str(spark.conf.get(IDLE_POLL[0]))  # said in the query's start line (Spark's default if unset)
         spark.sparkContext.setLogLevel("WARN")
+        forget_before_query_start()  # the build function registers this job's own (kafka_sink: lingering aborts)
         try:
             writer = self._writer = self.build(spark, JobContext(self.config, self.lease))
             check_output_mode(writer)
