@@ -69,10 +69,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make `bench` and `tests` importable
 
-from airflow_ckpt_provider.core.control import Outcome, RequestAction, submit_request, wait_ack
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.status import read_status
-from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.core.records.control import Outcome, RequestAction, submit_request, wait_ack
+from airflow_ckpt_provider.core.records.status import read_status
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.embedded import EmbeddedS3, free_port
 from bench.runtime_bench import LINE, stop_run
 from tests.support.runtimejob import Run

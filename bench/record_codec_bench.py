@@ -25,8 +25,8 @@ from typing import Any
 import msgspec
 import pydantic
 
-from airflow_ckpt_provider.core.manifest import Kind, Manifest, ManifestFile, Trigger
-from airflow_ckpt_provider.core.status import JobState, JobStatus
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Manifest, ManifestFile, Trigger
 
 
 def sample_manifest(files: int) -> Manifest:

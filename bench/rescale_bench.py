@@ -32,13 +32,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from airflow_ckpt_provider.core.control import Ack, Outcome, RequestAction, submit_request, wait_ack
-from airflow_ckpt_provider.core.deployments import Deployment, Launch
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec
-from airflow_ckpt_provider.core.snapshots import load_manifest
-from airflow_ckpt_provider.core.status import JobState, read_status
-from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.core.policy.modes import LATEST_STATE, RestoreMode, RestoreSpec
+from airflow_ckpt_provider.core.records.control import Ack, Outcome, RequestAction, submit_request, wait_ack
+from airflow_ckpt_provider.core.records.deployments import Deployment, Launch
+from airflow_ckpt_provider.core.records.status import JobState, read_status
+from airflow_ckpt_provider.core.snapshots.catalog import load_manifest
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.embedded import EmbeddedS3
 from airflow_ckpt_provider.launcher.deploy import launch
 from airflow_ckpt_provider.launcher.upgrade import JobUpgrade, UpgradeOptions

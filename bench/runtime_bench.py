@@ -19,7 +19,7 @@ order (A B, B A, A B). Each job is measured for:
    in the first 30 s on a 2-core VM, a third of that a minute later; the "JIT" CPU in the tables), and anything
    else running on the machine, snapshots included, delays that compilation and slows the batches.
    Then (A jobs only) --turns windows of --turn-window seconds with checkpoint snapshots paused and taken in
-   turns (the file named by CKPT_BENCH_PAUSE_CHECKPOINTS, core/faults.py): the same driver JVM against itself,
+   turns (the file named by CKPT_BENCH_PAUSE_CHECKPOINTS, core/policy/faults.py): the same driver JVM against itself,
    free of the JIT and GC modes that make whole jobs 10-15% faster or slower than others; same target.
 3. Recovery (A jobs only: the default configuration), --kills times after the window: kill -9 of
    the driver's process group in steady state (after >= 2 batches with rows of its epoch), to the
@@ -67,9 +67,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make `tests` importable
 
-from airflow_ckpt_provider.core.faults import PAUSE_ENV
-from airflow_ckpt_provider.core.manifest import Kind
-from airflow_ckpt_provider.core.snapshots import list_snapshots
+from airflow_ckpt_provider.core.policy.faults import PAUSE_ENV
+from airflow_ckpt_provider.core.snapshots.catalog import list_snapshots
+from airflow_ckpt_provider.core.snapshots.manifest import Kind
 from airflow_ckpt_provider.embedded import EmbeddedServices
 from airflow_ckpt_provider.embedded.sparkcluster import EmbeddedSparkCluster
 from tests.support.runtimejob import JobEnv, Run
@@ -634,9 +634,9 @@ SETTLE_S = 2.0
 
 def turns(watch: LogWatch, opts: Options, rnd: int, pause: Path, rate: float) -> list[Turn]:
     """``--turns`` windows of ``--turn-window`` seconds, checkpoint snapshots paused (the file that
-    core/faults.checkpoints_paused looks for) and taken in turns, pairs in alternating order (off-on, on-off, ...):
-    the same driver JVM against itself, so its JIT and GC luck is the same on both sides. ``rate``: records/s of the
-    steady window, to tell before the turns whether the backlog lasts them (an idle job logs no batches)."""
+    core/policy/faults.checkpoints_paused looks for) and taken in turns, pairs in alternating order (off-on, on-off,
+    ...): the same driver JVM against itself, so its JIT and GC luck is the same on both sides. ``rate``: records/s of
+    the steady window, to tell before the turns whether the backlog lasts them (an idle job logs no batches)."""
     left = opts.records - sum(e.int(2) for e in batches(watch.events, 1))
     needed = int(1.2 * rate * opts.turns * (opts.turn_window + SETTLE_S + 2))
     if left < needed:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-#: Job store keys by their first segment (core/jobstore.py's layout) -> the kind reported.
+#: Job store keys by their first segment (core/store/jobstore.py's layout) -> the kind reported.
 PREFIXES = {
     "status.json": "status", "lease.json": "lease", "snapshots": "snapshots", "objects": "objects",
     "pending": "pending", "locks": "locks", "control": "control", "deployments": "deployments",

@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
     from pyspark.sql import SparkSession
 
-    from airflow_ckpt_provider.core.jobstore import JobStore
-    from airflow_ckpt_provider.core.manifest import Manifest, ManifestFile
+    from airflow_ckpt_provider.core.snapshots.manifest import Manifest, ManifestFile
+    from airflow_ckpt_provider.core.store.jobstore import JobStore
     from airflow_ckpt_provider.embedded import EmbeddedS3
 
 log = logging.getLogger("snapshot_bench")
@@ -326,11 +326,11 @@ def run_batch(spark: SparkSession, input_dir: Path, checkpoint: Path, expected_r
 
 
 def plain_client(s3: EmbeddedS3, concurrency: int) -> S3Client:
-    """A boto3 client configured like the engine's (core/s3.client_config: pool size, timeouts, checksum setting),
+    """A boto3 client configured like the engine's (core/store/s3.client_config: pool size, timeouts, checksum setting),
     without its wrappers."""
     import boto3
 
-    from airflow_ckpt_provider.core.s3 import client_config
+    from airflow_ckpt_provider.core.store.s3 import client_config
 
     config = client_config(concurrency, connect_timeout=5.0, read_timeout=60.0)
     return boto3.session.Session().client(
@@ -405,8 +405,8 @@ def warm_up(client: S3Client, engine: JobStore) -> None:
 
 def open_store(s3: EmbeddedS3, job: str, concurrency: int) -> JobStore:
     """The job store of one size on the embedded S3."""
-    from airflow_ckpt_provider.core.jobstore import JobStore
-    from airflow_ckpt_provider.core.storage import S3Options, open_storage
+    from airflow_ckpt_provider.core.store.jobstore import JobStore
+    from airflow_ckpt_provider.core.store.storage import S3Options, open_storage
 
     options = S3Options(endpoint_url=s3.endpoint_url, region=s3.region, access_key_id=s3.access_key,
                         secret_access_key=s3.secret_key, max_concurrency=concurrency)
@@ -415,10 +415,10 @@ def open_store(s3: EmbeddedS3, job: str, concurrency: int) -> JobStore:
 
 def snapshot(store: JobStore, checkpoint: Path, concurrency: int) -> SnapshotRun:
     """Take a snapshot, timing its phases through the engine's step hook."""
-    from airflow_ckpt_provider.core.manifest import Kind, Trigger
-    from airflow_ckpt_provider.core.snapshots import create_snapshot
-    from airflow_ckpt_provider.core.snapshotwrite import drop_committed_markers
-    from airflow_ckpt_provider.core.storage import LocalStorage
+    from airflow_ckpt_provider.core.snapshots.catalog import create_snapshot
+    from airflow_ckpt_provider.core.snapshots.manifest import Kind, Trigger
+    from airflow_ckpt_provider.core.snapshots.snapshotwrite import drop_committed_markers
+    from airflow_ckpt_provider.core.store.storage import LocalStorage
 
     marks: dict[str, float] = {}
 
@@ -447,8 +447,8 @@ def snapshot(store: JobStore, checkpoint: Path, concurrency: int) -> SnapshotRun
 
 def restore(store: JobStore, manifest: Manifest, target: Path, concurrency: int) -> tuple[Transfer, float]:
     """Restore a snapshot into a fresh local directory and check the files landed; wall and transfer time."""
-    from airflow_ckpt_provider.core.restore import restore_snapshot
-    from airflow_ckpt_provider.core.storage import LocalStorage
+    from airflow_ckpt_provider.core.snapshots.restore import restore_snapshot
+    from airflow_ckpt_provider.core.store.storage import LocalStorage
 
     started = time.perf_counter()
     result = restore_snapshot(store, manifest.snapshot_id, LocalStorage(target), concurrency=concurrency)
@@ -553,8 +553,8 @@ class SizeRun:
 
     def new_files(self, known: set[str]) -> tuple[list[str], float]:
         """Files of the latest batch whose content is not in ``known``; + seconds to hash the others."""
-        from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
-        from airflow_ckpt_provider.core.storage import LocalStorage
+        from airflow_ckpt_provider.core.snapshots.checkpoint import SparkCheckpoint
+        from airflow_ckpt_provider.core.store.storage import LocalStorage
 
         new, reused_hash_s = [], 0.0
         for f in SparkCheckpoint(LocalStorage(self.checkpoint)).view().files:

@@ -12,9 +12,9 @@
 2. One poll of each watch the Airflow triggers and sensors run (core/watches: job health as the
    keep-alive DAG's sensor configures it, snapshot, control request), through the same proxy.
 3. Listing costs with a long snapshot history: for each N of --sizes, a fresh job store holding N
-   savepoint manifests + 3 checkpoints and N objects (written with core/manifest and core/jobstore),
+   savepoint manifests + 3 checkpoints and N objects (written with core/snapshots/manifest and core/store/jobstore),
    then the library's own reads: list_snapshots / latest_completed, apply_retention (dry run), the
-   snapshot watch's poll, and the objects LIST each snapshot makes (core/snapshotwrite.write_snapshot).
+   snapshot watch's poll, and the objects LIST each snapshot makes (core/snapshots/snapshotwrite.write_snapshot).
 
 Prints markdown tables (stdout), progress on stderr, and writes the figures as JSON (--out). Prices:
 AWS S3 Standard request prices from AWS's public pricing page (us-east-1: PUT, COPY, POST, LIST
@@ -42,9 +42,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make `tests` and `bench` importable
 
-from airflow_ckpt_provider.core.jobstore import OBJECTS, JobStore
-from airflow_ckpt_provider.core.manifest import Kind, Manifest, ManifestFile, Trigger, new_snapshot_id
-from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Manifest, ManifestFile, Trigger, new_snapshot_id
+from airflow_ckpt_provider.core.store.jobstore import OBJECTS, JobStore
+from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.embedded import EmbeddedServices
 from bench.runtime_bench import BenchError, LogWatch, first, stop_run
 from bench.s3count import CountingProxy, Hit
@@ -237,9 +237,9 @@ def run_job(services: EmbeddedServices, proxy: CountingProxy, args: argparse.Nam
 
 def poll_watches(env: JobEnv, proxy: CountingProxy, services: EmbeddedServices) -> dict[str, Any]:
     """One poll (two for the health watch: its first reads the deployment records) of each watch, counted."""
-    from airflow_ckpt_provider.core.health import HealthCriteria
-    from airflow_ckpt_provider.core.restart import Health
-    from airflow_ckpt_provider.core.status import read_status
+    from airflow_ckpt_provider.core.policy.health import HealthCriteria
+    from airflow_ckpt_provider.core.policy.restart import Health
+    from airflow_ckpt_provider.core.records.status import read_status
     from airflow_ckpt_provider.core.watches.control import RequestWatch
     from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
     from airflow_ckpt_provider.core.watches.snapshot import SnapshotWatch
@@ -277,16 +277,16 @@ NEXT_SNAPSHOT = "checkpoint snapshot + retention, next"
 
 def listing(services: EmbeddedServices, proxy: CountingProxy, sizes: Sequence[int]) -> list[dict[str, Any]]:
     """For each N: a store with N savepoints + 3 checkpoints and N objects; requests of the library's reads."""
-    from airflow_ckpt_provider.core.retention import RetentionPolicy
-    from airflow_ckpt_provider.core.snapshots import (
+    from airflow_ckpt_provider.core.snapshots.catalog import (
         apply_retention,
         create_snapshot,
         forget_manifests,
         latest_completed,
         list_snapshots,
     )
-    from airflow_ckpt_provider.core.snapshotwrite import forget_objects
-    from airflow_ckpt_provider.core.storage import LocalStorage
+    from airflow_ckpt_provider.core.snapshots.retention import RetentionPolicy
+    from airflow_ckpt_provider.core.snapshots.snapshotwrite import forget_objects
+    from airflow_ckpt_provider.core.store.storage import LocalStorage
     from airflow_ckpt_provider.core.watches.snapshot import SnapshotWatch
     from tests.support.ckptfactory import make_checkpoint, write_batch
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core.storage import LocalStorage, S3Options, Storage, open_storage
+from airflow_ckpt_provider.core.store.storage import LocalStorage, S3Options, Storage, open_storage
 from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
 from tests.support import fullpass
 

@@ -11,8 +11,8 @@ from contextlib import contextmanager
 from typing import Any, TextIO
 
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.jobstore import JobStore, split_snapshot_ref
-from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.core.store.jobstore import JobStore, split_snapshot_ref
+from airflow_ckpt_provider.core.store.storage import S3Options
 
 EXIT_ERROR = 1
 EXIT_VERIFY_FAILED = 3

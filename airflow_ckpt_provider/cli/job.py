@@ -15,15 +15,15 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from airflow_ckpt_provider.cli.common import add_store_args, emit, open_job_store, progress
-from airflow_ckpt_provider.core.control import Ack, Outcome, RequestAction, submit_request, wait_ack
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.jobview import JobView, check_can_request, observe, state_text, when
-from airflow_ckpt_provider.core.lease import LeaseRecord
-from airflow_ckpt_provider.core.modes import UpgradeMode
-from airflow_ckpt_provider.core.progress import human_count
+from airflow_ckpt_provider.core.policy.modes import UpgradeMode
+from airflow_ckpt_provider.core.records.control import Ack, Outcome, RequestAction, submit_request, wait_ack
+from airflow_ckpt_provider.core.records.lease import LeaseRecord
+from airflow_ckpt_provider.core.store.progress import human_count
+from airflow_ckpt_provider.core.views.jobview import JobView, check_can_request, observe, state_text, when
 
 if TYPE_CHECKING:
-    from airflow_ckpt_provider.core.jobstore import JobStore
+    from airflow_ckpt_provider.core.store.jobstore import JobStore
 
 EXIT_ERROR = 1
 EXIT_TIMEOUT = 4
@@ -168,7 +168,7 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
 
 
 def _partitions(value: str | None) -> int | None:
-    from airflow_ckpt_provider.core.rescaling import parse_partitions
+    from airflow_ckpt_provider.core.snapshots.rescaling import parse_partitions
 
     if value is None:
         return None

@@ -7,7 +7,7 @@ import os
 
 from airflow_ckpt_provider.cli.common import emit, s3_options, table
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.storage import open_storage
+from airflow_ckpt_provider.core.store.storage import open_storage
 
 
 def _kafka_conf(args: argparse.Namespace) -> dict[str, str]:

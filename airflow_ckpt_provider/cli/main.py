@@ -66,7 +66,7 @@ def _warn_plainly(message: Warning | str, category: type[Warning], filename: str
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # An old spelling of a mode or setting (core/modes.py) still works and says what to write instead; Python
+    # An old spelling of a mode or setting (core/policy/modes.py) still works and says what to write instead; Python
     # hides DeprecationWarning outside __main__, so the command shows its own.
     with warnings.catch_warnings():
         warnings.simplefilter("default", DeprecationWarning)

@@ -11,15 +11,16 @@ from typing import TYPE_CHECKING
 from rich.progress import BarColumn, DownloadColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
 
-from airflow_ckpt_provider.core.progress import Progress, human_bytes, human_count
+from airflow_ckpt_provider.core.store.progress import Progress, human_bytes, human_count
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 
 class TransferBar:
-    """core/progress.py's ``TransferDisplay`` as a rich progress bar on ``console``: one bar per transfer, updated on
-    every change (rich redraws a few times a second); what it transfers and its final line are printed above them."""
+    """core/store/progress.py's ``TransferDisplay`` as a rich progress bar on ``console``: one bar per transfer,
+    updated on every change (rich redraws a few times a second); what it transfers and its final line are printed
+    above them."""
 
     def __init__(self, console: Console) -> None:
         # What is transferred (job, snapshot, batch) is too long for a bar's row on an 80-column terminal: it is

@@ -20,12 +20,12 @@ import time
 from collections.abc import Callable, Iterator
 
 from airflow_ckpt_provider.cli.common import add_store_args
-from airflow_ckpt_provider.core.deployments import LAUNCH_ENV
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.progress import human_count
-from airflow_ckpt_provider.core.restart import HealthRule, RestartStrategy, describe_strategy
-from airflow_ckpt_provider.core.settings import RestartSettings, RuntimeSettings
-from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.core.policy.restart import HealthRule, RestartStrategy, describe_strategy
+from airflow_ckpt_provider.core.policy.settings import RestartSettings, RuntimeSettings
+from airflow_ckpt_provider.core.records.deployments import LAUNCH_ENV
+from airflow_ckpt_provider.core.store.progress import human_count
+from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.launcher import pyenv
 from airflow_ckpt_provider.launcher.driverprocess import ProcessLike, Spawn, spawn_driver
 from airflow_ckpt_provider.launcher.submit import (
@@ -110,7 +110,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if spec.shipped is not None:
             spec.shipped.ensure()  # the executors' Python: built once per lock, then from the cache
         driver_cwd(spec)  # a driver next to a shipped environment needs a venv: refused here, not per attempt
-        if args.check_id:  # started by an upgrade (launcher/restorecheck.start_check): record the verdict
+        if args.check_id:  # started by an upgrade (launcher/restore_check.start_check): record the verdict
             return _run_recorded_check(args, spec)
         if strategy is None:
             return run_once(argv, env, cwd=driver_cwd(spec))
@@ -157,8 +157,8 @@ def _wait(proc: ProcessLike, stop_at: list[float], grace: float, clock: Callable
 
 
 def _run_recorded_check(args: argparse.Namespace, spec: SubmitSpec) -> int:
-    from airflow_ckpt_provider.core.jobstore import JobStore
-    from airflow_ckpt_provider.launcher.restorecheck import run_recorded_check
+    from airflow_ckpt_provider.core.store.jobstore import JobStore
+    from airflow_ckpt_provider.launcher.restore_check import run_recorded_check
 
     store = JobStore.open(spec.config.store, spec.config.job, S3Options.from_env(args.endpoint_url, args.region))
     return run_recorded_check(store, spec, args.check_id)
@@ -166,7 +166,7 @@ def _run_recorded_check(args: argparse.Namespace, spec: SubmitSpec) -> int:
 
 def _run_supervised(args: argparse.Namespace, spec: SubmitSpec, strategy: RestartStrategy,
                     health: HealthRule | None) -> int:
-    from airflow_ckpt_provider.core.jobstore import JobStore
+    from airflow_ckpt_provider.core.store.jobstore import JobStore
 
     store = JobStore.open(spec.config.store, spec.config.job, S3Options.from_env(args.endpoint_url, args.region))
     supervisor = Supervisor(spec, strategy, health=health, store=store, poll=args.poll,

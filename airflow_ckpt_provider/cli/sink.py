@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from airflow_ckpt_provider.cli.common import EXIT_VERIFY_FAILED, emit, s3_options, table
-from airflow_ckpt_provider.core.progress import human_bytes, human_count
+from airflow_ckpt_provider.core.store.progress import human_bytes, human_count
 
 
 def cmd_sink_verify(args: argparse.Namespace) -> int:

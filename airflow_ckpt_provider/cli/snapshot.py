@@ -18,12 +18,13 @@ from airflow_ckpt_provider.cli.common import (
     table,
     transfer_report,
 )
-from airflow_ckpt_provider.core.manifest import INLINE_MAX, INLINE_TOTAL_MAX, Kind, Manifest, Trigger, parse_enum
-from airflow_ckpt_provider.core.progress import human_bytes, human_count
-from airflow_ckpt_provider.core.storage import open_storage
+from airflow_ckpt_provider.core.policy.settings import INLINE_MAX, INLINE_TOTAL_MAX
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Manifest, Trigger, parse_enum
+from airflow_ckpt_provider.core.store.progress import human_bytes, human_count
+from airflow_ckpt_provider.core.store.storage import open_storage
 
 if TYPE_CHECKING:
-    from airflow_ckpt_provider.core.gc import GcResult
+    from airflow_ckpt_provider.core.snapshots.gc import GcResult
 
 
 def _row(m: Manifest) -> list[str]:
@@ -43,7 +44,7 @@ def inline_bytes(text: str) -> int:
 
 
 def cmd_create(args: argparse.Namespace) -> int:
-    from airflow_ckpt_provider.core.snapshots import create_snapshot
+    from airflow_ckpt_provider.core.snapshots.catalog import create_snapshot
 
     store, checkpoint = open_job_store(args), open_storage(args.checkpoint, s3_options(args))
     with transfer_report() as report:
@@ -60,7 +61,7 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from airflow_ckpt_provider.core.snapshots import list_snapshots
+    from airflow_ckpt_provider.core.snapshots.catalog import list_snapshots
 
     kind = parse_enum(Kind, args.kind) if args.kind else None
     manifests = list_snapshots(open_job_store(args), kind)
@@ -71,7 +72,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from airflow_ckpt_provider.core.snapshots import load_manifest
+    from airflow_ckpt_provider.core.snapshots.catalog import load_manifest
 
     store, snapshot_id = store_and_snapshot(args)
     m = load_manifest(store, snapshot_id)
@@ -94,7 +95,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from airflow_ckpt_provider.core.snapshots import verify_snapshot
+    from airflow_ckpt_provider.core.snapshots.catalog import verify_snapshot
 
     report = verify_snapshot(*store_and_snapshot(args), deep=not args.quick)
     data = {"snapshot_id": report.snapshot_id, "ok": report.ok, "files": report.files,
@@ -110,7 +111,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from airflow_ckpt_provider.core.restore import restore_snapshot
+    from airflow_ckpt_provider.core.snapshots.restore import restore_snapshot
 
     store, snapshot_id = store_and_snapshot(args)
     target = open_storage(args.target, s3_options(args))
@@ -125,7 +126,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 def cmd_dispose(args: argparse.Namespace) -> int:
-    from airflow_ckpt_provider.core.snapshots import dispose_snapshot
+    from airflow_ckpt_provider.core.snapshots.catalog import dispose_snapshot
 
     m = dispose_snapshot(*store_and_snapshot(args), force=args.force)
     emit(args, {"disposed": m.snapshot_id, "kind": m.kind.value, "batch_id": m.batch_id},
@@ -134,8 +135,8 @@ def cmd_dispose(args: argparse.Namespace) -> int:
 
 
 def cmd_retain(args: argparse.Namespace) -> int:
-    from airflow_ckpt_provider.core.retention import RetentionPolicy
-    from airflow_ckpt_provider.core.snapshots import apply_retention
+    from airflow_ckpt_provider.core.snapshots.catalog import apply_retention
+    from airflow_ckpt_provider.core.snapshots.retention import RetentionPolicy
 
     policy = RetentionPolicy(
         checkpoints_keep=args.keep_checkpoints,
@@ -151,7 +152,7 @@ def cmd_retain(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from airflow_ckpt_provider.core.gc import collect_garbage
+    from airflow_ckpt_provider.core.snapshots.gc import collect_garbage
 
     result = collect_garbage(open_job_store(args), min_age_s=args.min_age, dry_run=args.dry_run,
                              clear_pending=args.clear_pending or ())

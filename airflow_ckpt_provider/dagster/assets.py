@@ -3,7 +3,7 @@ job's heartbeat), with asset checks for freshness (the heartbeat, the last batch
 
 The job runs outside Dagster (it never finishes, so no run materializes it): the asset is external
 (``dg.AssetSpec``), its materializations are reported by ``job_output_sensor``, and its checks read the job's
-status (core/status.py) as the health watch does (core/status.heartbeat_limit, driver_live).
+status (core/records/status.py) as the health watch does (core/records/status.heartbeat_limit, driver_live).
 """
 
 # No ``from __future__ import annotations``: Dagster reads the annotations of decorated functions (the context's
@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import dagster as dg
 
-from airflow_ckpt_provider.core.status import JobState, JobStatus, driver_live, heartbeat_limit, read_status
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus, driver_live, heartbeat_limit, read_status
 from airflow_ckpt_provider.dagster.ops import CKPT_RESOURCE
 from airflow_ckpt_provider.dagster.resources import CkptResource
 

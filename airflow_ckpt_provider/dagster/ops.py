@@ -3,7 +3,7 @@ submit or reconnect, trigger a savepoint, stop with a savepoint, cancel, restart
 until the job is healthy.
 
 The same calls as the operators: the decisions in core/ (submission.py, jobview.py), the launch in
-launcher/deploy.py, requests through the control channel (core/control.py) answered by the driver, and waits on
+launcher/deploy.py, requests through the control channel (core/records/control.py) answered by the driver, and waits on
 the same watches (core/watches/), polled in the op's process (an op has no triggerer to defer to). Every op takes
 the resource ``ckpt`` (dagster/resources.py). Expected refusals (nothing to request, a STOPPING job, a bad
 setting) fail the op with ``dg.Failure`` whose description says what was expected, found and what to do.
@@ -24,18 +24,24 @@ from typing import Any, TypeVar
 import dagster as dg
 from pydantic import Field, field_validator
 
-from airflow_ckpt_provider.core.control import STOP_ACTION, STOP_TIMEOUT, RequestAction
-from airflow_ckpt_provider.core.deployments import Deployment, read_launch
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
-from airflow_ckpt_provider.core.health import HealthCriteria
-from airflow_ckpt_provider.core.jobstore import JobStore, check_job_name
-from airflow_ckpt_provider.core.jobview import RestartDecision, observe, request_running, restart_decision, stop_check
-from airflow_ckpt_provider.core.modes import RestoreSpec, StopMode, UpgradeMode
-from airflow_ckpt_provider.core.rescaling import MAX_PARTITIONS, parse_partitions
-from airflow_ckpt_provider.core.restart import Health
-from airflow_ckpt_provider.core.settings import JobSettings, setting_fields
-from airflow_ckpt_provider.core.snapshots import dispose_snapshots as dispose
-from airflow_ckpt_provider.core.submission import find_running, what_to_launch
+from airflow_ckpt_provider.core.policy.health import HealthCriteria
+from airflow_ckpt_provider.core.policy.modes import RestoreSpec, StopMode, UpgradeMode
+from airflow_ckpt_provider.core.policy.restart import Health
+from airflow_ckpt_provider.core.policy.settings import JobSettings, setting_fields
+from airflow_ckpt_provider.core.records.control import STOP_ACTION, STOP_TIMEOUT, RequestAction
+from airflow_ckpt_provider.core.records.deployments import Deployment, read_launch
+from airflow_ckpt_provider.core.snapshots.catalog import dispose_snapshots as dispose
+from airflow_ckpt_provider.core.snapshots.rescaling import MAX_PARTITIONS, parse_partitions
+from airflow_ckpt_provider.core.store.jobstore import JobStore, check_job_name
+from airflow_ckpt_provider.core.views.jobview import (
+    RestartDecision,
+    observe,
+    request_running,
+    restart_decision,
+    stop_check,
+)
+from airflow_ckpt_provider.core.views.submission import find_running, what_to_launch
 from airflow_ckpt_provider.core.watches.base import wait_for
 from airflow_ckpt_provider.core.watches.control import RequestWatch, request_failure, request_result
 from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
@@ -107,7 +113,7 @@ class SubmitConfig(JobConfig):
 
 
 class StopKind(StrEnum):
-    """core/modes.StopMode for Dagster's config: its enums take member names, so the names are the spellings."""
+    """core/policy/modes.StopMode for Dagster's config: its enums take member names, so the names are the spellings."""
 
     savepoint = StopMode.SAVEPOINT.value
     cancel = StopMode.CANCEL.value
@@ -335,7 +341,7 @@ def submit_streaming_job(context: dg.OpExecutionContext, config: SubmitConfig, c
     Output: ``{"job", "epoch", "batch_id", "state", "ui_url", "launch_id"}``."""
     store = _store(ckpt, config.job)
     target = ckpt.spark_target()
-    settings: dict[str, Any] = dict(config.settings)  # text: each setting's parser reads it (core/settings.py)
+    settings: dict[str, Any] = dict(config.settings)  # text: each setting's parser reads it (core/policy/settings.py)
     try:
         restore = RestoreSpec.parse(config.restore)
         mine = Deployment(job_file=config.job_file, code_version=config.code_version, master=target.master,
@@ -403,7 +409,7 @@ def restart_streaming_job(context: dg.OpExecutionContext, config: RestartConfig,
 
 def _restart(context: dg.OpExecutionContext, config: RestartConfig, ckpt: CkptResource,
              restore: str) -> dict[str, Any]:
-    """RestartStreamingJobOperator's steps, in one process (core/jobview.restart_decision decides)."""
+    """RestartStreamingJobOperator's steps, in one process (core/views/jobview.restart_decision decides)."""
     from airflow_ckpt_provider.runtime.startup import check_named_restore  # reads snapshots: not at load time
 
     store = _store(ckpt, config.job)

@@ -4,7 +4,7 @@ connections as one Dagster resource.
 Dagster's config system checks the types and the names of the fields before a run starts (a number for
 ``store_url``, a misspelt field, a ``deploy_mode`` outside client/cluster). What only this package can judge (a
 store URL without a bucket, an unknown master, an endpoint that is no http(s) URL) is checked by the same code
-as the connections' (core/storeconfig.py, launcher/sparktarget.py) when the resource is built: in
+as the connections' (core/store/storeconfig.py, launcher/sparktarget.py) when the resource is built: in
 ``Definitions`` when it is built there, else at the start of the run, before any op does anything.
 """
 
@@ -18,9 +18,9 @@ import dagster as dg
 from pydantic import Field, field_validator
 
 from airflow_ckpt_provider.core.errors import CkptError
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.storage import S3Options
-from airflow_ckpt_provider.core.storeconfig import StoreConfig, check_store
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import S3Options
+from airflow_ckpt_provider.core.store.storeconfig import StoreConfig, check_store
 from airflow_ckpt_provider.launcher.sparktarget import DEFAULT_MASTER, SparkTarget
 
 T = TypeVar("T")

@@ -15,8 +15,8 @@ from typing import Any
 
 import dagster as dg
 
-from airflow_ckpt_provider.core.health import HealthCriteria
-from airflow_ckpt_provider.core.restart import Health
+from airflow_ckpt_provider.core.policy.health import HealthCriteria
+from airflow_ckpt_provider.core.policy.restart import Health
 from airflow_ckpt_provider.core.watches.base import Watch
 from airflow_ckpt_provider.core.watches.events import SnapshotEventWatch
 from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch

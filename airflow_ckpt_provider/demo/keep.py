@@ -15,7 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
-from airflow_ckpt_provider.core.deployments import read_launch
+from airflow_ckpt_provider.core.records.deployments import read_launch
 from airflow_ckpt_provider.core.watches.events import snapshot_cursor_key
 from airflow_ckpt_provider.demo.apiserver import DemoApiServer
 from airflow_ckpt_provider.demo.world import AirflowHome, World, say

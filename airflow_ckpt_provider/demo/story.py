@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from airflow_ckpt_provider.core.control import RequestAction, submit_request, wait_ack
 from airflow_ckpt_provider.core.errors import CkptError
-from airflow_ckpt_provider.core.snapshots import list_snapshots, load_manifest
-from airflow_ckpt_provider.core.status import JobStatus
+from airflow_ckpt_provider.core.records.control import RequestAction, submit_request, wait_ack
+from airflow_ckpt_provider.core.records.status import JobStatus
+from airflow_ckpt_provider.core.snapshots.catalog import list_snapshots, load_manifest
 from airflow_ckpt_provider.demo.keep import explore, keep_service_logs
 from airflow_ckpt_provider.demo.progress import DagTestLines, elapsed_status
 from airflow_ckpt_provider.demo.summary import Proof, Resumed, Summary

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_ckpt_provider.core.deployments import Launch, read_launch
-from airflow_ckpt_provider.core.jobstore import JobStore
+from airflow_ckpt_provider.core.records.deployments import Launch, read_launch
 from airflow_ckpt_provider.core.records.start import StartRecord, read_start
-from airflow_ckpt_provider.core.status import JobState, JobStatus, RestartOwner, read_status
-from airflow_ckpt_provider.core.storage import S3Options
-from airflow_ckpt_provider.core.supervision import latest_supervisor
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus, RestartOwner, read_status
+from airflow_ckpt_provider.core.records.supervision import latest_supervisor
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.embedded import EmbeddedServices
 from airflow_ckpt_provider.examples._orders import read_totals
 

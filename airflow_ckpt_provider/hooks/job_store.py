@@ -11,9 +11,9 @@ from airflow.sdk import BaseHook, Connection
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError, CredentialsError
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.storage import S3Options, Storage
-from airflow_ckpt_provider.core.storeconfig import StoreConfig, check_store
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import S3Options, Storage
+from airflow_ckpt_provider.core.store.storeconfig import StoreConfig, check_store
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class JobStoreHook(BaseHook):
 
     @property
     def config(self) -> StoreConfig:
-        """The store URL and S3 options (core/storeconfig.py, shared with the Dagster resource)."""
+        """The store URL and S3 options (core/store/storeconfig.py, shared with the Dagster resource)."""
         return StoreConfig(self.store_url, self.s3_options)
 
     def storage(self) -> Storage:
@@ -192,7 +192,7 @@ def options_from_aws_hook(hook: AwsHook, aws_conn_id: str, *, endpoint_url: str 
 
     A ``role_arn`` assumed with the connection's keys (or, without keys, boto3's chain where the job runs) becomes
     the options' role: every process that opens the store with them (the task, a job's supervisor and driver)
-    assumes the role itself and again before its credentials expire (core/s3.py). Otherwise the credentials its
+    assumes the role itself and again before its credentials expire (core/store/s3.py). Otherwise the credentials its
     session resolves (keys, a profile, web identity, a role through a profile or SAML) are frozen now: temporary
     ones are not renewed for what runs longer on them, e.g. a job's driver."""
     from botocore.exceptions import BotoCoreError, ClientError  # with boto3; not imported while DAGs are parsed

@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_ckpt_provider.core.streambatch import worker_logging
+from airflow_ckpt_provider.core.policy.streambatch import worker_logging
 
 log = logging.getLogger(__name__)
 #: librdkafka's own lines that are not connection state (auth, topics, fatal errors).

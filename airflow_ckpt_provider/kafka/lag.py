@@ -18,7 +18,7 @@ from enum import StrEnum
 from typing import Any
 
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
-from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
+from airflow_ckpt_provider.core.store.storage import S3Options, Storage, open_storage
 from airflow_ckpt_provider.kafka.clientlog import configured, serve
 from airflow_ckpt_provider.kafka.offsets import Offsets, kafka_offsets_or_none
 
@@ -111,7 +111,7 @@ def checkpoint_lag(
         name = "offsets"
         offsets: Offsets = {t: dict(parts) for t, parts in checkpoint.items()}
     else:
-        from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
+        from airflow_ckpt_provider.core.snapshots.checkpoint import SparkCheckpoint
 
         storage = checkpoint if isinstance(checkpoint, Storage) else open_storage(checkpoint, s3_options)
         name = storage.uri()

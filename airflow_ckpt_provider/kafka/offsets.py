@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
-from airflow_ckpt_provider.core.lineagenames import DatasetName, kafka_dataset
+from airflow_ckpt_provider.core.policy.lineagenames import DatasetName, kafka_dataset
 
 #: topic -> partition -> next offset to read
 Offsets = dict[str, dict[int, int]]

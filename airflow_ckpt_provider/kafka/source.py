@@ -52,7 +52,7 @@ from pyspark.sql.types import (
 )
 
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.gate import gate_closed
+from airflow_ckpt_provider.core.policy.gate import gate_closed
 from airflow_ckpt_provider.kafka.metadata import BrokerMetadata
 from airflow_ckpt_provider.kafka.offsets import COMMIT_KEY, Offsets, parse_offsets, to_json_dict
 from airflow_ckpt_provider.kafka.options import SourceOptions, check_client_config, parse_options

@@ -25,15 +25,15 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, DataSourceStreamWriter, WriterCommitMessage
 
-from airflow_ckpt_provider.core.coverage import checkpoint_storage, read_coverage
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
-from airflow_ckpt_provider.core.faults import crash_point
-from airflow_ckpt_provider.core.streambatch import (
+from airflow_ckpt_provider.core.policy.faults import crash_point
+from airflow_ckpt_provider.core.policy.streambatch import (
     BATCH_ID_PROPERTY,
     QUERY_ID_PROPERTY,
     before_query_start,
     worker_logging,
 )
+from airflow_ckpt_provider.core.snapshots.coverage import checkpoint_storage, read_coverage
 from airflow_ckpt_provider.kafka.clientlog import configured, serve
 from airflow_ckpt_provider.kafka.writeroptions import (
     HEADER,

@@ -3,7 +3,7 @@
 Pure logic (no broker, no Spark session): the writer in kafka/writer.py and the unit tests use it.
 The marker of (job, Spark query id, sink partition p) is the committed offset of a consumer group
 named from those three on partition 0 of the marker topic: it encodes the last committed batch id and
-30 bits of the digest of that batch's offsets log entry (core/coverage.py), and is committed with
+30 bits of the digest of that batch's offsets log entry (core/snapshots/coverage.py), and is committed with
 ``send_offsets_to_transaction`` inside the task's transaction, so it is applied if and only if the
 records are (see docs/sink-kafka.md). Markers of version 1 (``batch id + 1``, no digest) are still read.
 """

@@ -25,12 +25,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from airflow_ckpt_provider.core.deployments import LAUNCH_ENV, Deployment, Launch, new_launch_id, read_launch
 from airflow_ckpt_provider.core.errors import StorageError
-from airflow_ckpt_provider.core.jobstore import SPEC_LAST, JobStore
-from airflow_ckpt_provider.core.modes import RestoreSpec
-from airflow_ckpt_provider.core.settings import JobSettings
-from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.core.policy.modes import RestoreSpec
+from airflow_ckpt_provider.core.policy.settings import JobSettings
+from airflow_ckpt_provider.core.records.deployments import LAUNCH_ENV, Deployment, Launch, new_launch_id, read_launch
+from airflow_ckpt_provider.core.store.jobstore import SPEC_LAST, JobStore
+from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.launcher import pyenv
 from airflow_ckpt_provider.launcher.submit import SubmitSpec, build_command, check_master
 from airflow_ckpt_provider.runtime.config import RuntimeConfig

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from airflow_ckpt_provider.core.deployments import LAUNCH_ENV
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.gate import GATE_ENV
-from airflow_ckpt_provider.core.modes import LATEST_STATE
+from airflow_ckpt_provider.core.policy.gate import GATE_ENV
+from airflow_ckpt_provider.core.policy.modes import LATEST_STATE
+from airflow_ckpt_provider.core.records.deployments import LAUNCH_ENV
 from airflow_ckpt_provider.launcher.pyenv import ALIAS, ShippedEnv
 from airflow_ckpt_provider.runtime.config import RuntimeConfig, default_checkpoint
 
@@ -255,10 +255,10 @@ _DRIVER_ENV_CONF = {"yarn": "spark.yarn.appMasterEnv", "k8s": "spark.kubernetes.
 
 
 def gate_name(config: RuntimeConfig) -> str:
-    """The file name of this job's admission gate (core/gate.py): one per job and live checkpoint.
+    """The file name of this job's admission gate (core/policy/gate.py): one per job and live checkpoint.
 
     A restore check (``check_restore``) has its own: it must never open or close the running driver's. A driver
-    in the cluster gets this bare name (core/gate.py resolves it in the temporary directory of its own host)."""
+    in the cluster gets this bare name (core/policy/gate.py resolves it in the temporary directory of its own host)."""
     digest = hashlib.sha256(f"{config.job}\0{config.checkpoint}".encode()).hexdigest()[:12]
     kind = "check-" if config.check_restore else ""
     return f"ckpt-gate-{kind}{config.job}-{digest}"

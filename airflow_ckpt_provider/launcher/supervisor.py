@@ -10,7 +10,7 @@ failed one.
 
 One owner per restart: before the restart delay the supervisor writes RESTARTING in ``status.json`` (who,
 attempt, cause, by when the job should run again) with its own pid and host, and it keeps a heartbeat of
-its own in ``supervisors/<launch id>.json`` (core/supervision.py), so that the health watch and the DAG's
+its own in ``supervisors/<launch id>.json`` (core/records/supervision.py), so that the health watch and the DAG's
 restart leave the restart to it; launcher/supervisorreports.py writes those records.
 
 Credentials the job store refuses are no outage (issue 39): waiting or restarting does not fix them. At its start
@@ -36,21 +36,21 @@ from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from airflow_ckpt_provider.core.deployments import read_launch
 from airflow_ckpt_provider.core.errors import StorageError
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.lease import read_lease
-from airflow_ckpt_provider.core.modes import LATEST_STATE
-from airflow_ckpt_provider.core.outage import ReadableAgain
-from airflow_ckpt_provider.core.restart import Health, HealthRule, RestartStrategy, describe_strategy
-from airflow_ckpt_provider.core.status import (
+from airflow_ckpt_provider.core.policy.modes import LATEST_STATE
+from airflow_ckpt_provider.core.policy.outage import ReadableAgain
+from airflow_ckpt_provider.core.policy.restart import Health, HealthRule, RestartStrategy, describe_strategy
+from airflow_ckpt_provider.core.records.deployments import read_launch
+from airflow_ckpt_provider.core.records.lease import read_lease
+from airflow_ckpt_provider.core.records.status import (
     JobState,
     JobStatus,
     driver_live,
     heartbeat_limit,
     read_status,
 )
-from airflow_ckpt_provider.core.supervision import SupervisorState
+from airflow_ckpt_provider.core.records.supervision import SupervisorState
+from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.launcher.driverprocess import GroupOf, ProcessLike, Spawn, process_group, spawn_driver
 from airflow_ckpt_provider.launcher.submit import SubmitSpec, build_command, driver_cwd
 from airflow_ckpt_provider.launcher.supervisorreports import DriverRun, SupervisorReports

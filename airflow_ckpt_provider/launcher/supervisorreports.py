@@ -3,7 +3,7 @@
 The supervisor's counterpart of runtime/reporting.py. One owner per restart: before the restart delay the
 supervisor writes RESTARTING in ``status.json`` (who, attempt, cause, by when the job should run again) with
 its own pid and host, and it keeps a heartbeat of its own in ``supervisors/<launch id>.json``
-(core/supervision.py), so that the health watch and the DAG's restart leave the restart to it. A write that
+(core/records/supervision.py), so that the health watch and the DAG's restart leave the restart to it. A write that
 fails is logged once per outage of the store, never fatal; a store that refuses the supervisor's credentials
 is no outage: ``refused`` says so (one ERROR line, without any credential), and the supervisor ends on it
 instead of starting a driver (see launcher/supervisor.py).
@@ -18,12 +18,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from airflow_ckpt_provider.core.deployments import new_launch_id, record_end
 from airflow_ckpt_provider.core.errors import CredentialsError, StorageError
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.lease import read_lease
-from airflow_ckpt_provider.core.outage import Outage
-from airflow_ckpt_provider.core.status import (
+from airflow_ckpt_provider.core.policy.outage import Outage
+from airflow_ckpt_provider.core.records.deployments import new_launch_id, record_end
+from airflow_ckpt_provider.core.records.lease import read_lease
+from airflow_ckpt_provider.core.records.status import (
     JobState,
     JobStatus,
     Restart,
@@ -32,7 +31,8 @@ from airflow_ckpt_provider.core.status import (
     read_status,
     write_status,
 )
-from airflow_ckpt_provider.core.supervision import SupervisorRecord, SupervisorState, write_supervisor
+from airflow_ckpt_provider.core.records.supervision import SupervisorRecord, SupervisorState, write_supervisor
+from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.launcher.driverprocess import ProcessLike
 from airflow_ckpt_provider.runtime.exitcodes import exit_meaning
 

@@ -23,20 +23,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_ckpt_provider.core.control import Ack, Outcome, RequestAction, submit_request, wait_ack
-from airflow_ckpt_provider.core.deployments import Deployment, Launch, mark_stable
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
-from airflow_ckpt_provider.core.faults import crash_point
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec, UpgradeMode
-from airflow_ckpt_provider.core.snapshots import latest_completed, list_snapshots
-from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.core.policy.faults import crash_point
+from airflow_ckpt_provider.core.policy.modes import LATEST_STATE, RestoreMode, RestoreSpec, UpgradeMode
+from airflow_ckpt_provider.core.records.control import Ack, Outcome, RequestAction, submit_request, wait_ack
+from airflow_ckpt_provider.core.records.deployments import Deployment, Launch, mark_stable
+from airflow_ckpt_provider.core.snapshots.catalog import latest_completed, list_snapshots
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.core.watches.base import wait_for
 from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
 from airflow_ckpt_provider.launcher import upgradesteps as steps
 from airflow_ckpt_provider.launcher.deploy import credentials_env, launch, submit_spec
-from airflow_ckpt_provider.launcher.restorecheck import check_restore, check_spec
-from airflow_ckpt_provider.runtime.restoreverdict import RestoreCheck
+from airflow_ckpt_provider.launcher.restore_check import check_restore, check_spec
+from airflow_ckpt_provider.runtime.restore_check_verdict import RestoreCheck
 
 log = logging.getLogger(__name__)
 

@@ -22,19 +22,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from airflow_ckpt_provider.core.control import STOP_ACTION, RequestAction
-from airflow_ckpt_provider.core.deployments import Deployment, read_launch
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
-from airflow_ckpt_provider.core.health import HealthCriteria
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.jobview import check_can_request, observe
-from airflow_ckpt_provider.core.manifest import Kind, Manifest
-from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec, UpgradeMode
-from airflow_ckpt_provider.core.outcomes import CheckOutcome
-from airflow_ckpt_provider.core.rescaling import snapshot_problem, stopped_source
-from airflow_ckpt_provider.core.snapshots import dispose_snapshot, latest_completed, list_snapshots
-from airflow_ckpt_provider.core.status import JobState, JobStatus, read_status
-from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.core.policy.health import HealthCriteria
+from airflow_ckpt_provider.core.policy.modes import LATEST_STATE, RestoreMode, RestoreSpec, UpgradeMode
+from airflow_ckpt_provider.core.policy.outcomes import CheckOutcome
+from airflow_ckpt_provider.core.records.control import STOP_ACTION, RequestAction
+from airflow_ckpt_provider.core.records.deployments import Deployment, read_launch
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus, read_status
+from airflow_ckpt_provider.core.snapshots.catalog import dispose_snapshot, latest_completed, list_snapshots
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Manifest
+from airflow_ckpt_provider.core.snapshots.rescaling import snapshot_problem, stopped_source
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import S3Options
+from airflow_ckpt_provider.core.views.jobview import check_can_request, observe
 from airflow_ckpt_provider.launcher.deploy import submit_spec
 from airflow_ckpt_provider.launcher.submit import build_command
 from airflow_ckpt_provider.runtime.config import default_checkpoint

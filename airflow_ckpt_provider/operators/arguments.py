@@ -1,4 +1,4 @@
-"""Operator arguments read through core/settings.py and core/modes.py.
+"""Operator arguments read through core/policy/settings.py and core/policy/modes.py.
 
 A literal argument is parsed in ``__init__`` (at DAG parse time: a bad value is an import error of the DAG,
 an old spelling an AirflowProviderDeprecationWarning); a templated one is parsed in ``execute``, once
@@ -20,8 +20,8 @@ from airflow.exceptions import AirflowProviderDeprecationWarning
 
 import airflow_ckpt_provider
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.modes import Mode, RestoreSpec
-from airflow_ckpt_provider.core.settings import Settings, setting_fields
+from airflow_ckpt_provider.core.policy.modes import Mode, RestoreSpec
+from airflow_ckpt_provider.core.policy.settings import Settings, setting_fields
 
 M = TypeVar("M", bound=Mode)
 T = TypeVar("T")

@@ -18,7 +18,7 @@ from airflow_ckpt_provider.triggers.base import min_deferral
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_ckpt_provider.core.jobstore import JobStore
+    from airflow_ckpt_provider.core.store.jobstore import JobStore
     from airflow_ckpt_provider.triggers.base import WatchTrigger
 
 

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_ckpt_provider.core.control import STOP_ACTION, STOP_TIMEOUT, RequestAction
 from airflow_ckpt_provider.core.errors import CkptError
-from airflow_ckpt_provider.core.jobview import request_running, stop_check
-from airflow_ckpt_provider.core.modes import StopMode
+from airflow_ckpt_provider.core.policy.modes import StopMode
+from airflow_ckpt_provider.core.records.control import STOP_ACTION, STOP_TIMEOUT, RequestAction
+from airflow_ckpt_provider.core.views.jobview import request_running, stop_check
 from airflow_ckpt_provider.core.watches.control import request_failure, request_result
 from airflow_ckpt_provider.links import SnapshotLink, persist_empty_links
 from airflow_ckpt_provider.operators.arguments import mode_arg, parse_mode
@@ -20,7 +20,7 @@ from airflow_ckpt_provider.triggers.control import RequestTrigger
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_ckpt_provider.core.jobstore import JobStore
+    from airflow_ckpt_provider.core.store.jobstore import JobStore
 
 __all__ = ["STOP_ACTION", "STOP_TIMEOUT", "StopStreamingJobOperator", "ack_result", "request_and_wait"]
 

@@ -11,11 +11,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk import ResumableJobMixin
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_ckpt_provider.core.control import STOP_ACTION, RequestAction, submit_request
-from airflow_ckpt_provider.core.deployments import Deployment, Launch, read_launch
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError, ConflictError
-from airflow_ckpt_provider.core.health import HealthCriteria
-from airflow_ckpt_provider.core.jobview import (
+from airflow_ckpt_provider.core.policy.health import HealthCriteria
+from airflow_ckpt_provider.core.policy.modes import KillPolicy, RestoreSpec, StopMode
+from airflow_ckpt_provider.core.policy.settings import JobSettings, names
+from airflow_ckpt_provider.core.records.control import STOP_ACTION, RequestAction, submit_request
+from airflow_ckpt_provider.core.records.deployments import Deployment, Launch, read_launch
+from airflow_ckpt_provider.core.records.status import JobState
+from airflow_ckpt_provider.core.views.jobview import (
     RestartDecision,
     Restarter,
     check_can_request,
@@ -23,10 +26,7 @@ from airflow_ckpt_provider.core.jobview import (
     restart_decision,
     starting_launch,
 )
-from airflow_ckpt_provider.core.modes import KillPolicy, RestoreSpec, StopMode
-from airflow_ckpt_provider.core.settings import JobSettings, names
-from airflow_ckpt_provider.core.status import JobState
-from airflow_ckpt_provider.core.submission import find_running, what_to_launch
+from airflow_ckpt_provider.core.views.submission import find_running, what_to_launch
 from airflow_ckpt_provider.hooks.spark import CkptSparkHook
 from airflow_ckpt_provider.launcher.deploy import launch, start_failure
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink, persist_empty_links
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
     from pydantic import JsonValue
 
-    from airflow_ckpt_provider.core.jobstore import JobStore
+    from airflow_ckpt_provider.core.store.jobstore import JobStore
 
 #: Settings that are not SubmitStreamingJobOperator arguments: JobOperator's poll_interval (how often a waiting
 #: task looks) has the name of the driver's.
@@ -108,7 +108,7 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
 
     Crash-safe: a job whose driver already runs is reconnected to, never submitted twice (the job store's
     status and lease are the job's identity; the launch id is also kept in the task state store). The
-    job keeps running after the task ends. ``on_kill_policy`` (core/modes.py KillPolicy) says what happens to the
+    job keeps running after the task ends. ``on_kill_policy`` (core/policy/modes.py KillPolicy) says what happens to the
     job when the task is killed or marked failed while it waits: ``leave-running`` (default),
     ``stop-with-savepoint`` or ``cancel``.
 
@@ -124,7 +124,7 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
     :param keep_recorded_code: when the job is not running and last ran other code than this task's (it was
         upgraded), start that code again (default) rather than this task's
 
-    Every field of core/settings.py ``JobSettings`` is a keyword argument too, templated, with the same name
+    Every field of core/policy/settings.py ``JobSettings`` is a keyword argument too, templated, with the same name
     and default (``checkpoint``, ``checkpoint_interval``, ``savepoint_interval``, ``keep_checkpoints``,
     ``restart_strategy``: exponential-delay, fixed-delay or failure-rate with Flink's defaults,
     ``time_travel``: fork or refuse, ...); the deployment records them (docs/development.md#settings).
@@ -213,7 +213,7 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
         return {"launch_id": record.launch_id, "launched_at": record.launched_at, "epoch": None}
 
     def _what_to_launch(self, store: JobStore) -> Deployment:
-        """This task's deployment, unless the job last ran other code (core/submission.what_to_launch)."""
+        """This task's deployment, unless the job last ran other code (core/views/submission.what_to_launch)."""
         deployment, warning = what_to_launch(read_launch(store), self.deployment(),
                                              keep_recorded_code=self.keep_recorded_code)
         if warning:
@@ -295,7 +295,7 @@ class RestartStreamingJobOperator(_LaunchMixin):
     """Restart a job's last deployment (spec/last.json) from the latest completed checkpoint or a chosen
     snapshot. A driver that still runs is stopped first (``stop_mode``: cancel, the default, or savepoint).
 
-    One owner per restart (core/jobview.restart_decision): when the job's supervisor restarts it already
+    One owner per restart (core/views/jobview.restart_decision): when the job's supervisor restarts it already
     (RESTARTING by a live supervisor, or a driver that just died or failed under a live supervisor), a
     ``latest-state`` restart launches nothing and waits for that restart to run; a restart from a chosen
     snapshot replaces it.

@@ -24,17 +24,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow_ckpt_provider.core.deployments import read_launch
 from airflow_ckpt_provider.core.errors import CkptError
-from airflow_ckpt_provider.core.jobstore import check_snapshot_id
-from airflow_ckpt_provider.core.lineagenames import RUN_FACET, DatasetName, uri_dataset
+from airflow_ckpt_provider.core.policy.lineagenames import RUN_FACET, DatasetName, uri_dataset
+from airflow_ckpt_provider.core.records.deployments import read_launch
 from airflow_ckpt_provider.core.records.start import read_start
-from airflow_ckpt_provider.core.snapshots import load_manifest
-from airflow_ckpt_provider.core.status import read_status
+from airflow_ckpt_provider.core.records.status import read_status
+from airflow_ckpt_provider.core.snapshots.catalog import load_manifest
+from airflow_ckpt_provider.core.store.jobstore import check_snapshot_id
 from airflow_ckpt_provider.kafka.offsets import kafka_inputs
 
 if TYPE_CHECKING:
-    from airflow_ckpt_provider.core.jobstore import JobStore
+    from airflow_ckpt_provider.core.store.jobstore import JobStore
     from airflow_ckpt_provider.operators.base import JobOperator
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from airflow.providers.openlineage.plugins import macros
 from airflow.providers.openlineage.plugins.adapter import OpenLineageAdapter
 from openlineage.client.event_v2 import Dataset
 
-from airflow_ckpt_provider.core.lineagenames import NAMESPACE_ENV, PARENT_ENV, ROOT_PARENT_ENV
+from airflow_ckpt_provider.core.policy.lineagenames import NAMESPACE_ENV, PARENT_ENV, ROOT_PARENT_ENV
 from airflow_ckpt_provider.runtime.lineage import configured_by
 from airflow_ckpt_provider.runtime.lineageevent import CkptStreamingJobRunFacet
 

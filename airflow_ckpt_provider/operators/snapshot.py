@@ -6,9 +6,9 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_ckpt_provider.core.control import RequestAction
 from airflow_ckpt_provider.core.errors import CkptError
-from airflow_ckpt_provider.core.snapshots import dispose_snapshots
+from airflow_ckpt_provider.core.records.control import RequestAction
+from airflow_ckpt_provider.core.snapshots.catalog import dispose_snapshots
 from airflow_ckpt_provider.links import SnapshotLink, persist_empty_links
 from airflow_ckpt_provider.operators.base import JobOperator
 from airflow_ckpt_provider.operators.control import STOP_TIMEOUT, ack_result, request_and_wait

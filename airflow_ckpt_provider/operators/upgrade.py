@@ -6,7 +6,7 @@ these operators only act: they start each step, defer with its trigger, and feed
 
 1. check: the new code restores the current state (Spark plans a batch on a scratch copy of the latest
    snapshot: state operators, partitions, schemas), in a process of its own whose verdict the task waits for
-   deferred (core/restorechecks.py) - refused here, before anything stops;
+   deferred (core/records/restore_check.py) - refused here, before anything stops;
 2. stop the old driver: stop-with-savepoint (``savepoint``) or cancel (``last-state``, ``stateless``);
 3. start the new code from that savepoint / the latest state / no state;
 4. verify: ``verify_batches`` batches within ``verify_timeout`` seconds, no failure or restart;
@@ -28,18 +28,18 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_ckpt_provider.core.control import RequestAction
-from airflow_ckpt_provider.core.deployments import Launch, mark_stable, read_launch
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
-from airflow_ckpt_provider.core.health import HealthCriteria
-from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec, UpgradeMode
-from airflow_ckpt_provider.core.outcomes import CHECK_EVENTS, CheckOutcome
-from airflow_ckpt_provider.core.rescaling import parse_partitions
-from airflow_ckpt_provider.core.restorechecks import OUTCOME_GRACE
-from airflow_ckpt_provider.core.snapshots import latest_completed, list_snapshots
+from airflow_ckpt_provider.core.policy.health import HealthCriteria
+from airflow_ckpt_provider.core.policy.modes import LATEST_STATE, RestoreMode, RestoreSpec, UpgradeMode
+from airflow_ckpt_provider.core.policy.outcomes import CHECK_EVENTS, CheckOutcome
+from airflow_ckpt_provider.core.records.control import RequestAction
+from airflow_ckpt_provider.core.records.deployments import Launch, mark_stable, read_launch
+from airflow_ckpt_provider.core.records.restore_check import OUTCOME_GRACE
+from airflow_ckpt_provider.core.snapshots.catalog import latest_completed, list_snapshots
+from airflow_ckpt_provider.core.snapshots.rescaling import parse_partitions
 from airflow_ckpt_provider.launcher import upgradesteps as steps
 from airflow_ckpt_provider.launcher.deploy import log_tail
-from airflow_ckpt_provider.launcher.restorecheck import start_check
+from airflow_ckpt_provider.launcher.restore_check import start_check
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink, persist_empty_links
 from airflow_ckpt_provider.operators.arguments import mode_arg, parse_mode, path_list
 from airflow_ckpt_provider.operators.base import check_event
@@ -51,7 +51,7 @@ from airflow_ckpt_provider.triggers.restore_check import RestoreCheckTrigger
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_ckpt_provider.core.jobstore import JobStore
+    from airflow_ckpt_provider.core.store.jobstore import JobStore
 
 
 class UpgradeStreamingJobOperator(_LaunchMixin):

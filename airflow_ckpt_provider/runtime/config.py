@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.jobstore import check_job_name
-from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec, TimeTravel
-from airflow_ckpt_provider.core.rescaling import parse_partitions
-from airflow_ckpt_provider.core.settings import COUNT, RESTORE, SECONDS, SWITCH, TEXT, JobSettings, setting
+from airflow_ckpt_provider.core.policy.modes import LATEST_STATE, RestoreMode, RestoreSpec, TimeTravel
+from airflow_ckpt_provider.core.policy.settings import COUNT, RESTORE, SECONDS, SWITCH, TEXT, JobSettings, setting
+from airflow_ckpt_provider.core.snapshots.rescaling import parse_partitions
+from airflow_ckpt_provider.core.store.jobstore import check_job_name
 
 __all__ = ["RestoreMode", "RestoreSpec", "RuntimeConfig", "TimeTravel", "default_checkpoint"]
 
@@ -25,11 +25,11 @@ def default_checkpoint(job: str) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class RuntimeConfig(JobSettings):
-    """One driver's configuration: the job's settings (core/settings.py) and what is per launch. The restart
+    """One driver's configuration: the job's settings (core/policy/settings.py) and what is per launch. The restart
     settings are the driver's too: it restarts a failed query in its own SparkSession with the same strategy.
 
     ``check_restore`` makes the driver only check whether the job file can restore the state that
-    ``restore`` names (runtime/restorecheck.py), within ``check_timeout``; state of operators the new
+    ``restore`` names (runtime/restore_check.py), within ``check_timeout``; state of operators the new
     query no longer has fails the check unless ``allow_non_restored_state`` (Flink's flag)."""
 
     job: str = setting(kind=TEXT, help="the job's name")

@@ -14,14 +14,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from airflow_ckpt_provider.core import gate
-from airflow_ckpt_provider.core.control import Ack, Outcome, Request, RequestAction
 from airflow_ckpt_provider.core.errors import CkptError, StorageError
-from airflow_ckpt_provider.core.faults import crash_point
-from airflow_ckpt_provider.core.lease import FencedError, Lease
-from airflow_ckpt_provider.core.manifest import Kind, Trigger
-from airflow_ckpt_provider.core.status import JobState
-from airflow_ckpt_provider.core.storage import Storage
+from airflow_ckpt_provider.core.policy import gate
+from airflow_ckpt_provider.core.policy.faults import crash_point
+from airflow_ckpt_provider.core.records.control import Ack, Outcome, Request, RequestAction
+from airflow_ckpt_provider.core.records.lease import FencedError, Lease
+from airflow_ckpt_provider.core.records.status import JobState
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.store.storage import Storage
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_FENCED, EXIT_STOPPED
 from airflow_ckpt_provider.runtime.failures import classify

@@ -23,19 +23,19 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from airflow_ckpt_provider.core import gate
-from airflow_ckpt_provider.core.control import Ack, Outcome, Request, RequestAction, open_requests
-from airflow_ckpt_provider.core.deployments import LAUNCH_ENV, read_launch
 from airflow_ckpt_provider.core.errors import CkptError, CredentialsError, StorageError
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.lease import FencedError, Lease
-from airflow_ckpt_provider.core.manifest import Kind, Trigger
-from airflow_ckpt_provider.core.modes import RestoreSpec
-from airflow_ckpt_provider.core.outage import Outage
-from airflow_ckpt_provider.core.retention import RetentionPolicy
-from airflow_ckpt_provider.core.status import JobState
-from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
-from airflow_ckpt_provider.core.streambatch import forget_before_query_start, run_before_query_start
+from airflow_ckpt_provider.core.policy import gate
+from airflow_ckpt_provider.core.policy.modes import RestoreSpec
+from airflow_ckpt_provider.core.policy.outage import Outage
+from airflow_ckpt_provider.core.policy.streambatch import forget_before_query_start, run_before_query_start
+from airflow_ckpt_provider.core.records.control import Ack, Outcome, Request, RequestAction, open_requests
+from airflow_ckpt_provider.core.records.deployments import LAUNCH_ENV, read_launch
+from airflow_ckpt_provider.core.records.lease import FencedError, Lease
+from airflow_ckpt_provider.core.records.status import JobState
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.snapshots.retention import RetentionPolicy
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import S3Options, Storage, open_storage
 from airflow_ckpt_provider.runtime.batchevents import BatchEvent, BatchListener
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.controlhandler import ControlHandler, fenced_exit

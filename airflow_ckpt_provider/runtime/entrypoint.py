@@ -1,7 +1,7 @@
 """The spark-submit entry point: ``entrypoint.py JOB_FILE --job NAME --store URL [runtime options]``.
 
 ``ckpt run`` builds that command; the exit code tells a supervisor what to do (runtime/exitcodes.py).
-With ``--check-restore`` it runs the restore check (runtime/restorecheck.py) instead of the job.
+With ``--check-restore`` it runs the restore check (runtime/restore_check.py) instead of the job.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = RuntimeConfig.from_args(args[1:])
         if config.check_restore:  # ckpt run --check-restore: only ask Spark whether the state restores
-            from airflow_ckpt_provider.runtime.restorecheck import RestoreChecker
+            from airflow_ckpt_provider.runtime.restore_check import RestoreChecker
 
             run: Callable[[], int] = RestoreChecker(config, args[0]).run
         else:

@@ -21,7 +21,7 @@ from airflow_ckpt_provider.runtime.exitcodes import (
     EXIT_INCOMPATIBLE,
     EXIT_REFUSED,
 )
-from airflow_ckpt_provider.runtime.restoreverdict import OPERATORS_MISMATCH, spark_error
+from airflow_ckpt_provider.runtime.restore_check_verdict import OPERATORS_MISMATCH, spark_error
 from airflow_ckpt_provider.runtime.sparkchecks import PY_FILES_ADVICE, SHIP_ADVICE
 from airflow_ckpt_provider.sinks.timelines import REFUSED
 

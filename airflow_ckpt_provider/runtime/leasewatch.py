@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from airflow_ckpt_provider.core.errors import StorageError
-from airflow_ckpt_provider.core.lease import FencedError, Lease
+from airflow_ckpt_provider.core.records.lease import FencedError, Lease
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
@@ -70,7 +70,7 @@ class LeaseWatch:
             except FencedError:
                 self._fenced = True
             except StorageError:
-                pass  # the loop's own checks log the outage (core/outage.py); the stopper looks at the time
+                pass  # the loop's own checks log the outage (core/policy/outage.py); the stopper looks at the time
             except Exception:  # never let the thread die: the stopper still works without it
                 log.debug("job %s: lease read failed", self.job, exc_info=True)
 

@@ -5,7 +5,7 @@ driver's environment configures OpenLineage (``OPENLINEAGE_URL``, ``OPENLINEAGE_
 ``OPENLINEAGE__TRANSPORT...``; the launching operators pass the Airflow deployment's transport that way). Without
 a configuration the client would print every event to the console with a warning: it is not even created.
 
-One run per launch: its id is derived from the launch id (core/lineagenames.py), so the drivers of one launch
+One run per launch: its id is derived from the launch id (core/policy/lineagenames.py), so the drivers of one launch
 (each supervisor restart is a new epoch) report the same run; its parent is the Airflow task that launched it
 (``OPENLINEAGE_PARENT_ID``). The driver loop only hands its status over (``due``/``offer``): the event is built,
 and the client created and called, in a thread of its own; a failure is logged once an hour at most, never raised.
@@ -22,8 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from airflow_ckpt_provider.core.deployments import LAUNCH_ENV
-from airflow_ckpt_provider.core.lineagenames import (
+from airflow_ckpt_provider.core.policy.lineagenames import (
     NAMESPACE_ENV,
     PARENT_ENV,
     ROOT_PARENT_ENV,
@@ -33,7 +32,8 @@ from airflow_ckpt_provider.core.lineagenames import (
     launch_run_id,
     parse_run_ref,
 )
-from airflow_ckpt_provider.core.status import JobStatus
+from airflow_ckpt_provider.core.records.deployments import LAUNCH_ENV
+from airflow_ckpt_provider.core.records.status import JobStatus
 from airflow_ckpt_provider.kafka.offsets import kafka_inputs
 
 log = logging.getLogger(__name__)

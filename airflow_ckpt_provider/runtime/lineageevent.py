@@ -14,7 +14,7 @@ from attrs import define
 from openlineage.client.event_v2 import InputDataset, Job, Run, RunEvent, RunState
 from openlineage.client.facet_v2 import RunFacet, job_type_job, parent_run
 
-from airflow_ckpt_provider.core.lineagenames import RUN_FACET
+from airflow_ckpt_provider.core.policy.lineagenames import RUN_FACET
 
 
 @define

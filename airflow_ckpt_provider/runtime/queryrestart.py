@@ -16,13 +16,13 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from airflow_ckpt_provider.core.errors import CkptError, CredentialsError, StorageError
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.lease import FencedError, Lease
-from airflow_ckpt_provider.core.modes import LATEST_STATE
-from airflow_ckpt_provider.core.outage import Outage
-from airflow_ckpt_provider.core.restart import Health, describe_strategy
-from airflow_ckpt_provider.core.status import RESTARTS_KEPT, JobState, Restart, RestartOwner
-from airflow_ckpt_provider.core.storage import Storage
+from airflow_ckpt_provider.core.policy.modes import LATEST_STATE
+from airflow_ckpt_provider.core.policy.outage import Outage
+from airflow_ckpt_provider.core.policy.restart import Health, describe_strategy
+from airflow_ckpt_provider.core.records.lease import FencedError, Lease
+from airflow_ckpt_provider.core.records.status import RESTARTS_KEPT, JobState, Restart, RestartOwner
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import Storage
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.controlhandler import fenced_exit
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_FAILED, EXIT_STOPPED

@@ -14,13 +14,13 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from airflow_ckpt_provider.core.control import Ack, Outcome, RequestAction, write_ack
 from airflow_ckpt_provider.core.errors import StorageError
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.lease import Lease
-from airflow_ckpt_provider.core.outage import Outage
-from airflow_ckpt_provider.core.snapshots import SnapshotResult
-from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
+from airflow_ckpt_provider.core.policy.outage import Outage
+from airflow_ckpt_provider.core.records.control import Ack, Outcome, RequestAction, write_ack
+from airflow_ckpt_provider.core.records.lease import Lease
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus, write_status
+from airflow_ckpt_provider.core.snapshots.catalog import SnapshotResult
+from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.failures import Failure, Recovery
 
@@ -76,7 +76,7 @@ class DriverReporter:
         self.status = replace(base, state=state, reason=reason, updated_at=time.time(), **changes)
         try:
             write_status(self.store, self.status)
-        except StorageError as err:  # one line per outage, not per heartbeat (core/outage.py)
+        except StorageError as err:  # one line per outage, not per heartbeat (core/policy/outage.py)
             self.outage.failed(err)
         else:
             self.outage.ok()

@@ -15,16 +15,17 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
 from airflow_ckpt_provider.core.errors import CkptError, UnreachableError
-from airflow_ckpt_provider.core.faults import checkpoints_paused
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.manifest import INLINE_MAX, Kind, Trigger
-from airflow_ckpt_provider.core.outage import Outage
-from airflow_ckpt_provider.core.retention import RetentionPolicy
-from airflow_ckpt_provider.core.snapshots import SnapshotResult, apply_retention, create_snapshot
-from airflow_ckpt_provider.core.snapshotwrite import drop_committed_markers
-from airflow_ckpt_provider.core.storage import Storage
+from airflow_ckpt_provider.core.policy.faults import checkpoints_paused
+from airflow_ckpt_provider.core.policy.outage import Outage
+from airflow_ckpt_provider.core.policy.settings import INLINE_MAX
+from airflow_ckpt_provider.core.snapshots.catalog import SnapshotResult, apply_retention, create_snapshot
+from airflow_ckpt_provider.core.snapshots.checkpoint import SparkCheckpoint
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.snapshots.retention import RetentionPolicy
+from airflow_ckpt_provider.core.snapshots.snapshotwrite import drop_committed_markers
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import Storage
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.core.store.storage import S3Options
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -10,17 +10,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
-from airflow_ckpt_provider.core.deployments import LAUNCH_ENV
 from airflow_ckpt_provider.core.errors import CheckpointError, CkptError, ConfigError, SnapshotError
-from airflow_ckpt_provider.core.jobstore import JobStore, split_snapshot_ref
-from airflow_ckpt_provider.core.manifest import Kind, Manifest, NewerFormatError, snapshot_order
-from airflow_ckpt_provider.core.modes import RestoreMode, RestoreSpec, TimeTravel
+from airflow_ckpt_provider.core.policy.modes import RestoreMode, RestoreSpec, TimeTravel
+from airflow_ckpt_provider.core.records.deployments import LAUNCH_ENV
 from airflow_ckpt_provider.core.records.start import StartRecord, last_start, write_start
-from airflow_ckpt_provider.core.restore import restore_snapshot
-from airflow_ckpt_provider.core.snapshots import list_snapshots, load_manifest, object_problems
-from airflow_ckpt_provider.core.status import read_status
-from airflow_ckpt_provider.core.storage import Storage
+from airflow_ckpt_provider.core.records.status import read_status
+from airflow_ckpt_provider.core.snapshots.catalog import list_snapshots, load_manifest, object_problems
+from airflow_ckpt_provider.core.snapshots.checkpoint import SparkCheckpoint
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Manifest, NewerFormatError, snapshot_order
+from airflow_ckpt_provider.core.snapshots.restore import restore_snapshot
+from airflow_ckpt_provider.core.store.jobstore import JobStore, split_snapshot_ref
+from airflow_ckpt_provider.core.store.storage import Storage
 
 log = logging.getLogger(__name__)
 

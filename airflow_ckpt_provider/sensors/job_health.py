@@ -10,8 +10,8 @@ from airflow.exceptions import AirflowProviderDeprecationWarning
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.health import HealthCriteria
-from airflow_ckpt_provider.core.restart import Health
+from airflow_ckpt_provider.core.policy.health import HealthCriteria
+from airflow_ckpt_provider.core.policy.restart import Health
 from airflow_ckpt_provider.hooks.job_store import JobStoreHook
 from airflow_ckpt_provider.sensors.base import WatchSensor, optional_int, optional_time
 from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
@@ -27,7 +27,7 @@ class JobHealthSensor(WatchSensor):
     no_progress, not_started) so that a downstream task can restart the job; with ``soft_fail`` the
     sensor's ``timeout`` (a job healthy all along) skips instead of failing.
 
-    The health arguments are core/health.HealthCriteria's (``restart_window``, the earlier name of
+    The health arguments are core/policy/health.HealthCriteria's (``restart_window``, the earlier name of
     ``health_window``, is accepted with a deprecation warning for one release). ``healthy_for``,
     ``min_batches`` and ``progress_timeout`` track the job over time: they need
     ``deferrable`` or mode="poke"; mode="reschedule" is refused with them.

@@ -7,6 +7,6 @@ both (the job runtime calls it).
 
 from __future__ import annotations
 
-from airflow_ckpt_provider.core.streambatch import BATCH_ID_PROPERTY, QUERY_ID_PROPERTY
+from airflow_ckpt_provider.core.policy.streambatch import BATCH_ID_PROPERTY, QUERY_ID_PROPERTY
 
 __all__ = ["BATCH_ID_PROPERTY", "QUERY_ID_PROPERTY"]

@@ -13,10 +13,10 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from airflow_ckpt_provider.core.checkpoint import id_ranges
-from airflow_ckpt_provider.core.coverage import Coverage
 from airflow_ckpt_provider.core.errors import ConflictError
-from airflow_ckpt_provider.core.storage import Storage
+from airflow_ckpt_provider.core.snapshots.checkpoint import id_ranges
+from airflow_ckpt_provider.core.snapshots.coverage import Coverage
+from airflow_ckpt_provider.core.store.storage import Storage
 from airflow_ckpt_provider.sinks.filelayout import (
     COMMITS,
     IDENTITY,

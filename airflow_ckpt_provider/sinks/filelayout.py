@@ -11,7 +11,7 @@ Under the sink path (docs/sink-files.md)::
 Manifests are created with ``Storage.create`` (create-if-absent, sinks/filecommit.py), so exactly
 one attempt of a (query id, batch id, timeline) becomes visible; files no manifest names are never
 read and gc deletes them (sinks/filemaintenance.py). Each manifest records what its batch covered
-(core/coverage.py): a batch that comes back with other content after a restore of an older snapshot
+(core/snapshots/coverage.py): a batch that comes back with other content after a restore of an older snapshot
 starts a new timeline (sinks/timelines.py), and readers show only the batches of the timeline the
 query follows. The readers run wherever the output is read (pyarrow, pandas or a Spark session).
 """
@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from airflow_ckpt_provider.core.coverage import Coverage
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
-from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
+from airflow_ckpt_provider.core.snapshots.coverage import Coverage
+from airflow_ckpt_provider.core.store.storage import S3Options, Storage, open_storage
 from airflow_ckpt_provider.sinks.timelines import TimelineRecord, Timelines, effective, split
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ class BatchManifest:
     """The commit record of one batch of one query: the only thing that makes files visible.
 
     ``coverage``/``previous``: digests of the batch's and the previous batch's offsets log entries
-    (core/coverage.py; None in manifests of version 1); ``timeline``: the timeline it belongs to.
+    (core/snapshots/coverage.py; None in manifests of version 1); ``timeline``: the timeline it belongs to.
     """
 
     job: str

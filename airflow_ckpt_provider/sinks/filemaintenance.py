@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.storage import ObjectInfo, S3Options, Storage
+from airflow_ckpt_provider.core.store.storage import ObjectInfo, S3Options, Storage
 from airflow_ckpt_provider.sinks.filelayout import (
     COMMITS,
     DATA,

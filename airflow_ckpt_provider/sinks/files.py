@@ -6,7 +6,7 @@
 
 Tasks write uniquely named Parquet files (pyarrow; S3 via boto3, no hadoop-aws) and return their
 keys, sizes and checksums; the driver's commit() reads what the batch covered from the query's
-offsets log (core/coverage.py) and makes the batch visible by creating its manifest with
+offsets log (core/snapshots/coverage.py) and makes the batch visible by creating its manifest with
 create-if-absent, in a new timeline if the batch came back with other content after a restore
 (sinks/filecommit.py, sinks/timelines.py). Read with filelayout.read_committed/read_spark.
 This module imports pyspark at module level; nothing in the Airflow layer imports it.
@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from airflow_ckpt_provider.core.coverage import checkpoint_storage, read_coverage
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.faults import crash_point
-from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage, sha256_file
-from airflow_ckpt_provider.core.streambatch import BATCH_ID_PROPERTY, QUERY_ID_PROPERTY, worker_logging
+from airflow_ckpt_provider.core.policy.faults import crash_point
+from airflow_ckpt_provider.core.policy.streambatch import BATCH_ID_PROPERTY, QUERY_ID_PROPERTY, worker_logging
+from airflow_ckpt_provider.core.snapshots.coverage import checkpoint_storage, read_coverage
+from airflow_ckpt_provider.core.store.storage import S3Options, Storage, open_storage, sha256_file
 from airflow_ckpt_provider.sinks.filecommit import commit_batch, delete_files
 from airflow_ckpt_provider.sinks.filelayout import (
     IDENTITY,

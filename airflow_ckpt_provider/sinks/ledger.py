@@ -4,7 +4,7 @@ The user's rows of batch N and a ledger row (job, Spark query id, batch id, what
 go into ONE database transaction; Spark writes ``commits/N`` only after it committed. A replay of
 batch N (a crash between the database commit and Spark's) finds the ledger row with the same coverage
 and writes nothing. A batch N that comes back with other content (a restore of an older snapshot
-replanned it: core/coverage.py) starts a new timeline: in the same transaction the abandoned batches'
+replanned it: core/snapshots/coverage.py) starts a new timeline: in the same transaction the abandoned batches'
 rows are removed with the user's ``undo`` and their ledger rows moved to ``<table>_abandoned``. The
 primary key on (job, query_id, batch_id) makes a racing zombie's ledger insert fail, and its rows roll
 back with it. See docs/sink-ledger.md. Works with any DB-API 2 connection (sqlite3, psycopg, ...):
@@ -24,11 +24,11 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from airflow_ckpt_provider.core.checkpoint import id_ranges
-from airflow_ckpt_provider.core.coverage import Coverage, checkpoint_storage, read_coverage
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
-from airflow_ckpt_provider.core.faults import crash_point
-from airflow_ckpt_provider.core.streambatch import QUERY_ID_PROPERTY
+from airflow_ckpt_provider.core.policy.faults import crash_point
+from airflow_ckpt_provider.core.policy.streambatch import QUERY_ID_PROPERTY
+from airflow_ckpt_provider.core.snapshots.checkpoint import id_ranges
+from airflow_ckpt_provider.core.snapshots.coverage import Coverage, checkpoint_storage, read_coverage
 from airflow_ckpt_provider.sinks.dbapi import (
     IDENTIFIER,
     STYLES,

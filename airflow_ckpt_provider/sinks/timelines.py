@@ -1,7 +1,7 @@
 """Timelines of a sink: which committed batches are the output, after restores that went back in time.
 
 A query's batches form timeline 0. When batch N comes back with other content than the committed
-batch N (a restore of an older snapshot replans it: see core/coverage.py), the sink starts timeline
+batch N (a restore of an older snapshot replans it: see core/snapshots/coverage.py), the sink starts timeline
 k+1 at N, whose parent is the timeline shown so far: from then on the output is the parent's batches
 before N followed by timeline k+1's batches. The abandoned batches stay in the sink for inspection
 (until gc) but are no longer output. Timelines only ever fork from the timeline shown: a batch whose
@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
-from airflow_ckpt_provider.core.coverage import Coverage
+from airflow_ckpt_provider.core.snapshots.coverage import Coverage
 
 #: Starts the message of a batch a sink refuses because of its timeline: the runtime finds it in the
 #: query's failure and fails fast (a restart replans the same batch and is refused again).

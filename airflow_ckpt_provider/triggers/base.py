@@ -24,7 +24,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_ckpt_provider.core.errors import StorageError
 
 if TYPE_CHECKING:
-    from airflow_ckpt_provider.core.jobstore import JobStore
+    from airflow_ckpt_provider.core.store.jobstore import JobStore
     from airflow_ckpt_provider.core.watches.base import Watch
 
 TIMEOUT = "timeout"

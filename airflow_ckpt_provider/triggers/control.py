@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow_ckpt_provider.core.outcomes import REQUEST_EVENTS
+from airflow_ckpt_provider.core.policy.outcomes import REQUEST_EVENTS
 from airflow_ckpt_provider.triggers.base import DEFAULT_STORE_CONN, TRIGGER_EVENTS, JobStoreTrigger
 
 if TYPE_CHECKING:

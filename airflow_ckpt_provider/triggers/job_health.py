@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.health import HealthCriteria
-from airflow_ckpt_provider.core.outcomes import HEALTH_EVENTS
+from airflow_ckpt_provider.core.policy.health import HealthCriteria
+from airflow_ckpt_provider.core.policy.outcomes import HEALTH_EVENTS
 from airflow_ckpt_provider.triggers.base import DEFAULT_STORE_CONN, TRIGGER_EVENTS, JobStoreTrigger
 
 if TYPE_CHECKING:
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 class JobHealthTrigger(JobStoreTrigger):
     """Event statuses: ``healthy``, ``unhealthy`` (with a ``reason``), ``timeout``, ``error``.
 
-    ``criteria`` (core/health.HealthCriteria), or its fields by name: ``serialize`` writes them flat, and a
+    ``criteria`` (core/policy/health.HealthCriteria), or its fields by name: ``serialize`` writes them flat, and a
     trigger the previous version serialized (``restart_window`` for ``health_window``) still loads. The
     payload has status, reason, message, job, epoch, batch_id, state, ui_url and restarts. What the watch
     remembers (since when the job is healthy, when the batch id last changed) starts over if the triggerer

@@ -4,7 +4,7 @@ Airflow does not authenticate a plugin's app: every route here does, with the AP
 dependencies (the ``_token`` cookie of the UI, or a bearer token). Reading needs permission to read DAGs;
 an action (savepoint, stop with savepoint, cancel) needs permission to trigger DAG runs, as starting the
 operators that do the same would. An action goes through the operators' checks and control channel
-(core/jobview.check_can_request, core/control.submit_request): a request no driver would answer is refused
+(core/views/jobview.check_can_request, core/records/control.submit_request): a request no driver would answer is refused
 and nothing is written. Each one is written to Airflow's audit log (event ``ckpt.<action>``, the user) and
 logged as one line with the user, job, epoch and request id.
 
@@ -33,11 +33,11 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from airflow_ckpt_provider.core.control import RequestAction, read_ack, submit_request
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError, ConflictError
-from airflow_ckpt_provider.core.jobreport import JobReport, job_report, job_summary, summary_dict
-from airflow_ckpt_provider.core.jobstore import JobStore, check_job_name
-from airflow_ckpt_provider.core.jobview import check_can_request, observe
+from airflow_ckpt_provider.core.records.control import RequestAction, read_ack, submit_request
+from airflow_ckpt_provider.core.store.jobstore import JobStore, check_job_name
+from airflow_ckpt_provider.core.views.jobreport import JobReport, job_report, job_summary, summary_dict
+from airflow_ckpt_provider.core.views.jobview import check_can_request, observe
 from airflow_ckpt_provider.ui.stores import list_jobs, open_store, store_conn_ids
 
 log = logging.getLogger(__name__)

@@ -13,9 +13,9 @@ import os
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.jobview import job_names
-from airflow_ckpt_provider.core.storage import Storage
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import Storage
+from airflow_ckpt_provider.core.views.jobview import job_names
 from airflow_ckpt_provider.hooks.job_store import JobStoreHook
 
 log = logging.getLogger(__name__)

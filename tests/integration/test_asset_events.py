@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.manifest import Kind, Trigger
-from airflow_ckpt_provider.core.snapshots import SnapshotResult, create_snapshot
-from airflow_ckpt_provider.core.storage import LocalStorage, S3Options, open_storage
+from airflow_ckpt_provider.core.snapshots.catalog import SnapshotResult, create_snapshot
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import LocalStorage, S3Options, open_storage
 from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
 from airflow_ckpt_provider.triggers import events as events_module
 from airflow_ckpt_provider.triggers.events import EventWatchTrigger, KafkaLagEventTrigger, SnapshotEventTrigger

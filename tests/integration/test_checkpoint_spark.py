@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core.checkpoint import BatchView, SparkCheckpoint
-from airflow_ckpt_provider.core.ckptfiles import relocate
-from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.core.snapshots.checkpoint import BatchView, SparkCheckpoint
+from airflow_ckpt_provider.core.snapshots.ckptfiles import relocate
+from airflow_ckpt_provider.core.store.storage import LocalStorage
 from tests.support import sparkjobs
 from tests.support.sparkjobs import PROVIDERS, WORKLOADS, Workload, read_batches, run_to_completion, write_input
 

@@ -14,11 +14,19 @@ import pytest
 
 from airflow_ckpt_provider.cli import job as cli_job
 from airflow_ckpt_provider.cli.main import main
-from airflow_ckpt_provider.core.control import Ack, Outcome, Request, RequestAction, open_requests, read_ack, write_ack
-from airflow_ckpt_provider.core.jobstore import CONTROL, JobStore
-from airflow_ckpt_provider.core.lease import LeaseRecord
-from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
-from airflow_ckpt_provider.core.storage import LocalStorage, Storage
+from airflow_ckpt_provider.core.records.control import (
+    Ack,
+    Outcome,
+    Request,
+    RequestAction,
+    open_requests,
+    read_ack,
+    write_ack,
+)
+from airflow_ckpt_provider.core.records.lease import LeaseRecord
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus, write_status
+from airflow_ckpt_provider.core.store.jobstore import CONTROL, JobStore
+from airflow_ckpt_provider.core.store.storage import LocalStorage, Storage
 from airflow_ckpt_provider.embedded import EmbeddedS3, free_port
 
 pytestmark = pytest.mark.integration

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from airflow_ckpt_provider.core.control import Outcome, RequestAction
-from airflow_ckpt_provider.core.status import JobState, JobStatus
-from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus
+from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.embedded.sparkcluster import EmbeddedSparkCluster
 from airflow_ckpt_provider.examples._orders import read_totals
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_STOPPED

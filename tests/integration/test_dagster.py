@@ -22,13 +22,13 @@ import dagster as dg
 import pytest
 
 from airflow_ckpt_provider import examples
-from airflow_ckpt_provider.core.control import RequestAction
-from airflow_ckpt_provider.core.deployments import read_launch
-from airflow_ckpt_provider.core.jobstore import CONTROL
-from airflow_ckpt_provider.core.lease import read_lease
-from airflow_ckpt_provider.core.manifest import Kind, Trigger
-from airflow_ckpt_provider.core.snapshots import load_manifest
-from airflow_ckpt_provider.core.status import JobState, read_status
+from airflow_ckpt_provider.core.records.control import RequestAction
+from airflow_ckpt_provider.core.records.deployments import read_launch
+from airflow_ckpt_provider.core.records.lease import read_lease
+from airflow_ckpt_provider.core.records.status import JobState, read_status
+from airflow_ckpt_provider.core.snapshots.catalog import load_manifest
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.store.jobstore import CONTROL
 from airflow_ckpt_provider.dagster import (
     CKPT_RESOURCE,
     CkptResource,

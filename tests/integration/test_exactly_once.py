@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.core.store.storage import S3Options
 from tests.support.exactlyonce import (
     RANDOM,
     EoSink,

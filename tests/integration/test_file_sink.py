@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core.storage import S3Options, open_storage
+from airflow_ckpt_provider.core.store.storage import S3Options, open_storage
 from airflow_ckpt_provider.embedded import EmbeddedS3
 from airflow_ckpt_provider.sinks.filelayout import (
     COMMITS,

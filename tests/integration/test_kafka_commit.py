@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
-from airflow_ckpt_provider.core.ckptfiles import parse_log_entry
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.core.snapshots.checkpoint import SparkCheckpoint
+from airflow_ckpt_provider.core.snapshots.ckptfiles import parse_log_entry
+from airflow_ckpt_provider.core.store.storage import LocalStorage
 from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
 from airflow_ckpt_provider.kafka.lag import LagError, checkpoint_lag, consumer_group_lag
 from airflow_ckpt_provider.kafka.offsetcommitter import MAX_RETRY_INTERVAL, OffsetCommitter

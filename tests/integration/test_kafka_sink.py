@@ -236,7 +236,7 @@ _KILLED_TASK = textwrap.dedent("""
 
 
 def test_task_killed_mid_transaction_then_retried_writes_once(kafka_server: EmbeddedKafka, tmp_path: Path) -> None:
-    from airflow_ckpt_provider.core.faults import ENV
+    from airflow_ckpt_provider.core.policy.faults import ENV
     from airflow_ckpt_provider.kafka.writer import write_partition
 
     sink, job = _new_topic(kafka_server), f"k{uuid.uuid4().hex[:6]}"

@@ -10,7 +10,7 @@ from typing import TypeVar
 import pytest
 from msgspec.structs import replace
 
-from airflow_ckpt_provider.core.control import (
+from airflow_ckpt_provider.core.records.control import (
     Ack,
     Outcome,
     RequestAction,
@@ -22,9 +22,9 @@ from airflow_ckpt_provider.core.control import (
     wait_ack,
     write_ack,
 )
-from airflow_ckpt_provider.core.jobstore import CONTROL, LEASE, JobStore
-from airflow_ckpt_provider.core.lease import FencedError, Lease, LeaseRecord, read_lease
-from airflow_ckpt_provider.core.storage import Storage
+from airflow_ckpt_provider.core.records.lease import FencedError, Lease, LeaseRecord, read_lease
+from airflow_ckpt_provider.core.store.jobstore import CONTROL, LEASE, JobStore
+from airflow_ckpt_provider.core.store.storage import Storage
 
 pytestmark = pytest.mark.integration
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core.coverage import Coverage
 from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.snapshots.coverage import Coverage
 from airflow_ckpt_provider.sinks.ledger import Ledger, committed_batches
 from tests.support import sparkjobs
 

@@ -44,10 +44,10 @@ from typing import IO, Any
 
 import pytest
 
-from airflow_ckpt_provider.core.control import Outcome, RequestAction
-from airflow_ckpt_provider.core.lease import LeaseRecord, read_lease
-from airflow_ckpt_provider.core.status import JobState, JobStatus
-from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
+from airflow_ckpt_provider.core.records.lease import LeaseRecord, read_lease
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus
+from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_FENCED, EXIT_STOPPED
 from tests.support import hosts
 from tests.support.exactlyonce import EO_JOB, FilesSink, KafkaSink, expected_rows, new_sink_topic
@@ -73,7 +73,7 @@ TASK_COMMIT = re.compile(r"batch (\d+) partition (\d+) of job \S+ \(query (\S+)\
 BATCH_COMMIT = re.compile(r"batch (\d+) of job \S+ \(query \S+\) committed: ")
 #: The runtime's batch line (runtime/driver.py): Spark committed the batch.
 COMPLETED = re.compile(r"job \S+ epoch (\d+) batch (\d+): completed, (\d+) rows")
-#: The second driver's restore (core/restore.py).
+#: The second driver's restore (core/snapshots/restore.py).
 RESTORED = re.compile(r"snapshot \S+ \(batch (\d+)\): restored into")
 #: The known limit of the ckpt-kafka sink in this scenario (docs/reliability.md, scenario 1): the first driver's live
 #: checkpoint is on its own host, so the second resumes from the newest snapshot the store has; the batches the

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_ckpt_provider.core.control import Outcome, RequestAction
-from airflow_ckpt_provider.core.status import JobState, JobStatus, RestartOwner
+from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus, RestartOwner
 from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
 from airflow_ckpt_provider.embedded.process import free_port
 from airflow_ckpt_provider.runtime.exitcodes import (

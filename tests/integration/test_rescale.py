@@ -24,17 +24,17 @@ from typing import Any
 import pytest
 
 from airflow_ckpt_provider import examples
-from airflow_ckpt_provider.core.control import Outcome, RequestAction
-from airflow_ckpt_provider.core.deployments import Launch
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.manifest import PARTITIONS_BEFORE, RESCALED_FROM, Kind, Manifest, Trigger
-from airflow_ckpt_provider.core.snapshots import list_snapshots, load_manifest
-from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
+from airflow_ckpt_provider.core.records.deployments import Launch
+from airflow_ckpt_provider.core.snapshots.catalog import list_snapshots, load_manifest
+from airflow_ckpt_provider.core.snapshots.manifest import PARTITIONS_BEFORE, RESCALED_FROM, Kind, Manifest, Trigger
+from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
 from airflow_ckpt_provider.examples._orders import read_totals
 from airflow_ckpt_provider.launcher.submit import parse_conf
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_STOPPED
-from airflow_ckpt_provider.runtime.restoreverdict import CheckOutcome, RestoreCheck
+from airflow_ckpt_provider.runtime.restore_check_verdict import CheckOutcome, RestoreCheck
 from tests.integration.test_restore_check import OrdersEnv, expected_totals, produce_orders
 from tests.support.runtimejob import ROCKSDB, SPARK_CONF, Run
 
@@ -56,8 +56,8 @@ class RescaleEnv(OrdersEnv):
     def deploy(self, **settings: Any) -> Launch:
         """orders_v1 with RocksDB state in 2 partitions launched as the operators launch it (a recorded deployment,
         ``ckpt run --supervise`` detached); ``settings``: more Deployment fields."""
-        from airflow_ckpt_provider.core.deployments import Deployment
-        from airflow_ckpt_provider.core.modes import LATEST_STATE
+        from airflow_ckpt_provider.core.policy.modes import LATEST_STATE
+        from airflow_ckpt_provider.core.records.deployments import Deployment
         from airflow_ckpt_provider.launcher.deploy import launch
 
         env = {k: v for k, v in self.orders_env(self.out).items()
@@ -143,9 +143,9 @@ def test_ckpt_job_rescale_moves_a_deployment_to_4_partitions_through_a_kill_and_
     import json
     import subprocess
 
-    from airflow_ckpt_provider.core.deployments import read_launch
-    from airflow_ckpt_provider.core.lease import read_lease
-    from airflow_ckpt_provider.core.status import JobState
+    from airflow_ckpt_provider.core.records.deployments import read_launch
+    from airflow_ckpt_provider.core.records.lease import read_lease
+    from airflow_ckpt_provider.core.records.status import JobState
 
     monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
     store = env.store()

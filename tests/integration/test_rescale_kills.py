@@ -25,14 +25,14 @@ from pathlib import Path
 
 import pytest
 
-from airflow_ckpt_provider.core.control import RequestAction
-from airflow_ckpt_provider.core.deployments import read_launch
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.lease import read_lease
-from airflow_ckpt_provider.core.manifest import Kind, Trigger
-from airflow_ckpt_provider.core.modes import RestartStrategyName
-from airflow_ckpt_provider.core.snapshots import latest_completed, list_snapshots
-from airflow_ckpt_provider.core.status import JobState, JobStatus
+from airflow_ckpt_provider.core.policy.modes import RestartStrategyName
+from airflow_ckpt_provider.core.records.control import RequestAction
+from airflow_ckpt_provider.core.records.deployments import read_launch
+from airflow_ckpt_provider.core.records.lease import read_lease
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus
+from airflow_ckpt_provider.core.snapshots.catalog import latest_completed, list_snapshots
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
 from airflow_ckpt_provider.examples._orders import read_totals
 from tests.integration.test_rescale import RescaleEnv, _wait_totals

@@ -31,13 +31,13 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core.control import Outcome, RequestAction
-from airflow_ckpt_provider.core.manifest import PARTITIONS_BEFORE, RESCALED_FROM, Kind, Manifest, Trigger
-from airflow_ckpt_provider.core.snapshots import load_manifest
-from airflow_ckpt_provider.core.status import JobStatus
-from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
+from airflow_ckpt_provider.core.records.status import JobStatus
+from airflow_ckpt_provider.core.snapshots.catalog import load_manifest
+from airflow_ckpt_provider.core.snapshots.manifest import PARTITIONS_BEFORE, RESCALED_FROM, Kind, Manifest, Trigger
+from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_STOPPED
-from airflow_ckpt_provider.runtime.restoreverdict import CheckOutcome, RestoreCheck
+from airflow_ckpt_provider.runtime.restore_check_verdict import CheckOutcome, RestoreCheck
 from airflow_ckpt_provider.sinks.filelayout import BatchManifest, committed_batches, read_committed
 from airflow_ckpt_provider.sinks.filemaintenance import verify_sink
 from tests.support.runtimejob import ROCKSDB, JobEnv, Run

@@ -21,10 +21,10 @@ from functools import partial
 
 import pytest
 
-from airflow_ckpt_provider.core.manifest import PARTITIONS_BEFORE, RESCALED_FROM, Kind, Trigger
-from airflow_ckpt_provider.core.snapshots import load_manifest
-from airflow_ckpt_provider.core.storage import S3Options
-from airflow_ckpt_provider.runtime.restoreverdict import CheckOutcome
+from airflow_ckpt_provider.core.snapshots.catalog import load_manifest
+from airflow_ckpt_provider.core.snapshots.manifest import PARTITIONS_BEFORE, RESCALED_FROM, Kind, Trigger
+from airflow_ckpt_provider.core.store.storage import S3Options
+from airflow_ckpt_provider.runtime.restore_check_verdict import CheckOutcome
 from airflow_ckpt_provider.sinks.filelayout import committed_batches
 from tests.support.exactlyonce import (
     EO_JOB,

@@ -18,17 +18,17 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
-from airflow_ckpt_provider.core.control import Outcome, RequestAction
-from airflow_ckpt_provider.core.deployments import Deployment, read_launch
-from airflow_ckpt_provider.core.health import HealthCriteria
-from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, SPEC_LAST
-from airflow_ckpt_provider.core.jobview import RestartDecision, observe, restart_decision
-from airflow_ckpt_provider.core.lineagenames import RUN_FACET, launch_run_id
-from airflow_ckpt_provider.core.modes import LATEST_STATE
-from airflow_ckpt_provider.core.restart import Health
-from airflow_ckpt_provider.core.status import JobState, JobStatus, RestartOwner, read_status
-from airflow_ckpt_provider.core.storage import S3Options
-from airflow_ckpt_provider.core.supervision import SupervisorState, read_supervisor
+from airflow_ckpt_provider.core.policy.health import HealthCriteria
+from airflow_ckpt_provider.core.policy.lineagenames import RUN_FACET, launch_run_id
+from airflow_ckpt_provider.core.policy.modes import LATEST_STATE
+from airflow_ckpt_provider.core.policy.restart import Health
+from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
+from airflow_ckpt_provider.core.records.deployments import Deployment, read_launch
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus, RestartOwner, read_status
+from airflow_ckpt_provider.core.records.supervision import SupervisorState, read_supervisor
+from airflow_ckpt_provider.core.store.jobstore import DEPLOYMENTS, SPEC_LAST
+from airflow_ckpt_provider.core.store.storage import S3Options
+from airflow_ckpt_provider.core.views.jobview import RestartDecision, observe, restart_decision
 from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
 from airflow_ckpt_provider.launcher.deploy import launch
 from airflow_ckpt_provider.operators.job import RestartStreamingJobOperator

@@ -25,22 +25,22 @@ from pathlib import Path
 import pytest
 
 from airflow_ckpt_provider import examples
-from airflow_ckpt_provider.core.control import Outcome, RequestAction
-from airflow_ckpt_provider.core.deployments import Deployment
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.jobstore import CHECKS, STATUS, JobStore
-from airflow_ckpt_provider.core.lease import read_lease
-from airflow_ckpt_provider.core.restorechecks import CHECK_ENV, CheckStarted, check_key, outcome_key, read_end
-from airflow_ckpt_provider.core.status import JobState
-from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
+from airflow_ckpt_provider.core.records.deployments import Deployment
+from airflow_ckpt_provider.core.records.lease import read_lease
+from airflow_ckpt_provider.core.records.restore_check import CHECK_ENV, CheckStarted, check_key, outcome_key, read_end
+from airflow_ckpt_provider.core.records.status import JobState
+from airflow_ckpt_provider.core.store.jobstore import CHECKS, STATUS, JobStore
+from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.core.watches.restore_check import RestoreCheckWatch
 from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
 from airflow_ckpt_provider.examples._orders import read_totals
-from airflow_ckpt_provider.launcher.restorecheck import check_restore, check_spec, start_check
+from airflow_ckpt_provider.launcher.restore_check import check_restore, check_spec, start_check
 from airflow_ckpt_provider.launcher.submit import SubmitSpec, gate_file, parse_conf
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_STOPPED
-from airflow_ckpt_provider.runtime.restoreverdict import CheckOutcome, RestoreCheck
+from airflow_ckpt_provider.runtime.restore_check_verdict import CheckOutcome, RestoreCheck
 from tests.support.runtimejob import SPARK_CONF, JobEnv, Run
 
 pytestmark = pytest.mark.integration

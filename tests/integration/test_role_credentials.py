@@ -1,4 +1,4 @@
-"""An assumed role's credentials refresh while a process runs (core/s3.py AssumedRole), against real SeaweedFS.
+"""An assumed role's credentials refresh while a process runs (core/store/s3.py AssumedRole), against real SeaweedFS.
 
 SeaweedFS has no STS: a fake one here answers AssumeRole with SeaweedFS's keys (no session token, which SeaweedFS
 would take for its own) and an expiry a few seconds away, so a store used for ten seconds outlives several."""
@@ -20,8 +20,8 @@ from urllib.parse import parse_qs
 import pytest
 
 from airflow_ckpt_provider.core.errors import CredentialsError
-from airflow_ckpt_provider.core.s3 import assumed_role
-from airflow_ckpt_provider.core.storage import S3Options, open_storage
+from airflow_ckpt_provider.core.store.s3 import assumed_role
+from airflow_ckpt_provider.core.store.storage import S3Options, open_storage
 from airflow_ckpt_provider.embedded import EmbeddedS3
 from airflow_ckpt_provider.hooks.job_store import JobStoreHook
 
@@ -151,7 +151,7 @@ def test_a_process_given_the_role_in_its_environment_refreshes_it(s3_server: Emb
     env.update(role_options(s3_server, sts).env())
     program = textwrap.dedent(f"""
         import time
-        from airflow_ckpt_provider.core.storage import S3Options, open_storage
+        from airflow_ckpt_provider.core.store.storage import S3Options, open_storage
         storage = open_storage("s3://{bucket}/proc", S3Options.from_env())
         deadline, n = time.monotonic() + 9, 0
         while time.monotonic() < deadline:

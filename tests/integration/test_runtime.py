@@ -19,15 +19,15 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core import lineagenames
-from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
-from airflow_ckpt_provider.core.control import Outcome, RequestAction, wait_ack
-from airflow_ckpt_provider.core.lease import read_lease
-from airflow_ckpt_provider.core.lineagenames import RUN_FACET
-from airflow_ckpt_provider.core.manifest import Kind, Trigger
-from airflow_ckpt_provider.core.snapshots import list_snapshots, load_manifest
-from airflow_ckpt_provider.core.status import JobState
-from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.core.policy import lineagenames
+from airflow_ckpt_provider.core.policy.lineagenames import RUN_FACET
+from airflow_ckpt_provider.core.records.control import Outcome, RequestAction, wait_ack
+from airflow_ckpt_provider.core.records.lease import read_lease
+from airflow_ckpt_provider.core.records.status import JobState
+from airflow_ckpt_provider.core.snapshots.catalog import list_snapshots, load_manifest
+from airflow_ckpt_provider.core.snapshots.checkpoint import SparkCheckpoint
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.store.storage import LocalStorage
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_FENCED, EXIT_STOPPED
 from tests.support.runtimejob import JobEnv, Run, expected_counts, produce
 

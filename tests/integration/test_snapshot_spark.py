@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
 from airflow_ckpt_provider.core.errors import SnapshotError
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.manifest import Kind, Trigger
-from airflow_ckpt_provider.core.restore import restore_snapshot
-from airflow_ckpt_provider.core.snapshots import SnapshotResult, create_snapshot, verify_snapshot
-from airflow_ckpt_provider.core.storage import LocalStorage, Storage
+from airflow_ckpt_provider.core.snapshots.catalog import SnapshotResult, create_snapshot, verify_snapshot
+from airflow_ckpt_provider.core.snapshots.checkpoint import SparkCheckpoint
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.snapshots.restore import restore_snapshot
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import LocalStorage, Storage
 from tests.support import sparkjobs
 from tests.support.sparkjobs import WORKLOADS, run_to_completion, write_input
 

@@ -17,18 +17,12 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core import gc as gc_module
-from airflow_ckpt_provider.core import snapshots as snapshots_module
-from airflow_ckpt_provider.core import snapshotwrite
-from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
 from airflow_ckpt_provider.core.errors import CheckpointError, ConflictError, SnapshotError
-from airflow_ckpt_provider.core.gc import collect_garbage
-from airflow_ckpt_provider.core.jobstore import GC_LOCK, OBJECTS, JobStore
-from airflow_ckpt_provider.core.lease import Lease
-from airflow_ckpt_provider.core.manifest import Kind, Trigger
-from airflow_ckpt_provider.core.restore import restore_snapshot
-from airflow_ckpt_provider.core.retention import RetentionPolicy
-from airflow_ckpt_provider.core.snapshots import (
+from airflow_ckpt_provider.core.records.lease import Lease
+from airflow_ckpt_provider.core.snapshots import catalog as snapshots_module
+from airflow_ckpt_provider.core.snapshots import gc as gc_module
+from airflow_ckpt_provider.core.snapshots import snapshotwrite
+from airflow_ckpt_provider.core.snapshots.catalog import (
     apply_retention,
     dispose_snapshot,
     latest_completed,
@@ -37,7 +31,13 @@ from airflow_ckpt_provider.core.snapshots import (
     pending_markers,
     verify_snapshot,
 )
-from airflow_ckpt_provider.core.storage import LocalStorage, Storage
+from airflow_ckpt_provider.core.snapshots.checkpoint import SparkCheckpoint
+from airflow_ckpt_provider.core.snapshots.gc import collect_garbage
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.snapshots.restore import restore_snapshot
+from airflow_ckpt_provider.core.snapshots.retention import RetentionPolicy
+from airflow_ckpt_provider.core.store.jobstore import GC_LOCK, OBJECTS, JobStore
+from airflow_ckpt_provider.core.store.storage import LocalStorage, Storage
 from tests.support.ckptfactory import make_checkpoint, write_batch
 
 #: This module proves the object store's side of snapshots (content-addressed objects, gc, corruption, crashes): the
@@ -148,7 +148,7 @@ def test_killed_writer_leaves_no_snapshot_and_gc_clears_its_marker_at_once_on_it
     # the marker at once instead of deferring for 6 hours.
     [marker] = pending_markers(store)
     assert (marker.host, marker.pid, marker.epoch) == (socket.gethostname(), proc.pid, None)
-    with caplog.at_level(logging.INFO, logger="airflow_ckpt_provider.core.gc"):
+    with caplog.at_level(logging.INFO, logger="airflow_ckpt_provider.core.snapshots.gc"):
         result = collect_garbage(store, min_age_s=0)
     assert result.deferred is None
     assert [r.getMessage() for r in caplog.records if "pending marker" in r.getMessage()] == [
@@ -314,7 +314,7 @@ def test_a_gc_that_deletes_objects_while_a_snapshot_uploads_makes_it_store_them_
             release.set()
 
     monkeypatch.setattr(snapshotwrite, "write_marker", slow_marker)
-    with caplog.at_level(logging.INFO, logger="airflow_ckpt_provider.core.snapshotwrite"):
+    with caplog.at_level(logging.INFO, logger="airflow_ckpt_provider.core.snapshots.snapshotwrite"):
         result = create_snapshot(store, LocalStorage(ckpt), on_step=gc_then_marker)
     [deleted] = gc_results
     contents = distinct_contents(ckpt)
@@ -343,7 +343,7 @@ def test_gc_defers_while_a_snapshot_is_being_written(
     assert result.deferred.endswith(f"`ckpt snapshot gc --clear-pending {sid}`")
     assert len(store.storage.list(OBJECTS)) == distinct_contents(ckpt)  # nothing deleted
     assert not store.storage.exists(GC_LOCK)  # released
-    monkeypatch.setattr("airflow_ckpt_provider.core.gc.STALE_AFTER_S", 0.0)  # older than the age limit
+    monkeypatch.setattr("airflow_ckpt_provider.core.snapshots.gc.STALE_AFTER_S", 0.0)  # older than the age limit
     assert collect_garbage(store, min_age_s=0).deleted_objects == distinct_contents(ckpt)
     assert store.storage.list("pending/") == []
 
@@ -361,7 +361,7 @@ def test_gc_clears_the_marker_of_a_writer_fenced_by_a_newer_lease_epoch(
     deferred = collect_garbage(store, min_age_s=0).deferred  # fenced just now: it may still be at its commit
     assert deferred is not None and deferred.startswith(
         f"snapshot {sid} is being written by pid 1 on host gone-host (lease epoch 1)")
-    monkeypatch.setattr("airflow_ckpt_provider.core.pending.FENCED_GRACE_S", 0.0)
+    monkeypatch.setattr("airflow_ckpt_provider.core.records.pending.FENCED_GRACE_S", 0.0)
     assert collect_garbage(store, min_age_s=0).deferred is None
     assert store.storage.list("pending/") == []
 

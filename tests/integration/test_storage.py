@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from airflow_ckpt_provider.core.errors import StorageError
-from airflow_ckpt_provider.core.storage import S3Options, Storage, open_storage
+from airflow_ckpt_provider.core.store.storage import S3Options, Storage, open_storage
 from airflow_ckpt_provider.embedded import EmbeddedS3, free_port
 
 pytestmark = pytest.mark.integration

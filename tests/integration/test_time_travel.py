@@ -314,9 +314,9 @@ def test_runtime_restore_of_older_savepoints_onto_the_same_files_sink_follows_th
     batches cover other offsets); with --full once more from a savepoint of the new timeline. Under
     --time-travel refuse the same restore is refused before the lease, changing nothing."""
     full = bool(pytestconfig.getoption("--full", default=False))
-    from airflow_ckpt_provider.core.control import Outcome, RequestAction
-    from airflow_ckpt_provider.core.lease import read_lease
-    from airflow_ckpt_provider.core.storage import S3Options
+    from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
+    from airflow_ckpt_provider.core.records.lease import read_lease
+    from airflow_ckpt_provider.core.store.storage import S3Options
     from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_STOPPED
     from tests.support.exactlyonce import EO_JOB
 

@@ -20,7 +20,7 @@ import os
 import sqlite3
 from typing import Any
 
-from airflow_ckpt_provider.core.streambatch import QUERY_ID_PROPERTY
+from airflow_ckpt_provider.core.policy.streambatch import QUERY_ID_PROPERTY
 from airflow_ckpt_provider.runtime import JobContext, streaming_job
 
 OUT_TABLE = "eo_out"

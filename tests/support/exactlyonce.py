@@ -5,7 +5,7 @@ tests/jobs/eo_job.py (``dropDuplicates(["id"])`` over a 3-partition topic of its
 ``ckpt run --supervise``, the jobs side by side (a thread each) or one after the other. They are separate jobs
 because the runtime runs one streaming query per job: one checkpoint location, snapshots and restores of that
 query's checkpoint. The plan covers every crash point of every sink's commit protocol once (armed by a file in
-the job's CKPT_FAULT_DIR, core/faults.py) and random kill -9s (while the driver starts, or inside a batch after
+the job's CKPT_FAULT_DIR, core/policy/faults.py) and random kill -9s (while the driver starts, or inside a batch after
 it completed one): at least ``min_kills`` in all, one random at least. Records keep arriving: id i (key
 ``k<i % 10>``, partition ``i % 3``, tests/support/runtimejob.produce) is produced twice, the second copy a
 feed later, so the state must drop it. Each job is killed at its sink's crash points but the last and at its
@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from airflow_ckpt_provider.core.control import Ack, Outcome, RequestAction
-from airflow_ckpt_provider.core.status import ACTIVE_STATES, JobState, JobStatus
-from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.core.records.control import Ack, Outcome, RequestAction
+from airflow_ckpt_provider.core.records.status import ACTIVE_STATES, JobState, JobStatus
+from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.embedded import EmbeddedKafka
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_STOPPED
 from tests.support.runtimejob import KEYS, JobEnv, Run, kill_driver, produce
@@ -116,7 +116,7 @@ class FilesSink:
     def check_nothing_uncommitted(self) -> str:
         import pyarrow.parquet as pq  # type: ignore[import-untyped]  # pyarrow ships no type stubs (no py.typed)
 
-        from airflow_ckpt_provider.core.storage import open_storage
+        from airflow_ckpt_provider.core.store.storage import open_storage
         from airflow_ckpt_provider.sinks.filelayout import read_committed
         from airflow_ckpt_provider.sinks.filemaintenance import verify_sink
 
@@ -452,7 +452,7 @@ class Chaos:
     def crash_at(self, run: Run, point: str) -> None:
         """Arm ``point``, feed records so that a batch reaches it, wait until it fired (its file is gone).
 
-        The point kills the driver's JVM process group itself (core/faults.py), from the Python driver
+        The point kills the driver's JVM process group itself (core/policy/faults.py), from the Python driver
         (the ledger's points) or from a Python worker of pyspark's daemon (tasks, a sink's commit()).
         """
         status = self.env.status()

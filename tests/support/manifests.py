@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from airflow_ckpt_provider.core.manifest import Kind, Manifest, ManifestFile, Trigger, new_snapshot_id
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Manifest, ManifestFile, Trigger, new_snapshot_id
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 

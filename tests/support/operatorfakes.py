@@ -20,20 +20,20 @@ import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_ckpt_provider import examples
-from airflow_ckpt_provider.core.control import Ack, Outcome, Request, open_requests, write_ack
-from airflow_ckpt_provider.core.deployments import Deployment, Launch
-from airflow_ckpt_provider.core.jobstore import CONTROL, SPEC_LAST, JobStore
-from airflow_ckpt_provider.core.manifest import Kind, Trigger
-from airflow_ckpt_provider.core.restorechecks import CheckEnded, CheckStarted, record_end, record_start
-from airflow_ckpt_provider.core.snapshots import create_snapshot
-from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
-from airflow_ckpt_provider.core.storage import LocalStorage, S3Options
+from airflow_ckpt_provider.core.records.control import Ack, Outcome, Request, open_requests, write_ack
+from airflow_ckpt_provider.core.records.deployments import Deployment, Launch
+from airflow_ckpt_provider.core.records.restore_check import CheckEnded, CheckStarted, record_end, record_start
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus, write_status
+from airflow_ckpt_provider.core.snapshots.catalog import create_snapshot
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.store.jobstore import CONTROL, SPEC_LAST, JobStore
+from airflow_ckpt_provider.core.store.storage import LocalStorage, S3Options
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink
 from airflow_ckpt_provider.operators.job import (
     SubmitStreamingJobOperator,
 )
 from airflow_ckpt_provider.operators.upgrade import UpgradeStreamingJobOperator
-from airflow_ckpt_provider.runtime.restoreverdict import CheckOutcome, RestoreCheck
+from airflow_ckpt_provider.runtime.restore_check_verdict import CheckOutcome, RestoreCheck
 from airflow_ckpt_provider.triggers.base import WatchTrigger
 from airflow_ckpt_provider.triggers.control import RequestTrigger
 from airflow_ckpt_provider.triggers.restore_check import RestoreCheckTrigger
@@ -94,7 +94,7 @@ RESCALED_SID = "savepoint-8-20261126T100000Z-rescal"
 
 
 class FakeCheck:
-    """Stands in for launcher.restorecheck.start_check: records the call and the check's start record, and the
+    """Stands in for launcher.restore_check.start_check: records the call and the check's start record, and the
     verdict ``outcome`` at once, as the detached check process would when done (None: no verdict yet)."""
 
     def __init__(self) -> None:

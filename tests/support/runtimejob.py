@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from airflow_ckpt_provider.core.control import Ack, RequestAction, submit_request, wait_ack
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.status import JobStatus, read_status
+from airflow_ckpt_provider.core.records.control import Ack, RequestAction, submit_request, wait_ack
+from airflow_ckpt_provider.core.records.status import JobStatus, read_status
+from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
 
 if TYPE_CHECKING:
-    from airflow_ckpt_provider.runtime.restoreverdict import RestoreCheck
+    from airflow_ckpt_provider.runtime.restore_check_verdict import RestoreCheck
 
 JOB_FILE = Path(__file__).parent.parent / "jobs" / "kafka_count.py"
 KEYS = 10
@@ -58,7 +58,7 @@ def produce(bootstrap: str, topic: str, start: int, count: int) -> None:
 
 def stop_supervisor(store: JobStore, launch_id: str) -> None:
     """Teardown: the supervisor of ``launch_id`` still alive (a failed assertion) gets SIGTERM, then SIGKILL."""
-    from airflow_ckpt_provider.core.supervision import SupervisorState, read_supervisor
+    from airflow_ckpt_provider.core.records.supervision import SupervisorState, read_supervisor
 
     record = read_supervisor(store, launch_id)
     if record is None or record.state is SupervisorState.ENDED:
@@ -101,7 +101,7 @@ class JobEnv:
         return self.work / "out"
 
     def store(self) -> JobStore:
-        from airflow_ckpt_provider.core.storage import S3Options
+        from airflow_ckpt_provider.core.store.storage import S3Options
 
         return JobStore.open(self.store_url, self.job, S3Options(
             endpoint_url=self.s3.endpoint_url, region=self.s3.region, access_key_id=self.s3.access_key,
@@ -147,8 +147,8 @@ class JobEnv:
         """The rescale step as a rescale runs it (``ckpt run --check-restore --restore SAVEPOINT --rescale-to N
         --save-rescaled``, RocksDB state): restore the savepoint on a copy, repartition, the job's empty batch,
         saved as a savepoint of its own. ``env``: the job's environment (its settings)."""
-        from airflow_ckpt_provider.core.modes import RestoreSpec
-        from airflow_ckpt_provider.launcher.restorecheck import check_restore
+        from airflow_ckpt_provider.core.policy.modes import RestoreSpec
+        from airflow_ckpt_provider.launcher.restore_check import check_restore
         from airflow_ckpt_provider.launcher.submit import SubmitSpec, parse_conf
         from airflow_ckpt_provider.runtime.config import RuntimeConfig
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_ckpt_provider.core.modes import Mode
-from airflow_ckpt_provider.core.settings import COUNT, SECONDS, SWITCH, TEXT, Settings, setting_fields
+from airflow_ckpt_provider.core.policy.modes import Mode
+from airflow_ckpt_provider.core.policy.settings import COUNT, SECONDS, SWITCH, TEXT, Settings, setting_fields
 
 
 def non_defaults(cls: type[Settings]) -> dict[str, Any]:

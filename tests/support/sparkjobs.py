@@ -374,8 +374,8 @@ def running_query(
 
 def new_batches(checkpoint_dir: Path, *, timeout: float = 120.0) -> Iterator[int]:
     """Each batch id as it completes in ``checkpoint_dir`` (polled), until ``timeout`` seconds pass."""
-    from airflow_ckpt_provider.core.checkpoint import SparkCheckpoint
-    from airflow_ckpt_provider.core.storage import LocalStorage
+    from airflow_ckpt_provider.core.snapshots.checkpoint import SparkCheckpoint
+    from airflow_ckpt_provider.core.store.storage import LocalStorage
 
     deadline = time.monotonic() + timeout
     seen: set[int] = set()

@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from airflow_ckpt_provider.core.jobstore import LEASE, STATUS, JobStore
-from airflow_ckpt_provider.core.lease import LeaseRecord
-from airflow_ckpt_provider.core.restart import RestartStrategy
-from airflow_ckpt_provider.core.status import JobState, JobStatus
+from airflow_ckpt_provider.core.policy.restart import RestartStrategy
+from airflow_ckpt_provider.core.records.lease import LeaseRecord
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus
+from airflow_ckpt_provider.core.store.jobstore import LEASE, STATUS, JobStore
 from airflow_ckpt_provider.launcher.submit import SubmitSpec
 from airflow_ckpt_provider.launcher.supervisor import Supervisor, SupervisorOutcome
 

@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core.control import Ack, Outcome, RequestAction, open_requests
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.manifest import Kind, Manifest, Trigger
-from airflow_ckpt_provider.core.outcomes import CheckOutcome
-from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.core.policy.outcomes import CheckOutcome
+from airflow_ckpt_provider.core.records.control import Ack, Outcome, RequestAction, open_requests
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Manifest, Trigger
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.launcher import upgrade
 from airflow_ckpt_provider.launcher.upgrade import JobUpgrade, UpgradeOptions
-from airflow_ckpt_provider.runtime.restoreverdict import RestoreCheck
+from airflow_ckpt_provider.runtime.restore_check_verdict import RestoreCheck
 from tests.support.operatorfakes import RESCALED_SID, SID, FakeLaunch
 
 

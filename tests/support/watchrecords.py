@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from airflow_ckpt_provider.core.deployments import Deployment, Launch
-from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, LEASE, SPEC_LAST, JobStore
-from airflow_ckpt_provider.core.lease import LeaseRecord
-from airflow_ckpt_provider.core.outcomes import CheckOutcome
-from airflow_ckpt_provider.core.restorechecks import CheckEnded, CheckStarted, record_end, record_start
-from airflow_ckpt_provider.core.status import JobState, JobStatus, Restart, RestartOwner, write_status
-from airflow_ckpt_provider.core.supervision import SupervisorRecord, SupervisorState, write_supervisor
+from airflow_ckpt_provider.core.policy.outcomes import CheckOutcome
+from airflow_ckpt_provider.core.records.deployments import Deployment, Launch
+from airflow_ckpt_provider.core.records.lease import LeaseRecord
+from airflow_ckpt_provider.core.records.restore_check import CheckEnded, CheckStarted, record_end, record_start
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus, Restart, RestartOwner, write_status
+from airflow_ckpt_provider.core.records.supervision import SupervisorRecord, SupervisorState, write_supervisor
+from airflow_ckpt_provider.core.store.jobstore import DEPLOYMENTS, LEASE, SPEC_LAST, JobStore
 from airflow_ckpt_provider.core.watches.job_health import Unhealthy
 
 #: The tests' "now": the watches take the time as an argument, so no test sleeps.
@@ -83,7 +83,7 @@ def restarting(store: JobStore, now: float, *, epoch: int = 1, expected_by: floa
 
 def check_started(store: JobStore, check_id: str, at: float = T0, *, pid: int | None = 4321, host: str = "worker-1",
                   timeout: float = 600.0) -> CheckStarted:
-    """checks/<id>.json: a restore check of orders_v2.py started at ``at`` on ``host`` (launcher/restorecheck)."""
+    """checks/<id>.json: a restore check of orders_v2.py started at ``at`` on ``host`` (launcher/restore_check)."""
     started = CheckStarted("orders", check_id, "orders_v2.py", "v2", at, timeout, host,
                            "airflow:upgrade.upgrade run r1 try 1", pid=pid, log_file=f"/ckpt/check-{check_id}.log")
     record_start(store, started)

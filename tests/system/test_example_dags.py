@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core.control import CONTROL
-from airflow_ckpt_provider.core.deployments import read_launch
-from airflow_ckpt_provider.core.jobstore import SPEC_STABLE
-from airflow_ckpt_provider.core.lease import read_lease
-from airflow_ckpt_provider.core.snapshots import list_snapshots
-from airflow_ckpt_provider.core.status import JobState, JobStatus
+from airflow_ckpt_provider.core.records.control import CONTROL
+from airflow_ckpt_provider.core.records.deployments import read_launch
+from airflow_ckpt_provider.core.records.lease import read_lease
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus
+from airflow_ckpt_provider.core.snapshots.catalog import list_snapshots
+from airflow_ckpt_provider.core.store.jobstore import SPEC_STABLE
 from airflow_ckpt_provider.demo.world import EXAMPLES, AirflowHome, World
 from airflow_ckpt_provider.triggers.base import MIN_DEFERRAL
 from tests.system.airflow_server import AirflowServer, AirflowServerError
@@ -263,7 +263,7 @@ def test_a_savepoint_schedules_the_dag_on_its_asset_event(world: World, airflow:
     """A savepoint requested from the running job becomes exactly one asset event, carrying its id, batch and
     URI, from the watcher in the real triggerer; it schedules exactly one run of the asset-scheduled DAG, whose
     task reads them; the watcher's cursor in Airflow's asset state store records it."""
-    from airflow_ckpt_provider.core.control import Outcome, RequestAction, submit_request, wait_ack
+    from airflow_ckpt_provider.core.records.control import Outcome, RequestAction, submit_request, wait_ack
 
     uri, key = f"ckpt://ckpt_store_default/{world.job}/savepoints", f"ckpt.snapshot_events.{world.job}.savepoint"
 

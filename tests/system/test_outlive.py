@@ -18,10 +18,10 @@ from typing import TypeVar
 
 import pytest
 
-from airflow_ckpt_provider.core.deployments import read_launch
-from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS
-from airflow_ckpt_provider.core.status import JobState, JobStatus
-from airflow_ckpt_provider.core.supervision import Supervision, latest_supervisor, observe_supervision
+from airflow_ckpt_provider.core.records.deployments import read_launch
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus
+from airflow_ckpt_provider.core.records.supervision import Supervision, latest_supervisor, observe_supervision
+from airflow_ckpt_provider.core.store.jobstore import DEPLOYMENTS
 from airflow_ckpt_provider.demo.world import AirflowHome, World
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(900)]

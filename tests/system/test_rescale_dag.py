@@ -16,13 +16,13 @@ import re
 
 import pytest
 
-from airflow_ckpt_provider.core.control import CONTROL, Outcome, RequestAction, submit_request, wait_ack
-from airflow_ckpt_provider.core.deployments import read_launch
-from airflow_ckpt_provider.core.jobstore import SPEC_STABLE
-from airflow_ckpt_provider.core.lease import read_lease
-from airflow_ckpt_provider.core.manifest import PARTITIONS_BEFORE, RESCALED_FROM, Kind, Trigger
-from airflow_ckpt_provider.core.snapshots import latest_completed, list_snapshots, load_manifest
-from airflow_ckpt_provider.core.status import JobState
+from airflow_ckpt_provider.core.records.control import CONTROL, Outcome, RequestAction, submit_request, wait_ack
+from airflow_ckpt_provider.core.records.deployments import read_launch
+from airflow_ckpt_provider.core.records.lease import read_lease
+from airflow_ckpt_provider.core.records.status import JobState
+from airflow_ckpt_provider.core.snapshots.catalog import latest_completed, list_snapshots, load_manifest
+from airflow_ckpt_provider.core.snapshots.manifest import PARTITIONS_BEFORE, RESCALED_FROM, Kind, Trigger
+from airflow_ckpt_provider.core.store.jobstore import SPEC_STABLE
 from airflow_ckpt_provider.demo.world import EXAMPLES, AirflowHome, World
 from tests.support.runtimejob import ROCKSDB
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core.deployments import Launch, read_launch
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.core.records.deployments import Launch, read_launch
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import LocalStorage
 from airflow_ckpt_provider.launcher import deploy
 from tests.support.operatorfakes import (
     FakeCheck,

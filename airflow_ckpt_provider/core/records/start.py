@@ -7,8 +7,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, JobStore
 from airflow_ckpt_provider.core.records.base import Record, RecordError
+from airflow_ckpt_provider.core.store.jobstore import DEPLOYMENTS, JobStore
 
 log = logging.getLogger(__name__)
 

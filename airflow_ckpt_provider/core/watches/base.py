@@ -8,10 +8,10 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from airflow_ckpt_provider.core.errors import StorageError
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.jobview import JobView
-from airflow_ckpt_provider.core.lease import read_lease
-from airflow_ckpt_provider.core.status import JobStatus, read_status
+from airflow_ckpt_provider.core.records.lease import read_lease
+from airflow_ckpt_provider.core.records.status import JobStatus, read_status
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.views.jobview import JobView
 
 
 class Watch(Protocol):

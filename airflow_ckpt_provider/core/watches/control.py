@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_ckpt_provider.core.control import read_ack
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.jobview import JobView, when
-from airflow_ckpt_provider.core.outcomes import RequestOutcome
-from airflow_ckpt_provider.core.status import TERMINAL_STATES, RestartOwner, driver_live
+from airflow_ckpt_provider.core.policy.outcomes import RequestOutcome
+from airflow_ckpt_provider.core.records.control import read_ack
+from airflow_ckpt_provider.core.records.status import TERMINAL_STATES, RestartOwner, driver_live
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.views.jobview import JobView, when
 from airflow_ckpt_provider.core.watches.base import current_time, look, why
 
 
 class RequestWatch:
     """Waits for the driver's answer to control request ``request_id`` written for epoch ``epoch``.
 
-    Fails (without an ack) when that driver is gone: ended, silent (core/status.driver_live; ``busy_timeout``
+    Fails (without an ack) when that driver is gone: ended, silent (core/records/status.driver_live; ``busy_timeout``
     covers a final savepoint), or replaced by a newer one. It polls once more after noticing, so an
     ack written just after the final status (the driver's order) is not missed.
     """

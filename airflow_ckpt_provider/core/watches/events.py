@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from airflow_ckpt_provider.core.errors import ConfigError, SnapshotError
-from airflow_ckpt_provider.core.jobstore import SNAPSHOTS, JobStore
-from airflow_ckpt_provider.core.manifest import Kind, Manifest, parse_enum, snapshot_order
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Manifest, parse_enum, snapshot_order
+from airflow_ckpt_provider.core.store.jobstore import SNAPSHOTS, JobStore
 
 log = logging.getLogger(__name__)
 

@@ -10,12 +10,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from airflow_ckpt_provider.core.deployments import Launch
-from airflow_ckpt_provider.core.health import HealthCriteria, restart_times
-from airflow_ckpt_provider.core.lease import LeaseRecord
-from airflow_ckpt_provider.core.restart import Health, HealthRule
-from airflow_ckpt_provider.core.status import TERMINAL_STATES, JobState, JobStatus, Restart, RestartOwner, driver_live
-from airflow_ckpt_provider.core.supervision import STALE, Supervision, restarts_dead_driver
+from airflow_ckpt_provider.core.policy.health import HealthCriteria, restart_times
+from airflow_ckpt_provider.core.policy.restart import Health, HealthRule
+from airflow_ckpt_provider.core.records.deployments import Launch
+from airflow_ckpt_provider.core.records.lease import LeaseRecord
+from airflow_ckpt_provider.core.records.status import (
+    TERMINAL_STATES,
+    JobState,
+    JobStatus,
+    Restart,
+    RestartOwner,
+    driver_live,
+)
+from airflow_ckpt_provider.core.records.supervision import STALE, Supervision, restarts_dead_driver
 from airflow_ckpt_provider.core.watches.health_memory import Memory
 from airflow_ckpt_provider.core.watches.health_observe import Observation, on_its_way
 

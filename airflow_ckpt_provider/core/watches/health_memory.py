@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from airflow_ckpt_provider.core.status import JobState, JobStatus
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus
 from airflow_ckpt_provider.core.watches.health_observe import Observation
 
 

@@ -9,11 +9,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_ckpt_provider.core.health import HealthCriteria
-from airflow_ckpt_provider.core.jobview import when
-from airflow_ckpt_provider.core.restart import Health
-from airflow_ckpt_provider.core.status import JobState, JobStatus, Restart
-from airflow_ckpt_provider.core.supervision import Supervision, SupervisorRecord
+from airflow_ckpt_provider.core.policy.health import HealthCriteria
+from airflow_ckpt_provider.core.policy.restart import Health
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus, Restart
+from airflow_ckpt_provider.core.records.supervision import Supervision, SupervisorRecord
+from airflow_ckpt_provider.core.views.jobview import when
 from airflow_ckpt_provider.core.watches.base import ui, why
 from airflow_ckpt_provider.core.watches.health_judge import Finding, Restarting, Verdict
 

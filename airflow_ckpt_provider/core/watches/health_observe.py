@@ -12,15 +12,15 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from airflow_ckpt_provider.core.deployments import Launch, read_launch
 from airflow_ckpt_provider.core.errors import StorageError
-from airflow_ckpt_provider.core.health import HealthCriteria
-from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, JobStore
-from airflow_ckpt_provider.core.lease import LeaseRecord
-from airflow_ckpt_provider.core.outage import ReadableAgain
+from airflow_ckpt_provider.core.policy.health import HealthCriteria
+from airflow_ckpt_provider.core.policy.outage import ReadableAgain
+from airflow_ckpt_provider.core.records.deployments import Launch, read_launch
+from airflow_ckpt_provider.core.records.lease import LeaseRecord
 from airflow_ckpt_provider.core.records.start import epoch_of, read_start
-from airflow_ckpt_provider.core.status import TERMINAL_STATES, JobState, JobStatus, RestartOwner, driver_live
-from airflow_ckpt_provider.core.supervision import Supervision, latest_supervisor, process_alive
+from airflow_ckpt_provider.core.records.status import TERMINAL_STATES, JobState, JobStatus, RestartOwner, driver_live
+from airflow_ckpt_provider.core.records.supervision import Supervision, latest_supervisor, process_alive
+from airflow_ckpt_provider.core.store.jobstore import DEPLOYMENTS, JobStore
 from airflow_ckpt_provider.core.watches.base import look
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def observe(store: JobStore, criteria: HealthCriteria, now: float, *, records: S
 
 def on_its_way(launch: Launch | None, status: JobStatus | None, now: float, within: float) -> Launch | None:
     """The launch in spec/last.json made after the driver of ``status`` started, not ended and younger than
-    ``within`` s: a new driver is on its way (core/jobview.starting_launch, on a launch already read)."""
+    ``within`` s: a new driver is on its way (core/views/jobview.starting_launch, on a launch already read)."""
     if launch is None or launch.ended_at is not None or now - launch.launched_at >= within:
         return None
     return None if status is not None and launch.launched_at <= status.started_at else launch
@@ -155,7 +155,7 @@ def _supervision_matters(status: JobStatus | None, criteria: HealthCriteria, lau
 
 def _supervision(store: JobStore, launch: _LaunchRecord, now: float, *, host: str | None = None,
                  pid_alive: Callable[[int], bool] | None = None) -> Supervision:
-    """The newest supervisor and whether it is live (core/supervision.observe_supervision, on this poll's
+    """The newest supervisor and whether it is live (core/records/supervision.observe_supervision, on this poll's
     spec/last.json): one superseded by a newer launch owns nothing."""
     record = latest_supervisor(store)
     if record is None:

@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_ckpt_provider.core.errors import StorageError
-from airflow_ckpt_provider.core.health import HealthCriteria
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.outage import ReadableAgain
-from airflow_ckpt_provider.core.restart import Health
+from airflow_ckpt_provider.core.policy.health import HealthCriteria
+from airflow_ckpt_provider.core.policy.outage import ReadableAgain
+from airflow_ckpt_provider.core.policy.restart import Health
+from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.watches.base import current_time
 from airflow_ckpt_provider.core.watches.health_judge import Unhealthy, Verdict, judge
 from airflow_ckpt_provider.core.watches.health_memory import Memory, remember
@@ -23,13 +23,13 @@ __all__ = ["JobHealthWatch", "Unhealthy"]
 
 
 class JobHealthWatch:
-    """Waits until the job is healthy, or unhealthy (``criteria.expect``), by ``criteria`` (core/health.py).
+    """Waits until the job is healthy, or unhealthy (``criteria.expect``), by ``criteria`` (core/policy/health.py).
 
     Statuses of an epoch below ``min_epoch``, or that started before ``started_after``, belong to an
     older deployment: the watched driver has "not started yet", and so has one whose lease a newer
     driver took before reporting. Unhealthy (first match): FAILED; STOPPED; ``max_restarts`` driver
     restarts within ``health_window`` s (the deployments/ records: every start of the watched
-    deployment but its first); no heartbeat for ``heartbeat_timeout`` s (default: core/status.heartbeat_limit's
+    deployment but its first); no heartbeat for ``heartbeat_timeout`` s (default: core/records/status.heartbeat_limit's
     three intervals + 5 s; STARTING and STOPPING drivers, which restore or take a final savepoint
     without reporting, get ``start_timeout`` at least); data waiting and the batch id unchanged for
     ``progress_timeout`` s; no status of the watched deployment within ``start_timeout`` s of the
@@ -38,7 +38,7 @@ class JobHealthWatch:
     sources, so there is nothing to make progress on), continuously for ``healthy_for`` s.
 
     A restart in progress is not a dead job: a RESTARTING status is waited on while its owner is live
-    (the supervisor's record in supervisors/, core/supervision.py) until its ``expected_by`` plus the
+    (the supervisor's record in supervisors/, core/records/supervision.py) until its ``expected_by`` plus the
     heartbeat limit; and a driver that stopped reporting while its supervisor is live is the supervisor's
     to restart (for the driver's heartbeat limit plus the supervisor's reaction time). NO_HEARTBEAT then
     says why nobody restarts it: the supervisor is gone, gave up, or its restart is overdue.

@@ -1,13 +1,12 @@
-"""RestoreCheckWatch: waits for the verdict of one detached restore check (core/restorechecks.py)."""
+"""RestoreCheckWatch: waits for the verdict of one detached restore check (core/records/restore_check.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.outcomes import CHECK_FAILED
-from airflow_ckpt_provider.core.restorechecks import (
+from airflow_ckpt_provider.core.policy.outcomes import CHECK_FAILED
+from airflow_ckpt_provider.core.records.restore_check import (
     CheckEnded,
     CheckStarted,
     check_key,
@@ -16,6 +15,7 @@ from airflow_ckpt_provider.core.restorechecks import (
     read_end,
     read_start,
 )
+from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.watches.base import current_time
 
 

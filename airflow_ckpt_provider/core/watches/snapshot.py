@@ -8,10 +8,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from airflow_ckpt_provider.core.errors import SnapshotError
-from airflow_ckpt_provider.core.jobstore import SNAPSHOTS, JobStore
-from airflow_ckpt_provider.core.jobview import when
-from airflow_ckpt_provider.core.manifest import Kind, Manifest, parse_enum
-from airflow_ckpt_provider.core.snapshots import latest_completed
+from airflow_ckpt_provider.core.snapshots.catalog import latest_completed
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Manifest, parse_enum
+from airflow_ckpt_provider.core.store.jobstore import SNAPSHOTS, JobStore
+from airflow_ckpt_provider.core.views.jobview import when
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +20,7 @@ _ID_TIME = re.compile(r"-(\d{8}T\d{6}Z)-[0-9a-f]{6}$")
 
 class SnapshotWatch:
     """Waits for a completed snapshot (of ``kind``, if given) created at or after ``after`` (epoch seconds);
-    answers with the latest completed one among them (core/snapshots.latest_completed)."""
+    answers with the latest completed one among them (core/snapshots/catalog.latest_completed)."""
 
     def __init__(self, store: JobStore, *, after: float, kind: str | None = None) -> None:
         self.store = store

@@ -1,5 +1,5 @@
 """Long transfers in the CLI: a rich progress bar (bytes, files, rate) when stderr is a terminal, the log lines of
-core/progress.py as before when it is not."""
+core/store/progress.py as before when it is not."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from rich.console import Console
 
 from airflow_ckpt_provider.cli import main as cli
 from airflow_ckpt_provider.cli.progressbar import TransferBar
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.progress import Progress
-from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.progress import Progress
+from airflow_ckpt_provider.core.store.storage import LocalStorage
 from tests.support.ckptfactory import make_checkpoint
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from airflow_ckpt_provider.cli import main as cli
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.manifest import Manifest
-from airflow_ckpt_provider.core.snapshots import create_snapshot
-from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.core.snapshots.catalog import create_snapshot
+from airflow_ckpt_provider.core.snapshots.manifest import Manifest
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import LocalStorage
 from tests.support.ckptfactory import make_checkpoint
 
 
@@ -96,7 +96,7 @@ def test_snapshot_reference_that_names_no_job_store_fails_with_expected_found_an
 
 def test_gc_summary_counts_in_the_singular_and_plural_and_names_each_cleared_marker() -> None:
     from airflow_ckpt_provider.cli.snapshot import gc_summary
-    from airflow_ckpt_provider.core.gc import ClearedMarker, GcResult
+    from airflow_ckpt_provider.core.snapshots.gc import ClearedMarker, GcResult
 
     assert gc_summary(GcResult(1, 2048, 3), dry_run=False) == "deleted 1 object (2.0 KiB), kept 3"
     assert gc_summary(GcResult(0, 0, 1), dry_run=True) == "would delete 0 objects (0 B), kept 1"
@@ -120,6 +120,6 @@ def test_gc_summary_counts_in_the_singular_and_plural_and_names_each_cleared_mar
     (0, "problem", None, "0 problems"), (1, "problem", None, "1 problem"), (2, "problem", None, "2 problems"),
     (1, "query", "queries", "1 query"), (3, "query", "queries", "3 queries"), (1, "batch", "batches", "1 batch")])
 def test_human_count(n: int, noun: str, nouns: str | None, text: str) -> None:
-    from airflow_ckpt_provider.core.progress import human_count
+    from airflow_ckpt_provider.core.store.progress import human_count
 
     assert human_count(n, noun, nouns) == text

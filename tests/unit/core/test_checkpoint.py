@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core.checkpoint import BatchView, SparkCheckpoint, is_spark_checkpoint
-from airflow_ckpt_provider.core.ckptfiles import (
+from airflow_ckpt_provider.core.errors import CheckpointError
+from airflow_ckpt_provider.core.snapshots.checkpoint import BatchView, SparkCheckpoint, is_spark_checkpoint
+from airflow_ckpt_provider.core.snapshots.ckptfiles import (
     lz4_stream_problem,
     parse_log_entry,
     relocate,
@@ -21,9 +22,8 @@ from airflow_ckpt_provider.core.ckptfiles import (
     verify_file,
     zip_problem,
 )
-from airflow_ckpt_provider.core.errors import CheckpointError
-from airflow_ckpt_provider.core.statestore import StateOperator
-from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.core.snapshots.statestore import StateOperator
+from airflow_ckpt_provider.core.store.storage import LocalStorage
 
 HDFS_CLASS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 ROCKSDB_CLASS = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"

@@ -1,5 +1,6 @@
 """The connections' fields, parsed once for the Airflow hooks and the Dagster resource: the job store
-(core/storeconfig.py) and where jobs run (launcher/sparktarget.py); and the in-process wait (core/watches/base.py)."""
+(core/store/storeconfig.py) and where jobs run (launcher/sparktarget.py); and the in-process wait
+(core/watches/base.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any
 import pytest
 
 from airflow_ckpt_provider.core.errors import ConfigError, StorageError
-from airflow_ckpt_provider.core.storage import S3Options
-from airflow_ckpt_provider.core.storeconfig import StoreConfig, check_store
+from airflow_ckpt_provider.core.store.storage import S3Options
+from airflow_ckpt_provider.core.store.storeconfig import StoreConfig, check_store
 from airflow_ckpt_provider.core.watches.base import wait_for
 from airflow_ckpt_provider.launcher.sparktarget import SparkTarget
 

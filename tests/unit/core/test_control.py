@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from msgspec.structs import replace
 
-from airflow_ckpt_provider.core.control import Ack, Outcome, Request, RequestAction
 from airflow_ckpt_provider.core.errors import StorageError
-from airflow_ckpt_provider.core.lease import LeaseRecord
 from airflow_ckpt_provider.core.records.base import RecordError
-from airflow_ckpt_provider.core.status import (
+from airflow_ckpt_provider.core.records.control import Ack, Outcome, Request, RequestAction
+from airflow_ckpt_provider.core.records.lease import LeaseRecord
+from airflow_ckpt_provider.core.records.status import (
     JobState,
     JobStatus,
 )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_ckpt_provider.core import gate
+from airflow_ckpt_provider.core.policy import gate
 
 
 def test_no_gate_without_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:

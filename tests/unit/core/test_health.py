@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.health import RENAMED, HealthCriteria, current_names
-from airflow_ckpt_provider.core.restart import Health
+from airflow_ckpt_provider.core.policy.health import RENAMED, HealthCriteria, current_names
+from airflow_ckpt_provider.core.policy.restart import Health
 
 EVERY_FIELD: dict[str, Any] = {"expect": "unhealthy", "min_epoch": 4, "started_after": 1.5e9, "healthy_for": 30.0,
                                "min_batches": 2, "heartbeat_timeout": 45.0, "max_restarts": 3,

@@ -1,5 +1,5 @@
-"""Small checkpoint files inline in the manifest (core/manifest.py INLINE_MAX): no object of their own, never taken
-for a stored object by a later snapshot or gc, restored and verified byte for byte."""
+"""Small checkpoint files inline in the manifest (core/snapshots/manifest.py INLINE_MAX): no object of their own,
+never taken for a stored object by a later snapshot or gc, restored and verified byte for byte."""
 
 from __future__ import annotations
 
@@ -13,18 +13,23 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core import snapshotwrite
-from airflow_ckpt_provider.core.checkpoint import CheckpointFile
 from airflow_ckpt_provider.core.errors import ConfigError, SnapshotError
-from airflow_ckpt_provider.core.gc import collect_garbage
-from airflow_ckpt_provider.core.generation import Generation, write_generation
-from airflow_ckpt_provider.core.jobstore import OBJECTS, JobStore
-from airflow_ckpt_provider.core.manifest import INLINE_MAX, INLINE_TOTAL_MAX, Manifest, _checksum
-from airflow_ckpt_provider.core.restore import restore_snapshot
-from airflow_ckpt_provider.core.settings import RuntimeSettings
-from airflow_ckpt_provider.core.snapshots import create_snapshot, dispose_snapshot, load_manifest, verify_snapshot
-from airflow_ckpt_provider.core.snapshotwrite import _inline_candidates, forget_objects
-from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.core.policy.settings import INLINE_MAX, INLINE_TOTAL_MAX, RuntimeSettings
+from airflow_ckpt_provider.core.records.generation import Generation, write_generation
+from airflow_ckpt_provider.core.snapshots import snapshotwrite
+from airflow_ckpt_provider.core.snapshots.catalog import (
+    create_snapshot,
+    dispose_snapshot,
+    load_manifest,
+    verify_snapshot,
+)
+from airflow_ckpt_provider.core.snapshots.checkpoint import CheckpointFile
+from airflow_ckpt_provider.core.snapshots.gc import collect_garbage
+from airflow_ckpt_provider.core.snapshots.manifest import Manifest, _checksum
+from airflow_ckpt_provider.core.snapshots.restore import restore_snapshot
+from airflow_ckpt_provider.core.snapshots.snapshotwrite import _inline_candidates, forget_objects
+from airflow_ckpt_provider.core.store.jobstore import OBJECTS, JobStore
+from airflow_ckpt_provider.core.store.storage import LocalStorage
 from tests.support.ckptfactory import make_checkpoint, write_batch
 
 
@@ -180,9 +185,9 @@ def test_a_restore_of_the_latest_is_refused_when_a_newer_version_wrote_the_newes
     """After a downgrade, a manifest of a format this version cannot read must not make "the latest" an older
     snapshot: listings skip it with a warning, gc defers, a restore of latest-* is refused, a named one works unless
     going back in time is refused (--time-travel refuse)."""
-    from airflow_ckpt_provider.core.manifest import NewerFormatError
-    from airflow_ckpt_provider.core.modes import RestoreSpec
-    from airflow_ckpt_provider.core.snapshots import list_snapshots
+    from airflow_ckpt_provider.core.policy.modes import RestoreSpec
+    from airflow_ckpt_provider.core.snapshots.catalog import list_snapshots
+    from airflow_ckpt_provider.core.snapshots.manifest import NewerFormatError
     from airflow_ckpt_provider.runtime.startup import StartAction, TimeTravel, check_named_restore, plan_start
 
     older = create_snapshot(store, LocalStorage(make_checkpoint(tmp_path / "a", 2))).manifest

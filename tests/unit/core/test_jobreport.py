@@ -1,4 +1,4 @@
-"""The Streaming jobs page's data (core/jobreport.py) from real records in a local job store: the bytes each
+"""The Streaming jobs page's data (core/views/jobreport.py) from real records in a local job store: the bytes each
 snapshot added, which starts were restarts, restarts counted in the health window, restore lineage with a
 disposed snapshot, the status history, and manifests read once."""
 
@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.jobreport import ManifestCache, job_report, job_summary
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.manifest import Kind, Manifest, ManifestFile, Trigger, new_snapshot_id
-from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
-from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus, write_status
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Manifest, ManifestFile, Trigger, new_snapshot_id
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import LocalStorage
+from airflow_ckpt_provider.core.views.jobreport import ManifestCache, job_report, job_summary
 from tests.support.manifests import T0 as M0
 
 NOW = M0.timestamp() + 3600
@@ -140,7 +140,7 @@ def test_a_job_never_run_in_the_store_is_refused_naming_the_jobs_there(store: Jo
 
 
 def test_the_job_page_names_the_supervisor_of_a_live_driver(store: JobStore) -> None:
-    from airflow_ckpt_provider.core.supervision import SupervisorRecord, SupervisorState, write_supervisor
+    from airflow_ckpt_provider.core.records.supervision import SupervisorRecord, SupervisorState, write_supervisor
 
     put_status(store)
     write_supervisor(store, SupervisorRecord(job="orders", launch_id="L7", pid=os.getpid(), host=socket.gethostname(),

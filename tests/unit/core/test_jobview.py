@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core.deployments import LAUNCH_ENV, Deployment, Launch, record_end
-from airflow_ckpt_provider.core.jobstore import SPEC_LAST, JobStore
-from airflow_ckpt_provider.core.jobview import JobView, starting_launch
-from airflow_ckpt_provider.core.status import BUSY_ALLOWANCE, JobState, JobStatus, driver_live
-from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.core.records.deployments import LAUNCH_ENV, Deployment, Launch, record_end
+from airflow_ckpt_provider.core.records.status import BUSY_ALLOWANCE, JobState, JobStatus, driver_live
+from airflow_ckpt_provider.core.store.jobstore import SPEC_LAST, JobStore
+from airflow_ckpt_provider.core.store.storage import LocalStorage
+from airflow_ckpt_provider.core.views.jobview import JobView, starting_launch
 from airflow_ckpt_provider.runtime.driver import _superseded
 
 T0 = 1_800_000_000.0

@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 
 from airflow_ckpt_provider.core.errors import StorageError, UnreachableError
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.lease import FencedError, Lease, read_lease
+from airflow_ckpt_provider.core.records.lease import FencedError, Lease, read_lease
+from airflow_ckpt_provider.core.store.jobstore import JobStore
 
 
 class Flaky:

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from airflow_ckpt_provider.core.errors import SnapshotError
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.manifest import (
+from airflow_ckpt_provider.core.snapshots.catalog import list_snapshots, load_manifest
+from airflow_ckpt_provider.core.snapshots.manifest import (
     FORMAT_VERSION,
     Kind,
     Manifest,
@@ -23,8 +23,8 @@ from airflow_ckpt_provider.core.manifest import (
     Trigger,
     _checksum,
 )
-from airflow_ckpt_provider.core.snapshots import list_snapshots, load_manifest
-from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import LocalStorage
 
 #: A job store of the release before the typed records (1441567): its manifests as its Manifest.to_bytes wrote
 #: them (indented, no schema key): a format 1 checkpoint without inline files, a format 2 savepoint with two

@@ -1,4 +1,4 @@
-"""core/modes.py: one spelling per mode, old spellings warn and map, bad values say what is expected."""
+"""core/policy/modes.py: one spelling per mode, old spellings warn and map, bad values say what is expected."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import warnings
 import pytest
 
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.modes import (
+from airflow_ckpt_provider.core.policy.modes import (
     KillPolicy,
     Mode,
     RestartStrategyName,

@@ -1,4 +1,4 @@
-"""core/outage.Outage: one line when a dependency goes, one when it is back, the failures in between counted."""
+"""core/policy/outage.Outage: one line when a dependency goes, one when it is back, the failures in between counted."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ import logging
 
 import pytest
 
-from airflow_ckpt_provider.core.outage import Outage
+from airflow_ckpt_provider.core.policy.outage import Outage
 
 
 def test_an_outage_logs_one_line_when_it_starts_and_one_with_its_length_and_count_when_it_ends(
         caplog: pytest.LogCaptureFixture) -> None:
     now = [100.0]
     outage = Outage("orders", "the job store", clock=lambda: now[0])
-    caplog.set_level(logging.INFO, logger="airflow_ckpt_provider.core.outage")
+    caplog.set_level(logging.INFO, logger="airflow_ckpt_provider.core.policy.outage")
     outage.ok()  # no outage: nothing to say
     for _ in range(37):
         outage.failed("read lease.json: cannot reach S3 endpoint")
@@ -32,7 +32,7 @@ def test_an_outage_logs_one_line_when_it_starts_and_one_with_its_length_and_coun
 
 def test_a_second_outage_is_logged_again_with_its_own_count(caplog: pytest.LogCaptureFixture) -> None:
     outage = Outage("orders", "the job store", clock=lambda: 0.0)
-    caplog.set_level(logging.INFO, logger="airflow_ckpt_provider.core.outage")
+    caplog.set_level(logging.INFO, logger="airflow_ckpt_provider.core.policy.outage")
     for rounds in (2, 3):
         for _ in range(rounds):
             outage.failed("refused")

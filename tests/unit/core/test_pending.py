@@ -14,14 +14,14 @@ import pytest
 
 from airflow_ckpt_provider.cli import main as cli
 from airflow_ckpt_provider.core.errors import StorageError
-from airflow_ckpt_provider.core.gc import collect_garbage
-from airflow_ckpt_provider.core.jobstore import PENDING, JobStore
-from airflow_ckpt_provider.core.lease import LeaseRecord
-from airflow_ckpt_provider.core.manifest import Kind, Trigger
-from airflow_ckpt_provider.core.pending import FENCED_GRACE_S, PendingMarker, writer_gone
-from airflow_ckpt_provider.core.retention import RetentionPolicy
-from airflow_ckpt_provider.core.snapshots import create_snapshot, pending_markers
-from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.core.records.lease import LeaseRecord
+from airflow_ckpt_provider.core.records.pending import FENCED_GRACE_S, PendingMarker, writer_gone
+from airflow_ckpt_provider.core.snapshots.catalog import create_snapshot, pending_markers
+from airflow_ckpt_provider.core.snapshots.gc import collect_garbage
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.snapshots.retention import RetentionPolicy
+from airflow_ckpt_provider.core.store.jobstore import PENDING, JobStore
+from airflow_ckpt_provider.core.store.storage import LocalStorage
 from airflow_ckpt_provider.runtime.snapshotter import SnapshotJob, Snapshotter
 from tests.support.ckptfactory import make_checkpoint
 

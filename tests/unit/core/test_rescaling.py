@@ -7,10 +7,15 @@ from typing import Any
 import pytest
 
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.manifest import RESCALED_FROM, Kind, Manifest, Trigger
-from airflow_ckpt_provider.core.rescaling import MAX_PARTITIONS, parse_partitions, snapshot_problem, stopped_source
-from airflow_ckpt_provider.core.statestore import HDFS, ROCKSDB
-from airflow_ckpt_provider.core.status import JobState, JobStatus
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus
+from airflow_ckpt_provider.core.snapshots.manifest import RESCALED_FROM, Kind, Manifest, Trigger
+from airflow_ckpt_provider.core.snapshots.rescaling import (
+    MAX_PARTITIONS,
+    parse_partitions,
+    snapshot_problem,
+    stopped_source,
+)
+from airflow_ckpt_provider.core.snapshots.statestore import HDFS, ROCKSDB
 
 ROCKSDB_CLASS = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.restart import (
+from airflow_ckpt_provider.core.policy.restart import (
     ExponentialDelay,
     FailureRate,
     FixedDelay,

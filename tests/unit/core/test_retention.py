@@ -6,11 +6,11 @@ from datetime import timedelta
 import pytest
 
 from airflow_ckpt_provider.core.errors import ConfigError, SnapshotError
-from airflow_ckpt_provider.core.jobstore import check_job_name, check_snapshot_id
-from airflow_ckpt_provider.core.manifest import Kind, Manifest, Trigger, parse_enum
-from airflow_ckpt_provider.core.progress import Progress
-from airflow_ckpt_provider.core.retention import RetentionPolicy, plan_retention
-from airflow_ckpt_provider.core.snapshots import latest_completed
+from airflow_ckpt_provider.core.snapshots.catalog import latest_completed
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Manifest, Trigger, parse_enum
+from airflow_ckpt_provider.core.snapshots.retention import RetentionPolicy, plan_retention
+from airflow_ckpt_provider.core.store.jobstore import check_job_name, check_snapshot_id
+from airflow_ckpt_provider.core.store.progress import Progress
 from tests.support.manifests import T0, manifest
 
 

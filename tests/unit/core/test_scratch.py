@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_ckpt_provider.core.progress import human_bytes
-from airflow_ckpt_provider.core.scratch import OWNER, make_scratch, sweep_scratch
+from airflow_ckpt_provider.core.snapshots.scratch import OWNER, make_scratch, sweep_scratch
+from airflow_ckpt_provider.core.store.progress import human_bytes
 
 DEAD = 4_000_000  # above any pid_max: no such process
 

@@ -1,4 +1,4 @@
-"""core/settings.py: settings declared once, one serializer; the round trips flags <-> settings <-> JSON, records
+"""core/policy/settings.py: settings declared once, one serializer; the round trips flags <-> settings <-> JSON, records
 of the previous version, and a setting's way from the operator to the driver (docs/development.md#settings)."""
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ import pytest
 
 from airflow_ckpt_provider.cli.main import build_parser
 from airflow_ckpt_provider.cli.run import spec_from_args
-from airflow_ckpt_provider.core.deployments import Deployment, Launch
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.modes import LATEST_STATE, RestartStrategyName, RestoreSpec, TimeTravel
-from airflow_ckpt_provider.core.settings import (
+from airflow_ckpt_provider.core.policy.modes import LATEST_STATE, RestartStrategyName, RestoreSpec, TimeTravel
+from airflow_ckpt_provider.core.policy.settings import (
     JobSettings,
     RestartSettings,
     RuntimeSettings,
@@ -25,6 +24,7 @@ from airflow_ckpt_provider.core.settings import (
     flag_of,
     setting_fields,
 )
+from airflow_ckpt_provider.core.records.deployments import Deployment, Launch
 from airflow_ckpt_provider.launcher.deploy import run_argv
 from airflow_ckpt_provider.launcher.submit import ENTRYPOINT_PY, build_command
 from airflow_ckpt_provider.runtime.config import RuntimeConfig

@@ -14,22 +14,22 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core import snapshots as snapshots_module
 from airflow_ckpt_provider.core.errors import StorageError
-from airflow_ckpt_provider.core.gc import collect_garbage
-from airflow_ckpt_provider.core.generation import Generation
-from airflow_ckpt_provider.core.jobstore import GC_GENERATION, OBJECTS, JobStore
-from airflow_ckpt_provider.core.manifest import Kind, Trigger
-from airflow_ckpt_provider.core.retention import RetentionPolicy
-from airflow_ckpt_provider.core.snapshots import (
+from airflow_ckpt_provider.core.records.generation import Generation
+from airflow_ckpt_provider.core.snapshots import catalog as snapshots_module
+from airflow_ckpt_provider.core.snapshots.catalog import (
     apply_retention,
     dispose_snapshot,
     forget_manifests,
     list_snapshots,
     verify_snapshot,
 )
-from airflow_ckpt_provider.core.snapshotwrite import KNOWN_MAX_AGE_S, forget_objects, known_objects
-from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.core.snapshots.gc import collect_garbage
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.snapshots.retention import RetentionPolicy
+from airflow_ckpt_provider.core.snapshots.snapshotwrite import KNOWN_MAX_AGE_S, forget_objects, known_objects
+from airflow_ckpt_provider.core.store.jobstore import GC_GENERATION, OBJECTS, JobStore
+from airflow_ckpt_provider.core.store.storage import LocalStorage
 from airflow_ckpt_provider.runtime.snapshotter import SnapshotJob, Snapshotter
 from tests.support.ckptfactory import make_checkpoint, write_batch
 
@@ -64,7 +64,7 @@ def test_a_corrupt_manifest_is_warned_about_once_per_snapshot_not_after_every_ba
 
 
 # --------------------------------------------------------------------------------------------
-# The object list a writer keeps between snapshots (core/snapshotwrite.known_objects)
+# The object list a writer keeps between snapshots (core/snapshots/snapshotwrite.known_objects)
 # --------------------------------------------------------------------------------------------
 
 
@@ -142,7 +142,7 @@ def spy_generation(store: JobStore) -> list[str]:
 
 def test_the_first_writer_of_a_new_store_creates_its_generation_in_one_request_and_keeps_an_existing_one(
         tmp_path: Path) -> None:
-    from airflow_ckpt_provider.core import snapshotwrite
+    from airflow_ckpt_provider.core.snapshots import snapshotwrite
 
     ckpt = make_checkpoint(tmp_path / "ckpt", 2)
     new = JobStore(LocalStorage(tmp_path / "new"), "orders")
@@ -234,7 +234,7 @@ def test_a_manifest_changed_after_this_process_created_it_is_read_by_its_next_li
 
 def gc_generation_writes(monkeypatch: pytest.MonkeyPatch) -> list[Generation]:
     """Record each generation token gc writes."""
-    from airflow_ckpt_provider.core import gc as gc_module
+    from airflow_ckpt_provider.core.snapshots import gc as gc_module
 
     written: list[Generation] = []
     real = gc_module.write_generation
@@ -339,7 +339,7 @@ def test_a_checkpoint_reads_the_lease_once_at_its_commit_point_and_a_savepoint_a
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The commit point's lease check follows the gc handshake, which may wait for gc: a driver fenced meanwhile
     (gc then clears its marker after pending.FENCED_GRACE_S) never publishes."""
-    from airflow_ckpt_provider.core import snapshotwrite
+    from airflow_ckpt_provider.core.snapshots import snapshotwrite
     from airflow_ckpt_provider.runtime import snapshotter as snapshotter_module
 
     monkeypatch.setattr(snapshotter_module, "RETENTION_INTERVAL_S", 3600.0)  # no retention by the clock
@@ -429,7 +429,7 @@ def test_disposing_a_snapshot_takes_its_leftover_marker_so_gc_never_mistakes_it_
 
 
 def test_a_fenced_driver_publishes_no_checkpoint(tmp_path: Path) -> None:
-    from airflow_ckpt_provider.core.lease import FencedError
+    from airflow_ckpt_provider.core.records.lease import FencedError
 
     store = JobStore(LocalStorage(tmp_path / "store"), "orders")
     ckpt = make_checkpoint(tmp_path / "ckpt", 2)
@@ -546,7 +546,7 @@ def test_checkpoints_paused_by_the_benchs_file_are_skipped_and_savepoints_are_no
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """bench/runtime_bench.py measures one job with and without checkpoint snapshots, in turns: while the file named
     by CKPT_BENCH_PAUSE_CHECKPOINTS exists, a batch's checkpoint request is skipped; a savepoint is taken."""
-    from airflow_ckpt_provider.core.faults import PAUSE_ENV
+    from airflow_ckpt_provider.core.policy.faults import PAUSE_ENV
 
     pause = tmp_path / "pause"
     monkeypatch.setenv(PAUSE_ENV, str(pause))

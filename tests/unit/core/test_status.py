@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core.status import (
+from airflow_ckpt_provider.core.records.status import (
     ACTIVE_STATES,
     BUSY_ALLOWANCE,
     FAILURE_STATES,
@@ -127,7 +127,7 @@ def test_a_live_process_on_this_host_still_needs_its_heartbeat() -> None:
 
 
 def test_a_restarting_job_is_live_until_its_restart_is_late_by_the_heartbeat_limit() -> None:
-    from airflow_ckpt_provider.core.status import Restart, RestartOwner
+    from airflow_ckpt_provider.core.records.status import Restart, RestartOwner
 
     restart = Restart(RestartOwner.SUPERVISOR, 2, "driver exited with code 137", 1.5, at=1000.0,
                       expected_by=1000.0 + BUSY_ALLOWANCE + 100.0)

@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from airflow_ckpt_provider.core.errors import ConfigError, StorageError
-from airflow_ckpt_provider.core.storage import LocalStorage, S3Options, check_key, check_keys, join, open_storage
+from airflow_ckpt_provider.core.store.storage import LocalStorage, S3Options, check_key, check_keys, join, open_storage
 
 
 def test_create_is_exclusive_and_atomic(tmp_path: Path) -> None:

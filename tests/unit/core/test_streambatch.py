@@ -1,8 +1,12 @@
-"""The actions sinks register to run before each start of the driver's query (core/streambatch.py)."""
+"""The actions sinks register to run before each start of the driver's query (core/policy/streambatch.py)."""
 
 from __future__ import annotations
 
-from airflow_ckpt_provider.core.streambatch import before_query_start, forget_before_query_start, run_before_query_start
+from airflow_ckpt_provider.core.policy.streambatch import (
+    before_query_start,
+    forget_before_query_start,
+    run_before_query_start,
+)
 
 
 def test_actions_run_before_every_start_once_per_name_and_are_forgotten_for_the_next_job() -> None:

@@ -1,4 +1,4 @@
-"""core/supervision.py: which supervisor owns the job, and whether it is live (ended, heartbeat, pid on this
+"""core/records/supervision.py: which supervisor owns the job, and whether it is live (ended, heartbeat, pid on this
 host, superseded by a newer launch)."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import time
 import pytest
 
 from airflow_ckpt_provider.core.errors import StorageError
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.supervision import (
+from airflow_ckpt_provider.core.records.supervision import (
     SupervisorState,
     latest_supervisor,
     live_supervisor,
@@ -21,6 +20,7 @@ from airflow_ckpt_provider.core.supervision import (
     process_alive,
     supervisor_key,
 )
+from airflow_ckpt_provider.core.store.jobstore import JobStore
 from tests.support.watchrecords import T0, relaunch, supervised
 
 

@@ -9,8 +9,8 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import LocalStorage
 from airflow_ckpt_provider.dagster import CKPT_RESOURCE, CkptResource
 
 

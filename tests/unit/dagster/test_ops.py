@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core.control import Ack, Outcome, RequestAction, open_requests, write_ack
-from airflow_ckpt_provider.core.deployments import Deployment, Launch, read_launch
-from airflow_ckpt_provider.core.jobstore import CONTROL, SPEC_LAST, JobStore
-from airflow_ckpt_provider.core.manifest import Kind
-from airflow_ckpt_provider.core.snapshots import list_snapshots
-from airflow_ckpt_provider.core.status import JobState
-from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.core.records.control import Ack, Outcome, RequestAction, open_requests, write_ack
+from airflow_ckpt_provider.core.records.deployments import Deployment, Launch, read_launch
+from airflow_ckpt_provider.core.records.status import JobState
+from airflow_ckpt_provider.core.snapshots.catalog import list_snapshots
+from airflow_ckpt_provider.core.snapshots.manifest import Kind
+from airflow_ckpt_provider.core.store.jobstore import CONTROL, SPEC_LAST, JobStore
+from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.dagster import (
     CkptResource,
     cancel_streaming_job,

@@ -11,9 +11,9 @@ from typing import Any
 
 import dagster as dg
 
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.manifest import Kind
-from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus, write_status
+from airflow_ckpt_provider.core.snapshots.manifest import Kind
+from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.dagster import (
     CKPT_RESOURCE,
     CkptResource,

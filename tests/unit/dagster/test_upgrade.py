@@ -9,10 +9,10 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from airflow_ckpt_provider.core.control import RequestAction, open_requests
-from airflow_ckpt_provider.core.deployments import read_launch
-from airflow_ckpt_provider.core.jobstore import SPEC_STABLE, JobStore
-from airflow_ckpt_provider.core.outcomes import CheckOutcome
+from airflow_ckpt_provider.core.policy.outcomes import CheckOutcome
+from airflow_ckpt_provider.core.records.control import RequestAction, open_requests
+from airflow_ckpt_provider.core.records.deployments import read_launch
+from airflow_ckpt_provider.core.store.jobstore import SPEC_STABLE, JobStore
 from airflow_ckpt_provider.dagster import CKPT_RESOURCE, CkptResource, rescale_streaming_job, upgrade_streaming_job
 from tests.support.operatorfakes import (
     ORDERS_V1,

@@ -13,7 +13,7 @@ import pytest
 from botocore.exceptions import NoCredentialsError
 
 from airflow_ckpt_provider.core.errors import CredentialsError
-from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.hooks.job_store import JobStoreHook, _Credentials, options_from_aws_hook
 
 PROVIDER = "airflow.providers.amazon.aws.hooks.base_aws"
@@ -67,7 +67,7 @@ def test_without_an_endpoint_or_region_the_store_connections_count() -> None:
 
 def test_a_role_assumed_with_the_connections_keys_is_passed_on_to_be_refreshed_not_frozen() -> None:
     """The role's credentials expire; the options carry the role and its source keys, so every process that opens
-    the store (a job's supervisor and driver) assumes it again before they do (core/s3.py)."""
+    the store (a job's supervisor and driver) assumes it again before they do (core/store/s3.py)."""
     config = FakeConfig({"s3": "http://aws-endpoint:8333", "sts": "http://sts:1"}, "eu-west-1", "AKIA-SRC",
                         "src-secret", role_arn="arn:aws:iam::1:role/ckpt", assume_role_method="assume_role",
                         assume_role_kwargs={"ExternalId": "x-1", "DurationSeconds": 7200})

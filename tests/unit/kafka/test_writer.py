@@ -9,8 +9,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from airflow_ckpt_provider.core.coverage import Coverage
 from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.snapshots.coverage import Coverage
 from airflow_ckpt_provider.kafka import writer as sink
 from airflow_ckpt_provider.kafka.writeroptions import (
     NO_OFFSET,

@@ -14,9 +14,9 @@ import pytest
 
 import airflow_ckpt_provider.runtime
 from airflow_ckpt_provider.cli import main as cli
-from airflow_ckpt_provider.core.deployments import LAUNCH_ENV
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.gate import GATE_ENV
+from airflow_ckpt_provider.core.policy.gate import GATE_ENV
+from airflow_ckpt_provider.core.records.deployments import LAUNCH_ENV
 from airflow_ckpt_provider.embedded.process import free_port
 from airflow_ckpt_provider.launcher.submit import check_master, gate_file, gate_name, on_loopback
 from airflow_ckpt_provider.runtime.config import RuntimeConfig

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_ckpt_provider.core.deployments import LAUNCH_ENV, Deployment, Launch, read_launch, record_end
 from airflow_ckpt_provider.core.errors import ConfigError, StorageError
-from airflow_ckpt_provider.core.jobstore import SPEC_LAST, JobStore
-from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.core.records.deployments import LAUNCH_ENV, Deployment, Launch, read_launch, record_end
+from airflow_ckpt_provider.core.store.jobstore import SPEC_LAST, JobStore
+from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.launcher import deploy
 from airflow_ckpt_provider.launcher.deploy import credentials_env, run_argv
 from tests.support.operatorfakes import (

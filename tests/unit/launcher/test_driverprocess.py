@@ -10,8 +10,8 @@ import threading
 import time
 from pathlib import Path
 
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.restart import FixedDelay
+from airflow_ckpt_provider.core.policy.restart import FixedDelay
+from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.launcher.submit import ENTRYPOINT_PY, SubmitSpec
 from airflow_ckpt_provider.launcher.supervisor import Ending, Supervisor
 
@@ -54,8 +54,8 @@ def test_real_python_driver_in_the_group_switches_restarts_to_latest_state(spec:
     # The "Python driver" runs in spark-submit's process group and reports RUNNING with its own pid.
     report = (
         "import os, socket, time\n"
-        "from airflow_ckpt_provider.core.jobstore import JobStore\n"
-        "from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status\n"
+        "from airflow_ckpt_provider.core.store.jobstore import JobStore\n"
+        "from airflow_ckpt_provider.core.records.status import JobState, JobStatus, write_status\n"
         f"store = JobStore.open({spec.config.store!r}, 'orders')\n"
         "now = time.time()\n"
         "write_status(store, JobStatus('orders', JobState.RUNNING, 1, now, now, pid=os.getpid(),"

@@ -20,7 +20,7 @@ import airflow_ckpt_provider.runtime
 from airflow_ckpt_provider.cli import main as cli
 from airflow_ckpt_provider.cli.run import run_once
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.gate import GATE_ENV
+from airflow_ckpt_provider.core.policy.gate import GATE_ENV
 from airflow_ckpt_provider.launcher.submit import (
     SubmitSpec,
     build_command,

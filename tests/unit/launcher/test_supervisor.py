@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.restart import ExponentialDelay, FailureRate, FixedDelay, HealthRule
-from airflow_ckpt_provider.core.status import JobState, read_status, write_status
+from airflow_ckpt_provider.core.policy.restart import ExponentialDelay, FailureRate, FixedDelay, HealthRule
+from airflow_ckpt_provider.core.records.status import JobState, read_status, write_status
+from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.launcher.submit import SubmitSpec
 from airflow_ckpt_provider.launcher.supervisor import Ending, Supervisor, SupervisorOutcome
 from tests.support.supervisorfakes import (

@@ -9,9 +9,9 @@ import logging
 import pytest
 
 from airflow_ckpt_provider.core.errors import CredentialsError
-from airflow_ckpt_provider.core.jobstore import STATUS, JobStore
-from airflow_ckpt_provider.core.restart import FixedDelay
-from airflow_ckpt_provider.core.status import JobState, JobStatus
+from airflow_ckpt_provider.core.policy.restart import FixedDelay
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus
+from airflow_ckpt_provider.core.store.jobstore import STATUS, JobStore
 from airflow_ckpt_provider.launcher.submit import SubmitSpec
 from airflow_ckpt_provider.launcher.supervisor import Ending, SupervisorOutcome
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_DENIED

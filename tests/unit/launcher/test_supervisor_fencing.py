@@ -11,9 +11,9 @@ from dataclasses import replace
 
 import pytest
 
-from airflow_ckpt_provider.core.jobstore import LEASE, JobStore
-from airflow_ckpt_provider.core.restart import FixedDelay
-from airflow_ckpt_provider.core.status import JobState, read_status
+from airflow_ckpt_provider.core.policy.restart import FixedDelay
+from airflow_ckpt_provider.core.records.status import JobState, read_status
+from airflow_ckpt_provider.core.store.jobstore import LEASE, JobStore
 from airflow_ckpt_provider.launcher.submit import SubmitSpec
 from airflow_ckpt_provider.launcher.supervisor import Ending, Supervisor, SupervisorOutcome
 from tests.support.supervisorfakes import (

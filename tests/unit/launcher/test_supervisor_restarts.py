@@ -9,12 +9,12 @@ import signal
 
 import pytest
 
-from airflow_ckpt_provider.core.deployments import Deployment, Launch, read_launch
 from airflow_ckpt_provider.core.errors import UnreachableError
-from airflow_ckpt_provider.core.jobstore import SPEC_LAST, STATUS, JobStore
-from airflow_ckpt_provider.core.restart import FixedDelay
-from airflow_ckpt_provider.core.status import JobState, JobStatus, Restart, RestartOwner, read_status
-from airflow_ckpt_provider.core.supervision import SupervisorRecord, SupervisorState, read_supervisor
+from airflow_ckpt_provider.core.policy.restart import FixedDelay
+from airflow_ckpt_provider.core.records.deployments import Deployment, Launch, read_launch
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus, Restart, RestartOwner, read_status
+from airflow_ckpt_provider.core.records.supervision import SupervisorRecord, SupervisorState, read_supervisor
+from airflow_ckpt_provider.core.store.jobstore import SPEC_LAST, STATUS, JobStore
 from airflow_ckpt_provider.launcher.submit import SubmitSpec
 from airflow_ckpt_provider.launcher.supervisor import Ending, Supervisor, SupervisorOutcome
 from tests.support.supervisorfakes import HOST, START, FakeClock, FakeProcess, Run, Spawner, supervise

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from airflow_ckpt_provider.cli.main import main
-from airflow_ckpt_provider.core.control import RequestAction, open_requests
-from airflow_ckpt_provider.core.deployments import read_launch
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.jobstore import SPEC_STABLE, JobStore
-from airflow_ckpt_provider.core.modes import UpgradeMode
-from airflow_ckpt_provider.core.outcomes import CheckOutcome
-from airflow_ckpt_provider.core.status import JobState
-from airflow_ckpt_provider.core.storage import S3Options
+from airflow_ckpt_provider.core.policy.modes import UpgradeMode
+from airflow_ckpt_provider.core.policy.outcomes import CheckOutcome
+from airflow_ckpt_provider.core.records.control import RequestAction, open_requests
+from airflow_ckpt_provider.core.records.deployments import read_launch
+from airflow_ckpt_provider.core.records.status import JobState
+from airflow_ckpt_provider.core.store.jobstore import SPEC_STABLE, JobStore
+from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.launcher.upgrade import UpgradeFailed
 from tests.support.operatorfakes import (
     ORDERS_V1,

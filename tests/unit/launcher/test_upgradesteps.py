@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core.control import RequestAction
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.manifest import RESCALED_FROM, Trigger
-from airflow_ckpt_provider.core.modes import LATEST_STATE, RestoreMode, RestoreSpec, UpgradeMode
+from airflow_ckpt_provider.core.policy.modes import LATEST_STATE, RestoreMode, RestoreSpec, UpgradeMode
+from airflow_ckpt_provider.core.records.control import RequestAction
+from airflow_ckpt_provider.core.snapshots.manifest import RESCALED_FROM, Trigger
 from airflow_ckpt_provider.launcher.upgradesteps import (
     NOT_RUNNING,
     RESCALE,
@@ -296,10 +296,10 @@ def test_a_plan_without_a_deployment_is_refused_not_defaulted(key: str, value: o
 
 
 def test_a_rollback_disposes_the_rescaled_savepoint_and_says_so_or_says_why_not(tmp_path: Any) -> None:
-    from airflow_ckpt_provider.core.jobstore import JobStore
-    from airflow_ckpt_provider.core.manifest import Kind
-    from airflow_ckpt_provider.core.snapshots import create_snapshot, list_snapshots
-    from airflow_ckpt_provider.core.storage import LocalStorage
+    from airflow_ckpt_provider.core.snapshots.catalog import create_snapshot, list_snapshots
+    from airflow_ckpt_provider.core.snapshots.manifest import Kind
+    from airflow_ckpt_provider.core.store.jobstore import JobStore
+    from airflow_ckpt_provider.core.store.storage import LocalStorage
     from airflow_ckpt_provider.launcher.upgradesteps import RollBack, dispose_rescaled
     from tests.support.ckptfactory import make_checkpoint
 

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from airflow_ckpt_provider.core.deployments import Launch
-from airflow_ckpt_provider.core.jobstore import LEASE, JobStore
-from airflow_ckpt_provider.core.lease import LeaseRecord
+from airflow_ckpt_provider.core.records.deployments import Launch
+from airflow_ckpt_provider.core.records.lease import LeaseRecord
+from airflow_ckpt_provider.core.store.jobstore import LEASE, JobStore
 from tests.support.operatorfakes import record_deployment, report
 
 

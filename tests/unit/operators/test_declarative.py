@@ -9,7 +9,7 @@ import pytest
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
-from airflow_ckpt_provider.core.settings import JobSettings, names
+from airflow_ckpt_provider.core.policy.settings import JobSettings, names
 from airflow_ckpt_provider.operators.base import JobOperator
 from airflow_ckpt_provider.operators.job import (
     RestartStreamingJobOperator,

@@ -18,10 +18,10 @@ import pytest
 from airflow.sdk import Asset
 
 from airflow_ckpt_provider import operators
-from airflow_ckpt_provider.core import lineagenames
-from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, SPEC_LAST, JobStore
-from airflow_ckpt_provider.core.lineagenames import RUN_FACET, DatasetName, RunRef
-from airflow_ckpt_provider.core.manifest import Kind
+from airflow_ckpt_provider.core.policy import lineagenames
+from airflow_ckpt_provider.core.policy.lineagenames import RUN_FACET, DatasetName, RunRef
+from airflow_ckpt_provider.core.snapshots.manifest import Kind
+from airflow_ckpt_provider.core.store.jobstore import DEPLOYMENTS, SPEC_LAST, JobStore
 from airflow_ckpt_provider.kafka.offsets import kafka_inputs
 from airflow_ckpt_provider.operators import lineage
 from airflow_ckpt_provider.operators.job import RestartStreamingJobOperator, SubmitStreamingJobOperator

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
-from airflow_ckpt_provider.core.control import RequestAction
-from airflow_ckpt_provider.core.deployments import Launch
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.manifest import Kind
-from airflow_ckpt_provider.core.status import JobState
+from airflow_ckpt_provider.core.records.control import RequestAction
+from airflow_ckpt_provider.core.records.deployments import Launch
+from airflow_ckpt_provider.core.records.status import JobState
+from airflow_ckpt_provider.core.snapshots.manifest import Kind
+from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.operators.upgrade import RescaleStreamingJobOperator
-from airflow_ckpt_provider.runtime.restoreverdict import CheckOutcome
+from airflow_ckpt_provider.runtime.restore_check_verdict import CheckOutcome
 from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
 from airflow_ckpt_provider.triggers.restore_check import RestoreCheckTrigger
 from tests.support.operatorfakes import (

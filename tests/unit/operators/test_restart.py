@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_ckpt_provider.core.control import Outcome, RequestAction
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.status import JobState
+from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
+from airflow_ckpt_provider.core.records.status import JobState
+from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.operators.base import DEFER_GRACE
 from airflow_ckpt_provider.operators.job import (
     RestartStreamingJobOperator,

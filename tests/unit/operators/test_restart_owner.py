@@ -9,13 +9,13 @@ import time
 import pytest
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_ckpt_provider.core.control import RequestAction
 from airflow_ckpt_provider.core.errors import ConflictError
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.jobview import RestartDecision, check_can_request, observe, restart_decision
-from airflow_ckpt_provider.core.modes import LATEST_STATE
-from airflow_ckpt_provider.core.status import RestartOwner
-from airflow_ckpt_provider.core.supervision import SupervisorState
+from airflow_ckpt_provider.core.policy.modes import LATEST_STATE
+from airflow_ckpt_provider.core.records.control import RequestAction
+from airflow_ckpt_provider.core.records.status import RestartOwner
+from airflow_ckpt_provider.core.records.supervision import SupervisorState
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.views.jobview import RestartDecision, check_can_request, observe, restart_decision
 from airflow_ckpt_provider.operators.job import (
     RestartStreamingJobOperator,
     StopStreamingJobOperator,

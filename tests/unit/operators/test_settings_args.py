@@ -10,8 +10,8 @@ import pytest
 from airflow.exceptions import AirflowProviderDeprecationWarning
 from airflow.sdk import DAG
 
-from airflow_ckpt_provider.core.modes import KillPolicy, RestartStrategyName, StopMode, UpgradeMode
-from airflow_ckpt_provider.core.settings import JobSettings, names
+from airflow_ckpt_provider.core.policy.modes import KillPolicy, RestartStrategyName, StopMode, UpgradeMode
+from airflow_ckpt_provider.core.policy.settings import JobSettings, names
 from airflow_ckpt_provider.operators.job import NOT_ARGUMENTS, StopStreamingJobOperator, SubmitStreamingJobOperator
 from tests.support.operatorfakes import submit_op, upgrade_op
 from tests.support.settingvalues import non_defaults

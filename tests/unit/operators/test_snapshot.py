@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_ckpt_provider.core.control import RequestAction
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.manifest import Kind
-from airflow_ckpt_provider.core.snapshots import list_snapshots
-from airflow_ckpt_provider.core.status import JobState
+from airflow_ckpt_provider.core.records.control import RequestAction
+from airflow_ckpt_provider.core.records.status import JobState
+from airflow_ckpt_provider.core.snapshots.catalog import list_snapshots
+from airflow_ckpt_provider.core.snapshots.manifest import Kind
+from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.operators.base import DEFER_GRACE
 from airflow_ckpt_provider.operators.snapshot import DisposeSnapshotsOperator, TriggerSavepointOperator
 from airflow_ckpt_provider.triggers.control import RequestTrigger

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_ckpt_provider.core.control import RequestAction
-from airflow_ckpt_provider.core.deployments import Launch, read_launch
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.jobstore import LEASE, SPEC_LAST, JobStore
-from airflow_ckpt_provider.core.lease import LeaseRecord
-from airflow_ckpt_provider.core.status import JobState
+from airflow_ckpt_provider.core.records.control import RequestAction
+from airflow_ckpt_provider.core.records.deployments import Launch, read_launch
+from airflow_ckpt_provider.core.records.lease import LeaseRecord
+from airflow_ckpt_provider.core.records.status import JobState
+from airflow_ckpt_provider.core.store.jobstore import LEASE, SPEC_LAST, JobStore
 from airflow_ckpt_provider.operators.base import DEFER_GRACE
 from airflow_ckpt_provider.runtime.config import default_checkpoint
 from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger

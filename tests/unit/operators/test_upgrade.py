@@ -10,16 +10,16 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_ckpt_provider.core.control import RequestAction
-from airflow_ckpt_provider.core.deployments import Deployment, Launch, read_launch
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.jobstore import LEASE, SPEC_LAST, SPEC_STABLE, STATUS, JobStore
-from airflow_ckpt_provider.core.manifest import Kind
-from airflow_ckpt_provider.core.restorechecks import OUTCOME_GRACE
-from airflow_ckpt_provider.core.status import JobState
+from airflow_ckpt_provider.core.records.control import RequestAction
+from airflow_ckpt_provider.core.records.deployments import Deployment, Launch, read_launch
+from airflow_ckpt_provider.core.records.restore_check import OUTCOME_GRACE
+from airflow_ckpt_provider.core.records.status import JobState
+from airflow_ckpt_provider.core.snapshots.manifest import Kind
+from airflow_ckpt_provider.core.store.jobstore import LEASE, SPEC_LAST, SPEC_STABLE, STATUS, JobStore
 from airflow_ckpt_provider.operators.base import DEFER_GRACE
 from airflow_ckpt_provider.runtime.config import default_checkpoint
-from airflow_ckpt_provider.runtime.restoreverdict import CheckOutcome
+from airflow_ckpt_provider.runtime.restore_check_verdict import CheckOutcome
 from airflow_ckpt_provider.triggers.control import RequestTrigger
 from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
 from airflow_ckpt_provider.triggers.restore_check import RestoreCheckTrigger

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_ckpt_provider.core.control import Outcome, RequestAction
-from airflow_ckpt_provider.core.deployments import Launch, read_launch
-from airflow_ckpt_provider.core.jobstore import LEASE, SPEC_LAST, STATUS, JobStore
-from airflow_ckpt_provider.core.lease import LeaseRecord
-from airflow_ckpt_provider.core.status import JobState
+from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
+from airflow_ckpt_provider.core.records.deployments import Launch, read_launch
+from airflow_ckpt_provider.core.records.lease import LeaseRecord
+from airflow_ckpt_provider.core.records.status import JobState
+from airflow_ckpt_provider.core.store.jobstore import LEASE, SPEC_LAST, STATUS, JobStore
 from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
 from tests.support.operatorfakes import (
     HEALTHY,

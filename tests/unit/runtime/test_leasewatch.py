@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from airflow_ckpt_provider.core.errors import UnreachableError
-from airflow_ckpt_provider.core.lease import FencedError
+from airflow_ckpt_provider.core.records.lease import FencedError
 from airflow_ckpt_provider.runtime.leasewatch import LeaseWatch
 
 

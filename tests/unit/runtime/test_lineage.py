@@ -17,8 +17,8 @@ import pytest
 from openlineage.client import OpenLineageClient
 from openlineage.client.serde import Serde
 
-from airflow_ckpt_provider.core.lineagenames import RUN_FACET, DatasetName, RunRef, launch_run_id, parse_run_ref
-from airflow_ckpt_provider.core.status import JobState, JobStatus
+from airflow_ckpt_provider.core.policy.lineagenames import RUN_FACET, DatasetName, RunRef, launch_run_id, parse_run_ref
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus
 from airflow_ckpt_provider.runtime import lineage
 from airflow_ckpt_provider.runtime.lineage import FailureLog, LineageEmitter, LineageRun, running_report
 from airflow_ckpt_provider.runtime.lineageevent import running_event

@@ -6,10 +6,10 @@ import time
 from pathlib import Path
 
 from airflow_ckpt_provider.core.errors import UnreachableError
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.lease import Lease
-from airflow_ckpt_provider.core.status import JobState, JobStatus, RestartOwner, read_status
-from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.core.records.lease import Lease
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus, RestartOwner, read_status
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import LocalStorage
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.queryrestart import QUERY_START_ALLOWANCE, QueryRestarter
 from airflow_ckpt_provider.runtime.reporting import DriverReporter

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.lease import Lease
-from airflow_ckpt_provider.core.status import JobState, read_status
-from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.core.records.lease import Lease
+from airflow_ckpt_provider.core.records.status import JobState, read_status
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import LocalStorage
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.reporting import DriverReporter
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from airflow_ckpt_provider.core.errors import CheckpointError, ConfigError, SnapshotError
-from airflow_ckpt_provider.core.manifest import Kind, Manifest
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Manifest
 from airflow_ckpt_provider.runtime.config import RestoreSpec, TimeTravel
 from airflow_ckpt_provider.runtime.startup import (
     NO_COMPLETED_BATCH,
@@ -144,7 +144,7 @@ def test_refuse_policy_refuses_an_explicit_restore_of_older_state_only() -> None
 
 
 def test_a_restore_reference_is_normalised_like_the_cli_and_must_name_this_job(tmp_path: Path) -> None:
-    from airflow_ckpt_provider.core.jobstore import JobStore
+    from airflow_ckpt_provider.core.store.jobstore import JobStore
     from airflow_ckpt_provider.runtime.startup import _snapshot_id
 
     store = JobStore.open(str(tmp_path / "jobs"), "orders")

@@ -14,13 +14,13 @@ from airflow.exceptions import AirflowProviderDeprecationWarning
 from airflow.sdk.bases.sensor import PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, AirflowSkipException, TaskDeferred
 
-from airflow_ckpt_provider.core.health import HealthCriteria
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.manifest import Kind, Trigger
-from airflow_ckpt_provider.core.restart import Health
-from airflow_ckpt_provider.core.snapshots import create_snapshot
-from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
-from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.core.policy.health import HealthCriteria
+from airflow_ckpt_provider.core.policy.restart import Health
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus, write_status
+from airflow_ckpt_provider.core.snapshots.catalog import create_snapshot
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import LocalStorage
 from airflow_ckpt_provider.sensors.base import DEFER_GRACE, WatchFailedError
 from airflow_ckpt_provider.sensors.job_health import JobHealthSensor
 from airflow_ckpt_provider.sensors.kafka_lag import KafkaLagSensor

@@ -12,9 +12,9 @@ import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type st
 import pyarrow.parquet as pq  # type: ignore[import-untyped]  # pyarrow ships no type stubs (no py.typed)
 import pytest
 
-from airflow_ckpt_provider.core.coverage import Coverage
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
-from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.core.snapshots.coverage import Coverage
+from airflow_ckpt_provider.core.store.storage import LocalStorage
 from airflow_ckpt_provider.sinks.filecommit import commit_batch
 from airflow_ckpt_provider.sinks.filelayout import (
     BatchManifest,

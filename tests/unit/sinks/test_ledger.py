@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core.coverage import Coverage
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
+from airflow_ckpt_provider.core.snapshots.coverage import Coverage
 from airflow_ckpt_provider.sinks.dbapi import placeholders, quote_table, redact
 from airflow_ckpt_provider.sinks.ledger import Ledger, committed_batches, delete_batches
 

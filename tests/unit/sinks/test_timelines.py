@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from airflow_ckpt_provider.core.checkpoint import id_ranges as ranges
-from airflow_ckpt_provider.core.coverage import Coverage
+from airflow_ckpt_provider.core.snapshots.checkpoint import id_ranges as ranges
+from airflow_ckpt_provider.core.snapshots.coverage import Coverage
 from airflow_ckpt_provider.sinks.timelines import (
     Action,
     Observed,

@@ -20,17 +20,17 @@ from typing import Any
 import pytest
 from airflow.triggers.base import BaseTrigger
 
-from airflow_ckpt_provider.core.control import Ack, Outcome, RequestAction, submit_request, write_ack
 from airflow_ckpt_provider.core.errors import ConfigError, StorageError
-from airflow_ckpt_provider.core.health import HealthCriteria
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.manifest import Kind, Trigger
-from airflow_ckpt_provider.core.outcomes import CheckOutcome
-from airflow_ckpt_provider.core.restart import Health
-from airflow_ckpt_provider.core.restorechecks import CheckEnded, CheckStarted, record_end, record_start
-from airflow_ckpt_provider.core.snapshots import create_snapshot
-from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
-from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.core.policy.health import HealthCriteria
+from airflow_ckpt_provider.core.policy.outcomes import CheckOutcome
+from airflow_ckpt_provider.core.policy.restart import Health
+from airflow_ckpt_provider.core.records.control import Ack, Outcome, RequestAction, submit_request, write_ack
+from airflow_ckpt_provider.core.records.restore_check import CheckEnded, CheckStarted, record_end, record_start
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus, write_status
+from airflow_ckpt_provider.core.snapshots.catalog import create_snapshot
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import LocalStorage
 from airflow_ckpt_provider.hooks.kafka import KafkaConfigHook
 from airflow_ckpt_provider.triggers.base import WatchTrigger
 from airflow_ckpt_provider.triggers.control import RequestTrigger
@@ -356,7 +356,8 @@ def test_a_trigger_module_imports_nothing_heavy(module: str) -> None:
     loaded = done.stdout.split()
     heavy = [m for m in loaded if m.split(".")[0] in ("boto3", "botocore", "confluent_kafka", "pyarrow", "pyspark")
              or m.startswith(("airflow_ckpt_provider.core.watches", "airflow_ckpt_provider.hooks",
-                              "airflow_ckpt_provider.core.snapshots", "airflow_ckpt_provider.core.jobstore"))]
+                              "airflow_ckpt_provider.core.snapshots.catalog",
+                              "airflow_ckpt_provider.core.store.jobstore"))]
     assert heavy == [], loaded
 
 

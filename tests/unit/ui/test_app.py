@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from airflow_ckpt_provider.core.control import CONTROL
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.status import JobState, JobStatus, write_status
+from airflow_ckpt_provider.core.records.control import CONTROL
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus, write_status
+from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.ui import app as ui
 from airflow_ckpt_provider.ui.stores import _env_conn_type, store_conn_ids
 

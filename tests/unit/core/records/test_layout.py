@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from airflow_ckpt_provider.core.control import Ack
+from airflow_ckpt_provider.core.records.control import Ack
 from airflow_ckpt_provider.core.records.layout import MODULES, keyed_types, markdown, record_types
 from airflow_ckpt_provider.core.records.start import StartRecord
 

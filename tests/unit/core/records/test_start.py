@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from airflow_ckpt_provider.core.jobstore import JobStore
 from airflow_ckpt_provider.core.records.start import (
     StartRecord,
     epoch_of,
@@ -17,7 +16,8 @@ from airflow_ckpt_provider.core.records.start import (
     start_key,
     write_start,
 )
-from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import LocalStorage
 
 #: deployments/ of a job store written by the release before the records were typed (1441567), as its
 #: runtime/startup.py wrote them: no schema key; the oldest without timeline, time_travel and launch_id.

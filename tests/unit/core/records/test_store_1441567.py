@@ -12,7 +12,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from airflow_ckpt_provider.core.control import (
+from airflow_ckpt_provider.core.errors import StorageError
+from airflow_ckpt_provider.core.policy.outcomes import CheckOutcome
+from airflow_ckpt_provider.core.records.control import (
     Ack,
     Outcome,
     Request,
@@ -22,10 +24,7 @@ from airflow_ckpt_provider.core.control import (
     request_key,
     submit_request,
 )
-from airflow_ckpt_provider.core.errors import StorageError
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.outcomes import CheckOutcome
-from airflow_ckpt_provider.core.restorechecks import (
+from airflow_ckpt_provider.core.records.restore_check import (
     OUTCOME_GRACE,
     CheckStarted,
     check_key,
@@ -35,9 +34,8 @@ from airflow_ckpt_provider.core.restorechecks import (
     record_start,
     running_checks,
 )
-from airflow_ckpt_provider.core.restorechecks import read_start as read_check
-from airflow_ckpt_provider.core.storage import LocalStorage
-from airflow_ckpt_provider.core.supervision import (
+from airflow_ckpt_provider.core.records.restore_check import read_start as read_check
+from airflow_ckpt_provider.core.records.supervision import (
     SupervisorRecord,
     SupervisorState,
     latest_supervisor,
@@ -45,6 +43,8 @@ from airflow_ckpt_provider.core.supervision import (
     supervisor_key,
     write_supervisor,
 )
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import LocalStorage
 
 RELEASE_STORE = Path(__file__).parents[2] / "data" / "store-1441567"
 SAVEPOINT = "savepoint-7-20261127T101500Z-0a1b2c"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import LocalStorage
 from tests.support.ckptfactory import make_checkpoint
 
 

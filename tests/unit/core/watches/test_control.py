@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_ckpt_provider.core.control import Ack, Outcome, RequestAction, submit_request, write_ack
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.status import JobState
+from airflow_ckpt_provider.core.records.control import Ack, Outcome, RequestAction, submit_request, write_ack
+from airflow_ckpt_provider.core.records.status import JobState
+from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.watches.control import RequestWatch
 from tests.support.watchrecords import T0, leased, report
 

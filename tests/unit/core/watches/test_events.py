@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.jobstore import SNAPSHOTS, JobStore
-from airflow_ckpt_provider.core.manifest import Kind, Trigger
-from airflow_ckpt_provider.core.snapshots import SnapshotResult, create_snapshot, dispose_snapshot
-from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.core.snapshots.catalog import SnapshotResult, create_snapshot, dispose_snapshot
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.store.jobstore import SNAPSHOTS, JobStore
+from airflow_ckpt_provider.core.store.storage import LocalStorage
 from airflow_ckpt_provider.core.watches.events import Crossing, SnapshotEventWatch
 from tests.support.ckptfactory import write_batch
 

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core.deployments import Deployment, Launch
-from airflow_ckpt_provider.core.health import HealthCriteria
-from airflow_ckpt_provider.core.modes import LATEST_STATE
-from airflow_ckpt_provider.core.restart import Health
-from airflow_ckpt_provider.core.status import JobState, JobStatus, Restart, RestartOwner
-from airflow_ckpt_provider.core.supervision import STALE, Supervision, SupervisorRecord, SupervisorState
+from airflow_ckpt_provider.core.policy.health import HealthCriteria
+from airflow_ckpt_provider.core.policy.modes import LATEST_STATE
+from airflow_ckpt_provider.core.policy.restart import Health
+from airflow_ckpt_provider.core.records.deployments import Deployment, Launch
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus, Restart, RestartOwner
+from airflow_ckpt_provider.core.records.supervision import STALE, Supervision, SupervisorRecord, SupervisorState
 from airflow_ckpt_provider.core.watches.health_judge import (
     REASONS,
     RESTARTERS,

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from airflow_ckpt_provider.core.health import HealthCriteria
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.restart import Health
-from airflow_ckpt_provider.core.status import JobState
-from airflow_ckpt_provider.core.storage import ObjectInfo, Versioned
+from airflow_ckpt_provider.core.policy.health import HealthCriteria
+from airflow_ckpt_provider.core.policy.restart import Health
+from airflow_ckpt_provider.core.records.status import JobState
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import ObjectInfo, Versioned
 from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
 from tests.support.watchrecords import T0, deployed, relaunch, report, supervised
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_ckpt_provider.core.health import HealthCriteria
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.status import JobState
+from airflow_ckpt_provider.core.policy.health import HealthCriteria
+from airflow_ckpt_provider.core.records.status import JobState
+from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch, Unhealthy
 from tests.support.watchrecords import PAYLOAD_KEYS, T0, deployed, leased, report, unhealthy
 
@@ -24,7 +24,7 @@ def test_a_job_that_never_reports_is_not_started_after_the_start_timeout(store: 
 
 
 def test_a_launch_whose_supervisor_ended_before_any_report_is_not_started_at_once(store: JobStore) -> None:
-    from airflow_ckpt_provider.core.deployments import Deployment, Launch, record_end
+    from airflow_ckpt_provider.core.records.deployments import Deployment, Launch, record_end
 
     launch = Launch("orders", Deployment("job.py"), "latest-state", T0, "test", "L1", log_file="/logs/L1.log")
     store.storage.write("spec/last.json", launch.to_bytes())
@@ -136,7 +136,7 @@ def test_a_verification_fails_at_the_first_query_restart_in_the_driver_with_its_
     """The upgrade's verification (``count_query_restarts``): new code whose batch fails is unhealthy as soon as
     its driver restarts the query, not once the driver's restart strategy is spent and its supervisor restarts
     it; a health watch without the flag leaves the driver's own restarts to the driver."""
-    from airflow_ckpt_provider.core.status import Restart, RestartOwner
+    from airflow_ckpt_provider.core.records.status import Restart, RestartOwner
     from airflow_ckpt_provider.launcher.upgradesteps import verify_criteria
 
     deployed(store, 1, T0 - 50)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from airflow_ckpt_provider.core.health import HealthCriteria
-from airflow_ckpt_provider.core.jobstore import DEPLOYMENTS, JobStore
-from airflow_ckpt_provider.core.status import JobState
-from airflow_ckpt_provider.core.storage import LocalStorage
+from airflow_ckpt_provider.core.policy.health import HealthCriteria
+from airflow_ckpt_provider.core.records.status import JobState
+from airflow_ckpt_provider.core.store.jobstore import DEPLOYMENTS, JobStore
+from airflow_ckpt_provider.core.store.storage import LocalStorage
 from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch, Unhealthy
 from tests.support.watchrecords import T0, deployed, relaunch, report, unhealthy
 
@@ -38,7 +38,7 @@ def test_an_ended_job_with_a_newer_launch_on_its_way_is_pending(store: JobStore,
 @pytest.mark.parametrize(("state", "reason"), ENDED)
 def test_a_pending_launch_that_records_its_end_makes_the_job_unhealthy(store: JobStore, state: JobState,
                                                                       reason: Unhealthy) -> None:
-    from airflow_ckpt_provider.core.deployments import record_end
+    from airflow_ckpt_provider.core.records.deployments import record_end
 
     report(store, T0 - 50, state=state, started_at=T0 - 500)
     relaunch(store, T0)
@@ -117,7 +117,7 @@ def test_the_watched_launch_s_first_start_is_no_restart(store: JobStore) -> None
 
 def test_driver_starts_record_their_launch_id(store: JobStore, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow_ckpt_provider.core.deployments import LAUNCH_ENV
+    from airflow_ckpt_provider.core.records.deployments import LAUNCH_ENV
     from airflow_ckpt_provider.runtime.config import RestoreSpec
     from airflow_ckpt_provider.runtime.startup import prepare_checkpoint
 

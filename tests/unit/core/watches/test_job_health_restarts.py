@@ -9,11 +9,11 @@ import time
 import pytest
 
 from airflow_ckpt_provider.core.errors import StorageError, UnreachableError
-from airflow_ckpt_provider.core.health import HealthCriteria
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.restart import Health
-from airflow_ckpt_provider.core.status import JobState, RestartOwner
-from airflow_ckpt_provider.core.supervision import SupervisorState
+from airflow_ckpt_provider.core.policy.health import HealthCriteria
+from airflow_ckpt_provider.core.policy.restart import Health
+from airflow_ckpt_provider.core.records.status import JobState, RestartOwner
+from airflow_ckpt_provider.core.records.supervision import SupervisorState
+from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch, Unhealthy
 from tests.support.watchrecords import T0, report, restarting, supervised, unhealthy
 

@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 import pytest
 
-from airflow_ckpt_provider.core.jobstore import JobStore
-from airflow_ckpt_provider.core.outcomes import CHECK_EVENTS, CheckOutcome
-from airflow_ckpt_provider.core.restorechecks import OUTCOME_GRACE, running_checks
+from airflow_ckpt_provider.core.policy.outcomes import CHECK_EVENTS, CheckOutcome
+from airflow_ckpt_provider.core.records.restore_check import OUTCOME_GRACE, running_checks
+from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.watches.restore_check import RestoreCheckWatch
 from tests.support.watchrecords import T0, check_ended, check_started
 

@@ -1,0 +1,340 @@
+"""A job's settings, declared once: typed frozen dataclasses whose fields carry their flag, help and parser.
+
+```
+RuntimeSettings    what the Spark driver needs (checkpointing, savepoints, retention, heartbeats, time travel)
+RestartSettings    what the supervisor needs (restart strategy, health rule)
+JobSettings        both: the settings a deployment records (core/records/deployments.py Deployment extends it)
+```
+
+One serializer for all of them: ``add_flags`` (argparse), ``from_namespace``, ``to_argv``, ``to_json`` and
+``from_json``. A settings object always holds parsed values: construction runs every field through its
+parser (``"30"`` -> 30.0, ``"fork"`` -> TimeTravel.FORK), so a value from an operator argument, a rendered
+template, a flag or a JSON record is checked the same way. Adding a setting is one field here plus the
+line of code that uses it (docs/development.md#settings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import MISSING, Field, dataclass, field, fields
+from enum import Enum
+from typing import Any, Self
+
+from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.policy.modes import Mode, RestartStrategyName, RestoreSpec, TimeTravel
+from airflow_ckpt_provider.core.policy.restart import HealthRule, RestartStrategy, health_rule, restart_strategy
+
+_TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
+
+#: A checkpoint file up to this size goes into the manifest instead of an object (Flink's default threshold is
+#: 20 kb), as long as the manifest's inline bytes stay within INLINE_TOTAL_MAX; other files are objects.
+INLINE_MAX = 20 * 1024
+INLINE_TOTAL_MAX = 128 * 1024
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How a setting's values are read (from text, JSON or Python) and written as a flag's text."""
+
+    expected: str  # for messages: "expected seconds, found 'fast'"
+    convert: Callable[[Any], Any]  # raises ValueError or TypeError on a bad value (or ConfigError, kept as is)
+    show: Callable[[Any], str] = str
+    switch: bool = False  # a flag without a value (store_true)
+
+
+def _seconds(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise TypeError(value)
+    number = float(value)
+    if not math.isfinite(number):  # nan passes every comparison
+        raise ValueError(value)
+    return number
+
+
+def _count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise TypeError(value)
+    return int(value)
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(value)
+    return value
+
+
+def _switch(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ValueError(value)
+
+
+def _number_text(value: float) -> str:
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
+SECONDS = Kind("seconds", _seconds, _number_text)
+COUNT = Kind("a whole number", _count)
+TEXT = Kind("text", _text)
+SWITCH = Kind("true or false", _switch, switch=True)
+RESTORE = Kind("latest-state, latest-savepoint, none, or a snapshot id or URI", RestoreSpec.parse)
+
+
+def mode(kind: type[Mode]) -> Kind:
+    """The Kind of a mode: its enum's spellings (old ones warn)."""
+    return Kind(f"one of {kind.spellings()}", kind.parse, lambda member: member.value)
+
+
+@dataclass(frozen=True)
+class Meta:
+    """A setting's metadata (``dataclasses.field(metadata={"setting": Meta(...)})``)."""
+
+    kind: Kind
+    help: str
+    metavar: str | None = None
+    none: str | None = None  # what unset means ("never"); given, None and the text "none" are accepted
+
+    def parse(self, value: object, label: str) -> Any:
+        """``value`` (text, JSON or Python) as this setting's type; ConfigError naming ``label`` if bad."""
+        if self.none is not None and (value is None or (isinstance(value, str) and value.strip().lower() == "none")):
+            return None
+        try:
+            return self.kind.convert(value)
+        except (ValueError, TypeError):
+            expected = f"{self.kind.expected} or 'none'" if self.none is not None else self.kind.expected
+            raise ConfigError(f"{label}: expected {expected}, found {value!r}") from None
+
+
+def setting(default: Any = MISSING, *, kind: Kind, help: str, metavar: str | None = None,
+            none: str | None = None) -> Any:
+    """A settings field: its default and how it is read, written and explained."""
+    return field(default=default, metadata={"setting": Meta(kind, help, metavar, none)})
+
+
+def meta(f: Field[Any]) -> Meta | None:
+    found = f.metadata.get("setting")
+    return found if isinstance(found, Meta) else None
+
+
+def setting_fields(cls: type[Any] | object) -> list[tuple[Field[Any], Meta]]:
+    """The settings fields of a settings class (or object), in declaration order."""
+    # fields() is typed for dataclass instances and types; Settings classes are dataclasses, which mypy cannot see here
+    return [(f, m) for f in fields(cls) if (m := meta(f)) is not None]  # type: ignore[arg-type]
+
+
+def names(cls: type[Any]) -> tuple[str, ...]:
+    return tuple(f.name for f, _ in setting_fields(cls))
+
+
+def flag_of(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
+
+
+class Settings:
+    """Base of the settings dataclasses: parses every field on construction, then ``check()``s the whole."""
+
+    def __post_init__(self) -> None:
+        for f, m in setting_fields(self):
+            value = getattr(self, f.name)
+            parsed = m.parse(value, f.name)
+            if parsed is not value:
+                object.__setattr__(self, f.name, parsed)
+        self.check()
+
+    def check(self) -> None:
+        """Refuse combinations (ConfigError); subclasses extend it and call super()."""
+
+    # -- the serializer ----------------------------------------------------------------------------
+
+    @classmethod
+    def add_flags(cls, parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, only: Iterable[str] | None = None,
+                  exclude: Iterable[str] = ()) -> None:
+        """One ``--flag`` per settings field (default None: not given, the field's default applies)."""
+        wanted, skip = (set(only) if only is not None else None), set(exclude)
+        for f, m in setting_fields(cls):
+            if f.name in skip or (wanted is not None and f.name not in wanted):
+                continue
+            if m.kind.switch:
+                parser.add_argument(flag_of(f.name), action="store_true", default=None, help=m.help)
+            else:
+                parser.add_argument(flag_of(f.name), default=None, metavar=m.metavar, help=m.help,
+                                    required=f.default is MISSING and f.default_factory is MISSING)
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace, **more: Any) -> Self:
+        """This class from parsed flags (those not given keep their defaults); errors name the flag."""
+        values: dict[str, Any] = {}
+        for f, m in setting_fields(cls):
+            raw = getattr(ns, f.name, None)
+            if raw is not None:
+                values[f.name] = m.parse(raw, flag_of(f.name))
+        return cls(**values | more)
+
+    def to_argv(self, cls: type[Settings] | None = None, first: Sequence[str] = ()) -> list[str]:
+        """The flags ``from_namespace`` turns back into these settings (only ``cls``'s fields when given; the
+        fields named in ``first`` first, for who reads the command).
+
+        Unset settings whose default is unset are left out, so a command never shows a literal "none"
+        for them; "none" is written only where it differs from the default (``--checkpoint-interval none``)."""
+        argv: list[str] = []
+        pairs = setting_fields(cls or self)
+        pairs.sort(key=lambda pair: first.index(pair[0].name) if pair[0].name in first else len(first))
+        for f, m in pairs:
+            value = getattr(self, f.name)
+            if m.kind.switch:
+                argv += [flag_of(f.name)] if value else []
+            elif value is None:
+                argv += [] if f.default is None else [flag_of(f.name), "none"]
+            else:
+                argv += [flag_of(f.name), m.kind.show(value)]
+        return argv
+
+    def to_json(self, cls: type[Settings] | None = None) -> dict[str, Any]:
+        """Every field (or ``cls``'s) as JSON values: modes as their spelling, tuples as lists."""
+        # fields(): cls is a Settings dataclass, typed as type[Settings] which mypy does not know to be one
+        return {f.name: _jsonable(getattr(self, f.name)) for f in fields(cls or self)}  # type: ignore[arg-type]
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any], **more: Any) -> Self:
+        """This class from ``to_json``'s output: keys of newer versions are ignored, missing ones defaulted."""
+        known = {f.name for f in fields(cls)}  # type: ignore[arg-type]  # cls is a dataclass (as above)
+        return cls(**{k: v for k, v in body.items() if k in known} | more)
+
+    def values(self, cls: type[Settings]) -> dict[str, Any]:
+        """``cls``'s fields of this object (a part of it, e.g. the RuntimeSettings of a Deployment)."""
+        return {f.name: getattr(self, f.name) for f in fields(cls)}  # type: ignore[arg-type]  # a dataclass (as above)
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, RestoreSpec):
+        return str(value)
+    if isinstance(value, tuple | list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeSettings(Settings):
+    """What the Spark driver needs. Intervals are seconds; ``checkpoint_interval`` 0 snapshots after every
+    batch and None never; ``savepoint_interval`` None takes savepoints only on request and stop."""
+
+    checkpoint: str | None = setting(
+        None, kind=TEXT, none="$CKPT_HOME/jobs/JOB/checkpoint",
+        help="the live checkpoint location (default: $CKPT_HOME/jobs/JOB/checkpoint)")
+    checkpoint_interval: float | None = setting(
+        0.0, kind=SECONDS, none="never", metavar="S",
+        help="seconds between checkpoint snapshots; 0 after every batch (default), none for never")
+    savepoint_interval: float | None = setting(
+        None, kind=SECONDS, none="never", metavar="S", help="seconds between periodic savepoints (default none)")
+    keep_checkpoints: int = setting(3, kind=COUNT, metavar="N", help="checkpoint snapshots to keep (default 3)")
+    keep_savepoints: int | None = setting(
+        None, kind=COUNT, none="all", metavar="N", help="savepoints to keep (default none: all)")
+    heartbeat_interval: float = setting(
+        5.0, kind=SECONDS, metavar="S", help="seconds between status heartbeats when idle (default 5)")
+    poll_interval: float = setting(
+        1.0, kind=SECONDS, metavar="S", help="seconds between looks at control requests and the lease (default 1)")
+    fence_grace: float = setting(
+        3.0, kind=SECONDS, metavar="S",
+        help="seconds a new driver waits for a fenced one to notice (default 3, at least twice the poll interval)")
+    executor_timeout: float = setting(
+        120.0, kind=SECONDS, metavar="S",
+        help="seconds a driver on a cluster waits for its first executor before it gives up, exit 2 (default 120)")
+    lineage_interval: float = setting(
+        300.0, kind=SECONDS, metavar="S",
+        help="seconds between the driver's OpenLineage RUNNING events, sent only when its environment configures "
+        "OpenLineage (default 300; 0 for none)")
+    snapshot_nice: int = setting(
+        10, kind=COUNT, metavar="N",
+        help="how much lower the CPU priority of the driver's snapshot thread is (a nice value added, Linux; 0: the "
+        "driver's own; at most 19; default 10): snapshots use the CPU batches leave idle")
+    snapshot_inline_bytes: int = setting(
+        INLINE_MAX, kind=COUNT, metavar="BYTES",
+        help=f"checkpoint files up to this size go into the snapshot's manifest instead of an object of their own "
+        f"(Flink's state.storage.fs.memory-threshold; {INLINE_TOTAL_MAX // 1024} KiB per manifest at most; 0: none; "
+        f"default {INLINE_MAX})")
+    time_travel: TimeTravel = setting(
+        TimeTravel.FORK, kind=mode(TimeTravel), metavar="{fork,refuse}",
+        help="a restore of a snapshot older than the job's latest batch: fork (default: restore, the exactly-once "
+        "sinks follow the restored timeline) or refuse (before the lease is taken)")
+
+    def check(self) -> None:
+        super().check()
+        for name in ("checkpoint_interval", "savepoint_interval"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigError(f"{name} must be >= 0 seconds or unset, found {value}")
+        if not 0 <= self.snapshot_nice <= 19:
+            raise ConfigError(f"snapshot_nice must be a nice value from 0 (the driver's priority) to 19 (the lowest), "
+                              f"found {self.snapshot_nice}")
+        if not 0 <= self.snapshot_inline_bytes <= INLINE_TOTAL_MAX:
+            raise ConfigError(f"snapshot_inline_bytes must be from 0 (no file inline) to {INLINE_TOTAL_MAX} (a "
+                              f"manifest's inline bytes at most), found {self.snapshot_inline_bytes}")
+        if self.lineage_interval < 0:
+            raise ConfigError(f"lineage_interval must be >= 0 seconds (0 for no lineage events), found "
+                              f"{self.lineage_interval}")
+        for name in ("heartbeat_interval", "poll_interval", "executor_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0 seconds, found {getattr(self, name)}")
+        for name in ("keep_checkpoints", "keep_savepoints"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigError(f"{name} must be >= 0 or unset, found {value}")
+        if self.fence_grace < 2 * self.poll_interval:
+            raise ConfigError(
+                f"fence_grace ({self.fence_grace} s) must be at least twice poll_interval ({self.poll_interval} s): "
+                "a fenced driver needs that long to notice the newer epoch"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RestartSettings(Settings):
+    """What the supervisor needs: Flink's restart strategy (unset knobs keep Flink's defaults) and the
+    health rule (unset: none, unless a knob of it is given)."""
+
+    restart_strategy: RestartStrategyName = setting(
+        RestartStrategyName.EXPONENTIAL_DELAY, kind=mode(RestartStrategyName),
+        metavar="{exponential-delay,fixed-delay,failure-rate}",
+        help="Flink's restart strategies with Flink's defaults (default exponential-delay)")
+    restart_attempts: int | None = setting(
+        None, kind=COUNT, none="the strategy's default", metavar="N",
+        help="fixed-delay: restarts (default 1); failure-rate: failures per interval (default 1); "
+        "exponential-delay: restarts before a backoff reset (default unbounded)")
+    restart_delay: float | None = setting(
+        None, kind=SECONDS, none="the strategy's default", metavar="S",
+        help="seconds before a restart; exponential-delay: the initial backoff (default 1)")
+    restart_interval: float | None = setting(
+        None, kind=SECONDS, none="the strategy's default", metavar="S",
+        help="failure-rate: the interval failures are counted in (default 60)")
+    max_restarts_in_window: int | None = setting(
+        None, kind=COUNT, none="the rule's default", metavar="N",
+        help="health rule: give up after N restarts within the window (default 3)")
+    health_window: float | None = setting(
+        None, kind=SECONDS, none="the rule's default", metavar="S", help="health rule: the window (default 600)")
+    progress_timeout: float | None = setting(
+        None, kind=SECONDS, none="the rule's default", metavar="S",
+        help="health rule: restart a driver with no batch for S seconds while data waits (default 600)")
+
+    def check(self) -> None:
+        super().check()
+        self.strategy()
+        self.health()
+
+    def strategy(self) -> RestartStrategy:
+        return restart_strategy(self.restart_strategy, self.restart_attempts, self.restart_delay,
+                                self.restart_interval)
+
+    def health(self) -> HealthRule | None:
+        return health_rule(self.max_restarts_in_window, self.health_window, self.progress_timeout)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSettings(RestartSettings, RuntimeSettings):
+    """Every setting of a job: what its driver needs and what its supervisor needs."""

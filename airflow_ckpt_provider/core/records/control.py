@@ -1,0 +1,171 @@
+"""The control channel: requests written to ``control/<id>.json``, answered in ``<id>.ack.json``.
+
+A request names the epoch of the driver it is meant for, so a request written for a driver that
+has since been replaced is rejected instead of acting on the new one.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+import msgspec
+
+from airflow_ckpt_provider.core.errors import ConfigError, StorageError
+from airflow_ckpt_provider.core.policy.modes import StopMode
+from airflow_ckpt_provider.core.records.base import Record
+from airflow_ckpt_provider.core.store.jobstore import CONTROL, JobStore
+
+ACK_SUFFIX = ".ack.json"
+
+
+class RequestAction(StrEnum):
+    """What a control request asks the running driver to do."""
+
+    SAVEPOINT = "savepoint"  # take a savepoint now, keep running
+    STOP = "stop"  # finish the batch in flight, take a final savepoint, exit 0
+    CANCEL = "cancel"  # stop now; the latest completed checkpoint stays valid
+
+
+#: The request that stops a driver in each stop mode.
+STOP_ACTION = {StopMode.SAVEPOINT: RequestAction.STOP, StopMode.CANCEL: RequestAction.CANCEL}
+#: Seconds a driver gets to answer a stop (a final savepoint uploads state), a cancel or a savepoint.
+STOP_TIMEOUT = 600.0
+
+
+class Outcome(StrEnum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+    REJECTED = "rejected"
+
+
+class Request(Record, frozen=True):
+    """A request to the running driver of ``epoch``: take a savepoint, stop with a final savepoint, or cancel.
+    Written create-if-absent by ``submit_request`` (`ckpt job savepoint|stop|cancel`, the operators, the UI,
+    Dagster), with who asked (``requested_by``); read by the driver (``open_requests``), which answers it in
+    ``control/<id>.ack.json`` and rejects one meant for another epoch, or one it cannot read."""
+
+    WHAT = "control request"
+    KEY = "control/<id>.json"
+
+    id: str
+    action: RequestAction
+    epoch: int
+    created_at: float
+    requested_by: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The request as printed (`ckpt job ... --json`): its fields, without the file's schema version."""
+        return _fields(self)
+
+
+class Ack(Record, frozen=True):
+    """The driver's answer to request ``id``: ``outcome`` (completed, failed or rejected), a message for humans,
+    the epoch of the driver that answered, and for a savepoint the snapshot and its batch. ``action`` is None
+    when the request could not be read. Written once by the driver (runtime/reporting.py); read by whoever
+    waits for it (``wait_ack``: `ckpt job`, the operators and triggers, the UI, Dagster, the control watch)."""
+
+    WHAT = "control ack"
+    KEY = "control/<id>.ack.json"
+
+    id: str
+    action: RequestAction | None  # None: the request could not be read
+    outcome: Outcome
+    message: str
+    epoch: int
+    finished_at: float
+    snapshot_id: str | None = None
+    snapshot_uri: str | None = None
+    batch_id: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ack as printed and sent (`ckpt job --json`, the UI, the control watch's event): its fields,
+        without the file's schema version."""
+        return _fields(self)
+
+
+def _fields(record: Record) -> dict[str, Any]:
+    body: dict[str, Any] = msgspec.to_builtins(record)
+    del body["schema"]
+    return body
+
+
+def request_key(request_id: str) -> str:
+    return f"{CONTROL}{request_id}.json"
+
+
+def ack_key(request_id: str) -> str:
+    return f"{CONTROL}{request_id}{ACK_SUFFIX}"
+
+
+def submit_request(store: JobStore, action: RequestAction, epoch: int, *, now: float | None = None,
+                   requested_by: str | None = None) -> Request:
+    """Write a request for the driver of ``epoch``; it is picked up within the driver's poll interval.
+    ``requested_by`` (default: USER@host) says who asked, e.g. an Airflow user from the UI. Returns the request
+    as written (its ``schema`` the version that wrote it)."""
+    created = time.time() if now is None else now
+    stamp = datetime.fromtimestamp(created, UTC).strftime("%Y%m%dT%H%M%SZ")
+    request = Request(
+        id=f"{action.value}-{stamp}-{secrets.token_hex(3)}", action=action, epoch=epoch, created_at=created,
+        requested_by=requested_by or f"{os.environ.get('USER', 'unknown')}@{socket.gethostname()}",
+    )
+    if not store.storage.create(request_key(request.id), request.to_bytes()):
+        raise ConfigError(f"control request id {request.id} already exists; retry")
+    return msgspec.structs.replace(request, schema=Request.SCHEMA)  # as written, equal to the request read back
+
+
+def open_requests(store: JobStore, on_malformed: Callable[[str, str], None] | None = None) -> list[Request]:
+    """Requests without an ack, oldest first. A request that cannot be read raises StorageError, or
+    with ``on_malformed`` is reported as (request id, problem) and skipped, so it blocks no other."""
+    keys = {o.key for o in store.storage.list(CONTROL)}
+    found = []
+    for key in sorted(keys):
+        if key.endswith(ACK_SUFFIX) or not key.endswith(".json"):
+            continue
+        if key[: -len(".json")] + ACK_SUFFIX in keys:
+            continue
+        try:
+            found.append(Request.from_bytes(store.storage.read(key), store.storage.uri(key)))
+        except FileNotFoundError:
+            continue
+        except StorageError as err:
+            if on_malformed is None:
+                raise
+            on_malformed(key[len(CONTROL) : -len(".json")], str(err))
+    return sorted(found, key=lambda r: r.created_at)
+
+
+def write_ack(store: JobStore, ack: Ack) -> None:
+    store.storage.write(ack_key(ack.id), ack.to_bytes())
+
+
+def read_ack(store: JobStore, request_id: str) -> Ack | None:
+    try:
+        data = store.storage.read(ack_key(request_id))
+    except FileNotFoundError:
+        return None
+    return Ack.from_bytes(data, store.storage.uri(ack_key(request_id)))
+
+
+def wait_ack(
+    store: JobStore,
+    request_id: str,
+    timeout: float,
+    *,
+    poll: float = 0.5,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> Ack | None:
+    """The ack of a request, waiting up to ``timeout`` seconds; None if none came in time."""
+    deadline = clock() + timeout
+    while True:
+        ack = read_ack(store, request_id)
+        if ack is not None or clock() >= deadline:
+            return ack
+        sleep(poll)

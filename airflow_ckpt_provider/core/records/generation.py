@@ -1,0 +1,64 @@
+"""gc's generation token (``locks/gc-generation.json``), shared by gc (core/snapshots/gc.py) and snapshot writers
+(core/snapshots/snapshotwrite.py).
+
+The token changes whenever gc may have deleted objects: gc writes a new one before its first delete and again
+after its last. ``held`` says gc is at work on the store: it is set after gc takes its lock and before it looks for
+writers' pending markers, and cleared with the token written after the deletes. A writer that stored its marker
+and then reads the token not held knows gc defers to that marker from then on; held, it waits for gc's lock.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from dataclasses import dataclass
+
+from airflow_ckpt_provider.core.store.jobstore import GC_GENERATION, JobStore
+
+
+@dataclass(frozen=True)
+class Generation:
+    token: str
+    held: bool = False
+
+    @classmethod
+    def parse(cls, body: bytes) -> Generation:
+        """The token and flag of a stored body; a body that is not this JSON is its own token (never equal to
+        a real one), not held."""
+        try:
+            doc = json.loads(body)
+            return cls(str(doc["token"]), bool(doc.get("held", False)))
+        except (ValueError, TypeError, KeyError):
+            return cls("unparsed:" + body.hex())
+
+    @staticmethod
+    def new(*, held: bool) -> Generation:
+        return Generation(secrets.token_hex(8), held)
+
+    def body(self, by: str) -> bytes:
+        """The stored form; ``by`` ("gc" or "writer") and the time are there for operators."""
+        return json.dumps({"token": self.token, "held": self.held, "by": by, "at": time.time()}).encode()
+
+
+def read_generation(store: JobStore, *, create_first: bool, by: str = "writer") -> tuple[Generation, bool]:
+    """The store's generation and whether this call created it.
+
+    A store without one gets one first (create if absent), so that a store wiped and made again (no token before,
+    none after) never passes for the one a writer listed. ``create_first`` (a process's first look at the store,
+    often a new store) tries the create first: one request for a new store, two for an old one; else one read.
+    """
+    new = Generation.new(held=False)
+    if not create_first:
+        try:
+            return Generation.parse(store.storage.read(GC_GENERATION)), False
+        except FileNotFoundError:
+            pass
+    if store.storage.create(GC_GENERATION, new.body(by)):
+        return new, True
+    return Generation.parse(store.storage.read(GC_GENERATION)), False  # another process or gc wrote it
+
+
+def write_generation(store: JobStore, generation: Generation) -> None:
+    """gc's writes of the token (core/snapshots/gc.py)."""
+    store.storage.write(GC_GENERATION, generation.body("gc"))

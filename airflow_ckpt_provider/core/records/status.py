@@ -1,0 +1,197 @@
+"""The job's heartbeat in ``status.json``, and the one table of job states every waiter reads."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from airflow_ckpt_provider.core.errors import StorageError
+from airflow_ckpt_provider.core.store.jobstore import STATUS, JobStore
+
+
+class JobState(StrEnum):
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    RESTARTING = "RESTARTING"  # ``restart`` says who restarts the job, the attempt, and by when it runs again
+    STOPPING = "STOPPING"
+    STOPPED = "STOPPED"
+    FAILED = "FAILED"
+
+
+#: The state vocabulary as data: the CLI wait, the sensor and the trigger all read these sets.
+ACTIVE_STATES = frozenset({JobState.STARTING, JobState.RUNNING, JobState.RESTARTING, JobState.STOPPING})
+TERMINAL_STATES = frozenset({JobState.STOPPED, JobState.FAILED})
+FAILURE_STATES = frozenset({JobState.FAILED})
+#: Seconds a STARTING, RESTARTING or STOPPING driver may go without a heartbeat (restore, final savepoint).
+BUSY_ALLOWANCE = 300.0
+#: Restarts of one driver kept in ``JobStatus.restarts`` (the newest; ``restart_count`` counts them all).
+RESTARTS_KEPT = 20
+
+
+class RestartOwner(StrEnum):
+    """Who restarts a job: its driver (the query, in the same SparkSession) or its supervisor (the process)."""
+
+    DRIVER = "driver"
+    SUPERVISOR = "supervisor"
+
+
+@dataclass(frozen=True)
+class Restart:
+    """One restart: who makes it, its attempt, why, the delay, from which batch, and by when the job should
+    run again (wall clock). ``resumed_at``/``resumed_batch`` are set once the restarted query ran a batch."""
+
+    by: RestartOwner
+    attempt: int
+    cause: str
+    delay: float
+    at: float
+    expected_by: float
+    from_batch: int | None = None
+    resumed_at: float | None = None
+    resumed_batch: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "by": self.by.value}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Restart:
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in known} | {"by": RestartOwner(d["by"])})
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What the driver of epoch ``epoch`` last reported; ``updated_at`` is its heartbeat."""
+
+    job: str
+    state: JobState
+    epoch: int
+    updated_at: float
+    started_at: float
+    reason: str = ""
+    batch_id: int | None = None
+    batch_at: float | None = None  # when batch_id completed
+    offsets: dict[str, Any] = field(default_factory=dict)
+    lag: int | None = None  # Kafka records behind the latest offsets Spark saw for batch_id (0 once idle)
+    data_waiting: bool = False
+    idle: bool = False  # the query's last trigger found no new data (caught up with its sources)
+    last_snapshot: dict[str, Any] | None = None
+    restored_from: str | None = None
+    pid: int | None = None
+    host: str | None = None
+    app_id: str | None = None
+    ui_url: str | None = None
+    code_version: str | None = None
+    heartbeat_interval: float = 5.0
+    restart: dict[str, Any] | None = None  # the restart in progress (state RESTARTING): Restart.to_dict()
+    restarts: list[dict[str, Any]] = field(default_factory=list)  # this driver's query restarts, newest last
+    restart_count: int = 0  # this driver's query restarts in all
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "state": self.state.value}
+
+    def query_restarts(self) -> list[Restart]:
+        """This driver's restarts of its query (the newest ``RESTARTS_KEPT``), oldest first; an entry that does
+        not parse is left out."""
+        found = []
+        for entry in self.restarts:
+            with contextlib.suppress(KeyError, TypeError, ValueError, AttributeError):
+                found.append(Restart.from_dict(entry))
+        return found
+
+    def current_restart(self) -> Restart | None:
+        """The restart in progress, when the state is RESTARTING."""
+        if self.state is not JobState.RESTARTING or not self.restart:
+            return None
+        try:
+            return Restart.from_dict(self.restart)
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.to_dict(), sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str) -> JobStatus:
+        try:
+            body = json.loads(data)
+            if not isinstance(body, dict):
+                raise TypeError(f"expected a JSON object, found {type(body).__name__}")
+            known = set(cls.__dataclass_fields__)
+            # The fields age() and driver_live() compute with are coerced, so a bad value fails here, clearly.
+            return cls(**{k: v for k, v in body.items() if k in known} | {
+                "state": JobState(body["state"]), "epoch": int(body["epoch"]),
+                "updated_at": float(body["updated_at"]), "started_at": float(body["started_at"]),
+                "heartbeat_interval": float(body.get("heartbeat_interval", cls.heartbeat_interval)),
+            })
+        except (ValueError, KeyError, TypeError) as err:
+            raise StorageError(f"status {where} is not a valid job status ({err})") from err
+
+    def age(self, now: float | None = None) -> float:
+        """Seconds since the last heartbeat."""
+        return (time.time() if now is None else now) - self.updated_at
+
+
+def heartbeat_limit(status: JobStatus, *, heartbeat_timeout: float | None = None,
+                    busy_timeout: float = BUSY_ALLOWANCE) -> float:
+    """Seconds without a heartbeat after which the driver of ``status`` counts as dead: ``heartbeat_timeout``,
+    by default three missed heartbeats + 5 s. A STARTING driver restores a snapshot and a STOPPING one uploads
+    its final savepoint without reporting: they get ``busy_timeout`` at least; so does a RESTARTING job, and
+    at least until its restart's ``expected_by`` plus ``heartbeat_timeout``."""
+    limit = heartbeat_timeout if heartbeat_timeout is not None else 3 * status.heartbeat_interval + 5
+    if status.state is JobState.RUNNING:
+        return limit
+    restart = status.current_restart()
+    if restart is not None:  # a restart in progress: dead only once it is late by the whole allowance
+        return max(limit, busy_timeout, restart.expected_by - status.updated_at + limit)
+    return max(limit, busy_timeout)
+
+
+def driver_live(
+    status: JobStatus,
+    now: float,
+    *,
+    heartbeat_timeout: float | None = None,
+    busy_timeout: float = BUSY_ALLOWANCE,
+    host: str | None = None,
+    pid_alive: Callable[[int], bool] | None = None,
+) -> bool:
+    """Whether the driver that wrote ``status`` still runs: an active state and a heartbeat within
+    ``heartbeat_limit`` at ``now``. The one definition the watches, the job view (CLI, operators) and the
+    supervisor share.
+
+    With ``pid_alive`` (a probe of a process id on this host, named ``host``), a driver that reported from
+    this host and whose process is gone is dead at once: a kill -9 is seen without waiting out the limit.
+    """
+    if status.state not in ACTIVE_STATES:
+        return False
+    if pid_alive is not None and status.pid is not None and status.host == host and not pid_alive(status.pid):
+        return False
+    limit = heartbeat_limit(status, heartbeat_timeout=heartbeat_timeout, busy_timeout=busy_timeout)
+    return status.age(now) <= limit
+
+
+def read_status(store: JobStore) -> JobStatus | None:
+    """The job's last reported status, or None if no driver ever ran it."""
+    try:
+        data = store.storage.read(STATUS)
+    except FileNotFoundError:
+        return None
+    return JobStatus.from_bytes(data, store.storage.uri(STATUS))
+
+
+def write_status(store: JobStore, status: JobStatus) -> bool:
+    """Write the status unless a newer driver (higher epoch) already reports there; True if written."""
+    try:
+        current = read_status(store)
+    except StorageError:  # unreadable: replace it
+        current = None
+    if current is not None and current.epoch > status.epoch:
+        return False
+    store.storage.write(STATUS, status.to_bytes())
+    return True

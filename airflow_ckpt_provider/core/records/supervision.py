@@ -1,0 +1,207 @@
+"""Who owns a job's next restart: a supervisor's heartbeat in the job store, readable from any host.
+
+A supervisor (launcher/supervisor.py) restarts its driver when it dies; nobody else should restart the job
+while it does. It writes ``supervisors/<launch id>.json`` when it starts, every poll while it watches a driver
+or waits out a restart delay, and once more when it ends (stopped, fenced, gave up, bad input). The health
+watch, the job view and the operators read the newest record through ``observe_supervision`` (or
+``live_supervisor``): one definition of "a live supervisor owns this job".
+
+Launch ids start with their UTC time (core/records/deployments.new_launch_id), so the newest record is found by
+listing ``supervisors/``, without reading every record.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+import msgspec
+
+from airflow_ckpt_provider.core.records.base import Record
+from airflow_ckpt_provider.core.records.deployments import read_launch
+from airflow_ckpt_provider.core.records.lease import pid_alive
+from airflow_ckpt_provider.core.records.status import (
+    ACTIVE_STATES,
+    BUSY_ALLOWANCE,
+    JobState,
+    JobStatus,
+    heartbeat_limit,
+)
+from airflow_ckpt_provider.core.store.jobstore import SUPERVISORS, JobStore
+
+#: Characters of a launch id that name its second (``YYYYmmddTHHMMSSZ``): ids of one second are compared by record.
+_SECOND = len("20260101T000000Z")
+
+
+class SupervisorState(StrEnum):
+    WATCHING = "watching"  # a driver of its runs (or starts)
+    RESTARTING = "restarting"  # its driver died: waiting out the restart delay, then starting the next one
+    ENDED = "ended"  # supervision is over: ``ending`` and ``end_reason`` say how
+
+
+#: Whether process ``pid`` of this host runs (zombies count as gone): core/records/lease.pid_alive, the one probe.
+process_alive = pid_alive
+
+
+def _hms(ts: float) -> str:
+    return time.strftime("%H:%M:%SZ", time.gmtime(ts))
+
+
+class SupervisorRecord(Record, frozen=True, kw_only=True):
+    """One supervisor's heartbeat: its process (``pid`` on ``host``), the launch it supervises, its state
+    (watching a driver, restarting one that died, or ended: ``ending``, ``exit_code`` and ``end_reason`` say how),
+    the drivers it started and the one it watches. Written by the supervisor (launcher/supervisorreports.py) when
+    it starts, every ``interval`` s while it runs and once when it ends; read by the health watch, the job view,
+    the job report and the operators (``observe_supervision``: is a live supervisor restarting this job?)."""
+
+    WHAT = "supervisor record"
+    KEY = "supervisors/<launch id>.json"
+
+    job: str
+    launch_id: str
+    pid: int
+    host: str
+    state: SupervisorState
+    started_at: float
+    updated_at: float
+    interval: float
+    grace: float = 30.0  # seconds it gives a driver between SIGTERM and SIGKILL
+    standalone: bool = False  # `ckpt run --supervise` without a launch: its id is not in spec/last.json
+    attempt: int = 0  # drivers it started so far
+    epoch: int | None = None  # the epoch its drivers last reported
+    driver_pid: int | None = None  # the driver process it watches (spark-submit), None between drivers
+    ending: str | None = None
+    exit_code: int | None = None
+    end_reason: str | None = None
+
+    @property
+    def key(self) -> str:
+        return supervisor_key(self.launch_id)
+
+    def heartbeat_limit(self) -> float:
+        """Seconds without a heartbeat after which the supervisor counts as gone: three polls + 5 s."""
+        return 3 * self.interval + 5
+
+    def reaction(self) -> float:
+        """Seconds it may take to act on a driver that stopped reporting: notice it (a poll), terminate it
+        (``grace``), write RESTARTING (a poll), + 5 s."""
+        return self.grace + 2 * self.interval + 5
+
+    def describe(self) -> str:
+        return f"supervisor (pid {self.pid} on {self.host}, launch {self.launch_id})"
+
+    def liveness(self, now: float, *, host: str | None = None,
+                 pid_alive: Callable[[int], bool] | None = None) -> tuple[bool, str]:
+        """(live, why not). Ended: not live. On this host (``host``, probed with ``pid_alive``) its process
+        decides (a heartbeat within BUSY_ALLOWANCE too, against a reused pid); elsewhere, a heartbeat within
+        ``heartbeat_limit``."""
+        if self.state is SupervisorState.ENDED:
+            code = "" if self.exit_code is None else f", exit code {self.exit_code}"
+            verb = "gave up" if self.ending == "gave-up" else f"ended ({self.ending or 'unknown'}{code})"
+            return False, f"{verb} at {_hms(self.updated_at)}: {self.end_reason or 'no reason recorded'}"
+        age = now - self.updated_at
+        if pid_alive is not None and host is not None and host == self.host:
+            if not pid_alive(self.pid):
+                return False, "is gone: its process no longer exists"
+            if age <= BUSY_ALLOWANCE:
+                return True, ""
+        if age <= self.heartbeat_limit():
+            return True, ""
+        return False, f"{STALE} for {age:.0f} s (every {self.interval:g} s expected)"
+
+
+#: How ``liveness`` begins when only the heartbeat says the supervisor is gone (not its end, its process or a newer
+#: launch): after a job store outage that may be the outage's doing (the health watch's grace, core/watches).
+STALE = "is gone: no heartbeat"
+
+
+def supervisor_key(launch_id: str) -> str:
+    return f"{SUPERVISORS}{launch_id}.json"
+
+
+def write_supervisor(store: JobStore, record: SupervisorRecord) -> SupervisorRecord:
+    """Write the record; returns it as written (its ``schema`` the version that wrote it), equal to it read back."""
+    store.storage.write(record.key, record.to_bytes())
+    return msgspec.structs.replace(record, schema=SupervisorRecord.SCHEMA)
+
+
+def read_supervisor(store: JobStore, launch_id: str) -> SupervisorRecord | None:
+    key = supervisor_key(launch_id)
+    try:
+        data = store.storage.read(key)
+    except FileNotFoundError:
+        return None
+    return SupervisorRecord.from_bytes(data, store.storage.uri(key))
+
+
+def latest_supervisor(store: JobStore) -> SupervisorRecord | None:
+    """The record of the supervisor started last (the newest launch id; within one second, by ``started_at``)."""
+    keys = sorted(info.key for info in store.storage.list(SUPERVISORS) if info.key.endswith(".json"))
+    if not keys:
+        return None
+    second = keys[-1][len(SUPERVISORS):][:_SECOND]
+    records = []
+    for key in keys:
+        if key[len(SUPERVISORS):][:_SECOND] != second:
+            continue
+        try:
+            records.append(SupervisorRecord.from_bytes(store.storage.read(key), store.storage.uri(key)))
+        except FileNotFoundError:
+            continue
+    return max(records, key=lambda r: r.started_at, default=None)
+
+
+@dataclass(frozen=True)
+class Supervision:
+    """What the store says about the job's supervisor at ``now``: its record (None: no supervisor ever wrote
+    one), whether it is live, and why not."""
+
+    record: SupervisorRecord | None
+    live: bool
+    why_not: str = ""
+
+    def gone(self) -> str:
+        """'its supervisor (pid P on H, launch L) is gone: ...', or 'no supervisor' when there is no record."""
+        if self.record is None:
+            return "no supervisor restarts it (no record in supervisors/)"
+        return f"its {self.record.describe()} {self.why_not}"
+
+
+def observe_supervision(store: JobStore, now: float, *, host: str | None = None,
+                        pid_alive: Callable[[int], bool] | None = process_alive) -> Supervision:
+    """The newest supervisor and whether it is live. One superseded by a newer launch in spec/last.json
+    (an Airflow restart or upgrade whose own supervisor has not written yet) owns nothing: not live.
+    ``host`` defaults to this host; StorageError when the store cannot be read."""
+    record = latest_supervisor(store)
+    if record is None:
+        return Supervision(None, False)
+    live, why_not = record.liveness(now, host=socket.gethostname() if host is None else host, pid_alive=pid_alive)
+    if live and not record.standalone:
+        last = read_launch(store)
+        if last is not None and last.launch_id != record.launch_id and last.launched_at >= record.started_at:
+            return Supervision(record, False, f"is superseded by launch {last.launch_id} (by {last.launched_by})")
+    return Supervision(record, live, why_not)
+
+
+def live_supervisor(store: JobStore, now: float, *, host: str | None = None,
+                    pid_alive: Callable[[int], bool] | None = process_alive) -> SupervisorRecord | None:
+    """The record of the supervisor that owns the job now (latest launch, not ended, heartbeat fresh or its
+    process alive on this host), or None."""
+    seen = observe_supervision(store, now, host=host, pid_alive=pid_alive)
+    return seen.record if seen.live else None
+
+
+def restarts_dead_driver(status: JobStatus, supervision: Supervision, now: float) -> bool:
+    """Whether the live supervisor will restart the driver that wrote ``status``: an active status (a driver
+    that stopped reporting) younger than the driver's heartbeat limit plus the supervisor's reaction time, or
+    a FAILED one younger than that reaction time (a failed driver exits at once; the supervisor then writes
+    RESTARTING, or ends when it gives up)."""
+    record = supervision.record
+    if not supervision.live or record is None or record.state is SupervisorState.ENDED:
+        return False
+    if status.state is JobState.FAILED:
+        return status.age(now) <= record.reaction()
+    return status.state in ACTIVE_STATES and status.age(now) <= heartbeat_limit(status) + record.reaction()

@@ -1,0 +1,376 @@
+"""Spark's state stores in a checkpoint: the stateful operators and the files that load a store version.
+
+Pure Python over a listing (no pyspark). For every operator under ``state/``, core/snapshots/checkpoint.py
+asks :func:`state_operators` for its metadata and schema files and, for every store, the files that
+load version N+1: HDFS-backed (the newest readable snapshot and the deltas after it) or RocksDB (the
+newest usable zip, the SST/log files it lists, the changelogs after it). Each rule, where it comes
+from in Spark 4.3 and how it was confirmed: docs/spark-checkpoint-internals.md.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import zipfile
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+from airflow_ckpt_provider.core.snapshots.ckptfiles import (
+    STATE_FILE,
+    json_object,
+    lz4_stream_problem,
+    schema_key,
+    sst_problem,
+    zip_problem,
+)
+from airflow_ckpt_provider.core.snapshots.viewplan import FORMAT_V2, ViewPlan, numbered
+
+HDFS = "hdfs"
+ROCKSDB = "rocksdb"
+DEFAULT_STORE = "default"
+
+_PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
+SHUFFLE_PARTITIONS_CONF = "spark.sql.shuffle.partitions"
+_CODEC_CONF = "spark.sql.streaming.stateStore.compression.codec"
+_PROVIDERS = {
+    "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider": HDFS,
+    "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider": ROCKSDB,
+}
+# checkpointFormatVersion 2 names files "<version>_<uniqueId>.<kind>" (CommitMetadataV2 docs).
+_STATE_FILE_V2 = re.compile(r"^(\d+)_[0-9a-fA-F-]{8,}\.(delta|snapshot|zip|changelog)$")
+_STORE_SUBDIRS = ("_metadata", "SSTs", "logs")
+
+
+@dataclass(frozen=True)
+class StateOperator:
+    """One stateful operator: its state stores, partitions and the provider that wrote them."""
+
+    operator_id: int
+    name: str | None
+    partitions: int
+    store_names: tuple[str, ...]
+    provider: str  # HDFS or ROCKSDB
+    changelog: bool  # RocksDB changelog checkpointing files are in use
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict, for manifests."""
+        return {
+            "operator_id": self.operator_id,
+            "name": self.name,
+            "partitions": self.partitions,
+            "store_names": list(self.store_names),
+            "provider": self.provider,
+            "changelog": self.changelog,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> StateOperator:
+        """The operator ``to_json`` described."""
+        return cls(
+            operator_id=int(d["operator_id"]),
+            name=d.get("name"),
+            partitions=int(d["partitions"]),
+            store_names=tuple(d["store_names"]),
+            provider=str(d["provider"]),
+            changelog=bool(d["changelog"]),
+        )
+
+
+
+@dataclass(frozen=True)
+class _OperatorInfo:
+    name: str | None
+    partitions: int | None
+    stores: tuple[str, ...]
+
+
+def state_operators(plan: ViewPlan, batch: int, conf: dict[str, str]) -> tuple[StateOperator, ...]:
+    """Every operator under ``state/``, choosing the files that load its stores at version ``batch`` + 1."""
+    op_ids = sorted({int(k.split("/")[1]) for k in plan.sizes if re.match(r"state/\d+/", k)})
+    return tuple(op for op in (_operator(plan, o, batch, conf) for o in op_ids) if op is not None)
+
+
+def _operator(plan: ViewPlan, op: int, batch: int, conf: dict[str, str]) -> StateOperator | None:
+    prefix = f"state/{op}/"
+    keys = [k for k in plan.sizes if k.startswith(prefix)]
+    info = _operator_metadata(plan, op, batch, keys)
+    parts = sorted({int(k.split("/")[2]) for k in keys if k.split("/")[2].isdigit()})
+    partitions = state_partitions(conf) or info.partitions or len(parts)
+    stores = info.stores or _stores_from_listing(keys, op)
+    provider = _provider(plan, op, conf, keys)
+    if provider is None:
+        return None
+    plan.chosen.update(k for k in keys if k.endswith("/_metadata/schema"))
+    for partition in range(partitions):
+        for store in stores:
+            _store_files(plan, _store_dir(op, partition, store), provider, batch + 1, conf)
+    changelog = provider == ROCKSDB and any(k.endswith(".changelog") for k in keys)
+    return StateOperator(op, info.name, partitions, tuple(stores), provider, changelog)
+
+
+def state_partitions(conf: dict[str, str]) -> int | None:
+    """The state partitions of every stateful operator at a batch: the offsets log's
+    ``spark.sql.shuffle.partitions``, which Spark applies to the operators on restart (the session's value
+    is ignored). Not the operator metadata: an offline repartition (StreamingCheckpointManager.repartition)
+    writes the new count to the offsets log only and leaves ``_metadata/metadata`` at the original one, so
+    the metadata's count would leave the new partitions' state out of a snapshot
+    (docs/spark-checkpoint-internals.md). None if the log does not say."""
+    value = conf.get(SHUFFLE_PARTITIONS_CONF)
+    try:
+        return int(value) if value is not None and int(value) > 0 else None
+    except ValueError:
+        return None
+
+
+def _store_dir(op: int, partition: int, store: str) -> str:
+    # StateStoreId.storeCheckpointLocation: the default store lives in the partition directory.
+    base = f"state/{op}/{partition}"
+    return base if store == DEFAULT_STORE else f"{base}/{store}"
+
+
+def _operator_metadata(plan: ViewPlan, op: int, batch: int, keys: list[str]) -> _OperatorInfo:
+    """Store names and partitions from ``_metadata/v2/<b>`` (newest <= batch) or ``_metadata/metadata``."""
+    v2 = numbered(plan.sizes, f"state/{op}/_metadata/v2")
+    usable = [b for b in v2 if b <= batch]
+    if usable:
+        return _read_operator_metadata(plan, v2[max(usable)], with_schemas=True)
+    v1 = f"state/{op}/_metadata/metadata"
+    if v1 in plan.sizes:
+        return _read_operator_metadata(plan, v1, with_schemas=False)
+    return _OperatorInfo(None, None, ())
+
+
+def _read_operator_metadata(plan: ViewPlan, key: str, *, with_schemas: bool) -> _OperatorInfo:
+    plan.chosen.add(key)
+    data = plan.load(key)
+    if data is None:
+        return _OperatorInfo(None, None, ())
+    try:
+        _head, _, body = data.decode("utf-8").partition("\n")
+        meta = json_object(body, "operator metadata")
+    except (ValueError, UnicodeDecodeError) as err:
+        plan.problems.append(f"{key} is truncated or corrupt: {err}")
+        return _OperatorInfo(None, None, ())
+    infos = meta.get("stateStoreInfo") or []
+    if with_schemas:
+        _schema_files(plan, key, infos)
+    parts = {int(s.get("numPartitions", 0)) for s in infos}
+    name = (meta.get("operatorInfo") or {}).get("operatorName")
+    stores = tuple(str(s["storeName"]) for s in infos if "storeName" in s)
+    return _OperatorInfo(name, max(parts) if parts else None, stores)
+
+
+def _schema_files(plan: ViewPlan, key: str, infos: list[dict[str, Any]]) -> None:
+    # OperatorStateMetadataV2 names its schema files by ABSOLUTE path; map them back to keys.
+    # Spark 4.3 reads every one when it plans the next batch (StateSchemaMetadata.
+    # createStateSchemaMetadata) and fails if one is missing, so they are required files.
+    for info in infos:
+        for path in info.get("stateSchemaFilePaths") or []:
+            schema = schema_key(str(path))
+            if schema is None or schema not in plan.sizes:
+                plan.add(
+                    f"{key} names state schema file {path}, which is not in the checkpoint "
+                    f"(expected {schema or 'a path under state/<op>/_stateSchema/'}); Spark cannot "
+                    "plan the query without it"
+                )
+                continue
+            plan.chosen.add(schema)
+            if not _same_location(str(path), plan.uri(schema)):
+                plan.warnings.append(
+                    f"{key} names state schema file {path} in another location than this checkpoint "
+                    f"({plan.uri(schema)}): it was copied without relocate(), and Spark reads the other "
+                    "location (and fails when it is gone)"
+                )
+
+
+def _same_location(a: str, b: str) -> bool:
+    """Do two URIs name the same object? s3, s3a and s3n are one; file:/x and file:///x are one."""
+    pa, pb = urlparse(a), urlparse(b)
+    schemes = {pa.scheme.replace("s3a", "s3").replace("s3n", "s3"), pb.scheme.replace("s3a", "s3").replace("s3n", "s3")}
+    return len(schemes) == 1 and pa.netloc == pb.netloc and pa.path.lstrip("/") == pb.path.lstrip("/")
+
+
+def _stores_from_listing(keys: list[str], op: int) -> tuple[str, ...]:
+    """Store names seen in the listing (checkpoints written before operator metadata existed)."""
+    names: set[str] = set()
+    for key in keys:
+        parts = key.split("/")
+        if len(parts) == 4 and parts[2].isdigit() and STATE_FILE.match(parts[3]):
+            names.add(DEFAULT_STORE)
+        elif len(parts) >= 5 and parts[2].isdigit() and parts[3] not in _STORE_SUBDIRS:
+            names.add(parts[3])
+    return tuple(sorted(names))
+
+
+def _provider(plan: ViewPlan, op: int, conf: dict[str, str], keys: list[str]) -> str | None:
+    """HDFS or ROCKSDB from the conf the offsets log recorded, checked against the file names."""
+    if any(_STATE_FILE_V2.match(k.rsplit("/", 1)[-1]) for k in keys):
+        if not any(FORMAT_V2 in p for p in plan.problems):
+            plan.add(f"state/{op}/: {FORMAT_V2}")
+        return None
+    kinds = {m.group(2) for k in keys if (m := STATE_FILE.match(k.rsplit("/", 1)[-1]))}
+    by_files = ROCKSDB if kinds & {"zip", "changelog"} else HDFS if kinds else None
+    cls = conf.get(_PROVIDER_CONF)
+    by_conf = _PROVIDERS.get(cls) if cls else None
+    if cls and by_conf is None:
+        plan.problems.append(
+            f"state store provider {cls} is not supported: expected HDFSBackedStateStoreProvider "
+            "or RocksDBStateStoreProvider"
+        )
+        return None
+    provider = by_conf or by_files or HDFS  # HDFS-backed is Spark's default provider
+    if by_files is not None and by_files != provider:
+        plan.problems.append(f"state/{op}/ holds {sorted(kinds)} files but the offsets log records provider {cls}")
+    return provider
+
+
+def _store_files(plan: ViewPlan, store: str, provider: str, version: int, conf: dict[str, str]) -> None:
+    """Choose the files that load ``version`` of one store."""
+    files: dict[str, dict[int, str]] = {"delta": {}, "snapshot": {}, "zip": {}, "changelog": {}}
+    for key in plan.sizes:
+        if key.startswith(store + "/") and "/" not in key[len(store) + 1 :]:
+            match = STATE_FILE.match(key[len(store) + 1 :])
+            if match:
+                files[match.group(2)][int(match.group(1))] = key
+    codec = conf.get(_CODEC_CONF, "lz4")
+    if provider == HDFS:
+        _hdfs_files(plan, store, files, version, codec)
+    else:
+        _rocksdb_files(plan, store, files, version, codec)
+
+
+def _hdfs_files(plan: ViewPlan, store: str, files: dict[str, dict[int, str]], version: int, codec: str) -> None:
+    # HDFSBackedStateStoreProvider.loadMap: the newest readable <s>.snapshot with s <= version,
+    # then every <d>.delta for s < d <= version (no snapshot: all deltas from 1).
+    deltas, snapshots = files["delta"], files["snapshot"]
+    first_missing: list[int] | None = None
+    for snap in [*sorted((s for s in snapshots if s <= version), reverse=True), 0]:
+        problem = _stream_problem(plan, snapshots[snap], codec) if snap else None
+        if problem:
+            plan.warnings.append(f"{snapshots[snap]} is {problem}; an older snapshot is used instead")
+            continue  # a broken snapshot: fall back to an older one and more deltas
+        missing = [d for d in range(snap + 1, version + 1) if d not in deltas]
+        if not missing:
+            base = [snapshots[snap]] if snap else []
+            _choose_stream_files(plan, base, deltas, start=snap, version=version, codec=codec)
+            return
+        first_missing = first_missing or missing
+    have = ", ".join(sorted((k.rsplit("/", 1)[-1] for k in deltas.values()), key=_version_of)[:8])
+    plan.problems.append(
+        f"{store}/{(first_missing or [version])[0]}.delta is missing: HDFS-backed state version "
+        f"{version} needs the newest <v>.snapshot <= {version} and every later .delta up to "
+        f"{version}.delta (deltas found: {have or 'none'}); the files were purged or never "
+        "copied, restore another batch"
+    )
+
+
+def _version_of(name: str) -> int:
+    return int(name.split(".", 1)[0].split("_", 1)[0])
+
+
+def _choose_stream_files(
+    plan: ViewPlan, base: list[str], logs: dict[int, str], *, start: int, version: int, codec: str
+) -> None:
+    for key in base + [logs[v] for v in range(start + 1, version + 1)]:
+        plan.chosen.add(key)
+        problem = _stream_problem(plan, key, codec) if key not in base else None
+        if problem:
+            plan.problems.append(f"{key} is {problem}; Spark cannot load it, restore another batch")
+
+
+def _stream_problem(plan: ViewPlan, key: str, codec: str) -> str | None:
+    """With ``plan.verify`` and lz4: why this compressed stream is incomplete, else None."""
+    if not plan.verify or codec != "lz4":
+        return None
+    data = plan.load(key)
+    return lz4_stream_problem(data) if data is not None else "deleted while being read"
+
+
+def _rocksdb_files(plan: ViewPlan, store: str, files: dict[str, dict[int, str]], version: int, codec: str) -> None:
+    # RocksDB.load: the newest <s>.zip with s <= version (version.zip itself when it exists),
+    # its SST/log files, then <c>.changelog for s < c <= version (changelog checkpointing).
+    zips, changelogs = files["zip"], files["changelog"]
+    rejected: list[str] = []
+    missing: list[int] = []
+    for snap in [*sorted((s for s in zips if s <= version), reverse=True), 0]:
+        missing = [c for c in range(snap + 1, version + 1) if c not in changelogs]
+        if missing:
+            break  # older zips need even more changelogs
+        if snap:
+            immutable = _zip_files(plan, store, zips[snap], rejected)
+            if immutable is None:
+                continue  # a broken zip: fall back to an older one and more changelogs
+            plan.chosen.add(zips[snap])
+            plan.chosen.update(immutable)
+        plan.warnings.extend(f"{r}; an older snapshot is used instead" for r in rejected)
+        _choose_stream_files(plan, [], changelogs, start=snap, version=version, codec=codec)
+        return
+    plan.problems.append(_rocksdb_problem(store, version, rejected, missing, files))
+
+
+def _rocksdb_problem(
+    store: str, version: int, rejected: list[str], missing: list[int], files: dict[str, dict[int, str]]
+) -> str:
+    found = ", ".join(f"{v}.{kind}" for kind in ("zip", "changelog") for v in sorted(files[kind]) if v <= version)
+    need = f"the newest older <v>.zip followed by every .changelog up to {version}.changelog"
+    if rejected:
+        head = f"{'; '.join(rejected)}, and no {need} replaces it ({store}/{missing[0]}.changelog is missing)"
+    else:
+        head = (
+            f"{store}/{version}.zip and {store}/{missing[0]}.changelog are missing: RocksDB state "
+            f"version {version} needs {version}.zip, or {need}"
+        )
+    return f"{head} (found: {found or 'none'}); the files were purged or never copied, restore another batch"
+
+
+def _zip_files(plan: ViewPlan, store: str, key: str, rejected: list[str]) -> list[str] | None:
+    """The SST/log keys a RocksDB zip's metadata lists, or None (reason in ``rejected``)."""
+    data = plan.load(key)
+    if data is None:
+        return None
+    problem = zip_problem(data, deep=plan.verify)
+    listed: list[tuple[str, int]] = []
+    if problem is None:
+        listed, problem = _zip_metadata(data)
+    if problem is None:
+        problem = _immutable_problem(plan, [(f"{store}/{p}", n) for p, n in listed])
+    if problem is not None:
+        rejected.append(f"{key} is unusable: {problem}")
+        return None
+    return [f"{store}/{p}" for p, _ in listed]
+
+
+def _immutable_problem(plan: ViewPlan, files: list[tuple[str, int]]) -> str | None:
+    """Why the SST/log files a zip lists cannot be used: missing, wrong size, truncated."""
+    # RocksDBFileManager.loadImmutableFilesFromDfs fails when a copied file's size differs.
+    wrong = [
+        f"{k} ({'missing' if k not in plan.sizes else f'{plan.sizes[k]} bytes, expected {n}'})"
+        for k, n in files
+        if plan.sizes.get(k) != n
+    ]
+    if wrong:
+        return "it lists " + ", ".join(wrong[:4]) + (" ..." if len(wrong) > 4 else "")
+    for key, _size in files if plan.verify else []:
+        data = plan.load(key)
+        problem = sst_problem(data) if data is not None and key.endswith(".sst") else None
+        if problem:
+            return f"{key} is {problem}"
+    return None
+
+
+def _zip_metadata(data: bytes) -> tuple[list[tuple[str, int]], str | None]:
+    """(path under the store dir, size) of every immutable file a zip's ``metadata`` lists."""
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        text = zf.read("metadata").decode("utf-8")
+    head, _, body = text.partition("\n")
+    if head.strip() != "v1":
+        return [], f"its metadata has version {head.strip()!r}, RocksDBCheckpointMetadata v1 expected"
+    try:
+        meta = json_object(body, "zip metadata")
+        # RocksDBFileManager: SST files live in SSTs/, archived WAL files in logs/.
+        out = [(f"SSTs/{f['dfsSstFileName']}", int(f["sizeBytes"])) for f in meta.get("sstFiles") or []]
+        out += [(f"logs/{f['dfsLogFileName']}", int(f["sizeBytes"])) for f in meta.get("logFiles") or []]
+    except (ValueError, KeyError, TypeError) as err:
+        return [], f"its metadata is corrupt ({err!r})"
+    return out, None
