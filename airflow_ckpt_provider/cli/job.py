@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from airflow_ckpt_provider.cli.common import add_store_args, emit, open_job_store, progress
@@ -85,7 +84,7 @@ def describe(view: JobView) -> str:
 def status_dict(view: JobView) -> dict[str, Any]:
     """The JSON of ``ckpt job status``: the status record plus ``lease`` and ``stale``."""
     body = view.status.to_dict() if view.status else {"job": view.store.job, "state": None}
-    return body | {"lease": asdict(view.lease) if view.lease else None, "stale": view.stale,
+    return body | {"lease": view.lease.to_dict() if view.lease else None, "stale": view.stale,
                    "restarting": view.restarter.describe() if view.restarter else None}
 
 

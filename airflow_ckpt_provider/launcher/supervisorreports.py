@@ -16,7 +16,9 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+
+from msgspec.structs import replace
 
 from airflow_ckpt_provider.core.errors import CredentialsError, StorageError
 from airflow_ckpt_provider.core.policy.outage import Outage

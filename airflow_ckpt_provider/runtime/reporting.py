@@ -11,8 +11,9 @@ import logging
 import os
 import socket
 import time
-from dataclasses import replace
 from typing import Any
+
+from msgspec.structs import replace
 
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.policy.outage import Outage

@@ -7,10 +7,11 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 
 from airflow_ckpt_provider.cli import job as cli_job
 from airflow_ckpt_provider.cli.main import main
@@ -93,7 +94,7 @@ def running(epoch: int = 3, age: float = 1.0, **changes: object) -> JobStatus:
         host="worker-1", app_id="local-1700000000", ui_url="http://127.0.0.1:4040", code_version="git-1a2b3c",
         heartbeat_interval=5.0,
     )
-    return replace(status, **changes)  # type: ignore[arg-type]  # changes are JobStatus fields, each of its own type
+    return replace(status, **changes)
 
 
 def lease(epoch: int = 3, owner: str = "worker-1:4242:abcd1234") -> LeaseRecord:

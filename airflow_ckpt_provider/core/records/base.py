@@ -2,6 +2,8 @@
 
 - Serializer: msgspec's JSON (measured against pydantic and the hand-written code: docs/benchmarks.md,
   "The job store's records").
+- Values are read leniently (``strict=False``): a number written as text (``"3"``) is the number, as the
+  hand-written readers before the base took it.
 - Unknown keys are ignored (a newer release may add fields; an older one reads what it knows). A record read
   and written again by an older release loses the fields it did not know: records are written by one owner.
 - Versions: each file carries ``schema``, the version of its record type that wrote it (files written before
@@ -37,7 +39,7 @@ class NewerRecordError(RecordError):
     """A file was written by a newer release (a higher ``schema`` than this release knows)."""
 
 
-class Record(msgspec.Struct, frozen=True, kw_only=True):
+class Record(msgspec.Struct, frozen=True, kw_only=True, eq=False):
     """Base of the job store's records. A subclass sets ``SCHEMA`` (the version it writes), ``WHAT`` (what the
     file is, for errors), ``KEY`` (where it lives under the job's root, for the generated layout, e.g.
     ``deployments/<epoch>.json``), its docstring (what the file says, who writes and who reads it) and, from
@@ -48,7 +50,16 @@ class Record(msgspec.Struct, frozen=True, kw_only=True):
     KEY: ClassVar[str] = ""
     UPGRADES: ClassVar[dict[int, Upgrade]] = {}
 
-    schema: int = 0  # the version that wrote it; to_bytes writes written_schema() (SCHEMA)
+    schema: int = 0  # the version that wrote a record read (0 in one made here); to_bytes writes written_schema()
+
+    def __eq__(self, other: object) -> bool:
+        """Equal records say the same: their fields but the version, so a record made here equals it read back."""
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(getattr(self, f) == getattr(other, f) for f in self.__struct_fields__ if f != "schema")
+
+    def __hash__(self) -> int:
+        return hash(tuple(getattr(self, f) for f in self.__struct_fields__ if f != "schema"))
 
     def written_schema(self) -> int:
         """The version this record is written with: SCHEMA, or for a type that says so the lowest that holds it."""
@@ -56,6 +67,11 @@ class Record(msgspec.Struct, frozen=True, kw_only=True):
 
     def to_bytes(self) -> bytes:
         return _ENCODER.encode(msgspec.structs.replace(self, schema=self.written_schema()))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as printed and sent (`ckpt ... --json`, the UI, a trigger's event): its fields as JSON
+        values, without the file's schema version."""
+        return record_fields(self)
 
     @classmethod
     def version_key(cls) -> str:
@@ -66,7 +82,7 @@ class Record(msgspec.Struct, frozen=True, kw_only=True):
     def from_bytes(cls, data: bytes, where: str) -> Self:
         """Decode, upgrade an older version, check the fields; RecordError says what is wrong with the file."""
         try:
-            record = msgspec.json.decode(data, type=cls)
+            record = msgspec.json.decode(data, type=cls, strict=False)
         except msgspec.ValidationError:
             record = None  # an older version's shape, or a broken file: decide from the raw object
         except msgspec.DecodeError as err:
@@ -91,9 +107,16 @@ class Record(msgspec.Struct, frozen=True, kw_only=True):
         for step in range(max(version, 1), cls.SCHEMA):  # version 0 is version 1 without the key
             body = cls.UPGRADES[step](dict(body))
         try:
-            return msgspec.convert({**body, key: cls.SCHEMA}, cls)
+            return msgspec.convert({**body, key: cls.SCHEMA}, cls, strict=False)
         except msgspec.ValidationError as err:
             raise RecordError(f"{cls.WHAT} {where} is not valid: {err}") from err
+
+
+def record_fields(record: Record) -> dict[str, Any]:
+    """A record's fields as JSON values, without the file's schema version: what the CLI prints and events carry."""
+    body: dict[str, Any] = msgspec.to_builtins(record)
+    del body[type(record).version_key()]
+    return body
 
 
 @cache

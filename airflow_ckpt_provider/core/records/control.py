@@ -13,9 +13,6 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
-
-import msgspec
 
 from airflow_ckpt_provider.core.errors import ConfigError, StorageError
 from airflow_ckpt_provider.core.policy.modes import StopMode
@@ -60,10 +57,6 @@ class Request(Record, frozen=True):
     created_at: float
     requested_by: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        """The request as printed (`ckpt job ... --json`): its fields, without the file's schema version."""
-        return _fields(self)
-
 
 class Ack(Record, frozen=True):
     """The driver's answer to request ``id``: ``outcome`` (completed, failed or rejected), a message for humans,
@@ -84,16 +77,6 @@ class Ack(Record, frozen=True):
     snapshot_uri: str | None = None
     batch_id: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        """The ack as printed and sent (`ckpt job --json`, the UI, the control watch's event): its fields,
-        without the file's schema version."""
-        return _fields(self)
-
-
-def _fields(record: Record) -> dict[str, Any]:
-    body: dict[str, Any] = msgspec.to_builtins(record)
-    del body["schema"]
-    return body
 
 
 def request_key(request_id: str) -> str:
@@ -117,7 +100,7 @@ def submit_request(store: JobStore, action: RequestAction, epoch: int, *, now: f
     )
     if not store.storage.create(request_key(request.id), request.to_bytes()):
         raise ConfigError(f"control request id {request.id} already exists; retry")
-    return msgspec.structs.replace(request, schema=Request.SCHEMA)  # as written, equal to the request read back
+    return request
 
 
 def open_requests(store: JobStore, on_malformed: Callable[[str, str], None] | None = None) -> list[Request]:

@@ -4,17 +4,18 @@ as a Kafka transactional producer is fenced by a newer one with the same id."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Self
+
+import msgspec
 
 from airflow_ckpt_provider.core.errors import ConflictError, StorageError
+from airflow_ckpt_provider.core.records.base import Record, RecordError
 from airflow_ckpt_provider.core.store.jobstore import LEASE, JobStore
 
 log = logging.getLogger(__name__)
@@ -24,9 +25,15 @@ class FencedError(ConflictError):
     """A newer driver holds the job's lease: this one must not commit another batch."""
 
 
-@dataclass(frozen=True)
-class LeaseRecord:
-    """The content of ``lease.json``: who holds the job, since when, at which epoch."""
+class LeaseRecord(Record, frozen=True):
+    """Who holds the job: the driver of ``epoch`` (``owner``, its process ``pid`` on ``host``), since
+    ``acquired_at``, until it ``released`` it; how often it looks at the lease and how long it commits on while the
+    store does not answer, which a newer driver waits out before it starts. Written by each driver when it starts
+    (compare-and-swap: the next epoch) and once when it stops (released); read by every driver's lease watch and
+    by the job view."""
+
+    WHAT = "lease"
+    KEY = "lease.json"
 
     job: str
     epoch: int
@@ -38,25 +45,13 @@ class LeaseRecord:
     poll_interval: float = 1.0  # how often this driver looks at the lease: a newer one waits for that
     outage_tolerance: float = 0.0  # seconds it commits on while the store does not answer: a newer one waits that
 
-    def to_bytes(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode()
-
     @classmethod
-    def from_bytes(cls, data: bytes, where: str) -> LeaseRecord:
+    def from_bytes(cls, data: bytes, where: str) -> Self:
         try:
-            body: dict[str, Any] = json.loads(data)
-            return cls(
-                job=str(body["job"]), epoch=int(body["epoch"]), owner=str(body["owner"]),
-                host=str(body["host"]), pid=int(body["pid"]), acquired_at=float(body["acquired_at"]),
-                released=bool(body.get("released", False)),
-                poll_interval=float(body.get("poll_interval", 1.0)),
-                outage_tolerance=float(body.get("outage_tolerance", 0.0)),
-            )
-        except (ValueError, KeyError, TypeError) as err:
-            raise StorageError(
-                f"lease {where} is not a valid lease record ({err}); expected the JSON a ckpt driver writes. "
-                "Delete it only if no driver of this job is running"
-            ) from err
+            return super().from_bytes(data, where)
+        except RecordError as err:
+            raise RecordError(f"{err}; expected the JSON a ckpt driver writes. Delete it only if no driver of this "
+                              "job is running") from err
 
 
 def read_lease(store: JobStore) -> LeaseRecord | None:
@@ -175,7 +170,7 @@ class Lease:
         current = LeaseRecord.from_bytes(found.data, self.store.storage.uri(LEASE))
         if current.owner != self.owner or current.epoch != self.epoch:
             return False
-        released = LeaseRecord(**{**asdict(current), "released": True})
+        released = msgspec.structs.replace(current, released=True)
         return self.store.storage.write_if(LEASE, released.to_bytes(), found.tag)
 
 

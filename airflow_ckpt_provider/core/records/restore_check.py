@@ -122,19 +122,12 @@ def record_start(store: JobStore, started: CheckStarted) -> None:
 
 
 def record_pid(store: JobStore, started: CheckStarted, pid: int) -> CheckStarted:
-    """The record with the process's pid, written over our own record only (compare-and-swap); returned as
-    written (its ``schema`` the version that wrote it: equal to the record read back)."""
+    """The record with the process's pid, written over our own record only (compare-and-swap)."""
     spawned = started.with_pid(pid)
     current = store.storage.read_versioned(started.key)
-    ours = current is not None and _same(CheckStarted.from_bytes(current.data, store.storage.uri(started.key)), started)
-    if ours and current is not None and store.storage.write_if(started.key, spawned.to_bytes(), current.tag):
-        return msgspec.structs.replace(spawned, schema=CheckStarted.SCHEMA)
+    if current is not None and CheckStarted.from_bytes(current.data, store.storage.uri(started.key)) == started:
+        store.storage.write_if(started.key, spawned.to_bytes(), current.tag)
     return spawned
-
-
-def _same(read: CheckStarted, started: CheckStarted) -> bool:
-    """Whether the record read is ``started`` (a record made here has no ``schema`` until it is written)."""
-    return msgspec.structs.replace(read, schema=started.schema) == started
 
 
 def record_end(store: JobStore, ended: CheckEnded) -> None:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
+import msgspec
+
 from airflow_ckpt_provider.core.errors import StorageError
+from airflow_ckpt_provider.core.records.base import Record
 from airflow_ckpt_provider.core.store.jobstore import STATUS, JobStore
 
 
@@ -64,9 +66,16 @@ class Restart:
         return cls(**{k: v for k, v in d.items() if k in known} | {"by": RestartOwner(d["by"])})
 
 
-@dataclass(frozen=True)
-class JobStatus:
-    """What the driver of epoch ``epoch`` last reported; ``updated_at`` is its heartbeat."""
+class JobStatus(Record, frozen=True):
+    """What the driver of epoch ``epoch`` last reported: its state, its last batch (``batch_id``, completed at
+    ``batch_at``) with the source offsets and lag, its last snapshot, the restart in progress and its earlier query
+    restarts; ``updated_at`` is its heartbeat. Written by the driver (runtime/reporting.py) every
+    ``heartbeat_interval`` s and at each change, unless a newer epoch reports there (``write_status``); ended by its
+    supervisor when the driver died without saying so; read by every waiter (``driver_live``), the job view, the
+    job report and the UI."""
+
+    WHAT = "status"
+    KEY = "status.json"
 
     job: str
     state: JobState
@@ -76,7 +85,7 @@ class JobStatus:
     reason: str = ""
     batch_id: int | None = None
     batch_at: float | None = None  # when batch_id completed
-    offsets: dict[str, Any] = field(default_factory=dict)
+    offsets: dict[str, Any] = msgspec.field(default_factory=dict)
     lag: int | None = None  # Kafka records behind the latest offsets Spark saw for batch_id (0 once idle)
     data_waiting: bool = False
     idle: bool = False  # the query's last trigger found no new data (caught up with its sources)
@@ -89,11 +98,8 @@ class JobStatus:
     code_version: str | None = None
     heartbeat_interval: float = 5.0
     restart: dict[str, Any] | None = None  # the restart in progress (state RESTARTING): Restart.to_dict()
-    restarts: list[dict[str, Any]] = field(default_factory=list)  # this driver's query restarts, newest last
+    restarts: list[dict[str, Any]] = msgspec.field(default_factory=list)  # this driver's query restarts, newest last
     restart_count: int = 0  # this driver's query restarts in all
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "state": self.state.value}
 
     def query_restarts(self) -> list[Restart]:
         """This driver's restarts of its query (the newest ``RESTARTS_KEPT``), oldest first; an entry that does
@@ -112,25 +118,6 @@ class JobStatus:
             return Restart.from_dict(self.restart)
         except (KeyError, TypeError, ValueError):
             return None
-
-    def to_bytes(self) -> bytes:
-        return json.dumps(self.to_dict(), sort_keys=True).encode()
-
-    @classmethod
-    def from_bytes(cls, data: bytes, where: str) -> JobStatus:
-        try:
-            body = json.loads(data)
-            if not isinstance(body, dict):
-                raise TypeError(f"expected a JSON object, found {type(body).__name__}")
-            known = set(cls.__dataclass_fields__)
-            # The fields age() and driver_live() compute with are coerced, so a bad value fails here, clearly.
-            return cls(**{k: v for k, v in body.items() if k in known} | {
-                "state": JobState(body["state"]), "epoch": int(body["epoch"]),
-                "updated_at": float(body["updated_at"]), "started_at": float(body["started_at"]),
-                "heartbeat_interval": float(body.get("heartbeat_interval", cls.heartbeat_interval)),
-            })
-        except (ValueError, KeyError, TypeError) as err:
-            raise StorageError(f"status {where} is not a valid job status ({err})") from err
 
     def age(self, now: float | None = None) -> float:
         """Seconds since the last heartbeat."""

@@ -18,8 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-import msgspec
-
 from airflow_ckpt_provider.core.records.base import Record
 from airflow_ckpt_provider.core.records.deployments import read_launch
 from airflow_ckpt_provider.core.records.lease import pid_alive
@@ -123,9 +121,9 @@ def supervisor_key(launch_id: str) -> str:
 
 
 def write_supervisor(store: JobStore, record: SupervisorRecord) -> SupervisorRecord:
-    """Write the record; returns it as written (its ``schema`` the version that wrote it), equal to it read back."""
+    """Write the record; returns it (equal to it read back)."""
     store.storage.write(record.key, record.to_bytes())
-    return msgspec.structs.replace(record, schema=SupervisorRecord.SCHEMA)
+    return record
 
 
 def read_supervisor(store: JobStore, launch_id: str) -> SupervisorRecord | None:

@@ -3,9 +3,8 @@ waits at least that long after taking the lease, so the older one stops committi
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
+from msgspec.structs import replace
 
 from airflow_ckpt_provider.core.errors import StorageError, UnreachableError
 from airflow_ckpt_provider.core.records.lease import FencedError, Lease, read_lease

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from msgspec.structs import replace
 from openlineage.client import OpenLineageClient
 from openlineage.client.serde import Serde
 
@@ -41,7 +42,7 @@ OFFSETS = {
 def status(**changes: Any) -> JobStatus:
     base = JobStatus(job="orders", state=JobState.RUNNING, epoch=4, updated_at=1.0, started_at=1.0, batch_id=17,
                      offsets=OFFSETS, code_version="v2", restart_count=1)
-    return JobStatus(**{**base.__dict__, **changes})
+    return replace(base, **changes)
 
 
 # -- the run of a launch ---------------------------------------------------------------------------
