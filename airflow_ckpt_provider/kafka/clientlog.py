@@ -1,41 +1,6 @@
 """One log line per Kafka broker state change instead of one per failed request (issue 15).
 
-Every confluent_kafka client the provider creates gets its config from :func:`configured`, which adds
-three callbacks of one :class:`ClientHooks`: ``logger`` (librdkafka's own log lines), ``error_cb``
-(KafkaError events) and ``stats_cb`` (a JSON snapshot every ``statistics.interval.ms``). All three run
-only inside the client's ``poll()``/``consume()``/``flush()`` calls (confluent_kafka queues them, it
-sets ``log.queue=true`` when a logger is given), so nothing reaches stderr any more; AdminClients are
-served by :func:`serve` after each request. A per-process :class:`ConnectivityTracker` turns what the
-clients report into state changes per broker address (host:port):
-
-* unreachable: the first failed connect (``Connect to ... failed``, a resolve failure, a connection
-  setup timeout) logs one WARNING with its reason; later connect failures, "N/N brokers are down"
-  and disconnects of that address are counted, not logged;
-* reachable again: a stats snapshot taken after the outage began that shows a connection to the
-  address in state UP logs one INFO with the outage's duration (up to the connection's UP time,
-  from librdkafka's ``stateage``) and the count suppressed. librdkafka logs nothing when a connection
-  comes back; its stats are the real observation, and a timer never declares recovery.
-
-Served order is not event order: callbacks wait in each client's queue until it is polled, and
-within one poll librdkafka hands over queued stats before queued log lines and errors (measured on
-librdkafka 2.16). Snapshots carry librdkafka's monotonic ``ts`` (the clock of ``time.monotonic``):
-one taken before an outage began never ends it. Failures carry no time: a client that was not
-served since an address's last recovery may be replaying failures from that outage, so its
-failure for that address is dropped (DEBUG) as a replay, not taken as a new outage (a new outage is
-still reported by its next failure, or by any other client). One poll runs its callbacks back to back;
-a gap of more than ``POLL_GAP_S`` between two callbacks of a client starts a new poll.
-
-Other errors and log lines (authentication, unknown topic, a fatal producer error) are still
-logged, with their text, through the ``airflow_ckpt_provider.kafka.librdkafka`` logger, deduplicated
-by identical text within ``DEDUP_WINDOW_S``: a broken credential or a deleted topic fails every
-request just like a broker outage; the first line and the count of repeats (logged with the next
-occurrence after the window) say everything, while a different text passes at once. Fatal errors
-are never deduplicated. ``log.connection.close`` and ``log_level`` keep librdkafka's defaults: the
-"Disconnected" lines go to DEBUG (librdkafka reconnects by itself; when the reconnect fails, the
-failed connect is the line), and a configured ``kafka.debug`` still reaches the logger. Clients
-never polled (the sink's marker consumer, the options probe) get no stats: their queued lines are
-freed when they close, their failures surface as exceptions of the calls that use them.
-"""
+Design notes: docs/kafka.md#design-notes-kafkaclientlogpy."""
 
 from __future__ import annotations
 

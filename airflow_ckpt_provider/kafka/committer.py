@@ -1,20 +1,7 @@
 """Commit Kafka offsets to a consumer group after Spark completed a batch (Flink's commit on checkpoint).
+Call ``enable_commit_on_completion`` (or ``ensure_listener``) in the driver program.
 
-Spark never commits group offsets, so lag tools see nothing; and a source's ``commit(end)`` runs
-only when the NEXT batch is planned (one batch late). A :class:`KafkaCommitListener` instead reads
-each source's ``endOffset`` from query progress and hands it to an :class:`OffsetCommitter`, which
-commits on its own thread. Spark posts the progress event of batch N after it wrote ``commits/N``
-(``MicroBatchExecution.runBatch`` ends with ``markMicroBatchEnd`` -> ``commitLog.add``; only then
-does ``executeOneBatch`` call ``finishTrigger``, which posts the event), so a group offset is never
-ahead of a completed batch. The offsets are for monitoring only: on restart the checkpoint is the
-source of truth, as in Flink. The committer thread and its Kafka client: kafka/offsetcommitter.py.
-Details and guarantees: docs/kafka.md.
-
-The listener must run in the Python process that owns the SparkSession (the driver program): a
-Python data source's reader runs in a separate Python worker process without a session, so it
-cannot register one. Call :func:`enable_commit_on_completion` (or :func:`ensure_listener`, which is
-idempotent per session and group) from the driver program, e.g. next to ``readStream``.
-"""
+Design notes: docs/kafka.md#design-notes-kafkacommitterpy."""
 
 from __future__ import annotations
 

@@ -1,31 +1,7 @@
 """The ``ckpt-kafka`` streaming source: Kafka for PySpark on confluent-kafka, without the JVM connector.
+This module imports pyspark at module level; nothing in the Airflow layer imports it.
 
-Usage (options and schema as Spark's Kafka source; see docs/kafka.md)::
-
-    from airflow_ckpt_provider.kafka.source import register
-
-    register(spark)
-    df = (
-        spark.readStream.format("ckpt-kafka")
-        .option("kafka.bootstrap.servers", "broker:9092")
-        .option("subscribe", "orders,payments")  # or subscribePattern
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", 100_000)
-        .load()
-    )
-
-The source's offset in the Spark checkpoint is ``{"topic": {"partition": next_offset}}``
-(kafka/offsets.py); a batch reads exactly [previous end, end) of every partition, so a replayed
-batch reads the same records. Batch 0 of a new query reads nothing: it only records the resolved
-startingOffsets in the offsets log, because Spark calls ``initialOffset()`` again whenever batch 0
-is planned or replayed and Python sources have no ``sources/`` log to pin it. The reader never
-commits offsets to Kafka (``commit`` is a no-op); executors read with assign() only. Planning runs in
-the driver's source process (kafka/planner.py, over what kafka/metadata.py asks the brokers); reading
-on executors (kafka/reader.py).
-
-This module imports pyspark at module level (the DataSource classes need it); nothing in the
-Airflow layer imports it.
-"""
+Design notes: docs/kafka.md#design-notes-kafkasourcepy."""
 
 from __future__ import annotations
 

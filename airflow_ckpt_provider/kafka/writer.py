@@ -1,15 +1,7 @@
-"""The transactional ``ckpt-kafka`` sink: ``df.writeStream.format("ckpt-kafka")``, exactly once on Apache Kafka.
+"""The transactional ``ckpt-kafka`` sink: exactly once on Apache Kafka, one transaction per task.
+This module imports pyspark at module level; it runs only in Spark's driver and Python workers.
 
-Each Spark task (sink partition p of batch N) writes inside one Kafka transaction whose
-transactional.id ``{prefix}-{job}-{p}`` is stable, so a retried task fences the earlier attempt. The
-commit marker of (job, query id, p) is a consumer-group offset committed with
-``send_offsets_to_transaction`` in the same transaction: it exists if and only if the records are
-committed, and a replayed (N, p) that finds it skips. Options and marker encoding: kafka/writeroptions.py;
-the protocol and the settings users must get right: docs/sink-kafka.md.
-
-This module imports pyspark at module level (the writer subclasses its classes); it runs only in
-Spark's driver and Python workers.
-"""
+Design notes: docs/sink-kafka.md#design-notes-kafkawriterpy."""
 
 from __future__ import annotations
 
