@@ -1,20 +1,6 @@
 """Layout, identity, commit manifests and readers of the ``ckpt-files`` sink (no pyspark import).
 
-Under the sink path (docs/sink-files.md)::
-
-    _ckpt_sink.json                                      identity: job, format version, created
-    data/<query id>/<batch:020d>/part-<p:05d>-<attempt>-<n>.parquet   one attempt's files
-    _commits/<query id>/<batch:020d>.json                manifest of a batch of timeline 0
-    _commits/<query id>/<batch:020d>-t<k:05d>.json       manifest of a batch of timeline k
-    _timelines/<query id>/<k:05d>.json                   timeline k: its parent and first batch
-
-Manifests are created with ``Storage.create`` (create-if-absent, sinks/filecommit.py), so exactly
-one attempt of a (query id, batch id, timeline) becomes visible; files no manifest names are never
-read and gc deletes them (sinks/filemaintenance.py). Each manifest records what its batch covered
-(core/snapshots/coverage.py): a batch that comes back with other content after a restore of an older snapshot
-starts a new timeline (sinks/timelines.py), and readers show only the batches of the timeline the
-query follows. The readers run wherever the output is read (pyarrow, pandas or a Spark session).
-"""
+Design notes: docs/sink-files.md#design-notes-sinksfilelayoutpy."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
 """The ``ckpt-files`` streaming sink: exactly-once Parquet files on S3 or a local directory.
-
-    (df.writeStream.format("ckpt-files")
-       .option("path", "s3://bucket/prefix").option("job", "orders")
-       .option("checkpointLocation", ...).start())
-
-Tasks write uniquely named Parquet files (pyarrow; S3 via boto3, no hadoop-aws) and return their
-keys, sizes and checksums; the driver's commit() reads what the batch covered from the query's
-offsets log (core/snapshots/coverage.py) and makes the batch visible by creating its manifest with
-create-if-absent, in a new timeline if the batch came back with other content after a restore
-(sinks/filecommit.py, sinks/timelines.py). Read with filelayout.read_committed/read_spark.
 This module imports pyspark at module level; nothing in the Airflow layer imports it.
-"""
+
+Design notes: docs/sink-files.md#design-notes-sinksfilespy."""
 
 from __future__ import annotations
 

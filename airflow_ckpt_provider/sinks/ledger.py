@@ -1,21 +1,6 @@
 """A ledger for foreachBatch: exactly-once writes into a transactional database through DB-API 2.
 
-The user's rows of batch N and a ledger row (job, Spark query id, batch id, what the batch covered)
-go into ONE database transaction; Spark writes ``commits/N`` only after it committed. A replay of
-batch N (a crash between the database commit and Spark's) finds the ledger row with the same coverage
-and writes nothing. A batch N that comes back with other content (a restore of an older snapshot
-replanned it: core/snapshots/coverage.py) starts a new timeline: in the same transaction the abandoned batches'
-rows are removed with the user's ``undo`` and their ledger rows moved to ``<table>_abandoned``. The
-primary key on (job, query_id, batch_id) makes a racing zombie's ledger insert fail, and its rows roll
-back with it. See docs/sink-ledger.md. Works with any DB-API 2 connection (sqlite3, psycopg, ...):
-sinks/dbapi.py; the tables, their checks and queries: sinks/ledgertable.py. Runs in the Spark
-driver program (foreachBatch functions run there).
-
-    ledger = Ledger(connect=lambda: sqlite3.connect(path), job=ctx.job, ctx=ctx,
-                    undo=delete_batches("orders_out", query_column="query_id", batch_column="batch_id"))
-    ledger.check()
-    query = df.writeStream.foreachBatch(ledger.foreach_batch(write))  # write(cursor, batch_df, batch_id)
-"""
+Design notes: docs/sink-ledger.md#design-notes-sinksledgerpy."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
 """Timelines of a sink: which committed batches are the output, after restores that went back in time.
 
-A query's batches form timeline 0. When batch N comes back with other content than the committed
-batch N (a restore of an older snapshot replans it: see core/snapshots/coverage.py), the sink starts timeline
-k+1 at N, whose parent is the timeline shown so far: from then on the output is the parent's batches
-before N followed by timeline k+1's batches. The abandoned batches stay in the sink for inspection
-(until gc) but are no longer output. Timelines only ever fork from the timeline shown: a batch whose
-predecessor is not the shown batch N-1 is refused (a zombie of an abandoned timeline, or a restore
-of a snapshot the sink no longer shows).
-
-Pure decisions (observe, decide, act): the sinks read what they hold, ``decide`` says what to do.
-"""
+Design notes: docs/sinks.md#design-notes-sinkstimelinespy."""
 
 from __future__ import annotations
 
