@@ -1,15 +1,7 @@
 """Crash points for fault-injection tests: kill -9 the whole driver at a named step, once; and the benchmark's
 switch that pauses a driver's checkpoint snapshots (``checkpoints_paused``).
 
-Sinks call ``crash_point("files.commit.after-manifest", batch_id)`` at each step of their commit
-protocol. Nothing happens unless ``CKPT_FAULT_DIR`` names a directory holding a file called
-``<point>`` (any batch) or ``<point>@<batch id>``: the first process that reaches the point deletes
-the file (so the point fires once, also across restarts) and SIGKILLs the process group of the nearest
-ancestor JVM: the driver's spark-submit JVM with its Python driver, as ``kill -9`` of the driver does.
-Spark's Python workers run under pyspark.daemon, which puts itself in a process group of its own, so
-killing the caller's own group would only take down the workers. Tests arm a point by creating the
-file and see it fired when the file is gone.
-"""
+Design notes: docs/development.md#design-notes-corepolicyfaultspy."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
 """The admission gate: a file that, when present, makes the ckpt-kafka source offer no new data.
 
-A stop-with-savepoint closes the gate, lets the batch in flight commit, and stops the query at that
-batch boundary. The source runs in a Python worker the JVM starts, which inherits the driver's
-environment: the gate's path travels in ``CKPT_GATE_FILE`` (set before the JVM starts).
-
-Only the driver's host uses the gate: the driver closes it (runtime/controlhandler.py) and the source's offsets
-are planned in a Python worker next to the driver. A driver launched here (client mode) gets an absolute path in
-this host's temporary directory. A driver in the cluster (YARN, Kubernetes cluster mode) gets a bare file name
-instead, which means: in the temporary directory of the host the driver runs on (``tempfile.gettempdir()`` there,
-the same for the driver and its Python workers, which inherit one environment); a path of the launching host
-would mean nothing in a driver pod or container.
-"""
+Design notes: docs/runtime.md#design-notes-corepolicygatepy."""
 
 from __future__ import annotations
 

@@ -1,18 +1,7 @@
-"""One log line when a dependency becomes unreachable and one when it is back, not one per failed request.
+"""One log line when a dependency becomes unreachable and one when it is back, not one per failed request
+(``Outage``); ``ReadableAgain``: when the store could be read again, for the readers of heartbeats.
 
-A driver talks to the job store every second (heartbeats, the lease, control requests, snapshots); when
-the store is down for 30 s, each of those calls fails. ``Outage`` turns the failures into two lines::
-
-    job orders: the job store is unreachable: read lease.json: cannot reach S3 endpoint ... (retrying;
-        further failures are not logged until it is back)
-    job orders: the job store is reachable again after 21.4 s (37 failed requests)
-
-``failed`` and ``ok`` are called around each request; recovery is seen by a request that succeeds.
-Thread-safe: the snapshotter's thread and the driver's loop share one.
-
-``ReadableAgain`` is the reader's side of an outage: when the store could be read again, counted by the readers of
-heartbeats (the supervisor, the health watch) before they judge records that the outage kept from being written.
-"""
+Design notes: docs/runtime.md#design-notes-corepolicyoutagepy."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
 """Restart strategies and a health rule, with Flink's names and defaults, on tenacity.
 
-A strategy decides, after each failure of a job's driver, whether to restart it and after how
-long. The decision depends on when the failure happened and how long the run lasted, so the
-strategies keep their own small history with an injected clock; ``retrying()`` turns one into a
-``tenacity.Retrying`` for a supervisor loop::
-
-    for attempt in ExponentialDelay().retrying():
-        with attempt:
-            run_driver()          # raises when the driver dies
-"""
+Design notes: docs/concepts.md#design-notes-corepolicyrestartpy."""
 
 from __future__ import annotations
 

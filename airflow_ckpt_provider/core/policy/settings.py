@@ -1,17 +1,7 @@
 """A job's settings, declared once: typed frozen dataclasses whose fields carry their flag, help and parser.
+``RuntimeSettings`` (the driver), ``RestartSettings`` (the supervisor), ``JobSettings`` (both); one serializer.
 
-```
-RuntimeSettings    what the Spark driver needs (checkpointing, savepoints, retention, heartbeats, time travel)
-RestartSettings    what the supervisor needs (restart strategy, health rule)
-JobSettings        both: the settings a deployment records (core/records/deployments.py Deployment extends it)
-```
-
-One serializer for all of them: ``add_flags`` (argparse), ``from_namespace``, ``to_argv``, ``to_json`` and
-``from_json``. A settings object always holds parsed values: construction runs every field through its
-parser (``"30"`` -> 30.0, ``"fork"`` -> TimeTravel.FORK), so a value from an operator argument, a rendered
-template, a flag or a JSON record is checked the same way. Adding a setting is one field here plus the
-line of code that uses it (docs/development.md#settings).
-"""
+Design notes: docs/development.md#design-notes-corepolicysettingspy."""
 
 from __future__ import annotations
 

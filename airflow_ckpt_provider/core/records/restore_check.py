@@ -1,17 +1,6 @@
 """Restore checks run detached: the record of a check started, and the verdict its process records.
 
-An upgrade starts its restore check (launcher/restore_check.start_check) as a process of its own and waits for
-the verdict in the job store, so no worker slot is held while Spark runs the check:
-
-```
-<root>/<job>/checks/<check id>.json          written BEFORE the process starts: code, timeout, host, then its pid
-<root>/<job>/checks/<check id>.outcome.json  written by the check process when it ends: the verdict
-```
-
-A waiter names its check id, so a record of another check (an earlier run's) is never taken for its own.
-Check ids start with their UTC time (core/records/deployments.new_launch_id), so they sort by time. Whether a check
-still runs (``liveness``) is decided here once, for the watch and for the refusal of a second check.
-"""
+Design notes: docs/runtime.md#design-notes-corerecordsrestore_checkpy."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
 """Who owns a job's next restart: a supervisor's heartbeat in the job store, readable from any host.
 
-A supervisor (launcher/supervisor.py) restarts its driver when it dies; nobody else should restart the job
-while it does. It writes ``supervisors/<launch id>.json`` when it starts, every poll while it watches a driver
-or waits out a restart delay, and once more when it ends (stopped, fenced, gave up, bad input). The health
-watch, the job view and the operators read the newest record through ``observe_supervision`` (or
-``live_supervisor``): one definition of "a live supervisor owns this job".
-
-Launch ids start with their UTC time (core/records/deployments.new_launch_id), so the newest record is found by
-listing ``supervisors/``, without reading every record.
-"""
+Design notes: docs/runtime.md#design-notes-corerecordssupervisionpy."""
 
 from __future__ import annotations
 

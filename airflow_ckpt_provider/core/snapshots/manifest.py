@@ -1,23 +1,6 @@
-"""The snapshot manifest: the one file that makes a snapshot exist, with a checksum of itself.
+"""The snapshot manifest: the one file that makes a snapshot exist, with a checksum of itself; small files inline.
 
-Each checkpoint file is listed with its size and SHA-256; its content is either an object of the job store
-(``objects/<sha256>``, shared by every snapshot that holds it) or, for a small file, written into the manifest
-itself (base64), as Flink keeps state chunks under ``state.storage.fs.memory-threshold`` in its checkpoint
-metadata: a RocksDB checkpoint's metadata, offsets, commits and per-partition archives are a few kB each, and
-one PUT apiece made most of a small snapshot's requests. An inline file is never an object: gc does not keep one
-for it, a writer never counts it as stored, a restore writes it from the manifest.
-
-Format 1 has no inline files, format 2 may have them; a manifest without inline files is written as format 1,
-so the versions before inline files still read it.
-
-A record of the job store (core/records/base.py) whose version key is ``format``, as it was before the records
-were typed: the releases before refuse a manifest by its format, and still read the format 1 and 2 manifests this
-one writes. On top of the record, the manifest carries ``total_bytes`` and a ``checksum`` of itself (SHA-256 of
-its other keys as compact JSON with sorted keys and ASCII escapes, as Python's ``json.dumps`` writes it), checked
-after decoding with each inline file's SHA-256. Written compact: every listing, restore and gc reads it from
-the store and people read it through ``ckpt snapshot show`` or ``jq``, so the 19 % more bytes (and 18 % more
-encode time) of ``indent=1`` buy nothing (docs/benchmarks.md).
-"""
+Design notes: docs/concepts.md#design-notes-coresnapshotsmanifestpy."""
 
 from __future__ import annotations
 

@@ -1,29 +1,7 @@
-"""Writing one snapshot into a job store: its files as content-addressed objects, then the manifest.
+"""Writing one snapshot into a job store: its files as content-addressed objects, then the manifest; the writer's
+half of the gc handshake.
 
-Runs wherever a snapshot is taken (the Spark driver's snapshotter, ``ckpt snapshot create``), for
-``create_snapshot`` (core/snapshots/catalog.py). Each file of a BatchView is checked, hashed and uploaded
-unless the store already holds its content (a per-process digest cache skips files hashed before);
-the manifest is created last with a conditional create, the commit point. A small file whose content the store
-lacks goes into the manifest instead (core/snapshots/manifest.py, INLINE_MAX): no request of its own, and never an
-object, so it is never added to the known objects below.
-
-The writer's half of the gc handshake (core/snapshots/gc.py) runs beside the uploads, not before them: a pending
-marker names the writer, then the writer reads gc's generation token (core/records/generation.py); only if gc flags it
-"held" (at work) does the writer wait while gc's lock exists, and read it again. From that point on gc defers to
-the marker, so nothing the snapshot needs can go any more. What went before that point is told by the token: gc
-writes a new one before it deletes any object and again after its last delete, and this writer read the token
-(or kept one it read earlier) before its first upload and before the listing it trusts. The same token, not held,
-after the handshake means no gc deleted anything in between, neither an object listed as stored nor one this
-snapshot just uploaded; anything else means the objects are listed again and what is missing is stored again,
-before the manifest. A snapshot thus waits for the handshake only where it takes longer than the uploads.
-
-Which objects the store holds is LISTed once per process and then kept (``_listed``), with the token read before
-that LIST; a list older than KNOWN_MAX_AGE_S (something outside the provider may delete objects) is listed again.
-A snapshot's requests thus stay the same as the job's history grows, instead of one LIST page per 1,000 objects.
-What this relies on: every process that runs gc on the store is of this version or later (a `ckpt snapshot gc` of
-an earlier version neither flags the token nor renews it after deleting: upgrade gc runners before the drivers),
-and no S3 lifecycle rule expires ``objects/``.
-"""
+Design notes: docs/concepts.md#design-notes-coresnapshotssnapshotwritepy."""
 
 from __future__ import annotations
 

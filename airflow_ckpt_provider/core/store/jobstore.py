@@ -1,22 +1,6 @@
 """The job store layout: one prefix per job holding objects, snapshots, status, control, lease.
 
-```
-<root>/<job>/objects/<sha256>              content-addressed checkpoint files, shared by snapshots
-<root>/<job>/snapshots/<id>/manifest.json  written last, create-if-absent: the snapshot exists iff it does
-<root>/<job>/pending/<id>.json             a snapshot being written (protects its objects from gc)
-<root>/<job>/locks/gc.json                 held while gc deletes objects
-<root>/<job>/locks/gc-generation.json      gc's token: new before and after gc deletes objects, "held" while gc works
-<root>/<job>/lease.json                    owner + epoch; a newer epoch fences an older driver
-<root>/<job>/status.json                   the driver's heartbeat: state, epoch, batch, offsets, ...
-<root>/<job>/control/<id>.json             a request (savepoint, stop, cancel); <id>.ack.json its answer
-<root>/<job>/deployments/<epoch>.json      how each driver started: restore decision, snapshot, lineage
-<root>/<job>/spec/last.json                the deployment launched last (launcher/deploy.py), and how it ended
-<root>/<job>/spec/stable.json              the last deployment verified healthy (an upgrade's target)
-<root>/<job>/supervisors/<launch id>.json  a supervisor's heartbeat: pid, host, watching|restarting|ended
-<root>/<job>/checks/<check id>.json        a restore check started (written before its process): code, host, pid
-<root>/<job>/checks/<check id>.outcome.json  its verdict, written by the check process when it ends
-```
-"""
+Design notes: docs/concepts.md#design-notes-corestorejobstorepy."""
 
 from __future__ import annotations
 
