@@ -21,9 +21,10 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+from msgspec.structs import replace
 
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.policy.modes import RestoreSpec

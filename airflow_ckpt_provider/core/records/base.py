@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Self
 
 import msgspec
 
-from airflow_ckpt_provider.core.errors import StorageError
+from airflow_ckpt_provider.core.errors import ConfigError, StorageError
 
 #: A step from one version of a record type to the next, on the decoded JSON object.
 Upgrade = Callable[[dict[str, Any]], dict[str, Any]]
@@ -83,13 +83,24 @@ class Record(msgspec.Struct, frozen=True, kw_only=True, eq=False):
         """Decode, upgrade an older version, check the fields; RecordError says what is wrong with the file."""
         try:
             record = msgspec.json.decode(data, type=cls, strict=False)
-        except msgspec.ValidationError:
+        except (msgspec.ValidationError, ConfigError):
             record = None  # an older version's shape, or a broken file: decide from the raw object
         except msgspec.DecodeError as err:
             raise RecordError(f"{cls.WHAT} {where} is not JSON ({err})") from err
         if record is not None and record.schema == cls.SCHEMA:
             return record
         return cls.from_object(msgspec.json.decode(data), where)
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any]) -> dict[str, Any]:
+        """The decoded object's values as the fields take them: a type whose field is written as text (a launch's
+        restore) parses it here, and writes it in ``to_dict``."""
+        return body
+
+    @classmethod
+    def from_dict(cls, body: dict[str, Any]) -> Self:
+        """The record of ``to_dict``'s output (carried in an upgrade's plan, an event), upgraded as a file is."""
+        return cls.from_object(body, f"({cls.WHAT} given as a dict)")
 
     @classmethod
     def from_object(cls, body: Any, where: str) -> Self:
@@ -107,8 +118,8 @@ class Record(msgspec.Struct, frozen=True, kw_only=True, eq=False):
         for step in range(max(version, 1), cls.SCHEMA):  # version 0 is version 1 without the key
             body = cls.UPGRADES[step](dict(body))
         try:
-            return msgspec.convert({**body, key: cls.SCHEMA}, cls, strict=False)
-        except msgspec.ValidationError as err:
+            return msgspec.convert({**cls.from_wire(body), key: cls.SCHEMA}, cls, strict=False)
+        except (msgspec.ValidationError, ConfigError) as err:
             raise RecordError(f"{cls.WHAT} {where} is not valid: {err}") from err
 
 

@@ -11,17 +11,19 @@ these records. Pure data and job store IO: no Spark, no Airflow.
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from airflow_ckpt_provider.core.errors import ConfigError, StorageError
+import msgspec
+
+from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.policy.modes import RestoreSpec
 from airflow_ckpt_provider.core.policy.settings import JobSettings
+from airflow_ckpt_provider.core.records.base import Record, record_fields
 from airflow_ckpt_provider.core.store.jobstore import SPEC_LAST, SPEC_STABLE, JobStore
 
 #: Tells the supervisor its launch id: it does not restart a driver once a newer launch is recorded.
@@ -92,9 +94,21 @@ class Deployment(JobSettings):
                        files=self.files if files is None else tuple(files))
 
 
-@dataclass(frozen=True)
-class Launch:
-    """One start of a deployment: the record in spec/last.json (and spec/stable.json once verified)."""
+_ENCODER = msgspec.json.Encoder(order="sorted")
+
+
+class Launch(Record, frozen=True):
+    """One start of a deployment (``launch_id``): the deployment (its code, Spark and settings), what its driver
+    restores (``restore``), who launched it when and where (``pid`` and ``log_file`` of its supervisor on ``host``)
+    and, once its supervisor ended, how (``ending``, ``exit_code``, ``end_reason``: waiters stop waiting for a driver).
+    Written to spec/last.json by launcher/deploy.py before the launch, its end by the supervisor (``record_end``,
+    compare-and-swap), and to spec/stable.json once an upgrade verified it (``mark_stable``); read by the
+    supervisor, the health watch, the job view, the upgrade and rescale steps and the operators. ``restore`` is
+    written as its spelling (latest-state, latest-savepoint, none, or a snapshot id or URI); ``deployment`` as one
+    flat object, the code and Spark fields beside the settings (docs/development.md, "Settings")."""
+
+    WHAT = "deployment record"
+    KEY = "spec/last.json, spec/stable.json"
 
     job: str
     deployment: Deployment
@@ -112,29 +126,17 @@ class Launch:
     end_reason: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "restore", RestoreSpec.parse(self.restore))
+        msgspec.structs.force_setattr(self, "restore", RestoreSpec.parse(self.restore))
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "deployment": self.deployment.to_dict(), "restore": str(self.restore)}
+        return {**record_fields(self), "restore": str(self.restore)}  # its spelling, as it is written
 
     def to_bytes(self) -> bytes:
-        return json.dumps(self.to_dict(), sort_keys=True, indent=1).encode()
+        return _ENCODER.encode({**self.to_dict(), self.version_key(): self.written_schema()})
 
     @classmethod
-    def from_dict(cls, body: dict[str, Any]) -> Launch:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in body.items() if k in known}
-                   | {"deployment": Deployment.from_dict(body["deployment"])})
-
-    @classmethod
-    def from_bytes(cls, data: bytes, where: str) -> Launch:
-        try:
-            body = json.loads(data)
-            if not isinstance(body, dict):
-                raise TypeError(f"expected a JSON object, found {type(body).__name__}")
-            return cls.from_dict(body)
-        except (ValueError, KeyError, TypeError, ConfigError) as err:
-            raise StorageError(f"deployment record {where} is malformed ({err})") from err
+    def from_wire(cls, body: dict[str, Any]) -> dict[str, Any]:
+        return {**body, "restore": RestoreSpec.parse(body.get("restore"))} if "restore" in body else body
 
 
 def new_launch_id(now: float | None = None) -> str:
@@ -160,7 +162,7 @@ def record_end(store: JobStore, launch_id: str, *, ending: str, exit_code: int, 
     last = Launch.from_bytes(current.data, store.storage.uri(SPEC_LAST))
     if last.launch_id != launch_id:
         return False
-    ended = replace(last, ended_at=time.time(), ending=ending, exit_code=exit_code, end_reason=reason)
+    ended = msgspec.structs.replace(last, ended_at=time.time(), ending=ending, exit_code=exit_code, end_reason=reason)
     return store.storage.write_if(SPEC_LAST, ended.to_bytes(), current.tag)
 
 

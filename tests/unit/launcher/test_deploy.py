@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import socket
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowException
+from msgspec.structs import replace
 
 from airflow_ckpt_provider.core.errors import ConfigError, StorageError
 from airflow_ckpt_provider.core.records.deployments import LAUNCH_ENV, Deployment, Launch, read_launch, record_end
@@ -48,7 +48,8 @@ def test_deployment_round_trips_through_json() -> None:
     assert again == d and again.py_files == ("lib.zip", "util.py")  # lists back to tuples, unknown keys dropped
     record = Launch("orders", d, SID, 1.7e9, "airflow:dag.task", "launch-1", pid=7, host="h", log_file="/l")
     assert Launch.from_bytes(record.to_bytes(), "x") == record
-    with pytest.raises(StorageError, match="deployment record x is malformed"):
+    with pytest.raises(StorageError, match=r"^deployment record x is not valid: Object missing required field "
+                                           r"`deployment`$"):
         Launch.from_bytes(b'{"job": "orders"}', "x")
 
 

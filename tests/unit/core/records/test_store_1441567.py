@@ -1,7 +1,9 @@
 """The job store files the release before the typed records (1441567) wrote, read with the record types.
 
 tests/unit/data/store-1441567/orders/ holds them as that release's code wrote them (its to_bytes: no ``schema``
-key; the restore check's records indented): control requests and acks, supervisor records, restore checks.
+key; the restore check's and the launches' records indented): control requests and acks, supervisor records, restore
+checks, status.json, lease.json and spec/{last,stable}.json (tests/unit/data/gen_store_1441567.py wrote
+the last four with that release's code).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from airflow_ckpt_provider.core.records.control import (
     request_key,
     submit_request,
 )
+from airflow_ckpt_provider.core.records.deployments import read_launch, record_end
+from airflow_ckpt_provider.core.records.lease import Lease, LeaseRecord, read_lease
 from airflow_ckpt_provider.core.records.restore_check import (
     OUTCOME_GRACE,
     CheckStarted,
@@ -35,6 +39,7 @@ from airflow_ckpt_provider.core.records.restore_check import (
     running_checks,
 )
 from airflow_ckpt_provider.core.records.restore_check import read_start as read_check
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus, RestartOwner, read_status, write_status
 from airflow_ckpt_provider.core.records.supervision import (
     SupervisorRecord,
     SupervisorState,
@@ -43,7 +48,7 @@ from airflow_ckpt_provider.core.records.supervision import (
     supervisor_key,
     write_supervisor,
 )
-from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.jobstore import LEASE, SPEC_LAST, SPEC_STABLE, STATUS, JobStore
 from airflow_ckpt_provider.core.store.storage import LocalStorage
 
 RELEASE_STORE = Path(__file__).parents[2] / "data" / "store-1441567"
@@ -170,3 +175,73 @@ def test_a_broken_restore_check_record_says_what_it_found(tmp_path: Path) -> Non
     store.storage.write(check_key("c2"), b"[]")
     with pytest.raises(StorageError, match=r"^restore check record .*c2.json: expected a JSON object, found list"):
         read_check(store, "c2")
+
+
+# -- status.json, lease.json, spec/: the driver's heartbeat, its lease, the launches ---------------------------
+
+
+def test_the_release_before_status_is_read_with_every_field() -> None:
+    store = _release()
+    _raw(store, STATUS)
+    status = read_status(store)
+    assert status is not None
+    assert (status.job, status.state, status.epoch, status.batch_id, status.lag, status.idle) == (
+        "orders", JobState.RUNNING, 3, 9, 0, True)
+    assert (status.updated_at, status.started_at, status.heartbeat_interval) == (1795846500.25, 1795846200.0, 5.0)
+    assert status.offsets == {"orders": {"0": 120, "1": 98}}
+    assert status.last_snapshot == {"id": SAVEPOINT, "kind": "savepoint", "batch_id": 7}
+    assert [(r.by, r.attempt, r.from_batch, r.resumed_batch) for r in status.query_restarts()] == [
+        (RestartOwner.DRIVER, 1, 6, 7)]
+    assert (status.restart_count, status.current_restart(), status.host, status.pid) == (1, None, "airflow-worker-1",
+                                                                                          4242)
+
+
+def test_a_status_is_written_with_its_schema_and_reads_back_equal(tmp_path: Path) -> None:
+    status = read_status(_release())
+    assert status is not None
+    store = JobStore(LocalStorage(tmp_path), "orders")
+    assert write_status(store, status)
+    written = json.loads(store.storage.read(STATUS))
+    assert written["schema"] == JobStatus.SCHEMA
+    assert {k: v for k, v in written.items() if k != "schema"} == _raw(_release(), STATUS)  # the same keys and values
+    assert read_status(store) == status
+
+
+def test_the_release_before_lease_is_read_and_released_in_place(tmp_path: Path) -> None:
+    lease = read_lease(_release())
+    assert lease == LeaseRecord(job="orders", epoch=3, owner="airflow-worker-1:4242:9f8e7d", host="airflow-worker-1",
+                                pid=4242, acquired_at=1795846200.5, outage_tolerance=29.0)
+    store = JobStore(LocalStorage(tmp_path), "orders")
+    store.storage.write(LEASE, _release().storage.read(LEASE))
+    driver = Lease(store)  # the driver of epoch 3, as it stops
+    driver.owner, driver.record = lease.owner, lease
+    assert driver.release()
+    released = read_lease(store)
+    assert released is not None and released.released and released.epoch == 3
+
+
+def test_the_release_before_launches_are_read() -> None:
+    store = _release()
+    _raw(store, SPEC_LAST)
+    last, stable = read_launch(store), read_launch(store, SPEC_STABLE)
+    assert last is not None and stable is not None
+    assert (last.launch_id, str(last.restore), last.pid, last.ended_at) == (
+        "20261127T104950Z-4d5e6f", SAVEPOINT, 4200, None)
+    d = last.deployment
+    assert (d.job_file, d.code_version, d.master, d.py_files, d.files, d.python_env) == (
+        "/opt/jobs/orders_v2.py", "v2", "spark://spark-master:7077", ("/opt/jobs/helpers.py",), (), "ship")
+    assert (d.conf, d.env, d.checkpoint, d.snapshot_inline_bytes) == (
+        {"spark.executor.memory": "1g"}, {"ORDERS_TOPIC": "orders"}, "s3://ckpt/checkpoints/orders", 20480)
+    assert (stable.launch_id, str(stable.restore), stable.ending, stable.exit_code, stable.end_reason) == (
+        "20261127T090000Z-0a0b0c", "latest", "stopped", 0, "stop requested")
+
+
+def test_the_end_is_recorded_over_a_launch_in_the_release_before_shape(tmp_path: Path) -> None:
+    store = JobStore(LocalStorage(tmp_path), "orders")
+    store.storage.write(SPEC_LAST, _release().storage.read(SPEC_LAST))
+    assert record_end(store, "20261127T104950Z-4d5e6f", ending="failed", exit_code=2, reason="bad input")
+    ended = read_launch(store)
+    before = read_launch(_release())
+    assert ended is not None and before is not None
+    assert (ended.ending, ended.exit_code, ended.end_reason) == ("failed", 2, "bad input")
+    assert ended.deployment == before.deployment and ended.restore == before.restore
