@@ -1,19 +1,6 @@
 """The Python that executors run on a cluster, shipped with the job instead of assumed on the nodes.
 
-Spark's documented ways (python-packaging in Spark's docs) are a packed virtual environment passed with
-``--archives`` and ``spark.pyspark.python`` pointing into it, and ``--py-files`` for pure-Python code. A job
-here needs both kinds, so it gets both, split by how often they change:
-
-- the **dependencies** (pandas, pyarrow, confluent-kafka with its librdkafka, boto3, protobuf, tenacity and
-  what they need, at the versions this interpreter has; plus the job's own ``requirements``): a venv built
-  with uv (pip without it), packed with venv-pack, cached under its content key: built once per lock and
-  Python, reused by every later start;
-- **this provider's code**: a zip of the package on ``--py-files`` (pure Python, built in well under a
-  second, cached by content), so a code change never rebuilds the environment.
-
-venv-pack does not pack the interpreter itself: the nodes need the same Python at the same path
-(``base_python``, default: this venv's base). docs/cluster.md argues the choice.
-"""
+Design notes: docs/cluster.md#design-notes-launcherpyenvpy."""
 
 from __future__ import annotations
 

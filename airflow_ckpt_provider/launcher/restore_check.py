@@ -1,17 +1,7 @@
 """Can the new code restore the job's state? The restore check, seen from the host that asks.
+Never imports Airflow or pyspark.
 
-``check_restore`` runs the job file once with spark-submit in check mode (``ckpt run JOB_FILE
---check-restore``, runtime/restore_check.py): the driver restores a snapshot into a scratch location
-and lets Spark run one empty batch of the new query on it, without touching the running job, its
-live checkpoint or its job store. The driver prints its verdict as one line, ``CKPT_RESTORE_CHECK
-{json}``, among Spark's output; this module finds it (runtime/restore_check_verdict.py). Never imports
-Airflow or pyspark.
-
-An upgrade does not wait for it in its worker: ``start_check`` records the check in the job store
-(core/records/restore_check.py), then starts ``ckpt run JOB_FILE --check-restore --check-id ID`` detached;
-that process runs ``run_recorded_check`` (``check_restore``, then the verdict written to the job store),
-which the upgrade's trigger watches (core/watches/restore_check.py).
-"""
+Design notes: docs/runtime.md#design-notes-launcherrestore_checkpy."""
 
 from __future__ import annotations
 

@@ -1,27 +1,6 @@
 """Keeps a job alive the way Flink does: restart its driver after a failure, as a restart strategy allows.
 
-Drivers restore what the user chose until one of them reported RUNNING in ``status.json``; later restarts
-resume from the latest completed state. The exit codes of runtime/exitcodes.NOT_RESTARTABLE (bad input,
-fenced, incompatible state, credentials refused, a sink refused the query) end supervision at once:
-restarting cannot help, or would compete with the newer driver; so does a lease and a live status of a
-newer driver (the exit code is lost in cluster mode). While a driver runs, ``status.json`` shows whether
-batches still complete and heartbeats arrive; a driver without either is killed and restarted like a
-failed one.
-
-One owner per restart: before the restart delay the supervisor writes RESTARTING in ``status.json`` (who,
-attempt, cause, by when the job should run again) with its own pid and host, and it keeps a heartbeat of
-its own in ``supervisors/<launch id>.json`` (core/records/supervision.py), so that the health watch and the DAG's
-restart leave the restart to it; launcher/supervisorreports.py writes those records.
-
-Credentials the job store refuses are no outage (issue 39): waiting or restarting does not fix them. At its start
-the supervisor writes its own record first; refused, it logs that once (never the credentials) and ends at once
-as credentials-refused (exit 6) without starting a driver. A refusal that appears while a driver runs is logged
-once as a refusal, not as an outage, and does not stop that driver: the driver uses the store itself and exits 6
-when it is refused too (in cluster mode it may hold credentials of its own). While the refusal lasts the
-supervisor cannot read status.json, so it judges no heartbeats, and when that driver exits it does not restart
-it: it ends as credentials-refused, as a new driver could neither be watched nor, with the same credentials,
-start.
-"""
+Design notes: docs/runtime.md#design-notes-launchersupervisorpy."""
 
 from __future__ import annotations
 

@@ -1,19 +1,7 @@
 """``ckpt job rescale`` and ``ckpt job upgrade``: a recorded deployment rescaled or upgraded from a terminal, one
 step after another.
 
-The steps of RescaleStreamingJobOperator and UpgradeStreamingJobOperator, decided by the same function
-(launcher/upgradesteps.py next_step); here each waits in the foreground instead of in Airflow's triggerer, and
-each says what it does on one line.
-
-1. check: the new code (a rescale: the job's code) runs on a copy of its latest state, repartitioned into N
-   partitions for a rescale (refused here, before anything stops: stateless, HDFS-backed state, the same count,
-   Spark's own refusal);
-2. stop with savepoint S (an upgrade in last-state or stateless mode: cancel);
-3. a rescale: repartition S on a copy and save it as savepoint R (trigger ``rescale``), once the job's empty
-   batch ran on it;
-4. start the new deployment from R (S, the latest state, no state) and verify ``verify_batches`` batches;
-5. anything failing after the stop: R disposed, the old deployment started again from S (the old partitions).
-"""
+Design notes: docs/cli.md#design-notes-launcherupgradepy."""
 
 from __future__ import annotations
 

@@ -1,19 +1,7 @@
 """The steps of an upgrade or a rescale, decided once for every driver (the Airflow operators, ``ckpt job rescale``,
 and any other orchestrator): observe, decide, act, as the Flink Kubernetes Operator's upgrade.
 
-1. check: the new code restores the current state on a copy (repartitioned, for a rescale): refused here,
-   before anything stops;
-2. stop the old driver: stop-with-savepoint (``savepoint``) or cancel (``last-state``, ``stateless``);
-3. a rescale: the stop's savepoint S repartitioned on a copy and saved as savepoint R;
-4. start the new deployment (from S, R, the latest state or no state) and verify it;
-5. on failure, roll back: R disposed, the old deployment started again from S (or its latest state).
-
-:func:`prepare` observes (spec/last.json, the job's status and snapshots) and refuses what cannot work;
-:func:`next_step` is pure: given the plan and the outcome of the last step it returns the next step. A driver
-only acts: it runs each step (waiting in the foreground, or deferred in Airflow's triggerer) and feeds its
-outcome back. The plan is JSON (``to_dict``/``from_dict``): a deferred operator carries it through its
-triggers. No Airflow here (the layer contracts in pyproject.toml check it).
-"""
+Design notes: docs/concepts.md#design-notes-launcherupgradestepspy."""
 
 from __future__ import annotations
 
