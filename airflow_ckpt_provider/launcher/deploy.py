@@ -1,15 +1,6 @@
 """Deployments: what runs for a job (code, Spark, runtime and restart settings), recorded in the job store.
 
-The Flink Kubernetes Operator keeps a job's last reconciled and last stable spec; so do we:
-
-```
-<root>/<job>/spec/last.json     the deployment launched last, written BEFORE it is launched
-<root>/<job>/spec/stable.json   the last deployment that was verified healthy (what a rollback goes back to)
-```
-
-A deployment is started as ``ckpt run JOB_FILE ... --supervise`` in a session of its own, so it outlives
-the process that launched it (an Airflow task) and restarts its driver with the restart strategy.
-"""
+Design notes: docs/airflow.md#design-notes-launcherdeploypy."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
 """Runs inside the Spark driver: a supervised streaming query with snapshots, control and fencing.
+Never imports Airflow.
 
-Write a job as a function that builds the query's writer, and mark it::
-
-    @streaming_job
-    def build(spark, ctx):
-        counts = spark.readStream.format("ckpt-kafka").option(...).load().groupBy("key").count()
-        return counts.writeStream.outputMode("update").foreachBatch(ctx.fenced(write))
-
-then launch it with ``ckpt run job.py --job NAME --store s3://...``. Never imports Airflow.
-"""
+Design notes: docs/runtime.md#design-notes-runtime__init__py."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
 """The job driver: what Flink's JobManager does for a job, for one Structured Streaming query.
 
-Runs in the Spark driver's Python process. It takes the lease, restores, starts the user's query,
-then loops: batch events (status, checkpoint snapshots; runtime/batchevents.py), the lease
-(fencing), control requests (savepoint, stop, cancel; runtime/controlhandler.py), heartbeats,
-timed savepoints and, if configured, OpenLineage RUNNING events (runtime/lineage.py); status and acks
-are written by runtime/reporting.py. ``run()`` returns the exit code.
-
-A failed query is restarted here, in the same SparkSession, from the latest completed checkpoint, as the
-job's restart strategy allows (Flink restarts a job's tasks inside its JobManager): seconds instead of a
-new driver process. runtime/failures.py says which failures no restart fixes (they end the driver at once
-with their exit code) and which need a new process (the supervisor's restart).
-"""
+Design notes: docs/runtime.md#design-notes-runtimedriverpy."""
 
 from __future__ import annotations
 

@@ -1,17 +1,7 @@
 """The lease watch: the query is stopped once the lease has gone unconfirmed for longer than its outage tolerance,
 whatever the driver's loop is waiting for.
 
-The driver's loop confirms the lease every poll interval, but between two looks it writes status, reads control
-requests and acks, each an S3 request that a store cut off by the network holds for its timeouts (a read timeout
-of 60 s, retried: minutes). A newer driver waits only ``outage_tolerance + poll + 1`` s after taking the lease
-(``Lease.grace``) before it commits: found by issue 41's scenario 1 (tests/integration/test_partitions.py), where
-the driver host cut from the store kept committing to Kafka for 30 s into the cut, long after a driver on another
-host had started committing. This thread does not depend on the loop: it reads the lease itself every poll
-interval (a confirmation refreshes ``Lease.confirmed_at``, which the loop's own checks do too) and, every tick,
-stops the running query as soon as ``Lease.tolerating()`` is False or a newer epoch shows. The loop then sees
-``lapsed`` and goes the way of an unconfirmed lease (runtime/driver.py ``_lease_unconfirmed``): it restarts the
-query once the store confirms the lease, or exits 3 when a newer driver holds it.
-"""
+Design notes: docs/runtime.md#design-notes-runtimeleasewatchpy."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
-"""OpenLineage RUNNING events of a running job, sent by its driver (docs/airflow.md#lineage).
+"""OpenLineage RUNNING events of a running job, sent by its driver.
 
-Optional twice over: nothing is sent unless ``openlineage.client`` (openlineage-python) is importable AND the
-driver's environment configures OpenLineage (``OPENLINEAGE_URL``, ``OPENLINEAGE_CONFIG`` or
-``OPENLINEAGE__TRANSPORT...``; the launching operators pass the Airflow deployment's transport that way). Without
-a configuration the client would print every event to the console with a warning: it is not even created.
-
-One run per launch: its id is derived from the launch id (core/policy/lineagenames.py), so the drivers of one launch
-(each supervisor restart is a new epoch) report the same run; its parent is the Airflow task that launched it
-(``OPENLINEAGE_PARENT_ID``). The driver loop only hands its status over (``due``/``offer``): the event is built,
-and the client created and called, in a thread of its own; a failure is logged once an hour at most, never raised.
-"""
+Design notes: docs/airflow.md#design-notes-runtimelineagepy."""
 
 from __future__ import annotations
 

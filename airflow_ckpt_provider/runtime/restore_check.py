@@ -1,30 +1,6 @@
 """The restore check in the Spark driver: does Spark restore the job's state into the new query?
 
-``ckpt run JOB_FILE --check-restore`` (entrypoint.py) runs this instead of the job. It chooses the
-snapshot a start would restore (runtime/startup.py, read-only), restores it into a scratch
-location, turns the next batch into an EMPTY one (``offsets/N+1`` = ``offsets/N``: start equals end,
-no record is read), and runs the job file's query once on it with Spark's ``noop`` sink. Running that
-batch, Spark loads every state store the new plan has and runs its own checks (state schema,
-operators, partitions). Batch N+1 committed: Spark can restore the state. Spark failed: it cannot,
-and its message says why.
-
-Non-restored state (Flink's term): state of an operator the new query no longer has. Spark 4.3
-refuses it itself when the checkpoint has state metadata (STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_
-STATE_METADATA, every checkpoint written by Spark >= 3.5); the operator lists are then read from its
-message. Without metadata Spark would drop that state silently: the check compares the snapshot's
-operators with those that wrote state in the batch, and fails unless ``--allow-non-restored-state``.
-
-A rescale's check (``--rescale-to N``) first repartitions the copy with Spark's offline repartition
-(StreamingCheckpointManager.repartition: batch N+1 holds the state in N partitions and reads no input), after
-the read-only refusals of core/snapshots/rescaling.py, and runs the empty batch after that one. With ``--save-rescaled``
-(a rescale's step, on the savepoint the stop took) a compatible verdict also saves the copy's repartition batch
-as a savepoint of its own (trigger ``rescale``): the only snapshot a check ever writes, and only once the job ran
-on it. docs/rescaling.md.
-
-The check never takes the lease nor writes status, acks or deployments, and never reads the live checkpoint
-beyond its latest completed batch id. The verdict is one stdout line
-(runtime/restore_check_verdict.py), read by the launching host (launcher/restore_check.py).
-"""
+Design notes: docs/runtime.md#design-notes-runtimerestore_checkpy."""
 
 from __future__ import annotations
 

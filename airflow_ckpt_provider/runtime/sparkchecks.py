@@ -1,23 +1,7 @@
 """The job's SparkSession, and what the job needs from Spark, checked before the lease: a Python with its
 modules, and an executor.
 
-Spark's Python for the job is the interpreter Spark starts Python workers with.
-
-Spark runs the job's Python (the ckpt-kafka source's planning and reads, UDFs, the sinks' writers) in
-workers it starts with ``spark.pyspark.python`` (or PYSPARK_PYTHON, else ``python3``), in the driver and on
-every executor. A worker that cannot import pyarrow dies before it connects back, and Spark reports only
-"Python worker failed to connect back": a failure a restart never fixes, which would restart forever. The
-driver-side interpreter is checked here, where the import error can be named; executors that lack a module
-fail their tasks with the import error itself, which runtime/failures.py classifies as fatal with the same
-advice.
-
-On a cluster, an application whose executors fit no worker (more memory or cores than any worker offers)
-waits forever: Spark only warns "Initial job has not accepted any resources". The driver waits for its
-first executor at most ``executor_timeout`` seconds and then gives up with the reason.
-
-The job's session also polls idle sources every IDLE_POLL, and its py4j calls skip pyspark's numpy converters for
-anything that is not a numpy object (``defer_numpy_converters``: they imported pandas at the driver's first call).
-"""
+Design notes: docs/cluster.md#design-notes-runtimesparkcheckspy."""
 
 from __future__ import annotations
 

@@ -1,19 +1,7 @@
 """One base for every file the job store holds: typed fields, one serializer, one rule, one mechanism.
+msgspec's JSON; unknown keys ignored; a ``schema`` version per file, upgraded by ``UPGRADES``, newer ones refused.
 
-- Serializer: msgspec's JSON (measured against pydantic and the hand-written code: docs/benchmarks.md,
-  "The job store's records").
-- Values are read leniently (``strict=False``): a number written as text (``"3"``) is the number, as the
-  hand-written readers before the base took it.
-- Unknown keys are ignored (a newer release may add fields; an older one reads what it knows). A record read
-  and written again by an older release loses the fields it did not know: records are written by one owner.
-- Versions: each file carries ``schema``, the version of its record type that wrote it (files written before
-  issue 40 have none: version 0). Older versions are brought up to date by the type's ``UPGRADES``, one step
-  per version, before the fields are checked; a newer version than this release knows is refused
-  (``NewerRecordError``): its meaning may have changed. A type whose files predate the base may keep its own
-  name for the version key (the ``schema`` field renamed, ``msgspec.field(name="format")``: the snapshot
-  manifest), and may write the lowest version that holds a record (``written_schema``), so that older releases,
-  which refuse a version they do not know, still read what they can.
-"""
+Design notes: docs/concepts.md#design-notes-corerecordsbasepy."""
 
 from __future__ import annotations
 
