@@ -9,11 +9,11 @@ and then reads the token not held knows gc defers to that marker from then on; h
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from dataclasses import dataclass
 
+from airflow_ckpt_provider.core.records.base import Record, RecordError
 from airflow_ckpt_provider.core.store.jobstore import GC_GENERATION, JobStore
 
 
@@ -24,13 +24,13 @@ class Generation:
 
     @classmethod
     def parse(cls, body: bytes) -> Generation:
-        """The token and flag of a stored body; a body that is not this JSON is its own token (never equal to
+        """The token and flag of a stored body; a body that is not this record is its own token (never equal to
         a real one), not held."""
         try:
-            doc = json.loads(body)
-            return cls(str(doc["token"]), bool(doc.get("held", False)))
-        except (ValueError, TypeError, KeyError):
+            record = GenerationRecord.from_bytes(body, GC_GENERATION)
+        except RecordError:
             return cls("unparsed:" + body.hex())
+        return cls(record.token, record.held)
 
     @staticmethod
     def new(*, held: bool) -> Generation:
@@ -38,7 +38,22 @@ class Generation:
 
     def body(self, by: str) -> bytes:
         """The stored form; ``by`` ("gc" or "writer") and the time are there for operators."""
-        return json.dumps({"token": self.token, "held": self.held, "by": by, "at": time.time()}).encode()
+        return GenerationRecord(token=self.token, held=self.held, by=by, at=time.time()).to_bytes()
+
+
+class GenerationRecord(Record, frozen=True, kw_only=True):
+    """gc's generation token: a new ``token`` whenever gc may have deleted objects, ``held`` while gc works on the
+    store, who wrote it (``by``: gc, or the first writer of a new store) and when. Written by gc before its first
+    delete and after its last, and created by the first snapshot writer of a store; read by every snapshot writer
+    (``read_generation``): a token it saw change means its objects may be gone."""
+
+    WHAT = "gc generation"
+    KEY = "locks/gc-generation.json"
+
+    token: str
+    held: bool = False
+    by: str = ""
+    at: float = 0.0
 
 
 def read_generation(store: JobStore, *, create_first: bool, by: str = "writer") -> tuple[Generation, bool]:

@@ -24,7 +24,7 @@ do not edit by hand. Every file below is a typed record: JSON with a `schema` ve
 
 #: The modules that define record types (a new record type's module is added here).
 MODULES = ("airflow_ckpt_provider.core.records.status", "airflow_ckpt_provider.core.records.lease",
-           "airflow_ckpt_provider.core.records.deployments",
+           "airflow_ckpt_provider.core.records.deployments", "airflow_ckpt_provider.core.records.generation",
            "airflow_ckpt_provider.core.records.start", "airflow_ckpt_provider.core.records.control",
            "airflow_ckpt_provider.core.records.supervision", "airflow_ckpt_provider.core.records.restore_check",
            "airflow_ckpt_provider.core.snapshots.manifest", "airflow_ckpt_provider.core.records.pending",
