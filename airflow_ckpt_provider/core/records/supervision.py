@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from airflow_ckpt_provider.core.records.base import Record
-from airflow_ckpt_provider.core.records.deployments import read_launch
+from airflow_ckpt_provider.core.records.deployments import Launch, read_launch
 from airflow_ckpt_provider.core.records.lease import pid_alive
 from airflow_ckpt_provider.core.records.status import (
     ACTIVE_STATES,
@@ -161,16 +161,18 @@ class Supervision:
 
 
 def observe_supervision(store: JobStore, now: float, *, host: str | None = None,
-                        pid_alive: Callable[[int], bool] | None = process_alive) -> Supervision:
+                        pid_alive: Callable[[int], bool] | None = process_alive,
+                        last_launch: Callable[[], Launch | None] | None = None) -> Supervision:
     """The newest supervisor and whether it is live. One superseded by a newer launch in spec/last.json
     (an Airflow restart or upgrade whose own supervisor has not written yet) owns nothing: not live.
-    ``host`` defaults to this host; StorageError when the store cannot be read."""
+    ``host`` defaults to this host; ``last_launch`` reads spec/last.json (a poll that read it already passes its
+    copy); StorageError when the store cannot be read."""
     record = latest_supervisor(store)
     if record is None:
         return Supervision(None, False)
     live, why_not = record.liveness(now, host=socket.gethostname() if host is None else host, pid_alive=pid_alive)
     if live and not record.standalone:
-        last = read_launch(store)
+        last = read_launch(store) if last_launch is None else last_launch()
         if last is not None and last.launch_id != record.launch_id and last.launched_at >= record.started_at:
             return Supervision(record, False, f"is superseded by launch {last.launch_id} (by {last.launched_by})")
     return Supervision(record, live, why_not)

@@ -162,9 +162,14 @@ def starting_launch(store: JobStore, status: JobStatus | None, now: float, withi
         last = read_launch(store)
     except StorageError:
         return None
-    if last is None or last.ended_at is not None or now - last.launched_at >= within:
+    return on_its_way(last, status, now, within)
+
+
+def on_its_way(launch: Launch | None, status: JobStatus | None, now: float, within: float) -> Launch | None:
+    """``starting_launch`` on a launch already read."""
+    if launch is None or launch.ended_at is not None or now - launch.launched_at >= within:
         return None
-    return None if status is not None and last.launched_at <= status.started_at else last
+    return None if status is not None and launch.launched_at <= status.started_at else launch
 
 
 class RestartDecision(StrEnum):

@@ -23,8 +23,9 @@ from airflow_ckpt_provider.core.records.status import (
     driver_live,
 )
 from airflow_ckpt_provider.core.records.supervision import STALE, Supervision, restarts_dead_driver
+from airflow_ckpt_provider.core.views.jobview import on_its_way
 from airflow_ckpt_provider.core.watches.health_memory import Memory
-from airflow_ckpt_provider.core.watches.health_observe import Observation, on_its_way
+from airflow_ckpt_provider.core.watches.health_observe import Observation
 
 
 class Unhealthy(StrEnum):

@@ -8,8 +8,6 @@ them, each at most once. The judgement (health_judge.py) never reads the store.
 from __future__ import annotations
 
 import logging
-import socket
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from airflow_ckpt_provider.core.errors import StorageError
@@ -19,8 +17,9 @@ from airflow_ckpt_provider.core.records.deployments import Launch, read_launch
 from airflow_ckpt_provider.core.records.lease import LeaseRecord
 from airflow_ckpt_provider.core.records.start import epoch_of, read_start
 from airflow_ckpt_provider.core.records.status import TERMINAL_STATES, JobState, JobStatus, RestartOwner, driver_live
-from airflow_ckpt_provider.core.records.supervision import Supervision, latest_supervisor, process_alive
+from airflow_ckpt_provider.core.records.supervision import Supervision, observe_supervision
 from airflow_ckpt_provider.core.store.jobstore import DEPLOYMENTS, JobStore
+from airflow_ckpt_provider.core.views.jobview import on_its_way
 from airflow_ckpt_provider.core.watches.base import look
 
 log = logging.getLogger(__name__)
@@ -99,14 +98,6 @@ def observe(store: JobStore, criteria: HealthCriteria, now: float, *, records: S
     return Observation(now, view.status, view.lease, status, starts, launch.record, supervision, reads.since)
 
 
-def on_its_way(launch: Launch | None, status: JobStatus | None, now: float, within: float) -> Launch | None:
-    """The launch in spec/last.json made after the driver of ``status`` started, not ended and younger than
-    ``within`` s: a new driver is on its way (core/views/jobview.starting_launch, on a launch already read)."""
-    if launch is None or launch.ended_at is not None or now - launch.launched_at >= within:
-        return None
-    return None if status is not None and launch.launched_at <= status.started_at else launch
-
-
 class _LaunchRecord:
     """spec/last.json, read at most once per poll: unreadable counts as none for the judgement (as in
     jobview.starting_launch), but the supervisor's liveness, which needs it, fails on it (as observe_supervision)."""
@@ -153,17 +144,6 @@ def _supervision_matters(status: JobStatus | None, criteria: HealthCriteria, lau
                            busy_timeout=criteria.start_timeout)
 
 
-def _supervision(store: JobStore, launch: _LaunchRecord, now: float, *, host: str | None = None,
-                 pid_alive: Callable[[int], bool] | None = None) -> Supervision:
-    """The newest supervisor and whether it is live (core/records/supervision.observe_supervision, on this poll's
-    spec/last.json): one superseded by a newer launch owns nothing."""
-    record = latest_supervisor(store)
-    if record is None:
-        return Supervision(None, False)
-    live, why_not = record.liveness(now, host=socket.gethostname() if host is None else host,
-                                    pid_alive=process_alive if pid_alive is None else pid_alive)
-    if live and not record.standalone:
-        last = launch.required()
-        if last is not None and last.launch_id != record.launch_id and last.launched_at >= record.started_at:
-            return Supervision(record, False, f"is superseded by launch {last.launch_id} (by {last.launched_by})")
-    return Supervision(record, live, why_not)
+def _supervision(store: JobStore, launch: _LaunchRecord, now: float) -> Supervision:
+    """The newest supervisor and whether it is live, on this poll's spec/last.json."""
+    return observe_supervision(store, now, last_launch=launch.required)
