@@ -1,14 +1,6 @@
 """Operator extra links: the running job's Spark UI and the location of a snapshot.
 
-Airflow 3 resolves extra links in the API server from XCom (``xcom_key``): an operator stores the URL
-with ``persist`` while it runs; the button shows once it is there.
-
-Airflow's task runner also calls every declared link's ``get_link`` whenever the task process ends (success,
-failure, and each deferral: ``finalize`` in airflow/sdk/execution_time/task_runner.py), which reads the XCom;
-one not stored yet is logged as an error ("XCom not found"). So an operator with links calls
-``persist_empty_links`` first thing in ``execute`` (once per try: a resumed task does not run ``execute``
-again, and keeps what it stored before deferring).
-"""
+Design notes: docs/airflow.md#design-notes-linkspy."""
 
 from __future__ import annotations
 

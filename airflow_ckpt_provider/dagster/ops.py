@@ -1,17 +1,7 @@
-"""Ops for a job's life, one verb each, as the Airflow operators (operators/job.py, control.py, snapshot.py):
-submit or reconnect, trigger a savepoint, stop with a savepoint, cancel, restart, dispose of snapshots, and wait
-until the job is healthy.
+"""Ops for a job's life, one verb each, as the Airflow operators: submit or reconnect, savepoint, stop, cancel,
+restart, dispose of snapshots, wait until healthy, upgrade and rescale.
 
-The same calls as the operators: the decisions in core/ (submission.py, jobview.py), the launch in
-launcher/deploy.py, requests through the control channel (core/records/control.py) answered by the driver, and waits on
-the same watches (core/watches/), polled in the op's process (an op has no triggerer to defer to). Every op takes
-the resource ``ckpt`` (dagster/resources.py). Expected refusals (nothing to request, a STOPPING job, a bad
-setting) fail the op with ``dg.Failure`` whose description says what was expected, found and what to do.
-
-The upgrade and the rescale (``upgrade_streaming_job``, ``rescale_streaming_job``) run launcher/upgrade.py's
-JobUpgrade, the driver of ``ckpt job upgrade|rescale``: the steps are decided by launcher/upgradesteps.py, as for
-UpgradeStreamingJobOperator; the op gives its config and logs each step the driver says.
-"""
+Design notes: docs/dagster.md#design-notes-dagsteropspy."""
 
 # No ``from __future__ import annotations``: Dagster reads the ops' parameter annotations (the config class, the
 # resource) at definition time and does not resolve them from strings.

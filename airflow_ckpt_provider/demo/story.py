@@ -1,27 +1,7 @@
-"""The demo: a PySpark streaming job operated from Airflow like a Flink job, on the embedded default.
+"""The demo: a PySpark streaming job operated from Airflow like a Flink job, on the embedded default: keep-alive,
+savepoint and restore, upgrade, stop, exact totals (``--cluster``: on a Spark standalone cluster).
 
-Starts SeaweedFS (S3) and tansu (Kafka) on 127.0.0.1, a throwaway Airflow home (sqlite), produces
-orders, and runs the example DAGs in dags/ with ``airflow dags test`` (deferred tasks run in-process).
-With ``--cluster`` the jobs run on a Spark standalone cluster on 127.0.0.1 (a master and two workers whose
-own Python has none of the job's modules: the executors' Python is shipped):
-
-1. ``ckpt_keep_alive``: submit the example job (orders_v1.py) supervised on local Spark (on the cluster:
-   kill -9 an executor first, and see the same driver go on); while its health watch runs, kill -9 the
-   driver; then say, from the job store's records, who restarted it (status.json's RESTARTING,
-   deployments/<epoch>.json, spec/last.json), from which batch, in how long, and what the DAG did;
-2. ``ckpt_savepoint_restore``: a savepoint on demand, and the job restored from it;
-3. ``ckpt_upgrade_job``: upgrade to orders_v2.py keeping state (compatibility check, stop with
-   savepoint, start v2 from it, verify);
-4. stop with a final savepoint; the totals equal the produced stream exactly (the counts side by side); the
-   snapshots, as ``ckpt snapshot list`` shows them.
-
-Each DAG run's progress (our operators' and triggers' lines, each task's state) shows as it happens, indented under
-its step (progress.py). With ``--keep`` nothing stops at the end: SeaweedFS, tansu and the job keep running, an
-Airflow api-server serves the demo's Airflow home, and the demo prints the URLs, the admin password and the ``ckpt``
-commands to explore them until Ctrl-C (or SIGTERM) stops everything; the work directory (logs) stays.
-
-``World`` and ``AirflowHome`` (world.py) are also what the system tests (tests/system) drive.
-"""
+Design notes: docs/embedded.md#design-notes-demostorypy."""
 
 from __future__ import annotations
 

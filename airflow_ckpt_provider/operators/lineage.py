@@ -1,21 +1,6 @@
 """OpenLineage facets of the operators that launch a job (submit, restart, upgrade).
 
-Optional: Airflow's OpenLineage provider calls ``get_openlineage_facets_on_start``/``_on_complete`` when it is
-installed and configured; without it nothing here is called, and nothing here imports it at module level
-(``to_operator_lineage`` imports it, and operators/lineagefacets.py, when it runs).
-
-What is known, and when (docs/airflow.md#lineage):
-
-- before the launch: the job, the code version, the restore asked for, and the ``inlets``/``outlets`` the DAG
-  author declared;
-- for the driver it launches (``launch_env``): OpenLineage's transport, namespace and parent run, so that the
-  driver sends RUNNING events while the job runs (runtime/lineage.py);
-- after it (on complete): spec/last.json (the launch id), status.json (the driver's epoch, and its sources'
-  end offsets: the Kafka topics of each ``ckpt-kafka`` source, with the brokers when it sets
-  ``commitGroupId``) and deployments/<epoch>.json (how that driver started: the snapshot restored from).
-
-The job file's sinks are not recorded anywhere the Airflow side can read: they come from ``outlets`` only.
-"""
+Design notes: docs/airflow.md#design-notes-operatorslineagepy."""
 
 from __future__ import annotations
 

@@ -1,24 +1,6 @@
 """Upgrade a running job to new code, keeping its state; roll back if the new code does not make progress.
 
-Observe, decide, act one step at a time (the Flink Kubernetes Operator's upgrade). The steps, refusals and
-decisions are launcher/upgradesteps.py's (``prepare``, ``next_step``), shared with ``ckpt job rescale|upgrade``;
-these operators only act: they start each step, defer with its trigger, and feed the event back on resume.
-
-1. check: the new code restores the current state (Spark plans a batch on a scratch copy of the latest
-   snapshot: state operators, partitions, schemas), in a process of its own whose verdict the task waits for
-   deferred (core/records/restore_check.py) - refused here, before anything stops;
-2. stop the old driver: stop-with-savepoint (``savepoint``) or cancel (``last-state``, ``stateless``);
-3. start the new code from that savepoint / the latest state / no state;
-4. verify: ``verify_batches`` batches within ``verify_timeout`` seconds, no failure or restart;
-5. on failure, roll back: the old code from the same snapshot (a newer launch supersedes the failing
-   one's supervisor and its driver is fenced by the lease), then the task fails saying so.
-
-With ``partitions`` the upgrade also rescales the state (RescaleStreamingJobOperator: the same code with
-other partitions). The check of step 1 runs on a copy repartitioned with Spark's offline repartition, and
-between steps 2 and 3 the savepoint is repartitioned on a copy and saved as a savepoint of its own (trigger
-``rescale``; the same detached process as the check, its verdict awaited the same way); step 3 starts from
-that one, and a rollback goes back to the savepoint of step 2 with the old partitions (docs/rescaling.md).
-"""
+Design notes: docs/airflow.md#design-notes-operatorsupgradepy."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
 """What every trigger of this provider shares: poll a core watch in a thread until it decides or times out.
 
-Subclasses name their arguments and build their watch; the loop, the timeout, the hold and the error event
-are here. Each trigger yields exactly one event, whose status is from its ``STATUSES``: the watch's closed
-set plus ``timeout`` and ``error`` (with a traceback).
-
-Airflow's triggerer imports a trigger's module and builds the trigger on its event loop, so these modules
-import nothing heavy at module level (the watches, the hooks, boto3 and confluent-kafka are imported by
-``build_watch``, in a thread), and ``run()`` awaits every call that reads a connection or the job store in
-a thread (``asyncio.to_thread``).
-"""
+Design notes: docs/airflow.md#design-notes-triggersbasepy."""
 
 from __future__ import annotations
 

@@ -1,22 +1,6 @@
 """Asset watchers' event triggers: a DAG scheduled on "a new savepoint of job X" or "lag of group G above N".
 
-``SnapshotEventTrigger`` and ``KafkaLagEventTrigger`` are ``BaseEventTrigger``s for ``AssetWatcher``: they run
-in the triggerer for as long as an unpaused DAG is scheduled on their asset (no worker slot), and each event
-they yield becomes an asset event whose ``extra`` is ``{"from_trigger": True, "payload": <the event>}``.
-
-They poll a cursor watch (core/watches/events.py) and keep its cursor in Airflow's asset state store (the
-key ``cursor_key()`` of the watched asset; in memory when the trigger runs outside a watcher). Airflow
-re-creates a watcher's trigger from the same kwargs after a triggerer restart, so the kwargs cannot carry
-what was announced: the state store does. The cursor of an announcement is written only on the poll after
-it, at least ``CONFIRM_DELAY`` s later, once the triggerer (which stores events every second) has stored the
-asset event; a triggerer that stops in between re-announces it. So: at least once, a duplicate only after a
-triggerer restart or trigger move within that delay; never a miss. Exactly once is out of reach: Airflow
-stores the asset event and the state store entry in separate transactions, and a trigger cannot read asset
-events. Downstream DAGs key their work on the payload's ``snapshot_id``.
-
-They never end and yield no ``timeout`` or ``error`` event (an event would be an asset event): job store,
-Kafka and state store errors are logged (each distinct message once) and retried every ``poll_interval``.
-"""
+Design notes: docs/airflow.md#design-notes-triggerseventspy."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
 """The Streaming jobs page: a FastAPI app the Airflow API server mounts at ``/ckpt-jobs`` (ui/plugin.py).
 
-Airflow does not authenticate a plugin's app: every route here does, with the API server's own
-dependencies (the ``_token`` cookie of the UI, or a bearer token). Reading needs permission to read DAGs;
-an action (savepoint, stop with savepoint, cancel) needs permission to trigger DAG runs, as starting the
-operators that do the same would. An action goes through the operators' checks and control channel
-(core/views/jobview.check_can_request, core/records/control.submit_request): a request no driver would answer is refused
-and nothing is written. Each one is written to Airflow's audit log (event ``ckpt.<action>``, the user) and
-logged as one line with the user, job, epoch and request id.
-
-Pages are rendered on the server (Jinja2, no build step, readable without JavaScript); a small script
-sends the actions and shows their answers. The same data is served as JSON under ``/api``.
-"""
+Design notes: docs/airflow.md#design-notes-uiapppy."""
 
 from __future__ import annotations
 
