@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+
+from msgspec.structs import replace
 
 from airflow_ckpt_provider.core.errors import ConflictError
 from airflow_ckpt_provider.core.snapshots.checkpoint import id_ranges
@@ -94,7 +96,7 @@ def commit_batch(storage: Storage, manifest: BatchManifest,
             crash("files.commit.after-fork-record")
         target = replace(manifest, timeline=decision.timeline)
         crash("files.commit.before-manifest")
-        created = storage.create(target.key, target.to_json())
+        created = storage.create(target.key, target.to_bytes())
         crash("files.commit.after-manifest")
         if created:
             if forked is not None:
@@ -146,8 +148,7 @@ def _fork(storage: Storage, manifest: BatchManifest, coverage: Coverage, decisio
     abandoned = tuple(sorted(m.batch_id for m in shown if m.batch_id >= manifest.batch_id))
     record = TimelineRecord(manifest.query_id, decision.timeline, decision.parent, manifest.batch_id,
                             coverage.digest, now_iso(), abandoned, decision.reason)
-    if not storage.create(timeline_key(manifest.query_id, decision.timeline),
-                          json.dumps(record.to_dict(), sort_keys=True).encode()):
+    if not storage.create(timeline_key(manifest.query_id, decision.timeline), record.to_bytes()):
         return None
     _upgrade_identity(storage)
     return record

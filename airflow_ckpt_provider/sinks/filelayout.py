@@ -8,11 +8,14 @@ import io
 import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import msgspec
 
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
+from airflow_ckpt_provider.core.records.base import Record, Upgrade
 from airflow_ckpt_provider.core.snapshots.coverage import Coverage
 from airflow_ckpt_provider.core.store.storage import S3Options, Storage, open_storage
 from airflow_ckpt_provider.sinks.timelines import TimelineRecord, Timelines, effective, split
@@ -108,20 +111,27 @@ class DataFile:
     partition: int
 
 
-@dataclass(frozen=True)
-class BatchManifest:
-    """The commit record of one batch of one query: the only thing that makes files visible.
+class BatchManifest(Record, frozen=True, kw_only=True):
+    """The commit record of batch ``batch_id`` of query ``query_id`` on timeline ``timeline``: the only thing that
+    makes its Parquet ``files`` visible. ``coverage``/``previous``: digests of the batch's and the previous batch's
+    offsets log entries (core/snapshots/coverage.py; None in manifests of version 1); ``offsets``: the sources' end
+    offsets, for people reading the sink; ``schema``: Spark's StructType of the rows; ``rows`` and ``bytes`` are
+    written for people too. Written once (create-if-absent) by the sink's driver-side commit (sinks/filecommit.py);
+    read by every reader of the sink, its verify and gc, and the next commits."""
 
-    ``coverage``/``previous``: digests of the batch's and the previous batch's offsets log entries
-    (core/snapshots/coverage.py; None in manifests of version 1); ``timeline``: the timeline it belongs to.
-    """
+    SCHEMA = VERSION
+    WHAT = "ckpt-files commit manifest"
+    KEY = "<sink>/_commits/<query id>/<batch id>[-t<timeline>].json"
+    UPGRADES: ClassVar[dict[int, Upgrade]] = {1: dict}  # version 2 added timelines: a version 1 one is of timeline 0
 
+    schema: int = msgspec.field(default=0, name="version")  # the record's version, the sink's VERSION
+    format: str = FORMAT
     job: str
     query_id: str
     batch_id: int
     files: tuple[DataFile, ...]
-    committed_at: str = field(default_factory=now_iso)
-    schema: dict[str, Any] | None = None  # Spark's StructType.jsonValue()
+    committed_at: str = msgspec.field(default_factory=now_iso)
+    spark_schema: dict[str, Any] | None = msgspec.field(default=None, name="schema")  # StructType.jsonValue()
     arrow_schema: str | None = None  # hex of the IPC-serialized pyarrow schema, for empty reads
     timeline: int = 0
     coverage: str | None = None
@@ -142,26 +152,20 @@ class BatchManifest:
 
     def covering(self, coverage: Coverage) -> BatchManifest:
         """This manifest recording ``coverage`` (what the batch read)."""
-        return replace(self, coverage=coverage.digest, previous=coverage.previous, offsets=list(coverage.offsets))
+        return msgspec.structs.replace(self, coverage=coverage.digest, previous=coverage.previous,
+                                       offsets=list(coverage.offsets))
 
-    def to_json(self) -> bytes:
-        d = asdict(self)
-        d.update(format=FORMAT, version=VERSION, rows=self.rows, bytes=self.total_bytes)
-        return json.dumps(d, sort_keys=True).encode()
+    def to_bytes(self) -> bytes:
+        return _ENCODER.encode({**self.to_dict(), self.version_key(): self.written_schema(), "rows": self.rows,
+                                "bytes": self.total_bytes})
 
-    @classmethod
-    def from_json(cls, data: bytes) -> BatchManifest:
-        d = json.loads(data)
-        return cls(job=d["job"], query_id=d["query_id"], batch_id=int(d["batch_id"]),
-                   files=tuple(DataFile(**f) for f in d["files"]), committed_at=d["committed_at"],
-                   schema=d.get("schema"), arrow_schema=d.get("arrow_schema"), timeline=int(d.get("timeline", 0)),
-                   coverage=d.get("coverage"), previous=d.get("previous"), offsets=d.get("offsets"))
 
+_ENCODER = msgspec.json.Encoder(order="sorted")
 
 
 def read_manifest(storage: Storage, key: str) -> BatchManifest | None:
     try:
-        return BatchManifest.from_json(storage.read(key))
+        return BatchManifest.from_bytes(storage.read(key), storage.uri(key))
     except FileNotFoundError:
         return None
 
@@ -169,7 +173,7 @@ def read_manifest(storage: Storage, key: str) -> BatchManifest | None:
 def read_timelines(storage: Storage, query_id: str) -> list[TimelineRecord]:
     """Every timeline record of ``query_id``, oldest first (including forks whose first batch never committed)."""
     keys = sorted(o.key for o in storage.list(f"{TIMELINES}/{query_id}/") if o.key.endswith(".json"))
-    return [TimelineRecord.from_dict(json.loads(storage.read(k))) for k in keys]
+    return [TimelineRecord.from_bytes(storage.read(k), storage.uri(k)) for k in keys]
 
 
 def query_timelines(storage: Storage, query_id: str, manifests: list[BatchManifest]) -> Timelines:
@@ -193,7 +197,7 @@ def committed_files(storage: Storage, query_id: str, batch_id: int) -> set[str] 
 def _read_all(storage: Storage, prefix: str) -> list[BatchManifest]:
     keys = [o.key for o in storage.list(prefix) if o.key.endswith(".json")]
     with ThreadPoolExecutor(8) as pool:
-        return list(pool.map(lambda k: BatchManifest.from_json(storage.read(k)), keys))
+        return list(pool.map(lambda k: BatchManifest.from_bytes(storage.read(k), storage.uri(k)), keys))
 
 
 def query_manifests(storage: Storage, query_id: str) -> list[BatchManifest]:
@@ -303,7 +307,7 @@ def read_spark(spark: Any, path: str, s3: S3Options | None = None, *, via: str =
     local = storage.local_path("x") is not None
     if via == "arrow" or (via == "auto" and not local):
         return spark.createDataFrame(read_committed(storage))
-    schema = next((StructType.fromJson(m.schema) for m in reversed(manifests) if m.schema), None)
+    schema = next((StructType.fromJson(m.spark_schema) for m in reversed(manifests) if m.spark_schema), None)
     files = [storage.uri(f.key) for m in manifests for f in m.files]
     if not local:
         files = ["s3a" + u[u.index("://"):] for u in files]

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.errors import ConfigError, StorageError
 from airflow_ckpt_provider.core.store.storage import ObjectInfo, S3Options, Storage
 from airflow_ckpt_provider.sinks.filelayout import (
     COMMITS,
@@ -79,8 +79,8 @@ def verify_sink(path: str | Storage, s3: S3Options | None = None, *, checksums: 
     by_query: dict[str, list[BatchManifest]] = {}
     for key in sorted(k for k in objects if k.startswith(COMMITS + "/")):
         try:
-            m = BatchManifest.from_json(storage.read(key))
-        except (ValueError, KeyError, TypeError) as err:
+            m = BatchManifest.from_bytes(storage.read(key), storage.uri(key))
+        except (ValueError, KeyError, TypeError, StorageError) as err:
             report.problems.append(f"{key}: unreadable manifest ({err})")
             continue
         if key != m.key:

@@ -159,7 +159,7 @@ class CkptFilesWriter(DataSourceStreamArrowWriter):
         manifest = BatchManifest(
             job=self.options.job, query_id=query_ids.pop(), batch_id=batchId,
             files=tuple(sorted((f for m in mine for f in m.files), key=lambda f: f.key)),
-            schema=self.schema.jsonValue(), arrow_schema=_arrow_schema_hex(self.schema),
+            spark_schema=self.schema.jsonValue(), arrow_schema=_arrow_schema_hex(self.schema),
         ).covering(coverage)
         commit_batch(self.options.storage(), manifest, lambda point: crash_point(point, batchId))
 

@@ -5,10 +5,11 @@ Design notes: docs/sinks.md#design-notes-sinkstimelinespy."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
+from airflow_ckpt_provider.core.records.base import Record
 from airflow_ckpt_provider.core.snapshots.coverage import Coverage
 
 #: Starts the message of a batch a sink refuses because of its timeline: the runtime finds it in the
@@ -16,9 +17,14 @@ from airflow_ckpt_provider.core.snapshots.coverage import Coverage
 REFUSED = "CKPT_TIMELINE_REFUSED:"
 
 
-@dataclass(frozen=True)
-class TimelineRecord:
-    """Timeline ``timeline`` (>= 1) of a query: it starts at ``fork_batch``, after ``parent``'s earlier batches."""
+class TimelineRecord(Record, frozen=True):
+    """Timeline ``timeline`` (>= 1) of a query: it starts at ``fork_batch``, after ``parent``'s earlier batches;
+    ``coverage`` is the digest of what its first batch read, ``abandoned`` the batches of the other timelines it
+    replaces, ``reason`` why it forked. Written once (create-if-absent) by the commit that forks
+    (sinks/filecommit.py); read by every commit and reader of the sink (``query_timelines``)."""
+
+    WHAT = "ckpt-files timeline record"
+    KEY = "<sink>/_timelines/<query id>/<timeline>.json"
 
     query_id: str
     timeline: int
@@ -28,15 +34,6 @@ class TimelineRecord:
     created_at: str
     abandoned: tuple[int, ...] = ()
     reason: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "abandoned": list(self.abandoned)}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TimelineRecord:
-        return cls(query_id=str(d["query_id"]), timeline=int(d["timeline"]), parent=int(d["parent"]),
-                   fork_batch=int(d["fork_batch"]), coverage=str(d["coverage"]), created_at=str(d["created_at"]),
-                   abandoned=tuple(int(b) for b in d.get("abandoned", ())), reason=str(d.get("reason", "")))
 
 
 class Committed(Protocol):

@@ -16,9 +16,10 @@ from airflow_ckpt_provider.core.records.base import Record
 HEADER = """# The job store's layout
 
 Generated from the record types (`core/records/`) by `python -m airflow_ckpt_provider.core.records.layout`;
-do not edit by hand. Every file below is a typed record: JSON with a `schema` version (the manifest's is
-`format`); unknown keys are ignored, older versions are upgraded when read, newer ones refused
-(`core/records/base.py`).
+do not edit by hand. Every file below is a typed record: JSON with a `schema` version (the snapshot manifest's
+is `format`, a ckpt-files commit manifest's `version`); unknown keys are ignored, older versions are upgraded when
+read, newer ones refused (`core/records/base.py`). Keys are under the job's root in the job store
+(`<store>/<job>/`), except those beginning `<sink>/`: the ckpt-files sink's own records, in its output location.
 """
 
 
@@ -28,7 +29,9 @@ MODULES = ("airflow_ckpt_provider.core.records.status", "airflow_ckpt_provider.c
            "airflow_ckpt_provider.core.records.start", "airflow_ckpt_provider.core.records.control",
            "airflow_ckpt_provider.core.records.supervision", "airflow_ckpt_provider.core.records.restore_check",
            "airflow_ckpt_provider.core.snapshots.manifest", "airflow_ckpt_provider.core.records.pending",
-           "airflow_ckpt_provider.core.snapshots.gc")
+           "airflow_ckpt_provider.core.snapshots.gc",
+           # the ckpt-files sink's own records, kept in its output location (keys beginning <sink>/)
+           "airflow_ckpt_provider.sinks.filelayout", "airflow_ckpt_provider.sinks.timelines")
 
 
 def record_types() -> list[type[Record]]:
@@ -58,6 +61,15 @@ def _type_name(tp: object) -> str:
     return text.replace("|", "\\|")  # a pipe would end the table cell
 
 
+def _default(field: msgspec.structs.FieldInfo) -> str:
+    """A field's default as the page shows it: its value, or what a factory makes (an empty container's value;
+    another factory by name, e.g. the time it is written)."""
+    if field.default is not msgspec.NODEFAULT:
+        return repr(field.default)
+    factory = field.default_factory
+    return repr(factory()) if factory in (dict, list, tuple, set) else f"`{getattr(factory, '__name__', factory)}()`"
+
+
 def markdown(types: Iterable[type[Record]]) -> str:
     out = [HEADER]
     for cls in types:
@@ -65,8 +77,7 @@ def markdown(types: Iterable[type[Record]]) -> str:
         out.append(f"## `{cls.KEY}`: {cls.WHAT} ({cls.version_key()} {cls.SCHEMA})\n\n{doc}\n")
         out.append("| field | type | default |\n| --- | --- | --- |")
         for field in msgspec.structs.fields(cls):
-            default = "required" if field.required else repr(
-                field.default if field.default is not msgspec.NODEFAULT else field.default_factory())
+            default = "required" if field.required else _default(field)
             out.append(f"| `{field.encode_name}` | `{_type_name(field.type)}` | {default} |")
         out.append("")
     return "\n".join(out)

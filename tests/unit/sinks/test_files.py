@@ -168,7 +168,7 @@ def test_verify_finds_missing_resized_corrupt_orphan_and_foreign(sink: LocalStor
 def test_verify_flags_a_file_in_two_manifests_and_a_misplaced_manifest(sink: LocalStorage) -> None:
     f = _file(sink, 0, 0, [1])
     commit_batch(sink, _manifest(0, f))
-    sink.write(manifest_key(Q, 1), _manifest(0, f).to_json())
+    sink.write(manifest_key(Q, 1), _manifest(0, f).to_bytes())
     problems = verify_sink(sink).problems
     assert any("listed by two manifests" in p for p in problems)
     assert any("expected at _commits" in p for p in problems)
@@ -404,6 +404,6 @@ def test_gc_deletes_abandoned_batches_only_once_their_fork_is_older_than_the_gra
 
 def test_manifests_of_version_1_without_coverage_are_still_skipped_as_replays(sink: LocalStorage) -> None:
     old = BatchManifest(job="orders", query_id=Q, batch_id=0, files=(_file(sink, 0, 0, [1]),))
-    sink.write(old.key, old.to_json())  # as written by the previous release: no coverage
+    sink.write(old.key, old.to_bytes())  # as written by the previous release: no coverage
     again = commit_batch(sink, _manifest(0, _file(sink, 0, 0, [9], attempt="a2")))
     assert not again.committed and read_committed(sink).column("v").to_pylist() == [1]
