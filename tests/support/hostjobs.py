@@ -1,0 +1,427 @@
+"""Jobs on the test hosts of issue 41 (tests/support/hosts.py): drivers whose output lines are stamped with their
+arrival time, the known stream they read, the exactly-once sink they write, and the commits their lines show.
+
+Used by the scenarios of tests/integration/test_partitions.py (the driver cut from the store, from Kafka) and
+tests/integration/test_paused_driver.py (a driver paused past its lease). Each driver runs tests/jobs/eo_job.py
+(``dropDuplicates(["id"])`` over a 3-partition topic into one exactly-once sink) with ``ckpt run`` unsupervised,
+local[2] bound to its host's address, and a live checkpoint and CKPT_HOME of its own on the shared file system
+(namespaces separate the network only). Every output line is stamped with the time it arrived here (one wall clock:
+the hosts share this machine's); lines that carry their log record's own time (``2026-11-28 09:57:43,860 INFO``)
+can also be timed by it, which a line held in a pipe while its writer was paused does not change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+from airflow_ckpt_provider.core.records.lease import LeaseRecord, read_lease
+from airflow_ckpt_provider.core.records.status import JobStatus
+from airflow_ckpt_provider.core.store.storage import S3Options
+from tests.support.exactlyonce import EO_JOB, FilesSink, KafkaSink, new_sink_topic
+from tests.support.hosts import Host, Topology
+from tests.support.runtimejob import SPARK_CONF, JobEnv, produce
+
+BUCKET = "ckpt"
+POLL = 1.0  # --poll-interval: the driver looks at its lease every second
+FENCE_GRACE = 4.0  # --fence-grace: outage tolerance 3 s; a newer driver waits max(4, 2*1+1, 3+1+1) = 5 s
+MAX_OFFSETS = 150  # records per batch at most: a driver keeps up with the feed (a batch takes 2.5-4 s here)
+CHUNK = 10  # new ids per feed (plus the previous feed's second copies): one feed a second, 20 records/s
+FEEDS = 150  # at most: the feed is bounded however long the drivers take
+WAIT = 180.0
+
+#: A ckpt-kafka task's commit line (kafka/writer.py) and the sink's driver-side commit line.
+TASK_COMMIT = re.compile(r"batch (\d+) partition (\d+) of job \S+ \(query (\S+)\): (\d+) records committed by")
+BATCH_COMMIT = re.compile(r"batch (\d+) of job \S+ \(query \S+\) committed: ")
+#: The ckpt-files sink's driver-side commit line (sinks/filecommit.py): its manifest was created.
+FILES_COMMIT = re.compile(r"ckpt-files committed job \S+ query (\S+) batch (\d+) \(timeline (\d+)")
+#: The Python worker that runs a sink's driver-side commit (Spark's commit runner), from its commit line.
+COMMIT_WORKER = re.compile(r"\[worker (\d+)\]: (?:ckpt-files committed job |batch \d+ of job \S+ \(query \S+\) "
+                           r"committed: )")
+#: The runtime's batch line (runtime/driver.py): Spark committed the batch.
+COMPLETED = re.compile(r"job \S+ epoch (\d+) batch (\d+): completed, (\d+) rows")
+#: The second driver's restore (core/snapshots/restore.py).
+RESTORED = re.compile(r"snapshot \S+ \(batch (\d+)\): restored into")
+#: The lease watch's stop (runtime/leasewatch.py).
+WATCH_STOP = "stopping the query now, nothing may commit"
+#: The known limit of the ckpt-kafka sink when the first driver's live checkpoint is on its own host
+#: (docs/reliability.md, scenario 1): the second resumes from the newest snapshot the store has; the batches the
+#: first committed to Kafka after that snapshot are written again.
+KAFKA_LIMIT = ("ckpt-kafka with the live checkpoint on the first driver's host: the second driver resumes from the "
+               "newest snapshot in the store and writes again the batches the first committed to Kafka after it "
+               "(Kafka cannot unpublish them; docs/reliability.md, scenario 1)")
+
+_LOGGED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+
+
+def logged_time(line: str) -> float | None:
+    """The time of a Python log record (``2026-11-28 09:57:43,860 ...``, local time) at the line's start."""
+    match = _LOGGED.match(line)
+    if match is None:
+        return None
+    return datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+class Stamped:
+    """A process on a test host whose output lines are read here and stamped with their arrival time (written to
+    ``log`` as ``<time> <line>``)."""
+
+    def __init__(self, name: str, host: Host, argv: list[str], env: dict[str, str], log: Path) -> None:
+        self.name = name
+        self.log = log
+        self.lines: list[tuple[float, str]] = []
+        self._lock = threading.Lock()
+        self.proc = host.popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert self.proc.stdout is not None
+        self._reader = threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True)
+        self._reader.start()
+
+    def _read(self, out: IO[bytes]) -> None:
+        with open(self.log, "a") as file:
+            for raw in iter(out.readline, b""):
+                now = time.time()
+                line = raw.decode(errors="replace").rstrip("\n")
+                with self._lock:
+                    self.lines.append((now, line))
+                file.write(f"{now:.3f} {line}\n")
+                file.flush()
+
+    def matching(self, pattern: re.Pattern[str], *, logged: bool = False) -> list[tuple[float, re.Match[str]]]:
+        """(time, match) of every line that matches: its arrival time, or with ``logged`` its log record's time
+        when the line has one (the moment it was written, even if the pipe held it while its writer was paused)."""
+        with self._lock:
+            lines = list(self.lines)
+        found = [(t, line, m) for t, line in lines if (m := pattern.search(line))]
+        return [((logged_time(line) or t) if logged else t, m) for t, line, m in found]
+
+    def first(self, text: str) -> float | None:
+        with self._lock:
+            return next((t for t, line in self.lines if text in line), None)
+
+    def containing(self, text: str) -> list[tuple[float, str]]:
+        with self._lock:
+            return [(t, line) for t, line in self.lines if text in line]
+
+    def wait(self, timeout: float) -> int:
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.name} still running after {timeout:.0f} s\n{self.tail()}") from None
+        self._reader.join(10)
+        return code
+
+    def tail(self, count: int = 40) -> str:
+        with self._lock:
+            lines = [line for _, line in self.lines]
+        ours = [ln for ln in lines if "airflow_ckpt_provider" in ln or "rror" in ln]
+        return f"--- {self.name} ({self.log}) ---\n" + "\n".join((ours or lines)[-count:])
+
+    def stop(self) -> None:
+        """Teardown: kill the whole process group (ckpt run, spark-submit's JVM, the Python driver, its workers)."""
+        if self.proc.poll() is None:
+            for pid in _group_members(self.proc.pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, 9)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, 9)
+            self.proc.wait(30)
+
+
+def _group_members(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in path.read_text().split()] if path.exists() else []
+
+
+def proc_state(pid: int) -> str | None:
+    """The process's state letter (R, S, T, Z...), None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def cpu_ticks(pid: int) -> int | None:
+    """utime + stime of the process (clock ticks), None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[11]) + int(fields[12])  # fields 14 and 15 of /proc/PID/stat
+
+
+_SYSCALLS = {0: "read", 1: "write", 7: "poll", 23: "select", 35: "nanosleep", 44: "sendto", 45: "recvfrom",
+             46: "sendmsg", 47: "recvmsg", 61: "wait4", 202: "futex", 230: "clock_nanosleep", 232: "epoll_wait",
+             270: "pselect6", 271: "ppoll", 281: "epoll_pwait"}
+_FD_CALLS = {"read", "write", "sendto", "recvfrom", "sendmsg", "recvmsg"}
+
+
+def blocked_on(pid: int) -> str:
+    """Where each thread of a (stopped) process is: its system call and, for a socket, the peer it talks to
+    (``recvfrom(fd 9: tcp 10.213.41.10:8333)``); from /proc/PID/task/TID/syscall, as root."""
+    found = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*"), key=lambda p: int(p.name)):
+        try:
+            fields = (task / "syscall").read_text().split()
+        except OSError:
+            continue
+        if not fields or fields[0] == "running" or int(fields[0]) < 0:
+            found.append(f"{task.name}: running")
+            continue
+        name = _SYSCALLS.get(int(fields[0]), f"syscall {fields[0]}")
+        args = [int(a, 16) for a in fields[1:7]]
+        fds = [args[0]] if name in _FD_CALLS else _poll_fds(pid, args[0], args[1]) if name in ("poll", "ppoll") else []
+        found.append(f"{task.name}: {name}({', '.join(_describe_fd(pid, fd) for fd in fds)})")
+    return "; ".join(found) or "gone"
+
+
+def _poll_fds(pid: int, address: int, count: int) -> list[int]:
+    import struct
+
+    try:
+        with open(f"/proc/{pid}/mem", "rb") as mem:
+            mem.seek(address)
+            data = mem.read(8 * min(count, 16))
+    except OSError:
+        return []
+    return [struct.unpack_from("ihh", data, 8 * i)[0] for i in range(len(data) // 8)]
+
+
+def _describe_fd(pid: int, fd: int) -> str:
+    import ipaddress
+
+    try:
+        target = os.readlink(f"/proc/{pid}/fd/{fd}")
+    except OSError:
+        return f"fd {fd}"
+    inode = target[len("socket:["):-1] if target.startswith("socket:[") else None
+    if inode is None:
+        return f"fd {fd}: {target}"
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                cols = line.split()
+                if cols[9] == inode:
+                    host, port = cols[2].split(":")
+                    if len(host) == 8:  # IPv4, little-endian
+                        addr = str(ipaddress.IPv4Address(int.from_bytes(bytes.fromhex(host), "little")))
+                    else:
+                        addr = host
+                    return f"fd {fd}: tcp {addr}:{int(port, 16)}"
+    return f"fd {fd}: {target}"
+
+
+def alive(pids: list[int]) -> list[int]:
+    """The processes of ``pids`` that still exist and are not zombies."""
+    return [p for p in pids if Path(f"/proc/{p}").exists() and proc_state(p) not in (None, "Z")]
+
+
+class Feed:
+    """The known stream, produced from the launcher host: each feed CHUNK new ids and the previous feed's second
+    copies (dropDuplicates keeps the first), one a second on a thread, until ``finish()``; FEEDS at most."""
+
+    def __init__(self, launcher: Host, bootstrap: str, topic: str) -> None:
+        self.launcher = launcher
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.next_id = 0
+        self.records = 0
+        self.pending: tuple[int, int] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="feed", daemon=True)
+        self.error: BaseException | None = None
+
+    def _produce(self, start: int, count: int) -> None:
+        self.launcher.call(produce, self.bootstrap, self.topic, start, count)
+        self.records += count
+
+    def feed(self) -> None:
+        self._produce(self.next_id, CHUNK)
+        if self.pending:
+            self._produce(*self.pending)
+        self.pending = (self.next_id, CHUNK)
+        self.next_id += CHUNK
+
+    def _loop(self) -> None:
+        try:
+            for _ in range(FEEDS):
+                if self._stop.wait(1.0):
+                    return
+                self.feed()
+        except BaseException as err:  # reported by finish()
+            self.error = err
+
+    def start(self) -> None:
+        self.feed()
+        self._thread.start()
+
+    def halt(self) -> None:
+        """Teardown: stop feeding, produce nothing more."""
+        self._stop.set()
+
+    def finish(self) -> None:
+        """Stop feeding; produce the last feed's second copies: every id has been produced twice."""
+        self._stop.set()
+        self._thread.join(60)
+        assert self.error is None, f"the feed failed: {self.error!r}"
+        if self.pending:
+            self._produce(*self.pending)
+        self.pending = None
+
+
+@dataclass
+class Scenario:
+    """One run of a scenario with one sink: the topology, the job, its drivers and what the test measured."""
+
+    topo: Topology
+    env: JobEnv
+    sink: Any
+    work: Path
+    drivers: list[Stamped] = field(default_factory=list)
+    times: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def launcher(self) -> Host:
+        return self.topo["launcher"]
+
+    def in_launcher(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return self.launcher.call(fn, *args, **kwargs)
+
+    def status(self) -> JobStatus | None:
+        return self.in_launcher(self.env.status)  # type: ignore[no-any-return]
+
+    def lease(self) -> LeaseRecord | None:
+        return self.in_launcher(lambda: read_lease(self.env.store()))  # type: ignore[no-any-return]
+
+    def start_driver(self, name: str, host: Host, *args: str) -> Stamped:
+        env = self.env.env(MAX_OFFSETS, {**self.sink.env()})
+        env.update(SPARK_LOCAL_IP=host.address, CKPT_HOME=str(self.work / f"home-{name}"))
+        argv = [sys.executable, "-m", "airflow_ckpt_provider.cli", "run", str(EO_JOB), "--job", self.env.job,
+                "--store", self.env.store_url, "--checkpoint", str(self.work / f"checkpoint-{name}"),
+                "--master", "local[2]", "-v", "--poll-interval", str(POLL), "--fence-grace", str(FENCE_GRACE),
+                *args]
+        conf = [*SPARK_CONF, *(f"{k}={v}" for k, v in self.sink.conf().items()),
+                f"spark.driver.host={host.address}", f"spark.driver.bindAddress={host.address}"]
+        for setting in conf:
+            argv += ["--conf", setting]
+        driver = Stamped(name, host, argv, env, self.work / f"{name}.log")
+        self.drivers.append(driver)
+        return driver
+
+    def wait_status(self, what: str, ok: Any, timeout: float, *watch: Stamped) -> JobStatus:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                status = self.status()
+            except Exception:  # the store answers again on the next look
+                status = None
+            if status is not None and ok(status):
+                return status
+            for driver in watch:
+                if driver.proc.poll() is not None:
+                    raise AssertionError(f"{driver.name} exited with {driver.proc.returncode} while waiting for "
+                                         f"{what}; status {status}\n{driver.tail()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; status {status}\n"
+                                     + "\n".join(d.tail() for d in watch))
+            time.sleep(0.3)
+
+    def wait_newer_lease(self, than: int, driver: Stamped, timeout: float = WAIT) -> LeaseRecord:
+        """The lease once a driver newer than epoch ``than`` took it (``driver``, which must not exit meanwhile)."""
+        lease = None
+        deadline = time.monotonic() + timeout
+        while lease is None or lease.epoch <= than:
+            assert time.monotonic() < deadline, f"{driver.name} took no lease in {timeout:.0f} s\n{driver.tail()}"
+            assert driver.proc.poll() is None, f"{driver.name} exited with {driver.proc.returncode}\n{driver.tail()}"
+            time.sleep(0.3)
+            with contextlib.suppress(Exception):  # the store answers again on the next look
+                lease = self.lease()
+        return lease
+
+    def consumed(self, status: JobStatus) -> int:
+        return self.env.consumed(status)
+
+
+def grace_end(lease: LeaseRecord) -> float:
+    """When a driver that took ``lease`` from a running one may first commit: its lease time plus the grace it
+    waits for the previous holder (Lease.grace, with this module's settings)."""
+    return lease.acquired_at + max(FENCE_GRACE, 2 * POLL + 1.0, (FENCE_GRACE - POLL) + POLL + 1.0)
+
+
+def files_sink(s3: Any) -> FilesSink:
+    return FilesSink(f"s3://{BUCKET}/out", S3Options(endpoint_url=s3.endpoint_url, region=s3.region,
+                                                     access_key_id=s3.access_key, secret_access_key=s3.secret_key))
+
+
+def kafka_sink(topo: Topology, kafka: Any) -> KafkaSink:
+    topic = topo["kafka"].call(new_sink_topic, kafka)
+    return KafkaSink(kafka.bootstrap_servers, topic)
+
+
+def ground(topo: Topology, sink_name: str, work: Path, job_prefix: str) -> Scenario:
+    """SeaweedFS on ``store`` (the job store and the files sink's bucket), tansu with memory storage on ``kafka``
+    (the input topic, 3 partitions, and the Kafka sink's topic), and the job's scenario, nothing started yet."""
+    s3 = topo.start_store()
+    kafka = topo.start_kafka(on_s3=False)  # memory storage: no tansu-on-S3 ListOffsets lag; the faults are elsewhere
+    topo["launcher"].call(s3.create_bucket, BUCKET)
+    topic = f"t-{uuid.uuid4().hex[:10]}"
+    topo["kafka"].call(kafka.create_topic, topic, 3)
+    sink = kafka_sink(topo, kafka) if sink_name == "kafka" else files_sink(s3)
+    env = JobEnv(s3, kafka, work, BUCKET, topic, job=f"{job_prefix}-{sink_name}-{uuid.uuid4().hex[:6]}")
+    return Scenario(topo, env, sink, work)
+
+
+def commit_times(driver: Stamped, *, logged: bool = False) -> list[tuple[float, str]]:
+    """Every sink commit the driver's lines show, (time, what): the ckpt-kafka tasks' and driver-side commits, the
+    ckpt-files manifest commits, the runtime's batch completions (Spark's commit). Arrival times, or the log
+    records' own times with ``logged``."""
+    found = [(t, f"task commit batch {m[1]} partition {m[2]}") for t, m in driver.matching(TASK_COMMIT, logged=logged)]
+    found += [(t, f"batch {m[1]} committed (sink's driver commit)")
+              for t, m in driver.matching(BATCH_COMMIT, logged=logged)]
+    found += [(t, f"batch {m[2]} committed (ckpt-files manifest, timeline {m[3]})")
+              for t, m in driver.matching(FILES_COMMIT, logged=logged)]
+    found += [(t, f"batch {m[2]} completed (Spark commit)") for t, m in driver.matching(COMPLETED, logged=logged)]
+    return sorted(found)
+
+
+def only_after_snapshot(sc: Scenario, first: Stamped, second: Stamped, duplicated: list[int],
+                        twice: list[tuple[str, str, str]]) -> bool:
+    """Whether every duplicate of the Kafka sink is of a batch the first driver committed after the snapshot the
+    second restored (the known limit, ``KAFKA_LIMIT``), from the records' ``ckpt`` headers and the drivers' lines;
+    the numbers go to ``sc.times``."""
+    from tests.support.kafkasink import read_all
+
+    restored = [int(m[1]) for _, m in second.matching(RESTORED)]
+    first_batches = [int(m[1]) for _, m in first.matching(BATCH_COMMIT)]
+    first_batches += [int(m[1]) for _, m in first.matching(TASK_COMMIT)]
+    if not restored or not first_batches:
+        return False
+    low, high = restored[0], max(first_batches)
+    records = sc.in_launcher(read_all, sc.sink.bootstrap, sc.sink.topic)
+    batches_of: dict[int, set[int]] = {}
+    for record in records:
+        batches_of.setdefault(int(json.loads(record.value)["id"]), set()).add(record.batch_id)
+    outside = [i for i in duplicated if not batches_of.get(i, set()) <= set(range(low + 1, high + 1))]
+    twice_outside = [k for k in twice if not low < int(k[0]) <= high]
+    sc.times["second driver restored batch"] = low
+    sc.times["first driver: last committed batch"] = high
+    sc.times["batches written again"] = high - low
+    print(f"known limit check: restored batch {low}, first driver's last batch {high}, duplicated ids outside "
+          f"({low}, {high}]: {outside[:10]}, twice outside: {twice_outside[:10]}")
+    return not outside and not twice_outside
+
+
+def check_left_behind(topo: Topology, pids: list[int]) -> None:
+    """Nothing of the topology left: no namespace, link or process (``pids``: the hosts' processes at the end)."""
+    assert topo.leftovers() == {"namespaces": [], "links": [], "processes": []}, "something left behind"
+    assert not alive(pids), f"processes left behind: {alive(pids)}"
