@@ -1,0 +1,346 @@
+"""Issue 41, scenario 5: a driver paused (SIGSTOP, a GC-like stall of its whole host) for longer than its lease,
+then resumed while a newer driver runs the job: the resumed one commits nothing.
+
+Topology and job as scenario 1 (tests/integration/test_partitions.py, tests/support/hostjobs.py): ``store``
+(SeaweedFS: the job store and the files sink's bucket), ``kafka`` (tansu, memory storage), ``driver`` (the first
+``ckpt run``), ``launcher`` (the second ``ckpt run`` and the test's clients). The first driver runs
+tests/jobs/eo_job.py into one exactly-once sink with its live checkpoint on its own host; once it has completed three
+batches and stored a snapshot, every process of its host is stopped (``Topology.pause``) at the worst moment the test
+can pick: when the sink's driver-side commit of the next batch starts (Spark's Python commit runner, the process
+that creates a ckpt-files manifest or logs a ckpt-kafka batch's commit, gets busy), after the batch's tasks wrote
+their output. At once a second driver starts on the launcher host (``--restore latest-state``): it takes the lease
+with a higher epoch, waits out the grace (the paused driver's process is alive), restores the newest snapshot and
+runs. Once it has completed a batch, the pause ends (SIGCONT to the same processes; bounded by ``PAUSE_MAX`` in any
+case).
+
+The claim: the resumed driver makes no sink commit after the resume (no ckpt-kafka task commit, no sink
+driver-side commit, no ckpt-files manifest, no Spark batch completion: its lines timed by their log records' own
+times, which a pipe that held a line during the pause does not change; with the files sink also no manifest of its
+in the store created after the resume); it exits 3 (``EXIT_FENCED``) saying a newer epoch holds the lease; every
+input id is in the sink's committed view exactly once; nothing is left behind. The ckpt-kafka variant can fail the
+exactness claim by the known limit of a live checkpoint on the first driver's host (docs/reliability.md, scenario
+1, finding 2): then, and only then, it ends in ``pytest.xfail``.
+
+Finding 3 (docs/reliability.md, scenario 5; not fixed, a product fix is needed in the ckpt-files sink): when the pause
+lands inside the ckpt-files commit's S3 requests, the commit runner completes the commit after the resume, 0.1-0.7 s
+after it, although the lease watch stopped the query within 0.03 s: the runner is a process of its own that Spark
+kills only later. It finds the batch committed by the newer driver with other content and forks the sink's timeline
+over it; the newer driver's next batch is then refused (CKPT_TIMELINE_REFUSED) and it ends with exit 7. The test
+asserts as above and, when exactly that happened (the resumed driver's only commits are the in-flight batch's
+manifest, by its commit runner, and it exited 3), ends in ``pytest.xfail`` naming the finding; imperatively, since
+a pause that lands elsewhere in the commit leaves nothing to commit after the resume, and the run passes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
+from airflow_ckpt_provider.core.records.lease import LeaseRecord
+from airflow_ckpt_provider.core.records.status import JobState
+from airflow_ckpt_provider.runtime.exitcodes import EXIT_FENCED, EXIT_STOPPED
+from tests.support import hosts
+from tests.support.exactlyonce import FilesSink, KafkaSink, expected_rows
+from tests.support.hostjobs import (
+    COMMIT_WORKER,
+    COMPLETED,
+    FILES_COMMIT,
+    KAFKA_LIMIT,
+    TASK_COMMIT,
+    WAIT,
+    WATCH_STOP,
+    Feed,
+    Scenario,
+    Stamped,
+    alive,
+    blocked_on,
+    check_left_behind,
+    commit_times,
+    cpu_ticks,
+    grace_end,
+    ground,
+    logged_time,
+    only_after_snapshot,
+    proc_state,
+)
+from tests.support.hosts import Fault, Topology
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(hosts.available() is not None, reason=str(hosts.available())),
+]
+
+PAUSE_MAX = 240.0  # the pause ends by itself after this, whatever the second driver did (bounded)
+#: Finding 3 (docs/reliability.md, scenario 5; not fixed): what the test reports as its expected failure.
+FINDING_3 = ("finding 3: the ckpt-files commit of the batch in flight, in Spark's Python commit runner, completes "
+             "after the resume (the lease watch stops the query, Spark kills the runner only ~0.2-0.7 s later) and "
+             "forks the sink's timeline over the newer driver's batch, whose next batch the sink then refuses")
+ARM_WINDOW = 30.0  # seconds to catch the next batch's commit; the pause then starts where the first driver is
+#: Seconds between the commit runner getting busy and the pause: 0.03 by default, where the pause lands inside the
+#: ckpt-files commit's S3 requests (3 of 3 runs hit finding 3 there on an idle machine; 0, 0.04-0.15 did not: docs/
+#: reliability.md, scenario 5).
+COMMIT_DELAY = float(os.environ.get("CKPT_TEST_PAUSE_DELAY", "0.03"))
+
+
+@pytest.mark.timeout(540)
+@pytest.mark.parametrize("sink_name", [
+    pytest.param("kafka", marks=pytest.mark.full(
+        proven_by="integration/test_paused_driver.py::test_driver_paused_past_its_lease_resumes_fenced_and_commits_"
+                  "nothing[files] (the same fencing: a resumed driver commits nothing once a newer one runs)")),
+    "files",
+])
+def test_driver_paused_past_its_lease_resumes_fenced_and_commits_nothing(sink_name: str, tmp_path: Path) -> None:
+    pids: list[int] = []
+    with Topology(["store", "kafka", "launcher", "driver"]) as topo:
+        try:
+            known_limit = _scenario(topo, sink_name, tmp_path)
+        finally:
+            pids = [p for role in topo.hosts for p in topo[role].pids()]
+    check_left_behind(topo, pids)  # (d)
+    if known_limit:
+        pytest.xfail(known_limit)
+
+
+def _scenario(topo: Topology, sink_name: str, work: Path) -> str:
+    """Run the scenario; '' if every claim held, the known limit's description if only it failed."""
+    sc = ground(topo, sink_name, work, "p5")
+    feed = Feed(sc.launcher, sc.env.kafka.bootstrap_servers, sc.env.topic)
+    try:
+        return _run(sc, feed)
+    finally:
+        feed.halt()
+        for driver in sc.drivers:
+            driver.stop()
+        (work / "report.json").write_text(json.dumps(sc.times, indent=1))
+        print(f"scenario 5 ({sink_name}): {json.dumps(sc.times)}")
+
+
+def _run(sc: Scenario, feed: Feed) -> str:
+    topo, times = sc.topo, sc.times
+    first = sc.start_driver("first", topo["driver"])
+    started = time.time()
+    feed.start()
+    status = sc.wait_status("three batches and a snapshot of the first driver",
+                            lambda s: s.batch_id is not None and s.batch_id >= 3 and s.last_snapshot is not None
+                            and s.state is JobState.RUNNING, WAIT, first)
+    first_epoch = status.epoch
+    completed = first.matching(COMPLETED)
+    times["first driver: first batch after start, s"] = round((completed[0][0] if completed else time.time())
+                                                              - started, 1)
+
+    # The pause, at the next batch's driver-side commit; at once a second driver on the launcher host.
+    pause, where = _pause_at_commit(sc, first)
+    t_pause = time.time()
+    times["pause at"] = t_pause
+    times["paused"] = where
+    times["first driver: last batch completed before the pause"] = max(
+        (int(m[2]) for _, m in first.matching(COMPLETED)), default=None)
+    second = sc.start_driver("second", topo["launcher"], "--restore", "latest-state")
+    lease = sc.wait_newer_lease(first_epoch, second, timeout=PAUSE_MAX - 10)
+    times["second driver: lease taken after the pause, s"] = round(lease.acquired_at - t_pause, 1)
+
+    # The pause ends once the second driver has completed a batch (or by its bound).
+    deadline = time.monotonic() + PAUSE_MAX
+    while pause.active and not second.matching(COMPLETED):
+        assert time.monotonic() < deadline, "the pause outlived its bound"
+        assert second.proc.poll() is None, f"the second driver exited with {second.proc.returncode}\n{second.tail()}"
+        time.sleep(0.2)
+    t_resume = time.time()  # before the SIGCONT: a line the first driver logs from now on was logged after it
+    pause.heal()
+    times["pause lasted, s"] = round(t_resume - t_pause, 1)
+    runner = times.get("commit runner")
+    while runner and alive([runner]) and first.proc.poll() is None and time.time() < t_resume + WAIT:
+        time.sleep(0.05)
+    if runner:
+        times["commit runner: gone, s after the resume"] = (round(time.time() - t_resume, 2) if not alive([runner])
+                                                            else None)
+    times["resumed"] = "after the second driver's first batch" if second.matching(COMPLETED) else "by its bound"
+    code = first.wait(WAIT)
+    t_exit = time.time()
+    times["first driver: exit after the resume, s"] = round(t_exit - t_resume, 1)
+    times["first driver: exit code"] = code
+    late = _after_resume(sc, first, t_pause, t_resume)
+
+    # The second driver finishes the feed, then stops with a savepoint (unless the first's late commit made the sink
+    # refuse its batches: finding 3, docs/reliability.md).
+    feed.finish()
+    second_failed = ""
+    try:
+        final = sc.wait_status(f"all {feed.records} records consumed by the second driver",
+                               lambda s: s.epoch == lease.epoch and sc.consumed(s) == feed.records
+                               and s.state is JobState.RUNNING, WAIT, second)
+    except AssertionError as err:
+        if not late:
+            raise
+        second_failed = str(err).splitlines()[0][:600]
+        times["second driver: failed"] = second_failed
+    else:
+        ack = sc.in_launcher(sc.env.request, RequestAction.STOP, final.epoch)
+        assert ack.outcome is Outcome.COMPLETED, ack
+        assert second.wait(WAIT) == EXIT_STOPPED, second.tail()
+    second_commits = commit_times(second)
+    times["second driver: first commit after the pause, s"] = (round(second_commits[0][0] - t_pause, 1)
+                                                              if second_commits else None)
+    second_done = second.matching(COMPLETED)
+    times["second driver: first completed batch after the pause, s"] = (round(second_done[0][0] - t_pause, 1)
+                                                                       if second_done else None)
+    return _assert(sc, feed, first, second, lease, t_resume, code, late, second_failed)
+
+
+def _pause_at_commit(sc: Scenario, first: Stamped) -> tuple[Fault, str]:
+    """Pause the first driver's host when its sink's driver-side commit of the next batch starts: the commit runner
+    (the Python worker whose pid the sink's commit lines show) gets CPU time after a batch completed. The runner is
+    stopped at once, the rest of the host a few milliseconds later; the pause ends by itself after ``PAUSE_MAX``."""
+    topo = sc.topo
+    host = topo["driver"]
+    runners = [int(m[1]) for _, m in first.matching(COMMIT_WORKER)]
+    runner = runners[-1] if runners else None
+    if runner is None or runner not in host.pids():
+        return topo.pause(host, seconds=PAUSE_MAX), f"untargeted (no commit runner found among {runners[-3:]})"
+    done = len(first.matching(COMPLETED))
+    deadline = time.monotonic() + ARM_WINDOW
+    while len(first.matching(COMPLETED)) == done and time.monotonic() < deadline:
+        time.sleep(0.01)
+    batch = max(int(m[2]) for _, m in first.matching(COMPLETED)) + 1
+    time.sleep(0.3)  # the runner answered the last commit well before that batch's line
+    base = cpu_ticks(runner)
+    armed = time.monotonic()
+    while time.monotonic() < deadline:
+        ticks = cpu_ticks(runner)
+        if ticks is None:
+            break
+        if ticks != base or proc_state(runner) == "R":
+            busy = time.monotonic() - armed + 0.3
+            if COMMIT_DELAY:
+                time.sleep(COMMIT_DELAY)
+            os.kill(runner, signal.SIGSTOP)
+            fault = topo.pause(host, seconds=PAUSE_MAX)
+            sc.times["commit runner at the pause"] = f"pid {runner}: {blocked_on(runner)}"
+            sc.times["commit runner"] = runner
+            return fault, (f"at the driver-side commit of batch {batch}: its commit runner (pid {runner}) got busy "
+                           f"{busy:.2f} s after batch {batch - 1} completed; paused {COMMIT_DELAY:g} s later")
+        time.sleep(0.002)
+    return topo.pause(host, seconds=PAUSE_MAX), (f"untargeted: the commit runner (pid {runner}) was not busy within "
+                                                 f"{ARM_WINDOW:.0f} s")
+
+
+def _after_resume(sc: Scenario, first: Stamped, t_pause: float, t_resume: float) -> list[tuple[float, str]]:
+    """The first driver's sink commits logged after the resume (seconds after it, what), and what it did then."""
+    times = sc.times
+    # The lines' own times are this machine's local time, as the arrival times: their gap is the pipe's delay.
+    gaps = sorted(abs(t - lt) for t, line in first.lines if (lt := logged_time(line)) is not None and t < t_pause)
+    assert gaps and gaps[len(gaps) // 2] < 2.0, f"log record times do not match arrival times: {gaps[-5:]}"
+    during = [line for t, line in first.lines if (lt := logged_time(line)) is not None and t_pause + 1.0 < lt
+              < t_resume]
+    times["first driver: lines logged during the pause"] = len(during)
+    assert not during, f"the paused driver logged during its pause (a process was not stopped): {during[:5]}"
+    late = [(round(t - t_resume, 2), what) for t, what in commit_times(first, logged=True) if t >= t_resume]
+    times["first driver: sink commits after the resume (s after it, what)"] = late
+    stop = [logged_time(line) or t for t, line in first.containing(WATCH_STOP)]
+    times["first driver: the lease watch stopped the query, s after the resume"] = (
+        [round(t - t_resume, 2) for t in stop if t >= t_resume] or None)
+    fenced = [logged_time(line) or t for t, line in first.containing("was fenced: the lease now shows epoch")]
+    times["first driver: fenced line, s after the resume"] = (round(fenced[0] - t_resume, 2) if fenced else None)
+    after = [(round((logged_time(line) or t) - t_resume, 2), line[24:220]) for t, line in first.lines
+             if (logged_time(line) or t) >= t_resume and "airflow_ckpt_provider" in line]
+    print("first driver's lines after the resume (s after it):\n" + "\n".join(f"{dt:7.2f} {ln}" for dt, ln in after))
+    if isinstance(sc.sink, FilesSink):
+        _files_after_resume(sc, first, t_resume)
+    return late
+
+
+def _files_after_resume(sc: Scenario, first: Stamped, t_resume: float) -> None:
+    """The ckpt-files manifests and timeline records in the store that the second driver did not log: the first
+    driver's; those created after the resume (S3's whole-second times) go to ``sc.times``."""
+    from airflow_ckpt_provider.core.store.storage import open_storage
+    from airflow_ckpt_provider.sinks.filelayout import COMMITS, TIMELINES, manifest_key
+
+    sink = sc.sink
+    assert isinstance(sink, FilesSink)
+    second = sc.drivers[1]
+    theirs = {manifest_key(m[1], int(m[2]), int(m[3])) for _, m in second.matching(FILES_COMMIT)}
+    objects = sc.in_launcher(lambda: [(o.key, o.mtime) for prefix in (f"{COMMITS}/", f"{TIMELINES}/")
+                                      for o in open_storage(sink.url, sink.s3).list(prefix)])
+    mine = [(key, mtime) for key, mtime in objects if key not in theirs and key.startswith(COMMITS)]
+    forks = [(key, mtime) for key, mtime in objects if key.startswith(TIMELINES)]
+    sc.times["first driver: manifests in the store"] = len(mine)
+    sc.times["first driver: manifests created after the resume"] = [k for k, m in mine if m >= int(t_resume)]
+    sc.times["timeline records (key, s after the resume)"] = [(k, round(m - t_resume, 1)) for k, m in forks]
+
+
+def _assert(sc: Scenario, feed: Feed, first: Stamped, second: Stamped, lease: LeaseRecord, t_resume: float,
+            code: int, late: list[tuple[float, str]], second_failed: str) -> str:
+    times = sc.times
+    times["second driver: grace ended, s before the resume"] = round(t_resume - grace_end(lease), 1)
+    rows = sc.in_launcher(sc.sink.committed)
+    counts = Counter(r[0] for r in rows)
+    duplicated = sorted(i for i, n in counts.items() if n > 1)
+    missing = sorted(set(range(feed.next_id)) - set(counts))
+    times["ids"] = feed.next_id
+    times["records"] = feed.records
+    times["committed rows"] = len(rows)
+    times["duplicated ids"] = len(duplicated)
+    times["missing ids"] = len(missing)
+    twice: list[tuple[str, str, str]] = []
+    if isinstance(sc.sink, KafkaSink):
+        log = "\n".join(line for d in (first, second) for _, line in d.lines)
+        commits = Counter((m[1], m[2], m[3]) for m in TASK_COMMIT.finditer(log))
+        twice = sorted(k for k, n in commits.items() if n > 1)
+        times["(batch, partition) committed by two transactions"] = len(twice)
+        times["rewrites after a restore (task warnings)"] = log.count("of another timeline")
+    print(f"scenario 5: {json.dumps(times, indent=1)}")
+
+    failures = []
+    # (a) nothing committed by the resumed driver.
+    if late:
+        failures.append(f"(a) the first driver committed after its resume: {late[:10]}")
+    manifests = times.get("first driver: manifests created after the resume")
+    if manifests:
+        failures.append(f"(a) ckpt-files manifests of the first driver created after its resume: {manifests[:10]}")
+    # (c) it exits 3, saying a newer epoch holds the lease.
+    fenced = f"was fenced: the lease now shows epoch {lease.epoch}"
+    if code != EXIT_FENCED or first.first(fenced) is None:
+        failures.append(f"(c) the first driver exited {code} (expected {EXIT_FENCED} with '{fenced}')\n{first.tail()}")
+    # (b) every id once in the sink's committed view.
+    exact = []
+    if duplicated or missing:
+        exact.append(f"{len(duplicated)} ids duplicated (first {duplicated[:10]}), {len(missing)} missing (first "
+                     f"{missing[:10]})")
+    elif sorted(rows) != expected_rows(feed.next_id):
+        exact.append("every id once, but some content differs")
+    if twice:
+        exact.append(f"(batch, partition, query) committed by both drivers: {twice[:10]}")
+    if not exact:
+        times["uncommitted"] = sc.in_launcher(sc.sink.check_nothing_uncommitted)
+    if second_failed:
+        failures.append(f"the second driver failed: {second_failed}")
+    if failures:
+        message = "; ".join(failures + [f"(b) {e}" for e in exact])
+        if code == EXIT_FENCED and _is_finding_3(sc, first, late):
+            return f"{FINDING_3}: {message}"
+        raise AssertionError(f"{message}\ntimeline: {json.dumps(times)}")
+    if not exact:
+        return ""
+    if isinstance(sc.sink, KafkaSink) and not missing and only_after_snapshot(sc, first, second, duplicated, twice):
+        return f"{KAFKA_LIMIT}: {'; '.join(exact)}"
+    raise AssertionError("(b) " + "; ".join(exact))
+
+
+def _is_finding_3(sc: Scenario, first: Stamped, late: list[tuple[float, str]]) -> bool:
+    """Whether the resumed driver's only commits are finding 3's: the ckpt-files manifest of the batch its commit
+    runner was committing when the pause began, created by that runner after the resume."""
+    if not isinstance(sc.sink, FilesSink) or not late:
+        return False
+    in_flight = (sc.times.get("first driver: last batch completed before the pause") or 0) + 1
+    runner = sc.times.get("commit runner")
+    manifests = [(t, line) for t, line in first.containing("ckpt-files committed job")
+                 if (lt := logged_time(line)) is not None and lt >= sc.times["pause at"]]
+    return (all(what.startswith(f"batch {in_flight} committed (ckpt-files manifest") for _, what in late)
+            and all(f"[worker {runner}]" in line for _, line in manifests))
