@@ -196,7 +196,8 @@ def _run(sc: Scenario, feed: Feed) -> str:
 
 def _pause_at_commit(sc: Scenario, first: Stamped) -> tuple[Fault, str]:
     """Pause the first driver's host when its sink's driver-side commit of the next batch starts: the commit runner
-    (the Python worker whose pid the sink's commit lines show) gets CPU time after a batch completed. The runner is
+    (the Python worker whose pid the sink's commit lines show) gets CPU time in its main thread after a batch
+    completed. The runner is
     stopped at once, the rest of the host a few milliseconds later; the pause ends by itself after ``PAUSE_MAX``."""
     topo = sc.topo
     host = topo["driver"]

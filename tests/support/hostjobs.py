@@ -152,9 +152,10 @@ def proc_state(pid: int) -> str | None:
 
 
 def cpu_ticks(pid: int) -> int | None:
-    """utime + stime of the process (clock ticks), None once it is gone."""
+    """utime + stime of the process's main thread (clock ticks; not its client libraries' threads), None once it is
+    gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
     return int(fields[11]) + int(fields[12])  # fields 14 and 15 of /proc/PID/stat
