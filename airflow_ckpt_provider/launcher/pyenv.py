@@ -27,8 +27,9 @@ from airflow_ckpt_provider.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-#: What executors import: the ckpt-kafka source and writer, the sinks, the state and Arrow exchange of PySpark.
-EXECUTOR_REQUIREMENTS = ("pandas", "pyarrow", "confluent-kafka", "boto3", "tenacity", "protobuf")
+#: What executors import: the ckpt-kafka source and writer, the sinks (their records: msgspec), the state and Arrow
+#: exchange of PySpark.
+EXECUTOR_REQUIREMENTS = ("pandas", "pyarrow", "confluent-kafka", "boto3", "tenacity", "protobuf", "msgspec")
 #: The directory each container unpacks the archive into (``--archives ENV#ALIAS``).
 ALIAS = "ckpt-env"
 #: ``python_env`` values besides the path or URI of an archive the user packed.
