@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.policy.streambatch import EPOCH_OPTION
 
 #: Options of the sink itself (lower case; Spark passes option names case-insensitively).
 KNOWN_OPTIONS: dict[str, str] = {
@@ -40,7 +41,7 @@ _PRODUCER_ONLY = (
     "partitioner", "sticky.", "max.in.flight", "message.timeout.ms", "enable.gapless.guarantee",
 )
 #: Options Spark's DataStreamWriter passes along to every sink.
-_SPARK = ("checkpointlocation", "path", "queryname")
+_SPARK = ("checkpointlocation", "path", "queryname", EPOCH_OPTION)  # Spark's, and the runtime's epoch
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 #: librdkafka's "no committed offset" (OFFSET_INVALID).
 NO_OFFSET = -1001

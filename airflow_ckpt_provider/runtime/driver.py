@@ -17,7 +17,11 @@ from airflow_ckpt_provider.core.errors import CkptError, CredentialsError, Stora
 from airflow_ckpt_provider.core.policy import gate
 from airflow_ckpt_provider.core.policy.modes import RestoreSpec
 from airflow_ckpt_provider.core.policy.outage import Outage
-from airflow_ckpt_provider.core.policy.streambatch import forget_before_query_start, run_before_query_start
+from airflow_ckpt_provider.core.policy.streambatch import (
+    EPOCH_OPTION,
+    forget_before_query_start,
+    run_before_query_start,
+)
 from airflow_ckpt_provider.core.records.control import Ack, Outcome, Request, RequestAction, open_requests
 from airflow_ckpt_provider.core.records.deployments import LAUNCH_ENV, read_launch
 from airflow_ckpt_provider.core.records.lease import FencedError, Lease
@@ -219,7 +223,8 @@ class JobDriver:
     def _start_query(self, writer: DataStreamWriter) -> None:
         job = self.config.job
         run_before_query_start()  # the sinks' own preparation (the ckpt-kafka sink aborts lingering transactions)
-        self.query = writer.option("checkpointLocation", self.config.live_checkpoint).queryName(job).start()
+        writer = writer.option("checkpointLocation", self.config.live_checkpoint)
+        self.query = writer.option(EPOCH_OPTION, str(self.lease.epoch)).queryName(job).start()
         self._query_started = self.clock()
         log.info("job %s epoch %d: query %s started (run %s), checkpoint %s, idle sources polled every %s", job,
                  self.lease.epoch, self.query.id, self.query.runId, self.config.live_checkpoint,

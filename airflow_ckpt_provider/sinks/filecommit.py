@@ -145,9 +145,17 @@ def _fork(storage: Storage, manifest: BatchManifest, coverage: Coverage, decisio
     """Record the new timeline (create-if-absent); None if another writer took its number first."""
     manifests = query_manifests(storage, manifest.query_id)
     shown, _ = split(manifests, query_timelines(storage, manifest.query_id, manifests))
-    abandoned = tuple(sorted(m.batch_id for m in shown if m.batch_id >= manifest.batch_id))
+    hidden = [m for m in shown if m.batch_id >= manifest.batch_id]
+    newer = [m for m in hidden if manifest.epoch is not None and m.epoch is not None and m.epoch > manifest.epoch]
+    if newer:  # an older driver resumed (a pause, a partition) and would hide a newer one's batches: fenced
+        delete_files(storage, [f.key for f in manifest.files])
+        raise ConflictError(
+            f"ckpt-files job {manifest.job} query {manifest.query_id} batch {manifest.batch_id}: expected this driver "
+            f"(epoch {manifest.epoch}) to hold the job, found batch {newer[0].batch_id} committed by a newer driver "
+            f"(epoch {newer[0].epoch}): this driver is fenced, nothing committed")
+    abandoned = tuple(sorted(m.batch_id for m in hidden))
     record = TimelineRecord(manifest.query_id, decision.timeline, decision.parent, manifest.batch_id,
-                            coverage.digest, now_iso(), abandoned, decision.reason)
+                            coverage.digest, now_iso(), abandoned, decision.reason, epoch=manifest.epoch)
     if not storage.create(timeline_key(manifest.query_id, decision.timeline), record.to_bytes()):
         return None
     _upgrade_identity(storage)

@@ -115,9 +115,10 @@ class BatchManifest(Record, frozen=True, kw_only=True):
     """The commit record of batch ``batch_id`` of query ``query_id`` on timeline ``timeline``: the only thing that
     makes its Parquet ``files`` visible. ``coverage``/``previous``: digests of the batch's and the previous batch's
     offsets log entries (core/snapshots/coverage.py; None in manifests of version 1); ``offsets``: the sources' end
-    offsets, for people reading the sink; ``schema``: Spark's StructType of the rows; ``rows`` and ``bytes`` are
-    written for people too. Written once (create-if-absent) by the sink's driver-side commit (sinks/filecommit.py);
-    read by every reader of the sink, its verify and gc, and the next commits."""
+    offsets, for people reading the sink; ``schema``: Spark's StructType of the rows; ``epoch``: the committing
+    driver's lease epoch, its fencing token; ``rows`` and ``bytes`` are written for people too. Written once
+    (create-if-absent) by the sink's driver-side commit (sinks/filecommit.py); read by every reader of the sink,
+    its verify and gc, and the next commits."""
 
     SCHEMA = VERSION
     WHAT = "ckpt-files commit manifest"
@@ -137,6 +138,7 @@ class BatchManifest(Record, frozen=True, kw_only=True):
     coverage: str | None = None
     previous: str | None = None
     offsets: list[Any] | None = None  # the sources' end offsets of the batch, for people reading the sink
+    epoch: int | None = None  # the committing driver's lease epoch (None: a release before, or no ckpt runtime)
 
     @property
     def rows(self) -> int:

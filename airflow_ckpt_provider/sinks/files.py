@@ -19,7 +19,13 @@ from pyspark.sql.types import StructType
 
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.policy.faults import crash_point
-from airflow_ckpt_provider.core.policy.streambatch import BATCH_ID_PROPERTY, QUERY_ID_PROPERTY, worker_logging
+from airflow_ckpt_provider.core.policy.streambatch import (
+    BATCH_ID_PROPERTY,
+    EPOCH_OPTION,
+    QUERY_ID_PROPERTY,
+    epoch_option,
+    worker_logging,
+)
 from airflow_ckpt_provider.core.snapshots.coverage import checkpoint_storage, read_coverage
 from airflow_ckpt_provider.core.store.storage import S3Options, Storage, open_storage, sha256_file
 from airflow_ckpt_provider.sinks.filecommit import commit_batch, delete_files
@@ -41,7 +47,7 @@ log = logging.getLogger(__name__)
 NAME = "ckpt-files"
 COMPRESSIONS = ("snappy", "zstd", "gzip", "lz4", "brotli", "none")
 #: Options Spark itself passes to every sink (lower case: Spark's option map is case-insensitive).
-_SPARK_OPTIONS = {"checkpointlocation", "path", "queryname"}
+_SPARK_OPTIONS = {"checkpointlocation", "path", "queryname", EPOCH_OPTION}  # Spark's, and the runtime's epoch
 _OPTIONS = {"job", "compression", "s3.endpoint", "s3.region", "maxrecordsperfile"}
 #: Rows buffered before a Parquet row group is written (Spark hands over ~10k-row Arrow batches).
 ROW_GROUP_ROWS = 128 * 1024
@@ -58,6 +64,7 @@ class SinkOptions:
     region: str | None = None
     max_records_per_file: int = 0
     checkpoint: str = ""
+    epoch: int | None = None  # the driver's lease epoch (the runtime's option), recorded with each commit
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> SinkOptions:
@@ -83,7 +90,7 @@ class SinkOptions:
             raise ConfigError(f"ckpt-files: maxRecordsPerFile must be an integer >= 0 (0: no limit), found "
                               f"{opts.get('maxrecordsperfile')!r}")
         return cls(path, job, compression, opts.get("s3.endpoint") or None, opts.get("s3.region") or None,
-                   max_records, opts.get("checkpointlocation", "").strip())
+                   max_records, opts.get("checkpointlocation", "").strip(), epoch_option(opts))
 
     def storage(self) -> Storage:
         """The sink's storage; S3 credentials from this process's environment (never pickled to tasks)."""
@@ -159,7 +166,7 @@ class CkptFilesWriter(DataSourceStreamArrowWriter):
         manifest = BatchManifest(
             job=self.options.job, query_id=query_ids.pop(), batch_id=batchId,
             files=tuple(sorted((f for m in mine for f in m.files), key=lambda f: f.key)),
-            spark_schema=self.schema.jsonValue(), arrow_schema=_arrow_schema_hex(self.schema),
+            spark_schema=self.schema.jsonValue(), arrow_schema=_arrow_schema_hex(self.schema), epoch=self.options.epoch,
         ).covering(coverage)
         commit_batch(self.options.storage(), manifest, lambda point: crash_point(point, batchId))
 

@@ -34,6 +34,7 @@ class TimelineRecord(Record, frozen=True):
     created_at: str
     abandoned: tuple[int, ...] = ()
     reason: str = ""
+    epoch: int | None = None  # the forking driver's lease epoch
 
 
 class Committed(Protocol):

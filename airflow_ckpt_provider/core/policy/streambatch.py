@@ -13,6 +13,15 @@ from collections.abc import Callable
 #: Spark's local properties of a streaming batch: set in every task and in the foreachBatch thread.
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
+#: The writer option the runtime sets on the job's query: its driver's lease epoch, the fencing token the
+#: exactly-once sinks record with each commit (a commit of an older epoch never hides a newer one's batch).
+EPOCH_OPTION = "ckpt.epoch"
+
+
+def epoch_option(options: dict[str, str]) -> int | None:
+    """The epoch the runtime passed in the writer options (Spark lower-cases their names), None without it."""
+    text = options.get(EPOCH_OPTION) or options.get(EPOCH_OPTION.lower())
+    return int(text) if text and text.strip().isdigit() else None
 
 #: The loggers whose commit and replay lines must reach the worker's stderr.
 _WORKER_LOGGERS = ("airflow_ckpt_provider.sinks", "airflow_ckpt_provider.kafka")

@@ -8,6 +8,7 @@ import json
 import threading
 from pathlib import Path
 
+import msgspec
 import pyarrow as pa  # type: ignore[import-untyped]  # pyarrow ships no type stubs (no py.typed)
 import pyarrow.parquet as pq  # type: ignore[import-untyped]  # pyarrow ships no type stubs (no py.typed)
 import pytest
@@ -25,6 +26,7 @@ from airflow_ckpt_provider.sinks.filelayout import (
     open_sink,
     read_committed,
     read_pandas,
+    read_timelines,
     sink_view,
 )
 from airflow_ckpt_provider.sinks.filemaintenance import gc_sink, verify_sink
@@ -407,3 +409,36 @@ def test_manifests_of_version_1_without_coverage_are_still_skipped_as_replays(si
     sink.write(old.key, old.to_bytes())  # as written by the previous release: no coverage
     again = commit_batch(sink, _manifest(0, _file(sink, 0, 0, [9], attempt="a2")))
     assert not again.committed and read_committed(sink).column("v").to_pylist() == [1]
+
+
+def _epoch(manifest: BatchManifest, epoch: int) -> BatchManifest:
+    return msgspec.structs.replace(manifest, epoch=epoch)
+
+
+def test_a_resumed_older_driver_never_forks_over_a_newer_drivers_batch(sink: LocalStorage) -> None:
+    """Issue 41, finding 3: a driver paused inside its commit resumes after a newer one (higher lease epoch) committed
+    the same batch with other offsets. Its commit would fork the timeline and hide the newer batch; it is refused as
+    fenced instead: nothing committed, its files deleted, the newer batch shown."""
+    for batch in (0, 1):
+        commit_batch(sink, _epoch(_manifest(batch, _file(sink, batch, 0, [batch])), 1))
+    newer = commit_batch(sink, _epoch(_manifest(2, _file(sink, 2, 0, [20], attempt="e2"),
+                                                coverage=_coverage(2, timeline=1, previous_timeline=0)), 2))
+    assert newer.committed
+    late = _epoch(_manifest(2, _file(sink, 2, 0, [2], attempt="e1")), 1)  # what the paused driver planned
+    with pytest.raises(ConflictError, match=r"expected this driver \(epoch 1\) to hold the job, found batch 2 "
+                                            r"committed by a newer driver \(epoch 2\): this driver is fenced"):
+        commit_batch(sink, late)
+    assert read_committed(sink).column("v").to_pylist() == [0, 1, 20]
+    assert read_timelines(sink, Q) == [] and not sink.exists(late.files[0].key)
+    assert json.loads(sink.read(manifest_key(Q, 2)))["epoch"] == 2
+
+
+def test_a_newer_driver_still_forks_over_an_older_drivers_batch(sink: LocalStorage) -> None:
+    """The other way round is time travel (a restore of an older snapshot by the newer driver): allowed, the fork
+    records the newer epoch."""
+    for batch in (0, 1, 2):
+        commit_batch(sink, _epoch(_manifest(batch, _file(sink, batch, 0, [batch])), 1))
+    fork = commit_batch(sink, _epoch(_manifest(2, _file(sink, 2, 0, [20], attempt="e2"),
+                                               coverage=_coverage(2, timeline=1, previous_timeline=0)), 2))
+    assert fork.forked is not None and fork.forked.epoch == 2 and fork.forked.abandoned == (2,)
+    assert read_committed(sink).column("v").to_pylist() == [0, 1, 20]
