@@ -1,12 +1,12 @@
-"""A Spark standalone cluster on 127.0.0.1 from the installed pyspark: one master and N workers.
+"""A Spark standalone cluster from the installed pyspark: one master and N workers, on 127.0.0.1 by default.
 
-Spark's own master and workers (``spark-class ...deploy.master.Master`` / ``...deploy.worker.Worker``),
-each a child process with its own log, on free loopback ports (web UIs included; the master's REST
-submission server is off). The workers run executors with a Python of their own that has nothing but the
-standard library (a bare venv first on their PATH), like cluster nodes that never saw this project: a job
-whose executors need pandas, pyarrow, confluent-kafka or this provider runs only if it ships them
-(launcher/pyenv.py). The master keeps its state in a recovery directory (``spark.deploy.recoveryMode
-FILESYSTEM``), so a master killed and started again recovers the running applications and workers.
+Spark's own master and workers (``spark-class ...deploy.master.Master`` / ``...deploy.worker.Worker``), each a child
+process with its own log, on free ports (web UIs included; the master's REST submission server is off), each bound
+to its node's address (127.0.0.1, or one given per node). The workers run executors with a Python of their own that
+has nothing but the standard library (a bare venv first on their PATH), like cluster nodes that never saw this
+project: a job whose executors need pandas, pyarrow, confluent-kafka or this provider runs only if it ships them
+(launcher/pyenv.py). The master keeps its state in a recovery directory (``spark.deploy.recoveryMode FILESYSTEM``),
+so a master killed and started again recovers the running applications and workers.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import tempfile
 import time
 import urllib.request
 import venv
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -65,15 +66,18 @@ class _Node(EmbeddedProcess):
 
     port: int  # the master's or worker's own (set by the subclass)
 
-    def __init__(self, cluster: EmbeddedSparkCluster, name: str, workdir: Path, start_timeout: float) -> None:
+    def __init__(self, cluster: EmbeddedSparkCluster, name: str, host: str, workdir: Path,
+                 start_timeout: float) -> None:
         self.name = name  # type: ignore[misc]  # per instance: master, worker-0, worker-1
         super().__init__(workdir, start_timeout, stop_timeout=15.0)
         self.cluster = cluster
+        #: The address the node binds (RPC, UI) and is known by; its executors bind it too (SPARK_LOCAL_IP).
+        self.host = host
         self.ui_port = free_port()
 
     @property
     def ui_url(self) -> str:
-        return f"http://{HOST}:{self.ui_port}"
+        return f"http://{self.host}:{self.ui_port}"
 
     def _fresh_ports(self) -> str:
         gave_up = f"{self.port} (UI {self.ui_port})"
@@ -84,13 +88,13 @@ class _Node(EmbeddedProcess):
         conf_dir = self.workdir / "conf"  # empty: no spark-defaults.conf of the host leaks in
         conf_dir.mkdir(exist_ok=True)
         daemon = {"SPARK_DAEMON_JAVA_OPTS": self.cluster.java_opts} if self.cluster.java_opts else {}
-        return child_env(_DROP, {"SPARK_HOME": str(self.cluster.spark_home), "SPARK_LOCAL_IP": HOST,
+        return child_env(_DROP, {"SPARK_HOME": str(self.cluster.spark_home), "SPARK_LOCAL_IP": self.host,
                                  "SPARK_CONF_DIR": str(conf_dir), "SPARK_NO_DAEMONIZE": "1", **daemon, **extra})
 
 
 class _Master(_Node):
-    def __init__(self, cluster: EmbeddedSparkCluster, workdir: Path, start_timeout: float) -> None:
-        super().__init__(cluster, "spark-master", workdir, start_timeout)
+    def __init__(self, cluster: EmbeddedSparkCluster, host: str, workdir: Path, start_timeout: float) -> None:
+        super().__init__(cluster, "spark-master", host, workdir, start_timeout)
         self.port = free_port()
 
     def _command(self) -> tuple[list[str], dict[str, str]]:
@@ -99,7 +103,7 @@ class _Master(_Node):
         opts = (f"-Dspark.master.rest.enabled=false -Dspark.deploy.recoveryMode=FILESYSTEM "
                 f"-Dspark.deploy.recoveryDirectory={recovery} {_ONE_PORT}")
         return ([str(self.cluster.spark_home / "bin" / "spark-class"), "org.apache.spark.deploy.master.Master",
-                 "--host", HOST, "--port", str(self.port), "--webui-port", str(self.ui_port)],
+                 "--host", self.host, "--port", str(self.port), "--webui-port", str(self.ui_port)],
                 self._env({"SPARK_MASTER_OPTS": opts}))
 
     def _ready(self) -> bool:
@@ -109,12 +113,13 @@ class _Master(_Node):
             return False
 
     def _describe(self) -> str:
-        return f"spark://{HOST}:{self.port}, UI {self.ui_url}"
+        return f"spark://{self.host}:{self.port}, UI {self.ui_url}"
 
 
 class _Worker(_Node):
-    def __init__(self, cluster: EmbeddedSparkCluster, index: int, workdir: Path, start_timeout: float) -> None:
-        super().__init__(cluster, f"spark-worker-{index}", workdir, start_timeout)
+    def __init__(self, cluster: EmbeddedSparkCluster, index: int, host: str, workdir: Path,
+                 start_timeout: float) -> None:
+        super().__init__(cluster, f"spark-worker-{index}", host, workdir, start_timeout)
         self.index = index
         self.port = free_port()
 
@@ -122,15 +127,16 @@ class _Worker(_Node):
         c = self.cluster
         path = os.pathsep.join([str(c.node_python.parent), *_java_dirs(), "/usr/bin", "/bin"])
         return ([str(c.spark_home / "bin" / "spark-class"), "org.apache.spark.deploy.worker.Worker", c.master_url,
-                 "--host", HOST, "--port", str(self.port), "--webui-port", str(self.ui_port),
+                 "--host", self.host, "--port", str(self.port), "--webui-port", str(self.ui_port),
                  "--cores", str(c.worker_cores), "--memory", c.worker_memory, "--work-dir", str(self.workdir / "work")],
                 self._env({"PATH": path, "SPARK_WORKER_OPTS": _ONE_PORT}))
 
     def _ready(self) -> bool:
-        return any(w["port"] == self.port and w["state"] == "ALIVE" for w in self.cluster.state().get("workers", []))
+        return any(w["host"] == self.host and w["port"] == self.port and w["state"] == "ALIVE"
+                   for w in self.cluster.state().get("workers", []))
 
     def _describe(self) -> str:
-        return f"{HOST}:{self.port} of {self.cluster.master_url}, UI {self.ui_url}"
+        return f"{self.host}:{self.port} of {self.cluster.master_url}, UI {self.ui_url}"
 
 
 def _java_dirs() -> list[str]:
@@ -150,10 +156,22 @@ class EmbeddedSparkCluster:
     ``kill_worker``/``start_worker``, ``kill_master``/``start_master``. ``java_opts``: extra options of every JVM
     of the cluster, the master's, the workers' and (through ``job_conf()``) the executors' (the tests' cheaper JIT
     and GC; default: none, as on a real cluster).
+
+    Every node binds 127.0.0.1 unless given an address: ``master_host`` the master's, ``worker_hosts`` one per
+    worker (their count is then the number of workers). ``master_url``, the UI URLs and the executors' address
+    follow. A node on another address is started where that address is, e.g. inside a test host's network
+    namespace (tests/support/sparkhosts.py: ``host.call(cluster.master.start)``); its ports are picked free on
+    this thread's loopback, and a port found taken at the start is replaced by a fresh one. ``state()`` and a
+    worker's readiness query the master's UI from the calling thread: call them where the master is reachable.
     """
 
-    def __init__(self, *, workers: int = 2, worker_cores: int = 1, worker_memory: str = "1g",
-                 workdir: Path | None = None, start_timeout: float = 90.0, java_opts: str = "") -> None:
+    def __init__(self, *, workers: int | None = None, worker_cores: int = 1, worker_memory: str = "1g",
+                 workdir: Path | None = None, start_timeout: float = 90.0, java_opts: str = "",
+                 master_host: str = HOST, worker_hosts: Sequence[str] | None = None) -> None:
+        if worker_hosts is not None and workers is not None and workers != len(worker_hosts):
+            raise ValueError(f"Expected workers={workers} to match the {len(worker_hosts)} worker_hosts "
+                             f"{list(worker_hosts)}; pass one of them")
+        hosts = list(worker_hosts) if worker_hosts is not None else [HOST] * (2 if workers is None else workers)
         # Logs, the recovery directory, the workers' Python; unless given, a temp dir close() removes.
         self._tempdir = None if workdir is not None else Path(tempfile.mkdtemp(prefix="embedded-spark-"))
         self.workdir: Path = workdir or self._tempdir or Path()
@@ -162,12 +180,13 @@ class EmbeddedSparkCluster:
         self.worker_memory = worker_memory
         self.java_opts = java_opts
         self.spark_home = Path(pyspark_home())
-        self.master = _Master(self, self.workdir / "master", start_timeout)
-        self.workers = [_Worker(self, i, self.workdir / f"worker-{i}", start_timeout) for i in range(workers)]
+        self.master = _Master(self, master_host, self.workdir / "master", start_timeout)
+        self.workers = [_Worker(self, i, host, self.workdir / f"worker-{i}", start_timeout)
+                        for i, host in enumerate(hosts)]
 
     @property
     def master_url(self) -> str:
-        return f"spark://{HOST}:{self.master.port}"
+        return f"spark://{self.master.host}:{self.master.port}"
 
     @property
     def node_python(self) -> Path:
