@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -267,15 +266,12 @@ def _scenario(sc: Scenario, hc: HostCluster, feed: Feed) -> None:
     assert {e.worker for e in executors} == {0, 1}, executors
     times["first batch after the driver's start, s"] = round(driver.matching(COMPLETED)[0][0] - started, 1)
 
-    # 1. The spark-worker-1 host killed while its executor runs a task: its worker and its executor with it, its
-    # link down.
-    # Its link goes down first, so that no packet leaves the dying host (as at a power loss): kill_host's kill -9
-    # first would let the closed sockets' FINs reach the driver and the master, or not, by the race of a JVM's exit
-    # against the link's going down (docs/reliability.md, scenario 3).
+    # 1. The spark-worker-1 host killed while its executor runs a task: its worker and its executor with it. Its link
+    # goes down first (kill_host's default), so that no packet leaves the dying host, as at a power loss
+    # (docs/reliability.md, scenario 3, finding 5).
     in_flight = _task_running(cluster, app, 0)
     victim = topo[WORKERS[0]]
     t_kill = time.time()
-    subprocess.run(["ip", "-n", victim.netns, "link", "set", victim.link, "down"], check=True, timeout=30)
     killed = topo.kill_host(victim)
     times["kill at"] = t_kill
     times["tasks running on worker 1's executor at the kill (TIDs)"] = in_flight

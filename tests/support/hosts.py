@@ -432,12 +432,18 @@ class Topology:
 
     # -- faults -----------------------------------------------------------------------------------------------------
 
-    def kill_host(self, ref: HostRef, *, seconds: float | None = None) -> Fault:
-        """kill -9 every process of the host, then its link down; healing brings the link up again (the processes
-        stay dead: restart what the test needs)."""
+    def kill_host(self, ref: HostRef, *, seconds: float | None = None, silent: bool = True) -> Fault:
+        """A lost host: its link down, then kill -9 every process of it, so that nothing it sends gets out (a power
+        loss: its peers learn of it by their timeouts only). ``silent=False`` kills first: the host's kernel closes
+        the dead processes' connections (FIN/RST reach the peers) before the link goes down, as when only its
+        processes crash. Healing brings the link up again (the processes stay dead: restart what the test needs)."""
         host = self.host(ref)
+        link = ["ip", "-n", host.netns, "link", "set", host.link, "down"]
+        if silent:
+            _cmd(link)
         _kill_all(host.netns)
-        _cmd(["ip", "-n", host.netns, "link", "set", host.link, "down"])
+        if not silent:
+            _cmd(link)
 
         def undo() -> None:
             _cmd(["ip", "-n", host.netns, "link", "set", host.link, "up"])
