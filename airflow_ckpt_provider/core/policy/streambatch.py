@@ -19,9 +19,11 @@ EPOCH_OPTION = "ckpt.epoch"
 
 
 def epoch_option(options: dict[str, str]) -> int | None:
-    """The epoch the runtime passed in the writer options (Spark lower-cases their names), None without it."""
-    text = options.get(EPOCH_OPTION) or options.get(EPOCH_OPTION.lower())
-    return int(text) if text and text.strip().isdigit() else None
+    """The epoch the runtime passed in the writer options (their names lower-cased, as Spark passes them), None
+    without it."""
+    text = options.get(EPOCH_OPTION, "").strip()
+    return int(text) if text.isdigit() else None
+
 
 #: The loggers whose commit and replay lines must reach the worker's stderr.
 _WORKER_LOGGERS = ("airflow_ckpt_provider.sinks", "airflow_ckpt_provider.kafka")

@@ -442,3 +442,10 @@ def test_a_newer_driver_still_forks_over_an_older_drivers_batch(sink: LocalStora
                                                coverage=_coverage(2, timeline=1, previous_timeline=0)), 2))
     assert fork.forked is not None and fork.forked.epoch == 2 and fork.forked.abandoned == (2,)
     assert read_committed(sink).column("v").to_pylist() == [0, 1, 20]
+
+
+def test_the_runtime_s_epoch_option_is_read_case_insensitively_and_absent_without_the_runtime() -> None:
+    from airflow_ckpt_provider.sinks.files import SinkOptions  # pyspark's DataSource classes: imported lazily
+
+    assert SinkOptions.parse({"path": "/x", "job": "j", "ckpt.Epoch": "7"}).epoch == 7
+    assert SinkOptions.parse({"path": "/x", "job": "j"}).epoch is None
