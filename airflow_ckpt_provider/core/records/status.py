@@ -172,13 +172,22 @@ def read_status(store: JobStore) -> JobStatus | None:
     return JobStatus.from_bytes(data, store.storage.uri(STATUS))
 
 
-def write_status(store: JobStore, status: JobStatus) -> bool:
-    """Write the status unless a newer driver (higher epoch) already reports there; True if written."""
-    try:
-        current = read_status(store)
-    except StorageError:  # unreadable: replace it
+def write_status(store: JobStore, status: JobStatus, *, attempts: int = 5) -> bool:
+    """Write the status unless a newer driver (higher epoch) already reports there; True if written.
+
+    Compare-and-swap on what was read: an older driver that reads the status, stalls (a pause, a partition) and
+    writes after a newer driver reported never replaces the newer one's report (issue 41). A write lost to a
+    writer of the same or an older epoch (the driver's own heartbeat thread, its supervisor) is tried again."""
+    for _ in range(attempts):
+        found = store.storage.read_versioned(STATUS)
         current = None
-    if current is not None and current.epoch > status.epoch:
-        return False
-    store.storage.write(STATUS, status.to_bytes())
-    return True
+        if found is not None:
+            try:
+                current = JobStatus.from_bytes(found.data, store.storage.uri(STATUS))
+            except StorageError:  # unreadable: replace it
+                current = None
+        if current is not None and current.epoch > status.epoch:
+            return False
+        if store.storage.write_if(STATUS, status.to_bytes(), None if found is None else found.tag):
+            return True
+    return False

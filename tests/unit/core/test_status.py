@@ -4,6 +4,7 @@ timeout, ended states, and the probe of a process on this host."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +18,11 @@ from airflow_ckpt_provider.core.records.status import (
     JobStatus,
     driver_live,
     heartbeat_limit,
+    read_status,
+    write_status,
 )
+from airflow_ckpt_provider.core.store.jobstore import STATUS, JobStore
+from airflow_ckpt_provider.core.store.storage import LocalStorage
 
 HOST = "worker-1"
 
@@ -139,3 +144,34 @@ def test_a_restarting_job_is_live_until_its_restart_is_late_by_the_heartbeat_lim
     soon = _status(state=JobState.RESTARTING, updated_at=1000.0, restart={**restart.to_dict(), "expected_by": 1010.0})
     assert heartbeat_limit(soon) == BUSY_ALLOWANCE  # never less than a restoring driver gets
     assert _status(restart=restart.to_dict()).current_restart() is None  # RUNNING: no restart in progress
+
+
+class _NewerWritesFirst(LocalStorage):
+    """A store where a newer driver's status lands between an older writer's read and its write, once."""
+
+    def __init__(self, root: Path, newer: bytes) -> None:
+        super().__init__(root)
+        self.newer: bytes | None = newer
+
+    def write_if(self, key: str, data: bytes, tag: str | None) -> bool:
+        if self.newer is not None:
+            newer, self.newer = self.newer, None
+            self.write(key, newer)
+        return super().write_if(key, data, tag)
+
+
+def test_a_stalled_older_driver_never_replaces_a_newer_drivers_status(tmp_path: Path) -> None:
+    """Issue 41: the older driver read status.json (its own epoch 3), stalled, and writes after the driver of epoch 4
+    reported: its write loses the compare-and-swap, it reads again, sees epoch 4 and writes nothing."""
+    store = JobStore(LocalStorage(tmp_path), "orders")
+    store.storage = _NewerWritesFirst(tmp_path / "orders", _status(epoch=4, state=JobState.STARTING).to_bytes())
+    store.storage.write(STATUS, _status().to_bytes())
+    assert not write_status(store, _status(reason="the stalled driver's heartbeat"))
+    assert read_status(store) == _status(epoch=4, state=JobState.STARTING)
+
+
+def test_a_status_write_lost_to_the_same_epoch_is_tried_again(tmp_path: Path) -> None:
+    store = JobStore(LocalStorage(tmp_path), "orders")
+    store.storage = _NewerWritesFirst(tmp_path / "orders", _status(reason="the heartbeat thread").to_bytes())
+    assert write_status(store, _status(reason="a batch's report"))
+    assert read_status(store) == _status(reason="a batch's report")
