@@ -62,6 +62,7 @@ from tests.support.hostjobs import (
     grace_end,
     ground,
     only_after_snapshot,
+    run_two_driver_scenario,
 )
 from tests.support.hosts import Topology
 
@@ -85,29 +86,9 @@ KAFKA_CUT = 60.0  # scenario 2: seconds the driver host is cut from Kafka
 ])
 def test_driver_cut_from_the_store_is_fenced_and_a_driver_elsewhere_takes_over(sink_name: str,
                                                                                tmp_path: Path) -> None:
-    pids: list[int] = []
-    with Topology(["store", "kafka", "launcher", "driver"]) as topo:
-        try:
-            known_limit = _scenario(topo, sink_name, tmp_path)
-        finally:
-            pids = [p for role in topo.hosts for p in topo[role].pids()]
-    check_left_behind(topo, pids)  # (d)
+    known_limit = run_two_driver_scenario("scenario 1", sink_name, tmp_path, "p1", _run)
     if known_limit:
         pytest.xfail(known_limit)
-
-
-def _scenario(topo: Topology, sink_name: str, work: Path) -> str:
-    """Run the scenario; '' if every claim held, the known limit's description if only it failed."""
-    sc = ground(topo, sink_name, work, "p1")
-    feed = Feed(sc.launcher, sc.env.kafka.bootstrap_servers, sc.env.topic)
-    try:
-        return _run(sc, feed)
-    finally:
-        feed.halt()
-        for driver in sc.drivers:
-            driver.stop()
-        (work / "report.json").write_text(json.dumps(sc.times, indent=1))
-        print(f"scenario 1 ({sink_name}): {json.dumps(sc.times)}")
 
 
 def _run(sc: Scenario, feed: Feed) -> str:

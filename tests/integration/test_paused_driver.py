@@ -58,16 +58,15 @@ from tests.support.hostjobs import (
     Stamped,
     alive,
     blocked_on,
-    check_left_behind,
     commit_times,
     cpu_ticks,
     grace_end,
-    ground,
     logged_time,
     only_after_snapshot,
     proc_state,
+    run_two_driver_scenario,
 )
-from tests.support.hosts import Fault, Topology
+from tests.support.hosts import Fault
 
 pytestmark = [
     pytest.mark.integration,
@@ -90,29 +89,9 @@ COMMIT_DELAY = float(os.environ.get("CKPT_TEST_PAUSE_DELAY", "0.03"))
     "files",
 ])
 def test_driver_paused_past_its_lease_resumes_fenced_and_commits_nothing(sink_name: str, tmp_path: Path) -> None:
-    pids: list[int] = []
-    with Topology(["store", "kafka", "launcher", "driver"]) as topo:
-        try:
-            known_limit = _scenario(topo, sink_name, tmp_path)
-        finally:
-            pids = [p for role in topo.hosts for p in topo[role].pids()]
-    check_left_behind(topo, pids)  # (d)
+    known_limit = run_two_driver_scenario("scenario 5", sink_name, tmp_path, "p5", _run)
     if known_limit:
         pytest.xfail(known_limit)
-
-
-def _scenario(topo: Topology, sink_name: str, work: Path) -> str:
-    """Run the scenario; '' if every claim held, the known limit's description if only it failed."""
-    sc = ground(topo, sink_name, work, "p5")
-    feed = Feed(sc.launcher, sc.env.kafka.bootstrap_servers, sc.env.topic)
-    try:
-        return _run(sc, feed)
-    finally:
-        feed.halt()
-        for driver in sc.drivers:
-            driver.stop()
-        (work / "report.json").write_text(json.dumps(sc.times, indent=1))
-        print(f"scenario 5 ({sink_name}): {json.dumps(sc.times)}")
 
 
 def _run(sc: Scenario, feed: Feed) -> str:
