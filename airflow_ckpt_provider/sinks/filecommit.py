@@ -24,10 +24,12 @@ from airflow_ckpt_provider.sinks.filelayout import (
     IDENTITY,
     VERSION,
     BatchManifest,
+    fenced_error,
     manifest_key,
     now_iso,
     query_manifests,
     query_timelines,
+    raise_fence,
     read_manifest,
     read_timelines,
     timeline_key,
@@ -90,12 +92,14 @@ def commit_batch(storage: Storage, manifest: BatchManifest,
             raise ConflictError(f"{REFUSED} ckpt-files {what} refused, nothing committed: {decision.reason}")
         forked = None
         if decision.action is Action.FORK:
+            _fence(storage, manifest, what)
             forked = _fork(storage, manifest, coverage, decision)
             if forked is None:
                 continue
             crash("files.commit.after-fork-record")
         target = replace(manifest, timeline=decision.timeline)
         crash("files.commit.before-manifest")
+        _fence(storage, manifest, what)  # the last read before the create: a newer driver's fence refuses this one
         created = storage.create(target.key, target.to_bytes())
         crash("files.commit.after-manifest")
         if created:
@@ -108,6 +112,17 @@ def commit_batch(storage: Storage, manifest: BatchManifest,
             return CommitOutcome(True, target, forked=forked)
     raise ConflictError(f"ckpt-files {what}: the sink's commits kept changing while committing; another driver "
                         "of the job is writing: check the job's lease, then let Spark retry the batch")
+
+
+def _fence(storage: Storage, manifest: BatchManifest, what: str) -> None:
+    """Refuse the commit of a driver a newer one replaced (the sink's fence is higher than its epoch); raise the
+    fence to this driver's epoch otherwise. A commit without an epoch (no ckpt runtime) is not fenced."""
+    if manifest.epoch is None:
+        return
+    fence = raise_fence(storage, manifest.job, manifest.epoch)
+    if fence.epoch > manifest.epoch:
+        delete_files(storage, [f.key for f in manifest.files])
+        raise fenced_error(storage, what, manifest.epoch, fence)
 
 
 def _skip(storage: Storage, manifest: BatchManifest, existing: BatchManifest, why: str) -> CommitOutcome:

@@ -32,6 +32,7 @@ IDENTITY = "_ckpt_sink.json"
 DATA = "data"
 COMMITS = "_commits"
 TIMELINES = "_timelines"
+FENCE = "_fence.json"
 
 
 def now_iso() -> str:
@@ -95,6 +96,49 @@ def open_sink(storage: Storage, job: str, *, create: bool = True) -> dict[str, A
             log.info("ckpt-files sink %s created for job %s", storage.url, job)
             return ident
     raise ConflictError(f"sink path {storage.url}: the identity record kept changing; retry")
+
+
+# -- fence -------------------------------------------------------------------------------------
+
+
+class FenceRecord(Record, frozen=True, kw_only=True):
+    """The highest lease epoch of a driver that opened the sink or committed to it (``raised_at``: when). Raised by
+    every driver's sink when its query starts and at each commit (compare-and-swap, never lowered); read by each
+    commit right before its manifest is created: a commit of a lower epoch is a driver a newer one replaced (a
+    pause, a partition) and commits nothing (sinks/filecommit.py; docs/reliability.md, finding 6)."""
+
+    WHAT = "ckpt-files fence"
+    KEY = "<sink>/_fence.json"
+
+    job: str
+    epoch: int
+    raised_at: str = msgspec.field(default_factory=now_iso)
+
+
+def raise_fence(storage: Storage, job: str, epoch: int) -> FenceRecord:
+    """Raise the sink's fence to ``epoch`` unless it is there or higher already; return the fence as it now is
+    (one read; a write only when raising)."""
+    for _ in range(5):  # a lost compare-and-swap is read again
+        found = storage.read_versioned(FENCE)
+        current = FenceRecord.from_bytes(found.data, storage.uri(FENCE)) if found is not None else None
+        if current is not None and current.epoch >= epoch:
+            return current
+        raised = FenceRecord(job=job, epoch=epoch)
+        if storage.write_if(FENCE, raised.to_bytes(), None if found is None else found.tag):
+            log.info("ckpt-files sink %s: job %s fenced at epoch %d (was %s): commits of older drivers are refused",
+                     storage.url, job, epoch, "none" if current is None else current.epoch)
+            return raised
+    raise ConflictError(f"ckpt-files sink {storage.url}: its fence kept changing while raising it to epoch {epoch}; "
+                        "more than one driver of the job is starting: check the job's lease")
+
+
+def fenced_error(storage: Storage, what: str, epoch: int, fence: FenceRecord) -> ConflictError:
+    """The error of a commit (or a query start) of a driver that a newer one replaced."""
+    return ConflictError(
+        f"ckpt-files {what}: expected this driver (epoch {epoch}) to hold the job, found the sink fenced at epoch "
+        f"{fence.epoch} since {fence.raised_at} ({storage.uri(FENCE)}): a newer driver runs the job, this one is "
+        "fenced and commits nothing. If the job's store was recreated (its epochs started again at 1), stop every "
+        f"driver of the job and delete {storage.uri(FENCE)}")
 
 
 # -- manifests ---------------------------------------------------------------------------------

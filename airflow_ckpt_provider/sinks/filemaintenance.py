@@ -22,6 +22,7 @@ from airflow_ckpt_provider.core.store.storage import ObjectInfo, S3Options, Stor
 from airflow_ckpt_provider.sinks.filelayout import (
     COMMITS,
     DATA,
+    FENCE,
     IDENTITY,
     TIMELINES,
     BatchManifest,
@@ -145,7 +146,7 @@ def _classify_rest(report: SinkReport, objects: Iterable[str], referenced: dict[
     for key in objects:
         if key.startswith(DATA + "/") and key not in referenced:
             report.orphans.append(key)
-        elif key != IDENTITY and not key.startswith((DATA + "/", COMMITS + "/", TIMELINES + "/")):
+        elif key not in (IDENTITY, FENCE) and not key.startswith((DATA + "/", COMMITS + "/", TIMELINES + "/")):
             report.problems.append(f"{key}: not part of the ckpt-files layout")
 
 

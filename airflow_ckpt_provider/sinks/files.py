@@ -35,7 +35,9 @@ from airflow_ckpt_provider.sinks.filelayout import (
     DataFile,
     committed_files,
     data_key,
+    fenced_error,
     open_sink,
+    raise_fence,
 )
 
 if TYPE_CHECKING:
@@ -113,7 +115,12 @@ class CkptFilesDataSource(DataSource):
             raise ConfigError("ckpt-files: the complete output mode is not supported (it would rewrite the "
                               "whole output each batch); use append")
         checkpoint_storage(opts.checkpoint)  # refuses a missing or unreadable checkpointLocation now
-        open_sink(opts.storage(), opts.job)
+        storage = opts.storage()
+        open_sink(storage, opts.job)
+        if opts.epoch is not None:  # the query of a newer driver fences older ones out before its first batch
+            fence = raise_fence(storage, opts.job, opts.epoch)
+            if fence.epoch > opts.epoch:
+                raise fenced_error(storage, f"job {opts.job}", opts.epoch, fence)
         return CkptFilesWriter(opts, schema)
 
 

@@ -48,7 +48,6 @@ from tests.support.exactlyonce import FilesSink, KafkaSink, expected_rows
 from tests.support.hostjobs import (
     COMMIT_WORKER,
     COMPLETED,
-    FILES_COMMIT,
     KAFKA_LIMIT,
     TASK_COMMIT,
     WAIT,
@@ -138,7 +137,7 @@ def _run(sc: Scenario, feed: Feed) -> str:
     t_exit = time.time()
     times["first driver: exit after the resume, s"] = round(t_exit - t_resume, 1)
     times["first driver: exit code"] = code
-    late = _after_resume(sc, first, t_pause, t_resume)
+    late = _after_resume(sc, first, first_epoch, t_pause, t_resume)
 
     # The second driver finishes the feed, then stops with a savepoint (a late commit of the first's may have made the
     # sink refuse its batches, as finding 3 did before its fix: then the failure says both).
@@ -204,7 +203,8 @@ def _pause_at_commit(sc: Scenario, first: Stamped) -> tuple[Fault, str]:
                                                  f"{ARM_WINDOW:.0f} s")
 
 
-def _after_resume(sc: Scenario, first: Stamped, t_pause: float, t_resume: float) -> list[tuple[float, str]]:
+def _after_resume(sc: Scenario, first: Stamped, first_epoch: int, t_pause: float,
+                  t_resume: float) -> list[tuple[float, str]]:
     """The first driver's sink commits logged after the resume (seconds after it, what), and what it did then."""
     times = sc.times
     # The lines' own times are this machine's local time, as the arrival times: their gap is the pipe's delay.
@@ -225,24 +225,31 @@ def _after_resume(sc: Scenario, first: Stamped, t_pause: float, t_resume: float)
              if (logged_time(line) or t) >= t_resume and "airflow_ckpt_provider" in line]
     print("first driver's lines after the resume (s after it):\n" + "\n".join(f"{dt:7.2f} {ln}" for dt, ln in after))
     if isinstance(sc.sink, FilesSink):
-        _files_after_resume(sc, first, t_resume)
+        _files_after_resume(sc, first_epoch, t_resume)
     return late
 
 
-def _files_after_resume(sc: Scenario, first: Stamped, t_resume: float) -> None:
-    """The ckpt-files manifests and timeline records in the store that the second driver did not log: the first
-    driver's; those created after the resume (S3's whole-second times) go to ``sc.times``."""
+def _files_after_resume(sc: Scenario, first_epoch: int, t_resume: float) -> None:
+    """The ckpt-files manifests and timeline records in the store that carry the first driver's epoch (each commit
+    records its driver's lease epoch); those created after the resume (S3's whole-second times) go to ``sc.times``.
+    (Telling them by the second driver's log lines raced its next commit: a manifest listed before its line.)"""
     from airflow_ckpt_provider.core.store.storage import open_storage
-    from airflow_ckpt_provider.sinks.filelayout import COMMITS, TIMELINES, manifest_key
+    from airflow_ckpt_provider.sinks.filelayout import COMMITS, TIMELINES, read_manifest
 
     sink = sc.sink
     assert isinstance(sink, FilesSink)
-    second = sc.drivers[1]
-    theirs = {manifest_key(m[1], int(m[2]), int(m[3])) for _, m in second.matching(FILES_COMMIT)}
-    objects = sc.in_launcher(lambda: [(o.key, o.mtime) for prefix in (f"{COMMITS}/", f"{TIMELINES}/")
-                                      for o in open_storage(sink.url, sink.s3).list(prefix)])
-    mine = [(key, mtime) for key, mtime in objects if key not in theirs and key.startswith(COMMITS)]
-    forks = [(key, mtime) for key, mtime in objects if key.startswith(TIMELINES)]
+
+    def listing() -> list[tuple[str, float, int | None]]:
+        storage = open_storage(sink.url, sink.s3)
+        found = []
+        for o in storage.list(f"{COMMITS}/"):
+            manifest = read_manifest(storage, o.key)
+            found.append((o.key, o.mtime, None if manifest is None else manifest.epoch))
+        return found + [(o.key, o.mtime, None) for o in storage.list(f"{TIMELINES}/")]
+
+    objects = sc.in_launcher(listing)
+    mine = [(key, mtime) for key, mtime, epoch in objects if key.startswith(COMMITS) and epoch == first_epoch]
+    forks = [(key, mtime) for key, mtime, _ in objects if key.startswith(TIMELINES)]
     sc.times["first driver: manifests in the store"] = len(mine)
     sc.times["first driver: manifests created after the resume"] = [k for k, m in mine if m >= int(t_resume)]
     sc.times["timeline records (key, s after the resume)"] = [(k, round(m - t_resume, 1)) for k, m in forks]

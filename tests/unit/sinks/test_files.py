@@ -18,12 +18,14 @@ from airflow_ckpt_provider.core.snapshots.coverage import Coverage
 from airflow_ckpt_provider.core.store.storage import LocalStorage
 from airflow_ckpt_provider.sinks.filecommit import commit_batch
 from airflow_ckpt_provider.sinks.filelayout import (
+    FENCE,
     BatchManifest,
     DataFile,
     committed_batches,
     data_key,
     manifest_key,
     open_sink,
+    raise_fence,
     read_committed,
     read_pandas,
     read_timelines,
@@ -425,12 +427,51 @@ def test_a_resumed_older_driver_never_forks_over_a_newer_drivers_batch(sink: Loc
                                                 coverage=_coverage(2, timeline=1, previous_timeline=0)), 2))
     assert newer.committed
     late = _epoch(_manifest(2, _file(sink, 2, 0, [2], attempt="e1")), 1)  # what the paused driver planned
-    with pytest.raises(ConflictError, match=r"expected this driver \(epoch 1\) to hold the job, found batch 2 "
-                                            r"committed by a newer driver \(epoch 2\): this driver is fenced"):
+    with pytest.raises(ConflictError, match=r"expected this driver \(epoch 1\) to hold the job, found the sink "
+                                            r"fenced at epoch 2 .*this one is fenced and commits nothing"):
         commit_batch(sink, late)
     assert read_committed(sink).column("v").to_pylist() == [0, 1, 20]
     assert read_timelines(sink, Q) == [] and not sink.exists(late.files[0].key)
     assert json.loads(sink.read(manifest_key(Q, 2)))["epoch"] == 2
+
+    # A sink written before the fence existed (no _fence.json): the fork itself still refuses to hide the newer batch.
+    sink.delete([FENCE])
+    late = _epoch(_manifest(2, _file(sink, 2, 0, [2], attempt="e1b")), 1)
+    with pytest.raises(ConflictError, match=r"expected this driver \(epoch 1\) to hold the job, found batch 2 "
+                                            r"committed by a newer driver \(epoch 2\): this driver is fenced"):
+        commit_batch(sink, late)
+    assert read_committed(sink).column("v").to_pylist() == [0, 1, 20] and not sink.exists(late.files[0].key)
+
+
+def test_a_resumed_older_driver_commits_nothing_once_a_newer_driver_opened_the_sink(sink: LocalStorage) -> None:
+    """Issue 41, finding 6: a driver paused inside its commit of batch 2 resumes after a newer driver (higher lease
+    epoch) started its query on the sink but before the newer one reached batch 2. Without the fence the late commit
+    was a plain one (nothing of the newer driver's to fork over) and made batch 2 visible; the newer driver's query
+    start raised the fence, so the late commit is refused: nothing committed, its files deleted; the newer driver then
+    commits batch 2 itself."""
+    for batch in (0, 1):
+        commit_batch(sink, _epoch(_manifest(batch, _file(sink, batch, 0, [batch])), 1))
+    assert raise_fence(sink, "orders", 2).epoch == 2  # the newer driver's query starts (its streamWriter)
+    late = _epoch(_manifest(2, _file(sink, 2, 0, [2], attempt="e1")), 1)
+    with pytest.raises(ConflictError, match=r"expected this driver \(epoch 1\) to hold the job, found the sink "
+                                            r"fenced at epoch 2 since .*_fence.json\): a newer driver runs the job"):
+        commit_batch(sink, late)
+    assert [m.batch_id for m in committed_batches(sink)] == [0, 1] and not sink.exists(late.files[0].key)
+    newer = commit_batch(sink, _epoch(_manifest(2, _file(sink, 2, 0, [2], attempt="e2")), 2))
+    assert newer.committed and newer.forked is None
+    assert read_committed(sink).column("v").to_pylist() == [0, 1, 2]
+    assert verify_sink(sink).problems == []  # _fence.json is part of the layout
+
+
+def test_the_fence_only_rises_and_a_commit_without_an_epoch_is_not_fenced(sink: LocalStorage) -> None:
+    assert not sink.exists(FENCE)
+    commit_batch(sink, _manifest(0, _file(sink, 0, 0, [0])))  # no ckpt runtime: no epoch, no fence
+    assert not sink.exists(FENCE)
+    commit_batch(sink, _epoch(_manifest(1, _file(sink, 1, 0, [1])), 3))  # a commit raises the fence to its epoch
+    assert json.loads(sink.read(FENCE))["epoch"] == 3
+    assert raise_fence(sink, "orders", 2).epoch == 3  # never lowered
+    commit_batch(sink, _manifest(2, _file(sink, 2, 0, [2])))  # still not fenced without an epoch
+    assert read_committed(sink).column("v").to_pylist() == [0, 1, 2]
 
 
 def test_a_newer_driver_still_forks_over_an_older_drivers_batch(sink: LocalStorage) -> None:
