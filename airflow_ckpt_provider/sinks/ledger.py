@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
 from airflow_ckpt_provider.core.policy.faults import crash_point
 from airflow_ckpt_provider.core.policy.streambatch import QUERY_ID_PROPERTY
+from airflow_ckpt_provider.core.records.lease import FencedError
 from airflow_ckpt_provider.core.snapshots.checkpoint import id_ranges
 from airflow_ckpt_provider.core.snapshots.coverage import Coverage, checkpoint_storage, read_coverage
 from airflow_ckpt_provider.sinks.dbapi import (
@@ -161,10 +162,29 @@ class Ledger:
         """
         conn = self._open()
         try:
-            self.tables.prepare(conn, self._style(conn), self.job)
+            style = self._style(conn)
+            self.tables.prepare(conn, style, self.job)
+            self._hold_fence(conn.cursor(), style, "start")  # a newer driver's query fences older ones out
+            conn.commit()
         finally:
             conn.close()
-        log.info("job %s: ledger table %s is ready", self.job, self.table)
+        log.info("job %s: ledger table %s is ready%s", self.job, self.table,
+                 "" if self.epoch is None else f", fenced at epoch {self.epoch}")
+
+    def _hold_fence(self, cur: Any, style: str, what: str) -> None:
+        """Raise the ledger's fence (``<table>_fence``) to this driver's epoch within the open transaction, or raise
+        FencedError if a newer driver raised it higher: the lease check asks the job store, this asks the database
+        the rows go to, in the transaction that commits them (docs/reliability.md, finding 7). No epoch (no ckpt
+        runtime, none given): not fenced."""
+        if self.epoch is None:
+            return
+        newer = self.tables.hold_fence(cur, style, self.job, self.epoch)
+        if newer is not None:
+            raise FencedError(
+                f"ledger {self.table} of job {self.job} ({what}): expected this driver (epoch {self.epoch}) to hold "
+                f"the job, found the ledger fenced at epoch {newer} ({self.tables.fence}): a newer driver runs the "
+                "job, this one is fenced and commits nothing. If the job's store was recreated (its epochs started "
+                f"again at 1), stop every driver of the job and delete the job's row from {self.tables.fence}")
 
     # -- the protocol --------------------------------------------------------------------------
 
@@ -263,6 +283,7 @@ class Ledger:
                     "same job is running: check the job's lease"
                 ) from err
             self.fence()  # the last look before COMMIT: a fenced driver commits nothing
+            self._hold_fence(cur, style, f"query {query_id} batch {batch_id}")  # and the database's own fence
             crash_point("ledger.before-commit", batch_id)
             conn.commit()
         except BaseException:

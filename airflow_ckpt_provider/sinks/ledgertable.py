@@ -1,8 +1,9 @@
 """The ledger's tables: columns and DDL, created, upgraded and checked; the ledger row's insert and reads.
 
 ``<table>`` holds one row per committed batch, keyed by (job, query id, batch id); ``<table>_abandoned``
-keeps the rows of batches a fork abandoned. Runs where the ledger runs (the Spark driver program),
-through any DB-API 2 connection (sinks/dbapi.py); the commit protocol itself is sinks/ledger.py.
+keeps the rows of batches a fork abandoned; ``<table>_fence`` the highest lease epoch per job. Runs where
+the ledger runs (the Spark driver program), through any DB-API 2 connection (sinks/dbapi.py); the commit
+protocol itself is sinks/ledger.py.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ _DDL = "CREATE TABLE IF NOT EXISTS {table} (" + _COLUMNS_SQL + ", PRIMARY KEY (j
 _ABANDONED_DDL = ("CREATE TABLE IF NOT EXISTS {table} (" + _COLUMNS_SQL
                   + ", abandoned_at VARCHAR(40) NOT NULL, abandoned_by_timeline BIGINT NOT NULL)")
 
+#: The fence: per job the highest lease epoch of a driver that checked the ledger or committed to it.
+_FENCE_DDL = ("CREATE TABLE IF NOT EXISTS {table} (job VARCHAR(200) NOT NULL PRIMARY KEY, epoch BIGINT NOT NULL, "
+              "raised_at VARCHAR(40) NOT NULL)")
+
 
 def now_iso() -> str:
     """Now in UTC, ISO 8601 with microseconds: when a batch was committed or abandoned."""
@@ -42,24 +47,28 @@ def now_iso() -> str:
 
 @dataclass(frozen=True)
 class LedgerTable:
-    """A ledger table and its ``<table>_abandoned`` companion, with their names quoted for SQL."""
+    """A ledger table and its ``<table>_abandoned`` and ``<table>_fence`` companions, with their names quoted for
+    SQL."""
 
     name: str
     quoted: str
     abandoned: str
     quoted_abandoned: str
+    fence: str
+    quoted_fence: str
 
     @classmethod
     def named(cls, table: str) -> LedgerTable:
         """The tables of ledger ``table``; ConfigError if the name is not a (schema-qualified) identifier."""
-        abandoned = f"{table}_abandoned"
-        return cls(table, quote_table(table), abandoned, quote_table(abandoned))
+        abandoned, fence = f"{table}_abandoned", f"{table}_fence"
+        return cls(table, quote_table(table), abandoned, quote_table(abandoned), fence, quote_table(fence))
 
     def prepare(self, conn: Any, style: str, job: str) -> None:
-        """Create both tables if absent, add the columns an older ledger lacks, check columns and key."""
+        """Create the tables if absent, add the columns an older ledger lacks, check columns and key."""
         cur = conn.cursor()
         cur.execute(_DDL.format(table=self.quoted))
         cur.execute(_ABANDONED_DDL.format(table=self.quoted_abandoned))
+        cur.execute(_FENCE_DDL.format(table=self.quoted_fence))
         conn.commit()
         self._add_columns(conn, cur, job)
         self._check_columns(conn, cur)
@@ -116,6 +125,26 @@ class LedgerTable:
                 f"ledger table {self.name} has an incompatible key: expected the primary key {KEY}, found that "
                 f"{problem}; drop the table (or pass table= a new name) and let check() create it"
             )
+
+    def hold_fence(self, cur: Any, style: str, job: str, epoch: int) -> int | None:
+        """Raise the job's fence to ``epoch`` in the open transaction and hold its row until the transaction ends;
+        the fence's epoch if it is higher (this driver was replaced: nothing may commit), else None.
+
+        The UPDATE locks the row whatever it changes: a newer driver's raise waits for this transaction, so a
+        commit either precedes the raise or sees it (PostgreSQL re-reads the row after the wait)."""
+        marks, params = placeholders(style, (epoch, epoch, now_iso(), job, epoch))
+        cur.execute(f"UPDATE {self.quoted_fence} SET epoch = {marks[0]}, raised_at = CASE WHEN epoch < {marks[1]} "  # noqa: S608 - quoted identifier; values are parameters
+                    f"THEN {marks[2]} ELSE raised_at END WHERE job = {marks[3]} AND epoch <= {marks[4]}", params)
+        if cur.rowcount == 1:
+            return None
+        marks, params = placeholders(style, (job,))
+        cur.execute(f"SELECT epoch FROM {self.quoted_fence} WHERE job = {marks[0]}", params)  # noqa: S608 - quoted identifier; values are parameters
+        row = cur.fetchone()
+        if row is not None:  # MySQL counts only changed rows: an equal epoch is held all the same
+            return int(row[0]) if int(row[0]) > epoch else None
+        marks, params = placeholders(style, (job, epoch, now_iso()))
+        cur.execute(f"INSERT INTO {self.quoted_fence} (job, epoch, raised_at) VALUES ({', '.join(marks)})", params)  # noqa: S608 - quoted identifier; values are parameters
+        return None
 
     def insert(self, cur: Any, style: str,
                 row: tuple[str, str, int, int | None, int | None, str | None, int]) -> None:

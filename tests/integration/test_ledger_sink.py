@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.records.lease import FencedError
 from airflow_ckpt_provider.core.snapshots.coverage import Coverage
 from airflow_ckpt_provider.sinks.ledger import Ledger, committed_batches
 from tests.support import sparkjobs
@@ -239,3 +241,105 @@ def test_postgres_whose_port_another_process_took_meanwhile_starts_again_on_a_fr
     assert len(warnings) == 1 and f"postgres failed to start on ports {port} (attempt 1 of 3" in warnings[0]
     assert PORT_TAKEN.search(log)
     assert not pg.root.exists()
+
+
+def _fenced_pair(postgres_dsn: str) -> tuple[Db, Ledger, Ledger]:
+    import psycopg
+
+    suffix = uuid.uuid4().hex[:8]
+    db = Db(lambda: psycopg.connect(postgres_dsn), "%s", f"out_{suffix}", f"ledger_{suffix}")
+    db.execute(f"CREATE TABLE {db.out} (batch_id BIGINT, k VARCHAR(10), v BIGINT)")
+    older = Ledger(connect=db.connect, job="fenced", table=db.ledger, epoch=1)
+    older.check()
+    return db, older, Ledger(connect=db.connect, job="fenced", table=db.ledger, epoch=2)
+
+
+def _insert(db: Db, value: int, reached: Any = None, go: Any = None) -> Callable[[Any, Any, int], int]:
+    def write(cur: Any, _df: Any, batch_id: int) -> int:
+        cur.execute(f"INSERT INTO {db.out} VALUES (%s, %s, %s)", (batch_id, "k", value))
+        if reached is not None:
+            reached.set()
+            assert go.wait(60), "the test never let the write go on"
+        return 1
+
+    return write
+
+
+def test_postgres_an_older_driver_that_wrote_before_a_newer_driver_started_is_refused_at_commit(
+        postgres_dsn: str) -> None:
+    """Issue 41, finding 7, on PostgreSQL: the older driver's lease check passed and it wrote batch 0's rows; the newer
+    driver starts (check() raises the ledger's fence) before the older one commits. The older commit is refused in
+    its own transaction (FencedError, its rows rolled back), whatever its lease check said; the newer commits."""
+    import threading
+
+    db, older, newer = _fenced_pair(postgres_dsn)
+    reached, go = threading.Event(), threading.Event()
+    result: list[Any] = []
+
+    def run_older() -> None:
+        try:
+            result.append(older.commit_batch(_insert(db, 1, reached, go), None, 0, "q", Coverage(0, "c" * 64, None)))
+        except Exception as err:  # the outcome is the assertion
+            result.append(err)
+
+    thread = threading.Thread(target=run_older)
+    thread.start()
+    assert reached.wait(60)
+    newer.check()  # the older transaction has not touched the fence row: nothing to wait for
+    go.set()
+    thread.join(60)
+    assert len(result) == 1 and isinstance(result[0], FencedError), result
+    assert "found the ledger fenced at epoch 2" in str(result[0])
+    assert db.query(f"SELECT count(*) FROM {db.out}") == [(0,)]
+    assert newer.commit_batch(_insert(db, 2), None, 0, "q", Coverage(0, "c" * 64, None))
+    assert db.query(f"SELECT batch_id, v FROM {db.out}") == [(0, 2)]
+    assert db.query(f"SELECT job, epoch FROM {db.ledger}_fence") == [("fenced", 2)]
+
+
+def test_postgres_a_newer_driver_starting_during_an_older_commit_waits_for_it_and_fences_the_next(
+        postgres_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other order: the older commit already holds the fence row (it passed the fence, COMMIT not sent yet) when
+    the newer driver starts. The newer check() waits on the row lock (seen in pg_locks, not by a sleep) until the
+    older commit ends, so that commit precedes the fence: batch 0 stays, the older driver's next batch is refused."""
+    import threading
+
+    from airflow_ckpt_provider.sinks import ledger as ledger_module
+
+    db, older, newer = _fenced_pair(postgres_dsn)
+    holding, go = threading.Event(), threading.Event()
+    point = ledger_module.crash_point
+
+    def at_point(name: str, batch_id: int | None = None) -> None:  # the real commit, held at its crash point
+        if name == "ledger.before-commit" and threading.current_thread().name == "older":
+            holding.set()
+            assert go.wait(60), "the test never let the commit go on"
+        point(name, batch_id)
+
+    monkeypatch.setattr(ledger_module, "crash_point", at_point)
+    outcomes: dict[str, Any] = {}
+
+    def run(name: str, fn: Callable[[], Any]) -> None:
+        try:
+            outcomes[name] = fn()
+        except Exception as err:  # the outcome is the assertion
+            outcomes[name] = err
+
+    first = threading.Thread(name="older", target=run, args=("older", lambda: older.commit_batch(
+        _insert(db, 1), None, 0, "q", Coverage(0, "c" * 64, None))))
+    first.start()
+    assert holding.wait(60)
+    second = threading.Thread(name="newer", target=run, args=("newer", newer.check))
+    second.start()
+    deadline = time.monotonic() + 30
+    while not db.query("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND "
+                       f"query LIKE 'UPDATE %{db.ledger}_fence%'")[0][0]:
+        assert time.monotonic() < deadline and second.is_alive(), f"the newer check() did not wait: {outcomes}"
+        time.sleep(0.05)
+    go.set()
+    first.join(60)
+    second.join(60)
+    assert outcomes == {"older": True, "newer": None}
+    with pytest.raises(FencedError, match="found the ledger fenced at epoch 2"):
+        older.commit_batch(_insert(db, 11), None, 1, "q", Coverage(1, "d" * 64, "c" * 64))
+    assert db.query(f"SELECT batch_id, v FROM {db.out}") == [(0, 1)]
+    assert committed_batches(db.connect, "fenced", db.ledger) == [("q", 0)]

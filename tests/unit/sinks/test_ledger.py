@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
+from airflow_ckpt_provider.core.records.lease import FencedError
 from airflow_ckpt_provider.core.snapshots.coverage import Coverage
 from airflow_ckpt_provider.sinks.dbapi import placeholders, quote_table, redact
 from airflow_ckpt_provider.sinks.ledger import Ledger, committed_batches, delete_batches
@@ -118,6 +119,39 @@ def test_fenced_driver_commits_nothing(db: Callable[[], sqlite3.Connection]) -> 
     with pytest.raises(RuntimeError, match="fenced"):  # and a fenced driver does not even write
         ledger.commit_batch(writer([1]), None, 1, "q1", cov(1))
     assert rows(db) == []
+
+
+def test_a_driver_whose_lease_check_passed_is_still_refused_by_the_ledgers_fence_once_a_newer_driver_started(
+        db: Callable[[], sqlite3.Connection]) -> None:
+    """Issue 41, finding 7: the lease check asks the job store; a driver paused (or cut from the store) after it
+    passed commits into the database all the same. The ledger's own fence, raised by the newer driver's check() and
+    held in each commit's transaction, refuses it: nothing written, the newer driver commits the batch."""
+    older = Ledger(connect=db, job="j1", epoch=1)
+    older.check()
+    assert older.commit_batch(writer([1]), None, 0, "q1", cov(0))
+    newer = Ledger(connect=db, job="j1", epoch=2)
+    newer.check()  # the newer driver's query is defined: the fence rises to 2
+    assert rows(db, "SELECT job, epoch FROM ckpt_ledger_fence") == [("j1", 2)]
+    with pytest.raises(FencedError, match=r"ledger ckpt_ledger of job j1 \(query q1 batch 1\): expected this driver "
+                                          r"\(epoch 1\) to hold the job, found the ledger fenced at epoch 2 "
+                                          r"\(ckpt_ledger_fence\)"):
+        older.commit_batch(writer([99]), None, 1, "q1", cov(1))
+    assert rows(db) == [(0, 1)] and committed_batches(db, "j1") == [("q1", 0)]
+    with pytest.raises(FencedError, match=r"\(start\): expected this driver \(epoch 1\)"):
+        older.check()  # an older driver's query start is refused too
+    assert newer.commit_batch(writer([2]), None, 1, "q1", cov(1))
+    assert rows(db) == [(0, 1), (1, 2)] and committed_batches(db, "j1") == [("q1", 0), ("q1", 1)]
+    assert rows(db, "SELECT job, epoch FROM ckpt_ledger_fence") == [("j1", 2)]  # never lowered
+
+
+def test_the_ledgers_fence_is_per_job_and_absent_without_an_epoch(db: Callable[[], sqlite3.Connection]) -> None:
+    Ledger(connect=db, job="other", epoch=5).check()
+    plain = Ledger(connect=db, job="j1")  # no runtime, no epoch: not fenced
+    plain.check()
+    assert plain.commit_batch(writer([1]), None, 0, "q1", cov(0))
+    first = Ledger(connect=db, job="j1", epoch=1)  # the first commit of a job raises its row from nothing
+    assert first.commit_batch(writer([2]), None, 1, "q1", cov(1))
+    assert rows(db, "SELECT job, epoch FROM ckpt_ledger_fence ORDER BY job") == [("j1", 1), ("other", 5)]
 
 
 def test_zombie_race_one_wins(db: Callable[[], sqlite3.Connection]) -> None:
