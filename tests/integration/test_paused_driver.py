@@ -86,6 +86,9 @@ COMMIT_DELAY = float(os.environ.get("CKPT_TEST_PAUSE_DELAY", "0.03"))
         proven_by="integration/test_paused_driver.py::test_driver_paused_past_its_lease_resumes_fenced_and_commits_"
                   "nothing[files] (the same fencing: a resumed driver commits nothing once a newer one runs)")),
     "files",
+    pytest.param("ledger", marks=pytest.mark.full(
+        proven_by="integration/test_ledger_sink.py::test_postgres_an_older_driver_that_wrote_before_a_newer_driver_"
+                  "started_is_refused_at_commit (a resumed driver's transaction is refused by the ledger's fence)")),
 ])
 def test_driver_paused_past_its_lease_resumes_fenced_and_commits_nothing(sink_name: str, tmp_path: Path) -> None:
     known_limit = run_two_driver_scenario("scenario 5", sink_name, tmp_path, "p5", _run)

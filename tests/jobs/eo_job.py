@@ -10,8 +10,9 @@ CKPT_TEST_TOPIC, CKPT_TEST_BOOTSTRAP, CKPT_TEST_MAX_OFFSETS (records per batch),
 
 - ``files``: ``format("ckpt-files")`` at CKPT_EO_PATH (a directory or s3://bucket/prefix);
 - ``kafka``: ``format("ckpt-kafka")`` into topic CKPT_EO_TOPIC, key = the key, value = JSON ``{"id", "part"}``;
-- ``ledger``: foreachBatch through the Ledger (fenced by the lease) into table ``eo_out`` of the SQLite
-  file CKPT_EO_DB, with the batch's query id and batch id on every row.
+- ``ledger``: foreachBatch through the Ledger (fenced by the lease and by the ledger's own fence) into table
+  ``eo_out`` of the SQLite file CKPT_EO_DB, or of the PostgreSQL database CKPT_EO_DSN (a libpq DSN) when that is
+  set, with the batch's query id and batch id on every row.
 """
 
 from __future__ import annotations
@@ -32,12 +33,25 @@ def connect_sqlite(path: str) -> sqlite3.Connection:
     return sqlite3.connect(path, timeout=30)
 
 
-def create_out_table(path: str) -> None:
-    """The output table, no unique key: a duplicate would show as a second row, not as an error."""
-    with connect_sqlite(path) as conn:
-        conn.execute(f"CREATE TABLE IF NOT EXISTS {OUT_TABLE} (id INTEGER NOT NULL, key TEXT NOT NULL, "
-                     "part INTEGER NOT NULL, query_id TEXT NOT NULL, batch_id INTEGER NOT NULL)")
-    conn.close()
+def connect_postgres(dsn: str) -> Any:
+    """The output database: PostgreSQL (psycopg 3, a transaction per connection until commit)."""
+    import psycopg
+
+    return psycopg.connect(dsn)
+
+
+#: The output table, no unique key: a duplicate would show as a second row, not as an error.
+OUT_DDL = (f"CREATE TABLE IF NOT EXISTS {OUT_TABLE} (id BIGINT NOT NULL, key TEXT NOT NULL, part INTEGER NOT NULL, "
+           "query_id TEXT NOT NULL, batch_id BIGINT NOT NULL)")
+
+
+def create_out_table(connect: Any) -> None:
+    conn = connect()
+    try:
+        conn.cursor().execute(OUT_DDL)
+        conn.commit()
+    finally:
+        conn.close()
 
 
 @streaming_job
@@ -67,19 +81,22 @@ def build(spark: Any, ctx: JobContext) -> Any:
     if sink == "ledger":
         from airflow_ckpt_provider.sinks.ledger import Ledger, delete_batches
 
-        db = os.environ["CKPT_EO_DB"]
-        create_out_table(db)
+        dsn = os.environ.get("CKPT_EO_DSN")
+        connect: Any = ((lambda: connect_postgres(dsn)) if dsn
+                        else (lambda: connect_sqlite(os.environ["CKPT_EO_DB"])))
+        mark = "%s" if dsn else "?"
+        create_out_table(connect)
         # Rows carry their query and batch ids, so a restore of an older savepoint can undo later batches.
-        ledger = Ledger(connect=lambda: connect_sqlite(db), job=ctx.job, table=LEDGER_TABLE, ctx=ctx,
-                        undo=delete_batches(OUT_TABLE))
+        ledger = Ledger(connect=connect, job=ctx.job, table=LEDGER_TABLE, ctx=ctx,
+                        undo=delete_batches(OUT_TABLE, paramstyle="format" if dsn else "qmark"))
         ledger.check()
 
         def write(cursor: Any, batch: Any, batch_id: int) -> int:
             # The query id with each row lets the test match every row to its ledger entry.
             query_id = batch.sparkSession.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
             rows = [(r["id"], r["key"], r["part"], query_id, batch_id) for r in batch.collect()]
-            cursor.executemany(f"INSERT INTO {OUT_TABLE} (id, key, part, query_id, batch_id) VALUES (?, ?, ?, ?, ?)",
-                               rows)
+            cursor.executemany(f"INSERT INTO {OUT_TABLE} (id, key, part, query_id, batch_id) VALUES "
+                               f"({', '.join([mark] * 5)})", rows)
             return len(rows)  # the ledger records it (rows_written)
 
         return rows.writeStream.outputMode("append").foreachBatch(ledger.foreach_batch(write))

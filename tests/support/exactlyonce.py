@@ -297,6 +297,23 @@ class LedgerSink:
 
 
 @dataclass
+class PgLedgerSink(LedgerSink):
+    """The ledger sink into PostgreSQL (``dsn``; ``db`` unused): the database on a host of its own, which a driver
+    may reach while it is cut from the job store (docs/reliability.md, scenario 1)."""
+
+    dsn: str = ""
+
+    def env(self) -> dict[str, str]:
+        return {"CKPT_EO_SINK": "ledger", "CKPT_EO_DSN": self.dsn}
+
+    def _query(self, sql: str) -> list[tuple[Any, ...]]:
+        import psycopg
+
+        with psycopg.connect(self.dsn) as conn:
+            return list(conn.execute(sql).fetchall())
+
+
+@dataclass
 class Kill:
     sink: str
     epoch: int

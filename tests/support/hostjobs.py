@@ -30,7 +30,7 @@ from typing import IO, Any
 from airflow_ckpt_provider.core.records.lease import LeaseRecord, read_lease
 from airflow_ckpt_provider.core.records.status import JobStatus
 from airflow_ckpt_provider.core.store.storage import S3Options
-from tests.support.exactlyonce import EO_JOB, FilesSink, KafkaSink, new_sink_topic
+from tests.support.exactlyonce import EO_JOB, EoSink, FilesSink, KafkaSink, PgLedgerSink, new_sink_topic
 from tests.support.hosts import Host, Topology
 from tests.support.runtimejob import SPARK_CONF, JobEnv, produce
 
@@ -46,6 +46,7 @@ WAIT = 180.0
 TASK_COMMIT = re.compile(r"batch (\d+) partition (\d+) of job \S+ \(query (\S+)\): (\d+) records committed by")
 BATCH_COMMIT = re.compile(r"batch (\d+) of job \S+ \(query \S+\) committed: ")
 #: The ckpt-files sink's driver-side commit line (sinks/filecommit.py): its manifest was created.
+LEDGER_COMMIT = re.compile(r"job \S+ query (\S+): batch (\d+) committed, \S+ rows, epoch (\S+), timeline (\d+)")
 FILES_COMMIT = re.compile(r"ckpt-files committed job \S+ query (\S+) batch (\d+) \(timeline (\d+)")
 #: The Python worker that runs a sink's driver-side commit (Spark's commit runner), from its commit line.
 COMMIT_WORKER = re.compile(r"\[worker (\d+)\]: (?:ckpt-files committed job |batch \d+ of job \S+ \(query \S+\) "
@@ -307,13 +308,15 @@ class Scenario:
     def lease(self) -> LeaseRecord | None:
         return self.in_launcher(lambda: read_lease(self.env.store()))  # type: ignore[no-any-return]
 
-    def start_driver(self, name: str, host: Host, *args: str) -> Stamped:
+    def start_driver(self, name: str, host: Host, *args: str, lease_defaults: bool = False) -> Stamped:
+        """``ckpt run`` of the job on ``host``; with ``lease_defaults`` the product's lease settings (poll 1 s, fence
+        grace 3 s) instead of this module's (``POLL``, ``FENCE_GRACE``)."""
         env = self.env.env(MAX_OFFSETS, {**self.sink.env()})
         env.update(SPARK_LOCAL_IP=host.address, CKPT_HOME=str(self.work / f"home-{name}"))
+        lease = [] if lease_defaults else ["--poll-interval", str(POLL), "--fence-grace", str(FENCE_GRACE)]
         argv = [sys.executable, "-m", "airflow_ckpt_provider.cli", "run", str(EO_JOB), "--job", self.env.job,
                 "--store", self.env.store_url, "--checkpoint", str(self.work / f"checkpoint-{name}"),
-                "--master", "local[2]", "-v", "--poll-interval", str(POLL), "--fence-grace", str(FENCE_GRACE),
-                *args]
+                "--master", "local[2]", "-v", *lease, *args]
         conf = [*SPARK_CONF, *(f"{k}={v}" for k, v in self.sink.conf().items()),
                 f"spark.driver.host={host.address}", f"spark.driver.bindAddress={host.address}"]
         for setting in conf:
@@ -356,6 +359,30 @@ class Scenario:
         return self.env.consumed(status)
 
 
+#: One look at status.json: (time, state, batch, restart_count, epoch, pid).
+Look = tuple[float, str, int | None, int, int, int | None]
+
+
+def watch_status(sc: Scenario, driver: Stamped, done: Callable[[], bool], timeout: float) -> list[Look]:
+    """Look at status.json every half second until ``done()`` (``timeout`` at most): each look; fails if the
+    driver's process exits meanwhile."""
+    seen: list[Look] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        assert driver.proc.poll() is None, f"the driver exited with {driver.proc.returncode}\n{driver.tail()}"
+        status: JobStatus | None = None
+        try:
+            status = sc.status()
+        except Exception:  # the store answers again on the next look
+            status = None
+        if status is not None:
+            seen.append((time.time(), status.state.value, status.batch_id, status.restart_count, status.epoch,
+                         status.pid))
+        if done() or time.monotonic() > deadline:
+            return seen
+        time.sleep(0.5)
+
+
 def grace_end(lease: LeaseRecord) -> float:
     """When a driver that took ``lease`` from a running one may first commit: its lease time plus the grace it
     waits for the previous holder (Lease.grace, with this module's settings)."""
@@ -380,20 +407,27 @@ def ground(topo: Topology, sink_name: str, work: Path, job_prefix: str) -> Scena
     topo["launcher"].call(s3.create_bucket, BUCKET)
     topic = f"t-{uuid.uuid4().hex[:10]}"
     topo["kafka"].call(kafka.create_topic, topic, 3)
-    sink = kafka_sink(topo, kafka) if sink_name == "kafka" else files_sink(s3)
-    env = JobEnv(s3, kafka, work, BUCKET, topic, job=f"{job_prefix}-{sink_name}-{uuid.uuid4().hex[:6]}")
+    job = f"{job_prefix}-{sink_name}-{uuid.uuid4().hex[:6]}"
+    sink: EoSink
+    if sink_name == "ledger":
+        sink = PgLedgerSink(work / "unused.db", job, dsn=topo.start_db().dsn)
+    else:
+        sink = kafka_sink(topo, kafka) if sink_name == "kafka" else files_sink(s3)
+    env = JobEnv(s3, kafka, work, BUCKET, topic, job=job)
     return Scenario(topo, env, sink, work)
 
 
 def commit_times(driver: Stamped, *, logged: bool = False) -> list[tuple[float, str]]:
     """Every sink commit the driver's lines show, (time, what): the ckpt-kafka tasks' and driver-side commits, the
-    ckpt-files manifest commits (arrival times, or the log records' own times with ``logged``), and the batches the
-    runtime says completed, timed by Spark's commit itself (``spark_commit_time``)."""
+    ledger's transactions, the ckpt-files manifest commits (arrival times, or the log records' own times with
+    ``logged``), and the batches the runtime says completed, timed by Spark's commit itself (``spark_commit_time``)."""
     found = [(t, f"task commit batch {m[1]} partition {m[2]}") for t, m in driver.matching(TASK_COMMIT, logged=logged)]
     found += [(t, f"batch {m[1]} committed (sink's driver commit)")
               for t, m in driver.matching(BATCH_COMMIT, logged=logged)]
     found += [(t, f"batch {m[2]} committed (ckpt-files manifest, timeline {m[3]})")
               for t, m in driver.matching(FILES_COMMIT, logged=logged)]
+    found += [(t, f"batch {m[2]} committed (ledger, epoch {m[3]}, timeline {m[4]})")
+              for t, m in driver.matching(LEDGER_COMMIT, logged=logged)]
     found += [(spark_commit_time(driver, int(m[2]), t), f"batch {m[2]} completed (Spark commit)")
               for t, m in driver.matching(COMPLETED, logged=logged)]
     return sorted(found)
@@ -454,7 +488,7 @@ def run_two_driver_scenario(name: str, sink_name: str, work: Path, job_prefix: s
     (``check_left_behind``). Returns what ``run`` returns: '' if every claim held, else a known limit's
     description (the test ends in ``pytest.xfail`` with it)."""
     pids: list[int] = []
-    with Topology(TWO_DRIVER_ROLES) as topo:
+    with Topology(TWO_DRIVER_ROLES + (["db"] if sink_name == "ledger" else [])) as topo:
         try:
             sc = ground(topo, sink_name, work, job_prefix)
             feed = Feed(sc.launcher, sc.env.kafka.bootstrap_servers, sc.env.topic)

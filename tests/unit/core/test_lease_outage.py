@@ -3,12 +3,15 @@ waits at least that long after taking the lease, so the older one stops committi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from msgspec.structs import replace
 
 from airflow_ckpt_provider.core.errors import StorageError, UnreachableError
 from airflow_ckpt_provider.core.records.lease import FencedError, Lease, read_lease
 from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import LocalStorage
 
 
 class Flaky:
@@ -62,3 +65,45 @@ def test_the_tolerance_is_recorded_and_a_newer_driver_waits_it_out(store: JobSto
     assert newer.previous is not None
     newer.previous = replace(newer.previous, host="elsewhere")  # not a dead process of this host: it may run
     assert newer.grace(3.0) == 29.0 + 1.0 + 1.0  # the old one's tolerance + its poll + 1 s
+
+
+def _decisions(store: JobStore, wall_old: float, wall_new: float) -> list[object]:
+    """What two drivers on two hosts decide through one store across a takeover and an outage, each host with its own
+    wall clock (``wall_old``, ``wall_new``: its offset) and its own monotonic clock (unrelated origins)."""
+    mono_old, mono_new = [1000.0], [-5e6]
+    old = Lease(store, poll_interval=1.0, outage_tolerance=2.0, clock=lambda: 1.8e9 + wall_old,
+                monotonic=lambda: mono_old[0])
+    new = Lease(store, poll_interval=1.0, outage_tolerance=2.0, clock=lambda: 1.8e9 + wall_new,
+                monotonic=lambda: mono_new[0])
+    seen: list[object] = [old.acquire().epoch, old.confirm()]
+    flaky = Flaky(store)
+    flaky.down = True  # the old driver's host loses the store
+    mono_old[0] += 1.5
+    seen.append(old.confirm())  # within its tolerance: rides it out
+    flaky.down = False
+    seen.append(new.acquire().epoch)
+    new.previous = replace(new.previous, host="elsewhere") if new.previous else None  # another host: it may run
+    seen.append(new.grace(3.0))  # what the new driver waits, on its own monotonic clock
+    flaky.down = True
+    mono_old[0] += 0.6
+    with pytest.raises(StorageError):  # beyond its tolerance: it stops committing, on its own monotonic clock
+        old.confirm()
+    seen.append(old.tolerating())
+    flaky.down = False
+    with pytest.raises(FencedError):
+        old.confirm()
+    mono_new[0] += 10.0
+    seen.append(new.confirm())
+    return seen
+
+
+def test_the_lease_never_compares_the_clocks_of_two_hosts(tmp_path: Path) -> None:
+    """Issue 41, clocks: every decision of the lease is the same whatever the two hosts' wall clocks say (a day apart
+    either way, or equal): the old driver's stop counts from its own last confirmation on its own monotonic clock,
+    the new driver's grace on its own; ``acquired_at`` is only shown (docs/reliability.md, Clocks)."""
+    runs = {}
+    for name, (old, new) in {"same": (0.0, 0.0), "new a day ahead": (0.0, 86400.0),
+                             "old a day ahead": (86400.0, 0.0), "new an hour behind": (0.0, -3600.0)}.items():
+        runs[name] = _decisions(JobStore(LocalStorage(tmp_path / name.replace(" ", "-")), "orders"), old, new)
+    assert runs["same"] == [1, True, False, 2, 4.0, False, True]
+    assert all(r == runs["same"] for r in runs.values()), runs
