@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
 from airflow_ckpt_provider.core.policy.faults import crash_point
-from airflow_ckpt_provider.core.policy.streambatch import QUERY_ID_PROPERTY
+from airflow_ckpt_provider.core.policy.streambatch import QUERY_ID_PROPERTY, before_query_start
 from airflow_ckpt_provider.core.records.lease import FencedError
 from airflow_ckpt_provider.core.snapshots.checkpoint import id_ranges
 from airflow_ckpt_provider.core.snapshots.coverage import Coverage, checkpoint_storage, read_coverage
@@ -162,14 +162,28 @@ class Ledger:
         """
         conn = self._open()
         try:
-            style = self._style(conn)
-            self.tables.prepare(conn, style, self.job)
-            self._hold_fence(conn.cursor(), style, "start")  # a newer driver's query fences older ones out
+            self.tables.prepare(conn, self._style(conn), self.job)
+        finally:
+            conn.close()
+        log.info("job %s: ledger table %s is ready", self.job, self.table)
+        if self.ctx is not None:  # the build function runs before the lease is taken: the fence rises at the start
+            before_query_start(f"ledger:{self.job}:{self.table}", self.raise_fence)
+        elif self._epoch is not None:
+            self.raise_fence()
+
+    def raise_fence(self) -> None:
+        """Raise the ledger's fence to this driver's epoch in a transaction of its own (FencedError if a newer driver
+        raised it higher): under the runtime, right before each start of the query, once the lease is held and its
+        grace waited out, so that no older driver commits from then on."""
+        conn = self._open()
+        try:
+            self._hold_fence(conn.cursor(), self._style(conn), "start")
             conn.commit()
         finally:
             conn.close()
-        log.info("job %s: ledger table %s is ready%s", self.job, self.table,
-                 "" if self.epoch is None else f", fenced at epoch {self.epoch}")
+        if self.epoch is not None:
+            log.info("job %s: ledger %s fenced at epoch %d: commits of older drivers are refused", self.job,
+                     self.table, self.epoch)
 
     def _hold_fence(self, cur: Any, style: str, what: str) -> None:
         """Raise the ledger's fence (``<table>_fence``) to this driver's epoch within the open transaction, or raise

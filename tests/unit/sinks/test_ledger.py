@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
+from airflow_ckpt_provider.core.policy.streambatch import forget_before_query_start, run_before_query_start
 from airflow_ckpt_provider.core.records.lease import FencedError
 from airflow_ckpt_provider.core.snapshots.coverage import Coverage
 from airflow_ckpt_provider.sinks.dbapi import placeholders, quote_table, redact
@@ -142,6 +143,42 @@ def test_a_driver_whose_lease_check_passed_is_still_refused_by_the_ledgers_fence
     assert newer.commit_batch(writer([2]), None, 1, "q1", cov(1))
     assert rows(db) == [(0, 1), (1, 2)] and committed_batches(db, "j1") == [("q1", 0), ("q1", 1)]
     assert rows(db, "SELECT job, epoch FROM ckpt_ledger_fence") == [("j1", 2)]  # never lowered
+
+
+class Unleased(Fence):
+    """The runtime's JobContext while the build function runs: the lease is not taken yet, the epoch unknown."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.leased = False
+
+    @property  # type: ignore[override]  # the stand-in's epoch is a property here, as JobContext's
+    def epoch(self) -> int:
+        if not self.leased:
+            raise AssertionError("lease not acquired")
+        return 7
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        pass  # Fence.__init__ sets one; this stand-in's comes from the lease
+
+
+def test_under_the_runtime_the_fence_rises_before_the_query_starts_not_in_the_build_function(
+        db: Callable[[], sqlite3.Connection]) -> None:
+    """The runtime runs the build function (where check() is called) before it takes the lease: check() must not ask
+    for the epoch; it registers the fence's raise for the query's start (core/policy/streambatch.py), which the
+    runtime runs once the lease is held and the grace waited out."""
+    forget_before_query_start()
+    ctx = Unleased()
+    ledger = Ledger(connect=db, job="j1", ctx=ctx)
+    try:
+        ledger.check()  # would raise "lease not acquired" if it asked for the epoch
+        assert rows(db, "SELECT job, epoch FROM ckpt_ledger_fence") == []
+        ctx.leased = True
+        run_before_query_start()
+        assert rows(db, "SELECT job, epoch FROM ckpt_ledger_fence") == [("j1", 7)]
+    finally:
+        forget_before_query_start()
 
 
 def test_the_ledgers_fence_is_per_job_and_absent_without_an_epoch(db: Callable[[], sqlite3.Connection]) -> None:
