@@ -231,9 +231,10 @@ class RuntimeSettings(Settings):
         5.0, kind=SECONDS, metavar="S", help="seconds between status heartbeats when idle (default 5)")
     poll_interval: float = setting(
         1.0, kind=SECONDS, metavar="S", help="seconds between looks at control requests and the lease (default 1)")
-    fence_grace: float = setting(
-        3.0, kind=SECONDS, metavar="S",
-        help="seconds a new driver waits for a fenced one to notice (default 3, at least twice the poll interval)")
+    fence_grace: float = setting(  # 10: a lease read over a slow, lossy link took over 2 s (docs/reliability.md)
+        10.0, kind=SECONDS, metavar="S",
+        help="seconds a new driver waits for a fenced one to notice (default 10, at least twice the poll interval); "
+        "the driver rides out a job store that does not answer for this minus a poll interval")
     executor_timeout: float = setting(
         120.0, kind=SECONDS, metavar="S",
         help="seconds a driver on a cluster waits for its first executor before it gives up, exit 2 (default 120)")

@@ -63,7 +63,7 @@ def test_values_are_parsed_on_construction_whatever_their_source() -> None:
     ({"heartbeat_interval": True}, "heartbeat_interval: expected seconds, found True"),
     ({"time_travel": "maybe"}, "invalid time-travel policy: expected one of fork, refuse, found 'maybe'"),
     ({"restart_strategy": "fixed-delay", "restart_interval": 5}, "--restart-interval applies to failure-rate only"),
-    ({"poll_interval": 2.0}, r"fence_grace \(3.0 s\) must be at least twice poll_interval \(2.0 s\)"),
+    ({"poll_interval": 6.0}, r"fence_grace \(10.0 s\) must be at least twice poll_interval \(6.0 s\)"),
     ({"keep_savepoints": -1}, "keep_savepoints must be >= 0 or unset, found -1"),
     ({"snapshot_nice": 20},
      r"snapshot_nice must be a nice value from 0 \(the driver's priority\) to 19 \(the lowest\), found 20"),
@@ -121,7 +121,7 @@ def test_a_deployment_record_of_the_previous_version_reads_and_round_trips() -> 
     assert (d.checkpoint_interval, d.savepoint_interval, d.restart_attempts, d.health_window) == (None, 600.0, 4, 900.0)
     assert d.restart_strategy is RestartStrategyName.FIXED_DELAY and d.time_travel is TimeTravel.REFUSE
     newer = {k: v for k, v in JobSettings().to_json().items() if k not in OLD_DEPLOYMENT}
-    assert "fence_grace" in newer and d.fence_grace == 3.0  # settings it did not record: their defaults
+    assert "fence_grace" in newer and d.fence_grace == 10.0  # settings it did not record: their defaults
     assert d.python_env == "auto"  # a field it did not record: its default
     assert d.to_dict() == OLD_DEPLOYMENT | newer | {"python_env": "auto"}  # the same flat shape, newer keys added
     old_launch = {"job": "orders", "deployment": OLD_DEPLOYMENT, "restore": "latest-state", "launched_at": 1.7e9,

@@ -142,7 +142,7 @@ def test_non_numeric_values_are_refused(option: str, raw: str, message: str) -> 
 
 def test_from_args_validates_like_the_constructor() -> None:
     with pytest.raises(ConfigError, match=r"fence_grace .* must be at least twice poll_interval"):
-        RuntimeConfig.from_args(["--job", "j", "--store", "/s", "--poll-interval", "5"])
+        RuntimeConfig.from_args(["--job", "j", "--store", "/s", "--poll-interval", "6"])
     with pytest.raises(ConfigError, match="checkpoint_interval must be >= 0"):
         RuntimeConfig.from_args(["--job", "j", "--store", "/s", "--checkpoint-interval", "-0.5"])
 
