@@ -4,7 +4,8 @@ is never given up (no false fencing), and the counts are exact.
 
 Topology and job as scenario 2 (tests/integration/test_partitions.py, tests/support/hostjobs.py): ``store``,
 ``kafka`` (tansu, memory storage), ``driver`` (``ckpt run --supervise`` with the product's lease settings: poll 1 s,
-fence grace 3 s, so an outage tolerance of 2 s), ``launcher`` (the feed, 20 records/s, and the readers). The fault
+fence grace 10 s, so an outage tolerance of 9 s; with 3 s, the default before, finding 9), ``launcher`` (the feed, 20
+records/s, and the readers). The fault
 (``Topology.netem``: each direction's packets held 200 ms, so a round trip takes 400 ms more, and 5% of them dropped;
 tests/support/nfqdelay.py) starts once the driver has completed three batches and stored a snapshot, and ends by
 itself after ``SLOW`` seconds.
