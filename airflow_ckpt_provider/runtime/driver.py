@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from airflow_ckpt_provider.core.errors import CkptError, CredentialsError, StorageError
+from airflow_ckpt_provider.core.errors import CkptError, CredentialsError, StorageError, UnreachableError
 from airflow_ckpt_provider.core.policy import gate
 from airflow_ckpt_provider.core.policy.modes import RestoreSpec
 from airflow_ckpt_provider.core.policy.outage import Outage
@@ -71,6 +71,16 @@ class JobContext:
         """Raise FencedError if a newer driver took the job (then nothing must be committed); StorageError if
         the job store has not answered for longer than the lease's outage tolerance (the query restarts)."""
         self._lease.confirm()
+
+    def lease_held(self) -> None:
+        """Raise UnreachableError unless the lease was confirmed within its outage tolerance, without a request (the
+        lease watch confirms it every poll): the last look inside a database transaction, whose locks a request held
+        up by a cut from the job store would keep from a newer driver (docs/reliability.md, finding 10)."""
+        if not self._lease.tolerating():
+            age = self._lease.monotonic() - self._lease.confirmed_at
+            raise UnreachableError(f"job {self.job} epoch {self.epoch}: the lease was last confirmed {age:.1f} s ago, "
+                                   f"beyond its outage tolerance of {self._lease.outage_tolerance:.1f} s: nothing "
+                                   "may commit until the job store confirms it")
 
     def fenced(self, fn: Callable[[DataFrame, int], None]) -> Callable[[DataFrame, int], None]:
         """A foreachBatch function that refuses to write, and to let Spark commit, once fenced."""

@@ -40,6 +40,7 @@ class Fencing(Protocol):
     @property
     def epoch(self) -> int: ...
     def check_lease(self) -> None: ...
+    def lease_held(self) -> None: ...
 
 
 Connect = Callable[[], Any]
@@ -126,6 +127,15 @@ class Ledger:
         """Raise (FencedError from the runtime) if this driver must no longer write."""
         if self.ctx is not None:
             self.ctx.check_lease()
+        if self._fence is not None:
+            self._fence()
+
+    def _last_look(self) -> None:
+        """The look before COMMIT, inside the open transaction: the runtime's lease as the lease watch last confirmed
+        it (no request to the job store: one held up by a cut would hold this transaction's locks, and keep a newer
+        driver waiting on them, until the cut heals), then the database's own fence (``_hold_fence``)."""
+        if self.ctx is not None:
+            self.ctx.lease_held()
         if self._fence is not None:
             self._fence()
 
@@ -259,8 +269,9 @@ class Ledger:
     def commit_batch(self, write: Write, df: Any, batch_id: int, query_id: str, coverage: Coverage) -> bool:
         """Run one batch's transaction; True if committed, False if the ledger says it already was.
 
-        Fenced (``ctx``/``fence``) before anything, and again right before COMMIT, like ``ctx.fenced``:
-        a fenced driver neither writes, nor commits, nor lets Spark commit a skipped replay. A batch
+        Fenced (``ctx``/``fence``) before anything, and again right before COMMIT (the lease as last confirmed, no
+        request, and the database's own fence): a fenced driver neither writes, nor commits, nor lets Spark commit a
+        skipped replay. A batch
         that comes back with other content forks: the later batches' rows are undone in the same
         transaction. A batch that does not follow the ledger's batch before it is refused.
         """
@@ -296,7 +307,8 @@ class Ledger:
                     "(ledger primary key violated): this attempt's rows are rolled back; a second driver of the "
                     "same job is running: check the job's lease"
                 ) from err
-            self.fence()  # the last look before COMMIT: a fenced driver commits nothing
+            crash_point("ledger.before-last-look", batch_id)  # the rows and the ledger row written, not committed
+            self._last_look()  # a fenced driver commits nothing
             self._hold_fence(cur, style, f"query {query_id} batch {batch_id}")  # and the database's own fence
             crash_point("ledger.before-commit", batch_id)
             conn.commit()

@@ -47,7 +47,7 @@ from airflow_ckpt_provider.core.records.lease import LeaseRecord
 from airflow_ckpt_provider.core.records.status import JobState
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_FENCED, EXIT_STOPPED
 from tests.support import hosts
-from tests.support.exactlyonce import KafkaSink, expected_rows
+from tests.support.exactlyonce import KafkaSink, PgLedgerSink, expected_rows
 from tests.support.hostjobs import (
     COMPLETED,
     KAFKA_LIMIT,
@@ -112,14 +112,24 @@ def _run(sc: Scenario, feed: Feed) -> str:
     sc.times["first driver: first batch after start, s"] = round(
         (first.matching(COMPLETED)[0][0] if first.matching(COMPLETED) else time.time()) - started, 1)
 
-    # The cut, and at once a second driver on the launcher: it must wait for the grace by itself.
+    # The cut, and at once a second driver on the launcher: it must wait for the grace by itself. The ledger's cut
+    # lands inside a batch's transaction (rows written, not committed: finding 10), held there until the cut began.
+    held = sc.hold_at("first", "ledger.before-last-look") if isinstance(sc.sink, PgLedgerSink) else None
     cut = topo.cut("driver", "store", seconds=CUT)
     t_cut = time.time()
     sc.times["cut at"] = t_cut
+    if held is not None:
+        held.unlink()
+        sc.times["cut"] = "inside a ledger transaction (before its last look)"
     second = sc.start_driver("second", topo["launcher"], "--restore", "latest-state")
     lease = sc.wait_newer_lease(first_epoch, second)
     t_lease = lease.acquired_at
     sc.times["second driver: lease taken after the cut, s"] = round(t_lease - t_cut, 1)
+    if isinstance(sc.sink, PgLedgerSink):  # finding 10: no lock of the cut driver may hold the second one up
+        time.sleep(max(0.0, grace_end(lease) - time.time()))  # the moment the second driver may first commit
+        held = sc.in_launcher(sc.sink.open_transactions, topo["driver"].address)
+        sc.times["first driver: open database transactions when the second may commit"] = held
+        assert not held, f"the cut driver holds database transactions (and their locks): {held}"
 
     # The cut heals by itself; the first driver must then see the newer epoch and exit 3.
     cut.wait(CUT + 10)

@@ -312,6 +312,11 @@ class PgLedgerSink(LedgerSink):
         with psycopg.connect(self.dsn) as conn:
             return list(conn.execute(sql).fetchall())
 
+    def open_transactions(self, address: str) -> list[tuple[Any, ...]]:
+        """The transactions open in sessions from ``address`` (state, seconds open, the last statement)."""
+        return self._query("SELECT state, round(extract(epoch FROM now() - xact_start))::int, left(query, 80) FROM "
+                           f"pg_stat_activity WHERE client_addr = '{address}' AND xact_start IS NOT NULL")
+
 
 @dataclass
 class Kill:

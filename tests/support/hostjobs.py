@@ -312,7 +312,9 @@ class Scenario:
         """``ckpt run`` of the job on ``host``; with ``lease_defaults`` the product's lease settings (poll 1 s, fence
         grace 3 s) instead of this module's (``POLL``, ``FENCE_GRACE``)."""
         env = self.env.env(MAX_OFFSETS, {**self.sink.env()})
-        env.update(SPARK_LOCAL_IP=host.address, CKPT_HOME=str(self.work / f"home-{name}"))
+        faults = self.work / f"faults-{name}"  # crash and hold points a test arms (core/policy/faults.py)
+        faults.mkdir(exist_ok=True)
+        env.update(SPARK_LOCAL_IP=host.address, CKPT_HOME=str(self.work / f"home-{name}"), CKPT_FAULT_DIR=str(faults))
         lease = [] if lease_defaults else ["--poll-interval", str(POLL), "--fence-grace", str(FENCE_GRACE)]
         argv = [sys.executable, "-m", "airflow_ckpt_provider.cli", "run", str(EO_JOB), "--job", self.env.job,
                 "--store", self.env.store_url, "--checkpoint", str(self.work / f"checkpoint-{name}"),
@@ -324,6 +326,20 @@ class Scenario:
         driver = Stamped(name, host, argv, env, self.work / f"{name}.log", self.work / f"checkpoint-{name}")
         self.drivers.append(driver)
         return driver
+
+    def hold_at(self, name: str, point: str, timeout: float = 60.0) -> Path:
+        """Arm ``point`` of driver ``name`` to hold, wait until the driver holds there; returns the file whose
+        deletion lets it go on (core/policy/faults.py)."""
+        from airflow_ckpt_provider.core.policy.faults import HOLD
+
+        armed = self.work / f"faults-{name}" / point
+        armed.write_bytes(HOLD)
+        held = armed.with_name(point + ".held")
+        deadline = time.monotonic() + timeout
+        while not held.exists():
+            assert time.monotonic() < deadline, f"driver {name} did not reach {point} within {timeout:.0f} s"
+            time.sleep(0.02)
+        return held
 
     def wait_status(self, what: str, ok: Any, timeout: float, *watch: Stamped) -> JobStatus:
         deadline = time.monotonic() + timeout
