@@ -10,7 +10,6 @@ import os
 import re
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,16 @@ from airflow_ckpt_provider.runtime.exitcodes import EXIT_STOPPED
 from tests.conftest import TEST_DRIVER_JVM
 from tests.support import hosts
 from tests.support.exactlyonce import EO_JOB, expected_rows
-from tests.support.hostjobs import COMPLETED, MAX_OFFSETS, Feed, Scenario, Stamped, check_left_behind, ground
+from tests.support.hostjobs import (
+    COMPLETED,
+    MAX_OFFSETS,
+    Feed,
+    Scenario,
+    Stamped,
+    check_left_behind,
+    count_committed,
+    ground,
+)
 from tests.support.hosts import Host, Topology
 from tests.support.runtimejob import SPARK_CONF
 from tests.support.sparkhosts import (
@@ -369,11 +377,7 @@ def _scenario(sc: Scenario, hc: HostCluster, feed: Feed) -> None:
     assert ack.outcome is Outcome.COMPLETED and ack.snapshot_id, ack
     assert driver.wait(WAIT) == EXIT_STOPPED, driver.tail()
 
-    rows = sc.in_launcher(sc.sink.committed)
-    counts = Counter(r[0] for r in rows)
-    times["committed rows"] = len(rows)
-    times["duplicated ids"] = sum(1 for n in counts.values() if n > 1)
-    times["missing ids"] = len(set(range(feed.next_id)) - set(counts))
+    rows = count_committed(sc, feed)
     assert sorted(rows) == expected_rows(feed.next_id), (
         f"{times['duplicated ids']} ids duplicated, {times['missing ids']} missing of {feed.next_id}")
     times["uncommitted"] = sc.in_launcher(sc.sink.check_nothing_uncommitted)

@@ -56,15 +56,13 @@ from tests.support.hostjobs import (
     Feed,
     Scenario,
     Stamped,
-    check_left_behind,
     commit_times,
+    finish_and_count,
     grace_end,
-    ground,
     only_after_snapshot,
-    run_two_driver_scenario,
+    run_scenario,
     watch_status,
 )
-from tests.support.hosts import Topology
 
 pytestmark = [
     pytest.mark.integration,
@@ -93,7 +91,7 @@ KAFKA_CUT = 60.0  # scenario 2: seconds the driver host is cut from Kafka
 ])
 def test_driver_cut_from_the_store_is_fenced_and_a_driver_elsewhere_takes_over(sink_name: str,
                                                                                tmp_path: Path) -> None:
-    known_limit = run_two_driver_scenario("scenario 1", sink_name, tmp_path, "p1", _run)
+    known_limit = run_scenario("scenario 1", sink_name, tmp_path, "p1", _run)
     if known_limit:
         pytest.xfail(known_limit)
 
@@ -248,29 +246,10 @@ def _assert(sc: Scenario, feed: Feed, first: Stamped, second: Stamped, first_epo
               "restart, exact counts; there the connections are refused, here the packets are dropped)")
 def test_driver_cut_from_kafka_for_a_minute_rides_it_out_in_the_same_process_and_counts_exactly(
         tmp_path: Path) -> None:
-    pids: list[int] = []
-    with Topology(["store", "kafka", "launcher", "driver"]) as topo:
-        try:
-            _kafka_cut(topo, tmp_path)
-        finally:
-            pids = [p for role in topo.hosts for p in topo[role].pids()]
-    check_left_behind(topo, pids)
+    run_scenario("scenario 2", "files", tmp_path, "p2", _run_kafka_cut)
 
 
-def _kafka_cut(topo: Topology, work: Path) -> None:
-    sc = ground(topo, "files", work, "p2")
-    feed = Feed(sc.launcher, sc.env.kafka.bootstrap_servers, sc.env.topic)
-    try:
-        _run_kafka_cut(sc, feed)
-    finally:
-        feed.halt()
-        for driver in sc.drivers:
-            driver.stop()
-        (work / "report.json").write_text(json.dumps(sc.times, indent=1))
-        print(f"scenario 2 (files): {json.dumps(sc.times)}")
-
-
-def _run_kafka_cut(sc: Scenario, feed: Feed) -> None:
+def _run_kafka_cut(sc: Scenario, feed: Feed) -> str:
     topo, times = sc.topo, sc.times
     driver = sc.start_driver("driver", topo["driver"], "--supervise")
     started = time.time()
@@ -313,24 +292,7 @@ def _run_kafka_cut(sc: Scenario, feed: Feed) -> None:
     times["query restarts seen during and after the cut"] = restarts_seen[-1][3] if restarts_seen else 0
 
     # The rest of the feed on the same driver, then a stop with a savepoint.
-    feed.finish()
-    final = sc.wait_status(f"all {feed.records} records consumed", lambda s: sc.consumed(s) == feed.records
-                           and s.state is JobState.RUNNING, WAIT, driver)
-    times["ids"] = feed.next_id
-    times["records"] = feed.records
-    times["restart_count at the end"] = final.restart_count
-    times["restarts at the end"] = final.restarts
-    starts = [line for _, line in driver.containing("started (attempt") if "launcher.supervisor" in line]
-    times["drivers started by the supervisor"] = len(starts)
-    ack = sc.in_launcher(sc.env.request, RequestAction.STOP, final.epoch)
-    assert ack.outcome is Outcome.COMPLETED, ack
-    assert driver.wait(WAIT) == EXIT_STOPPED, driver.tail()
-
-    rows = sc.in_launcher(sc.sink.committed)
-    counts = Counter(r[0] for r in rows)
-    times["committed rows"] = len(rows)
-    times["duplicated ids"] = sum(1 for n in counts.values() if n > 1)
-    times["missing ids"] = len(set(range(feed.next_id)) - set(counts))
+    final, rows, starts = finish_and_count(sc, feed, driver)
     print(f"scenario 2: {json.dumps(times, indent=1)}")
 
     assert (final.pid, final.epoch) == (before.pid, before.epoch), (
@@ -341,3 +303,4 @@ def _run_kafka_cut(sc: Scenario, feed: Feed) -> None:
     assert sorted(rows) == expected_rows(feed.next_id), (
         f"{times['duplicated ids']} ids duplicated, {times['missing ids']} missing of {feed.next_id}")
     times["uncommitted"] = sc.in_launcher(sc.sink.check_nothing_uncommitted)
+    return ""

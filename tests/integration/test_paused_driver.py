@@ -63,7 +63,7 @@ from tests.support.hostjobs import (
     logged_time,
     only_after_snapshot,
     proc_state,
-    run_two_driver_scenario,
+    run_scenario,
 )
 from tests.support.hosts import Fault
 
@@ -91,7 +91,7 @@ COMMIT_DELAY = float(os.environ.get("CKPT_TEST_PAUSE_DELAY", "0.03"))
                   "started_is_refused_at_commit (a resumed driver's transaction is refused by the ledger's fence)")),
 ])
 def test_driver_paused_past_its_lease_resumes_fenced_and_commits_nothing(sink_name: str, tmp_path: Path) -> None:
-    known_limit = run_two_driver_scenario("scenario 5", sink_name, tmp_path, "p5", _run)
+    known_limit = run_scenario("scenario 5", sink_name, tmp_path, "p5", _run)
     if known_limit:
         pytest.xfail(known_limit)
 

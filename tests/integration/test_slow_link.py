@@ -20,28 +20,23 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
 from airflow_ckpt_provider.core.records.status import JobState
-from airflow_ckpt_provider.runtime.exitcodes import EXIT_STOPPED
 from tests.support import hosts
 from tests.support.exactlyonce import expected_rows
 from tests.support.hostjobs import (
     COMPLETED,
-    TWO_DRIVER_ROLES,
     WAIT,
     WATCH_STOP,
     Feed,
     Scenario,
-    check_left_behind,
-    ground,
+    finish_and_count,
+    run_scenario,
     watch_status,
 )
-from tests.support.hosts import Topology
 
 pytestmark = [
     pytest.mark.integration,
@@ -65,25 +60,10 @@ LOSS_PCT = 5.0
 ])
 def test_a_slow_lossy_link_to_the_store_is_ridden_out_without_false_fencing_and_counts_exactly(
         sink_name: str, tmp_path: Path) -> None:
-    pids: list[int] = []
-    with Topology(TWO_DRIVER_ROLES + (["db"] if sink_name == "ledger" else [])) as topo:
-        try:
-            sc = ground(topo, sink_name, tmp_path, "p6")
-            feed = Feed(sc.launcher, sc.env.kafka.bootstrap_servers, sc.env.topic)
-            try:
-                _run(sc, feed)
-            finally:
-                feed.halt()
-                for driver in sc.drivers:
-                    driver.stop()
-                (tmp_path / "report.json").write_text(json.dumps(sc.times, indent=1))
-                print(f"scenario 6 ({sink_name}): {json.dumps(sc.times)}")
-        finally:
-            pids = [p for role in topo.hosts for p in topo[role].pids()]
-    check_left_behind(topo, pids)  # (d)
+    run_scenario("scenario 6", sink_name, tmp_path, "p6", _run)
 
 
-def _run(sc: Scenario, feed: Feed) -> None:
+def _run(sc: Scenario, feed: Feed) -> str:
     topo, times = sc.topo, sc.times
     driver = sc.start_driver("driver", topo["driver"], "--supervise", lease_defaults=True)
     started = time.time()
@@ -119,23 +99,7 @@ def _run(sc: Scenario, feed: Feed) -> None:
     times["job store outage lines (s after the fault began)"] = outage[:10]
 
     # The rest of the feed on the same driver, then a stop with a savepoint.
-    feed.finish()
-    final = sc.wait_status(f"all {feed.records} records consumed", lambda s: sc.consumed(s) == feed.records
-                           and s.state is JobState.RUNNING, WAIT, driver)
-    times["ids"] = feed.next_id
-    times["records"] = feed.records
-    starts = [line for _, line in driver.containing("started (attempt") if "launcher.supervisor" in line]
-    times["drivers started by the supervisor"] = len(starts)
-    times["query restarts at the end"] = final.restart_count
-    ack = sc.in_launcher(sc.env.request, RequestAction.STOP, final.epoch)
-    assert ack.outcome is Outcome.COMPLETED, ack
-    assert driver.wait(WAIT) == EXIT_STOPPED, driver.tail()
-
-    rows = sc.in_launcher(sc.sink.committed)
-    counts = Counter(r[0] for r in rows)
-    times["committed rows"] = len(rows)
-    times["duplicated ids"] = sum(1 for n in counts.values() if n > 1)
-    times["missing ids"] = len(set(range(feed.next_id)) - set(counts))
+    final, rows, starts = finish_and_count(sc, feed, driver)
     print(f"scenario 6: {json.dumps(times, indent=1)}")
 
     # (a) the same driver, never fenced, never stopped by its lease watch.
@@ -150,3 +114,4 @@ def _run(sc: Scenario, feed: Feed) -> None:
     assert sorted(rows) == expected_rows(feed.next_id), (
         f"{times['duplicated ids']} ids duplicated, {times['missing ids']} missing of {feed.next_id}")
     times["uncommitted"] = sc.in_launcher(sc.sink.check_nothing_uncommitted)
+    return ""

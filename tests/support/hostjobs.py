@@ -21,15 +21,18 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
+from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
 from airflow_ckpt_provider.core.records.lease import LeaseRecord, read_lease
-from airflow_ckpt_provider.core.records.status import JobStatus
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus
 from airflow_ckpt_provider.core.store.storage import S3Options
+from airflow_ckpt_provider.runtime.exitcodes import EXIT_STOPPED
 from tests.support.exactlyonce import EO_JOB, EoSink, FilesSink, KafkaSink, PgLedgerSink, new_sink_topic
 from tests.support.hosts import Host, Topology
 from tests.support.runtimejob import SPARK_CONF, JobEnv, produce
@@ -492,19 +495,18 @@ def check_left_behind(topo: Topology, pids: list[int]) -> None:
     assert not alive(pids), f"processes left behind: {alive(pids)}"
 
 
-#: The roles of the scenarios with two drivers (scenarios 1 and 5): the store, Kafka, the first driver's host and
-#: the launcher (the second driver, the test's clients).
-TWO_DRIVER_ROLES = ["store", "kafka", "launcher", "driver"]
+#: The roles of the scenarios: the store, Kafka, the (first) driver's host and the launcher (a second driver, the
+#: test's clients); ``db`` joins them for the ledger sink.
+SCENARIO_ROLES = ["store", "kafka", "launcher", "driver"]
 
 
-def run_two_driver_scenario(name: str, sink_name: str, work: Path, job_prefix: str,
-                            run: Callable[[Scenario, Feed], str]) -> str:
+def run_scenario(name: str, sink_name: str, work: Path, job_prefix: str, run: Callable[[Scenario, Feed], str]) -> str:
     """A scenario on its own topology: the ground (``ground``), the feed, ``run``; then, whatever happened, the feed
     halted, every driver stopped, the timeline written to ``work/report.json`` and nothing left behind
     (``check_left_behind``). Returns what ``run`` returns: '' if every claim held, else a known limit's
     description (the test ends in ``pytest.xfail`` with it)."""
     pids: list[int] = []
-    with Topology(TWO_DRIVER_ROLES + (["db"] if sink_name == "ledger" else [])) as topo:
+    with Topology(SCENARIO_ROLES + (["db"] if sink_name == "ledger" else [])) as topo:
         try:
             sc = ground(topo, sink_name, work, job_prefix)
             feed = Feed(sc.launcher, sc.env.kafka.bootstrap_servers, sc.env.topic)
@@ -520,3 +522,34 @@ def run_two_driver_scenario(name: str, sink_name: str, work: Path, job_prefix: s
             pids = [p for role in topo.hosts for p in topo[role].pids()]
     check_left_behind(topo, pids)  # (d)
     return known_limit
+
+
+def finish_and_count(sc: Scenario, feed: Feed, driver: Stamped) -> tuple[JobStatus, list[Any], list[str]]:
+    """The end of a one-driver scenario: the rest of the feed, every record consumed, a stop with a savepoint (exit
+    0), the sink's committed rows read and counted into ``sc.times``; returns the final status, the rows and the
+    supervisor's driver starts."""
+    times = sc.times
+    feed.finish()
+    final = sc.wait_status(f"all {feed.records} records consumed", lambda s: sc.consumed(s) == feed.records
+                           and s.state is JobState.RUNNING, WAIT, driver)
+    times["ids"] = feed.next_id
+    times["records"] = feed.records
+    times["restart_count at the end"] = final.restart_count
+    times["restarts at the end"] = final.restarts
+    starts = [line for _, line in driver.containing("started (attempt") if "launcher.supervisor" in line]
+    times["drivers started by the supervisor"] = len(starts)
+    ack = sc.in_launcher(sc.env.request, RequestAction.STOP, final.epoch)
+    assert ack.outcome is Outcome.COMPLETED, ack
+    assert driver.wait(WAIT) == EXIT_STOPPED, driver.tail()
+    return final, count_committed(sc, feed), starts
+
+
+def count_committed(sc: Scenario, feed: Feed) -> list[Any]:
+    """The sink's committed rows, read from the launcher; their count, duplicated and missing ids go to
+    ``sc.times``."""
+    rows: list[Any] = sc.in_launcher(sc.sink.committed)
+    counts = Counter(r[0] for r in rows)
+    sc.times["committed rows"] = len(rows)
+    sc.times["duplicated ids"] = sum(1 for n in counts.values() if n > 1)
+    sc.times["missing ids"] = len(set(range(feed.next_id)) - set(counts))
+    return rows
