@@ -271,9 +271,8 @@ class Ledger:
 
         Fenced (``ctx``/``fence``) before anything, and again right before COMMIT (the lease as last confirmed, no
         request, and the database's own fence): a fenced driver neither writes, nor commits, nor lets Spark commit a
-        skipped replay. A batch
-        that comes back with other content forks: the later batches' rows are undone in the same
-        transaction. A batch that does not follow the ledger's batch before it is refused.
+        skipped replay. A batch that comes back with other content forks: the later batches' rows are undone in the
+        same transaction. A batch that does not follow the ledger's batch before it is refused.
         """
         self.fence()
         conn = self._open()

@@ -35,7 +35,7 @@ _DDL = "CREATE TABLE IF NOT EXISTS {table} (" + _COLUMNS_SQL + ", PRIMARY KEY (j
 _ABANDONED_DDL = ("CREATE TABLE IF NOT EXISTS {table} (" + _COLUMNS_SQL
                   + ", abandoned_at VARCHAR(40) NOT NULL, abandoned_by_timeline BIGINT NOT NULL)")
 
-#: The fence: per job the highest lease epoch of a driver that checked the ledger or committed to it.
+#: The fence: per job the highest lease epoch of a driver whose query started or that committed.
 _FENCE_DDL = ("CREATE TABLE IF NOT EXISTS {table} (job VARCHAR(200) NOT NULL PRIMARY KEY, epoch BIGINT NOT NULL, "
               "raised_at VARCHAR(40) NOT NULL)")
 
