@@ -338,7 +338,8 @@ def test_query_id_fallbacks() -> None:
 
 
 def test_crash_points_bracket_the_commit(db: Callable[[], sqlite3.Connection], monkeypatch: pytest.MonkeyPatch) -> None:
-    """ledger.before-commit: rows and ledger row written, invisible to others; ledger.after-commit: visible."""
+    """ledger.before-last-look and ledger.before-commit: rows and ledger row written, invisible to others;
+    ledger.after-commit: visible."""
     from airflow_ckpt_provider.sinks import ledger as module
 
     seen: list[tuple[str, int | None, list[Any], list[tuple[str, int]]]] = []
@@ -350,7 +351,8 @@ def test_crash_points_bracket_the_commit(db: Callable[[], sqlite3.Connection], m
     ledger = Ledger(connect=db, job="j1")
     ledger.check()
     assert ledger.commit_batch(writer([4]), None, 3, "q", cov(3))
-    assert seen == [("ledger.before-commit", 3, [], []), ("ledger.after-commit", 3, [(3, 4)], [("q", 3)])]
+    assert seen == [("ledger.before-last-look", 3, [], []), ("ledger.before-commit", 3, [], []),
+                    ("ledger.after-commit", 3, [(3, 4)], [("q", 3)])]
     seen.clear()
     assert not ledger.commit_batch(writer([4]), None, 3, "q", cov(3))  # a skipped replay passes no crash point
     assert seen == []
