@@ -44,7 +44,7 @@ from airflow_ckpt_provider.core.records.lease import LeaseRecord
 from airflow_ckpt_provider.core.records.status import JobState
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_FENCED, EXIT_STOPPED
 from tests.support import hosts
-from tests.support.exactlyonce import FilesSink, KafkaSink, expected_rows
+from tests.support.exactlyonce import FilesSink, KafkaSink, PgLedgerSink, expected_rows
 from tests.support.hostjobs import (
     COMMIT_WORKER,
     COMPLETED,
@@ -110,7 +110,7 @@ def _run(sc: Scenario, feed: Feed) -> str:
                                                               - started, 1)
 
     # The pause, at the next batch's driver-side commit; at once a second driver on the launcher host.
-    pause, where = _pause_at_commit(sc, first)
+    pause, where = _pause_in_transaction(sc) if isinstance(sc.sink, PgLedgerSink) else _pause_at_commit(sc, first)
     t_pause = time.time()
     times["pause at"] = t_pause
     times["paused"] = where
@@ -166,6 +166,15 @@ def _run(sc: Scenario, feed: Feed) -> str:
     times["second driver: first completed batch after the pause, s"] = (round(second_done[0][0] - t_pause, 1)
                                                                        if second_done else None)
     return _assert(sc, feed, first, second, lease, t_resume, code, late, second_failed)
+
+
+def _pause_in_transaction(sc: Scenario) -> tuple[Fault, str]:
+    """The ledger's commit runs in the driver's own process: pause its host while a batch's transaction is open (its
+    rows and ledger row written, COMMIT not sent), where the driver holds at ``ledger.before-last-look``."""
+    held = sc.hold_at("first", "ledger.before-last-look")
+    fault = sc.topo.pause(sc.topo["driver"], seconds=PAUSE_MAX)
+    held.unlink()  # it goes on only once the pause ends
+    return fault, "inside a ledger transaction (rows and ledger row written, COMMIT not sent)"
 
 
 def _pause_at_commit(sc: Scenario, first: Stamped) -> tuple[Fault, str]:
