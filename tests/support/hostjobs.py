@@ -48,8 +48,9 @@ WAIT = 180.0
 #: A ckpt-kafka task's commit line (kafka/writer.py) and the sink's driver-side commit line.
 TASK_COMMIT = re.compile(r"batch (\d+) partition (\d+) of job \S+ \(query (\S+)\): (\d+) records committed by")
 BATCH_COMMIT = re.compile(r"batch (\d+) of job \S+ \(query \S+\) committed: ")
-#: The ckpt-files sink's driver-side commit line (sinks/filecommit.py): its manifest was created.
+#: The ledger's commit line (sinks/ledger.py): its transaction committed.
 LEDGER_COMMIT = re.compile(r"job \S+ query (\S+): batch (\d+) committed, \S+ rows, epoch (\S+), timeline (\d+)")
+#: The ckpt-files sink's driver-side commit line (sinks/filecommit.py): its manifest was created.
 FILES_COMMIT = re.compile(r"ckpt-files committed job \S+ query (\S+) batch (\d+) \(timeline (\d+)")
 #: The Python worker that runs a sink's driver-side commit (Spark's commit runner), from its commit line.
 COMMIT_WORKER = re.compile(r"\[worker (\d+)\]: (?:ckpt-files committed job |batch \d+ of job \S+ \(query \S+\) "
@@ -313,7 +314,7 @@ class Scenario:
 
     def start_driver(self, name: str, host: Host, *args: str, lease_defaults: bool = False) -> Stamped:
         """``ckpt run`` of the job on ``host``; with ``lease_defaults`` the product's lease settings (poll 1 s, fence
-        grace 3 s) instead of this module's (``POLL``, ``FENCE_GRACE``)."""
+        grace 10 s) instead of this module's (``POLL``, ``FENCE_GRACE``)."""
         env = self.env.env(MAX_OFFSETS, {**self.sink.env()})
         faults = self.work / f"faults-{name}"  # crash and hold points a test arms (core/policy/faults.py)
         faults.mkdir(exist_ok=True)
