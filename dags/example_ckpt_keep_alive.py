@@ -22,7 +22,8 @@ from airflow_ckpt_provider.operators.snapshot import DisposeSnapshotsOperator
 from airflow_ckpt_provider.sensors.job_health import JobHealthSensor
 
 JOB = os.environ.get("CKPT_EXAMPLE_JOB", "orders")
-JOB_FILE = str(Path(examples.__file__).parent / "orders_v1.py")
+#: The job's code (tests on their hosts run other jobs with this DAG).
+JOB_FILE = os.environ.get("CKPT_EXAMPLE_JOB_FILE", str(Path(examples.__file__).parent / "orders_v1.py"))
 #: How long each run watches the job: the schedule's period (system tests shorten it).
 WATCH = timedelta(seconds=float(os.environ.get("CKPT_EXAMPLE_WATCH_SECONDS", "1800")))
 

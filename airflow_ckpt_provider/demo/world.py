@@ -25,6 +25,7 @@ from airflow_ckpt_provider.core.records.supervision import latest_supervisor
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.embedded import EmbeddedServices
+from airflow_ckpt_provider.embedded.seaweedfs import EmbeddedS3
 from airflow_ckpt_provider.examples._orders import read_totals
 
 DAGS = Path(__file__).absolute().parent.parent.parent / "dags"
@@ -292,15 +293,36 @@ class DagTestProcess:
 
 
 class AirflowHome:
-    """A throwaway Airflow home (sqlite) whose connections and variables point at a World."""
+    """A throwaway Airflow home (sqlite) whose connections and variables point at a World (or, with ``for_job``, at
+    any job store and job)."""
 
     def __init__(self, world: World, path: Path, *, watch_seconds: float = 60.0, master: str = "local[2]",
                  conf: dict[str, str] | None = None) -> None:
         """``master`` and ``conf``: where the jobs run (the ckpt_spark connection), local[2] by default."""
-        self.world, self.path = world, path
-        s3 = world.services.s3
+        self._configure(path, world.services.s3, world.store_url, world.job, world.job_env(),
+                        ckpt_home=world.work / "ckpt-home", watch_seconds=watch_seconds, master=master, conf=conf)
+
+    @classmethod
+    def for_job(cls, path: Path, s3: EmbeddedS3, store_url: str, job: str, job_env: dict[str, str], *,
+                ckpt_home: Path, watch_seconds: float, master: str = "local[2]", conf: dict[str, str] | None = None,
+                env: dict[str, str] | None = None,
+                wrap: Callable[[list[str]], list[str]] | None = None) -> AirflowHome:
+        """A home for job ``job`` of the store at ``store_url`` on ``s3``: ``job_env`` is the Variable
+        ``ckpt_orders_env`` (the job's settings), ``env`` more of the worker's environment, ``wrap`` what each
+        ``airflow`` command line becomes (run on a test host: ``Host.wrap``)."""
+        home = cls.__new__(cls)
+        home._configure(path, s3, store_url, job, job_env, ckpt_home=ckpt_home, watch_seconds=watch_seconds,
+                        master=master, conf=conf)
+        home.env.update(env or {})
+        home.wrap = wrap or list
+        return home
+
+    def _configure(self, path: Path, s3: EmbeddedS3, store_url: str, job: str, job_env: dict[str, str], *,
+                   ckpt_home: Path, watch_seconds: float, master: str, conf: dict[str, str] | None) -> None:
+        self.path = path
+        self.wrap: Callable[[list[str]], list[str]] = list
         store = {"conn_type": "ckpt_store", "host": s3.endpoint_url, "login": s3.access_key,
-                 "password": s3.secret_key, "extra": {"store_url": world.store_url, "region_name": s3.region}}
+                 "password": s3.secret_key, "extra": {"store_url": store_url, "region_name": s3.region}}
         spark = {"conn_type": "ckpt_spark", "host": master, "extra": {"conf": {**SPARK_CONF, **(conf or {})}}}
         self.env = {
             **os.environ,
@@ -310,9 +332,9 @@ class AirflowHome:
             "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
             "AIRFLOW_CONN_CKPT_STORE_DEFAULT": json.dumps(store),
             "AIRFLOW_CONN_CKPT_SPARK_DEFAULT": json.dumps(spark),
-            "AIRFLOW_VAR_CKPT_ORDERS_ENV": json.dumps(world.job_env()),
-            "CKPT_HOME": str(world.work / "ckpt-home"),
-            "CKPT_EXAMPLE_JOB": world.job,
+            "AIRFLOW_VAR_CKPT_ORDERS_ENV": json.dumps(job_env),
+            "CKPT_HOME": str(ckpt_home),
+            "CKPT_EXAMPLE_JOB": job,
             "CKPT_EXAMPLE_WATCH_SECONDS": str(watch_seconds),
             "PYSPARK_PYTHON": sys.executable,
             "PYSPARK_DRIVER_PYTHON": sys.executable,
@@ -326,7 +348,7 @@ class AirflowHome:
         log = self.path / f"{log_name}.log"
         argv = [sys.executable, "-m", "airflow", *args]
         with log.open("w") as out:
-            proc = subprocess.Popen(argv, env={**self.env, "PYTHONUNBUFFERED": "1", **(env or {})},
+            proc = subprocess.Popen(self.wrap(argv), env={**self.env, "PYTHONUNBUFFERED": "1", **(env or {})},
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, text=True)
         try:
             _follow(proc, log, on_line or (lambda _: None), timeout)
@@ -361,7 +383,8 @@ class AirflowHome:
         log = self.path / f"dags-test-{dag_id}-{time.monotonic_ns()}.log"
         argv = [sys.executable, "-m", "airflow", "dags", "test", dag_id]
         with log.open("wb") as out:
-            proc = subprocess.Popen(argv, env={**self.env, "AIRFLOW__CKPT__MIN_DEFERRAL": "0", "PYTHONUNBUFFERED": "1",
+            proc = subprocess.Popen(self.wrap(argv), env={**self.env, "AIRFLOW__CKPT__MIN_DEFERRAL": "0",
+                                                          "PYTHONUNBUFFERED": "1",
                                                **(env or {})},
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)

@@ -230,6 +230,33 @@ def _check_shared_locations(spec: SubmitSpec, manager: str) -> None:
         )
 
 
+def _check_driver_address(spec: SubmitSpec, conf: Mapping[str, str]) -> None:
+    """Refuse, in client mode, a driver address that is not one of this host's (``spark.driver.bindAddress`` of the
+    final settings ``conf``, or ``spark.driver.host`` which it defaults to): the driver runs here and would fail to
+    bind it, once per restart until the strategy gives up. It happens when a restart or upgrade relaunches, on
+    another Airflow worker, a deployment whose recorded Spark settings name the first worker's address
+    (docs/reliability.md, finding 11)."""
+    if spec.deploy_mode != "client":
+        return
+    key = next((k for k in ("spark.driver.bindAddress", "spark.driver.host") if conf.get(k)), None)
+    if key is None:
+        return
+    address = conf[key]
+    try:
+        for family, kind, proto, _, sockaddr in socket.getaddrinfo(address, 0, type=socket.SOCK_STREAM):
+            with socket.socket(family, kind, proto) as probe:
+                probe.bind(sockaddr[:2])
+                return
+    except OSError:
+        pass
+    raise ConfigError(
+        f"--conf {key}={address}: in client mode the driver runs on this host ({socket.gethostname()}) and binds "
+        f"that address, but it is not an address of this host; expected one of its addresses, or no {key} (set "
+        "SPARK_LOCAL_IP in each worker's environment instead: a restart or upgrade on another worker relaunches "
+        "the recorded deployment with its Spark settings, and a host's own address must not be one of them)"
+    )
+
+
 def shared_checkpoint_warning(spec: SubmitSpec) -> str | None:
     """A warning for client mode with executors on other hosts and the live checkpoint on a local path.
 
@@ -279,6 +306,7 @@ def build_command(spec: SubmitSpec) -> tuple[list[str], dict[str, str]]:
     manager = _check(spec)
     cluster = spec.deploy_mode == "cluster"
     conf = _conf(spec, manager)
+    _check_driver_address(spec, conf)  # a client-mode driver binds here: not another worker's address
     shipping = shipped_lists(spec)
     for key in LIST_CONF.values():  # on the command line instead, merged: spark-submit would ignore them
         conf.pop(key, None)

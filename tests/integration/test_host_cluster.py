@@ -154,7 +154,7 @@ def test_worker_host_killed_then_master_cut_from_the_workers_the_job_goes_on_exa
         try:
             sc = ground(topo, "files", tmp_path, "c3")
             hc = start_spark_cluster(topo, tmp_path / "spark", java_opts=TEST_DRIVER_JVM)
-            feed = LongFeed(sc.launcher, sc.env.kafka.bootstrap_servers, sc.env.topic)
+            feed = LongFeed(sc.clients, sc.env.kafka.bootstrap_servers, sc.env.topic)
             _scenario(sc, hc, feed)
         finally:
             if feed is not None:

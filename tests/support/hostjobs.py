@@ -79,31 +79,25 @@ def logged_time(line: str) -> float | None:
     return datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
-class Stamped:
-    """A process on a test host whose output lines are read here and stamped with their arrival time (written to
-    ``log`` as ``<time> <line>``)."""
+class Lines:
+    """A driver's output lines, each with a time: what the commits, restores and stops it logged are read from."""
 
-    def __init__(self, name: str, host: Host, argv: list[str], env: dict[str, str], log: Path,
+    def __init__(self, name: str, lines: list[tuple[float, str]] | None = None,
                  checkpoint: Path | None = None) -> None:
         self.name = name
-        self.log = log
         self.checkpoint = checkpoint  # its live checkpoint on this machine's disk: commits/N times Spark's commits
-        self.lines: list[tuple[float, str]] = []
+        self.lines: list[tuple[float, str]] = lines or []
         self._lock = threading.Lock()
-        self.proc = host.popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        assert self.proc.stdout is not None
-        self._reader = threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True)
-        self._reader.start()
 
-    def _read(self, out: IO[bytes]) -> None:
-        with open(self.log, "a") as file:
-            for raw in iter(out.readline, b""):
-                now = time.time()
-                line = raw.decode(errors="replace").rstrip("\n")
-                with self._lock:
-                    self.lines.append((now, line))
-                file.write(f"{now:.3f} {line}\n")
-                file.flush()
+    @classmethod
+    def read(cls, name: str, log: Path) -> Lines:
+        """The lines of a log file written elsewhere (a launch's log), each timed by its log record's own time when
+        it has one, else by the previous line's."""
+        lines, last = [], 0.0
+        for line in log.read_text(errors="replace").splitlines():
+            last = logged_time(line) or last
+            lines.append((last, line))
+        return cls(name, lines)
 
     def matching(self, pattern: re.Pattern[str], *, logged: bool = False) -> list[tuple[float, re.Match[str]]]:
         """(time, match) of every line that matches: its arrival time, or with ``logged`` its log record's time
@@ -120,6 +114,30 @@ class Stamped:
     def containing(self, text: str) -> list[tuple[float, str]]:
         with self._lock:
             return [(t, line) for t, line in self.lines if text in line]
+
+
+class Stamped(Lines):
+    """A process on a test host whose output lines are read here and stamped with their arrival time (written to
+    ``log`` as ``<time> <line>``)."""
+
+    def __init__(self, name: str, host: Host, argv: list[str], env: dict[str, str], log: Path,
+                 checkpoint: Path | None = None) -> None:
+        super().__init__(name, checkpoint=checkpoint)
+        self.log = log
+        self.proc = host.popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert self.proc.stdout is not None
+        self._reader = threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True)
+        self._reader.start()
+
+    def _read(self, out: IO[bytes]) -> None:
+        with open(self.log, "a") as file:
+            for raw in iter(out.readline, b""):
+                now = time.time()
+                line = raw.decode(errors="replace").rstrip("\n")
+                with self._lock:
+                    self.lines.append((now, line))
+                file.write(f"{now:.3f} {line}\n")
+                file.flush()
 
     def wait(self, timeout: float) -> int:
         try:
@@ -298,13 +316,17 @@ class Scenario:
     work: Path
     drivers: list[Stamped] = field(default_factory=list)
     times: dict[str, Any] = field(default_factory=dict)
+    #: the host of the test's clients (the feed, status and sink reads): one the scenario never harms
+    client: str = "launcher"
 
     @property
-    def launcher(self) -> Host:
-        return self.topo["launcher"]
+    def clients(self) -> Host:
+        """The host of the test's clients (``client``)."""
+        return self.topo[self.client]
 
     def in_launcher(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        return self.launcher.call(fn, *args, **kwargs)
+        """``fn(...)`` on the clients' host (the launcher unless the scenario harms it)."""
+        return self.clients.call(fn, *args, **kwargs)
 
     def status(self) -> JobStatus | None:
         return self.in_launcher(self.env.status)  # type: ignore[no-any-return]
@@ -419,12 +441,13 @@ def kafka_sink(topo: Topology, kafka: Any) -> KafkaSink:
     return KafkaSink(kafka.bootstrap_servers, topic)
 
 
-def ground(topo: Topology, sink_name: str, work: Path, job_prefix: str) -> Scenario:
+def ground(topo: Topology, sink_name: str, work: Path, job_prefix: str, client: str = "launcher") -> Scenario:
     """SeaweedFS on ``store`` (the job store and the files sink's bucket), tansu with memory storage on ``kafka``
-    (the input topic, 3 partitions, and the Kafka sink's topic), and the job's scenario, nothing started yet."""
+    (the input topic, 3 partitions, and the Kafka sink's topic), and the job's scenario, nothing started yet;
+    ``client``: the host of the test's clients."""
     s3 = topo.start_store()
     kafka = topo.start_kafka(on_s3=False)  # memory storage: no tansu-on-S3 ListOffsets lag; the faults are elsewhere
-    topo["launcher"].call(s3.create_bucket, BUCKET)
+    topo[client].call(s3.create_bucket, BUCKET)
     topic = f"t-{uuid.uuid4().hex[:10]}"
     topo["kafka"].call(kafka.create_topic, topic, 3)
     job = f"{job_prefix}-{sink_name}-{uuid.uuid4().hex[:6]}"
@@ -434,10 +457,10 @@ def ground(topo: Topology, sink_name: str, work: Path, job_prefix: str) -> Scena
     else:
         sink = kafka_sink(topo, kafka) if sink_name == "kafka" else files_sink(s3)
     env = JobEnv(s3, kafka, work, BUCKET, topic, job=job)
-    return Scenario(topo, env, sink, work)
+    return Scenario(topo, env, sink, work, client=client)
 
 
-def commit_times(driver: Stamped, *, logged: bool = False) -> list[tuple[float, str]]:
+def commit_times(driver: Lines, *, logged: bool = False) -> list[tuple[float, str]]:
     """Every sink commit the driver's lines show, (time, what): the ckpt-kafka tasks' and driver-side commits, the
     ledger's transactions, the ckpt-files manifest commits (arrival times, or the log records' own times with
     ``logged``), and the batches the runtime says completed, timed by Spark's commit itself (``spark_commit_time``)."""
@@ -453,7 +476,7 @@ def commit_times(driver: Stamped, *, logged: bool = False) -> list[tuple[float, 
     return sorted(found)
 
 
-def spark_commit_time(driver: Stamped, batch: int, line_time: float) -> float:
+def spark_commit_time(driver: Lines, batch: int, line_time: float) -> float:
     """When Spark committed ``batch``: its commits/N file in the driver's live checkpoint was written then. The
     runtime's ``completed`` line can come much later (its loop drains the batch events between store requests, which a
     cut holds: scenario 1 saw the line of a batch committed 2 s into the cut logged at the heal, 60 s in)."""
@@ -463,7 +486,7 @@ def spark_commit_time(driver: Stamped, batch: int, line_time: float) -> float:
     return line_time
 
 
-def only_after_snapshot(sc: Scenario, first: Stamped, second: Stamped, duplicated: list[int],
+def only_after_snapshot(sc: Scenario, first: Lines, second: Lines, duplicated: list[int],
                         twice: list[tuple[str, str, str]]) -> bool:
     """Whether every duplicate of the Kafka sink is of a batch the first driver committed after the snapshot the
     second restored (the known limit, ``KAFKA_LIMIT``), from the records' ``ckpt`` headers and the drivers' lines;
@@ -501,16 +524,18 @@ def check_left_behind(topo: Topology, pids: list[int]) -> None:
 SCENARIO_ROLES = ["store", "kafka", "launcher", "driver"]
 
 
-def run_scenario(name: str, sink_name: str, work: Path, job_prefix: str, run: Callable[[Scenario, Feed], str]) -> str:
-    """A scenario on its own topology: the ground (``ground``), the feed, ``run``; then, whatever happened, the feed
-    halted, every driver stopped, the timeline written to ``work/report.json`` and nothing left behind
-    (``check_left_behind``). Returns what ``run`` returns: '' if every claim held, else a known limit's
-    description (the test ends in ``pytest.xfail`` with it)."""
+def run_scenario(name: str, sink_name: str, work: Path, job_prefix: str, run: Callable[[Scenario, Feed], str], *,
+                 roles: list[str] = SCENARIO_ROLES, client: str = "launcher") -> str:
+    """A scenario on its own topology of ``roles`` (``db`` added for the ledger): the ground (``ground``; the test's
+    clients on ``client``), the feed, ``run``; then, whatever happened, the feed halted, every driver stopped, the
+    timeline written to ``work/report.json`` and nothing left behind (``check_left_behind``). Returns what ``run``
+    returns: '' if every claim held, else a known limit's description (the test ends in ``pytest.xfail`` with
+    it)."""
     pids: list[int] = []
-    with Topology(SCENARIO_ROLES + (["db"] if sink_name == "ledger" else [])) as topo:
+    with Topology(roles + (["db"] if sink_name == "ledger" else [])) as topo:
         try:
-            sc = ground(topo, sink_name, work, job_prefix)
-            feed = Feed(sc.launcher, sc.env.kafka.bootstrap_servers, sc.env.topic)
+            sc = ground(topo, sink_name, work, job_prefix, client)
+            feed = Feed(sc.clients, sc.env.kafka.bootstrap_servers, sc.env.topic)
             try:
                 known_limit = run(sc, feed)
             finally:

@@ -1,8 +1,9 @@
 """Test hosts as Linux network namespaces on this machine: servers apart, and faults between them (issue 41).
 
 A ``Topology`` makes one network namespace per host role (``store``, ``kafka``, ``spark-master``,
-``spark-worker-1``, ``spark-worker-2``, ``launcher``, ``driver``, ``db``), each with a veth pair to one bridge and a
-fixed address from ``SUBNET``, and removes all of it at the end (docs/reliability.md has the picture)::
+``spark-worker-1``, ``spark-worker-2``, ``launcher``, ``driver``, ``db``, ``launcher-2``), each with a veth pair to
+one bridge and a fixed address from ``SUBNET``, and removes all of it at the end (docs/reliability.md has the
+picture)::
 
     with Topology(["store", "kafka", "launcher"]) as topo:
         s3 = topo.start_store()                      # SeaweedFS bound to 10.213.41.10 inside `store`
@@ -77,6 +78,7 @@ ROLES: dict[str, tuple[str, int]] = {
     "spark-worker-2": ("w2", 22),
     "launcher": ("ln", 30),
     "driver": ("dr", 31),
+    "launcher-2": ("l2", 32),  # a second Airflow worker: relaunches what died with the first (scenario 4)
 }
 RECORD_DIR = Path("/run/ckpt-hosts")  # one <run id>.json per live topology: its owner's pid and start time
 WORK_ROOT = Path("/tmp")  # servers' work dirs go to /tmp/ckh-<run id>/
@@ -180,6 +182,8 @@ class Host:
     link: str  # inside the host's namespace
     bridge_port: str  # the veth peer, on the bridge
     address: str
+    #: the topology's /etc/hosts (every host's name and address), seen by the commands run with ``own_hostname``
+    hosts_file: Path = field(default=Path("/etc/hosts"), compare=False)
     #: every process popen() started, reaped at the topology's end (the namespace's processes are killed anyway)
     started: list[subprocess.Popen[Any]] = field(default_factory=list, compare=False, repr=False)
 
@@ -187,14 +191,27 @@ class Host:
     def netns_path(self) -> Path:
         return NETNS_DIR / self.netns
 
-    def wrap(self, args: Sequence[str]) -> list[str]:
-        """``args`` as a command that runs inside this host."""
+    @property
+    def hostname(self) -> str:
+        """The host name its processes see with ``own_hostname`` (``ckh-launcher``): the same for every run."""
+        return f"{PREFIX}-{self.role}"
+
+    def wrap(self, args: Sequence[str], *, own_hostname: bool = False) -> list[str]:
+        """``args`` as a command that runs inside this host. Namespaces made by ``ip netns`` separate the network only:
+        every host has this machine's name and sees its processes. ``own_hostname`` also gives the command a UTS
+        namespace named ``hostname``, so that what records ``socket.gethostname()`` (a supervisor, a launch) names
+        this host, and a process on another host cannot take a pid it records for one of its own; and a mount
+        namespace whose /etc/hosts is the topology's, so that the name resolves (a JVM's getLocalHost needs it)."""
+        if own_hostname:
+            script = 'hostname "$0" && mount --bind "$1" /etc/hosts && shift && exec "$@"'
+            args = ["unshare", "--uts", "--mount", "sh", "-c", script, self.hostname, str(self.hosts_file), *args]
         return ["ip", "netns", "exec", self.netns, *args]
 
-    def popen(self, args: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
-        """Start a process inside this host, in a session of its own (the host's faults reach it; so does close())."""
+    def popen(self, args: Sequence[str], *, own_hostname: bool = False, **kwargs: Any) -> subprocess.Popen[Any]:
+        """Start a process inside this host, in a session of its own (the host's faults reach it; so does close());
+        ``own_hostname``: see ``wrap``."""
         kwargs.setdefault("stdin", subprocess.DEVNULL)
-        proc = subprocess.Popen(self.wrap(args), start_new_session=True, **kwargs)
+        proc = subprocess.Popen(self.wrap(args, own_hostname=own_hostname), start_new_session=True, **kwargs)
         self.started.append(proc)
         return proc
 
@@ -294,13 +311,13 @@ class Topology:
         self.name = f"{PREFIX}-{self.run_id}"
         self.bridge_netns = f"{self.name}-net"
         self.bridge = f"{self.name}-br"
+        self.workdir = WORK_ROOT / self.name
         self.hosts: dict[str, Host] = {}
         for role in roles:
             code, octet = ROLES[role]
             self.hosts[role] = Host(role, f"{self.name}-{role}", f"{self.name}-{code}", f"{self.name}-{code}-b",
-                                    str(SUBNET.network_address + octet))
+                                    str(SUBNET.network_address + octet), self.workdir / "hosts")
             assert len(self.hosts[role].bridge_port) <= 15, "Linux interface names have at most 15 characters"
-        self.workdir = WORK_ROOT / self.name
         self.servers: list[EmbeddedS3 | EmbeddedKafka | PgServer] = []
         self.store: EmbeddedS3 | None = None
         self._faults: set[Fault] = set()
@@ -332,6 +349,8 @@ class Topology:
         self._started = True
         try:
             self.workdir.mkdir(parents=True, exist_ok=True)
+            names = "".join(f"{h.address}\t{h.hostname}\n" for h in self.hosts.values())
+            (self.workdir / "hosts").write_text(f"127.0.0.1\tlocalhost\n::1\tlocalhost\n{names}")
             _cmd(["ip", "netns", "add", self.bridge_netns])
             _cmd(["ip", "-n", self.bridge_netns, "link", "add", self.bridge, "type", "bridge"])
             _cmd(["ip", "-n", self.bridge_netns, "link", "set", self.bridge, "up"])

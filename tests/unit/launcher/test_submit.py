@@ -139,6 +139,13 @@ def test_k8s_cluster_mode_with_a_remote_job_file(shared: RuntimeConfig) -> None:
         ({"job_file": "s3a://jobs/count.py"}, "in client mode the job file must be a local file"),
         ({"conf": {"spark.hadoop.fs.s3a.secret.key": "x"}}, "refusing --conf spark.hadoop.fs.s3a.secret.key"),
         ({"conf": {"spark.hadoop.fs.s3a.bucket.b.access.key": "x"}}, "credential on the command line"),
+        # 192.0.2.1 is TEST-NET-1 (RFC 5737): never an address of this host
+        ({"conf": {"spark.driver.bindAddress": "192.0.2.1"}},
+         "--conf spark.driver.bindAddress=192.0.2.1: in client mode the driver runs on this host"),
+        ({"master": "spark://m:7077", "conf": {"spark.driver.host": "192.0.2.1"}},
+         "but it is not an address of this host; expected one of its"),
+        ({"master": "spark://m:7077", "conf": {"spark.driver.host": "no-such-host.invalid"}},
+         "set SPARK_LOCAL_IP in each worker's environment"),
     ],
 )
 def test_refuses_what_spark_refuses(
@@ -148,6 +155,17 @@ def test_refuses_what_spark_refuses(
     with pytest.raises(ConfigError, match=re.escape(message)):
         # ignore[arg-type] below: kw holds SubmitSpec fields
         build_command(SubmitSpec(config=config, spark_submit=SUBMIT, **kw))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("conf", [
+    {"spark.driver.bindAddress": "127.0.0.1"},
+    {"spark.driver.host": "127.0.0.1"},
+    {"spark.driver.host": "192.0.2.1", "spark.driver.bindAddress": "0.0.0.0"},  # advertised elsewhere, bound here
+])
+def test_a_client_mode_driver_address_of_this_host_passes(job_file: Path, config: RuntimeConfig,
+                                                          conf: dict[str, str]) -> None:
+    argv, _ = build_command(spec(job_file, config, master="spark://m:7077", conf=conf))
+    assert all(f"{k}={v}" in argv for k, v in conf.items()), argv
 
 
 @pytest.mark.parametrize(
