@@ -242,7 +242,9 @@ class EmbeddedSparkCluster:
         """Spark settings for a job on this cluster: executors that fit a worker's memory; with ``cores``, no more
         cores than that (``spark.cores.max``: a standalone application otherwise takes every free core, and a
         second one, such as an upgrade's restore check, waits until the first ends)."""
-        conf = {"spark.executor.memory": EXECUTOR_MEMORY, "spark.executor.cores": str(self.worker_cores)}
+        conf = {"spark.executor.memory": EXECUTOR_MEMORY, "spark.executor.cores": str(self.worker_cores),
+                # where a relaunched driver finds the master's UI (runtime/lostapp.py): not Spark's default 8080
+                "spark.master.ui.port": str(self.master.ui_port)}
         if self.java_opts:
             conf["spark.executor.extraJavaOptions"] = self.java_opts
         return conf if cores is None else {**conf, "spark.cores.max": str(cores)}

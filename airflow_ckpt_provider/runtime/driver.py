@@ -38,6 +38,7 @@ from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_DENIED, EX
 from airflow_ckpt_provider.runtime.failures import Recovery, classify
 from airflow_ckpt_provider.runtime.leasewatch import LeaseWatch
 from airflow_ckpt_provider.runtime.lineage import LineageEmitter, start_emitter
+from airflow_ckpt_provider.runtime.lostapp import release_lost_application
 from airflow_ckpt_provider.runtime.queryrestart import QueryRestarter
 from airflow_ckpt_provider.runtime.reporting import DriverReporter, snapshot_info
 from airflow_ckpt_provider.runtime.snapshotter import SnapshotOutcome, Snapshotter
@@ -152,6 +153,7 @@ class JobDriver:
             log.error("job %s: cannot start: %s", job, err)
             return EXIT_CONFIG
         spark = spark_factory() if spark_factory else job_session(self.config)
+        release_lost_application(spark, self.store)  # a dead predecessor's application holding the cluster's cores
         lacking = check_spark_python(spark) or check_executors(spark, self.config.executor_timeout)
         if lacking:  # a restart would not fix either: refused before the lease, nothing written
             log.error("job %s: cannot start: %s", job, lacking)

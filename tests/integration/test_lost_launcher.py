@@ -3,10 +3,11 @@ host relaunches it exactly once, and the counts are exact.
 
 Topology (tests/support/hosts.py): ``store`` (SeaweedFS: the job store and the files sink's bucket), ``kafka`` (tansu,
 memory storage), ``launcher`` and ``launcher-2`` (two Airflow workers, each with its own host name, Airflow home and
-CKPT_HOME: nothing of one host's disk is read by the other's processes), and ``db`` for the ledger. The job is
+CKPT_HOME: nothing of one host's disk is read by the other's processes), the Spark standalone cluster
+(``spark-master``, ``spark-worker-1``, ``spark-worker-2``; or ``local[2]``), and ``db`` for the ledger. The job is
 tests/jobs/eo_job.py (``dropDuplicates(["id"])`` over a 3-partition topic into one exactly-once sink), launched by the
-keep-alive example DAG (dags/example_ckpt_keep_alive.py, ``airflow dags test``) in client mode (local[2]): its
-supervisor, spark-submit and the driver run on the launcher that ran ``submit``.
+keep-alive example DAG (dags/example_ckpt_keep_alive.py, ``airflow dags test``) in client mode: its supervisor,
+spark-submit and the driver run on the launcher that ran ``submit``, its executors on the workers.
 
 1. Run 1 of the DAG on ``launcher``: ``submit`` launches the job there, the run waits in its health watch.
 2. Run 2 on ``launcher-2`` (the next run, or the triggerer and another worker of the same Airflow): its ``submit``
@@ -14,15 +15,18 @@ supervisor, spark-submit and the driver run on the launcher that ran ``submit``.
 3. ``launcher`` is lost: its link goes down, then every process in it is killed (kill -9: run 1, the supervisor,
    spark-submit, the driver and its Python workers); the feed goes on from ``launcher-2``.
 
-The claims: (a) in client mode the driver died with the launcher (no status of its epoch after the loss), and nobody
+The claims: (a) in client mode the driver died with the launcher (no line of its launch after the loss), and nobody
 wrote RESTARTING (its supervisor died with it); (b) run 2's health watch saw the job silent with its supervisor's
 heartbeat stale (it cannot see a process on another host) and its ``restart`` launched the job exactly once, on
 ``launcher-2``, from the latest state: one launch, one deployment record, the next epoch, resumed at the batch after
-the newest snapshot; (c) every id once in the sink's committed view; (d) nothing left behind.
+the newest snapshot; on the cluster, the new driver had the master kill the lost driver's application, which the
+master had kept with all its cores (finding 12); (c) every id once in the sink's committed view; (d) nothing left
+behind.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -43,6 +47,7 @@ from airflow_ckpt_provider.core.records.status import JobState
 from airflow_ckpt_provider.core.store.jobstore import DEPLOYMENTS
 from airflow_ckpt_provider.demo.world import AirflowHome
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG
+from tests.conftest import TEST_DRIVER_JVM
 from tests.support import hosts
 from tests.support.exactlyonce import EO_JOB, KafkaSink, expected_rows
 from tests.support.hostjobs import (
@@ -59,6 +64,7 @@ from tests.support.hostjobs import (
     only_after_snapshot,
     run_scenario,
 )
+from tests.support.sparkhosts import MASTER, WORKERS, HostCluster, start_spark_cluster
 
 pytestmark = [
     pytest.mark.integration,
@@ -73,37 +79,52 @@ WATCH_RUN_2 = 240.0
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("sink_name", [
-    "files",
-    pytest.param("ledger", marks=pytest.mark.full(
+@pytest.mark.parametrize(("sink_name", "spark"), [
+    pytest.param("files", "standalone", id="files-standalone"),
+    pytest.param("ledger", "standalone", id="ledger-standalone", marks=pytest.mark.full(
         proven_by="integration/test_lost_launcher.py::test_a_lost_launcher_host_is_relaunched_once_by_the_dags_"
-                  "health_watch_on_another_host_with_exact_counts[files] (the same loss, watch and relaunch)")),
-    pytest.param("kafka", marks=pytest.mark.full(
+                  "health_watch_on_another_host_with_exact_counts[files-standalone] (the same loss, watch and "
+                  "relaunch)")),
+    pytest.param("kafka", "standalone", id="kafka-standalone", marks=pytest.mark.full(
         proven_by="integration/test_lost_launcher.py::test_a_lost_launcher_host_is_relaunched_once_by_the_dags_"
-                  "health_watch_on_another_host_with_exact_counts[files] (the same loss, watch and relaunch)")),
+                  "health_watch_on_another_host_with_exact_counts[files-standalone] (the same loss, watch and "
+                  "relaunch)")),
+    pytest.param("files", "local", id="files-local", marks=pytest.mark.full(
+        proven_by="integration/test_lost_launcher.py::test_a_lost_launcher_host_is_relaunched_once_by_the_dags_"
+                  "health_watch_on_another_host_with_exact_counts[files-standalone] (the same loss, watch and "
+                  "relaunch)")),
 ])
 def test_a_lost_launcher_host_is_relaunched_once_by_the_dags_health_watch_on_another_host_with_exact_counts(
-        sink_name: str, tmp_path: Path) -> None:
-    known_limit = run_scenario("scenario 4", sink_name, tmp_path, "p4", _run, roles=ROLES, client="launcher-2")
+        sink_name: str, spark: str, tmp_path: Path) -> None:
+    cluster = spark == "standalone"
+    roles = [*ROLES, MASTER, *WORKERS] if cluster else ROLES
+    known_limit = run_scenario("scenario 4", sink_name, tmp_path, "p4", functools.partial(_run, cluster=cluster),
+                               roles=roles, client="launcher-2")
     if known_limit:
         pytest.xfail(known_limit)
 
 
-def airflow_on(sc: Scenario, role: str, migrated: Path | None = None) -> AirflowHome:
+def airflow_on(sc: Scenario, role: str, hc: HostCluster | None, migrated: Path | None = None) -> AirflowHome:
     """An Airflow worker on test host ``role``: a home of its own (sqlite; ``migrated``: a migrated database to copy),
-    the job store and Spark connections, the job's settings, and every command in that host under its own name."""
+    the job store and Spark connections (``local[2]``, or client mode on the cluster ``hc``), the job's settings,
+    and every command in that host under its own name."""
     host, s3, sink = sc.topo[role], sc.env.s3, sc.sink
+    master, conf = ("local[2]", sink.conf()) if hc is None else (hc.cluster.master_url,
+                                                                 {**sink.conf(), **hc.cluster.job_conf()})
     job_env = {"CKPT_TEST_TOPIC": sc.env.topic, "CKPT_TEST_BOOTSTRAP": sc.env.kafka.bootstrap_servers,
                "CKPT_TEST_OUT": str(sc.env.out), "CKPT_TEST_MAX_OFFSETS": str(MAX_OFFSETS), **sink.env()}
     home = AirflowHome.for_job(
         sc.work / f"airflow-{role}", s3, sc.env.store_url, sc.env.job, job_env, ckpt_home=sc.work / f"home-{role}",
-        watch_seconds=WATCH_RUN_1, conf=sink.conf(),
+        watch_seconds=WATCH_RUN_1, master=master, conf=conf,
         # The worker's environment, not the deployment's (a relaunch on another worker records and reuses the
         # deployment's Spark settings, so a host's own address must not be one): the driver binds the host's
-        # address; the files sink finds the store's endpoint as the job store's client does.
-        env={"SPARK_LOCAL_IP": host.address, "CKPT_EXAMPLE_JOB_FILE": str(EO_JOB),
+        # address and advertises it (not its name: the cluster's nodes do not use the topology's /etc/hosts); the
+        # files sink finds the store's endpoint as the job store's client does.
+        env={"SPARK_LOCAL_IP": host.address, "SPARK_LOCAL_HOSTNAME": host.address, "CKPT_EXAMPLE_JOB_FILE": str(EO_JOB),
              "AWS_ENDPOINT_URL": s3.endpoint_url, "AWS_REGION": s3.region},
         wrap=lambda argv: host.wrap(argv, own_hostname=True))
+    if hc is not None:  # as in a user's shell: the executors run the shipped Python (--python-env auto)
+        home.env.pop("PYSPARK_PYTHON")
     home.path.mkdir(parents=True)
     if migrated is None:
         home.migrate()
@@ -118,10 +139,12 @@ def in_health_watch(output: str) -> bool:
     return at >= 0 and "running trigger in line" in output[at:]
 
 
-def _run(sc: Scenario, feed: Feed) -> str:
+def _run(sc: Scenario, feed: Feed, *, cluster: bool = False) -> str:
     topo, times = sc.topo, sc.times
-    first_home = airflow_on(sc, "launcher")
-    second_home = airflow_on(sc, "launcher-2", migrated=first_home.path / "airflow.db")
+    hc = start_spark_cluster(topo, sc.work / "spark", java_opts=TEST_DRIVER_JVM) if cluster else None
+    times["spark"] = "local[2]" if hc is None else f"standalone {hc.cluster.master_url}, {len(WORKERS)} workers"
+    first_home = airflow_on(sc, "launcher", hc)
+    second_home = airflow_on(sc, "launcher-2", hc, migrated=first_home.path / "airflow.db")
     feed.start()
 
     # 1. Run 1 on the launcher submits the job there and waits in its health watch.
@@ -185,6 +208,13 @@ def _run(sc: Scenario, feed: Feed) -> str:
     batches = [(t, int(m[2])) for t, m in relaunched.matching(COMPLETED) if int(m[1]) == resumed.epoch]
     assert len(restored) == 1 and batches and batches[0][1] == restored[0] + 1, (restored, batches[:3])
     times["restored batch; the old driver's last"] = [restored[0], killed.batch_id]
+    if hc is not None:  # finding 12: the master kept the lost driver's application; the new driver had it killed
+        released = [(t, line) for t, line in relaunched.lines if "killed it so that this driver gets them" in line]
+        assert len(released) == 1 and f"application {killed.app_id} of epoch {killed.epoch} " in released[0][1], \
+            relaunched.lines[-40:]
+        times["lost application killed, s after the loss"] = round(released[0][0] - t_kill, 1)
+        active = [a["id"] for a in hc.state().get("activeapps", [])]
+        assert killed.app_id not in active and resumed.app_id in active, (active, killed.app_id, resumed.app_id)
     times["first batch of the relaunched driver, s after the loss"] = round(batches[0][0] - t_kill, 1)
 
     # (c) Exact: the rest of the feed, everything consumed, a stop with a savepoint, the sink counted.
