@@ -383,9 +383,7 @@ class AirflowHome:
         log = self.path / f"dags-test-{dag_id}-{time.monotonic_ns()}.log"
         argv = [sys.executable, "-m", "airflow", "dags", "test", dag_id]
         with log.open("wb") as out:
-            proc = subprocess.Popen(self.wrap(argv), env={**self.env, "AIRFLOW__CKPT__MIN_DEFERRAL": "0",
-                                                          "PYTHONUNBUFFERED": "1",
-                                               **(env or {})},
-                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            env = {**self.env, "AIRFLOW__CKPT__MIN_DEFERRAL": "0", "PYTHONUNBUFFERED": "1", **(env or {})}
+            proc = subprocess.Popen(self.wrap(argv), env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
         return DagTestProcess(proc, log)

@@ -8,6 +8,7 @@ of secret-looking settings as Spark's UI does.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
@@ -243,12 +244,13 @@ def _check_driver_address(spec: SubmitSpec, conf: Mapping[str, str]) -> None:
         return
     address = conf[key]
     try:
-        for family, kind, proto, _, sockaddr in socket.getaddrinfo(address, 0, type=socket.SOCK_STREAM):
-            with socket.socket(family, kind, proto) as probe:
-                probe.bind(sockaddr[:2])
-                return
-    except OSError:
-        pass
+        found = socket.getaddrinfo(address, 0, type=socket.SOCK_STREAM)
+    except OSError:  # a name that does not resolve here
+        found = []
+    for family, kind, proto, _, sockaddr in found:
+        with socket.socket(family, kind, proto) as probe, contextlib.suppress(OSError):
+            probe.bind(sockaddr[:2])
+            return
     raise ConfigError(
         f"--conf {key}={address}: in client mode the driver runs on this host ({socket.gethostname()}) and binds "
         f"that address, but it is not an address of this host; expected one of its addresses, or no {key} (set "

@@ -76,23 +76,18 @@ ROLES = ["store", "kafka", "launcher", "launcher-2"]
 #: Run 1 waits in its health watch until the host is lost; run 2's watch lasts through the loss and the relaunch.
 WATCH_RUN_1 = 900.0
 WATCH_RUN_2 = 240.0
+#: The variants beyond the default one.
+FULL = pytest.mark.full(
+    proven_by="integration/test_lost_launcher.py::test_a_lost_launcher_host_is_relaunched_once_by_the_dags_health_"
+              "watch_on_another_host_with_exact_counts[files-standalone] (the same loss, watch and relaunch)")
 
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(("sink_name", "spark"), [
     pytest.param("files", "standalone", id="files-standalone"),
-    pytest.param("ledger", "standalone", id="ledger-standalone", marks=pytest.mark.full(
-        proven_by="integration/test_lost_launcher.py::test_a_lost_launcher_host_is_relaunched_once_by_the_dags_"
-                  "health_watch_on_another_host_with_exact_counts[files-standalone] (the same loss, watch and "
-                  "relaunch)")),
-    pytest.param("kafka", "standalone", id="kafka-standalone", marks=pytest.mark.full(
-        proven_by="integration/test_lost_launcher.py::test_a_lost_launcher_host_is_relaunched_once_by_the_dags_"
-                  "health_watch_on_another_host_with_exact_counts[files-standalone] (the same loss, watch and "
-                  "relaunch)")),
-    pytest.param("files", "local", id="files-local", marks=pytest.mark.full(
-        proven_by="integration/test_lost_launcher.py::test_a_lost_launcher_host_is_relaunched_once_by_the_dags_"
-                  "health_watch_on_another_host_with_exact_counts[files-standalone] (the same loss, watch and "
-                  "relaunch)")),
+    pytest.param("ledger", "standalone", id="ledger-standalone", marks=FULL),
+    pytest.param("kafka", "standalone", id="kafka-standalone", marks=FULL),
+    pytest.param("files", "local", id="files-local", marks=FULL),
 ])
 def test_a_lost_launcher_host_is_relaunched_once_by_the_dags_health_watch_on_another_host_with_exact_counts(
         sink_name: str, spark: str, tmp_path: Path) -> None:

@@ -254,27 +254,18 @@ def check_markers_advanced(lines: list[tuple[str, str, str, str]]) -> None:
     assert not stuck, "markers that did not advance with the batches:\n" + "\n".join(stuck[:10])
 
 
-@dataclass
-class LedgerSink:
-    """foreachBatch through the Ledger into SQLite: rows and ledger row commit in one transaction."""
+class _LedgerRows:
+    """What the ledger sinks share: the output table and the ledger read through ``_query`` of the database."""
 
-    db: Path
     job: str
-    name: str = "ledger"
+    name = "ledger"
     crash_points: tuple[str, ...] = ("ledger.before-commit", "ledger.after-commit")
-
-    def env(self) -> dict[str, str]:
-        return {"CKPT_EO_SINK": "ledger", "CKPT_EO_DB": str(self.db)}
 
     def conf(self) -> dict[str, str]:
         return {}
 
     def _query(self, sql: str) -> list[tuple[Any, ...]]:
-        conn = sqlite3.connect(self.db, timeout=30)
-        try:
-            return conn.execute(sql).fetchall()
-        finally:
-            conn.close()
+        raise NotImplementedError
 
     def committed(self) -> list[Row]:
         return [(int(i), str(k), int(p)) for i, k, p in self._query("SELECT id, key, part FROM eo_out")]
@@ -297,11 +288,30 @@ class LedgerSink:
 
 
 @dataclass
-class PgLedgerSink(LedgerSink):
-    """The ledger sink into PostgreSQL (``dsn``; ``db`` unused): the database on a host of its own, which a driver
-    may reach while it is cut from the job store (docs/reliability.md, scenario 1)."""
+class LedgerSink(_LedgerRows):
+    """foreachBatch through the Ledger into SQLite: rows and ledger row commit in one transaction."""
 
-    dsn: str = ""
+    db: Path
+    job: str
+
+    def env(self) -> dict[str, str]:
+        return {"CKPT_EO_SINK": "ledger", "CKPT_EO_DB": str(self.db)}
+
+    def _query(self, sql: str) -> list[tuple[Any, ...]]:
+        conn = sqlite3.connect(self.db, timeout=30)
+        try:
+            return conn.execute(sql).fetchall()
+        finally:
+            conn.close()
+
+
+@dataclass
+class PgLedgerSink(_LedgerRows):
+    """The ledger sink into PostgreSQL (``dsn``): the database on a host of its own, which a driver may reach while it
+    is cut from the job store (docs/reliability.md, scenario 1)."""
+
+    dsn: str
+    job: str
 
     def env(self) -> dict[str, str]:
         return {"CKPT_EO_SINK": "ledger", "CKPT_EO_DSN": self.dsn}

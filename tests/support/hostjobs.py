@@ -453,7 +453,7 @@ def ground(topo: Topology, sink_name: str, work: Path, job_prefix: str, client: 
     job = f"{job_prefix}-{sink_name}-{uuid.uuid4().hex[:6]}"
     sink: EoSink
     if sink_name == "ledger":
-        sink = PgLedgerSink(work / "unused.db", job, dsn=topo.start_db().dsn)
+        sink = PgLedgerSink(topo.start_db().dsn, job)
     else:
         sink = kafka_sink(topo, kafka) if sink_name == "kafka" else files_sink(s3)
     env = JobEnv(s3, kafka, work, BUCKET, topic, job=job)
