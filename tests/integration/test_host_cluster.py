@@ -138,8 +138,11 @@ def _driver_env(host: Host, extra: dict[str, str] | None = None) -> dict[str, st
               "driver_kills_then_restored_in_local_mode (a worker and the master killed under the job on the "
               "loopback cluster, exact); test_host_cluster.py::test_cluster_on_the_hosts_binds_each_node_to_its_"
               "host_and_runs_a_batch_job_from_the_driver_host (the cluster on the hosts)")
-def test_worker_host_killed_then_master_cut_from_the_workers_the_job_goes_on_exactly_once(tmp_path: Path) -> None:
-    """tests/jobs/eo_job.py (3-partition tansu topic on ``kafka``, ckpt-files sink on the ``store``'s S3) under
+@pytest.mark.parametrize("sink_name", ["files", "ledger", "kafka"])
+def test_worker_host_killed_then_master_cut_from_the_workers_the_job_goes_on_exactly_once(
+        sink_name: str, tmp_path: Path) -> None:
+    """tests/jobs/eo_job.py (3-partition tansu topic on ``kafka``; the ckpt-files sink on the ``store``'s S3, the ledger
+    on PostgreSQL on ``db``, or ckpt-kafka) under
     ``ckpt run --supervise`` on ``driver``, client mode on the cluster (an executor on each worker). The
     spark-worker-1 host dies silently (link down, then kill -9) while its executor runs a task; once the job has
     committed a batch without it, the host comes back empty and its worker is started again; then the master is cut
@@ -147,12 +150,13 @@ def test_worker_host_killed_then_master_cut_from_the_workers_the_job_goes_on_exa
     sink's committed view after a stop with a savepoint, and nothing is left behind. The times (who noticed, the
     next committed batch) are printed and written to report.json."""
     pids: list[int] = []
-    with Topology(["store", "kafka", MASTER, *WORKERS, "launcher", "driver"]) as topo:
+    roles = ["store", "kafka", MASTER, *WORKERS, "launcher", "driver"] + (["db"] if sink_name == "ledger" else [])
+    with Topology(roles) as topo:
         hc: HostCluster | None = None
         sc: Scenario | None = None
         feed: Feed | None = None
         try:
-            sc = ground(topo, "files", tmp_path, "c3")
+            sc = ground(topo, sink_name, tmp_path, "c3")
             hc = start_spark_cluster(topo, tmp_path / "spark", java_opts=TEST_DRIVER_JVM)
             feed = LongFeed(sc.clients, sc.env.kafka.bootstrap_servers, sc.env.topic)
             _scenario(sc, hc, feed)
@@ -163,7 +167,7 @@ def test_worker_host_killed_then_master_cut_from_the_workers_the_job_goes_on_exa
                 for driver in sc.drivers:
                     driver.stop()
                 (tmp_path / "report.json").write_text(json.dumps(sc.times, indent=1, default=str))
-                print(f"scenario 3: {json.dumps(sc.times, indent=1, default=str)}")
+                print(f"scenario 3 ({sink_name}): {json.dumps(sc.times, indent=1, default=str)}")
             pids = [p for role in topo.hosts for p in topo[role].pids()]
             if hc is not None:
                 hc.close()
