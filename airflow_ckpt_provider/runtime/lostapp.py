@@ -16,6 +16,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from airflow_ckpt_provider.core.errors import CkptError
 from airflow_ckpt_provider.core.records.status import JobStatus, driver_live, read_status
 
 if TYPE_CHECKING:
@@ -74,9 +75,7 @@ def release_lost_application(spark: SparkSession, store: JobStore, *, timeout: f
     has no cores for this driver."""
     sc = spark.sparkContext
     master = str(sc.master)
-    if not master.startswith("spark://"):
-        return None
-    status = read_status(store)
+    status = _last_status(store) if master.startswith("spark://") else None
     if status is None or not status.app_id:
         return None
     for ui in master_ui_urls(master, sc.getConf().get("spark.master.ui.port", None)):
@@ -93,14 +92,23 @@ def release_lost_application(spark: SparkSession, store: JobStore, *, timeout: f
             return None
         try:
             _post(f"{ui}/app/kill/", {"id": lost.app_id, "terminate": "true", **_csrf_token(ui, timeout)}, timeout)
+            done = f"{lost.describe(now)} on {master}: killed it so that this driver gets them"
         except OSError as err:
             done = f"{lost.describe(now)} on {master}; killing it through {ui} failed: {err}"
-            log.warning("job %s: %s", store.job, done)
-            return done
-        done = f"{lost.describe(now)} on {master}: killed it so that this driver gets them"
         log.warning("job %s: %s", store.job, done)
         return done
     return None
+
+
+def _last_status(store: JobStore) -> JobStatus | None:
+    """status.json, or None when the store cannot be read now (plan_start read it a moment ago; the lease reads it
+    next and says so)."""
+    try:
+        return read_status(store)
+    except CkptError as err:
+        log.info("job %s: its last driver's status could not be read (%s): no lost application looked for",
+                 store.job, err)
+        return None
 
 
 def _get_json(url: str, timeout: float) -> dict[str, Any]:
@@ -108,7 +116,8 @@ def _get_json(url: str, timeout: float) -> dict[str, Any]:
         return dict(json.loads(resp.read()))
 
 
-#: The token Spark (4.1 and later) puts in the master page's kill forms; a kill without it is refused (HTTP 403).
+#: The token Spark 4.3 (the version tested) puts in the master page's kill forms; a kill without it is refused (HTTP
+#: 403).
 _CSRF = re.compile(r'name="csrfToken"\s+value="([^"]+)"')
 
 
