@@ -218,11 +218,17 @@ class Ledger:
         def run(df: DataFrame, batch_id: int) -> None:
             query_id = self.resolve_query_id(df)
             coverage = read_coverage(checkpoint_storage(self.resolve_checkpoint(df, query_id)), batch_id)
-            if not self.commit_batch(write, df, batch_id, query_id, coverage):
-                # A skipped replay must still run the batch: Spark 4 commits the state stores of a
-                # stateful query only when its plan runs, and fails the batch otherwise
-                # (STATE_STORE_COMMIT_VALIDATION_FAILED). The noop sink runs it and writes nothing.
-                df.write.format("noop").mode("overwrite").save()
+            self.fence()  # a fenced driver does not even compute the batch (its state stores would commit)
+            cached = _compute(df)
+            try:
+                if not self.commit_batch(write, df, batch_id, query_id, coverage) and not cached:
+                    # A skipped replay must still run the batch: Spark 4 commits the state stores of a
+                    # stateful query only when its plan runs, and fails the batch otherwise
+                    # (STATE_STORE_COMMIT_VALIDATION_FAILED). The noop sink runs it and writes nothing.
+                    df.write.format("noop").mode("overwrite").save()
+            finally:
+                if cached:
+                    df.unpersist()
 
         return run
 
@@ -373,3 +379,15 @@ def committed_batches(connect: Connect, job: str, table: str = "ckpt_ledger",
         return found
     finally:
         conn.close()
+
+
+def _compute(df: Any) -> bool:
+    """Compute the batch and cache it before its transaction opens (True), so that the transaction lasts as long as
+    the writes, not as long as the batch's Spark job: a transaction held open through a slow batch (a lost executor's
+    task waits a minute for its retry) holds its locks and runs into the server's idle-in-transaction timeout
+    (docs/reliability.md, scenario 3, finding 13). False for what is not a Spark DataFrame."""
+    if not hasattr(df, "persist"):
+        return False
+    df.persist()
+    df.count()  # runs the whole plan: the stateful operators commit their state stores here
+    return True

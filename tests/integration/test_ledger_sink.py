@@ -343,3 +343,40 @@ def test_postgres_a_newer_driver_starting_during_an_older_commit_waits_for_it_an
         older.commit_batch(_insert(db, 11), None, 1, "q", Coverage(1, "d" * 64, "c" * 64))
     assert db.query(f"SELECT batch_id, v FROM {db.out}") == [(0, 1)]
     assert committed_batches(db.connect, "fenced", db.ledger) == [("q", 0)]
+
+
+def test_postgres_a_batch_slower_than_the_idle_in_transaction_timeout_commits_its_transaction_is_as_short_as_its_writes(
+        spark: Any, postgres_dsn: str, tmp_path: Path) -> None:
+    """Finding 13 (docs/reliability.md, scenario 3): the batch is computed before its transaction opens. A batch whose
+    Spark job takes 3 s (a UDF sleeps) against a server that ends sessions idle in a transaction for 1 s: each batch
+    commits at once (no session killed, no retry). With the transaction opened before the computation, the server
+    ended its session and the batch failed."""
+    import psycopg
+    from pyspark.sql import functions as F
+
+    short = f"{postgres_dsn} options='-c idle_in_transaction_session_timeout=1000'"
+    db = Db(lambda: psycopg.connect(short), "%s", f"out_{uuid.uuid4().hex[:8]}", f"ledger_{uuid.uuid4().hex[:8]}")
+    db.execute(f"CREATE TABLE {db.out} (batch_id BIGINT, k VARCHAR(10), v BIGINT)")
+    ledger = Ledger(connect=db.connect, job="ledger-slow", table=db.ledger, epoch=3)
+    ledger.check()
+
+    @F.udf("bigint")
+    def slow(v: int) -> int:
+        time.sleep(3.0 / sparkjobs.ROWS_PER_FILE)  # about 3 s per batch, in the batch's Spark job
+        return v
+
+    calls: list[int] = []
+    write = row_writer(db, calls)
+    stream = spark.readStream.schema(sparkjobs.SCHEMA).option("maxFilesPerTrigger", 1).json(
+        os.fspath(inputs(tmp_path, 2)))
+    query = (stream.select("k", slow("v").alias("v")).coalesce(1).writeStream.foreachBatch(ledger.foreach_batch(write))
+             .option("checkpointLocation", os.fspath(tmp_path / "ckpt")).trigger(availableNow=True).start())
+    try:
+        assert query.awaitTermination(180), "the query did not finish within 180 s"
+    finally:
+        if query.isActive:
+            query.stop()
+    assert query.exception() is None, query.exception()
+    assert calls == [0, 1]  # each batch written once: no transaction was killed and retried
+    assert sorted(db.query(f"SELECT batch_id, k, v FROM {db.out}")) == expected_rows(2)
+    assert committed_batches(db.connect, "ledger-slow", db.ledger) == [(str(query.id), 0), (str(query.id), 1)]
