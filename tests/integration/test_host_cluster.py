@@ -373,6 +373,9 @@ def _scenario(sc: Scenario, hc: HostCluster, feed: Feed) -> None:
     times["drivers started by the supervisor"] = len([ln for _, ln in driver.containing("started (attempt")
                                                       if "launcher.supervisor" in ln])
     times["query restarts seen"] = sorted({s[3] for s in seen})
+    # The same driver and query throughout: no process restart, no query restart (a ledger transaction held open
+    # through the stalled batch once ended in one: finding 13).
+    assert (final.pid, final.epoch, final.restart_count) == (before.pid, before.epoch, 0), final
     times["states seen"] = sorted({s[1] for s in seen})
     batches = [t for t, _ in driver.matching(COMPLETED) if t > t_kill]
     gaps = [b - a for a, b in zip([t_kill, *batches], batches, strict=False)]
