@@ -222,6 +222,7 @@ def _run(sc: Scenario, feed: Feed, *, cluster: bool = False) -> str:
     assert ack.outcome is Outcome.COMPLETED, ack
     ended = _ended(sc, relaunch)
     times["relaunch ended"] = f"{ended.ending} (exit {ended.exit_code})"
+    assert (ended.ending, ended.exit_code) == ("stopped", 0), ended
     rows = count_committed(sc, feed)
     first_lines, second_lines = launch_lines("first launch", first_launch), launch_lines("relaunch", relaunch)
     twice: list[tuple[str, str, str]] = []
