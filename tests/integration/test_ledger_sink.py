@@ -84,11 +84,12 @@ def expected_rows(files: int) -> list[tuple[int, str, int]]:
 
 
 def run(spark: Any, ledger: Ledger, write: Callable[[Any, Any, int], Any], input_dir: Path, checkpoint: Path,
-        timeout: int = 180) -> Any:
-    """Run the query over the input directory until every file is processed (availableNow); returns it."""
+        timeout: int = 180, rows: Callable[[Any], Any] = lambda stream: stream.select("k", "v")) -> Any:
+    """Run the query (``rows`` of the input) over the input directory until every file is processed
+    (availableNow); returns it."""
     stream = spark.readStream.schema(sparkjobs.SCHEMA).option("maxFilesPerTrigger", 1).json(os.fspath(input_dir))
     query = (
-        stream.select("k", "v").writeStream.foreachBatch(ledger.foreach_batch(write))
+        rows(stream).writeStream.foreachBatch(ledger.foreach_batch(write))
         .option("checkpointLocation", os.fspath(checkpoint)).trigger(availableNow=True).start()
     )
     try:
@@ -366,16 +367,8 @@ def test_postgres_a_batch_slower_than_the_idle_in_transaction_timeout_commits_it
         return v
 
     calls: list[int] = []
-    write = row_writer(db, calls)
-    stream = spark.readStream.schema(sparkjobs.SCHEMA).option("maxFilesPerTrigger", 1).json(
-        os.fspath(inputs(tmp_path, 2)))
-    query = (stream.select("k", slow("v").alias("v")).coalesce(1).writeStream.foreachBatch(ledger.foreach_batch(write))
-             .option("checkpointLocation", os.fspath(tmp_path / "ckpt")).trigger(availableNow=True).start())
-    try:
-        assert query.awaitTermination(180), "the query did not finish within 180 s"
-    finally:
-        if query.isActive:
-            query.stop()
+    query = run(spark, ledger, row_writer(db, calls), inputs(tmp_path, 2), tmp_path / "ckpt",
+                rows=lambda stream: stream.select("k", slow("v").alias("v")).coalesce(1))
     assert query.exception() is None, query.exception()
     assert calls == [0, 1]  # each batch written once: no transaction was killed and retried
     assert sorted(db.query(f"SELECT batch_id, k, v FROM {db.out}")) == expected_rows(2)
