@@ -256,6 +256,17 @@ def _follow(proc: subprocess.Popen[str], log: Path, on_line: Callable[[str], Non
         on_line(pending)
 
 
+def deferred(task_id: str) -> Callable[[str], bool]:
+    """Whether an ``airflow dags test`` output shows ``task_id`` reached and deferred: its trigger runs in that
+    process (a ``DagTestProcess.wait_for_output`` condition)."""
+
+    def ok(output: str) -> bool:
+        at = output.rfind(f"task_id={task_id}")
+        return at >= 0 and "running trigger in line" in output[at:]
+
+    return ok
+
+
 class DagTestProcess:
     """``airflow dags test`` running in the background, in a process group of its own (the Airflow worker)."""
 

@@ -45,7 +45,7 @@ from airflow_ckpt_provider.core.records.deployments import Launch, read_launch
 from airflow_ckpt_provider.core.records.start import read_start
 from airflow_ckpt_provider.core.records.status import JobState
 from airflow_ckpt_provider.core.store.jobstore import DEPLOYMENTS
-from airflow_ckpt_provider.demo.world import AirflowHome
+from airflow_ckpt_provider.demo.world import AirflowHome, deferred
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG
 from tests.conftest import TEST_DRIVER_JVM
 from tests.support import hosts
@@ -72,6 +72,8 @@ pytestmark = [
 ]
 
 DAG = "ckpt_keep_alive"
+#: The run reached its health watch and deferred it.
+IN_HEALTH_WATCH = deferred("watch_health")
 ROLES = ["store", "kafka", "launcher", "launcher-2"]
 #: Run 1 waits in its health watch until the host is lost; run 2's watch lasts through the loss and the relaunch.
 WATCH_RUN_1 = 900.0
@@ -128,11 +130,6 @@ def airflow_on(sc: Scenario, role: str, hc: HostCluster | None, migrated: Path |
     return home
 
 
-def in_health_watch(output: str) -> bool:
-    """The run reached watch_health and deferred it: its trigger runs in the dags test process."""
-    at = output.rfind("task_id=watch_health")
-    return at >= 0 and "running trigger in line" in output[at:]
-
 
 def _run(sc: Scenario, feed: Feed, *, cluster: bool = False) -> str:
     topo, times = sc.topo, sc.times
@@ -144,7 +141,7 @@ def _run(sc: Scenario, feed: Feed, *, cluster: bool = False) -> str:
 
     # 1. Run 1 on the launcher submits the job there and waits in its health watch.
     run1 = first_home.start_dags_test(DAG)
-    run1.wait_for_output("run 1 in its deferred health watch", in_health_watch, timeout=WAIT)
+    run1.wait_for_output("run 1 in its deferred health watch", IN_HEALTH_WATCH, timeout=WAIT)
     sc.wait_status("three batches and a snapshot", lambda s: s.batch_id is not None and s.batch_id >= 3
                    and s.last_snapshot is not None and s.state is JobState.RUNNING, WAIT)
     first_launch = sc.in_launcher(lambda: read_launch(sc.env.store()))
@@ -153,7 +150,7 @@ def _run(sc: Scenario, feed: Feed, *, cluster: bool = False) -> str:
 
     # 2. Run 2 on launcher-2 reconnects to the job and defers its health watch.
     run2 = second_home.start_dags_test(DAG, env={"CKPT_EXAMPLE_WATCH_SECONDS": str(WATCH_RUN_2)})
-    run2.wait_for_output("run 2 in its deferred health watch", in_health_watch, timeout=WAIT)
+    run2.wait_for_output("run 2 in its deferred health watch", IN_HEALTH_WATCH, timeout=WAIT)
     assert "reconnecting instead of submitting it again" in run2.output(), run2.output()[-4000:]
     deployments = sc.in_launcher(deployment_keys, sc)
 

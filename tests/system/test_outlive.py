@@ -22,11 +22,13 @@ from airflow_ckpt_provider.core.records.deployments import read_launch
 from airflow_ckpt_provider.core.records.status import JobState, JobStatus
 from airflow_ckpt_provider.core.records.supervision import Supervision, latest_supervisor, observe_supervision
 from airflow_ckpt_provider.core.store.jobstore import DEPLOYMENTS
-from airflow_ckpt_provider.demo.world import AirflowHome, World
+from airflow_ckpt_provider.demo.world import AirflowHome, World, deferred
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(900)]
 
 DAG = "ckpt_keep_alive"
+#: The run reached its health watch and deferred it.
+IN_HEALTH_WATCH = deferred("watch_health")
 #: Each run's health watch lasts through the kills below (the module's 25 s would time out first).
 LONG_WATCH = {"CKPT_EXAMPLE_WATCH_SECONDS": "600"}
 T = TypeVar("T")
@@ -42,11 +44,6 @@ def until(what: str, probe: Callable[[], T | None], timeout: float = 120.0) -> T
         time.sleep(0.3)
     pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
 
-
-def in_health_watch(output: str) -> bool:
-    """The run reached watch_health and deferred it: its trigger runs in the dags test process."""
-    at = output.rfind("task_id=watch_health")
-    return at >= 0 and "running trigger in line" in output[at:]
 
 
 def running(world: World) -> JobStatus:
@@ -70,7 +67,7 @@ def test_job_outlives_its_killed_worker_and_a_lost_host_is_relaunched_once_by_th
     # 1. The worker dies under a running job: kill -9 of the whole `airflow dags test` process group.
     worker = home.start_dags_test(DAG, env=LONG_WATCH)
     try:
-        worker.wait_for_output("run 1 in its deferred health watch", in_health_watch)
+        worker.wait_for_output("run 1 in its deferred health watch", IN_HEALTH_WATCH)
         before = running(world)
     finally:
         worker.kill()
@@ -97,7 +94,7 @@ def test_job_outlives_its_killed_worker_and_a_lost_host_is_relaunched_once_by_th
     deployments = deployment_keys(world)
     run = home.start_dags_test(DAG, env=LONG_WATCH)
     try:
-        run.wait_for_output("run 2 in its deferred health watch", in_health_watch)
+        run.wait_for_output("run 2 in its deferred health watch", IN_HEALTH_WATCH)
         killed = running(world)
         killed_at = time.time()
         supervisor_pid, driver_pid = world.kill_host(killed)
