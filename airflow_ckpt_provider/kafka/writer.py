@@ -27,6 +27,7 @@ from airflow_ckpt_provider.core.policy.streambatch import (
 )
 from airflow_ckpt_provider.core.snapshots.coverage import checkpoint_storage, read_coverage
 from airflow_ckpt_provider.kafka.clientlog import configured, serve
+from airflow_ckpt_provider.kafka.txnlock import decided, txn_end_slot
 from airflow_ckpt_provider.kafka.writeroptions import (
     HEADER,
     AttemptTag,
@@ -77,12 +78,11 @@ def stream_writer(options: Mapping[str, str], schema: Any, overwrite: bool) -> D
     parsed = parse_sink_options(options)
     check_schema(schema, parsed)
     checkpoint_storage(parsed.checkpoint)  # a missing or unreadable checkpointLocation fails the start
-    check_topics(parsed)
-    return CkptKafkaStreamWriter(parsed)
+    return CkptKafkaStreamWriter(decided(parsed, check_topics(parsed)))
 
 
-def check_topics(options: SinkOptions) -> None:
-    """The output and marker topics must exist (the sink never creates topics)."""
+def check_topics(options: SinkOptions) -> str | None:
+    """The output and marker topics must exist (the sink never creates topics); the broker's cluster id."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
@@ -91,7 +91,7 @@ def check_topics(options: SinkOptions) -> None:
                                    job=options.job))
     try:
         # All topics, not list_topics(topic=...): a metadata request for one topic may auto-create it.
-        topics = admin.list_topics(timeout=options.timeout_s).topics
+        metadata = admin.list_topics(timeout=options.timeout_s)
     except KafkaException as err:
         raise ConfigError(f"could not list the topics of {options.bootstrap_servers} within {options.timeout_s:g} s "
                           f"for the ckpt-kafka sink: {err}. Check kafka.bootstrap.servers and the brokers") from err
@@ -99,7 +99,7 @@ def check_topics(options: SinkOptions) -> None:
         serve(admin)
         del admin
     for name in wanted:
-        meta = topics.get(name)
+        meta = metadata.topics.get(name)
         if meta is None or meta.error is not None:
             found = "does not exist" if meta is None else f"has error {meta.error}"
             raise ConfigError(
@@ -107,6 +107,7 @@ def check_topics(options: SinkOptions) -> None:
                 f"create it first (e.g. kafka-topics.sh --create --topic {name} --bootstrap-server ...); the sink "
                 "never creates topics"
             )
+    return metadata.cluster_id
 
 
 # --------------------------------------------------------------------------------------------
@@ -148,7 +149,9 @@ def new_producer(options: SinkOptions, partition: int) -> Any:
 
     producer = Producer(configured(options.producer_config(partition), job=options.job))
     try:
-        producer.init_transactions(options.timeout_s)
+        # Ends the id's open transaction on the broker, if any: one of the ends serializeTxnEnds covers.
+        with txn_end_slot(options, f"init_transactions of {options.transactional_id(partition)}"):
+            producer.init_transactions(options.timeout_s)
     except BaseException:
         release(producer)
         raise
@@ -202,6 +205,7 @@ def write_partition(options: SinkOptions, batches: Iterator[pa.RecordBatch], *, 
     """Write one sink partition of one batch in one transaction, or skip it if its marker says so."""
     from confluent_kafka import TopicPartition
 
+    options = _decided(options)
     txid = options.transactional_id(partition)
     group = options.marker_group(query_id, partition)
     attempt = new_attempt(time.time_ns(), uuid.uuid4().hex[:8])  # sortable: later attempts compare greater
@@ -247,7 +251,8 @@ def write_partition(options: SinkOptions, batches: Iterator[pa.RecordBatch], *, 
             # Both points: records on the broker inside the open transaction, marker sent, not committed.
             crash_point("kafka.task.after-produce", batch_id)
             crash_point("kafka.task.before-commit", batch_id)
-            producer.commit_transaction(options.timeout_s)
+            with txn_end_slot(options, f"the commit of batch {batch_id} partition {partition}"):
+                producer.commit_transaction(options.timeout_s)
         except BaseException as err:
             _abort_quietly(producer, options, err)
             raise
@@ -299,6 +304,11 @@ def _await_marker(consumer: Any, options: SinkOptions, group: str, wanted: int, 
         pause = min(pause * 2, 0.5)
 
 
+def _decided(options: SinkOptions) -> SinkOptions:
+    """``options`` with serializeTxnEnds decided (the Spark writer's are; a direct caller's may still be auto)."""
+    return options if options.serialize_txn_ends is not None else decided(options, check_topics(options))
+
+
 def _abort_quietly(producer: Any, options: SinkOptions, err: BaseException) -> None:
     """Best effort: if this fails, the next init_transactions of the id or transaction.timeout.ms aborts it.
 
@@ -308,7 +318,8 @@ def _abort_quietly(producer: Any, options: SinkOptions, err: BaseException) -> N
     if callable(fatal) and fatal():
         return
     try:
-        producer.abort_transaction(min(options.timeout_s, 10.0))
+        with txn_end_slot(options, "an abort"):
+            producer.abort_transaction(min(options.timeout_s, 10.0))
     except Exception:  # no transaction in progress, fenced, or broker down
         log.debug("abort_transaction failed (job %s)", options.job, exc_info=True)
 
@@ -386,6 +397,7 @@ def abort_lingering(options: SinkOptions) -> int:
     """
     from concurrent.futures import ThreadPoolExecutor
 
+    options = _decided(options)
     partitions = recorded_partitions(options)
     if partitions == 0:
         return 0
@@ -463,7 +475,11 @@ def kafka_sink(df: DataFrame, *, job: str, **options: str) -> DataStreamWriter:
     """
     parsed = parse_sink_options({**options, "job": job})
     check_schema(df.schema, parsed)
-    check_topics(parsed)
+    parsed = decided(parsed, cluster := check_topics(parsed))
+    if parsed.serialize_txn_ends:
+        log.info("job %s: the ckpt-kafka sink ends its transactions one at a time on each host (serializeTxnEnds; "
+                 "broker cluster id %s): tansu loses the markers of concurrent ends over the same partitions",
+                 job, cluster)
     # Not now: the lease is not taken yet, and a running driver of the job may still be writing.
     before_query_start(f"ckpt-kafka:{parsed.job}", lambda: abort_lingering(parsed))
     return df.writeStream.format("ckpt-kafka").options(**options).option("job", job)

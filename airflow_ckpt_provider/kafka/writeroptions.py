@@ -27,7 +27,11 @@ KNOWN_OPTIONS: dict[str, str] = {
     "transactionalidprefix": "prefix of transactional ids and marker groups (default 'ckpt')",
     "markertopic": "an existing topic whose partition 0 carries the commit markers (default: topic)",
     "timeoutms": "timeout of each broker call of the sink, ms (default 30000)",
+    "serializetxnends": "auto, true or false: end this host's transactions one at a time (default auto: on for "
+                        "tansu, whose concurrent ends over the same partitions can lose markers for good)",
 }
+#: Values of option serializeTxnEnds: None is auto (decided from the broker's cluster id, kafka/txnlock.py).
+_SERIALIZE = {"auto": None, "true": True, "false": False}
 #: librdkafka settings the sink owns.
 _OWNED = {
     "transactional.id": "set from transactionalIdPrefix, job and the sink partition",
@@ -61,6 +65,7 @@ class SinkOptions:
     marker_topic: str = ""
     timeout_ms: int = 30_000
     checkpoint: str = ""  # the query's checkpointLocation, whose offsets log says what a batch covered
+    serialize_txn_ends: bool | None = None  # None: auto, until the driver asked the broker (kafka/txnlock.py)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -136,8 +141,13 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     timeout = own.get("timeoutms", "30000").strip()
     if not timeout.isdigit() or int(timeout) <= 0:
         raise ConfigError(f"option timeoutMs must be a positive number of milliseconds, found {timeout!r}")
+    serialize = own.get("serializetxnends", "auto").strip().lower()
+    if serialize not in _SERIALIZE:
+        raise ConfigError(f"option serializeTxnEnds must be auto, true or false, found {serialize!r}: auto ends "
+                          "transactions one at a time per host on tansu only")
     return SinkOptions(kafka=kafka, job=job, topic=topic, prefix=prefix, marker_topic=marker,
-                       timeout_ms=int(timeout), checkpoint=own.get("checkpointlocation", "").strip())
+                       timeout_ms=int(timeout), checkpoint=own.get("checkpointlocation", "").strip(),
+                       serialize_txn_ends=_SERIALIZE[serialize])
 
 
 # --------------------------------------------------------------------------------------------

@@ -53,10 +53,27 @@ def test_options_defaults_and_ids() -> None:
     ({**BASE, "kafka.acks": "1"}, "conflicts"),
     ({**BASE, "subscribe": "in"}, "unknown option"),
     ({**BASE, "timeoutMs": "0"}, "positive"),
+    ({**BASE, "serializeTxnEnds": "yes"}, "must be auto, true or false, found 'yes'"),
 ])
 def test_bad_options(options: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_sink_options(options)
+
+
+@pytest.mark.parametrize(("given", "cluster_id", "serialized"), [
+    ("auto", "tansu_cluster", True),  # tansu's default cluster id
+    ("auto", "MkU3OEVBNTcwNTJENDM2Qk", False),  # an Apache Kafka cluster id
+    ("auto", None, False),
+    ("false", "tansu_cluster", False),  # the user's word wins
+    ("TRUE", "MkU3OEVBNTcwNTJENDM2Qk", True),
+])
+def test_transaction_ends_are_serialized_on_tansu_unless_told_otherwise(given: str, cluster_id: str | None,
+                                                                        serialized: bool) -> None:
+    from airflow_ckpt_provider.kafka.txnlock import decided, lock_path
+
+    options = parse_sink_options({**BASE, "serializeTxnEnds": given})
+    assert decided(options, cluster_id).serialize_txn_ends is serialized
+    assert lock_path("b:9092") == lock_path("b:9092") != lock_path("c:9092")  # one lock per broker cluster
 
 
 def _schema(ddl: str) -> Any:
@@ -198,6 +215,7 @@ def _install(monkeypatch: pytest.MonkeyPatch, producer: FakeProducer) -> list[in
         return producer
 
     monkeypatch.setattr(sink, "new_producer", fake_producer)
+    monkeypatch.setattr(sink, "check_topics", lambda options: "a-kafka-cluster")  # not tansu: no host lock
     monkeypatch.setattr(sink, "_marker_consumer", lambda options, group: producer.consumer)
     monkeypatch.setattr(sink, "checkpoint_storage", lambda location: location)
     monkeypatch.setattr(sink, "read_coverage", lambda storage, batch_id, **_: Coverage(batch_id, DIGEST, None))
