@@ -72,8 +72,8 @@ def job_output_checks(job: str, asset: dg.AssetSpec, *, max_batch_age: float = 6
         status, now = _status(getattr(context.resources, CKPT_RESOURCE)), clock()
         if status is None:
             return dg.AssetCheckResult(passed=False, description=f"job {job}: no status.json: it never ran here")
-        heartbeat_age, limit = now - status.updated_at, heartbeat_limit(status, heartbeat_timeout=heartbeat_timeout)
-        batch_age = None if status.batch_at is None else now - status.batch_at
+        heartbeat_age, limit = status.age(now), heartbeat_limit(status, heartbeat_timeout=heartbeat_timeout)
+        batch_age = None if status.batch_at is None else now - status.local(status.batch_at)
         metadata = {"state": status.state.value, "epoch": status.epoch, "batch_id": status.batch_id,
                     "heartbeat_age_s": round(heartbeat_age, 1), "heartbeat_limit_s": limit,
                     "batch_age_s": None if batch_age is None else round(batch_age, 1), "idle": status.idle}

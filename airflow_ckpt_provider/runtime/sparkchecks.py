@@ -82,6 +82,23 @@ def check_executors(spark: SparkSession, timeout: float, *, clock: Callable[[], 
 #: spell starts up to 0.1 s later. A value the job's conf gives wins.
 IDLE_POLL = ("spark.sql.streaming.pollingDelay", "100ms")
 
+#: On a cluster, the driver declares an executor lost once it has not heard its heartbeat (every 10 s,
+#: spark.executor.heartbeatInterval) for 40 s, checked every 5 s, and runs its tasks elsewhere. Spark's defaults
+#: (120 s, checked every 60 s) left the standalone master's worker timeout (60 s, checked every 60 s) to notice a
+#: worker host lost without a word: a batch stalled 68-124 s (docs/reliability.md, finding 4). A job's conf that
+#: sets any of these, or spark.network.timeout, keeps Spark's rules.
+EXECUTOR_LOSS = (("spark.storage.blockManagerHeartbeatTimeoutMs", "40s"), ("spark.network.timeoutInterval", "5s"))
+_EXECUTOR_LOSS_KEYS = ("spark.storage.blockManagerHeartbeatTimeoutMs", "spark.network.timeoutInterval",
+                       "spark.network.timeout", "spark.executor.heartbeatInterval")
+
+
+def executor_loss_defaults(master: str, given: Callable[[str], bool]) -> tuple[tuple[str, str], ...]:
+    """EXECUTOR_LOSS for a cluster ``master`` whose conf (``given``: whether it sets a key) leaves them all unset."""
+    if master.startswith("local") or any(given(key) for key in _EXECUTOR_LOSS_KEYS):
+        return ()
+    return EXECUTOR_LOSS
+
+
 #: Spark's default spark.redaction.regex, and the access key id, which this project never shows whole.
 REDACTION = r"(?i)secret|password|token|access[.]?key|credential|access_key_id"
 
@@ -139,6 +156,8 @@ def job_session(config: RuntimeConfig) -> SparkSession:
     if not given.contains(IDLE_POLL[0]):
         builder = builder.config(*IDLE_POLL)
     master = given.get("spark.master", "local")
+    for key, value in executor_loss_defaults(master, given.contains):
+        builder = builder.config(key, value)
     if not master.startswith(("local", "k8s://")):
         for name, value in S3Options.from_env(config.endpoint_url, config.region).env().items():
             if not given.contains(f"spark.executorEnv.{name}"):

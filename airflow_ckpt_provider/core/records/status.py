@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from airflow_ckpt_provider.core.errors import StorageError
+from airflow_ckpt_provider.core.records import heard
 from airflow_ckpt_provider.core.records.base import Record
 from airflow_ckpt_provider.core.store.jobstore import STATUS, JobStore
 
@@ -119,9 +120,20 @@ class JobStatus(Record, frozen=True):
         except (KeyError, TypeError, ValueError):
             return None
 
+    def heard_at(self) -> float:
+        """When this heartbeat was written, on this process's clock: measured by the store's clock when read
+        (``read_status``), else the writer's ``updated_at``. Liveness compares it with this process's clock only."""
+        return heard.heard_at(("status", self.job, self.epoch), self.updated_at)
+
     def age(self, now: float | None = None) -> float:
-        """Seconds since the last heartbeat."""
-        return (time.time() if now is None else now) - self.updated_at
+        """Seconds since the last heartbeat, on this process's clock (``now``, default its wall clock); a ``now``
+        taken just before the read, or a writer's clock ahead of this one, gives 0, never less."""
+        return max(0.0, (time.time() if now is None else now) - self.heard_at())
+
+    def local(self, at: float) -> float:
+        """A time the writer of this status gave on its own clock (``batch_at``, a restart's ``at`` and
+        ``expected_by``) on this process's clock, shifted as the heartbeat was."""
+        return at + self.heard_at() - self.updated_at
 
 
 def heartbeat_limit(status: JobStatus, *, heartbeat_timeout: float | None = None,
@@ -165,11 +177,12 @@ def driver_live(
 
 def read_status(store: JobStore) -> JobStatus | None:
     """The job's last reported status, or None if no driver ever ran it."""
-    try:
-        data = store.storage.read(STATUS)
-    except FileNotFoundError:
+    found = store.storage.read_versioned(STATUS)
+    if found is None:
         return None
-    return JobStatus.from_bytes(data, store.storage.uri(STATUS))
+    status = JobStatus.from_bytes(found.data, store.storage.uri(STATUS))
+    heard.note(("status", status.job, status.epoch), status.updated_at, found.age)
+    return status
 
 
 def write_status(store: JobStore, status: JobStatus, *, attempts: int = 5) -> bool:

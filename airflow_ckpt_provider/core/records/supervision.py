@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from airflow_ckpt_provider.core.records import heard
 from airflow_ckpt_provider.core.records.base import Record
 from airflow_ckpt_provider.core.records.deployments import Launch, read_launch
 from airflow_ckpt_provider.core.records.lease import pid_alive
@@ -83,6 +84,10 @@ class SupervisorRecord(Record, frozen=True, kw_only=True):
     def describe(self) -> str:
         return f"supervisor (pid {self.pid} on {self.host}, launch {self.launch_id})"
 
+    def heard_at(self) -> float:
+        """When this heartbeat was written, on this process's clock (core/records/heard.py)."""
+        return heard.heard_at(("supervisor", self.launch_id), self.updated_at)
+
     def liveness(self, now: float, *, host: str | None = None,
                  pid_alive: Callable[[int], bool] | None = None) -> tuple[bool, str]:
         """(live, why not). Ended: not live. On this host (``host``, probed with ``pid_alive``) its process
@@ -92,7 +97,7 @@ class SupervisorRecord(Record, frozen=True, kw_only=True):
             code = "" if self.exit_code is None else f", exit code {self.exit_code}"
             verb = "gave up" if self.ending == "gave-up" else f"ended ({self.ending or 'unknown'}{code})"
             return False, f"{verb} at {_hms(self.updated_at)}: {self.end_reason or 'no reason recorded'}"
-        age = now - self.updated_at
+        age = now - self.heard_at()
         if pid_alive is not None and host is not None and host == self.host:
             if not pid_alive(self.pid):
                 return False, "is gone: its process no longer exists"
@@ -119,12 +124,17 @@ def write_supervisor(store: JobStore, record: SupervisorRecord) -> SupervisorRec
 
 
 def read_supervisor(store: JobStore, launch_id: str) -> SupervisorRecord | None:
-    key = supervisor_key(launch_id)
-    try:
-        data = store.storage.read(key)
-    except FileNotFoundError:
+    return _read(store, supervisor_key(launch_id))
+
+
+def _read(store: JobStore, key: str) -> SupervisorRecord | None:
+    """The record at ``key`` with its heartbeat's age noted (core/records/heard.py); None if it is gone."""
+    found = store.storage.read_versioned(key)
+    if found is None:
         return None
-    return SupervisorRecord.from_bytes(data, store.storage.uri(key))
+    record = SupervisorRecord.from_bytes(found.data, store.storage.uri(key))
+    heard.note(("supervisor", record.launch_id), record.updated_at, found.age)
+    return record
 
 
 def latest_supervisor(store: JobStore) -> SupervisorRecord | None:
@@ -137,10 +147,9 @@ def latest_supervisor(store: JobStore) -> SupervisorRecord | None:
     for key in keys:
         if key[len(SUPERVISORS):][:_SECOND] != second:
             continue
-        try:
-            records.append(SupervisorRecord.from_bytes(store.storage.read(key), store.storage.uri(key)))
-        except FileNotFoundError:
-            continue
+        record = _read(store, key)
+        if record is not None:
+            records.append(record)
     return max(records, key=lambda r: r.started_at, default=None)
 
 

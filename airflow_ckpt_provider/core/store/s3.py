@@ -10,8 +10,9 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -297,6 +298,19 @@ def _role_client(opts: S3Options, key: tuple[Any, ...]) -> S3Client:
     return client
 
 
+def _store_age(answer: Mapping[str, Any]) -> float | None:
+    """Seconds since the object of a GET answer was written, by the store's clock: its Date minus Last-Modified
+    (both whole seconds); None when either is missing or unreadable."""
+    modified = answer.get("LastModified")
+    date = answer.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    if modified is None or not date:
+        return None
+    try:
+        return float(parsedate_to_datetime(date).timestamp() - modified.timestamp())
+    except (TypeError, ValueError):
+        return None
+
+
 class S3Storage(Storage):
     """Objects under ``s3://bucket/prefix``."""
 
@@ -457,7 +471,7 @@ class S3Storage(Storage):
     def read_versioned(self, key: str) -> Versioned | None:
         def get() -> Versioned:
             answer = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
-            return Versioned(answer["Body"].read(), answer["ETag"])
+            return Versioned(answer["Body"].read(), answer["ETag"], _store_age(answer))
 
         try:
             return self._call(f"read {self.uri(key)}", get)

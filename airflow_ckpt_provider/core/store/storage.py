@@ -46,10 +46,13 @@ class ObjectInfo:
 
 @dataclass(frozen=True)
 class Versioned:
-    """An object's bytes and the version tag a conditional write compares against."""
+    """An object's bytes, the version tag a conditional write compares against, and its age: seconds since it was
+    written, measured by the store's own clock when it was read (S3: the answer's Date minus Last-Modified, whole
+    seconds), None when the store has no clock of its own (a directory: a file's mtime is its writer's clock)."""
 
     data: bytes
     tag: str
+    age: float | None = None
 
 
 def check_key(key: str) -> str:
@@ -283,7 +286,7 @@ class LocalStorage(Storage):
             data = self.read(key)
         except FileNotFoundError:
             return None
-        return Versioned(data, hashlib.sha256(data).hexdigest())
+        return Versioned(data, hashlib.sha256(data).hexdigest())  # no age: a file's mtime is its writer's clock
 
     def write_if(self, key: str, data: bytes, tag: str | None) -> bool:
         if tag is None:

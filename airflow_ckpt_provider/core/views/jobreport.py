@@ -225,7 +225,7 @@ def summarize(view: JobView, manifests: Sequence[Manifest], starts: Sequence[Sta
         state_text=state_text(view), live=live,
         epoch=s.epoch if s else (view.lease.epoch if view.lease else None),
         code_version=s.code_version if s else None, batch_id=s.batch_id if s else None,
-        batch_age=None if s is None or s.batch_at is None else max(0.0, now - s.batch_at),
+        batch_age=None if s is None or s.batch_at is None else max(0.0, now - s.local(s.batch_at)),
         heartbeat_age=None if s is None else max(0.0, s.age(now)),
         lag=s.lag if s and live else None, process_restarts=process, driver_restarts=in_driver,
         latest_checkpoint=_snapshot_brief(latest_completed(manifests, (Kind.CHECKPOINT,)), now),

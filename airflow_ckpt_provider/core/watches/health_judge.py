@@ -263,7 +263,7 @@ def _restart_lost(obs: Observation, c: HealthCriteria, s: JobStatus, restart: Re
     """A supervisor's restart in progress: waited on while the supervisor is live, until ``expected_by`` plus the
     heartbeat limit; found lost once the supervisor is gone or the restart is overdue."""
     sup = _supervision(obs)
-    if sup.live and obs.now - restart.expected_by <= _limit(s, c):
+    if sup.live and obs.now - s.local(restart.expected_by) <= _limit(s, c):
         return Restarting.BY_SUPERVISOR
     return Finding.RESTART_ORPHANED if not sup.live else Finding.RESTART_OVERDUE
 

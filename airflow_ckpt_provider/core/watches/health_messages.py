@@ -137,8 +137,9 @@ def _restart_orphaned(v: Verdict, x: Context) -> str:
 
 def _restart_overdue(v: Verdict, x: Context) -> str:
     r = _r(v)
+    overdue = v.now - (v.status.local(r.expected_by) if v.status is not None else r.expected_by)
     return (f"job {x.job}: expected the job running again by {_hms(r.expected_by)}, {_restarting_found(v)}: the "
-            f"restart is {v.now - r.expected_by:.0f} s overdue (limit {v.heartbeat_limit:.0f} s), though its "
+            f"restart is {overdue:.0f} s overdue (limit {v.heartbeat_limit:.0f} s), though its "
             f"{_sup(v).describe()} is live. Read the launch log, then restart the job (it resumes from its latest "
             "checkpoint)")
 

@@ -6,7 +6,12 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_ckpt_provider.runtime.sparkchecks import check_executors, missing_module
+from airflow_ckpt_provider.runtime.sparkchecks import (
+    EXECUTOR_LOSS,
+    check_executors,
+    executor_loss_defaults,
+    missing_module,
+)
 from tests.support.supervisorfakes import START, FakeClock
 
 
@@ -95,3 +100,15 @@ def test_pyspark_s_numpy_converters_ask_only_about_numpy_objects_and_convert_the
     """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_a_cluster_driver_declares_a_silent_executor_lost_after_40_s_unless_the_job_set_spark_s_timeouts() -> None:
+    given: set[str] = set()
+    assert executor_loss_defaults("spark://10.213.41.20:7077", given.__contains__) == EXECUTOR_LOSS
+    assert dict(EXECUTOR_LOSS) == {"spark.storage.blockManagerHeartbeatTimeoutMs": "40s",
+                                   "spark.network.timeoutInterval": "5s"}
+    assert executor_loss_defaults("yarn", given.__contains__) == EXECUTOR_LOSS
+    assert executor_loss_defaults("local[2]", given.__contains__) == ()  # one process: no executor to lose
+    for key in ("spark.network.timeout", "spark.executor.heartbeatInterval", "spark.network.timeoutInterval",
+                "spark.storage.blockManagerHeartbeatTimeoutMs"):
+        assert executor_loss_defaults("spark://m:7077", {key}.__contains__) == (), key  # the job's own rules win
