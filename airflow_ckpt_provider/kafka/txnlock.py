@@ -16,8 +16,6 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from filelock import FileLock, Timeout
-
 from airflow_ckpt_provider.core.errors import CkptError
 from airflow_ckpt_provider.kafka.writeroptions import SinkOptions
 
@@ -44,6 +42,8 @@ def txn_end_slot(options: SinkOptions, what: str) -> Iterator[None]:
     if not options.serialize_txn_ends:
         yield
         return
+    from filelock import FileLock, Timeout  # only where ends are serialized: an executor image may lack it otherwise
+
     path = lock_path(options.bootstrap_servers)
     # 0o666: the tasks of another user on this host (a second executor, the driver) take the same file.
     lock = FileLock(path, timeout=options.timeout_s, mode=0o666, poll_interval=0.01)

@@ -27,9 +27,11 @@ from airflow_ckpt_provider.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-#: What executors import: the ckpt-kafka source and writer, the sinks (their records: msgspec), the state and Arrow
-#: exchange of PySpark.
-EXECUTOR_REQUIREMENTS = ("pandas", "pyarrow", "confluent-kafka", "boto3", "tenacity", "protobuf", "msgspec")
+#: What executors import: the ckpt-kafka source and writer (its transaction-end lock: filelock), the sinks (their
+#: records: msgspec), the state and Arrow exchange of PySpark.
+EXECUTOR_REQUIREMENTS = (
+    "pandas", "pyarrow", "confluent-kafka", "boto3", "tenacity", "protobuf", "msgspec", "filelock",
+)
 #: The directory each container unpacks the archive into (``--archives ENV#ALIAS``).
 ALIAS = "ckpt-env"
 #: ``python_env`` values besides the path or URI of an archive the user packed.
