@@ -21,12 +21,13 @@ _LOCK = threading.Lock()
 
 def note(key: tuple[object, ...], updated_at: float, age: float | None, now: float | None = None) -> None:
     """The heartbeat ``key`` written at ``updated_at`` (its writer's clock) was ``age`` s old by the store's clock
-    when this process read it at ``now`` (its own clock). An unknown age (a store that tells none) notes nothing."""
+    when this process read it at ``now`` (its own clock). An unknown age (a store that tells none) notes nothing.
+    The first note of a heartbeat stays: later reads (whole seconds again) would move it back and forth by one."""
     if age is None:
         return
     seen = (time.time() if now is None else now) - max(age, 0.0)
     with _LOCK:
-        _HEARD[(*key, updated_at)] = seen
+        _HEARD.setdefault((*key, updated_at), seen)
         _HEARD.move_to_end((*key, updated_at))
         while len(_HEARD) > KEPT:
             _HEARD.popitem(last=False)

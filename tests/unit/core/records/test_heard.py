@@ -34,6 +34,13 @@ def test_a_status_made_here_or_read_from_a_store_without_a_clock_keeps_the_write
     assert other_beat.age(READER) == 30.5
 
 
+def test_the_first_reading_of_a_heartbeat_stays_so_its_age_never_jumps_back() -> None:
+    s = _status(READER - 900)
+    heard.note(("status", s.job, s.epoch), s.updated_at, age=3.0, now=READER)
+    heard.note(("status", s.job, s.epoch), s.updated_at, age=4.0, now=READER + 2)  # whole seconds: 1 s off
+    assert s.age(READER + 2) == 5.0
+
+
 def test_a_store_clock_a_second_behind_never_makes_a_heartbeat_younger_than_zero() -> None:
     s = _status(READER + 50)
     heard.note(("status", s.job, s.epoch), s.updated_at, age=-1.0, now=READER)
