@@ -83,13 +83,15 @@ def check_executors(spark: SparkSession, timeout: float, *, clock: Callable[[], 
 IDLE_POLL = ("spark.sql.streaming.pollingDelay", "100ms")
 
 #: On a cluster, the driver declares an executor lost once it has not heard its heartbeat (every 10 s,
-#: spark.executor.heartbeatInterval) for 40 s, checked every 5 s, and runs its tasks elsewhere. Spark's defaults
-#: (120 s, checked every 60 s) left the standalone master's worker timeout (60 s, checked every 60 s) to notice a
-#: worker host lost without a word: a batch stalled 68-124 s (docs/reliability.md, finding 4). A job's conf that
-#: sets any of these, or spark.network.timeout, keeps Spark's rules.
-EXECUTOR_LOSS = (("spark.storage.blockManagerHeartbeatTimeoutMs", "40s"), ("spark.network.timeoutInterval", "5s"))
-_EXECUTOR_LOSS_KEYS = ("spark.storage.blockManagerHeartbeatTimeoutMs", "spark.network.timeoutInterval",
-                       "spark.network.timeout", "spark.executor.heartbeatInterval")
+#: spark.executor.heartbeatInterval) for 40 s, checked every 5 s, and runs its tasks elsewhere; a shuffle fetch from
+#: a host that went silent fails after 40 s without traffic, and the lost map output is computed again. Spark's
+#: defaults (120 s, checked every 60 s; fetches 120 s) left the standalone master's worker timeout (60 s, checked
+#: every 60 s) to notice a worker host lost without a word, and a fetch already waiting on it waited 120 s: a batch
+#: stalled 68-133 s (docs/reliability.md, finding 4). A job's conf that sets any of these, or spark.network.timeout,
+#: keeps Spark's rules.
+EXECUTOR_LOSS = (("spark.storage.blockManagerHeartbeatTimeoutMs", "40s"), ("spark.network.timeoutInterval", "5s"),
+                 ("spark.shuffle.io.connectionTimeout", "40s"))
+_EXECUTOR_LOSS_KEYS = (*(key for key, _ in EXECUTOR_LOSS), "spark.network.timeout", "spark.executor.heartbeatInterval")
 
 
 def executor_loss_defaults(master: str, given: Callable[[str], bool]) -> tuple[tuple[str, str], ...]:

@@ -106,9 +106,9 @@ def test_a_cluster_driver_declares_a_silent_executor_lost_after_40_s_unless_the_
     given: set[str] = set()
     assert executor_loss_defaults("spark://10.213.41.20:7077", given.__contains__) == EXECUTOR_LOSS
     assert dict(EXECUTOR_LOSS) == {"spark.storage.blockManagerHeartbeatTimeoutMs": "40s",
-                                   "spark.network.timeoutInterval": "5s"}
+                                   "spark.network.timeoutInterval": "5s", "spark.shuffle.io.connectionTimeout": "40s"}
     assert executor_loss_defaults("yarn", given.__contains__) == EXECUTOR_LOSS
     assert executor_loss_defaults("local[2]", given.__contains__) == ()  # one process: no executor to lose
     for key in ("spark.network.timeout", "spark.executor.heartbeatInterval", "spark.network.timeoutInterval",
-                "spark.storage.blockManagerHeartbeatTimeoutMs"):
+                "spark.storage.blockManagerHeartbeatTimeoutMs", "spark.shuffle.io.connectionTimeout"):
         assert executor_loss_defaults("spark://m:7077", {key}.__contains__) == (), key  # the job's own rules win
