@@ -23,9 +23,11 @@ from airflow_ckpt_provider.core.policy.streambatch import (
     BATCH_ID_PROPERTY,
     QUERY_ID_PROPERTY,
     before_query_start,
+    commit_after_snapshot,
     worker_logging,
 )
 from airflow_ckpt_provider.core.snapshots.coverage import checkpoint_storage, read_coverage
+from airflow_ckpt_provider.core.snapshots.durableplan import await_durable
 from airflow_ckpt_provider.kafka.clientlog import configured, serve
 from airflow_ckpt_provider.kafka.txnlock import decided, txn_end_slot
 from airflow_ckpt_provider.kafka.writeroptions import (
@@ -216,7 +218,8 @@ def write_partition(options: SinkOptions, batches: Iterator[pa.RecordBatch], *, 
         result.empty = True
         return result
     # One read per task: the marker keeps only the batch's own digest, so offsets/N-1 is not needed.
-    coverage = read_coverage(checkpoint_storage(options.checkpoint), batch_id, previous=False)
+    live = checkpoint_storage(options.checkpoint)
+    coverage = read_coverage(live, batch_id, previous=False)
     consumer = _marker_consumer(options, group)
     # Fencing first: an older attempt of this sink partition can no longer commit once the marker is read.
     producer = new_producer(options, partition)
@@ -250,6 +253,12 @@ def write_partition(options: SinkOptions, batches: Iterator[pa.RecordBatch], *, 
                                 f"were not delivered within {options.timeout_s:g} s: the transaction is aborted")
             # Both points: records on the broker inside the open transaction, marker sent, not committed.
             crash_point("kafka.task.after-produce", batch_id)
+            # Not before the job store can replay this batch as planned (the runtime's durable plans; off: None).
+            durable = await_durable(live, query_id=query_id, batch_id=batch_id, timeout_s=options.timeout_s,
+                                    job=options.job)
+            if durable is not None and durable >= 1.0:
+                log.info("batch %d partition %d of job %s: waited %.1f s for the job store to hold the batch's plan",
+                         batch_id, partition, options.job, durable)
             crash_point("kafka.task.before-commit", batch_id)
             with txn_end_slot(options, f"the commit of batch {batch_id} partition {partition}"):
                 producer.commit_transaction(options.timeout_s)
@@ -482,4 +491,6 @@ def kafka_sink(df: DataFrame, *, job: str, **options: str) -> DataStreamWriter:
                  job, cluster)
     # Not now: the lease is not taken yet, and a running driver of the job may still be writing.
     before_query_start(f"ckpt-kafka:{parsed.job}", lambda: abort_lingering(parsed))
+    if parsed.commit_after_snapshot is not False:
+        commit_after_snapshot(f"ckpt-kafka:{parsed.job}", parsed.commit_after_snapshot)
     return df.writeStream.format("ckpt-kafka").options(**options).option("job", job)

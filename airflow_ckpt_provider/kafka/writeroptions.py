@@ -29,8 +29,11 @@ KNOWN_OPTIONS: dict[str, str] = {
     "timeoutms": "timeout of each broker call of the sink, ms (default 30000)",
     "serializetxnends": "auto, true or false: end this host's transactions one at a time (default auto: on for "
                         "tansu, whose concurrent ends over the same partitions can lose markers for good)",
+    "commitaftersnapshot": "auto, true or false: commit a batch only once the job store can replay it (default "
+                           "auto: on under ckpt run when the live checkpoint is on the driver host's disk)",
 }
-#: Values of option serializeTxnEnds: None is auto (decided from the broker's cluster id, kafka/txnlock.py).
+#: Values of options serializeTxnEnds and commitAfterSnapshot: None is auto (serializeTxnEnds: decided from the
+#: broker's cluster id, kafka/txnlock.py; commitAfterSnapshot: by the runtime, core/snapshots/durableplan.py).
 _SERIALIZE = {"auto": None, "true": True, "false": False}
 #: librdkafka settings the sink owns.
 _OWNED = {
@@ -66,6 +69,7 @@ class SinkOptions:
     timeout_ms: int = 30_000
     checkpoint: str = ""  # the query's checkpointLocation, whose offsets log says what a batch covered
     serialize_txn_ends: bool | None = None  # None: auto, until the driver asked the broker (kafka/txnlock.py)
+    commit_after_snapshot: bool | None = None  # None: auto (core/snapshots/durableplan.py); the runtime decides
 
     @property
     def bootstrap_servers(self) -> str:
@@ -141,13 +145,21 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     timeout = own.get("timeoutms", "30000").strip()
     if not timeout.isdigit() or int(timeout) <= 0:
         raise ConfigError(f"option timeoutMs must be a positive number of milliseconds, found {timeout!r}")
-    serialize = own.get("serializetxnends", "auto").strip().lower()
-    if serialize not in _SERIALIZE:
-        raise ConfigError(f"option serializeTxnEnds must be auto, true or false, found {serialize!r}: auto ends "
-                          "transactions one at a time per host on tansu only")
     return SinkOptions(kafka=kafka, job=job, topic=topic, prefix=prefix, marker_topic=marker,
                        timeout_ms=int(timeout), checkpoint=own.get("checkpointlocation", "").strip(),
-                       serialize_txn_ends=_SERIALIZE[serialize])
+                       serialize_txn_ends=_tristate(own, "serializeTxnEnds", "auto ends transactions one at a time "
+                                                    "per host on tansu only"),
+                       commit_after_snapshot=_tristate(own, "commitAfterSnapshot", "auto commits a batch only once "
+                                                       "the job store can replay it where the live checkpoint is on "
+                                                       "the driver host's disk"))
+
+
+def _tristate(own: Mapping[str, str], name: str, what: str) -> bool | None:
+    """An auto/true/false option (None: auto)."""
+    value = own.get(name.lower(), "auto").strip().lower()
+    if value not in _SERIALIZE:
+        raise ConfigError(f"option {name} must be auto, true or false, found {value!r}: {what}")
+    return _SERIALIZE[value]
 
 
 # --------------------------------------------------------------------------------------------

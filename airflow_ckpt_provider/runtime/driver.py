@@ -21,6 +21,7 @@ from airflow_ckpt_provider.core.policy.streambatch import (
     EPOCH_OPTION,
     forget_before_query_start,
     run_before_query_start,
+    wants_durable_plans,
 )
 from airflow_ckpt_provider.core.records.control import Ack, Outcome, Request, RequestAction, open_requests
 from airflow_ckpt_provider.core.records.deployments import LAUNCH_ENV, read_launch
@@ -39,6 +40,7 @@ from airflow_ckpt_provider.runtime.failures import Recovery, classify
 from airflow_ckpt_provider.runtime.leasewatch import LeaseWatch
 from airflow_ckpt_provider.runtime.lineage import LineageEmitter, start_emitter
 from airflow_ckpt_provider.runtime.lostapp import release_lost_application
+from airflow_ckpt_provider.runtime.plangate import PlanGate
 from airflow_ckpt_provider.runtime.queryrestart import QueryRestarter
 from airflow_ckpt_provider.runtime.reporting import DriverReporter, snapshot_info
 from airflow_ckpt_provider.runtime.snapshotter import SnapshotOutcome, Snapshotter
@@ -120,6 +122,7 @@ class JobDriver:
         self.snapshotter: Snapshotter | None = None
         self.lineage: LineageEmitter | None = None  # OpenLineage RUNNING events (runtime/lineage.py), if configured
         self.watch: LeaseWatch | None = None  # stops the query once the lease is unconfirmed (runtime/leasewatch.py)
+        self.plans: PlanGate | None = None  # stores each planned batch before the sink may commit it (plangate.py)
         self._writer: DataStreamWriter | None = None
         self._signal: str | None = None
         self._new_batches = 0
@@ -174,6 +177,8 @@ class JobDriver:
         finally:
             if self.watch is not None:
                 self.watch.close()
+            if self.plans is not None:
+                self.plans.close()
             if self.lineage is not None:
                 self.lineage.close()
             if self.snapshotter is not None:
@@ -211,6 +216,7 @@ class JobDriver:
                                  restored_from=plan.snapshot.snapshot_id if plan.snapshot else None)
             self.lease.check()
             self.snapshotter = self._snapshotter(spark)
+            self.plans = self._plan_gate(self.snapshotter)
             gate.open_gate()
             try:
                 self._start_query(writer)
@@ -264,6 +270,13 @@ class JobDriver:
             labels={"epoch": str(self.lease.epoch)}, outage=self.store_outage, nice=self.config.snapshot_nice,
             inline_max=self.config.snapshot_inline_bytes,
         )
+
+    def _plan_gate(self, snapshotter: Snapshotter) -> PlanGate | None:
+        """Durable plans where a sink asked for them (ckpt-kafka: where the live checkpoint is on this host's disk)."""
+        if not wants_durable_plans(self.live.local_path("metadata") is not None):
+            PlanGate.disable(self.live)
+            return None
+        return PlanGate(self.store, self.live, snapshotter, epoch=self.lease.epoch).start()
 
     def _wait_for_grace(self, seconds: float) -> None:
         """A driver we took the lease from may still be running: give it the time to notice."""

@@ -94,9 +94,15 @@ class Snapshotter:
         self._savepoints: deque[SnapshotJob] = deque()
         self._checkpoint_due = False
         self._busy = False
+        self._busy_checkpoint = False  # the running attempt is a checkpoint (a plan's waiter waits for the next one)
         self._closed = False
         self.last_checkpoint_batch: int | None = None
         self.last_savepoint_batch: int | None = None
+        # The newest batch a snapshot of this driver lets a restart replay as planned: its batch, or the batch after
+        # it when the snapshot holds that batch's write-ahead entry (runtime/plangate.py waits on it).
+        self.durable_batch = -1
+        self._plan_wanted = -1  # the batch a durable plan was asked for
+        self._checkpoint_attempts = 0  # checkpoint attempts finished (a plan's waiter tells a failed one by it)
         self._retained_at: float | None = None  # time.monotonic() of the last retention that ran through
         # Committed snapshots whose pending markers are still to delete: one request with the next retention, not
         # one per snapshot (gc takes a marker whose manifest exists for finished).
@@ -110,6 +116,21 @@ class Snapshotter:
         with self._cond:
             self._checkpoint_due = True
             self._cond.notify()
+
+    def durable_plan(self, batch_id: int, timeout: float) -> bool:
+        """Snapshot the latest completed batch so that ``batch_id`` is durable, and wait for it; False when the attempt
+        failed (the store unreachable, checkpoints paused) or ``timeout`` passed: the caller asks again later."""
+        with self._cond:
+            if self.durable_batch >= batch_id:
+                return True
+            self._plan_wanted = max(self._plan_wanted, batch_id)
+            self._checkpoint_due = True
+            attempts = self._checkpoint_attempts
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: self.durable_batch >= batch_id or self._closed
+                                or self._checkpoint_attempts > attempts + (1 if self._busy_checkpoint else 0),
+                                timeout=timeout)
+            return self.durable_batch >= batch_id
 
     def savepoint(self, trigger: Trigger, request_id: str | None = None) -> None:
         """Queue a savepoint; a periodic one is skipped while another waits or nothing new completed."""
@@ -143,6 +164,10 @@ class Snapshotter:
             self.last_checkpoint_batch = result.manifest.batch_id
         else:
             self.last_savepoint_batch = result.manifest.batch_id
+        covered = result.manifest.batch_id + (1 if result.manifest.next_offsets is not None else 0)
+        with self._cond:
+            self.durable_batch = max(self.durable_batch, covered)
+            self._cond.notify_all()
         now = time.monotonic()
         if job.kind is Kind.SAVEPOINT or self._retained_at is None or now - self._retained_at >= RETENTION_INTERVAL_S:
             self._drop_finished_markers()  # before retention may dispose their snapshots
@@ -202,9 +227,15 @@ class Snapshotter:
             self._drop_finished_markers()
         return dropped
 
+    def _plan_pending(self) -> bool:
+        with self._cond:
+            return self._plan_wanted > self.durable_batch
+
     def _next(self) -> SnapshotJob | None:
         with self._cond:
-            self._busy = False
+            if self._busy_checkpoint:
+                self._checkpoint_attempts += 1
+            self._busy = self._busy_checkpoint = False
             self._cond.notify_all()
             self._cond.wait_for(lambda: self._closed or self._checkpoint_due or bool(self._savepoints))
             if self._closed:
@@ -213,6 +244,7 @@ class Snapshotter:
             if self._savepoints:
                 return self._savepoints.popleft()
             self._checkpoint_due = False
+            self._busy_checkpoint = True
             return SnapshotJob(Kind.CHECKPOINT, Trigger.PERIODIC)
 
     def _store_down(self) -> bool:
@@ -222,8 +254,9 @@ class Snapshotter:
         if self.nice:
             _lower_priority(self.nice)
         while (job := self._next()) is not None:
-            if job.kind is Kind.CHECKPOINT and (self._store_down() or checkpoints_paused()
-                                                or not self._new_batch_completed()):
+            # A durable plan is tried even during an outage: the sink's commits wait on it, and it asks again.
+            if job.kind is Kind.CHECKPOINT and not self._plan_pending() and (
+                    self._store_down() or checkpoints_paused() or not self._new_batch_completed()):
                 continue  # during a store outage the next batch after it asks again
             try:
                 outcome = SnapshotOutcome(job, result=self.take(job))

@@ -17,6 +17,7 @@ from airflow_ckpt_provider.core.records.start import StartRecord, last_start, wr
 from airflow_ckpt_provider.core.records.status import read_status
 from airflow_ckpt_provider.core.snapshots.catalog import list_snapshots, load_manifest, object_problems
 from airflow_ckpt_provider.core.snapshots.checkpoint import SparkCheckpoint
+from airflow_ckpt_provider.core.snapshots.durableplan import FirstPlan, read_first_plan, seed_first_plan
 from airflow_ckpt_provider.core.snapshots.manifest import Kind, Manifest, NewerFormatError, snapshot_order
 from airflow_ckpt_provider.core.snapshots.restore import restore_snapshot
 from airflow_ckpt_provider.core.store.jobstore import JobStore, split_snapshot_ref
@@ -74,6 +75,7 @@ class StartPlan:
     snapshot: Manifest | None = None
     skipped: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     travel: Travel | None = None
+    first_plan: FirstPlan | None = None  # a fresh start resumes the first batch a lost driver planned
 
 
 def observe_live(storage: Storage) -> LiveCheckpoint:
@@ -297,6 +299,12 @@ def plan_start(store: JobStore, live_storage: Storage, spec: RestoreSpec,
         return "; ".join(sorted(found.values())[:3]) if found else None
 
     plan = decide(spec, live, snapshots, problems)
+    if plan.action is StartAction.FRESH and spec.mode is RestoreMode.LATEST_STATE and live.empty:
+        first = read_first_plan(store.storage)
+        if first is not None:
+            plan = replace(plan, first_plan=first, reason=(
+                f"no live checkpoint and no snapshot, but driver epoch {first.epoch} planned the first batch of query "
+                f"{first.query_id} and its sink may have committed it: resuming that query at batch 0 as planned"))
     if plan.action is StartAction.RESTORE:
         lineage = read_lineage(store)
         # The lineage's snapshots (latest-state), every one (latest-savepoint), or for a named one every one this
@@ -327,6 +335,8 @@ def prepare_checkpoint(store: JobStore, live_storage: Storage, spec: RestoreSpec
             "hidden / undone when batch %d comes back different); the ckpt-kafka sink writes those batches again, "
             "so its consumers see the records of the abandoned batches too (as with Flink); other sinks see them "
             "again", store.job, epoch, t.snapshot, t.to_batch, t.why, timeline, t.to_batch, t.to_batch + 1)
+    if plan.first_plan is not None:
+        seed_first_plan(plan.first_plan, live_storage)
     if plan.action is StartAction.RESTORE:
         assert plan.snapshot is not None
         restore_snapshot(store, plan.snapshot.snapshot_id, live_storage, replace=not live.empty)

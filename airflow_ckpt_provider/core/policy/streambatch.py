@@ -65,6 +65,22 @@ def forget_before_query_start() -> None:
     """Drop every registered action: the runtime does this before it runs a job's build function, so a process
     that ran another job before never runs that job's actions."""
     _BEFORE_START.clear()
+    _DURABLE_PLANS.clear()
+
+
+#: Sinks that commit a batch only once the job store can replay it (core/snapshots/durableplan.py): name -> True
+#: (always) or None (where the live checkpoint is on the driver host's own disk, which a lost host takes along).
+_DURABLE_PLANS: dict[str, bool | None] = {}
+
+
+def commit_after_snapshot(name: str, when: bool | None) -> None:
+    """Ask the runtime for durable plans (``when`` True: always; None: for a live checkpoint on local disk)."""
+    _DURABLE_PLANS[name] = when
+
+
+def wants_durable_plans(local_checkpoint: bool) -> bool:
+    """Whether a sink of the job asked for durable plans, given where the live checkpoint is."""
+    return any(when or (when is None and local_checkpoint) for when in _DURABLE_PLANS.values())
 
 
 def run_before_query_start() -> None:

@@ -4,6 +4,7 @@ protocol over fake clients, and the test reader's attempt filtering. No broker, 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -219,6 +220,7 @@ def _install(monkeypatch: pytest.MonkeyPatch, producer: FakeProducer) -> list[in
     monkeypatch.setattr(sink, "_marker_consumer", lambda options, group: producer.consumer)
     monkeypatch.setattr(sink, "checkpoint_storage", lambda location: location)
     monkeypatch.setattr(sink, "read_coverage", lambda storage, batch_id, **_: Coverage(batch_id, DIGEST, None))
+    monkeypatch.setattr(sink, "await_durable", lambda live, **_: None)  # no durable-plan record: the gate is off
     return made
 
 
@@ -325,6 +327,50 @@ def test_failure_while_producing_aborts(monkeypatch: pytest.MonkeyPatch) -> None
     with pytest.raises(RuntimeError):
         _write(producer, broken(), batch_id=0)
     assert "abort" in producer.calls and "commit" not in producer.calls
+
+
+def test_with_durable_plans_the_task_commits_only_once_the_job_store_holds_the_batchs_plan(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The transaction is written, then waits for the durable-plan record to reach the batch; never commits before."""
+    from airflow_ckpt_provider.core.snapshots import durableplan
+    from airflow_ckpt_provider.core.store.storage import LocalStorage
+
+    live = LocalStorage(tmp_path)
+    durableplan.write_durable(live, durableplan.DurablePlan("q", 2))
+    producer = FakeProducer(FakeConsumer())
+    _install(monkeypatch, producer)
+    monkeypatch.setattr(sink, "checkpoint_storage", lambda location: live)
+    seen: list[list[str]] = []
+
+    def waiting(storage: Any, **kwargs: Any) -> float | None:
+        seen.append(list(producer.calls))  # what the task had done when it started to wait
+        durableplan.write_durable(live, durableplan.DurablePlan("q", 3))  # the driver stored batch 3's plan
+        return durableplan.await_durable(storage, **kwargs)
+
+    monkeypatch.setattr(sink, "await_durable", waiting)
+    result = _write(producer, _rows(2), batch_id=3)
+    assert result.records == 2
+    assert seen == [["begin", f"offsets:{marker_offset(3, DIGEST)}", "flush"]]  # produced, not committed
+    assert producer.calls[-3:] == ["commit", "release", "flush"]
+
+
+def test_with_durable_plans_a_plan_that_never_reaches_the_store_aborts_the_transaction(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from airflow_ckpt_provider.core.snapshots import durableplan
+    from airflow_ckpt_provider.core.store.storage import LocalStorage
+
+    live = LocalStorage(tmp_path)
+    durableplan.write_durable(live, durableplan.DurablePlan("q", 2))
+    producer = FakeProducer(FakeConsumer())
+    _install(monkeypatch, producer)
+    clock = FakeClock()
+    monkeypatch.setattr(sink, "checkpoint_storage", lambda location: live)
+    monkeypatch.setattr(sink, "await_durable",
+                        lambda storage, **kw: durableplan.await_durable(storage, clock=clock, sleep=clock.sleep, **kw))
+    with pytest.raises(durableplan.PlanNotDurable, match=r"expected the job store to hold its plan .* found batch 2"):
+        _write(producer, _rows(2), batch_id=3)
+    assert "abort" in producer.calls and "commit" not in producer.calls
+    assert clock.now >= 30.0  # timeoutMs
 
 
 def test_produce_batch_topic_column_partition_and_user_headers() -> None:

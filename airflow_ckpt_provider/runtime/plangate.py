@@ -1,0 +1,129 @@
+"""The driver's side of durable plans: as soon as Spark plans batch N, put it in the job store, then say so.
+
+A thread watches the live checkpoint's ``offsets/`` (a local directory: a listing costs no request) and, for
+each new batch N, has the snapshotter store batch N-1 with the write-ahead entry ``offsets/N`` (batch 0: its
+plan alone, ``FIRST_PLAN``), then records N in the live checkpoint's durable-plan file, which the ckpt-kafka
+sink's tasks wait for before they commit. Design notes: docs/sink-kafka.md#design-notes-coresnapshotsdurableplanpy.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+
+from airflow_ckpt_provider.core.errors import CkptError, StorageError
+from airflow_ckpt_provider.core.snapshots.checkpoint import SparkCheckpoint
+from airflow_ckpt_provider.core.snapshots.durableplan import (
+    DURABLE_FILE,
+    FIRST_PLAN,
+    DurablePlan,
+    FirstPlan,
+    first_plan_files,
+    write_durable,
+)
+from airflow_ckpt_provider.core.snapshots.viewplan import numbered
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import Storage
+from airflow_ckpt_provider.runtime.snapshotter import Snapshotter
+
+log = logging.getLogger(__name__)
+
+#: How often the live checkpoint's offsets/ is listed (a local directory) while nothing new is planned.
+POLL_S = 0.01
+#: How long one attempt to store a plan may take before it is asked for again, and the pause after a failure.
+ATTEMPT_S = 30.0
+RETRY_S = 1.0
+
+
+class PlanGate:
+    """Makes each planned batch durable in the job store, in order, and records it for the sink's tasks."""
+
+    def __init__(self, store: JobStore, live: Storage, snapshotter: Snapshotter, *, epoch: int) -> None:
+        self.store = store
+        self.live = live
+        self.snapshotter = snapshotter
+        self.epoch = epoch
+        self.durable = -1
+        self._first_plan_kept = True  # one may be in the store (this driver's, or a predecessor's): drop it once
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"ckpt-plans-{store.job}", daemon=True)
+
+    @staticmethod
+    def disable(live: Storage) -> None:
+        """No durable plans for this run: a record left by an earlier run must not hold the sink's tasks."""
+        live.delete([DURABLE_FILE])
+
+    def start(self) -> PlanGate:
+        write_durable(self.live, DurablePlan(None, -1, self.epoch))  # until this driver stored one, nothing counts
+        self._thread.start()
+        log.info("job %s epoch %d: a batch's ckpt-kafka commits wait until the job store can replay it (durable "
+                 "plans: the live checkpoint %s is on this host's disk)", self.store.job, self.epoch, self.live.url)
+        return self
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=5.0)
+
+    def _planned(self) -> int | None:
+        found = numbered({o.key: o.size for o in self.live.list("offsets/")}, "offsets")  # temp files: not digits
+        return max(found) if found else None
+
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            try:
+                planned = self._planned()
+                if planned is None or planned <= self.durable:
+                    self._closed.wait(POLL_S)
+                    continue
+                if not self._store(planned):
+                    self._closed.wait(RETRY_S)
+                    continue
+            except (CkptError, OSError) as err:  # the next look tries again; the sink's tasks keep waiting
+                log.warning("job %s epoch %d: could not store the plan of the newest batch: %s", self.store.job,
+                            self.epoch, err)
+                self._closed.wait(RETRY_S)
+                continue
+            self.durable = planned
+            write_durable(self.live, DurablePlan(_metadata_id(self.live), planned, self.epoch))
+
+    def _store(self, planned: int) -> bool:
+        """Store what a restart elsewhere needs to run ``planned`` as Spark planned it; False: try again later."""
+        started = time.monotonic()
+        completed = SparkCheckpoint(self.live).latest_completed_batch()
+        if completed is None:
+            self._store_first_plan()
+        elif not self.snapshotter.durable_plan(min(planned, completed + 1), ATTEMPT_S):
+            return False
+        else:
+            self._drop_first_plan()
+        log.info("job %s epoch %d batch %d: planned batch stored in the job store in %.2f s (it may commit now)",
+                 self.store.job, self.epoch, planned, time.monotonic() - started)
+        return True
+
+    def _store_first_plan(self) -> None:
+        query_id = _metadata_id(self.live)
+        if query_id is None:
+            raise CkptError(f"the live checkpoint {self.live.url} has offsets/0 but no metadata with a query id yet")
+        self.store.storage.write(FIRST_PLAN, FirstPlan(query_id, self.epoch, first_plan_files(self.live)).to_bytes())
+        self._first_plan_kept = True
+
+    def _drop_first_plan(self) -> None:
+        """Once a snapshot holds the query, its first batch's plan is no longer the way back: delete it, once."""
+        if self._first_plan_kept:
+            try:
+                self.store.storage.delete([FIRST_PLAN])
+                self._first_plan_kept = False
+            except StorageError as err:
+                log.debug("job %s: the first batch's plan stays for now: %s", self.store.job, err)
+
+
+def _metadata_id(live: Storage) -> str | None:
+    """The query id in the live checkpoint's ``metadata`` (Spark writes it when the query first starts)."""
+    try:
+        raw = json.loads(live.read("metadata").decode("utf-8"))
+    except (FileNotFoundError, ValueError, UnicodeDecodeError):
+        return None
+    query_id = raw.get("id") if isinstance(raw, dict) else None
+    return query_id if isinstance(query_id, str) else None
