@@ -216,7 +216,7 @@ class JobDriver:
                                  restored_from=plan.snapshot.snapshot_id if plan.snapshot else None)
             self.lease.check()
             self.snapshotter = self._snapshotter(spark)
-            self.plans = self._plan_gate(self.snapshotter)
+            self.plans = self._plan_gate(self.snapshotter)  # started: _start_query resets it before each start
             gate.open_gate()
             try:
                 self._start_query(writer)
@@ -241,6 +241,8 @@ class JobDriver:
     def _start_query(self, writer: DataStreamWriter) -> None:
         job = self.config.job
         run_before_query_start()  # the sinks' own preparation (the ckpt-kafka sink aborts lingering transactions)
+        if self.plans is not None:
+            self.plans.reset()
         writer = writer.option("checkpointLocation", self.config.live_checkpoint)
         self.query = writer.option(EPOCH_OPTION, str(self.lease.epoch)).queryName(job).start()
         self._query_started = self.clock()

@@ -46,6 +46,8 @@ class PlanGate:
         self.snapshotter = snapshotter
         self.epoch = epoch
         self.durable = -1
+        self._lock = threading.Lock()  # guards durable and the record against a reset (a query start) meanwhile
+        self._starts = 0  # query starts so far: a plan stored before the latest start is not recorded
         self._first_plan_kept = True  # one may be in the store (this driver's, or a predecessor's): drop it once
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"ckpt-plans-{store.job}", daemon=True)
@@ -56,11 +58,19 @@ class PlanGate:
         live.delete([DURABLE_FILE])
 
     def start(self) -> PlanGate:
-        write_durable(self.live, DurablePlan(None, -1, self.epoch))  # until this driver stored one, nothing counts
+        self.reset()
         self._thread.start()
         log.info("job %s epoch %d: a batch's ckpt-kafka commits wait until the job store can replay it (durable "
                  "plans: the live checkpoint %s is on this host's disk)", self.store.job, self.epoch, self.live.url)
         return self
+
+    def reset(self) -> None:
+        """Before each start of the query: nothing counts until this start's plans are stored (an in-driver
+        restart may have restored an older snapshot, whose batches Spark plans again with other offsets)."""
+        with self._lock:
+            self._starts += 1
+            self.durable = -1
+            write_durable(self.live, DurablePlan(None, -1, self.epoch))
 
     def close(self) -> None:
         self._closed.set()
@@ -72,6 +82,7 @@ class PlanGate:
 
     def _run(self) -> None:
         while not self._closed.is_set():
+            starts = self._starts
             try:
                 planned = self._planned()
                 if planned is None or planned <= self.durable:
@@ -85,8 +96,10 @@ class PlanGate:
                             self.epoch, err)
                 self._closed.wait(RETRY_S)
                 continue
-            self.durable = planned
-            write_durable(self.live, DurablePlan(_metadata_id(self.live), planned, self.epoch))
+            with self._lock:
+                if starts == self._starts:  # else the query started again meanwhile: look again
+                    self.durable = planned
+                    write_durable(self.live, DurablePlan(_metadata_id(self.live), planned, self.epoch))
 
     def _store(self, planned: int) -> bool:
         """Store what a restart elsewhere needs to run ``planned`` as Spark planned it; False: try again later."""

@@ -125,11 +125,11 @@ class Snapshotter:
                 return True
             self._plan_wanted = max(self._plan_wanted, batch_id)
             self._checkpoint_due = True
-            attempts = self._checkpoint_attempts
+            # A checkpoint already running may have listed the checkpoint before offsets/N: wait for the next one.
+            tried = self._checkpoint_attempts + (2 if self._busy_checkpoint else 1)
             self._cond.notify_all()
             self._cond.wait_for(lambda: self.durable_batch >= batch_id or self._closed
-                                or self._checkpoint_attempts > attempts + (1 if self._busy_checkpoint else 0),
-                                timeout=timeout)
+                                or self._checkpoint_attempts >= tried, timeout=timeout)
             return self.durable_batch >= batch_id
 
     def savepoint(self, trigger: Trigger, request_id: str | None = None) -> None:

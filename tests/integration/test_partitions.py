@@ -21,11 +21,9 @@ nothing to the sink once the second may commit; (b) every input id is in the sin
 left behind. Every output line of both drivers is stamped with its arrival time here (one wall clock: the hosts
 share this machine's), which times the commits of each driver against the second driver's lease.
 
-(b) fails with the ckpt-kafka sink when the first driver committed batches that never reached the store as a
-snapshot (its live checkpoint is on its host) and the second plans them again with other offsets: Kafka cannot
-unpublish, they are committed twice (docs/reliability.md, scenario 1, finding 2). When every duplicate is of such a
-batch the test ends in ``pytest.xfail`` with that reason; imperatively, not ``xfail(strict=True)``, since a run is
-exact when the second driver plans the one batch past the snapshot with the same offsets (its marker then skips it).
+With the ckpt-kafka sink (b) also counts the sink's transactions: no (batch, partition) committed by both drivers.
+It failed before durable plans (docs/reliability.md, scenario 1, finding 2): the first driver committed batches that
+never reached the store, and the second planned them again with other offsets.
 
 Scenario 2: the driver host cut from Kafka (both ways) for 60 s while its supervised job runs into the files sink:
 the same driver process (same pid and epoch, no query restart in status.json, one driver started by its supervisor)
@@ -50,7 +48,6 @@ from tests.support import hosts
 from tests.support.exactlyonce import KafkaSink, PgLedgerSink, expected_rows
 from tests.support.hostjobs import (
     COMPLETED,
-    KAFKA_LIMIT,
     TASK_COMMIT,
     WAIT,
     Feed,
@@ -59,7 +56,6 @@ from tests.support.hostjobs import (
     commit_times,
     finish_and_count,
     grace_end,
-    only_after_snapshot,
     run_scenario,
     watch_status,
 )
@@ -75,8 +71,8 @@ KAFKA_CUT = 60.0  # scenario 2: seconds the driver host is cut from Kafka
 
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("sink_name", [
-    # The Kafka variant ends in its expected failure (a local live checkpoint: docs/reliability.md, finding 2); the
-    # fencing guarantee it shares with the files variant is proven by that one in the default run.
+    # The fencing guarantee the Kafka variant shares with the files variant is proven by that one in the default run;
+    # durable plans (finding 2) by integration/test_exactly_once.py's lost live checkpoint.
     pytest.param("kafka", marks=pytest.mark.full(
         proven_by="integration/test_partitions.py::test_driver_cut_from_the_store_is_fenced_and_a_driver_elsewhere_"
                   "takes_over[files] (the cut driver stops committing before the new one may commit)")),
@@ -91,12 +87,10 @@ KAFKA_CUT = 60.0  # scenario 2: seconds the driver host is cut from Kafka
 ])
 def test_driver_cut_from_the_store_is_fenced_and_a_driver_elsewhere_takes_over(sink_name: str,
                                                                                tmp_path: Path) -> None:
-    known_limit = run_scenario("scenario 1", sink_name, tmp_path, "p1", _run)
-    if known_limit:
-        pytest.xfail(known_limit)
+    run_scenario("scenario 1", sink_name, tmp_path, "p1", _run)
 
 
-def _run(sc: Scenario, feed: Feed) -> str:
+def _run(sc: Scenario, feed: Feed) -> None:
     topo = sc.topo
     first = sc.start_driver("first", topo["driver"])
     started = time.time()
@@ -166,7 +160,7 @@ def _assert_stopped_in_time(sc: Scenario, first: Stamped, first_epoch: int, leas
 
 
 def _assert(sc: Scenario, feed: Feed, first: Stamped, second: Stamped, first_epoch: int, lease: LeaseRecord,
-            t_cut: float, code: int) -> str:
+            t_cut: float, code: int) -> None:
     times = sc.times
     first_commits = commit_times(first)
     second_commits = commit_times(second)
@@ -229,9 +223,7 @@ def _assert(sc: Scenario, feed: Feed, first: Stamped, second: Stamped, first_epo
         failures.append(f"(batch, partition, query) committed by both drivers: {twice[:10]}")
     if not failures:
         times["uncommitted"] = sc.in_launcher(sc.sink.check_nothing_uncommitted)
-        return ""
-    if isinstance(sc.sink, KafkaSink) and not missing and only_after_snapshot(sc, first, second, duplicated, twice):
-        return f"{KAFKA_LIMIT}: {'; '.join(failures)}"
+        return
     raise AssertionError("(b) " + "; ".join(failures))
 
 
@@ -249,7 +241,7 @@ def test_driver_cut_from_kafka_for_a_minute_rides_it_out_in_the_same_process_and
     run_scenario("scenario 2", "files", tmp_path, "p2", _run_kafka_cut)
 
 
-def _run_kafka_cut(sc: Scenario, feed: Feed) -> str:
+def _run_kafka_cut(sc: Scenario, feed: Feed) -> None:
     topo, times = sc.topo, sc.times
     driver = sc.start_driver("driver", topo["driver"], "--supervise")
     started = time.time()
@@ -303,4 +295,4 @@ def _run_kafka_cut(sc: Scenario, feed: Feed) -> str:
     assert sorted(rows) == expected_rows(feed.next_id), (
         f"{times['duplicated ids']} ids duplicated, {times['missing ids']} missing of {feed.next_id}")
     times["uncommitted"] = sc.in_launcher(sc.sink.check_nothing_uncommitted)
-    return ""
+    return

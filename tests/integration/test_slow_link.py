@@ -63,7 +63,7 @@ def test_a_slow_lossy_link_to_the_store_is_ridden_out_without_false_fencing_and_
     run_scenario("scenario 6", sink_name, tmp_path, "p6", _run)
 
 
-def _run(sc: Scenario, feed: Feed) -> str:
+def _run(sc: Scenario, feed: Feed) -> None:
     topo, times = sc.topo, sc.times
     driver = sc.start_driver("driver", topo["driver"], "--supervise", lease_defaults=True)
     started = time.time()
@@ -114,4 +114,4 @@ def _run(sc: Scenario, feed: Feed) -> str:
     assert sorted(rows) == expected_rows(feed.next_id), (
         f"{times['duplicated ids']} ids duplicated, {times['missing ids']} missing of {feed.next_id}")
     times["uncommitted"] = sc.in_launcher(sc.sink.check_nothing_uncommitted)
-    return ""
+    return

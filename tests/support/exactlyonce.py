@@ -145,6 +145,9 @@ class FilesSink:
 _KAFKA_COMMITTED = re.compile(r"\[worker (\d+)\]: batch (\d+) partition (\d+) of job \S+ \(query (\S+)\): \d+ records "
                               r"committed by \S+ \(marker found: (?:batch )?(\d+|none)")
 
+#: A task's commit: (batch, sink partition, query).
+KAFKA_TASK_COMMIT = re.compile(r"batch (\d+) partition (\d+) of job \S+ \(query (\S+)\): \d+ records committed by ")
+
 SINK_TOPIC_PARTITIONS = 4  # keys hash over them: every sink partition's transactions share them, as in users' jobs
 #: Sink partitions of the Kafka sink's job (spark.sql.shuffle.partitions of its dropDuplicates): more than the two
 #: Python workers of local[2], so a sink partition's tasks move between workers from batch to batch.

@@ -61,13 +61,6 @@ COMPLETED = re.compile(r"job \S+ epoch (\d+) batch (\d+): completed, (\d+) rows"
 RESTORED = re.compile(r"snapshot \S+ \(batch (\d+)\): restored into")
 #: The lease watch's stop (runtime/leasewatch.py).
 WATCH_STOP = "stopping the query now, nothing may commit"
-#: The known limit of the ckpt-kafka sink when the first driver's live checkpoint is on its own host
-#: (docs/reliability.md, scenario 1): the second resumes from the newest snapshot the store has; the batches the
-#: first committed to Kafka after that snapshot are written again.
-KAFKA_LIMIT = ("ckpt-kafka with the live checkpoint on the first driver's host: the second driver resumes from the "
-               "newest snapshot in the store and writes again the batches the first committed to Kafka after it "
-               "(Kafka cannot unpublish them; docs/reliability.md, scenario 1)")
-
 _LOGGED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 
@@ -486,33 +479,6 @@ def spark_commit_time(driver: Lines, batch: int, line_time: float) -> float:
     return line_time
 
 
-def only_after_snapshot(sc: Scenario, first: Lines, second: Lines, duplicated: list[int],
-                        twice: list[tuple[str, str, str]]) -> bool:
-    """Whether every duplicate of the Kafka sink is of a batch the first driver committed after the snapshot the
-    second restored (the known limit, ``KAFKA_LIMIT``), from the records' ``ckpt`` headers and the drivers' lines;
-    the numbers go to ``sc.times``."""
-    from tests.support.kafkasink import read_all
-
-    restored = [int(m[1]) for _, m in second.matching(RESTORED)]
-    first_batches = [int(m[1]) for _, m in first.matching(BATCH_COMMIT)]
-    first_batches += [int(m[1]) for _, m in first.matching(TASK_COMMIT)]
-    if not restored or not first_batches:
-        return False
-    low, high = restored[0], max(first_batches)
-    records = sc.in_launcher(read_all, sc.sink.bootstrap, sc.sink.topic)
-    batches_of: dict[int, set[int]] = {}
-    for record in records:
-        batches_of.setdefault(int(json.loads(record.value)["id"]), set()).add(record.batch_id)
-    outside = [i for i in duplicated if not batches_of.get(i, set()) <= set(range(low + 1, high + 1))]
-    twice_outside = [k for k in twice if not low < int(k[0]) <= high]
-    sc.times["second driver restored batch"] = low
-    sc.times["first driver: last committed batch"] = high
-    sc.times["batches written again"] = high - low
-    print(f"known limit check: restored batch {low}, first driver's last batch {high}, duplicated ids outside "
-          f"({low}, {high}]: {outside[:10]}, twice outside: {twice_outside[:10]}")
-    return not outside and not twice_outside
-
-
 def check_left_behind(topo: Topology, pids: list[int]) -> None:
     """Nothing of the topology left: no namespace, link or process (``pids``: the hosts' processes at the end)."""
     assert topo.leftovers() == {"namespaces": [], "links": [], "processes": []}, "something left behind"
@@ -524,20 +490,19 @@ def check_left_behind(topo: Topology, pids: list[int]) -> None:
 SCENARIO_ROLES = ["store", "kafka", "launcher", "driver"]
 
 
-def run_scenario(name: str, sink_name: str, work: Path, job_prefix: str, run: Callable[[Scenario, Feed], str], *,
-                 roles: list[str] = SCENARIO_ROLES, client: str = "launcher") -> str:
+def run_scenario(name: str, sink_name: str, work: Path, job_prefix: str, run: Callable[[Scenario, Feed], None], *,
+                 roles: list[str] = SCENARIO_ROLES, client: str = "launcher") -> None:
     """A scenario on its own topology of ``roles`` (``db`` added for the ledger): the ground (``ground``; the test's
     clients on ``client``), the feed, ``run``; then, whatever happened, the feed halted, every driver stopped, the
-    timeline written to ``work/report.json`` and nothing left behind (``check_left_behind``). Returns what ``run``
-    returns: '' if every claim held, else a known limit's description (the test ends in ``pytest.xfail`` with
-    it)."""
+    timeline written to ``work/report.json`` and nothing left behind (``check_left_behind``); ``run`` asserts the
+    scenario's claims."""
     pids: list[int] = []
     with Topology(roles + (["db"] if sink_name == "ledger" else [])) as topo:
         try:
             sc = ground(topo, sink_name, work, job_prefix, client)
             feed = Feed(sc.clients, sc.env.kafka.bootstrap_servers, sc.env.topic)
             try:
-                known_limit = run(sc, feed)
+                run(sc, feed)
             finally:
                 feed.halt()
                 for driver in sc.drivers:
@@ -547,7 +512,6 @@ def run_scenario(name: str, sink_name: str, work: Path, job_prefix: str, run: Ca
         finally:
             pids = [p for role in topo.hosts for p in topo[role].pids()]
     check_left_behind(topo, pids)  # (d)
-    return known_limit
 
 
 def finish_and_count(sc: Scenario, feed: Feed, driver: Stamped) -> tuple[JobStatus, list[Any], list[str]]:
