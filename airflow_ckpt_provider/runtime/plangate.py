@@ -1,6 +1,6 @@
 """The driver's side of durable plans: as soon as Spark plans batch N, put it in the job store, then say so.
 
-A thread watches the live checkpoint's ``offsets/`` (a local directory: a listing costs no request) and, for
+A thread watches the live checkpoint's ``offsets/`` (a local directory: a look costs no request) and, for
 each new batch N, has the snapshotter store batch N-1 with the write-ahead entry ``offsets/N`` (batch 0: its
 plan alone, ``FIRST_PLAN``), then records N in the live checkpoint's durable-plan file, which the ckpt-kafka
 sink's tasks wait for before they commit. Design notes: docs/sink-kafka.md#design-notes-coresnapshotsdurableplanpy.
@@ -30,7 +30,7 @@ from airflow_ckpt_provider.runtime.snapshotter import Snapshotter
 
 log = logging.getLogger(__name__)
 
-#: How often the live checkpoint's offsets/ is listed (a local directory) while nothing new is planned.
+#: How often the live checkpoint is looked at for the next batch's offsets/N (a stat of a local file).
 POLL_S = 0.01
 #: How long one attempt to store a plan may take before it is asked for again, and the pause after a failure.
 ATTEMPT_S = 30.0
@@ -77,6 +77,10 @@ class PlanGate:
         self._thread.join(timeout=5.0)
 
     def _planned(self) -> int | None:
+        """The newest batch Spark planned: one look for the next one (a stat), a listing only after a (re)start."""
+        durable = self.durable
+        if durable >= 0:
+            return durable + 1 if self.live.exists(f"offsets/{durable + 1}") else None
         found = numbered({o.key: o.size for o in self.live.list("offsets/")}, "offsets")  # temp files: not digits
         return max(found) if found else None
 

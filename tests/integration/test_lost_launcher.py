@@ -94,7 +94,7 @@ def test_a_lost_launcher_host_is_relaunched_once_by_the_dags_health_watch_on_ano
     cluster = spark == "standalone"
     roles = [*ROLES, MASTER, *WORKERS] if cluster else ROLES
     run_scenario("scenario 4", sink_name, tmp_path, "p4", functools.partial(_run, cluster=cluster),
-                               roles=roles, client="launcher-2")
+                 roles=roles, client="launcher-2")
 
 
 def airflow_on(sc: Scenario, role: str, hc: HostCluster | None, migrated: Path | None = None) -> AirflowHome:

@@ -33,6 +33,7 @@ view; the status's offsets at the end equal the records produced).
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections import Counter
@@ -44,21 +45,25 @@ from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
 from airflow_ckpt_provider.core.records.lease import LeaseRecord
 from airflow_ckpt_provider.core.records.status import JobState
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_FENCED, EXIT_STOPPED
+from tests.conftest import TEST_DRIVER_JVM
 from tests.support import hosts
 from tests.support.exactlyonce import KafkaSink, PgLedgerSink, expected_rows
 from tests.support.hostjobs import (
     COMPLETED,
+    SCENARIO_ROLES,
     TASK_COMMIT,
     WAIT,
     Feed,
+    Lines,
     Scenario,
-    Stamped,
     commit_times,
     finish_and_count,
     grace_end,
     run_scenario,
     watch_status,
+    with_executors,
 )
+from tests.support.sparkhosts import MASTER, WORKERS, start_spark_cluster
 
 pytestmark = [
     pytest.mark.integration,
@@ -69,29 +74,40 @@ CUT = 60.0  # seconds the driver host is cut from the store (well beyond toleran
 KAFKA_CUT = 60.0  # scenario 2: seconds the driver host is cut from Kafka
 
 
-@pytest.mark.timeout(420)
-@pytest.mark.parametrize("sink_name", [
-    # The fencing guarantee the Kafka variant shares with the files variant is proven by that one in the default run;
-    # durable plans (finding 2) by integration/test_exactly_once.py's lost live checkpoint.
-    pytest.param("kafka", marks=pytest.mark.full(
-        proven_by="integration/test_partitions.py::test_driver_cut_from_the_store_is_fenced_and_a_driver_elsewhere_"
-                  "takes_over[files] (the cut driver stops committing before the new one may commit)")),
-    "files",
+FULL_KAFKA = pytest.mark.full(
+    proven_by="integration/test_partitions.py::test_driver_cut_from_the_store_is_fenced_and_a_driver_elsewhere_"
+              "takes_over[files] (the cut driver stops committing before the new one may commit) and integration/"
+              "test_exactly_once.py::test_kafka_sink_commits_nothing_that_a_driver_elsewhere_could_not_replay_when_the_"
+              "host_takes_the_checkpoint (durable plans, finding 2)")
+
+
+@pytest.mark.timeout(720)
+@pytest.mark.parametrize(("sink_name", "spark"), [
+    pytest.param("kafka", "local", id="kafka", marks=FULL_KAFKA),
+    pytest.param("files", "local", id="files"),
     # The ledger on PostgreSQL on a host of its own, which the cut driver still reaches: the classic break of a
     # fencing design (the lease check asks the store, the commit goes to the database).
-    pytest.param("ledger", marks=pytest.mark.full(
+    pytest.param("ledger", "local", id="ledger", marks=pytest.mark.full(
         proven_by="unit/sinks/test_ledger.py::test_a_driver_whose_lease_check_passed_is_still_refused_by_the_"
                   "ledgers_fence_once_a_newer_driver_started and integration/test_ledger_sink.py::test_postgres_an_"
                   "older_driver_that_wrote_before_a_newer_driver_started_is_refused_at_commit (the database refuses "
                   "a replaced driver's commit)")),
+    # On the Spark standalone cluster: the cut driver's executors, on worker hosts that still reach Kafka, commit the
+    # ckpt-kafka sink's transactions themselves.
+    pytest.param("kafka", "standalone", id="kafka-standalone", marks=FULL_KAFKA),
 ])
-def test_driver_cut_from_the_store_is_fenced_and_a_driver_elsewhere_takes_over(sink_name: str,
+def test_driver_cut_from_the_store_is_fenced_and_a_driver_elsewhere_takes_over(sink_name: str, spark: str,
                                                                                tmp_path: Path) -> None:
-    run_scenario("scenario 1", sink_name, tmp_path, "p1", _run)
+    cluster = spark == "standalone"
+    run_scenario("scenario 1", sink_name, tmp_path, "p1", functools.partial(_run, cluster=cluster),
+                 roles=[*SCENARIO_ROLES, MASTER, *WORKERS] if cluster else SCENARIO_ROLES)
 
 
-def _run(sc: Scenario, feed: Feed) -> None:
+def _run(sc: Scenario, feed: Feed, *, cluster: bool = False) -> None:
     topo = sc.topo
+    if cluster:  # client mode: the drivers on their hosts, the executors on the workers' (one core each)
+        sc.cluster = start_spark_cluster(topo, sc.work / "spark", java_opts=TEST_DRIVER_JVM)
+    sc.times["spark"] = "local[2]" if sc.cluster is None else f"standalone {sc.cluster.cluster.master_url}"
     first = sc.start_driver("first", topo["driver"])
     started = time.time()
     feed.start()
@@ -100,7 +116,7 @@ def _run(sc: Scenario, feed: Feed) -> None:
     status = sc.wait_status("three batches and a snapshot of the first driver",
                             lambda s: s.batch_id is not None and s.batch_id >= 3 and s.last_snapshot is not None
                             and s.state is JobState.RUNNING, WAIT, first)
-    first_epoch = status.epoch
+    first_epoch, first_app = status.epoch, status.app_id
     sc.times["first driver: first batch after start, s"] = round(
         (first.matching(COMPLETED)[0][0] if first.matching(COMPLETED) else time.time()) - started, 1)
 
@@ -131,7 +147,8 @@ def _run(sc: Scenario, feed: Feed) -> None:
     t_first_exit = time.time()
     sc.times["first driver: exit after the heal, s"] = round(t_first_exit - t_heal, 1)
     sc.times["first driver: exit code"] = code
-    _assert_stopped_in_time(sc, first, first_epoch, lease, t_cut)  # (a), before the second's long catch-up
+    # (a), before the second's long catch-up; with the executors' own lines on a cluster (the tasks commit there)
+    _assert_stopped_in_time(sc, with_executors(first, sc.cluster, first_app), first_epoch, lease, t_cut)
 
     # The second driver finishes the feed, then stops with a savepoint.
     feed.finish()
@@ -142,10 +159,11 @@ def _run(sc: Scenario, feed: Feed) -> None:
     assert ack.outcome is Outcome.COMPLETED, ack
     assert second.wait(WAIT) == EXIT_STOPPED, second.tail()
 
-    return _assert(sc, feed, first, second, first_epoch, lease, t_cut, code)
+    _assert(sc, feed, with_executors(first, sc.cluster, first_app), with_executors(second, sc.cluster, final.app_id),
+            first_epoch, lease, t_cut, code)
 
 
-def _assert_stopped_in_time(sc: Scenario, first: Stamped, first_epoch: int, lease: LeaseRecord, t_cut: float) -> None:
+def _assert_stopped_in_time(sc: Scenario, first: Lines, first_epoch: int, lease: LeaseRecord, t_cut: float) -> None:
     """(a) No sink commit of the first driver once the second may commit: its lease time plus the grace it waits."""
     may_commit = grace_end(lease)
     commits = commit_times(first)
@@ -159,7 +177,7 @@ def _assert_stopped_in_time(sc: Scenario, first: Stamped, first_epoch: int, leas
                       f"{late[:6]}; timeline: {json.dumps(sc.times)}")
 
 
-def _assert(sc: Scenario, feed: Feed, first: Stamped, second: Stamped, first_epoch: int, lease: LeaseRecord,
+def _assert(sc: Scenario, feed: Feed, first: Lines, second: Lines, first_epoch: int, lease: LeaseRecord,
             t_cut: float, code: int) -> None:
     times = sc.times
     first_commits = commit_times(first)

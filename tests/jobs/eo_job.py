@@ -9,7 +9,8 @@ Configured by environment variables (they travel through spark-submit to the dri
 CKPT_TEST_TOPIC, CKPT_TEST_BOOTSTRAP, CKPT_TEST_MAX_OFFSETS (records per batch), and CKPT_EO_SINK:
 
 - ``files``: ``format("ckpt-files")`` at CKPT_EO_PATH (a directory or s3://bucket/prefix);
-- ``kafka``: ``format("ckpt-kafka")`` into topic CKPT_EO_TOPIC, key = the key, value = JSON ``{"id", "part"}``;
+- ``kafka``: ``format("ckpt-kafka")`` into topic CKPT_EO_TOPIC, key = the key, value = JSON ``{"id", "part"}``
+  (option commitAfterSnapshot from CKPT_EO_COMMIT_AFTER_SNAPSHOT when set);
 - ``ledger``: foreachBatch through the Ledger (fenced by the lease and by the ledger's own fence) into table
   ``eo_out`` of the SQLite file CKPT_EO_DB, or of the PostgreSQL database CKPT_EO_DSN (a libpq DSN) when that is
   set, with the batch's query id and batch id on every row.
@@ -76,8 +77,10 @@ def build(spark: Any, ctx: JobContext) -> Any:
         # Keyed records: Kafka's partitioner spreads every sink partition over every Kafka partition, so the
         # sink partitions' transactions overlap, as in users' jobs.
         out = rows.selectExpr("CAST(key AS BINARY) AS key", "to_json(named_struct('id', id, 'part', part)) AS value")
+        after = os.environ.get("CKPT_EO_COMMIT_AFTER_SNAPSHOT")  # bench/durable_plans_bench.py turns it off
         return kafka_sink(out, job=ctx.job, topic=os.environ["CKPT_EO_TOPIC"],
-                          **{"kafka.bootstrap.servers": os.environ["CKPT_TEST_BOOTSTRAP"]}).outputMode("append")
+                          **{"kafka.bootstrap.servers": os.environ["CKPT_TEST_BOOTSTRAP"]},
+                          **({"commitAfterSnapshot": after} if after else {})).outputMode("append")
     if sink == "ledger":
         from airflow_ckpt_provider.sinks.ledger import Ledger, delete_batches
 

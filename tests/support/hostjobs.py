@@ -36,6 +36,7 @@ from airflow_ckpt_provider.runtime.exitcodes import EXIT_STOPPED
 from tests.support.exactlyonce import EO_JOB, EoSink, FilesSink, KafkaSink, PgLedgerSink, new_sink_topic
 from tests.support.hosts import Host, Topology
 from tests.support.runtimejob import SPARK_CONF, JobEnv, produce
+from tests.support.sparkhosts import HostCluster
 
 BUCKET = "ckpt"
 POLL = 1.0  # --poll-interval: the driver looks at its lease every second
@@ -108,6 +109,12 @@ class Lines:
         with self._lock:
             return [(t, line) for t, line in self.lines if text in line]
 
+    def tail(self, count: int = 40) -> str:
+        with self._lock:
+            lines = [line for _, line in self.lines]
+        ours = [ln for ln in lines if "airflow_ckpt_provider" in ln or "rror" in ln]
+        return f"--- {self.name} ---\n" + "\n".join((ours or lines)[-count:])
+
 
 class Stamped(Lines):
     """A process on a test host whose output lines are read here and stamped with their arrival time (written to
@@ -141,10 +148,7 @@ class Stamped(Lines):
         return code
 
     def tail(self, count: int = 40) -> str:
-        with self._lock:
-            lines = [line for _, line in self.lines]
-        ours = [ln for ln in lines if "airflow_ckpt_provider" in ln or "rror" in ln]
-        return f"--- {self.name} ({self.log}) ---\n" + "\n".join((ours or lines)[-count:])
+        return super().tail(count).replace(f"--- {self.name} ---", f"--- {self.name} ({self.log}) ---", 1)
 
     def stop(self) -> None:
         """Teardown: kill the whole process group (ckpt run, spark-submit's JVM, the Python driver, its workers)."""
@@ -311,6 +315,8 @@ class Scenario:
     times: dict[str, Any] = field(default_factory=dict)
     #: the host of the test's clients (the feed, status and sink reads): one the scenario never harms
     client: str = "launcher"
+    #: the Spark standalone cluster the drivers run on in client mode (one core each), None for local[2] drivers
+    cluster: HostCluster | None = None
 
     @property
     def clients(self) -> Host:
@@ -330,16 +336,20 @@ class Scenario:
     def start_driver(self, name: str, host: Host, *args: str, lease_defaults: bool = False) -> Stamped:
         """``ckpt run`` of the job on ``host``; with ``lease_defaults`` the product's lease settings (poll 1 s, fence
         grace 10 s) instead of this module's (``POLL``, ``FENCE_GRACE``)."""
-        env = self.env.env(MAX_OFFSETS, {**self.sink.env()})
+        local = self.cluster is None
+        env = self.env.env(MAX_OFFSETS, {**self.sink.env()}, local=local)
         faults = self.work / f"faults-{name}"  # crash and hold points a test arms (core/policy/faults.py)
         faults.mkdir(exist_ok=True)
         env.update(SPARK_LOCAL_IP=host.address, CKPT_HOME=str(self.work / f"home-{name}"), CKPT_FAULT_DIR=str(faults))
         lease = [] if lease_defaults else ["--poll-interval", str(POLL), "--fence-grace", str(FENCE_GRACE)]
         argv = [sys.executable, "-m", "airflow_ckpt_provider.cli", "run", str(EO_JOB), "--job", self.env.job,
                 "--store", self.env.store_url, "--checkpoint", str(self.work / f"checkpoint-{name}"),
-                "--master", "local[2]", "-v", *lease, *args]
-        conf = [*SPARK_CONF, *(f"{k}={v}" for k, v in self.sink.conf().items()),
-                f"spark.driver.host={host.address}", f"spark.driver.bindAddress={host.address}"]
+                "--master", "local[2]" if self.cluster is None else self.cluster.cluster.master_url, "-v", *lease,
+                *args]
+        # On the cluster one core each: a second driver gets the other worker's core while the first one runs.
+        settings = {**self.sink.conf(), **({} if self.cluster is None else self.cluster.cluster.job_conf(cores=1)),
+                    "spark.driver.host": host.address, "spark.driver.bindAddress": host.address}
+        conf = [*SPARK_CONF, *(f"{k}={v}" for k, v in settings.items())]
         for setting in conf:
             argv += ["--conf", setting]
         driver = Stamped(name, host, argv, env, self.work / f"{name}.log", self.work / f"checkpoint-{name}")
@@ -467,6 +477,18 @@ def commit_times(driver: Lines, *, logged: bool = False) -> list[tuple[float, st
     found += [(spark_commit_time(driver, int(m[2]), t), f"batch {m[2]} completed (Spark commit)")
               for t, m in driver.matching(COMPLETED, logged=logged)]
     return sorted(found)
+
+
+def with_executors(driver: Lines, cluster: HostCluster | None, app_id: str | None) -> Lines:
+    """``driver``'s lines and, on a cluster, the lines its application's executors logged (their stderr under the
+    workers' work directories, each timed by its log record's own time): the ckpt-kafka tasks commit there."""
+    if cluster is None or not app_id:
+        return driver
+    lines = list(driver.lines)
+    for worker in cluster.cluster.workers:
+        for stderr in sorted((worker.workdir / "work" / app_id).glob("*/stderr")):
+            lines += Lines.read(driver.name, stderr).lines
+    return Lines(driver.name, sorted(lines, key=lambda timed: timed[0]), checkpoint=driver.checkpoint)
 
 
 def spark_commit_time(driver: Lines, batch: int, line_time: float) -> float:
