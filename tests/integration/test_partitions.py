@@ -249,14 +249,23 @@ def _assert(sc: Scenario, feed: Feed, first: Lines, second: Lines, first_epoch: 
 
 # -- scenario 2: the driver host cut from Kafka -------------------------------------------------------------------
 
+def _committed_twice(driver: Lines) -> list[tuple[str, str, str]]:
+    """(batch, partition, query) the ckpt-kafka tasks' lines show committed by more than one transaction."""
+    commits = Counter((m[1], m[2], m[3]) for _, m in driver.matching(TASK_COMMIT))
+    return sorted(k for k, n in commits.items() if n > 1)
+
+
 @pytest.mark.timeout(480)
 @pytest.mark.full(
     proven_by="integration/test_recovery.py::test_a_broker_outage_is_ridden_out_in_the_same_driver_with_one_line_"
               "when_it_goes_and_one_when_it_is_back (a broker outage ridden out by the same driver, no query "
               "restart, exact counts; there the connections are refused, here the packets are dropped)")
+@pytest.mark.parametrize("sink_name", ["files", "kafka", "ledger"])
 def test_driver_cut_from_kafka_for_a_minute_rides_it_out_in_the_same_process_and_counts_exactly(
-        tmp_path: Path) -> None:
-    run_scenario("scenario 2", "files", tmp_path, "p2", _run_kafka_cut)
+        sink_name: str, tmp_path: Path) -> None:
+    """With ckpt-kafka the output broker is cut too: a batch in flight may fail and be restarted inside the driver
+    (the issue asks for no process restart); the other sinks ride it out without a query restart."""
+    run_scenario("scenario 2", sink_name, tmp_path, "p2", _run_kafka_cut)
 
 
 def _run_kafka_cut(sc: Scenario, feed: Feed) -> None:
@@ -308,8 +317,14 @@ def _run_kafka_cut(sc: Scenario, feed: Feed) -> None:
     assert (final.pid, final.epoch) == (before.pid, before.epoch), (
         f"the driver changed: pid {before.pid} -> {final.pid}, epoch {before.epoch} -> {final.epoch}")
     assert len(starts) == 1, f"the supervisor started {len(starts)} drivers: {starts}"
-    assert final.restart_count == 0 and not final.restarts, f"the query was restarted: {final.restarts}"
-    assert times["states seen during the cut"] == [JobState.RUNNING.value], seen
+    times["query restarts (in the driver)"] = [r.get("cause") if isinstance(r, dict) else str(r)
+                                               for r in final.restarts]
+    if not isinstance(sc.sink, KafkaSink):  # its transactions go to the broker that was cut
+        assert final.restart_count == 0 and not final.restarts, f"the query was restarted: {final.restarts}"
+        assert times["states seen during the cut"] == [JobState.RUNNING.value], seen
+    else:
+        times["(batch, partition) committed by two transactions"] = _committed_twice(driver)
+        assert not times["(batch, partition) committed by two transactions"], times
     assert sorted(rows) == expected_rows(feed.next_id), (
         f"{times['duplicated ids']} ids duplicated, {times['missing ids']} missing of {feed.next_id}")
     times["uncommitted"] = sc.in_launcher(sc.sink.check_nothing_uncommitted)

@@ -329,17 +329,26 @@ def test_failure_while_producing_aborts(monkeypatch: pytest.MonkeyPatch) -> None
     assert "abort" in producer.calls and "commit" not in producer.calls
 
 
-def test_with_durable_plans_the_task_commits_only_once_the_job_store_holds_the_batchs_plan(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The transaction is written, then waits for the durable-plan record to reach the batch; never commits before."""
+def _durable_plans_at(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, batch: int) -> tuple[Any, FakeProducer]:
+    """The tasks' checkpoint with a durable-plan record at ``batch`` of query q (the runtime's gate on); its
+    storage, and the producer every task gets."""
     from airflow_ckpt_provider.core.snapshots import durableplan
     from airflow_ckpt_provider.core.store.storage import LocalStorage
 
     live = LocalStorage(tmp_path)
-    durableplan.write_durable(live, durableplan.DurablePlan("q", 2))
+    durableplan.write_durable(live, durableplan.DurablePlan("q", batch))
     producer = FakeProducer(FakeConsumer())
     _install(monkeypatch, producer)
     monkeypatch.setattr(sink, "checkpoint_storage", lambda location: live)
+    return live, producer
+
+
+def test_with_durable_plans_the_task_commits_only_once_the_job_store_holds_the_batchs_plan(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The transaction is written, then waits for the durable-plan record to reach the batch; never commits before."""
+    from airflow_ckpt_provider.core.snapshots import durableplan
+
+    live, producer = _durable_plans_at(monkeypatch, tmp_path, 2)
     seen: list[list[str]] = []
 
     def waiting(storage: Any, **kwargs: Any) -> float | None:
@@ -357,14 +366,9 @@ def test_with_durable_plans_the_task_commits_only_once_the_job_store_holds_the_b
 def test_with_durable_plans_a_plan_that_never_reaches_the_store_aborts_the_transaction(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from airflow_ckpt_provider.core.snapshots import durableplan
-    from airflow_ckpt_provider.core.store.storage import LocalStorage
 
-    live = LocalStorage(tmp_path)
-    durableplan.write_durable(live, durableplan.DurablePlan("q", 2))
-    producer = FakeProducer(FakeConsumer())
-    _install(monkeypatch, producer)
+    _live, producer = _durable_plans_at(monkeypatch, tmp_path, 2)
     clock = FakeClock()
-    monkeypatch.setattr(sink, "checkpoint_storage", lambda location: live)
     monkeypatch.setattr(sink, "await_durable",
                         lambda storage, **kw: durableplan.await_durable(storage, clock=clock, sleep=clock.sleep, **kw))
     with pytest.raises(durableplan.PlanNotDurable, match=r"expected the job store to hold its plan .* found batch 2"):
