@@ -30,8 +30,10 @@ from airflow_ckpt_provider.runtime.snapshotter import Snapshotter
 
 log = logging.getLogger(__name__)
 
-#: How often the live checkpoint is looked at for the next batch's offsets/N (a stat of a local file).
+#: How often the live checkpoint is looked at for the next batch's offsets/N: a stat of a local file, or (with
+#: commitAfterSnapshot=true on an s3:// checkpoint, which outlives its host anyway) a HEAD request.
 POLL_S = 0.01
+REMOTE_POLL_S = 0.5
 #: How long one attempt to store a plan may take before it is asked for again, and the pause after a failure.
 ATTEMPT_S = 30.0
 RETRY_S = 1.0
@@ -46,6 +48,7 @@ class PlanGate:
         self.snapshotter = snapshotter
         self.epoch = epoch
         self.durable = -1
+        self.poll = POLL_S if live.local_path("metadata") is not None else REMOTE_POLL_S
         self._lock = threading.Lock()  # guards durable and the record against a reset (a query start) meanwhile
         self._starts = 0  # query starts so far: a plan stored before the latest start is not recorded
         self._first_plan_kept = True  # one may be in the store (this driver's, or a predecessor's): drop it once
@@ -90,7 +93,7 @@ class PlanGate:
             try:
                 planned = self._planned()
                 if planned is None or planned <= self.durable:
-                    self._closed.wait(POLL_S)
+                    self._closed.wait(self.poll)
                     continue
                 if not self._store(planned):
                     self._closed.wait(RETRY_S)
