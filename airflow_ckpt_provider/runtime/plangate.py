@@ -8,13 +8,12 @@ sink's tasks wait for before they commit. Design notes: docs/sink-kafka.md#desig
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 
 from airflow_ckpt_provider.core.errors import CkptError, StorageError
-from airflow_ckpt_provider.core.snapshots.checkpoint import SparkCheckpoint
+from airflow_ckpt_provider.core.snapshots.checkpoint import SparkCheckpoint, checkpoint_query_id
 from airflow_ckpt_provider.core.snapshots.durableplan import (
     DURABLE_FILE,
     FIRST_PLAN,
@@ -106,7 +105,7 @@ class PlanGate:
             with self._lock:
                 if starts == self._starts:  # else the query started again meanwhile: look again
                     self.durable = planned
-                    write_durable(self.live, DurablePlan(_metadata_id(self.live), planned, self.epoch))
+                    write_durable(self.live, DurablePlan(checkpoint_query_id(self.live), planned, self.epoch))
 
     def _store(self, planned: int) -> bool:
         """Store what a restart elsewhere needs to run ``planned`` as Spark planned it; False: try again later."""
@@ -123,7 +122,7 @@ class PlanGate:
         return True
 
     def _store_first_plan(self) -> None:
-        query_id = _metadata_id(self.live)
+        query_id = checkpoint_query_id(self.live)
         if query_id is None:
             raise CkptError(f"the live checkpoint {self.live.url} has offsets/0 but no metadata with a query id yet")
         self.store.storage.write(FIRST_PLAN, FirstPlan(query_id, self.epoch, first_plan_files(self.live)).to_bytes())
@@ -138,12 +137,3 @@ class PlanGate:
             except StorageError as err:
                 log.debug("job %s: the first batch's plan stays for now: %s", self.store.job, err)
 
-
-def _metadata_id(live: Storage) -> str | None:
-    """The query id in the live checkpoint's ``metadata`` (Spark writes it when the query first starts)."""
-    try:
-        raw = json.loads(live.read("metadata").decode("utf-8"))
-    except (FileNotFoundError, ValueError, UnicodeDecodeError):
-        return None
-    query_id = raw.get("id") if isinstance(raw, dict) else None
-    return query_id if isinstance(query_id, str) else None

@@ -125,11 +125,17 @@ class SparkCheckpoint:
 
 def is_spark_checkpoint(storage: Storage) -> bool:
     """True if ``storage`` holds a Spark checkpoint (its ``metadata`` file names a query id)."""
+    return checkpoint_query_id(storage) is not None
+
+
+def checkpoint_query_id(storage: Storage) -> str | None:
+    """The query id in the checkpoint's ``metadata`` (Spark writes it when the query first starts); None without."""
     try:
         meta = json.loads(storage.read("metadata").decode("utf-8"))
     except (FileNotFoundError, ValueError, UnicodeDecodeError):
-        return False
-    return isinstance(meta, dict) and isinstance(meta.get("id"), str)
+        return None
+    query_id = meta.get("id") if isinstance(meta, dict) else None
+    return query_id if isinstance(query_id, str) else None
 
 
 def _problem_message(url: str, plan: ViewPlan) -> str:
