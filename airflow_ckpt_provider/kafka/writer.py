@@ -8,11 +8,13 @@ from __future__ import annotations
 import atexit
 import itertools
 import logging
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, DataSourceStreamWriter, WriterCommitMessage
@@ -71,16 +73,42 @@ class KafkaSinkCommit(WriterCommitMessage):
 # Query start (driver)
 # --------------------------------------------------------------------------------------------
 
+#: The module of Spark's Python worker that builds a streaming sink's writer again for each batch's commit or abort.
+COMMIT_RUNNER = "pyspark.sql.worker.python_streaming_sink_runner"
+
+
 def stream_writer(options: Mapping[str, str], schema: Any, overwrite: bool) -> DataSourceStreamWriter:
     """Validate options, columns and topics (errors fail ``start()``, nothing written) and build the writer.
 
-    Spark also calls this for every batch's commit/abort in a fresh Python worker: the checks are one
-    metadata request, bounded by ``timeoutMs``.
+    Spark calls this again for every batch: to plan its write, and for its commit/abort (``COMMIT_RUNNER``), each
+    in a Python worker of the driver that Spark reuses. A driver cut from the brokers, whose executors still reach
+    them, must not fail a batch on a topic check (docs/reliability.md, finding 14): the topics are checked once per
+    worker (``_CHECKED``), and never for a commit, which only logs and records the partition count.
     """
     parsed = parse_sink_options(options)
     check_schema(schema, parsed)
     checkpoint_storage(parsed.checkpoint)  # a missing or unreadable checkpointLocation fails the start
-    return CkptKafkaStreamWriter(decided(parsed, check_topics(parsed)))
+    if _for_commit():
+        return CkptKafkaStreamWriter(parsed)
+    key = (parsed.bootstrap_servers, parsed.topic, parsed.marker_topic)
+    if key not in _CHECKED:
+        _CHECKED[key] = check_topics(parsed)
+    return CkptKafkaStreamWriter(decided(parsed, _CHECKED[key]))
+
+
+#: (bootstrap servers, topic, marker topic) whose topics this process found, with the brokers' cluster id.
+_CHECKED: dict[tuple[str, str | None, str], str | None] = {}
+
+
+def _for_commit() -> bool:
+    """Whether Spark's commit runner is the caller (its frame is on this thread's stack)."""
+    # The caller's module is the only sign of why Spark built the writer (the options are the same).
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__") == COMMIT_RUNNER:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def check_topics(options: SinkOptions) -> str | None:
@@ -365,6 +393,11 @@ def produce_batch(producer: Any, rb: pa.RecordBatch, topic: str | None,
 # Lingering transactions (driver)
 # --------------------------------------------------------------------------------------------
 
+#: The partition counts this process knows are recorded (never lowered): a commit runner that Spark reuses asks the
+#: brokers only when a batch has more partitions than that (a driver cut from the brokers commits without waiting).
+_RECORDED: dict[str, int] = {}
+
+
 def recorded_partitions(options: SinkOptions) -> int:
     """How many sink partitions the job's batches have had (0: none recorded), from its partitions group."""
     return max(_read_marker(_marker_consumer(options, options.partitions_group()), options), 0)
@@ -375,9 +408,10 @@ def record_partitions(options: SinkOptions, partitions: int) -> None:
     from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
     from confluent_kafka.admin import AdminClient
 
-    if partitions <= recorded_partitions(options):
-        return
     group = options.partitions_group()
+    if partitions <= _RECORDED.get(group, 0) or partitions <= recorded_partitions(options):
+        _RECORDED[group] = max(partitions, _RECORDED.get(group, 0))
+        return
     admin = AdminClient(configured({"client.id": f"ckpt-kafka-sink-{options.job}", **options.client_config()},
                                    job=options.job))
     try:
@@ -390,6 +424,7 @@ def record_partitions(options: SinkOptions, partitions: int) -> None:
     finally:
         serve(admin)
         del admin
+    _RECORDED[group] = partitions
     log.info("job %s: the ckpt-kafka sink now has %d partitions (recorded in group %s: the transactional ids "
              "whose lingering transactions a restart aborts)", options.job, partitions, group)
 

@@ -52,6 +52,7 @@ from tests.support.hostjobs import (
     WAIT,
     WATCH_STOP,
     Feed,
+    Lines,
     Scenario,
     Stamped,
     alive,
@@ -62,6 +63,7 @@ from tests.support.hostjobs import (
     logged_time,
     proc_state,
     run_scenario,
+    with_executors,
 )
 from tests.support.hosts import Fault
 
@@ -78,18 +80,25 @@ ARM_WINDOW = 30.0  # seconds to catch the next batch's commit; the pause then st
 COMMIT_DELAY = float(os.environ.get("CKPT_TEST_PAUSE_DELAY", "0.03"))
 
 
-@pytest.mark.timeout(540)
-@pytest.mark.parametrize("sink_name", [
-    pytest.param("kafka", marks=pytest.mark.full(
-        proven_by="integration/test_paused_driver.py::test_driver_paused_past_its_lease_resumes_fenced_and_commits_"
-                  "nothing[files] (the same fencing: a resumed driver commits nothing once a newer one runs)")),
-    "files",
-    pytest.param("ledger", marks=pytest.mark.full(
+SAME_FENCING = pytest.mark.full(
+    proven_by="integration/test_paused_driver.py::test_driver_paused_past_its_lease_resumes_fenced_and_commits_"
+              "nothing[files] (the same fencing: a resumed driver commits nothing once a newer one runs)")
+
+
+@pytest.mark.parametrize(("sink_name", "spark"), [
+    pytest.param("kafka", "local", id="kafka", marks=SAME_FENCING),
+    pytest.param("files", "local", id="files"),
+    pytest.param("ledger", "local", id="ledger", marks=pytest.mark.full(
         proven_by="integration/test_ledger_sink.py::test_postgres_an_older_driver_that_wrote_before_a_newer_driver_"
                   "started_is_refused_at_commit (a resumed driver's transaction is refused by the ledger's fence)")),
+    # On the standalone cluster only the driver's host is paused: its executors, on the worker hosts, go on running.
+    pytest.param("files", "standalone", id="files-standalone", marks=SAME_FENCING),
+    pytest.param("kafka", "standalone", id="kafka-standalone", marks=SAME_FENCING),
 ])
-def test_driver_paused_past_its_lease_resumes_fenced_and_commits_nothing(sink_name: str, tmp_path: Path) -> None:
-    run_scenario("scenario 5", sink_name, tmp_path, "p5", _run)
+@pytest.mark.timeout(660)
+def test_driver_paused_past_its_lease_resumes_fenced_and_commits_nothing(sink_name: str, spark: str,
+                                                                        tmp_path: Path) -> None:
+    run_scenario("scenario 5", sink_name, tmp_path, "p5", _run, spark=spark)
 
 
 def _run(sc: Scenario, feed: Feed) -> None:
@@ -100,7 +109,7 @@ def _run(sc: Scenario, feed: Feed) -> None:
     status = sc.wait_status("three batches and a snapshot of the first driver",
                             lambda s: s.batch_id is not None and s.batch_id >= 3 and s.last_snapshot is not None
                             and s.state is JobState.RUNNING, WAIT, first)
-    first_epoch = status.epoch
+    first_epoch, first_app = status.epoch, status.app_id
     completed = first.matching(COMPLETED)
     times["first driver: first batch after start, s"] = round((completed[0][0] if completed else time.time())
                                                               - started, 1)
@@ -136,7 +145,9 @@ def _run(sc: Scenario, feed: Feed) -> None:
     t_exit = time.time()
     times["first driver: exit after the resume, s"] = round(t_exit - t_resume, 1)
     times["first driver: exit code"] = code
-    late = _after_resume(sc, first, first_epoch, t_pause, t_resume)
+    # On a cluster its executors' lines too (they go on during the pause; the ckpt-kafka tasks commit there).
+    first_all = with_executors(first, sc.cluster, first_app)
+    late = _after_resume(sc, first, first_all, first_epoch, t_pause, t_resume)
 
     # The second driver finishes the feed, then stops with a savepoint (a late commit of the first's may have made the
     # sink refuse its batches, as finding 3 did before its fix: then the failure says both).
@@ -161,7 +172,10 @@ def _run(sc: Scenario, feed: Feed) -> None:
     second_done = second.matching(COMPLETED)
     times["second driver: first completed batch after the pause, s"] = (round(second_done[0][0] - t_pause, 1)
                                                                        if second_done else None)
-    return _assert(sc, feed, first, second, lease, t_resume, code, late, second_failed)
+    now = sc.status()  # the second driver's application (its executors' lines, on a cluster)
+    second_app = now.app_id if now is not None and now.epoch == lease.epoch else None
+    return _assert(sc, feed, first, first_all, with_executors(second, sc.cluster, second_app), lease, t_resume, code,
+                   late, second_failed)
 
 
 def _pause_in_transaction(sc: Scenario) -> tuple[Fault, str]:
@@ -211,9 +225,10 @@ def _pause_at_commit(sc: Scenario, first: Stamped) -> tuple[Fault, str]:
                                                  f"{ARM_WINDOW:.0f} s")
 
 
-def _after_resume(sc: Scenario, first: Stamped, first_epoch: int, t_pause: float,
+def _after_resume(sc: Scenario, first: Stamped, first_all: Lines, first_epoch: int, t_pause: float,
                   t_resume: float) -> list[tuple[float, str]]:
-    """The first driver's sink commits logged after the resume (seconds after it, what), and what it did then."""
+    """The first driver's sink commits logged after the resume (seconds after it, what), with its executors' on a
+    cluster (``first_all``), and what it did then."""
     times = sc.times
     # The lines' own times are this machine's local time, as the arrival times: their gap is the pipe's delay.
     gaps = sorted(abs(t - lt) for t, line in first.lines if (lt := logged_time(line)) is not None and t < t_pause)
@@ -225,7 +240,7 @@ def _after_resume(sc: Scenario, first: Stamped, first_epoch: int, t_pause: float
     # A ckpt-files commit is its manifest's creation: judged by the store (``_files_after_resume``), not by its log
     # line, which comes after the resume when the pause caught the manifest's PUT in flight (already created then).
     files = isinstance(sc.sink, FilesSink)
-    late = [(round(t - t_resume, 2), what) for t, what in commit_times(first, logged=True)
+    late = [(round(t - t_resume, 2), what) for t, what in commit_times(first_all, logged=True)
             if t >= t_resume and not (files and "ckpt-files manifest" in what)]
     times["first driver: sink commits after the resume (s after it, what)"] = late
     stop = [logged_time(line) or t for t, line in first.containing(WATCH_STOP)]
@@ -267,8 +282,8 @@ def _files_after_resume(sc: Scenario, first_epoch: int, t_resume: float) -> None
     sc.times["timeline records (key, s after the resume)"] = [(k, round(m - t_resume, 1)) for k, m in forks]
 
 
-def _assert(sc: Scenario, feed: Feed, first: Stamped, second: Stamped, lease: LeaseRecord, t_resume: float,
-            code: int, late: list[tuple[float, str]], second_failed: str) -> None:
+def _assert(sc: Scenario, feed: Feed, first: Stamped, first_all: Lines, second_all: Lines, lease: LeaseRecord,
+            t_resume: float, code: int, late: list[tuple[float, str]], second_failed: str) -> None:
     times = sc.times
     times["second driver: grace ended, s before the resume"] = round(t_resume - grace_end(lease), 1)
     rows = sc.in_launcher(sc.sink.committed)
@@ -282,11 +297,15 @@ def _assert(sc: Scenario, feed: Feed, first: Stamped, second: Stamped, lease: Le
     times["missing ids"] = len(missing)
     twice: list[tuple[str, str, str]] = []
     if isinstance(sc.sink, KafkaSink):
-        log = "\n".join(line for d in (first, second) for _, line in d.lines)
+        log = "\n".join(line for d in (first_all, second_all) for _, line in d.lines)
         commits = Counter((m[1], m[2], m[3]) for m in TASK_COMMIT.finditer(log))
         twice = sorted(k for k, n in commits.items() if n > 1)
         times["(batch, partition) committed by two transactions"] = len(twice)
         times["rewrites after a restore (task warnings)"] = log.count("of another timeline")
+        # The count above reads the tasks' lines (the executors' on a cluster): both drivers' must be there.
+        seen = [len(first_all.matching(TASK_COMMIT)), len(second_all.matching(TASK_COMMIT))]
+        times["task commits in the lines of (first, second)"] = seen
+        assert all(seen), f"no task commit lines read for one of the drivers: {seen}"
     print(f"scenario 5: {json.dumps(times, indent=1)}")
 
     failures = []

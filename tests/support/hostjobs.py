@@ -33,10 +33,11 @@ from airflow_ckpt_provider.core.records.lease import LeaseRecord, read_lease
 from airflow_ckpt_provider.core.records.status import JobState, JobStatus
 from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_STOPPED
+from tests.conftest import TEST_DRIVER_JVM
 from tests.support.exactlyonce import EO_JOB, EoSink, FilesSink, KafkaSink, PgLedgerSink, new_sink_topic
 from tests.support.hosts import Host, Topology
 from tests.support.runtimejob import SPARK_CONF, JobEnv, produce
-from tests.support.sparkhosts import HostCluster
+from tests.support.sparkhosts import MASTER, WORKERS, HostCluster, start_spark_cluster
 
 BUCKET = "ckpt"
 POLL = 1.0  # --poll-interval: the driver looks at its lease every second
@@ -513,15 +514,22 @@ SCENARIO_ROLES = ["store", "kafka", "launcher", "driver"]
 
 
 def run_scenario(name: str, sink_name: str, work: Path, job_prefix: str, run: Callable[[Scenario, Feed], None], *,
-                 roles: list[str] = SCENARIO_ROLES, client: str = "launcher") -> None:
+                 roles: list[str] = SCENARIO_ROLES, client: str = "launcher", spark: str = "local") -> None:
     """A scenario on its own topology of ``roles`` (``db`` added for the ledger): the ground (``ground``; the test's
     clients on ``client``), the feed, ``run``; then, whatever happened, the feed halted, every driver stopped, the
     timeline written to ``work/report.json`` and nothing left behind (``check_left_behind``); ``run`` asserts the
-    scenario's claims."""
+    scenario's claims. ``spark``: ``local`` (each driver local[2] on its host) or ``standalone`` (the master and
+    worker hosts join the topology; the drivers run in client mode on their hosts, one core of a worker each)."""
+    if spark not in ("local", "standalone"):
+        raise ValueError(f"spark must be 'local' or 'standalone', found {spark!r}")
+    cluster_roles = [MASTER, *WORKERS] if spark == "standalone" else []
     pids: list[int] = []
-    with Topology(roles + (["db"] if sink_name == "ledger" else [])) as topo:
+    with Topology(roles + cluster_roles + (["db"] if sink_name == "ledger" else [])) as topo:
         try:
             sc = ground(topo, sink_name, work, job_prefix, client)
+            if cluster_roles:
+                sc.cluster = start_spark_cluster(topo, work / "spark", java_opts=TEST_DRIVER_JVM)
+            sc.times["spark"] = "local[2]" if sc.cluster is None else f"standalone {sc.cluster.cluster.master_url}"
             feed = Feed(sc.clients, sc.env.kafka.bootstrap_servers, sc.env.topic)
             try:
                 run(sc, feed)

@@ -3,6 +3,7 @@ protocol over fake clients, and the test reader's attempt filtering. No broker, 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -422,3 +423,46 @@ def test_driver_commit_records_the_partitions_and_survives_a_broker_hiccup(monke
     monkeypatch.setattr(sink, "record_partitions", down)
     writer.commit(messages, 8)  # Kafka committed the batch: the count's failure does not fail it
     assert "could not record its 3 sink partitions (broker down)" in caplog.text
+
+
+def test_the_commit_runner_builds_the_writer_without_asking_the_brokers_and_a_query_start_still_checks_topics(
+        tmp_path: Path) -> None:
+    """Spark builds the writer again for each batch's driver-side commit (its commit runner): a driver cut from the
+    brokers, whose executors committed the batch, must not fail it on a topic check (docs/reliability.md, finding
+    14). The query start still checks, and an unreachable broker fails it within ``timeoutMs``."""
+    import importlib.util
+
+    runner = importlib.util.find_spec(sink.COMMIT_RUNNER)  # the module name this relies on is pyspark's own
+    assert runner is not None and runner.origin is not None
+    assert "data_source.streamWriter(" in Path(runner.origin).read_text()
+    options = {**BASE, "kafka.bootstrap.servers": "127.0.0.1:1", "timeoutMs": "1000",
+               "checkpointLocation": str(tmp_path)}
+    schema = _schema("value binary")
+    as_runner = {"__name__": sink.COMMIT_RUNNER, "stream_writer": sink.stream_writer}
+    writer = eval("stream_writer(options, schema, False)", as_runner, {"options": options, "schema": schema})
+    assert isinstance(writer, sink.CkptKafkaStreamWriter) and writer.options.job == "orders"
+    with pytest.raises(ConfigError, match=re.escape("could not list the topics of 127.0.0.1:1 within 1 s")):
+        sink.stream_writer(options, schema, False)
+
+
+def test_the_topics_are_checked_once_per_worker_and_a_failed_check_is_not_remembered(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spark plans every batch's write by calling the sink again: one metadata request per worker, not per batch."""
+    from airflow_ckpt_provider.kafka.txnlock import TANSU_CLUSTER_ID
+
+    asked: list[str] = []
+
+    def check(options: Any) -> str:
+        asked.append(options.bootstrap_servers)
+        if len(asked) == 1:
+            raise ConfigError("could not list the topics")
+        return TANSU_CLUSTER_ID + "-1"
+
+    monkeypatch.setattr(sink, "check_topics", check)
+    monkeypatch.setattr(sink, "_CHECKED", {})
+    options = {**BASE, "kafka.bootstrap.servers": "broker-a:9092", "checkpointLocation": str(tmp_path)}
+    with pytest.raises(ConfigError):
+        sink.stream_writer(options, _schema("value binary"), False)
+    writers = [sink.stream_writer(options, _schema("value binary"), False) for _ in range(3)]
+    assert asked == ["broker-a:9092", "broker-a:9092"]  # the failure, then one check for three batches
+    assert all(w.options.serialize_txn_ends for w in writers)  # decided from the remembered cluster id
