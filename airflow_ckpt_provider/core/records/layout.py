@@ -19,7 +19,8 @@ Generated from the record types (`core/records/`) by `python -m airflow_ckpt_pro
 do not edit by hand. Every file below is a typed record: JSON with a `schema` version (the snapshot manifest's
 is `format`, a ckpt-files commit manifest's `version`); unknown keys are ignored, older versions are upgraded when
 read, newer ones refused (`core/records/base.py`). Keys are under the job's root in the job store
-(`<store>/<job>/`), except those beginning `<sink>/`: the ckpt-files sink's own records, in its output location.
+(`<store>/<job>/`), except those beginning `<sink>/`: the ckpt-files sink's own records, in its output location,
+and those beginning `/`: at the store's root (`/_service/`: the supervision service's instances).
 """
 
 
@@ -29,7 +30,7 @@ MODULES = ("airflow_ckpt_provider.core.records.status", "airflow_ckpt_provider.c
            "airflow_ckpt_provider.core.records.start", "airflow_ckpt_provider.core.records.control",
            "airflow_ckpt_provider.core.records.supervision", "airflow_ckpt_provider.core.records.restore_check",
            "airflow_ckpt_provider.core.snapshots.manifest", "airflow_ckpt_provider.core.records.pending",
-           "airflow_ckpt_provider.core.snapshots.gc",
+           "airflow_ckpt_provider.core.snapshots.gc", "airflow_ckpt_provider.core.records.ownership",
            # the ckpt-files sink's own records, kept in its output location (keys beginning <sink>/)
            "airflow_ckpt_provider.sinks.filelayout", "airflow_ckpt_provider.sinks.timelines")
 
