@@ -83,10 +83,11 @@ def transfer_report(stream: TextIO | None = None) -> Iterator[Callable[[str], No
         yield bar
 
 
-def add_store_args(p: argparse.ArgumentParser) -> None:
+def add_store_args(p: argparse.ArgumentParser, *, job: bool = True) -> None:
     p.add_argument("--store", default=os.environ.get("CKPT_STORE"),
                    help="job store root: s3://BUCKET/PREFIX or a directory (env CKPT_STORE)")
-    p.add_argument("--job", default=os.environ.get("CKPT_JOB"), help="job name (env CKPT_JOB)")
+    if job:
+        p.add_argument("--job", default=os.environ.get("CKPT_JOB"), help="job name (env CKPT_JOB)")
     p.add_argument("--endpoint-url", help="S3 endpoint URL (env AWS_ENDPOINT_URL); credentials from AWS_* env")
     p.add_argument("--region", help="S3 region (env AWS_REGION)")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")

@@ -94,6 +94,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ConfigError("--check-restore runs once and changes nothing: drop --supervise")
         if args.check_id and not spec.config.check_restore:
             raise ConfigError("--check-id records a restore check's verdict: expected --check-restore with it")
+        if args.service and (args.supervise or spec.config.check_restore or args.dry_run):
+            raise ConfigError("--service hands the job to the supervision service, which supervises it: expected "
+                              "it without --supervise, --check-restore and --dry-run")
         argv, env = build_command(spec)
         warning = shared_checkpoint_warning(spec)  # client mode, remote executors, a local checkpoint
         if warning:
@@ -107,6 +110,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         for name in ("airflow_ckpt_provider.runtime", "airflow_ckpt_provider.launcher"):  # operators read these
             logging.getLogger(name).setLevel(logging.INFO)
         check_master(spec.master)  # an unreachable or mistyped master: refused before anything is written
+        if args.service:
+            return _hand_over(args, spec)
         if spec.shipped is not None:
             spec.shipped.ensure()  # the executors' Python: built once per lock, then from the cache
         driver_cwd(spec)  # a driver next to a shipped environment needs a venv: refused here, not per attempt
@@ -118,6 +123,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_CONFIG
+
+
+def _hand_over(args: argparse.Namespace, spec: SubmitSpec) -> int:
+    """``--service``: record the deployment and hand the job to the supervision service; prints the launch."""
+    from airflow_ckpt_provider.core.records.deployments import Deployment
+    from airflow_ckpt_provider.core.store.jobstore import JobStore
+    from airflow_ckpt_provider.launcher.service import hand_over
+
+    s3 = S3Options.from_env(args.endpoint_url, args.region)
+    deployment = Deployment.from_namespace(
+        args, job_file=os.path.abspath(spec.job_file), code_version=spec.config.code_version, master=spec.master,
+        deploy_mode=spec.deploy_mode, conf=dict(spec.conf), py_files=tuple(spec.py_files), files=tuple(spec.files),
+        spark_submit=spec.spark_submit, python_env=args.python_env)
+    store = JobStore.open(spec.config.store, spec.config.job, s3)
+    record = hand_over(store, deployment, restore=spec.config.restore, store_url=spec.config.store, s3=s3)
+    if args.json:
+        print(json.dumps(record.to_dict()))
+    else:
+        print(f"job {store.job}: launch {record.launch_id} handed to the supervision service (restore "
+              f"{record.restore}); `ckpt service status --store {spec.config.store}` shows its owner")
+    return 0
 
 
 def run_once(
@@ -260,6 +286,9 @@ def add_run_command(groups: argparse._SubParsersAction[argparse.ArgumentParser])
                        help="spark-submit to use (default: next to this Python, $SPARK_HOME/bin, PATH)")
     sup = p.add_argument_group("supervision")
     sup.add_argument("--supervise", action="store_true", help="restart the driver after failures")
+    sup.add_argument("--service", action="store_true",
+                     help="hand the job to the supervision service instead of running it here (`ckpt service run`: "
+                          "docs/service.md)")
     RestartSettings.add_flags(sup)
     sup.add_argument("--poll", type=float, default=5.0, metavar="S",
                      help="seconds between reads of status.json while a driver runs (default 5)")

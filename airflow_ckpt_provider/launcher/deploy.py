@@ -103,33 +103,51 @@ def launch(
     The record is written first (Flink operator: record the target, then act), so whoever looks next
     knows what was meant to run even if this process dies right after.
     """
+    record = record_launch(store, deployment, restore=restore, store_url=store_url, s3=s3, launched_by=launched_by,
+                           here=True)
+    return start_launch(store, record, store_url=store_url, s3=s3, unrecorded_env=unrecorded_env)
+
+
+def record_launch(store: JobStore, deployment: Deployment, *, restore: RestoreSpec, store_url: str,
+                  s3: S3Options | None = None, launched_by: str = "", here: bool = False) -> Launch:
+    """Check the deployment (bad input and an unreachable master raise here, nothing recorded), then write it to
+    spec/last.json as a new launch that nothing has started yet (``pid`` None); ``here``: to be started on this host
+    (its host and log file recorded already, so a start that fails leaves its log findable)."""
     now = time.time()
     launch_id = new_launch_id(now)
-    logs = log_dir(store.job)
-    logs.mkdir(parents=True, exist_ok=True)
-    log_file = logs / f"{launch_id}.log"
     record = Launch(store.job, deployment, restore, now, launched_by or f"{os.environ.get('USER', '?')}@"
-                    f"{socket.gethostname()}", launch_id, host=socket.gethostname(), log_file=str(log_file))
+                    f"{socket.gethostname()}", launch_id, host=socket.gethostname() if here else None,
+                    log_file=str(log_dir(store.job) / f"{launch_id}.log") if here else None)
     build_command(submit_spec(deployment, store.job, store_url, restore, s3, supervised=True))  # bad input: here
     check_master(deployment.master)  # an unreachable master too, before spec/last.json records the launch
-    argv = run_argv(deployment, store.job, store_url, restore, s3)
     store.storage.write(SPEC_LAST, record.to_bytes())
-    env = {**inherited_env(), **(unrecorded_env or {}), **deployment.env, **credentials_env(s3),
-           LAUNCH_ENV: launch_id}
+    return record
+
+
+def start_launch(store: JobStore, record: Launch, *, store_url: str, s3: S3Options | None = None,
+                 unrecorded_env: Mapping[str, str] | None = None) -> Launch:
+    """Start the supervisor of recorded launch ``record`` on this host (``ckpt run --supervise``, detached, its
+    output in ``log_dir``), then record its pid, host and log in spec/last.json if the record is still ours."""
+    log_file = Path(record.log_file) if record.host == socket.gethostname() and record.log_file else \
+        log_dir(store.job) / f"{record.launch_id}.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    argv = run_argv(record.deployment, store.job, store_url, record.restore, s3)
+    env = {**inherited_env(), **(unrecorded_env or {}), **record.deployment.env, **credentials_env(s3),
+           LAUNCH_ENV: record.launch_id}
     with log_file.open("ab") as out:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True)
     # Reap it if it ends while this process lives (a zombie would look alive to pid checks).
     threading.Thread(target=proc.wait, name=f"ckpt-reap-{proc.pid}", daemon=True).start()
-    record = replace(record, pid=proc.pid)
+    started = replace(record, pid=proc.pid, host=socket.gethostname(), log_file=str(log_file))
     try:  # best effort, and only over our own record: its supervisor may have recorded its end already
         current = store.storage.read_versioned(SPEC_LAST)
-        if current is not None and Launch.from_bytes(current.data, SPEC_LAST) == replace(record, pid=None):
-            store.storage.write_if(SPEC_LAST, record.to_bytes(), current.tag)
+        if current is not None and Launch.from_bytes(current.data, SPEC_LAST) == record:
+            store.storage.write_if(SPEC_LAST, started.to_bytes(), current.tag)
     except StorageError as err:
-        log.warning("job %s: launch %s runs (pid %d) but its pid was not recorded: %s", store.job, launch_id,
+        log.warning("job %s: launch %s runs (pid %d) but its pid was not recorded: %s", store.job, record.launch_id,
                     proc.pid, err)
-    return record
+    return started
 
 
 def log_tail(launch_record: Launch | None, lines: int = 20) -> str:

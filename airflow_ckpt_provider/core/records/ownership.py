@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 #: At the store's root: a job name starts with a letter or digit, so no job's prefix is this.
 INSTANCES = "_service/instances/"
+#: At the store's root: one record per job handed to the service.
+HANDED = "_service/jobs/"
 #: Under a job's root.
 OWNER = "service/owner.json"
 
@@ -50,12 +52,17 @@ class Timings:
 
     def __post_init__(self) -> None:
         needed = self.renew_deadline + self.renew_every + 1.0
-        if self.renew_every <= 0 or self.renew_deadline < 2 * self.renew_every or self.lease_duration < needed:
-            raise ConfigError(
-                f"service lease timings: expected renew_every > 0, renew_deadline >= 2 x renew_every and "
-                f"lease_duration >= renew_deadline + renew_every + 1 s ({needed:g} s), found renew_every "
-                f"{self.renew_every:g} s, renew_deadline {self.renew_deadline:g} s, lease_duration "
-                f"{self.lease_duration:g} s; raise lease_duration (a takeover then takes longer)")
+        if self.renew_every <= 0 or self.renew_deadline < 2 * self.renew_every:
+            todo = "renew more often, or raise renew_deadline (a cut-off instance then acts on longer)"
+        elif self.lease_duration < needed:
+            todo = "raise lease_duration (a takeover then takes longer)"
+        else:
+            return
+        raise ConfigError(
+            f"service lease timings: expected renew_every > 0, renew_deadline >= 2 x renew_every and "
+            f"lease_duration >= renew_deadline + renew_every + 1 s ({needed:g} s), found renew_every "
+            f"{self.renew_every:g} s, renew_deadline {self.renew_deadline:g} s, lease_duration "
+            f"{self.lease_duration:g} s; {todo}")
 
 
 class InstanceRecord(Record, frozen=True, kw_only=True):
@@ -91,6 +98,22 @@ class OwnerRecord(Record, frozen=True, kw_only=True):
     epoch: int
     acquired_at: float
     released: bool = False
+
+
+class ServiceJob(Record, frozen=True, kw_only=True):
+    """A job handed to the supervision service: its instances claim it and keep its recorded launch (spec/last.json)
+    running. Written by ``hand_over`` (launcher/service.py) from a front-end; listed by every instance."""
+
+    WHAT = "job handed to the supervision service"
+    KEY = "/_service/jobs/<job>.json"
+
+    job: str
+    handed_at: float
+    handed_by: str
+
+
+def handed_key(job: str) -> str:
+    return f"{HANDED}{check_job_name(job)}.json"
 
 
 def instance_key(instance: str) -> str:
@@ -137,11 +160,26 @@ class Observer:
     """Which other instances are silent: an instance whose record did not change for its ``lease_duration`` on
     this observer's monotonic clock (no two hosts' clocks compared), stopped, or gone."""
 
-    def __init__(self, root: Storage, monotonic: Callable[[], float] = time.monotonic) -> None:
-        self.root, self.monotonic = root, monotonic
+    def __init__(self, root: Storage, monotonic: Callable[[], float] = time.monotonic, *,
+                 per_look: bool = False) -> None:
+        self.root, self.monotonic, self.per_look = root, monotonic, per_look
         self._seen: dict[str, tuple[int, float]] = {}  # instance -> (sequence, when this observer first saw it)
+        self._looked: dict[str, bool] = {}  # with per_look, this look's answers (until ``new_look``)
+
+    def new_look(self) -> None:
+        """With ``per_look``: forget this look's answers, so the next ``silent`` reads each record again."""
+        self._looked.clear()
 
     def silent(self, instance: str) -> bool:
+        """Whether ``instance`` is silent; with ``per_look``, one GET per instance per look however many jobs it
+        owns."""
+        if not self.per_look:
+            return self._silent(instance)
+        if instance not in self._looked:
+            self._looked[instance] = self._silent(instance)
+        return self._looked[instance]
+
+    def _silent(self, instance: str) -> bool:
         found = self.root.read_versioned(instance_key(instance))
         if found is None:
             return True  # never written, or deleted: an instance writes its record before it claims a job

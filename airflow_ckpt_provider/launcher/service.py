@@ -1,0 +1,278 @@
+"""The supervision service: long-lived instances that own the jobs handed to them and keep their supervisors running.
+
+``hand_over`` records a job's launch (spec/last.json) and marks the job as the service's (``_service/jobs/<job>.json``).
+Each instance renews its lease, claims the handed jobs that no live instance owns (core/records/ownership.py) and, for
+each job it owns, observes its launch and supervisor, decides (``decide``) and acts: start the recorded launch here, or
+relaunch the job from its latest state when its supervisor is gone without having ended. The supervisor
+(launcher/supervisor.py) still restarts the driver; the service owns only the supervisor's restarts. What it starts
+does not die with it: another instance takes the job over and finds the supervisor running.
+Design notes: docs/service.md#design-notes-launcherservicepy.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from airflow_ckpt_provider.core.errors import CkptError, StorageError
+from airflow_ckpt_provider.core.policy.modes import LATEST_STATE, RestoreSpec
+from airflow_ckpt_provider.core.records.deployments import Deployment, Launch, read_launch, record_end
+from airflow_ckpt_provider.core.records.lease import pid_alive
+from airflow_ckpt_provider.core.records.ownership import (
+    HANDED,
+    Membership,
+    NotOwner,
+    Observer,
+    OwnerRecord,
+    ServiceJob,
+    Timings,
+    claim,
+    confirm,
+    handed_key,
+    release,
+)
+from airflow_ckpt_provider.core.records.supervision import Supervision, SupervisorState, read_supervisor
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import S3Options, Storage
+from airflow_ckpt_provider.launcher.deploy import launch, record_launch, start_launch
+
+log = logging.getLogger(__name__)
+
+#: Seconds a launch started by another instance gets to write its supervisor's first heartbeat (on this clock).
+START_TIMEOUT = 60.0
+
+
+# -- decide: one function, every case -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Keep:
+    """Nothing to do now, and why."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class Start:
+    """The recorded launch was never started: start its supervisor here."""
+
+    launch: Launch
+
+
+@dataclass(frozen=True)
+class Relaunch:
+    """The launch's supervisor is gone without having ended: a new launch of its deployment from the latest state."""
+
+    why: str
+
+
+Action = Keep | Start | Relaunch
+
+
+def decide(last: Launch | None, seen: Supervision, *, starting_here: bool, waited: float,
+           start_timeout: float = START_TIMEOUT) -> Action:
+    """What the owner of a handed job does: ``last`` is spec/last.json, ``seen`` the newest supervisor,
+    ``starting_here`` whether this instance started ``last`` and its process still runs, ``waited`` the seconds this
+    instance has seen ``last`` started elsewhere without a supervisor record."""
+    if last is None:
+        return Keep("no launch is recorded (spec/last.json): hand the job over again with its deployment")
+    if last.ending:
+        return Keep(f"launch {last.launch_id} ended ({last.ending}): {last.end_reason or 'no reason recorded'}")
+    record = seen.record
+    if record is None or record.launch_id != last.launch_id:
+        return _no_supervisor_yet(last, starting_here=starting_here, waited=waited, start_timeout=start_timeout)
+    if seen.live:
+        return Keep(f"its {record.describe()} runs")
+    if record.state is SupervisorState.ENDED:
+        return Keep(f"its {record.describe()} {seen.why_not}")
+    return Relaunch(f"its {record.describe()} {seen.why_not}")
+
+
+def _no_supervisor_yet(last: Launch, *, starting_here: bool, waited: float, start_timeout: float) -> Action:
+    """``decide`` for a launch without a supervisor record: never started, starting here, or started elsewhere."""
+    if starting_here:
+        return Keep(f"launch {last.launch_id}: its supervisor is starting on this host")
+    if last.pid is None:
+        return Start(last)
+    if waited < start_timeout:
+        return Keep(f"launch {last.launch_id} was started by pid {last.pid} on {last.host}: waiting for its "
+                    "supervisor's first heartbeat")
+    return Relaunch(f"launch {last.launch_id}, started by pid {last.pid} on {last.host}, wrote no supervisor "
+                    f"heartbeat within {start_timeout:g} s")
+
+
+# -- hand a job over ----------------------------------------------------------------------------------------------
+
+
+def hand_over(store: JobStore, deployment: Deployment, *, restore: RestoreSpec, store_url: str,
+              s3: S3Options | None = None, handed_by: str = "") -> Launch:
+    """Record ``deployment`` as the job's launch (checked first: bad input raises, nothing recorded) and hand the job
+    to the supervision service; an instance starts it within a renewal or two. Returns the recorded launch."""
+    record = record_launch(store, deployment, restore=restore, store_url=store_url, s3=s3, launched_by=handed_by)
+    store.root.write(handed_key(store.job), ServiceJob(job=store.job, handed_at=record.launched_at,
+                                                       handed_by=record.launched_by).to_bytes())
+    return record
+
+
+def handed_jobs(root: Storage) -> list[str]:
+    """The jobs handed to the service (one LIST of ``_service/jobs/``)."""
+    return sorted(info.key[len(HANDED):-len(".json")] for info in root.list(HANDED) if info.key.endswith(".json"))
+
+
+# -- act: the service loop ----------------------------------------------------------------------------------------
+
+
+class SupervisionService:
+    """One instance: ``run(stop)`` renews its lease every ``timings.renew_every`` s and reconciles each handed job it
+    owns or may claim; at a clean stop it releases its jobs (another instance takes them at once) and records that it
+    stopped. A launch starts as ``ckpt run --supervise``, detached, on this host."""
+
+    def __init__(self, root: Storage, *, store_url: str, s3: S3Options | None = None, timings: Timings | None = None,
+                 instance: str | None = None, start_timeout: float = START_TIMEOUT,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        timings = timings or Timings()
+        self.root, self.store_url, self.s3 = root, store_url, s3
+        self.timings, self.start_timeout, self.monotonic = timings, start_timeout, monotonic
+        self.me = Membership(root, timings, instance=instance, monotonic=monotonic)
+        self.observer = Observer(root, monotonic=monotonic, per_look=True)
+        self.owned: dict[str, OwnerRecord] = {}  # job -> its owner record
+        self._started: dict[str, tuple[str, Callable[[], bool]]] = {}  # job -> (launch id, its process runs)
+        self._elsewhere: dict[str, tuple[str, float]] = {}  # job -> (launch id, when first seen without a record)
+        self._store_down = False
+
+    @property
+    def instance(self) -> str:
+        return self.me.instance
+
+    def run(self, stop: threading.Event) -> None:
+        """Until ``stop`` is set. The first renewal must succeed: a store this instance cannot write is refused
+        (StorageError, nothing claimed)."""
+        try:
+            self.me.renew()
+        except StorageError as err:
+            raise StorageError(f"supervision service instance {self.instance}: expected to write its lease to "
+                               f"{self.root.uri(self.me.key)}, found: {err}; check the store URL and that these "
+                               "credentials may write there") from err
+        log.info("supervision service instance %s on %s: lease written (renewed every %g s, taken over %g s after "
+                 "its last renewal)", self.instance, socket.gethostname(), self.timings.renew_every,
+                 self.timings.lease_duration)
+        while not stop.is_set():
+            self.tick()
+            stop.wait(self.timings.renew_every)
+        self.shutdown()
+
+    def tick(self) -> None:
+        """One renewal and one look at every handed job."""
+        try:
+            self.me.renew()
+            if self._store_down:
+                log.info("supervision service instance %s: the job store answers again", self.instance)
+            self._store_down = False
+        except StorageError as err:
+            if not self._store_down:
+                log.warning("supervision service instance %s: cannot renew its lease (%s); it takes no step once its "
+                            "last renewal is %g s old", self.instance, err, self.timings.renew_deadline)
+            self._store_down = True
+        if not self.me.may_act():
+            return
+        self.observer.new_look()
+        try:
+            jobs = handed_jobs(self.root)
+        except StorageError as err:
+            log.warning("supervision service instance %s: cannot list the handed jobs: %s", self.instance, err)
+            return
+        for job in jobs:
+            try:
+                self.reconcile(job)
+            except NotOwner as err:
+                log.info("%s", err)
+                self.owned.pop(job, None)
+            except StorageError as err:
+                log.warning("job %s: supervision service instance %s could not look at it: %s", job, self.instance,
+                            err)
+
+    def reconcile(self, job: str) -> Action | None:
+        """Observe, decide, act for one handed job; None when another instance owns it."""
+        store = JobStore(self.root, job)
+        got = claim(store, self.me, self.observer)
+        if not got.mine or got.owner is None:
+            if self.owned.pop(job, None) is not None:
+                log.warning("job %s: supervision service instance %s no longer owns it (%s at epoch %s does): what "
+                            "it started keeps running", job, self.instance, got.owner.instance if got.owner else "-",
+                            got.owner.epoch if got.owner else "-")
+            return None
+        if job not in self.owned:
+            took = f" from {got.took_from.instance} (epoch {got.took_from.epoch})" if got.took_from else ""
+            log.info("job %s: supervised by service instance %s at epoch %d%s", job, self.instance, got.owner.epoch,
+                     took)
+        self.owned[job] = got.owner
+        last = read_launch(store)
+        seen = _supervision(store, last)
+        action = decide(last, seen, starting_here=self._starting_here(job, last),
+                        waited=self._waited(job, last), start_timeout=self.start_timeout)
+        if isinstance(action, Keep):
+            return action
+        confirm(store, self.me, got.owner)  # the last look before acting: still ours, and our lease renewed
+        assert last is not None
+        try:
+            if isinstance(action, Start):
+                started = start_launch(store, action.launch, store_url=self.store_url, s3=self.s3)
+                log.info("job %s: service instance %s started launch %s (supervisor pid %s, restore %s)", job,
+                         self.instance, started.launch_id, started.pid, started.restore)
+            else:
+                started = launch(store, last.deployment, restore=LATEST_STATE, store_url=self.store_url, s3=self.s3,
+                                 launched_by=f"supervision service {self.instance}: {action.why}")
+                log.warning("job %s: service instance %s relaunched it from the latest state as launch %s "
+                            "(supervisor pid %s): %s", job, self.instance, started.launch_id, started.pid,
+                            action.why)
+        except CkptError as err:  # bad input (a restart cannot fix it): ended, not retried every tick
+            reason = f"supervision service instance {self.instance} could not start it: {err}"
+            log.error("job %s: %s", job, reason)
+            record_end(store, last.launch_id, ending="refused", exit_code=2, reason=reason)
+            return action
+        pid = started.pid
+        self._started[job] = (started.launch_id, lambda: pid is not None and pid_alive(pid))
+        return action
+
+    def _starting_here(self, job: str, last: Launch | None) -> bool:
+        started = self._started.get(job)
+        return last is not None and started is not None and started[0] == last.launch_id and started[1]()
+
+    def _waited(self, job: str, last: Launch | None) -> float:
+        """Seconds this instance has seen ``last`` started elsewhere without a supervisor record (on its clock)."""
+        if last is None or last.pid is None:
+            self._elsewhere.pop(job, None)
+            return 0.0
+        seen = self._elsewhere.get(job)
+        if seen is None or seen[0] != last.launch_id:
+            self._elsewhere[job] = (last.launch_id, self.monotonic())
+            return 0.0
+        return self.monotonic() - seen[1]
+
+    def shutdown(self) -> None:
+        """A clean stop: release every owned job and record the stop, so another instance takes them at once.
+        The supervisors it started keep running."""
+        for job, owned in list(self.owned.items()):
+            try:
+                release(JobStore(self.root, job), self.me, owned)
+            except StorageError as err:
+                log.warning("job %s: could not release it (%s): another instance takes it over after %g s", job,
+                            err, self.timings.lease_duration)
+        try:
+            self.me.renew(stopped=True)
+        except StorageError as err:
+            log.warning("supervision service instance %s: could not record its stop: %s", self.instance, err)
+        log.info("supervision service instance %s stopped; released %d jobs", self.instance, len(self.owned))
+
+
+def _supervision(store: JobStore, last: Launch | None) -> Supervision:
+    """The supervisor of launch ``last`` and whether it is live: one GET of its record (no listing)."""
+    record = read_supervisor(store, last.launch_id) if last is not None else None
+    if record is None:
+        return Supervision(None, False)
+    live, why_not = record.liveness(time.time(), host=socket.gethostname(), pid_alive=pid_alive)
+    return Supervision(record, live, why_not)

@@ -1,0 +1,152 @@
+"""The supervision service end to end (issue 42): two instances (`ckpt service run`, real processes) on SeaweedFS, a
+job handed to them (tests/jobs/kafka_count.py, local[2], tansu), counted exactly.
+
+The instance that owns the job is killed with kill -9: the other takes the job over at the next epoch and finds its
+supervisor running (the job goes on, no relaunch). Then the supervisor and its driver are killed together, as when
+the host they ran on is lost: the new owner relaunches the job from its latest state, once. The counts are exact.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_ckpt_provider.core.policy.modes import LATEST_STATE
+from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
+from airflow_ckpt_provider.core.records.deployments import Deployment, read_launch
+from airflow_ckpt_provider.core.records.ownership import read_owner
+from airflow_ckpt_provider.core.records.status import JobState, read_status
+from airflow_ckpt_provider.core.records.supervision import SupervisorState, read_supervisor
+from airflow_ckpt_provider.core.store.storage import S3Options
+from airflow_ckpt_provider.launcher.service import hand_over
+from tests.support.runtimejob import JOB_FILE, SPARK_CONF, JobEnv, expected_counts, produce, stop_supervisor
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 180.0
+RECORDS = 800
+#: Fast service timings for the test (the product's: renew 2 s, deadline 8 s, lease 12 s).
+FAST = ("--renew-every", "0.5", "--renew-deadline", "2", "--lease-duration", "3.5")
+
+
+def _wait(what: str, check: Any, timeout: float, *logs: Path) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.3)
+    tails = "\n".join(f"--- {log} ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+                      for log in logs if log.exists())
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{tails}")
+
+
+class Instance:
+    """One `ckpt service run` process, its output in a file."""
+
+    def __init__(self, name: str, env: JobEnv, work: Path, environ: dict[str, str]) -> None:
+        self.name, self.log = name, work / f"{name}.log"
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "airflow_ckpt_provider.cli", "service", "run", "--store", env.store_url,
+                 "--instance", name, "--endpoint-url", env.s3.endpoint_url, "--region", env.s3.region, *FAST],
+                env=environ, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def test_a_handed_job_outlives_its_owning_instance_and_its_lost_supervisor_is_relaunched_once_exact_counts(
+        env: JobEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    monkeypatch.setenv("CKPT_HOME", str(home))
+    environ = {**os.environ, "CKPT_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
+               "AWS_ACCESS_KEY_ID": env.s3.access_key, "AWS_SECRET_ACCESS_KEY": env.s3.secret_key}
+    s3 = S3Options(endpoint_url=env.s3.endpoint_url, region=env.s3.region, access_key_id=env.s3.access_key,
+                   secret_access_key=env.s3.secret_key)
+    store = env.store()
+    produce(env.kafka.bootstrap_servers, env.topic, 0, RECORDS // 2)
+    deployment = Deployment(
+        job_file=str(JOB_FILE), checkpoint=str(tmp_path / "checkpoint"), heartbeat_interval=1.0,
+        restart_strategy="fixed-delay", restart_attempts=3, restart_delay=1.0,
+        conf=dict(c.split("=", 1) for c in SPARK_CONF),
+        env={"CKPT_TEST_TOPIC": env.topic, "CKPT_TEST_BOOTSTRAP": env.kafka.bootstrap_servers,
+             "CKPT_TEST_OUT": str(env.out), "CKPT_TEST_MAX_OFFSETS": "200"})
+    instances = {name: Instance(name, env, tmp_path, environ) for name in ("svc-a", "svc-b")}
+    logs = [i.log for i in instances.values()]
+    first_launch = hand_over(store, deployment, restore=LATEST_STATE, store_url=env.store_url, s3=s3,
+                             handed_by="test")
+    launches = [first_launch.launch_id]
+    try:
+        running = _wait("the handed job RUNNING with a batch", lambda: (
+            (s := read_status(store)) is not None and s.state is JobState.RUNNING and s.batch_id is not None and s),
+            TIMEOUT, *logs)
+        owner = read_owner(store)
+        assert owner is not None and owner.epoch == 1 and owner.instance in instances
+        started = read_launch(store)
+        assert started is not None and started.launch_id == first_launch.launch_id and started.pid is not None
+
+        # 1. The owning instance killed with kill -9: the other takes the job over and finds the supervisor running.
+        os.kill(instances[owner.instance].proc.pid, signal.SIGKILL)
+        instances[owner.instance].proc.wait(10)
+        other = next(name for name in instances if name != owner.instance)
+        taken = _wait(f"{other} owning the job", lambda: (
+            (o := read_owner(store)) is not None and o.instance == other and o), 60.0, *logs)
+        assert taken.epoch == 2
+        supervisor = read_supervisor(store, first_launch.launch_id)
+        assert supervisor is not None and supervisor.state is not SupervisorState.ENDED
+        os.kill(supervisor.pid, 0)  # still runs: it did not die with the instance that started it
+        time.sleep(3 * 0.5)  # three of the new owner's looks: it keeps the running supervisor, starts nothing
+        last = read_launch(store)
+        assert last is not None and last.launch_id == first_launch.launch_id
+        now = read_status(store)
+        assert now is not None and now.epoch == running.epoch
+
+        # 2. The supervisor and its driver killed together (their host lost): the owner relaunches, once.
+        os.kill(supervisor.pid, signal.SIGKILL)
+        assert now.pid is not None
+        os.killpg(os.getpgid(now.pid), signal.SIGKILL)
+        relaunched = _wait("a relaunch by the new owner RUNNING at a newer epoch", lambda: (
+            (s := read_status(store)) is not None and s.state is JobState.RUNNING and s.epoch > running.epoch
+            and s), TIMEOUT, *logs)
+        last = read_launch(store)
+        assert last is not None and last.launch_id != first_launch.launch_id
+        launches.append(last.launch_id)
+        assert last.launched_by.startswith(f"supervision service {other}: its supervisor")
+        assert str(last.restore) == "latest-state"
+
+        produce(env.kafka.bootstrap_servers, env.topic, RECORDS // 2, RECORDS // 2)
+        done = _wait(f"all {RECORDS} records counted", lambda: (
+            (s := read_status(store)) is not None and env.consumed(s) == RECORDS and s), TIMEOUT, *logs)
+        assert done.epoch == relaunched.epoch
+        ack = env.request(RequestAction.STOP, done.epoch)
+        assert ack.outcome is Outcome.COMPLETED, ack
+        _wait("the relaunch's supervisor ended", lambda: (
+            (r := read_supervisor(store, last.launch_id)) is not None and r.state is SupervisorState.ENDED), 60.0,
+            *logs)
+        time.sleep(3 * 0.5)  # three more looks: a stopped job stays stopped
+        final = read_launch(store)
+        assert final is not None and final.launch_id == last.launch_id and final.ending == "stopped"
+    finally:
+        for instance in instances.values():
+            instance.stop()
+        for launch_id in launches:
+            stop_supervisor(store, launch_id)
+    text = "\n".join(log.read_text(errors="replace") for log in logs)
+    assert text.count("relaunched it from the latest state") == 1, text[-4000:]
+    assert env.final_counts() == expected_counts(RECORDS)
+    owner = read_owner(store)
+    assert owner is not None and owner.released  # the surviving instance released it at its clean stop

@@ -1,0 +1,47 @@
+"""The supervision service's decision for a job it owns (launcher/service.decide): every case, one function."""
+
+from __future__ import annotations
+
+import pytest
+from msgspec.structs import replace
+
+from airflow_ckpt_provider.core.policy.modes import LATEST_STATE
+from airflow_ckpt_provider.core.records.deployments import Deployment, Launch
+from airflow_ckpt_provider.core.records.supervision import Supervision, SupervisorRecord, SupervisorState
+from airflow_ckpt_provider.launcher.service import Keep, Relaunch, Start, decide
+
+LAUNCH = Launch("orders", Deployment(job_file="/jobs/orders.py"), LATEST_STATE, 1_800_000_000.0, "airflow", "L2")
+
+
+def _supervisor(launch_id: str = "L2", state: SupervisorState = SupervisorState.WATCHING) -> SupervisorRecord:
+    return SupervisorRecord(job="orders", launch_id=launch_id, pid=41, host="svc-a", state=state,
+                            started_at=1_800_000_001.0, updated_at=1_800_000_060.0, interval=5.0)
+
+
+@pytest.mark.parametrize(("last", "seen", "starting_here", "waited", "expected"), [
+    pytest.param(None, Supervision(None, False), False, 0.0, Keep, id="no launch recorded"),
+    pytest.param(replace(LAUNCH, ending="stopped", end_reason="driver stopped"), Supervision(None, False), False, 0.0,
+                 Keep, id="the launch ended"),
+    pytest.param(LAUNCH, Supervision(_supervisor(), True), False, 0.0, Keep, id="its supervisor runs"),
+    pytest.param(LAUNCH, Supervision(_supervisor(state=SupervisorState.ENDED), False, "ended (gave-up)"), False, 0.0,
+                 Keep, id="its supervisor ended (spec/last.json not yet told)"),
+    pytest.param(LAUNCH, Supervision(_supervisor(), False, "is gone: no heartbeat for 41 s"), False, 0.0, Relaunch,
+                 id="its supervisor is gone"),
+    pytest.param(LAUNCH, Supervision(None, False), False, 0.0, Start, id="recorded, never started"),
+    pytest.param(LAUNCH, Supervision(_supervisor("L1"), True), False, 0.0, Start,
+                 id="recorded; only the previous launch's supervisor runs (it is superseded)"),
+    pytest.param(LAUNCH, Supervision(None, False), True, 0.0, Keep, id="starting on this host"),
+    pytest.param(replace(LAUNCH, pid=7, host="svc-b"), Supervision(None, False), False, 59.0, Keep,
+                 id="started elsewhere, its first heartbeat awaited"),
+    pytest.param(replace(LAUNCH, pid=7, host="svc-b"), Supervision(None, False), False, 60.0, Relaunch,
+                 id="started elsewhere, no heartbeat within the start timeout"),
+])
+def test_the_owner_starts_keeps_or_relaunches_as_the_launch_and_its_supervisor_say(
+        last: Launch | None, seen: Supervision, starting_here: bool, waited: float, expected: type) -> None:
+    action = decide(last, seen, starting_here=starting_here, waited=waited, start_timeout=60.0)
+    assert isinstance(action, expected), action
+    if isinstance(action, Start):
+        assert action.launch == last
+    if isinstance(action, Relaunch):
+        assert "is gone: no heartbeat for 41 s" in action.why or "wrote no supervisor heartbeat within 60 s" in \
+            action.why
