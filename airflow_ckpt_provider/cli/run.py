@@ -129,7 +129,8 @@ def _hand_over(args: argparse.Namespace, spec: SubmitSpec) -> int:
     """``--service``: record the deployment and hand the job to the supervision service; prints the launch."""
     from airflow_ckpt_provider.core.records.deployments import Deployment
     from airflow_ckpt_provider.core.store.jobstore import JobStore
-    from airflow_ckpt_provider.launcher.service import hand_over
+    from airflow_ckpt_provider.core.views.submission import find_running
+    from airflow_ckpt_provider.launcher.service import START_TIMEOUT, hand_over
 
     s3 = S3Options.from_env(args.endpoint_url, args.region)
     deployment = Deployment.from_namespace(
@@ -137,6 +138,12 @@ def _hand_over(args: argparse.Namespace, spec: SubmitSpec) -> int:
         deploy_mode=spec.deploy_mode, conf=dict(spec.conf), py_files=tuple(spec.py_files), files=tuple(spec.files),
         spark_submit=spec.spark_submit, python_env=args.python_env)
     store = JobStore.open(spec.config.store, spec.config.job, s3)
+    running = find_running(store, START_TIMEOUT)
+    if running is not None:  # a second driver would fence the one that runs
+        raise ConfigError(
+            f"job {store.job}: expected no driver running or starting, found launch {running.launch_id or '-'}"
+            f" (epoch {running.epoch if running.epoch is not None else '-'}); nothing was handed over: stop it "
+            f"first (`ckpt job stop --job {store.job}`), then hand it over (it restarts from its final savepoint)")
     record = hand_over(store, deployment, restore=spec.config.restore, store_url=spec.config.store, s3=s3)
     if args.json:
         print(json.dumps(record.to_dict()))

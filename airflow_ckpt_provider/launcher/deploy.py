@@ -118,10 +118,16 @@ def record_launch(store: JobStore, deployment: Deployment, *, restore: RestoreSp
     record = Launch(store.job, deployment, restore, now, launched_by or f"{os.environ.get('USER', '?')}@"
                     f"{socket.gethostname()}", launch_id, host=socket.gethostname() if here else None,
                     log_file=str(log_dir(store.job) / f"{launch_id}.log") if here else None)
-    build_command(submit_spec(deployment, store.job, store_url, restore, s3, supervised=True))  # bad input: here
-    check_master(deployment.master)  # an unreachable master too, before spec/last.json records the launch
+    check_deployment(deployment, store.job, store_url, restore, s3)  # before spec/last.json records the launch
     store.storage.write(SPEC_LAST, record.to_bytes())
     return record
+
+
+def check_deployment(deployment: Deployment, job: str, store_url: str, restore: RestoreSpec,
+                     s3: S3Options | None = None) -> None:
+    """Bad input (the command its supervisor would run) and an unreachable master raise ConfigError here."""
+    build_command(submit_spec(deployment, job, store_url, restore, s3, supervised=True))
+    check_master(deployment.master)
 
 
 def start_launch(store: JobStore, record: Launch, *, store_url: str, s3: S3Options | None = None,

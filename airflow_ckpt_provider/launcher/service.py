@@ -38,7 +38,7 @@ from airflow_ckpt_provider.core.records.ownership import (
 from airflow_ckpt_provider.core.records.supervision import Supervision, SupervisorState, read_supervisor
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.store.storage import S3Options, Storage
-from airflow_ckpt_provider.launcher.deploy import launch, record_launch, start_launch
+from airflow_ckpt_provider.launcher.deploy import check_deployment, launch, record_launch, start_launch
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +219,8 @@ class SupervisionService:
         confirm(store, self.me, got.owner)  # the last look before acting: still ours, and our lease renewed
         assert last is not None
         try:
-            if isinstance(action, Start):
+            if isinstance(action, Start):  # checked here too: a supervisor refused at its start writes no record
+                check_deployment(action.launch.deployment, job, self.store_url, action.launch.restore, self.s3)
                 started = start_launch(store, action.launch, store_url=self.store_url, s3=self.s3)
                 log.info("job %s: service instance %s started launch %s (supervisor pid %s, restore %s)", job,
                          self.instance, started.launch_id, started.pid, started.restore)
