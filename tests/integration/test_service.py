@@ -101,11 +101,13 @@ def test_a_handed_job_outlives_its_owning_instance_and_its_lost_supervisor_is_re
 
         # 1. The owning instance killed with kill -9: the other takes the job over and finds the supervisor running.
         os.kill(instances[owner.instance].proc.pid, signal.SIGKILL)
+        killed = time.monotonic()
         instances[owner.instance].proc.wait(10)
         other = next(name for name in instances if name != owner.instance)
         taken = _wait(f"{other} owning the job", lambda: (
             (o := read_owner(store)) is not None and o.instance == other and o), 60.0, *logs)
         assert taken.epoch == 2
+        times = {"takeover after the owner's kill -9, s": round(time.monotonic() - killed, 1)}
         supervisor = read_supervisor(store, first_launch.launch_id)
         assert supervisor is not None and supervisor.state is not SupervisorState.ENDED
         os.kill(supervisor.pid, 0)  # still runs: it did not die with the instance that started it
@@ -119,9 +121,11 @@ def test_a_handed_job_outlives_its_owning_instance_and_its_lost_supervisor_is_re
         os.kill(supervisor.pid, signal.SIGKILL)
         assert now.pid is not None
         os.killpg(os.getpgid(now.pid), signal.SIGKILL)
+        lost = time.monotonic()
         relaunched = _wait("a relaunch by the new owner RUNNING at a newer epoch", lambda: (
             (s := read_status(store)) is not None and s.state is JobState.RUNNING and s.epoch > running.epoch
             and s), TIMEOUT, *logs)
+        times["running again after the supervisor and driver were killed, s"] = round(time.monotonic() - lost, 1)
         last = read_launch(store)
         assert last is not None and last.launch_id != first_launch.launch_id
         launches.append(last.launch_id)
@@ -145,6 +149,7 @@ def test_a_handed_job_outlives_its_owning_instance_and_its_lost_supervisor_is_re
             instance.stop()
         for launch_id in launches:
             stop_supervisor(store, launch_id)
+    print(f"service: {times}")
     text = "\n".join(log.read_text(errors="replace") for log in logs)
     assert text.count("relaunched it from the latest state") == 1, text[-4000:]
     assert env.final_counts() == expected_counts(RECORDS)
