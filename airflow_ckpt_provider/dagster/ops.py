@@ -36,7 +36,8 @@ from airflow_ckpt_provider.core.watches.base import wait_for
 from airflow_ckpt_provider.core.watches.control import RequestWatch, request_failure, request_result
 from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
 from airflow_ckpt_provider.dagster.resources import CkptResource
-from airflow_ckpt_provider.launcher.deploy import launch, start_failure
+from airflow_ckpt_provider.launcher.deploy import start_failure
+from airflow_ckpt_provider.launcher.service import start_job
 from airflow_ckpt_provider.launcher.upgrade import JobUpgrade, UpgradeFailed, UpgradeOptions
 from airflow_ckpt_provider.launcher.upgradesteps import NotRetried
 
@@ -296,8 +297,9 @@ def _wait_running(context: dg.OpExecutionContext, store: JobStore, *, start_time
 def _launch(context: dg.OpExecutionContext, ckpt: CkptResource, store: JobStore, deployment: Deployment,
             restore: RestoreSpec) -> tuple[str, float]:
     try:
-        record = launch(store, deployment, restore=restore, store_url=ckpt.store_url, s3=ckpt.s3_options(),
-                        launched_by=_launched_by(context))
+        # As the job had: the supervision service once it was handed to it (launcher/service.start_job).
+        record = start_job(store, deployment, restore=restore, store_url=ckpt.store_url, s3=ckpt.s3_options(),
+                           launched_by=_launched_by(context))
     except CkptError as err:
         raise _failure(f"cannot launch job {store.job}: {err}") from err
     context.log.info("job %s: launched %s (code %s, restore %s), supervisor pid %s on %s, log %s", store.job,

@@ -15,11 +15,11 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from airflow_ckpt_provider.core.errors import CkptError, StorageError
-from airflow_ckpt_provider.core.policy.modes import LATEST_STATE, RestoreSpec
+from airflow_ckpt_provider.core.policy.modes import LATEST_STATE, RestoreSpec, SupervisionMode
 from airflow_ckpt_provider.core.records.deployments import Deployment, Launch, read_launch, record_end
 from airflow_ckpt_provider.core.records.lease import pid_alive
 from airflow_ckpt_provider.core.records.ownership import (
@@ -116,6 +116,23 @@ def hand_over(store: JobStore, deployment: Deployment, *, restore: RestoreSpec, 
     store.root.write(handed_key(store.job), ServiceJob(job=store.job, handed_at=record.launched_at,
                                                        handed_by=record.launched_by).to_bytes())
     return record
+
+
+def start_job(store: JobStore, deployment: Deployment, *, restore: RestoreSpec, store_url: str,
+              s3: S3Options | None = None, launched_by: str = "", unrecorded_env: Mapping[str, str] | None = None,
+              supervision: SupervisionMode = SupervisionMode.AUTO) -> Launch:
+    """How every front-end (the operators, Dagster, ``ckpt job upgrade|rescale``) starts a deployment: launched here
+    with its own supervisor, or handed to the service (``supervision``; ``auto``: as the job was before). A job
+    handed to the service gets no ``unrecorded_env``: the service's instances run it with their own environment."""
+    handed = supervision is SupervisionMode.SERVICE or (
+        supervision is SupervisionMode.AUTO and store.root.exists(handed_key(store.job)))
+    if not handed:
+        return launch(store, deployment, restore=restore, store_url=store_url, s3=s3, launched_by=launched_by,
+                      unrecorded_env=unrecorded_env)
+    if unrecorded_env:
+        log.info("job %s: handed to the supervision service without this launch's unrecorded environment (%s): its "
+                 "instances' own environment applies", store.job, ", ".join(sorted(unrecorded_env)))
+    return hand_over(store, deployment, restore=restore, store_url=store_url, s3=s3, handed_by=launched_by)
 
 
 def handed_jobs(root: Storage) -> list[str]:

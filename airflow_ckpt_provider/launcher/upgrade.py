@@ -22,8 +22,9 @@ from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.core.watches.base import wait_for
 from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
 from airflow_ckpt_provider.launcher import upgradesteps as steps
-from airflow_ckpt_provider.launcher.deploy import credentials_env, launch, submit_spec
+from airflow_ckpt_provider.launcher.deploy import credentials_env, submit_spec
 from airflow_ckpt_provider.launcher.restore_check import check_restore, check_spec
+from airflow_ckpt_provider.launcher.service import start_job
 from airflow_ckpt_provider.runtime.restore_check_verdict import RestoreCheck
 
 log = logging.getLogger(__name__)
@@ -213,8 +214,9 @@ class JobUpgrade:
                               bool(event.get("idle")))
 
     def _start(self, deployment: Deployment, restore: RestoreSpec) -> Launch:
-        return launch(self.store, deployment, restore=restore, store_url=self.store_url, s3=self.s3,
-                      launched_by=self.launched_by)
+        # As the job had: handed to the supervision service again once it was (launcher/service.start_job).
+        return start_job(self.store, deployment, restore=restore, store_url=self.store_url, s3=self.s3,
+                         launched_by=self.launched_by)
 
     def _verify(self, record: Launch, *, batches: int | None = None) -> dict[str, Any]:
         """The health verdict on ``record``'s deployment: ``batches`` new batches (default ``verify_batches``),

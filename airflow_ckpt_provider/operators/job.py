@@ -13,7 +13,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError, ConflictError
 from airflow_ckpt_provider.core.policy.health import HealthCriteria
-from airflow_ckpt_provider.core.policy.modes import KillPolicy, RestoreSpec, StopMode
+from airflow_ckpt_provider.core.policy.modes import KillPolicy, RestoreSpec, StopMode, SupervisionMode
 from airflow_ckpt_provider.core.policy.settings import JobSettings, names
 from airflow_ckpt_provider.core.records.control import STOP_ACTION, RequestAction, submit_request
 from airflow_ckpt_provider.core.records.deployments import Deployment, Launch, read_launch
@@ -28,7 +28,8 @@ from airflow_ckpt_provider.core.views.jobview import (
 )
 from airflow_ckpt_provider.core.views.submission import find_running, what_to_launch
 from airflow_ckpt_provider.hooks.spark import CkptSparkHook
-from airflow_ckpt_provider.launcher.deploy import launch, start_failure
+from airflow_ckpt_provider.launcher.deploy import start_failure
+from airflow_ckpt_provider.launcher.service import start_job
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink, persist_empty_links
 from airflow_ckpt_provider.operators import lineage
 from airflow_ckpt_provider.operators.arguments import (
@@ -67,17 +68,26 @@ class _LaunchMixin(JobOperator):
     """Launching a deployment and waiting until its driver runs."""
 
     start_timeout: float
+    #: Who keeps the launched job running (core/policy/modes.SupervisionMode): ``auto`` (as the job had: the service
+    #: once it was handed to it), ``launcher`` (a supervisor on this worker) or ``service`` (docs/service.md).
+    supervision: SupervisionMode | str = SupervisionMode.AUTO
 
     def _launch(self, store: JobStore, deployment: Deployment, restore: RestoreSpec) -> Launch:
         try:
-            record = launch(store, deployment, restore=restore, store_url=self.store_hook.store_url,
-                            s3=self.store_hook.s3_options, launched_by=f"airflow:{self.dag_id}.{self.task_id}",
-                            unrecorded_env=lineage.launch_env(self, deployment.env))
+            record = start_job(store, deployment, restore=restore, store_url=self.store_hook.store_url,
+                               s3=self.store_hook.s3_options, launched_by=f"airflow:{self.dag_id}.{self.task_id}",
+                               unrecorded_env=lineage.launch_env(self, deployment.env),
+                               supervision=parse_mode(SupervisionMode, self.supervision))
         except CkptError as err:
             raise AirflowException(f"cannot launch job {self.job}: {err}") from err
-        self.log.info("job %s: launched %s (code %s, restore %s), supervisor pid %s on %s, log %s",
-                      self.job, record.launch_id, deployment.code_version or "-", restore, record.pid, record.host,
-                      record.log_file)
+        if record.pid is None:
+            self.log.info("job %s: launch %s (code %s, restore %s) handed to the supervision service: nothing of "
+                          "the job runs on this worker", self.job, record.launch_id,
+                          deployment.code_version or "-", restore)
+        else:
+            self.log.info("job %s: launched %s (code %s, restore %s), supervisor pid %s on %s, log %s",
+                          self.job, record.launch_id, deployment.code_version or "-", restore, record.pid,
+                          record.host, record.log_file)
         return record
 
     def _wait_running(self, context: Context, store: JobStore, *, method_name: str, started_after: float | None,
@@ -123,6 +133,9 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
     :param files: data files the job reads from its working directory (spark-submit's ``--files``), recorded too
     :param keep_recorded_code: when the job is not running and last ran other code than this task's (it was
         upgraded), start that code again (default) rather than this task's
+    :param supervision: who keeps the job running: ``auto`` (default: as the job had, the supervision service once
+        it was handed to it), ``launcher`` (a supervisor started on this worker, today's single-host form) or
+        ``service`` (handed to the supervision service: nothing of the job runs on this worker; docs/service.md)
 
     Every field of core/policy/settings.py ``JobSettings`` is a keyword argument too, templated, with the same name
     and default (``checkpoint``, ``checkpoint_interval``, ``savepoint_interval``, ``keep_checkpoints``,
@@ -131,7 +144,8 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
     """
 
     template_fields = (*JobOperator.template_fields, "job_file", "code_version", "restore", "env", "conf",
-                       "py_files", "files", *(name for name in names(JobSettings) if name not in NOT_ARGUMENTS))
+                       "py_files", "files", *(name for name in names(JobSettings) if name not in NOT_ARGUMENTS),
+                       "supervision")
     template_fields_renderers: ClassVar[dict[str, str]] = {"env": "json", "conf": "json"}
     operator_extra_links = (SparkUILink(),)
     external_id_key = "ckpt_launch"
@@ -151,6 +165,7 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
         start_timeout: float = 600.0,
         on_kill_policy: KillPolicy | str = KillPolicy.LEAVE_RUNNING,
         keep_recorded_code: bool = True,
+        supervision: SupervisionMode | str = SupervisionMode.AUTO,
         **kwargs: Any,
     ) -> None:
         settings = settings_args(JobSettings, kwargs, skip=NOT_ARGUMENTS)  # the JobSettings fields, by name
@@ -168,6 +183,7 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
         self.start_timeout = start_timeout
         self.on_kill_policy = mode_arg(KillPolicy, on_kill_policy)
         self.keep_recorded_code = keep_recorded_code
+        self.supervision = mode_arg(SupervisionMode, supervision)
 
     # The settings are parameters for Airflow (default_args, partial/expand) and help(), without a list here;
     # functions do take __signature__ (inspect.signature reads it), which typeshed does not declare.
@@ -196,6 +212,7 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
         persist_empty_links(context, self)  # before anything can fail or defer (links.py)
         try:
             parse_mode(KillPolicy, self.on_kill_policy)
+            parse_mode(SupervisionMode, self.supervision)
             parse_restore(self.restore)
             self.deployment()  # bad input fails here, before anything is launched
         except CkptError as err:
@@ -301,17 +318,20 @@ class RestartStreamingJobOperator(_LaunchMixin):
     snapshot replaces it.
 
     Returns what the submit operator returns once the new driver runs, plus ``restore`` (as asked) and
-    ``restarted_by`` (``operator``, or ``supervisor``/``driver`` when it left the restart to them).
+    ``restarted_by`` (``operator``, or ``supervisor``/``driver`` when it left the restart to them). ``supervision``
+    as for the submit operator (``auto``: the job stays with the service once handed to it).
     """
 
-    template_fields = (*JobOperator.template_fields, "restore", "stop_mode")
+    template_fields = (*JobOperator.template_fields, "restore", "stop_mode", "supervision")
     operator_extra_links = (SparkUILink(), SnapshotLink())
 
     def __init__(self, *, restore: str = "latest-state", stop_mode: StopMode | str = StopMode.CANCEL,
-                 start_timeout: float = 600.0, stop_timeout: float = STOP_TIMEOUT, **kwargs: Any) -> None:
+                 start_timeout: float = 600.0, stop_timeout: float = STOP_TIMEOUT,
+                 supervision: SupervisionMode | str = SupervisionMode.AUTO, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.restore = restore_arg(restore)
         self.stop_mode = mode_arg(StopMode, stop_mode)
+        self.supervision = mode_arg(SupervisionMode, supervision)
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
 

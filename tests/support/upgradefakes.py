@@ -46,7 +46,7 @@ class World:
         self.healthy = [True]
         monkeypatch.setattr(upgrade, "check_restore", self.check_restore)
         monkeypatch.setattr(upgrade, "wait_ack", self.wait_ack)
-        monkeypatch.setattr(upgrade, "launch", self.launches)
+        monkeypatch.setattr("airflow_ckpt_provider.launcher.service.launch", self.launches)  # under start_job
         monkeypatch.setattr(upgrade, "JobHealthWatch", self.watch)
 
     def check_restore(self, spec: Any, timeout: float, *, env: Any = None) -> RestoreCheck:

@@ -93,6 +93,24 @@ class KillPolicy(Mode):
         return "leave-running keeps the job, stop-with-savepoint stops it with a final savepoint, cancel stops it now"
 
 
+class SupervisionMode(Mode):
+    """Who keeps a launched job running (docs/service.md): its own supervisor started on the launching host, or the
+    supervision service; ``auto`` hands it to the service when the job was handed to it before."""
+
+    AUTO = "auto"
+    LAUNCHER = "launcher"  # `ckpt run --supervise` on the host that launches it (the Airflow worker, the terminal)
+    SERVICE = "service"  # the supervision service's instances (`ckpt service run`); nothing runs on the launcher
+
+    @classmethod
+    def what(cls) -> str:
+        return "supervision"
+
+    @classmethod
+    def advice(cls) -> str:
+        return ("launcher runs the job's supervisor on the launching host, service hands the job to `ckpt service "
+                "run`, auto does what the job had")
+
+
 class UpgradeMode(Mode):
     """How an upgrade stops the old code and what the new code restores (Flink operator's upgradeMode)."""
 

@@ -49,14 +49,16 @@ def test_template_fields_and_extra_links() -> None:
     ops = {type(op).__name__: op for op in every_operator()}
     assert ops["SubmitStreamingJobOperator"].template_fields == (
         "job", "store_url", "job_file", "code_version", "restore", "env", "conf", "py_files", "files",
-        *(name for name in names(JobSettings) if name != "poll_interval"))  # every setting but JobOperator's own
+        *(name for name in names(JobSettings) if name != "poll_interval"),  # every setting but JobOperator's own
+        "supervision")
     assert ops["SubmitStreamingJobOperator"].template_fields[9:12] == (
         "checkpoint", "checkpoint_interval", "savepoint_interval")
     assert ops["UpgradeStreamingJobOperator"].template_fields == (
         "job", "store_url", "job_file", "code_version", "upgrade_mode", "allow_non_restored_state", "verify_batches",
         "partitions", "py_files", "files")
     assert ops["RescaleStreamingJobOperator"].template_fields == ops["UpgradeStreamingJobOperator"].template_fields
-    assert ops["RestartStreamingJobOperator"].template_fields == ("job", "store_url", "restore", "stop_mode")
+    assert ops["RestartStreamingJobOperator"].template_fields == ("job", "store_url", "restore", "stop_mode",
+                                                                  "supervision")
     assert ops["StopStreamingJobOperator"].template_fields == ("job", "store_url", "mode")
     assert ops["DisposeSnapshotsOperator"].template_fields == ("job", "store_url", "snapshot_ids")
     links = {name: [link.name for link in op.operator_extra_links] for name, op in ops.items()}

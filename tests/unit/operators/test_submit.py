@@ -457,3 +457,33 @@ def test_submit_with_a_failure_rate_interval_and_a_health_rule_launches(store: J
     d = record.deployment
     assert (d.restart_strategy, d.restart_attempts, d.restart_interval) == ("failure-rate", 3, 300.0)
     assert (d.max_restarts_in_window, d.health_window, d.progress_timeout) == (5, 600.0, 120.0)
+
+
+@pytest.mark.usefixtures("no_launch")
+def test_submit_with_supervision_service_hands_the_job_over_and_defers_starting_nothing_on_the_worker(
+        store: JobStore, tmp_path: Path) -> None:
+    from airflow_ckpt_provider.core.records.ownership import handed_key
+    from airflow_ckpt_provider.operators.job import RestartStreamingJobOperator
+
+    job_file = tmp_path / "orders_v1.py"
+    job_file.write_text("# the job\n")
+    state = FakeTaskStateStore()
+    deferred = deferral(lambda: submit_op(job_file=str(job_file), supervision="service").execute(
+        context(task_state_store=state)))
+    record = read_launch(store)
+    assert record is not None and (record.pid, record.host) == (None, None)  # the service's instances start it
+    assert record.launched_by == "airflow:adhoc_airflow.submit" and store.root.exists(handed_key("orders"))
+    assert isinstance(deferred.trigger, JobHealthTrigger)  # the task waits for the service's driver, deferred
+    assert trigger_kwargs(deferred)["started_after"] == record.launched_at
+    assert state.values["ckpt_launch"]["launch_id"] == record.launch_id
+
+    # A later restart with supervision auto (the default) keeps the job with the service.
+    restarted = deferral(lambda: RestartStreamingJobOperator(task_id="restart", job="orders").execute(context()))
+    again = read_launch(store)
+    assert again is not None and again.launch_id != record.launch_id and again.pid is None
+    assert isinstance(restarted.trigger, JobHealthTrigger)
+
+
+def test_an_unknown_supervision_is_refused_when_the_task_is_made() -> None:
+    with pytest.raises(ConfigError, match="invalid supervision: expected one of auto, launcher, service, found 'k8s'"):
+        submit_op(supervision="k8s")
