@@ -79,6 +79,8 @@ ROLES: dict[str, tuple[str, int]] = {
     "launcher": ("ln", 30),
     "driver": ("dr", 31),
     "launcher-2": ("l2", 32),  # a second Airflow worker: relaunches what died with the first (scenario 4)
+    "service-a": ("sa", 40),  # supervision service instances (issue 42: docs/service.md)
+    "service-b": ("sb", 41),
 }
 RECORD_DIR = Path("/run/ckpt-hosts")  # one <run id>.json per live topology: its owner's pid and start time
 WORK_ROOT = Path("/tmp")  # servers' work dirs go to /tmp/ckh-<run id>/
