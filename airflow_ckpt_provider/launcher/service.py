@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from airflow_ckpt_provider.core.errors import CkptError, StorageError
+from airflow_ckpt_provider.core.errors import ConfigError, StorageError
 from airflow_ckpt_provider.core.policy.modes import LATEST_STATE, RestoreSpec, SupervisionMode
 from airflow_ckpt_provider.core.records.deployments import Deployment, Launch, read_launch, record_end
 from airflow_ckpt_provider.core.records.lease import pid_alive
@@ -44,6 +44,9 @@ log = logging.getLogger(__name__)
 
 #: Seconds a launch started by another instance gets to write its supervisor's first heartbeat (on this clock).
 START_TIMEOUT = 60.0
+#: At most this many relaunches of one job by one instance within RELAUNCH_WINDOW seconds; then it gives up.
+RELAUNCHES = 5
+RELAUNCH_WINDOW = 3600.0
 
 
 # -- decide: one function, every case -----------------------------------------------------------------------------
@@ -159,6 +162,7 @@ class SupervisionService:
         self.owned: dict[str, OwnerRecord] = {}  # job -> its owner record
         self._started: dict[str, tuple[str, Callable[[], bool]]] = {}  # job -> (launch id, its process runs)
         self._elsewhere: dict[str, tuple[str, float]] = {}  # job -> (launch id, when first seen without a record)
+        self._relaunches: dict[str, list[float]] = {}  # job -> when this instance relaunched it (its clock)
         self._store_down = False
 
     @property
@@ -242,12 +246,17 @@ class SupervisionService:
                 log.info("job %s: service instance %s started launch %s (supervisor pid %s, restore %s)", job,
                          self.instance, started.launch_id, started.pid, started.restore)
             else:
+                given_up = self._relaunch_budget(job)
+                if given_up:
+                    log.error("job %s: %s", job, given_up)
+                    record_end(store, last.launch_id, ending="gave-up", exit_code=1, reason=given_up)
+                    return Keep(given_up)
                 started = launch(store, last.deployment, restore=LATEST_STATE, store_url=self.store_url, s3=self.s3,
                                  launched_by=f"supervision service {self.instance}: {action.why}")
                 log.warning("job %s: service instance %s relaunched it from the latest state as launch %s "
                             "(supervisor pid %s): %s", job, self.instance, started.launch_id, started.pid,
                             action.why)
-        except CkptError as err:  # bad input (a restart cannot fix it): ended, not retried every tick
+        except ConfigError as err:  # bad input (a restart cannot fix it): ended, not retried every tick
             reason = f"supervision service instance {self.instance} could not start it: {err}"
             log.error("job %s: %s", job, reason)
             record_end(store, last.launch_id, ending="refused", exit_code=2, reason=reason)
@@ -255,6 +264,19 @@ class SupervisionService:
         pid = started.pid
         self._started[job] = (started.launch_id, lambda: pid is not None and pid_alive(pid))
         return action
+
+    def _relaunch_budget(self, job: str) -> str:
+        """Why not to relaunch ``job`` again ('' to go on): at most RELAUNCHES in RELAUNCH_WINDOW s by this
+        instance, so a supervisor that keeps dying (its host out of memory, a broken install) is not relaunched
+        forever."""
+        now = self.monotonic()
+        recent = [t for t in self._relaunches.get(job, []) if now - t < RELAUNCH_WINDOW]
+        if len(recent) >= RELAUNCHES:
+            return (f"supervision service instance {self.instance}: its supervisor was lost {len(recent)} times in "
+                    f"{RELAUNCH_WINDOW / 60:g} min and relaunched each time; not relaunching again: see the "
+                    "supervisors' logs on their hosts, then hand the job over again")
+        self._relaunches[job] = [*recent, now]
+        return ""
 
     def _starting_here(self, job: str, last: Launch | None) -> bool:
         started = self._started.get(job)

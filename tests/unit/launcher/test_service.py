@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from msgspec.structs import replace
 
@@ -45,3 +47,20 @@ def test_the_owner_starts_keeps_or_relaunches_as_the_launch_and_its_supervisor_s
     if isinstance(action, Relaunch):
         assert "is gone: no heartbeat for 41 s" in action.why or "wrote no supervisor heartbeat within 60 s" in \
             action.why
+
+
+def test_a_supervisor_that_keeps_dying_is_relaunched_five_times_an_hour_then_given_up(tmp_path: Path) -> None:
+    from airflow_ckpt_provider.core.store.storage import LocalStorage
+    from airflow_ckpt_provider.launcher.service import RELAUNCH_WINDOW, RELAUNCHES, SupervisionService
+
+    now = [0.0]
+    service = SupervisionService(LocalStorage(tmp_path), store_url=str(tmp_path), instance="svc-a",
+                                 monotonic=lambda: now[0])
+    for _ in range(RELAUNCHES):
+        assert service._relaunch_budget("orders") == ""
+        now[0] += 60.0
+    why = service._relaunch_budget("orders")
+    assert "its supervisor was lost 5 times in 60 min" in why and "hand the job over again" in why
+    assert service._relaunch_budget("clicks") == ""  # per job
+    now[0] += RELAUNCH_WINDOW
+    assert service._relaunch_budget("orders") == ""  # the window moved on
