@@ -174,7 +174,7 @@ class SupervisionService:
         (StorageError, nothing claimed)."""
         try:
             self.me.renew()
-        except StorageError as err:
+        except (StorageError, OSError) as err:  # OSError: a store on a directory
             raise StorageError(f"supervision service instance {self.instance}: expected to write its lease to "
                                f"{self.root.uri(self.me.key)}, found: {err}; check the store URL and that these "
                                "credentials may write there") from err
@@ -193,7 +193,7 @@ class SupervisionService:
             if self._store_down:
                 log.info("supervision service instance %s: the job store answers again", self.instance)
             self._store_down = False
-        except StorageError as err:
+        except (StorageError, OSError) as err:
             if not self._store_down:
                 log.warning("supervision service instance %s: cannot renew its lease (%s); it takes no step once its "
                             "last renewal is %g s old", self.instance, err, self.timings.renew_deadline)
@@ -203,7 +203,7 @@ class SupervisionService:
         self.observer.new_look()
         try:
             jobs = handed_jobs(self.root)
-        except StorageError as err:
+        except (StorageError, OSError) as err:
             log.warning("supervision service instance %s: cannot list the handed jobs: %s", self.instance, err)
             return
         for job in jobs:
@@ -212,7 +212,7 @@ class SupervisionService:
             except NotOwner as err:
                 log.info("%s", err)
                 self.owned.pop(job, None)
-            except StorageError as err:
+            except (StorageError, OSError) as err:
                 log.warning("job %s: supervision service instance %s could not look at it: %s", job, self.instance,
                             err)
 

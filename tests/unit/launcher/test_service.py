@@ -64,3 +64,40 @@ def test_a_supervisor_that_keeps_dying_is_relaunched_five_times_an_hour_then_giv
     assert service._relaunch_budget("clicks") == ""  # per job
     now[0] += RELAUNCH_WINDOW
     assert service._relaunch_budget("orders") == ""  # the window moved on
+
+
+def test_a_service_pointed_at_a_store_it_cannot_write_is_refused_with_what_to_check(tmp_path: Path) -> None:
+    import threading
+
+    from airflow_ckpt_provider.core.errors import StorageError
+    from airflow_ckpt_provider.core.store.storage import LocalStorage
+    from airflow_ckpt_provider.launcher.service import SupervisionService
+
+    store_dir = tmp_path / "store"
+    store_dir.mkdir()
+    (store_dir / "_service").write_text("a file where the service's folder goes\n")  # nothing can be written below
+    service = SupervisionService(LocalStorage(store_dir), store_url=str(store_dir), instance="svc-a")
+    with pytest.raises(StorageError, match=r"supervision service instance svc-a: expected to write its lease to .*"
+                                           r"_service/instances/svc-a.json, found: .*check the store URL"):
+        service.run(threading.Event())
+    assert (store_dir / "_service").read_text() == "a file where the service's folder goes\n"  # nothing changed
+
+
+def test_a_malformed_owner_record_or_a_job_without_a_launch_changes_nothing_and_says_so(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from airflow_ckpt_provider.core.records.ownership import OWNER, ServiceJob, handed_key
+    from airflow_ckpt_provider.core.store.storage import LocalStorage
+    from airflow_ckpt_provider.launcher.service import SupervisionService
+
+    root = LocalStorage(tmp_path)
+    for job in ("broken", "empty"):
+        root.write(handed_key(job), ServiceJob(job=job, handed_at=1.0, handed_by="test").to_bytes())
+    root.write(f"broken/{OWNER}", b"{not json")
+    service = SupervisionService(root, store_url=str(tmp_path), instance="svc-a")
+    service.me.renew()
+    service.tick()  # one look at both: the broken one is reported, the other still looked at
+    assert "job broken: supervision service instance svc-a could not look at it" in caplog.text
+    assert "service owner record" in caplog.text and "is not JSON" in caplog.text
+    assert root.read(f"broken/{OWNER}") == b"{not json"  # left as it was
+    assert service.reconcile("empty") == Keep("no launch is recorded (spec/last.json): hand the job over again with "
+                                              "its deployment")
