@@ -10,7 +10,6 @@ send their OpenLineage RUNNING event in the launch's one run.
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -41,24 +40,13 @@ from tests.support.runtimejob import (
     kill_driver,
     produce,
     stop_supervisor,
+    wait_logged,
 )
 
 pytestmark = pytest.mark.integration
 
 TIMEOUT = 180.0
 RECORDS = 1200
-
-
-def _wait(what: str, check: Any, timeout: float, log: Path) -> Any:
-    """Poll ``check()`` until it returns something truthy, at most ``timeout`` s; fail with the launch log."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.3)
-    tail = "\n".join(log.read_text(errors="replace").splitlines()[-60:]) if log.exists() else "(no log)"
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n--- launch log ---\n{tail}")
 
 
 def _starts(env: JobEnv) -> list[dict[str, Any]]:
@@ -102,7 +90,7 @@ def test_a_killed_driver_is_restarted_once_by_its_supervisor_while_the_watch_and
     assert "OPENLINEAGE" not in store.storage.read(SPEC_LAST).decode()
     log = Path(str(record.log_file))
     try:
-        first: JobStatus = _wait("the first driver RUNNING with a batch", lambda: (
+        first: JobStatus = wait_logged("the first driver RUNNING with a batch", lambda: (
             (s := read_status(store)) is not None and s.state is JobState.RUNNING and s.batch_id is not None
             and s), TIMEOUT, log)
         supervisor = read_supervisor(store, record.launch_id)
@@ -112,8 +100,8 @@ def test_a_killed_driver_is_restarted_once_by_its_supervisor_while_the_watch_and
 
         watch = JobHealthWatch(store, HealthCriteria(expect=Health.UNHEALTHY, heartbeat_timeout=5.0))
         assert watch.poll() is None
-        _wait("the first driver's RUNNING event", lambda: events_file.exists() and events_file.read_text().strip(),
-              30.0, log)
+        wait_logged("the first driver's RUNNING event",
+                    lambda: events_file.exists() and events_file.read_text().strip(), 30.0, log)
         kill_driver(first)  # the driver's process group only: the supervisor lives on
 
         seen: list[str] = []
@@ -139,7 +127,7 @@ def test_a_killed_driver_is_restarted_once_by_its_supervisor_while_the_watch_and
                 deferred.append(info.value)
             return s if s.state is JobState.RUNNING and s.epoch > first.epoch else None
 
-        second: JobStatus = _wait("a driver of a newer epoch RUNNING", back_running, TIMEOUT, log)
+        second: JobStatus = wait_logged("a driver of a newer epoch RUNNING", back_running, TIMEOUT, log)
         assert "RESTARTING" in seen
         assert decisions and set(decisions) == {RestartDecision.LEAVE_TO_OWNER}
         [waiting] = deferred
@@ -155,12 +143,12 @@ def test_a_killed_driver_is_restarted_once_by_its_supervisor_while_the_watch_and
         assert starts[-1]["epoch"] == second.epoch
 
         produce(env.kafka.bootstrap_servers, env.topic, RECORDS // 2, RECORDS // 2)
-        done = _wait(f"all {RECORDS} records counted", lambda: (
+        done = wait_logged(f"all {RECORDS} records counted", lambda: (
             (s := read_status(store)) is not None and env.consumed(s) == RECORDS and s), TIMEOUT, log)
         assert watch.poll() is None
         ack = env.request(RequestAction.STOP, done.epoch)
         assert ack.outcome is Outcome.COMPLETED, ack
-        ended = _wait("the supervisor's end", lambda: (
+        ended = wait_logged("the supervisor's end", lambda: (
             (r := read_supervisor(store, record.launch_id)) is not None and r.state is SupervisorState.ENDED and r),
             60.0, log)
         assert (ended.ending, ended.exit_code) == ("stopped", 0)

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -26,7 +25,15 @@ from airflow_ckpt_provider.core.records.status import JobState, read_status
 from airflow_ckpt_provider.core.records.supervision import SupervisorState, read_supervisor
 from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.launcher.service import hand_over
-from tests.support.runtimejob import JOB_FILE, SPARK_CONF, JobEnv, expected_counts, produce, stop_supervisor
+from tests.support.runtimejob import (
+    JOB_FILE,
+    SPARK_CONF,
+    JobEnv,
+    expected_counts,
+    produce,
+    stop_supervisor,
+    wait_logged,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -34,18 +41,6 @@ TIMEOUT = 180.0
 RECORDS = 800
 #: Fast service timings for the test (the product's: renew 2 s, deadline 8 s, lease 12 s).
 FAST = ("--renew-every", "0.5", "--renew-deadline", "2", "--lease-duration", "3.5")
-
-
-def _wait(what: str, check: Any, timeout: float, *logs: Path) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.3)
-    tails = "\n".join(f"--- {log} ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-                      for log in logs if log.exists())
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{tails}")
 
 
 class Instance:
@@ -91,7 +86,7 @@ def test_a_handed_job_outlives_its_owning_instance_and_its_lost_supervisor_is_re
                              handed_by="test")
     launches = [first_launch.launch_id]
     try:
-        running = _wait("the handed job RUNNING with a batch", lambda: (
+        running = wait_logged("the handed job RUNNING with a batch", lambda: (
             (s := read_status(store)) is not None and s.state is JobState.RUNNING and s.batch_id is not None and s),
             TIMEOUT, *logs)
         owner = read_owner(store)
@@ -104,7 +99,7 @@ def test_a_handed_job_outlives_its_owning_instance_and_its_lost_supervisor_is_re
         killed = time.monotonic()
         instances[owner.instance].proc.wait(10)
         other = next(name for name in instances if name != owner.instance)
-        taken = _wait(f"{other} owning the job", lambda: (
+        taken = wait_logged(f"{other} owning the job", lambda: (
             (o := read_owner(store)) is not None and o.instance == other and o), 60.0, *logs)
         assert taken.epoch == 2
         times = {"takeover after the owner's kill -9, s": round(time.monotonic() - killed, 1)}
@@ -122,7 +117,7 @@ def test_a_handed_job_outlives_its_owning_instance_and_its_lost_supervisor_is_re
         assert now.pid is not None
         os.killpg(os.getpgid(now.pid), signal.SIGKILL)
         lost = time.monotonic()
-        relaunched = _wait("a relaunch by the new owner RUNNING at a newer epoch", lambda: (
+        relaunched = wait_logged("a relaunch by the new owner RUNNING at a newer epoch", lambda: (
             (s := read_status(store)) is not None and s.state is JobState.RUNNING and s.epoch > running.epoch
             and s), TIMEOUT, *logs)
         times["running again after the supervisor and driver were killed, s"] = round(time.monotonic() - lost, 1)
@@ -133,12 +128,12 @@ def test_a_handed_job_outlives_its_owning_instance_and_its_lost_supervisor_is_re
         assert str(last.restore) == "latest-state"
 
         produce(env.kafka.bootstrap_servers, env.topic, RECORDS // 2, RECORDS // 2)
-        done = _wait(f"all {RECORDS} records counted", lambda: (
+        done = wait_logged(f"all {RECORDS} records counted", lambda: (
             (s := read_status(store)) is not None and env.consumed(s) == RECORDS and s), TIMEOUT, *logs)
         assert done.epoch == relaunched.epoch
         ack = env.request(RequestAction.STOP, done.epoch)
         assert ack.outcome is Outcome.COMPLETED, ack
-        _wait("the relaunch's supervisor ended", lambda: (
+        wait_logged("the relaunch's supervisor ended", lambda: (
             (r := read_supervisor(store, last.launch_id)) is not None and r.state is SupervisorState.ENDED), 60.0,
             *logs)
         time.sleep(3 * 0.5)  # three more looks: a stopped job stays stopped

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow_ckpt_provider.core.records.control import Ack, RequestAction, submit_request, wait_ack
 from airflow_ckpt_provider.core.records.status import JobStatus, read_status
@@ -252,3 +252,17 @@ def kill_driver(status: JobStatus) -> None:
     """kill -9 the driver's whole process group (spark-submit's JVM, the Python driver, its workers)."""
     assert status.pid is not None
     os.killpg(os.getpgid(status.pid), signal.SIGKILL)
+
+
+def wait_logged(what: str, check: Callable[[], Any], timeout: float, *logs: Path) -> Any:
+    """The first truthy ``check()`` within ``timeout`` s (a look every 0.3 s); else fail naming ``what``, with the
+    last lines of ``logs`` (a launch's, a service instance's)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.3)
+    tails = "\n".join(f"--- {log} ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-60:])
+                      for log in logs if log.exists()) or "(no log)"
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{tails}")
