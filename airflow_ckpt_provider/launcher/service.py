@@ -12,6 +12,7 @@ Design notes: docs/service.md#design-notes-launcherservicepy.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -113,12 +114,16 @@ def _no_supervisor_yet(last: Launch, *, starting_here: bool, waited: float, star
 
 def hand_over(store: JobStore, deployment: Deployment, *, restore: RestoreSpec, store_url: str,
               s3: S3Options | None = None, handed_by: str = "") -> Launch:
-    """Record ``deployment`` as the job's launch (checked first: bad input raises, nothing recorded) and hand the job
-    to the supervision service; an instance starts it within a renewal or two. Returns the recorded launch."""
-    record = record_launch(store, deployment, restore=restore, store_url=store_url, s3=s3, launched_by=handed_by)
-    store.root.write(handed_key(store.job), ServiceJob(job=store.job, handed_at=record.launched_at,
-                                                       handed_by=record.launched_by).to_bytes())
-    return record
+    """Hand the job to the supervision service and record ``deployment`` as its launch (checked first: bad input
+    raises, nothing recorded); an instance starts it within a renewal or two. Returns the recorded launch.
+
+    The hand-over is written first: if this process dies before the launch is recorded, the service keeps the job's
+    previous launch as it was (running, or ended), and a retry records the new one."""
+    check_deployment(deployment, store.job, store_url, restore, s3)
+    handed_by = handed_by or f"{os.environ.get('USER', '?')}@{socket.gethostname()}"
+    store.root.write(handed_key(store.job), ServiceJob(job=store.job, handed_at=time.time(),
+                                                       handed_by=handed_by).to_bytes())
+    return record_launch(store, deployment, restore=restore, store_url=store_url, s3=s3, launched_by=handed_by)
 
 
 def start_job(store: JobStore, deployment: Deployment, *, restore: RestoreSpec, store_url: str,
