@@ -16,7 +16,7 @@ from pydantic import Field, field_validator
 
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.policy.health import HealthCriteria
-from airflow_ckpt_provider.core.policy.modes import RestoreSpec, StopMode, UpgradeMode
+from airflow_ckpt_provider.core.policy.modes import RestoreSpec, StopMode, SupervisionMode, UpgradeMode
 from airflow_ckpt_provider.core.policy.restart import Health
 from airflow_ckpt_provider.core.policy.settings import JobSettings, setting_fields
 from airflow_ckpt_provider.core.records.control import STOP_ACTION, STOP_TIMEOUT, RequestAction
@@ -86,11 +86,19 @@ class SubmitConfig(JobConfig):
                                      description="JobSettings by name, e.g. savepoint_interval: '600'")
     start_timeout: float = Field(default=600.0, gt=0, description="Seconds the driver gets to report RUNNING")
     keep_recorded_code: bool = Field(default=True, description="Start the code the job last ran (after an upgrade)")
+    supervision: str = Field(default=SupervisionMode.AUTO.value,
+                             description="auto (as the job had), launcher (its supervisor on this host) or service "
+                                         "(handed to the supervision service: docs/service.md)")
 
     @field_validator("restore")
     @classmethod
     def _check_restore(cls, value: str) -> str:
         return _config_error(lambda: RestoreSpec.parse(value), value)
+
+    @field_validator("supervision")
+    @classmethod
+    def _check_supervision(cls, value: str) -> str:
+        return _config_error(lambda: SupervisionMode.parse(value), value)
 
     @field_validator("settings")
     @classmethod
@@ -295,16 +303,20 @@ def _wait_running(context: dg.OpExecutionContext, store: JobStore, *, start_time
 
 
 def _launch(context: dg.OpExecutionContext, ckpt: CkptResource, store: JobStore, deployment: Deployment,
-            restore: RestoreSpec) -> tuple[str, float]:
+            restore: RestoreSpec, *, supervision: SupervisionMode = SupervisionMode.AUTO) -> tuple[str, float]:
     try:
-        # As the job had: the supervision service once it was handed to it (launcher/service.start_job).
+        # ``auto``: as the job had, the supervision service once it was handed to it (launcher/service.start_job).
         record = start_job(store, deployment, restore=restore, store_url=ckpt.store_url, s3=ckpt.s3_options(),
-                           launched_by=_launched_by(context))
+                           launched_by=_launched_by(context), supervision=supervision)
     except CkptError as err:
         raise _failure(f"cannot launch job {store.job}: {err}") from err
-    context.log.info("job %s: launched %s (code %s, restore %s), supervisor pid %s on %s, log %s", store.job,
-                     record.launch_id, deployment.code_version or "-", restore, record.pid, record.host,
-                     record.log_file)
+    if record.pid is None:
+        context.log.info("job %s: launch %s (code %s, restore %s) handed to the supervision service", store.job,
+                         record.launch_id, deployment.code_version or "-", restore)
+    else:
+        context.log.info("job %s: launched %s (code %s, restore %s), supervisor pid %s on %s, log %s", store.job,
+                         record.launch_id, deployment.code_version or "-", restore, record.pid, record.host,
+                         record.log_file)
     return record.launch_id, record.launched_at
 
 
@@ -351,7 +363,8 @@ def submit_streaming_job(context: dg.OpExecutionContext, config: SubmitConfig, c
         deployment, warning = what_to_launch(read_launch(store), mine, keep_recorded_code=config.keep_recorded_code)
         if warning:
             context.log.warning("%s", warning)
-        launch_id, launched_at = _launch(context, ckpt, store, deployment, restore)
+        launch_id, launched_at = _launch(context, ckpt, store, deployment, restore,
+                                         supervision=SupervisionMode.parse(config.supervision))
         ident = {"launch_id": launch_id, "launched_at": launched_at, "epoch": None}
     return _wait_running(context, store, start_timeout=config.start_timeout, poll_interval=config.poll_interval,
                          started_after=ident["launched_at"], min_epoch=ident["epoch"], launch_id=ident["launch_id"])

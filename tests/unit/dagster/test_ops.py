@@ -197,6 +197,7 @@ def test_submit_of_a_stopping_job_is_refused_and_launches_nothing(store: JobStor
     ({"settings": {"savepoint_interval": "soon"}}, "savepoint_interval"),
     ({"settings": {"savepoint_every": "600"}}, "unknown setting 'savepoint_every': expected one of"),
     ({"job_file": ""}, "a deployment needs a job file"),
+    ({"supervision": "k8s"}, "invalid supervision: expected one of auto, launcher, service, found 'k8s'"),
 ])
 def test_submit_with_bad_input_fails_before_anything_is_launched(store: JobStore, ckpt: CkptResource,
                                                                   launches: FakeLaunch, change: dict[str, Any],
@@ -205,6 +206,23 @@ def test_submit_with_bad_input_fails_before_anything_is_launched(store: JobStore
     assert not result.success
     assert expected in failure(result)
     assert launches.calls == [] and read_launch(store) is None
+
+
+def test_submit_with_supervision_service_hands_the_job_over_and_launches_nothing_here(
+    store: JobStore, ckpt: CkptResource, launches: FakeLaunch, tmp_path: Path
+) -> None:
+    from airflow_ckpt_provider.core.records.ownership import handed_key
+
+    job_file = tmp_path / "orders_v1.py"
+    job_file.write_text("# the job\n")
+    # No service instance runs here: the op waits for a driver that never reports, briefly.
+    result = run_op(submit_streaming_job, ckpt, SUBMIT | {"job_file": str(job_file), "supervision": "service",
+                                                          "start_timeout": 0.5})
+    assert not result.success
+    assert launches.calls == []  # nothing started on this host
+    record = read_launch(store)
+    assert record is not None and record.pid is None and record.deployment.job_file == str(job_file)
+    assert store.root.exists(handed_key("orders"))
 
 
 def test_restart_of_a_job_without_a_deployment_says_to_submit_first(ckpt: CkptResource, launches: FakeLaunch) -> None:
