@@ -25,10 +25,13 @@ With the ckpt-kafka sink (b) also counts the sink's transactions: no (batch, par
 It failed before durable plans (docs/reliability.md, scenario 1, finding 2): the first driver committed batches that
 never reached the store, and the second planned them again with other offsets.
 
-Scenario 2: the driver host cut from Kafka (both ways) for 60 s while its supervised job runs into the files sink:
-the same driver process (same pid and epoch, no query restart in status.json, one driver started by its supervisor)
+Scenario 2: the driver host cut from Kafka (both ways) for 60 s while its supervised job runs into each sink: the
+same driver process (same pid and epoch, no query restart in status.json, one driver started by its supervisor)
 rides it out, commits batches again after the heal, and the counts are exact (every id once in the sink's committed
 view; the status's offsets at the end equal the records produced).
+
+The ``-standalone`` variants run the drivers in client mode on the Spark standalone cluster of the hosts
+(``run_scenario(spark="standalone")``); the checks then also read the executors' lines (``with_executors``).
 """
 
 from __future__ import annotations

@@ -26,6 +26,9 @@ ckpt-files commit's S3 requests let Spark's commit runner (a process of its own,
 the resume) complete the commit after the resume and fork the sink's timeline over the newer driver's batch, whose
 next batch was then refused. The commit now carries the driver's lease epoch and refuses to fork over a newer epoch's
 batch; ``CKPT_TEST_PAUSE_DELAY`` (0.03 s by default) places the pause where that happened.
+
+The ``-standalone`` variants pause only the driver's host: its executors on the worker hosts go on, and (a) counts
+their commits too (the ckpt-kafka tasks commit there).
 """
 
 from __future__ import annotations

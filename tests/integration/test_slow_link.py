@@ -13,6 +13,7 @@ itself after ``SLOW`` seconds.
 The claims: (a) the same driver throughout (pid, epoch; no query restart; one driver started by the supervisor; its
 lease watch never stopped the query and it was never fenced); (b) it kept committing: batches completed in each third
 of the fault; (c) every id once in the sink's committed view, nothing uncommitted visible; (d) nothing left behind.
+The ``files-standalone`` variant runs the driver in client mode on the Spark standalone cluster of the hosts.
 """
 
 from __future__ import annotations
