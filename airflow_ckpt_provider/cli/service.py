@@ -72,7 +72,7 @@ def cmd_service_status(args: argparse.Namespace) -> int:
         top = table([[i["instance"], i["host"], str(i["pid"]), i["state"], f"{i['renewed_s_ago']:g} s ago"]
                      for i in instances], ["instance", "host", "pid", "state", "renewed"])
         below = table([[j["job"], j["owner"] or "-", str(j["owner_epoch"] or "-"), j["launch_id"] or "-",
-                        j["ended"] or "running"] for j in jobs], ["job", "owner", "epoch", "launch", "launch state"])
+                        j["ended"] or "not ended"] for j in jobs], ["job", "owner", "epoch", "launch", "launch state"])
         return f"{top}\n\n{below}"
 
     emit(args, {"instances": instances, "jobs": jobs}, human)
