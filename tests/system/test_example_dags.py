@@ -379,7 +379,9 @@ def test_streaming_jobs_page_shows_the_running_job_and_takes_a_savepoint_for_a_u
         # The navigation entry shows the page inside the Airflow UI.
         page.goto(f"{airflow.base_url}/plugin/streaming-jobs")
         row = page.frame_locator("iframe").locator(f"tr[data-job='{world.job}']")
-        expect(row).to_contain_text("RUNNING")
+        # The first look waits for the iframe, its page and the job list's reads of the store: on a loaded 2-core
+        # machine (a full test run) that took more than expect's 5 s once; the page's own timeout is 30 s.
+        expect(row).to_contain_text("RUNNING", timeout=30_000)
         page.screenshot(path=str(shots["nav"]), full_page=True)
         page.goto(f"{airflow.base_url}/ckpt-jobs/")
         row = page.locator(f"tr[data-job='{world.job}']")
