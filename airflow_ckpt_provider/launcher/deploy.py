@@ -109,16 +109,19 @@ def launch(
 
 
 def record_launch(store: JobStore, deployment: Deployment, *, restore: RestoreSpec, store_url: str,
-                  s3: S3Options | None = None, launched_by: str = "", here: bool = False) -> Launch:
+                  s3: S3Options | None = None, launched_by: str = "", here: bool = False,
+                  checked: bool = False) -> Launch:
     """Check the deployment (bad input and an unreachable master raise here, nothing recorded), then write it to
     spec/last.json as a new launch that nothing has started yet (``pid`` None); ``here``: to be started on this host
-    (its host and log file recorded already, so a start that fails leaves its log findable)."""
+    (its host and log file recorded already, so a start that fails leaves its log findable); ``checked``: the caller
+    ran ``check_deployment`` already."""
     now = time.time()
     launch_id = new_launch_id(now)
     record = Launch(store.job, deployment, restore, now, launched_by or f"{os.environ.get('USER', '?')}@"
                     f"{socket.gethostname()}", launch_id, host=socket.gethostname() if here else None,
                     log_file=str(log_dir(store.job) / f"{launch_id}.log") if here else None)
-    check_deployment(deployment, store.job, store_url, restore, s3)  # before spec/last.json records the launch
+    if not checked:
+        check_deployment(deployment, store.job, store_url, restore, s3)  # before spec/last.json records the launch
     store.storage.write(SPEC_LAST, record.to_bytes())
     return record
 

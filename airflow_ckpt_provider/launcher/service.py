@@ -123,7 +123,8 @@ def hand_over(store: JobStore, deployment: Deployment, *, restore: RestoreSpec, 
     handed_by = handed_by or f"{os.environ.get('USER', '?')}@{socket.gethostname()}"
     store.root.write(handed_key(store.job), ServiceJob(job=store.job, handed_at=time.time(),
                                                        handed_by=handed_by).to_bytes())
-    return record_launch(store, deployment, restore=restore, store_url=store_url, s3=s3, launched_by=handed_by)
+    return record_launch(store, deployment, restore=restore, store_url=store_url, s3=s3, launched_by=handed_by,
+                         checked=True)
 
 
 def start_job(store: JobStore, deployment: Deployment, *, restore: RestoreSpec, store_url: str,
