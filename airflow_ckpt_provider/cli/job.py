@@ -11,11 +11,12 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_ckpt_provider.cli.common import add_store_args, emit, open_job_store, progress
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.policy.modes import UpgradeMode
+from airflow_ckpt_provider.core.policy.stepsettings import UpgradeSettings
 from airflow_ckpt_provider.core.records.control import Ack, Outcome, RequestAction, submit_request, wait_ack
 from airflow_ckpt_provider.core.records.lease import LeaseRecord
 from airflow_ckpt_provider.core.store.progress import human_count
@@ -143,9 +144,8 @@ def cmd_request(args: argparse.Namespace) -> int:
 
 
 def cmd_rescale(args: argparse.Namespace) -> int:
-    partitions = _partitions(args.partitions)
-    assert partitions is not None  # required
-    store, result = _run_upgrade(args, partitions, "rescale")
+    store, result = _run_upgrade(args, "rescale")
+    partitions = result["partitions"]
     emit(args, result, lambda: (f"rescaled job {store.job} to {human_count(partitions, 'state partition')}: savepoint "
                                 f"{result['rescaled_snapshot_id']} (from {result['snapshot_id']}), running at epoch "
                                 f"{result['epoch']}, " + ("no batch since the rescale (see the 4/5 line)"
@@ -155,7 +155,7 @@ def cmd_rescale(args: argparse.Namespace) -> int:
 
 
 def cmd_upgrade(args: argparse.Namespace) -> int:
-    store, result = _run_upgrade(args, _partitions(args.partitions), "upgrade")
+    store, result = _run_upgrade(args, "upgrade")
     moved = result["to_version"] or args.job_file
     if result["partitions"] is not None:
         moved += f" with {human_count(result['partitions'], 'state partition')}"
@@ -166,45 +166,53 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
-def _partitions(value: str | None) -> int | None:
-    from airflow_ckpt_provider.core.snapshots.rescaling import parse_partitions
-
-    if value is None:
-        return None
-    try:
-        return parse_partitions(value)
-    except ValueError as err:
-        raise ConfigError(f"--{err}") from None
-
-
-def _run_upgrade(args: argparse.Namespace, partitions: int | None, verb: str) -> tuple[JobStore, dict[str, Any]]:
-    """``ckpt job rescale|upgrade``: the steps of launcher/upgrade.py, each said on a line of stderr."""
+def _run_upgrade(args: argparse.Namespace, verb: str) -> tuple[JobStore, dict[str, Any]]:
+    """``ckpt job rescale|upgrade``: ask for the operation and act on it here (launcher/upgrade.py), each step said on
+    a line of stderr; a re-run after this process died resumes it."""
     import getpass
     import socket
 
     from airflow_ckpt_provider.cli.common import s3_options
-    from airflow_ckpt_provider.launcher.upgrade import JobUpgrade, UpgradeOptions
+    from airflow_ckpt_provider.launcher.upgrade import run_upgrade
 
-    upgrade = {"job_file": args.job_file, "code_version": args.code_version, "mode": UpgradeMode(args.upgrade_mode),
-               "allow_non_restored_state": args.allow_non_restored_state, "py_files": _paths(args.py_files),
-               "files": _paths(args.files)} if verb == "upgrade" else {}
-    options = UpgradeOptions(partitions, check_timeout=args.check_timeout, stop_timeout=args.stop_timeout,
-                             verify_batches=2 if args.verify_batches is None else args.verify_batches,
-                             require_batches=args.verify_batches is not None, verify_timeout=args.verify_timeout,
-                             **upgrade)
+    settings = UpgradeSettings.from_namespace(args)
+    if settings.py_files is not None or settings.files is not None:
+        settings = replace(settings, py_files=_absolute(settings.py_files), files=_absolute(settings.files))
     store = open_job_store(args)
-    run = JobUpgrade(store, args.store, s3_options(args), options, say=progress,
-                     launched_by=f"{getpass.getuser()}@{socket.gethostname()} (ckpt job {verb})")
-    return store, run.run()
+    return store, run_upgrade(store, args.store, s3_options(args), settings, say=progress,
+                              requested_by=f"{getpass.getuser()}@{socket.gethostname()} (ckpt job {verb})")
 
 
-def _paths(values: list[str] | None) -> tuple[str, ...] | None:
-    """``--py-files``/``--files`` of an upgrade: None when not given (the recorded ones stay), else the paths
-    (``--py-files ''``: none); local paths made absolute, as ``ckpt run`` does, URIs as they are."""
-    if values is None:
+def cmd_operate(args: argparse.Namespace) -> int:
+    """``ckpt job operate``: act on a recorded operation (started detached by an Airflow task; by hand, it resumes an
+    operation whose actor is gone)."""
+    from airflow_ckpt_provider.cli.common import s3_options
+    from airflow_ckpt_provider.core.records.operations import actor_alive, read_operation
+    from airflow_ckpt_provider.launcher.upgrade import JobUpgrade, outcome_of
+
+    store = open_job_store(args)
+    found = read_operation(store)
+    if found is None or found.operation.id != args.operation:
+        now = found.operation.describe() if found else "none"
+        raise ConfigError(f"job {store.job}: expected operation {args.operation} in operation.json, found {now}; "
+                          "nothing to act on")
+    operation = found.operation
+    if operation.state.final:
+        progress(f"{operation.describe()} has ended: nothing to do")
+        return 0
+    if actor_alive(operation, silent_for=0.0):
+        raise ConfigError(f"{operation.describe()}: its actor still acts; expected none, so nothing was done")
+    actor = f"ckpt job operate (pid {os.getpid()})"
+    result = outcome_of(JobUpgrade(store, args.store, s3_options(args), say=progress, actor=actor).run(found))
+    emit(args, result, lambda: f"{operation.kind} {operation.id} of job {store.job} succeeded")
+    return 0
+
+
+def _absolute(paths: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """``--py-files``/``--files`` of an upgrade: local paths made absolute, as ``ckpt run`` does, URIs as they are."""
+    if paths is None:
         return None
-    return tuple(p.strip() if "://" in p else os.path.abspath(p.strip())
-                 for value in values for p in value.split(",") if p.strip())
+    return tuple(p if "://" in p else os.path.abspath(p) for p in paths)
 
 
 def _json(data: Any) -> str:
@@ -236,41 +244,20 @@ def add_job_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]
                             "exit 4 when it does not come)")
         p.add_argument("--no-wait", action="store_true", help="submit the request and return at once")
     p = sub.add_parser("rescale", help="rescale the job's state to N partitions through a savepoint (a recorded "
-                       "deployment, RocksDB state): checked on a copy first, rolled back if it fails")
+                       "deployment, RocksDB state): checked on a copy first, rolled back if it fails; run again after "
+                       "an interruption, it resumes")
     add_store_args(p)
     p.set_defaults(fn=cmd_rescale)
-    p.add_argument("--partitions", required=True, metavar="N", help="the state partitions to rescale to")
-    _add_step_args(p)
+    UpgradeSettings.add_flags(p, only=("partitions", "check_timeout", "stop_timeout", "verify_batches",
+                                       "verify_timeout"))
     p = sub.add_parser("upgrade", help="upgrade a recorded deployment to new code keeping its state: the new code "
-                       "checked on a copy of the state first, the job verified after, rolled back if it fails")
+                       "checked on a copy of the state first, the job verified after, rolled back if it fails; run "
+                       "again after an interruption, it resumes")
     add_store_args(p)
     p.set_defaults(fn=cmd_upgrade)
-    p.add_argument("--job-file", required=True, metavar="F", help="the new code: the Python file defining the job")
-    p.add_argument("--code-version", metavar="V", help="the new code's version (recorded, shown in the status)")
-    p.add_argument("--upgrade-mode", choices=[m.value for m in UpgradeMode], default=UpgradeMode.SAVEPOINT.value,
-                   help="savepoint (stop with savepoint, restore it; default), last-state (cancel, restore the latest "
-                        "checkpoint) or stateless (cancel, start without state)")
-    p.add_argument("--partitions", metavar="N", help="also rescale the state to N partitions (savepoint mode)")
-    p.add_argument("--allow-non-restored-state", action="store_true",
-                   help="let the new code drop state of operators it no longer has")
-    p.add_argument("--py-files", action="append", metavar="A,B",
-                   help="the new code's own Python modules (spark-submit --py-files; repeatable), instead of the "
-                        "recorded deployment's; default: keep those; '' ships none. A rollback ships the old ones")
-    p.add_argument("--files", action="append", metavar="A,B",
-                   help="the new code's data files (spark-submit --files), instead of the recorded deployment's; "
-                        "default: keep those; '' ships none")
-    _add_step_args(p)
-
-
-def _add_step_args(p: argparse.ArgumentParser) -> None:
-    """The timeouts of the steps of `ckpt job rescale|upgrade`."""
-    p.add_argument("--check-timeout", type=float, default=600.0, metavar="S",
-                   help="seconds for each of the check and the repartition (default 600)")
-    p.add_argument("--stop-timeout", type=float, default=300.0, metavar="S",
-                   help="seconds for the stop with savepoint (default 300)")
-    p.add_argument("--verify-batches", type=int, default=None, metavar="N",
-                   help="wait for N batches of the new deployment within --verify-timeout, even if no input comes "
-                        "(0: none). Default: 2 batches, or none on a job caught up with no new input, which is "
-                        "then reported as verified without a batch")
-    p.add_argument("--verify-timeout", type=float, default=300.0, metavar="S",
-                   help="seconds for the verification (default 300)")
+    UpgradeSettings.add_flags(p)
+    p = sub.add_parser("operate", help="act on the job's recorded operation (an upgrade or a rescale) whose actor is "
+                       "gone: resume it from its recorded step (an Airflow task starts this detached)")
+    add_store_args(p)
+    p.set_defaults(fn=cmd_operate)
+    p.add_argument("--operation", required=True, metavar="ID", help="the operation's id (in operation.json)")

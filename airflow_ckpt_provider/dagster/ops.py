@@ -7,22 +7,22 @@ Design notes: docs/dagster.md#design-notes-dagsteropspy."""
 # resource) at definition time and does not resolve them from strings.
 import time
 from collections.abc import Callable
-from enum import StrEnum
+from enum import Enum, StrEnum
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_type_hints
 
 import dagster as dg
-from pydantic import Field, field_validator
+from pydantic import Field, create_model, field_validator, model_validator
 
-from airflow_ckpt_provider.core.errors import CkptError, ConfigError
+from airflow_ckpt_provider.core.errors import CkptError, ConfigError, ConflictError
 from airflow_ckpt_provider.core.policy.health import HealthCriteria
 from airflow_ckpt_provider.core.policy.modes import RestoreSpec, StopMode, SupervisionMode, UpgradeMode
 from airflow_ckpt_provider.core.policy.restart import Health
 from airflow_ckpt_provider.core.policy.settings import JobSettings, setting_fields
-from airflow_ckpt_provider.core.records.control import STOP_ACTION, STOP_TIMEOUT, RequestAction
+from airflow_ckpt_provider.core.policy.stepsettings import STOP_TIMEOUT, UpgradeSettings
+from airflow_ckpt_provider.core.records.control import STOP_ACTION, RequestAction
 from airflow_ckpt_provider.core.records.deployments import Deployment, read_launch
 from airflow_ckpt_provider.core.snapshots.catalog import dispose_snapshots as dispose
-from airflow_ckpt_provider.core.snapshots.rescaling import MAX_PARTITIONS, parse_partitions
 from airflow_ckpt_provider.core.store.jobstore import JobStore, check_job_name
 from airflow_ckpt_provider.core.views.jobview import (
     RestartDecision,
@@ -38,8 +38,7 @@ from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
 from airflow_ckpt_provider.dagster.resources import CkptResource
 from airflow_ckpt_provider.launcher.deploy import start_failure
 from airflow_ckpt_provider.launcher.service import start_job
-from airflow_ckpt_provider.launcher.upgrade import JobUpgrade, UpgradeFailed, UpgradeOptions
-from airflow_ckpt_provider.launcher.upgradesteps import NotRetried
+from airflow_ckpt_provider.launcher.upgrade import UpgradeFailed, run_upgrade
 
 #: The resource key every op of this module asks for.
 CKPT_RESOURCE = "ckpt"
@@ -159,89 +158,47 @@ class HealthyConfig(JobConfig):
     timeout: float = Field(default=600.0, gt=0)
 
 
-#: The upgrade DAG's bounds on verify_batches (dags/example_ckpt_upgrade.py).
-MAX_VERIFY_BATCHES = 100
+def _settings_config(name: str, doc: str, *, only: tuple[str, ...] | None = None,
+                     required: tuple[str, ...] = ()) -> type[JobConfig]:
+    """A config class of UpgradeSettings' fields (``only`` those), declared there once: the same names, defaults,
+    help and checks as ``ckpt job upgrade``'s flags and the Airflow operators' arguments. Modes are their spelling,
+    paths a list."""
+    hints = get_type_hints(UpgradeSettings)
+    fields: dict[str, Any] = {}
+    for f, m in setting_fields(UpgradeSettings):
+        if only is not None and f.name not in only:
+            continue
+        hint = hints[f.name]
+        kind: Any = {UpgradeMode: str, tuple[str, ...] | None: list[str] | None}.get(hint, hint)
+        default = f.default.value if isinstance(f.default, Enum) else f.default
+        fields[f.name] = (kind, Field(description=m.help[:1].upper() + m.help[1:]) if f.name in required else
+                          Field(default=default, description=m.help[:1].upper() + m.help[1:]))
+    def check(config: JobConfig) -> JobConfig:  # the combinations, at once (Dagster's launchpad shows the error)
+        upgrade_settings(config, **({"job_file": None} if "job_file" not in fields else {}))
+        return config
+
+    return create_model(name, __base__=JobConfig, __doc__=doc,
+                        # pydantic types __validators__ as plain callables; a decorated validator is what it takes
+                        __validators__={"_check_settings": model_validator(mode="after")(check)},  # type: ignore[dict-item]
+                        **fields)
 
 
-def _partitions(value: int | None, keep: str = "") -> int | None:
-    """``value`` if it is a partition count (or None); else a ValueError saying what was expected."""
-    if value is None:
-        return None
+def upgrade_settings(config: JobConfig, **more: Any) -> UpgradeSettings:
+    """The op's config as UpgradeSettings (``more``: values the op sets itself); ValueError says what is wrong."""
+    names = {f.name for f, _ in setting_fields(UpgradeSettings)}
+    values = {k: v for k, v in config.model_dump().items() if k in names} | more
     try:
-        return parse_partitions(value)
-    except ValueError as err:
-        raise ValueError(f"{err}{keep}. Fix the op's config") from None
+        return UpgradeSettings(**values)
+    except CkptError as err:
+        raise ValueError(f"{err}. Fix the op's config") from err
 
 
-class StepsConfig(JobConfig):
-    """The steps' knobs, shared by the upgrade and the rescale (UpgradeStreamingJobOperator's arguments)."""
-
-    verify_batches: int = Field(default=2, description="Batches the new deployment must complete to pass "
-                                                        f"verification (1-{MAX_VERIFY_BATCHES})")
-    check_timeout: float = Field(default=600.0, gt=0, description="Seconds the restore check (and the "
-                                                                  "repartition of a rescale) may take")
-    stop_timeout: float = Field(default=STOP_TIMEOUT, gt=0, description="Seconds the driver gets to stop")
-    verify_timeout: float = Field(default=300.0, gt=0, description="Seconds the new deployment gets to pass "
-                                                                   "verification (and the rollback to run)")
-
-    @field_validator("verify_batches")
-    @classmethod
-    def _check_verify_batches(cls, value: int) -> int:
-        if not 1 <= value <= MAX_VERIFY_BATCHES:
-            raise ValueError(f"verify_batches: expected a whole number from 1 to {MAX_VERIFY_BATCHES} (the batches "
-                             f"the new deployment must complete), found {value}. Fix the op's config")
-        return value
-
-
-class UpgradeConfig(StepsConfig):
-    """The upgrade DAG's Params (dags/example_ckpt_upgrade.py) and the timeouts of the steps."""
-
-    job_file: str = Field(description="The new code: a Python file with a @streaming_job function")
-    code_version: str | None = Field(default=None, description="The new code's version label")
-    upgrade_mode: str = Field(default=UpgradeMode.SAVEPOINT.value,
-                              description="savepoint: stop with a savepoint and restore it; last-state: cancel and "
-                                          "restore the latest checkpoint; stateless: start without state")
-    allow_non_restored_state: bool = Field(default=False,
-                                           description="Allow dropping state the new code no longer has")
-    partitions: int | None = Field(default=None, description="Also rescale the state to this many partitions "
-                                                             f"(1-{MAX_PARTITIONS}; none: keep them); needs "
-                                                             "upgrade_mode savepoint and RocksDB state")
-    py_files: list[str] | None = Field(default=None,
-                                       description="The new code's own Python modules (.py, .zip, .egg), after the "
-                                                   "resource's; none: keep the recorded deployment's; []: only the "
-                                                   "resource's. A rollback ships the old deployment's")
-    files: list[str] | None = Field(default=None, description="The new code's data files, after the resource's; "
-                                                              "none: keep the recorded deployment's")
-
-    @field_validator("job_file")
-    @classmethod
-    def _check_job_file(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("job_file: expected the new code's Python file (with a @streaming_job function), found "
-                             "an empty string. Fix the op's config")
-        return value
-
-    @field_validator("upgrade_mode")
-    @classmethod
-    def _check_mode(cls, value: str) -> str:
-        return _config_error(lambda: UpgradeMode.parse(value), value)
-
-    @field_validator("partitions")
-    @classmethod
-    def _check_partitions(cls, value: int | None) -> int | None:
-        return _partitions(value, "; leave it out to keep the state's partitions")
-
-
-class RescaleConfig(StepsConfig):
-    """RescaleStreamingJobOperator's arguments: the running code, its state in ``partitions`` partitions."""
-
-    partitions: int = Field(description=f"The state partitions to rescale to (1-{MAX_PARTITIONS}); RocksDB state")
-
-    @field_validator("partitions")
-    @classmethod
-    def _check_partitions(cls, value: int) -> int:
-        _partitions(value)
-        return value
+UpgradeConfig = _settings_config(
+    "UpgradeConfig", "UpgradeStreamingJobOperator's arguments (core/policy/stepsettings.UpgradeSettings).",
+    required=("job_file",))
+RescaleConfig = _settings_config(
+    "RescaleConfig", "RescaleStreamingJobOperator's arguments: the running code, its state in ``partitions``.",
+    only=("partitions", "check_timeout", "stop_timeout", "verify_batches", "verify_timeout"), required=("partitions",))
 
 
 # -- what the ops share ----------------------------------------------------------------------------
@@ -481,7 +438,8 @@ def wait_until_healthy(context: dg.OpExecutionContext, config: HealthyConfig, ck
 
 
 @dg.op(ins=_AFTER, out=dg.Out(dict), tags={"kind": "ckpt"})
-def upgrade_streaming_job(context: dg.OpExecutionContext, config: UpgradeConfig, ckpt: CkptResource) -> dict[str, Any]:
+def upgrade_streaming_job(context: dg.OpExecutionContext, config: UpgradeConfig,  # type: ignore[valid-type]  # a class made by create_model
+                          ckpt: CkptResource) -> dict[str, Any]:
     """UpgradeStreamingJobOperator's run: the new code checked on a copy of the state before anything stops, the
     stop (with a savepoint in ``savepoint`` mode), the new code started and verified, rolled back if it fails;
     with ``partitions``, the state rescaled in the same run.
@@ -489,41 +447,41 @@ def upgrade_streaming_job(context: dg.OpExecutionContext, config: UpgradeConfig,
     Output: ``{"job", "from_version", "to_version", "upgrade_mode", "snapshot_id", "epoch", "batch_id",
     "partitions", "rescaled_snapshot_id"}``."""
     # the new code's py_files/files after the resource's, as the submit op records them; None keeps the recorded
-    options = UpgradeOptions(config.partitions, job_file=config.job_file, code_version=config.code_version,
-                             py_files=None if config.py_files is None else _paths(ckpt.py_files, config.py_files),
-                             files=None if config.files is None else _paths(ckpt.files, config.files),
-                             mode=UpgradeMode.parse(config.upgrade_mode),
-                             allow_non_restored_state=config.allow_non_restored_state, **_steps(context, config))
-    return _upgrade(context, ckpt, config.job, options)
+    py_files, files = config.py_files, config.files  # type: ignore[attr-defined]  # fields made by create_model
+    settings = _checked(lambda: upgrade_settings(
+        config, py_files=None if py_files is None else _paths(ckpt.py_files, py_files),
+        files=None if files is None else _paths(ckpt.files, files)))
+    return _upgrade(context, ckpt, config.job, settings)  # type: ignore[attr-defined]  # JobConfig's field
 
 
 @dg.op(ins=_AFTER, out=dg.Out(dict), tags={"kind": "ckpt"})
-def rescale_streaming_job(context: dg.OpExecutionContext, config: RescaleConfig, ckpt: CkptResource) -> dict[str, Any]:
+def rescale_streaming_job(context: dg.OpExecutionContext, config: RescaleConfig,  # type: ignore[valid-type]  # as above
+                          ckpt: CkptResource) -> dict[str, Any]:
     """RescaleStreamingJobOperator's run: the upgrade's steps with the running code, its state repartitioned into
     ``partitions`` through a savepoint (on a copy), back to the old partitions if it fails.
 
     Output: ``{"job", "partitions", "snapshot_id", "rescaled_snapshot_id", "epoch", "batch_id"}``."""
-    return _upgrade(context, ckpt, config.job, UpgradeOptions(config.partitions, **_steps(context, config)))
+    return _upgrade(context, ckpt, config.job, _checked(lambda: upgrade_settings(config)))  # type: ignore[attr-defined]  # JobConfig's field
 
 
-def _steps(context: dg.OpExecutionContext, config: StepsConfig) -> dict[str, Any]:
-    """UpgradeOptions from the config both ops share; the op's retry (Dagster counts from 0) as the attempt."""
-    return {"check_timeout": config.check_timeout, "stop_timeout": config.stop_timeout,
-            "verify_batches": config.verify_batches, "verify_timeout": config.verify_timeout,
-            "poll": config.poll_interval, "attempt": context.retry_number + 1,
-            "submit_hint": "submit it first with the op submit_streaming_job; nothing was stopped"}
-
-
-def _upgrade(context: dg.OpExecutionContext, ckpt: CkptResource, job: str, options: UpgradeOptions) -> dict[str, Any]:
-    """Run the driver; its refusals (nothing stopped) and failures (after the stop: rolled back or not) become
-    dg.Failure, never retried: a retry would take the new deployment for the old one."""
-    store = _store(ckpt, job)
-    run = JobUpgrade(store, ckpt.store_url, ckpt.s3_options(), options, say=context.log.info,
-                     launched_by=_launched_by(context))
+def _checked(make: Callable[[], UpgradeSettings]) -> UpgradeSettings:
     try:
-        result = run.run()
-    except NotRetried as err:
-        raise _failure(str(err), allow_retries=False, outcome="not_retried") from err
+        return make()
+    except ValueError as err:  # a combination of values no single field's check refuses
+        raise _failure(str(err), allow_retries=False, outcome="refused") from err
+
+
+def _upgrade(context: dg.OpExecutionContext, ckpt: CkptResource, job: str, settings: UpgradeSettings) -> dict[str, Any]:
+    """Ask for the operation and act on it here (or wait for the supervision service): launcher/upgrade.py. A retry
+    of the op (the same run) finds the operation and resumes it; its refusals (nothing stopped) and failures (after
+    the stop: rolled back or not) become dg.Failure, not retried: a retry would find the same end."""
+    store = _store(ckpt, job)
+    try:
+        result = run_upgrade(store, ckpt.store_url, ckpt.s3_options(), settings, say=context.log.info,
+                             requested_by=_launched_by(context), key=f"dagster:{context.run_id}.{context.op.name}",
+                             submit_hint="submit it first with the op submit_streaming_job; nothing was stopped")
+    except ConflictError as err:
+        raise _failure(str(err), outcome="busy") from err
     except ConfigError as err:
         raise _failure(str(err), allow_retries=False, outcome="refused") from err
     except UpgradeFailed as err:

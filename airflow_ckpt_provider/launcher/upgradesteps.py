@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+from enum import Enum
 from typing import Any
 
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.policy.health import HealthCriteria
 from airflow_ckpt_provider.core.policy.modes import LATEST_STATE, RestoreMode, RestoreSpec, UpgradeMode
 from airflow_ckpt_provider.core.policy.outcomes import CheckOutcome
+from airflow_ckpt_provider.core.policy.stepsettings import RESCALE, UPGRADE, UpgradeSettings
 from airflow_ckpt_provider.core.records.control import STOP_ACTION, RequestAction
 from airflow_ckpt_provider.core.records.deployments import Deployment, read_launch
 from airflow_ckpt_provider.core.records.status import JobState, JobStatus, read_status
@@ -27,16 +29,9 @@ from airflow_ckpt_provider.launcher.deploy import submit_spec
 from airflow_ckpt_provider.launcher.submit import build_command
 from airflow_ckpt_provider.runtime.config import default_checkpoint
 
-UPGRADE = "upgrade"
-RESCALE = "rescale"
-
 #: Why an upgrade with a savepoint of a job that does not run is refused.
 NOT_RUNNING = ("it is not running, so no savepoint can be taken; use upgrade_mode last-state to upgrade from its "
                "latest checkpoint")
-
-
-class NotRetried(ConfigError):
-    """A second try of a run that may have stopped the old job already: refused, and not to be retried."""
 
 
 # -- the plan -----------------------------------------------------------------------------------------------------
@@ -549,38 +544,20 @@ def observe_stop_failure(store: JobStore) -> tuple[str, int | None]:
     return ("stopping" if status.state is JobState.STOPPING else "running"), status.epoch
 
 
-def prepare(store: JobStore, *, store_url: str, s3: S3Options | None, what: str = UPGRADE,
-            job_file: str | None = None, code_version: str | None = None,
-            mode: UpgradeMode = UpgradeMode.SAVEPOINT, partitions: int | None = None, attempt: int = 1,
-            submit_hint: str, savepoint_first: bool = False, py_files: Sequence[str] | None = None,
-            files: Sequence[str] | None = None, now: float | None = None) -> tuple[UpgradePlan, Began]:
-    """Observe the job and build the plan; ConfigError (its message final) for what is refused before any step:
-    ``partitions`` with a mode other than savepoint, a second ``attempt``, no recorded deployment (``submit_hint``
-    says how to make one), a new deployment spark-submit would refuse, ``py_files``/``files`` in a rescale.
-    ``job_file`` None: the running code. ``py_files``/``files``: the new code's (None: the recorded ones); a
-    rollback goes back to the old deployment, its files included."""
-    job = store.job
-    if what == RESCALE and (py_files is not None or files is not None):
-        raise ConfigError(f"rescale of job {job}: py_files/files given, but a rescale keeps the running code and "
-                          "the files it ships; expected none: upgrade instead (job_file with py_files/files) to "
-                          "change them. Nothing was changed")
-    if partitions is not None and mode is not UpgradeMode.SAVEPOINT:
-        raise ConfigError(f"{what} of job {job}: partitions={partitions} with upgrade_mode {mode}; a rescale goes "
-                          "through a savepoint: use upgrade_mode savepoint. Nothing was changed")
-    if attempt > 1:  # a retry would take spec/last.json (maybe the new code by now) for the old deployment
-        raise NotRetried(
-            f"{what} of job {job}: not retried (try {attempt}): an earlier try may have stopped the old job or "
-            "started the new code. Check `ckpt job status` and spec/last.json, then trigger a new run; run "
-            "upgrades without retries (Airflow: retries=0 on the task; Dagster: no RetryPolicy on the op)")
+def prepare(store: JobStore, settings: UpgradeSettings, *, store_url: str, s3: S3Options | None, submit_hint: str,
+            savepoint_first: bool = True, now: float | None = None) -> tuple[UpgradePlan, Began]:
+    """Observe the job and build the plan; ConfigError (its message final) for what is refused before any step: no
+    recorded deployment (``submit_hint`` says how to make one), a new deployment spark-submit would refuse. A
+    ``settings.job_file`` None: the running code. ``py_files``/``files`` None: the recorded ones; a rollback goes back
+    to the old deployment, its files included."""
+    job, what, mode, partitions = store.job, settings.what, settings.upgrade_mode, settings.partitions
     old = read_launch(store)
     if old is None:
         raise ConfigError(f"job {job} has no recorded deployment (spec/last.json): {submit_hint}")
-    if not job_file and what == UPGRADE:
-        raise ConfigError(f"upgrade of job {job}: expected the new code's job file, found none; give job_file (to "
-                          "keep the code and change the partitions, rescale instead). Nothing was changed")
+    job_file, code_version = settings.job_file, settings.code_version
     if not job_file:
         job_file, code_version = old.deployment.job_file, code_version or old.deployment.code_version
-    new = old.deployment.with_code(job_file, code_version, py_files=py_files, files=files)
+    new = old.deployment.with_code(job_file, code_version, py_files=settings.py_files, files=settings.files)
     if mode is UpgradeMode.STATELESS:  # without state: on a fresh live checkpoint location
         base = old.deployment.checkpoint or default_checkpoint(job)
         new = replace(new, checkpoint=f"{base.rstrip('/')}-stateless-{int(time.time() if now is None else now)}")
@@ -596,3 +573,68 @@ def prepare(store: JobStore, *, store_url: str, s3: S3Options | None, what: str 
     if running.epoch is None and running.problem is None:
         return plan, Began(running, status=read_status(store), savepoints=list_snapshots(store, Kind.SAVEPOINT))
     return plan, Began(running, latest=latest_completed(list_snapshots(store)))
+
+
+# -- the record: steps and outcomes as JSON (core/records/operations.py keeps them) ----------------------------
+
+
+def encode(item: Outcome | Step) -> dict[str, Any]:
+    """A step or an outcome as JSON: its type's name and its fields."""
+    body: dict[str, Any] = {"type": type(item).__name__}
+    for f in fields(item):
+        value = getattr(item, f.name)
+        if isinstance(value, Running):
+            value = {"epoch": value.epoch, "problem": value.problem}
+        elif isinstance(value, RestoreSpec):
+            value = str(value)
+        elif isinstance(value, Enum):
+            value = value.value
+        elif isinstance(value, JobStatus):
+            value = value.to_dict()
+        elif isinstance(value, Manifest):
+            value = value.snapshot_id  # Began's: decided on at once, never resumed from (see decode)
+        elif isinstance(value, tuple | list):
+            value = []
+        body[f.name] = value
+    return body
+
+
+def decode_step(body: dict[str, Any]) -> Step:
+    """A step recorded by ``encode``; ConfigError naming what is wrong (a malformed record: nothing is acted on)."""
+    return _decode(body, _STEPS)  # type: ignore[no-any-return]  # one of _STEPS' types
+
+
+def decode_outcome(body: dict[str, Any]) -> Outcome:
+    """An outcome recorded by ``encode``; ConfigError as ``decode_step``."""
+    return _decode(body, _OUTCOMES)  # type: ignore[no-any-return]  # one of _OUTCOMES' types
+
+
+def _decode(body: dict[str, Any], types: dict[str, type]) -> Any:
+    kind = types.get(str(body.get("type")))
+    if kind is None:
+        raise ConfigError(f"operation record: expected one of {', '.join(sorted(types))}, found type "
+                          f"{body.get('type')!r}; the record is damaged: remove operation.json and run the upgrade "
+                          "again once `ckpt job status` shows what the job runs")
+    values: dict[str, Any] = {}
+    try:
+        for f in fields(kind):
+            if f.name not in body:
+                continue
+            value = body[f.name]
+            if f.name == "running":
+                value = Running(**value)
+            elif f.name == "restore":
+                value = RestoreSpec.parse(value)
+            elif f.name == "action":
+                value = RequestAction(value)
+            values[f.name] = value
+        return kind(**values)
+    except (TypeError, ValueError, CkptError) as err:
+        raise ConfigError(f"operation record: {body.get('type')} {body} is not valid ({err}); the record is damaged: "
+                          "remove operation.json and run the upgrade again") from err
+
+
+# Began is decided on at once and never recorded; the final steps (Refuse, Fail, Done, Relaunch) end the operation.
+_OUTCOMES: dict[str, type] = {t.__name__: t for t in (
+    Saved, Checked, Stopped, StopFailed, Rescaled, Started, Verified, RolledBack)}
+_STEPS: dict[str, type] = {t.__name__: t for t in (TakeSavepoint, Check, Stop, Rescale, Start, Verify, RollBack)}

@@ -9,7 +9,8 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_ckpt_provider.core.errors import CkptError
 from airflow_ckpt_provider.core.policy.modes import StopMode
-from airflow_ckpt_provider.core.records.control import STOP_ACTION, STOP_TIMEOUT, RequestAction
+from airflow_ckpt_provider.core.policy.stepsettings import STOP_TIMEOUT
+from airflow_ckpt_provider.core.records.control import STOP_ACTION, RequestAction
 from airflow_ckpt_provider.core.views.jobview import request_running, stop_check
 from airflow_ckpt_provider.core.watches.control import request_failure, request_result
 from airflow_ckpt_provider.links import SnapshotLink, persist_empty_links

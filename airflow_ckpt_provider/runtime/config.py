@@ -11,7 +11,7 @@ from pathlib import Path
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.policy.modes import LATEST_STATE, RestoreMode, RestoreSpec, TimeTravel
 from airflow_ckpt_provider.core.policy.settings import COUNT, RESTORE, SECONDS, SWITCH, TEXT, JobSettings, setting
-from airflow_ckpt_provider.core.snapshots.rescaling import parse_partitions
+from airflow_ckpt_provider.core.policy.stepsettings import parse_partitions
 from airflow_ckpt_provider.core.store.jobstore import check_job_name
 
 __all__ = ["RestoreMode", "RestoreSpec", "RuntimeConfig", "TimeTravel", "default_checkpoint"]

@@ -32,6 +32,7 @@ class Kind:
     convert: Callable[[Any], Any]  # raises ValueError or TypeError on a bad value (or ConfigError, kept as is)
     show: Callable[[Any], str] = str
     switch: bool = False  # a flag without a value (store_true)
+    repeat: bool = False  # a flag that may be given more than once (its values come as a list)
 
 
 def _seconds(value: object) -> float:
@@ -150,6 +151,8 @@ class Settings:
                 continue
             if m.kind.switch:
                 parser.add_argument(flag_of(f.name), action="store_true", default=None, help=m.help)
+            elif m.kind.repeat:
+                parser.add_argument(flag_of(f.name), action="append", default=None, metavar=m.metavar, help=m.help)
             else:
                 parser.add_argument(flag_of(f.name), default=None, metavar=m.metavar, help=m.help,
                                     required=f.default is MISSING and f.default_factory is MISSING)

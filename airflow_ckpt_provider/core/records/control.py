@@ -32,8 +32,6 @@ class RequestAction(StrEnum):
 
 #: The request that stops a driver in each stop mode.
 STOP_ACTION = {StopMode.SAVEPOINT: RequestAction.STOP, StopMode.CANCEL: RequestAction.CANCEL}
-#: Seconds a driver gets to answer a stop (a final savepoint uploads state), a cancel or a savepoint.
-STOP_TIMEOUT = 600.0
 
 
 class Outcome(StrEnum):
@@ -87,15 +85,20 @@ def ack_key(request_id: str) -> str:
     return f"{CONTROL}{request_id}{ACK_SUFFIX}"
 
 
+def new_request_id(action: RequestAction, now: float | None = None) -> str:
+    """A new request's id (an actor records it before it writes the request, to find it again if it dies)."""
+    stamp = datetime.fromtimestamp(time.time() if now is None else now, UTC).strftime("%Y%m%dT%H%M%SZ")
+    return f"{action.value}-{stamp}-{secrets.token_hex(3)}"
+
+
 def submit_request(store: JobStore, action: RequestAction, epoch: int, *, now: float | None = None,
-                   requested_by: str | None = None) -> Request:
+                   requested_by: str | None = None, request_id: str | None = None) -> Request:
     """Write a request for the driver of ``epoch``; it is picked up within the driver's poll interval.
     ``requested_by`` (default: USER@host) says who asked, e.g. an Airflow user from the UI. Returns the request
     as written (its ``schema`` the version that wrote it)."""
     created = time.time() if now is None else now
-    stamp = datetime.fromtimestamp(created, UTC).strftime("%Y%m%dT%H%M%SZ")
     request = Request(
-        id=f"{action.value}-{stamp}-{secrets.token_hex(3)}", action=action, epoch=epoch, created_at=created,
+        id=request_id or new_request_id(action, created), action=action, epoch=epoch, created_at=created,
         requested_by=requested_by or f"{os.environ.get('USER', 'unknown')}@{socket.gethostname()}",
     )
     if not store.storage.create(request_key(request.id), request.to_bytes()):

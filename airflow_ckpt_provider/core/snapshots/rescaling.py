@@ -19,20 +19,6 @@ from airflow_ckpt_provider.core.snapshots.checkpoint import BatchView
 from airflow_ckpt_provider.core.snapshots.manifest import RESCALED_FROM, Kind, Manifest
 from airflow_ckpt_provider.core.snapshots.statestore import ROCKSDB, StateOperator, state_partitions
 
-#: More than this many partitions is taken for a typo (Spark would write a RocksDB store for each).
-MAX_PARTITIONS = 10_000
-
-
-def parse_partitions(value: object) -> int:
-    """A requested partition count: a whole number in [1, MAX_PARTITIONS]; ValueError says what was found."""
-    try:
-        n = int(str(value).strip())
-    except ValueError:
-        n = 0
-    if str(value).strip() != str(n) or not 1 <= n <= MAX_PARTITIONS:
-        raise ValueError(f"partitions: expected a whole number from 1 to {MAX_PARTITIONS}, found {value!r}")
-    return n
-
 
 def current_partitions(view: BatchView) -> int | None:
     """The partitions the state has at the view's batch (None: a stateless query)."""
