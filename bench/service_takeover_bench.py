@@ -31,7 +31,7 @@ from airflow_ckpt_provider.core.records.ownership import OwnerRecord, read_owner
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.store.storage import S3Options, open_storage
 from airflow_ckpt_provider.embedded import EmbeddedS3
-from airflow_ckpt_provider.launcher.service import hand_over
+from airflow_ckpt_provider.launcher.handover import hand_over
 
 TARGET_S = 15.0
 BUCKET = "bench"

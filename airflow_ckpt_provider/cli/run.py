@@ -130,7 +130,8 @@ def _hand_over(args: argparse.Namespace, spec: SubmitSpec) -> int:
     from airflow_ckpt_provider.core.records.deployments import Deployment
     from airflow_ckpt_provider.core.store.jobstore import JobStore
     from airflow_ckpt_provider.core.views.submission import find_running
-    from airflow_ckpt_provider.launcher.service import START_TIMEOUT, hand_over
+    from airflow_ckpt_provider.launcher.handover import hand_over
+    from airflow_ckpt_provider.launcher.service import START_TIMEOUT
 
     s3 = S3Options.from_env(args.endpoint_url, args.region)
     deployment = Deployment.from_namespace(

@@ -19,7 +19,8 @@ from airflow_ckpt_provider.core.records.deployments import read_launch
 from airflow_ckpt_provider.core.records.ownership import INSTANCES, InstanceRecord, Timings, read_owner
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.store.storage import Storage, open_storage
-from airflow_ckpt_provider.launcher.service import SupervisionService, handed_jobs
+from airflow_ckpt_provider.launcher.handover import handed_jobs
+from airflow_ckpt_provider.launcher.service import SupervisionService
 
 
 def _root(args: argparse.Namespace) -> Storage:

@@ -37,7 +37,7 @@ from airflow_ckpt_provider.core.watches.control import RequestWatch, request_fai
 from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
 from airflow_ckpt_provider.dagster.resources import CkptResource
 from airflow_ckpt_provider.launcher.deploy import start_failure
-from airflow_ckpt_provider.launcher.service import start_job
+from airflow_ckpt_provider.launcher.handover import start_job
 from airflow_ckpt_provider.launcher.upgrade import UpgradeFailed, run_upgrade
 
 #: The resource key every op of this module asks for.
@@ -262,7 +262,7 @@ def _wait_running(context: dg.OpExecutionContext, store: JobStore, *, start_time
 def _launch(context: dg.OpExecutionContext, ckpt: CkptResource, store: JobStore, deployment: Deployment,
             restore: RestoreSpec, *, supervision: SupervisionMode = SupervisionMode.AUTO) -> tuple[str, float]:
     try:
-        # ``auto``: as the job had, the supervision service once it was handed to it (launcher/service.start_job).
+        # ``auto``: as the job had, the supervision service once it was handed to it (launcher/handover.start_job).
         record = start_job(store, deployment, restore=restore, store_url=ckpt.store_url, s3=ckpt.s3_options(),
                            launched_by=_launched_by(context), supervision=supervision)
     except CkptError as err:

@@ -12,39 +12,40 @@ Design notes: docs/service.md#design-notes-launcherservicepy.
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from airflow_ckpt_provider.core.errors import ConfigError, StorageError
-from airflow_ckpt_provider.core.policy.modes import LATEST_STATE, RestoreSpec, SupervisionMode
-from airflow_ckpt_provider.core.records.deployments import Deployment, Launch, read_launch, record_end
+from airflow_ckpt_provider.core.policy.modes import LATEST_STATE
+from airflow_ckpt_provider.core.records.deployments import Launch, read_launch, record_end
 from airflow_ckpt_provider.core.records.lease import pid_alive
+from airflow_ckpt_provider.core.records.operations import actor_alive, read_operation
 from airflow_ckpt_provider.core.records.ownership import (
-    HANDED,
     Membership,
     NotOwner,
     Observer,
     OwnerRecord,
-    ServiceJob,
     Timings,
     claim,
     confirm,
-    handed_key,
     release,
 )
 from airflow_ckpt_provider.core.records.supervision import Supervision, SupervisorState, read_supervisor
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.store.storage import S3Options, Storage
-from airflow_ckpt_provider.launcher.deploy import check_deployment, launch, record_launch, start_launch
+from airflow_ckpt_provider.launcher.deploy import check_deployment, launch, start_launch
+from airflow_ckpt_provider.launcher.handover import handed_jobs
+from airflow_ckpt_provider.launcher.upgrade import JobUpgrade
 
 log = logging.getLogger(__name__)
 
 #: Seconds a launch started by another instance gets to write its supervisor's first heartbeat (on this clock).
 START_TIMEOUT = 60.0
+#: The operation record's actor name of an instance (``ACTOR_PREFIX`` + its id).
+ACTOR_PREFIX = "supervision service instance "
 #: At most this many relaunches of one job by one instance within RELAUNCH_WINDOW seconds; then it gives up.
 RELAUNCHES = 5
 RELAUNCH_WINDOW = 3600.0
@@ -109,46 +110,6 @@ def _no_supervisor_yet(last: Launch, *, starting_here: bool, waited: float, star
                     f"heartbeat within {start_timeout:g} s")
 
 
-# -- hand a job over ----------------------------------------------------------------------------------------------
-
-
-def hand_over(store: JobStore, deployment: Deployment, *, restore: RestoreSpec, store_url: str,
-              s3: S3Options | None = None, handed_by: str = "") -> Launch:
-    """Hand the job to the supervision service and record ``deployment`` as its launch (checked first: bad input
-    raises, nothing recorded); an instance starts it within a renewal or two. Returns the recorded launch.
-
-    The hand-over is written first: if this process dies before the launch is recorded, the service keeps the job's
-    previous launch as it was (running, or ended), and a retry records the new one."""
-    check_deployment(deployment, store.job, store_url, restore, s3)
-    handed_by = handed_by or f"{os.environ.get('USER', '?')}@{socket.gethostname()}"
-    store.root.write(handed_key(store.job), ServiceJob(job=store.job, handed_at=time.time(),
-                                                       handed_by=handed_by).to_bytes())
-    return record_launch(store, deployment, restore=restore, store_url=store_url, s3=s3, launched_by=handed_by,
-                         checked=True)
-
-
-def start_job(store: JobStore, deployment: Deployment, *, restore: RestoreSpec, store_url: str,
-              s3: S3Options | None = None, launched_by: str = "", unrecorded_env: Mapping[str, str] | None = None,
-              supervision: SupervisionMode = SupervisionMode.AUTO) -> Launch:
-    """How every front-end (the operators, Dagster, ``ckpt job upgrade|rescale``) starts a deployment: launched here
-    with its own supervisor, or handed to the service (``supervision``; ``auto``: as the job was before). A job
-    handed to the service gets no ``unrecorded_env``: the service's instances run it with their own environment."""
-    handed = supervision is SupervisionMode.SERVICE or (
-        supervision is SupervisionMode.AUTO and store.root.exists(handed_key(store.job)))
-    if not handed:
-        return launch(store, deployment, restore=restore, store_url=store_url, s3=s3, launched_by=launched_by,
-                      unrecorded_env=unrecorded_env)
-    if unrecorded_env:
-        log.info("job %s: handed to the supervision service without this launch's unrecorded environment (%s): its "
-                 "instances' own environment applies", store.job, ", ".join(sorted(unrecorded_env)))
-    return hand_over(store, deployment, restore=restore, store_url=store_url, s3=s3, handed_by=launched_by)
-
-
-def handed_jobs(root: Storage) -> list[str]:
-    """The jobs handed to the service (one LIST of ``_service/jobs/``)."""
-    return sorted(info.key[len(HANDED):-len(".json")] for info in root.list(HANDED) if info.key.endswith(".json"))
-
-
 # -- act: the service loop ----------------------------------------------------------------------------------------
 
 
@@ -170,6 +131,8 @@ class SupervisionService:
         self._elsewhere: dict[str, tuple[str, float]] = {}  # job -> (launch id, when first seen without a record)
         self._relaunches: dict[str, list[float]] = {}  # job -> when this instance relaunched it (its clock)
         self._store_down = False
+        self._operating: dict[str, threading.Thread] = {}  # job -> the thread acting on its operation
+        self._operation_seen: dict[str, tuple[str, float]] = {}  # job -> (its operation record's tag, first seen)
 
     @property
     def instance(self) -> str:
@@ -237,6 +200,7 @@ class SupervisionService:
             log.info("job %s: supervised by service instance %s at epoch %d%s", job, self.instance, got.owner.epoch,
                      took)
         self.owned[job] = got.owner
+        self._operate(store)
         last = read_launch(store)
         seen = _supervision(store, last)
         action = decide(last, seen, starting_here=self._starting_here(job, last),
@@ -270,6 +234,47 @@ class SupervisionService:
         pid = started.pid
         self._started[job] = (started.launch_id, lambda: pid is not None and pid_alive(pid))
         return action
+
+    @property
+    def actor(self) -> str:
+        return f"{ACTOR_PREFIX}{self.instance}"
+
+    def _operate(self, store: JobStore) -> None:
+        """Act on the job's operation in progress (an upgrade, a rescale: launcher/upgrade.py) in a thread of its own,
+        unless this instance does already or a live actor of its own acts on it (a ``ckpt`` command that began it).
+        Another instance's operation is this one's once it owns the job: that instance's lease has lapsed."""
+        job = store.job
+        thread = self._operating.get(job)
+        if thread is not None and thread.is_alive():
+            return
+        found = read_operation(store)
+        if found is None or found.operation.state.final:
+            self._operation_seen.pop(job, None)
+            return
+        op = found.operation
+        seen = self._operation_seen.get(job)
+        if seen is None or seen[0] != found.tag:
+            seen = self._operation_seen[job] = (found.tag, self.monotonic())
+        by_service = op.actor.startswith(ACTOR_PREFIX)
+        if op.actor and not by_service and actor_alive(op, silent_for=self.monotonic() - seen[1]):
+            return
+        owner = self.owned[job]
+
+        def may_act() -> bool:
+            return self.me.may_act() and self.owned.get(job) == owner
+
+        def act() -> None:
+            try:
+                ended = JobUpgrade(store, self.store_url, self.s3, say=lambda _line: None, actor=self.actor,
+                                   may_act=may_act).run(found)
+                log.info("job %s: %s", job, ended.describe())
+            except Exception:  # logged, and the next tick resumes it (or another instance, if this one lost it)
+                log.exception("job %s: service instance %s stopped acting on %s", job, self.instance, op.id)
+
+        log.info("job %s: service instance %s %s %s", job, self.instance,
+                 "resumes" if op.plan is not None else "acts on", op.describe())
+        thread = self._operating[job] = threading.Thread(target=act, name=f"ckpt-operation-{job}", daemon=True)
+        thread.start()
 
     def _relaunch_budget(self, job: str) -> str:
         """Why not to relaunch ``job`` again ('' to go on): at most RELAUNCHES in RELAUNCH_WINDOW s by this

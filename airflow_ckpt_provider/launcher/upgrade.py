@@ -52,8 +52,8 @@ from airflow_ckpt_provider.core.watches.operation import OperationWatch
 from airflow_ckpt_provider.core.watches.restore_check import RestoreCheckWatch
 from airflow_ckpt_provider.launcher import upgradesteps as steps
 from airflow_ckpt_provider.launcher.deploy import credentials_env, inherited_env, log_dir
+from airflow_ckpt_provider.launcher.handover import start_job
 from airflow_ckpt_provider.launcher.restore_check import start_check
-from airflow_ckpt_provider.launcher.service import start_job
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,8 @@ class JobUpgrade:
         self.job = store.job
         self.acting: Acting | None = None
         self._beat = 0.0
-        self.settings = UpgradeSettings()  # set by run()
+
+    settings: UpgradeSettings  # the operation's, read by run()
 
     # -- the loop -----------------------------------------------------------------------------------------------
 
@@ -109,6 +110,21 @@ class JobUpgrade:
         self.settings = UpgradeSettings.from_json(op.settings)
         if resumed:
             self.say(acting.operation.lines[-1])
+        try:
+            return self._run(acting)
+        except NotActor:
+            raise
+        except Exception as err:  # this actor stops acting: it says so, so a retry in this process acts at once
+            log.warning("job %s: %s stopped acting on %s at step %s: %s: %s", self.job, self.actor, op.id,
+                        acting.operation.steps, type(err).__name__, err)
+            try:
+                acting.save(actor="", actor_pid=None, line=f"{self.actor} stopped acting: {type(err).__name__}: "
+                                                           f"{err}")
+            except Exception as also:  # the store, most likely: the others see this actor silent instead
+                log.warning("job %s: could not record that: %s", self.job, also)
+            raise
+
+    def _run(self, acting: Acting) -> Operation:
         try:
             plan, outcome = self._first(acting.operation)
         except ConfigError as err:
@@ -156,17 +172,14 @@ class JobUpgrade:
         assert self.acting is not None
         match step:
             case steps.Refuse(message=message):
-                self.say(f"refused: {message}")
                 return self.acting.save(plan=plan.to_dict(), state=OperationState.REFUSED, message=message)
             case steps.Fail(message=message):
-                self.say(f"failed: {message}")
                 return self.acting.save(plan=plan.to_dict(), state=OperationState.FAILED, message=message)
             case steps.Done(result=result, said=said):
                 result = self._done(plan, result, said)
                 return self.acting.save(plan=plan.to_dict(), state=OperationState.SUCCEEDED, result=result)
             case steps.Relaunch(message=message):  # the old driver went down during a stop that failed
                 self._launch_once(plan.old_deployment, LATEST_STATE, "relaunch")
-                self.say(f"failed: {message}")
                 return self.acting.save(plan=plan.to_dict(), state=OperationState.FAILED, message=message)
         return None
 
@@ -337,7 +350,7 @@ class JobUpgrade:
 
     def _launch_once(self, deployment: Deployment, restore: RestoreSpec, what: str) -> Launch:
         """Start ``deployment`` for this step, unless an earlier actor did (spec/last.json names this step): the
-        launch. As the job had: handed to the supervision service again once it was (launcher/service.start_job)."""
+        launch. As the job had: handed to the supervision service again once it was (launcher/handover.start_job)."""
         marker = self._marker(what)
         last = read_launch(self.store)
         if last is not None and last.launched_by == marker:

@@ -29,7 +29,7 @@ from airflow_ckpt_provider.core.views.jobview import (
 from airflow_ckpt_provider.core.views.submission import find_running, what_to_launch
 from airflow_ckpt_provider.hooks.spark import CkptSparkHook
 from airflow_ckpt_provider.launcher.deploy import start_failure
-from airflow_ckpt_provider.launcher.service import start_job
+from airflow_ckpt_provider.launcher.handover import start_job
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink, persist_empty_links
 from airflow_ckpt_provider.operators import lineage
 from airflow_ckpt_provider.operators.arguments import (

@@ -24,7 +24,7 @@ from airflow_ckpt_provider.core.records.ownership import read_owner
 from airflow_ckpt_provider.core.records.status import JobState, read_status
 from airflow_ckpt_provider.core.records.supervision import SupervisorState, read_supervisor
 from airflow_ckpt_provider.core.store.storage import S3Options
-from airflow_ckpt_provider.launcher.service import hand_over
+from airflow_ckpt_provider.launcher.handover import hand_over
 from tests.support.runtimejob import (
     JOB_FILE,
     SPARK_CONF,

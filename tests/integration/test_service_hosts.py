@@ -33,7 +33,7 @@ from airflow_ckpt_provider.core.records.lease import read_lease
 from airflow_ckpt_provider.core.records.ownership import read_owner
 from airflow_ckpt_provider.core.records.status import JobState
 from airflow_ckpt_provider.core.store.storage import S3Options
-from airflow_ckpt_provider.launcher.service import hand_over
+from airflow_ckpt_provider.launcher.handover import hand_over
 from tests.support import hosts
 from tests.support.exactlyonce import EO_JOB, expected_rows
 from tests.support.hostjobs import (

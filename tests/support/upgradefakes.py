@@ -1,6 +1,6 @@
-"""A played upgrade or rescale driver (launcher/upgrade.py JobUpgrade) for the tests of what runs it: Spark's check
-and repartition, the driver's answers to stop requests and the health of each launch are fakes, the steps and the
-job store real."""
+"""A played upgrade or rescale actor (launcher/upgrade.py JobUpgrade, through run_upgrade) for the tests of what runs
+it: Spark's check and repartition, the driver's answers to stop requests and the health of each launch are fakes; the
+steps, the operation record and the job store are real."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from airflow_ckpt_provider.core.policy.outcomes import CheckOutcome
+from airflow_ckpt_provider.core.policy.stepsettings import UpgradeSettings
 from airflow_ckpt_provider.core.records.control import Ack, Outcome, RequestAction, open_requests
 from airflow_ckpt_provider.core.snapshots.manifest import Kind, Manifest, Trigger
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.launcher import upgrade
-from airflow_ckpt_provider.launcher.upgrade import JobUpgrade, UpgradeOptions
-from airflow_ckpt_provider.runtime.restore_check_verdict import RestoreCheck
+from airflow_ckpt_provider.launcher.upgrade import run_upgrade
 from tests.support.operatorfakes import RESCALED_SID, SID, FakeLaunch
 
 
@@ -40,26 +40,50 @@ class World:
         self.store, self.launches = store, FakeLaunch()
         self.said: list[str] = []
         self.checks: list[tuple[str, bool]] = []
-        self.check_envs: list[dict[str, str]] = []
+        self.check_s3: list[S3Options | None] = []
         self.check_outcome = self.rescale_outcome = CheckOutcome.COMPATIBLE
         self.stop_answers = True
         self.healthy = [True]
-        monkeypatch.setattr(upgrade, "check_restore", self.check_restore)
-        monkeypatch.setattr(upgrade, "wait_ack", self.wait_ack)
-        monkeypatch.setattr("airflow_ckpt_provider.launcher.service.launch", self.launches)  # under start_job
+        self.verdicts: dict[str, dict[str, Any]] = {}
+        monkeypatch.setattr(upgrade, "start_check", self.start_check)
+        monkeypatch.setattr(upgrade, "RestoreCheckWatch", self.check_watch)
+        monkeypatch.setattr(upgrade, "read_ack", self.read_ack)
+        monkeypatch.setattr("airflow_ckpt_provider.launcher.handover.launch", self.launches)  # under start_job
         monkeypatch.setattr(upgrade, "JobHealthWatch", self.watch)
 
-    def check_restore(self, spec: Any, timeout: float, *, env: Any = None) -> RestoreCheck:
-        save = bool(spec.config.save_rescaled)
-        self.checks.append((str(spec.config.restore), save))
-        self.check_envs.append(dict(env or {}))
-        if not save:
+    def start_check(self, store: JobStore, deployment: Any, *, restore: Any, save_rescaled: bool, s3: Any,
+                    **_: Any) -> Any:
+        """Spark's check (or repartition) of ``restore``, its verdict at once."""
+        check_id = f"check-{len(self.checks)}"
+        self.checks.append((str(restore), save_rescaled))
+        self.check_s3.append(s3)
+        if not save_rescaled:
             why = "ok" if self.check_outcome == "compatible" else "key schema differs"
-            return RestoreCheck(self.check_outcome, why, snapshot_id=SID, batch_id=7, seconds=1.0)
-        return RestoreCheck(self.rescale_outcome, "repartitioned", snapshot_id=SID, batch_id=7, seconds=2.0,
-                            rescaled_snapshot_id=RESCALED_SID if self.rescale_outcome == "compatible" else None)
+            self.verdicts[check_id] = {"status": str(self.check_outcome), "reason": why, "snapshot_id": SID,
+                                       "batch_id": 7, "seconds": 1.0}
+        else:
+            self.verdicts[check_id] = {
+                "status": str(self.rescale_outcome), "reason": "repartitioned", "snapshot_id": SID, "batch_id": 7,
+                "seconds": 2.0,
+                "rescaled_snapshot_id": RESCALED_SID if self.rescale_outcome == "compatible" else None}
 
-    def wait_ack(self, store: JobStore, request_id: str, timeout: float, *, poll: float) -> Ack | None:
+        class Started:
+            pass
+
+        started = Started()
+        started.check_id = check_id  # type: ignore[attr-defined]  # what the actor reads of CheckStarted
+        return started
+
+    def check_watch(self, store: JobStore, check_id: str) -> Any:
+        verdict = self.verdicts[check_id]
+
+        class Watch:
+            def poll(self) -> dict[str, Any]:
+                return verdict
+
+        return Watch()
+
+    def read_ack(self, store: JobStore, request_id: str) -> Ack | None:
         [request] = [r for r in open_requests(store) if r.id == request_id]
         if not self.stop_answers:
             return None
@@ -82,6 +106,6 @@ class World:
         return Watch()
 
     def run(self, partitions: int | None = 5, s3: S3Options | None = None, **upgrade: Any) -> dict[str, Any]:
-        options = UpgradeOptions(partitions, poll=0.01, verify_timeout=5, **upgrade)
-        return JobUpgrade(self.store, str(self.store.storage.url), s3, options, say=self.said.append,
-                          launched_by="test").run()
+        settings = UpgradeSettings(partitions=partitions, verify_timeout=5, stop_timeout=0.3, **upgrade)
+        return run_upgrade(self.store, str(self.store.storage.url), s3, settings, say=self.said.append,
+                           requested_by="test", poll=0.01)

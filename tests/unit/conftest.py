@@ -34,7 +34,7 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> JobStore:
 @pytest.fixture
 def launches(monkeypatch: pytest.MonkeyPatch) -> FakeLaunch:
     fake = FakeLaunch()
-    monkeypatch.setattr("airflow_ckpt_provider.launcher.service.launch", fake)  # under start_job
+    monkeypatch.setattr("airflow_ckpt_provider.launcher.handover.launch", fake)  # under start_job
     return fake
 
 
@@ -43,7 +43,7 @@ def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: Any, **kwargs: Any) -> Launch:
         pytest.fail("the operator launched the job")
 
-    monkeypatch.setattr("airflow_ckpt_provider.launcher.service.launch", refuse)  # under start_job
+    monkeypatch.setattr("airflow_ckpt_provider.launcher.handover.launch", refuse)  # under start_job
 
 
 @pytest.fixture

@@ -148,13 +148,13 @@ def _swap(store: JobStore, tag: str | None, operation: Operation) -> str | None:
 
 
 def actor_alive(operation: Operation, *, silent_for: float, host: str | None = None,
-                alive: Callable[[int], bool] = pid_alive) -> bool:
+                alive: Callable[[int], bool] | None = None) -> bool:
     """Does the operation's actor still act? Not when none was named, when it was on this host and its process is
     gone, or when the record has not changed for ``silent_for`` s (the observer's own clock: ACTOR_SILENCE)."""
     if not operation.actor or operation.state.final:
         return False
     here = (host or socket.gethostname()) == operation.actor_host
-    if here and operation.actor_pid is not None and not alive(operation.actor_pid):
+    if here and operation.actor_pid is not None and not (alive or pid_alive)(operation.actor_pid):
         return False
     return silent_for < ACTOR_SILENCE
 

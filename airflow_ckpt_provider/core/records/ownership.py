@@ -102,7 +102,7 @@ class OwnerRecord(Record, frozen=True, kw_only=True):
 
 class ServiceJob(Record, frozen=True, kw_only=True):
     """A job handed to the supervision service: its instances claim it and keep its recorded launch (spec/last.json)
-    running. Written by ``hand_over`` (launcher/service.py) from a front-end; listed by every instance."""
+    running. Written by ``hand_over`` (launcher/handover.py) from a front-end; listed by every instance."""
 
     WHAT = "job handed to the supervision service"
     KEY = "/_service/jobs/<job>.json"

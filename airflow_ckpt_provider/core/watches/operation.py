@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from airflow_ckpt_provider.core.records.lease import pid_alive
 from airflow_ckpt_provider.core.records.operations import ACTOR_SILENCE, actor_alive, read_operation
 from airflow_ckpt_provider.core.records.ownership import handed_key
 from airflow_ckpt_provider.core.store.jobstore import JobStore
@@ -30,7 +29,7 @@ class OperationWatch:
     watch's own clock."""
 
     def __init__(self, store: JobStore, operation_id: str, *, seen_lines: int = 0, host: str | None = None,
-                 alive: Callable[[int], bool] = pid_alive, clock: Callable[[], float] = time.monotonic) -> None:
+                 alive: Callable[[int], bool] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.store, self.operation_id, self.seen = store, operation_id, seen_lines
         self.host, self.alive, self.clock = host or socket.gethostname(), alive, clock
         self._lines: list[str] = []

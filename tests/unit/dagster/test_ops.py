@@ -136,7 +136,7 @@ class FakeLaunch:
 @pytest.fixture
 def launches(monkeypatch: pytest.MonkeyPatch) -> FakeLaunch:
     fake = FakeLaunch()
-    monkeypatch.setattr("airflow_ckpt_provider.launcher.service.launch", fake)  # under start_job
+    monkeypatch.setattr("airflow_ckpt_provider.launcher.handover.launch", fake)  # under start_job
     return fake
 
 

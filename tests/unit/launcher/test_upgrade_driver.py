@@ -112,18 +112,16 @@ def test_an_upgrade_checks_the_new_code_stops_with_savepoint_and_starts_it_from_
                                                                                                      SID)
 
 
-def test_the_restore_check_gets_the_job_stores_credentials_given_to_the_driver(world: World) -> None:
+def test_the_restore_check_gets_the_job_stores_credentials_given_to_the_actor(world: World) -> None:
     s3 = S3Options(access_key_id="AKID", secret_access_key="not-in-the-environment")
     world.run(None, s3, job_file=ORDERS_V2, code_version="v2")
-    [env] = world.check_envs
-    assert (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]) == ("AKID", "not-in-the-environment")
-    assert env["TOPIC"] == "orders"  # and the job's settings
+    assert world.check_s3 == [s3]  # start_check passes them to the check's process (credentials_env)
 
 
 def test_an_upgrade_in_last_state_mode_cancels_and_rolls_back_to_the_latest_snapshot(world: World) -> None:
     world.healthy = [False, True]
     with pytest.raises(UpgradeFailed) as info:
-        world.run(None, job_file=ORDERS_V2, code_version="v2", mode=UpgradeMode.LAST_STATE)
+        world.run(None, job_file=ORDERS_V2, code_version="v2", upgrade_mode=UpgradeMode.LAST_STATE)
     assert [r.action for r in open_requests(world.store)] == [RequestAction.CANCEL]
     assert "2/5 cancelled at batch 7" in world.said
     new, old = world.launches.calls
@@ -143,19 +141,20 @@ def test_ckpt_job_upgrade_prints_where_the_job_went(world: World, tmp_path: Path
     assert main(["job", "upgrade", "--store", store, "--job", "orders", "--job-file", ORDERS_V2, "--partitions", "3",
                  "--upgrade-mode", "last-state"]) == 1
     _, err = capsys.readouterr()
-    assert "partitions=3 with upgrade_mode last-state; a rescale goes through a savepoint" in err
+    assert "partitions=3 with upgrade_mode last-state: a rescale goes through a savepoint" in err
+    assert main(["job", "upgrade", "--store", store, "--job", "orders", "--job-file", ORDERS_V2, "--verify-batches",
+                 "-1"]) == 1
+    _, err = capsys.readouterr()  # refused before anything: no operation recorded
+    assert "verify_batches: expected a whole number >= 0 (0: no batch), found -1" in err
 
 
 def test_an_upgrade_without_a_job_file_is_refused_before_anything_stops(store: JobStore) -> None:
     """An empty job file keeps the running code for a rescale only; an upgrade needs the new code's file."""
-    from airflow_ckpt_provider.core.errors import ConfigError
-    from airflow_ckpt_provider.launcher import upgradesteps as steps
+    from airflow_ckpt_provider.core.policy.stepsettings import UpgradeSettings
 
-    record_deployment(store, old_deployment(job_file=ORDERS_V1))
-    with pytest.raises(ConfigError, match=r"upgrade of job orders: expected the new code's job file, found none"):
-        steps.prepare(store, store_url="file:///unused", s3=None, what=steps.UPGRADE, job_file="",
-                      submit_hint="unused")
-    assert [str(o.key) for o in store.storage.list("control/")] == []  # nothing requested
+    with pytest.raises(ConfigError, match=r"job_file: expected the new code's Python file, found an empty string"):
+        UpgradeSettings(job_file=" ")
+    assert [str(o.key) for o in store.storage.list("")] == []  # nothing recorded
 
 
 # -- the new code's py files and files --------------------------------------------------------------------------
@@ -204,6 +203,102 @@ def test_a_rescale_keeps_the_code_s_files_and_refuses_new_ones(world: World) -> 
     with pytest.raises(ConfigError) as info:
         world.run(3, py_files=("s3a://code/v2/common.py",))
     assert str(info.value) == (
-        "rescale of job orders: py_files/files given, but a rescale keeps the running code and the files it ships; "
+        "py_files/files given without job_file, but a rescale keeps the running code and the files it ships; "
         "expected none: upgrade instead (job_file with py_files/files) to change them. Nothing was changed")
     assert world.checks == [] and open_requests(world.store) == [] and world.launches.calls == []
+
+
+# -- the operation record: a re-run resumes, a retry finds its end, a second ask is refused ----------------------
+
+
+class Died(BaseException):
+    """The actor's process dying in the middle of a step (kill -9 leaves the record as it was)."""
+
+
+def test_a_rerun_after_the_actor_died_between_the_stop_and_the_repartition_resumes_without_a_second_stop(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_ckpt_provider.core.records import operations
+    from airflow_ckpt_provider.core.records.operations import OperationState, read_operation
+    from airflow_ckpt_provider.launcher import upgrade
+
+    def die(*_: object, **__: object) -> None:
+        raise Died
+
+    with monkeypatch.context() as m:
+        m.setattr(upgrade.JobUpgrade, "_rescale", die)
+        with pytest.raises(Died):
+            world.run()
+    found = read_operation(world.store)
+    assert found is not None and found.operation.state is OperationState.RUNNING
+    assert (found.operation.step or {})["type"] == "Rescale" and world.launches.calls == []
+    monkeypatch.setattr(operations, "pid_alive", lambda pid: False)  # the actor's process is gone
+    world.said.clear()
+    result = world.run()
+    assert result["rescaled_snapshot_id"] == RESCALED_SID
+    assert world.said[0].startswith(f"found rescale {found.operation.id} of job orders (running, step ")
+    assert [r.action for r in open_requests(world.store)] == [RequestAction.STOP]  # one stop, not two
+    assert world.checks == [("latest-state", False), (SID, True)]  # the repartition ran once, when resumed
+    [started] = world.launches.calls
+    assert str(started.restore) == RESCALED_SID
+    ended = read_operation(world.store)
+    assert ended is not None and ended.operation.state is OperationState.SUCCEEDED
+    assert ended.operation.result == result
+
+
+def test_a_rerun_after_the_actor_died_during_the_start_does_not_launch_twice(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_ckpt_provider.core.records import operations
+    from airflow_ckpt_provider.launcher import upgrade
+
+    def die(*_: object, **__: object) -> None:
+        raise Died
+
+    with monkeypatch.context() as m:
+        m.setattr(upgrade, "crash_point", lambda name: die() if name == "upgrade.after-start" else None)
+        with pytest.raises(Died):
+            world.run(None, job_file=ORDERS_V2, code_version="v2")
+    assert len(world.launches.calls) == 1
+    monkeypatch.setattr(operations, "pid_alive", lambda pid: False)
+    result = world.run(None, job_file=ORDERS_V2, code_version="v2")
+    assert result["to_version"] == "v2" and len(world.launches.calls) == 1  # found its launch: not started again
+
+
+def test_a_retry_with_the_same_key_gets_the_end_without_acting_and_another_ask_waits_its_turn(world: World) -> None:
+    from airflow_ckpt_provider.core.errors import ConflictError
+    from airflow_ckpt_provider.core.policy.stepsettings import UpgradeSettings
+    from airflow_ckpt_provider.core.records.operations import Operation, ask, read_operation
+
+    settings = UpgradeSettings(partitions=5, verify_timeout=5, stop_timeout=0.3)
+    found, new = ask(world.store, "rescale", settings.to_json(), requested_by="airflow try 1", key="dag.task run 1")
+    assert new
+    with pytest.raises(ConflictError) as info:  # a different ask while this one is in progress
+        ask(world.store, "upgrade", {"job_file": ORDERS_V2}, requested_by="someone else")
+    assert f"expected no operation in progress, found rescale {found.operation.id} of job orders (pending" in str(
+        info.value)
+    assert read_operation(world.store) == found  # nothing changed
+    from airflow_ckpt_provider.launcher.upgrade import JobUpgrade
+
+    JobUpgrade(world.store, str(world.store.storage.url), None, say=world.said.append, actor="test",
+               poll=0.01).run(found)
+    again, new = ask(world.store, "rescale", settings.to_json(), requested_by="airflow try 2", key="dag.task run 1")
+    assert not new and again.operation.result is not None and again.operation.result["partitions"] == 5
+    assert len(world.launches.calls) == 1
+    assert isinstance(again.operation, Operation)
+
+
+def test_a_malformed_step_in_the_record_is_refused_with_what_was_found(world: World,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_ckpt_provider.core.policy.stepsettings import UpgradeSettings
+    from airflow_ckpt_provider.core.records import operations
+    from airflow_ckpt_provider.core.records.operations import Acting, OperationState, ask, read_operation
+
+    settings = UpgradeSettings(partitions=5, verify_timeout=5, stop_timeout=0.3)  # as World.run asks
+    found, _ = ask(world.store, "rescale", settings.to_json(), requested_by="test")
+    plan = {"job": "orders", "old": {"deployment": {}}, "new": {"job_file": ORDERS_V1}}
+    Acting(world.store, found, "a broken writer").save(plan=plan, step={"type": "Explode"}, state=OperationState.RUNNING)
+    monkeypatch.setattr(operations, "pid_alive", lambda pid: False)
+    with pytest.raises(ConfigError, match=r"operation record: expected one of Check, Rescale, RollBack, Start, "
+                                          r"Stop, TakeSavepoint, Verify, found type 'Explode'"):
+        world.run()
+    assert open_requests(world.store) == [] and world.launches.calls == []
+    assert read_operation(world.store) is not None
