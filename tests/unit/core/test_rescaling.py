@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.policy.stepsettings import MAX_PARTITIONS, parse_partitions
 from airflow_ckpt_provider.core.records.status import JobState, JobStatus
 from airflow_ckpt_provider.core.snapshots.manifest import RESCALED_FROM, Kind, Manifest, Trigger
-from airflow_ckpt_provider.core.policy.stepsettings import MAX_PARTITIONS, parse_partitions
 from airflow_ckpt_provider.core.snapshots.rescaling import snapshot_problem, stopped_source
 from airflow_ckpt_provider.core.snapshots.statestore import HDFS, ROCKSDB
 

@@ -130,12 +130,14 @@ def test_an_upgrade_of_a_job_never_submitted_says_to_submit_it_first(ckpt: CkptR
      "the stopped state, last-state the latest checkpoint, stateless none. Fix the op's config"),
     (upgrade_streaming_job, {"verify_batches": -1},
      "verify_batches: expected a whole number >= 0 (0: no batch), found -1. Nothing was changed. Fix the op's config"),
-    (upgrade_streaming_job, {"partitions": 0}, "partitions: expected a whole number from 1 to 10000 or 'none', found 0"),
+    (upgrade_streaming_job, {"partitions": 0},
+     "partitions: expected a whole number from 1 to 10000 or 'none', found 0"),
     (upgrade_streaming_job, {"partitions": 3, "upgrade_mode": "last-state"},
      "partitions=3 with upgrade_mode last-state: a rescale goes through a savepoint; expected upgrade_mode savepoint"),
     (upgrade_streaming_job, {"job_file": " "}, "job_file: expected the new code's Python file, found an empty string"),
     (upgrade_streaming_job, {"check_timeout": 0}, "check_timeout: expected seconds > 0, found 0.0"),
-    (rescale_streaming_job, {"partitions": 10_001}, "partitions: expected a whole number from 1 to 10000 or 'none', found 10001"),
+    (rescale_streaming_job, {"partitions": 10_001},
+     "partitions: expected a whole number from 1 to 10000 or 'none', found 10001"),
 ])
 def test_a_config_value_the_op_judges_fails_the_step_before_anything(
         world: World, ckpt: CkptResource, op: dg.OpDefinition, change: dict[str, Any], expected: str) -> None:

@@ -295,7 +295,8 @@ def test_a_malformed_step_in_the_record_is_refused_with_what_was_found(world: Wo
     settings = UpgradeSettings(partitions=5, verify_timeout=5, stop_timeout=0.3)  # as World.run asks
     found, _ = ask(world.store, "rescale", settings.to_json(), requested_by="test")
     plan = {"job": "orders", "old": {"deployment": {}}, "new": {"job_file": ORDERS_V1}}
-    Acting(world.store, found, "a broken writer").save(plan=plan, step={"type": "Explode"}, state=OperationState.RUNNING)
+    broken = Acting(world.store, found, "a broken writer")
+    broken.save(plan=plan, step={"type": "Explode"}, state=OperationState.RUNNING)
     monkeypatch.setattr(operations, "pid_alive", lambda pid: False)
     with pytest.raises(ConfigError, match=r"operation record: expected one of Check, Rescale, RollBack, Start, "
                                           r"Stop, TakeSavepoint, Verify, found type 'Explode'"):

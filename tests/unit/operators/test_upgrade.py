@@ -1,374 +1,205 @@
-"""UpgradeStreamingJobOperator: check the new code, stop with savepoint, start the new code, verify, roll back."""
+"""UpgradeStreamingJobOperator and RescaleStreamingJobOperator: the task reads its arguments as UpgradeSettings, asks
+for the operation in the job store, starts its actor (a detached ``ckpt job operate``; here the actor runs in this
+process, Spark and the driver played by tests/support/upgradefakes.py) unless the supervision service owns the job,
+and waits for the record to end; a retry finds the same operation. What the actor does at each step is tested in
+tests/unit/launcher/test_upgrade_driver.py."""
 
 from __future__ import annotations
 
-import json
-import time
-from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.records.control import RequestAction
-from airflow_ckpt_provider.core.records.deployments import Deployment, Launch, read_launch
-from airflow_ckpt_provider.core.records.restore_check import OUTCOME_GRACE
-from airflow_ckpt_provider.core.records.status import JobState
-from airflow_ckpt_provider.core.snapshots.manifest import Kind
-from airflow_ckpt_provider.core.store.jobstore import LEASE, SPEC_LAST, SPEC_STABLE, STATUS, JobStore
-from airflow_ckpt_provider.operators.base import DEFER_GRACE
-from airflow_ckpt_provider.runtime.config import default_checkpoint
-from airflow_ckpt_provider.runtime.restore_check_verdict import CheckOutcome
-from airflow_ckpt_provider.triggers.control import RequestTrigger
-from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
-from airflow_ckpt_provider.triggers.restore_check import RestoreCheckTrigger
+from airflow_ckpt_provider.core.records.operations import OPERATION, OperationState, read_operation
+from airflow_ckpt_provider.core.records.ownership import ServiceJob, handed_key
+from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.storage import S3Options
+from airflow_ckpt_provider.launcher.upgrade import JobUpgrade
+from airflow_ckpt_provider.operators import upgrade as operator_module
+from airflow_ckpt_provider.operators.upgrade import RescaleStreamingJobOperator
+from airflow_ckpt_provider.triggers.operation import OperationTrigger
 from tests.support.operatorfakes import (
-    HEALTHY,
+    ORDERS_V1,
     ORDERS_V2,
+    RESCALED_SID,
     SID,
     SNAPSHOT_KEY,
-    SPARK_UI_KEY,
-    UI,
-    UNHEALTHY,
-    FakeCheck,
-    FakeLaunch,
-    ack_event,
     context,
-    control_keys,
     deferral,
     fire,
-    make_snapshots,
     next_step,
     old_deployment,
-    only_request,
-    pass_check,
     record_deployment,
     report,
-    start_new_code,
-    timeout_s,
     trigger_kwargs,
     upgrade_op,
-    verdict,
 )
-
-# -- UpgradeStreamingJobOperator --------------------------------------------------------------------------------------
-
+from tests.support.upgradefakes import World, rocksdb_savepoint
 
 
+class Actors:
+    """start_actor: records each start; ``act`` runs the actor to its end in this process (as ``ckpt job operate``
+    would, detached)."""
+
+    def __init__(self, world: World) -> None:
+        self.world, self.started, self.act = world, [], False
+
+    def __call__(self, store: JobStore, store_url: str, s3: S3Options | None, operation_id: str, *,
+                 env: dict[str, str] | None = None) -> int:
+        self.started.append(operation_id)
+        if self.act:
+            found = read_operation(store)
+            assert found is not None and found.operation.id == operation_id
+            JobUpgrade(store, store_url, s3, say=self.world.said.append, actor="test actor", poll=0.01).run(found)
+        return 4242
 
 
-
-@pytest.mark.usefixtures("no_launch")
-def test_upgrade_without_a_deployment_is_refused(store: JobStore, checks: FakeCheck) -> None:
-    report(store)
-    with pytest.raises(AirflowException, match=r"no recorded deployment .*nothing was changed"):
-        upgrade_op().execute(context())
-    assert checks.calls == [] and control_keys(store) == []
-
-
-@pytest.mark.usefixtures("no_launch", "running_v1")
-def test_upgrade_refuses_an_unknown_mode(store: JobStore, checks: FakeCheck) -> None:
-    with pytest.raises(ConfigError, match="invalid upgrade_mode: expected one of savepoint, last-state, stateless, "
-                       "found 'blue-green'"):
-        upgrade_op(upgrade_mode="blue-green")
-    op = upgrade_op(upgrade_mode="{{ params.upgrade_mode }}")
-    op.upgrade_mode = "blue-green"  # rendered
-    with pytest.raises(AirflowException, match=r"invalid upgrade_mode: .*found 'blue-green'.*nothing was changed"):
-        op.execute(context())
-    assert checks.calls == [] and control_keys(store) == []
-
-
-@pytest.mark.usefixtures("no_launch")
-def test_upgrade_with_savepoint_of_a_job_that_is_not_running_is_refused(store: JobStore, checks: FakeCheck) -> None:
-    record_deployment(store)
-    report(store, state=JobState.STOPPED)
-    with pytest.raises(AirflowException, match="refused before anything was stopped: it is not running, so no "
-                                               "savepoint can be taken; use upgrade_mode last-state"):
-        upgrade_op().execute(context())
-    assert checks.calls == [] and control_keys(store) == []
-
-
-@pytest.mark.usefixtures("no_launch")
-def test_upgrade_refused_by_the_restore_check_changes_nothing(store: JobStore, checks: FakeCheck,
-                                                              running_v1: Launch) -> None:
-    checks.outcome = CheckOutcome.INCOMPATIBLE
-    before = {key: store.storage.read(key) for key in (STATUS, LEASE, SPEC_LAST)}
-    op = upgrade_op()
-    checking = deferral(lambda: op.execute(context()))
-    with pytest.raises(AirflowException) as info:
-        op.resume(context(), fire(checking, verdict(checking)))
-    assert str(info.value) == (
-        f"upgrade of job orders to {ORDERS_V2} refused before anything was stopped: restore check of snapshot {SID} "
-        "with the new code: incompatible: STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE: the key schema changed; "
-        "the job runs as before")
-    assert len(checks.calls) == 1 and control_keys(store) == []
-    assert {key: store.storage.read(key) for key in before} == before
-    assert read_launch(store) == running_v1
-
-
-@pytest.mark.usefixtures("no_launch", "running_v1")
-@pytest.mark.parametrize(("event", "why"), [
-    ({"status": "failed", "message": "job orders: expected a verdict from restore check C, found none and its "
-      "process no longer exists; no verdict. Run the upgrade again", "reason": "its process no longer exists"},
-     "restore check of snapshot - with the new code: failed: its process no longer exists"),
-    ({"status": "bad-input", "reason": "job file orders_v2.py does not define a @streaming_job", "message": "m"},
-     "job file orders_v2.py does not define a @streaming_job"),
-    ({"status": "timeout", "message": "no outcome within 720 s: expected the verdict of restore check C"},
-     "restore check: timed out: no outcome within 720 s: expected the verdict of restore check C"),
-    ({"status": "error", "message": "RestoreCheckTrigger failed: ConfigError: no connection", "traceback": "tb"},
-     "restore check: the trigger failed: RestoreCheckTrigger failed: ConfigError: no connection\ntb"),
-], ids=["process-gone", "bad-input", "timeout", "error"])
-def test_upgrade_without_a_compatible_verdict_is_refused_before_anything_stops(
-        store: JobStore, checks: FakeCheck, event: dict[str, Any], why: str) -> None:
-    checks.outcome = None  # the check process recorded nothing
-    op = upgrade_op()
-    checking = deferral(lambda: op.execute(context()))
-    with pytest.raises(AirflowException) as info:
-        op.resume(context(), fire(checking, event))
-    text = str(info.value)
-    assert text.startswith(f"upgrade of job orders to {ORDERS_V2} refused before anything was stopped: {why}")
-    assert text.endswith("; the job runs as before")
-    assert control_keys(store) == []
-
-
-@pytest.mark.usefixtures("no_launch", "running_v1")
-def test_upgrade_not_deferrable_waits_for_the_verdict_in_the_worker(store: JobStore, checks: FakeCheck) -> None:
-    checks.outcome = CheckOutcome.INCOMPATIBLE
-    with pytest.raises(AirflowException, match=r"refused before anything was stopped: restore check of snapshot "
-                                               rf"{SID} with the new code: incompatible: "):
-        upgrade_op(deferrable=False, poll_interval=0.01).execute(context())
-    assert len(checks.calls) == 1 and control_keys(store) == []
-
-
-@pytest.mark.usefixtures("no_launch", "running_v1")
-def test_upgrade_refuses_when_the_job_stopped_while_the_check_ran(store: JobStore, checks: FakeCheck) -> None:
-    op = upgrade_op()
-    checking = deferral(lambda: op.execute(context()))
-    report(store, epoch=3, state=JobState.STOPPED)
-    with pytest.raises(AirflowException) as info:
-        op.resume(context(), fire(checking, verdict(checking)))
-    assert str(info.value) == (
-        f"upgrade of job orders to {ORDERS_V2} refused before anything was stopped: it is not running, so no "
-        "savepoint can be taken; use upgrade_mode last-state to upgrade from its latest checkpoint (observed after "
-        "the restore check); the job runs as before")
-    assert control_keys(store) == []
-
-
-@pytest.mark.usefixtures("no_launch")
-def test_upgrade_checks_the_new_code_then_stops_with_savepoint(store: JobStore, checks: FakeCheck,
-                                                               running_v1: Launch) -> None:
-    op = upgrade_op(check_timeout=321, stop_timeout=44)
-    checking = deferral(lambda: op.execute(context()))
-    [call] = checks.calls
-    assert (call.deployment, call.timeout, call.allow_non_restored_state, call.started_by) == (
-        running_v1.deployment.with_code(ORDERS_V2, "v2"), 321, False, "airflow:adhoc_airflow.upgrade")
-    assert control_keys(store) == []  # nothing is stopped while the check runs
-    assert isinstance(checking.trigger, RestoreCheckTrigger)
-    assert trigger_kwargs(checking)["check_id"] == "check-1"
-    assert trigger_kwargs(checking)["timeout"] == 321 + OUTCOME_GRACE + 30  # after the watch's own deadline
-    assert timeout_s(checking) == 321 + OUTCOME_GRACE + 30 + DEFER_GRACE
-    method, kwargs = next_step(checking)
-    assert method == "after_check" and set(kwargs) == {"plan"}
-    deferred = deferral(lambda: op.resume(context(), fire(checking, verdict(checking))))
-    request = only_request(store)
-    assert (request.action, request.epoch) == (RequestAction.STOP, 3)
-    assert isinstance(deferred.trigger, RequestTrigger)
-    assert (trigger_kwargs(deferred)["request_id"], trigger_kwargs(deferred)["timeout"]) == (request.id, 44)
-    assert timeout_s(deferred) == 44 + DEFER_GRACE
-    method, kwargs = next_step(deferred)
-    assert method == "after_stop" and set(kwargs) == {"plan"}
-    plan = kwargs["plan"]
-    assert plan["old"]["deployment"]["job_file"] == "orders_v1.py"
-    assert (plan["new"]["job_file"], plan["new"]["code_version"]) == (ORDERS_V2, "v2")
-    stored = json.loads(json.dumps(trigger_kwargs(deferred)))["resume_with"]["kwargs"]["plan"]  # the trigger's JSON
-    assert Launch.from_dict(stored["old"]) == running_v1
-    assert Deployment.from_dict(stored["new"]) == running_v1.deployment.with_code(ORDERS_V2, "v2")
-
-
-@pytest.mark.usefixtures("no_launch", "running_v1")
-def test_upgrade_last_state_cancels_the_running_driver(store: JobStore, checks: FakeCheck) -> None:
-    deferred = pass_check(upgrade_op(upgrade_mode="last-state"))
-    assert only_request(store).action is RequestAction.CANCEL and next_step(deferred)[0] == "after_stop"
-    assert len(checks.calls) == 1
-
-
-@pytest.mark.usefixtures("running_v1")
-def test_upgrade_after_the_savepoint_starts_the_new_code_from_it(store: JobStore, checks: FakeCheck,
-                                                                 launches: FakeLaunch) -> None:
-    deferred = start_new_code(store, upgrade_op())
-    [record] = launches.calls
-    assert (record.deployment.job_file, record.deployment.code_version, str(record.restore)) == (ORDERS_V2, "v2", SID)
-    assert record.deployment.env == {"TOPIC": "orders"} and record.deployment.keep_checkpoints == 5  # kept from v1
-    assert record.deployment.checkpoint is None  # with its state: on the live checkpoint location it had
-    assert isinstance(deferred.trigger, JobHealthTrigger)
-    kwargs = trigger_kwargs(deferred)
-    assert (kwargs["min_batches"], kwargs["started_after"], kwargs["start_timeout"], kwargs["max_restarts"]) == (
-        3, record.launched_at, 120, 1)
-    assert kwargs["timeout"] == 120 and timeout_s(deferred) == 120 + DEFER_GRACE  # verify_timeout: the verdict
-    method, step_kwargs = next_step(deferred)
-    assert method == "after_verify"
-    plan = step_kwargs["plan"]
-    assert plan["snapshot_id"] == SID and plan["launch"] == record.to_dict()
-
-
-@pytest.mark.usefixtures("running_v1")
-def test_upgrade_after_a_cancel_rolls_back_to_the_latest_snapshot(store: JobStore, tmp_path: Path,
-                                                                  checks: FakeCheck, launches: FakeLaunch) -> None:
-    [latest] = make_snapshots(store, tmp_path, [Kind.CHECKPOINT])
-    op = upgrade_op(upgrade_mode="last-state")
-    stopped = pass_check(op)
-    event = ack_event(store, only_request(store), snapshot_id=None)
-    deferred = deferral(lambda: op.resume(context(), fire(stopped, event)))
-    assert str(launches.calls[0].restore) == "latest-state"
-    assert next_step(deferred)[1]["plan"]["snapshot_id"] == latest
-
-
-@pytest.mark.usefixtures("running_v1")
-def test_upgrade_of_a_stopped_job_in_last_state_or_stateless_mode(store: JobStore, checks: FakeCheck,
-                                                                   launches: FakeLaunch) -> None:
-    report(store, epoch=3, state=JobState.STOPPED)
-    deferred = pass_check(upgrade_op(upgrade_mode="last-state"))
-    assert next_step(deferred)[0] == "after_verify" and control_keys(store) == []
-    assert len(checks.calls) == 1 and str(launches.calls[-1].restore) == "latest-state"
-    deferred = deferral(lambda: upgrade_op(upgrade_mode="stateless").execute(context()))
-    assert next_step(deferred)[0] == "after_verify" and control_keys(store) == []
-    assert len(checks.calls) == 1 and str(launches.calls[-1].restore) == "none"  # stateless: nothing to check
-
-
-@pytest.mark.parametrize(("checkpoint", "base"), [(None, None), ("/ckpt/orders/", "/ckpt/orders")],
-                         ids=["default", "own"])
-def test_upgrade_stateless_starts_on_a_fresh_checkpoint_location(store: JobStore, checks: FakeCheck,
-                                                                 launches: FakeLaunch, checkpoint: str | None,
-                                                                 base: str | None) -> None:
-    old = record_deployment(store, old_deployment(checkpoint=checkpoint))
+@pytest.fixture
+def world(store: JobStore, monkeypatch: pytest.MonkeyPatch) -> World:
+    record_deployment(store, old_deployment(job_file=ORDERS_V1))
     report(store, epoch=3, code_version="v1")
-    op = upgrade_op(upgrade_mode="stateless")
-    before = int(time.time())
-    stopped = deferral(lambda: op.execute(context()))
-    after = int(time.time())
-    assert only_request(store).action is RequestAction.CANCEL and checks.calls == []
-    assert next_step(stopped)[1]["plan"]["new"]["checkpoint"].startswith(f"{base or default_checkpoint('orders')}-")
-    verifying = deferral(lambda: op.resume(context(), fire(stopped, ack_event(store, only_request(store),
-                                                                              snapshot_id=None))))
-    [new] = launches.calls
-    assert new.deployment.checkpoint is not None
-    prefix, stamp = new.deployment.checkpoint.rsplit("-stateless-", 1)
-    assert prefix == (base or default_checkpoint("orders")) and before <= int(stamp) <= after
-    assert (new.deployment.code_version, str(new.restore)) == ("v2", "none")
-    assert new.deployment.to_dict() | {"checkpoint": checkpoint} == \
-        old.deployment.with_code(ORDERS_V2, "v2").to_dict()  # only the code and the location changed
-    # a failed verification rolls back to the old code on its own, untouched checkpoint location
-    deferral(lambda: op.resume(context(), fire(verifying, UNHEALTHY)))
-    rollback = launches.calls[-1]
-    assert rollback.deployment == old.deployment and rollback.deployment.checkpoint == checkpoint
+    rocksdb_savepoint(store, SID, 7, 2)
+    return World(store, monkeypatch)
 
 
-@pytest.mark.usefixtures("running_v1")
-def test_upgrade_verified_records_the_stable_deployment(store: JobStore, checks: FakeCheck,
-                                                        launches: FakeLaunch) -> None:
-    op = upgrade_op()
-    verifying = start_new_code(store, op)
-    ctx = context()
-    result = op.resume(ctx, fire(verifying, HEALTHY))
-    assert result == {"job": "orders", "from_version": "v1", "to_version": "v2", "upgrade_mode": "savepoint",
-                      "snapshot_id": SID, "epoch": 4, "batch_id": 9, "partitions": None,
-                      "rescaled_snapshot_id": None}
-    stable = read_launch(store, SPEC_STABLE)
-    assert stable == launches.calls[0] and stable is not None and stable.deployment.code_version == "v2"
-    assert ctx["ti"].xcoms == {SPARK_UI_KEY: UI, SNAPSHOT_KEY: store.snapshot_uri(SID)}
-    assert len(launches.calls) == 1  # no rollback
+@pytest.fixture
+def actors(world: World, monkeypatch: pytest.MonkeyPatch) -> Actors:
+    found = Actors(world)
+    monkeypatch.setattr(operator_module, "start_actor", found)
+    return found
 
 
-@pytest.mark.parametrize(("event", "why"), [
-    (UNHEALTHY, "expected it healthy, found FAILED"),
-    ({"status": "timeout", "message": "no outcome within 120 s"}, "no verdict within 120 s"),
+class TI:
+    """A task instance of one run: its tries share the run id."""
+
+    def __init__(self, try_number: int = 1) -> None:
+        self.run_id, self.try_number, self.map_index, self.xcoms = "manual__1", try_number, -1, {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcoms[key] = value
+
+
+FAST = {"verify_timeout": 5, "stop_timeout": 0.3, "verify_batches": None}
+
+
+def test_the_task_asks_for_the_operation_starts_one_actor_and_defers_on_its_record(
+        world: World, actors: Actors) -> None:
+    deferred = deferral(lambda: upgrade_op(**FAST).execute(context(ti=TI())))
+    found = read_operation(world.store)
+    assert found is not None and found.operation.state is OperationState.PENDING
+    assert found.operation.key == "airflow:adhoc_airflow.upgrade run manual__1"  # the task's run, the same for each try
+    assert isinstance(deferred.trigger, OperationTrigger)
+    assert trigger_kwargs(deferred)["operation_id"] == found.operation.id and actors.started == [found.operation.id]
+    assert next_step(deferred) == ("after_operation", {"operation_id": found.operation.id})
+    assert world.checks == [] and world.launches.calls == []  # the task itself acts on nothing
+
+
+def test_a_retried_task_finds_its_operation_and_its_new_actor_resumes_it_to_the_result(
+        world: World, actors: Actors) -> None:
+    first = deferral(lambda: upgrade_op(**FAST).execute(context(ti=TI(1))))
+    actors.act = True  # the first try's actor never ran (its worker was lost); the retry's does
+    ctx = context(ti=TI(2))
+    again = deferral(lambda: upgrade_op(**FAST).execute(ctx))
+    operation_id = trigger_kwargs(first)["operation_id"]
+    assert trigger_kwargs(again)["operation_id"] == operation_id and actors.started == [operation_id] * 2
+    found = read_operation(world.store)
+    assert found is not None and found.operation.state is OperationState.SUCCEEDED
+    event = fire(again, {"status": "succeeded", "message": "", "operation_id": operation_id})
+    result = upgrade_op(**FAST).resume(ctx, event)
+    assert result == found.operation.result and result["to_version"] == "v2" and result["snapshot_id"] == SID
+    assert ctx["ti"].xcoms[SNAPSHOT_KEY].endswith(SID)  # the savepoint's link
+    [started] = world.launches.calls  # one new deployment
+    assert (started.deployment.job_file, str(started.restore)) == (ORDERS_V2, SID)
+
+
+def test_a_task_waiting_in_the_worker_gets_the_result(world: World, actors: Actors) -> None:
+    actors.act = True
+    result = upgrade_op(deferrable=False, poll_interval=0.01, **FAST).execute(context(ti=TI()))
+    assert result["to_version"] == "v2" and [c[1] for c in world.checks] == [False]
+
+
+def test_a_refused_upgrade_fails_the_task_without_a_retry_and_a_retry_finds_the_same_end(
+        world: World, actors: Actors) -> None:
+    from airflow_ckpt_provider.core.policy.outcomes import CheckOutcome
+
+    world.check_outcome = CheckOutcome.INCOMPATIBLE
+    actors.act = True
+    expected = (f"upgrade of job orders to {ORDERS_V2} refused before anything was stopped: restore check of snapshot "
+                f"{SID} with the new code: incompatible: key schema differs; the job runs as before")
+    for try_number in (1, 2):
+        with pytest.raises(AirflowFailException) as info:
+            upgrade_op(deferrable=False, poll_interval=0.01, **FAST).execute(context(ti=TI(try_number)))
+        assert str(info.value) == expected
+    assert len(world.checks) == 1 and world.launches.calls == []  # the retry did nothing again
+
+
+def test_an_orphaned_operation_gets_a_new_actor(world: World, actors: Actors) -> None:
+    first = deferral(lambda: upgrade_op(**FAST).execute(context(ti=TI())))
+    operation_id = trigger_kwargs(first)["operation_id"]
+    again = deferral(lambda: upgrade_op(**FAST).resume(context(ti=TI()), fire(first, {
+        "status": "orphaned", "message": "its actor is gone", "operation_id": operation_id})))
+    assert actors.started == [operation_id] * 2 and trigger_kwargs(again)["operation_id"] == operation_id
+
+
+def test_a_job_handed_to_the_supervision_service_gets_no_actor_on_the_worker(world: World, actors: Actors) -> None:
+    world.store.root.write(handed_key("orders"), ServiceJob(job="orders", handed_at=1.0, handed_by="t").to_bytes())
+    deferred = deferral(lambda: upgrade_op(**FAST).execute(context(ti=TI())))
+    assert actors.started == [] and isinstance(deferred.trigger, OperationTrigger)
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    ({"verify_batches": -1}, "upgrade of job orders: verify_batches: expected a whole number >= 0 (0: no batch), "
+                             "found -1. Nothing was changed"),
+    ({"verify_batches": "many"}, "upgrade of job orders: verify_batches: expected a whole number or 'none', found "
+                                 "'many'"),
+    ({"partitions": 3, "upgrade_mode": "last-state"},
+     "upgrade of job orders: partitions=3 with upgrade_mode last-state: a rescale goes through a savepoint"),
+    ({"py_files": 7}, "upgrade of job orders: py_files: expected paths (a list, or comma-separated) or 'none', "
+                      "found 7"),
 ])
-def test_upgrade_that_fails_verification_rolls_back_from_the_savepoint(store: JobStore, checks: FakeCheck,
-                                                                       launches: FakeLaunch, running_v1: Launch,
-                                                                       event: dict[str, Any], why: str) -> None:
-    op = upgrade_op()
-    verifying = start_new_code(store, op)
-    deferred = deferral(lambda: op.resume(context(), fire(verifying, event)))
-    new, rollback = launches.calls
-    assert new.deployment.code_version == "v2"
-    assert (rollback.deployment, str(rollback.restore)) == (running_v1.deployment, SID)  # the old deployment, as it was
-    assert read_launch(store, SPEC_STABLE) is None
-    assert isinstance(deferred.trigger, JobHealthTrigger)
-    kwargs = trigger_kwargs(deferred)
-    assert (kwargs["started_after"], kwargs["start_timeout"], kwargs["min_batches"]) == (rollback.launched_at, 120, 0)
-    assert kwargs["timeout"] == 120 and timeout_s(deferred) == 120 + DEFER_GRACE
-    method, step_kwargs = next_step(deferred)
-    assert method == "after_rollback" and why in step_kwargs["why"]
-    assert step_kwargs["plan"]["snapshot_id"] == SID
+def test_bad_arguments_fail_the_task_before_anything_is_recorded(world: World, actors: Actors, args: dict[str, Any],
+                                                                 expected: str) -> None:
+    with pytest.raises(AirflowFailException) as info:
+        upgrade_op(**args).execute(context(ti=TI()))
+    assert str(info.value).startswith(expected), info.value
+    assert not world.store.storage.exists(OPERATION) and actors.started == []
 
 
-@pytest.mark.usefixtures("running_v1")
-def test_upgrade_rollback_outcome_fails_the_task_either_way(store: JobStore, checks: FakeCheck,
-                                                            launches: FakeLaunch) -> None:
-    op = upgrade_op()
-    verifying = start_new_code(store, op)
-    rolling = deferral(lambda: op.resume(context(), fire(verifying, UNHEALTHY)))
-    ctx = context()
-    with pytest.raises(AirflowException) as info:
-        op.resume(ctx, fire(rolling, HEALTHY))
-    assert "failed verification (job orders: expected it healthy" in str(info.value)
-    assert f"rolled back to v1 from {SID}: the old code runs again (epoch 4)" in str(info.value)
-    assert ctx["ti"].xcoms == {SPARK_UI_KEY: UI}
-    with pytest.raises(AirflowException) as info:
-        op.resume(context(), fire(rolling, UNHEALTHY))
-    assert "rollback to v1 ALSO failed (job orders: expected it healthy" in str(info.value)
-    assert str(info.value).endswith("the job's state is uncertain: check `ckpt job status --job orders`, and if it "
-                                    f"is not running restore it from snapshot {SID}")
-    with pytest.raises(AirflowException, match=r"ALSO failed \(no verdict within 120 s"):
-        op.resume(context(), fire(rolling, {"status": "timeout"}))
-
-
-@pytest.mark.usefixtures("no_launch", "running_v1")
 @pytest.mark.parametrize(("value", "expected"), [("False", False), ("false", False), ("True", True), (True, True),
-                                                 (False, False), ("1", True), ("", False)])
-def test_allow_non_restored_state_rendered_as_text(store: JobStore, checks: FakeCheck, value: Any,
-                                                   expected: bool) -> None:
-    deferral(lambda: upgrade_op(allow_non_restored_state=value).execute(context()))
-    [call] = checks.calls
-    assert call.allow_non_restored_state is expected
+                                                 ("1", True), ("", False), ("None", False)])
+def test_allow_non_restored_state_rendered_as_text(value: Any, expected: bool) -> None:
+    assert upgrade_op(allow_non_restored_state=value).settings().allow_non_restored_state is expected
 
 
-# -- the new code's py files and files ------------------------------------------------------------------------------
+@pytest.mark.parametrize(("value", "expected"), [
+    (None, None), ("", None), ("None", None), ("s3a://v2/a.py, s3a://v2/b.zip", ("s3a://v2/a.py", "s3a://v2/b.zip")),
+    (["s3a://v2/a.py"], ("s3a://v2/a.py",)), ([], ())])
+def test_py_files_as_a_template_renders_them(value: Any, expected: tuple[str, ...] | None) -> None:
+    assert upgrade_op(py_files=value).settings().py_files == expected
 
 
-def test_upgrade_ships_the_new_code_s_files_and_the_rollback_the_old_ones(
-    store: JobStore, checks: FakeCheck, launches: FakeLaunch
-) -> None:
-    old = record_deployment(store, old_deployment(py_files=("s3a://code/v1/common.py",), files=("s3a://v1/a.csv",)))
-    report(store, epoch=3, code_version="v1")
-    op = upgrade_op(py_files="s3a://code/v2/common.py, s3a://code/v2/x.zip", files=[])  # as a template renders
-    verifying = start_new_code(store, op)
-    [call] = checks.calls  # the restore check ran the new code with its own files
-    assert call.deployment.py_files == ("s3a://code/v2/common.py", "s3a://code/v2/x.zip")
-    deferral(lambda: op.resume(context(), fire(verifying, UNHEALTHY)))
-    new, rollback = launches.calls
-    assert (new.deployment.py_files, new.deployment.files) == (("s3a://code/v2/common.py", "s3a://code/v2/x.zip"), ())
-    assert rollback.deployment == old.deployment
-    assert (rollback.deployment.py_files, rollback.deployment.files) == (("s3a://code/v1/common.py",),
-                                                                         ("s3a://v1/a.csv",))
+def test_verify_batches_rendered_as_text_is_required_and_unset_is_the_default() -> None:
+    settings = upgrade_op(verify_batches="3").settings()
+    assert (settings.batches, settings.require_batches) == (3, True)
+    settings = upgrade_op(verify_batches=None).settings()
+    assert (settings.batches, settings.require_batches) == (2, False)
+    assert upgrade_op().settings().stop_timeout == 600.0  # one default for the CLI, the operators and Dagster
 
 
-@pytest.mark.parametrize("kept", [None, "", "None"])  # not given, or a template that rendered to nothing
-def test_upgrade_without_files_keeps_the_recorded_ones(store: JobStore, checks: FakeCheck, launches: FakeLaunch,
-                                                       kept: str | None) -> None:
-    record_deployment(store, old_deployment(py_files=("s3a://code/v1/common.py",)))
-    report(store, epoch=3, code_version="v1")
-    start_new_code(store, upgrade_op(py_files=kept, files=kept))
-    [new] = launches.calls
-    assert (new.deployment.job_file, new.deployment.py_files, new.deployment.files) == (
-        ORDERS_V2, ("s3a://code/v1/common.py",), ())
+def test_a_rescale_runs_the_running_code_on_a_repartitioned_savepoint(world: World, actors: Actors) -> None:
+    actors.act = True
+    op = RescaleStreamingJobOperator(task_id="rescale", job="orders", partitions="5", deferrable=False,
+                                     poll_interval=0.01, **FAST)
+    result = op.execute(context(ti=TI()))
+    assert result["rescaled_snapshot_id"] == RESCALED_SID and result["partitions"] == 5
+    [started] = world.launches.calls
+    assert (started.deployment.job_file, str(started.restore)) == (ORDERS_V1, RESCALED_SID)
 
 
-@pytest.mark.usefixtures("no_launch", "running_v1")
-def test_upgrade_refuses_py_files_that_are_no_list_of_paths(store: JobStore, checks: FakeCheck) -> None:
-    with pytest.raises(AirflowException) as info:
-        upgrade_op(py_files=7).execute(context())
-    assert str(info.value) == ("upgrade of job orders: py_files must be a list of paths or URIs (or one "
-                               "comma-separated string), found int '7'; nothing was changed")
-    assert checks.calls == [] and control_keys(store) == []
+@pytest.mark.parametrize("partitions", ["", "None"])
+def test_a_rescale_without_partitions_fails_before_anything(world: World, actors: Actors, partitions: str) -> None:
+    op = RescaleStreamingJobOperator(task_id="rescale", job="orders", partitions=partitions)
+    with pytest.raises(AirflowFailException, match="expected partitions"):
+        op.execute(context(ti=TI()))
+    assert not world.store.storage.exists(OPERATION) and actors.started == []
