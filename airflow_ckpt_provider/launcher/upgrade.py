@@ -48,7 +48,7 @@ from airflow_ckpt_provider.core.snapshots.catalog import latest_completed, list_
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
-from airflow_ckpt_provider.core.watches.operation import OperationWatch
+from airflow_ckpt_provider.core.watches.operation import ORPHANED, OperationWatch
 from airflow_ckpt_provider.core.watches.restore_check import RestoreCheckWatch
 from airflow_ckpt_provider.launcher import upgradesteps as steps
 from airflow_ckpt_provider.launcher.deploy import credentials_env, inherited_env, log_dir
@@ -465,17 +465,17 @@ def run_upgrade(store: JobStore, store_url: str, s3: S3Options | None, settings:
     if not new:
         say(f"found {found.operation.describe()}: resuming it, not starting another")
     actor = f"{requested_by} (pid {os.getpid()})"
-    seen = 0 if new else len(found.operation.lines)
+    seen, orphaned = (0 if new else len(found.operation.lines)), False
     while True:
         op = found.operation
         if op.state.final:
             return outcome_of(op)
-        if handed(store) or actor_alive(op, silent_for=0.0):
+        if not orphaned and (handed(store) or actor_alive(op, silent_for=0.0)):
             event = _wait(store, op.id, say, poll, seen)
             again = read_operation(store)
             if again is None or again.operation.id != op.id:
                 raise UpgradeFailed(str(event.get("message")))
-            found, seen = again, len(again.operation.lines)
+            found, seen, orphaned = again, len(again.operation.lines), event.get("status") == ORPHANED
             continue
         driver = JobUpgrade(store, store_url, s3, say=say, actor=actor, submit_hint=submit_hint, poll=poll)
         try:

@@ -114,14 +114,16 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
                       operation.describe())
         return self._follow(context, store, operation, settings)
 
-    def _follow(self, context: Context, store: JobStore, operation: Operation, settings: UpgradeSettings) -> Any:
-        """The operation's end, or a wait for it; an actor started first when none acts (a job not the service's)."""
+    def _follow(self, context: Context, store: JobStore, operation: Operation, settings: UpgradeSettings, *,
+                orphaned: bool = False) -> Any:
+        """The operation's end, or a wait for it; an actor started first when none acts (a job not the service's;
+        ``orphaned``: the wait found its actor gone)."""
         if operation.state.final:
             return self._finish(context, store, operation)
         if handed(store):
             self.log.info("job %s: the supervision service acts on %s; nothing of it runs on this worker", self.job,
                           operation.id)
-        elif not actor_alive(operation, silent_for=0.0):
+        elif orphaned or not actor_alive(operation, silent_for=0.0):
             last = read_launch(store)
             env = lineage.launch_env(self, last.deployment.env if last else {})
             start_actor(store, self.store_hook.store_url, self.store_hook.s3_options, operation.id, env=env)
@@ -137,9 +139,10 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         found = read_operation(store)
         if found is None or found.operation.id != operation_id:
             raise AirflowException(str(event.get("message")))
-        if event["status"] == "orphaned":  # its actor is gone: a new one resumes the recorded step
+        orphaned = event["status"] == "orphaned"  # its actor is gone: a new one resumes the recorded step
+        if orphaned:
             self.log.warning("%s", event.get("message"))
-        return self._follow(context, store, found.operation, self.settings())
+        return self._follow(context, store, found.operation, self.settings(), orphaned=orphaned)
 
     def _finish(self, context: Context, store: JobStore, operation: Operation) -> dict[str, Any]:
         for line in operation.lines:

@@ -172,7 +172,8 @@ def test_ckpt_job_rescale_moves_a_deployment_to_4_partitions_through_a_kill_and_
                               timeout=900, check=False)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         result = json.loads(done.stdout)
-        assert "already repartitioned into 4 partitions as " in done.stderr and "3/5" not in done.stderr
+        # The operation recorded its step (the repartition, with its check's id): the run resumes it, no second stop.
+        assert "resuming it, not starting another" in done.stderr and "2/5" not in done.stderr, done.stderr[-3000:]
         source = load_manifest(store, result["snapshot_id"])
         rescaled = load_manifest(store, result["rescaled_snapshot_id"])
         assert (source.trigger, source.state_partitions) == (Trigger.STOP, 2)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,34 +33,12 @@ from tests.support.runtimejob import (
     stop_supervisor,
     wait_logged,
 )
+from tests.support.serviceinstances import Instance
 
 pytestmark = pytest.mark.integration
 
 TIMEOUT = 180.0
 RECORDS = 800
-#: Fast service timings for the test (the product's: renew 2 s, deadline 8 s, lease 12 s).
-FAST = ("--renew-every", "0.5", "--renew-deadline", "2", "--lease-duration", "3.5")
-
-
-class Instance:
-    """One `ckpt service run` process, its output in a file."""
-
-    def __init__(self, name: str, env: JobEnv, work: Path, environ: dict[str, str]) -> None:
-        self.name, self.log = name, work / f"{name}.log"
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "airflow_ckpt_provider.cli", "service", "run", "--store", env.store_url,
-                 "--instance", name, "--endpoint-url", env.s3.endpoint_url, "--region", env.s3.region, *FAST],
-                env=environ, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
 
 
 def test_a_handed_job_outlives_its_owning_instance_and_its_lost_supervisor_is_relaunched_once_exact_counts(
