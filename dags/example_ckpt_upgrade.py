@@ -38,8 +38,9 @@ with DAG(
                                           "and restore the latest checkpoint; stateless: start without state"),
         "allow_non_restored_state": Param(False, type="boolean",
                                           description="Allow dropping state the new code no longer has"),
-        "verify_batches": Param(2, type="integer", minimum=1, maximum=100,
-                                description="Batches the new code must complete to pass verification"),
+        "verify_batches": Param(None, type=["null", "integer"], minimum=0, maximum=100,
+                                description="Batches the new code must complete to pass verification (empty: 2, "
+                                            "or none on a job caught up with no new input)"),
         "partitions": Param(None, type=["null", "integer"], minimum=1, maximum=10_000,
                             description="Rescale the state to this many partitions (empty: keep them); needs "
                                         "upgrade mode savepoint and RocksDB state"),

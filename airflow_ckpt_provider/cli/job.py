@@ -103,8 +103,22 @@ def _ack_text(ack: Ack, job: str) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    view = observe(open_job_store(args))
-    emit(args, status_dict(view), lambda: describe(view))
+    from airflow_ckpt_provider.core.records.operations import read_operation
+
+    store = open_job_store(args)
+    view = observe(store)
+    found = read_operation(store)
+    operation = found.operation if found is not None else None
+    body = {**status_dict(view), "operation": operation.to_dict() if operation is not None else None}
+
+    def text() -> str:
+        if operation is None:
+            return describe(view)
+        last = f": {operation.lines[-1]}" if operation.lines and not operation.state.final else ""
+        ended = f" ({operation.message})" if operation.state.final and operation.message else ""
+        return f"{describe(view)}\noperation: {operation.describe()}{last}{ended}"
+
+    emit(args, body, text)
     return 0
 
 

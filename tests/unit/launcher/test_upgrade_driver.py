@@ -4,6 +4,8 @@ here (the real ones: integration/test_rescale.py, integration/test_cli_job.py)."
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -138,6 +140,13 @@ def test_ckpt_job_upgrade_prints_where_the_job_went(world: World, tmp_path: Path
     out, err = capsys.readouterr()
     assert out.strip() == f"upgraded job orders to v2 (savepoint, from {SID}), running at epoch 4, batch 9"
     assert "2/5 stopping the driver of epoch 3 with a savepoint" in err
+    assert main(["job", "status", "--store", store, "--job", "orders"]) == 0  # the operation, as it ended
+    out, _ = capsys.readouterr()
+    assert re.search(r"\noperation: upgrade upgrade-\S+ of job orders \(succeeded, acted on by \S+@\S+ \(ckpt job "
+                     r"upgrade\) \(pid \d+\); asked by ", out), out
+    assert main(["job", "status", "--store", store, "--job", "orders", "--json"]) == 0
+    operation = json.loads(capsys.readouterr().out)["operation"]
+    assert (operation["state"], operation["result"]["to_version"], operation["steps"]) == ("succeeded", "v2", 4)
     assert main(["job", "upgrade", "--store", store, "--job", "orders", "--job-file", ORDERS_V2, "--partitions", "3",
                  "--upgrade-mode", "last-state"]) == 1
     _, err = capsys.readouterr()
