@@ -91,6 +91,11 @@ def partitions_now(env: RescaleEnv, epoch: int) -> int | None:
     return newest.state_partitions
 
 
+def _stop_requests(store: JobStore) -> list[str]:
+    return [o.key for o in store.storage.list("control/") if o.key.startswith("control/stop-")
+            and not o.key.endswith(".ack.json")]
+
+
 def rescale_savepoints(store: JobStore) -> list[str]:
     return [m.snapshot_id for m in list_snapshots(store) if m.trigger is Trigger.RESCALE]
 
@@ -130,25 +135,33 @@ def test_a_rescale_killed_at_each_step_leaves_the_job_on_its_old_or_new_partitio
             produce_orders(env.kafka.bootstrap_servers, env.topic, total - 50, 50)
             _wait_totals(env, total, last.log_file)
 
-        # 4. The rescale's own process killed after the stop: the job waits, stopped; run again, it goes on.
+        # 4. The rescale's own process killed after the stop: the job waits, stopped; run again, the command finds
+        # the operation at its stop step and resumes it (no second stop).
+        stops = len(_stop_requests(store))
         done = rescale.run(3, "rescale.after-stop")
         assert done.returncode == -9, done.stderr[-3000:]
         stopped = env.status()
         assert stopped is not None and stopped.state is JobState.STOPPED
         done = rescale.run(3)
-        assert done.returncode == 0 and "rescaling it from there" in done.stderr, done.stderr[-3000:]
+        assert done.returncode == 0 and "resuming it, not starting another" in done.stderr, done.stderr[-3000:]
+        assert len(_stop_requests(store)) == stops + 1  # the killed run's, waited for again: not a second one
         last = read_launch(store)
         assert last is not None
         status = running(env, status.epoch, last.log_file)
         assert partitions_now(env, status.epoch) == 3 and len(rescale_savepoints(store)) == 1
 
-        # 5. Killed right after it started the job on 5 partitions: the job runs on 5; again: nothing to do.
+        # 5. Killed right after it started the job on 5 partitions: the job runs on 5; run again, the command
+        # resumes at the start step, finds that launch and verifies it (no second launch); once more: nothing to do.
         done = rescale.run(5, "rescale.after-start")
         assert done.returncode == -9, done.stderr[-3000:]
         last = read_launch(store)
         assert last is not None
         status = running(env, status.epoch, last.log_file)
         assert partitions_now(env, status.epoch) == 5 and len(rescale_savepoints(store)) == 2
+        again = rescale.run(5)
+        assert again.returncode == 0 and "resuming it, not starting another" in again.stderr, again.stderr[-3000:]
+        resumed = read_launch(store)
+        assert resumed is not None and resumed.launch_id == last.launch_id
         again = rescale.run(5)
         assert again.returncode != 0 and "already has 5 partitions" in again.stderr, again.stderr[-3000:]
 
