@@ -32,9 +32,7 @@ from tests.support.runtimejob import (
 )
 from tests.support.serviceinstances import Instance
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200),
-              pytest.mark.full(proven_by="integration/test_service.py (a handed job outlives its owning instance "
-                                         "and its lost supervisor; the worker's part: unit test_submit's hand-over)")]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 TIMEOUT = 240.0
 RECORDS = 400
@@ -47,6 +45,8 @@ import json, sys, time
 from airflow_ckpt_provider.operators.job import SubmitStreamingJobOperator
 
 class TI:
+    stats_tags = {}
+
     def xcom_push(self, key, value):
         pass
 
@@ -85,9 +85,12 @@ def test_the_workers_process_group_killed_under_three_handed_jobs_leaves_them_ru
                                   env={**base, "AIRFLOW_CONN_CKPT_STORE_DEFAULT": store_conn}, stdout=out,
                                   stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_logged("the worker's three tasks done (each job RUNNING)",
-                    lambda: worker_log.read_text().count("submitted ") == JOBS and "worker idle" in
-                    worker_log.read_text(), TIMEOUT, worker_log, *logs)
+        def submitted() -> bool:
+            assert worker.poll() is None, worker_log.read_text()[-4000:]  # the worker failed: say why at once
+            return "worker idle" in worker_log.read_text()
+
+        wait_logged("the worker's three tasks done (each job RUNNING)", submitted, TIMEOUT, worker_log, *logs)
+        assert worker_log.read_text().count("submitted ") == JOBS
         group = os.getpgid(worker.pid)
         before = {j.job: read_status(j.store()) for j in jobs}
         for job, status in before.items():
