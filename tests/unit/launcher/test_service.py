@@ -101,3 +101,33 @@ def test_a_malformed_owner_record_or_a_job_without_a_launch_changes_nothing_and_
     assert root.read(f"broken/{OWNER}") == b"{not json"  # left as it was
     assert service.reconcile("empty") == Keep("no launch is recorded (spec/last.json): hand the job over again with "
                                               "its deployment")
+
+
+def test_a_look_at_many_jobs_renews_the_lease_between_them_so_it_never_lapses(tmp_path: Path) -> None:
+    """bench/service_capacity_bench.py: 300 jobs took ~6 s to look at, close to the 8 s deadline; the instance renews
+    whenever renew_every has passed, between two jobs."""
+    from airflow_ckpt_provider.core.records.ownership import ServiceJob, Timings, handed_key
+    from airflow_ckpt_provider.core.store.storage import LocalStorage
+    from airflow_ckpt_provider.launcher.service import SupervisionService
+
+    root = LocalStorage(tmp_path)
+    for i in range(6):
+        root.write(handed_key(f"job-{i}"), ServiceJob(job=f"job-{i}", handed_at=1.0, handed_by="test").to_bytes())
+    now = [0.0]
+    service = SupervisionService(root, store_url=str(tmp_path), instance="svc-a", timings=Timings(),
+                                 monotonic=lambda: now[0])
+    renewals: list[float] = []
+    real_renew = service.me.renew
+
+    def renew(**kwargs: object) -> object:
+        renewals.append(now[0])
+        return real_renew(**kwargs)
+
+    def slow_look(job: str) -> None:
+        now[0] += 1.5  # each job's look takes 1.5 s: six take 9 s, past the 8 s deadline
+        assert service.me.may_act(), f"{job}: the lease lapsed during the look"
+
+    service.me.renew = renew  # type: ignore[method-assign]  # counting the renewals
+    service.reconcile = slow_look  # type: ignore[assignment,method-assign]  # the looks' time, without the store
+    service.tick()
+    assert renewals == [0.0, 3.0, 6.0]  # at the start, then after 2 s had passed (between jobs)
