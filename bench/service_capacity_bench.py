@@ -87,7 +87,7 @@ def one_count(s3: EmbeddedS3, opts: S3Options, work: Path, n: int, seconds: floa
                 stderr=subprocess.STDOUT)
         try:
             began = time.monotonic()
-            while sum(1 for s in stores if (o := read_owner(s)) is not None) < n:
+            while sum(1 for s in stores if read_owner(s) is not None) < n:
                 if time.monotonic() - began > 600 or proc.poll() is not None:
                     raise SystemExit(f"{n} jobs: not all claimed; instance log {log}:\n{log.read_text()[-2000:]}")
                 time.sleep(0.5)
