@@ -230,10 +230,17 @@ class JobUpgrade:
         self.acting.save(step={**(self._op().step or {}), **handles})
 
     def _marker(self, what: str) -> str:
-        """Who started something for this step (a launch's ``launched_by``, a check's ``started_by``): found again
-        by an actor resuming the step."""
+        """Who started something for this step (a launch's ``launched_by``, a check's ``started_by``): the step,
+        then this actor in parentheses."""
+        return f"{self._step_marker(what)} ({self.actor})"
+
+    def _step_marker(self, what: str) -> str:
+        """What an actor resuming the step finds it by: the marker without the actor (another one started it)."""
         op = self._op()
-        return f"{op.kind} {op.id} step {op.steps} {what} ({self.actor})"
+        return f"{op.kind} {op.id} step {op.steps} {what}"
+
+    def _started_here(self, by: str | None, what: str) -> bool:
+        return by is not None and by.startswith(f"{self._step_marker(what)} (")
 
     def _op(self) -> Operation:
         assert self.acting is not None
@@ -264,7 +271,7 @@ class JobUpgrade:
         if check_id:
             return str(check_id)
         marker = self._marker("check")
-        mine = [c for c in running_checks(self.store, time.time()) if c.started_by == marker]
+        mine = [c for c in running_checks(self.store, time.time()) if self._started_here(c.started_by, "check")]
         if mine:
             check_id = mine[-1].check_id
         else:
@@ -353,7 +360,7 @@ class JobUpgrade:
         launch. As the job had: handed to the supervision service again once it was (launcher/handover.start_job)."""
         marker = self._marker(what)
         last = read_launch(self.store)
-        if last is not None and last.launched_by == marker:
+        if last is not None and self._started_here(last.launched_by, what):
             return last
         names = [n for n in os.environ.get(UNRECORDED_ENV, "").split(",") if n in os.environ]
         return start_job(self.store, deployment, restore=restore, store_url=self.store_url, s3=self.s3,

@@ -105,7 +105,9 @@ class World:
 
         return Watch()
 
-    def run(self, partitions: int | None = 5, s3: S3Options | None = None, **upgrade: Any) -> dict[str, Any]:
+    def run(self, partitions: int | None = 5, s3: S3Options | None = None, *, requested_by: str = "test",
+            **upgrade: Any) -> dict[str, Any]:
+        """``requested_by`` names the actor too: a re-run by another name is another actor, as a new process is."""
         settings = UpgradeSettings(partitions=partitions, verify_timeout=5, stop_timeout=0.3, **upgrade)
         return run_upgrade(self.store, str(self.store.storage.url), s3, settings, say=self.said.append,
-                           requested_by="test", poll=0.01)
+                           requested_by=requested_by, poll=0.01)

@@ -30,8 +30,8 @@ pytestmark = [pytest.mark.system, pytest.mark.timeout(900),
               pytest.mark.full(proven_by="integration/test_rescale.py::test_ckpt_job_rescale_moves_a_deployment_... "
                                          "(the same steps, launcher/upgradesteps.py, from the CLI, exact), "
                                          "test_example_dags.py (the upgrade DAG under real Airflow, and its refusal "
-                                         "of a rescale of HDFS-backed state); the operator's deferred rescale step "
-                                         "itself: unit/operators/test_rescale.py only")]
+                                         "of a rescale of HDFS-backed state); the operator's part (it asks and waits): "
+                                         "unit/operators/test_upgrade.py")]
 
 UPGRADE = {"job_file": str(EXAMPLES / "orders_v1.py"), "code_version": "v1", "verify_batches": 1}
 
@@ -60,12 +60,13 @@ def test_upgrade_dag_with_partitions_rescales_a_running_job_2_to_4_with_exact_to
     with world.flowing():
         done = rocksdb_home.dags_test("ckpt_upgrade_job", {"job": world.job, **UPGRADE, "partitions": 4})
     assert done.returncode == 0, done.stdout[-8000:]
-    for step in ("step 1/5: compatible", "step 2/5: stop with savepoint", "step 3/5: repartitioning savepoint",
-                 "step 3/5: savepoint", "step 4/5: verified"):
+    # The actor's steps (a detached `ckpt job operate`), in the task's log once the operation ended.
+    for step in ("1/5 compatible", "2/5 stopped with savepoint", "3/5 repartitioning savepoint", "3/5 saved savepoint",
+                 "4/5 verified"):
         assert step in done.stdout, (step, done.stdout[-8000:])
-    source_id = re.search(r"repartitioning savepoint (\S+) into 4 state partitions", done.stdout)
-    rescaled_id = re.search(r"savepoint (\S+) holds the state in 4 partitions \(rescaled from (\S+)\)", done.stdout)
-    assert source_id and rescaled_id and rescaled_id[2] == source_id[1], done.stdout[-8000:]
+    source_id = re.search(r"3/5 repartitioning savepoint (\S+) into 4 partitions on a copy", done.stdout)
+    rescaled_id = re.search(r"3/5 saved savepoint (\S+) \(4 partitions\)", done.stdout)
+    assert source_id and rescaled_id, done.stdout[-8000:]
     source, rescaled = load_manifest(world.store, source_id[1]), load_manifest(world.store, rescaled_id[1])
     assert (source.kind, source.trigger, source.state_partitions) == (Kind.SAVEPOINT, Trigger.STOP, 2), source
     assert (rescaled.trigger, rescaled.batch_id, rescaled.state_partitions) == (

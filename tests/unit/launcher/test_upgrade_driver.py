@@ -242,7 +242,7 @@ def test_a_rerun_after_the_actor_died_between_the_stop_and_the_repartition_resum
     assert (found.operation.step or {})["type"] == "Rescale" and world.launches.calls == []
     monkeypatch.setattr(operations, "pid_alive", lambda pid: False)  # the actor's process is gone
     world.said.clear()
-    result = world.run()
+    result = world.run(requested_by="a second run")
     assert result["rescaled_snapshot_id"] == RESCALED_SID
     assert world.said[0].startswith(f"found rescale {found.operation.id} of job orders (running, step ")
     assert [r.action for r in open_requests(world.store)] == [RequestAction.STOP]  # one stop, not two
@@ -268,7 +268,7 @@ def test_a_rerun_after_the_actor_died_during_the_start_does_not_launch_twice(
             world.run(None, job_file=ORDERS_V2, code_version="v2")
     assert len(world.launches.calls) == 1
     monkeypatch.setattr(operations, "pid_alive", lambda pid: False)
-    result = world.run(None, job_file=ORDERS_V2, code_version="v2")
+    result = world.run(None, requested_by="a second run", job_file=ORDERS_V2, code_version="v2")
     assert result["to_version"] == "v2" and len(world.launches.calls) == 1  # found its launch: not started again
 
 
