@@ -33,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from airflow_ckpt_provider.core.policy.modes import LATEST_STATE, RestoreMode, RestoreSpec
+from airflow_ckpt_provider.core.policy.stepsettings import UpgradeSettings
 from airflow_ckpt_provider.core.records.control import Ack, Outcome, RequestAction, submit_request, wait_ack
 from airflow_ckpt_provider.core.records.deployments import Deployment, Launch
 from airflow_ckpt_provider.core.records.status import JobState, read_status
@@ -41,7 +42,7 @@ from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.embedded import EmbeddedS3
 from airflow_ckpt_provider.launcher.deploy import launch
-from airflow_ckpt_provider.launcher.upgrade import JobUpgrade, UpgradeOptions
+from airflow_ckpt_provider.launcher.upgrade import run_upgrade
 
 JOB = Path(__file__).parent / "jobs" / "keys_count.py"
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -105,10 +106,10 @@ class Bench:
                     feed(inp, 2, NEW_KEYS, "newer")
 
             began = time.time()
-            JobUpgrade(store, self.store_url, self.options,
-                       UpgradeOptions(self.to, verify_batches=1, check_timeout=TIMEOUT, stop_timeout=TIMEOUT,
-                                      verify_timeout=TIMEOUT),
-                       say=progress, launched_by="rescale_bench").run()
+            run_upgrade(store, self.store_url, self.options,
+                        UpgradeSettings(partitions=self.to, verify_batches=1, check_timeout=TIMEOUT,
+                                        stop_timeout=TIMEOUT, verify_timeout=TIMEOUT),
+                        say=progress, requested_by="rescale_bench")
             starting = _mark(marks, "4/5 starting")
             result.rescale = {
                 "check": _mark(marks, "2/5 stopping") - began,

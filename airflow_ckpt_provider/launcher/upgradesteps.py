@@ -344,7 +344,7 @@ def _verified(plan: UpgradePlan, verified: Verified) -> tuple[UpgradePlan, Step]
 
 def verification_said(plan: UpgradePlan, verified: Verified) -> str:
     """What the verification of the new deployment verified, and what it did not: a job caught up with no new
-    input is healthy without a batch (unless batches were required: ``UpgradeOptions.require_batches``), and then
+    input is healthy without a batch (unless batches were required: ``UpgradeSettings.require_batches``), and then
     no batch of the new deployment was verified; that is said, not a batch that never ran. Pure."""
     runs = f", {plan.partitions} partitions" if plan.what == RESCALE else ""
     required, batches = verified.required, verified.batches
