@@ -1,9 +1,9 @@
 """The supervision service: long-lived instances that own the jobs handed to them and keep their supervisors running.
 
-``hand_over`` records a job's launch (spec/last.json) and marks the job as the service's (``_service/jobs/<job>.json``).
-Each instance renews its lease, claims the handed jobs that no live instance owns (core/records/ownership.py) and, for
-each job it owns, observes its launch and supervisor, decides (``decide``) and acts: start the recorded launch here, or
-relaunch the job from its latest state when its supervisor is gone without having ended. The supervisor
+``hand_over`` (launcher/handover.py) records a job's launch and marks the job as the service's. Each instance renews
+its lease, claims the handed jobs that no live instance owns (core/records/ownership.py) and, for each job it owns,
+acts on its operation in progress (launcher/upgrade.py), observes its launch and supervisor, decides (``decide``) and
+acts: start the recorded launch here, or relaunch it from its latest state when its supervisor is lost. The supervisor
 (launcher/supervisor.py) still restarts the driver; the service owns only the supervisor's restarts. What it starts
 does not die with it: another instance takes the job over and finds the supervisor running.
 Design notes: docs/service.md#design-notes-launcherservicepy.
