@@ -65,6 +65,8 @@ SUBMIT_HINT = ("`ckpt job {verb}` restarts the job as it was launched, so it mus
 #: Environment variable naming the variables of the actor's environment passed on to the drivers it launches without
 #: being recorded (an Airflow task's OpenLineage settings: a transport may hold an API key).
 UNRECORDED_ENV = "CKPT_UNRECORDED_ENV"
+#: Seconds a wait of a step resumed after its own deadline still gets (the driver's answer, the verification).
+RESUMED_WAIT = 60.0
 #: The statuses of a restore check's event that are verdicts (else: no verdict, e.g. its process died).
 VERDICTS = frozenset(o.value for o in CheckOutcome)
 
@@ -242,6 +244,12 @@ class JobUpgrade:
     def _started_here(self, by: str | None, what: str) -> bool:
         return by is not None and by.startswith(f"{self._step_marker(what)} (")
 
+    def _deadline(self, timeout: float) -> float:
+        """When this step's wait ends: ``timeout`` s after the step began; a step resumed later than that still gets
+        RESUMED_WAIT s (at most ``timeout``), so a takeover after a long outage does not judge the job unseen."""
+        since = float(self._handle("since") or time.time())
+        return max(since + timeout, time.time() + min(timeout, RESUMED_WAIT))
+
     def _op(self) -> Operation:
         assert self.acting is not None
         return self.acting.operation
@@ -253,7 +261,7 @@ class JobUpgrade:
         request_id = self._handle("request_id") or new_request_id(action)
         if self.store.storage.stat(request_key(request_id)) is None:
             submit_request(self.store, action, epoch, requested_by=self._marker(action.value), request_id=request_id)
-        deadline = float(self._handle("since") or time.time()) + timeout
+        deadline = self._deadline(timeout)
         ack = read_ack(self.store, request_id)
         while ack is None and time.time() < deadline:
             self.beat()
@@ -396,7 +404,7 @@ class JobUpgrade:
         need = self.settings.batches if batches is None else batches
         criteria = steps.verify_criteria(record.launched_at, timeout=timeout, batches=need)
         watch = JobHealthWatch(self.store, criteria)
-        deadline = float(self._handle("since") or time.time()) + timeout
+        deadline = self._deadline(timeout)
         strict = batches is None and self.settings.require_batches
         while True:
             try:
