@@ -202,7 +202,7 @@ def cmd_operate(args: argparse.Namespace) -> int:
     operation whose actor is gone)."""
     from airflow_ckpt_provider.cli.common import s3_options
     from airflow_ckpt_provider.core.records.operations import actor_alive, read_operation
-    from airflow_ckpt_provider.launcher.upgrade import JobUpgrade, outcome_of
+    from airflow_ckpt_provider.launcher.upgrade import JobUpgrade, handed, outcome_of
 
     store = open_job_store(args)
     found = read_operation(store)
@@ -216,6 +216,10 @@ def cmd_operate(args: argparse.Namespace) -> int:
         return 0
     if actor_alive(operation, silent_for=0.0):
         raise ConfigError(f"{operation.describe()}: its actor still acts; expected none, so nothing was done")
+    if handed(store):
+        raise ConfigError(f"{operation.describe()}: job {store.job} is the supervision service's, whose owning "
+                          "instance acts on its operations; expected a job not handed over, so nothing was done "
+                          "(`ckpt service status` shows the owner)")
     actor = f"ckpt job operate (pid {os.getpid()})"
     result = outcome_of(JobUpgrade(store, args.store, s3_options(args), say=progress, actor=actor).run(found))
     emit(args, result, lambda: f"{operation.kind} {operation.id} of job {store.job} succeeded")

@@ -312,3 +312,30 @@ def test_a_malformed_step_in_the_record_is_refused_with_what_was_found(world: Wo
         world.run()
     assert open_requests(world.store) == [] and world.launches.calls == []
     assert read_operation(world.store) is not None
+
+
+def test_ckpt_job_operate_acts_on_an_orphaned_operation_and_refuses_what_it_cannot_act_on(
+        world: World, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_ckpt_provider.core.policy.stepsettings import UpgradeSettings
+    from airflow_ckpt_provider.core.records import operations
+    from airflow_ckpt_provider.core.records.operations import OperationState, ask, read_operation
+    from airflow_ckpt_provider.core.records.ownership import ServiceJob, handed_key
+
+    store = str(tmp_path / "store")
+    settings = UpgradeSettings(partitions=5, verify_timeout=5, stop_timeout=0.3)
+    found, _ = ask(world.store, "rescale", settings.to_json(), requested_by="an Airflow task")
+    assert main(["job", "operate", "--store", store, "--job", "orders", "--operation", "rescale-unknown"]) == 1
+    assert (f"error: job orders: expected operation rescale-unknown in operation.json, found rescale "
+            f"{found.operation.id}") in capsys.readouterr().err
+    world.store.root.write(handed_key("orders"), ServiceJob(job="orders", handed_at=1.0, handed_by="t").to_bytes())
+    assert main(["job", "operate", "--store", store, "--job", "orders", "--operation", found.operation.id]) == 1
+    assert "is the supervision service's, whose owning instance acts on its operations" in capsys.readouterr().err
+    world.store.root.delete([handed_key("orders")])
+    monkeypatch.setattr(operations, "pid_alive", lambda pid: False)
+    assert main(["job", "operate", "--store", store, "--job", "orders", "--operation", found.operation.id]) == 0
+    assert f"rescale {found.operation.id} of job orders succeeded" in capsys.readouterr().out
+    ended = read_operation(world.store)
+    assert ended is not None and ended.operation.state is OperationState.SUCCEEDED
+    assert [r.action for r in open_requests(world.store)] == [RequestAction.STOP] and len(world.launches.calls) == 1
+    assert main(["job", "operate", "--store", store, "--job", "orders", "--operation", found.operation.id]) == 0
+    assert "has ended: nothing to do" in capsys.readouterr().err and len(world.launches.calls) == 1
