@@ -103,11 +103,16 @@ def _ack_text(ack: Ack, job: str) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from airflow_ckpt_provider.core.records.base import RecordError
     from airflow_ckpt_provider.core.records.operations import read_operation
 
     store = open_job_store(args)
     view = observe(store)
-    found = read_operation(store)
+    try:
+        found = read_operation(store)
+    except RecordError as err:  # the job's status still shows; the record is named
+        progress(f"warning: {err}")
+        found = None
     operation = found.operation if found is not None else None
     body = {**status_dict(view), "operation": operation.to_dict() if operation is not None else None}
 
@@ -158,6 +163,8 @@ def cmd_request(args: argparse.Namespace) -> int:
 
 
 def cmd_rescale(args: argparse.Namespace) -> int:
+    if args.partitions is None:
+        raise ConfigError("ckpt job rescale: expected --partitions N (the state partitions to rescale to), found none")
     store, result = _run_upgrade(args, "rescale")
     partitions = result["partitions"]
     emit(args, result, lambda: (f"rescaled job {store.job} to {human_count(partitions, 'state partition')}: savepoint "
@@ -169,6 +176,9 @@ def cmd_rescale(args: argparse.Namespace) -> int:
 
 
 def cmd_upgrade(args: argparse.Namespace) -> int:
+    if args.job_file is None:
+        raise ConfigError("ckpt job upgrade: expected --job-file F (the new code), found none; to keep the code and "
+                          "change the partitions, run `ckpt job rescale --partitions N`")
     store, result = _run_upgrade(args, "upgrade")
     moved = result["to_version"] or args.job_file
     if result["partitions"] is not None:

@@ -155,6 +155,14 @@ def test_ckpt_job_upgrade_prints_where_the_job_went(world: World, tmp_path: Path
                  "-1"]) == 1
     _, err = capsys.readouterr()  # refused before anything: no operation recorded
     assert "verify_batches: expected a whole number >= 0 (0: no batch), found -1" in err
+    assert main(["job", "upgrade", "--store", store, "--job", "orders", "--partitions", "3"]) == 1
+    assert "ckpt job upgrade: expected --job-file F (the new code), found none" in capsys.readouterr().err
+    assert main(["job", "rescale", "--store", store, "--job", "orders"]) == 1
+    assert "ckpt job rescale: expected --partitions N" in capsys.readouterr().err
+    world.store.storage.write("operation.json", b"{not json")  # a damaged record: the status still shows
+    assert main(["job", "status", "--store", store, "--job", "orders"]) == 0
+    out, err = capsys.readouterr()
+    assert "warning: operation record" in err and "is not JSON" in err and "operation:" not in out
 
 
 def test_an_upgrade_without_a_job_file_is_refused_before_anything_stops(store: JobStore) -> None:
