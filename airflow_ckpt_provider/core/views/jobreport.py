@@ -21,6 +21,7 @@ from typing import Any
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.policy.health import HealthCriteria, restart_times
 from airflow_ckpt_provider.core.records.deployments import Launch, read_launch
+from airflow_ckpt_provider.core.records.operations import read_operation
 from airflow_ckpt_provider.core.records.start import StartRecord, read_starts
 from airflow_ckpt_provider.core.records.status import ACTIVE_STATES, JobStatus
 from airflow_ckpt_provider.core.records.supervision import observe_supervision
@@ -117,6 +118,9 @@ class JobReport:
     spark_ui: str | None
     supervisor: str | None
     history: tuple[dict[str, Any], ...] = field(default=())
+    #: The job's operation (an upgrade or a rescale, core/records/operations.py): ``text`` (what it is, its step and
+    #: actor, its last line or how it ended) and its record; None if the job never had one.
+    operation: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "summary": summary_dict(self.summary)}
@@ -265,7 +269,20 @@ def job_report(store: JobStore, *, now: float | None = None, cache: ManifestCach
         in_driver_restarts=tuple(reversed(s.restarts)) if s else (),
         last_launch=_launch_dict(last), stable_launch=_launch_dict(stable),
         spark_ui=s.ui_url if s and summary.live else None, supervisor=supervisor,
-        history=tuple(reversed(history(starts, s))))
+        history=tuple(reversed(history(starts, s))), operation=_operation(store))
+
+
+def _operation(store: JobStore) -> dict[str, Any] | None:
+    """The job's operation for the page (one GET); a damaged record is said, not raised: the page still shows."""
+    try:
+        found = read_operation(store)
+    except StorageError as err:
+        return {"text": f"operation record not readable: {err}", "record": None}
+    if found is None:
+        return None
+    op = found.operation
+    tail = f": {op.message}" if op.state.final and op.message else (f": {op.lines[-1]}" if op.lines else "")
+    return {"text": op.describe() + tail, "record": op.to_dict()}
 
 
 def history(starts: Sequence[StartRow], status: JobStatus | None) -> list[dict[str, Any]]:

@@ -69,6 +69,29 @@ def test_the_list_and_the_job_page_show_the_running_job(client: TestClient, stor
     page = client.get("/jobs/ckpt_store_default/orders", headers={"Accept": "text/html"})
     assert page.status_code == 200 and "Trigger savepoint" in page.text and 'data-testid="lineage"' in page.text
     assert client.get("/", headers={"Accept": "text/html"}).text.count('data-job="orders"') == 1
+    assert '<td data-testid="operation">-</td>' in page.text  # never upgraded nor rescaled
+
+
+def test_the_job_page_shows_the_operation_in_progress_and_a_damaged_record_says_so(client: TestClient,
+                                                                                  store: JobStore) -> None:
+    from airflow_ckpt_provider.core.records.operations import Acting, OperationState, ask
+
+    running(store)
+    found, _ = ask(store, "rescale", {"partitions": 4}, requested_by="airflow:dag.task run r")
+    Acting(store, found, "ckpt job operate (pid 7)").save(
+        actor="ckpt job operate (pid 7)", state=OperationState.RUNNING, steps=2, step={"type": "Stop"},
+        line="2/5 stopping the driver of epoch 2 with a savepoint")
+    report = client.get("/api/jobs/ckpt_store_default/orders").json()
+    assert report["operation"]["text"] == (
+        f"rescale {found.operation.id} of job orders (running, step 2 (Stop), acted on by ckpt job operate (pid 7); "
+        "asked by airflow:dag.task run r): 2/5 stopping the driver of epoch 2 with a savepoint")
+    assert report["operation"]["record"]["settings"] == {"partitions": 4}
+    page = client.get("/jobs/ckpt_store_default/orders", headers={"Accept": "text/html"}).text
+    assert f"rescale {found.operation.id} of job orders (running, step 2 (Stop)" in page
+    store.storage.write("operation.json", b"{not json")
+    damaged = client.get("/api/jobs/ckpt_store_default/orders")
+    assert damaged.status_code == 200, damaged.text  # the page still shows the job
+    assert damaged.json()["operation"]["text"].startswith("operation record not readable: operation record ")
 
 
 @pytest.mark.parametrize(("path", "status", "says"), [
