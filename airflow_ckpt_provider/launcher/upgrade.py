@@ -32,7 +32,6 @@ from airflow_ckpt_provider.core.records.control import (
 )
 from airflow_ckpt_provider.core.records.deployments import Deployment, Launch, mark_stable, read_launch
 from airflow_ckpt_provider.core.records.operations import (
-    ACTOR_BEAT,
     Acting,
     Found,
     NotActor,
@@ -97,7 +96,6 @@ class JobUpgrade:
         self.submit_hint = submit_hint
         self.job = store.job
         self.acting: Acting | None = None
-        self._beat = 0.0
 
     settings: UpgradeSettings  # the operation's, read by run()
 
@@ -112,6 +110,10 @@ class JobUpgrade:
         self.settings = UpgradeSettings.from_json(op.settings)
         if resumed:
             self.say(acting.operation.lines[-1])
+        stop = threading.Event()  # a heartbeat beside every act, however long (ACTOR_SILENCE on other hosts)
+        beating = threading.Thread(target=acting.beat_while, args=(stop,), name=f"ckpt-operation-beat-{op.id}",
+                                   daemon=True)
+        beating.start()
         try:
             return self._run(acting)
         except NotActor:
@@ -125,6 +127,9 @@ class JobUpgrade:
             except Exception as also:  # the store, most likely: the others see this actor silent instead
                 log.warning("job %s: could not record that: %s", self.job, also)
             raise
+        finally:
+            stop.set()
+            beating.join(5)
 
     def _run(self, acting: Acting) -> Operation:
         try:
@@ -216,13 +221,6 @@ class JobUpgrade:
         log.info("job %s: %s", self.job, line)
         if self.acting is not None:
             self.acting.save(line=line)
-            self._beat = time.monotonic()
-
-    def beat(self) -> None:
-        """A write at least every ACTOR_BEAT s while a step waits: the others see this actor live."""
-        if self.acting is not None and time.monotonic() - self._beat >= ACTOR_BEAT:
-            self.acting.save()
-            self._beat = time.monotonic()
 
     def _handle(self, name: str) -> Any:
         return (self._op().step or {}).get(name)
@@ -264,7 +262,6 @@ class JobUpgrade:
         deadline = self._deadline(timeout)
         ack = read_ack(self.store, request_id)
         while ack is None and time.time() < deadline:
-            self.beat()
             time.sleep(self.poll)
             ack = read_ack(self.store, request_id)
         snapshot = ack is not None and (ack.snapshot_id or action is RequestAction.CANCEL)
@@ -301,7 +298,6 @@ class JobUpgrade:
                 event = None
             if event is not None:
                 return event
-            self.beat()
             time.sleep(self.poll)
 
     def _check_latest(self, plan: steps.UpgradePlan) -> steps.Checked:
@@ -427,7 +423,6 @@ class JobUpgrade:
                     f"job {self.job}: expected {need} batches of the new deployment within {timeout:.0f} s "
                     f"(--verify-batches {need}), found {ran}: it runs (epoch {event.get('epoch')}) but had no new "
                     "input; send input or raise --verify-timeout, or verify without waiting for a batch")}
-            self.beat()
             time.sleep(self.poll)
 
     def _done(self, plan: steps.UpgradePlan, result: dict[str, Any], said: str) -> dict[str, Any]:

@@ -8,9 +8,11 @@ Design notes: docs/operations.md#design-notes-corerecordsoperationspy.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -23,6 +25,8 @@ from airflow_ckpt_provider.core.errors import ConflictError
 from airflow_ckpt_provider.core.records.base import Record
 from airflow_ckpt_provider.core.records.lease import pid_alive
 from airflow_ckpt_provider.core.store.jobstore import JobStore
+
+log = logging.getLogger(__name__)
 
 OPERATION = "operation.json"
 #: Seconds an actor writes its record at least once in (a heartbeat while it waits on a long step).
@@ -165,6 +169,8 @@ class Acting:
 
     def __init__(self, store: JobStore, found: Found, actor: str, clock: Callable[[], float] = time.time) -> None:
         self.store, self.operation, self.tag, self.actor, self.clock = store, found.operation, found.tag, actor, clock
+        self.saved_at = time.monotonic()  # when this actor last wrote the record (its monotonic clock)
+        self._lock = threading.Lock()  # the actor's step and its heartbeat thread write one after the other
 
     @classmethod
     def take(cls, store: JobStore, found: Found, actor: str, *, line: str = "") -> Acting:
@@ -174,13 +180,28 @@ class Acting:
 
     def save(self, *, line: str = "", **changes: Any) -> Operation:
         """Write the record with ``changes`` (and ``line`` added to its progress lines)."""
-        lines = [*self.operation.lines, line][-LINES:] if line else self.operation.lines
-        operation = msgspec.structs.replace(self.operation, **changes, lines=lines, updated_at=self.clock())
-        tag = _swap(self.store, self.tag, operation)
-        if tag is None:
-            found = read_operation(self.store)
-            now = found.operation.describe() if found else "no record"
-            raise NotActor(f"job {self.store.job}: {self.actor} no longer acts on {self.operation.kind} "
-                           f"{self.operation.id}: its record changed meanwhile ({now}); it stops here")
-        self.operation, self.tag = operation, tag
-        return operation
+        with self._lock:
+            lines = [*self.operation.lines, line][-LINES:] if line else self.operation.lines
+            operation = msgspec.structs.replace(self.operation, **changes, lines=lines, updated_at=self.clock())
+            tag = _swap(self.store, self.tag, operation)
+            if tag is None:
+                found = read_operation(self.store)
+                now = found.operation.describe() if found else "no record"
+                raise NotActor(f"job {self.store.job}: {self.actor} no longer acts on {self.operation.kind} "
+                               f"{self.operation.id}: its record changed meanwhile ({now}); it stops here")
+            self.operation, self.tag, self.saved_at = operation, tag, time.monotonic()
+            return operation
+
+    def beat_while(self, stop: threading.Event, every: float = ACTOR_BEAT) -> None:
+        """Until ``stop``: write the record whenever ``every`` s passed without a write, so the others see this actor
+        live during a long act (a heartbeat thread's loop). Stops at the first failed write (the actor's own next
+        write then fails too, and it stops)."""
+        while not stop.wait(min(1.0, every)):
+            if time.monotonic() - self.saved_at < every:
+                continue
+            try:
+                self.save()
+            except NotActor:
+                return
+            except Exception as err:  # the store, most likely: the next beat tries again
+                log.warning("job %s: %s could not write its heartbeat: %s", self.store.job, self.actor, err)

@@ -82,3 +82,31 @@ def test_a_replaced_or_missing_record_ends_the_wait_saying_what_is_there(store: 
     event = OperationWatch(store, operation_id, host="here").poll()
     assert event is not None and event["status"] == "gone"
     assert f"expected operation {operation_id} in operation.json, found " in event["message"]
+
+
+def test_an_actor_busy_in_one_long_act_writes_a_heartbeat_so_it_never_looks_silent(store: JobStore) -> None:
+    """The heartbeat thread beside every act: a write whenever ``every`` s passed without one; the act's own writes
+    (the same lock) never fail against it."""
+    import threading
+    import time
+
+    found, _ = ask(store, "rescale", {"partitions": 3}, requested_by="test")
+    acting = Acting(store, found, "actor")
+    acting.save(actor="actor", state=OperationState.RUNNING)
+    stop = threading.Event()
+    beating = threading.Thread(target=acting.beat_while, args=(stop,), kwargs={"every": 0.05}, daemon=True)
+    beating.start()
+    try:
+        for i in range(20):  # the act meanwhile writes lines of its own
+            time.sleep(0.03)
+            acting.save(line=f"line {i}")  # would raise NotActor if a heartbeat had raced it
+        time.sleep(0.3)  # no write of the act: the heartbeat writes
+        before = read_operation(store)
+        time.sleep(0.3)
+        after = read_operation(store)
+    finally:
+        stop.set()
+        beating.join(5)
+    assert before is not None and after is not None and after.tag != before.tag
+    assert after.operation.lines[-1] == "line 19" and len(after.operation.lines) == 20  # nothing lost to a race
+    assert not beating.is_alive()
