@@ -238,9 +238,9 @@ def cmd_operate(args: argparse.Namespace) -> int:
 
 def _absolute(paths: tuple[str, ...] | None) -> tuple[str, ...] | None:
     """``--py-files``/``--files`` of an upgrade: local paths made absolute, as ``ckpt run`` does, URIs as they are."""
-    if paths is None:
-        return None
-    return tuple(p if "://" in p else os.path.abspath(p) for p in paths)
+    from airflow_ckpt_provider.cli.run import absolute_path
+
+    return None if paths is None else tuple(absolute_path(p) for p in paths)
 
 
 def _json(data: Any) -> str:

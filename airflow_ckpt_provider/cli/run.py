@@ -56,8 +56,8 @@ def spec_from_args(args: argparse.Namespace) -> SubmitSpec:
         raise ConfigError("no job given: pass --job NAME or set CKPT_JOB")
     config = RuntimeConfig.from_namespace(args)  # converts and checks the runtime options
     # A driver next to a shipped environment runs in a directory of its own (driver_cwd): local paths absolute
-    config = dataclasses.replace(config, store=_absolute(config.store),
-                                 checkpoint=_absolute(config.live_checkpoint))
+    config = dataclasses.replace(config, store=absolute_path(config.store),
+                                 checkpoint=absolute_path(config.live_checkpoint))
     if args.deploy_mode == "client":
         # The driver runs here and inherits this environment: name the endpoint and region it will use
         # (AWS_ENDPOINT_URL, AWS_REGION) in its command. In cluster mode the driver's own environment decides.
@@ -69,8 +69,8 @@ def spec_from_args(args: argparse.Namespace) -> SubmitSpec:
         master=args.master,
         deploy_mode=args.deploy_mode,
         conf=parse_conf(args.conf),
-        py_files=[_absolute(p) for p in _split(args.py_files)],
-        files=[_absolute(p) for p in _split(args.files)],
+        py_files=[absolute_path(p) for p in _split(args.py_files)],
+        files=[absolute_path(p) for p in _split(args.files)],
         name=args.name,
         spark_submit=args.spark_submit,
         shipped=pyenv.plan(args.python_env, args.master, requirements_file=args.requirements),
@@ -78,7 +78,7 @@ def spec_from_args(args: argparse.Namespace) -> SubmitSpec:
     )
 
 
-def _absolute(path: str) -> str:
+def absolute_path(path: str) -> str:
     """A local path made absolute; a URI (s3://, s3a://, hdfs://, file://) as it is."""
     return path if "://" in path else os.path.abspath(path)
 

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +133,17 @@ def check_deployment(deployment: Deployment, job: str, store_url: str, restore: 
     check_master(deployment.master)
 
 
+def spawn_detached(argv: Sequence[str], env: Mapping[str, str], log_file: Path) -> int:
+    """Start ``argv`` in a session of its own (it outlives this process and its process group), its output
+    appended to ``log_file``; reaped by a thread while this process lives (a zombie would look alive to pid checks).
+    Its pid."""
+    with log_file.open("ab") as out:
+        proc = subprocess.Popen(list(argv), env=dict(env), stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+    threading.Thread(target=proc.wait, name=f"ckpt-reap-{proc.pid}", daemon=True).start()
+    return proc.pid
+
+
 def start_launch(store: JobStore, record: Launch, *, store_url: str, s3: S3Options | None = None,
                  unrecorded_env: Mapping[str, str] | None = None) -> Launch:
     """Start the supervisor of recorded launch ``record`` on this host (``ckpt run --supervise``, detached, its
@@ -143,19 +154,15 @@ def start_launch(store: JobStore, record: Launch, *, store_url: str, s3: S3Optio
     argv = run_argv(record.deployment, store.job, store_url, record.restore, s3)
     env = {**inherited_env(), **(unrecorded_env or {}), **record.deployment.env, **credentials_env(s3),
            LAUNCH_ENV: record.launch_id}
-    with log_file.open("ab") as out:
-        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True)
-    # Reap it if it ends while this process lives (a zombie would look alive to pid checks).
-    threading.Thread(target=proc.wait, name=f"ckpt-reap-{proc.pid}", daemon=True).start()
-    started = replace(record, pid=proc.pid, host=socket.gethostname(), log_file=str(log_file))
+    pid = spawn_detached(argv, env, log_file)
+    started = replace(record, pid=pid, host=socket.gethostname(), log_file=str(log_file))
     try:  # best effort, and only over our own record: its supervisor may have recorded its end already
         current = store.storage.read_versioned(SPEC_LAST)
         if current is not None and Launch.from_bytes(current.data, SPEC_LAST) == record:
             store.storage.write_if(SPEC_LAST, started.to_bytes(), current.tag)
     except StorageError as err:
         log.warning("job %s: launch %s runs (pid %d) but its pid was not recorded: %s", store.job, record.launch_id,
-                    proc.pid, err)
+                    pid, err)
     return started
 
 

@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -36,7 +35,7 @@ from airflow_ckpt_provider.core.records.restore_check import (
 )
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.store.storage import S3Options
-from airflow_ckpt_provider.launcher.deploy import credentials_env, log_dir, run_argv, submit_spec
+from airflow_ckpt_provider.launcher.deploy import credentials_env, log_dir, run_argv, spawn_detached, submit_spec
 from airflow_ckpt_provider.launcher.submit import SubmitSpec, build_command, describe, driver_cwd, gate_file
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, exit_meaning
 from airflow_ckpt_provider.runtime.restore_check_verdict import CheckOutcome, RestoreCheck, parse_report
@@ -200,17 +199,13 @@ def start_check(
     env = {**inherited, **deployment.env, **credentials_env(s3), CHECK_ENV: check_id}
     log.info("job %s: restore check %s of %s started detached: %s", store.job, check_id, deployment.job_file,
              describe(argv))
-    with log_file.open("ab") as out:
-        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True)
-    # Reap it if it ends while this process lives (a zombie would look alive to pid checks).
-    threading.Thread(target=proc.wait, name=f"ckpt-reap-{proc.pid}", daemon=True).start()
+    pid = spawn_detached(argv, env, log_file)
     try:  # best effort: without its pid, a waiter falls back to the check's deadline
-        return record_pid(store, started, proc.pid)
+        return record_pid(store, started, pid)
     except StorageError as err:
         log.warning("job %s: restore check %s runs (pid %d) but its pid was not recorded: %s", store.job, check_id,
-                    proc.pid, err)
-        return started.with_pid(proc.pid)
+                    pid, err)
+        return started.with_pid(pid)
 
 
 def run_recorded_check(store: JobStore, spec: SubmitSpec, check_id: str) -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -50,7 +49,7 @@ from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
 from airflow_ckpt_provider.core.watches.operation import ORPHANED, OperationWatch
 from airflow_ckpt_provider.core.watches.restore_check import RestoreCheckWatch
 from airflow_ckpt_provider.launcher import upgradesteps as steps
-from airflow_ckpt_provider.launcher.deploy import credentials_env, inherited_env, log_dir
+from airflow_ckpt_provider.launcher.deploy import credentials_env, inherited_env, log_dir, spawn_detached
 from airflow_ckpt_provider.launcher.handover import start_job
 from airflow_ckpt_provider.launcher.restore_check import start_check
 
@@ -140,6 +139,7 @@ class JobUpgrade:
             if acting.operation.step is not None:  # a step in progress: resume it
                 step = steps.decode_step(acting.operation.step)
             else:
+                assert outcome is not None  # set by the step just acted on, or recorded
                 plan, step = steps.next_step(plan, outcome)
                 ended = self._end(plan, step)
                 if ended is not None:
@@ -148,8 +148,9 @@ class JobUpgrade:
             outcome = self._act(plan, step)
             acting.save(step=None, outcome=steps.encode(outcome))
 
-    def _first(self, op: Operation) -> tuple[steps.UpgradePlan, steps.Outcome]:
-        """The plan and the outcome to decide on: observed now (nothing done yet), or as recorded."""
+    def _first(self, op: Operation) -> tuple[steps.UpgradePlan, steps.Outcome | None]:
+        """The plan and the outcome to decide on: observed now (nothing done yet), as recorded, or None when a step
+        is in progress (the loop resumes it first)."""
         if op.plan is None:
             hint = self.submit_hint or SUBMIT_HINT.format(verb=op.kind)
             plan, began = steps.prepare(self.store, self.settings, store_url=self.store_url, s3=self.s3,
@@ -159,7 +160,7 @@ class JobUpgrade:
             return plan, began
         plan = steps.UpgradePlan.from_dict(op.plan)
         if op.step is not None:
-            return plan, steps.Saved()  # never decided on: the loop resumes the recorded step first
+            return plan, None
         if op.outcome is None:
             raise ConfigError(f"{op.describe()}: its record has a plan but neither a step nor an outcome: it is "
                               "damaged; check `ckpt job status`, then ask for the operation again")
@@ -528,10 +529,8 @@ def start_actor(store: JobStore, store_url: str, s3: S3Options | None, operation
         argv += ["--region", s3.region]
     extra = dict(env or {})
     full = {**inherited_env(), **credentials_env(s3), **extra, UNRECORDED_ENV: ",".join(sorted(extra))}
-    with (logs / f"operation-{operation_id}.log").open("ab") as out:
-        proc = subprocess.Popen(argv, env=full, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True)
-    threading.Thread(target=proc.wait, name=f"ckpt-reap-{proc.pid}", daemon=True).start()
+    log_file = logs / f"operation-{operation_id}.log"
+    pid = spawn_detached(argv, full, log_file)
     log.info("job %s: operation %s acted on by a detached `ckpt job operate`, pid %d on %s (log %s)", store.job,
-             operation_id, proc.pid, socket.gethostname(), logs / f"operation-{operation_id}.log")
-    return proc.pid
+             operation_id, pid, socket.gethostname(), log_file)
+    return pid

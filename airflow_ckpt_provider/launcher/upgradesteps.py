@@ -545,7 +545,7 @@ def observe_stop_failure(store: JobStore) -> tuple[str, int | None]:
 
 
 def prepare(store: JobStore, settings: UpgradeSettings, *, store_url: str, s3: S3Options | None, submit_hint: str,
-            savepoint_first: bool = True, now: float | None = None) -> tuple[UpgradePlan, Began]:
+            now: float | None = None) -> tuple[UpgradePlan, Began]:
     """Observe the job and build the plan; ConfigError (its message final) for what is refused before any step: no
     recorded deployment (``submit_hint`` says how to make one), a new deployment spark-submit would refuse. A
     ``settings.job_file`` None: the running code. ``py_files``/``files`` None: the recorded ones; a rollback goes back
@@ -561,7 +561,8 @@ def prepare(store: JobStore, settings: UpgradeSettings, *, store_url: str, s3: S
     if mode is UpgradeMode.STATELESS:  # without state: on a fresh live checkpoint location
         base = old.deployment.checkpoint or default_checkpoint(job)
         new = replace(new, checkpoint=f"{base.rstrip('/')}-stateless-{int(time.time() if now is None else now)}")
-    plan = UpgradePlan(job, old.to_dict(), new.to_dict(), what, mode, partitions, savepoint_first)
+    # A running job without a snapshot gets a savepoint to check against, whoever asked (savepoint_first).
+    plan = UpgradePlan(job, old.to_dict(), new.to_dict(), what, mode, partitions, savepoint_first=True)
     running = observe_running(store)
     if running.problem is None:
         try:  # a deployment spark-submit would refuse fails here, before anything stops
@@ -579,7 +580,7 @@ def prepare(store: JobStore, settings: UpgradeSettings, *, store_url: str, s3: S
 
 
 def encode(item: Outcome | Step) -> dict[str, Any]:
-    """A step or an outcome as JSON: its type's name and its fields."""
+    """A step or an outcome as JSON: its type's name and its fields (never Began: it is decided on at once)."""
     body: dict[str, Any] = {"type": type(item).__name__}
     for f in fields(item):
         value = getattr(item, f.name)
@@ -589,12 +590,6 @@ def encode(item: Outcome | Step) -> dict[str, Any]:
             value = str(value)
         elif isinstance(value, Enum):
             value = value.value
-        elif isinstance(value, JobStatus):
-            value = value.to_dict()
-        elif isinstance(value, Manifest):
-            value = value.snapshot_id  # Began's: decided on at once, never resumed from (see decode)
-        elif isinstance(value, tuple | list):
-            value = []
         body[f.name] = value
     return body
 

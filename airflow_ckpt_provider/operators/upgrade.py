@@ -18,7 +18,8 @@ from airflow_ckpt_provider.core.policy.stepsettings import STOP_TIMEOUT, Upgrade
 from airflow_ckpt_provider.core.records.deployments import read_launch
 from airflow_ckpt_provider.core.records.operations import Operation, actor_alive, ask, read_operation
 from airflow_ckpt_provider.core.records.status import read_status
-from airflow_ckpt_provider.launcher.upgrade import handed, start_actor
+from airflow_ckpt_provider.core.watches.operation import ORPHANED
+from airflow_ckpt_provider.launcher.upgrade import handed, outcome_of, start_actor
 from airflow_ckpt_provider.links import SnapshotLink, SparkUILink, persist_empty_links
 from airflow_ckpt_provider.operators import lineage
 from airflow_ckpt_provider.operators.arguments import mode_arg
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 OPERATION_GRACE = 600.0
 
 
-class UpgradeStreamingJobOperator(_LaunchMixin):
+class UpgradeStreamingJobOperator(_LaunchMixin):  # its lineage facets, as the submit's
     """Upgrade ``job`` to ``job_file`` (``code_version``) with ``upgrade_mode`` savepoint (default),
     last-state or stateless. The job's other settings come from its last deployment.
 
@@ -83,7 +84,7 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         self.verify_timeout = verify_timeout
         self.check_timeout = check_timeout
         self.stop_timeout = stop_timeout
-        self.start_timeout = verify_timeout
+        self.start_timeout = verify_timeout  # _LaunchMixin's (unused here: the actor launches and verifies)
 
     _what = "upgrade"
 
@@ -139,7 +140,7 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
         found = read_operation(store)
         if found is None or found.operation.id != operation_id:
             raise AirflowException(str(event.get("message")))
-        orphaned = event["status"] == "orphaned"  # its actor is gone: a new one resumes the recorded step
+        orphaned = event["status"] == ORPHANED  # its actor is gone: a new one resumes the recorded step
         if orphaned:
             self.log.warning("%s", event.get("message"))
         return self._follow(context, store, found.operation, self.settings(), orphaned=orphaned)
@@ -147,10 +148,10 @@ class UpgradeStreamingJobOperator(_LaunchMixin):
     def _finish(self, context: Context, store: JobStore, operation: Operation) -> dict[str, Any]:
         for line in operation.lines:
             self.log.info("%s of job %s: %s", self._what, self.job, line)
-        if operation.state.value != "succeeded" or operation.result is None:
-            # Refused (nothing stopped) or failed (rolled back or not): a retry would only find the same end.
-            raise AirflowFailException(operation.message or operation.describe())
-        result = operation.result
+        try:
+            result = outcome_of(operation)
+        except CkptError as err:  # refused (nothing stopped) or failed (rolled back or not): a retry ends the same
+            raise AirflowFailException(str(err)) from err
         snapshot_id = result.get("snapshot_id")
         SnapshotLink.persist_snapshot(context, snapshot_id and store.snapshot_uri(snapshot_id),
                                       self.store_hook.s3_options.endpoint_url)

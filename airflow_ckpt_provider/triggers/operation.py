@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from airflow_ckpt_provider.core.records.operations import OperationState
+from airflow_ckpt_provider.core.watches.operation import GONE, ORPHANED
 from airflow_ckpt_provider.triggers.base import DEFAULT_STORE_CONN, TRIGGER_EVENTS, JobStoreTrigger
 
 if TYPE_CHECKING:
     from airflow_ckpt_provider.core.watches.operation import OperationWatch
 
-#: core/records/operations.OperationState's final values and core/watches/operation's own events.
-OPERATION_EVENTS = frozenset({"succeeded", "refused", "failed", "orphaned", "gone"})
+#: The final states of an operation and the watch's own events.
+OPERATION_EVENTS = frozenset({*(s.value for s in OperationState if s.final), ORPHANED, GONE})
 
 
 class OperationTrigger(JobStoreTrigger):
