@@ -27,6 +27,7 @@ from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.policy.gate import GATE_ENV
 from airflow_ckpt_provider.core.policy.modes import LATEST_STATE
 from airflow_ckpt_provider.core.records.deployments import LAUNCH_ENV
+from airflow_ckpt_provider.core.records.supervision import DRIVER_RUN_ENV
 from airflow_ckpt_provider.launcher.pyenv import ALIAS, ShippedEnv
 from airflow_ckpt_provider.runtime.config import RuntimeConfig, default_checkpoint
 
@@ -50,7 +51,9 @@ class SubmitSpec:
     ``env_python`` is the interpreter for PYSPARK_PYTHON and PYSPARK_DRIVER_PYTHON; unset, it is this
     interpreter where that is the one that runs (see ``build_command``). ``shipped`` is the Python environment
     and code the executors get (launcher/pyenv.py), None where they use what the nodes have. ``supervised``: a
-    supervisor (``ckpt run --supervise``) restarts the driver, so YARN must not (docs/cluster.md).
+    supervisor (``ckpt run --supervise``) restarts the driver, so YARN must not (docs/cluster.md). ``driver_run``
+    names this driver run in cluster mode (core/records/supervision.py ``DriverEnd``: the driver records how it
+    ended, which spark-submit's exit code does not say there); the supervisor sets it for each driver it starts.
     """
 
     job_file: str
@@ -65,6 +68,7 @@ class SubmitSpec:
     env_python: str | None = None
     shipped: ShippedEnv | None = None
     supervised: bool = False
+    driver_run: str | None = None
 
     @property
     def app_name(self) -> str:
@@ -448,14 +452,6 @@ def _check_cluster(spec: SubmitSpec, manager: str) -> None:
     not wait for the driver a supervisor watches, or with local files a Kubernetes driver pod cannot reach."""
     if spec.deploy_mode != "cluster" or manager not in WAIT_CONF:
         return
-    if manager == "k8s" and spec.supervised:
-        raise ConfigError(
-            "Kubernetes cluster mode with --supervise: spark-submit exits 0 however the driver pod ends (Spark "
-            "passes no driver exit code on Kubernetes, SPARK-26365), so the supervisor would take a crashed driver "
-            "for a stopped one and restart nothing; expected one owner that sees the driver fail: run without "
-            "--supervise under a Spark operator (restartPolicy OnFailure, docs/cluster.md), or use --deploy-mode "
-            "client"
-        )
     wait = WAIT_CONF[manager]
     if spec.supervised and spec.conf.get(wait, "true").strip().lower() != "true":
         raise ConfigError(
@@ -525,6 +521,8 @@ def _cluster_conf(spec: SubmitSpec, manager: str, conf: dict[str, str]) -> None:
     launch_id = os.environ.get(LAUNCH_ENV)
     if launch_id:
         conf.setdefault(f"{_DRIVER_ENV_CONF[manager]}.{LAUNCH_ENV}", launch_id)
+    if spec.driver_run:  # set per driver by the supervisor, never by the user: it wins over a conf of the same name
+        conf[f"{_DRIVER_ENV_CONF[manager]}.{DRIVER_RUN_ENV}"] = spec.driver_run
 
 
 def redact(argv: Sequence[str]) -> list[str]:

@@ -28,7 +28,7 @@ from airflow_ckpt_provider.core.records.status import (
     heartbeat_limit,
     read_status,
 )
-from airflow_ckpt_provider.core.records.supervision import SupervisorState
+from airflow_ckpt_provider.core.records.supervision import SupervisorState, take_driver_end
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.launcher.driverprocess import GroupOf, ProcessLike, Spawn, process_group, spawn_driver
 from airflow_ckpt_provider.launcher.submit import SubmitSpec, build_command, driver_cwd
@@ -296,8 +296,11 @@ class Supervisor:
 
     def _run_driver(self, spec: SubmitSpec, attempt: int) -> DriverRun:
         """Start one driver and wait for it: its exit code, why it was killed, seconds it ran."""
-        argv, env = build_command(spec)
-        baseline = self._lease_epoch() if self.spec.deploy_mode == "cluster" else None
+        cluster = self.spec.deploy_mode == "cluster"
+        # in cluster mode the driver records how it ended (spark-submit's exit code says nothing of it there)
+        run = f"{self.reports.record_id}-{attempt}" if cluster and self.store is not None else None
+        argv, env = build_command(replace(spec, driver_run=run) if run else spec)
+        baseline = self._lease_epoch() if cluster else None
         started, started_wall = self.clock(), self.wall()
         proc = self._proc = self.spawn(argv, env, driver_cwd(spec))
         if self._stop_requests:  # a stop that came while it started
@@ -310,11 +313,33 @@ class Supervisor:
         finally:
             self._proc = None
         driver.ran = self.clock() - started
+        if run is not None and not driver.stuck:
+            driver.code = self._driver_word(run, driver)
         if driver.code not in (EXIT_STOPPED, EXIT_FENCED):
             self._observe(driver)  # its last words: the reason of a FAILED status, the batch it reached
         log.info("job %s: driver exited with code %d after %.1f s (%s)", self.job, driver.code, driver.ran,
                  exit_meaning(driver.code))
         return driver
+
+    def _driver_word(self, run: str, driver: DriverRun) -> int:
+        """A cluster-mode driver's exit code, which spark-submit's does not carry (0 however a Kubernetes driver
+        pod ends, SPARK-26365; 1 for any failed YARN application master): the end record the driver wrote as it
+        exited (core/records/supervision.py DriverEnd); without one, STOPPED if its own last status says so, else
+        a failure: the driver died without a word (its pod or container lost, a kill -9)."""
+        assert self.store is not None  # a run is named only with a store
+        try:
+            end = take_driver_end(self.store, run)
+        except StorageError as err:
+            self.reports.store_failed(f"cannot read the end record of driver run {run}", err)
+            end = None
+        if end is not None:
+            return end.code
+        status = self._observe(driver)
+        if status is not None and self._own(driver, status) and status.state is JobState.STOPPED:
+            return EXIT_STOPPED
+        log.warning("job %s: driver run %s ended without recording how (spark-submit exited with %d): taken for a "
+                    "failure (its pod or container lost)", self.job, run, driver.code)
+        return EXIT_FAILED
 
     def _lease_epoch(self) -> int | None:
         """The lease's epoch now (0: never taken), or None if unknown."""

@@ -7,8 +7,15 @@ With ``--check-restore`` it runs the restore check (runtime/restore_check.py) in
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import sys
+import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from airflow_ckpt_provider.runtime.config import RuntimeConfig
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -28,6 +35,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     try:
         config = RuntimeConfig.from_args(args[1:])
+    except CkptError as err:
+        logging.getLogger("airflow_ckpt_provider.runtime").error("cannot start: %s", err)
+        return EXIT_CONFIG
+    try:
         if config.check_restore:  # ckpt run --check-restore: only ask Spark whether the state restores
             from airflow_ckpt_provider.runtime.restore_check import RestoreChecker
 
@@ -36,12 +47,40 @@ def main(argv: Sequence[str] | None = None) -> int:
             run = JobDriver(config, load_builder(args[0])).run
     except CkptError as err:
         logging.getLogger("airflow_ckpt_provider.runtime").error("cannot start: %s", err)
-        return EXIT_CONFIG
+        code = EXIT_CONFIG
     except Exception as err:  # the job file itself is broken (SyntaxError, ImportError): a restart fails the same way
         logging.getLogger("airflow_ckpt_provider.runtime").exception("cannot start: loading %s failed%s", args[0],
                                                                      _missing_module(err))
-        return EXIT_CONFIG
-    return run()
+        code = EXIT_CONFIG
+    else:
+        code = run()
+    _report_end(config, code)
+    return code
+
+
+def _report_end(config: RuntimeConfig, code: int) -> None:
+    """Write how this driver ended (core/records/supervision.py DriverEnd) when its supervisor named the run: in
+    cluster mode spark-submit's exit code says nothing of it. A failed write is logged; the supervisor then takes
+    the silence for a crash and restarts, as the restart strategy allows."""
+    from airflow_ckpt_provider.core.records.supervision import DRIVER_RUN_ENV
+
+    run = os.environ.get(DRIVER_RUN_ENV)
+    if not run:
+        return
+    from airflow_ckpt_provider.core.errors import StorageError
+    from airflow_ckpt_provider.core.records.supervision import DriverEnd, write_driver_end
+    from airflow_ckpt_provider.core.store.jobstore import JobStore
+    from airflow_ckpt_provider.core.store.storage import S3Options
+
+    log = logging.getLogger("airflow_ckpt_provider.runtime")
+    try:
+        store = JobStore.open(config.store, config.job, S3Options.from_env(config.endpoint_url, config.region))
+        write_driver_end(store, DriverEnd(job=config.job, run=run, code=code, at=time.time(),
+                                          host=socket.gethostname(), pid=os.getpid()))
+    except (StorageError, OSError) as err:
+        log.warning("job %s: cannot record how driver run %s ended (exit %d): %s", config.job, run, code, err)
+    else:
+        log.info("job %s: driver run %s ends with exit code %d", config.job, run, code)
 
 
 def _missing_module(err: BaseException) -> str:

@@ -24,6 +24,7 @@ from airflow_ckpt_provider.core.policy.lineagenames import RUN_FACET
 from airflow_ckpt_provider.core.records.control import Outcome, RequestAction, wait_ack
 from airflow_ckpt_provider.core.records.lease import read_lease
 from airflow_ckpt_provider.core.records.status import JobState
+from airflow_ckpt_provider.core.records.supervision import DRIVER_RUN_ENV, take_driver_end
 from airflow_ckpt_provider.core.snapshots.catalog import list_snapshots, load_manifest
 from airflow_ckpt_provider.core.snapshots.checkpoint import SparkCheckpoint
 from airflow_ckpt_provider.core.snapshots.manifest import Kind, Trigger
@@ -291,9 +292,11 @@ def test_two_drivers_started_at_once_exactly_one_runs(env: JobEnv, runs: list[Ru
 
 
 def test_bad_input_changes_nothing(env: JobEnv, runs: list[Run], tmp_path: Path) -> None:
+    """Also: each driver whose run is named (CKPT_DRIVER_RUN, as a supervisor names a cluster-mode driver) records
+    its exit code in the job store as it exits: 2 for each refusal, 0 for the stop."""
     produce(env.kafka.bootstrap_servers, env.topic, 0, 600)
     checkpoint = env.work / "checkpoint"
-    runs.append(a := env.run("a", checkpoint))
+    runs.append(a := env.run("a", checkpoint, extra_env={DRIVER_RUN_ENV: "run-a"}))
     status = env.wait_status("batch 1 completed", lambda s: (s.batch_id or 0) >= 1, TIMEOUT, a)
 
     # Another job's snapshot, a snapshot that does not exist, latest-savepoint with none: refused
@@ -308,7 +311,7 @@ def test_bad_input_changes_nothing(env: JobEnv, runs: list[Run], tmp_path: Path)
     ]
     started = []  # all four at once: each is refused before it takes the lease, so they cannot interfere
     for name, target, restore, message in cases:
-        runs.append(bad := env.run(name, target, "--restore", restore))
+        runs.append(bad := env.run(name, target, "--restore", restore, extra_env={DRIVER_RUN_ENV: f"run-{name}"}))
         started.append((bad, target, message))
     for bad, target, message in started:
         assert bad.wait(TIMEOUT) == EXIT_CONFIG, bad.tail()
@@ -320,3 +323,7 @@ def test_bad_input_changes_nothing(env: JobEnv, runs: list[Run], tmp_path: Path)
     assert a.proc.poll() is None
     assert env.request(RequestAction.STOP, status.epoch).outcome is Outcome.COMPLETED
     assert a.wait(TIMEOUT) == EXIT_STOPPED
+    ends = {name: take_driver_end(env.store(), f"run-{name}") for name in ["a", *(c[0] for c in cases)]}
+    assert {name: end.code if end else None for name, end in ends.items()} == {
+        "a": EXIT_STOPPED, "foreign": EXIT_CONFIG, "missing": EXIT_CONFIG, "no-savepoint": EXIT_CONFIG,
+        "none-on-live": EXIT_CONFIG}

@@ -21,7 +21,7 @@ from airflow_ckpt_provider.core.records.status import (
     JobStatus,
     heartbeat_limit,
 )
-from airflow_ckpt_provider.core.store.jobstore import SUPERVISORS, JobStore
+from airflow_ckpt_provider.core.store.jobstore import DRIVER_ENDS, SUPERVISORS, JobStore
 
 #: Characters of a launch id that name its second (``YYYYmmddTHHMMSSZ``): ids of one second are compared by record.
 _SECOND = len("20260101T000000Z")
@@ -151,6 +151,53 @@ def latest_supervisor(store: JobStore) -> SupervisorRecord | None:
         if record is not None:
             records.append(record)
     return max(records, key=lambda r: r.started_at, default=None)
+
+
+#: The environment variable naming a driver run (``DriverEnd.run``): set by a supervisor for each driver it starts in
+#: cluster mode, passed to the driver through Spark's driver environment settings.
+DRIVER_RUN_ENV = "CKPT_DRIVER_RUN"
+
+
+class DriverEnd(Record, frozen=True, kw_only=True):
+    """How one driver process ended, in its own words: its exit code (runtime/exitcodes.py), written by the
+    driver's entrypoint as it exits. For a supervisor that cannot learn the code from spark-submit: in cluster mode
+    spark-submit exits 0 however a Kubernetes driver pod ends (SPARK-26365) and 1 for any failed YARN application
+    master. No record after spark-submit returned: the driver died without a word (its pod or container lost, a
+    kill -9). ``run`` names the driver run (``DRIVER_RUN_ENV``); the supervisor deletes the record once read."""
+
+    WHAT = "driver end record"
+    KEY = "ends/<driver run>.json"
+
+    job: str
+    run: str
+    code: int
+    at: float
+    host: str
+    pid: int
+
+    @property
+    def key(self) -> str:
+        return driver_end_key(self.run)
+
+
+def driver_end_key(run: str) -> str:
+    return f"{DRIVER_ENDS}{run}.json"
+
+
+def write_driver_end(store: JobStore, record: DriverEnd) -> None:
+    store.storage.write(record.key, record.to_bytes())
+
+
+def take_driver_end(store: JobStore, run: str) -> DriverEnd | None:
+    """The end record of driver run ``run``, deleted once read; None if the driver wrote none."""
+    key = driver_end_key(run)
+    try:
+        data = store.storage.read(key)
+    except FileNotFoundError:
+        return None
+    record = DriverEnd.from_bytes(data, store.storage.uri(key))
+    store.storage.delete([key])
+    return record
 
 
 @dataclass(frozen=True)

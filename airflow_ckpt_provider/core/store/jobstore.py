@@ -27,6 +27,7 @@ DEPLOYMENTS = "deployments/"
 SPEC_LAST = "spec/last.json"
 SPEC_STABLE = "spec/stable.json"
 SUPERVISORS = "supervisors/"
+DRIVER_ENDS = "ends/"
 CHECKS = "checks/"
 
 

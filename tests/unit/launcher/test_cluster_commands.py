@@ -175,19 +175,14 @@ def test_a_supervisor_needs_spark_submit_to_wait_for_the_driver(
     assert code == 0 and f"{setting}=false" in confs(data["argv"])
 
 
-def test_k8s_cluster_mode_is_not_supervised(capsys: pytest.CaptureFixture[str], job_file: Path) -> None:
-    """spark-submit exits 0 whatever the driver pod's end: a supervisor would never restart a crashed driver."""
+def test_k8s_cluster_mode_is_supervised_by_the_drivers_own_word(capsys: pytest.CaptureFixture[str],
+                                                                 job_file: Path) -> None:
+    """spark-submit exits 0 whatever the driver pod's end; the supervisor decides on the end record the driver
+    writes (tests/unit/launcher/test_supervisor_cluster_ends.py), so a supervised cluster-mode command is built."""
     code, data, err = dry_run(capsys, job_file, "--master", K8S, "--deploy-mode", "cluster", "--supervise",
                               "--python-env", "none", "--conf", UPLOAD)
-    assert (code, data) == (2, {})
-    assert err == (
-        "error: Kubernetes cluster mode with --supervise: spark-submit exits 0 however the driver pod ends (Spark "
-        "passes no driver exit code on Kubernetes, SPARK-26365), so the supervisor would take a crashed driver for a "
-        "stopped one and restart nothing; expected one owner that sees the driver fail: run without --supervise "
-        "under a Spark operator (restartPolicy OnFailure, docs/cluster.md), or use --deploy-mode client\n"
-    )
-    code, _, _ = dry_run(capsys, job_file, "--master", K8S, "--supervise", "--python-env", "none")
-    assert code == 0  # client mode: the driver is the supervisor's child
+    assert (code, err) == (0, "")
+    assert "spark.kubernetes.submission.waitAppCompletion=true" in confs(data["argv"])
 
 
 def test_k8s_cluster_with_an_s3a_archive(capsys: pytest.CaptureFixture[str], job_file: Path, cache: Path) -> None:

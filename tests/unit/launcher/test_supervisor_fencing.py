@@ -148,8 +148,12 @@ def test_in_cluster_mode_our_driver_is_known_by_its_epoch(spec: SubmitSpec, cloc
     # a cluster-mode driver needs a checkpoint and a job store the cluster shares (the test's store stands for it)
     shared = replace(spec.config, store="s3://bucket/jobs", checkpoint="s3a://bucket/ckpt/orders")
     cluster = replace(spec, master="yarn", deploy_mode="cluster", config=shared)
-    outcome, spawner = supervise(cluster, clock, [Run(1, tick=remote), Run(0)], FixedDelay(attempts=5, clock=clock),
-                                 store=store)
+    def stopped(proc: FakeProcess) -> None:  # the next one stops (its status says so: it wrote no end record)
+        put_lease(store, 5, START + 20)
+        put_status(store, JobState.STOPPED, 5, clock.now, pid=78, host="host-c")
+
+    outcome, spawner = supervise(cluster, clock, [Run(1, tick=remote), Run(0, tick=stopped)],
+                                 FixedDelay(attempts=5, clock=clock), store=store)
     assert (outcome.final, outcome.attempts) == (Ending.STOPPED, 2)
     assert spawner.restores == ["latest-savepoint", "latest-state"]
 
