@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 from airflow_ckpt_provider.cli.common import add_store_args, emit, open_job_store, progress
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.policy.stepsettings import UpgradeSettings
-from airflow_ckpt_provider.core.records.control import Ack, Outcome, RequestAction, submit_request, wait_ack
+from airflow_ckpt_provider.core.records.control import Ack, Outcome, RequestAction, wait_ack
 from airflow_ckpt_provider.core.records.lease import LeaseRecord
 from airflow_ckpt_provider.core.store.progress import human_count
-from airflow_ckpt_provider.core.views.jobview import JobView, check_can_request, observe, state_text, when
+from airflow_ckpt_provider.core.views.jobview import JobView, observe, request_running, state_text, when
 
 if TYPE_CHECKING:
     from airflow_ckpt_provider.core.store.jobstore import JobStore
@@ -133,8 +133,7 @@ def cmd_request(args: argparse.Namespace) -> int:
     if timeout < 0:
         raise ConfigError(f"--timeout must be >= 0 seconds, found {timeout}")
     store = open_job_store(args)
-    status = check_can_request(observe(store), action)
-    request = submit_request(store, action, epoch=status.epoch)
+    request = request_running(store, action, key=args.key or None)  # with a key, a re-run finds the earlier request
     queued = f"requested {action} of job {store.job}: request {request.id} for the driver of epoch {request.epoch}"
     if args.no_wait:
         emit(args, request.to_dict(), lambda: f"{queued}; `ckpt job status` shows its effect")
@@ -271,6 +270,9 @@ def add_job_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]
                        help=f"seconds to wait for the driver's answer (default {DEFAULT_TIMEOUT[action]:.0f}; "
                             "exit 4 when it does not come)")
         p.add_argument("--no-wait", action="store_true", help="submit the request and return at once")
+        p.add_argument("--key", help="the same for every run of one intent (a script's retry): a run finds the "
+                                     "request an earlier run with this key wrote and waits for it, or returns its "
+                                     "answer, instead of asking again; after a failure it asks again")
     p = sub.add_parser("rescale", help="rescale the job's state to N partitions through a savepoint (a recorded "
                        "deployment, RocksDB state): checked on a copy first, rolled back if it fails; run again after "
                        "an interruption, it resumes")

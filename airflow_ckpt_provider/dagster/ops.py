@@ -26,6 +26,7 @@ from airflow_ckpt_provider.core.snapshots.catalog import dispose_snapshots as di
 from airflow_ckpt_provider.core.store.jobstore import JobStore, check_job_name
 from airflow_ckpt_provider.core.views.jobview import (
     RestartDecision,
+    earlier_request,
     observe,
     request_running,
     restart_decision,
@@ -221,16 +222,23 @@ def _store(ckpt: CkptResource, job: str) -> JobStore:
         raise _failure(f"job {job}: {err}") from err
 
 
+def _run_key(context: dg.OpExecutionContext) -> str:
+    """This op's run, the same for each of its retries: a retry finds what its first try asked for."""
+    return f"dagster:{context.run_id}.{context.op.name}"
+
+
 def _launched_by(context: dg.OpExecutionContext) -> str:
     return f"dagster:{context.job_name}.{context.op.name} (run {context.run_id})"
 
 
 def _request(context: dg.OpExecutionContext, store: JobStore, action: RequestAction, *, timeout: float,
-             poll_interval: float) -> dict[str, Any]:
+             poll_interval: float, resume: bool = True) -> dict[str, Any]:
     """Ask the running driver for ``action`` (refused, with nothing written, when none could answer) and wait
-    for its answer: the request's result, or dg.Failure."""
+    for its answer: the request's result, or dg.Failure. With ``resume`` a retry of the op waits for the request
+    its first try wrote, unless that failed: one savepoint or stop per op run."""
     try:
-        request = request_running(store, action, requested_by=_launched_by(context))
+        request = request_running(store, action, requested_by=_launched_by(context),
+                                  key=_run_key(context) if resume else None)
     except CkptError as err:
         raise _failure(f"job {store.job}: {err}") from err
     context.log.info("job %s: requested %s of the driver of epoch %d (request %s); waiting up to %.0f s", store.job,
@@ -279,6 +287,9 @@ def _launch(context: dg.OpExecutionContext, ckpt: CkptResource, store: JobStore,
 
 def _stop(context: dg.OpExecutionContext, store: JobStore, mode: StopMode, *, timeout: float,
           poll_interval: float) -> dict[str, Any]:
+    if earlier_request(store, STOP_ACTION[mode], _run_key(context)) is not None:
+        # a retry: the first try's stop was asked (it may have stopped the job already): wait for its answer
+        return _request(context, store, STOP_ACTION[mode], timeout=timeout, poll_interval=poll_interval)
     try:
         status, nothing = stop_check(store)
     except CkptError as err:  # its supervisor restarts it: retry once it runs
@@ -397,8 +408,9 @@ def _restart(context: dg.OpExecutionContext, config: RestartConfig, ckpt: CkptRe
                              started_after=launched_at, min_epoch=restarter.min_epoch,
                              launch_id=restarter.launch_id) | extra | {"restarted_by": restarter.by.value}
     if decision is RestartDecision.STOP_THEN_LAUNCH:
+        # not resumed: a retry after this try's launch must stop the driver it launched, not skip the stop
         _request(context, store, STOP_ACTION[StopMode(config.stop_mode.value)], timeout=config.stop_timeout,
-                 poll_interval=config.poll_interval)
+                 poll_interval=config.poll_interval, resume=False)
     launch_id, launched_at = _launch(context, ckpt, store, last.deployment, spec)
     return _wait_running(context, store, start_timeout=config.start_timeout, poll_interval=config.poll_interval,
                          started_after=launched_at, min_epoch=None, launch_id=launch_id) | extra
@@ -478,7 +490,7 @@ def _upgrade(context: dg.OpExecutionContext, ckpt: CkptResource, job: str, setti
     store = _store(ckpt, job)
     try:
         result = run_upgrade(store, ckpt.store_url, ckpt.s3_options(), settings, say=context.log.info,
-                             requested_by=_launched_by(context), key=f"dagster:{context.run_id}.{context.op.name}",
+                             requested_by=_launched_by(context), key=_run_key(context),
                              submit_hint="submit it first with the op submit_streaming_job; nothing was stopped")
     except ConflictError as err:
         raise _failure(str(err), outcome="busy") from err

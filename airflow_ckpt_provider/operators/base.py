@@ -71,6 +71,25 @@ class JobOperator(BaseOperator):
         return {"job": self.job, "ckpt_store_conn_id": self.ckpt_store_conn_id, "store_url": self.store_url,
                 "poll_interval": self.poll_interval}
 
+    def who(self, context: Context) -> str:
+        """Who asks, for the records: ``airflow:DAG.TASK run RUN try N``."""
+        ti = context.get("ti")
+        who = f"airflow:{self.dag_id}.{self.task_id}"
+        if ti is not None and getattr(ti, "run_id", None):
+            who += f" run {ti.run_id} try {getattr(ti, 'try_number', 1)}"
+        return who
+
+    def run_key(self, context: Context) -> str:
+        """This task's run, the same for each of its tries: a retry finds the operation or the control request its
+        first try asked for ("" outside a task run)."""
+        ti = context.get("ti")
+        run_id = getattr(ti, "run_id", None) if ti is not None else None
+        if not run_id:
+            return ""
+        index = getattr(ti, "map_index", -1)
+        return f"airflow:{self.dag_id}.{self.task_id} run {run_id}" + (f" map {index}" if index not in (-1, None)
+                                                                       else "")
+
     def wait(
         self, context: Context, *, trigger: WatchTrigger, method_name: str, kwargs: dict[str, Any] | None = None
     ) -> Any:

@@ -11,7 +11,7 @@ from airflow_ckpt_provider.core.errors import CkptError
 from airflow_ckpt_provider.core.policy.modes import StopMode
 from airflow_ckpt_provider.core.policy.stepsettings import STOP_TIMEOUT
 from airflow_ckpt_provider.core.records.control import STOP_ACTION, RequestAction
-from airflow_ckpt_provider.core.views.jobview import request_running, stop_check
+from airflow_ckpt_provider.core.views.jobview import earlier_request, request_running, stop_check
 from airflow_ckpt_provider.core.watches.control import request_failure, request_result
 from airflow_ckpt_provider.links import SnapshotLink, persist_empty_links
 from airflow_ckpt_provider.operators.arguments import mode_arg, parse_mode
@@ -50,6 +50,11 @@ class StopStreamingJobOperator(JobOperator):
         except CkptError as err:
             raise AirflowException(f"job {self.job}: {err}") from err
         store = self.job_store()
+        action = STOP_ACTION[mode]
+        if (key := self.run_key(context)) and earlier_request(store, action, key) is not None:
+            # a retry: the first try's stop was asked (it may have stopped the job already): wait for its answer
+            return request_and_wait(self, context, store, action, timeout=self.timeout,
+                                    method_name="execute_complete")
         try:
             status, nothing = stop_check(store)
         except CkptError as err:  # its supervisor restarts it: retry once it runs
@@ -58,22 +63,24 @@ class StopStreamingJobOperator(JobOperator):
             self.log.info("%s", nothing)
             return {"job": self.job, "outcome": "not_running", "snapshot_id": None, "snapshot_uri": None,
                     "batch_id": status.batch_id if status else None}
-        return request_and_wait(self, context, store, STOP_ACTION[mode], timeout=self.timeout,
-                                method_name="execute_complete")
+        return request_and_wait(self, context, store, action, timeout=self.timeout, method_name="execute_complete")
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         return ack_result(self, context, event)
 
 
 def request_and_wait(op: JobOperator, context: Context, store: JobStore, action: RequestAction, *, timeout: float,
-                     method_name: str, kwargs: dict[str, Any] | None = None) -> Any:
-    """Submit ``action`` to the running driver (refused with nothing written if none could answer), then wait."""
+                     method_name: str, kwargs: dict[str, Any] | None = None, resume: bool = True) -> Any:
+    """Submit ``action`` to the running driver (refused with nothing written if none could answer), then wait. With
+    ``resume`` a retry of the task waits for the request its first try wrote, unless that failed
+    (core/views/jobview.py ``request_running``): one savepoint or stop per task run."""
+    key = op.run_key(context) if resume else ""
     try:
-        request = request_running(store, action)
+        request = request_running(store, action, requested_by=op.who(context), key=key or None)
     except CkptError as err:
         raise AirflowException(f"job {op.job}: {err}") from err
-    op.log.info("job %s: requested %s of the driver of epoch %d (request %s); waiting up to %.0f s", op.job, action,
-                request.epoch, request.id, timeout)
+    op.log.info("job %s: requested %s of the driver of epoch %d (request %s by %s); waiting up to %.0f s", op.job,
+                action, request.epoch, request.id, request.requested_by, timeout)
     trigger = RequestTrigger(**op._store_args, request_id=request.id, epoch=request.epoch, timeout=timeout)
     return op.wait(context, trigger=trigger, method_name=method_name, kwargs=kwargs)
 

@@ -363,8 +363,9 @@ class RestartStreamingJobOperator(_LaunchMixin):
                           restarter.describe(), self.start_timeout)
             return self._wait_for_restarter(context, store, restarter)
         if decision is RestartDecision.STOP_THEN_LAUNCH:
+            # not resumed: a retry after this try's launch must stop the driver it launched, not skip the stop
             return request_and_wait(self, context, store, STOP_ACTION[stop], timeout=self.stop_timeout,
-                                    method_name="after_stop")
+                                    method_name="after_stop", resume=False)
         return self.after_stop(context, None)
 
     def _wait_for_restarter(self, context: Context, store: JobStore, restarter: Restarter) -> Any:

@@ -106,8 +106,8 @@ class UpgradeStreamingJobOperator(_LaunchMixin):  # its lineage facets, as the s
             raise AirflowFailException(str(err)) from err
         store = self.job_store()
         try:
-            found, new = ask(store, settings.what, settings.to_json(), requested_by=self._who(context),
-                             key=self._key(context))
+            found, new = ask(store, settings.what, settings.to_json(), requested_by=self.who(context),
+                             key=self.run_key(context))
         except ConflictError as err:
             raise AirflowException(str(err)) from err
         operation = found.operation
@@ -161,23 +161,6 @@ class UpgradeStreamingJobOperator(_LaunchMixin):  # its lineage facets, as the s
             status = None
         SparkUILink.persist(context, status.ui_url if status is not None else None)
         return result
-
-    def _who(self, context: Context) -> str:
-        ti = context.get("ti")
-        who = f"airflow:{self.dag_id}.{self.task_id}"
-        if ti is not None and getattr(ti, "run_id", None):
-            who += f" run {ti.run_id} try {getattr(ti, 'try_number', 1)}"
-        return who
-
-    def _key(self, context: Context) -> str:
-        """This task's run, the same for each of its tries: a retry finds the operation its first try asked for."""
-        ti = context.get("ti")
-        run_id = getattr(ti, "run_id", None) if ti is not None else None
-        if not run_id:
-            return ""
-        index = getattr(ti, "map_index", -1)
-        return f"airflow:{self.dag_id}.{self.task_id} run {run_id}" + (f" map {index}" if index not in (-1, None)
-                                                                       else "")
 
 
 def _unset(value: object) -> bool:

@@ -326,6 +326,21 @@ def test_completed_request(target: Target, capsys: pytest.CaptureFixture[str], a
     assert open_requests(store) == []
 
 
+def test_a_rerun_with_the_same_key_returns_the_first_runs_stop_and_asks_nothing_again(
+    target: Target, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = install(target, running(), lease())
+    with FakeDriver(store, completed) as driver:
+        first = ckpt(target, capsys, "stop", "--key", "nightly-2026-11-29", "--timeout", "30")
+    write_status(store, running(state=JobState.STOPPED, reason="stopped with savepoint"))  # the stop stopped it
+    again = ckpt(target, capsys, "stop", "--key", "nightly-2026-11-29", "--timeout", "30")
+    [request] = driver.requests
+    assert first.out == again.out and f"request {request.id}" in again.err
+    assert [k for k in control_keys(store) if not k.endswith(".ack.json")] == [f"control/{request.id}.json"]
+    refused = ckpt(target, capsys, "stop", "--key", "nightly-2026-11-30", expect=1)  # another intent: asked anew
+    assert "is STOPPED since" in refused.err
+
+
 def test_completed_savepoint_json_prints_the_ack(target: Target, capsys: pytest.CaptureFixture[str]) -> None:
     store = install(target, running(), lease())
     with FakeDriver(store, completed) as driver:

@@ -121,11 +121,14 @@ class FakeCheck:
 
 
 class FakeTI:
-    """The task instance as the operators use it: XCom pushes (for the links) and stats tags."""
+    """The task instance as the operators use it: XCom pushes (for the links), stats tags, and the run and try
+    (``run_id`` None: outside a DAG run, as a bare execute() in a test)."""
 
-    def __init__(self) -> None:
+    def __init__(self, run_id: str | None = None, try_number: int = 1, map_index: int = -1) -> None:
         self.xcoms: dict[str, Any] = {}
         self.stats_tags: dict[str, str] = {}
+        if run_id is not None:  # else a subclass's own (tests/unit/operators/test_lineage.py RunningTI)
+            self.run_id, self.try_number, self.map_index = run_id, try_number, map_index
 
     def xcom_push(self, key: str, value: Any) -> None:
         self.xcoms[key] = value

@@ -6,6 +6,7 @@ has since been replaced is rejected instead of acting on the new one.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import socket
@@ -89,6 +90,32 @@ def new_request_id(action: RequestAction, now: float | None = None) -> str:
     """A new request's id (an actor records it before it writes the request, to find it again if it dies)."""
     stamp = datetime.fromtimestamp(time.time() if now is None else now, UTC).strftime("%Y%m%dT%H%M%SZ")
     return f"{action.value}-{stamp}-{secrets.token_hex(3)}"
+
+
+def keyed_request_id(action: RequestAction, key: str, attempt: int) -> str:
+    """The id of attempt ``attempt`` (1, 2, ...) at ``action`` for ``key``: the same for every try of one Airflow task
+    run or Dagster op, so a retry finds what its first try asked for (``keyed_requests``)."""
+    return f"{_keyed_prefix(action, key)}{attempt}"
+
+
+def _keyed_prefix(action: RequestAction, key: str) -> str:
+    return f"{action.value}-k{hashlib.sha256(key.encode()).hexdigest()[:16]}-"
+
+
+def keyed_requests(store: JobStore, action: RequestAction, key: str) -> list[tuple[int, Request, Ack | None]]:
+    """The requests asked for ``key`` so far (attempt, request, its ack or None), by attempt: one LIST of their ids."""
+    prefix = _keyed_prefix(action, key)
+    found: list[tuple[int, Request, Ack | None]] = []
+    for info in store.storage.list(f"{CONTROL}{prefix}"):
+        name = info.key[len(CONTROL) + len(prefix):]
+        if not name.endswith(".json") or name.endswith(ACK_SUFFIX) or not name[: -len(".json")].isdigit():
+            continue
+        try:
+            request = Request.from_bytes(store.storage.read(info.key), store.storage.uri(info.key))
+        except FileNotFoundError:  # disposed of by retention meanwhile
+            continue
+        found.append((int(name[: -len(".json")]), request, read_ack(store, request.id)))
+    return sorted(found, key=lambda entry: entry[0])
 
 
 def submit_request(store: JobStore, action: RequestAction, epoch: int, *, now: float | None = None,

@@ -16,7 +16,15 @@ from enum import StrEnum
 
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError, StorageError
 from airflow_ckpt_provider.core.policy.modes import LATEST_STATE, RestoreSpec
-from airflow_ckpt_provider.core.records.control import Request, RequestAction, submit_request
+from airflow_ckpt_provider.core.records.control import (
+    Ack,
+    Outcome,
+    Request,
+    RequestAction,
+    keyed_request_id,
+    keyed_requests,
+    submit_request,
+)
 from airflow_ckpt_provider.core.records.deployments import Launch, read_launch
 from airflow_ckpt_provider.core.records.lease import LeaseRecord, pid_alive, read_lease
 from airflow_ckpt_provider.core.records.status import (
@@ -290,12 +298,36 @@ def check_can_request(view: JobView, action: RequestAction) -> JobStatus:
     return s
 
 
-def request_running(store: JobStore, action: RequestAction, *, requested_by: str | None = None) -> Request:
+def request_running(store: JobStore, action: RequestAction, *, requested_by: str | None = None,
+                    key: str | None = None) -> Request:
     """Write ``action`` for the driver that runs the job now (the operators', the Dagster ops' and the UI's way
     to ask); ConfigError for an unknown job, ConflictError (check_can_request) when no driver could answer:
-    nothing is written then."""
+    nothing is written then. With ``key`` (an Airflow task run, a Dagster op's run) a retry resumes: the request an
+    earlier try wrote is returned while it waits for an answer or once it completed (``earlier_request``); after a
+    failure or a rejection the next attempt is asked."""
+    request_id = None
+    if key:
+        asked = keyed_requests(store, action, key)
+        earlier = _resumable(asked)
+        if earlier is not None:
+            return earlier
+        request_id = keyed_request_id(action, key, asked[-1][0] + 1 if asked else 1)
     status = check_can_request(observe(store), action)
-    return submit_request(store, action, epoch=status.epoch, requested_by=requested_by)
+    return submit_request(store, action, epoch=status.epoch, requested_by=requested_by, request_id=request_id)
+
+
+def earlier_request(store: JobStore, action: RequestAction, key: str) -> Request | None:
+    """The last request asked for ``key`` if it is unanswered or completed: what a retried task waits for instead
+    of asking again (a second savepoint, a stop of the job its first try already stopped); None if there is none,
+    or it failed or was rejected (asking again may work: a newer driver rejects a request meant for an older one)."""
+    return _resumable(keyed_requests(store, action, key))
+
+
+def _resumable(asked: list[tuple[int, Request, Ack | None]]) -> Request | None:
+    if not asked:
+        return None
+    _, request, ack = asked[-1]
+    return request if ack is None or ack.outcome is Outcome.COMPLETED else None
 
 
 def stop_check(store: JobStore, now: float | None = None) -> tuple[JobStatus | None, str]:

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import dagster as dg
 import pytest
 
 from airflow_ckpt_provider.core.records.control import Ack, Outcome, RequestAction, open_requests, write_ack
@@ -27,7 +28,7 @@ from airflow_ckpt_provider.dagster import (
     trigger_savepoint,
 )
 from tests.support.operatorfakes import SID, make_snapshots, report
-from tests.unit.dagster.conftest import failure, run_op
+from tests.unit.dagster.conftest import CKPT_RESOURCE, failure, run_op
 
 
 class Driver(threading.Thread):
@@ -68,6 +69,36 @@ def test_the_savepoint_op_returns_the_drivers_savepoint_requested_of_its_epoch(s
     [materialized] = [e for e in result.all_events if e.event_type_value == "STEP_OUTPUT"]
     metadata = materialized.step_output_data.metadata
     assert metadata["snapshot_id"].value == SID and metadata["batch_id"].value == 7
+
+
+def test_a_retried_savepoint_op_waits_for_its_first_tries_request_instead_of_asking_again(
+        store: JobStore, ckpt: CkptResource, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_ckpt_provider.dagster import ops
+
+    real, lost = ops.wait_for, []
+
+    def lose_once(*args: Any, **kwargs: Any) -> Any:
+        if not lost:  # the first try wrote its request, then lost its connection while waiting
+            lost.append(1)
+            raise OSError("connection reset")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ops, "wait_for", lose_once)
+    report(store)
+    driver = Driver(store)
+    driver.start()
+    job = dg.GraphDefinition(name="retried_savepoint", node_defs=[trigger_savepoint]).to_job(
+        resource_defs={CKPT_RESOURCE: ckpt}, op_retry_policy=dg.RetryPolicy(max_retries=2))
+    result = job.execute_in_process(
+        run_config={"ops": {"trigger_savepoint": {"config": {"job": "orders", "poll_interval": 0.05, "timeout": 20}}}},
+        raise_on_error=False)
+    driver.join(5)
+    assert [e.event_type_value for e in result.all_events].count("STEP_UP_FOR_RETRY") == 1
+    assert result.success, failure(result)
+    [ack] = driver.answered  # one request in all, answered once, the retry's result
+    assert result.output_for_node("trigger_savepoint")["snapshot_id"] == SID
+    assert [o.key for o in store.storage.list(CONTROL) if not o.key.endswith(".ack.json")] == [
+        f"{CONTROL}{ack.id}.json"]
 
 
 def test_a_savepoint_the_driver_fails_fails_the_op_with_its_answer(store: JobStore, ckpt: CkptResource) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_ckpt_provider.core.records.control import RequestAction
+from airflow_ckpt_provider.core.records.control import Outcome, RequestAction, open_requests
 from airflow_ckpt_provider.core.records.status import JobState
 from airflow_ckpt_provider.core.snapshots.catalog import list_snapshots
 from airflow_ckpt_provider.core.snapshots.manifest import Kind
@@ -20,6 +20,7 @@ from airflow_ckpt_provider.triggers.control import RequestTrigger
 from tests.support.operatorfakes import (
     SID,
     SNAPSHOT_KEY,
+    FakeTI,
     ack_event,
     context,
     control_keys,
@@ -51,6 +52,34 @@ def test_savepoint_requests_the_running_epoch_and_defers(store: JobStore) -> Non
     assert (result["action"], result["snapshot_id"], result["snapshot_uri"]) == (
         "savepoint", SID, store.snapshot_uri(SID))
     assert ctx["ti"].xcoms == {SNAPSHOT_KEY: store.snapshot_uri(SID)}
+
+
+def test_a_retried_savepoint_task_waits_for_its_first_tries_request_and_asks_again_only_after_a_failure(
+    store: JobStore
+) -> None:
+    report(store, epoch=8)
+    op = TriggerSavepointOperator(task_id="savepoint", job="orders", timeout=45)
+
+    def try_(run_id: str, number: int) -> str:
+        """One try of the task in DAG run ``run_id``: the request it waits for."""
+        deferred = deferral(lambda: op.execute(context(ti=FakeTI(run_id, number))))
+        return trigger_kwargs(deferred)["request_id"]
+
+    first = try_("scheduled__1", 1)
+    assert try_("scheduled__1", 2) == first  # no answer yet: the retry waits for the same request
+    (request,) = open_requests(store)
+    assert request.requested_by == "airflow:adhoc_airflow.savepoint run scheduled__1 try 1"
+    ack_event(store, request)  # completed
+    assert try_("scheduled__1", 3) == first  # its answer is the retry's result: no second savepoint
+    assert len([k for k in control_keys(store) if not k.endswith(".ack.json")]) == 1
+
+    other = try_("scheduled__2", 1)  # another DAG run asks for its own savepoint
+    assert other != first
+    (pending,) = open_requests(store)
+    ack_event(store, pending, Outcome.FAILED, snapshot_id=None, message="the upload failed")
+    again = try_("scheduled__2", 2)  # its first try failed: the retry asks again, as attempt 2
+    assert (other[-2:], again[-2:], again[:-2]) == ("-1", "-2", other[:-2])
+    assert [r.id for r in open_requests(store)] == [again]
 
 
 @pytest.mark.parametrize(("changes", "message"), [

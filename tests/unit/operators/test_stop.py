@@ -22,6 +22,7 @@ from airflow_ckpt_provider.triggers.control import RequestTrigger
 from tests.support.operatorfakes import (
     SID,
     SNAPSHOT_KEY,
+    FakeTI,
     ack_event,
     context,
     control_keys,
@@ -117,6 +118,21 @@ def test_stop_resumes_with_the_final_savepoint(store: JobStore) -> None:
     assert result == {"job": "orders", "outcome": "completed", "action": "stop", "snapshot_id": SID,
                       "snapshot_uri": uri, "batch_id": 7}
     assert uri.startswith("file:///") and ctx["ti"].xcoms == {SNAPSHOT_KEY: uri}
+
+
+def test_a_retried_stop_task_returns_its_first_tries_stop_though_the_job_is_stopped_since(store: JobStore) -> None:
+    report(store)
+    op = StopStreamingJobOperator(task_id="stop", job="orders")
+    deferral(lambda: op.execute(context(ti=FakeTI("manual__1", 1))))
+    request = only_request(store)
+    ack_event(store, request)
+    report(store, state=JobState.STOPPED)  # the first try's stop stopped the job; then its worker died
+    deferred = deferral(lambda: op.execute(context(ti=FakeTI("manual__1", 2))))
+    assert trigger_kwargs(deferred)["request_id"] == request.id
+    result = op.resume(context(), fire(deferred, RequestTrigger(job="orders", request_id=request.id,
+                                                                 epoch=request.epoch).build_watch().poll() or {}))
+    assert (result["outcome"], result["snapshot_id"]) == ("completed", SID)  # not "not_running": the savepoint's id
+    assert len([k for k in control_keys(store) if not k.endswith(".ack.json")]) == 1
 
 
 @pytest.mark.parametrize("outcome", [Outcome.FAILED, Outcome.REJECTED])
