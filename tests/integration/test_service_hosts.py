@@ -17,8 +17,6 @@ driver exits fenced and its instance knows it no longer owns the job; one relaun
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -38,7 +36,6 @@ from tests.support import hosts
 from tests.support.exactlyonce import EO_JOB, expected_rows
 from tests.support.hostjobs import (
     FENCE_GRACE,
-    MAX_OFFSETS,
     POLL,
     WAIT,
     Feed,
@@ -48,6 +45,8 @@ from tests.support.hostjobs import (
     commit_times,
     grace_end,
     ground,
+    start_services,
+    stop_services,
 )
 from tests.support.hosts import Topology
 from tests.support.runtimejob import SPARK_CONF
@@ -59,23 +58,6 @@ pytestmark = [
 
 CUT = 60.0
 SERVICES = ("service-a", "service-b")
-
-
-def _services(sc: Scenario) -> dict[str, Any]:
-    """``ckpt service run`` on each service host, its own host name, CKPT_HOME and output file."""
-    started = {}
-    for role in SERVICES:
-        host = sc.topo[role]
-        env = sc.env.env(MAX_OFFSETS, {**sc.sink.env()})
-        env.update(SPARK_LOCAL_IP=host.address, CKPT_HOME=str(sc.work / f"home-{role}"))
-        log = sc.work / f"{role}.log"
-        with log.open("ab") as out:
-            proc = host.popen([sys.executable, "-m", "airflow_ckpt_provider.cli", "service", "run", "--store",
-                               sc.env.store_url, "--instance", role, "--endpoint-url", sc.env.s3.endpoint_url,
-                               "--region", sc.env.s3.region], own_hostname=True, env=env, stdout=out,
-                              stderr=subprocess.STDOUT)
-        started[role] = (proc, log)
-    return started
 
 
 def _deployment(sc: Scenario) -> Deployment:
@@ -111,7 +93,7 @@ def test_the_owning_instance_cut_from_the_store_is_taken_over_and_its_driver_fen
 
 def _run(sc: Scenario, feed: Feed) -> None:
     topo, times = sc.topo, sc.times
-    services = _services(sc)
+    services = start_services(sc, SERVICES, sc.sink.env())
     store = sc.env.store
     s3 = S3Options(endpoint_url=sc.env.s3.endpoint_url, region=sc.env.s3.region,
                    access_key_id=sc.env.s3.access_key, secret_access_key=sc.env.s3.secret_key)
@@ -156,10 +138,7 @@ def _run(sc: Scenario, feed: Feed) -> None:
             (la := sc.in_launcher(lambda: read_launch(store()))) is not None and la.ending == "stopped"), WAIT)
     finally:
         feed.halt()
-        for proc, _log in services.values():
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(30)
+        stop_services(services)
 
     old = _driver_lines(sc, owner.instance, first.launch_id)
     late = [(round(t - t_cut, 1), what) for t, what in commit_times(old, logged=True) if t >= grace_end(lease)]

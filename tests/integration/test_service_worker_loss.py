@@ -1,9 +1,15 @@
-"""The Airflow worker that submitted three jobs destroyed under them (issue 42), as a process group before the
-namespace hosts: a "worker" process runs three real SubmitStreamingJobOperator tasks with ``supervision="service"``
-(each hands its job over and waits in the worker until the job runs), then the worker's whole process group is
-killed with kill -9. Every job keeps running (nothing of them was in that group: the service's instances started
-them); a later kill -9 of one driver is restarted by its supervisor, which the service keeps; the counts of all three
-jobs are exact. Real processes: two `ckpt service run`, SeaweedFS, tansu, three local Spark drivers.
+"""The Airflow worker's host destroyed under three running jobs (issue 42), on the namespace hosts of issue 41.
+
+Topology: ``store`` (SeaweedFS: the job store, the files sinks' bucket), ``kafka`` (tansu), ``launcher`` (the test's
+feed and readers), ``launcher-2`` (the Airflow worker: three real SubmitStreamingJobOperator tasks with
+``supervision="service"``, each handing its job over with its own settings and waiting in the worker until the job
+runs), ``service-a`` and ``service-b`` (one ``ckpt service run`` each; the supervisors and drivers an instance starts
+run on its host). Each job is tests/jobs/eo_job.py into a ckpt-files sink of its own, local[2].
+
+Once the three tasks are done, the worker's host is lost (link down, then kill -9 of every process on it: no FIN,
+no RST). Claims: nothing of the jobs ran on the worker (their drivers and supervisors are processes of the service
+hosts); every job goes on at the same epoch; a later kill -9 of one driver is restarted by its supervisor, which the
+service keeps (no relaunch by the service); every id exactly once in each job's sink.
 """
 
 from __future__ import annotations
@@ -14,32 +20,43 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
 from airflow_ckpt_provider.core.records.deployments import read_launch
-from airflow_ckpt_provider.core.records.status import JobState, read_status
-from tests.support.runtimejob import (
-    JOB_FILE,
-    SPARK_CONF,
-    JobEnv,
-    expected_counts,
-    produce,
-    stop_supervisor,
-    wait_logged,
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus
+from airflow_ckpt_provider.core.store.storage import S3Options
+from tests.support import hosts
+from tests.support.exactlyonce import EO_JOB, FilesSink, expected_rows
+from tests.support.hostjobs import (
+    BUCKET,
+    MAX_OFFSETS,
+    WAIT,
+    Feed,
+    Scenario,
+    check_left_behind,
+    ground,
+    start_services,
+    stop_services,
 )
-from tests.support.serviceinstances import Instance
+from tests.support.hosts import Topology
+from tests.support.runtimejob import SPARK_CONF, JobEnv
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(hosts.available() is not None, reason=str(hosts.available())),
+]
 
-TIMEOUT = 240.0
-RECORDS = 400
 JOBS = 3
+SERVICES = ("service-a", "service-b")
 
 #: The worker: three submit tasks handing their jobs to the service, each waiting in the worker until RUNNING; then
-#: it stays up until it is killed, as an Airflow worker between tasks.
+#: it stays up until its host is lost, as an Airflow worker between tasks.
 WORKER = """
 import json, sys, time
 from airflow_ckpt_provider.operators.job import SubmitStreamingJobOperator
@@ -50,8 +67,7 @@ class TI:
     def xcom_push(self, key, value):
         pass
 
-jobs = json.loads(sys.argv[1])
-for job in jobs:
+for job in json.loads(sys.argv[1]):
     op = SubmitStreamingJobOperator(
         task_id=f"submit-{job['job']}", job=job["job"], job_file=job["job_file"], env=job["env"], conf=job["conf"],
         checkpoint=job["checkpoint"], heartbeat_interval=1.0, restart_strategy="fixed-delay", restart_attempts=3,
@@ -62,76 +78,131 @@ time.sleep(3600)
 """
 
 
-def test_the_workers_process_group_killed_under_three_handed_jobs_leaves_them_running_exact_counts(
-        env: JobEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    home = tmp_path / "home"
-    monkeypatch.setenv("CKPT_HOME", str(home))
-    base = {**os.environ, "CKPT_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
-            "AWS_ACCESS_KEY_ID": env.s3.access_key, "AWS_SECRET_ACCESS_KEY": env.s3.secret_key}
-    jobs = [dataclasses.replace(env, work=tmp_path / f"job{i}", job=f"{env.job}-{i}") for i in range(JOBS)]
-    conf = dict(c.split("=", 1) for c in SPARK_CONF)
-    specs = [{"job": j.job, "job_file": str(JOB_FILE), "checkpoint": str(j.work / "checkpoint"), "conf": conf,
-              "env": {"CKPT_TEST_TOPIC": env.topic, "CKPT_TEST_BOOTSTRAP": env.kafka.bootstrap_servers,
-                      "CKPT_TEST_OUT": str(j.out), "CKPT_TEST_MAX_OFFSETS": "100"}} for j in jobs]
-    produce(env.kafka.bootstrap_servers, env.topic, 0, RECORDS // 2)
-    instances = {name: Instance(name, env, tmp_path, base) for name in ("svc-a", "svc-b")}
-    logs = [i.log for i in instances.values()]
-    store_conn = json.dumps({"conn_type": "ckpt_store", "host": env.s3.endpoint_url, "login": env.s3.access_key,
-                             "password": env.s3.secret_key,
-                             "extra": {"store_url": env.store_url, "region_name": env.s3.region}})
-    worker_log = tmp_path / "worker.log"
+@dataclasses.dataclass
+class Job:
+    env: JobEnv
+    sink: FilesSink
+    checkpoint: Path
+
+    def spec(self) -> dict[str, Any]:
+        """What its submit task is given: the job file, its settings and Spark's, its live checkpoint."""
+        return {"job": self.env.job, "job_file": str(EO_JOB), "checkpoint": str(self.checkpoint),
+                "conf": dict(c.split("=", 1) for c in SPARK_CONF),
+                "env": {"CKPT_TEST_TOPIC": self.env.topic, "CKPT_TEST_BOOTSTRAP": self.env.kafka.bootstrap_servers,
+                        "CKPT_TEST_MAX_OFFSETS": str(MAX_OFFSETS), **self.sink.env()}}
+
+
+def test_the_airflow_workers_host_lost_under_three_handed_jobs_leaves_them_running_exactly_once(
+        tmp_path: Path) -> None:
+    times: dict[str, Any] = {}
+    with Topology(["store", "kafka", "launcher", "launcher-2", *SERVICES]) as topo:
+        pids: list[int] = []
+        try:
+            sc = ground(topo, "files", tmp_path, "wloss")
+            sc.times = times
+            _run(sc, Feed(sc.clients, sc.env.kafka.bootstrap_servers, sc.env.topic))
+        finally:
+            pids = [p for role in topo.hosts for p in topo[role].pids()]
+            (tmp_path / "report.json").write_text(json.dumps(times, indent=1, default=str))
+            print(f"worker host lost: {json.dumps(times, default=str)}")
+    check_left_behind(topo, pids)
+
+
+def _run(sc: Scenario, feed: Feed) -> None:
+    topo, times = sc.topo, sc.times
+    s3 = S3Options(endpoint_url=sc.env.s3.endpoint_url, region=sc.env.s3.region,
+                   access_key_id=sc.env.s3.access_key, secret_access_key=sc.env.s3.secret_key)
+    jobs = [Job(dataclasses.replace(sc.env, job=f"{sc.env.job}-{i}"),
+                FilesSink(f"s3://{BUCKET}/out-{i}", s3), sc.work / f"checkpoint-{i}") for i in range(JOBS)]
+    services = start_services(sc, SERVICES)
+    logs = [log for _proc, log in services.values()]
+    store_conn = json.dumps({"conn_type": "ckpt_store", "host": sc.env.s3.endpoint_url, "login": sc.env.s3.access_key,
+                             "password": sc.env.s3.secret_key,
+                             "extra": {"store_url": sc.env.store_url, "region_name": sc.env.s3.region}})
+    worker_log = sc.work / "worker.log"
     with worker_log.open("ab") as out:
-        worker = subprocess.Popen([sys.executable, "-c", WORKER, json.dumps(specs)],
-                                  env={**base, "AIRFLOW_CONN_CKPT_STORE_DEFAULT": store_conn}, stdout=out,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
+        worker = topo["launcher-2"].popen(
+            [sys.executable, "-c", WORKER, json.dumps([j.spec() for j in jobs])], own_hostname=True,
+            env={**os.environ, "AIRFLOW_CONN_CKPT_STORE_DEFAULT": store_conn, "CKPT_HOME": str(sc.work / "home-worker"),
+                 "AWS_ACCESS_KEY_ID": sc.env.s3.access_key, "AWS_SECRET_ACCESS_KEY": sc.env.s3.secret_key},
+            stdout=out, stderr=subprocess.STDOUT)
     try:
+        feed.start()
+
         def submitted() -> bool:
             assert worker.poll() is None, worker_log.read_text()[-4000:]  # the worker failed: say why at once
             return "worker idle" in worker_log.read_text()
 
-        wait_logged("the worker's three tasks done (each job RUNNING)", submitted, TIMEOUT, worker_log, *logs)
+        _until("the worker's three tasks done (each job RUNNING)", submitted, 300.0, worker_log, *logs)
         assert worker_log.read_text().count("submitted ") == JOBS
-        group = os.getpgid(worker.pid)
-        before = {j.job: read_status(j.store()) for j in jobs}
-        for job, status in before.items():
-            assert status is not None and status.state is JobState.RUNNING, (job, status)
-            assert status.pid is not None and os.getpgid(status.pid) != group  # not the worker's
-        launches = {j.job: read_launch(j.store()) for j in jobs}
-        for job, launch in launches.items():
-            assert launch is not None and launch.pid is not None and os.getpgid(launch.pid) != group, (job, launch)
+        on_worker = set(topo["launcher-2"].pids())
+        before: dict[str, JobStatus] = {}
+        for j in jobs:
+            status = sc.in_launcher(j.env.status)
+            launch = sc.in_launcher(lambda j=j: read_launch(j.env.store()))
+            assert status is not None and status.state is JobState.RUNNING, (j.env.job, status)
+            services_hosts = {topo[r].hostname for r in SERVICES}
+            # recorded by the task, started by an instance on its host: nothing of the job on the worker
+            assert launch is not None and launch.host in services_hosts, launch
+            assert status.pid not in on_worker and launch.pid not in on_worker
+            assert status.host in services_hosts, (status.host, status)
+            before[j.env.job] = status
+        times["drivers' hosts"] = sorted(s.host or "" for s in before.values())
 
-        # The worker destroyed: its process group killed with kill -9.
-        os.killpg(group, signal.SIGKILL)
-        worker.wait(10)
-        produce(env.kafka.bootstrap_servers, env.topic, RECORDS // 2, RECORDS // 4)
-        for j in jobs:  # every job goes on: more batches by the same driver
-            wait_logged(f"{j.job} counting on at the same epoch", lambda j=j: (
-                (s := read_status(j.store())) is not None and s.epoch == before[j.job].epoch
-                and j.consumed(s) == RECORDS // 2 + RECORDS // 4 and s), TIMEOUT, *logs)
+        # The worker's host lost: link down, then kill -9 of everything on it.
+        topo.kill_host("launcher-2")
+        t_lost = time.time()
+        assert worker.wait(30) == -signal.SIGKILL
+        for j in jobs:  # every job goes on at the same epoch: batches after the loss
+            _until(f"{j.env.job} committing batches after the worker's loss", lambda j=j: (
+                (s := sc.in_launcher(j.env.status)) is not None and s.epoch == before[j.env.job].epoch
+                and s.batch_at is not None and s.batch_at > t_lost + 2 and s), WAIT, *logs)
+        times["all three jobs on at the same epoch after the loss, s"] = round(time.time() - t_lost, 1)
 
-        # A later kill -9 of one driver: its supervisor (kept by the service) restarts it.
+        # A later kill -9 of one driver: its supervisor, which the service keeps, restarts it.
         victim = jobs[0]
-        status = read_status(victim.store())
+        status = sc.in_launcher(victim.env.status)
         assert status is not None and status.pid is not None
         os.killpg(os.getpgid(status.pid), signal.SIGKILL)
-        wait_logged(f"{victim.job} restarted at a newer epoch", lambda: (
-            (s := read_status(victim.store())) is not None and s.state is JobState.RUNNING
-            and s.epoch > before[victim.job].epoch and s), TIMEOUT, *logs)
-        produce(env.kafka.bootstrap_servers, env.topic, RECORDS // 2 + RECORDS // 4, RECORDS // 4)
+        t_kill = time.time()
+        restarted = _until(f"{victim.env.job} running at a newer epoch", lambda: (
+            (s := sc.in_launcher(victim.env.status)) is not None and s.state is JobState.RUNNING
+            and s.epoch > before[victim.env.job].epoch and s), WAIT, *logs)
+        times["driver kill to RUNNING again, s"] = round(time.time() - t_kill, 1)
+        assert restarted.host == status.host  # the same supervisor on the same service host
+
+        feed.finish()
         for j in jobs:
-            done = wait_logged(f"all {RECORDS} records counted by {j.job}", lambda j=j: (
-                (s := read_status(j.store())) is not None and j.consumed(s) == RECORDS and s), TIMEOUT, *logs)
-            assert j.request(RequestAction.STOP, done.epoch).outcome is Outcome.COMPLETED
+            final = _until(f"all {feed.records} records consumed by {j.env.job}", lambda j=j: (
+                (s := sc.in_launcher(j.env.status)) is not None and s.state is JobState.RUNNING
+                and j.env.consumed(s) == feed.records and s), WAIT, *logs)
+            ack = sc.in_launcher(j.env.request, RequestAction.STOP, final.epoch)
+            assert ack.outcome is Outcome.COMPLETED, ack
     finally:
-        if worker.poll() is None:
-            os.killpg(os.getpgid(worker.pid), signal.SIGKILL)
-        for instance in instances.values():
-            instance.stop()
-        for j in jobs:
-            last = read_launch(j.store())
-            if last is not None:
-                stop_supervisor(j.store(), last.launch_id)
+        feed.halt()
+        stop_services(services)
     text = "\n".join(log.read_text(errors="replace") for log in logs)
-    assert text.count("relaunched it from the latest state") == 0, text[-4000:]  # the supervisors restarted drivers
+    times["relaunches by the service"] = text.count("relaunched it from the latest state")
+    assert times["relaunches by the service"] == 0, text[-4000:]  # the supervisors restarted the driver
+    times["ids"] = feed.next_id
     for j in jobs:
-        assert j.final_counts() == expected_counts(RECORDS), j.job
+        rows = sc.in_launcher(j.sink.committed)
+        times[f"{j.env.job}: committed rows"] = len(rows)
+        assert sorted(rows) == expected_rows(feed.next_id), j.env.job
+        sc.in_launcher(j.sink.check_nothing_uncommitted)
+
+
+def _until(what: str, check: Any, timeout: float, *logs: Path) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            found = check()
+        except AssertionError:
+            raise
+        except Exception:  # the store answers again on the next look
+            found = None
+        if found:
+            return found
+        time.sleep(0.3)
+    tails = "\n".join(f"--- {log} ---\n{log.read_text(errors='replace')[-3000:]}" for log in logs if log.exists())
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{tails}")

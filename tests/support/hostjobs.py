@@ -405,6 +405,34 @@ class Scenario:
         return self.env.consumed(status)
 
 
+def start_services(sc: Scenario, roles: tuple[str, ...],
+                   job_env: dict[str, str] | None = None) -> dict[str, tuple[subprocess.Popen[Any], Path]]:
+    """``ckpt service run`` on each host of ``roles`` (issue 42): its own host name, instance name and CKPT_HOME (the
+    supervisors and drivers it starts run on its host), the store's credentials in its environment (and ``job_env``,
+    the job's settings, for a deployment that records none); role -> (process, output file)."""
+    started = {}
+    for role in roles:
+        host = sc.topo[role]
+        env = sc.env.env(MAX_OFFSETS, job_env)
+        env.update(SPARK_LOCAL_IP=host.address, CKPT_HOME=str(sc.work / f"home-{role}"))
+        log = sc.work / f"{role}.log"
+        with log.open("ab") as out:
+            proc = host.popen([sys.executable, "-m", "airflow_ckpt_provider.cli", "service", "run", "--store",
+                               sc.env.store_url, "--instance", role, "--endpoint-url", sc.env.s3.endpoint_url,
+                               "--region", sc.env.s3.region], own_hostname=True, env=env, stdout=out,
+                              stderr=subprocess.STDOUT)
+        started[role] = (proc, log)
+    return started
+
+
+def stop_services(services: dict[str, tuple[subprocess.Popen[Any], Path]]) -> None:
+    """Teardown: SIGTERM each instance still running (it releases its jobs), then wait for it."""
+    for proc, _log in services.values():
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(30)
+
+
 #: One look at status.json: (time, state, batch, restart_count, epoch, pid).
 Look = tuple[float, str, int | None, int, int, int | None]
 
