@@ -27,6 +27,7 @@ from airflow_ckpt_provider.core.store.jobstore import JobStore, check_job_name
 from airflow_ckpt_provider.core.views.jobview import (
     RestartDecision,
     earlier_request,
+    launch_of,
     observe,
     request_running,
     restart_decision,
@@ -272,7 +273,7 @@ def _launch(context: dg.OpExecutionContext, ckpt: CkptResource, store: JobStore,
     try:
         # ``auto``: as the job had, the supervision service once it was handed to it (launcher/handover.start_job).
         record = start_job(store, deployment, restore=restore, store_url=ckpt.store_url, s3=ckpt.s3_options(),
-                           launched_by=_launched_by(context), supervision=supervision)
+                           launched_by=_launched_by(context), supervision=supervision, key=_run_key(context))
     except CkptError as err:
         raise _failure(f"cannot launch job {store.job}: {err}") from err
     if record.pid is None:
@@ -389,6 +390,12 @@ def _restart(context: dg.OpExecutionContext, config: RestartConfig, ckpt: CkptRe
     last = read_launch(store)
     if last is None:
         raise _failure(f"job {config.job} has no recorded deployment (spec/last.json): submit it first")
+    if (mine := launch_of(last, _run_key(context))) is not None:  # a retry after this run's launch
+        context.log.info("job %s: launch %s of this op run is recorded and has not ended: waiting for it to run "
+                         "instead of restarting again", config.job, mine.launch_id)
+        return _wait_running(context, store, start_timeout=config.start_timeout, poll_interval=config.poll_interval,
+                             started_after=mine.launched_at, min_epoch=None, launch_id=mine.launch_id) | {
+            "restore": restore, "restarted_by": "op"}
     try:
         spec = RestoreSpec.parse(restore)
         check_named_restore(store, spec, last.deployment.time_travel)  # before the running driver is stopped
@@ -408,7 +415,7 @@ def _restart(context: dg.OpExecutionContext, config: RestartConfig, ckpt: CkptRe
                              started_after=launched_at, min_epoch=restarter.min_epoch,
                              launch_id=restarter.launch_id) | extra | {"restarted_by": restarter.by.value}
     if decision is RestartDecision.STOP_THEN_LAUNCH:
-        # not resumed: a retry after this try's launch must stop the driver it launched, not skip the stop
+        # asked anew by each try: a retry after this run's launch waits for that launch (above)
         _request(context, store, STOP_ACTION[StopMode(config.stop_mode.value)], timeout=config.stop_timeout,
                  poll_interval=config.poll_interval, resume=False)
     launch_id, launched_at = _launch(context, ckpt, store, last.deployment, spec)

@@ -93,6 +93,7 @@ def launch(
     s3: S3Options | None = None,
     launched_by: str = "",
     unrecorded_env: Mapping[str, str] | None = None,
+    key: str = "",
 ) -> Launch:
     """Record the deployment in spec/last.json, then start ``ckpt run --supervise`` detached from this process.
 
@@ -104,22 +105,22 @@ def launch(
     knows what was meant to run even if this process dies right after.
     """
     record = record_launch(store, deployment, restore=restore, store_url=store_url, s3=s3, launched_by=launched_by,
-                           here=True)
+                           here=True, key=key)
     return start_launch(store, record, store_url=store_url, s3=s3, unrecorded_env=unrecorded_env)
 
 
 def record_launch(store: JobStore, deployment: Deployment, *, restore: RestoreSpec, store_url: str,
                   s3: S3Options | None = None, launched_by: str = "", here: bool = False,
-                  checked: bool = False) -> Launch:
+                  checked: bool = False, key: str = "") -> Launch:
     """Check the deployment (bad input and an unreachable master raise here, nothing recorded), then write it to
     spec/last.json as a new launch that nothing has started yet (``pid`` None); ``here``: to be started on this host
     (its host and log file recorded already, so a start that fails leaves its log findable); ``checked``: the caller
-    ran ``check_deployment`` already."""
+    ran ``check_deployment`` already; ``key``: the run that asks (Launch.key)."""
     now = time.time()
     launch_id = new_launch_id(now)
     record = Launch(store.job, deployment, restore, now, launched_by or f"{os.environ.get('USER', '?')}@"
                     f"{socket.gethostname()}", launch_id, host=socket.gethostname() if here else None,
-                    log_file=str(log_dir(store.job) / f"{launch_id}.log") if here else None)
+                    log_file=str(log_dir(store.job) / f"{launch_id}.log") if here else None, key=key)
     if not checked:
         check_deployment(deployment, store.job, store_url, restore, s3)  # before spec/last.json records the launch
     store.storage.write(SPEC_LAST, record.to_bytes())

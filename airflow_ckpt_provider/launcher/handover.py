@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def hand_over(store: JobStore, deployment: Deployment, *, restore: RestoreSpec, store_url: str,
-              s3: S3Options | None = None, handed_by: str = "") -> Launch:
+              s3: S3Options | None = None, handed_by: str = "", key: str = "") -> Launch:
     """Hand the job to the supervision service and record ``deployment`` as its launch (checked first: bad input
     raises, nothing recorded); an instance starts it within a renewal or two. Returns the recorded launch.
 
@@ -33,24 +33,25 @@ def hand_over(store: JobStore, deployment: Deployment, *, restore: RestoreSpec, 
     store.root.write(handed_key(store.job), ServiceJob(job=store.job, handed_at=time.time(),
                                                        handed_by=handed_by).to_bytes())
     return record_launch(store, deployment, restore=restore, store_url=store_url, s3=s3, launched_by=handed_by,
-                         checked=True)
+                         checked=True, key=key)
 
 
 def start_job(store: JobStore, deployment: Deployment, *, restore: RestoreSpec, store_url: str,
               s3: S3Options | None = None, launched_by: str = "", unrecorded_env: Mapping[str, str] | None = None,
-              supervision: SupervisionMode = SupervisionMode.AUTO) -> Launch:
+              supervision: SupervisionMode = SupervisionMode.AUTO, key: str = "") -> Launch:
     """How every front-end (the operators, Dagster, ``ckpt job upgrade|rescale``) starts a deployment: launched here
     with its own supervisor, or handed to the service (``supervision``; ``auto``: as the job was before). A job
-    handed to the service gets no ``unrecorded_env``: the service's instances run it with their own environment."""
+    handed to the service gets no ``unrecorded_env``: the service's instances run it with their own environment.
+    ``key``: the run that asks (Launch.key), so that its retry finds this launch."""
     handed = supervision is SupervisionMode.SERVICE or (
         supervision is SupervisionMode.AUTO and store.root.exists(handed_key(store.job)))
     if not handed:
         return launch(store, deployment, restore=restore, store_url=store_url, s3=s3, launched_by=launched_by,
-                      unrecorded_env=unrecorded_env)
+                      unrecorded_env=unrecorded_env, key=key)
     if unrecorded_env:
         log.info("job %s: handed to the supervision service without this launch's unrecorded environment (%s): its "
                  "instances' own environment applies", store.job, ", ".join(sorted(unrecorded_env)))
-    return hand_over(store, deployment, restore=restore, store_url=store_url, s3=s3, handed_by=launched_by)
+    return hand_over(store, deployment, restore=restore, store_url=store_url, s3=s3, handed_by=launched_by, key=key)
 
 
 def handed_jobs(root: Storage) -> list[str]:

@@ -22,6 +22,7 @@ from airflow_ckpt_provider.core.views.jobview import (
     RestartDecision,
     Restarter,
     check_can_request,
+    launch_of,
     observe,
     restart_decision,
     starting_launch,
@@ -72,12 +73,12 @@ class _LaunchMixin(JobOperator):
     #: once it was handed to it), ``launcher`` (a supervisor on this worker) or ``service`` (docs/service.md).
     supervision: SupervisionMode | str = SupervisionMode.AUTO
 
-    def _launch(self, store: JobStore, deployment: Deployment, restore: RestoreSpec) -> Launch:
+    def _launch(self, store: JobStore, deployment: Deployment, restore: RestoreSpec, key: str = "") -> Launch:
         try:
             record = start_job(store, deployment, restore=restore, store_url=self.store_hook.store_url,
                                s3=self.store_hook.s3_options, launched_by=f"airflow:{self.dag_id}.{self.task_id}",
                                unrecorded_env=lineage.launch_env(self, deployment.env),
-                               supervision=parse_mode(SupervisionMode, self.supervision))
+                               supervision=parse_mode(SupervisionMode, self.supervision), key=key)
         except CkptError as err:
             raise AirflowException(f"cannot launch job {self.job}: {err}") from err
         if record.pid is None:
@@ -226,7 +227,8 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
         running = self._running_driver(store)
         if running is not None:
             return running
-        record = self._launch(store, self._what_to_launch(store), parse_restore(self.restore))
+        record = self._launch(store, self._what_to_launch(store), parse_restore(self.restore),
+                              key=self.run_key(context))
         return {"launch_id": record.launch_id, "launched_at": record.launched_at, "epoch": None}
 
     def _what_to_launch(self, store: JobStore) -> Deployment:
@@ -346,6 +348,11 @@ class RestartStreamingJobOperator(_LaunchMixin):
         if last is None:
             raise AirflowException(f"job {self.job} has no recorded deployment (spec/last.json): submit it first "
                                    "with SubmitStreamingJobOperator")
+        if (mine := launch_of(last, self.run_key(context))) is not None:  # a retry after this run's launch
+            self.log.info("job %s: launch %s of this task run is recorded and has not ended: waiting for it to run "
+                          "instead of restarting again", self.job, mine.launch_id)
+            return self._wait_running(context, store, method_name="execute_complete", started_after=mine.launched_at,
+                                      kwargs={"launch_id": mine.launch_id})
         from airflow_ckpt_provider.runtime.startup import check_named_restore  # not at DAG parse time
 
         try:  # the job's time-travel policy, checked before the running driver is stopped
@@ -363,7 +370,8 @@ class RestartStreamingJobOperator(_LaunchMixin):
                           restarter.describe(), self.start_timeout)
             return self._wait_for_restarter(context, store, restarter)
         if decision is RestartDecision.STOP_THEN_LAUNCH:
-            # not resumed: a retry after this try's launch must stop the driver it launched, not skip the stop
+            # asked anew by each try: a retry after this run's launch waits for that launch (above), so a stop here
+            # is of a driver someone else runs
             return request_and_wait(self, context, store, STOP_ACTION[stop], timeout=self.stop_timeout,
                                     method_name="after_stop", resume=False)
         return self.after_stop(context, None)
@@ -383,7 +391,7 @@ class RestartStreamingJobOperator(_LaunchMixin):
         store = self.job_store()
         last = read_launch(store)
         assert last is not None  # checked in execute
-        record = self._launch(store, last.deployment, parse_restore(self.restore))
+        record = self._launch(store, last.deployment, parse_restore(self.restore), key=self.run_key(context))
         return self._wait_running(context, store, method_name="execute_complete", started_after=record.launched_at,
                                   kwargs={"launch_id": record.launch_id})
 

@@ -66,8 +66,9 @@ class FakeLaunch:
 
     def __call__(self, store: JobStore, deployment: Deployment, *, restore: str, store_url: str,
                  s3: S3Options | None = None, launched_by: str = "",
-                 unrecorded_env: Mapping[str, str] | None = None) -> Launch:
-        record = Launch(store.job, deployment, restore, time.time(), launched_by, f"launch-{len(self.calls) + 1}")
+                 unrecorded_env: Mapping[str, str] | None = None, key: str = "") -> Launch:
+        record = Launch(store.job, deployment, restore, time.time(), launched_by, f"launch-{len(self.calls) + 1}",
+                        key=key)
         store.storage.write(SPEC_LAST, record.to_bytes())
         self.calls.append(record)
         self.store_urls.append(store_url)

@@ -119,6 +119,8 @@ class Launch(Record, frozen=True):
     pid: int | None = None
     host: str | None = None
     log_file: str | None = None
+    # The run that asked for it, the same for every try of one Airflow task run or Dagster op: a retry finds its launch.
+    key: str = ""
     # Written by its supervisor when it ends (launcher/supervisor.py): waiters stop waiting for a driver.
     ended_at: float | None = None
     ending: str | None = None

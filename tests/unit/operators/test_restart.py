@@ -8,7 +8,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
+from airflow_ckpt_provider.core.records.control import Outcome, RequestAction, open_requests
 from airflow_ckpt_provider.core.records.status import JobState
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.operators.base import DEFER_GRACE
@@ -24,6 +24,7 @@ from tests.support.operatorfakes import (
     SPARK_UI_KEY,
     UI,
     FakeLaunch,
+    FakeTI,
     ack_event,
     context,
     control_keys,
@@ -121,6 +122,30 @@ def test_restart_after_the_stop_launches_or_fails(store: JobStore, launches: Fak
     assert op.execute_complete(context(), HEALTHY, launch_id=record.launch_id) == {
         "job": "orders", "epoch": 4, "batch_id": 9, "state": "RUNNING", "ui_url": UI, "launch_id": record.launch_id,
         "restore": "latest-savepoint", "restarted_by": "operator"}
+
+
+def test_a_retried_restart_waits_for_the_launch_of_its_first_try_instead_of_stopping_it_and_launching_again(
+    store: JobStore, launches: FakeLaunch
+) -> None:
+    record_deployment(store)
+    report(store)
+    op = RestartStreamingJobOperator(task_id="restart", job="orders", restore="latest-savepoint")
+    deferral(lambda: op.execute(context(ti=FakeTI("scheduled__1", 1))))
+    stop = only_request(store)
+    ack_event(store, stop)  # the cancel completed
+    deferral(lambda: op.after_stop(context(ti=FakeTI("scheduled__1", 1)), None))  # launched; then the worker died
+    [first] = launches.calls
+    assert first.key == "airflow:adhoc_airflow.restart run scheduled__1"
+    report(store, epoch=4, state=JobState.STARTING)  # the new driver starts
+
+    retried = deferral(lambda: op.execute(context(ti=FakeTI("scheduled__1", 2))))
+    assert len(launches.calls) == 1 and open_requests(store) == []  # nothing stopped, nothing launched again
+    assert next_step(retried) == ("execute_complete", {"launch_id": first.launch_id})
+    assert trigger_kwargs(retried)["started_after"] == first.launched_at
+
+    # another run of the task restarts again: it stops the running driver first
+    deferral(lambda: op.execute(context(ti=FakeTI("scheduled__2", 1))))
+    assert only_request(store).epoch == 4 and len(launches.calls) == 1
 
 
 def test_restart_with_a_savepoint_stop_resumes_through_both_steps(store: JobStore, launches: FakeLaunch) -> None:
