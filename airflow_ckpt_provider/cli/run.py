@@ -94,6 +94,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ConfigError("--check-restore runs once and changes nothing: drop --supervise")
         if args.check_id and not spec.config.check_restore:
             raise ConfigError("--check-id records a restore check's verdict: expected --check-restore with it")
+        if args.adopt_epoch is not None and not args.supervise:
+            raise ConfigError(f"--adopt-epoch {args.adopt_epoch} watches a running driver as its supervisor: expected "
+                              "it with --supervise")
         if args.service and (args.supervise or spec.config.check_restore or args.dry_run):
             raise ConfigError("--service hands the job to the supervision service, which supervises it: expected "
                               "it without --supervise, --check-restore and --dry-run")
@@ -204,7 +207,7 @@ def _run_supervised(args: argparse.Namespace, spec: SubmitSpec, strategy: Restar
 
     store = JobStore.open(spec.config.store, spec.config.job, S3Options.from_env(args.endpoint_url, args.region))
     supervisor = Supervisor(spec, strategy, health=health, store=store, poll=args.poll,
-                            launch_id=os.environ.get(LAUNCH_ENV) or None)
+                            launch_id=os.environ.get(LAUNCH_ENV) or None, adopt_epoch=args.adopt_epoch)
     with _on_stop_signals(supervisor.request_stop):
         outcome = supervisor.run()
     d = outcome.to_dict()
@@ -298,6 +301,10 @@ def add_run_command(groups: argparse._SubParsersAction[argparse.ArgumentParser])
                      help="hand the job to the supervision service instead of running it here (`ckpt service run`: "
                           "docs/service.md)")
     RestartSettings.add_flags(sup)
+    sup.add_argument("--adopt-epoch", type=int, metavar="N",
+                     help="with --supervise, for the supervision service's takeover: the launch's driver of epoch N "
+                          "still runs though its supervisor was lost; watch it instead of starting one "
+                          "(docs/service.md)")
     sup.add_argument("--poll", type=float, default=5.0, metavar="S",
                      help="seconds between reads of status.json while a driver runs (default 5)")
     p.add_argument("--dry-run", action="store_true", help="print the spark-submit command and exit")

@@ -146,13 +146,16 @@ def spawn_detached(argv: Sequence[str], env: Mapping[str, str], log_file: Path) 
 
 
 def start_launch(store: JobStore, record: Launch, *, store_url: str, s3: S3Options | None = None,
-                 unrecorded_env: Mapping[str, str] | None = None) -> Launch:
+                 unrecorded_env: Mapping[str, str] | None = None, adopt_epoch: int | None = None) -> Launch:
     """Start the supervisor of recorded launch ``record`` on this host (``ckpt run --supervise``, detached, its
-    output in ``log_dir``), then record its pid, host and log in spec/last.json if the record is still ours."""
+    output in ``log_dir``), then record its pid, host and log in spec/last.json if the record is still ours.
+    ``adopt_epoch``: the launch's driver of that epoch runs without a supervisor; the new one watches it first."""
     log_file = Path(record.log_file) if record.host == socket.gethostname() and record.log_file else \
         log_dir(store.job) / f"{record.launch_id}.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
     argv = run_argv(record.deployment, store.job, store_url, record.restore, s3)
+    if adopt_epoch is not None:
+        argv += ["--adopt-epoch", str(adopt_epoch)]
     env = {**inherited_env(), **(unrecorded_env or {}), **record.deployment.env, **credentials_env(s3),
            LAUNCH_ENV: record.launch_id}
     pid = spawn_detached(argv, env, log_file)

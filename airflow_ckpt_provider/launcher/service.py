@@ -33,7 +33,13 @@ from airflow_ckpt_provider.core.records.ownership import (
     confirm,
     release,
 )
-from airflow_ckpt_provider.core.records.supervision import Supervision, SupervisorState, read_supervisor
+from airflow_ckpt_provider.core.records.status import driver_live, read_status
+from airflow_ckpt_provider.core.records.supervision import (
+    Supervision,
+    SupervisorRecord,
+    SupervisorState,
+    read_supervisor,
+)
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.store.storage import S3Options, Storage
 from airflow_ckpt_provider.launcher.deploy import check_deployment, launch, start_launch
@@ -75,14 +81,37 @@ class Relaunch:
     why: str
 
 
-Action = Keep | Start | Relaunch
+@dataclass(frozen=True)
+class Adopt:
+    """The launch's supervisor is gone but its driver of ``epoch`` runs: a new supervisor of the same launch here,
+    watching that driver first (launcher/adoption.py), so the takeover restarts nothing."""
+
+    launch: Launch
+    epoch: int
+    why: str
+
+
+Action = Keep | Start | Relaunch | Adopt
+
+
+@dataclass(frozen=True)
+class DriverSeen:
+    """The job's driver as status.json shows it: its epoch, whether it runs (core/records/status.driver_live), and
+    whether it outlived its supervisor: its process runs on this host, or it reported more than one of the
+    supervisor's polls after the supervisor's last heartbeat (both by the store's clock). A driver that died with its
+    supervisor (their host lost) last reported about when the supervisor did, and goes stale within its own limit."""
+
+    epoch: int
+    live: bool
+    outlived: bool = True
 
 
 def decide(last: Launch | None, seen: Supervision, *, starting_here: bool, waited: float,
-           start_timeout: float = START_TIMEOUT) -> Action:
+           start_timeout: float = START_TIMEOUT, driver: DriverSeen | None = None) -> Action:
     """What the owner of a handed job does: ``last`` is spec/last.json, ``seen`` the newest supervisor,
     ``starting_here`` whether this instance started ``last`` and its process still runs, ``waited`` the seconds this
-    instance has seen ``last`` started elsewhere without a supervisor record."""
+    instance has seen ``last`` started elsewhere without a supervisor record, ``driver`` the job's driver (read only
+    once the supervisor is judged gone)."""
     if last is None:
         return Keep("no launch is recorded (spec/last.json): hand the job over again with its deployment")
     if last.ending:
@@ -94,7 +123,21 @@ def decide(last: Launch | None, seen: Supervision, *, starting_here: bool, waite
         return Keep(f"its {record.describe()} runs")
     if record.state is SupervisorState.ENDED:
         return Keep(f"its {record.describe()} {seen.why_not}")
-    return Relaunch(f"its {record.describe()} {seen.why_not}")
+    return _supervisor_lost(last, seen, driver)
+
+
+def _supervisor_lost(last: Launch, seen: Supervision, driver: DriverSeen | None) -> Action:
+    """``decide`` for a launch whose supervisor is gone without having ended: adopt its driver if that still runs
+    (the epoch the supervisor last saw it at), else relaunch."""
+    record = seen.record
+    assert record is not None
+    why = f"its {record.describe()} {seen.why_not}"
+    if driver is None or not driver.live or record.epoch is None or driver.epoch != record.epoch:
+        return Relaunch(why)
+    if not driver.outlived:
+        return Keep(f"{why}; its driver of epoch {driver.epoch} reported since: waiting to see whether it outlives its "
+                    "supervisor (adopted) or went with it (relaunched once its heartbeat is stale)")
+    return Adopt(last, driver.epoch, f"{why}, but its driver of epoch {driver.epoch} runs")
 
 
 def _no_supervisor_yet(last: Launch, *, starting_here: bool, waited: float, start_timeout: float) -> Action:
@@ -214,8 +257,10 @@ class SupervisionService:
         self._operate(store)
         last = read_launch(store)
         seen = _supervision(store, last)
+        gone = seen.record is not None and not seen.live and seen.record.state is not SupervisorState.ENDED
         action = decide(last, seen, starting_here=self._starting_here(job, last),
-                        waited=self._waited(job, last), start_timeout=self.start_timeout)
+                        waited=self._waited(job, last), start_timeout=self.start_timeout,
+                        driver=_driver(store, seen.record) if gone and seen.record is not None else None)
         if isinstance(action, Keep):
             return action
         confirm(store, self.me, got.owner)  # the last look before acting: still ours, and our lease renewed
@@ -226,6 +271,17 @@ class SupervisionService:
                 started = start_launch(store, action.launch, store_url=self.store_url, s3=self.s3)
                 log.info("job %s: service instance %s started launch %s (supervisor pid %s, restore %s)", job,
                          self.instance, started.launch_id, started.pid, started.restore)
+            elif isinstance(action, Adopt):
+                given_up = self._relaunch_budget(job)  # a supervisor that keeps dying is given up on either way
+                if given_up:
+                    log.error("job %s: %s", job, given_up)
+                    record_end(store, last.launch_id, ending="gave-up", exit_code=1, reason=given_up)
+                    return Keep(given_up)
+                started = start_launch(store, action.launch, store_url=self.store_url, s3=self.s3,
+                                       adopt_epoch=action.epoch)
+                log.warning("job %s: service instance %s adopted the running driver of epoch %d with a new supervisor "
+                            "of launch %s (pid %s): %s", job, self.instance, action.epoch, started.launch_id,
+                            started.pid, action.why)
             else:
                 given_up = self._relaunch_budget(job)
                 if given_up:
@@ -329,6 +385,18 @@ class SupervisionService:
         except StorageError as err:
             log.warning("supervision service instance %s: could not record its stop: %s", self.instance, err)
         log.info("supervision service instance %s stopped; released %d jobs", self.instance, len(self.owned))
+
+
+def _driver(store: JobStore, lost: SupervisorRecord) -> DriverSeen | None:
+    """The job's driver (one GET of status.json), judged live by its heartbeat, or at once by its pid on this host,
+    and whether it outlived the ``lost`` supervisor (DriverSeen)."""
+    status = read_status(store)
+    if status is None:
+        return None
+    host = socket.gethostname()
+    here = status.host == host and status.pid is not None and pid_alive(status.pid)
+    outlived = here or status.heard_at() > lost.heard_at() + lost.interval
+    return DriverSeen(status.epoch, driver_live(status, time.time(), host=host, pid_alive=pid_alive), outlived)
 
 
 def _supervision(store: JobStore, last: Launch | None) -> Supervision:

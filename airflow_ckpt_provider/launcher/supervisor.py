@@ -28,8 +28,14 @@ from airflow_ckpt_provider.core.records.status import (
     heartbeat_limit,
     read_status,
 )
-from airflow_ckpt_provider.core.records.supervision import SupervisorState, take_driver_end
+from airflow_ckpt_provider.core.records.supervision import (
+    SupervisorRecord,
+    SupervisorState,
+    read_supervisor,
+    take_driver_end,
+)
 from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.launcher.adoption import AdoptedDriver
 from airflow_ckpt_provider.launcher.driverprocess import GroupOf, ProcessLike, Spawn, process_group, spawn_driver
 from airflow_ckpt_provider.launcher.submit import SubmitSpec, build_command, driver_cwd
 from airflow_ckpt_provider.launcher.supervisorreports import DriverRun, SupervisorReports
@@ -103,7 +109,9 @@ class Supervisor:
     gets between SIGTERM and SIGKILL. A dead driver is noticed at once: ``wait`` returns when it exits.
     ``wall`` is the clock of ``status.json`` and ``lease.json``; ``group_of`` finds a pid's process group.
     ``launch_id`` is the Airflow launch it runs for (CKPT_LAUNCH_ID: superseded by a newer one in
-    spec/last.json); without one it names its supervisors/ record with an id of its own.
+    spec/last.json); without one it names its supervisors/ record with an id of its own. ``adopt_epoch``: the
+    launch's driver of that epoch still runs though its supervisor was lost (the supervision service's takeover):
+    watch it (launcher/adoption.py) before starting any, and restart it as usual once it ends.
     """
 
     def __init__(
@@ -121,8 +129,10 @@ class Supervisor:
         wall: Callable[[], float] = time.time,
         group_of: GroupOf = process_group,
         launch_id: str | None = None,
+        adopt_epoch: int | None = None,
     ) -> None:
         self.spec = spec
+        self.adopt_epoch = adopt_epoch
         self.launch_id = launch_id
         self.strategy = strategy
         self.health = health
@@ -170,6 +180,10 @@ class Supervisor:
         attempts = 0
         restart_times: list[float] = []
         resume = replace(self.spec, config=replace(self.spec.config, restore=LATEST_STATE))
+        adopt = self.adopt_epoch is not None  # the first driver is the running one, watched
+        adopting = self._lost_supervisor() if adopt else None
+        if adopting is not None:  # the lost supervisor's attempts go on: its driver runs are not named twice
+            attempts = max(adopting.attempt - 1, 0)
         self.reports.beat(SupervisorState.WATCHING)
         if self.reports.refused:  # a driver with the same credentials would be refused too: none is started
             return self._end(Ending.DENIED, 0, None, "the job store refused the supervisor's credentials: no driver "
@@ -178,7 +192,9 @@ class Supervisor:
         while True:
             attempts += 1
             self.reports.attempt = attempts
-            driver = self._run_driver(resume if self._ran else self.spec, attempts)
+            adopted = self._adopt(attempts, adopting) if adopt else None
+            adopt = False
+            driver = adopted or self._run_driver(resume if self._ran else self.spec, attempts)
             code = driver.code
             ending = self._ending(code, driver) or self._refused() or self._taken_over(driver)
             if ending is not None:
@@ -319,6 +335,53 @@ class Supervisor:
             self._observe(driver)  # its last words: the reason of a FAILED status, the batch it reached
         log.info("job %s: driver exited with code %d after %.1f s (%s)", self.job, driver.code, driver.ran,
                  exit_meaning(driver.code))
+        return driver
+
+    def _lost_supervisor(self) -> SupervisorRecord | None:
+        """The record of the supervisor this one replaces (the same launch), read before this one overwrites it."""
+        if self.store is None or self.launch_id is None:
+            return None
+        try:
+            return read_supervisor(self.store, self.launch_id)
+        except StorageError as err:
+            log.warning("job %s: cannot read the lost supervisor's record: %s", self.job, err)
+            return None
+
+    def _adopt(self, attempt: int, lost: SupervisorRecord | None) -> DriverRun | None:
+        """Watch the running driver of ``adopt_epoch`` until it ends (None when it no longer runs: start one)."""
+        assert self.store is not None  # the service adopts only with the job store
+        assert self.adopt_epoch is not None
+        self._ran = True  # a driver of this launch ran: whatever starts next resumes from latest-state
+        try:
+            status = read_status(self.store)
+        except StorageError as err:
+            self.reports.store_failed("cannot read status.json to adopt the running driver", err)
+            status = None
+        live = status is not None and status.epoch == self.adopt_epoch and driver_live(
+            status, self.wall(), host=self._host, pid_alive=self._runs_here)
+        if status is None or not live:
+            log.warning("job %s: the driver of epoch %d to adopt no longer runs: starting one (restore latest-state)",
+                        self.job, self.adopt_epoch)
+            return None
+        cluster = self.spec.deploy_mode == "cluster" and lost is not None
+        proc = AdoptedDriver(self.store, status, host=self._host, group_of=self.group_of, poll=self.poll,
+                             wall=self.wall, clock=self.clock, sleep=self.sleep,
+                             run=f"{self.record_id}-{lost.attempt}" if cluster and lost is not None else None)
+        log.info("job %s: adopted the running driver of epoch %d (pid %s on %s, attempt %d) whose supervisor was lost: "
+                 "watching it; restarts resume from latest-state", self.job, status.epoch, status.pid, status.host,
+                 attempt)
+        driver = DriverRun(proc, self.clock(), status.started_at, None, epoch=status.epoch, running=True,
+                           batch_id=status.batch_id)
+        self._proc = proc
+        try:
+            driver.code, driver.stuck = self._watch(driver)
+        finally:
+            self._proc = None
+        driver.ran = self.clock() - driver.started
+        if driver.code not in (EXIT_STOPPED, EXIT_FENCED):
+            self._observe(driver)
+        log.info("job %s: the adopted driver of epoch %d ended with code %d after %.1f s watched (%s)", self.job,
+                 status.epoch, driver.code, driver.ran, exit_meaning(driver.code))
         return driver
 
     def _driver_word(self, run: str, driver: DriverRun) -> int:

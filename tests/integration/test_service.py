@@ -2,8 +2,10 @@
 job handed to them (tests/jobs/kafka_count.py, local[2], tansu), counted exactly.
 
 The instance that owns the job is killed with kill -9: the other takes the job over at the next epoch and finds its
-supervisor running (the job goes on, no relaunch). Then the supervisor and its driver are killed together, as when
-the host they ran on is lost: the new owner relaunches the job from its latest state, once. The counts are exact.
+supervisor running (the job goes on, no relaunch). Then the supervisor alone is killed: the owner adopts its running
+driver with a new supervisor of the same launch (the same driver and epoch go on, nothing restarts). Then that
+supervisor and the driver are killed together, as when the host they ran on is lost: the owner relaunches the job
+from its latest state, once. The counts are exact.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ TIMEOUT = 180.0
 RECORDS = 800
 
 
-def test_a_handed_job_outlives_its_owning_instance_and_its_lost_supervisor_is_relaunched_once_exact_counts(
+def test_a_handed_job_outlives_its_owning_instance_its_lost_supervisors_driver_is_adopted_and_relaunched_once(
         env: JobEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     home = tmp_path / "home"
     monkeypatch.setenv("CKPT_HOME", str(home))
@@ -89,7 +91,23 @@ def test_a_handed_job_outlives_its_owning_instance_and_its_lost_supervisor_is_re
         now = read_status(store)
         assert now is not None and now.epoch == running.epoch
 
-        # 2. The supervisor and its driver killed together (their host lost): the owner relaunches, once.
+        # 2. The supervisor alone killed (its driver runs on): the owner adopts the driver with a new supervisor.
+        os.kill(supervisor.pid, signal.SIGKILL)
+        lost_at = time.monotonic()
+        adopted = wait_logged("a new supervisor of the same launch watching the running driver", lambda: (
+            (r := read_supervisor(store, first_launch.launch_id)) is not None and r.pid != supervisor.pid
+            and r.state is SupervisorState.WATCHING and r), 60.0, *logs)
+        times["supervisor killed to the driver adopted, s"] = round(time.monotonic() - lost_at, 1)
+        produce(env.kafka.bootstrap_servers, env.topic, RECORDS // 2, RECORDS // 4)
+        going = wait_logged("the same driver counting on under the adopting supervisor", lambda: (
+            (s := read_status(store)) is not None and env.consumed(s) == RECORDS // 2 + RECORDS // 4 and s),
+            TIMEOUT, *logs)
+        assert (going.epoch, going.pid) == (running.epoch, now.pid)  # nothing restarted
+        last = read_launch(store)
+        assert last is not None and last.launch_id == first_launch.launch_id and last.pid == adopted.pid
+        supervisor = adopted
+
+        # 3. The supervisor and its driver killed together (their host lost): the owner relaunches, once.
         os.kill(supervisor.pid, signal.SIGKILL)
         assert now.pid is not None
         os.killpg(os.getpgid(now.pid), signal.SIGKILL)
@@ -104,7 +122,7 @@ def test_a_handed_job_outlives_its_owning_instance_and_its_lost_supervisor_is_re
         assert last.launched_by.startswith(f"supervision service {other}: its supervisor")
         assert str(last.restore) == "latest-state"
 
-        produce(env.kafka.bootstrap_servers, env.topic, RECORDS // 2, RECORDS // 2)
+        produce(env.kafka.bootstrap_servers, env.topic, RECORDS // 2 + RECORDS // 4, RECORDS // 4)
         done = wait_logged(f"all {RECORDS} records counted", lambda: (
             (s := read_status(store)) is not None and env.consumed(s) == RECORDS and s), TIMEOUT, *logs)
         assert done.epoch == relaunched.epoch
@@ -124,6 +142,7 @@ def test_a_handed_job_outlives_its_owning_instance_and_its_lost_supervisor_is_re
     print(f"service: {times}")
     text = "\n".join(log.read_text(errors="replace") for log in logs)
     assert text.count("relaunched it from the latest state") == 1, text[-4000:]
+    assert text.count("adopted the running driver of epoch") == 1, text[-4000:]
     assert env.final_counts() == expected_counts(RECORDS)
     owner = read_owner(store)
     assert owner is not None and owner.released  # the surviving instance released it at its clean stop

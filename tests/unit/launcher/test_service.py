@@ -10,14 +10,15 @@ from msgspec.structs import replace
 from airflow_ckpt_provider.core.policy.modes import LATEST_STATE
 from airflow_ckpt_provider.core.records.deployments import Deployment, Launch
 from airflow_ckpt_provider.core.records.supervision import Supervision, SupervisorRecord, SupervisorState
-from airflow_ckpt_provider.launcher.service import Keep, Relaunch, Start, decide
+from airflow_ckpt_provider.launcher.service import Adopt, DriverSeen, Keep, Relaunch, Start, decide
 
 LAUNCH = Launch("orders", Deployment(job_file="/jobs/orders.py"), LATEST_STATE, 1_800_000_000.0, "airflow", "L2")
 
 
-def _supervisor(launch_id: str = "L2", state: SupervisorState = SupervisorState.WATCHING) -> SupervisorRecord:
+def _supervisor(launch_id: str = "L2", state: SupervisorState = SupervisorState.WATCHING,
+                epoch: int | None = None) -> SupervisorRecord:
     return SupervisorRecord(job="orders", launch_id=launch_id, pid=41, host="svc-a", state=state,
-                            started_at=1_800_000_001.0, updated_at=1_800_000_060.0, interval=5.0)
+                            started_at=1_800_000_001.0, updated_at=1_800_000_060.0, interval=5.0, epoch=epoch)
 
 
 @pytest.mark.parametrize(("last", "seen", "starting_here", "waited", "expected"), [
@@ -47,6 +48,33 @@ def test_the_owner_starts_keeps_or_relaunches_as_the_launch_and_its_supervisor_s
     if isinstance(action, Relaunch):
         assert "is gone: no heartbeat for 41 s" in action.why or "wrote no supervisor heartbeat within 60 s" in \
             action.why
+
+
+GONE = "is gone: no heartbeat for 41 s"
+
+
+@pytest.mark.parametrize(("seen", "driver", "expected"), [
+    pytest.param(Supervision(_supervisor(epoch=4), False, GONE), DriverSeen(4, True), Adopt,
+                 id="its driver of the supervisor's epoch runs: adopted"),
+    pytest.param(Supervision(_supervisor(epoch=4), False, GONE), DriverSeen(4, False), Relaunch,
+                 id="its driver died too (their host lost): relaunched"),
+    pytest.param(Supervision(_supervisor(epoch=4), False, GONE), DriverSeen(5, True), Relaunch,
+                 id="a driver of another epoch runs, not the supervisor's"),
+    pytest.param(Supervision(_supervisor(), False, GONE), DriverSeen(4, True), Relaunch,
+                 id="the supervisor never saw its driver report"),
+    pytest.param(Supervision(_supervisor(epoch=4), False, GONE), None, Relaunch, id="no status at all"),
+    pytest.param(Supervision(_supervisor(epoch=4), False, GONE), DriverSeen(4, True, outlived=False), Keep,
+                 id="its driver reported about when the supervisor last did: wait and see (stale soon, or outlives)"),
+    pytest.param(Supervision(_supervisor(epoch=4, state=SupervisorState.ENDED), False, "ended (stopped)"),
+                 DriverSeen(4, True), Keep, id="the supervisor ended: nothing to adopt"),
+])
+def test_a_lost_supervisor_s_running_driver_is_adopted_and_a_dead_one_relaunched(
+        seen: Supervision, driver: DriverSeen | None, expected: type) -> None:
+    action = decide(LAUNCH, seen, starting_here=False, waited=0.0, driver=driver)
+    assert isinstance(action, expected), action
+    if isinstance(action, Adopt):
+        assert (action.launch, action.epoch) == (LAUNCH, 4)
+        assert action.why.endswith(f"{GONE}, but its driver of epoch 4 runs")
 
 
 def test_a_supervisor_that_keeps_dying_is_relaunched_five_times_an_hour_then_given_up(tmp_path: Path) -> None:
