@@ -123,14 +123,16 @@ def decide(last: Launch | None, seen: Supervision, *, starting_here: bool, waite
         return Keep(f"its {record.describe()} runs")
     if record.state is SupervisorState.ENDED:
         return Keep(f"its {record.describe()} {seen.why_not}")
-    return _supervisor_lost(last, seen, driver)
+    return _supervisor_lost(last, seen, driver, starting_here=starting_here)
 
 
-def _supervisor_lost(last: Launch, seen: Supervision, driver: DriverSeen | None) -> Action:
+def _supervisor_lost(last: Launch, seen: Supervision, driver: DriverSeen | None, *, starting_here: bool) -> Action:
     """``decide`` for a launch whose supervisor is gone without having ended: adopt its driver if that still runs
     (the epoch the supervisor last saw it at), else relaunch."""
     record = seen.record
     assert record is not None
+    if starting_here:  # this instance started a new supervisor of the launch (an adoption) that has not reported yet
+        return Keep(f"launch {last.launch_id}: its new supervisor is starting on this host")
     why = f"its {record.describe()} {seen.why_not}"
     if driver is None or not driver.live or record.epoch is None or driver.epoch != record.epoch:
         return Relaunch(why)

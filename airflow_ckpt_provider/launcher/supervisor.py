@@ -372,6 +372,7 @@ class Supervisor:
                  attempt)
         driver = DriverRun(proc, self.clock(), status.started_at, None, epoch=status.epoch, running=True,
                            batch_id=status.batch_id)
+        self.reports.epoch = status.epoch  # in its record: an owner that loses this supervisor too adopts again
         self._proc = proc
         try:
             driver.code, driver.stuck = self._watch(driver)

@@ -72,6 +72,8 @@ def test_a_lost_supervisor_s_running_driver_is_adopted_and_a_dead_one_relaunched
         seen: Supervision, driver: DriverSeen | None, expected: type) -> None:
     action = decide(LAUNCH, seen, starting_here=False, waited=0.0, driver=driver)
     assert isinstance(action, expected), action
+    # once this instance started the adopting supervisor, it waits for its first report instead of adopting twice
+    assert isinstance(decide(LAUNCH, seen, starting_here=True, waited=0.0, driver=driver), Keep)
     if isinstance(action, Adopt):
         assert (action.launch, action.epoch) == (LAUNCH, 4)
         assert action.why.endswith(f"{GONE}, but its driver of epoch 4 runs")

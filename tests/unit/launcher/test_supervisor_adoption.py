@@ -68,6 +68,7 @@ def test_an_adopted_driver_that_stops_ends_supervision_without_any_driver_starte
             "lost: watching it; restarts resume from latest-state") in caplog.messages
     record = read_supervisor(store, LAUNCH)
     assert record is not None and record.state is SupervisorState.ENDED and record.pid != lost.pid
+    assert record.epoch == EPOCH  # what an owner losing this supervisor too would adopt
 
 
 def test_an_adopted_driver_that_dies_is_restarted_from_the_latest_state_as_the_next_attempt(
