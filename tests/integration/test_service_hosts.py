@@ -41,14 +41,12 @@ from tests.support.hostjobs import (
     Feed,
     Lines,
     Scenario,
-    check_left_behind,
     commit_times,
     grace_end,
-    ground,
+    run_scenario,
     start_services,
     stop_services,
 )
-from tests.support.hosts import Topology
 from tests.support.runtimejob import SPARK_CONF
 
 pytestmark = [
@@ -78,17 +76,7 @@ def _driver_lines(sc: Scenario, role: str, launch_id: str) -> Lines:
                             "integration/test_partitions.py::test_driver_cut_from_the_store_is_fenced_and_a_driver_"
                             "elsewhere_takes_over[files] (a cut driver commits nothing once a newer one may)")
 def test_the_owning_instance_cut_from_the_store_is_taken_over_and_its_driver_fenced_exact(tmp_path: Path) -> None:
-    times: dict[str, Any] = {}
-    with Topology(["store", "kafka", "launcher", *SERVICES]) as topo:
-        pids: list[int] = []
-        try:
-            sc = ground(topo, "files", tmp_path, "svc")
-            sc.times = times
-            _run(sc, Feed(sc.clients, sc.env.kafka.bootstrap_servers, sc.env.topic))
-        finally:
-            pids = [p for role in topo.hosts for p in topo[role].pids()]
-            (tmp_path / "report.json").write_text(json.dumps(times, indent=1, default=str))
-    check_left_behind(topo, pids)
+    run_scenario("service on hosts", "files", tmp_path, "svc", _run, roles=["store", "kafka", "launcher", *SERVICES])
 
 
 def _run(sc: Scenario, feed: Feed) -> None:

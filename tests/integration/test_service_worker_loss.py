@@ -38,12 +38,10 @@ from tests.support.hostjobs import (
     WAIT,
     Feed,
     Scenario,
-    check_left_behind,
-    ground,
+    run_scenario,
     start_services,
     stop_services,
 )
-from tests.support.hosts import Topology
 from tests.support.runtimejob import SPARK_CONF, JobEnv
 
 pytestmark = [
@@ -94,18 +92,8 @@ class Job:
 
 def test_the_airflow_workers_host_lost_under_three_handed_jobs_leaves_them_running_exactly_once(
         tmp_path: Path) -> None:
-    times: dict[str, Any] = {}
-    with Topology(["store", "kafka", "launcher", "launcher-2", *SERVICES]) as topo:
-        pids: list[int] = []
-        try:
-            sc = ground(topo, "files", tmp_path, "wloss")
-            sc.times = times
-            _run(sc, Feed(sc.clients, sc.env.kafka.bootstrap_servers, sc.env.topic))
-        finally:
-            pids = [p for role in topo.hosts for p in topo[role].pids()]
-            (tmp_path / "report.json").write_text(json.dumps(times, indent=1, default=str))
-            print(f"worker host lost: {json.dumps(times, default=str)}")
-    check_left_behind(topo, pids)
+    run_scenario("worker host lost", "files", tmp_path, "wloss", _run,
+                 roles=["store", "kafka", "launcher", "launcher-2", *SERVICES])
 
 
 def _run(sc: Scenario, feed: Feed) -> None:
