@@ -363,10 +363,10 @@ class Supervisor:
             log.warning("job %s: the driver of epoch %d to adopt no longer runs: starting one (restore latest-state)",
                         self.job, self.adopt_epoch)
             return None
-        cluster = self.spec.deploy_mode == "cluster" and lost is not None
+        # in cluster mode its end record is named as the lost supervisor named its run
+        run = f"{self.record_id}-{lost.attempt}" if self.spec.deploy_mode == "cluster" and lost is not None else None
         proc = AdoptedDriver(self.store, status, host=self._host, group_of=self.group_of, poll=self.poll,
-                             wall=self.wall, clock=self.clock, sleep=self.sleep,
-                             run=f"{self.record_id}-{lost.attempt}" if cluster and lost is not None else None)
+                             wall=self.wall, clock=self.clock, sleep=self.sleep, run=run)
         log.info("job %s: adopted the running driver of epoch %d (pid %s on %s, attempt %d) whose supervisor was lost: "
                  "watching it; restarts resume from latest-state", self.job, status.epoch, status.pid, status.host,
                  attempt)

@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 #: The DAG the page's "Upgrade" button opens (its trigger form validates the upgrade's parameters).
 UPGRADE_DAG_OPTION = ("ckpt", "ui_upgrade_dag_id")
 UPGRADE_DAG = "ckpt_upgrade_job"
-REQUEST_ID = re.compile(r"^(savepoint|stop|cancel)-\d{8}T\d{6}Z-[0-9a-f]{6}$")
+#: A request's id: new_request_id's, or keyed_request_id's (a task's or op's, core/records/control.py).
+REQUEST_ID = re.compile(r"^(savepoint|stop|cancel)-(\d{8}T\d{6}Z-[0-9a-f]{6}|k[0-9a-f]{16}-\d+)$")
 ACTIONS = {"savepoint": RequestAction.SAVEPOINT, "stop": RequestAction.STOP, "cancel": RequestAction.CANCEL}
 #: Seconds a probe of the Spark UI may take (the job page links it only when it answers).
 SPARK_UI_PROBE = 0.5
@@ -196,7 +197,7 @@ def create_app() -> FastAPI:
     def api_request_state(conn_id: str, job: str, request_id: str) -> dict[str, Any]:
         if not REQUEST_ID.match(request_id):
             raise HTTPException(404, f"invalid request id {request_id!r}: expected ACTION-YYYYMMDDTHHMMSSZ-XXXXXX as "
-                                     "the action's answer named it")
+                                     "the action's answer named it, or a task's ACTION-kHASH-N")
         store = _job_store(conn_id, job)
         try:
             ack = read_ack(store, request_id)

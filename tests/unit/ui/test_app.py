@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from airflow_ckpt_provider.core.records.control import CONTROL
+from airflow_ckpt_provider.core.records.control import CONTROL, RequestAction
 from airflow_ckpt_provider.core.records.status import JobState, JobStatus, write_status
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.ui import app as ui
@@ -126,6 +126,12 @@ def test_a_savepoint_request_is_written_for_the_running_driver_and_answered_late
     assert (request["action"], request["epoch"], request["requested_by"]) == ("savepoint", 2, "alice (Airflow UI)")
     state = client.get(f"/api/jobs/ckpt_store_default/orders/requests/{body['request_id']}").json()
     assert state == {"request_id": body["request_id"], "answered": False}
+    # a task's request (its id from the task run's key) is looked up the same way
+    from airflow_ckpt_provider.core.views.jobview import request_running
+
+    keyed = request_running(store, RequestAction.SAVEPOINT, key="airflow:nightly.savepoint run scheduled__1")
+    state = client.get(f"/api/jobs/ckpt_store_default/orders/requests/{keyed.id}").json()
+    assert state == {"request_id": keyed.id, "answered": False}
 
 
 def test_an_unknown_action_and_a_stopped_job_are_refused_with_nothing_written(client: TestClient,
