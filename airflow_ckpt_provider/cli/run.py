@@ -28,10 +28,10 @@ from airflow_ckpt_provider.core.store.progress import human_count
 from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.launcher import pyenv
 from airflow_ckpt_provider.launcher.driverprocess import ProcessLike, Spawn, spawn_driver
+from airflow_ckpt_provider.launcher.sparkapp import driver_command
 from airflow_ckpt_provider.launcher.submit import (
     DEPLOY_MODES,
     SubmitSpec,
-    build_command,
     check_master,
     describe,
     driver_cwd,
@@ -100,7 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.service and (args.supervise or spec.config.check_restore or args.dry_run):
             raise ConfigError("--service hands the job to the supervision service, which supervises it: expected "
                               "it without --supervise, --check-restore and --dry-run")
-        argv, env = build_command(spec)
+        argv, env = driver_command(spec)  # spark-submit's, or a SparkApplication holder's (launcher/sparkapp.py)
         warning = shared_checkpoint_warning(spec)  # client mode, remote executors, a local checkpoint
         if warning:
             print(f"warning: {warning}", file=sys.stderr)

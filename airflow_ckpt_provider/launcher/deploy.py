@@ -24,7 +24,8 @@ from airflow_ckpt_provider.core.records.deployments import LAUNCH_ENV, Deploymen
 from airflow_ckpt_provider.core.store.jobstore import SPEC_LAST, JobStore
 from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.launcher import pyenv
-from airflow_ckpt_provider.launcher.submit import SubmitSpec, build_command, check_master
+from airflow_ckpt_provider.launcher.sparkapp import driver_command
+from airflow_ckpt_provider.launcher.submit import SubmitSpec, check_master
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 
 log = logging.getLogger(__name__)
@@ -130,7 +131,7 @@ def record_launch(store: JobStore, deployment: Deployment, *, restore: RestoreSp
 def check_deployment(deployment: Deployment, job: str, store_url: str, restore: RestoreSpec,
                      s3: S3Options | None = None) -> None:
     """Bad input (the command its supervisor would run) and an unreachable master raise ConfigError here."""
-    build_command(submit_spec(deployment, job, store_url, restore, s3, supervised=True))
+    driver_command(submit_spec(deployment, job, store_url, restore, s3, supervised=True))
     check_master(deployment.master)
 
 

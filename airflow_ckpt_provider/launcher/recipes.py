@@ -6,7 +6,6 @@ Design notes: docs/deployment.md#design-notes-launcherrecipespy."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 import shlex
@@ -19,14 +18,15 @@ import yaml
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.policy.modes import LATEST_STATE, RestoreSpec
 from airflow_ckpt_provider.core.records.ownership import Timings
+from airflow_ckpt_provider.launcher.sparkapp import ENTRYPOINT_CONF, IMAGE_ENTRYPOINT, manifest
 from airflow_ckpt_provider.launcher.sparktarget import SparkTarget
 from airflow_ckpt_provider.launcher.submit import (
-    ENTRYPOINT_PY,
     K8S_UPLOAD_PATH,
+    SPARKAPPLICATION,
+    SUBMITTER_CONF,
     WAIT_CONF,
     YARN_MAX_ATTEMPTS,
     SubmitSpec,
-    build_command,
 )
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 
@@ -41,9 +41,6 @@ SERVICE_NAME = "ckpt-service"
 DRIVER_ACCOUNT = "ckpt-spark-driver"
 #: The keys of the credentials secret: the names boto3 and Hadoop's s3a read from the environment.
 CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
-#: Where the image keeps the runtime's entrypoint for a SparkApplication (the Dockerfile of docs/deployment.md puts
-#: it there): the operator's spark-submit runs in the operator's pod and reads no file of this host.
-IMAGE_ENTRYPOINT = "local:///opt/ckpt/entrypoint.py"
 #: The verbs spark-submit (in the service's pods) and a driver (for its executors) need on what they create:
 #: pods, their config maps and services, and volume claims (Spark's running-on-kubernetes.md, RBAC).
 _SPARK_RULES = [{"apiGroups": [""], "resources": ["pods", "services", "configmaps", "persistentvolumeclaims"],
@@ -69,7 +66,6 @@ class RecipeSettings:
     region: str | None = None
     upload_path: str | None = None
     driver_form: str = "driver-pods"
-    spark_version: str = "4.3.0"
     job: str | None = None
     job_file: str | None = None
     checkpoint: str | None = None
@@ -129,10 +125,11 @@ def kubernetes(s: RecipeSettings) -> dict[str, str]:
     files = {"ckpt-service.yaml": _yaml_documents(
         "The supervision service on Kubernetes (docs/deployment.md#kubernetes), rendered by `ckpt recipe kubernetes`."
         f"\nDrivers: {s.driver_form}. Apply: kubectl apply -n {s.namespace} -f ckpt-service.yaml", docs)}
-    if s.driver_form == "sparkapplication":
+    if s.driver_form == "sparkapplication" and s.job:
         files[f"{s.job}-sparkapplication.yaml"] = _yaml_documents(
-            f"Job {s.job} as a SparkApplication of the Kubeflow Spark operator, restartPolicy Never: one owner of "
-            "its restarts (docs/deployment.md#kubernetes)", [spark_application(s)])
+            f"For review: the SparkApplication the service submits for a driver run of job {s.job} (one per run, named "
+            "after it), restartPolicy Never: the service owns its restarts (docs/deployment.md#kubernetes)",
+            [spark_application(s)])
     return files
 
 
@@ -148,12 +145,12 @@ def _check_kubernetes(s: RecipeSettings) -> None:
                           "digits and '-', at most 63)")
     if s.driver_form not in DRIVER_FORMS:
         raise ConfigError(f"--drivers {s.driver_form!r}: expected one of {', '.join(DRIVER_FORMS)}")
-    if s.driver_form == "sparkapplication":
+    if s.driver_form == "sparkapplication" and (s.job or s.job_file or s.checkpoint):
         missing = [flag for flag, value in (("--job", s.job), ("--job-file", s.job_file),
                                             ("--checkpoint", s.checkpoint)) if not value]
         if missing:
-            raise ConfigError("--drivers sparkapplication renders one job's SparkApplication: pass "
-                              f"{', '.join(missing)} (the job file as a URI the cluster reads: "
+            raise ConfigError("--drivers sparkapplication with a job renders the SparkApplication the service submits "
+                              f"for it: pass {', '.join(missing)} too (the job file as a URI the cluster reads: "
                               "local:///path/in/the/image or s3a://...)")
         if "://" not in str(s.job_file):
             raise ConfigError(f"--job-file {s.job_file}: the Spark operator submits from its own pod and reads no "
@@ -230,14 +227,19 @@ def _deployment(s: RecipeSettings, labels: dict[str, str]) -> dict[str, Any]:
 
 
 def spark_connection(s: RecipeSettings) -> dict[str, Any]:
-    """The ``ckpt_spark`` Airflow connection of the driver-pod form: cluster mode against the API server, the
-    drivers' service account, the image's Python (``python_env: none``), the credentials by secret reference."""
+    """The ``ckpt_spark`` Airflow connection: cluster mode against the API server, the drivers' service account, the
+    image's Python (``python_env: none``), the credentials by secret reference; driver pods from spark-submit (its
+    local files uploaded to ``upload_path``), or SparkApplications (``spark.ckpt.submitter``, the entrypoint in the
+    image)."""
     conf = {
         "spark.kubernetes.namespace": s.namespace,
         "spark.kubernetes.container.image": s.image,
         "spark.kubernetes.authenticate.driver.serviceAccountName": DRIVER_ACCOUNT,
-        K8S_UPLOAD_PATH: s.spark_uploads(),
     }
+    if s.driver_form == "sparkapplication":
+        conf.update({SUBMITTER_CONF: SPARKAPPLICATION, ENTRYPOINT_CONF: s.entrypoint})
+    else:
+        conf[K8S_UPLOAD_PATH] = s.spark_uploads()
     if s.credentials_secret:
         for side in ("driver", "executor"):
             conf.update({f"spark.kubernetes.{side}.secretKeyRef.{key}": f"{s.credentials_secret}:{key}"
@@ -257,48 +259,19 @@ def store_connection(s: RecipeSettings) -> dict[str, Any]:
 
 
 def spark_application(s: RecipeSettings) -> dict[str, Any]:
-    """One job as a ``sparkoperator.k8s.io/v1beta2`` SparkApplication: the sparkConf and arguments of the command
-    ``ckpt run`` would submit (``build_command``), the entrypoint from the image, ``restartPolicy: Never``."""
+    """What the service submits for one driver run of the job with the SparkApplication form
+    (launcher/sparkapp.manifest from the recipe's own Spark connection), for review: every check of ``ckpt run``
+    applies, ``restartPolicy: Never``."""
     assert s.job  # _check_kubernetes: job, job_file and checkpoint are given
     assert s.job_file
     assert s.checkpoint
     target = SparkTarget.from_fields(**_fields(spark_connection(s)), where="the recipe's Spark connection")
-    config = RuntimeConfig(job=s.job, store=s.store, checkpoint=s.checkpoint,
-                           restore=RestoreSpec.parse(LATEST_STATE))
+    config = RuntimeConfig(job=s.job, store=s.store, checkpoint=s.checkpoint, endpoint_url=s.endpoint_url,
+                           region=s.region, restore=RestoreSpec.parse(LATEST_STATE))
     spec = SubmitSpec(job_file=s.job_file, config=config, master=target.master, deploy_mode="cluster",
-                      conf=target.conf, spark_submit="spark-submit")
-    argv, _ = build_command(spec)  # every check of `ckpt run` applies
-    entry = argv.index(str(ENTRYPOINT_PY))
-    conf = dict(v.split("=", 1) for k, v in itertools.pairwise(argv[:entry]) if k == "--conf")
-    # the operator submits and owns neither waiting nor uploading: the image holds the entrypoint and the job file
-    for key in (WAIT_CONF["k8s"], K8S_UPLOAD_PATH, "spark.kubernetes.container.image", "spark.kubernetes.namespace",
-                "spark.kubernetes.authenticate.driver.serviceAccountName"):
-        conf.pop(key, None)
-    secrets = {k: v for k, v in conf.items() if ".secretKeyRef." in k}
-    for key in secrets:
-        conf.pop(key)
-    files = argv[argv.index("--files") + 1].split(",") if "--files" in argv[:entry] else []
-    pod: dict[str, Any] = {}  # what the driver and the executors both get: the store's endpoint and credentials
-    if s.endpoint_url:
-        pod["env"] = [{"name": "AWS_ENDPOINT_URL", "value": s.endpoint_url}]
-    if s.credentials_secret:
-        pod["envSecretKeyRefs"] = {key: {"name": s.credentials_secret, "key": key} for key in CREDENTIAL_KEYS}
-    return {
-        "apiVersion": "sparkoperator.k8s.io/v1beta2", "kind": "SparkApplication",
-        "metadata": {"name": f"ckpt-{s.job}".lower(), "namespace": s.namespace,
-                     "labels": {**_labels(f"ckpt-{s.job}".lower()), "ckpt.job": s.job}},
-        "spec": {
-            "type": "Python", "pythonVersion": "3", "mode": "cluster", "image": s.image,
-            "sparkVersion": s.spark_version, "mainApplicationFile": s.entrypoint,
-            "arguments": argv[entry + 1:],
-            "sparkConf": conf,
-            "deps": {"files": files},
-            # one owner of restarts: never the operator (docs/deployment.md#kubernetes)
-            "restartPolicy": {"type": "Never"},
-            "driver": {"serviceAccount": DRIVER_ACCOUNT, "cores": 1, "memory": "1g", **pod},
-            "executor": {"instances": 2, "cores": 1, "memory": "1g", **pod},
-        },
-    }
+                      conf=target.conf, spark_submit="spark-submit", supervised=True,
+                      driver_run="20261129T000000Z-000000-1")
+    return manifest(spec)
 
 
 def _fields(connection: dict[str, Any]) -> dict[str, Any]:

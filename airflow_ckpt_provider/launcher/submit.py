@@ -189,6 +189,7 @@ def _check(spec: SubmitSpec) -> str:
         )
     if path is not None and not path.is_file():
         raise ConfigError(f"job file {spec.job_file} not found: expected a Python file defining the job")
+    submitter(spec)  # a SparkApplication only in Kubernetes cluster mode
     _check_shared_locations(spec, manager)  # a driver in the cluster cannot use this host's disk
     _check_cluster(spec, manager)  # YARN, Kubernetes: one owner per driver restart, files the cluster can reach
     return manager
@@ -445,6 +446,24 @@ YARN_ATTEMPTS_VALIDITY = "spark.yarn.am.attemptFailuresValidityInterval"
 WAIT_CONF = {"yarn": "spark.yarn.submit.waitAppCompletion", "k8s": "spark.kubernetes.submission.waitAppCompletion"}
 #: The Hadoop path a Kubernetes cluster-mode spark-submit uploads its local files to, for the driver pod.
 K8S_UPLOAD_PATH = "spark.kubernetes.file.upload.path"
+#: How a Kubernetes cluster-mode driver is submitted: ``spark-submit`` (a driver pod, the default) or
+#: ``sparkapplication`` (a SparkApplication of the Kubeflow Spark operator, restartPolicy Never: launcher/sparkapp.py).
+SUBMITTER_CONF = "spark.ckpt.submitter"
+SPARKAPPLICATION = "sparkapplication"
+SUBMITTERS = ("spark-submit", SPARKAPPLICATION)
+
+
+def submitter(spec: SubmitSpec) -> str:
+    """``spark-submit`` or ``sparkapplication`` (``SUBMITTER_CONF``); ConfigError for another value, or for a
+    SparkApplication outside Kubernetes cluster mode."""
+    value = spec.conf.get(SUBMITTER_CONF, "spark-submit").strip()
+    if value not in SUBMITTERS:
+        raise ConfigError(f"--conf {SUBMITTER_CONF}={value}: expected one of {', '.join(SUBMITTERS)}")
+    if value == SPARKAPPLICATION and (spec.deploy_mode != "cluster" or not spec.master.startswith("k8s://")):
+        raise ConfigError(f"--conf {SUBMITTER_CONF}={SPARKAPPLICATION} with master {spec.master} in "
+                          f"{spec.deploy_mode} mode: a SparkApplication runs its driver in a Kubernetes cluster; "
+                          "expected --master k8s://https://HOST:PORT --deploy-mode cluster, or drop the setting")
+    return value
 
 
 def _check_cluster(spec: SubmitSpec, manager: str) -> None:
@@ -477,6 +496,19 @@ def _check_cluster(spec: SubmitSpec, manager: str) -> None:
                 "snapshot with --supervise instead (its restarts resume with latest-state), or start it once, "
                 "stop it, and relaunch with latest-state"
             )
+    elif submitter(spec) == SPARKAPPLICATION:
+        if local := _local_files(spec, entrypoint=False):
+            raise ConfigError(
+                f"--conf {SUBMITTER_CONF}={SPARKAPPLICATION} with local files ({', '.join(local)}): the Spark "
+                "operator submits from its own pod and reads no file of this host; expected URIs the cluster "
+                "reads (local:///path/in/the/image, s3a://BUCKET/KEY)"
+            )
+        if not spec.conf.get("spark.kubernetes.container.image"):
+            raise ConfigError(
+                f"--conf {SUBMITTER_CONF}={SPARKAPPLICATION} without spark.kubernetes.container.image: the "
+                "SparkApplication names the image its driver and executors run; add --conf "
+                "spark.kubernetes.container.image=REGISTRY/NAME:TAG (an image with this provider, docs/deployment.md)"
+            )
     elif K8S_UPLOAD_PATH not in spec.conf and (local := _local_files(spec)):
         raise ConfigError(
             f"Kubernetes cluster mode with local files ({', '.join(local)}) and no {K8S_UPLOAD_PATH}: the driver "
@@ -500,10 +532,11 @@ def _yarn_attempts(conf: Mapping[str, str]) -> int | None:
     return attempts
 
 
-def _local_files(spec: SubmitSpec) -> list[str]:
-    """The names of the command's files on this host's disk (no scheme, or file://), which spark-submit uploads."""
+def _local_files(spec: SubmitSpec, *, entrypoint: bool = True) -> list[str]:
+    """The names of the command's files on this host's disk (no scheme, or file://), which spark-submit uploads;
+    the runtime's entrypoint.py among them unless ``entrypoint`` is False (an image holds it)."""
     lists = shipped_lists(spec)
-    files = [str(ENTRYPOINT_PY), spec.job_file, *lists["files"], *lists["py_files"],
+    files = [*([str(ENTRYPOINT_PY)] if entrypoint else []), spec.job_file, *lists["files"], *lists["py_files"],
              *(a.partition("#")[0] for a in lists["archives"])]
     return [Path(f).name for f in files if _job_path(f) is not None]
 

@@ -37,7 +37,8 @@ from airflow_ckpt_provider.core.records.supervision import (
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.launcher.adoption import AdoptedDriver
 from airflow_ckpt_provider.launcher.driverprocess import GroupOf, ProcessLike, Spawn, process_group, spawn_driver
-from airflow_ckpt_provider.launcher.submit import SubmitSpec, build_command, driver_cwd
+from airflow_ckpt_provider.launcher.sparkapp import driver_command
+from airflow_ckpt_provider.launcher.submit import SubmitSpec, driver_cwd
 from airflow_ckpt_provider.launcher.supervisorreports import DriverRun, SupervisorReports
 from airflow_ckpt_provider.runtime.exitcodes import (
     EXIT_CONFIG,
@@ -315,7 +316,7 @@ class Supervisor:
         cluster = self.spec.deploy_mode == "cluster"
         # in cluster mode the driver records how it ended (spark-submit's exit code says nothing of it there)
         run = f"{self.reports.record_id}-{attempt}" if cluster and self.store is not None else None
-        argv, env = build_command(replace(spec, driver_run=run) if run else spec)
+        argv, env = driver_command(replace(spec, driver_run=run) if run else spec)  # spark-submit or SparkApplication
         baseline = self._lease_epoch() if cluster else None
         started, started_wall = self.clock(), self.wall()
         proc = self._proc = self.spawn(argv, env, driver_cwd(spec))

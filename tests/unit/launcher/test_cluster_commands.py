@@ -45,7 +45,7 @@ def archive(tmp_path: Path) -> Path:
     return path
 
 
-def dry_run(capsys: pytest.CaptureFixture[str], job_file: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
+def dry_run(capsys: pytest.CaptureFixture[str], job_file: Path | str, *extra: str) -> tuple[int, dict[str, Any], str]:
     code = cli.main(["run", str(job_file), "--job", "orders", "--store", "s3://bucket/jobs", "--checkpoint",
                      "s3a://bucket/ckpt/orders", "--spark-submit", SUBMIT, *extra, "--dry-run", "--json"])
     out, err = capsys.readouterr()
@@ -183,6 +183,20 @@ def test_k8s_cluster_mode_is_supervised_by_the_drivers_own_word(capsys: pytest.C
                               "--python-env", "none", "--conf", UPLOAD)
     assert (code, err) == (0, "")
     assert "spark.kubernetes.submission.waitAppCompletion=true" in confs(data["argv"])
+
+
+def test_k8s_cluster_mode_as_a_sparkapplication_holds_one_resource_per_driver(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, data, err = dry_run(capsys, "local:///opt/jobs/orders.py", "--master", K8S, "--deploy-mode", "cluster",
+                              "--supervise", "--python-env", "none", "--conf", "spark.ckpt.submitter=sparkapplication",
+                              "--conf", "spark.kubernetes.container.image=reg/ckpt:1")
+    assert (code, err) == (0, "")
+    argv = data["argv"]
+    assert argv[:4] == [sys.executable, "-m", "airflow_ckpt_provider.launcher.sparkapp", "--manifest"]
+    resource = json.loads(argv[4])
+    assert (resource["kind"], resource["spec"]["restartPolicy"], resource["spec"]["image"]) == (
+        "SparkApplication", {"type": "Never"}, "reg/ckpt:1")
+    assert resource["spec"]["deps"] == {"files": ["local:///opt/jobs/orders.py"]}
 
 
 def test_k8s_cluster_with_an_s3a_archive(capsys: pytest.CaptureFixture[str], job_file: Path, cache: Path) -> None:

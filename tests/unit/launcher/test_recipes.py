@@ -16,8 +16,9 @@ import yaml
 
 from airflow_ckpt_provider.cli import main as cli
 from airflow_ckpt_provider.core.policy.modes import LATEST_STATE, RestoreSpec
+from airflow_ckpt_provider.launcher.sparkapp import driver_command
 from airflow_ckpt_provider.launcher.sparktarget import SparkTarget
-from airflow_ckpt_provider.launcher.submit import SubmitSpec, build_command
+from airflow_ckpt_provider.launcher.submit import SubmitSpec
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 
 SCHEMA = Path(__file__).parents[2] / "fixtures" / "k8s" / "sparkapplication-v1beta2-schema.json"
@@ -57,8 +58,9 @@ def strict(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def accepted_by_ckpt_run(connection: dict[str, Any]) -> list[str]:
-    """The spark-submit argv `ckpt run --supervise` builds for a job with this ckpt_spark connection (its checks
-    raise ConfigError on a connection it would refuse)."""
+    """The command a supervisor runs for a driver of a job with this ckpt_spark connection (spark-submit's, or the
+    SparkApplication holder's: launcher/sparkapp.driver_command); its checks raise ConfigError on a connection it would
+    refuse."""
     extra = connection["extra"]
     target = SparkTarget.from_fields(host=connection["host"], deploy_mode=extra["deploy_mode"], conf=extra["conf"],
                                      python_env=extra["python_env"])
@@ -67,7 +69,7 @@ def accepted_by_ckpt_run(connection: dict[str, Any]) -> list[str]:
     spec = SubmitSpec(job_file="local:///opt/jobs/orders.py", config=config, master=target.master,
                       deploy_mode=target.deploy_mode, conf=target.conf, spark_submit="/opt/spark/bin/spark-submit",
                       supervised=True, driver_run="20261129T110000Z-abc123-1")
-    argv, _ = build_command(spec)
+    argv, _ = driver_command(spec)
     return argv
 
 
@@ -131,7 +133,7 @@ def test_kubernetes_runs_two_instances_spread_over_nodes_with_the_rbac_spark_sub
         "conn_type": "ckpt_store", "host": "https://s3.eu.example", "extra": {"store_url": STORE}}
 
 
-def test_a_sparkapplication_validates_against_the_operators_crd_with_its_restarts_off(
+def test_the_sparkapplication_the_service_submits_validates_against_the_operators_crd_with_its_restarts_off(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     files = recipe(capsys, tmp_path, "kubernetes", "--store", STORE, "--image", IMAGE, "--drivers", "sparkapplication",
@@ -150,11 +152,22 @@ def test_a_sparkapplication_validates_against_the_operators_crd_with_its_restart
     assert args[:7] == ["orders.py", "--job", "orders", "--store", STORE, "--checkpoint",
                         "s3a://acme-streaming/ckpt/orders"]
     assert args[args.index("--restore") + 1] == "latest-state"  # each start resumes the latest completed state
-    assert spec["driver"]["envSecretKeyRefs"]["AWS_SECRET_ACCESS_KEY"] == {
-        "name": "ckpt-store-credentials", "key": "AWS_SECRET_ACCESS_KEY"}
-    assert not any(".secretKeyRef." in k or "upload.path" in k for k in spec["sparkConf"])
+    assert spec["driver"]["serviceAccount"] == "ckpt-spark-driver"
+    conf = spec["sparkConf"]
+    assert conf["spark.kubernetes.driver.secretKeyRef.AWS_SECRET_ACCESS_KEY"] == \
+        "ckpt-store-credentials:AWS_SECRET_ACCESS_KEY"  # a reference; the operator's spark-submit resolves it
+    assert conf["spark.kubernetes.driverEnv.CKPT_DRIVER_RUN"]  # the driver records how it ended, under its run
+    assert not any(k.startswith("spark.ckpt.") or "upload.path" in k or "waitAppCompletion" in k for k in conf)
     text = files["orders-sparkapplication.yaml"]
     assert SECRET not in text and "AKIAIOSFODNN7EXAMPLE" not in text
+    # the connection the recipe gives Airflow makes the supervisor hold a SparkApplication per driver run
+    (connections,) = [d["data"] for d in documents(files["ckpt-service.yaml"]) if d["kind"] == "ConfigMap"]
+    argv = accepted_by_ckpt_run(json.loads(connections["AIRFLOW_CONN_CKPT_SPARK_DEFAULT"]))
+    assert argv[1:4] == ["-m", "airflow_ckpt_provider.launcher.sparkapp", "--manifest"]
+    submitted = json.loads(argv[4])
+    jsonschema.validate(submitted, schema)
+    assert submitted["metadata"]["name"] == "ckpt-orders-20261129t110000z-abc123-1"  # one resource per driver run
+    assert submitted["spec"]["restartPolicy"] == {"type": "Never"}
     # the service's role may manage SparkApplications in this form
     roles = [d for d in documents(files["ckpt-service.yaml"]) if d["kind"] == "Role"]
     assert {"apiGroups": ["sparkoperator.k8s.io"], "resources": ["sparkapplications"],
@@ -212,7 +225,8 @@ def test_single_host_keeps_the_supervisors_through_a_worker_restart(
         (["kubernetes", "--store", STORE, "--image", IMAGE, "--namespace", "Streaming_Jobs"],
          "error: --namespace 'Streaming_Jobs': expected a Kubernetes namespace name"),
         (["kubernetes", "--store", STORE, "--image", IMAGE, "--drivers", "sparkapplication", "--job", "orders"],
-         "error: --drivers sparkapplication renders one job's SparkApplication: pass --job-file, --checkpoint"),
+         "error: --drivers sparkapplication with a job renders the SparkApplication the service submits for it: pass "
+         "--job-file, --checkpoint too"),
         (["kubernetes", "--store", STORE, "--image", IMAGE, "--drivers", "sparkapplication", "--job", "orders",
           "--job-file", "/home/me/orders.py", "--checkpoint", "s3a://acme-streaming/ckpt/orders"],
          "error: --job-file /home/me/orders.py: the Spark operator submits from its own pod and reads no file of "
