@@ -22,6 +22,7 @@ from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.policy.health import HealthCriteria, restart_times
 from airflow_ckpt_provider.core.records.deployments import Launch, read_launch
 from airflow_ckpt_provider.core.records.operations import read_operation
+from airflow_ckpt_provider.core.records.ownership import handed_key, read_owner
 from airflow_ckpt_provider.core.records.start import StartRecord, read_starts
 from airflow_ckpt_provider.core.records.status import ACTIVE_STATES, JobStatus
 from airflow_ckpt_provider.core.records.supervision import observe_supervision
@@ -121,6 +122,9 @@ class JobReport:
     #: The job's operation (an upgrade or a rescale, core/records/operations.py): ``text`` (what it is, its step and
     #: actor, its last line or how it ended) and its record; None if the job never had one.
     operation: dict[str, Any] | None = None
+    #: Who supervises the job when it was handed to the supervision service (the owning instance and the ownership's
+    #: epoch), None when it never was (its supervisor runs where it was launched).
+    service: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "summary": summary_dict(self.summary)}
@@ -269,7 +273,21 @@ def job_report(store: JobStore, *, now: float | None = None, cache: ManifestCach
         in_driver_restarts=tuple(reversed(s.restarts)) if s else (),
         last_launch=_launch_dict(last), stable_launch=_launch_dict(stable),
         spark_ui=s.ui_url if s and summary.live else None, supervisor=supervisor,
-        history=tuple(reversed(history(starts, s))), operation=_operation(store))
+        history=tuple(reversed(history(starts, s))), operation=_operation(store), service=_service(store))
+
+
+def _service(store: JobStore) -> str | None:
+    """The job's owner in the supervision service (a HEAD and a GET), or None when it was never handed to it."""
+    try:
+        if not store.root.exists(handed_key(store.job)):
+            return None
+        owner = read_owner(store)
+    except StorageError as err:
+        return f"handed to the supervision service; its owner record is not readable: {err}"
+    if owner is None or owner.released:
+        return ("handed to the supervision service; no instance owns it now (one takes it within seconds while "
+                "`ckpt service run` runs)")
+    return f"supervision service instance {owner.instance} (ownership epoch {owner.epoch})"
 
 
 def _operation(store: JobStore) -> dict[str, Any] | None:

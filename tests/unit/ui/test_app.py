@@ -70,6 +70,21 @@ def test_the_list_and_the_job_page_show_the_running_job(client: TestClient, stor
     assert page.status_code == 200 and "Trigger savepoint" in page.text and 'data-testid="lineage"' in page.text
     assert client.get("/", headers={"Accept": "text/html"}).text.count('data-job="orders"') == 1
     assert '<td data-testid="operation">-</td>' in page.text  # never upgraded nor rescaled
+    assert client.get("/api/jobs/ckpt_store_default/orders").json()["service"] is None  # not handed over
+
+
+def test_the_job_page_says_which_service_instance_supervises_a_handed_job(client: TestClient, store: JobStore) -> None:
+    from airflow_ckpt_provider.core.records.ownership import OWNER, OwnerRecord, ServiceJob, handed_key
+
+    running(store)
+    store.root.write(handed_key("orders"), ServiceJob(job="orders", handed_at=1.0, handed_by="test").to_bytes())
+    report = client.get("/api/jobs/ckpt_store_default/orders").json()
+    assert report["service"].startswith("handed to the supervision service; no instance owns it now")
+    store.storage.write(OWNER, OwnerRecord(job="orders", instance="svc-b", epoch=2, acquired_at=1.0).to_bytes())
+    report = client.get("/api/jobs/ckpt_store_default/orders").json()
+    assert report["service"] == "supervision service instance svc-b (ownership epoch 2)"
+    page = client.get("/jobs/ckpt_store_default/orders", headers={"Accept": "text/html"}).text
+    assert '<td data-testid="service">supervision service instance svc-b (ownership epoch 2)</td>' in page
 
 
 def test_the_job_page_shows_the_operation_in_progress_and_a_damaged_record_says_so(client: TestClient,
