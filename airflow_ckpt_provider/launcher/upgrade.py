@@ -363,13 +363,13 @@ class JobUpgrade:
     def _launch_once(self, deployment: Deployment, restore: RestoreSpec, what: str) -> Launch:
         """Start ``deployment`` for this step, unless an earlier actor did (spec/last.json names this step): the
         launch. As the job had: handed to the supervision service again once it was (launcher/handover.start_job)."""
-        marker = self._marker(what)
+        key = self._step_marker(what)  # the launch's key: exactly this step of this operation, whichever actor
         last = read_launch(self.store)
-        if last is not None and self._started_here(last.launched_by, what):
-            return last
+        if last is not None and (last.key == key or (not last.key and self._started_here(last.launched_by, what))):
+            return last  # (a launch recorded before launches had keys is known by its launched_by)
         names = [n for n in os.environ.get(UNRECORDED_ENV, "").split(",") if n in os.environ]
         return start_job(self.store, deployment, restore=restore, store_url=self.store_url, s3=self.s3,
-                         launched_by=marker, unrecorded_env={n: os.environ[n] for n in names})
+                         launched_by=self._marker(what), unrecorded_env={n: os.environ[n] for n in names}, key=key)
 
     def _start_new(self, plan: steps.UpgradePlan, step: steps.Start) -> steps.Started:
         if step.note:
