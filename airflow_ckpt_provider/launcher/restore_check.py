@@ -33,6 +33,7 @@ from airflow_ckpt_provider.core.records.restore_check import (
     record_start,
     running_checks,
 )
+from airflow_ckpt_provider.core.records.supervision import take_driver_end
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.launcher.deploy import credentials_env, log_dir, run_argv, spawn_detached, submit_spec
@@ -70,6 +71,8 @@ def check_restore(
     the job itself (the check builds the same query).
     """
     spec = check_spec(spec, timeout)
+    if spec.deploy_mode == "cluster":  # the check driver runs in the cluster: its verdict comes back as its end record
+        spec = replace(spec, driver_run=f"check-{new_launch_id(time.time())}")
     argv, submit_env = build_command(spec)
     if spec.shipped is not None:
         spec.shipped.ensure()  # the executors' Python, as for the job itself (built once, then cached)
@@ -98,7 +101,7 @@ def check_restore(
             reason=f"the restore check of {spec.job_file} did not finish within {timeout:g} s and was killed; "
             f"no verdict. Give it more time, or check Spark's output: {_tail(text)}",
         )
-    report = parse_report(text)
+    report = parse_report(text) or _reported_end(spec)
     if report is not None:
         report = replace(report, seconds=seconds)  # the whole check, spark-submit's start included
     else:
@@ -112,6 +115,22 @@ def check_restore(
     if report.outcome is CheckOutcome.BAD_INPUT:
         raise ConfigError(report.reason)
     return report
+
+
+def _reported_end(spec: SubmitSpec) -> RestoreCheck | None:
+    """A cluster-mode check driver's verdict from its end record (core/records/supervision.py DriverEnd), deleted
+    once read; None without a named run or a report (the driver died without a word)."""
+    if not spec.driver_run:
+        return None
+    try:
+        store = JobStore.open(spec.config.store, spec.config.job,
+                              S3Options.from_env(spec.config.endpoint_url, spec.config.region))
+        end = take_driver_end(store, spec.driver_run)
+    except StorageError as err:
+        log.warning("job %s: cannot read the end record of restore check run %s: %s", spec.config.job,
+                    spec.driver_run, err)
+        return None
+    return RestoreCheck.from_dict(end.report) if end is not None and end.report else None
 
 
 def _wait(proc: subprocess.Popen[bytes], timeout: float) -> int | None:

@@ -12,7 +12,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from airflow_ckpt_provider.runtime.config import RuntimeConfig
@@ -38,11 +38,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CkptError as err:
         logging.getLogger("airflow_ckpt_provider.runtime").error("cannot start: %s", err)
         return EXIT_CONFIG
+    checker = None
     try:
         if config.check_restore:  # ckpt run --check-restore: only ask Spark whether the state restores
             from airflow_ckpt_provider.runtime.restore_check import RestoreChecker
 
-            run: Callable[[], int] = RestoreChecker(config, args[0]).run
+            checker = RestoreChecker(config, args[0])
+            run: Callable[[], int] = checker.run
         else:
             run = JobDriver(config, load_builder(args[0])).run
     except CkptError as err:
@@ -54,14 +56,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = EXIT_CONFIG
     else:
         code = run()
-    _report_end(config, code)
+    report = checker.report.to_dict() if checker is not None and checker.report is not None else None
+    _report_end(config, code, report)
     return code
 
 
-def _report_end(config: RuntimeConfig, code: int) -> None:
+def _report_end(config: RuntimeConfig, code: int, report: dict[str, Any] | None = None) -> None:
     """Write how this driver ended (core/records/supervision.py DriverEnd) when its supervisor named the run: in
-    cluster mode spark-submit's exit code says nothing of it. A failed write is logged; the supervisor then takes
-    the silence for a crash and restarts, as the restart strategy allows."""
+    cluster mode spark-submit's exit code says nothing of it, nor brings back a restore check's ``report``. A failed
+    write is logged; the supervisor then takes the silence for a crash and restarts, as the restart strategy
+    allows."""
     from airflow_ckpt_provider.core.records.supervision import DRIVER_RUN_ENV
 
     run = os.environ.get(DRIVER_RUN_ENV)
@@ -76,7 +80,7 @@ def _report_end(config: RuntimeConfig, code: int) -> None:
     try:
         store = JobStore.open(config.store, config.job, S3Options.from_env(config.endpoint_url, config.region))
         write_driver_end(store, DriverEnd(job=config.job, run=run, code=code, at=time.time(),
-                                          host=socket.gethostname(), pid=os.getpid()))
+                                          host=socket.gethostname(), pid=os.getpid(), report=report))
     except (StorageError, OSError) as err:
         log.warning("job %s: cannot record how driver run %s ended (exit %d): %s", config.job, run, code, err)
     else:

@@ -71,6 +71,7 @@ class RestoreChecker:
         self.name = Path(job_file).name
         self.out = out or sys.stdout
         self.started = time.monotonic()
+        self.report: RestoreCheck | None = None  # the verdict, once run() gave it
         s3 = S3Options.from_env(config.endpoint_url, config.region)
         self.s3 = s3
         self.store = JobStore.open(config.store, config.job, s3)
@@ -93,6 +94,7 @@ class RestoreChecker:
         (log.info if report.compatible else log.error)("job %s: restore check: %s: %s", self.config.job,
                                                        report.outcome.value, report.reason)
         print(report.to_line(), file=self.out, flush=True)
+        self.report = report
         return report.exit_code
 
     def _check(self, scratch: Storage, spark_factory: Callable[[], SparkSession] | None) -> RestoreCheck:

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from airflow_ckpt_provider.core.records import heard
 from airflow_ckpt_provider.core.records.base import Record
@@ -163,7 +164,9 @@ class DriverEnd(Record, frozen=True, kw_only=True):
     driver's entrypoint as it exits. For a supervisor that cannot learn the code from spark-submit: in cluster mode
     spark-submit exits 0 however a Kubernetes driver pod ends (SPARK-26365) and 1 for any failed YARN application
     master. No record after spark-submit returned: the driver died without a word (its pod or container lost, a
-    kill -9). ``run`` names the driver run (``DRIVER_RUN_ENV``); the supervisor deletes the record once read."""
+    kill -9). ``run`` names the driver run (``DRIVER_RUN_ENV``); the supervisor deletes the record once read.
+    ``report``: a restore check's verdict (runtime/restore_check_verdict.RestoreCheck as a dict), which a check driver
+    in the cluster cannot print where its launcher reads it."""
 
     WHAT = "driver end record"
     KEY = "ends/<driver run>.json"
@@ -174,6 +177,7 @@ class DriverEnd(Record, frozen=True, kw_only=True):
     at: float
     host: str
     pid: int
+    report: dict[str, Any] | None = None
 
     @property
     def key(self) -> str:
