@@ -105,23 +105,27 @@ def _ack_text(ack: Ack, job: str) -> str:
 def cmd_status(args: argparse.Namespace) -> int:
     from airflow_ckpt_provider.core.records.base import RecordError
     from airflow_ckpt_provider.core.records.operations import read_operation
+    from airflow_ckpt_provider.core.views.jobreport import service_owner
 
     store = open_job_store(args)
     view = observe(store)
+    service = service_owner(store)
     try:
         found = read_operation(store)
     except RecordError as err:  # the job's status still shows; the record is named
         progress(f"warning: {err}")
         found = None
     operation = found.operation if found is not None else None
-    body = {**status_dict(view), "operation": operation.to_dict() if operation is not None else None}
+    body = {**status_dict(view), "operation": operation.to_dict() if operation is not None else None,
+            "service": service}
 
     def text() -> str:
+        shown = describe(view) + (f"\nsupervised by: {service}" if service else "")
         if operation is None:
-            return describe(view)
+            return shown
         last = f": {operation.lines[-1]}" if operation.lines and not operation.state.final else ""
         ended = f" ({operation.message})" if operation.state.final and operation.message else ""
-        return f"{describe(view)}\noperation: {operation.describe()}{last}{ended}"
+        return f"{shown}\noperation: {operation.describe()}{last}{ended}"
 
     emit(args, body, text)
     return 0

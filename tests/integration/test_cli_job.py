@@ -196,6 +196,19 @@ def test_status_of_a_running_job(target: Target, capsys: pytest.CaptureFixture[s
     assert (data["state"], data["epoch"], data["batch_id"], data["stale"]) == ("RUNNING", 3, 41, False)
     assert data["lease"] == lease().to_dict() | {"acquired_at": data["lease"]["acquired_at"]}  # its fields
     assert data["last_snapshot"]["id"] == SNAPSHOT_ID
+    assert "supervised by" not in shown and data["service"] is None  # never handed to the supervision service
+
+
+def test_status_of_a_handed_job_names_the_service_instance_that_owns_it(target: Target,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from airflow_ckpt_provider.core.records.ownership import OWNER, OwnerRecord, ServiceJob, handed_key
+
+    store = install(target, running(), lease())
+    target.root.write(handed_key("orders"), ServiceJob(job="orders", handed_at=1.0, handed_by="test").to_bytes())
+    store.storage.write(OWNER, OwnerRecord(job="orders", instance="svc-a", epoch=3, acquired_at=1.0).to_bytes())
+    shown = ckpt(target, capsys, "status").lines
+    assert shown["supervised by"] == "supervision service instance svc-a (ownership epoch 3)"
+    assert json.loads(ckpt(target, capsys, "status", "--json").out)["service"] == shown["supervised by"]
 
 
 #: A stale heartbeat is faked by an old ``updated_at``, which only a store with no clock of its own believes: S3

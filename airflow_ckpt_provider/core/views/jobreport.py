@@ -273,10 +273,10 @@ def job_report(store: JobStore, *, now: float | None = None, cache: ManifestCach
         in_driver_restarts=tuple(reversed(s.restarts)) if s else (),
         last_launch=_launch_dict(last), stable_launch=_launch_dict(stable),
         spark_ui=s.ui_url if s and summary.live else None, supervisor=supervisor,
-        history=tuple(reversed(history(starts, s))), operation=_operation(store), service=_service(store))
+        history=tuple(reversed(history(starts, s))), operation=_operation(store), service=service_owner(store))
 
 
-def _service(store: JobStore) -> str | None:
+def service_owner(store: JobStore) -> str | None:
     """The job's owner in the supervision service (a HEAD and a GET), or None when it was never handed to it."""
     try:
         if not store.root.exists(handed_key(store.job)):
