@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import Any
 
+from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.launcher.submit import (
     ENTRYPOINT_PY,
     K8S_UPLOAD_PATH,
@@ -90,10 +91,16 @@ def manifest(spec: SubmitSpec, *, name: str | None = None) -> dict[str, Any]:
             # one owner of restarts: the supervisor that submitted it, never the operator as well
             "restartPolicy": {"type": "Never"},
             "driver": driver,
-            "executor": {"instances": int(conf.get("spark.executor.instances", "2")), "cores": 1,
-                         "memory": conf.get("spark.executor.memory", "1g")},
+            "executor": {"instances": _instances(conf), "cores": 1, "memory": conf.get("spark.executor.memory", "1g")},
         },
     }
+
+
+def _instances(conf: dict[str, str]) -> int:
+    value = conf.get("spark.executor.instances", "2").strip()
+    if not value.isdigit():
+        raise ConfigError(f"--conf spark.executor.instances={value}: expected a whole number of executors")
+    return int(value)
 
 
 def _spark_version() -> str:

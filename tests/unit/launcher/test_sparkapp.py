@@ -151,7 +151,8 @@ def test_a_supervised_sparkapplication_driver_is_held_and_judged_by_its_end_reco
     ({"conf": {"spark.ckpt.submitter": "sparkapplication"}}, "without spark.kubernetes.container.image"),
     ({"deploy_mode": "client", "job_file": "local"}, "a SparkApplication runs its driver in a Kubernetes cluster"),
     ({"conf": {**APP_CONF, "spark.ckpt.submitter": "helm"}}, "expected one of spark-submit, sparkapplication"),
-], ids=["host-file", "no-image", "client-mode", "unknown-submitter"])
+    ({"conf": {**APP_CONF, "spark.executor.instances": "many"}}, "expected a whole number of executors"),
+], ids=["host-file", "no-image", "client-mode", "unknown-submitter", "bad-instances"])
 def test_bad_sparkapplication_settings_are_refused_before_anything_runs(
         spec: SubmitSpec, tmp_path: Path, change: dict[str, Any], message: str) -> None:
     job = tmp_path / "orders.py"
