@@ -119,6 +119,14 @@ def driver_command(spec: SubmitSpec) -> tuple[list[str], dict[str, str]]:
     return [sys.executable, "-m", "airflow_ckpt_provider.launcher.sparkapp", "--manifest", json.dumps(resource)], {}
 
 
+def release(spec: SubmitSpec) -> None:
+    """Delete the SparkApplication of driver run ``spec.driver_run`` (its holder was lost with its supervisor, and an
+    adopting supervisor saw the driver end): nothing is left behind per run. A no-op for the spark-submit form."""
+    if not spec.driver_run or not uses_sparkapplication(spec):
+        return
+    Kubectl(resource_name(spec), spec.conf.get("spark.kubernetes.namespace", "default")).delete()
+
+
 # -- the submitter process ----------------------------------------------------------------------------------------
 
 

@@ -37,7 +37,7 @@ from airflow_ckpt_provider.core.records.supervision import (
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.launcher.adoption import AdoptedDriver
 from airflow_ckpt_provider.launcher.driverprocess import GroupOf, ProcessLike, Spawn, process_group, spawn_driver
-from airflow_ckpt_provider.launcher.sparkapp import driver_command
+from airflow_ckpt_provider.launcher.sparkapp import driver_command, release
 from airflow_ckpt_provider.launcher.submit import SubmitSpec, driver_cwd
 from airflow_ckpt_provider.launcher.supervisorreports import DriverRun, SupervisorReports
 from airflow_ckpt_provider.runtime.exitcodes import (
@@ -380,6 +380,8 @@ class Supervisor:
         finally:
             self._proc = None
         driver.ran = self.clock() - driver.started
+        if run is not None:
+            release(replace(self.spec, driver_run=run))  # its SparkApplication, whose holder was lost: deleted
         if driver.code not in (EXIT_STOPPED, EXIT_FENCED):
             self._observe(driver)
         log.info("job %s: the adopted driver of epoch %d ended with code %d after %.1f s watched (%s)", self.job,

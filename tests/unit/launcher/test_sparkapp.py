@@ -160,3 +160,37 @@ def test_bad_sparkapplication_settings_are_refused_before_anything_runs(
     bad = replace(_spec(spec), **{**change, **({"job_file": str(job)} if "job_file" in change else {})})
     with pytest.raises(ConfigError, match=message):
         manifest(bad)
+
+
+def test_an_adopted_sparkapplication_driver_s_resource_is_deleted_once_it_ends(
+        spec: SubmitSpec, clock: FakeClock, store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_ckpt_provider.core.records.status import JobState
+    from airflow_ckpt_provider.core.records.supervision import SupervisorRecord, SupervisorState, write_supervisor
+    from tests.support.supervisorfakes import START, put_lease, put_status
+
+    kubectl = tmp_path / "bin" / "kubectl"
+    kubectl.parent.mkdir()
+    kubectl.write_text(FAKE_KUBECTL)
+    kubectl.chmod(0o755)
+    calls = tmp_path / "calls"
+    monkeypatch.setenv("PATH", f"{kubectl.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CALLS", str(calls))
+    # the lost supervisor held run 2's SparkApplication; its driver (epoch 4, a pod) runs on, then stops
+    write_supervisor(store, SupervisorRecord(job="orders", launch_id=LAUNCH, pid=4321, host="svc-a",
+                                             state=SupervisorState.WATCHING, started_at=START - 300,
+                                             updated_at=START - 60, interval=5.0, attempt=2, epoch=4))
+    put_lease(store, 4, START - 120)
+    put_status(store, JobState.RUNNING, 4, START, pid=1, host="driver-pod")
+    real = clock.sleep
+
+    def sleep(seconds: float) -> None:
+        real(seconds)
+        put_status(store, JobState.STOPPED if clock.now > START + 20 else JobState.RUNNING, 4, clock.now, pid=1,
+                   host="driver-pod")
+
+    clock.sleep = sleep  # type: ignore[method-assign]  # the driver's reports ride on the fake clock
+    outcome, spawner = supervise(_spec(spec), clock, [], FixedDelay(attempts=3, clock=clock), store=store,
+                                 launch_id=LAUNCH, adopt_epoch=4)
+    assert (outcome.final, spawner.argvs) == (Ending.STOPPED, [])
+    assert calls.read_text().splitlines() == [
+        "-n streaming delete sparkapplication ckpt-orders-20261129t120000z-abc123-2 --ignore-not-found --wait=false"]
