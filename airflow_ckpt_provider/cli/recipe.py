@@ -11,6 +11,7 @@ from pathlib import Path
 
 from airflow_ckpt_provider.cli.common import emit
 from airflow_ckpt_provider.launcher.recipes import DRIVER_FORMS, FORMS, RecipeSettings, render
+from airflow_ckpt_provider.launcher.sparkapp import IMAGE_ENTRYPOINT
 
 
 def cmd_recipe(args: argparse.Namespace) -> int:
@@ -18,7 +19,7 @@ def cmd_recipe(args: argparse.Namespace) -> int:
         store=args.store or "", namespace=args.namespace, image=args.image or "", replicas=args.replicas,
         credentials_secret=args.credentials_secret, endpoint_url=args.endpoint_url, region=args.region,
         upload_path=args.upload_path, driver_form=args.drivers, job=args.job, job_file=args.job_file,
-        checkpoint=args.checkpoint)
+        checkpoint=args.checkpoint, entrypoint=args.entrypoint)
     files = render(args.form, settings)
     if args.out:
         out = Path(args.out)
@@ -49,7 +50,11 @@ def add_recipe_command(groups: argparse._SubParsersAction[argparse.ArgumentParse
     p.add_argument("--upload-path", help="Kubernetes: where spark-submit uploads a driver pod's files (default "
                                          "s3a://<store bucket>/spark-uploads)")
     p.add_argument("--drivers", choices=DRIVER_FORMS, default="driver-pods",
-                   help="Kubernetes: driver pods submitted by the service (default), or one job's SparkApplication")
+                   help="Kubernetes: driver pods submitted by spark-submit (default), or SparkApplications of the "
+                        "Kubeflow Spark operator, both restarted by the service only")
+    p.add_argument("--entrypoint", default=IMAGE_ENTRYPOINT,
+                   help="--drivers sparkapplication: the runtime's entrypoint.py in the image (default "
+                        f"{IMAGE_ENTRYPOINT})")
     p.add_argument("--job", help="--drivers sparkapplication: the job's name")
     p.add_argument("--job-file", help="--drivers sparkapplication: the job file as a URI the cluster reads")
     p.add_argument("--checkpoint", help="--drivers sparkapplication: the live checkpoint (s3a://...)")
