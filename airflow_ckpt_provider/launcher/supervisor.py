@@ -465,6 +465,8 @@ class Supervisor:
                 self.reports.cold_start = self.clock() - driver.started
                 log.info("job %s: driver pid %d runs the job at epoch %d: restarts resume from latest-state",
                          self.job, driver.proc.pid, status.epoch)
+                # its record names the running driver's epoch at once: an owner that loses this supervisor adopts it
+                self.reports.beat(SupervisorState.WATCHING, proc=driver.proc)
         return status
 
     def _own(self, driver: DriverRun, status: JobStatus) -> bool:

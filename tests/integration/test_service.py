@@ -91,8 +91,12 @@ def test_a_handed_job_outlives_its_owning_instance_its_lost_supervisors_driver_i
         now = read_status(store)
         assert now is not None and now.epoch == running.epoch
 
-        # 2. The supervisor alone killed (its driver runs on): the owner adopts the driver with a new supervisor.
-        os.kill(supervisor.pid, signal.SIGKILL)
+        # 2. The supervisor alone killed (its driver runs on): the owner adopts the driver with a new supervisor. Its
+        # record names the driver's epoch (written as it saw the driver run): what the owner adopts by.
+        known = wait_logged("the supervisor's record naming its running driver's epoch", lambda: (
+            (r := read_supervisor(store, first_launch.launch_id)) is not None and r.epoch == running.epoch and r),
+            30.0, *logs)
+        os.kill(known.pid, signal.SIGKILL)
         lost_at = time.monotonic()
         adopted = wait_logged("a new supervisor of the same launch watching the running driver", lambda: (
             (r := read_supervisor(store, first_launch.launch_id)) is not None and r.pid != supervisor.pid
