@@ -26,7 +26,6 @@ from airflow_ckpt_provider.core.snapshots.catalog import dispose_snapshots as di
 from airflow_ckpt_provider.core.store.jobstore import JobStore, check_job_name
 from airflow_ckpt_provider.core.views.jobview import (
     RestartDecision,
-    earlier_request,
     launch_of,
     observe,
     request_running,
@@ -288,11 +287,8 @@ def _launch(context: dg.OpExecutionContext, ckpt: CkptResource, store: JobStore,
 
 def _stop(context: dg.OpExecutionContext, store: JobStore, mode: StopMode, *, timeout: float,
           poll_interval: float) -> dict[str, Any]:
-    if earlier_request(store, STOP_ACTION[mode], _run_key(context)) is not None:
-        # a retry: the first try's stop was asked (it may have stopped the job already): wait for its answer
-        return _request(context, store, STOP_ACTION[mode], timeout=timeout, poll_interval=poll_interval)
-    try:
-        status, nothing = stop_check(store)
+    try:  # a retry whose first try asked for the stop waits for that request
+        status, nothing = stop_check(store, action=STOP_ACTION[mode], key=_run_key(context))
     except CkptError as err:  # its supervisor restarts it: retry once it runs
         raise _failure(str(err)) from err
     if nothing:

@@ -11,7 +11,7 @@ from airflow_ckpt_provider.core.errors import CkptError
 from airflow_ckpt_provider.core.policy.modes import StopMode
 from airflow_ckpt_provider.core.policy.stepsettings import STOP_TIMEOUT
 from airflow_ckpt_provider.core.records.control import STOP_ACTION, RequestAction
-from airflow_ckpt_provider.core.views.jobview import earlier_request, request_running, stop_check
+from airflow_ckpt_provider.core.views.jobview import request_running, stop_check
 from airflow_ckpt_provider.core.watches.control import request_failure, request_result
 from airflow_ckpt_provider.links import SnapshotLink, persist_empty_links
 from airflow_ckpt_provider.operators.arguments import mode_arg, parse_mode
@@ -51,12 +51,8 @@ class StopStreamingJobOperator(JobOperator):
             raise AirflowException(f"job {self.job}: {err}") from err
         store = self.job_store()
         action = STOP_ACTION[mode]
-        if (key := self.run_key(context)) and earlier_request(store, action, key) is not None:
-            # a retry: the first try's stop was asked (it may have stopped the job already): wait for its answer
-            return request_and_wait(self, context, store, action, timeout=self.timeout,
-                                    method_name="execute_complete")
-        try:
-            status, nothing = stop_check(store)
+        try:  # a retry whose first try asked for the stop waits for that request
+            status, nothing = stop_check(store, action=action, key=self.run_key(context))
         except CkptError as err:  # its supervisor restarts it: retry once it runs
             raise AirflowException(str(err)) from err
         if nothing:

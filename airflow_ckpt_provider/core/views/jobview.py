@@ -339,10 +339,15 @@ def _resumable(asked: list[tuple[int, Request, Ack | None]]) -> Request | None:
     return request if ack is None or ack.outcome is Outcome.COMPLETED else None
 
 
-def stop_check(store: JobStore, now: float | None = None) -> tuple[JobStatus | None, str]:
+def stop_check(store: JobStore, now: float | None = None, *, action: RequestAction | None = None,
+               key: str | None = None) -> tuple[JobStatus | None, str]:
     """Before a stop: (the status of the driver to stop, '') or (the last status if any, why there is nothing to
     stop: never ran here, stopped, stale). ConflictError while its supervisor restarts it: stopping nothing
-    would be wrong, the supervisor brings the job back right after."""
+    would be wrong, the supervisor brings the job back right after. With ``action`` and ``key`` (a task's or op's
+    run) a retry whose first try asked for the stop gets (None, ''): its request is to be waited for (its answer is
+    the stop's result, the job stopped since or not)."""
+    if action is not None and key and earlier_request(store, action, key) is not None:
+        return None, ""
     try:
         view = observe(store, now)
     except ConfigError as err:  # never ran here: nothing to stop (safe as a teardown)
