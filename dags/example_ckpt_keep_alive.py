@@ -17,7 +17,8 @@ from pathlib import Path
 from airflow.sdk import DAG
 
 from airflow_ckpt_provider import examples
-from airflow_ckpt_provider.operators.job import RestartStreamingJobOperator, SubmitStreamingJobOperator
+from airflow_ckpt_provider.operators.job import SubmitStreamingJobOperator
+from airflow_ckpt_provider.operators.restart import RestartStreamingJobOperator
 from airflow_ckpt_provider.operators.snapshot import DisposeSnapshotsOperator
 from airflow_ckpt_provider.sensors.job_health import JobHealthSensor
 

@@ -11,7 +11,7 @@ from datetime import datetime
 
 from airflow.sdk import DAG, Param
 
-from airflow_ckpt_provider.operators.job import RestartStreamingJobOperator
+from airflow_ckpt_provider.operators.restart import RestartStreamingJobOperator
 from airflow_ckpt_provider.operators.snapshot import TriggerSavepointOperator
 from airflow_ckpt_provider.sensors.job_health import JobHealthSensor
 

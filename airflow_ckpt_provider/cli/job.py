@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_ckpt_provider.cli.common import add_store_args, emit, open_job_store, progress
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.policy.stepsettings import UpgradeSettings
+from airflow_ckpt_provider.core.policy.stepsettings import RestartStepSettings, StepSettings, UpgradeSettings
 from airflow_ckpt_provider.core.records.control import Ack, Outcome, RequestAction, wait_ack
 from airflow_ckpt_provider.core.records.lease import LeaseRecord
 from airflow_ckpt_provider.core.store.progress import human_count
@@ -193,20 +193,34 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_restart(args: argparse.Namespace) -> int:
+    store, result = _run_upgrade(args, "restart")
+    by = result["restarted_by"]
+    emit(args, result, lambda: (f"restarted job {store.job} from {result['restore']}"
+                                + (f" (by its {by}: it was restarting already)" if by != "operation" else "")
+                                + f", running at epoch {result['epoch']}"
+                                + (f", batch {result['batch_id']}" if result["batch_id"] is not None else "")))
+    return 0
+
+
 def _run_upgrade(args: argparse.Namespace, verb: str) -> tuple[JobStore, dict[str, Any]]:
-    """``ckpt job rescale|upgrade``: ask for the operation and act on it here (launcher/upgrade.py), each step said on
-    a line of stderr; a re-run after this process died resumes it."""
+    """``ckpt job rescale|upgrade|restart``: ask for the operation and act on it here (launcher/upgrade.py), each
+    step said on a line of stderr; a re-run after this process died resumes it."""
     import getpass
     import socket
 
     from airflow_ckpt_provider.cli.common import s3_options
-    from airflow_ckpt_provider.launcher.upgrade import run_upgrade
+    from airflow_ckpt_provider.launcher.upgrade import run_operation
 
-    settings = UpgradeSettings.from_namespace(args)
-    if settings.py_files is not None or settings.files is not None:
-        settings = replace(settings, py_files=_absolute(settings.py_files), files=_absolute(settings.files))
+    settings: StepSettings
+    if verb == "restart":
+        settings = RestartStepSettings.from_namespace(args)
+    else:
+        settings = UpgradeSettings.from_namespace(args)
+        if settings.py_files is not None or settings.files is not None:
+            settings = replace(settings, py_files=_absolute(settings.py_files), files=_absolute(settings.files))
     store = open_job_store(args)
-    return store, run_upgrade(store, args.store, s3_options(args), settings, say=progress,
+    return store, run_operation(store, args.store, s3_options(args), settings, say=progress,
                               requested_by=f"{getpass.getuser()}@{socket.gethostname()} (ckpt job {verb})")
 
 
@@ -290,8 +304,14 @@ def add_job_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]
     add_store_args(p)
     p.set_defaults(fn=cmd_upgrade)
     UpgradeSettings.add_flags(p)
-    p = sub.add_parser("operate", help="act on the job's recorded operation (an upgrade or a rescale) whose actor is "
-                       "gone: resume it from its recorded step (an Airflow task starts this detached)")
+    p = sub.add_parser("restart", help="restart the job's recorded deployment from its latest state (or --restore "
+                       "SPEC), a running driver stopped first; a restart its supervisor makes already is waited for; "
+                       "run again after an interruption, it resumes")
+    add_store_args(p)
+    p.set_defaults(fn=cmd_restart)
+    RestartStepSettings.add_flags(p)
+    p = sub.add_parser("operate", help="act on the job's recorded operation (an upgrade, a rescale, a restart) whose "
+                       "actor is gone: resume it from its recorded step (an Airflow task starts this detached)")
     add_store_args(p)
     p.set_defaults(fn=cmd_operate)
     p.add_argument("--operation", required=True, metavar="ID", help="the operation's id (in operation.json)")

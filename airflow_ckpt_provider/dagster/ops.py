@@ -16,20 +16,21 @@ from pydantic import Field, create_model, field_validator, model_validator
 
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError, ConflictError
 from airflow_ckpt_provider.core.policy.health import HealthCriteria
-from airflow_ckpt_provider.core.policy.modes import RestoreSpec, StopMode, SupervisionMode, UpgradeMode
+from airflow_ckpt_provider.core.policy.modes import RestoreSpec, StopMode, SupervisionMode
 from airflow_ckpt_provider.core.policy.restart import Health
-from airflow_ckpt_provider.core.policy.settings import JobSettings, setting_fields
-from airflow_ckpt_provider.core.policy.stepsettings import STOP_TIMEOUT, UpgradeSettings
+from airflow_ckpt_provider.core.policy.settings import JobSettings, Settings, setting_fields
+from airflow_ckpt_provider.core.policy.stepsettings import (
+    STOP_TIMEOUT,
+    RestartStepSettings,
+    StepSettings,
+    UpgradeSettings,
+)
 from airflow_ckpt_provider.core.records.control import STOP_ACTION, RequestAction
 from airflow_ckpt_provider.core.records.deployments import Deployment, read_launch
 from airflow_ckpt_provider.core.snapshots.catalog import dispose_snapshots as dispose
 from airflow_ckpt_provider.core.store.jobstore import JobStore, check_job_name
 from airflow_ckpt_provider.core.views.jobview import (
-    RestartDecision,
-    launch_of,
-    observe,
     request_running,
-    restart_decision,
     stop_check,
 )
 from airflow_ckpt_provider.core.views.submission import find_running, what_to_launch
@@ -39,7 +40,7 @@ from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
 from airflow_ckpt_provider.dagster.resources import CkptResource
 from airflow_ckpt_provider.launcher.deploy import start_failure
 from airflow_ckpt_provider.launcher.handover import start_job
-from airflow_ckpt_provider.launcher.upgrade import UpgradeFailed, run_upgrade
+from airflow_ckpt_provider.launcher.upgrade import UpgradeFailed, run_operation
 
 #: The resource key every op of this module asks for.
 CKPT_RESOURCE = "ckpt"
@@ -47,6 +48,7 @@ CKPT_RESOURCE = "ckpt"
 #: how often they look at the job store), as SubmitStreamingJobOperator's arguments.
 _SETTINGS = {f.name: m for f, m in setting_fields(JobSettings) if f.name != "poll_interval"}
 T = TypeVar("T")
+S = TypeVar("S", bound=Settings)
 
 
 def _config_error(check: Callable[[], object], value: T) -> T:
@@ -127,20 +129,6 @@ class RequestConfig(JobConfig):
     timeout: float = Field(default=STOP_TIMEOUT, gt=0, description="Seconds the driver gets to answer")
 
 
-class RestartConfig(JobConfig):
-    restore: str = Field(default="latest-state",
-                         description="latest-state, latest-savepoint, none, or a snapshot id or URI; a snapshot "
-                                     "given as the op's input wins")
-    stop_mode: StopKind = Field(default=StopKind.cancel, description="How a running driver is stopped first")
-    start_timeout: float = Field(default=600.0, gt=0)
-    stop_timeout: float = Field(default=STOP_TIMEOUT, gt=0)
-
-    @field_validator("restore")
-    @classmethod
-    def _check_restore(cls, value: str) -> str:
-        return _config_error(lambda: RestoreSpec.parse(value), value)
-
-
 class DisposeConfig(JobConfig):
     snapshot_ids: list[str] = Field(default_factory=list, description="Dispose of these; none: apply retention")
     keep_checkpoints: int = Field(default=3, ge=1)
@@ -159,23 +147,26 @@ class HealthyConfig(JobConfig):
     timeout: float = Field(default=600.0, gt=0)
 
 
-def _settings_config(name: str, doc: str, *, only: tuple[str, ...] | None = None,
-                     required: tuple[str, ...] = ()) -> type[JobConfig]:
-    """A config class of UpgradeSettings' fields (``only`` those), declared there once: the same names, defaults,
-    help and checks as ``ckpt job upgrade``'s flags and the Airflow operators' arguments. Modes are their spelling,
-    paths a list."""
-    hints = get_type_hints(UpgradeSettings)
+def _settings_config(name: str, doc: str, *, cls: type[StepSettings] = UpgradeSettings,
+                     only: tuple[str, ...] | None = None, required: tuple[str, ...] = ()) -> type[JobConfig]:
+    """A config class of ``cls``' fields (``only`` those), declared there once: the same names, defaults, help and
+    checks as ``ckpt job upgrade|rescale|restart``'s flags and the Airflow operators' arguments. Modes and restore
+    strategies are their spelling, paths a list."""
+    hints = get_type_hints(cls)
     fields: dict[str, Any] = {}
-    for f, m in setting_fields(UpgradeSettings):
+    for f, m in setting_fields(cls):
         if only is not None and f.name not in only:
             continue
         hint = hints[f.name]
-        kind: Any = {UpgradeMode: str, tuple[str, ...] | None: list[str] | None}.get(hint, hint)
-        default = f.default.value if isinstance(f.default, Enum) else f.default
+        kind: Any = str if isinstance(hint, type) and issubclass(hint, Enum | RestoreSpec) else \
+            {tuple[str, ...] | None: list[str] | None}.get(hint, hint)
+        default = f.default.value if isinstance(f.default, Enum) else \
+            str(f.default) if isinstance(f.default, RestoreSpec) else f.default
         fields[f.name] = (kind, Field(description=m.help[:1].upper() + m.help[1:]) if f.name in required else
                           Field(default=default, description=m.help[:1].upper() + m.help[1:]))
     def check(config: JobConfig) -> JobConfig:  # the combinations, at once (Dagster's launchpad shows the error)
-        upgrade_settings(config, **({"job_file": None} if "job_file" not in fields else {}))
+        step_settings_of(cls, config, **({"job_file": None} if cls is UpgradeSettings and "job_file" not in fields
+                                         else {}))
         return config
 
     return create_model(name, __base__=JobConfig, __doc__=doc,
@@ -184,14 +175,18 @@ def _settings_config(name: str, doc: str, *, only: tuple[str, ...] | None = None
                         **fields)
 
 
-def upgrade_settings(config: JobConfig, **more: Any) -> UpgradeSettings:
-    """The op's config as UpgradeSettings (``more``: values the op sets itself); ValueError says what is wrong."""
-    names = {f.name for f, _ in setting_fields(UpgradeSettings)}
+def step_settings_of(cls: type[S], config: JobConfig, **more: Any) -> S:
+    """The op's config as ``cls`` (``more``: values the op sets itself); ValueError says what is wrong."""
+    names = {f.name for f, _ in setting_fields(cls)}
     values = {k: v for k, v in config.model_dump().items() if k in names} | more
     try:
-        return UpgradeSettings(**values)
+        return cls(**values)
     except CkptError as err:
         raise ValueError(f"{err}. Fix the op's config") from err
+
+
+def upgrade_settings(config: JobConfig, **more: Any) -> UpgradeSettings:
+    return step_settings_of(UpgradeSettings, config, **more)
 
 
 UpgradeConfig = _settings_config(
@@ -200,6 +195,9 @@ UpgradeConfig = _settings_config(
 RescaleConfig = _settings_config(
     "RescaleConfig", "RescaleStreamingJobOperator's arguments: the running code, its state in ``partitions``.",
     only=("partitions", "check_timeout", "stop_timeout", "verify_batches", "verify_timeout"), required=("partitions",))
+RestartConfig = _settings_config(
+    "RestartConfig", "RestartStreamingJobOperator's arguments (core/policy/stepsettings.RestartStepSettings); a "
+    "snapshot given as the op's input wins over ``restore``.", cls=RestartStepSettings)
 
 
 # -- what the ops share ----------------------------------------------------------------------------
@@ -364,59 +362,27 @@ def cancel_streaming_job(context: dg.OpExecutionContext, config: RequestConfig, 
 @dg.op(ins={"snapshot": dg.In(dict, description="A savepoint op's output: restore that snapshot"),
             "after": _AFTER["after"]},
        out=dg.Out(dict), tags={"kind": "ckpt"})
-def restart_from_snapshot(context: dg.OpExecutionContext, config: RestartConfig, ckpt: CkptResource,
-                          snapshot: dict[str, Any]) -> dict[str, Any]:
+def restart_from_snapshot(context: dg.OpExecutionContext, config: RestartConfig,  # type: ignore[valid-type]  # a class made by create_model
+                          ckpt: CkptResource, snapshot: dict[str, Any]) -> dict[str, Any]:
     """Restart the job's last deployment from the snapshot a savepoint op returned (``snapshot_id``)."""
     return _restart(context, config, ckpt, str(snapshot["snapshot_id"]))
 
 
 @dg.op(ins=_AFTER, out=dg.Out(dict), tags={"kind": "ckpt"})
-def restart_streaming_job(context: dg.OpExecutionContext, config: RestartConfig, ckpt: CkptResource) -> dict[str, Any]:
+def restart_streaming_job(context: dg.OpExecutionContext, config: RestartConfig,  # type: ignore[valid-type]  # as above
+                          ckpt: CkptResource) -> dict[str, Any]:
     """Restart the job's last deployment from ``restore``; a running driver is stopped first (``stop_mode``).
-    One owner per restart: a ``latest-state`` restart of a job its supervisor restarts already waits for that."""
-    return _restart(context, config, ckpt, config.restore)
+    One owner per restart: a ``latest-state`` restart of a job its supervisor restarts already waits for that.
+
+    Output: ``{"job", "epoch", "batch_id", "launch_id", "restore", "snapshot_id", "restarted_by"}``."""
+    return _restart(context, config, ckpt, config.restore)  # type: ignore[attr-defined]  # a field made by create_model
 
 
-def _restart(context: dg.OpExecutionContext, config: RestartConfig, ckpt: CkptResource,
-             restore: str) -> dict[str, Any]:
-    """RestartStreamingJobOperator's steps, in one process (core/views/jobview.restart_decision decides)."""
-    from airflow_ckpt_provider.runtime.startup import check_named_restore  # reads snapshots: not at load time
-
-    store = _store(ckpt, config.job)
-    last = read_launch(store)
-    if last is None:
-        raise _failure(f"job {config.job} has no recorded deployment (spec/last.json): submit it first")
-    if (mine := launch_of(last, _run_key(context))) is not None:  # a retry after this run's launch
-        context.log.info("job %s: launch %s of this op run is recorded and has not ended: waiting for it to run "
-                         "instead of restarting again", config.job, mine.launch_id)
-        return _wait_running(context, store, start_timeout=config.start_timeout, poll_interval=config.poll_interval,
-                             started_after=mine.launched_at, min_epoch=None, launch_id=mine.launch_id) | {
-            "restore": restore, "restarted_by": "op"}
-    try:
-        spec = RestoreSpec.parse(restore)
-        check_named_restore(store, spec, last.deployment.time_travel)  # before the running driver is stopped
-    except CkptError as err:
-        raise _failure(f"job {config.job}: {err}") from err
-    try:
-        view = observe(store)
-    except ConfigError:
-        view = None
-    decision, restarter = restart_decision(view, spec)
-    extra = {"restore": str(spec), "restarted_by": "op"}
-    if decision is RestartDecision.LEAVE_TO_OWNER:
-        assert restarter is not None
-        context.log.info("job %s: not launching: it is %s", config.job, restarter.describe())
-        launched_at = last.launched_at if last.launch_id == restarter.launch_id else None
-        return _wait_running(context, store, start_timeout=config.start_timeout, poll_interval=config.poll_interval,
-                             started_after=launched_at, min_epoch=restarter.min_epoch,
-                             launch_id=restarter.launch_id) | extra | {"restarted_by": restarter.by.value}
-    if decision is RestartDecision.STOP_THEN_LAUNCH:
-        # asked anew by each try: a retry after this run's launch waits for that launch (above)
-        _request(context, store, STOP_ACTION[StopMode(config.stop_mode.value)], timeout=config.stop_timeout,
-                 poll_interval=config.poll_interval, resume=False)
-    launch_id, launched_at = _launch(context, ckpt, store, last.deployment, spec)
-    return _wait_running(context, store, start_timeout=config.start_timeout, poll_interval=config.poll_interval,
-                         started_after=launched_at, min_epoch=None, launch_id=launch_id) | extra
+def _restart(context: dg.OpExecutionContext, config: JobConfig, ckpt: CkptResource, restore: str) -> dict[str, Any]:
+    """RestartStreamingJobOperator's run: the operation asked for and acted on here (launcher/upgrade.py), or waited
+    for when the supervision service owns the job; a retry of the op resumes it."""
+    settings = _checked(lambda: step_settings_of(RestartStepSettings, config, restore=restore))
+    return _operate(context, ckpt, config.job, settings)
 
 
 @dg.op(ins=_AFTER, out=dg.Out(dict), tags={"kind": "ckpt"})
@@ -466,7 +432,7 @@ def upgrade_streaming_job(context: dg.OpExecutionContext, config: UpgradeConfig,
     settings = _checked(lambda: upgrade_settings(
         config, py_files=None if py_files is None else _paths(ckpt.py_files, py_files),
         files=None if files is None else _paths(ckpt.files, files)))
-    return _upgrade(context, ckpt, config.job, settings)  # type: ignore[attr-defined]  # JobConfig's field
+    return _operate(context, ckpt, config.job, settings)  # type: ignore[attr-defined]  # JobConfig's field
 
 
 @dg.op(ins=_AFTER, out=dg.Out(dict), tags={"kind": "ckpt"})
@@ -476,23 +442,23 @@ def rescale_streaming_job(context: dg.OpExecutionContext, config: RescaleConfig,
     ``partitions`` through a savepoint (on a copy), back to the old partitions if it fails.
 
     Output: ``{"job", "partitions", "snapshot_id", "rescaled_snapshot_id", "epoch", "batch_id"}``."""
-    return _upgrade(context, ckpt, config.job, _checked(lambda: upgrade_settings(config)))  # type: ignore[attr-defined]  # JobConfig's field
+    return _operate(context, ckpt, config.job, _checked(lambda: upgrade_settings(config)))  # type: ignore[attr-defined]  # JobConfig's field
 
 
-def _checked(make: Callable[[], UpgradeSettings]) -> UpgradeSettings:
+def _checked(make: Callable[[], S]) -> S:
     try:
         return make()
     except ValueError as err:  # a combination of values no single field's check refuses
         raise _failure(str(err), allow_retries=False, outcome="refused") from err
 
 
-def _upgrade(context: dg.OpExecutionContext, ckpt: CkptResource, job: str, settings: UpgradeSettings) -> dict[str, Any]:
+def _operate(context: dg.OpExecutionContext, ckpt: CkptResource, job: str, settings: StepSettings) -> dict[str, Any]:
     """Ask for the operation and act on it here (or wait for the supervision service): launcher/upgrade.py. A retry
     of the op (the same run) finds the operation and resumes it; its refusals (nothing stopped) and failures (after
     the stop: rolled back or not) become dg.Failure, not retried: a retry would find the same end."""
     store = _store(ckpt, job)
     try:
-        result = run_upgrade(store, ckpt.store_url, ckpt.s3_options(), settings, say=context.log.info,
+        result = run_operation(store, ckpt.store_url, ckpt.s3_options(), settings, say=context.log.info,
                              requested_by=_launched_by(context), key=_run_key(context),
                              submit_hint="submit it first with the op submit_streaming_job; nothing was stopped")
     except ConflictError as err:
@@ -502,5 +468,5 @@ def _upgrade(context: dg.OpExecutionContext, ckpt: CkptResource, job: str, setti
     except UpgradeFailed as err:
         raise _failure(str(err), allow_retries=False, outcome="failed") from err
     context.add_output_metadata({k: v for k, v in result.items() if v is not None and k in (
-        "snapshot_id", "rescaled_snapshot_id", "epoch", "batch_id", "to_version", "partitions")})
+        "snapshot_id", "rescaled_snapshot_id", "epoch", "batch_id", "to_version", "partitions", "restarted_by")})
     return result

@@ -1,5 +1,6 @@
-"""The one actor of an upgrade or a rescale, whoever asked for it (``ckpt job upgrade|rescale``, the Airflow operators,
-the Dagster ops) and wherever it runs (that command, a detached ``ckpt job operate``, the supervision service). It acts
+"""The one actor of an upgrade, a rescale or a restart, whoever asked for it (``ckpt job upgrade|rescale|restart``,
+the Airflow operators, the Dagster ops) and wherever it runs (that command, a detached ``ckpt job operate``, the
+supervision service). It acts
 on the steps launcher/upgradesteps.py decides, each written to the operation record (core/records/operations.py) with
 the ids of what it starts before it acts, so a new actor resumes the step in progress instead of redoing it.
 Design notes: docs/operations.md#design-notes-launcherupgradepy."""
@@ -17,9 +18,18 @@ from typing import Any
 
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError, StorageError
 from airflow_ckpt_provider.core.policy.faults import crash_point
-from airflow_ckpt_provider.core.policy.modes import LATEST_STATE, RestoreMode, RestoreSpec
+from airflow_ckpt_provider.core.policy.health import HealthCriteria
+from airflow_ckpt_provider.core.policy.modes import LATEST_STATE, RestoreMode, RestoreSpec, SupervisionMode
 from airflow_ckpt_provider.core.policy.outcomes import CheckOutcome
-from airflow_ckpt_provider.core.policy.stepsettings import RESCALE, UPGRADE, UpgradeSettings
+from airflow_ckpt_provider.core.policy.stepsettings import (
+    RESCALE,
+    RESTART,
+    UPGRADE,
+    RestartStepSettings,
+    StepSettings,
+    UpgradeSettings,
+    step_settings,
+)
 from airflow_ckpt_provider.core.records.control import (
     Ack,
     Outcome,
@@ -96,7 +106,7 @@ class JobUpgrade:
         self.job = store.job
         self.acting: Acting | None = None
 
-    settings: UpgradeSettings  # the operation's, read by run()
+    settings: StepSettings  # the operation's, read by run()
 
     # -- the loop -----------------------------------------------------------------------------------------------
 
@@ -106,7 +116,7 @@ class JobUpgrade:
         self.acting = acting = Acting.take(self.store, found, self.actor, line=(
             f"{self.actor} resumes {op.kind} {op.id} at step {op.steps} ({(op.step or {}).get('type', 'decided')})"
             if resumed else f"{self.actor} acts on {op.kind} {op.id}"))
-        self.settings = UpgradeSettings.from_json(op.settings)
+        self.settings = step_settings(op.kind, op.settings)
         if resumed:
             self.say(acting.operation.lines[-1])
         stop = threading.Event()  # a heartbeat beside every act, however long (ACTOR_SILENCE on other hosts)
@@ -153,10 +163,16 @@ class JobUpgrade:
         is in progress (the loop resumes it first)."""
         if op.plan is None:
             hint = self.submit_hint or SUBMIT_HINT.format(verb=op.kind)
-            plan, began = steps.prepare(self.store, self.settings, store_url=self.store_url, s3=self.s3,
-                                        submit_hint=hint)
+            if isinstance(self.settings, RestartStepSettings):
+                plan, began = steps.prepare_restart(self.store, self.settings, submit_hint=self.submit_hint or
+                                                    "submit it first")
+            else:
+                plan, began = steps.prepare(self.store, self.settings, store_url=self.store_url, s3=self.s3,
+                                            submit_hint=hint)
             assert self.acting is not None
             self.acting.save(state=OperationState.RUNNING)
+            if began.note:
+                self.say(began.note)
             return plan, began
         plan = steps.UpgradePlan.from_dict(op.plan)
         if op.step is not None:
@@ -197,7 +213,7 @@ class JobUpgrade:
                            "resumes the operation")
         match step:
             case steps.TakeSavepoint():
-                self.say(f"1/5 job {self.job} has no snapshot to check against: taking a savepoint (it keeps "
+                self.say(f"{self._at(1)} job {self.job} has no snapshot to check against: taking a savepoint (it keeps "
                          "running)")
                 _, why = self._request(RequestAction.SAVEPOINT, step.epoch, self.settings.stop_timeout)
                 return steps.Saved(why)
@@ -216,6 +232,13 @@ class JobUpgrade:
         raise AssertionError(f"unexpected step {step}")
 
     # -- what each step does; each finds what an earlier actor started for it first -----------------------------
+
+    def _at(self, stage: int) -> str:
+        """Where a line's step stands among its operation's: an upgrade's five (check, stop, rescale, start and
+        verify, roll back), a restart's three (stop, start, verify)."""
+        if self.settings.what == RESTART:
+            return {2: "1/3", 4: "2/3"}.get(stage, "3/3")
+        return f"{stage}/5"
 
     def say(self, line: str) -> None:
         self.say_out(line)
@@ -276,15 +299,17 @@ class JobUpgrade:
         check_id = self._handle("check_id")
         if check_id:
             return str(check_id)
+        settings = self.settings
+        assert isinstance(settings, UpgradeSettings)  # only an upgrade or a rescale decides a check
         marker = self._marker("check")
         mine = [c for c in running_checks(self.store, time.time()) if self._started_here(c.started_by, "check")]
         if mine:
             check_id = mine[-1].check_id
         else:
             check_id = start_check(self.store, plan.new_deployment, store_url=self.store_url,
-                                   timeout=self.settings.check_timeout, s3=self.s3,
-                                   allow_non_restored_state=self.settings.allow_non_restored_state,
-                                   started_by=marker, restore=restore, rescale_to=self.settings.partitions,
+                                   timeout=settings.check_timeout, s3=self.s3,
+                                   allow_non_restored_state=settings.allow_non_restored_state,
+                                   started_by=marker, restore=restore, rescale_to=settings.partitions,
                                    save_rescaled=save).check_id
         self._record_handle(check_id=check_id)
         return str(check_id)
@@ -304,11 +329,11 @@ class JobUpgrade:
     def _check_latest(self, plan: steps.UpgradePlan) -> steps.Checked:
         n, new = self.settings.partitions, plan.new_deployment
         if plan.what == RESCALE:
-            self.say(f"1/5 checking that {new.job_file} runs on its latest state repartitioned into {n} partitions "
-                     "(on a copy)")
+            self.say(f"{self._at(1)} checking that {new.job_file} runs on its latest state repartitioned into {n} "
+                     "partitions (on a copy)")
         else:
-            self.say(f"1/5 checking that {new.job_file} (code {new.code_version or '-'}) restores the latest state"
-                     + (f" repartitioned into {n} partitions" if n else "") + " (on a copy)")
+            self.say(f"{self._at(1)} checking that {new.job_file} (code {new.code_version or '-'}) restores the latest "
+                     "state" + (f" repartitioned into {n} partitions" if n else "") + " (on a copy)")
         try:
             event = self._wait_check(self._start_check(plan, LATEST_STATE, save=False))
         except ConfigError as err:  # bad input: spark-submit or the check refused
@@ -317,7 +342,7 @@ class JobUpgrade:
             return steps.Checked(problem=str(event.get("message")))
         running = steps.Running()
         if event["status"] == CheckOutcome.COMPATIBLE:
-            self.say(f"1/5 compatible: snapshot {event.get('snapshot_id')} (batch {event.get('batch_id')})"
+            self.say(f"{self._at(1)} compatible: snapshot {event.get('snapshot_id')} (batch {event.get('batch_id')})"
                      + (f" in {n} partitions" if n else "") + f", {event.get('seconds')} s")
             running = steps.observe_running(self.store)  # it may have changed meanwhile
         return steps.Checked(event["status"], event.get("reason"), event.get("snapshot_id"), running=running)
@@ -325,18 +350,18 @@ class JobUpgrade:
     def _stop(self, step: steps.Stop) -> steps.Outcome:
         what = "stop with savepoint" if step.action is RequestAction.STOP else "cancel"
         if step.epoch is None:
-            self.say("2/5 no driver runs: nothing to stop")
+            self.say(f"{self._at(2)} no driver runs: nothing to stop")
             ack = None
         else:
-            self.say(f"2/5 stopping the driver of epoch {step.epoch} " + (
+            self.say(f"{self._at(2)} stopping the driver of epoch {step.epoch} " + (
                 "with a savepoint" if step.action is RequestAction.STOP else
                 f"({self.settings.upgrade_mode}: cancel)"))
             ack, why = self._request(step.action, step.epoch, self.settings.stop_timeout)
             if why is not None or ack is None:
                 seen, epoch = steps.observe_stop_failure(self.store)
                 return steps.StopFailed(f"the {what} did not complete ({why})", seen, epoch)
-            self.say(f"2/5 stopped with savepoint {ack.snapshot_id} at batch {ack.batch_id}" if ack.snapshot_id else
-                     f"2/5 cancelled at batch {ack.batch_id}")
+            done = (f"stopped with savepoint {ack.snapshot_id}" if ack.snapshot_id else "cancelled")
+            self.say(f"{self._at(2)} {done} at batch {ack.batch_id}")
         crash_point(f"{self.settings.what}.after-stop")
         if ack is not None and ack.snapshot_id:
             return steps.Stopped(ack.snapshot_id)
@@ -346,7 +371,8 @@ class JobUpgrade:
     def _rescale(self, plan: steps.UpgradePlan, step: steps.Rescale) -> steps.Rescaled:
         if step.note:
             self.say(step.note)
-        self.say(f"3/5 repartitioning savepoint {step.snapshot_id} into {step.partitions} partitions on a copy")
+        self.say(f"{self._at(3)} repartitioning savepoint {step.snapshot_id} into {step.partitions} partitions on a "
+                 "copy")
         try:
             event = self._wait_check(self._start_check(plan, RestoreSpec(RestoreMode.SNAPSHOT, step.snapshot_id),
                                                        save=True))
@@ -356,7 +382,8 @@ class JobUpgrade:
             return steps.Rescaled(problem=str(event.get("message")))
         rescaled = event.get("rescaled_snapshot_id")
         if event["status"] == CheckOutcome.COMPATIBLE and rescaled:
-            self.say(f"3/5 saved savepoint {rescaled} ({step.partitions} partitions) in {event.get('seconds')} s")
+            self.say(f"{self._at(3)} saved savepoint {rescaled} ({step.partitions} partitions) in "
+                     f"{event.get('seconds')} s")
             crash_point("rescale.after-save")
         return steps.Rescaled(event["status"], event.get("reason"), rescaled)
 
@@ -368,13 +395,16 @@ class JobUpgrade:
         if last is not None and (last.key == key or (not last.key and self._started_here(last.launched_by, what))):
             return last  # (a launch recorded before launches had keys is known by its launched_by)
         names = [n for n in os.environ.get(UNRECORDED_ENV, "").split(",") if n in os.environ]
+        settings = self.settings
+        supervision = settings.supervision if isinstance(settings, RestartStepSettings) else SupervisionMode.AUTO
         return start_job(self.store, deployment, restore=restore, store_url=self.store_url, s3=self.s3,
-                         launched_by=self._marker(what), unrecorded_env={n: os.environ[n] for n in names}, key=key)
+                         launched_by=self._marker(what), unrecorded_env={n: os.environ[n] for n in names}, key=key,
+                         supervision=supervision)
 
     def _start_new(self, plan: steps.UpgradePlan, step: steps.Start) -> steps.Started:
         if step.note:
             self.say(step.note)
-        self.say(f"4/5 starting {plan.new['job_file']} from {step.restore}")
+        self.say(f"{self._at(4)} starting {plan.new['job_file']} from {step.restore}")
         try:
             record = self._launch_once(plan.new_deployment, step.restore, "start")
         except CkptError as err:
@@ -383,6 +413,16 @@ class JobUpgrade:
         return steps.Started(record.to_dict())
 
     def _verify_new(self, plan: steps.UpgradePlan) -> steps.Verified:
+        if plan.what == RESTART:  # running is enough, as for a submit; the job's own restart: a driver of min_epoch
+            started_after = Launch.from_dict(plan.launch).launched_at if plan.launch else None
+            criteria = HealthCriteria(min_epoch=plan.min_epoch, started_after=started_after,
+                                      start_timeout=self.settings.verify_timeout)
+            try:
+                event = self._await(criteria, batches=0)
+            except CkptError as err:
+                return steps.Verified(False, str(err))
+            return steps.Verified(event.get("status") == "healthy", _said(event), event.get("epoch"),
+                                  event.get("batch_id"))
         assert plan.launch is not None  # recorded with the launch
         try:
             event = self._verify(Launch.from_dict(plan.launch))
@@ -397,12 +437,15 @@ class JobUpgrade:
         up with no new input; with ``require_batches`` (the new deployment only) the batches are awaited within the
         same timeout even then, and their absence is a verdict of its own. The timeout counts from the step's start
         (a resumed step has what is left of it)."""
-        timeout = self.settings.verify_timeout
         need = self.settings.batches if batches is None else batches
-        criteria = steps.verify_criteria(record.launched_at, timeout=timeout, batches=need)
+        criteria = steps.verify_criteria(record.launched_at, timeout=self.settings.verify_timeout, batches=need)
+        return self._await(criteria, batches=need, strict=batches is None and self.settings.require_batches)
+
+    def _await(self, criteria: HealthCriteria, *, batches: int, strict: bool = False) -> dict[str, Any]:
+        """The health watch's verdict on ``criteria`` (``_verify``), within the settings' verify timeout."""
+        timeout, need = self.settings.verify_timeout, batches
         watch = JobHealthWatch(self.store, criteria)
         deadline = self._deadline(timeout)
-        strict = batches is None and self.settings.require_batches
         while True:
             try:
                 event = watch.poll()
@@ -427,22 +470,27 @@ class JobUpgrade:
             time.sleep(self.poll)
 
     def _done(self, plan: steps.UpgradePlan, result: dict[str, Any], said: str) -> dict[str, Any]:
+        if plan.what == RESTART:  # the same deployment: nothing new to mark stable
+            by = f" (restarted by the job's {plan.owner})" if plan.owner else ""
+            self.say(f"{self._at(5)} running: epoch {result['epoch']}" + (
+                f" at batch {result['batch_id']}" if result["batch_id"] is not None else "") + by)
+            return result
         assert plan.launch is not None
         mark_stable(self.store, Launch.from_dict(plan.launch))
         said = said or f"epoch {result['epoch']} at batch {result['batch_id']}"
         if plan.what == UPGRADE:
-            self.say(f"4/5 verified: {said}; {plan.new.get('code_version') or plan.new['job_file']} is the stable "
-                     "deployment")
+            code = plan.new.get("code_version") or plan.new["job_file"]
+            self.say(f"{self._at(4)} verified: {said}; {code} is the stable deployment")
             return result
-        self.say(f"4/5 verified: {said}")
+        self.say(f"{self._at(4)} verified: {said}")
         return {key: result[key] for key in ("job", "partitions", "snapshot_id", "rescaled_snapshot_id", "epoch",
                                              "batch_id")}
 
     def _roll_back(self, plan: steps.UpgradePlan, step: steps.RollBack) -> steps.RolledBack:
         if (disposed := steps.dispose_rescaled(self.store, step)) is not None:
-            self.say(f"5/5 {disposed[1]}")
+            self.say(f"{self._at(5)} {disposed[1]}")
         old = plan.old_deployment
-        self.say(f"5/5 rolling back: starting {old.job_file} from {step.restore} (the old "
+        self.say(f"{self._at(5)} rolling back: starting {old.job_file} from {step.restore} (the old "
                  f"{'code' if plan.what == UPGRADE else 'partitions'}): {step.why}")
         try:
             event = self._verify(self._launch_once(old, step.restore, "rollback"), batches=0)
@@ -465,7 +513,7 @@ def handed(store: JobStore) -> bool:
     return store.root.exists(handed_key(store.job))
 
 
-def run_upgrade(store: JobStore, store_url: str, s3: S3Options | None, settings: UpgradeSettings, *,
+def run_operation(store: JobStore, store_url: str, s3: S3Options | None, settings: StepSettings, *,
                 requested_by: str, say: Callable[[str], None], key: str = "", submit_hint: str | None = None,
                 poll: float = 1.0) -> dict[str, Any]:
     """``ckpt job upgrade|rescale`` and the Dagster ops: ask for the operation (or find the one asked before: a re-run

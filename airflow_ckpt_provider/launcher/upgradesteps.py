@@ -1,5 +1,5 @@
-"""The steps of an upgrade or a rescale, decided once for every driver (the Airflow operators, ``ckpt job rescale``,
-and any other orchestrator): observe, decide, act, as the Flink Kubernetes Operator's upgrade.
+"""The steps of an upgrade, a rescale or a restart, decided once for every driver (the Airflow operators, ``ckpt job
+rescale``, and any other orchestrator): observe, decide, act, as the Flink Kubernetes Operator's upgrade.
 
 Design notes: docs/concepts.md#design-notes-launcherupgradestepspy."""
 
@@ -15,7 +15,13 @@ from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.policy.health import HealthCriteria
 from airflow_ckpt_provider.core.policy.modes import LATEST_STATE, RestoreMode, RestoreSpec, UpgradeMode
 from airflow_ckpt_provider.core.policy.outcomes import CheckOutcome
-from airflow_ckpt_provider.core.policy.stepsettings import RESCALE, UPGRADE, UpgradeSettings
+from airflow_ckpt_provider.core.policy.stepsettings import (
+    RESCALE,
+    RESTART,
+    UPGRADE,
+    RestartStepSettings,
+    UpgradeSettings,
+)
 from airflow_ckpt_provider.core.records.control import STOP_ACTION, RequestAction
 from airflow_ckpt_provider.core.records.deployments import Deployment, read_launch
 from airflow_ckpt_provider.core.records.status import JobState, JobStatus, read_status
@@ -24,7 +30,7 @@ from airflow_ckpt_provider.core.snapshots.manifest import Kind, Manifest
 from airflow_ckpt_provider.core.snapshots.rescaling import snapshot_problem, stopped_source
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.store.storage import S3Options
-from airflow_ckpt_provider.core.views.jobview import check_can_request, observe
+from airflow_ckpt_provider.core.views.jobview import RestartDecision, check_can_request, observe, restart_decision
 from airflow_ckpt_provider.launcher.deploy import submit_spec
 from airflow_ckpt_provider.launcher.submit import build_command
 from airflow_ckpt_provider.runtime.config import default_checkpoint
@@ -42,7 +48,9 @@ class UpgradePlan:
     """One run's target and what it has done so far. ``old``: the old launch record (spec/last.json) as JSON,
     the rollback's deployment; ``new``: the new deployment as JSON; ``snapshot_id``: the stop's savepoint (or the
     latest snapshot), the rollback's source; ``rescaled_snapshot_id``: R; ``launch``: the new deployment's launch
-    under verification; ``stopped``: the job was stopped with a savepoint when the run began (nothing to stop)."""
+    under verification; ``stopped``: the job was stopped with a savepoint when the run began (nothing to stop).
+    A restart: ``new`` is the old deployment, ``restore`` what it restarts from; ``owner`` (``supervisor`` or
+    ``driver``) when the job's own restart was under way and the run waits for it (a driver of ``min_epoch``)."""
 
     job: str
     old: dict[str, Any]
@@ -55,12 +63,15 @@ class UpgradePlan:
     snapshot_id: str | None = None
     rescaled_snapshot_id: str | None = None
     launch: dict[str, Any] | None = None
+    restore: str | None = None
+    owner: str | None = None
+    min_epoch: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"job": self.job, "old": self.old, "new": self.new, "what": self.what, "mode": self.mode.value,
                 "partitions": self.partitions, "savepoint_first": self.savepoint_first, "stopped": self.stopped,
                 "snapshot_id": self.snapshot_id, "rescaled_snapshot_id": self.rescaled_snapshot_id,
-                "launch": self.launch}
+                "launch": self.launch, "restore": self.restore, "owner": self.owner, "min_epoch": self.min_epoch}
 
     @classmethod
     def from_dict(cls, body: dict[str, Any]) -> UpgradePlan:
@@ -76,7 +87,8 @@ class UpgradePlan:
                    what=body.get("what") or UPGRADE, mode=UpgradeMode(body.get("mode") or UpgradeMode.SAVEPOINT),
                    partitions=body.get("partitions"), savepoint_first=bool(body.get("savepoint_first")),
                    stopped=bool(body.get("stopped")), snapshot_id=body.get("snapshot_id"),
-                   rescaled_snapshot_id=body.get("rescaled_snapshot_id"), launch=body.get("launch"))
+                   rescaled_snapshot_id=body.get("rescaled_snapshot_id"), launch=body.get("launch"),
+                   restore=body.get("restore"), owner=body.get("owner"), min_epoch=body.get("min_epoch"))
 
     @property
     def old_deployment(self) -> Deployment:
@@ -101,8 +113,16 @@ class UpgradePlan:
 
     def refused(self, why: object) -> str:
         """A refusal's message: nothing was stopped."""
+        if self.what == RESTART:
+            return (f"restart of job {self.job} from {self.restore or LATEST_STATE} refused before anything was "
+                    f"stopped: {why}; the job runs as before")
         return (f"{self.what} of job {self.job} to {self.target()} refused before anything was stopped: {why}; "
                 + ("nothing was changed" if self.stopped else "the job runs as before"))
+
+    @property
+    def restore_spec(self) -> RestoreSpec:
+        """What a restart restores."""
+        return RestoreSpec.parse(self.restore) if self.restore else LATEST_STATE
 
     @property
     def source(self) -> RestoreSpec:
@@ -130,6 +150,7 @@ class Began:
     latest: Manifest | None = None
     status: JobStatus | None = None
     savepoints: Sequence[Manifest] = ()
+    note: str | None = None  # what the actor says first
 
 
 @dataclass(frozen=True)
@@ -330,6 +351,11 @@ def _saved(plan: UpgradePlan, saved: Saved) -> tuple[UpgradePlan, Step]:
 
 
 def _started(plan: UpgradePlan, started: Started) -> tuple[UpgradePlan, Step]:
+    if started.launch is None and plan.what == RESTART:
+        return plan, Fail(f"restart of job {plan.job}: its deployment ({plan.old_code}) could not be launched: "
+                          f"{started.problem}"
+                          + ("; its driver was stopped before: it does not run now" if plan.snapshot_id or plan.stopped
+                             else ""))
     if started.launch is None:
         what = "the new code" if plan.what == UPGRADE else f"the job on {plan.partitions} partitions"
         return plan, _roll_back(plan, f"{what} could not be launched: {started.problem}")
@@ -337,6 +363,8 @@ def _started(plan: UpgradePlan, started: Started) -> tuple[UpgradePlan, Step]:
 
 
 def _verified(plan: UpgradePlan, verified: Verified) -> tuple[UpgradePlan, Step]:
+    if not verified.healthy and plan.what == RESTART:  # the same deployment: nothing to roll back to
+        return plan, Fail(f"restart of job {plan.job}: {verified.why}")
     if not verified.healthy:
         return plan, _roll_back(plan, verified.why)
     return plan, Done(_result(plan, verified), verification_said(plan, verified))
@@ -363,8 +391,11 @@ def verification_said(plan: UpgradePlan, verified: Verified) -> str:
 
 
 def _began(plan: UpgradePlan, seen: Began) -> tuple[UpgradePlan, Step]:
-    """The first step: refused from what was observed, or the check (a stopped job's rescale: the repartition)."""
+    """The first step: refused from what was observed, or the check (a stopped job's rescale: the repartition).
+    A restart checks nothing: it waits for the job's own restart (``owner``), stops the driver, or starts."""
     running, n, latest = seen.running, plan.partitions, seen.latest
+    if plan.what == RESTART:
+        return plan, _restart_began(plan, running)
     if n is not None and running.epoch is None and running.problem is None:  # stopped: from its final savepoint
         return _stopped_job(replace(plan, stopped=True), seen, n)
     problem = snapshot_problem(latest, n) if latest is not None and n is not None else None
@@ -377,6 +408,14 @@ def _began(plan: UpgradePlan, seen: Began) -> tuple[UpgradePlan, Step]:
     if n is not None and latest is None and plan.savepoint_first and running.epoch is not None:
         return plan, TakeSavepoint(running.epoch)
     return plan, Check(n)
+
+
+def _restart_began(plan: UpgradePlan, running: Running) -> Step:
+    if plan.owner is not None:
+        return Verify()
+    if running.problem is not None:
+        return Refuse(plan.refused(running.problem))
+    return _stop(plan, running) if running.epoch is not None else Start(plan.restore_spec)
 
 
 def _stopped_job(plan: UpgradePlan, seen: Began, n: int) -> tuple[UpgradePlan, Step]:
@@ -420,6 +459,8 @@ def _stopped(plan: UpgradePlan, stopped: Stopped) -> tuple[UpgradePlan, Step]:
     """Cancelled or not running: the rollback goes back to the latest snapshot."""
     snapshot_id = stopped.snapshot_id or stopped.latest
     plan = replace(plan, snapshot_id=snapshot_id)
+    if plan.what == RESTART:  # a savepoint just taken is the latest state
+        return plan, Start(plan.restore_spec)
     if plan.partitions is not None:
         if snapshot_id is None:
             return plan, _roll_back(plan, "the stop left no savepoint to repartition")
@@ -430,6 +471,8 @@ def _stopped(plan: UpgradePlan, stopped: Stopped) -> tuple[UpgradePlan, Step]:
 
 
 def _stop_failed(plan: UpgradePlan, failed: StopFailed) -> tuple[UpgradePlan, Step]:
+    if plan.what == RESTART and failed.seen == "down":  # it went down anyway: the restart goes on
+        return plan, Start(plan.restore_spec)
     return plan, _stop_failure(plan, failed)
 
 
@@ -438,8 +481,8 @@ def _stop_failure(plan: UpgradePlan, failed: StopFailed) -> Step:
     head = f"{plan.what} of job {plan.job}: {failed.why}"
     if failed.seen == "stopping":
         return Fail(f"{head}; the old driver (epoch {failed.epoch}) is still STOPPING: the stop stays in effect and "
-                    "nothing restarts the job afterwards; once `ckpt job status` shows it STOPPED, run the upgrade "
-                    "again (or restart the job)")
+                    "nothing restarts the job afterwards; once `ckpt job status` shows it STOPPED, run the "
+                    f"{plan.what} again" + ("" if plan.what == RESTART else " (or restart the job)"))
     if failed.seen == "running":
         return Fail(f"{head}; the old job still runs (epoch {failed.epoch}), nothing was changed")
     if failed.seen == "down":
@@ -468,6 +511,10 @@ def _roll_back(plan: UpgradePlan, why: str) -> RollBack:
 
 
 def _result(plan: UpgradePlan, verified: Verified) -> dict[str, Any]:
+    if plan.what == RESTART:  # restarted_by: who made the driver that runs (this operation, or the job's own owner)
+        return {"job": plan.job, "restore": plan.restore or str(LATEST_STATE),
+                "restarted_by": plan.owner or "operation", "snapshot_id": plan.snapshot_id, "epoch": verified.epoch,
+                "batch_id": verified.batch_id, "launch_id": (plan.launch or {}).get("launch_id")}
     return {"job": plan.job, "from_version": plan.old["deployment"].get("code_version"),
             "to_version": plan.new.get("code_version"), "upgrade_mode": plan.mode.value,
             "snapshot_id": plan.snapshot_id, "epoch": verified.epoch, "batch_id": verified.batch_id,
@@ -574,6 +621,38 @@ def prepare(store: JobStore, settings: UpgradeSettings, *, store_url: str, s3: S
     if running.epoch is None and running.problem is None:
         return plan, Began(running, status=read_status(store), savepoints=list_snapshots(store, Kind.SAVEPOINT))
     return plan, Began(running, latest=latest_completed(list_snapshots(store)))
+
+
+def prepare_restart(store: JobStore, settings: RestartStepSettings, *, submit_hint: str) -> tuple[UpgradePlan, Began]:
+    """Observe the job and build a restart's plan (core/views/jobview.restart_decision: one owner per restart): a
+    ``latest-state`` restart of a job its supervisor or driver restarts already waits for that restart (``owner``);
+    otherwise a driver that runs is stopped first. ConfigError (final) for what is refused before any step: no
+    recorded deployment, a restore its time-travel policy refuses."""
+    from airflow_ckpt_provider.runtime.startup import check_named_restore  # reads snapshots and lineage
+
+    job, spec = store.job, settings.restore
+    old = read_launch(store)
+    if old is None:
+        raise ConfigError(f"job {job} has no recorded deployment (spec/last.json): {submit_hint}")
+    plan = UpgradePlan(job, old.to_dict(), old.deployment.to_dict(), RESTART, settings.upgrade_mode,
+                       restore=str(spec))
+    try:  # the job's time-travel policy, before the running driver is stopped
+        check_named_restore(store, spec, old.deployment.time_travel)
+    except CkptError as err:
+        raise ConfigError(plan.refused(err)) from err
+    try:
+        view = observe(store)
+    except ConfigError:  # never ran
+        view = None
+    decision, restarter = restart_decision(view, spec)
+    if decision is RestartDecision.LEAVE_TO_OWNER:
+        assert restarter is not None
+        launch = old.to_dict() if old.launch_id == restarter.launch_id else None
+        plan = replace(plan, owner=restarter.by.value, min_epoch=restarter.min_epoch, launch=launch)
+        return plan, Began(Running(), note=f"nothing to launch: the job is {restarter.describe()}; waiting for that")
+    if decision is RestartDecision.STOP_THEN_LAUNCH:
+        return plan, Began(observe_running(store))
+    return plan, Began(Running())
 
 
 # -- the record: steps and outcomes as JSON (core/records/operations.py keeps them) ----------------------------

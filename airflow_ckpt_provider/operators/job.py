@@ -1,5 +1,5 @@
-"""Operators for a job's life: submit (crash-safe), restart from a checkpoint or snapshot; the stop operator lives
-with the other control requests in operators/control.py and is importable from here too."""
+"""Operators for a job's life: submit (crash-safe); the restart (an operation: operators/restart.py) and the stop
+(a control request: operators/control.py) are importable from here too."""
 
 from __future__ import annotations
 
@@ -13,25 +13,21 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError, ConflictError
 from airflow_ckpt_provider.core.policy.health import HealthCriteria
-from airflow_ckpt_provider.core.policy.modes import KillPolicy, RestoreSpec, StopMode, SupervisionMode
+from airflow_ckpt_provider.core.policy.modes import KillPolicy, RestoreSpec, SupervisionMode
 from airflow_ckpt_provider.core.policy.settings import JobSettings, names
-from airflow_ckpt_provider.core.records.control import STOP_ACTION, RequestAction, submit_request
+from airflow_ckpt_provider.core.records.control import RequestAction, submit_request
 from airflow_ckpt_provider.core.records.deployments import Deployment, Launch, read_launch
 from airflow_ckpt_provider.core.records.status import JobState
 from airflow_ckpt_provider.core.views.jobview import (
-    RestartDecision,
-    Restarter,
     check_can_request,
-    launch_of,
     observe,
-    restart_decision,
     starting_launch,
 )
 from airflow_ckpt_provider.core.views.submission import find_running, what_to_launch
 from airflow_ckpt_provider.hooks.spark import CkptSparkHook
 from airflow_ckpt_provider.launcher.deploy import start_failure
 from airflow_ckpt_provider.launcher.handover import start_job
-from airflow_ckpt_provider.links import SnapshotLink, SparkUILink, persist_empty_links
+from airflow_ckpt_provider.links import SparkUILink, persist_empty_links
 from airflow_ckpt_provider.operators import lineage
 from airflow_ckpt_provider.operators.arguments import (
     mode_arg,
@@ -45,14 +41,11 @@ from airflow_ckpt_provider.operators.arguments import (
 )
 from airflow_ckpt_provider.operators.base import JobOperator, check_event
 from airflow_ckpt_provider.operators.control import (
-    STOP_TIMEOUT,
     StopStreamingJobOperator,
-    ack_result,
-    request_and_wait,
 )
 from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
 
-__all__ = ["RestartStreamingJobOperator", "StopStreamingJobOperator", "SubmitStreamingJobOperator"]
+__all__ = ["StopStreamingJobOperator", "SubmitStreamingJobOperator"]  # and RestartStreamingJobOperator (__getattr__)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -65,7 +58,7 @@ if TYPE_CHECKING:
 NOT_ARGUMENTS = ("poll_interval",)
 
 
-class _LaunchMixin(JobOperator):
+class _LaunchMixin(lineage.LaunchingOperator):
     """Launching a deployment and waiting until its driver runs."""
 
     start_timeout: float
@@ -105,13 +98,6 @@ class _LaunchMixin(JobOperator):
         self.log.info("job %s: RUNNING, epoch %s, batch %s", self.job, event.get("epoch"), event.get("batch_id"))
         return {"job": self.job, "epoch": event.get("epoch"), "batch_id": event.get("batch_id"),
                 "state": event.get("state"), "ui_url": event.get("ui_url"), "launch_id": launch_id}
-
-    # OpenLineage (operators/lineage.py): called by Airflow's OpenLineage provider, when it is installed.
-    def get_openlineage_facets_on_start(self) -> Any:
-        return lineage.facets_on_start(self)
-
-    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
-        return lineage.facets_on_complete(self)
 
 
 class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
@@ -310,92 +296,11 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
                          action, request.epoch, request.id)
 
 
-class RestartStreamingJobOperator(_LaunchMixin):
-    """Restart a job's last deployment (spec/last.json) from the latest completed checkpoint or a chosen
-    snapshot. A driver that still runs is stopped first (``stop_mode``: cancel, the default, or savepoint).
+def __getattr__(name: str) -> Any:
+    """``RestartStreamingJobOperator`` from here, as before it became an operation (operators/restart.py imports this
+    module, so it is looked up when asked for)."""
+    if name == "RestartStreamingJobOperator":
+        from airflow_ckpt_provider.operators.restart import RestartStreamingJobOperator
 
-    One owner per restart (core/views/jobview.restart_decision): when the job's supervisor restarts it already
-    (RESTARTING by a live supervisor, or a driver that just died or failed under a live supervisor), a
-    ``latest-state`` restart launches nothing and waits for that restart to run; a restart from a chosen
-    snapshot replaces it.
-
-    Returns what the submit operator returns once the new driver runs, plus ``restore`` (as asked) and
-    ``restarted_by`` (``operator``, or ``supervisor``/``driver`` when it left the restart to them). ``supervision``
-    as for the submit operator (``auto``: the job stays with the service once handed to it).
-    """
-
-    template_fields = (*JobOperator.template_fields, "restore", "stop_mode", "supervision")
-    operator_extra_links = (SparkUILink(), SnapshotLink())
-
-    def __init__(self, *, restore: str = "latest-state", stop_mode: StopMode | str = StopMode.CANCEL,
-                 start_timeout: float = 600.0, stop_timeout: float = STOP_TIMEOUT,
-                 supervision: SupervisionMode | str = SupervisionMode.AUTO, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.restore = restore_arg(restore)
-        self.stop_mode = mode_arg(StopMode, stop_mode)
-        self.supervision = mode_arg(SupervisionMode, supervision)
-        self.start_timeout = start_timeout
-        self.stop_timeout = stop_timeout
-
-    def execute(self, context: Context) -> Any:
-        persist_empty_links(context, self)  # before anything can fail or defer (links.py)
-        try:
-            spec, stop = parse_restore(self.restore), parse_mode(StopMode, self.stop_mode)
-        except CkptError as err:
-            raise AirflowException(f"job {self.job}: {err}") from err
-        store = self.job_store()
-        last = read_launch(store)
-        if last is None:
-            raise AirflowException(f"job {self.job} has no recorded deployment (spec/last.json): submit it first "
-                                   "with SubmitStreamingJobOperator")
-        if (mine := launch_of(last, self.run_key(context))) is not None:  # a retry after this run's launch
-            self.log.info("job %s: launch %s of this task run is recorded and has not ended: waiting for it to run "
-                          "instead of restarting again", self.job, mine.launch_id)
-            return self._wait_running(context, store, method_name="execute_complete", started_after=mine.launched_at,
-                                      kwargs={"launch_id": mine.launch_id})
-        from airflow_ckpt_provider.runtime.startup import check_named_restore  # not at DAG parse time
-
-        try:  # the job's time-travel policy, checked before the running driver is stopped
-            check_named_restore(store, spec, last.deployment.time_travel)
-        except CkptError as err:
-            raise AirflowException(str(err)) from err
-        try:
-            view = observe(store)
-        except ConfigError:
-            view = None
-        decision, restarter = restart_decision(view, spec)
-        if decision is RestartDecision.LEAVE_TO_OWNER:
-            assert restarter is not None
-            self.log.info("job %s: not launching: it is %s; waiting up to %.0f s for that restart", self.job,
-                          restarter.describe(), self.start_timeout)
-            return self._wait_for_restarter(context, store, restarter)
-        if decision is RestartDecision.STOP_THEN_LAUNCH:
-            # asked anew by each try: a retry after this run's launch waits for that launch (above), so a stop here
-            # is of a driver someone else runs
-            return request_and_wait(self, context, store, STOP_ACTION[stop], timeout=self.stop_timeout,
-                                    method_name="after_stop", resume=False)
-        return self.after_stop(context, None)
-
-    def _wait_for_restarter(self, context: Context, store: JobStore, restarter: Restarter) -> Any:
-        """Wait until the restart ``restarter`` makes runs (a driver of its ``min_epoch`` or newer); a launch
-        whose supervisor ends first (gives up) fails the wait at once (its end in spec/last.json)."""
-        last = read_launch(store)
-        started_after = last.launched_at if last is not None and last.launch_id == restarter.launch_id else None
-        return self._wait_running(context, store, method_name="execute_complete", started_after=started_after,
-                                  min_epoch=restarter.min_epoch,
-                                  kwargs={"launch_id": restarter.launch_id, "restarted_by": restarter.by.value})
-
-    def after_stop(self, context: Context, event: dict[str, Any] | None) -> Any:
-        if event is not None:
-            ack_result(self, context, event)
-        store = self.job_store()
-        last = read_launch(store)
-        assert last is not None  # checked in execute
-        record = self._launch(store, last.deployment, parse_restore(self.restore), key=self.run_key(context))
-        return self._wait_running(context, store, method_name="execute_complete", started_after=record.launched_at,
-                                  kwargs={"launch_id": record.launch_id})
-
-    def execute_complete(self, context: Context, event: dict[str, Any], launch_id: str | None = None,
-                         restarted_by: str = "operator") -> Any:
-        return self._running_result(context, event, launch_id) | {"restore": self.restore,
-                                                                   "restarted_by": restarted_by}
+        return RestartStreamingJobOperator
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

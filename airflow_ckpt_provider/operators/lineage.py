@@ -17,10 +17,10 @@ from airflow_ckpt_provider.core.records.status import read_status
 from airflow_ckpt_provider.core.snapshots.catalog import load_manifest
 from airflow_ckpt_provider.core.store.jobstore import check_snapshot_id
 from airflow_ckpt_provider.kafka.offsets import kafka_inputs
+from airflow_ckpt_provider.operators.base import JobOperator
 
 if TYPE_CHECKING:
     from airflow_ckpt_provider.core.store.jobstore import JobStore
-    from airflow_ckpt_provider.operators.base import JobOperator
 
 log = logging.getLogger(__name__)
 
@@ -191,3 +191,14 @@ def launch_env(op: JobOperator, deployment_env: Mapping[str, str]) -> dict[str, 
         log.warning("job %s: the driver gets no OpenLineage settings, it sends no lineage events: %s: %s", op.job,
                     type(err).__name__, err)
     return {}
+
+
+class LaunchingOperator(JobOperator):
+    """An operator whose task launches the job's drivers (a submit, an operation): its OpenLineage facets, called by
+    Airflow's OpenLineage provider when it is installed."""
+
+    def get_openlineage_facets_on_start(self) -> Any:
+        return facets_on_start(self)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        return facets_on_complete(self)

@@ -30,7 +30,7 @@ from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.core.views.jobview import RestartDecision, observe, restart_decision
 from airflow_ckpt_provider.core.watches.job_health import JobHealthWatch
 from airflow_ckpt_provider.launcher.deploy import launch
-from airflow_ckpt_provider.operators.job import RestartStreamingJobOperator
+from airflow_ckpt_provider.operators.restart import RestartStreamingJobOperator
 from tests.support.operatorfakes import context
 from tests.support.runtimejob import (
     JOB_FILE,

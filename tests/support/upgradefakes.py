@@ -1,6 +1,6 @@
-"""A played upgrade or rescale actor (launcher/upgrade.py JobUpgrade, through run_upgrade) for the tests of what runs
-it: Spark's check and repartition, the driver's answers to stop requests and the health of each launch are fakes; the
-steps, the operation record and the job store are real."""
+"""A played upgrade, rescale or restart actor (launcher/upgrade.py JobUpgrade, through run_operation) for the tests of
+what runs it: Spark's check and repartition, the driver's answers to stop requests and the health of each launch are
+fakes; the steps, the operation record and the job store are real."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ import pytest
 from airflow_ckpt_provider.core.policy.outcomes import CheckOutcome
 from airflow_ckpt_provider.core.policy.stepsettings import UpgradeSettings
 from airflow_ckpt_provider.core.records.control import Ack, Outcome, RequestAction, open_requests
+from airflow_ckpt_provider.core.records.operations import read_operation
 from airflow_ckpt_provider.core.snapshots.manifest import Kind, Manifest, Trigger
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.launcher import upgrade
-from airflow_ckpt_provider.launcher.upgrade import run_upgrade
+from airflow_ckpt_provider.launcher.upgrade import JobUpgrade, run_operation
 from tests.support.operatorfakes import RESCALED_SID, SID, FakeLaunch
 
 
@@ -45,6 +46,8 @@ class World:
         self.stop_answers = True
         self.healthy = [True]
         self.verdicts: dict[str, dict[str, Any]] = {}
+        self.criteria: list[Any] = []  # what each health wait waited for (HealthCriteria)
+        self.lost_watches = 0  # health watches that fail (a connection lost) before any gives a verdict
         monkeypatch.setattr(upgrade, "start_check", self.start_check)
         monkeypatch.setattr(upgrade, "RestoreCheckWatch", self.check_watch)
         monkeypatch.setattr(upgrade, "read_ack", self.read_ack)
@@ -92,6 +95,10 @@ class World:
                    snapshot_id=snapshot, batch_id=7)
 
     def watch(self, store: JobStore, criteria: Any) -> Any:
+        self.criteria.append(criteria)
+        if self.lost_watches:
+            self.lost_watches -= 1
+            raise OSError("connection reset")  # not the store's error: the actor's process gives up, as if killed
         healthy = self.healthy.pop(0)
 
         class Watch:
@@ -109,5 +116,32 @@ class World:
             **upgrade: Any) -> dict[str, Any]:
         """``requested_by`` names the actor too: a re-run by another name is another actor, as a new process is."""
         settings = UpgradeSettings(partitions=partitions, verify_timeout=5, stop_timeout=0.3, **upgrade)
-        return run_upgrade(self.store, str(self.store.storage.url), s3, settings, say=self.said.append,
+        return run_operation(self.store, str(self.store.storage.url), s3, settings, say=self.said.append,
                            requested_by=requested_by, poll=0.01)
+
+
+class Actors:
+    """Stands in for start_actor (the detached ``ckpt job operate`` an Airflow task starts): records each start;
+    with ``act``, runs the actor to its end in this process."""
+
+    def __init__(self, world: World) -> None:
+        self.world, self.started, self.act = world, [], False
+
+    def __call__(self, store: JobStore, store_url: str, s3: S3Options | None, operation_id: str, *,
+                 env: dict[str, str] | None = None) -> int:
+        self.started.append(operation_id)
+        if self.act:
+            found = read_operation(store)
+            assert found is not None and found.operation.id == operation_id
+            JobUpgrade(store, store_url, s3, say=self.world.said.append, actor="test actor", poll=0.01).run(found)
+        return 4242
+
+
+class TI:
+    """A task instance of one run: its tries share the run id."""
+
+    def __init__(self, try_number: int = 1, run_id: str = "manual__1") -> None:
+        self.run_id, self.try_number, self.map_index, self.xcoms = run_id, try_number, -1, {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcoms[key] = value

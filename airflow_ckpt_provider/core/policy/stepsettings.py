@@ -1,17 +1,28 @@
-"""The options of the upgrade and rescale steps, declared once (as the job's settings are): the CLI's flags, the
-Airflow operators' arguments, the Dagster ops' config and the operation record in the job store all come from
-``UpgradeSettings``, so they cannot drift (one stop timeout, one meaning of ``verify_batches``, one refusal of a bad
-value, before anything stops).
+"""The options of the operations (an upgrade, a rescale, a restart), declared once (as the job's settings are): the
+CLI's flags, the Airflow operators' arguments, the Dagster ops' config and the operation record in the job store all
+come from ``UpgradeSettings`` and ``RestartStepSettings``, so they cannot drift (one stop timeout, one meaning of
+``verify_batches``, one refusal of a bad value, before anything stops).
 
 Design notes: docs/operations.md#design-notes-corepolicystepsettingspy."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.policy.modes import UpgradeMode
-from airflow_ckpt_provider.core.policy.settings import COUNT, SECONDS, SWITCH, TEXT, Kind, Settings, mode, setting
+from airflow_ckpt_provider.core.policy.modes import LATEST_STATE, RestoreSpec, StopMode, SupervisionMode, UpgradeMode
+from airflow_ckpt_provider.core.policy.settings import (
+    COUNT,
+    RESTORE,
+    SECONDS,
+    SWITCH,
+    TEXT,
+    Kind,
+    Settings,
+    mode,
+    setting,
+)
 
 #: More than this many partitions is taken for a typo (Spark would write a RocksDB store for each).
 MAX_PARTITIONS = 10_000
@@ -22,6 +33,11 @@ VERIFY_BATCHES = 2
 
 UPGRADE = "upgrade"
 RESCALE = "rescale"
+RESTART = "restart"
+#: Seconds a restarted driver gets to run (its launch, spark-submit, a JVM, the restore).
+START_TIMEOUT = 600.0
+#: Seconds the wait for an operation may take beyond its steps' own timeouts (starting drivers, the actor's start).
+OPERATION_GRACE = 600.0
 
 
 def parse_partitions(value: object) -> int:
@@ -116,6 +132,11 @@ class UpgradeSettings(Settings):
         return UPGRADE if self.job_file else RESCALE
 
     @property
+    def wait_timeout(self) -> float:
+        """Seconds a front-end waits for the whole operation: every step's timeout, and a grace."""
+        return 2 * self.check_timeout + self.stop_timeout + 2 * self.verify_timeout + OPERATION_GRACE
+
+    @property
     def batches(self) -> int:
         """The batches the verification waits for."""
         return VERIFY_BATCHES if self.verify_batches is None else self.verify_batches
@@ -124,3 +145,63 @@ class UpgradeSettings(Settings):
     def require_batches(self) -> bool:
         """Wait for the batches even on a job caught up with no new input (they were asked for)."""
         return self.verify_batches is not None and self.verify_batches > 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RestartStepSettings(Settings):
+    """What a restart of a job's last deployment is asked to do (RestartStreamingJobOperator, the Dagster restart ops,
+    ``ckpt job restart``): from ``restore``, a running driver stopped first with ``stop_mode``. (RestartSettings,
+    core/policy/settings.py, is the supervisor's restart strategy, not this.)"""
+
+    restore: RestoreSpec = setting(
+        LATEST_STATE, kind=RESTORE, metavar="SPEC",
+        help="what the job restarts from: latest-state (default), latest-savepoint, none, or a snapshot id or URI")
+    stop_mode: StopMode = setting(
+        StopMode.CANCEL, kind=mode(StopMode), metavar="{cancel,savepoint}",
+        help="how a running driver is stopped first: cancel (default: now; the latest checkpoint stays valid) or "
+        "savepoint (a final savepoint, then the restart restores it when restore is latest-state)")
+    stop_timeout: float = setting(
+        STOP_TIMEOUT, kind=SECONDS, metavar="S",
+        help=f"seconds the driver gets to stop with a savepoint or cancel (default {STOP_TIMEOUT:.0f})")
+    start_timeout: float = setting(
+        START_TIMEOUT, kind=SECONDS, metavar="S",
+        help=f"seconds the restarted driver gets to run (default {START_TIMEOUT:.0f})")
+    supervision: SupervisionMode = setting(
+        SupervisionMode.AUTO, kind=mode(SupervisionMode), metavar="{auto,launcher,service}",
+        help="who keeps the restarted job running: auto (default: as it had; the supervision service once it was "
+        "handed to it), launcher (a supervisor on the host that acts on the restart) or service")
+
+    def check(self) -> None:
+        super().check()
+        for name in ("stop_timeout", "start_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name}: expected seconds > 0, found {getattr(self, name)}. Nothing was changed")
+
+    what = RESTART
+    # What the actor's shared steps read of an upgrade's settings, for a restart (launcher/upgrade.py):
+    partitions = None  # no rescale
+    batches = 0  # the restarted driver is verified once it runs, as a submit is
+    require_batches = False
+
+    @property
+    def verify_timeout(self) -> float:
+        return self.start_timeout
+
+    @property
+    def upgrade_mode(self) -> UpgradeMode:
+        """The stop as an upgrade mode names it (the actor's stop step): savepoint, or last-state (a cancel)."""
+        return UpgradeMode.SAVEPOINT if self.stop_mode is StopMode.SAVEPOINT else UpgradeMode.LAST_STATE
+
+    @property
+    def wait_timeout(self) -> float:
+        return self.stop_timeout + self.start_timeout + OPERATION_GRACE
+
+
+StepSettings = UpgradeSettings | RestartStepSettings
+
+
+def step_settings(kind: str, body: dict[str, Any]) -> StepSettings:
+    """An operation's settings of ``kind`` from its record (``to_json``)."""
+    if kind == RESTART:
+        return RestartStepSettings.from_json(body)
+    return UpgradeSettings.from_json(body)

@@ -22,7 +22,6 @@ from airflow_ckpt_provider.dagster import (
     CkptResource,
     cancel_streaming_job,
     dispose_snapshots,
-    restart_streaming_job,
     stop_streaming_job,
     submit_streaming_job,
     trigger_savepoint,
@@ -254,41 +253,6 @@ def test_submit_with_supervision_service_hands_the_job_over_and_launches_nothing
     record = read_launch(store)
     assert record is not None and record.pid is None and record.deployment.job_file == str(job_file)
     assert store.root.exists(handed_key("orders"))
-
-
-def test_a_retried_restart_op_waits_for_its_first_tries_launch_and_launches_once(
-        store: JobStore, ckpt: CkptResource, launches: FakeLaunch, monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow_ckpt_provider.dagster import ops
-
-    real, lost = ops.wait_for, []
-
-    def lose_once(*args: Any, **kwargs: Any) -> Any:
-        if not lost:  # the first try launched, then lost its connection while waiting for the driver
-            lost.append(1)
-            raise OSError("connection reset")
-        return real(*args, **kwargs)
-
-    assert run_op(submit_streaming_job, ckpt, SUBMIT).success  # launch-1, running at epoch 4
-    monkeypatch.setattr(ops, "wait_for", lose_once)
-    report(store, state=JobState.STOPPED, epoch=4)  # stopped: the restart launches at once, no stop request
-    job = dg.GraphDefinition(name="retried_restart", node_defs=[restart_streaming_job]).to_job(
-        resource_defs={CKPT_RESOURCE: ckpt}, op_retry_policy=dg.RetryPolicy(max_retries=2))
-    result = job.execute_in_process(
-        run_config={"ops": {"restart_streaming_job": {"config": {"job": "orders", "poll_interval": 0.05,
-                                                                 "start_timeout": 30}}}}, raise_on_error=False)
-    assert [e.event_type_value for e in result.all_events].count("STEP_UP_FOR_RETRY") == 1
-    assert result.success, failure(result)
-    assert [r.launch_id for r, _, _ in launches.calls] == ["launch-1", "launch-2"]  # the restart launched once
-    restarted = launches.calls[1][0]
-    assert restarted.key == f"dagster:{result.run_id}.restart_streaming_job"
-    assert result.output_for_node("restart_streaming_job")["launch_id"] == "launch-2"
-
-
-def test_restart_of_a_job_without_a_deployment_says_to_submit_first(ckpt: CkptResource, launches: FakeLaunch) -> None:
-    result = run_op(restart_streaming_job, ckpt, {"job": "orders"})
-    assert not result.success
-    assert "job orders has no recorded deployment (spec/last.json): submit it first" in failure(result)
-    assert launches.calls == []
 
 
 def test_dispose_applies_retention_and_keeps_the_newest_savepoint(store: JobStore, ckpt: CkptResource,

@@ -319,3 +319,61 @@ def test_a_rollback_disposes_the_rescaled_savepoint_and_says_so_or_says_why_not(
     assert not ok and said.startswith(f"savepoint {source} (the new partitions) was not disposed: ")
     assert said.endswith(f"dispose it with `ckpt snapshot dispose --store {store.root.url} --job orders {source} "
                          "--force` before restarting the job from its latest savepoint")
+
+
+# -- a restart: the same deployment, no check, no rollback ------------------------------------------------------
+
+
+def restart_plan(mode: UpgradeMode = UpgradeMode.LAST_STATE, restore: str = S, **changes: Any) -> UpgradePlan:
+    plan = plan_of("restart", mode)
+    return replace(plan, new=plan.old["deployment"], restore=restore, **changes)
+
+
+@pytest.mark.parametrize(("mode", "action"), [(UpgradeMode.LAST_STATE, RequestAction.CANCEL),
+                                              (UpgradeMode.SAVEPOINT, RequestAction.STOP)])
+def test_a_restart_stops_a_running_driver_first_then_starts_from_what_was_asked(mode: UpgradeMode,
+                                                                               action: RequestAction) -> None:
+    plan, step = decide(restart_plan(mode), Began(Running(3)))
+    assert step == Stop(action, 3)
+    plan, step = decide(plan, Stopped(S if action is RequestAction.STOP else None, "checkpoint-6"))
+    assert step == Start(RestoreSpec(RestoreMode.SNAPSHOT, S)) and plan.snapshot_id == (
+        S if action is RequestAction.STOP else "checkpoint-6")
+    plan, step = decide(plan, Started(LAUNCH))
+    assert step == Verify() and plan.launch == LAUNCH
+    plan, step = decide(plan, Verified(True, "", 4, 9, 1, 0))
+    assert step == Done({"job": "orders", "restore": S, "restarted_by": "operation", "snapshot_id": plan.snapshot_id,
+                         "epoch": 4, "batch_id": 9, "launch_id": "launch-1"}, "epoch 4 at batch 9")
+
+
+def test_a_restart_of_a_job_that_does_not_run_starts_at_once() -> None:
+    assert decide(restart_plan(restore="latest-state"), Began(Running(None)))[1] == Start(LATEST_STATE)
+
+
+def test_a_restart_left_to_the_jobs_own_restart_only_waits_for_it() -> None:
+    plan, step = decide(restart_plan(owner="supervisor", min_epoch=4, launch=LAUNCH), Began(Running(None)))
+    assert step == Verify() and (plan.owner, plan.min_epoch) == ("supervisor", 4)
+    assert decide(plan, Verified(True, "", 4, 9))[1].result["restarted_by"] == "supervisor"  # type: ignore[union-attr]  # a Done
+
+
+def test_a_restart_refuses_a_driver_it_cannot_ask_to_stop_and_says_nothing_was_stopped() -> None:
+    assert refusal(decide(restart_plan(), Began(Running(problem="job orders is STOPPING")))[1]) == (
+        f"restart of job orders from {S} refused before anything was stopped: job orders is STOPPING; the job runs "
+        "as before")
+
+
+def test_a_restart_whose_driver_went_down_during_the_stop_goes_on_and_one_still_running_fails() -> None:
+    plan = restart_plan()
+    assert decide(plan, StopFailed("the cancel did not complete (no answer)", "down"))[1] == Start(
+        RestoreSpec(RestoreMode.SNAPSHOT, S))
+    step = decide(plan, StopFailed("the cancel did not complete (no answer)", "running", 3))[1]
+    assert step == Fail("restart of job orders: the cancel did not complete (no answer); the old job still runs "
+                        "(epoch 3), nothing was changed")
+
+
+def test_a_restart_that_cannot_launch_or_does_not_run_fails_without_a_rollback() -> None:
+    stopped_plan = replace(restart_plan(), snapshot_id=S)
+    step = decide(stopped_plan, Started(None, "spark-submit not found"))[1]
+    assert step == Fail("restart of job orders: its deployment (v1) could not be launched: spark-submit not found; its "
+                        "driver was stopped before: it does not run now")
+    step = decide(replace(stopped_plan, launch=LAUNCH), Verified(False, "job orders: FAILED"))[1]
+    assert step == Fail("restart of job orders: job orders: FAILED")

@@ -12,10 +12,10 @@ from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow_ckpt_provider.core.policy.settings import JobSettings, names
 from airflow_ckpt_provider.operators.base import JobOperator
 from airflow_ckpt_provider.operators.job import (
-    RestartStreamingJobOperator,
     StopStreamingJobOperator,
     SubmitStreamingJobOperator,
 )
+from airflow_ckpt_provider.operators.restart import RestartStreamingJobOperator
 from airflow_ckpt_provider.operators.snapshot import DisposeSnapshotsOperator, TriggerSavepointOperator
 from airflow_ckpt_provider.operators.upgrade import RescaleStreamingJobOperator, UpgradeStreamingJobOperator
 from tests.support.operatorfakes import (

@@ -24,8 +24,9 @@ from airflow_ckpt_provider.core.snapshots.manifest import Kind
 from airflow_ckpt_provider.core.store.jobstore import DEPLOYMENTS, SPEC_LAST, JobStore
 from airflow_ckpt_provider.kafka.offsets import kafka_inputs
 from airflow_ckpt_provider.operators import lineage
-from airflow_ckpt_provider.operators.job import RestartStreamingJobOperator, SubmitStreamingJobOperator
+from airflow_ckpt_provider.operators.job import SubmitStreamingJobOperator
 from airflow_ckpt_provider.operators.lineage import LaunchLineage, RestoredFrom
+from airflow_ckpt_provider.operators.restart import RestartStreamingJobOperator
 from airflow_ckpt_provider.operators.upgrade import UpgradeStreamingJobOperator
 from airflow_ckpt_provider.runtime.lineage import LineageRun, configured_by
 from tests.support.operatorfakes import (

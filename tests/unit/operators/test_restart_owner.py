@@ -5,6 +5,7 @@ up, or when asked for a chosen snapshot; submit reconnects to a restart in progr
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowException
@@ -12,29 +13,27 @@ from airflow.sdk.exceptions import AirflowException
 from airflow_ckpt_provider.core.errors import ConflictError
 from airflow_ckpt_provider.core.policy.modes import LATEST_STATE
 from airflow_ckpt_provider.core.records.control import RequestAction
+from airflow_ckpt_provider.core.records.operations import read_operation
 from airflow_ckpt_provider.core.records.status import RestartOwner
 from airflow_ckpt_provider.core.records.supervision import SupervisorState
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.views.jobview import RestartDecision, check_can_request, observe, restart_decision
+from airflow_ckpt_provider.operators import operation as operator_module
 from airflow_ckpt_provider.operators.job import (
-    RestartStreamingJobOperator,
     StopStreamingJobOperator,
     SubmitStreamingJobOperator,
 )
-from airflow_ckpt_provider.triggers.job_health import JobHealthTrigger
+from airflow_ckpt_provider.operators.restart import RestartStreamingJobOperator
 from tests.support.operatorfakes import (
-    HEALTHY,
     SID,
-    UI,
-    FakeLaunch,
     context,
     control_keys,
     deferral,
-    next_step,
+    fire,
     record_deployment,
     report,
-    trigger_kwargs,
 )
+from tests.support.upgradefakes import TI, Actors, World
 from tests.support.watchrecords import restarting, supervised
 
 LAUNCH = "20261126T000000Z-abcdef"
@@ -49,29 +48,50 @@ def _restarting_now(store: JobStore) -> float:
     return launched.launched_at
 
 
-@pytest.mark.usefixtures("no_launch")
+@pytest.fixture
+def world(store: JobStore, monkeypatch: pytest.MonkeyPatch) -> World:
+    return World(store, monkeypatch)
+
+
+@pytest.fixture
+def actors(world: World, monkeypatch: pytest.MonkeyPatch) -> Actors:
+    found = Actors(world)
+    found.act = True  # the actor runs to its end as the task defers (as ``ckpt job operate`` would, detached)
+    monkeypatch.setattr(operator_module, "start_actor", found)
+    return found
+
+
+def restarted(op: RestartStreamingJobOperator) -> dict[str, Any]:
+    """The task run to its end: it asks, its actor acts, the trigger fires, it resumes with the result."""
+    ctx = context(ti=TI())
+    deferred = deferral(lambda: op.execute(ctx))
+    found = read_operation(op.job_store())
+    assert found is not None and found.operation.state.final, found
+    result: dict[str, Any] = op.resume(ctx, fire(deferred, {"status": found.operation.state.value, "message": "",
+                                                            "operation_id": found.operation.id}))
+    return result
+
+
 def test_the_restart_task_launches_nothing_while_the_supervisor_restarts_the_job_and_waits_for_it(
-    store: JobStore, capsys: pytest.CaptureFixture[str]
+    world: World, actors: Actors
 ) -> None:
+    store = world.store
     launched_at = _restarting_now(store)
-    op = RestartStreamingJobOperator(task_id="restart", job="orders", start_timeout=77)
-    deferred = deferral(lambda: op.execute(context()))
-    assert control_keys(store) == []  # no cancel request for the dead driver either
-    assert isinstance(deferred.trigger, JobHealthTrigger)
-    kwargs = trigger_kwargs(deferred)
-    assert (kwargs["min_epoch"], kwargs["started_after"], kwargs["start_timeout"]) == (4, launched_at, 77)
-    assert next_step(deferred) == ("execute_complete", {"launch_id": LAUNCH, "restarted_by": "supervisor"})
-    [line] = [ln for ln in capsys.readouterr().out.splitlines() if "not launching" in ln]  # the task log
-    assert (f"job orders: not launching: it is RESTARTING by the supervisor (pid 77 on host-b, launch {LAUNCH}), "
-            "attempt 2 (exit code 137: killed), expected running by ") in line
-    assert "waiting up to 77 s for that restart" in line
-    assert op.execute_complete(context(), HEALTHY, launch_id=LAUNCH, restarted_by="supervisor") == {
-        "job": "orders", "epoch": 4, "batch_id": 9, "state": "RUNNING", "ui_url": UI, "launch_id": LAUNCH,
-        "restore": "latest-state", "restarted_by": "supervisor"}
+    result = restarted(RestartStreamingJobOperator(task_id="restart", job="orders", start_timeout=77))
+    assert control_keys(store) == [] and world.launches.calls == []  # no cancel request for the dead driver either
+    [criteria] = world.criteria  # the actor waited for the supervisor's restart: a driver of epoch 4 of its launch
+    assert (criteria.min_epoch, criteria.started_after, criteria.start_timeout) == (4, launched_at, 77)
+    said = world.said[0]
+    assert said.startswith(f"nothing to launch: the job is RESTARTING by the supervisor (pid 77 on host-b, launch "
+                           f"{LAUNCH}), attempt 2 (exit code 137: killed), expected running by ")
+    assert said.endswith("; waiting for that")
+    assert result == {"job": "orders", "restore": "latest-state", "restarted_by": "supervisor", "snapshot_id": None,
+                      "epoch": 4, "batch_id": 9, "launch_id": LAUNCH}
 
 
-@pytest.mark.usefixtures("no_launch")
-def test_a_driver_that_just_died_under_a_live_supervisor_is_left_to_the_supervisor(store: JobStore) -> None:
+def test_a_driver_that_just_died_under_a_live_supervisor_is_left_to_the_supervisor(world: World,
+                                                                                    actors: Actors) -> None:
+    store = world.store
     record_deployment(store, launch_id=LAUNCH)
     now = time.time()
     report(store, epoch=3, updated_at=now - 30, pid=4242, host="host-b")  # silent for 30 s: dead
@@ -80,15 +100,15 @@ def test_a_driver_that_just_died_under_a_live_supervisor_is_left_to_the_supervis
     assert decision is RestartDecision.LEAVE_TO_OWNER
     assert restarter is not None and (restarter.by, restarter.min_epoch, restarter.restart) == (
         RestartOwner.SUPERVISOR, 4, None)
-    op = RestartStreamingJobOperator(task_id="restart", job="orders")
-    deferred = deferral(lambda: op.execute(context()))
-    assert next_step(deferred) == ("execute_complete", {"launch_id": LAUNCH, "restarted_by": "supervisor"})
+    result = restarted(RestartStreamingJobOperator(task_id="restart", job="orders"))
+    assert (result["restarted_by"], result["launch_id"]) == ("supervisor", LAUNCH) and world.launches.calls == []
 
 
 @pytest.mark.parametrize("supervisor", ["gave-up", "gone"])
 def test_the_restart_task_launches_when_the_supervisor_gave_up_or_is_gone(
-    store: JobStore, launches: FakeLaunch, supervisor: str
+    world: World, actors: Actors, supervisor: str
 ) -> None:
+    store = world.store
     record_deployment(store, launch_id=LAUNCH)
     now = time.time()
     restarting(store, now - 40, epoch=3, expected_by=now + 30)
@@ -98,19 +118,15 @@ def test_the_restart_task_launches_when_the_supervisor_gave_up_or_is_gone(
     else:
         supervised(store, now - 40, launch_id=LAUNCH, standalone=False)  # silent for 40 s, another host
     assert restart_decision(observe(store), LATEST_STATE) == (RestartDecision.LAUNCH, None)
-    op = RestartStreamingJobOperator(task_id="restart", job="orders")
-    deferred = deferral(lambda: op.execute(context()))
-    [record] = launches.calls
-    assert next_step(deferred) == ("execute_complete", {"launch_id": record.launch_id})
+    result = restarted(RestartStreamingJobOperator(task_id="restart", job="orders"))
+    [record] = world.launches.calls
+    assert (result["launch_id"], result["restarted_by"]) == (record.launch_id, "operation")
 
 
-def test_a_restart_from_a_chosen_snapshot_replaces_the_supervisors_restart(
-    store: JobStore, launches: FakeLaunch
-) -> None:
-    _restarting_now(store)
-    op = RestartStreamingJobOperator(task_id="restart", job="orders", restore=SID)
-    deferral(lambda: op.execute(context()))
-    [record] = launches.calls
+def test_a_restart_from_a_chosen_snapshot_replaces_the_supervisors_restart(world: World, actors: Actors) -> None:
+    _restarting_now(world.store)
+    restarted(RestartStreamingJobOperator(task_id="restart", job="orders", restore=SID))
+    [record] = world.launches.calls
     assert str(record.restore) == SID
 
 

@@ -461,9 +461,13 @@ def test_submit_with_a_failure_rate_interval_and_a_health_rule_launches(store: J
 
 @pytest.mark.usefixtures("no_launch")
 def test_submit_with_supervision_service_hands_the_job_over_and_defers_starting_nothing_on_the_worker(
-        store: JobStore, tmp_path: Path) -> None:
+        store: JobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_ckpt_provider.core.records.operations import OperationState, read_operation
     from airflow_ckpt_provider.core.records.ownership import handed_key
-    from airflow_ckpt_provider.operators.job import RestartStreamingJobOperator
+    from airflow_ckpt_provider.launcher.upgrade import JobUpgrade
+    from airflow_ckpt_provider.operators.restart import RestartStreamingJobOperator
+    from airflow_ckpt_provider.triggers.operation import OperationTrigger
+    from tests.support.upgradefakes import World
 
     job_file = tmp_path / "orders_v1.py"
     job_file.write_text("# the job\n")
@@ -477,11 +481,18 @@ def test_submit_with_supervision_service_hands_the_job_over_and_defers_starting_
     assert trigger_kwargs(deferred)["started_after"] == record.launched_at
     assert state.values["ckpt_launch"]["launch_id"] == record.launch_id
 
-    # A later restart with supervision auto (the default) keeps the job with the service.
+    # A later restart is the service's to act on (no actor on the worker); acted on (by JobUpgrade, as an instance
+    # does), with supervision auto (the default) it keeps the job with the service.
+    world = World(store, monkeypatch)
     restarted = deferral(lambda: RestartStreamingJobOperator(task_id="restart", job="orders").execute(context()))
+    assert isinstance(restarted.trigger, OperationTrigger) and read_launch(store) == record  # nothing started here
+    found = read_operation(store)
+    assert found is not None and (found.operation.kind, found.operation.actor) == ("restart", "")
+    ended = JobUpgrade(store, str(store.root.url), None, say=world.said.append, actor="svc", poll=0.01).run(found)
+    assert ended.state is OperationState.SUCCEEDED, ended.message
     again = read_launch(store)
     assert again is not None and again.launch_id != record.launch_id and again.pid is None
-    assert isinstance(restarted.trigger, JobHealthTrigger)
+    assert world.launches.calls == []  # handed over again, not launched on a host
 
 
 def test_an_unknown_supervision_is_refused_when_the_task_is_made() -> None:

@@ -14,9 +14,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow_ckpt_provider.core.records.operations import OPERATION, OperationState, read_operation
 from airflow_ckpt_provider.core.records.ownership import ServiceJob, handed_key
 from airflow_ckpt_provider.core.store.jobstore import JobStore
-from airflow_ckpt_provider.core.store.storage import S3Options
-from airflow_ckpt_provider.launcher.upgrade import JobUpgrade
-from airflow_ckpt_provider.operators import upgrade as operator_module
+from airflow_ckpt_provider.operators import operation as operator_module
 from airflow_ckpt_provider.operators.upgrade import RescaleStreamingJobOperator
 from airflow_ckpt_provider.triggers.operation import OperationTrigger
 from tests.support.operatorfakes import (
@@ -35,24 +33,7 @@ from tests.support.operatorfakes import (
     trigger_kwargs,
     upgrade_op,
 )
-from tests.support.upgradefakes import World, rocksdb_savepoint
-
-
-class Actors:
-    """start_actor: records each start; ``act`` runs the actor to its end in this process (as ``ckpt job operate``
-    would, detached)."""
-
-    def __init__(self, world: World) -> None:
-        self.world, self.started, self.act = world, [], False
-
-    def __call__(self, store: JobStore, store_url: str, s3: S3Options | None, operation_id: str, *,
-                 env: dict[str, str] | None = None) -> int:
-        self.started.append(operation_id)
-        if self.act:
-            found = read_operation(store)
-            assert found is not None and found.operation.id == operation_id
-            JobUpgrade(store, store_url, s3, say=self.world.said.append, actor="test actor", poll=0.01).run(found)
-        return 4242
+from tests.support.upgradefakes import TI, Actors, World, rocksdb_savepoint
 
 
 @pytest.fixture
@@ -68,16 +49,6 @@ def actors(world: World, monkeypatch: pytest.MonkeyPatch) -> Actors:
     found = Actors(world)
     monkeypatch.setattr(operator_module, "start_actor", found)
     return found
-
-
-class TI:
-    """A task instance of one run: its tries share the run id."""
-
-    def __init__(self, try_number: int = 1) -> None:
-        self.run_id, self.try_number, self.map_index, self.xcoms = "manual__1", try_number, -1, {}
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        self.xcoms[key] = value
 
 
 FAST = {"verify_timeout": 5, "stop_timeout": 0.3, "verify_batches": None}
