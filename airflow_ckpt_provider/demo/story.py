@@ -87,9 +87,9 @@ def _kill_when_running(world: World, seen: list[RestartSeen],
 def _restart_task(output: str) -> str:
     """What the DAG's restart task did, from the run's log (the operator's own lines, or Airflow's skip)."""
     lines = [line for line in output.splitlines() if "RestartStreamingJobOperator" in line]
-    if any(": launched " in line for line in lines):
+    if any(" 2/3 starting " in line for line in lines):  # its restart operation's lines (launcher/upgrade.py)
         return "the DAG's restart task launched the job"
-    if any("not launching" in line for line in lines):
+    if any("nothing to launch: the job is" in line for line in lines):
         return "the DAG's restart task ran and left the restart to the supervisor (it launched nothing)"
     if "Skipping due to soft_fail" in output:
         return ("the DAG's restart task was skipped: its health watch saw no unhealthy job (a restart by a live "

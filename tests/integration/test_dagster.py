@@ -280,7 +280,8 @@ def test_a_job_submitted_through_dagster_ops_rides_out_a_kill_9_unseen_by_the_he
 
     store = env.store()
     launch = read_launch(store)
-    assert launch is not None and launch.launched_by.startswith("dagster:submit_kill_restore.restart_from_snapshot")
+    assert launch is not None and "(dagster:submit_kill_restore.restart_from_snapshot" in launch.launched_by, launch
+    assert launch.launched_by.startswith("restart restart-")  # by the restart operation's actor, in the op's process
     submitted = result.output_for_node("submit_streaming_job")
     assert (submitted["epoch"], submitted["state"]) == (1, "RUNNING")
     caught_up_1 = result.output_for_node("wait_until_healthy")

@@ -42,6 +42,7 @@ import pytest
 
 from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
 from airflow_ckpt_provider.core.records.deployments import Launch, read_launch
+from airflow_ckpt_provider.core.records.operations import read_operation
 from airflow_ckpt_provider.core.records.start import read_start
 from airflow_ckpt_provider.core.records.status import JobState
 from airflow_ckpt_provider.core.store.jobstore import DEPLOYMENTS
@@ -175,8 +176,10 @@ def _run(sc: Scenario, feed: Feed, *, cluster: bool = False) -> None:
     noticed = _noticed(out)
     times["health watch noticed, s after the loss"] = round(noticed - t_kill, 1) if noticed else None
     # (b) Exactly one launch after the loss, by run 2's restart, on launcher-2, from the latest state.
-    assert out.count(f"job {sc.env.job}: launched ") == 1, out[-6000:]
-    assert relaunch.launched_by == f"airflow:{DAG}.restart", relaunch
+    assert out.count(" 2/3 starting ") == 1, out[-6000:]  # the restart's one launch, in the task's log
+    found = sc.in_launcher(lambda: read_operation(sc.env.store()))  # the restart: an operation, acted on detached
+    assert found is not None and found.operation.key.startswith(f"airflow:{DAG}.restart run "), found
+    assert relaunch.launched_by.startswith(f"restart {found.operation.id} step "), relaunch
     assert relaunch.host == topo["launcher-2"].hostname, relaunch
     assert relaunch.launch_id != first_launch.launch_id and str(relaunch.restore) == "latest-state", relaunch
     # The watch judged by heartbeats alone: the supervisor's process is on a host it cannot look into.

@@ -2,7 +2,8 @@
 a detached supervisor, spark-submit local[2], tansu, SeaweedFS), its driver's process group killed with -9.
 
 The supervisor restarts the driver; a health watch whose heartbeat timeout (5 s) is shorter than a cold start
-never calls the job unhealthy meanwhile, the DAG's restart task leaves the restart to the supervisor, exactly
+never calls the job unhealthy meanwhile, the DAG's restart task (its operation's actor) leaves the restart to the
+supervisor and waits for it, exactly
 one driver start is added (by the same launch), nothing is superseded, and the counts are exact. Both drivers
 send their OpenLineage RUNNING event in the launch's one run.
 """
@@ -23,6 +24,7 @@ from airflow_ckpt_provider.core.policy.modes import LATEST_STATE
 from airflow_ckpt_provider.core.policy.restart import Health
 from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
 from airflow_ckpt_provider.core.records.deployments import Deployment, read_launch
+from airflow_ckpt_provider.core.records.operations import OperationState, read_operation
 from airflow_ckpt_provider.core.records.status import JobState, JobStatus, RestartOwner, read_status
 from airflow_ckpt_provider.core.records.supervision import SupervisorState, read_supervisor
 from airflow_ckpt_provider.core.store.jobstore import DEPLOYMENTS, SPEC_LAST
@@ -130,10 +132,16 @@ def test_a_killed_driver_is_restarted_once_by_its_supervisor_while_the_watch_and
         second: JobStatus = wait_logged("a driver of a newer epoch RUNNING", back_running, TIMEOUT, log)
         assert "RESTARTING" in seen
         assert decisions and set(decisions) == {RestartDecision.LEAVE_TO_OWNER}
-        [waiting] = deferred
-        trigger = waiting.trigger.serialize()[1]
-        assert (trigger["min_epoch"], trigger["resume_with"]["kwargs"]) == (
-            first.epoch + 1, {"launch_id": record.launch_id, "restarted_by": "supervisor"})
+        [waiting] = deferred  # on its restart operation, whose actor (a detached `ckpt job operate`) only waits
+        operation_id = waiting.trigger.serialize()[1]["operation_id"]
+        ended_op = wait_logged("the restart operation's end", lambda: (
+            (f := read_operation(store)) is not None and f.operation.state.final and f.operation), 60.0, log)
+        assert (ended_op.id, ended_op.state, ended_op.kind) == (operation_id, OperationState.SUCCEEDED, "restart")
+        assert ended_op.plan is not None and (ended_op.plan["owner"], ended_op.plan["min_epoch"]) == (
+            "supervisor", first.epoch + 1)
+        assert ended_op.result is not None and (ended_op.result["restarted_by"], ended_op.result["launch_id"],
+                                                ended_op.result["epoch"]) == ("supervisor", record.launch_id,
+                                                                              second.epoch)
 
         last = read_launch(store)
         assert last is not None and last.launch_id == record.launch_id and last.ended_at is None

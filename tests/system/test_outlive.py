@@ -19,6 +19,7 @@ from typing import TypeVar
 import pytest
 
 from airflow_ckpt_provider.core.records.deployments import read_launch
+from airflow_ckpt_provider.core.records.operations import read_operation
 from airflow_ckpt_provider.core.records.status import JobState, JobStatus
 from airflow_ckpt_provider.core.records.supervision import Supervision, latest_supervisor, observe_supervision
 from airflow_ckpt_provider.core.store.jobstore import DEPLOYMENTS
@@ -114,10 +115,12 @@ def test_job_outlives_its_killed_worker_and_a_lost_host_is_relaunched_once_by_th
     assert noticed in out and "expected a heartbeat every" in out, out[-6000:]
     assert restarted.restarting is None  # nobody wrote RESTARTING: the supervisor died with its driver
     # Its restart task launched exactly once, from another process, from the latest completed checkpoint.
-    assert out.count(f"job {world.job}: launched ") == 1, out[-6000:]
+    assert out.count(" 2/3 starting ") == 1, out[-6000:]  # the restart's one launch, in the task's log
     launch = read_launch(world.store)
     assert launch is not None
-    assert launch.launched_by == f"airflow:{DAG}.restart"
+    found = read_operation(world.store)  # the restart: an operation, acted on detached
+    assert found is not None and found.operation.key.startswith(f"airflow:{DAG}.restart run "), found
+    assert launch.launched_by.startswith(f"restart {found.operation.id} step "), launch
     assert launch.launch_id != first_launch.launch_id and launch.pid not in (supervisor_pid, None)
     assert launch.host == socket.gethostname() and str(launch.restore) == "latest-state"
     new = deployment_keys(world) - deployments
