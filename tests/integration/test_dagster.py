@@ -301,7 +301,8 @@ def test_a_job_submitted_through_dagster_ops_rides_out_a_kill_9_unseen_by_the_he
                for _, message in killed["ticks"]), killed["ticks"]
 
     restored = result.output_for_node("restart_from_snapshot")
-    assert (restored["epoch"], restored["state"], restored["restore"]) == (3, "RUNNING", savepoint["snapshot_id"])
+    assert (restored["epoch"], restored["restarted_by"], restored["restore"]) == (
+        3, "operation", savepoint["snapshot_id"])
     caught_up_2 = result.output_for_node("caught_up_again")
     assert (caught_up_2["status"], caught_up_2["epoch"], caught_up_2["batch_id"]) == ("healthy", 3, LAST_BATCH + 1)
     cancelled = result.output_for_node("cancel_streaming_job")
