@@ -39,7 +39,7 @@ def hand_over(store: JobStore, deployment: Deployment, *, restore: RestoreSpec, 
 def start_job(store: JobStore, deployment: Deployment, *, restore: RestoreSpec, store_url: str,
               s3: S3Options | None = None, launched_by: str = "", unrecorded_env: Mapping[str, str] | None = None,
               supervision: SupervisionMode = SupervisionMode.AUTO, key: str = "") -> Launch:
-    """How every front-end (the operators, Dagster, ``ckpt job upgrade|rescale``) starts a deployment: launched here
+    """How every front-end (the operators, Dagster, ``ckpt job``) starts a deployment: launched here
     with its own supervisor, or handed to the service (``supervision``; ``auto``: as the job was before). A job
     handed to the service gets no ``unrecorded_env``: the service's instances run it with their own environment.
     ``key``: the run that asks (Launch.key), so that its retry finds this launch."""

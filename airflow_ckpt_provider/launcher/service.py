@@ -309,7 +309,7 @@ class SupervisionService:
         return f"{ACTOR_PREFIX}{self.instance}"
 
     def _operate(self, store: JobStore) -> None:
-        """Act on the job's operation in progress (an upgrade, a rescale: launcher/upgrade.py) in a thread of its own,
+        """Act on the job's operation in progress (an operation: launcher/upgrade.py) in a thread of its own,
         unless this instance does already or a live actor of its own acts on it (a ``ckpt`` command that began it).
         Another instance's operation is this one's once it owns the job: that instance's lease has lapsed."""
         job = store.job

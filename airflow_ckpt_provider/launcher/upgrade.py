@@ -516,7 +516,7 @@ def handed(store: JobStore) -> bool:
 def run_operation(store: JobStore, store_url: str, s3: S3Options | None, settings: StepSettings, *,
                 requested_by: str, say: Callable[[str], None], key: str = "", submit_hint: str | None = None,
                 poll: float = 1.0) -> dict[str, Any]:
-    """``ckpt job upgrade|rescale`` and the Dagster ops: ask for the operation (or find the one asked before: a re-run
+    """``ckpt job`` and the Dagster ops: ask for the operation (or find the one asked before: a re-run
     resumes it), then act on it in this process, unless the supervision service owns the job or a live actor acts
     on it already: then wait for it, saying its progress. The result, or ConfigError (refused, nothing stopped) or
     UpgradeFailed (after the stop: rolled back or not)."""

@@ -1,4 +1,4 @@
-"""OperationTrigger: waits in the triggerer for a job's operation (an upgrade, a rescale) to end, acted on by the
+"""OperationTrigger: waits in the triggerer for a job's operation (upgrade, rescale, restart) to end, acted on by the
 supervision service or a detached ``ckpt job operate``."""
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 waits; the owning instance acts on it. That instance is killed with kill -9 between the stop and the start (a crash
 point right after the stop's savepoint): the other instance takes the job over, finds the operation at its stop step
 and resumes it from the recorded request, so the upgrade completes exactly once (one stop, one new launch), and the
-counts stay exact. Real processes: two `ckpt service run`, SeaweedFS, tansu, local Spark.
+counts stay exact. Then `ckpt job restart` of the same job: the owning instance stops it with a savepoint and
+launches it again (one stop, one launch, the same deployment). Real processes: two `ckpt service run`, SeaweedFS,
+tansu, local Spark.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ TIMEOUT = 180.0
 RECORDS = 600
 
 
-def test_an_upgrade_whose_owning_instance_dies_between_stop_and_start_is_finished_once_by_the_other_exact_counts(
+def test_an_upgrade_whose_owning_instance_dies_between_stop_and_start_is_finished_once_by_the_other_then_a_restart_by_the_owner_exact_counts(  # noqa: E501  # the name says what it proves
         env: JobEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     home, faults = tmp_path / "home", tmp_path / "faults"
     faults.mkdir()
@@ -105,7 +107,30 @@ def test_an_upgrade_whose_owning_instance_dies_between_stop_and_start_is_finishe
         done = wait_logged(f"all {RECORDS} records counted by v2", lambda: (
             (s := read_status(store)) is not None and env.consumed(s) == RECORDS and s), TIMEOUT, *logs)
         assert done.epoch > running.epoch and done.code_version == "v2"
-        assert env.request(RequestAction.STOP, done.epoch).outcome is Outcome.COMPLETED
+
+        # A restart of the handed job: `ckpt job restart` records it and waits; the owning instance acts on it.
+        restart = subprocess.run(
+            [sys.executable, "-m", "airflow_ckpt_provider.cli", "job", "restart", "--store", env.store_url, "--job",
+             store.job, "--endpoint-url", env.s3.endpoint_url, "--region", env.s3.region, "--stop-mode", "savepoint",
+             "--start-timeout", "180", "--json"], env=base, capture_output=True, text=True, timeout=600, check=False)
+        assert restart.returncode == 0, restart.stdout[-2000:] + restart.stderr[-4000:]
+        restarted = json.loads(restart.stdout)
+        found = read_operation(store)
+        assert found is not None
+        op = found.operation
+        assert (op.kind, op.state, op.actor) == ("restart", OperationState.SUCCEEDED,
+                                                 f"supervision service instance {survivor}")
+        assert (restarted["restarted_by"], restarted["restore"]) == ("operation", "latest-state")
+        assert restarted["epoch"] > done.epoch and restarted["snapshot_id"], restarted
+        stops = [o.key for o in store.storage.list(CONTROL) if o.key.startswith(f"{CONTROL}stop-")
+                 and not o.key.endswith(".ack.json")]
+        assert len(stops) == 2, stops  # the upgrade's and the restart's: one each
+        again = read_launch(store)
+        assert again is not None and again.launch_id == restarted["launch_id"]
+        assert again.launched_by == f"restart {op.id} step 2 start (supervision service instance {survivor})"
+        assert again.deployment == last.deployment  # the same deployment, v2
+        launches.append(again.launch_id)
+        assert env.request(RequestAction.STOP, restarted["epoch"]).outcome is Outcome.COMPLETED
     finally:
         for instance in instances.values():
             instance.stop()

@@ -1,4 +1,4 @@
-"""A job's operation in progress (an upgrade or a rescale): what was asked, the plan, the step being acted on and
+"""A job's operation in progress (upgrade, rescale, restart): what was asked, the plan, the step being acted on and
 what each step did, in ``operation.json``, written by compare-and-swap before every act. One actor at a time: the
 front-end that asked (``ckpt``, a Dagster op), a detached ``ckpt job operate`` an Airflow task started, or the owning
 instance of the supervision service. A retried task, a re-run command or a new owner finds the record and resumes the

@@ -119,7 +119,7 @@ class JobReport:
     spark_ui: str | None
     supervisor: str | None
     history: tuple[dict[str, Any], ...] = field(default=())
-    #: The job's operation (an upgrade or a rescale, core/records/operations.py): ``text`` (what it is, its step and
+    #: The job's operation (upgrade, rescale, restart; core/records/operations.py): ``text`` (what it is, its step and
     #: actor, its last line or how it ended) and its record; None if the job never had one.
     operation: dict[str, Any] | None = None
     #: Who supervises the job when it was handed to the supervision service (the owning instance and the ownership's

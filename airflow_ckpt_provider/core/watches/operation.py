@@ -1,4 +1,4 @@
-"""Wait for a job's operation (an upgrade, a rescale) acted on by someone else: the Airflow trigger, a re-run ``ckpt``
+"""Wait for a job's operation (upgrade, rescale, restart) acted on by another: the Airflow trigger, a re-run ``ckpt``
 command or Dagster op while another actor acts, all through this one watch.
 
 Design notes: docs/operations.md#design-notes-corerecordsoperationspy."""
