@@ -24,10 +24,14 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError, ConflictError
+from airflow_ckpt_provider.core.policy.stepsettings import RESTART, RestartStepSettings
 from airflow_ckpt_provider.core.records.control import RequestAction, read_ack, submit_request
+from airflow_ckpt_provider.core.records.deployments import read_launch
+from airflow_ckpt_provider.core.records.operations import ask, read_operation
 from airflow_ckpt_provider.core.store.jobstore import JobStore, check_job_name
 from airflow_ckpt_provider.core.views.jobreport import JobReport, job_report, job_summary, summary_dict
 from airflow_ckpt_provider.core.views.jobview import check_can_request, observe
+from airflow_ckpt_provider.launcher.upgrade import handed
 from airflow_ckpt_provider.ui.stores import list_jobs, open_store, store_conn_ids
 
 log = logging.getLogger(__name__)
@@ -47,6 +51,15 @@ _templates = Environment(loader=FileSystemLoader(Path(__file__).with_name("templ
 
 class ActionBody(BaseModel):
     action: str
+
+
+class OperationBody(BaseModel):
+    """An operation asked from the page: a restart (RestartStepSettings' ``restore`` and ``stop_mode``; unset: their
+    defaults)."""
+
+    kind: str
+    restore: str | None = None
+    stop_mode: str | None = None
 
 
 UserDep = Annotated[BaseUser, Depends(get_user)]
@@ -136,6 +149,56 @@ def _overview() -> list[dict[str, Any]]:
     return stores
 
 
+def _ask_restart(conn_id: str, job: str, name: str, body: OperationBody) -> dict[str, Any]:
+    """Ask for a restart of a job handed to the supervision service: recorded in the job store, acted on by the
+    instance that owns the job (this server runs nothing of it); the page then follows the record."""
+    if body.kind != RESTART:
+        raise HTTPException(422, f"unknown operation {body.kind!r}: expected restart (an upgrade or a rescale is "
+                                 "asked through its DAG's trigger form, which checks its parameters)")
+    given: dict[str, Any] = {k: v for k, v in (("restore", body.restore), ("stop_mode", body.stop_mode)) if v}
+    try:
+        settings = RestartStepSettings(**given)  # parsed and checked as every front-end's are
+    except ConfigError as err:
+        raise HTTPException(422, f"restart of job {job}: {err}") from err
+    store = _job_store(conn_id, job)
+    try:
+        if not handed(store):
+            last = read_launch(store)
+            found = (f"launched by {last.launched_by} on {last.host or 'the host that launched it'}" if last
+                     else "no recorded deployment")
+            raise ConflictError(
+                f"job {job}: expected a job handed to the supervision service, whose owning instance acts on a "
+                f"restart asked here; found {found}, not handed over. Restart it with its DAG's restart task or "
+                f"`ckpt job restart --job {job}` where it may run; nothing was changed")
+        made, new = ask(store, RESTART, settings.to_json(), requested_by=f"{name} (Airflow UI)")
+    except ConflictError as err:
+        log.warning("job %s: restart asked from the Airflow UI by %s refused: %s", job, name, err)
+        raise HTTPException(409, str(err)) from err
+    except CkptError as err:
+        raise HTTPException(503, f"job store of {conn_id!r} cannot be written: {err}") from err
+    op = made.operation
+    log.info("job %s: restart %s asked from the Airflow UI by %s (restore %s, stop %s)", job, op.id, name,
+             settings.restore, settings.stop_mode)
+    return {"operation_id": op.id, "kind": op.kind, "requested_by": op.requested_by,
+            "message": (f"asked for restart {op.id} of job {job} from {settings.restore}: the supervision service "
+                        "acts on it" if new else f"restart {op.id} was asked already: following it")}
+
+
+def _operation_state(conn_id: str, job: str, operation_id: str) -> dict[str, Any]:
+    store = _job_store(conn_id, job)
+    try:
+        found = read_operation(store)
+    except CkptError as err:
+        raise HTTPException(503, f"job store of {conn_id!r} cannot be read: {err}") from err
+    if found is None or found.operation.id != operation_id:
+        now = found.operation.describe() if found else "none"
+        raise HTTPException(404, f"job {job}: expected operation {operation_id}, found {now}")
+    op = found.operation
+    return {"operation_id": op.id, "kind": op.kind, "state": op.state.value, "final": op.state.final,
+            "text": op.describe(), "line": op.lines[-1] if op.lines else "", "message": op.message,
+            "result": op.result}
+
+
 def create_app() -> FastAPI:
     """The app; links between its pages and to Airflow's are relative, so it works behind any base URL."""
     app = FastAPI(title="Streaming jobs (airflow-ckpt-provider)",
@@ -160,7 +223,7 @@ def create_app() -> FastAPI:
         return HTMLResponse(_templates.get_template("job.html").render(
             r=report, s=report.summary, conn_id=conn_id, can_act=_can_act(user),
             spark_ui=report.spark_ui if reachable else None, spark_ui_down=bool(report.spark_ui) and not reachable,
-            upgrade_dag=_upgrade_dag()))
+            upgrade_dag=_upgrade_dag(), handed=report.service is not None))  # its Restart: the service's
 
     @app.get("/api/jobs", dependencies=READ)
     def api_jobs() -> list[dict[str, Any]]:
@@ -192,6 +255,14 @@ def create_app() -> FastAPI:
                  name, made.id)
         return {"request_id": made.id, "action": action.value, "epoch": made.epoch, "requested_by": made.requested_by,
                 "message": f"requested {action} of job {job}: request {made.id} for the driver of epoch {made.epoch}"}
+
+    @app.post("/api/jobs/{conn_id}/{job}/operations", status_code=202, dependencies=ACT)
+    def api_operation(user: UserDep, conn_id: str, job: str, body: OperationBody) -> dict[str, Any]:
+        return _ask_restart(conn_id, job, user.get_name(), body)
+
+    @app.get("/api/jobs/{conn_id}/{job}/operations/{operation_id}", dependencies=READ)
+    def api_operation_state(conn_id: str, job: str, operation_id: str) -> dict[str, Any]:
+        return _operation_state(conn_id, job, operation_id)
 
     @app.get("/api/jobs/{conn_id}/{job}/requests/{request_id}", dependencies=READ)
     def api_request_state(conn_id: str, job: str, request_id: str) -> dict[str, Any]:

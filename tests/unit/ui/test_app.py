@@ -169,3 +169,62 @@ def test_an_action_sent_as_a_form_or_text_is_refused(client: TestClient, store: 
                            headers={"Content-Type": content_type})
         assert resp.status_code == 422, (content_type, resp.text)
     assert requests_written(store) == []
+
+
+def _handed(store: JobStore) -> None:
+    from airflow_ckpt_provider.core.records.ownership import ServiceJob, handed_key
+
+    store.root.write(handed_key("orders"), ServiceJob(job="orders", handed_at=1.0, handed_by="test").to_bytes())
+
+
+def test_a_restart_of_a_handed_job_is_recorded_for_the_service_and_followed_to_its_end(client: TestClient,
+                                                                                       store: JobStore) -> None:
+    from airflow_ckpt_provider.core.records.operations import Acting, OperationState, read_operation
+
+    running(store)
+    assert "data-operation=\"restart\"" not in client.get("/jobs/ckpt_store_default/orders",
+                                                          headers={"Accept": "text/html"}).text  # not handed yet
+    _handed(store)
+    page = client.get("/jobs/ckpt_store_default/orders", headers={"Accept": "text/html"}).text
+    assert 'data-operation="restart"' in page
+    resp = client.post("/api/jobs/ckpt_store_default/orders/operations",
+                       json={"kind": "restart", "stop_mode": "savepoint"})
+    assert resp.status_code == 202, resp.text
+    body = resp.json()
+    found = read_operation(store)
+    assert found is not None
+    op = found.operation
+    assert (body["operation_id"], op.kind, op.state, op.requested_by) == (op.id, "restart", OperationState.PENDING,
+                                                                         "alice (Airflow UI)")
+    assert (op.settings["restore"], op.settings["stop_mode"]) == ("latest-state", "savepoint")
+    assert requests_written(store) == []  # the page asked; the service's instance acts (nothing here)
+    state = client.get(f"/api/jobs/ckpt_store_default/orders/operations/{op.id}").json()
+    assert (state["state"], state["final"], state["kind"]) == ("pending", False, "restart")
+    acting = Acting.take(store, found, "supervision service instance svc-a", line="svc-a acts")
+    acting.save(state=OperationState.SUCCEEDED, result={"epoch": 3, "batch_id": 5}, line="3/3 running: epoch 3")
+    state = client.get(f"/api/jobs/ckpt_store_default/orders/operations/{op.id}").json()
+    assert (state["state"], state["final"], state["line"], state["result"]) == (
+        "succeeded", True, "3/3 running: epoch 3", {"epoch": 3, "batch_id": 5})
+    assert client.get("/api/jobs/ckpt_store_default/orders/operations/restart-x").status_code == 404
+
+
+def test_a_restart_from_the_page_is_refused_with_nothing_written_when_nobody_here_would_act(
+        client: TestClient, store: JobStore) -> None:
+    from airflow_ckpt_provider.core.records.operations import OPERATION
+
+    running(store)
+    refused = client.post("/api/jobs/ckpt_store_default/orders/operations", json={"kind": "restart"})
+    assert refused.status_code == 409
+    assert refused.json()["detail"].startswith("job orders: expected a job handed to the supervision service, whose "
+                                               "owning instance acts on a restart asked here; found no recorded "
+                                               "deployment, not handed over")
+    _handed(store)
+    for body, status, says in [({"kind": "upgrade"}, 422, "unknown operation 'upgrade': expected restart"),
+                               ({"kind": "restart", "stop_mode": "kill"}, 422, "invalid stop mode"),
+                               ({"kind": "restart", "restore": "snapshot"}, 422, "needs the snapshot")]:
+        resp = client.post("/api/jobs/ckpt_store_default/orders/operations", json=body)
+        assert resp.status_code == status and says in resp.json()["detail"], resp.text
+    assert not store.storage.exists(OPERATION) and requests_written(store) == []
+    assert client.post("/api/jobs/ckpt_store_default/orders/operations", json={"kind": "restart"}).status_code == 202
+    busy = client.post("/api/jobs/ckpt_store_default/orders/operations", json={"kind": "restart", "restore": "none"})
+    assert busy.status_code == 409 and "expected no operation in progress" in busy.json()["detail"]
