@@ -316,15 +316,6 @@ def request_running(store: JobStore, action: RequestAction, *, requested_by: str
     return submit_request(store, action, epoch=status.epoch, requested_by=requested_by, request_id=request_id)
 
 
-def launch_of(last: Launch | None, key: str) -> Launch | None:
-    """``last`` (spec/last.json) if the run ``key`` recorded it and it has not ended: what a retried restart waits for
-    instead of stopping the driver it launched and launching again; None otherwise (a launch that ended is restarted
-    again: that is what the retry is for)."""
-    if not key or last is None or last.key != key or last.ending:
-        return None
-    return last
-
-
 def earlier_request(store: JobStore, action: RequestAction, key: str) -> Request | None:
     """The last request asked for ``key`` if it is unanswered or completed: what a retried task waits for instead
     of asking again (a second savepoint, a stop of the job its first try already stopped); None if there is none,

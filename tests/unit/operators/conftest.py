@@ -11,6 +11,7 @@ from airflow_ckpt_provider.core.records.deployments import Launch
 from airflow_ckpt_provider.core.records.lease import LeaseRecord
 from airflow_ckpt_provider.core.store.jobstore import LEASE, JobStore
 from tests.support.operatorfakes import record_deployment, report
+from tests.support.upgradefakes import Actors, World
 
 
 @pytest.fixture(autouse=True)
@@ -28,3 +29,14 @@ def running_v1(store: JobStore) -> Launch:
     lease = LeaseRecord(job="orders", epoch=3, owner="driver-3", host="h", pid=42, acquired_at=time.time() - 5)
     store.storage.write(LEASE, lease.to_bytes())
     return record
+
+
+@pytest.fixture
+def actors(world: World, monkeypatch: pytest.MonkeyPatch) -> Actors:
+    """start_actor played (each test file's ``world`` fixture sets up the job): the operation's actor runs in this
+    process when ``act`` is set."""
+    from airflow_ckpt_provider.operators import operation
+
+    found = Actors(world)
+    monkeypatch.setattr(operation, "start_actor", found)
+    return found

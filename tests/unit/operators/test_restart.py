@@ -16,7 +16,6 @@ from airflow_ckpt_provider.core.records.control import RequestAction, open_reque
 from airflow_ckpt_provider.core.records.operations import OPERATION, OperationState, read_operation
 from airflow_ckpt_provider.core.records.status import JobState
 from airflow_ckpt_provider.core.store.jobstore import JobStore
-from airflow_ckpt_provider.operators import operation as operator_module
 from airflow_ckpt_provider.operators.restart import RestartStreamingJobOperator
 from airflow_ckpt_provider.triggers.operation import OperationTrigger
 from tests.support.operatorfakes import (
@@ -37,13 +36,6 @@ from tests.support.upgradefakes import TI, Actors, World
 @pytest.fixture
 def world(store: JobStore, monkeypatch: pytest.MonkeyPatch) -> World:
     return World(store, monkeypatch)
-
-
-@pytest.fixture
-def actors(world: World, monkeypatch: pytest.MonkeyPatch) -> Actors:
-    found = Actors(world)
-    monkeypatch.setattr(operator_module, "start_actor", found)
-    return found
 
 
 def restart_op(**kwargs: Any) -> RestartStreamingJobOperator:

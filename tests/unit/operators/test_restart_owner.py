@@ -18,7 +18,6 @@ from airflow_ckpt_provider.core.records.status import RestartOwner
 from airflow_ckpt_provider.core.records.supervision import SupervisorState
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.views.jobview import RestartDecision, check_can_request, observe, restart_decision
-from airflow_ckpt_provider.operators import operation as operator_module
 from airflow_ckpt_provider.operators.job import (
     StopStreamingJobOperator,
     SubmitStreamingJobOperator,
@@ -53,16 +52,10 @@ def world(store: JobStore, monkeypatch: pytest.MonkeyPatch) -> World:
     return World(store, monkeypatch)
 
 
-@pytest.fixture
-def actors(world: World, monkeypatch: pytest.MonkeyPatch) -> Actors:
-    found = Actors(world)
-    found.act = True  # the actor runs to its end as the task defers (as ``ckpt job operate`` would, detached)
-    monkeypatch.setattr(operator_module, "start_actor", found)
-    return found
-
-
-def restarted(op: RestartStreamingJobOperator) -> dict[str, Any]:
-    """The task run to its end: it asks, its actor acts, the trigger fires, it resumes with the result."""
+def restarted(op: RestartStreamingJobOperator, actors: Actors) -> dict[str, Any]:
+    """The task run to its end: it asks, its actor acts (as ``ckpt job operate`` would, detached), the trigger fires,
+    it resumes with the result."""
+    actors.act = True
     ctx = context(ti=TI())
     deferred = deferral(lambda: op.execute(ctx))
     found = read_operation(op.job_store())
@@ -77,7 +70,7 @@ def test_the_restart_task_launches_nothing_while_the_supervisor_restarts_the_job
 ) -> None:
     store = world.store
     launched_at = _restarting_now(store)
-    result = restarted(RestartStreamingJobOperator(task_id="restart", job="orders", start_timeout=77))
+    result = restarted(RestartStreamingJobOperator(task_id="restart", job="orders", start_timeout=77), actors)
     assert control_keys(store) == [] and world.launches.calls == []  # no cancel request for the dead driver either
     [criteria] = world.criteria  # the actor waited for the supervisor's restart: a driver of epoch 4 of its launch
     assert (criteria.min_epoch, criteria.started_after, criteria.start_timeout) == (4, launched_at, 77)
@@ -100,7 +93,7 @@ def test_a_driver_that_just_died_under_a_live_supervisor_is_left_to_the_supervis
     assert decision is RestartDecision.LEAVE_TO_OWNER
     assert restarter is not None and (restarter.by, restarter.min_epoch, restarter.restart) == (
         RestartOwner.SUPERVISOR, 4, None)
-    result = restarted(RestartStreamingJobOperator(task_id="restart", job="orders"))
+    result = restarted(RestartStreamingJobOperator(task_id="restart", job="orders"), actors)
     assert (result["restarted_by"], result["launch_id"]) == ("supervisor", LAUNCH) and world.launches.calls == []
 
 
@@ -118,14 +111,14 @@ def test_the_restart_task_launches_when_the_supervisor_gave_up_or_is_gone(
     else:
         supervised(store, now - 40, launch_id=LAUNCH, standalone=False)  # silent for 40 s, another host
     assert restart_decision(observe(store), LATEST_STATE) == (RestartDecision.LAUNCH, None)
-    result = restarted(RestartStreamingJobOperator(task_id="restart", job="orders"))
+    result = restarted(RestartStreamingJobOperator(task_id="restart", job="orders"), actors)
     [record] = world.launches.calls
     assert (result["launch_id"], result["restarted_by"]) == (record.launch_id, "operation")
 
 
 def test_a_restart_from_a_chosen_snapshot_replaces_the_supervisors_restart(world: World, actors: Actors) -> None:
     _restarting_now(world.store)
-    restarted(RestartStreamingJobOperator(task_id="restart", job="orders", restore=SID))
+    restarted(RestartStreamingJobOperator(task_id="restart", job="orders", restore=SID), actors)
     [record] = world.launches.calls
     assert str(record.restore) == SID
 

@@ -14,7 +14,6 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow_ckpt_provider.core.records.operations import OPERATION, OperationState, read_operation
 from airflow_ckpt_provider.core.records.ownership import ServiceJob, handed_key
 from airflow_ckpt_provider.core.store.jobstore import JobStore
-from airflow_ckpt_provider.operators import operation as operator_module
 from airflow_ckpt_provider.operators.upgrade import RescaleStreamingJobOperator
 from airflow_ckpt_provider.triggers.operation import OperationTrigger
 from tests.support.operatorfakes import (
@@ -42,13 +41,6 @@ def world(store: JobStore, monkeypatch: pytest.MonkeyPatch) -> World:
     report(store, epoch=3, code_version="v1")
     rocksdb_savepoint(store, SID, 7, 2)
     return World(store, monkeypatch)
-
-
-@pytest.fixture
-def actors(world: World, monkeypatch: pytest.MonkeyPatch) -> Actors:
-    found = Actors(world)
-    monkeypatch.setattr(operator_module, "start_actor", found)
-    return found
 
 
 FAST = {"verify_timeout": 5, "stop_timeout": 0.3, "verify_batches": None}
