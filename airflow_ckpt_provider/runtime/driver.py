@@ -23,7 +23,14 @@ from airflow_ckpt_provider.core.policy.streambatch import (
     run_before_query_start,
     wants_durable_plans,
 )
-from airflow_ckpt_provider.core.records.control import Ack, Outcome, Request, RequestAction, open_requests
+from airflow_ckpt_provider.core.records.control import (
+    Ack,
+    BellWatch,
+    Outcome,
+    Request,
+    RequestAction,
+    open_requests,
+)
 from airflow_ckpt_provider.core.records.deployments import LAUNCH_ENV, read_launch
 from airflow_ckpt_provider.core.records.lease import FencedError, Lease
 from airflow_ckpt_provider.core.records.status import JobState
@@ -127,6 +134,7 @@ class JobDriver:
         self._signal: str | None = None
         self._new_batches = 0
         self._handled: set[str] = set()  # requests taken on (a savepoint is acked only when done)
+        self.bell = BellWatch(self.store, clock=clock)  # when to list control/ (core/records/control.py)
         self._query_started = clock()
         self._idle_poll = "?"  # spark.sql.streaming.pollingDelay of the session, once it exists
         self.restarter = QueryRestarter(
@@ -371,7 +379,10 @@ class JobDriver:
 
     def _lease_held(self) -> bool:
         """Confirm the lease (FencedError if lost); False once it could not be read for longer than the lease's
-        outage tolerance, since a newer driver waits only that long for this one to notice it is fenced."""
+        outage tolerance, since a newer driver waits only that long for this one to notice it is fenced. No read
+        when the lease watch confirmed it this poll (``Lease.recent``)."""
+        if self.lease.recent():
+            return True
         try:
             self.lease.check()
         except StorageError as err:
@@ -416,6 +427,8 @@ class JobDriver:
 
     def _requests(self) -> list[Request]:
         try:
+            if not self.bell.due():  # one GET; the listing only when the bell rang (or the sweep is due)
+                return []
             found = open_requests(self.store, on_malformed=self._reject_malformed)
         except StorageError as err:
             self.store_outage.failed(err)

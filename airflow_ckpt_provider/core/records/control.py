@@ -1,12 +1,15 @@
 """The control channel: requests written to ``control/<id>.json``, answered in ``<id>.ack.json``.
 
 A request names the epoch of the driver it is meant for, so a request written for a driver that
-has since been replaced is rejected instead of acting on the new one.
+has since been replaced is rejected instead of acting on the new one. After writing one, the asker rings the bell
+(``control-bell.json``): the driver reads that one small object every poll and lists ``control/`` only when it changed
+(or every ``BELL_SWEEP`` s). Design notes: docs/scale.md#design-notes-corerecordscontrolpy.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import secrets
 import socket
@@ -20,7 +23,14 @@ from airflow_ckpt_provider.core.policy.modes import StopMode
 from airflow_ckpt_provider.core.records.base import Record
 from airflow_ckpt_provider.core.store.jobstore import CONTROL, JobStore
 
+log = logging.getLogger(__name__)
+
 ACK_SUFFIX = ".ack.json"
+#: The object an asker rewrites after each request: outside ``control/``, so no lister takes it for a request.
+BELL = "control-bell.json"
+#: Seconds between the driver's listings of ``control/`` while the bell is silent: a request of an asker that rings
+#: no bell (an older version, or one that died between its request and the bell) is found within this.
+BELL_SWEEP = 30.0
 
 
 class RequestAction(StrEnum):
@@ -78,6 +88,44 @@ class Ack(Record, frozen=True):
 
 
 
+class Bell(Record, frozen=True):
+    """The control channel's bell: rewritten by whoever writes a request (its id and time), after the request, so
+    a driver that reads a changed bell finds the request in its next listing of ``control/``."""
+
+    WHAT = "control bell"
+    KEY = BELL
+
+    request_id: str
+    at: float
+
+
+class BellWatch:
+    """The driver's look at the bell: ``due()`` reads it (one GET) and says whether to list ``control/`` now: the
+    bell changed since the last look, or ``sweep`` s passed since the last listing (also the first look)."""
+
+    def __init__(self, store: JobStore, *, sweep: float = BELL_SWEEP,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.store, self.sweep, self.clock = store, sweep, clock
+        self.tag: str | None = None
+        self.listed_at: float | None = None
+
+    def due(self) -> bool:
+        """StorageError if the bell cannot be read (the caller rides out the outage as for any look)."""
+        found = self.store.storage.read_versioned(BELL)
+        tag = found.tag if found is not None else None
+        now = self.clock()
+        if self.listed_at is not None and tag == self.tag and now - self.listed_at < self.sweep:
+            return False
+        self.tag, self.listed_at = tag, now
+        return True
+
+
+def ring(store: JobStore, request: Request) -> None:
+    """Rewrite the bell after ``request`` was written (a failure is logged by the caller's store, not raised: the
+    driver's sweep finds the request within BELL_SWEEP s)."""
+    store.storage.write(BELL, Bell(request_id=request.id, at=request.created_at).to_bytes())
+
+
 def request_key(request_id: str) -> str:
     return f"{CONTROL}{request_id}.json"
 
@@ -130,6 +178,11 @@ def submit_request(store: JobStore, action: RequestAction, epoch: int, *, now: f
     )
     if not store.storage.create(request_key(request.id), request.to_bytes()):
         raise ConfigError(f"control request id {request.id} already exists; retry")
+    try:
+        ring(store, request)
+    except StorageError as err:  # the request stands: the driver's sweep finds it, later
+        log.warning("job %s: request %s written, but the bell could not be rung (%s): the driver finds the request "
+                    "within %.0f s", store.job, request.id, err, BELL_SWEEP)
     return request
 
 

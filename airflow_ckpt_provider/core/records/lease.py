@@ -82,6 +82,7 @@ class Lease:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.record: LeaseRecord | None = None
         self.previous: LeaseRecord | None = None
+        self.lost: FencedError | None = None  # set once any look found a newer driver: nothing confirms it again
 
     @property
     def epoch(self) -> int:
@@ -138,16 +139,30 @@ class Lease:
         current = read_lease(self.store)
         if current is None or current.epoch != self.epoch or current.owner != self.owner:
             found = f"epoch {current.epoch} held by {current.owner}" if current else "no lease"
-            raise FencedError(
+            self.lost = FencedError(
                 f"job {self.store.job}: this driver ({self.owner}, epoch {self.epoch}) was fenced: the lease "
                 f"now shows {found}. Another driver runs the job; this one stops without committing"
             )
+            raise self.lost
         self.confirmed_at = max(self.confirmed_at, asked)  # two threads confirm (runtime/leasewatch.py)
         return current
 
+    def recent(self) -> bool:
+        """Whether a look confirmed the lease less than a poll interval ago (the lease watch reads it every poll) and
+        no look found it lost. Then ``confirm()`` needs no read of its own: a newer driver waits its grace after taking
+        the lease, longer than the outage tolerance and than a poll interval, so a commit on a confirmation this
+        young comes before any commit of the newer driver, as one riding out an outage does (docs/scale.md)."""
+        return (self.lost is None and
+                self.monotonic() - self.confirmed_at < min(self.poll_interval, self.outage_tolerance))
+
     def confirm(self) -> bool:
-        """``check()``, riding out a store outage: True if confirmed now, False if the store did not answer but
-        the last confirmation is younger than ``outage_tolerance``; StorageError beyond it, FencedError if fenced."""
+        """``check()``, riding out a store outage: True if confirmed now (or ``recent()``ly), False if the store did
+        not answer but the last confirmation is younger than ``outage_tolerance``; StorageError beyond it,
+        FencedError if fenced (at once, without a read, once any look found it so)."""
+        if self.lost is not None:
+            raise self.lost
+        if self.recent():
+            return True
         try:
             self.check()
         except FencedError:

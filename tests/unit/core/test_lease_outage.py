@@ -44,15 +44,46 @@ def test_confirm_rides_out_an_outage_for_the_tolerance_then_raises(store: JobSto
     flaky.down = False
     assert lease.confirm() is True  # back: confirmed, the tolerance starts again from now
     flaky.down = True
+    now[0] = 11.0  # a poll later (younger, the confirmation stands without a read: Lease.recent)
     assert lease.confirm() is False
 
 
 def test_a_fenced_driver_is_fenced_whatever_its_tolerance(store: JobStore) -> None:
-    old = Lease(store, outage_tolerance=60.0)
+    now = [0.0]
+    old = Lease(store, poll_interval=1.0, outage_tolerance=60.0, monotonic=lambda: now[0])
     old.acquire()
     Lease(store).acquire()
+    now[0] = 1.0  # its next look, a poll later
     with pytest.raises(FencedError):
         old.confirm()
+
+
+def test_a_confirmation_younger_than_a_poll_needs_no_read_and_a_lost_lease_is_never_confirmed_again(
+        store: JobStore) -> None:
+    """Per batch, the sinks and the fenced foreachBatch confirm the lease; the lease watch reads it every poll. A
+    confirmation younger than a poll stands without a read (a newer driver waits its grace, longer: docs/scale.md);
+    once any look found the lease lost, every later confirm raises at once, without a read."""
+    now = [0.0]
+    old = Lease(store, poll_interval=1.0, outage_tolerance=9.0, monotonic=lambda: now[0])
+    old.acquire()
+    reads = []
+    real = store.storage.read_versioned
+    store.storage.read_versioned = lambda key: reads.append(key) or real(key)  # type: ignore[method-assign]  # counts reads
+    now[0] = 0.5
+    assert old.confirm() is True and reads == []
+    now[0] = 1.0
+    assert old.confirm() is True and len(reads) == 1  # a poll old: read, and confirmed from this look on
+    Lease(store).acquire()  # a newer driver (its own reads counted too)
+    reads.clear()
+    now[0] = 1.5
+    assert old.confirm() is True and reads == []  # within the poll: commits before the newer one's grace ends
+    now[0] = 2.0
+    with pytest.raises(FencedError):
+        old.confirm()
+    now[0] = 2.1
+    with pytest.raises(FencedError):
+        old.confirm()  # found lost: raised again without a read
+    assert len(reads) == 1
 
 
 def test_the_tolerance_is_recorded_and_a_newer_driver_waits_it_out(store: JobStore) -> None:
