@@ -135,6 +135,7 @@ class JobDriver:
         self._new_batches = 0
         self._handled: set[str] = set()  # requests taken on (a savepoint is acked only when done)
         self.bell = BellWatch(self.store, clock=clock)  # when to list control/ (core/records/control.py)
+        self._batch_reported = False  # this driver's first batch is reported at once, the others with a heartbeat
         self._query_started = clock()
         self._idle_poll = "?"  # spark.sql.streaming.pollingDelay of the session, once it exists
         self.restarter = QueryRestarter(
@@ -406,9 +407,15 @@ class JobDriver:
             self._new_batches += 1
             log.info("job %s epoch %d batch %d: completed, %d rows", self.config.job, self.lease.epoch,
                      event.batch_id, event.rows)
-            self.reporter.update(batch_id=event.batch_id, batch_at=time.time(), offsets=event.offsets,
-                                 lag=event.lag, data_waiting=event.data_waiting, idle=False,
-                                 **self.restarter.batch_completed(event.batch_id))
+            resumed = self.restarter.batch_completed(event.batch_id)
+            status = self.reporter.status
+            # Written now when a reader waits on it (the first batch of this driver, the first after a restart or
+            # after being idle); otherwise with the next heartbeat: a status PUT per heartbeat, not per batch.
+            prompt = not self._batch_reported or status is None or status.idle or bool(resumed)
+            self._batch_reported = True
+            (self.reporter.update if prompt else self.reporter.note)(
+                batch_id=event.batch_id, batch_at=time.time(), offsets=event.offsets, lag=event.lag,
+                data_waiting=event.data_waiting, idle=False, **resumed)
 
     def _drain_outcomes(self) -> None:
         while True:

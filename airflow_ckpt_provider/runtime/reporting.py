@@ -19,7 +19,7 @@ from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.policy.outage import Outage
 from airflow_ckpt_provider.core.records.control import Ack, Outcome, RequestAction, write_ack
 from airflow_ckpt_provider.core.records.lease import Lease
-from airflow_ckpt_provider.core.records.status import JobState, JobStatus, write_status
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus, StatusWriter
 from airflow_ckpt_provider.core.snapshots.catalog import SnapshotResult
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
@@ -38,6 +38,7 @@ class DriverReporter:
         self.outage = outage or Outage(config.job, "the job store")
         self.started_at = time.time()
         self.status: JobStatus | None = None
+        self.writer = StatusWriter(store)  # one PUT per report: it keeps the tag of its last write
 
     def state(self) -> JobState:
         """The state last reported (RUNNING before the first report)."""
@@ -76,7 +77,7 @@ class DriverReporter:
         )
         self.status = replace(base, state=state, reason=reason, updated_at=time.time(), **changes)
         try:
-            write_status(self.store, self.status)
+            self.writer.write(self.status)
         except StorageError as err:  # one line per outage, not per heartbeat (core/policy/outage.py)
             self.outage.failed(err)
         else:

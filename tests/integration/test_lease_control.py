@@ -75,6 +75,21 @@ def test_compare_and_swap(store_root: Storage) -> None:
     assert not store_root.exists("missing.json")
 
 
+def test_a_swap_returns_the_tag_its_next_swap_needs_without_a_read(store_root: Storage) -> None:
+    """Storage.swap: the new version tag from the write itself (S3: the PUT's ETag), the one read_versioned would
+    give; a chain of swaps by one writer needs no read, and a stale tag loses."""
+    first = store_root.swap("chain.json", b"v1", None)
+    assert first is not None and store_root.swap("chain.json", b"v1 again", None) is None
+    found = store_root.read_versioned("chain.json")
+    assert found is not None and found.tag == first
+    second = store_root.swap("chain.json", b"v2", first)
+    third = store_root.swap("chain.json", b"v3", second)
+    assert second is not None and third is not None and len({first, second, third}) == 3
+    assert store_root.swap("chain.json", b"stale", second) is None
+    found = store_root.read_versioned("chain.json")
+    assert found is not None and (found.data, found.tag) == (b"v3", third)
+
+
 def test_compare_and_swap_race_has_one_winner(store_root: Storage) -> None:
     # Every writer's bytes differ from the base's: tags derive from content (ETag = MD5, local: SHA-256),
     # so the swap compares values, and a writer of the unchanged bytes may legitimately "win" as well.

@@ -142,13 +142,9 @@ def ask(store: JobStore, kind: str, settings: dict[str, Any], *, requested_by: s
 
 
 def _swap(store: JobStore, tag: str | None, operation: Operation) -> str | None:
-    """Write ``operation`` if the record still has ``tag`` (None: if there is none); its new tag (read back: the
-    stores' compare-and-swap tells no tag), or None if it changed meanwhile."""
-    data = operation.to_bytes()
-    if not store.storage.write_if(OPERATION, data, tag):
-        return None
-    found = store.storage.read_versioned(OPERATION)
-    return found.tag if found is not None and found.data == data else None
+    """Write ``operation`` if the record still has ``tag`` (None: if there is none); its new tag, or None if it
+    changed meanwhile."""
+    return store.storage.swap(OPERATION, operation.to_bytes(), tag)
 
 
 def actor_alive(operation: Operation, *, silent_for: float, host: str | None = None,

@@ -191,16 +191,40 @@ def write_status(store: JobStore, status: JobStatus, *, attempts: int = 5) -> bo
     Compare-and-swap on what was read: an older driver that reads the status, stalls (a pause, a partition) and
     writes after a newer driver reported never replaces the newer one's report (issue 41). A write lost to a
     writer of the same or an older epoch (the driver's own heartbeat thread, its supervisor) is tried again."""
-    for _ in range(attempts):
-        found = store.storage.read_versioned(STATUS)
-        current = None
-        if found is not None:
-            try:
-                current = JobStatus.from_bytes(found.data, store.storage.uri(STATUS))
-            except StorageError:  # unreadable: replace it
+    return StatusWriter(store).write(status, attempts=attempts)
+
+
+class StatusWriter:
+    """``write_status`` for a writer that writes again and again (the driver's reporter): it keeps the version tag
+    of its last write, so its next compare-and-swap needs no read first (one PUT per report instead of a GET and a
+    PUT). When the status changed meanwhile (the supervisor wrote, or a newer driver), the swap fails and it reads
+    and decides as ``write_status`` does."""
+
+    _UNKNOWN = object()
+
+    def __init__(self, store: JobStore) -> None:
+        self.store = store
+        self._tag: object = self._UNKNOWN  # the tag of the status as this writer last wrote it (None: absent)
+
+    def write(self, status: JobStatus, *, attempts: int = 5) -> bool:
+        storage = self.store.storage
+        for _ in range(attempts):
+            if self._tag is self._UNKNOWN:
+                found = storage.read_versioned(STATUS)
                 current = None
-        if current is not None and current.epoch > status.epoch:
-            return False
-        if store.storage.write_if(STATUS, status.to_bytes(), None if found is None else found.tag):
-            return True
-    return False
+                if found is not None:
+                    try:
+                        current = JobStatus.from_bytes(found.data, storage.uri(STATUS))
+                    except StorageError:  # unreadable: replace it
+                        current = None
+                if current is not None and current.epoch > status.epoch:
+                    return False
+                self._tag = None if found is None else found.tag
+            tag = self._tag
+            assert tag is None or isinstance(tag, str)
+            written = storage.swap(STATUS, status.to_bytes(), tag)
+            if written is not None:
+                self._tag = written
+                return True
+            self._tag = self._UNKNOWN  # changed meanwhile: read it, and decide again
+        return False

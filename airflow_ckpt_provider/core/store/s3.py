@@ -479,29 +479,34 @@ class S3Storage(Storage):
             return None
 
     def write_if(self, key: str, data: bytes, tag: str | None) -> bool:
+        return self.swap(key, data, tag) is not None
+
+    def swap(self, key: str, data: bytes, tag: str | None) -> str | None:
         if tag is None:
-            return self.create(key, data)
+            return self.create_tagged(key, data)
 
         checksum = _checksum(hashlib.sha256(data).hexdigest())
 
-        def put() -> bool:
+        def put() -> str | None:
             try:
-                self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfMatch=tag,
-                                       ChecksumSHA256=checksum)
+                answer = self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfMatch=tag,
+                                                ChecksumSHA256=checksum)
             except ClientError as err:
                 # 412: someone else wrote first; 409: a concurrent conditional write is in progress;
                 # 404: the object is gone since we read it (AWS may answer IfMatch on a missing key with
                 # 404 NoSuchKey, which would otherwise surface as FileNotFoundError; SeaweedFS answers 412).
                 if _code(err) in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409", *_MISSING_CODES):
-                    return False
+                    return None
                 raise
-            return True
+            return str(answer.get("ETag", ""))
 
-        if self._call(f"conditional write {self.uri(key)}", put):
-            return True
-        # As in create(): a lost response to our own successful first attempt also reads as a 412.
+        written = self._call(f"conditional write {self.uri(key)}", put)
+        if written:
+            return written
+        # As in create(): a lost response to our own successful first attempt also reads as a 412 (and a store that
+        # answers no ETag is read back for it).
         current = self.read_versioned(key)
-        return current is not None and current.data == data
+        return current.tag if current is not None and current.data == data else None
 
     def delete(self, keys: Iterable[str]) -> None:
         batch = [{"Key": self._key(k)} for k in keys]

@@ -145,6 +145,14 @@ class Storage(ABC):
         """Compare-and-swap: replace the object only if its tag is still ``tag`` (``None``: only if
         absent). True if written, False if someone else wrote first."""
 
+    def swap(self, key: str, data: bytes, tag: str | None) -> str | None:
+        """``write_if`` that returns the object's new version tag (None: someone else wrote first), so the writer's
+        next compare-and-swap needs no read first. This default reads it back; the stores know it from the write."""
+        if not self.write_if(key, data, tag):
+            return None
+        found = self.read_versioned(key)
+        return found.tag if found is not None and found.data == data else None
+
     @abstractmethod
     def delete(self, keys: Iterable[str]) -> None:
         """Delete objects; missing keys are ignored."""
@@ -287,6 +295,9 @@ class LocalStorage(Storage):
         except FileNotFoundError:
             return None
         return Versioned(data, hashlib.sha256(data).hexdigest())  # no age: a file's mtime is its writer's clock
+
+    def swap(self, key: str, data: bytes, tag: str | None) -> str | None:
+        return hashlib.sha256(data).hexdigest() if self.write_if(key, data, tag) else None  # read_versioned's tag
 
     def write_if(self, key: str, data: bytes, tag: str | None) -> bool:
         if tag is None:

@@ -175,3 +175,45 @@ def test_a_status_write_lost_to_the_same_epoch_is_tried_again(tmp_path: Path) ->
     store.storage = _NewerWritesFirst(tmp_path / "orders", _status(reason="the heartbeat thread").to_bytes())
     assert write_status(store, _status(reason="a batch's report"))
     assert read_status(store) == _status(reason="a batch's report")
+
+
+class _Counting(LocalStorage):
+    """Counts the reads and conditional writes of status.json its callers make (S3 compares on its side; a local
+    file's compare-and-swap reads under a lock, which is not counted)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.reads = self.swaps = 0
+        self._swapping = False
+
+    def read_versioned(self, key: str):  # type: ignore[no-untyped-def]  # as LocalStorage's
+        self.reads += key == STATUS and not self._swapping
+        return super().read_versioned(key)
+
+    def swap(self, key: str, data: bytes, tag: str | None) -> str | None:
+        self.swaps += key == STATUS
+        self._swapping = True
+        try:
+            return super().swap(key, data, tag)
+        finally:
+            self._swapping = False
+
+
+def test_the_drivers_reports_are_one_write_each_and_read_again_only_after_another_writer(tmp_path: Path) -> None:
+    """The reporter's StatusWriter keeps the tag of its last write: one conditional PUT per report. Another writer
+    in between (the supervisor) fails its swap once: it reads, then writes; a newer driver's status stops it."""
+    from airflow_ckpt_provider.core.records.status import StatusWriter
+
+    storage = _Counting(tmp_path / "orders")
+    store = JobStore(LocalStorage(tmp_path), "orders")
+    store.storage = storage
+    writer = StatusWriter(store)
+    for batch in range(5):
+        assert writer.write(_status(batch_id=batch))
+    assert (storage.reads, storage.swaps) == (1, 5)  # the first report read what was there
+    storage.write(STATUS, _status(reason="the supervisor").to_bytes())
+    assert writer.write(_status(batch_id=5))
+    assert (storage.reads, storage.swaps) == (2, 7) and read_status(store) == _status(batch_id=5)
+    storage.write(STATUS, _status(epoch=4, state=JobState.STARTING).to_bytes())
+    assert not writer.write(_status(batch_id=6))  # a newer driver reports there now: nothing written
+    assert read_status(store) == _status(epoch=4, state=JobState.STARTING)
