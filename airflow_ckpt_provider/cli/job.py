@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_ckpt_provider.cli.common import add_store_args, emit, open_job_store, progress
 from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.policy.prices import describe_rates
 from airflow_ckpt_provider.core.policy.stepsettings import RestartStepSettings, StepSettings, UpgradeSettings
 from airflow_ckpt_provider.core.records.control import Ack, Outcome, RequestAction, wait_ack
 from airflow_ckpt_provider.core.records.lease import LeaseRecord
@@ -73,6 +74,8 @@ def describe(view: JobView) -> str:
             ("code version", _dash(s.code_version)),
             ("reason", _dash(s.reason)),
         ]
+        if s.store_window:
+            rows.append(("store requests", f"by the driver: {describe_rates(s.store_rates, s.store_window)}"))
     rows.append(("lease", _lease_text(view.lease)))
     newer = view.newer_lease
     if newer is not None and s is not None:

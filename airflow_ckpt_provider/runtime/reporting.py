@@ -11,6 +11,8 @@ import logging
 import os
 import socket
 import time
+from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from msgspec.structs import replace
@@ -21,11 +23,15 @@ from airflow_ckpt_provider.core.records.control import Ack, Outcome, RequestActi
 from airflow_ckpt_provider.core.records.lease import Lease
 from airflow_ckpt_provider.core.records.status import JobState, JobStatus, StatusWriter
 from airflow_ckpt_provider.core.snapshots.catalog import SnapshotResult
+from airflow_ckpt_provider.core.store import requestcount
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.failures import Failure, Recovery
 
 log = logging.getLogger(__name__)
+
+#: Seconds of requests the store rates in status.json are taken over (at most).
+RATE_WINDOW = 600.0
 
 
 class DriverReporter:
@@ -39,6 +45,7 @@ class DriverReporter:
         self.started_at = time.time()
         self.status: JobStatus | None = None
         self.writer = StatusWriter(store)  # one PUT per report: it keeps the tag of its last write
+        self.rates = RequestRates()
 
     def state(self) -> JobState:
         """The state last reported (RUNNING before the first report)."""
@@ -75,7 +82,8 @@ class DriverReporter:
             pid=os.getpid(), host=socket.gethostname(), code_version=self.config.code_version,
             heartbeat_interval=self.config.heartbeat_interval,
         )
-        self.status = replace(base, state=state, reason=reason, updated_at=time.time(), **changes)
+        self.status = replace(base, state=state, reason=reason, updated_at=time.time(), **self.rates.sample(),
+                              **changes)
         try:
             self.writer.write(self.status)
         except StorageError as err:  # one line per outage, not per heartbeat (core/policy/outage.py)
@@ -110,6 +118,27 @@ class DriverReporter:
             self.update(**changes)
         else:
             self.status = replace(self.status, **changes)
+
+
+class RequestRates:
+    """The process's store requests per second over the last ``window`` s (at most), sampled at each report: what
+    status.json says this job's driver costs now, its start's burst aged out."""
+
+    def __init__(self, window: float = RATE_WINDOW, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window, self.clock = window, clock
+        self.samples: deque[tuple[float, dict[str, int]]] = deque()
+
+    def sample(self) -> dict[str, Any]:
+        now, counts = self.clock(), requestcount.counts()
+        self.samples.append((now, counts))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= self.window:  # keep one older
+            self.samples.popleft()
+        start, first = self.samples[0]
+        elapsed = now - start
+        if elapsed <= 0:
+            return {}
+        rates = {op: round((n - first.get(op, 0)) / elapsed, 4) for op, n in counts.items() if n > first.get(op, 0)}
+        return {"store_rates": rates, "store_window": round(elapsed, 1)}
 
 
 def snapshot_info(result: SnapshotResult) -> dict[str, Any]:

@@ -146,3 +146,20 @@ def test_every_s3_put_carries_the_sha256_of_its_body_and_is_not_signed_twice(s3_
         events.unregister("before-send.s3.PutObject", record)
     bodies = [b"status", b"manifest", b"status 2", state]  # write, create, write_if, write_object
     assert sent == [(base64.b64encode(hashlib.sha256(b).digest()).decode(), "UNSIGNED-PAYLOAD") for b in bodies]
+
+
+def test_every_s3_request_of_the_process_is_counted_by_its_operation(bucket: str, s3_options: S3Options) -> None:
+    """core/store/requestcount.py: what the driver reports as its store request rate (status.json store_rates)."""
+    from airflow_ckpt_provider.core.store import requestcount
+
+    storage = open_storage(f"s3://{bucket}/counted", s3_options)
+    before = requestcount.counts()
+    storage.write("a.json", b"1")
+    storage.read("a.json")
+    storage.read_versioned("a.json")
+    storage.stat("a.json")
+    storage.list()
+    storage.delete(["a.json"])
+    after = requestcount.counts()
+    grown = {op: after.get(op, 0) - before.get(op, 0) for op in after if after.get(op, 0) != before.get(op, 0)}
+    assert grown == {"PutObject": 1, "GetObject": 2, "HeadObject": 1, "ListObjectsV2": 1, "DeleteObjects": 1}

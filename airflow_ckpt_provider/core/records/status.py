@@ -101,6 +101,10 @@ class JobStatus(Record, frozen=True):
     restart: dict[str, Any] | None = None  # the restart in progress (state RESTARTING): Restart.to_dict()
     restarts: list[dict[str, Any]] = msgspec.field(default_factory=list)  # this driver's query restarts, newest last
     restart_count: int = 0  # this driver's query restarts in all
+    #: The driver process's store requests per second over the last ``store_window`` s, by S3 operation
+    #: (core/store/requestcount.py); empty on a store that is no S3 (a directory) and before the first window.
+    store_rates: dict[str, float] = msgspec.field(default_factory=dict)
+    store_window: float = 0.0
 
     def query_restarts(self) -> list[Restart]:
         """This driver's restarts of its query (the newest ``RESTARTS_KEPT``), oldest first; an entry that does

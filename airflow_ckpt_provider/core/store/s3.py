@@ -34,6 +34,7 @@ from botocore.exceptions import ConnectTimeoutError as BotoConnectTimeout
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from airflow_ckpt_provider.core.errors import CkptError, CredentialsError, StorageError, UnreachableError
+from airflow_ckpt_provider.core.store import requestcount
 from airflow_ckpt_provider.core.store.storage import (
     BytesCallback,
     ObjectInfo,
@@ -278,6 +279,7 @@ def make_client(opts: S3Options) -> S3Client:
                 aws_session_token=opts.session_token,
                 config=config,
             )
+            requestcount.register(client)
             _clients[key] = client
         return client
 
@@ -294,6 +296,7 @@ def _role_client(opts: S3Options, key: tuple[Any, ...]) -> S3Client:
         "s3", endpoint_url=opts.endpoint_url, region_name=opts.region,
         config=client_config(opts.max_concurrency, opts.connect_timeout, opts.read_timeout),
     )
+    requestcount.register(client)
     _clients[key] = client
     return client
 

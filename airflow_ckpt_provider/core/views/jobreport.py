@@ -20,6 +20,7 @@ from typing import Any
 
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.policy.health import HealthCriteria, restart_times
+from airflow_ckpt_provider.core.policy.prices import describe_rates
 from airflow_ckpt_provider.core.records.deployments import Launch, read_launch
 from airflow_ckpt_provider.core.records.operations import read_operation
 from airflow_ckpt_provider.core.records.ownership import handed_key, read_owner
@@ -98,6 +99,7 @@ class JobSummary:
     latest_checkpoint: dict[str, Any] | None
     latest_savepoint: dict[str, Any] | None
     problem: str | None = None  # the job store could not be read: why
+    store_cost: str | None = None  # the driver's store requests per second and their cost (core/policy/prices.py)
 
     @property
     def restarts(self) -> int:
@@ -237,7 +239,8 @@ def summarize(view: JobView, manifests: Sequence[Manifest], starts: Sequence[Sta
         heartbeat_age=None if s is None else max(0.0, s.age(now)),
         lag=s.lag if s and live else None, process_restarts=process, driver_restarts=in_driver,
         latest_checkpoint=_snapshot_brief(latest_completed(manifests, (Kind.CHECKPOINT,)), now),
-        latest_savepoint=_snapshot_brief(latest_completed(manifests, (Kind.SAVEPOINT,)), now))
+        latest_savepoint=_snapshot_brief(latest_completed(manifests, (Kind.SAVEPOINT,)), now),
+        store_cost=describe_rates(s.store_rates, s.store_window) if s and s.store_window else None)
 
 
 def job_summary(store: JobStore, *, now: float | None = None, cache: ManifestCache = MANIFESTS) -> JobSummary:

@@ -228,3 +228,19 @@ def test_a_restart_from_the_page_is_refused_with_nothing_written_when_nobody_her
     assert client.post("/api/jobs/ckpt_store_default/orders/operations", json={"kind": "restart"}).status_code == 202
     busy = client.post("/api/jobs/ckpt_store_default/orders/operations", json={"kind": "restart", "restore": "none"})
     assert busy.status_code == 409 and "expected no operation in progress" in busy.json()["detail"]
+
+
+def test_the_page_and_ckpt_job_status_show_the_drivers_store_request_rate_and_its_monthly_cost(
+        client: TestClient, store: JobStore, capsys: pytest.CaptureFixture[str]) -> None:
+    from airflow_ckpt_provider.cli.main import main
+
+    running(store)
+    page = client.get("/jobs/ckpt_store_default/orders", headers={"Accept": "text/html"}).text
+    assert '<td data-testid="store-cost">-</td>' in page  # no window yet (or a store that is a directory)
+    running(store, store_rates={"GetObject": 2.0, "PutObject": 0.2}, store_window=600.0)
+    cost = ("2.20 requests/s (GET 2.00, PUT 0.20) over the last 600 s, about $4.73 a month at put $0.005 / get "
+            "$0.0004 / delete $0 per 1,000 (CKPT_REQUEST_PRICES)")
+    page = client.get("/jobs/ckpt_store_default/orders", headers={"Accept": "text/html"}).text
+    assert f'<td data-testid="store-cost">{cost}</td>' in page
+    assert main(["job", "status", "--store", str(store.root.url), "--job", "orders"]) == 0
+    assert f"store requests: by the driver: {cost}" in capsys.readouterr().out
