@@ -26,7 +26,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 PREFIXES = {
     "status.json": "status", "lease.json": "lease", "snapshots": "snapshots", "objects": "objects",
     "pending": "pending", "locks": "locks", "control": "control", "deployments": "deployments",
-    "spec": "spec", "supervisors": "supervisors",
+    "spec": "spec", "supervisors": "supervisors", "control-bell.json": "control", "operation.json": "operation",
+    "ends": "ends",
 }
 _KEY = re.compile(rb"<Key>([^<]*)</Key>")
 
