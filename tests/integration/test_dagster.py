@@ -304,15 +304,19 @@ def test_a_job_submitted_through_dagster_ops_rides_out_a_kill_9_unseen_by_the_he
     assert (restored["epoch"], restored["restarted_by"], restored["restore"]) == (
         3, "operation", savepoint["snapshot_id"])
     caught_up_2 = result.output_for_node("caught_up_again")
-    assert (caught_up_2["status"], caught_up_2["epoch"], caught_up_2["batch_id"]) == ("healthy", 3, LAST_BATCH + 1)
     cancelled = result.output_for_node("cancel_streaming_job")
     assert (cancelled["action"], cancelled["outcome"]) == ("cancel", "completed")
     final = read_status(store)
-    assert final is not None and (final.state, final.epoch, final.batch_id) == (JobState.STOPPED, 3, LAST_BATCH + 1)
+    assert final is not None and (final.state, final.epoch) == (JobState.STOPPED, 3)
+    assert final.batch_id is not None and final.batch_id > LAST_BATCH
+    assert (caught_up_2["status"], caught_up_2["epoch"], caught_up_2["batch_id"]) == ("healthy", 3, final.batch_id)
     assert final.restored_from == savepoint["snapshot_id"]
     commits = env.commits()
     assert [b for b, _ in commits[1]] == list(range(LAST_BATCH + 1))  # each batch committed once
-    assert [b for b, _ in commits.get(2, [])] == [] and [b for b, _ in commits[3]] == [LAST_BATCH + 1]
+    # The more records went in one batch or more, as the driver's triggers met the producer: each committed once,
+    # from the savepoint's next batch on, by epoch 3 only.
+    assert [b for b, _ in commits.get(2, [])] == []
+    assert [b for b, _ in commits[3]] == list(range(LAST_BATCH + 1, final.batch_id + 1))
     assert env.consumed(final) == RECORDS + MORE
     assert env.final_counts() == expected_counts(RECORDS + MORE)
 

@@ -223,20 +223,23 @@ def test_broken_or_deleted_live_checkpoint_falls_back_to_the_newest_snapshot(env
     assert f"the live checkpoint {checkpoint.as_uri()} is broken" in fallback[0]
     assert f"{latest + 1}.delta" in fallback[0]
     assert "WARNING" in fallback[0]
+    # More input, so a batch follows the restore whatever "a" consumed before its cancel (status.json reports
+    # batches with its heartbeats: "a" may well have read all 2000 records by the time the test saw batch 3).
+    produce(env.kafka.bootstrap_servers, env.topic, 2000, 100)
     env.wait_status("batch after the restore", lambda s: (s.batch_id or 0) > newest.batch_id, TIMEOUT, b)
     assert env.request(RequestAction.CANCEL, 2).outcome is Outcome.COMPLETED
     assert b.wait(TIMEOUT) == EXIT_STOPPED
 
-    # Deleted entirely: the newest snapshot again, then all 2000 records exactly.
+    # Deleted entirely: the newest snapshot again, then all 2100 records exactly.
     newest = max(list_snapshots(env.store()), key=lambda m: m.batch_id)
     shutil.rmtree(checkpoint)
     runs.append(c := env.run("c", checkpoint, conf={"spark.sql.streaming.pollingDelay": "50ms"}))
-    status = env.wait_status("all 2000 records counted", lambda s: env.consumed(s) == 2000, TIMEOUT, c)
+    status = env.wait_status("all 2100 records counted", lambda s: env.consumed(s) == 2100, TIMEOUT, c)
     assert "idle sources polled every 50ms" in c.log.read_text(), c.tail()  # the job's own value wins
     assert status.restored_from == newest.snapshot_id
     assert env.request(RequestAction.STOP, status.epoch).outcome is Outcome.COMPLETED
     assert c.wait(TIMEOUT) == EXIT_STOPPED
-    assert env.final_counts() == expected_counts(2000)
+    assert env.final_counts() == expected_counts(2100)
 
 
 @pytest.mark.full(proven_by="test_two_drivers_started_at_once_exactly_one_runs (the driver of the older epoch exits "
