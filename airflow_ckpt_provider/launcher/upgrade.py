@@ -355,7 +355,7 @@ class JobUpgrade:
         else:
             self.say(f"{self._at(2)} stopping the driver of epoch {step.epoch} " + (
                 "with a savepoint" if step.action is RequestAction.STOP else
-                f"({self.settings.upgrade_mode}: cancel)"))
+                ("(cancel)" if self.settings.what == RESTART else f"({self.settings.upgrade_mode}: cancel)")))
             ack, why = self._request(step.action, step.epoch, self.settings.stop_timeout)
             if why is not None or ack is None:
                 seen, epoch = steps.observe_stop_failure(self.store)
