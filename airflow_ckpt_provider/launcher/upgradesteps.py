@@ -340,7 +340,8 @@ Step = TakeSavepoint | Check | Stop | Rescale | Start | Verify | RollBack | Rela
 
 def next_step(plan: UpgradePlan, outcome: Outcome) -> tuple[UpgradePlan, Step]:
     """The step after ``outcome``, and the plan with what it recorded. Pure: no IO, no clock."""
-    decide: Callable[[UpgradePlan, Any], tuple[UpgradePlan, Step]] = _DECISIONS[type(outcome)]
+    table = _RESTART_DECISIONS if plan.what == RESTART else _DECISIONS
+    decide: Callable[[UpgradePlan, Any], tuple[UpgradePlan, Step]] = table[type(outcome)]
     return decide(plan, outcome)
 
 
@@ -351,11 +352,6 @@ def _saved(plan: UpgradePlan, saved: Saved) -> tuple[UpgradePlan, Step]:
 
 
 def _started(plan: UpgradePlan, started: Started) -> tuple[UpgradePlan, Step]:
-    if started.launch is None and plan.what == RESTART:
-        return plan, Fail(f"restart of job {plan.job}: its deployment ({plan.old_code}) could not be launched: "
-                          f"{started.problem}"
-                          + ("; its driver was stopped before: it does not run now" if plan.snapshot_id or plan.stopped
-                             else ""))
     if started.launch is None:
         what = "the new code" if plan.what == UPGRADE else f"the job on {plan.partitions} partitions"
         return plan, _roll_back(plan, f"{what} could not be launched: {started.problem}")
@@ -363,8 +359,6 @@ def _started(plan: UpgradePlan, started: Started) -> tuple[UpgradePlan, Step]:
 
 
 def _verified(plan: UpgradePlan, verified: Verified) -> tuple[UpgradePlan, Step]:
-    if not verified.healthy and plan.what == RESTART:  # the same deployment: nothing to roll back to
-        return plan, Fail(f"restart of job {plan.job}: {verified.why}")
     if not verified.healthy:
         return plan, _roll_back(plan, verified.why)
     return plan, Done(_result(plan, verified), verification_said(plan, verified))
@@ -391,11 +385,8 @@ def verification_said(plan: UpgradePlan, verified: Verified) -> str:
 
 
 def _began(plan: UpgradePlan, seen: Began) -> tuple[UpgradePlan, Step]:
-    """The first step: refused from what was observed, or the check (a stopped job's rescale: the repartition).
-    A restart checks nothing: it waits for the job's own restart (``owner``), stops the driver, or starts."""
+    """The first step: refused from what was observed, or the check (a stopped job's rescale: the repartition)."""
     running, n, latest = seen.running, plan.partitions, seen.latest
-    if plan.what == RESTART:
-        return plan, _restart_began(plan, running)
     if n is not None and running.epoch is None and running.problem is None:  # stopped: from its final savepoint
         return _stopped_job(replace(plan, stopped=True), seen, n)
     problem = snapshot_problem(latest, n) if latest is not None and n is not None else None
@@ -408,14 +399,6 @@ def _began(plan: UpgradePlan, seen: Began) -> tuple[UpgradePlan, Step]:
     if n is not None and latest is None and plan.savepoint_first and running.epoch is not None:
         return plan, TakeSavepoint(running.epoch)
     return plan, Check(n)
-
-
-def _restart_began(plan: UpgradePlan, running: Running) -> Step:
-    if plan.owner is not None:
-        return Verify()
-    if running.problem is not None:
-        return Refuse(plan.refused(running.problem))
-    return _stop(plan, running) if running.epoch is not None else Start(plan.restore_spec)
 
 
 def _stopped_job(plan: UpgradePlan, seen: Began, n: int) -> tuple[UpgradePlan, Step]:
@@ -459,8 +442,6 @@ def _stopped(plan: UpgradePlan, stopped: Stopped) -> tuple[UpgradePlan, Step]:
     """Cancelled or not running: the rollback goes back to the latest snapshot."""
     snapshot_id = stopped.snapshot_id or stopped.latest
     plan = replace(plan, snapshot_id=snapshot_id)
-    if plan.what == RESTART:  # a savepoint just taken is the latest state
-        return plan, Start(plan.restore_spec)
     if plan.partitions is not None:
         if snapshot_id is None:
             return plan, _roll_back(plan, "the stop left no savepoint to repartition")
@@ -471,8 +452,6 @@ def _stopped(plan: UpgradePlan, stopped: Stopped) -> tuple[UpgradePlan, Step]:
 
 
 def _stop_failed(plan: UpgradePlan, failed: StopFailed) -> tuple[UpgradePlan, Step]:
-    if plan.what == RESTART and failed.seen == "down":  # it went down anyway: the restart goes on
-        return plan, Start(plan.restore_spec)
     return plan, _stop_failure(plan, failed)
 
 
@@ -511,10 +490,6 @@ def _roll_back(plan: UpgradePlan, why: str) -> RollBack:
 
 
 def _result(plan: UpgradePlan, verified: Verified) -> dict[str, Any]:
-    if plan.what == RESTART:  # restarted_by: who made the driver that runs (this operation, or the job's own owner)
-        return {"job": plan.job, "restore": plan.restore or str(LATEST_STATE),
-                "restarted_by": plan.owner or "operation", "snapshot_id": plan.snapshot_id, "epoch": verified.epoch,
-                "batch_id": verified.batch_id, "launch_id": (plan.launch or {}).get("launch_id")}
     return {"job": plan.job, "from_version": plan.old["deployment"].get("code_version"),
             "to_version": plan.new.get("code_version"), "upgrade_mode": plan.mode.value,
             "snapshot_id": plan.snapshot_id, "epoch": verified.epoch, "batch_id": verified.batch_id,
@@ -540,6 +515,54 @@ def _rollback_message(plan: UpgradePlan, rolled: RolledBack) -> str:
 _DECISIONS: dict[type, Callable[[UpgradePlan, Any], tuple[UpgradePlan, Step]]] = {
     Began: _began, Saved: _saved, Checked: _checked, Stopped: _stopped, StopFailed: _stop_failed,
     Rescaled: _rescaled, Started: _started, Verified: _verified, RolledBack: _rolled_back}
+
+
+# -- a restart: the same deployment again, no check, nothing to roll back to -------------------------------------
+
+
+def _restart_began(plan: UpgradePlan, seen: Began) -> tuple[UpgradePlan, Step]:
+    """Wait for the job's own restart (``owner``), else stop the running driver, else start."""
+    running = seen.running
+    if plan.owner is not None:
+        return plan, Verify()
+    if running.problem is not None:
+        return plan, Refuse(plan.refused(running.problem))
+    return plan, (_stop(plan, running) if running.epoch is not None else Start(plan.restore_spec))
+
+
+def _restart_stopped(plan: UpgradePlan, stopped: Stopped) -> tuple[UpgradePlan, Step]:
+    """Start from what was asked (after a stop with savepoint, latest-state is that savepoint)."""
+    return replace(plan, snapshot_id=stopped.snapshot_id or stopped.latest), Start(plan.restore_spec)
+
+
+def _restart_stop_failed(plan: UpgradePlan, failed: StopFailed) -> tuple[UpgradePlan, Step]:
+    if failed.seen == "down":  # it went down anyway: the restart goes on
+        return plan, Start(plan.restore_spec)
+    return plan, _stop_failure(plan, failed)
+
+
+def _restart_started(plan: UpgradePlan, started: Started) -> tuple[UpgradePlan, Step]:
+    if started.launch is None:
+        stopped = "; its driver was stopped before: it does not run now" if plan.snapshot_id or plan.stopped else ""
+        return plan, Fail(f"restart of job {plan.job}: its deployment ({plan.old_code}) could not be launched: "
+                          f"{started.problem}{stopped}")
+    return replace(plan, launch=started.launch), Verify()
+
+
+def _restart_verified(plan: UpgradePlan, verified: Verified) -> tuple[UpgradePlan, Step]:
+    if not verified.healthy:
+        return plan, Fail(f"restart of job {plan.job}: {verified.why}")
+    # restarted_by: who made the driver that runs (this operation, or the job's own owner)
+    return plan, Done({"job": plan.job, "restore": plan.restore or str(LATEST_STATE),
+                       "restarted_by": plan.owner or "operation", "snapshot_id": plan.snapshot_id,
+                       "epoch": verified.epoch, "batch_id": verified.batch_id,
+                       "launch_id": (plan.launch or {}).get("launch_id")}, f"epoch {verified.epoch} at batch "
+                      f"{verified.batch_id}")
+
+
+_RESTART_DECISIONS: dict[type, Callable[[UpgradePlan, Any], tuple[UpgradePlan, Step]]] = {
+    Began: _restart_began, Stopped: _restart_stopped, StopFailed: _restart_stop_failed, Started: _restart_started,
+    Verified: _restart_verified}
 
 
 # -- observe ------------------------------------------------------------------------------------------------------
