@@ -382,7 +382,7 @@ def _restart(context: dg.OpExecutionContext, config: JobConfig, ckpt: CkptResour
     """RestartStreamingJobOperator's run: the operation asked for and acted on here (launcher/upgrade.py), or waited
     for when the supervision service owns the job; a retry of the op resumes it."""
     settings = _checked(lambda: step_settings_of(RestartStepSettings, config, restore=restore))
-    return _operate(context, ckpt, config.job, settings)
+    return _operate(context, ckpt, config.job, settings, config.poll_interval)
 
 
 @dg.op(ins=_AFTER, out=dg.Out(dict), tags={"kind": "ckpt"})
@@ -432,7 +432,7 @@ def upgrade_streaming_job(context: dg.OpExecutionContext, config: UpgradeConfig,
     settings = _checked(lambda: upgrade_settings(
         config, py_files=None if py_files is None else _paths(ckpt.py_files, py_files),
         files=None if files is None else _paths(ckpt.files, files)))
-    return _operate(context, ckpt, config.job, settings)  # type: ignore[attr-defined]  # JobConfig's field
+    return _operate(context, ckpt, config.job, settings, config.poll_interval)  # type: ignore[attr-defined]  # JobConfig's fields
 
 
 @dg.op(ins=_AFTER, out=dg.Out(dict), tags={"kind": "ckpt"})
@@ -442,7 +442,8 @@ def rescale_streaming_job(context: dg.OpExecutionContext, config: RescaleConfig,
     ``partitions`` through a savepoint (on a copy), back to the old partitions if it fails.
 
     Output: ``{"job", "partitions", "snapshot_id", "rescaled_snapshot_id", "epoch", "batch_id"}``."""
-    return _operate(context, ckpt, config.job, _checked(lambda: upgrade_settings(config)))  # type: ignore[attr-defined]  # JobConfig's field
+    return _operate(context, ckpt, config.job, _checked(lambda: upgrade_settings(config)),  # type: ignore[attr-defined]  # JobConfig's fields
+                    config.poll_interval)  # type: ignore[attr-defined]  # JobConfig's field
 
 
 def _checked(make: Callable[[], S]) -> S:
@@ -452,15 +453,16 @@ def _checked(make: Callable[[], S]) -> S:
         raise _failure(str(err), allow_retries=False, outcome="refused") from err
 
 
-def _operate(context: dg.OpExecutionContext, ckpt: CkptResource, job: str, settings: StepSettings) -> dict[str, Any]:
+def _operate(context: dg.OpExecutionContext, ckpt: CkptResource, job: str, settings: StepSettings,
+             poll: float) -> dict[str, Any]:
     """Ask for the operation and act on it here (or wait for the supervision service): launcher/upgrade.py. A retry
     of the op (the same run) finds the operation and resumes it; its refusals (nothing stopped) and failures (after
     the stop: rolled back or not) become dg.Failure, not retried: a retry would find the same end."""
     store = _store(ckpt, job)
     try:
         result = run_operation(store, ckpt.store_url, ckpt.s3_options(), settings, say=context.log.info,
-                             requested_by=_launched_by(context), key=_run_key(context),
-                             submit_hint="submit it first with the op submit_streaming_job; nothing was stopped")
+                               requested_by=_launched_by(context), key=_run_key(context), poll=poll,
+                               submit_hint="submit it first with the op submit_streaming_job; nothing was stopped")
     except ConflictError as err:
         raise _failure(str(err), outcome="busy") from err
     except ConfigError as err:

@@ -122,9 +122,7 @@ class UpgradeSettings(Settings):
         if self.verify_batches is not None and self.verify_batches < 0:
             raise ConfigError(f"verify_batches: expected a whole number >= 0 (0: no batch), found "
                               f"{self.verify_batches}. Nothing was changed")
-        for name in ("check_timeout", "stop_timeout", "verify_timeout"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name}: expected seconds > 0, found {getattr(self, name)}. Nothing was changed")
+        _positive(self, "check_timeout", "stop_timeout", "verify_timeout")
 
     @property
     def what(self) -> str:
@@ -173,9 +171,7 @@ class RestartStepSettings(Settings):
 
     def check(self) -> None:
         super().check()
-        for name in ("stop_timeout", "start_timeout"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name}: expected seconds > 0, found {getattr(self, name)}. Nothing was changed")
+        _positive(self, "stop_timeout", "start_timeout")
 
     what = RESTART
     # What the actor's shared steps read of an upgrade's settings, for a restart (launcher/upgrade.py):
@@ -198,6 +194,13 @@ class RestartStepSettings(Settings):
 
 
 StepSettings = UpgradeSettings | RestartStepSettings
+
+
+def _positive(settings: Settings, *names: str) -> None:
+    """ConfigError naming the first of ``names`` (seconds) that is not above 0."""
+    for name in names:
+        if getattr(settings, name) <= 0:
+            raise ConfigError(f"{name}: expected seconds > 0, found {getattr(settings, name)}. Nothing was changed")
 
 
 def step_settings(kind: str, body: dict[str, Any]) -> StepSettings:
