@@ -234,7 +234,9 @@ def test_broken_or_deleted_live_checkpoint_falls_back_to_the_newest_snapshot(env
     newest = max(list_snapshots(env.store()), key=lambda m: m.batch_id)
     shutil.rmtree(checkpoint)
     runs.append(c := env.run("c", checkpoint, conf={"spark.sql.streaming.pollingDelay": "50ms"}))
-    status = env.wait_status("all 2100 records counted", lambda s: env.consumed(s) == 2100, TIMEOUT, c)
+    # "b"'s last status already counts 2100: wait for "c"'s own epoch (3) before reading its log.
+    status = env.wait_status("all 2100 records counted by c", lambda s: s.epoch == 3 and env.consumed(s) == 2100,
+                             TIMEOUT, c)
     assert "idle sources polled every 50ms" in c.log.read_text(), c.tail()  # the job's own value wins
     assert status.restored_from == newest.snapshot_id
     assert env.request(RequestAction.STOP, status.epoch).outcome is Outcome.COMPLETED
