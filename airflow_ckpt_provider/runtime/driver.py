@@ -119,8 +119,8 @@ class JobDriver:
         self.store = JobStore.open(config.store, config.job, s3)
         self.live: Storage = open_storage(config.live_checkpoint, s3)
         # A store outage shorter than this is ridden out; a newer driver waits it out after taking the lease.
-        self.lease = Lease(self.store, poll_interval=config.poll_interval,
-                           outage_tolerance=config.fence_grace - config.poll_interval)
+        self.lease = Lease(self.store, poll_interval=config.lease_seconds,
+                           outage_tolerance=config.fence_grace - config.lease_seconds)
         self.events: queue.Queue[BatchEvent] = queue.Queue()
         self.outcomes: queue.Queue[SnapshotOutcome] = queue.Queue()
         self.store_outage = Outage(config.job, "the job store")
@@ -231,7 +231,7 @@ class JobDriver:
                 self._start_query(writer)
             except Exception as err:  # Spark refused the query (analysis, state schema) or could not start it
                 return self.reporter.end_failed(classify(err))
-            self.watch = LeaseWatch(job, self.lease, lambda: self.query, poll=self.config.poll_interval).start()
+            self.watch = LeaseWatch(job, self.lease, lambda: self.query, poll=self.config.lease_seconds).start()
             self.reporter.report(JobState.RUNNING, "running")
             self.lineage = start_emitter(job, self.config.lineage_interval, self.lease.epoch,
                                          lambda: _launched_by(self.store))
@@ -303,7 +303,7 @@ class JobDriver:
         assert self.snapshotter is not None
         cfg = self.config
         now = self.clock()
-        next_poll = now + cfg.poll_interval
+        next_poll, next_lease = now + cfg.poll_interval, now + cfg.lease_seconds
         next_beat = now + cfg.heartbeat_interval
         next_savepoint = now + cfg.savepoint_interval if cfg.savepoint_interval else None
         last_checkpoint = now
@@ -321,7 +321,8 @@ class JobDriver:
             # The watch stopped the query (the lease unconfirmed beyond its tolerance while this loop waited on the
             # store, or a newer epoch): a look at the lease raises FencedError if lost, else it goes as below.
             lapsed = self.watch is not None and self.watch.take_lapsed()
-            lost = (lapsed or now >= next_poll) and (not self._lease_held() or lapsed)  # the store is down too long
+            due, next_lease = (True, now + cfg.lease_seconds) if now >= next_lease else (lapsed, next_lease)
+            lost = due and (not self._lease_held() or lapsed)  # the store is down too long
             if lost or not self.query.isActive:  # restart the query here, or end with the exit code
                 code = self._lease_unconfirmed() if lost else self._recover(self.query.exception())
                 if code is not None:

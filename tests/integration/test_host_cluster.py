@@ -33,7 +33,7 @@ from tests.support.hostjobs import (
     ground,
 )
 from tests.support.hosts import Host, Topology
-from tests.support.runtimejob import SPARK_CONF
+from tests.support.runtimejob import SPARK_CONF, snapshot_args
 from tests.support.sparkhosts import (
     MASTER,
     WORKERS,
@@ -197,7 +197,7 @@ def start_driver(sc: Scenario, hc: HostCluster, name: str, host: Host, *args: st
     argv = [sys.executable, "-m", "airflow_ckpt_provider.cli", "run", str(EO_JOB), "--job", sc.env.job,
             "--store", sc.env.store_url, "--checkpoint", str(sc.work / f"checkpoint-{name}"),
             "--master", hc.cluster.master_url, "-v", "--supervise", "--restart-strategy", "fixed-delay",
-            "--restart-attempts", "5", "--restart-delay", "0.5", *args]
+            "--restart-attempts", "5", "--restart-delay", "0.5", *snapshot_args(args)]
     settings = {**sc.sink.conf(), **hc.cluster.job_conf(), "spark.driver.host": host.address,
                 "spark.driver.bindAddress": host.address}
     conf = [*SPARK_CONF, *(f"{k}={v}" for k, v in settings.items())]

@@ -14,7 +14,7 @@ restart on another host does in client mode (docs/airflow.md). The hosts share o
 the network only): each driver gets a checkpoint directory and a CKPT_HOME of its own.
 
 The claim under test (docs/runtime.md, Fencing): a driver that cannot confirm its lease for longer than its outage
-tolerance (``--fence-grace`` minus ``--poll-interval``) stops committing, and a newer driver waits at least that long
+tolerance (``--fence-grace`` minus ``--lease-interval``) stops committing, and a newer driver waits at least that long
 (plus a poll and a second) after taking the lease before it restores and commits. So: (a) the first driver commits
 nothing to the sink once the second may commit; (b) every input id is in the sink's committed view exactly once;
 (c) once the link heals, the first driver exits 3 (fenced) saying a newer driver holds the lease; (d) nothing is

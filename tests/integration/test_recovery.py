@@ -58,7 +58,8 @@ def test_a_task_failure_and_a_sink_failure_restart_the_query_in_the_same_driver_
     faults = env.work / "faults"
     faults.mkdir()
     produce(env.kafka.bootstrap_servers, env.topic, 0, 400)
-    runs.append(run := env.run("job", env.work / "checkpoint", "--supervise", "--poll", "1", *FAST_RESTARTS,
+    runs.append(run := env.run("job", env.work / "checkpoint", "--supervise", "--poll-interval", "1",
+                                   "--lease-interval", "1", *FAST_RESTARTS,
                                extra_env={"CKPT_TEST_FAULT_DIR": str(faults)}))
     first = env.wait_status("400 records counted", lambda s: env.consumed(s) == 400, TIMEOUT, run)
 

@@ -41,7 +41,7 @@ from airflow_ckpt_provider.launcher.submit import SubmitSpec, gate_file, parse_c
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_STOPPED
 from airflow_ckpt_provider.runtime.restore_check_verdict import CheckOutcome, RestoreCheck
-from tests.support.runtimejob import SPARK_CONF, JobEnv, Run
+from tests.support.runtimejob import SPARK_CONF, JobEnv, Run, snapshot_args
 
 pytestmark = pytest.mark.integration
 
@@ -95,7 +95,7 @@ class OrdersEnv(JobEnv):
             argv += ["--conf", conf]
         log = self.work / f"{name}.log"
         with open(log, "ab") as out:
-            proc = subprocess.Popen([*argv, *args], env=self.orders_env(self.out), stdout=out,
+            proc = subprocess.Popen([*argv, *snapshot_args(args)], env=self.orders_env(self.out), stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         return Run(name, proc, log)
 

@@ -4,7 +4,7 @@ Topology: ``store`` (SeaweedFS: the job store and the files sink's bucket), ``ka
 job is handed over, as an Airflow task would: it only writes records; the test's feed and readers), ``service-a`` and
 ``service-b`` (one ``ckpt service run`` each, with its own host name; the supervisors and drivers an instance starts
 run on its host, with a CKPT_HOME and so a live checkpoint of their own). The job is tests/jobs/eo_job.py into the
-ckpt-files sink, local[2], with the scenarios' lease settings (poll 1 s, fence grace 4 s).
+ckpt-files sink, local[2], with the scenarios' lease settings (poll and lease 1 s, fence grace 4 s).
 
 Once the job runs and has a snapshot, the owning instance's host is cut from the store for 60 s (both ways): its
 instance stops acting once its lease is 8 s without a renewal, its driver stops committing once its lease cannot be
@@ -60,8 +60,8 @@ SERVICES = ("service-a", "service-b")
 
 def _deployment(sc: Scenario) -> Deployment:
     conf = dict(c.split("=", 1) for c in SPARK_CONF) | sc.sink.conf()
-    return Deployment(job_file=str(EO_JOB), master="local[2]", conf=conf, poll_interval=POLL, fence_grace=FENCE_GRACE,
-                      heartbeat_interval=1.0)
+    return Deployment(job_file=str(EO_JOB), master="local[2]", conf=conf, poll_interval=POLL, lease_interval=POLL,
+                      fence_grace=FENCE_GRACE, heartbeat_interval=1.0)
 
 
 def _driver_lines(sc: Scenario, role: str, launch_id: str) -> Lines:

@@ -36,11 +36,11 @@ from airflow_ckpt_provider.runtime.exitcodes import EXIT_STOPPED
 from tests.conftest import TEST_DRIVER_JVM
 from tests.support.exactlyonce import EO_JOB, EoSink, FilesSink, KafkaSink, PgLedgerSink, new_sink_topic
 from tests.support.hosts import Host, Topology
-from tests.support.runtimejob import SPARK_CONF, JobEnv, produce
+from tests.support.runtimejob import SPARK_CONF, JobEnv, produce, snapshot_args
 from tests.support.sparkhosts import MASTER, WORKERS, HostCluster, start_spark_cluster
 
 BUCKET = "ckpt"
-POLL = 1.0  # --poll-interval: the driver looks at its lease every second
+POLL = 1.0  # --poll-interval and --lease-interval: the driver looks at its lease and control requests every second
 FENCE_GRACE = 4.0  # --fence-grace: outage tolerance 3 s; a newer driver waits max(4, 2*1+1, 3+1+1) = 5 s
 MAX_OFFSETS = 150  # records per batch at most: a driver keeps up with the feed (a batch takes 2.5-4 s here)
 CHUNK = 10  # new ids per feed (plus the previous feed's second copies): one feed a second, 20 records/s
@@ -342,11 +342,12 @@ class Scenario:
         faults = self.work / f"faults-{name}"  # crash and hold points a test arms (core/policy/faults.py)
         faults.mkdir(exist_ok=True)
         env.update(SPARK_LOCAL_IP=host.address, CKPT_HOME=str(self.work / f"home-{name}"), CKPT_FAULT_DIR=str(faults))
-        lease = [] if lease_defaults else ["--poll-interval", str(POLL), "--fence-grace", str(FENCE_GRACE)]
+        lease = [] if lease_defaults else ["--poll-interval", str(POLL), "--lease-interval", str(POLL),
+                                           "--fence-grace", str(FENCE_GRACE)]
         argv = [sys.executable, "-m", "airflow_ckpt_provider.cli", "run", str(EO_JOB), "--job", self.env.job,
                 "--store", self.env.store_url, "--checkpoint", str(self.work / f"checkpoint-{name}"),
                 "--master", "local[2]" if self.cluster is None else self.cluster.cluster.master_url, "-v", *lease,
-                *args]
+                *snapshot_args(args)]
         # On the cluster one core each: a second driver gets the other worker's core while the first one runs.
         settings = {**self.sink.conf(), **({} if self.cluster is None else self.cluster.cluster.job_conf(cores=1)),
                     "spark.driver.host": host.address, "spark.driver.bindAddress": host.address}

@@ -34,6 +34,14 @@ if TYPE_CHECKING:
 JOB_FILE = Path(__file__).parent.parent / "jobs" / "kafka_count.py"
 KEYS = 10
 SPARK_CONF = ("spark.ui.enabled=false", "spark.sql.shuffle.partitions=2", "spark.ui.showConsoleProgress=false")
+# The tests of snapshots, restores and fencing snapshot after every batch unless they say otherwise (the product's
+# default is a snapshot every 60 s: tests/integration/test_snapshot_cadence.py proves it).
+EVERY_BATCH = ("--checkpoint-interval", "0")
+
+
+def snapshot_args(args: tuple[str, ...] | list[str]) -> list[str]:
+    """``args``, with a checkpoint snapshot after every batch unless they name a ``--checkpoint-interval``."""
+    return [*args] if "--checkpoint-interval" in args else [*EVERY_BATCH, *args]
 #: RocksDB state: the only store Spark's offline repartition takes (docs/rescaling.md).
 ROCKSDB = ("spark.sql.streaming.stateStore.providerClass="
            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
@@ -138,7 +146,7 @@ class JobEnv:
         log = self.work / f"{name}.log"
         env = self.env(max_offsets, extra_env, local=master.startswith("local"))
         with open(log, "ab") as out:
-            proc = subprocess.Popen([*argv, *args], env=env, stdout=out, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen([*argv, *snapshot_args(args)], env=env, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         return Run(name, proc, log)
 

@@ -15,7 +15,7 @@ def non_defaults(cls: type[Settings]) -> dict[str, Any]:
     for f, m in setting_fields(cls):
         default = f.default
         if m.kind is SECONDS:
-            values[f.name] = default + 1.0 if default else 4.0  # poll 2, fence grace 4: twice the poll
+            values[f.name] = default + 1.0 if default else 4.0
         elif m.kind is COUNT:
             values[f.name] = default + 1 if default else 2
         elif m.kind is SWITCH:
@@ -26,4 +26,6 @@ def non_defaults(cls: type[Settings]) -> dict[str, Any]:
             members = list(type(default)) if isinstance(default, Mode) else []
             assert members, f"no generated value for setting {f.name}: teach non_defaults its kind"
             values[f.name] = members[-1]
+    if "fence_grace" in values:  # a rule across two settings: the grace at least twice the lease interval
+        values["fence_grace"] = 2 * values["lease_interval"]
     return values

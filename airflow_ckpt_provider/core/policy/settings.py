@@ -22,6 +22,8 @@ _TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
 #: 20 kb), as long as the manifest's inline bytes stay within INLINE_TOTAL_MAX; other files are objects.
 INLINE_MAX = 20 * 1024
 INLINE_TOTAL_MAX = 128 * 1024
+#: Seconds between a driver's looks at its lease unless set (at most half the fence grace): docs/scale.md.
+LEASE_INTERVAL = 5.0
 
 
 @dataclass(frozen=True)
@@ -222,9 +224,10 @@ class RuntimeSettings(Settings):
     checkpoint: str | None = setting(
         None, kind=TEXT, none="$CKPT_HOME/jobs/JOB/checkpoint",
         help="the live checkpoint location (default: $CKPT_HOME/jobs/JOB/checkpoint)")
-    checkpoint_interval: float | None = setting(
-        0.0, kind=SECONDS, none="never", metavar="S",
-        help="seconds between checkpoint snapshots; 0 after every batch (default), none for never")
+    checkpoint_interval: float | None = setting(  # 60: the recovery point a snapshot keeps vs its requests (scale.md)
+        60.0, kind=SECONDS, none="never", metavar="S",
+        help="seconds between checkpoint snapshots while batches complete: the newest snapshot is never older than "
+        "this (default 60; the live checkpoint is still written every batch); 0 after every batch, none for never")
     savepoint_interval: float | None = setting(
         None, kind=SECONDS, none="never", metavar="S", help="seconds between periodic savepoints (default none)")
     keep_checkpoints: int = setting(3, kind=COUNT, metavar="N", help="checkpoint snapshots to keep (default 3)")
@@ -233,11 +236,16 @@ class RuntimeSettings(Settings):
     heartbeat_interval: float = setting(
         5.0, kind=SECONDS, metavar="S", help="seconds between status heartbeats when idle (default 5)")
     poll_interval: float = setting(
-        1.0, kind=SECONDS, metavar="S", help="seconds between looks at control requests and the lease (default 1)")
+        1.0, kind=SECONDS, metavar="S", help="seconds between looks at control requests (default 1)")
+    lease_interval: float | None = setting(  # 5: 720 GETs an hour; a commit needs no read of its own (scale.md)
+        None, kind=SECONDS, none=f"{LEASE_INTERVAL:g}, at most half the fence grace", metavar="S",
+        help=f"seconds between the driver's looks at its lease (default {LEASE_INTERVAL:g}, at most half the fence "
+        "grace): a confirmation this young lets a batch commit without a read of its own, and a fenced driver "
+        "notices within it")
     fence_grace: float = setting(  # 10: a lease read over a slow, lossy link took over 2 s (docs/reliability.md)
         10.0, kind=SECONDS, metavar="S",
-        help="seconds a new driver waits for a fenced one to notice (default 10, at least twice the poll interval); "
-        "the driver rides out a job store that does not answer for this minus a poll interval")
+        help="seconds a new driver waits for a fenced one to notice (default 10, at least twice the lease interval); "
+        "the driver rides out a job store that does not answer for this minus a lease interval")
     executor_timeout: float = setting(
         120.0, kind=SECONDS, metavar="S",
         help="seconds a driver on a cluster waits for its first executor before it gives up, exit 2 (default 120)")
@@ -259,6 +267,12 @@ class RuntimeSettings(Settings):
         help="a restore of a snapshot older than the job's latest batch: fork (default: restore, the exactly-once "
         "sinks follow the restored timeline) or refuse (before the lease is taken)")
 
+    @property
+    def lease_seconds(self) -> float:
+        """The lease interval in effect: the one set, else the default within half the fence grace (a deployment
+        recorded before the setting existed keeps a valid pair)."""
+        return self.lease_interval if self.lease_interval is not None else min(LEASE_INTERVAL, self.fence_grace / 2)
+
     def check(self) -> None:
         super().check()
         for name in ("checkpoint_interval", "savepoint_interval"):
@@ -274,6 +288,8 @@ class RuntimeSettings(Settings):
         if self.lineage_interval < 0:
             raise ConfigError(f"lineage_interval must be >= 0 seconds (0 for no lineage events), found "
                               f"{self.lineage_interval}")
+        if self.lease_interval is not None and self.lease_interval <= 0:
+            raise ConfigError(f"lease_interval must be > 0 seconds, found {self.lease_interval}")
         for name in ("heartbeat_interval", "poll_interval", "executor_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds, found {getattr(self, name)}")
@@ -281,10 +297,11 @@ class RuntimeSettings(Settings):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"{name} must be >= 0 or unset, found {value}")
-        if self.fence_grace < 2 * self.poll_interval:
+        if self.lease_interval is not None and self.fence_grace < 2 * self.lease_interval:
             raise ConfigError(
-                f"fence_grace ({self.fence_grace} s) must be at least twice poll_interval ({self.poll_interval} s): "
-                "a fenced driver needs that long to notice the newer epoch"
+                f"fence_grace ({self.fence_grace} s) must be at least twice lease_interval ({self.lease_interval} s): "
+                "a fenced driver needs that long to notice the newer epoch; raise --fence-grace or lower "
+                "--lease-interval"
             )
 
 

@@ -63,7 +63,7 @@ def test_values_are_parsed_on_construction_whatever_their_source() -> None:
     ({"heartbeat_interval": True}, "heartbeat_interval: expected seconds, found True"),
     ({"time_travel": "maybe"}, "invalid time-travel policy: expected one of fork, refuse, found 'maybe'"),
     ({"restart_strategy": "fixed-delay", "restart_interval": 5}, "--restart-interval applies to failure-rate only"),
-    ({"poll_interval": 6.0}, r"fence_grace \(10.0 s\) must be at least twice poll_interval \(6.0 s\)"),
+    ({"lease_interval": 6.0}, r"fence_grace \(10.0 s\) must be at least twice lease_interval \(6.0 s\)"),
     ({"keep_savepoints": -1}, "keep_savepoints must be >= 0 or unset, found -1"),
     ({"snapshot_nice": 20},
      r"snapshot_nice must be a nice value from 0 \(the driver's priority\) to 19 \(the lowest\), found 20"),

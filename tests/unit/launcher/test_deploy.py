@@ -81,7 +81,8 @@ def test_run_argv_supervises_and_carries_every_setting() -> None:
 
 
 def test_run_argv_intervals_of_zero_are_not_none() -> None:
-    argv = run_argv(Deployment(job_file="j.py", savepoint_interval=600.0, keep_savepoints=2), "orders", "/s", "none")
+    argv = run_argv(Deployment(job_file="j.py", checkpoint_interval=0.0, savepoint_interval=600.0, keep_savepoints=2),
+                    "orders", "/s", "none")
     assert (flag_values(argv, "--checkpoint-interval"), flag_values(argv, "--savepoint-interval"),
             flag_values(argv, "--keep-savepoints")) == (["0"], ["600"], ["2"])
     assert flag_values(argv, "--endpoint-url") == flag_values(argv, "--code-version") == []

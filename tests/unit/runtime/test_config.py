@@ -51,14 +51,14 @@ def test_defaults_and_checkpoint_home(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = RuntimeConfig(job="orders", store="s3://b/jobs")
     assert cfg.checkpoint == "/var/ckpt/jobs/orders/checkpoint"
     assert cfg.restore_spec() == RestoreSpec(RestoreMode.LATEST_STATE)
-    assert (cfg.checkpoint_interval, cfg.savepoint_interval, cfg.keep_checkpoints) == (0.0, None, 3)
+    assert (cfg.checkpoint_interval, cfg.savepoint_interval, cfg.keep_checkpoints) == (60.0, None, 3)
 
 
 def test_round_trip_through_args_keeps_every_field() -> None:
     cfg = RuntimeConfig(
         job="orders.v2", store="s3://bucket/jobs", checkpoint="/tmp/ckpt/orders", restore=SNAPSHOT_ID,
         checkpoint_interval=0.1, savepoint_interval=3600.5, keep_checkpoints=7, keep_savepoints=2,
-        heartbeat_interval=2.5, poll_interval=0.25, fence_grace=0.75, code_version="git-1a2b3c",
+        heartbeat_interval=2.5, poll_interval=0.25, lease_interval=0.25, fence_grace=0.75, code_version="git-1a2b3c",
         endpoint_url="http://127.0.0.1:8333", region="eu-west-1",
     )
     args = cfg.to_args()
@@ -70,7 +70,7 @@ def test_round_trip_keeps_none_values() -> None:
     cfg = RuntimeConfig(job="j", store="/data/store", checkpoint="/c", restore="none", checkpoint_interval=None,
                         savepoint_interval=None, keep_savepoints=None)
     args = cfg.to_args()
-    assert args[args.index("--checkpoint-interval") + 1] == "none"  # differs from the default (0: every batch)
+    assert args[args.index("--checkpoint-interval") + 1] == "none"  # differs from the default (60 s)
     back = RuntimeConfig.from_args(args)
     assert back == cfg
     assert back.restore_spec() == RestoreSpec(RestoreMode.NONE)  # "none" the strategy is not None the value
@@ -114,10 +114,10 @@ def test_non_positive_heartbeat_and_poll_are_refused(name: str) -> None:
         RuntimeConfig(job="j", store="/s", checkpoint="/c", **{name: 0})  # type: ignore[arg-type]
 
 
-def test_fence_grace_below_twice_the_poll_interval_is_refused() -> None:
-    with pytest.raises(ConfigError, match=r"fence_grace \(3.9 s\) must be at least twice poll_interval \(2.0 s\)"):
-        RuntimeConfig(job="j", store="/s", checkpoint="/c", poll_interval=2.0, fence_grace=3.9)
-    assert RuntimeConfig(job="j", store="/s", checkpoint="/c", poll_interval=2.0, fence_grace=4.0).fence_grace == 4.0
+def test_fence_grace_below_twice_the_lease_interval_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"fence_grace \(3.9 s\) must be at least twice lease_interval \(2.0 s\)"):
+        RuntimeConfig(job="j", store="/s", checkpoint="/c", lease_interval=2.0, fence_grace=3.9)
+    assert RuntimeConfig(job="j", store="/s", checkpoint="/c", lease_interval=2.0, fence_grace=4.0).fence_grace == 4.0
 
 
 @pytest.mark.parametrize(
@@ -141,8 +141,8 @@ def test_non_numeric_values_are_refused(option: str, raw: str, message: str) -> 
 
 
 def test_from_args_validates_like_the_constructor() -> None:
-    with pytest.raises(ConfigError, match=r"fence_grace .* must be at least twice poll_interval"):
-        RuntimeConfig.from_args(["--job", "j", "--store", "/s", "--poll-interval", "6"])
+    with pytest.raises(ConfigError, match=r"fence_grace .* must be at least twice lease_interval"):
+        RuntimeConfig.from_args(["--job", "j", "--store", "/s", "--lease-interval", "6"])
     with pytest.raises(ConfigError, match="checkpoint_interval must be >= 0"):
         RuntimeConfig.from_args(["--job", "j", "--store", "/s", "--checkpoint-interval", "-0.5"])
 
