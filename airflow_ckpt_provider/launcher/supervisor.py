@@ -422,13 +422,16 @@ class Supervisor:
     def _watch(self, driver: DriverRun) -> tuple[int, str]:
         proc = driver.proc
         progress = _Progress(since=driver.started)
-        timeout = self.poll
+        self.reports.interval = timeout = self.poll
         self.reports.beat(SupervisorState.WATCHING, proc=proc)
+        look_at = self.clock()  # the next heartbeat and read of status.json: every reports.interval
         while True:
             try:
                 return proc.wait(timeout=timeout), ""
             except subprocess.TimeoutExpired:
                 pass
+            if self._stop_at is None and self.clock() < look_at:
+                continue
             self.reports.beat(SupervisorState.WATCHING, proc=proc)
             if self._stop_at is not None:  # the driver got SIGTERM: it has ``grace`` seconds to stop
                 left = max(self._stop_at, driver.started) + self.grace - self.clock()
@@ -440,6 +443,7 @@ class Supervisor:
                 timeout = min(self.poll, left)
                 continue
             stuck = self._stuck(driver, progress, self._observe(driver))
+            look_at = self.clock() + self.reports.interval - self.poll / 2  # the waits come in polls
             if stuck:
                 log.warning("job %s: %s: terminating driver pid %d", self.job, stuck, proc.pid)
                 return self._terminate(proc), stuck
@@ -463,6 +467,9 @@ class Supervisor:
             if status.state is JobState.RUNNING and not driver.running:
                 driver.running = self._ran = True
                 self.reports.cold_start = self.clock() - driver.started
+                # From now on at the driver's heartbeat pace (a dead driver is noticed at once all the same: wait()
+                # returns when it exits): its record says so before the first longer wait (docs/scale.md).
+                self.reports.interval = max(self.poll, status.heartbeat_interval)
                 log.info("job %s: driver pid %d runs the job at epoch %d: restarts resume from latest-state",
                          self.job, driver.proc.pid, status.epoch)
                 # its record names the running driver's epoch at once: an owner that loses this supervisor adopts it

@@ -77,6 +77,7 @@ class SupervisorReports:
         self.store = store
         self.launch_id = launch_id
         self.poll = poll
+        self.interval = poll  # the pace of its heartbeat: the driver's once it runs (Supervisor._pace)
         self.grace = grace
         self.wall = wall
         self.runs_here = runs_here
@@ -116,7 +117,7 @@ class SupervisorReports:
             return
         record = SupervisorRecord(
             job=self.job, launch_id=self.record_id, pid=self.pid, host=self.host, state=state,
-            started_at=self.started_wall, updated_at=self.wall(), interval=self.poll, grace=self.grace,
+            started_at=self.started_wall, updated_at=self.wall(), interval=self.interval, grace=self.grace,
             standalone=self.launch_id is None, attempt=self.attempt, epoch=self.epoch,
             driver_pid=proc.pid if proc is not None else None, ending=ending, exit_code=code, end_reason=reason)
         try:

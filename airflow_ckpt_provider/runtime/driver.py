@@ -304,7 +304,6 @@ class JobDriver:
         cfg = self.config
         now = self.clock()
         next_poll, next_lease = now + cfg.poll_interval, now + cfg.lease_seconds
-        next_beat = now + cfg.heartbeat_interval
         next_savepoint = now + cfg.savepoint_interval if cfg.savepoint_interval else None
         last_checkpoint = now
         for name in ("SIGTERM", "SIGINT"):
@@ -340,8 +339,7 @@ class JobDriver:
             if next_savepoint is not None and now >= next_savepoint:
                 next_savepoint = now + (cfg.savepoint_interval or 0)
                 self.snapshotter.savepoint(Trigger.PERIODIC)
-            if now >= next_beat:
-                next_beat = now + cfg.heartbeat_interval
+            if self.reporter.due():
                 self.reporter.report(JobState.RUNNING, "running")
             if self.lineage is not None and self.reporter.status is not None and self.lineage.due():
                 self.lineage.offer(self.reporter.status, time.time())

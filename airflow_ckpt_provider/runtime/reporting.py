@@ -46,6 +46,9 @@ class DriverReporter:
         self.status: JobStatus | None = None
         self.writer = StatusWriter(store)  # one PUT per report: it keeps the tag of its last write
         self.rates = RequestRates()
+        self.clock: Callable[[], float] = time.monotonic
+        self.reported_at = self.clock()  # the last report's time (written or not: a failed write retries at the pace)
+        self.noted = False  # changes kept by note() and not written yet
 
     def state(self) -> JobState:
         """The state last reported (RUNNING before the first report)."""
@@ -84,6 +87,7 @@ class DriverReporter:
         )
         self.status = replace(base, state=state, reason=reason, updated_at=time.time(), **self.rates.sample(),
                               **changes)
+        self.reported_at, self.noted = self.clock(), False
         try:
             self.writer.write(self.status)
         except StorageError as err:  # one line per outage, not per heartbeat (core/policy/outage.py)
@@ -118,6 +122,14 @@ class DriverReporter:
             self.update(**changes)
         else:
             self.status = replace(self.status, **changes)
+            self.noted = True
+
+    def due(self) -> bool:
+        """Whether the running driver reports now: a heartbeat ``heartbeat_interval`` after the last report, or noted
+        changes (completed batches, a periodic checkpoint) a third of it after (docs/scale.md): a status PUT per
+        third of a heartbeat at most while batches complete, one per heartbeat while idle."""
+        age, beat = self.clock() - self.reported_at, self.config.heartbeat_interval
+        return age >= beat or (self.noted and age >= beat / 3)
 
 
 class RequestRates:

@@ -233,8 +233,10 @@ class RuntimeSettings(Settings):
     keep_checkpoints: int = setting(3, kind=COUNT, metavar="N", help="checkpoint snapshots to keep (default 3)")
     keep_savepoints: int | None = setting(
         None, kind=COUNT, none="all", metavar="N", help="savepoints to keep (default none: all)")
-    heartbeat_interval: float = setting(
-        5.0, kind=SECONDS, metavar="S", help="seconds between status heartbeats when idle (default 5)")
+    heartbeat_interval: float = setting(  # 30: a status PUT a minute costs $0.22 a month at AWS's prices (scale.md)
+        30.0, kind=SECONDS, metavar="S",
+        help="seconds between the driver's status.json heartbeats (default 30): completed batches are reported within "
+        "a third of it; a driver silent for three heartbeats + 5 s counts as lost")
     poll_interval: float = setting(
         1.0, kind=SECONDS, metavar="S", help="seconds between looks at control requests (default 1)")
     lease_interval: float | None = setting(  # 5: 720 GETs an hour; a commit needs no read of its own (scale.md)

@@ -105,6 +105,32 @@ def test_the_supervisor_keeps_a_heartbeat_record_while_it_watches_and_waits_and_
     assert sup.record_id[:16] == "19700101T001640Z"  # its start (the fake clock's START), so ids sort by time
 
 
+def test_once_its_driver_runs_the_supervisor_beats_and_reads_at_the_drivers_heartbeat_pace(
+    spec: SubmitSpec, clock: FakeClock, store: JobStore
+) -> None:
+    """A supervisor's heartbeat (a PUT) and its read of status.json every 5 s cost more than the driver's own
+    heartbeat (docs/scale.md): once the driver runs they follow its pace, and the record says so before the first
+    longer wait (readers judge it by ``interval``). A dead driver is still noticed at once (the wait returns)."""
+    records: list[tuple[float, float]] = []
+    holder: list[Supervisor] = []
+
+    def beat(proc: FakeProcess) -> None:
+        store.storage.write(STATUS, JobStatus("orders", JobState.RUNNING, 4, clock.now, START, batch_id=7, pid=proc.pid,
+                                              host=HOST, heartbeat_interval=30.0).to_bytes())
+        record = read_supervisor(store, holder[0].record_id)
+        assert record is not None
+        if not records or records[-1][0] != record.updated_at - START:
+            records.append((record.updated_at - START, record.interval))
+
+    spawner = Spawner(clock, [Run(0, runs_for=100.0, tick=beat)])
+    sup = Supervisor(spec, FixedDelay(attempts=1, delay=1.0, clock=clock), store=store, poll=5.0, clock=clock,
+                     spawn=spawner, wall=clock, group_of=lambda pid: pid)  # the Python driver is the process here
+    holder.append(sup)
+    assert sup.run().final is Ending.STOPPED
+    assert records == [(0, 5.0), (5, 30.0), (35, 30.0), (65, 30.0), (95, 30.0)]
+    assert spawner.procs[0].ended == START + 100  # its end noticed at once, not at the next beat
+
+
 @pytest.mark.parametrize(("code", "final", "meaning"), [
     (2, Ending.CONFIG_ERROR, "bad input"),
     (5, Ending.INCOMPATIBLE, "cannot restore the state"),

@@ -36,3 +36,29 @@ def test_a_noted_change_is_written_with_the_next_report_not_on_its_own(tmp_path:
     reporter.update(batch_id=5)  # the next batch's report carries it
     status = read_status(store)
     assert status is not None and status.batch_id == 5 and status.last_snapshot == newer and len(writes) == 1
+
+
+def test_a_report_is_due_a_heartbeat_after_the_last_or_a_third_of_it_after_a_noted_batch(tmp_path: Path) -> None:
+    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
+    lease = Lease(store)
+    lease.acquire()
+    reporter = DriverReporter(RuntimeConfig(job="orders", store=str(tmp_path / "store"), heartbeat_interval=30.0),
+                              store, lease)
+    now = [1000.0]
+    reporter.clock = lambda: now[0]
+    reporter.update()  # reported at 1000
+    now[0] = 1029.9
+    assert not reporter.due()  # idle: one heartbeat per 30 s
+    now[0] = 1030.0
+    assert reporter.due()
+    reporter.update()
+    reporter.note(batch_id=7)  # a completed batch: within a third of a heartbeat, not at once
+    now[0] = 1039.9
+    assert not reporter.due()
+    now[0] = 1040.0
+    assert reporter.due()
+    reporter.update()
+    status = read_status(store)
+    assert status is not None and status.batch_id == 7
+    now[0] = 1069.9
+    assert not reporter.due()  # nothing noted since: the next is a heartbeat
