@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from airflow_ckpt_provider.core.errors import CkptError, CredentialsError, StorageError, UnreachableError
+from airflow_ckpt_provider.core.errors import CkptError, ConfigError, CredentialsError, StorageError, UnreachableError
 from airflow_ckpt_provider.core.policy import gate
 from airflow_ckpt_provider.core.policy.modes import RestoreSpec
 from airflow_ckpt_provider.core.policy.outage import Outage
@@ -40,6 +40,7 @@ from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.store.storage import S3Options, Storage, open_storage
 from airflow_ckpt_provider.runtime.batchevents import BatchEvent, BatchListener
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
+from airflow_ckpt_provider.runtime.controldoor import ControlDoor, open_door
 from airflow_ckpt_provider.runtime.controlhandler import ControlHandler, fenced_exit
 from airflow_ckpt_provider.runtime.datasources import check_output_mode, register_data_sources
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_DENIED, EXIT_FAILED, EXIT_FENCED
@@ -130,6 +131,7 @@ class JobDriver:
         self.lineage: LineageEmitter | None = None  # OpenLineage RUNNING events (runtime/lineage.py), if configured
         self.watch: LeaseWatch | None = None  # stops the query once the lease is unconfirmed (runtime/leasewatch.py)
         self.plans: PlanGate | None = None  # stores each planned batch before the sink may commit it (plangate.py)
+        self.door: ControlDoor | None = None  # where askers knock after a control request (runtime/controldoor.py)
         self._writer: DataStreamWriter | None = None
         self._signal: str | None = None
         self._new_batches = 0
@@ -166,7 +168,8 @@ class JobDriver:
             return EXIT_CONFIG
         spark = spark_factory() if spark_factory else job_session(self.config)
         release_lost_application(spark, self.store)  # a dead predecessor's application holding the cluster's cores
-        lacking = check_spark_python(spark) or check_executors(spark, self.config.executor_timeout)
+        lacking = (check_spark_python(spark) or check_executors(spark, self.config.executor_timeout)
+                   or self._open_door())
         if lacking:  # a restart would not fix either: refused before the lease, nothing written
             log.error("job %s: cannot start: %s", job, lacking)
             return EXIT_CONFIG
@@ -184,20 +187,38 @@ class JobDriver:
         try:
             return self._start(spark, writer, spec)
         finally:
-            if self.watch is not None:
-                self.watch.close()
-            if self.plans is not None:
-                self.plans.close()
-            if self.lineage is not None:
-                self.lineage.close()
-            if self.snapshotter is not None:
-                for dropped in self.snapshotter.close():
-                    self.reporter.ack(str(dropped.request_id), RequestAction.SAVEPOINT, None,
-                                      "the driver stopped before taking it")
+            self._close()
             spark.streams.removeListener(listener)
+
+    def _open_door(self) -> str:
+        """Open the control door and name it in the lease to be taken; why not if this host cannot bind its address
+        (refused before the lease: an invalid start must not fence the running driver)."""
+        try:
+            self.door = open_door(self.config.job, self.config.control_door)
+        except ConfigError as err:
+            return str(err)
+        self.lease.door = self.door.url if self.door is not None else None
+        return ""
+
+    def _close(self) -> None:
+        """Stop what the start opened: the door, the lease watch, the plan gate, lineage, the snapshot thread."""
+        if self.door is not None:
+            self.door.close()
+        if self.watch is not None:
+            self.watch.close()
+        if self.plans is not None:
+            self.plans.close()
+        if self.lineage is not None:
+            self.lineage.close()
+        if self.snapshotter is not None:
+            for dropped in self.snapshotter.close():
+                self.reporter.ack(str(dropped.request_id), RequestAction.SAVEPOINT, None,
+                                  "the driver stopped before taking it")
 
     def _build_failed(self, err: Exception) -> int:
         from pyspark.errors import AnalysisException
+
+        self._close()  # the door
 
         log.error("job %s: the job's build function failed: %s: %s", self.config.job, type(err).__name__, err,
                   exc_info=err)
@@ -330,7 +351,7 @@ class JobDriver:
                 continue
             if self._signal:
                 return control.cancel(None, f"{self._signal} received")
-            if now >= next_poll:
+            if now >= next_poll or (self.door is not None and self.door.take_knock()):
                 next_poll = now + cfg.poll_interval
                 for request in self._requests():
                     code = control.handle(request)

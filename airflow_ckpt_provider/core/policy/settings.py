@@ -237,13 +237,20 @@ class RuntimeSettings(Settings):
         30.0, kind=SECONDS, metavar="S",
         help="seconds between the driver's status.json heartbeats (default 30): completed batches are reported within "
         "a third of it; a driver silent for three heartbeats + 5 s counts as lost")
-    poll_interval: float = setting(
-        1.0, kind=SECONDS, metavar="S", help="seconds between looks at control requests (default 1)")
+    poll_interval: float = setting(  # 10: a knock at the control door brings a request at once (docs/scale.md)
+        10.0, kind=SECONDS, metavar="S",
+        help="seconds between the driver's looks at control requests when no asker knocks at its control door "
+        "(default 10)")
     lease_interval: float | None = setting(  # 5: 720 GETs an hour; a commit needs no read of its own (scale.md)
         None, kind=SECONDS, none=f"{LEASE_INTERVAL:g}, at most half the fence grace", metavar="S",
         help=f"seconds between the driver's looks at its lease (default {LEASE_INTERVAL:g}, at most half the fence "
         "grace): a confirmation this young lets a batch commit without a read of its own, and a fenced driver "
         "notices within it")
+    control_door: str | None = setting(
+        "127.0.0.1", kind=TEXT, none="none", metavar="ADDRESS",
+        help="the address the driver's control door binds (a free port; default 127.0.0.1): an asker knocks there "
+        "after writing a request, so it is acted on at once instead of at the next poll; a driver its askers reach "
+        "only over the network needs an address they can reach (0.0.0.0: all of its host's); none: no door")
     fence_grace: float = setting(  # 10: a lease read over a slow, lossy link took over 2 s (docs/reliability.md)
         10.0, kind=SECONDS, metavar="S",
         help="seconds a new driver waits for a fenced one to notice (default 10, at least twice the lease interval); "

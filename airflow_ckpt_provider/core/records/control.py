@@ -14,13 +14,16 @@ import os
 import secrets
 import socket
 import time
+import urllib.request
 from collections.abc import Callable
 from datetime import UTC, datetime
 from enum import StrEnum
+from http import HTTPStatus
 
 from airflow_ckpt_provider.core.errors import ConfigError, StorageError
 from airflow_ckpt_provider.core.policy.modes import StopMode
 from airflow_ckpt_provider.core.records.base import Record
+from airflow_ckpt_provider.core.records.lease import read_lease
 from airflow_ckpt_provider.core.store.jobstore import CONTROL, JobStore
 
 log = logging.getLogger(__name__)
@@ -31,6 +34,8 @@ BELL = "control-bell.json"
 #: Seconds between the driver's listings of ``control/`` while the bell is silent: a request of an asker that rings
 #: no bell (an older version, or one that died between its request and the bell) is found within this.
 BELL_SWEEP = 30.0
+#: Seconds an asker waits for the driver's door to answer its knock (on one host it answers in milliseconds).
+KNOCK_TIMEOUT = 1.0
 
 
 class RequestAction(StrEnum):
@@ -121,9 +126,30 @@ class BellWatch:
 
 
 def ring(store: JobStore, request: Request) -> None:
-    """Rewrite the bell after ``request`` was written (a failure is logged by the caller's store, not raised: the
-    driver's sweep finds the request within BELL_SWEEP s)."""
+    """Rewrite the bell after ``request`` was written, then knock at the running driver's door (``knock``). A failed
+    bell write raises StorageError (the driver's sweep finds the request within BELL_SWEEP s)."""
     store.storage.write(BELL, Bell(request_id=request.id, at=request.created_at).to_bytes())
+    knock(store)
+
+
+def knock(store: JobStore, timeout: float = KNOCK_TIMEOUT) -> bool:
+    """Tell the driver holding the job's lease to look at the bell now: one GET of lease.json and a POST to the door
+    it names (runtime/controldoor.py). False (one debug line) if there is none or it does not answer in ``timeout``
+    s: the driver then finds the request at its next poll, as without a door."""
+    try:
+        lease = read_lease(store)
+    except StorageError as err:
+        log.debug("job %s: no knock: the lease cannot be read: %s", store.job, err)
+        return False
+    if lease is None or lease.released or not lease.door:
+        return False
+    try:
+        with urllib.request.urlopen(urllib.request.Request(lease.door, method="POST", data=b""),  # noqa: S310  # http only, the lease's own door
+                                    timeout=timeout) as answer:
+            return bool(answer.status == HTTPStatus.NO_CONTENT)
+    except (OSError, ValueError) as err:  # unreachable, refused, timed out, or not a URL
+        log.debug("job %s: the driver's door %s did not answer: %s", store.job, lease.door, err)
+        return False
 
 
 def request_key(request_id: str) -> str:

@@ -28,7 +28,8 @@ class FencedError(ConflictError):
 class LeaseRecord(Record, frozen=True):
     """Who holds the job: the driver of ``epoch`` (``owner``, its process ``pid`` on ``host``), since
     ``acquired_at``, until it ``released`` it; how often it looks at the lease and how long it commits on while the
-    store does not answer, which a newer driver waits out before it starts. Written by each driver when it starts
+    store does not answer, which a newer driver waits out before it starts; where askers knock after a control
+    request (``door``), as Flink's leader record names the leader's address. Written by each driver when it starts
     (compare-and-swap: the next epoch) and once when it stops (released); read by every driver's lease watch and
     by the job view."""
 
@@ -44,6 +45,7 @@ class LeaseRecord(Record, frozen=True):
     released: bool = False
     poll_interval: float = 1.0  # how often this driver looks at the lease: a newer one waits for that
     outage_tolerance: float = 0.0  # seconds it commits on while the store does not answer: a newer one waits that
+    door: str | None = None  # where an asker knocks after a control request (runtime/controldoor.py); None: none
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str) -> Self:
@@ -72,8 +74,10 @@ class Lease:
     def __init__(
         self, store: JobStore, *, poll_interval: float = 1.0, outage_tolerance: float = 0.0,
         clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
+        door: str | None = None,
     ) -> None:
         self.store = store
+        self.door = door
         self.poll_interval = poll_interval
         self.outage_tolerance = outage_tolerance
         self.clock = clock
@@ -98,7 +102,7 @@ class Lease:
             mine = LeaseRecord(
                 job=self.store.job, epoch=(previous.epoch if previous else 0) + 1, owner=self.owner,
                 host=socket.gethostname(), pid=os.getpid(), acquired_at=self.clock(),
-                poll_interval=self.poll_interval, outage_tolerance=self.outage_tolerance,
+                poll_interval=self.poll_interval, outage_tolerance=self.outage_tolerance, door=self.door,
             )
             if self.store.storage.write_if(LEASE, mine.to_bytes(), current.tag if current else None):
                 self.record, self.previous = mine, previous
