@@ -55,6 +55,10 @@ log = logging.getLogger(__name__)
 
 
 
+#: A supervisor whose driver runs beats (a PUT) and reads status.json every this many of the driver's heartbeats:
+#: an idle job's budget (docs/scale.md) has room for one supervisor PUT a minute.
+RUNNING_PACE = 2
+
 class Ending(StrEnum):
     """How supervision ended; ``exit_code`` is what ``ckpt run --supervise`` returns for it."""
 
@@ -467,9 +471,9 @@ class Supervisor:
             if status.state is JobState.RUNNING and not driver.running:
                 driver.running = self._ran = True
                 self.reports.cold_start = self.clock() - driver.started
-                # From now on at the driver's heartbeat pace (a dead driver is noticed at once all the same: wait()
+                # From now on at twice the driver's heartbeat (a dead driver is noticed at once all the same: wait()
                 # returns when it exits): its record says so before the first longer wait (docs/scale.md).
-                self.reports.interval = max(self.poll, status.heartbeat_interval)
+                self.reports.interval = max(self.poll, RUNNING_PACE * status.heartbeat_interval)
                 log.info("job %s: driver pid %d runs the job at epoch %d: restarts resume from latest-state",
                          self.job, driver.proc.pid, status.epoch)
                 # its record names the running driver's epoch at once: an owner that loses this supervisor adopts it

@@ -33,7 +33,7 @@ ACK_SUFFIX = ".ack.json"
 BELL = "control-bell.json"
 #: Seconds between the driver's listings of ``control/`` while the bell is silent: a request of an asker that rings
 #: no bell (an older version, or one that died between its request and the bell) is found within this.
-BELL_SWEEP = 30.0
+BELL_SWEEP = 300.0  # a LIST every 30 s was $0.44 a month: most of an idle job's budget (docs/scale.md)
 #: Seconds an asker waits for the driver's door to answer its knock (on one host it answers in milliseconds).
 KNOCK_TIMEOUT = 1.0
 

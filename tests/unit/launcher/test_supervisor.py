@@ -132,7 +132,7 @@ def test_restarts_outside_the_health_window_do_not_count(spec: SubmitSpec, clock
 
 
 @pytest.mark.parametrize(("term_code", "signals", "killed_at"),
-                         [(None, [signal.SIGTERM, signal.SIGKILL], 40.0), (0, [signal.SIGTERM], 30.0)])
+                         [(None, [signal.SIGTERM, signal.SIGKILL], 45.0), (0, [signal.SIGTERM], 35.0)])
 def test_a_driver_without_progress_while_data_waits_is_killed_and_restarted(
     spec: SubmitSpec, clock: FakeClock, store: JobStore, term_code: int | None, signals: list[int], killed_at: float
 ) -> None:
@@ -152,7 +152,8 @@ def test_a_driver_without_progress_while_data_waits_is_killed_and_restarted(
     stuck, healthy = spawner.procs
     assert outcome == SupervisorOutcome(Ending.STOPPED, attempts=2, restarts=1, exit_code=0, reason="driver stopped")
     assert stuck.signals == signals
-    assert stuck.ended == START + killed_at  # first look at 5 s, 30 s without a batch, then grace 10 s
+    # first look at 5 s, then every two heartbeats (10 s): 35 s without a batch (timeout 30 s), then grace 10 s
+    assert stuck.ended == START + killed_at
     assert healthy.signals == []
     assert spawner.restores == ["latest-savepoint", "latest-state"]
 
