@@ -46,6 +46,7 @@ from airflow_ckpt_provider.core.snapshots.manifest import Kind, Manifest, Manife
 from airflow_ckpt_provider.core.store.jobstore import OBJECTS, JobStore
 from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.embedded import EmbeddedServices
+from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from bench.runtime_bench import BenchError, LogWatch, first, stop_run
 from bench.s3count import CountingProxy, Hit
 from tests.support.runtimejob import JobEnv
@@ -180,7 +181,9 @@ def run_job(services: EmbeddedServices, proxy: CountingProxy, args: argparse.Nam
     env = JobEnv(services.s3, services.kafka, workdir, BUCKET, topic, job=f"scale-{uuid.uuid4().hex[:8]}")
     producer = SteadyProducer(services.kafka.bootstrap_servers, topic, args.rate)
     producer.start()
-    extra = ["--checkpoint-interval", args.checkpoint_interval] if args.checkpoint_interval else []
+    # the product's default unless given (tests/support/runtimejob.py would snapshot after every batch)
+    interval = args.checkpoint_interval or f"{RuntimeConfig(job='bench', store='/bench').checkpoint_interval:g}"
+    extra = ["--checkpoint-interval", interval]
     spawn_mark, spawned = proxy.mark(), time.time()
     run = env.run("job", workdir / "checkpoint", "--supervise", "-v", *extra, max_offsets=args.max_offsets,
                   extra_env={"AWS_ENDPOINT_URL": proxy.url})
@@ -188,6 +191,11 @@ def run_job(services: EmbeddedServices, proxy: CountingProxy, args: argparse.Nam
     samples: list[dict[str, float]] = []
     try:
         begin = watch.wait("the first batch with rows", lambda ev: first(ev, "batch", test=lambda e: e.int(2) > 0))
+        if args.idle:  # no more input: measured once the last batch's snapshot (within an interval) is done
+            producer.stop_flag.set()
+            settle = float(interval) + 15.0 if interval != "none" else 15.0
+            log(f"idle: the producer stopped; measuring after {settle:g} s")
+            time.sleep(settle)  # the measurement's start, not a wait for an event
         start_mark, t0 = proxy.mark(), time.time()
         objects0 = len(env.store().storage.list(OBJECTS))  # direct to SeaweedFS: not counted
         log(f"steady state from batch {begin.int(1)} ({t0 - spawned:.1f} s after the spawn); measuring "
@@ -463,8 +471,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=180.0, help="seconds of steady state measured (180)")
     parser.add_argument("--rate", type=float, default=50.0, help="records per second produced (50)")
     parser.add_argument("--max-offsets", type=int, default=200, help="maxOffsetsPerTrigger (200)")
-    parser.add_argument("--checkpoint-interval", help="pass --checkpoint-interval to ckpt run (default: the default, "
-                        "a snapshot after every batch)")
+    parser.add_argument("--idle", action="store_true",
+                        help="stop producing after the first batch with rows and measure the idle job")
+    parser.add_argument("--checkpoint-interval", help="pass --checkpoint-interval to ckpt run (default: the "
+                        "product's default, 60 s)")
     parser.add_argument("--sizes", default="10,100,1000,2500",
                         help="snapshot history sizes for the listing measurement ('' skips it)")
     parser.add_argument("--skip-job", action="store_true", help="only the listing measurement")
