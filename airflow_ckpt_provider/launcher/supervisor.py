@@ -56,8 +56,8 @@ log = logging.getLogger(__name__)
 
 
 #: A supervisor whose driver runs beats (a PUT) and reads status.json every this many of the driver's heartbeats:
-#: an idle job's budget (docs/scale.md) has room for one supervisor PUT a minute.
-RUNNING_PACE = 2
+#: an idle job's budget (docs/scale.md) has room for one supervisor PUT in 90 s.
+RUNNING_PACE = 3
 
 class Ending(StrEnum):
     """How supervision ended; ``exit_code`` is what ``ckpt run --supervise`` returns for it."""

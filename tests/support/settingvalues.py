@@ -26,6 +26,6 @@ def non_defaults(cls: type[Settings]) -> dict[str, Any]:
             members = list(type(default)) if isinstance(default, Mode) else []
             assert members, f"no generated value for setting {f.name}: teach non_defaults its kind"
             values[f.name] = members[-1]
-    if "fence_grace" in values:  # a rule across two settings: the grace at least twice the lease interval
-        values["fence_grace"] = 2 * values["lease_interval"]
+    if "fence_grace" in values:  # a rule across two settings: the grace at least twice the lease interval + 1 s
+        values["fence_grace"] = 2 * values["lease_interval"] + 1
     return values

@@ -22,8 +22,11 @@ _TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
 #: 20 kb), as long as the manifest's inline bytes stay within INLINE_TOTAL_MAX; other files are objects.
 INLINE_MAX = 20 * 1024
 INLINE_TOTAL_MAX = 128 * 1024
-#: Seconds between a driver's looks at its lease unless set (at most half the fence grace): docs/scale.md.
+#: Seconds between a driver's looks at its lease unless set: docs/scale.md. The outage tolerance (the fence grace
+#: minus this) must outlast one interval and a slow read (LEASE_MARGIN), or the lease watch would stop the query
+#: between two healthy reads.
 LEASE_INTERVAL = 5.0
+LEASE_MARGIN = 2.0
 
 
 @dataclass(frozen=True)
@@ -237,15 +240,15 @@ class RuntimeSettings(Settings):
         30.0, kind=SECONDS, metavar="S",
         help="seconds between the driver's status.json heartbeats (default 30): completed batches are reported within "
         "a third of it; a driver silent for three heartbeats + 5 s counts as lost")
-    poll_interval: float = setting(  # 10: a knock at the control door brings a request at once (docs/scale.md)
-        10.0, kind=SECONDS, metavar="S",
+    poll_interval: float = setting(  # 20: a knock at the control door brings a request at once (docs/scale.md)
+        20.0, kind=SECONDS, metavar="S",
         help="seconds between the driver's looks at control requests when no asker knocks at its control door "
-        "(default 10)")
+        "(default 20)")
     lease_interval: float | None = setting(  # 5: 720 GETs an hour; a commit needs no read of its own (scale.md)
-        None, kind=SECONDS, none=f"{LEASE_INTERVAL:g}, at most half the fence grace", metavar="S",
-        help=f"seconds between the driver's looks at its lease (default {LEASE_INTERVAL:g}, at most half the fence "
-        "grace): a confirmation this young lets a batch commit without a read of its own, and a fenced driver "
-        "notices within it")
+        None, kind=SECONDS, none="4 with the default fence grace", metavar="S",
+        help=f"seconds between the driver's looks at its lease (default: (fence grace - {LEASE_MARGIN:g}) / 2, at most "
+        f"{LEASE_INTERVAL:g}: 4 with the default grace): a confirmation this young lets a batch commit without a read "
+        "of its own, and a fenced driver notices within it")
     control_door: str | None = setting(
         "127.0.0.1", kind=TEXT, none="none", metavar="ADDRESS",
         help="the address the driver's control door binds (a free port; default 127.0.0.1): an asker knocks there "
@@ -278,9 +281,11 @@ class RuntimeSettings(Settings):
 
     @property
     def lease_seconds(self) -> float:
-        """The lease interval in effect: the one set, else the default within half the fence grace (a deployment
-        recorded before the setting existed keeps a valid pair)."""
-        return self.lease_interval if self.lease_interval is not None else min(LEASE_INTERVAL, self.fence_grace / 2)
+        """The lease interval in effect: the one set, else one that leaves the outage tolerance a slow read's margin
+        (a deployment recorded before the setting existed, with any valid fence grace, keeps a valid pair)."""
+        if self.lease_interval is not None:
+            return self.lease_interval
+        return min(LEASE_INTERVAL, max((self.fence_grace - LEASE_MARGIN) / 2, self.fence_grace / 3))
 
     def check(self) -> None:
         super().check()
@@ -306,10 +311,11 @@ class RuntimeSettings(Settings):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"{name} must be >= 0 or unset, found {value}")
-        if self.lease_interval is not None and self.fence_grace < 2 * self.lease_interval:
+        if self.lease_interval is not None and self.fence_grace < 2 * self.lease_interval + 1:
             raise ConfigError(
-                f"fence_grace ({self.fence_grace} s) must be at least twice lease_interval ({self.lease_interval} s): "
-                "a fenced driver needs that long to notice the newer epoch; raise --fence-grace or lower "
+                f"fence_grace ({self.fence_grace} s) must be at least twice lease_interval ({self.lease_interval} s) "
+                "+ 1 s: a fenced driver needs a lease interval to notice the newer epoch, and its outage tolerance "
+                "(the grace minus an interval) must outlast an interval and a read; raise --fence-grace or lower "
                 "--lease-interval"
             )
 

@@ -152,7 +152,7 @@ def test_a_driver_without_progress_while_data_waits_is_killed_and_restarted(
     stuck, healthy = spawner.procs
     assert outcome == SupervisorOutcome(Ending.STOPPED, attempts=2, restarts=1, exit_code=0, reason="driver stopped")
     assert stuck.signals == signals
-    # first look at 5 s, then every two heartbeats (10 s): 35 s without a batch (timeout 30 s), then grace 10 s
+    # first look at 5 s, then every three heartbeats (15 s): 35 s without a batch (timeout 30 s), then grace 10 s
     assert stuck.ended == START + killed_at
     assert healthy.signals == []
     assert spawner.restores == ["latest-savepoint", "latest-state"]

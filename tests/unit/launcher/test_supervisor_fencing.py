@@ -192,14 +192,15 @@ def test_giving_up_records_failed_only_over_a_status_no_other_driver_owns(
 def test_a_driver_whose_heartbeat_stops_is_killed_and_restarted(
     spec: SubmitSpec, clock: FakeClock, store: JobStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # RUNNING once at the start, every 5 s expected: stale when older than 3 * 5 + 5 s, seen at the 25 s poll
+    # RUNNING once at the start, every 5 s expected: stale when older than 3 * 5 + 5 s; looks at 5 s (RUNNING), then
+    # every three heartbeats (15 s): seen at 35 s
     runs = [Run(runs_for=None, term_code=1, tick=reports(store, once=True)), Run(0)]
     outcome, spawner = supervise(spec, clock, runs, FixedDelay(attempts=1, delay=2.0, clock=clock),
                                  store=store, poll=5.0)
     stuck, _ = spawner.procs
     assert outcome == SupervisorOutcome(Ending.STOPPED, attempts=2, restarts=1, exit_code=0, reason="driver stopped")
-    assert (stuck.signals, stuck.ended) == ([signal.SIGTERM], START + 25)
-    assert ("job orders: no heartbeat in status.json for 25 s (every 5 s expected): terminating driver pid 100"
+    assert (stuck.signals, stuck.ended) == ([signal.SIGTERM], START + 35)
+    assert ("job orders: no heartbeat in status.json for 35 s (every 5 s expected): terminating driver pid 100"
             in caplog.messages)
     assert spawner.restores == ["latest-savepoint", "latest-state"]
 

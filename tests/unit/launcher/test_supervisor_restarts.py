@@ -109,7 +109,7 @@ def test_once_its_driver_runs_the_supervisor_beats_and_reads_at_twice_the_driver
     spec: SubmitSpec, clock: FakeClock, store: JobStore
 ) -> None:
     """A supervisor's heartbeat (a PUT) and its read of status.json every 5 s cost more than the driver's own
-    heartbeat (docs/scale.md): once the driver runs they come every two of its heartbeats, and the record says so
+    heartbeat (docs/scale.md): once the driver runs they come every three of its heartbeats, and the record says so
     before the first longer wait (readers judge it by ``interval``). A dead driver is still noticed at once."""
     records: list[tuple[float, float]] = []
     holder: list[Supervisor] = []
@@ -127,7 +127,7 @@ def test_once_its_driver_runs_the_supervisor_beats_and_reads_at_twice_the_driver
                      spawn=spawner, wall=clock, group_of=lambda pid: pid)  # the Python driver is the process here
     holder.append(sup)
     assert sup.run().final is Ending.STOPPED
-    assert records == [(0, 5.0), (5, 60.0), (65, 60.0)]
+    assert records == [(0, 5.0), (5, 90.0), (95, 90.0)]
     assert spawner.procs[0].ended == START + 100  # its end noticed at once, not at the next beat
 
 
@@ -196,7 +196,7 @@ def test_without_an_outage_the_same_stale_heartbeat_gets_the_driver_killed(
     outcome, spawner = supervise(spec, clock, [_outage_driver(store, clock, outage=False), Run(0, runs_for=1.0)],
                                  FixedDelay(attempts=1, delay=1.0, clock=clock), store=store, poll=5.0)
     assert spawner.procs[0].signals == [signal.SIGTERM]
-    # RUNNING seen at 5 s, then a look every two heartbeats (10 s): seen at 35 s, 26 s without one (limit 20 s)
+    # RUNNING seen at 5 s, then a look every three heartbeats (15 s): seen at 35 s, 26 s without one (limit 20 s)
     assert spawner.procs[0].ended == START + 35
     assert (outcome.final, outcome.attempts) == (Ending.STOPPED, 2)
 

@@ -58,7 +58,7 @@ def test_round_trip_through_args_keeps_every_field() -> None:
     cfg = RuntimeConfig(
         job="orders.v2", store="s3://bucket/jobs", checkpoint="/tmp/ckpt/orders", restore=SNAPSHOT_ID,
         checkpoint_interval=0.1, savepoint_interval=3600.5, keep_checkpoints=7, keep_savepoints=2,
-        heartbeat_interval=2.5, poll_interval=0.25, lease_interval=0.25, fence_grace=0.75, code_version="git-1a2b3c",
+        heartbeat_interval=2.5, poll_interval=0.25, lease_interval=0.25, fence_grace=1.5, code_version="git-1a2b3c",
         endpoint_url="http://127.0.0.1:8333", region="eu-west-1",
     )
     args = cfg.to_args()
@@ -114,10 +114,20 @@ def test_non_positive_heartbeat_and_poll_are_refused(name: str) -> None:
         RuntimeConfig(job="j", store="/s", checkpoint="/c", **{name: 0})  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(("fence_grace", "lease"), [(10.0, 4.0), (20.0, 5.0), (4.0, 4 / 3), (3.0, 1.0)])
+def test_the_default_lease_interval_leaves_the_outage_tolerance_a_reads_margin(fence_grace: float,
+                                                                               lease: float) -> None:
+    cfg = RuntimeConfig(job="j", store="/s", checkpoint="/c", fence_grace=fence_grace)
+    assert cfg.lease_interval is None and cfg.lease_seconds == pytest.approx(lease)
+    assert fence_grace - cfg.lease_seconds > cfg.lease_seconds  # the tolerance outlasts an interval
+    assert RuntimeConfig(job="j", store="/s", checkpoint="/c", lease_interval=0.5).lease_seconds == 0.5
+
+
 def test_fence_grace_below_twice_the_lease_interval_is_refused() -> None:
-    with pytest.raises(ConfigError, match=r"fence_grace \(3.9 s\) must be at least twice lease_interval \(2.0 s\)"):
-        RuntimeConfig(job="j", store="/s", checkpoint="/c", lease_interval=2.0, fence_grace=3.9)
-    assert RuntimeConfig(job="j", store="/s", checkpoint="/c", lease_interval=2.0, fence_grace=4.0).fence_grace == 4.0
+    with pytest.raises(ConfigError,
+                       match=r"fence_grace \(4.9 s\) must be at least twice lease_interval \(2.0 s\) \+ 1 s"):
+        RuntimeConfig(job="j", store="/s", checkpoint="/c", lease_interval=2.0, fence_grace=4.9)
+    assert RuntimeConfig(job="j", store="/s", checkpoint="/c", lease_interval=2.0, fence_grace=5.0).fence_grace == 5.0
 
 
 @pytest.mark.parametrize(
