@@ -53,8 +53,12 @@ class LeaseWatch:
 
     def _read_loop(self) -> None:
         # A read of its own: a confirmation that the loop, held by another request, could not make yet. A read that
-        # hangs does not hold up the stopper thread, which only looks at the time of the last confirmation.
-        while not self._closed.wait(self.poll):
+        # hangs does not hold up the stopper thread, which only looks at the time of the last confirmation. Reads are
+        # sent every ``poll`` s from the last one sent (not answered), so a confirmation is younger than a poll but
+        # for a read's latency (``Lease.recent``: the commits between need no read of their own).
+        sent = self.lease.monotonic()
+        while not self._closed.wait(max(0.0, sent + self.poll - self.lease.monotonic())):
+            sent = self.lease.monotonic()
             try:
                 self.lease.check()
             except FencedError:

@@ -126,10 +126,10 @@ class DriverReporter:
 
     def due(self) -> bool:
         """Whether the running driver reports now: a heartbeat ``heartbeat_interval`` after the last report, or noted
-        changes (completed batches, a periodic checkpoint) a third of it after (docs/scale.md): a status PUT per
-        third of a heartbeat at most while batches complete, one per heartbeat while idle."""
+        changes (completed batches, a periodic checkpoint) half of it after (docs/scale.md): a status PUT per half a
+        heartbeat at most while batches complete, one per heartbeat while idle."""
         age, beat = self.clock() - self.reported_at, self.config.heartbeat_interval
-        return age >= beat or (self.noted and age >= beat / 3)
+        return age >= beat or (self.noted and age >= beat / 2)
 
 
 class RequestRates:

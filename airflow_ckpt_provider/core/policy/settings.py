@@ -239,11 +239,11 @@ class RuntimeSettings(Settings):
     heartbeat_interval: float = setting(  # 30: a status PUT a minute costs $0.22 a month at AWS's prices (scale.md)
         30.0, kind=SECONDS, metavar="S",
         help="seconds between the driver's status.json heartbeats (default 30): completed batches are reported within "
-        "a third of it; a driver silent for three heartbeats + 5 s counts as lost")
-    poll_interval: float = setting(  # 20: a knock at the control door brings a request at once (docs/scale.md)
-        20.0, kind=SECONDS, metavar="S",
+        "half of it; a driver silent for three heartbeats + 5 s counts as lost")
+    poll_interval: float = setting(  # 30: a knock at the control door brings a request at once (docs/scale.md)
+        30.0, kind=SECONDS, metavar="S",
         help="seconds between the driver's looks at control requests when no asker knocks at its control door "
-        "(default 20)")
+        "(default 30)")
     lease_interval: float | None = setting(  # 5: 720 GETs an hour; a commit needs no read of its own (scale.md)
         None, kind=SECONDS, none="4 with the default fence grace", metavar="S",
         help=f"seconds between the driver's looks at its lease (default: (fence grace - {LEASE_MARGIN:g}) / 2, at most "

@@ -38,7 +38,7 @@ def test_a_noted_change_is_written_with_the_next_report_not_on_its_own(tmp_path:
     assert status is not None and status.batch_id == 5 and status.last_snapshot == newer and len(writes) == 1
 
 
-def test_a_report_is_due_a_heartbeat_after_the_last_or_a_third_of_it_after_a_noted_batch(tmp_path: Path) -> None:
+def test_a_report_is_due_a_heartbeat_after_the_last_or_half_of_it_after_a_noted_batch(tmp_path: Path) -> None:
     store = JobStore(LocalStorage(tmp_path / "store"), "orders")
     lease = Lease(store)
     lease.acquire()
@@ -52,13 +52,13 @@ def test_a_report_is_due_a_heartbeat_after_the_last_or_a_third_of_it_after_a_not
     now[0] = 1030.0
     assert reporter.due()
     reporter.update()
-    reporter.note(batch_id=7)  # a completed batch: within a third of a heartbeat, not at once
-    now[0] = 1039.9
+    reporter.note(batch_id=7)  # a completed batch: within half a heartbeat, not at once
+    now[0] = 1044.9
     assert not reporter.due()
-    now[0] = 1040.0
+    now[0] = 1045.0
     assert reporter.due()
     reporter.update()
     status = read_status(store)
     assert status is not None and status.batch_id == 7
-    now[0] = 1069.9
+    now[0] = 1074.9
     assert not reporter.due()  # nothing noted since: the next is a heartbeat
