@@ -20,7 +20,7 @@ from airflow_ckpt_provider.core.records.ownership import INSTANCES, InstanceReco
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.store.storage import Storage, open_storage
 from airflow_ckpt_provider.launcher.handover import handed_jobs
-from airflow_ckpt_provider.launcher.service import SupervisionService
+from airflow_ckpt_provider.launcher.service import LOOK_EVERY, SupervisionService
 
 
 def _root(args: argparse.Namespace) -> Storage:
@@ -34,7 +34,7 @@ def cmd_service_run(args: argparse.Namespace) -> int:
     timings = Timings(renew_every=args.renew_every, renew_deadline=args.renew_deadline,
                       lease_duration=args.lease_duration)
     service = SupervisionService(_root(args), store_url=args.store, s3=s3_options(args), timings=timings,
-                                 instance=args.instance, start_timeout=args.start_timeout)
+                                 instance=args.instance, start_timeout=args.start_timeout, look_every=args.look_every)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -102,4 +102,8 @@ def add_service_commands(groups: argparse._SubParsersAction[argparse.ArgumentPar
                                 f"(default {defaults.lease_duration:g})")
             p.add_argument("--start-timeout", type=float, default=60.0, metavar="S",
                            help="seconds a launch started by another instance gets to report (default 60)")
+            p.add_argument("--look-every", type=float, default=LOOK_EVERY, metavar="S",
+                           help=f"seconds between looks at a job with nothing in progress (default {LOOK_EVERY:g}); "
+                           "a hand-over or an operation asked for rings the service's bell, a silent owner is "
+                           "noticed at each renewal: both bring a look at once")
 

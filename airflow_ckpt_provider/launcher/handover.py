@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from airflow_ckpt_provider.core.policy.modes import RestoreSpec, SupervisionMode
 from airflow_ckpt_provider.core.records.deployments import Deployment, Launch
-from airflow_ckpt_provider.core.records.ownership import HANDED, ServiceJob, handed_key
+from airflow_ckpt_provider.core.records.ownership import HANDED, ServiceJob, handed_key, ring_service
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.store.storage import S3Options, Storage
 from airflow_ckpt_provider.launcher.deploy import check_deployment, launch, record_launch
@@ -32,8 +32,10 @@ def hand_over(store: JobStore, deployment: Deployment, *, restore: RestoreSpec, 
     handed_by = handed_by or f"{os.environ.get('USER', '?')}@{socket.gethostname()}"
     store.root.write(handed_key(store.job), ServiceJob(job=store.job, handed_at=time.time(),
                                                        handed_by=handed_by).to_bytes())
-    return record_launch(store, deployment, restore=restore, store_url=store_url, s3=s3, launched_by=handed_by,
-                         checked=True, key=key)
+    recorded = record_launch(store, deployment, restore=restore, store_url=store_url, s3=s3, launched_by=handed_by,
+                             checked=True, key=key)
+    ring_service(store.root, store.job)  # an instance looks at it at its next renewal
+    return recorded
 
 
 def start_job(store: JobStore, deployment: Deployment, *, restore: RestoreSpec, store_url: str,

@@ -31,6 +31,7 @@ from airflow_ckpt_provider.core.records.ownership import (
     Timings,
     claim,
     confirm,
+    read_rings,
     release,
 )
 from airflow_ckpt_provider.core.records.status import driver_live, read_status
@@ -50,6 +51,9 @@ log = logging.getLogger(__name__)
 
 #: Seconds a launch started by another instance gets to write its supervisor's first heartbeat (on this clock).
 START_TIMEOUT = 60.0
+#: Seconds between an instance's looks at a settled job (4 GETs): the bell, a silent owner or a step in progress
+#: bring a look at the next renewal instead (docs/scale.md: 1,000 jobs at every 2 s renewal were 2,000 GETs a second).
+LOOK_EVERY = 30.0
 #: The operation record's actor name of an instance (``ACTOR_PREFIX`` + its id).
 ACTOR_PREFIX = "supervision service instance "
 #: At most this many relaunches of one job by one instance within RELAUNCH_WINDOW seconds; then it gives up.
@@ -164,11 +168,18 @@ class SupervisionService:
     stopped. A launch starts as ``ckpt run --supervise``, detached, on this host."""
 
     def __init__(self, root: Storage, *, store_url: str, s3: S3Options | None = None, timings: Timings | None = None,
-                 instance: str | None = None, start_timeout: float = START_TIMEOUT,
+                 instance: str | None = None, start_timeout: float = START_TIMEOUT, look_every: float = LOOK_EVERY,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         timings = timings or Timings()
         self.root, self.store_url, self.s3 = root, store_url, s3
         self.timings, self.start_timeout, self.monotonic = timings, start_timeout, monotonic
+        self.look_every = look_every
+        self._jobs: list[str] = []  # the handed jobs, listed every look_every s or when the bell rang
+        self._listed_at: float | None = None
+        self._next_look: dict[str, float] = {}  # job -> when it is looked at next, unless something asks sooner
+        self._owner_of: dict[str, str] = {}  # job -> the instance that owned it at the last look
+        self._rings: set[tuple[str, float]] | None = None  # the bell's rings at the last renewal
+        self._settled: set[str] = set()  # jobs whose last look found nothing to wait for: paced looks
         self.me = Membership(root, timings, instance=instance, monotonic=monotonic)
         self.observer = Observer(root, monotonic=monotonic, per_look=True)
         self.owned: dict[str, OwnerRecord] = {}  # job -> its owner record
@@ -202,19 +213,26 @@ class SupervisionService:
         self.shutdown()
 
     def tick(self) -> None:
-        """One renewal and one look at every handed job; renewed again between jobs whenever ``renew_every`` has
-        passed, so a look at many jobs never lets the lease lapse (bench/service_capacity_bench.py: 300 jobs take
-        about 6 s to look at)."""
+        """One renewal and a look at each handed job that is due: every ``look_every`` s, and at once when the bell
+        rang for it (handed over, an operation asked for) or its owner went silent (a takeover); renewed again
+        between jobs whenever ``renew_every`` has passed, so a look at many jobs never lets the lease lapse
+        (bench/service_capacity_bench.py: 300 jobs take about 6 s to look at). docs/scale.md says what it costs."""
         self._renew()
         if not self.me.may_act():
             return
         self.observer.new_look()
-        try:
-            jobs = handed_jobs(self.root)
-        except (StorageError, OSError) as err:
-            log.warning("supervision service instance %s: cannot list the handed jobs: %s", self.instance, err)
-            return
-        for job in jobs:
+        rung = self._rung()
+        now = self.monotonic()
+        if rung or self._listed_at is None or now - self._listed_at >= self.look_every:
+            try:
+                self._jobs, self._listed_at = handed_jobs(self.root), now
+            except (StorageError, OSError) as err:
+                log.warning("supervision service instance %s: cannot list the handed jobs: %s", self.instance, err)
+                return
+        for job in self._jobs:
+            if not self._due(job, now, rung):
+                continue
+            self._next_look[job] = now + self.look_every
             if self.monotonic() - self._renewed >= self.timings.renew_every:
                 self._renew()
             if not self.me.may_act():
@@ -227,6 +245,30 @@ class SupervisionService:
             except (StorageError, OSError) as err:
                 log.warning("job %s: supervision service instance %s could not look at it: %s", job, self.instance,
                             err)
+
+    def _rung(self) -> set[str]:
+        """The jobs the bell rang for since the last renewal (one GET; none at the first, which looks at every job)."""
+        try:
+            rings = read_rings(self.root)
+        except (StorageError, OSError) as err:  # the paced looks find what it would have said
+            log.debug("supervision service instance %s: cannot read the bell: %s", self.instance, err)
+            return set()
+        before, self._rings = self._rings, rings
+        return set() if before is None else {job for job, _at in rings - before}
+
+    def _due(self, job: str, now: float, rung: set[str]) -> bool:
+        """Whether to look at ``job`` now: its paced look is due, the bell rang for it, its last look was not settled
+        (a start, a lost supervisor: each renewal, as before), an operation acts on it or just ended, or another
+        instance owned it and is silent (a takeover)."""
+        if job in rung or job not in self._settled or now >= self._next_look.get(job, now):
+            return True
+        thread = self._operating.get(job)
+        if thread is not None:
+            if not thread.is_alive():
+                del self._operating[job]  # its end looked at once, then paced
+            return True
+        owner = self._owner_of.get(job)
+        return owner is not None and owner != self.instance and self.observer.silent(owner)
 
     def _renew(self) -> None:
         self._renewed = self.monotonic()
@@ -244,8 +286,12 @@ class SupervisionService:
     def reconcile(self, job: str) -> Action | None:
         """Observe, decide, act for one handed job; None when another instance owns it."""
         store = JobStore(self.root, job)
+        self._settled.discard(job)
         got = claim(store, self.me, self.observer)
+        if got.owner is not None:
+            self._owner_of[job] = got.owner.instance
         if not got.mine or got.owner is None:
+            self._settled.add(job)  # its owner's: looked at again when that owner goes silent
             if self.owned.pop(job, None) is not None:
                 log.warning("job %s: supervision service instance %s no longer owns it (%s at epoch %s does): what "
                             "it started keeps running", job, self.instance, got.owner.instance if got.owner else "-",
@@ -264,6 +310,9 @@ class SupervisionService:
                         waited=self._waited(job, last), start_timeout=self.start_timeout,
                         driver=_driver(store, seen.record) if gone and seen.record is not None else None)
         if isinstance(action, Keep):
+            waiting = gone or (last is not None and last.ending is None and seen.record is None)
+            if not waiting:  # its supervisor runs, or the launch ended: nothing changes until the bell or a pace
+                self._settled.add(job)
             return action
         confirm(store, self.me, got.owner)  # the last look before acting: still ours, and our lease renewed
         assert last is not None

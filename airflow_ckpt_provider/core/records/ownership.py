@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
+from airflow_ckpt_provider.core.errors import ConfigError, ConflictError, StorageError
 from airflow_ckpt_provider.core.records.base import Record
 from airflow_ckpt_provider.core.store.jobstore import JobStore, check_job_name
 from airflow_ckpt_provider.core.store.storage import Storage
@@ -34,6 +34,11 @@ INSTANCES = "_service/instances/"
 HANDED = "_service/jobs/"
 #: Under a job's root.
 OWNER = "service/owner.json"
+#: At the store's root: rung by whoever hands a job over or asks for an operation, so an instance looks at that job
+#: at its next renewal instead of at the job's next paced look (launcher/service.py).
+SERVICE_BELL = "_service/bell.json"
+#: The rings a bell keeps (the newest).
+BELL_RINGS = 50
 
 
 class NotOwner(ConflictError):
@@ -110,6 +115,44 @@ class ServiceJob(Record, frozen=True, kw_only=True):
     job: str
     handed_at: float
     handed_by: str
+
+
+class ServiceBell(Record, frozen=True):
+    """The service's bell: the newest rings, each ``[job, at]`` (``at`` the ringer's clock, only compared for
+    equality). Rewritten (compare-and-swap) by ``ring_service``: handing a job over, asking for an operation;
+    read by every instance once a renewal (one GET for all jobs)."""
+
+    WHAT = "supervision service bell"
+    KEY = "/_service/bell.json"
+
+    rings: list[tuple[str, float]]
+
+
+def ring_service(root: Storage, job: str, *, attempts: int = 3) -> bool:
+    """Ring the service's bell for ``job``; False (logged) if it could not be written: an instance then looks at the
+    job at its next paced look instead (launcher/service.py LOOK_EVERY)."""
+    for _ in range(attempts):
+        try:
+            found = root.read_versioned(SERVICE_BELL)
+            rings = ServiceBell.from_bytes(found.data, root.uri(SERVICE_BELL)).rings if found else []
+            bell = ServiceBell(rings=[*rings, (job, time.time())][-BELL_RINGS:])
+            if root.write_if(SERVICE_BELL, bell.to_bytes(), found.tag if found else None):
+                return True
+        except (StorageError, OSError) as err:
+            log.warning("job %s: the supervision service's bell could not be rung (%s): an instance looks at the job "
+                        "within its paced look instead", job, err)
+            return False
+    log.warning("job %s: the supervision service's bell kept changing under %d attempts to ring it: an instance looks "
+                "at the job within its paced look instead", job, attempts)
+    return False
+
+
+def read_rings(root: Storage) -> set[tuple[str, float]]:
+    """The rings on the service's bell now (empty if it never rang)."""
+    found = root.read_versioned(SERVICE_BELL)
+    if found is None:
+        return set()
+    return {(job, at) for job, at in ServiceBell.from_bytes(found.data, root.uri(SERVICE_BELL)).rings}
 
 
 def handed_key(job: str) -> str:

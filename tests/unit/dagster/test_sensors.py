@@ -127,6 +127,6 @@ def test_the_checks_fail_for_a_stale_heartbeat_an_old_batch_and_a_high_lag(store
     report(store, batch_at=time.time() - 300, data_waiting=True)
     fresh = check_results(ckpt, max_batch_age=60)["fresh"]
     assert fresh[0] is False
-    # 300 s, or 301 s on a loaded machine where the check runs a second after the report
+    # 300 s, or a few more on a loaded machine where the check runs seconds after the report
     assert re.search(r"job orders: expected a batch within 60 s while data waits, found the last one \(batch 7\) "
-                     r"30[01] s ago", str(fresh[1]))
+                     r"30\d s ago", str(fresh[1]))

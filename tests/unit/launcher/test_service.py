@@ -161,3 +161,46 @@ def test_a_look_at_many_jobs_renews_the_lease_between_them_so_it_never_lapses(tm
     service.reconcile = slow_look  # type: ignore[assignment,method-assign]  # the looks' time, without the store
     service.tick()
     assert renewals == [0.0, 3.0, 6.0]  # at the start, then after 2 s had passed (between jobs)
+
+
+def test_a_settled_job_is_looked_at_every_look_every_and_at_the_next_renewal_once_its_bell_rings(
+        tmp_path: Path) -> None:
+    """docs/scale.md: 4 GETs per job every 2 s renewal were 2,000 GETs a second for 1,000 jobs. A job whose look found
+    nothing to wait for is looked at again after ``look_every``, or as soon as someone rings the bell for it (an
+    operation asked for, a hand-over)."""
+    from airflow_ckpt_provider.core.records.ownership import ServiceJob, handed_key, ring_service
+    from airflow_ckpt_provider.core.store.storage import LocalStorage
+    from airflow_ckpt_provider.launcher.service import SupervisionService
+
+    root = LocalStorage(tmp_path)
+    for job in ("clicks", "orders"):
+        root.write(handed_key(job), ServiceJob(job=job, handed_at=1.0, handed_by="test").to_bytes())
+    now = [0.0]
+    service = SupervisionService(root, store_url=str(tmp_path), instance="svc-a", look_every=30.0,
+                                 monotonic=lambda: now[0])
+    looked: list[str] = []
+    reconcile = service.reconcile
+
+    def spy(job: str) -> Keep | None:  # the looks, counted; each still done
+        looked.append(job)
+        return reconcile(job)  # type: ignore[return-value]  # Keep here: no launch recorded
+
+    service.reconcile = spy  # type: ignore[method-assign]  # a test spy on one instance
+    service.tick()
+    assert looked == ["clicks", "orders"]  # the first look: every job (no launch recorded: settled, nothing to do)
+    now[0] = 2.0
+    service.tick()
+    assert looked == ["clicks", "orders"]  # settled: not again before look_every
+    assert ring_service(root, "orders")
+    now[0] = 4.0
+    service.tick()
+    assert looked == ["clicks", "orders", "orders"]  # the bell: at the next renewal
+    now[0] = 6.0
+    service.tick()
+    assert looked == ["clicks", "orders", "orders"]
+    now[0] = 30.0
+    service.tick()
+    assert looked == ["clicks", "orders", "orders", "clicks"]  # paced: clicks' look was due at 30, orders' at 34
+    now[0] = 34.0
+    service.tick()
+    assert looked == ["clicks", "orders", "orders", "clicks", "orders"]
