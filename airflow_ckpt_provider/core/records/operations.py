@@ -24,7 +24,7 @@ import msgspec
 from airflow_ckpt_provider.core.errors import ConflictError
 from airflow_ckpt_provider.core.records.base import Record
 from airflow_ckpt_provider.core.records.lease import pid_alive
-from airflow_ckpt_provider.core.records.ownership import ring_service
+from airflow_ckpt_provider.core.records.ownership import ring_if_handed
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 
 log = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ def ask(store: JobStore, kind: str, settings: dict[str, Any], *, requested_by: s
     if tag is None:
         raise ConflictError(f"job {store.job}: another operation was asked for at the same moment; run it again to see "
                             "which. Nothing was changed")
-    ring_service(store.root, store.job)  # an instance that owns the job acts at its next renewal
+    ring_if_handed(store)  # an instance that owns the job acts at its next renewal
     return Found(operation, tag), True
 
 

@@ -147,6 +147,18 @@ def ring_service(root: Storage, job: str, *, attempts: int = 3) -> bool:
     return False
 
 
+def ring_if_handed(store: JobStore) -> bool:
+    """``ring_service`` for a job handed to the service (one look at its hand-over record first: a job the service
+    does not own writes nothing outside its own prefix)."""
+    try:
+        handed = store.root.exists(handed_key(store.job))
+    except (StorageError, OSError) as err:
+        log.warning("job %s: could not tell whether it is handed to the supervision service (%s): the service's bell "
+                    "was not rung; an instance looks at the job within its paced look", store.job, err)
+        return False
+    return handed and ring_service(store.root, store.job)
+
+
 def read_rings(root: Storage) -> set[tuple[str, float]]:
     """The rings on the service's bell now (empty if it never rang)."""
     found = root.read_versioned(SERVICE_BELL)

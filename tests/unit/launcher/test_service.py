@@ -204,3 +204,17 @@ def test_a_settled_job_is_looked_at_every_look_every_and_at_the_next_renewal_onc
     now[0] = 34.0
     service.tick()
     assert looked == ["clicks", "orders", "orders", "clicks", "orders"]
+
+
+def test_asking_for_an_operation_rings_the_service_bell_only_for_a_handed_job(tmp_path: Path) -> None:
+    from airflow_ckpt_provider.core.records.operations import ask
+    from airflow_ckpt_provider.core.records.ownership import SERVICE_BELL, ServiceJob, handed_key, read_rings
+    from airflow_ckpt_provider.core.store.jobstore import JobStore
+    from airflow_ckpt_provider.core.store.storage import LocalStorage
+
+    root = LocalStorage(tmp_path)
+    ask(JobStore(root, "clicks"), "restart", {}, requested_by="test")
+    assert not root.exists(SERVICE_BELL)  # not handed: nothing written outside the job's own prefix
+    root.write(handed_key("orders"), ServiceJob(job="orders", handed_at=1.0, handed_by="test").to_bytes())
+    ask(JobStore(root, "orders"), "restart", {}, requested_by="test")
+    assert [job for job, _at in read_rings(root)] == ["orders"]
