@@ -49,6 +49,9 @@ with DAG(
         max_restarts_in_window=5,
         health_window=600,
         checkpoint_interval=0,  # a checkpoint snapshot after every batch
+        # A heartbeat every 5 s (the default is 30): the health watch below notices a lost host within a minute
+        # instead of five, for about $3 a month more in store requests (docs/scale.md).
+        heartbeat_interval=5,
         keep_checkpoints=3,
         savepoint_interval=600,  # a periodic savepoint every 10 minutes
         keep_savepoints=6,

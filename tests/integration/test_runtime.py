@@ -21,13 +21,14 @@ import pytest
 
 from airflow_ckpt_provider.core.policy import lineagenames
 from airflow_ckpt_provider.core.policy.lineagenames import RUN_FACET
-from airflow_ckpt_provider.core.records.control import Outcome, RequestAction, wait_ack
+from airflow_ckpt_provider.core.records.control import BELL, Bell, Outcome, RequestAction, knock, wait_ack
 from airflow_ckpt_provider.core.records.lease import read_lease
 from airflow_ckpt_provider.core.records.status import JobState
 from airflow_ckpt_provider.core.records.supervision import DRIVER_RUN_ENV, take_driver_end
 from airflow_ckpt_provider.core.snapshots.catalog import list_snapshots, load_manifest
 from airflow_ckpt_provider.core.snapshots.checkpoint import SparkCheckpoint
 from airflow_ckpt_provider.core.snapshots.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.store.storage import LocalStorage
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_FENCED, EXIT_STOPPED
 from tests.support.runtimejob import JobEnv, Run, expected_counts, produce
@@ -42,6 +43,12 @@ def last_entries(checkpoint: Path) -> tuple[int | None, int | None]:
         return max((int(p.name) for p in (checkpoint / d).iterdir() if p.name.isdigit()), default=None)
 
     return last("offsets"), last("commits")
+
+
+def ring_bell(store: JobStore, request_id: str) -> None:
+    """What an asker does after writing ``control/<request_id>.json``: ring the bell, knock at the driver's door."""
+    store.storage.write(BELL, Bell(request_id=request_id, at=time.time()).to_bytes())
+    knock(store)
 
 
 def batches_committed(env: JobEnv) -> list[int]:
@@ -129,6 +136,7 @@ def test_savepoint_and_cancel_requests_and_a_request_for_another_epoch(env: JobE
     assert f"for the driver of epoch {status.epoch + 7}, this driver runs epoch {status.epoch}" in stale.message
     # A file in control/ that is not a request is answered, and blocks no later request.
     env.store().storage.write("control/garbage.json", b"{not json")
+    ring_bell(env.store(), "garbage")  # and rings the bell, as an asker would
     garbage = wait_ack(env.store(), "garbage", TIMEOUT, poll=0.2)
     assert garbage is not None
     assert (garbage.outcome, garbage.action) == (Outcome.REJECTED, None)
@@ -230,18 +238,19 @@ def test_broken_or_deleted_live_checkpoint_falls_back_to_the_newest_snapshot(env
     assert env.request(RequestAction.CANCEL, 2).outcome is Outcome.COMPLETED
     assert b.wait(TIMEOUT) == EXIT_STOPPED
 
-    # Deleted entirely: the newest snapshot again, then all 2100 records exactly.
+    # Deleted entirely: the newest snapshot again, then all 2200 records exactly (100 more, so "c" runs a batch of
+    # its own after the restore).
     newest = max(list_snapshots(env.store()), key=lambda m: m.batch_id)
     shutil.rmtree(checkpoint)
+    produce(env.kafka.bootstrap_servers, env.topic, 2100, 100)
     runs.append(c := env.run("c", checkpoint, conf={"spark.sql.streaming.pollingDelay": "50ms"}))
-    # "b"'s last status already counts 2100: wait for "c"'s own epoch (3) before reading its log.
-    status = env.wait_status("all 2100 records counted by c", lambda s: s.epoch == 3 and env.consumed(s) == 2100,
+    status = env.wait_status("all 2200 records counted by c", lambda s: s.epoch == 3 and env.consumed(s) == 2200,
                              TIMEOUT, c)
     assert "idle sources polled every 50ms" in c.log.read_text(), c.tail()  # the job's own value wins
     assert status.restored_from == newest.snapshot_id
     assert env.request(RequestAction.STOP, status.epoch).outcome is Outcome.COMPLETED
     assert c.wait(TIMEOUT) == EXIT_STOPPED
-    assert env.final_counts() == expected_counts(2100)
+    assert env.final_counts() == expected_counts(2200)
 
 
 @pytest.mark.full(proven_by="test_two_drivers_started_at_once_exactly_one_runs (the driver of the older epoch exits "

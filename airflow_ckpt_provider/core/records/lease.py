@@ -87,6 +87,7 @@ class Lease:
         self.record: LeaseRecord | None = None
         self.previous: LeaseRecord | None = None
         self.lost: FencedError | None = None  # set once any look found a newer driver: nothing confirms it again
+        self.read_since_start = False  # the first confirm() after acquire() reads: drivers started at once (recent)
 
     @property
     def epoch(self) -> int:
@@ -106,7 +107,7 @@ class Lease:
             )
             if self.store.storage.write_if(LEASE, mine.to_bytes(), current.tag if current else None):
                 self.record, self.previous = mine, previous
-                self.confirmed_at = self.monotonic()
+                self.confirmed_at, self.read_since_start = self.monotonic(), False
                 held = "released" if previous is None or previous.released else f"held by {previous.owner}"
                 log.info(
                     "job %s: lease taken at epoch %d by %s (previous epoch %s, %s)",
@@ -149,14 +150,17 @@ class Lease:
             )
             raise self.lost
         self.confirmed_at = max(self.confirmed_at, asked)  # two threads confirm (runtime/leasewatch.py)
+        self.read_since_start = True
         return current
 
     def recent(self) -> bool:
         """Whether a look confirmed the lease less than a poll interval ago (the lease watch reads it every poll) and
         no look found it lost. Then ``confirm()`` needs no read of its own: a newer driver waits its grace after taking
         the lease, longer than the outage tolerance and than a poll interval, so a commit on a confirmation this
-        young comes before any commit of the newer driver, as one riding out an outage does (docs/scale.md)."""
-        return (self.lost is None and
+        young comes before any commit of the newer driver, as one riding out an outage does (docs/scale.md). Taking the
+        lease is no look: until a read confirmed it, the first commit reads (two drivers started at once: the one
+        whose write came first learns at its first commit that the other took the lease after it)."""
+        return (self.lost is None and self.read_since_start and
                 self.monotonic() - self.confirmed_at < min(self.poll_interval, self.outage_tolerance))
 
     def confirm(self) -> bool:

@@ -61,26 +61,29 @@ def test_a_fenced_driver_is_fenced_whatever_its_tolerance(store: JobStore) -> No
 def test_a_confirmation_younger_than_a_poll_needs_no_read_and_a_lost_lease_is_never_confirmed_again(
         store: JobStore) -> None:
     """Per batch, the sinks and the fenced foreachBatch confirm the lease; the lease watch reads it every poll. A
-    confirmation younger than a poll stands without a read (a newer driver waits its grace, longer: docs/scale.md);
-    once any look found the lease lost, every later confirm raises at once, without a read."""
+    confirmation younger than a poll stands without a read (a newer driver waits its grace, longer: docs/scale.md),
+    but taking the lease is no confirmation: the first commit reads (two drivers started at once); once any look
+    found the lease lost, every later confirm raises at once, without a read."""
     now = [0.0]
     old = Lease(store, poll_interval=1.0, outage_tolerance=9.0, monotonic=lambda: now[0])
     old.acquire()
     reads = []
     real = store.storage.read_versioned
     store.storage.read_versioned = lambda key: reads.append(key) or real(key)  # type: ignore[method-assign]  # counts reads
+    now[0] = 0.2
+    assert old.confirm() is True and len(reads) == 1  # taking the lease is no look: the first commit reads
     now[0] = 0.5
-    assert old.confirm() is True and reads == []
-    now[0] = 1.0
-    assert old.confirm() is True and len(reads) == 1  # a poll old: read, and confirmed from this look on
+    assert old.confirm() is True and len(reads) == 1  # confirmed 0.3 s ago: no read
+    now[0] = 1.2
+    assert old.confirm() is True and len(reads) == 2  # a poll old: read, and confirmed from this look on
     Lease(store).acquire()  # a newer driver (its own reads counted too)
     reads.clear()
-    now[0] = 1.5
+    now[0] = 1.7
     assert old.confirm() is True and reads == []  # within the poll: commits before the newer one's grace ends
-    now[0] = 2.0
+    now[0] = 2.2
     with pytest.raises(FencedError):
         old.confirm()
-    now[0] = 2.1
+    now[0] = 2.3
     with pytest.raises(FencedError):
         old.confirm()  # found lost: raised again without a read
     assert len(reads) == 1
