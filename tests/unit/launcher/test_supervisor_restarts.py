@@ -105,7 +105,7 @@ def test_the_supervisor_keeps_a_heartbeat_record_while_it_watches_and_waits_and_
     assert sup.record_id[:16] == "19700101T001640Z"  # its start (the fake clock's START), so ids sort by time
 
 
-def test_once_its_driver_runs_the_supervisor_beats_and_reads_at_twice_the_drivers_heartbeat(
+def test_once_its_driver_runs_the_supervisor_beats_and_reads_every_three_of_its_heartbeats(
     spec: SubmitSpec, clock: FakeClock, store: JobStore
 ) -> None:
     """A supervisor's heartbeat (a PUT) and its read of status.json every 5 s cost more than the driver's own
