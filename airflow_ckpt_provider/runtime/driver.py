@@ -274,6 +274,7 @@ class JobDriver:
         if self.plans is not None:
             self.plans.reset()
         writer = writer.option("checkpointLocation", self.config.live_checkpoint)
+        self.lease.read_before_next_commit()  # the query's first commit reads the lease (core/records/lease.py)
         self.query = writer.option(EPOCH_OPTION, str(self.lease.epoch)).queryName(job).start()
         self._query_started = self.clock()
         log.info("job %s epoch %d: query %s started (run %s), checkpoint %s, idle sources polled every %s", job,

@@ -87,7 +87,7 @@ class Lease:
         self.record: LeaseRecord | None = None
         self.previous: LeaseRecord | None = None
         self.lost: FencedError | None = None  # set once any look found a newer driver: nothing confirms it again
-        self.read_since_start = False  # the first confirm() after acquire() reads: drivers started at once (recent)
+        self.read_since_start = False  # the first confirm() after acquire() or a query's start reads (recent)
 
     @property
     def epoch(self) -> int:
@@ -153,13 +153,18 @@ class Lease:
         self.read_since_start = True
         return current
 
+    def read_before_next_commit(self) -> None:
+        """The next ``confirm()`` reads whatever ``recent()`` says: a query (re)starts, and two drivers started at
+        once learn at their first commit which one took the lease last."""
+        self.read_since_start = False
+
     def recent(self) -> bool:
         """Whether a look confirmed the lease less than a poll interval ago (the lease watch reads it every poll) and
         no look found it lost. Then ``confirm()`` needs no read of its own: a newer driver waits its grace after taking
         the lease, longer than the outage tolerance and than a poll interval, so a commit on a confirmation this
         young comes before any commit of the newer driver, as one riding out an outage does (docs/scale.md). Taking the
-        lease is no look: until a read confirmed it, the first commit reads (two drivers started at once: the one
-        whose write came first learns at its first commit that the other took the lease after it)."""
+        lease is no look, nor is a query's start: until a read confirmed it since, the first commit reads (two drivers
+        started at once: the one whose write came first learns at its first commit that the other took it after)."""
         return (self.lost is None and self.read_since_start and
                 self.monotonic() - self.confirmed_at < min(self.poll_interval, self.outage_tolerance))
 
