@@ -471,8 +471,8 @@ class Supervisor:
             if status.state is JobState.RUNNING and not driver.running:
                 driver.running = self._ran = True
                 self.reports.cold_start = self.clock() - driver.started
-                # From now on at twice the driver's heartbeat (a dead driver is noticed at once all the same: wait()
-                # returns when it exits): its record says so before the first longer wait (docs/scale.md).
+                # From now on every RUNNING_PACE of the driver's heartbeats (a dead driver is noticed at once all the
+                # same: wait() returns when it exits): its record says so before the first longer wait (scale.md).
                 self.reports.interval = max(self.poll, RUNNING_PACE * status.heartbeat_interval)
                 log.info("job %s: driver pid %d runs the job at epoch %d: restarts resume from latest-state",
                          self.job, driver.proc.pid, status.epoch)

@@ -77,7 +77,7 @@ class SupervisorReports:
         self.store = store
         self.launch_id = launch_id
         self.poll = poll
-        self.interval = poll  # the pace of its heartbeat: the driver's once it runs (Supervisor._pace)
+        self.interval = poll  # the pace of its heartbeat: slower once its driver runs (Supervisor._observe)
         self.grace = grace
         self.wall = wall
         self.runs_here = runs_here

@@ -236,7 +236,7 @@ class RuntimeSettings(Settings):
     keep_checkpoints: int = setting(3, kind=COUNT, metavar="N", help="checkpoint snapshots to keep (default 3)")
     keep_savepoints: int | None = setting(
         None, kind=COUNT, none="all", metavar="N", help="savepoints to keep (default none: all)")
-    heartbeat_interval: float = setting(  # 30: a status PUT a minute costs $0.22 a month at AWS's prices (scale.md)
+    heartbeat_interval: float = setting(  # 30: a status PUT every 30 s is $0.44 a month at AWS's prices (scale.md)
         30.0, kind=SECONDS, metavar="S",
         help="seconds between the driver's status.json heartbeats (default 30): completed batches are reported within "
         "half of it; a driver silent for three heartbeats + 5 s counts as lost")
@@ -244,7 +244,7 @@ class RuntimeSettings(Settings):
         30.0, kind=SECONDS, metavar="S",
         help="seconds between the driver's looks at control requests when no asker knocks at its control door "
         "(default 30)")
-    lease_interval: float | None = setting(  # 5: 720 GETs an hour; a commit needs no read of its own (scale.md)
+    lease_interval: float | None = setting(  # 4 s: 900 GETs an hour; a commit needs no read of its own (scale.md)
         None, kind=SECONDS, none="4 with the default fence grace", metavar="S",
         help=f"seconds between the driver's looks at its lease (default: (fence grace - {LEASE_MARGIN:g}) / 2, at most "
         f"{LEASE_INTERVAL:g}: 4 with the default grace): a confirmation this young lets a batch commit without a read "
@@ -256,7 +256,8 @@ class RuntimeSettings(Settings):
         "only over the network needs an address they can reach (0.0.0.0: all of its host's); none: no door")
     fence_grace: float = setting(  # 10: a lease read over a slow, lossy link took over 2 s (docs/reliability.md)
         10.0, kind=SECONDS, metavar="S",
-        help="seconds a new driver waits for a fenced one to notice (default 10, at least twice the lease interval); "
+        help="seconds a new driver waits for a fenced one to notice (default 10, at least twice the lease interval + "
+        "1 s); "
         "the driver rides out a job store that does not answer for this minus a lease interval")
     executor_timeout: float = setting(
         120.0, kind=SECONDS, metavar="S",
