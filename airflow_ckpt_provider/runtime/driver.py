@@ -399,10 +399,7 @@ class JobDriver:
     def _fence(self) -> None:
         """FencedError unless the lease is ours (before a snapshot's manifest, before retention): a confirmation younger
         than a lease interval stands, as for a batch's commit (``Lease.recent``); else a read."""
-        if self.lease.lost is not None:
-            raise self.lease.lost
-        if not self.lease.recent():
-            self.lease.check()
+        self.lease.check_unless_recent()
 
     def _lease_held(self) -> bool:
         """Confirm the lease (FencedError if lost); False once it could not be read for longer than the lease's

@@ -172,12 +172,8 @@ class Lease:
         """``check()``, riding out a store outage: True if confirmed now (or ``recent()``ly), False if the store did
         not answer but the last confirmation is younger than ``outage_tolerance``; StorageError beyond it,
         FencedError if fenced (at once, without a read, once any look found it so)."""
-        if self.lost is not None:
-            raise self.lost
-        if self.recent():
-            return True
         try:
-            self.check()
+            self.check_unless_recent()
         except FencedError:
             raise
         except StorageError:
@@ -185,6 +181,14 @@ class Lease:
                 return False
             raise
         return True
+
+    def check_unless_recent(self) -> None:
+        """FencedError at once if any look found the lease lost; nothing if ``recent()``; else ``check()`` (a read,
+        StorageError if the store does not answer)."""
+        if self.lost is not None:
+            raise self.lost
+        if not self.recent():
+            self.check()
 
     def tolerating(self) -> bool:
         """Whether the last confirmation is younger than ``outage_tolerance`` (an outage may be ridden out)."""
