@@ -1,28 +1,39 @@
-"""The health watch's observation: every job store record its judgement reads, read once per poll.
+"""The health watch's observation: every job store record its judgement reads, read once per poll at most.
 
 ``observe`` reads status.json and the lease, the deployments/ records of the watched deployment (each record once
 in the watch's life: they are never rewritten), spec/last.json and supervisors/ only when the judgement may need
-them, each at most once. The judgement (health_judge.py) never reads the store.
+them, each at most once. While the same driver runs and reports, a poll reads status.json alone (``steady``); the
+lease and deployments/ again at least every ``FULL_LOOK_EVERY`` s. The judgement (health_judge.py) never reads the
+store. Design notes: docs/scale.md#design-notes-corewatcheshealth_observepy.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.policy.health import HealthCriteria
 from airflow_ckpt_provider.core.policy.outage import ReadableAgain
 from airflow_ckpt_provider.core.records.deployments import Launch, read_launch
-from airflow_ckpt_provider.core.records.lease import LeaseRecord
+from airflow_ckpt_provider.core.records.lease import LeaseRecord, read_lease
 from airflow_ckpt_provider.core.records.start import epoch_of, read_start
-from airflow_ckpt_provider.core.records.status import TERMINAL_STATES, JobState, JobStatus, RestartOwner, driver_live
+from airflow_ckpt_provider.core.records.status import (
+    TERMINAL_STATES,
+    JobState,
+    JobStatus,
+    RestartOwner,
+    driver_live,
+    read_status,
+)
 from airflow_ckpt_provider.core.records.supervision import Supervision, observe_supervision
 from airflow_ckpt_provider.core.store.jobstore import DEPLOYMENTS, JobStore
-from airflow_ckpt_provider.core.views.jobview import on_its_way
-from airflow_ckpt_provider.core.watches.base import look
+from airflow_ckpt_provider.core.views.jobview import JobView, on_its_way
 
 log = logging.getLogger(__name__)
+
+#: Seconds between full looks (the lease and deployments/) while a poll finds the same driver running (``steady``).
+FULL_LOOK_EVERY = 300.0
 
 #: One driver start of the watched deployment (a deployments/<epoch>.json record): (epoch, at, launch id).
 Start = tuple[int, float, str | None]
@@ -40,6 +51,7 @@ class Observation:
     launch: Launch | None = None  # spec/last.json when the judgement needs it (None: absent, unreadable or unread)
     supervision: Supervision | None = None  # the job's supervisor when the judgement needs it (None: unread)
     readable_since: float | None = None  # the store answered again then, after reads failed (None: no outage)
+    full_at: float | None = None  # when the lease and deployments/ were last read (``now``, or an earlier poll's)
 
     @property
     def newer_lease(self) -> LeaseRecord | None:
@@ -79,11 +91,16 @@ class StartRecords:
 
 
 def observe(store: JobStore, criteria: HealthCriteria, now: float, *, records: StartRecords,
-            reads: ReadableAgain) -> Observation:
+            reads: ReadableAgain, last: Observation | None = None) -> Observation:
     """One poll's reads. ``reads`` learns that the store answered (status.json read) before the rest is read,
-    so a later failure in this poll counts as a new outage; StorageError propagates."""
-    view = look(store, now)
+    so a later failure in this poll counts as a new outage; StorageError propagates. ``last``: the previous poll's
+    observation, whose lease and starts a steady poll keeps."""
+    found = read_status(store)
     reads.worked(now)
+    if last is not None and steady(last, found, criteria, now):
+        return replace(last, now=now, found=found, status=found, launch=None, supervision=None,
+                       readable_since=reads.since)
+    view = JobView(store, found, read_lease(store), now)
     status = view.status
     if status is not None and (not qualifies(status, criteria) or view.newer_lease is not None):
         status = None
@@ -95,7 +112,22 @@ def observe(store: JobStore, criteria: HealthCriteria, now: float, *, records: S
     supervision = None
     if _supervision_matters(status, criteria, launch, now):
         supervision = _supervision(store, launch, now)
-    return Observation(now, view.status, view.lease, status, starts, launch.record, supervision, reads.since)
+    return Observation(now, view.status, view.lease, status, starts, launch.record, supervision, reads.since, now)
+
+
+def steady(last: Observation, found: JobStatus | None, criteria: HealthCriteria, now: float) -> bool:
+    """Whether status.json alone is this poll's observation: the driver the last poll judged runs on, reporting (its
+    epoch and start unchanged, RUNNING, its heartbeat within the limit, no restart), and the lease and deployments/
+    were read less than ``FULL_LOOK_EVERY`` s ago. What the skipped reads would show changes only with a new driver,
+    which takes the lease and writes its deployments/ record right before its first report (a new epoch here), or
+    fences this one, which then stops reporting or reports its end; either makes the next poll a full one."""
+    before = last.status
+    return (found is not None and before is not None and last.newer_lease is None and last.full_at is not None
+            and now - last.full_at < FULL_LOOK_EVERY and (found.epoch, found.started_at) == (before.epoch,
+                                                                                          before.started_at)
+            and found.state is JobState.RUNNING is before.state and qualifies(found, criteria)
+            and driver_live(found, now, heartbeat_timeout=criteria.heartbeat_timeout,
+                            busy_timeout=criteria.start_timeout))
 
 
 class _LaunchRecord:

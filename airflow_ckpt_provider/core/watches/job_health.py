@@ -17,7 +17,7 @@ from airflow_ckpt_provider.core.watches.base import current_time
 from airflow_ckpt_provider.core.watches.health_judge import Unhealthy, Verdict, judge
 from airflow_ckpt_provider.core.watches.health_memory import Memory, remember
 from airflow_ckpt_provider.core.watches.health_messages import Context, event, seen
-from airflow_ckpt_provider.core.watches.health_observe import StartRecords, observe
+from airflow_ckpt_provider.core.watches.health_observe import Observation, StartRecords, observe
 
 __all__ = ["JobHealthWatch", "Unhealthy"]
 
@@ -49,6 +49,7 @@ class JobHealthWatch:
         self.criteria = HealthCriteria() if criteria is None else criteria
         self.memory = Memory()  # what the judgement remembers between polls
         self.verdict: Verdict | None = None  # the last poll's
+        self._last: Observation | None = None  # the last poll's observation (a steady poll keeps its lease, starts)
         self._records = StartRecords()  # deployments/ records, immutable: read once
         self._reads = ReadableAgain()  # of the store, on the polls' clock
         self._seen = "nothing polled yet"
@@ -56,10 +57,12 @@ class JobHealthWatch:
     def poll(self, now: float | None = None) -> dict[str, Any] | None:
         now = current_time(now)
         try:
-            obs = observe(self.store, self.criteria, now, records=self._records, reads=self._reads)
+            obs = observe(self.store, self.criteria, now, records=self._records, reads=self._reads, last=self._last)
         except StorageError:  # the poller logs it and polls again
             self._reads.failed()
+            self._last = None  # the next poll looks at everything
             raise
+        self._last = obs
         self.memory = remember(self.memory, obs)
         self.verdict = judge(obs, self.criteria, self.memory)
         context = Context(self.store.job, self.store.url, self.criteria)
