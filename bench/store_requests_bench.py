@@ -3,10 +3,11 @@
     .venv/bin/python bench/store_requests_bench.py [--seconds 180] [--rate 50] [--sizes 10,100,1000,2500]
 
 1. Runs the test job (tests/jobs/kafka_count.py) with ``ckpt run --supervise`` in local[2] against the
-   embedded SeaweedFS and tansu, with the default runtime settings (a checkpoint snapshot after every
-   batch, 3 kept, no periodic savepoints, heartbeat 5 s, lease and control poll 1 s), while a producer
-   writes a steady --rate records/s. Every S3 request of the driver and the supervisor goes through a
-   counting reverse proxy (bench/s3count.py: AWS_ENDPOINT_URL points at it; no product code changes).
+   embedded SeaweedFS and tansu, with the default runtime settings (a checkpoint snapshot every 60 s, 3
+   kept, no periodic savepoints, heartbeat 30 s, lease read every 4 s, control poll 30 s; --run-args adds
+   settings), while a producer writes a steady --rate records/s. Every S3 request of the driver and the
+   supervisor goes through a counting reverse proxy (bench/s3count.py: AWS_ENDPOINT_URL points at it; no
+   product code changes).
    Requests are counted over --seconds of steady state, which starts at the first batch with rows; the
    start (spawn to that batch) is reported apart.
 2. One poll of each watch the Airflow triggers and sensors run (core/watches: job health as the
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import sys
@@ -42,10 +44,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make `tests` and `bench` importable
 
+from airflow_ckpt_provider.core.records.ownership import Timings
 from airflow_ckpt_provider.core.snapshots.manifest import Kind, Manifest, ManifestFile, Trigger, new_snapshot_id
 from airflow_ckpt_provider.core.store.jobstore import OBJECTS, JobStore
 from airflow_ckpt_provider.core.store.storage import S3Options
+from airflow_ckpt_provider.core.watches.health_observe import FULL_LOOK_EVERY as HEALTH_FULL_S
 from airflow_ckpt_provider.embedded import EmbeddedServices
+from airflow_ckpt_provider.launcher.service import FULL_LOOK_EVERY as SERVICE_FULL_S
+from airflow_ckpt_provider.launcher.service import LOOK_EVERY as SERVICE_LOOK_S
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from bench.runtime_bench import BenchError, LogWatch, first, stop_run
 from bench.s3count import CountingProxy, Hit
@@ -63,7 +69,9 @@ WRITE_TIER = ("PUT", "POST", "LIST")
 READ_TIER = ("GET", "HEAD")
 HOURS_PER_MONTH = 730
 JOBS = 1000
-SENSOR_POKE_S = 10.0  # sensors/base.WatchSensor's default poke_interval, the keep-alive DAG's health watch
+SENSOR_POKE_S = 10.0  # sensors/base.WatchSensor's default poke_interval
+SERVICE_INSTANCES = 2  # the supervision service's instances in the model (high availability)
+RENEW_S = Timings().renew_every  # each instance renews (a PUT) and reads the bell (a GET) this often
 TRIGGER_POLL_S = 5.0  # triggers/base.WatchTrigger's default poll_interval (operators' waits)
 
 
@@ -183,7 +191,7 @@ def run_job(services: EmbeddedServices, proxy: CountingProxy, args: argparse.Nam
     producer.start()
     # the product's default unless given (tests/support/runtimejob.py would snapshot after every batch)
     interval = args.checkpoint_interval or f"{RuntimeConfig(job='bench', store='/bench').checkpoint_interval:g}"
-    extra = ["--checkpoint-interval", interval]
+    extra = ["--checkpoint-interval", interval, *shlex.split(args.run_args)]
     spawn_mark, spawned = proxy.mark(), time.time()
     run = env.run("job", workdir / "checkpoint", "--supervise", "-v", *extra, max_offsets=args.max_offsets,
                   extra_env={"AWS_ENDPOINT_URL": proxy.url})
@@ -428,13 +436,26 @@ def report(job: dict[str, Any], history: list[dict[str, Any]], args: argparse.Na
     print("| | " + " | ".join(OPS) + " | all |")
     print("| --- | " + " | ".join("---:" for _ in OPS) + " | ---: |")
     print("| requests/s, runtime | " + " | ".join(f"{rps[op]:,.1f}" for op in OPS) + f" | {sum(rps.values()):,.1f} |")
-    sensor = job["watches"]["job health, next polls"]["by_op"]
-    srps = {op: sensor.get(op, 0) * JOBS / SENSOR_POKE_S for op in OPS}
-    print(f"| requests/s, 1,000 health sensors (poke {SENSOR_POKE_S:g} s) | "
+    steady_poll = job["watches"]["job health, next polls"]["by_op"]
+    full_poll = job["watches"]["job health, first poll"]["by_op"]
+    # a health watch: its steady polls, and a full one every FULL_LOOK_EVERY s (core/watches/health_observe.py)
+    polls, fulls = 3600 / args.health_poke, 3600 / HEALTH_FULL_S
+    sensor_h = {op: steady_poll.get(op, 0) * (polls - fulls) + full_poll.get(op, 0) * fulls for op in OPS}
+    srps = {op: sensor_h[op] * JOBS / 3600 for op in OPS}
+    print(f"| requests/s, 1,000 health watches (poke {args.health_poke:g} s) | "
           + " | ".join(f"{srps[op]:,.1f}" for op in OPS) + f" | {sum(srps.values()):,.1f} |")
-    s_usd, _ = cost_per_month({op: srps[op] * 3600 / JOBS for op in OPS}, JOBS)
+    # the supervision service's looks (launcher/service.py, counted in tests/unit/launcher/test_service.py): a full
+    # look (4 GETs) every FULL_LOOK_EVERY s, a glance (1 GET) at each LOOK_EVERY between; its instances' renewals
+    looks_h = 4 * 3600 / SERVICE_FULL_S + (3600 / SERVICE_LOOK_S - 3600 / SERVICE_FULL_S)
+    service = {"GET": looks_h * JOBS / 3600 + SERVICE_INSTANCES / RENEW_S, "PUT": SERVICE_INSTANCES / RENEW_S}
+    service_rps = sum(service.values())
+    print(f"| requests/s, the supervision service ({SERVICE_INSTANCES} instances: looks, renewals, bell) | "
+          + " | ".join(f"{service.get(op, 0):,.1f}" for op in OPS) + f" | {service_rps:,.1f} |")
+    total = sum(rps.values()) + sum(srps.values()) + service_rps
+    print(f"| **all** | | | | | | | **{total:,.1f}** (target: 500) |")
+    s_usd, _ = cost_per_month({op: sensor_h[op] for op in OPS}, JOBS)
     print(f"\nMonthly request cost at AWS S3 Standard list prices ({HOURS_PER_MONTH} h; estimate): runtime "
-          f"${usd:,.0f} (${usd_del:,.0f} if DeleteObjects were billed as a POST), health sensors ${s_usd:,.0f}. "
+          f"${usd:,.0f} (${usd_del:,.0f} if DeleteObjects were billed as a POST), health watches ${s_usd:,.0f}. "
           f"Per job: ${usd / JOBS:,.2f} + ${s_usd / JOBS:,.2f}.")
 
     print("\n## One poll of each watch (what a trigger or sensor costs per poke)\n")
@@ -475,6 +496,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="stop producing after the first batch with rows and measure the idle job")
     parser.add_argument("--checkpoint-interval", help="pass --checkpoint-interval to ckpt run (default: the "
                         "product's default, 60 s)")
+    parser.add_argument("--run-args", default="", help="more settings for ckpt run, e.g. '--lease-interval 8 "
+                        "--fence-grace 19' (docs/scale.md: busy jobs at 1,000)")
+    parser.add_argument("--health-poke", type=float, default=SENSOR_POKE_S,
+                        help=f"the health watches' poke in the 1,000-job model ({SENSOR_POKE_S:g} s)")
     parser.add_argument("--sizes", default="10,100,1000,2500",
                         help="snapshot history sizes for the listing measurement ('' skips it)")
     parser.add_argument("--skip-job", action="store_true", help="only the listing measurement")

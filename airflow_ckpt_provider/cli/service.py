@@ -20,7 +20,7 @@ from airflow_ckpt_provider.core.records.ownership import INSTANCES, InstanceReco
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.store.storage import Storage, open_storage
 from airflow_ckpt_provider.launcher.handover import handed_jobs
-from airflow_ckpt_provider.launcher.service import LOOK_EVERY, SupervisionService
+from airflow_ckpt_provider.launcher.service import FULL_LOOK_EVERY, LOOK_EVERY, SupervisionService
 
 
 def _root(args: argparse.Namespace) -> Storage:
@@ -103,7 +103,8 @@ def add_service_commands(groups: argparse._SubParsersAction[argparse.ArgumentPar
             p.add_argument("--start-timeout", type=float, default=60.0, metavar="S",
                            help="seconds a launch started by another instance gets to report (default 60)")
             p.add_argument("--look-every", type=float, default=LOOK_EVERY, metavar="S",
-                           help=f"seconds between looks at a job with nothing in progress (default {LOOK_EVERY:g}); "
-                           "a hand-over or an operation asked for rings the service's bell, a silent owner is "
-                           "noticed at each renewal: both bring a look at once")
+                           help=f"seconds between looks at a job with nothing in progress (default {LOOK_EVERY:g}; "
+                           f"a GET of its supervisor's record, all of it every {FULL_LOOK_EVERY:g} s); a hand-over "
+                           "or an operation asked for rings the service's bell, a silent owner is noticed at each "
+                           "renewal: both bring a full look at once")
 

@@ -51,9 +51,12 @@ log = logging.getLogger(__name__)
 
 #: Seconds a launch started by another instance gets to write its supervisor's first heartbeat (on this clock).
 START_TIMEOUT = 60.0
-#: Seconds between an instance's looks at a settled job (4 GETs): the bell, a silent owner or a step in progress
-#: bring a look at the next renewal instead (docs/scale.md: 1,000 jobs at every 2 s renewal were 2,000 GETs a second).
+#: Seconds between an instance's looks at a settled job: the bell, a silent owner or a step in progress bring a look
+#: at the next renewal instead (docs/scale.md: 1,000 jobs at every 2 s renewal were 2,000 GETs a second).
 LOOK_EVERY = 30.0
+#: Seconds between full looks at a settled job (its owner record, operation, launch and supervisor: 4 GETs); the
+#: paced looks between are glances (``Glance``: its supervisor's record alone, or nothing).
+FULL_LOOK_EVERY = 300.0
 #: The operation record's actor name of an instance (``ACTOR_PREFIX`` + its id).
 ACTOR_PREFIX = "supervision service instance "
 #: At most this many relaunches of one job by one instance within RELAUNCH_WINDOW seconds; then it gives up.
@@ -96,6 +99,19 @@ class Adopt:
 
 
 Action = Keep | Start | Relaunch | Adopt
+
+
+@dataclass(frozen=True)
+class Glance:
+    """What a paced look between full looks reads of a settled job: the record of the supervisor of ``launch_id``,
+    which the last full look (at ``at``) found live in ``state``; nothing for ``launch_id`` None (another instance's
+    job, whose owner's silence the instance records show; a launch that ended or was never recorded, which only an
+    operation or a hand-over changes, and both ring the bell). A glance never acts: whatever it finds changed brings a
+    full look at once."""
+
+    at: float
+    launch_id: str | None = None
+    state: SupervisorState | None = None
 
 
 @dataclass(frozen=True)
@@ -180,6 +196,7 @@ class SupervisionService:
         self._owner_of: dict[str, str] = {}  # job -> the instance that owned it at the last look
         self._rings: set[tuple[str, float]] | None = None  # the bell's rings at the last renewal
         self._settled: set[str] = set()  # jobs whose last look found nothing to wait for: paced looks
+        self._glances: dict[str, Glance] = {}  # settled job -> what its glances read, until its next full look
         self.me = Membership(root, timings, instance=instance, monotonic=monotonic)
         self.observer = Observer(root, monotonic=monotonic, per_look=True)
         self.owned: dict[str, OwnerRecord] = {}  # job -> its owner record
@@ -230,7 +247,8 @@ class SupervisionService:
                 log.warning("supervision service instance %s: cannot list the handed jobs: %s", self.instance, err)
                 return
         for job in self._jobs:
-            if not self._due(job, now, rung):
+            full = self._due(job, now, rung)
+            if full is None:
                 continue
             self._next_look[job] = now + self.look_every
             if self.monotonic() - self._renewed >= self.timings.renew_every:
@@ -238,7 +256,8 @@ class SupervisionService:
             if not self.me.may_act():
                 return
             try:
-                self.reconcile(job)
+                if full or not self._glance(job, now):
+                    self.reconcile(job)
             except NotOwner as err:
                 log.info("%s", err)
                 self.owned.pop(job, None)
@@ -256,11 +275,12 @@ class SupervisionService:
         before, self._rings = self._rings, rings
         return set() if before is None else {job for job, _at in rings - before}
 
-    def _due(self, job: str, now: float, rung: set[str]) -> bool:
-        """Whether to look at ``job`` now: its paced look is due, the bell rang for it, its last look was not settled
-        (a start, a lost supervisor: each renewal, as before), an operation acts on it or just ended, or another
-        instance owned it and is silent (a takeover)."""
-        if job in rung or job not in self._settled or now >= self._next_look.get(job, now):
+    def _due(self, job: str, now: float, rung: set[str]) -> bool | None:
+        """Whether to look at ``job`` now, and how: a full look (True) when the bell rang for it, its last look was not
+        settled (a start, a lost supervisor: each renewal, as before), an operation acts on it or just ended, or another
+        instance owned it and is silent (a takeover); its paced look (False: a glance, ``Glance``) when ``look_every``
+        has passed; None: not now."""
+        if job in rung or job not in self._settled:
             return True
         thread = self._operating.get(job)
         if thread is not None:
@@ -268,7 +288,19 @@ class SupervisionService:
                 del self._operating[job]  # its end looked at once, then paced
             return True
         owner = self._owner_of.get(job)
-        return owner is not None and owner != self.instance and self.observer.silent(owner)
+        if owner is not None and owner != self.instance and self.observer.silent(owner):
+            return True
+        return False if now >= self._next_look.get(job, now) else None
+
+    def _glance(self, job: str, now: float) -> bool:
+        """A paced look between full looks (``Glance``): True if it found what the last full look did."""
+        glance = self._glances.get(job)
+        if glance is None or now - glance.at >= FULL_LOOK_EVERY:
+            return False
+        if glance.launch_id is None:
+            return True
+        seen = _supervision_of(JobStore(self.root, job), glance.launch_id)
+        return seen.live and seen.record is not None and seen.record.state is glance.state
 
     def _renew(self) -> None:
         self._renewed = self.monotonic()
@@ -287,11 +319,14 @@ class SupervisionService:
         """Observe, decide, act for one handed job; None when another instance owns it."""
         store = JobStore(self.root, job)
         self._settled.discard(job)
+        self._glances.pop(job, None)
         got = claim(store, self.me, self.observer)
         if got.owner is not None:
             self._owner_of[job] = got.owner.instance
         if not got.mine or got.owner is None:
             self._settled.add(job)  # its owner's: looked at again when that owner goes silent
+            if got.owner is not None:  # a live owner's: its glances read nothing (its silence brings a full look)
+                self._glances[job] = Glance(self.monotonic())
             if self.owned.pop(job, None) is not None:
                 log.warning("job %s: supervision service instance %s no longer owns it (%s at epoch %s does): what "
                             "it started keeps running", job, self.instance, got.owner.instance if got.owner else "-",
@@ -313,9 +348,17 @@ class SupervisionService:
             waiting = gone or (last is not None and last.ending is None and seen.record is None)
             if not waiting:  # its supervisor runs, or the launch ended: nothing changes until the bell or a pace
                 self._settled.add(job)
+                glance = _glance_of(self.monotonic(), last, seen)
+                if glance is not None:
+                    self._glances[job] = glance
             return action
         confirm(store, self.me, got.owner)  # the last look before acting: still ours, and our lease renewed
         assert last is not None
+        return self._act(store, last, action)
+
+    def _act(self, store: JobStore, last: Launch, action: Start | Adopt | Relaunch) -> Action:
+        """Start, adopt or relaunch ``last`` as ``decide`` said, once the job's ownership was confirmed."""
+        job = store.job
         try:
             if isinstance(action, Start):  # checked here too: a supervisor refused at its start writes no record
                 check_deployment(action.launch.deployment, job, self.store_url, action.launch.restore, self.s3)
@@ -452,7 +495,21 @@ def _driver(store: JobStore, lost: SupervisorRecord) -> DriverSeen | None:
 
 def _supervision(store: JobStore, last: Launch | None) -> Supervision:
     """The supervisor of launch ``last`` and whether it is live: one GET of its record (no listing)."""
-    record = read_supervisor(store, last.launch_id) if last is not None else None
+    return _supervision_of(store, last.launch_id) if last is not None else Supervision(None, False)
+
+
+def _glance_of(at: float, last: Launch | None, seen: Supervision) -> Glance | None:
+    """What the glances at a settled job read until its next full look; None: no glance (full looks at each pace)."""
+    if last is None or last.ending:
+        return Glance(at)
+    record = seen.record
+    if seen.live and record is not None and record.launch_id == last.launch_id:
+        return Glance(at, last.launch_id, record.state)
+    return None
+
+
+def _supervision_of(store: JobStore, launch_id: str) -> Supervision:
+    record = read_supervisor(store, launch_id)
     if record is None:
         return Supervision(None, False)
     live, why_not = record.liveness(time.time(), host=socket.gethostname(), pid_alive=pid_alive)

@@ -200,10 +200,73 @@ def test_a_settled_job_is_looked_at_every_look_every_and_at_the_next_renewal_onc
     assert looked == ["clicks", "orders", "orders"]
     now[0] = 30.0
     service.tick()
-    assert looked == ["clicks", "orders", "orders", "clicks"]  # paced: clicks' look was due at 30, orders' at 34
-    now[0] = 34.0
+    assert looked == ["clicks", "orders", "orders"]  # paced, a glance: no launch recorded, so nothing to read
+    now[0] = 300.0
+    service.tick()
+    assert looked == ["clicks", "orders", "orders", "clicks"]  # clicks' full look (at 0 + 300); orders' a glance (4)
+    now[0] = 330.0
     service.tick()
     assert looked == ["clicks", "orders", "orders", "clicks", "orders"]
+
+
+def test_between_full_looks_a_paced_look_reads_the_supervisor_s_record_alone_and_a_change_brings_a_full_look(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/scale.md: a full look is 4 GETs (owner, operation, launch, supervisor) every 30 s, 480 an hour a job. The
+    paced looks between full looks (every 300 s) read the supervisor's record; an ended one is looked at fully."""
+    import time
+    from collections import Counter
+
+    from airflow_ckpt_provider.core.records.ownership import ServiceJob, handed_key
+    from airflow_ckpt_provider.core.store.jobstore import SPEC_LAST, JobStore
+    from airflow_ckpt_provider.core.store.storage import LocalStorage, Versioned
+    from airflow_ckpt_provider.launcher.service import FULL_LOOK_EVERY, SupervisionService
+    from tests.support.watchrecords import supervised
+
+    root = LocalStorage(tmp_path)
+    root.write(handed_key("orders"), ServiceJob(job="orders", handed_at=1.0, handed_by="test").to_bytes())
+    store = JobStore(root, "orders")
+    store.storage.write(SPEC_LAST, replace(LAUNCH, launch_id="L2", pid=41, host="host-b").to_bytes())
+    supervised(store, time.time(), launch_id="L2")
+    reads: Counter[str] = Counter()
+    real_read, real_versioned = LocalStorage.read, LocalStorage.read_versioned
+
+    def read(self: LocalStorage, key: str) -> bytes:
+        reads[self.uri(key)] += 1
+        return real_read(self, key)
+
+    def read_versioned(self: LocalStorage, key: str) -> Versioned | None:
+        reads[self.uri(key)] += 1
+        return real_versioned(self, key)
+
+    monkeypatch.setattr(LocalStorage, "read", read)  # counted, in a unit test
+    monkeypatch.setattr(LocalStorage, "read_versioned", read_versioned)
+    now = [0.0]
+    service = SupervisionService(root, store_url=str(tmp_path), instance="svc-a", monotonic=lambda: now[0])
+
+    def looked_at_orders() -> set[str]:
+        prefix = store.storage.uri("")
+        seen = {key.removeprefix(prefix).lstrip("/") for key in reads if key.startswith(prefix)}
+        reads.clear()
+        return seen
+
+    service.tick()
+    assert "orders" in service.owned
+    full = looked_at_orders()
+    assert full == {"service/owner.json", "operation.json", "spec/last.json", "supervisors/L2.json"}
+    for at in range(30, int(FULL_LOOK_EVERY), 30):
+        now[0] = float(at)
+        supervised(store, time.time(), launch_id="L2")  # its heartbeat
+        reads.clear()
+        service.tick()
+        assert looked_at_orders() == {"supervisors/L2.json"}, at
+    now[0] = FULL_LOOK_EVERY
+    service.tick()
+    assert looked_at_orders() == full
+    now[0] += 30.0
+    supervised(store, time.time(), launch_id="L2", state=SupervisorState.ENDED, ending="gave-up")
+    reads.clear()
+    service.tick()
+    assert looked_at_orders() == full  # the glance found it ended: the full look at once
 
 
 def test_asking_for_an_operation_rings_the_service_bell_only_for_a_handed_job(tmp_path: Path) -> None:
