@@ -198,6 +198,7 @@ class JobDriver:
         except ConfigError as err:
             return str(err)
         self.lease.door = self.door.url if self.door is not None else None
+        self.reporter.answered = self.door.answered if self.door is not None else None
         return ""
 
     def _close(self) -> None:
@@ -365,6 +366,13 @@ class JobDriver:
                 self.reporter.report(JobState.RUNNING, "running")
             if self.lineage is not None and self.reporter.status is not None and self.lineage.due():
                 self.lineage.offer(self.reporter.status, time.time())
+            self._pause()
+
+    def _pause(self) -> None:
+        """The loop's wait between looks (TICK); a knock at the door ends it, so a request is looked at at once."""
+        if self.door is not None:
+            self.door.knocked.wait(TICK)
+        else:
             time.sleep(TICK)
 
     # -- in-driver restarts -----------------------------------------------------------------------

@@ -49,6 +49,7 @@ class DriverReporter:
         self.clock: Callable[[], float] = time.monotonic
         self.reported_at = self.clock()  # the last report's time (written or not: a failed write retries at the pace)
         self.noted = False  # changes kept by note() and not written yet
+        self.answered: Callable[[str], None] | None = None  # told each request id once its ack is written (the door)
 
     def state(self) -> JobState:
         """The state last reported (RUNNING before the first report)."""
@@ -77,6 +78,9 @@ class DriverReporter:
             write_ack(self.store, ack)
         except StorageError as err:
             log.error("job %s: cannot write the ack of request %s: %s", self.config.job, ack.id, err)
+            return
+        if self.answered is not None:
+            self.answered(ack.id)
 
     def report(self, state: JobState, reason: str, **changes: Any) -> None:
         """Write status.json; a failed write is logged, never fatal (the next heartbeat retries)."""

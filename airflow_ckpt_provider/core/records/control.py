@@ -14,6 +14,7 @@ import os
 import secrets
 import socket
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -254,10 +255,42 @@ def wait_ack(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> Ack | None:
-    """The ack of a request, waiting up to ``timeout`` seconds; None if none came in time."""
+    """The ack of a request, waiting up to ``timeout`` seconds; None if none came in time. The wait is at the door of
+    the driver holding the lease (one GET of lease.json; runtime/controldoor.py), which answers as soon as the driver
+    wrote the ack, read then from the store; where there is no door or it does not answer, the store is read every
+    ``poll`` s."""
     deadline = clock() + timeout
+    door = _door(store)
     while True:
         ack = read_ack(store, request_id)
         if ack is not None or clock() >= deadline:
             return ack
+        if door is not None:
+            asked = clock()
+            waited = wait_at_door(door, request_id, deadline - asked)
+            if waited is None or (not waited and clock() - asked < min(1.0, deadline - asked) / 2):
+                door = None  # unreachable, or closed (an answer at once that is no ack): the store, every poll
+            continue
         sleep(poll)
+
+
+def _door(store: JobStore) -> str | None:
+    """The door named in lease.json (None: none, released, or unreadable)."""
+    try:
+        lease = read_lease(store)
+    except StorageError:
+        return None
+    return lease.door if lease is not None and not lease.released else None
+
+
+def wait_at_door(door: str, request_id: str, wait: float) -> bool | None:
+    """Wait at ``door`` (a driver's knock URL) up to ``wait`` s for the ack of ``request_id``: True once the driver
+    wrote it, False if it did not within the wait, None if the door does not answer (or is an older driver's, which
+    only takes knocks)."""
+    url = door.replace("/knock/", "/ack/", 1) + f"/{urllib.parse.quote(request_id)}?wait={max(wait, 0.0):.2f}"
+    try:
+        with urllib.request.urlopen(url, timeout=wait + KNOCK_TIMEOUT) as answer:  # noqa: S310  # http only, the lease's own door
+            return bool(answer.status == HTTPStatus.OK)
+    except (OSError, ValueError) as err:  # unreachable, refused, timed out, not a URL, or an HTTP error
+        log.debug("the driver's door %s did not answer for request %s: %s", door, request_id, err)
+        return None
