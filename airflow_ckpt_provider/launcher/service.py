@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 
 from airflow_ckpt_provider.core.errors import ConfigError, StorageError
 from airflow_ckpt_provider.core.policy.modes import LATEST_STATE
@@ -99,6 +100,13 @@ class Adopt:
 
 
 Action = Keep | Start | Relaunch | Adopt
+
+
+class Look(Enum):
+    """How a job is looked at: fully (observe, decide, act), or at its pace (a glance between full looks)."""
+
+    FULL = "full"
+    PACED = "paced"
 
 
 @dataclass(frozen=True)
@@ -247,8 +255,8 @@ class SupervisionService:
                 log.warning("supervision service instance %s: cannot list the handed jobs: %s", self.instance, err)
                 return
         for job in self._jobs:
-            full = self._due(job, now, rung)
-            if full is None:
+            look = self._due(job, now, rung)
+            if look is None:
                 continue
             self._next_look[job] = now + self.look_every
             if self.monotonic() - self._renewed >= self.timings.renew_every:
@@ -256,7 +264,7 @@ class SupervisionService:
             if not self.me.may_act():
                 return
             try:
-                if full or not self._glance(job, now):
+                if look is Look.FULL or not self._glance(job, now):
                     self.reconcile(job)
             except NotOwner as err:
                 log.info("%s", err)
@@ -275,22 +283,22 @@ class SupervisionService:
         before, self._rings = self._rings, rings
         return set() if before is None else {job for job, _at in rings - before}
 
-    def _due(self, job: str, now: float, rung: set[str]) -> bool | None:
-        """Whether to look at ``job`` now, and how: a full look (True) when the bell rang for it, its last look was not
+    def _due(self, job: str, now: float, rung: set[str]) -> Look | None:
+        """Whether to look at ``job`` now, and how: a full look when the bell rang for it, its last look was not
         settled (a start, a lost supervisor: each renewal, as before), an operation acts on it or just ended, or another
-        instance owned it and is silent (a takeover); its paced look (False: a glance, ``Glance``) when ``look_every``
-        has passed; None: not now."""
+        instance owned it and is silent (a takeover); its paced look (a glance, unless a full one is due) when
+        ``look_every`` has passed; None: not now."""
         if job in rung or job not in self._settled:
-            return True
+            return Look.FULL
         thread = self._operating.get(job)
         if thread is not None:
             if not thread.is_alive():
                 del self._operating[job]  # its end looked at once, then paced
-            return True
+            return Look.FULL
         owner = self._owner_of.get(job)
         if owner is not None and owner != self.instance and self.observer.silent(owner):
-            return True
-        return False if now >= self._next_look.get(job, now) else None
+            return Look.FULL
+        return Look.PACED if now >= self._next_look.get(job, now) else None
 
     def _glance(self, job: str, now: float) -> bool:
         """A paced look between full looks (``Glance``): True if it found what the last full look did."""
