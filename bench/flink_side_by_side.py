@@ -237,6 +237,7 @@ class Figures:
     savepoint_total: int | None = None
     task_failure_s: float | None = None
     kill_s: float | None = None
+    cold_s: float | None = None  # the first driver's start to its first batch (this provider only)
     notes: list[str] = field(default_factory=list)
 
 
@@ -408,7 +409,8 @@ def run_flink(side: FlinkSide, size: int, opts: argparse.Namespace) -> Figures:
 SNAPSHOT = re.compile(r"^job \S+ snapshot \S+ \(batch (\d+)\): completed (checkpoint|savepoint) at \S+: (\d+) files, "
                       r"(\d+) bytes, (\d+) uploaded \((\d+) bytes\), (\d+) reused, ([\d.]+) s$")
 PATTERNS = {
-    "spawn": re.compile(r"^job \S+: driver pid (\d+) started"),
+    "spawn": re.compile(r"^job \S+: driver pid (\d+) (?:started|is the standby, given the go)"),
+    "ready": re.compile(r"^job \S+: standby ready"),
     "batch": re.compile(r"^job \S+ epoch (\d+) batch (\d+): completed, (\d+) rows"),
     "qrestarted": re.compile(r"^job \S+ epoch (\d+): query restarted in this driver"),
     "snapshot": SNAPSHOT,
@@ -451,8 +453,8 @@ class Log:
 
 
 class ProviderSide:
-    def __init__(self, s3: EmbeddedS3, work: Path) -> None:
-        self.s3, self.work = s3, work
+    def __init__(self, s3: EmbeddedS3, work: Path, *, standby: bool = False) -> None:
+        self.s3, self.work, self.standby = s3, work, standby
         bucket = f"bench-{uuid.uuid4().hex[:8]}"
         s3.create_bucket(bucket)
         self.store_url = f"s3://{bucket}/jobs"
@@ -472,7 +474,8 @@ class ProviderSide:
         argv = [sys.executable, "-m", "airflow_ckpt_provider.cli", "run", str(JOB), "--job", self.job, "--store",
                 self.store_url, "--checkpoint", str(self.work / "checkpoint"), "--master", "local[2]", "--supervise",
                 "-v", "--checkpoint-interval", "0", "--savepoint-interval", "none", "--restart-strategy",
-                "fixed-delay", "--restart-attempts", "5", "--restart-delay", "0.5"]
+                "fixed-delay", "--restart-attempts", "5", "--restart-delay", "0.5",
+                *(["--standby"] if self.standby else [])]
         for conf in ("spark.ui.enabled=false", "spark.sql.shuffle.partitions=2", "spark.ui.showConsoleProgress=false",
                      f"spark.sql.streaming.stateStore.providerClass={ROCKSDB}", "spark.driver.memory=2g"):
             argv += ["--conf", conf]
@@ -515,6 +518,8 @@ def run_provider(side: ProviderSide, size: int, opts: argparse.Namespace) -> Fig
     side.start()
     try:
         loaded = side.batch(size + 1, 0.0, f"the batch of {size:,} keys")
+        first = side.wait("the first driver's start", "spawn", 0.0)
+        fig.cold_s = loaded.t - first.t
         snap = side.snapshot_of(loaded)
         fig.load_ckpt_s, fig.load_ckpt_bytes = float(snap.fields[7]), int(snap.fields[5])
         say(f"provider {size:,}: {size:,} keys loaded")
@@ -555,6 +560,8 @@ def run_provider(side: ProviderSide, size: int, opts: argparse.Namespace) -> Fig
         say(f"provider {size:,}: task failure recovered in {fig.task_failure_s:.1f} s")
         side.snapshot_of(replayed)  # its snapshot done, as Flink has a checkpoint after its recovery
         pid = int(spawns[-1].fields[0])
+        if side.standby:
+            side.wait("its standby ready", "ready", 0.0)
         killed = time.time()
         os.killpg(pid, signal.SIGKILL)  # spark-submit leads the driver's process group
         feed.write(["probe-kill"])
@@ -581,6 +588,7 @@ ROWS: list[tuple[str, str]] = [  # attribute, label
     ("savepoint_total", "  its size (the whole state), bytes"),
     ("task_failure_s", "recovery after a task failure, s"),
     ("kill_s", "recovery after kill -9 of the process, s"),
+    ("cold_s", "cold start: the driver's start to its first batch, s"),
 ]
 
 
@@ -655,6 +663,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1, help="runs of each side per size, who goes first "
                         "alternating; the table shows medians and, with more than one, the range (default 1)")
     parser.add_argument("--workdir", type=Path, help="keep logs, inputs and checkpoints here (default: a temp dir)")
+    parser.add_argument("--standby", action="store_true",
+                        help="this provider's job keeps a warm standby driver (--standby): the kill -9 is taken over "
+                        "by it once it is ready")
     opts = parser.parse_args(argv)
     sizes = [int(x) for x in opts.sizes.split(",")]
     if opts.rounds < 1:
@@ -686,8 +697,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                   opts.flink_interval, opts.flink_mini_batch),
                                                         size, opts))
                         elif side == "provider":
-                            provider_runs.append(run_provider(ProviderSide(s3, work / f"provider-{size}-{r}"), size,
-                                                              opts))
+                            provider_runs.append(run_provider(ProviderSide(s3, work / f"provider-{size}-{r}",
+                                                                           standby=opts.standby), size, opts))
                 results.append((size, provider_runs, flink_runs))
     except BenchError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -707,7 +718,8 @@ def main(argv: list[str] | None = None) -> int:
         "savepoints: this provider's is content-addressed and reuses the objects its checkpoint snapshots already "
         "stored (it uploads only what is new); Flink's (canonical format) is self-contained and writes the whole state",
         "kill -9: Flink has no supervisor in local mode, the bench restarts it at once (no detection time); this "
-        "provider's supervisor detects the exit and restarts the driver",
+        "provider's supervisor detects the exit and restarts the driver"
+        + (", here by giving the go to its warm standby (--standby: ready before the kill)" if opts.standby else ""),
         f"input: per size one load file of N keys, {opts.files} files of {opts.batch:,} records, a 1% change; "
         f"{opts.rounds} run(s) of each side per size (sides in turn, never at once; cells: median (min-max)), "
         "nothing asserted; ours/Flink (of the medians) > 1 is slower or more bytes, except records/s",

@@ -90,16 +90,7 @@ def _split(values: list[str]) -> list[str]:
 def cmd_run(args: argparse.Namespace) -> int:
     try:
         spec = spec_from_args(args)
-        if spec.config.check_restore and args.supervise:
-            raise ConfigError("--check-restore runs once and changes nothing: drop --supervise")
-        if args.check_id and not spec.config.check_restore:
-            raise ConfigError("--check-id records a restore check's verdict: expected --check-restore with it")
-        if args.adopt_epoch is not None and not args.supervise:
-            raise ConfigError(f"--adopt-epoch {args.adopt_epoch} watches a running driver as its supervisor: expected "
-                              "it with --supervise")
-        if args.service and (args.supervise or spec.config.check_restore or args.dry_run):
-            raise ConfigError("--service hands the job to the supervision service, which supervises it: expected "
-                              "it without --supervise, --check-restore and --dry-run")
+        _refuse_conflicts(args, spec)
         argv, env = driver_command(spec)  # spark-submit's, or a SparkApplication holder's (launcher/sparkapp.py)
         warning = shared_checkpoint_warning(spec)  # client mode, remote executors, a local checkpoint
         if warning:
@@ -181,6 +172,27 @@ def run_once(
     return code if code >= 0 else 128 - code
 
 
+def _refuse_conflicts(args: argparse.Namespace, spec: SubmitSpec) -> None:
+    """ConfigError for flags that do not go together, before anything is started or written."""
+    if spec.config.check_restore and args.supervise:
+        raise ConfigError("--check-restore runs once and changes nothing: drop --supervise")
+    if args.check_id and not spec.config.check_restore:
+        raise ConfigError("--check-id records a restore check's verdict: expected --check-restore with it")
+    if args.adopt_epoch is not None and not args.supervise:
+        raise ConfigError(f"--adopt-epoch {args.adopt_epoch} watches a running driver as its supervisor: expected "
+                          "it with --supervise")
+    if args.service and (args.supervise or spec.config.check_restore or args.dry_run):
+        raise ConfigError("--service hands the job to the supervision service, which supervises it: expected "
+                          "it without --supervise, --check-restore and --dry-run")
+    if RestartSettings.from_namespace(args).standby and (
+            not (args.supervise or args.service) or spec.deploy_mode == "cluster"):
+        found = "cluster mode (the cluster manager runs the driver)" if args.supervise or args.service else \
+            "no --supervise"
+        raise ConfigError(f"--standby keeps a second driver beside the running one, started and given the go by "
+                          f"the job's supervisor on its host: expected --supervise (or --service) in client mode, "
+                          f"found {found}; drop --standby, or run the job that way")
+
+
 def _wait(proc: ProcessLike, stop_at: list[float], grace: float, clock: Callable[[], float]) -> int:
     """The driver's exit code; once a stop was asked (``stop_at``), wait ``grace`` seconds at most."""
     while True:
@@ -207,7 +219,8 @@ def _run_supervised(args: argparse.Namespace, spec: SubmitSpec, strategy: Restar
 
     store = JobStore.open(spec.config.store, spec.config.job, S3Options.from_env(args.endpoint_url, args.region))
     supervisor = Supervisor(spec, strategy, health=health, store=store, poll=args.poll,
-                            launch_id=os.environ.get(LAUNCH_ENV) or None, adopt_epoch=args.adopt_epoch)
+                            launch_id=os.environ.get(LAUNCH_ENV) or None, adopt_epoch=args.adopt_epoch,
+                            standby=RestartSettings.from_namespace(args).standby)
     with _on_stop_signals(supervisor.request_stop):
         outcome = supervisor.run()
     d = outcome.to_dict()

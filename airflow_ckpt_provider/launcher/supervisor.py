@@ -37,6 +37,7 @@ from airflow_ckpt_provider.core.records.supervision import (
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.launcher.adoption import AdoptedDriver
 from airflow_ckpt_provider.launcher.driverprocess import GroupOf, ProcessLike, Spawn, process_group, spawn_driver
+from airflow_ckpt_provider.launcher.spare import Spare
 from airflow_ckpt_provider.launcher.sparkapp import driver_command, release
 from airflow_ckpt_provider.launcher.submit import SubmitSpec, driver_cwd
 from airflow_ckpt_provider.launcher.supervisorreports import DriverRun, SupervisorReports
@@ -135,8 +136,12 @@ class Supervisor:
         group_of: GroupOf = process_group,
         launch_id: str | None = None,
         adopt_epoch: int | None = None,
+        standby: bool = False,
     ) -> None:
         self.spec = spec
+        self._resume = replace(spec, config=replace(spec.config, restore=LATEST_STATE))  # every start after the first
+        # a warm standby beside the running driver (launcher/spare.py), promoted at a restart: client mode only
+        self.spare = Spare(spec.config.job, spawn) if standby else None
         self.adopt_epoch = adopt_epoch
         self.launch_id = launch_id
         self.strategy = strategy
@@ -184,7 +189,7 @@ class Supervisor:
     def run(self) -> SupervisorOutcome:
         attempts = 0
         restart_times: list[float] = []
-        resume = replace(self.spec, config=replace(self.spec.config, restore=LATEST_STATE))
+        resume = self._resume
         adopt = self.adopt_epoch is not None  # the first driver is the running one, watched
         adopting = self._lost_supervisor() if adopt else None
         if adopting is not None:  # the lost supervisor's attempts go on: its driver runs are not named twice
@@ -323,11 +328,12 @@ class Supervisor:
         argv, env = driver_command(replace(spec, driver_run=run) if run else spec)  # spark-submit or SparkApplication
         baseline = self._lease_epoch() if cluster else None
         started, started_wall = self.clock(), self.wall()
-        proc = self._proc = self.spawn(argv, env, driver_cwd(spec))
+        promoted = self.spare.promote() if self.spare is not None and self._ran else None
+        proc = self._proc = promoted or self.spawn(argv, env, driver_cwd(spec))
         if self._stop_requests:  # a stop that came while it started
             proc.send_signal(signal.SIGTERM)
-        log.info("job %s: driver pid %d started (attempt %d, restore %s)", self.job, proc.pid, attempt,
-                 spec.config.restore)
+        log.info("job %s: driver pid %d %s (attempt %d, restore %s)", self.job, proc.pid,
+                 "is the standby, given the go" if promoted else "started", attempt, spec.config.restore)
         driver = DriverRun(proc, started, started_wall, baseline)
         try:
             driver.code, driver.stuck = self._watch(driver)
@@ -434,6 +440,8 @@ class Supervisor:
                 return proc.wait(timeout=timeout), ""
             except subprocess.TimeoutExpired:
                 pass
+            if driver.running and self.spare is not None and self._stop_at is None:
+                self._keep_spare()  # a spare that died is replaced within a poll
             if self._stop_at is None and self.clock() < look_at:
                 continue
             self.reports.beat(SupervisorState.WATCHING, proc=proc)
@@ -476,6 +484,8 @@ class Supervisor:
                 self.reports.interval = max(self.poll, RUNNING_PACE * status.heartbeat_interval)
                 log.info("job %s: driver pid %d runs the job at epoch %d: restarts resume from latest-state",
                          self.job, driver.proc.pid, status.epoch)
+                if self.spare is not None:
+                    self._keep_spare()  # started once the running driver runs: the two JVMs never start at once
                 # its record names the running driver's epoch at once: an owner that loses this supervisor adopts it
                 self.reports.beat(SupervisorState.WATCHING, proc=driver.proc)
         return status
@@ -533,7 +543,15 @@ class Supervisor:
                 return proc.wait()
             self.reports.beat(SupervisorState.WATCHING, proc=proc)
 
+    def _keep_spare(self) -> None:
+        """Start a standby beside the running driver unless one runs (launcher/spare.py)."""
+        assert self.spare is not None
+        argv, env = driver_command(self._resume)
+        self.spare.start(argv, env, driver_cwd(self._resume))
+
     def _give_up(self, attempts: int, code: int, reason: str) -> SupervisorOutcome:
+        if self.spare is not None:
+            self.spare.stop()
         log.error("job %s: giving up: %s", self.job, reason)
         self.reports.failed(reason)
         self.reports.ended(Ending.GAVE_UP.value, code, reason)
@@ -541,6 +559,8 @@ class Supervisor:
 
     def _end(self, final: Ending, attempts: int, code: int | None, reason: str) -> SupervisorOutcome:
         """``code``: the last driver's exit code, None when no driver was started."""
+        if self.spare is not None:
+            self.spare.stop()
         (log.error if final is Ending.DENIED else log.info)("job %s: %s: %s", self.job, final.value, reason)
         self.reports.ended(final.value, code, reason)
         return SupervisorOutcome(final, attempts, max(0, attempts - 1), code, reason)

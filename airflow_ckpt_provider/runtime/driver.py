@@ -43,7 +43,13 @@ from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.controldoor import ControlDoor, open_door
 from airflow_ckpt_provider.runtime.controlhandler import ControlHandler, fenced_exit
 from airflow_ckpt_provider.runtime.datasources import check_output_mode, register_data_sources
-from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_DENIED, EXIT_FAILED, EXIT_FENCED
+from airflow_ckpt_provider.runtime.exitcodes import (
+    EXIT_CONFIG,
+    EXIT_DENIED,
+    EXIT_FAILED,
+    EXIT_FENCED,
+    EXIT_STOPPED,
+)
 from airflow_ckpt_provider.runtime.failures import Recovery, classify
 from airflow_ckpt_provider.runtime.leasewatch import LeaseWatch
 from airflow_ckpt_provider.runtime.lineage import LineageEmitter, start_emitter
@@ -53,6 +59,7 @@ from airflow_ckpt_provider.runtime.queryrestart import QueryRestarter
 from airflow_ckpt_provider.runtime.reporting import DriverReporter, snapshot_info
 from airflow_ckpt_provider.runtime.snapshotter import SnapshotOutcome, Snapshotter
 from airflow_ckpt_provider.runtime.sparkchecks import IDLE_POLL, check_executors, check_spark_python, job_session
+from airflow_ckpt_provider.runtime.standby import StandbySlot, await_go, warm_up
 from airflow_ckpt_provider.runtime.startup import plan_start, prepare_checkpoint
 
 if TYPE_CHECKING:
@@ -139,6 +146,8 @@ class JobDriver:
         self.bell = BellWatch(self.store, clock=clock)  # when to list control/ (core/records/control.py)
         self._batch_reported = False  # this driver's first batch is reported at once, the others with a heartbeat
         self._query_started = clock()
+        self._started = time.monotonic()
+        self.standby = StandbySlot.from_env()  # started as a warm standby (runtime/standby.py): waits for the go
         self._idle_poll = "?"  # spark.sql.streaming.pollingDelay of the session, once it exists
         self.restarter = QueryRestarter(
             config, store=self.store, live=self.live, lease=self.lease, reporter=self.reporter,
@@ -167,7 +176,8 @@ class JobDriver:
             log.error("job %s: cannot start: %s", job, err)
             return EXIT_CONFIG
         spark = spark_factory() if spark_factory else job_session(self.config)
-        release_lost_application(spark, self.store)  # a dead predecessor's application holding the cluster's cores
+        if self.standby is None:  # a standby does it at its go: the running driver's application is no lost one
+            release_lost_application(spark, self.store)  # a dead predecessor's application holding the cluster's cores
         lacking = (check_spark_python(spark) or check_executors(spark, self.config.executor_timeout)
                    or self._open_door())
         if lacking:  # a restart would not fix either: refused before the lease, nothing written
@@ -182,6 +192,15 @@ class JobDriver:
             check_output_mode(writer)
         except Exception as err:
             return self._build_failed(err)
+        return self._run_built(spark, writer, spec)
+
+    def _run_built(self, spark: SparkSession, writer: DataStreamWriter, spec: RestoreSpec) -> int:
+        """The job built: a standby warms up and waits for its go (before the listener, which counts the job's own
+        batches), then the start (``_start``)."""
+        waited = self._await_go(spark) if self.standby is not None else None
+        if waited is not None:
+            self._close()  # the door
+            return waited
         listener = BatchListener(self.events).as_spark_listener()
         spark.streams.addListener(listener)
         try:
@@ -189,6 +208,21 @@ class JobDriver:
         finally:
             self._close()
             spark.streams.removeListener(listener)
+
+    def _await_go(self, spark: SparkSession) -> int | None:
+        """A standby's wait (runtime/standby.py), its session and job built: None at the go, EXIT_STOPPED if its
+        supervisor is gone meanwhile."""
+        assert self.standby is not None
+        warmed = warm_up(spark)
+        log.info("job %s: standby ready %.1f s after its start (%s): waiting for its supervisor's go",
+                 self.config.job, time.monotonic() - self._started, warmed)
+        why_not = await_go(self.standby)
+        if why_not:
+            log.info("job %s: standby ends without taking over: %s", self.config.job, why_not)
+            return EXIT_STOPPED
+        log.info("job %s: standby taking over (go from its supervisor)", self.config.job)
+        release_lost_application(spark, self.store)
+        return None
 
     def _open_door(self) -> str:
         """Open the control door and name it in the lease to be taken; why not if this host cannot bind its address

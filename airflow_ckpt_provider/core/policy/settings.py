@@ -348,6 +348,10 @@ class RestartSettings(Settings):
     progress_timeout: float | None = setting(
         None, kind=SECONDS, none="the rule's default", metavar="S",
         help="health rule: restart a driver with no batch for S seconds while data waits (default 600)")
+    standby: bool = setting(
+        False, kind=SWITCH,
+        help="keep a warm standby driver beside the running one (client mode): its SparkSession and job built, "
+        "waiting; a restart starts it instead of a new process (docs/runtime.md#warm-standby---standby)")
 
     def check(self) -> None:
         super().check()

@@ -455,7 +455,7 @@ def test_other_errors_of_a_poll_still_end_in_the_error_event() -> None:
 
 def test_a_job_health_trigger_keeps_polling_through_storage_errors(store: JobStore,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow_ckpt_provider.core.watches import base as watch_module
+    from airflow_ckpt_provider.core.watches import health_observe as watch_module  # the health watch's status read
 
     running(store, batch_id=4)
     real, calls = watch_module.read_status, []
