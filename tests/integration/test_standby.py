@@ -1,7 +1,8 @@
-"""A warm standby (issue 44; docs/runtime.md#warm-standby---standby): the supervisor keeps a second driver built and waiting
-beside the running one. A kill -9 of the running driver is taken over by the standby (no new process is started for
-it) and a new standby follows; a killed standby is replaced and the running driver is untouched; ``--standby`` where
-it cannot work is refused before anything starts. Real Spark (local), tansu, SeaweedFS; exact counts."""
+"""A warm standby (issue 44; docs/runtime.md#warm-standby---standby): the supervisor keeps a second driver built and
+waiting beside the running one. A kill -9 of the running driver is taken over by the standby (no new process is
+started for it) and a new standby follows; a killed standby is replaced and the running driver is untouched;
+``--standby`` where it cannot work is refused before anything starts. Real Spark (local), tansu, SeaweedFS; exact
+counts."""
 
 from __future__ import annotations
 
