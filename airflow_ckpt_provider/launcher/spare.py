@@ -41,10 +41,14 @@ class Spare:
         self.failed_starts = 0  # spares in a row that died before they were ready
         self._promoted: StandbySlot | None = None  # the last promoted spare's files, removed at the next start
 
+    def needed(self) -> bool:
+        """Whether ``start`` would start one: none runs, and fewer than FAILED_STARTS in a row died unready."""
+        self.check()
+        return self.proc is None and self.failed_starts < FAILED_STARTS
+
     def start(self, argv: list[str], env: dict[str, str], cwd: str | None) -> None:
         """Start a spare unless one runs, or too many died before they were ready."""
-        self.check()
-        if self.proc is not None or self.failed_starts >= FAILED_STARTS:
+        if not self.needed():
             return
         self._clear_promoted()
         self.slot = StandbySlot(self.slots / f"ckpt-standby-{self.job}-{uuid.uuid4().hex[:8]}.go", os.getpid())

@@ -546,8 +546,9 @@ class Supervisor:
     def _keep_spare(self) -> None:
         """Start a standby beside the running driver unless one runs (launcher/spare.py)."""
         assert self.spare is not None
-        argv, env = driver_command(self._resume)
-        self.spare.start(argv, env, driver_cwd(self._resume))
+        if self.spare.needed():  # its command is built only then: _watch asks every poll
+            argv, env = driver_command(self._resume)
+            self.spare.start(argv, env, driver_cwd(self._resume))
 
     def _give_up(self, attempts: int, code: int, reason: str) -> SupervisorOutcome:
         if self.spare is not None:
