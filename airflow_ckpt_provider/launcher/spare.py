@@ -57,9 +57,6 @@ class Spare:
         log.info("job %s: standby driver pid %d started: it builds its session and the job, then waits",
                  self.job, self.proc.pid)
 
-    def ready(self) -> bool:
-        return self.proc is not None and self.slot is not None and self.proc.poll() is None and self.slot.ready.exists()
-
     def check(self) -> None:
         """Forget a spare that exited (counted when it was not ready yet); ``start`` replaces it."""
         if self.proc is None or self.proc.poll() is None:

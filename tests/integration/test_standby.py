@@ -14,6 +14,7 @@ import time
 import pytest
 
 from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
+from airflow_ckpt_provider.core.records.lease import pid_alive
 from airflow_ckpt_provider.core.records.status import JobState
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_STOPPED
 from tests.support.runtimejob import JobEnv, Run, expected_counts, kill_driver, produce, wait_logged
@@ -79,6 +80,31 @@ def test_each_kill_of_the_running_driver_is_taken_over_by_its_standby_and_a_kill
     assert _lines(run, "standby driver pid") and f"standby driver pid {_standbys(run)[-1]} stopped" in "\n".join(
         run.ckpt_lines())  # the supervisor's end stopped its standby
     assert env.final_counts() == expected_counts(produced)
+    committed = sorted(b for entries in env.commits().values() for b, _t in entries)
+    assert committed == list(range(len(committed))), "every batch committed exactly once"
+
+
+def test_a_paused_driver_is_killed_by_its_supervisor_and_its_standby_takes_over_exact(
+        env: JobEnv, runs: list[Run]) -> None:
+    """SIGSTOP of the running driver's process group: its heartbeat stops, the supervisor terminates it (SIGTERM
+    cannot reach a stopped process: SIGKILL after its grace) and only then gives the standby the go, so the paused
+    driver never runs again beside the standby."""
+    produce(env.kafka.bootstrap_servers, env.topic, 0, 300)
+    runs.append(run := env.run("job", env.work / "checkpoint", "--supervise", "--standby", "--heartbeat-interval", "2",
+                               *FAST))
+    status = env.wait_status("300 records counted", lambda s: env.consumed(s) == 300, TIMEOUT, run)
+    _ready(run, 1)
+    assert status.pid is not None
+    group = os.getpgid(status.pid)
+    os.killpg(group, signal.SIGSTOP)
+    produce(env.kafka.bootstrap_servers, env.topic, 300, 200)
+    after = env.wait_status("the standby counting 500",
+                            lambda s: s.epoch == status.epoch + 1 and env.consumed(s) == 500, TIMEOUT, run)
+    assert _lines(run, "no heartbeat in status.json") and len(_lines(run, "is the standby, given the go")) == 1
+    assert not pid_alive(status.pid), "the paused driver was killed before the standby took over"
+    assert env.request(RequestAction.STOP, after.epoch).outcome is Outcome.COMPLETED
+    assert run.wait(TIMEOUT) == EXIT_STOPPED
+    assert env.final_counts() == expected_counts(500)
     committed = sorted(b for entries in env.commits().values() for b, _t in entries)
     assert committed == list(range(len(committed))), "every batch committed exactly once"
 
