@@ -57,6 +57,12 @@ class Spare:
         log.info("job %s: standby driver pid %d started: it builds its session and the job, then waits",
                  self.job, self.proc.pid)
 
+    def seen(self) -> tuple[int, bool] | None:
+        """(pid, ready) of the spare that runs, or None: what the supervisor's record says of it."""
+        if self.proc is None or self.slot is None or self.proc.poll() is not None:
+            return None
+        return self.proc.pid, self.slot.ready.exists()
+
     def check(self) -> None:
         """Forget a spare that exited (counted when it was not ready yet); ``start`` replaces it."""
         if self.proc is None or self.proc.poll() is None:

@@ -329,6 +329,7 @@ class Supervisor:
         baseline = self._lease_epoch() if cluster else None
         started, started_wall = self.clock(), self.wall()
         promoted = self.spare.promote() if self.spare is not None and self._ran else None
+        self.reports.standby = None  # promoted, or stopped for not being ready: the next is started once it runs
         proc = self._proc = promoted or self.spawn(argv, env, driver_cwd(spec))
         if self._stop_requests:  # a stop that came while it started
             proc.send_signal(signal.SIGTERM)
@@ -441,7 +442,7 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 pass
             if driver.running and self.spare is not None and self._stop_at is None:
-                self._keep_spare()  # a spare that died is replaced within a poll
+                self._keep_spare(proc)  # a spare that died is replaced within a poll
             if self._stop_at is None and self.clock() < look_at:
                 continue
             self.reports.beat(SupervisorState.WATCHING, proc=proc)
@@ -485,7 +486,7 @@ class Supervisor:
                 log.info("job %s: driver pid %d runs the job at epoch %d: restarts resume from latest-state",
                          self.job, driver.proc.pid, status.epoch)
                 if self.spare is not None:
-                    self._keep_spare()  # started once the running driver runs: the two JVMs never start at once
+                    self._keep_spare(driver.proc)  # once the running driver runs: the two JVMs never start at once
                 # its record names the running driver's epoch at once: an owner that loses this supervisor adopts it
                 self.reports.beat(SupervisorState.WATCHING, proc=driver.proc)
         return status
@@ -543,16 +544,22 @@ class Supervisor:
                 return proc.wait()
             self.reports.beat(SupervisorState.WATCHING, proc=proc)
 
-    def _keep_spare(self) -> None:
-        """Start a standby beside the running driver unless one runs (launcher/spare.py)."""
+    def _keep_spare(self, proc: ProcessLike) -> None:
+        """Start a standby beside the running driver ``proc`` unless one runs (launcher/spare.py); the supervisor's
+        record says at once when the standby starts, is ready or is gone."""
         assert self.spare is not None
         if self.spare.needed():  # its command is built only then: _watch asks every poll
             argv, env = driver_command(self._resume)
             self.spare.start(argv, env, driver_cwd(self._resume))
+        seen = self.spare.seen()
+        if seen != self.reports.standby:
+            self.reports.standby = seen
+            self.reports.beat(SupervisorState.WATCHING, proc=proc)
 
     def _give_up(self, attempts: int, code: int, reason: str) -> SupervisorOutcome:
         if self.spare is not None:
             self.spare.stop()
+            self.reports.standby = None
         log.error("job %s: giving up: %s", self.job, reason)
         self.reports.failed(reason)
         self.reports.ended(Ending.GAVE_UP.value, code, reason)
@@ -562,6 +569,7 @@ class Supervisor:
         """``code``: the last driver's exit code, None when no driver was started."""
         if self.spare is not None:
             self.spare.stop()
+            self.reports.standby = None
         (log.error if final is Ending.DENIED else log.info)("job %s: %s: %s", self.job, final.value, reason)
         self.reports.ended(final.value, code, reason)
         return SupervisorOutcome(final, attempts, max(0, attempts - 1), code, reason)

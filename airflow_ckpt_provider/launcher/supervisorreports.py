@@ -87,6 +87,7 @@ class SupervisorReports:
         self.record_id = launch_id or new_launch_id(self.started_wall)  # names supervisors/<id>.json
         self.attempt = 0
         self.epoch: int | None = None
+        self.standby: tuple[int, bool] | None = None  # its warm standby: (pid, ready), written with each beat
         self.cold_start: float | None = None
         self.outage = Outage(job, "the supervisor's job store")  # the driver logs its own
         #: Why the store refused the supervisor's credentials (its message names no secret), "" if it did not.
@@ -119,7 +120,8 @@ class SupervisorReports:
             job=self.job, launch_id=self.record_id, pid=self.pid, host=self.host, state=state,
             started_at=self.started_wall, updated_at=self.wall(), interval=self.interval, grace=self.grace,
             standalone=self.launch_id is None, attempt=self.attempt, epoch=self.epoch,
-            driver_pid=proc.pid if proc is not None else None, ending=ending, exit_code=code, end_reason=reason)
+            driver_pid=proc.pid if proc is not None else None, ending=ending, exit_code=code, end_reason=reason,
+            standby_pid=self.standby[0] if self.standby else None, standby_ready=bool(self.standby and self.standby[1]))
         try:
             write_supervisor(self.store, record)
         except StorageError as err:

@@ -16,6 +16,7 @@ import pytest
 from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
 from airflow_ckpt_provider.core.records.lease import pid_alive
 from airflow_ckpt_provider.core.records.status import JobState
+from airflow_ckpt_provider.core.records.supervision import latest_supervisor
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_STOPPED
 from tests.support.runtimejob import JobEnv, Run, expected_counts, kill_driver, produce, wait_logged
 
@@ -47,6 +48,10 @@ def test_each_kill_of_the_running_driver_is_taken_over_by_its_standby_and_a_kill
     runs.append(run := env.run("job", env.work / "checkpoint", "--supervise", "--standby", *FAST))
     status = env.wait_status("300 records counted", lambda s: env.consumed(s) == 300, TIMEOUT, run)
     first_pid, produced, took = status.pid, 300, []
+    _ready(run, 1)
+    wait_logged("the supervisor's record naming its ready standby", lambda: (
+        (r := latest_supervisor(env.store())) is not None and r.standby_ready and r.standby_pid == _standbys(run)[0]),
+        TIMEOUT, run.log)  # what `ckpt job status` and the page show
     for i in range(1, kills + 1):
         _ready(run, i)
         killed_at = time.time()

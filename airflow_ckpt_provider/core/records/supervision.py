@@ -65,6 +65,8 @@ class SupervisorRecord(Record, frozen=True, kw_only=True):
     attempt: int = 0  # drivers it started so far
     epoch: int | None = None  # the epoch its drivers last reported
     driver_pid: int | None = None  # the driver process it watches (spark-submit), None between drivers
+    standby_pid: int | None = None  # its warm standby driver (launcher/spare.py), None: none runs
+    standby_ready: bool = False  # that standby is built and warmed up, waiting for its go
     ending: str | None = None
     exit_code: int | None = None
     end_reason: str | None = None

@@ -269,7 +269,11 @@ def job_report(store: JobStore, *, now: float | None = None, cache: ManifestCach
     supervision = view.supervision or observe_supervision(store, at)
     supervisor = None
     if supervision.record is not None:
-        supervisor = supervision.record.describe() + ("" if supervision.live else f": not live ({supervision.why_not})")
+        record = supervision.record
+        supervisor = record.describe() + ("" if supervision.live else f": not live ({supervision.why_not})")
+        if supervision.live and record.standby_pid is not None:
+            supervisor += f"; its standby driver (pid {record.standby_pid}) is " + (
+                "ready" if record.standby_ready else "starting")
     return JobReport(
         summary=summary, status=s.to_dict() if s else None, starts=tuple(reversed(starts)),
         snapshots=tuple(reversed(snapshot_rows(manifests, starts, store.snapshot_uri))),
