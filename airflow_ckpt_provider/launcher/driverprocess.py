@@ -44,7 +44,8 @@ class DriverProcess:
     """spark-submit in a session of its own: its JVM, the Python driver and the Python workers form one group.
 
     SIGTERM goes to the Python driver alone when it runs here (client mode): sent to the JVM too, the JVM's
-    shutdown hook would stop the SparkContext under the driver while it cancels the query. Other signals,
+    shutdown hook would stop the SparkContext under the driver while it cancels the query; a paused driver
+    (SIGSTOP) gets SIGCONT after it, with its group, or it could not stop before the grace ends. Other signals,
     and SIGTERM in cluster mode (no local Python driver), go to the whole group.
     """
 
@@ -68,6 +69,8 @@ class DriverProcess:
         with contextlib.suppress(ProcessLookupError):
             if target is not None:
                 os.kill(target, sig)
+                if _stopped(target):  # paused (SIGSTOP): it must run to stop; the group goes on with it
+                    os.killpg(self._popen.pid, signal.SIGCONT)
             else:
                 os.killpg(self._popen.pid, sig)
 
@@ -88,6 +91,15 @@ def _python_driver(pgid: int) -> int | None:
         except (OSError, ValueError, IndexError):
             continue  # gone meanwhile, or not ours to read
     return None
+
+
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (state T in /proc/<pid>/stat: SIGSTOP, or a terminal's ^Z)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :][:1] in ("T", "t")
 
 
 def process_group(pid: int) -> int | None:

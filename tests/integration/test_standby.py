@@ -89,11 +89,11 @@ def test_each_kill_of_the_running_driver_is_taken_over_by_its_standby_and_a_kill
     assert committed == list(range(len(committed))), "every batch committed exactly once"
 
 
-def test_a_paused_driver_is_killed_by_its_supervisor_and_its_standby_takes_over_exact(
+def test_a_paused_driver_is_stopped_by_its_supervisor_and_its_standby_takes_over_exact(
         env: JobEnv, runs: list[Run]) -> None:
-    """SIGSTOP of the running driver's process group: its heartbeat stops, the supervisor terminates it (SIGTERM
-    cannot reach a stopped process: SIGKILL after its grace) and only then gives the standby the go, so the paused
-    driver never runs again beside the standby."""
+    """SIGSTOP of the running driver's process group: its heartbeat stops, the supervisor terminates it (SIGTERM, and
+    SIGCONT so that the paused driver can act on it) and gives the standby the go only once it exited, so the old
+    driver never runs beside the standby."""
     produce(env.kafka.bootstrap_servers, env.topic, 0, 300)
     runs.append(run := env.run("job", env.work / "checkpoint", "--supervise", "--standby", "--heartbeat-interval", "2",
                                *FAST))
@@ -106,7 +106,8 @@ def test_a_paused_driver_is_killed_by_its_supervisor_and_its_standby_takes_over_
     after = env.wait_status("the standby counting 500",
                             lambda s: s.epoch == status.epoch + 1 and env.consumed(s) == 500, TIMEOUT, run)
     assert _lines(run, "no heartbeat in status.json") and len(_lines(run, "is the standby, given the go")) == 1
-    assert not pid_alive(status.pid), "the paused driver was killed before the standby took over"
+    assert not pid_alive(status.pid), "the paused driver ended before the standby took over"
+    assert not _lines(run, "after SIGTERM: SIGKILL"), "resumed to act on SIGTERM, it stopped within the grace"
     assert env.request(RequestAction.STOP, after.epoch).outcome is Outcome.COMPLETED
     assert run.wait(TIMEOUT) == EXIT_STOPPED
     assert env.final_counts() == expected_counts(500)
