@@ -51,7 +51,7 @@ def test_each_kill_of_the_running_driver_is_taken_over_by_its_standby_and_a_kill
     _ready(run, 1)
     wait_logged("the supervisor's record naming its ready standby", lambda: (
         (r := latest_supervisor(env.store())) is not None and r.standby_ready and r.standby_pid == _standbys(run)[0]),
-        TIMEOUT, run.log)  # what `ckpt job status` and the page show
+        TIMEOUT, run.log)  # what the Streaming Jobs page shows
     for i in range(1, kills + 1):
         _ready(run, i)
         killed_at = time.time()
