@@ -64,13 +64,17 @@ class StandbySlot:
 
 def await_go(slot: StandbySlot, *, alive: Callable[[int], bool] = pid_alive,
              sleep: Callable[[float], object] = time.sleep) -> str:
-    """Say ready, then wait for the go: '' once given, else why not (the supervisor is gone)."""
+    """Say ready, then wait for the go: '' once given, else why not (the supervisor is gone). Either way the slot's
+    files are removed (a supervisor killed with kill -9 leaves none behind)."""
     slot.ready.touch()
-    while not slot.go.exists():
-        if slot.supervisor_pid and not alive(slot.supervisor_pid):
-            return f"its supervisor (pid {slot.supervisor_pid}) is gone"
-        sleep(TICK)
-    return ""
+    try:
+        while not slot.go.exists():
+            if slot.supervisor_pid and not alive(slot.supervisor_pid):
+                return f"its supervisor (pid {slot.supervisor_pid}) is gone"
+            sleep(TICK)
+        return ""
+    finally:
+        slot.clear()
 
 
 def warm_up(spark: SparkSession) -> str:

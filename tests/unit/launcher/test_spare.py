@@ -92,8 +92,12 @@ def test_a_standby_waits_for_its_go_and_ends_when_its_supervisor_is_gone(tmp_pat
         if len(looks) == 3:
             slot.go.touch()
 
-    assert await_go(slot, alive=lambda pid: True, sleep=sleep_then_go) == ""
-    assert slot.ready.exists() and len(looks) == 3
-    slot.clear()
+    def ready_then_go(seconds: float) -> None:
+        assert slot.ready.exists()  # said before the wait
+        sleep_then_go(seconds)
+
+    assert await_go(slot, alive=lambda pid: True, sleep=ready_then_go) == ""
+    assert len(looks) == 3 and not slot.go.exists() and not slot.ready.exists()  # its files removed once it goes
     assert await_go(slot, alive=lambda pid: pid != 4321, sleep=lambda s: None) == "its supervisor (pid 4321) is gone"
+    assert not slot.ready.exists()
     assert StandbySlot.from_env({}) is None
