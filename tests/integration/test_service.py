@@ -1,11 +1,11 @@
 """The supervision service end to end (issue 42): two instances (`ckpt service run`, real processes) on SeaweedFS, a
 job handed to them (tests/jobs/kafka_count.py, local[2], tansu), counted exactly.
 
-The instance that owns the job is killed with kill -9: the other takes the job over at the next epoch and finds its
-supervisor running (the job goes on, no relaunch). Then the supervisor alone is killed: the owner adopts its running
-driver with a new supervisor of the same launch (the same driver and epoch go on, nothing restarts). Then that
-supervisor and the driver are killed together, as when the host they ran on is lost: the owner relaunches the job
-from its latest state, once. The counts are exact.
+The instance that owns the job is killed with kill -9 while a savepoint is asked: the other takes the job over at the
+next epoch and finds its supervisor running (the job goes on, no relaunch), and the savepoint completes once. Then
+the supervisor alone is killed: the owner adopts its running driver with a new supervisor of the same launch (the
+same driver and epoch go on, nothing restarts). Then that supervisor and the driver are killed together, as when the
+host they ran on is lost: the owner relaunches the job from its latest state, once. The counts are exact.
 """
 
 from __future__ import annotations
@@ -21,11 +21,13 @@ import pytest
 
 from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.policy.modes import LATEST_STATE
-from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
+from airflow_ckpt_provider.core.records.control import Outcome, RequestAction, submit_request, wait_ack
 from airflow_ckpt_provider.core.records.deployments import Deployment, read_launch
 from airflow_ckpt_provider.core.records.ownership import read_owner
 from airflow_ckpt_provider.core.records.status import JobState, read_status
 from airflow_ckpt_provider.core.records.supervision import SupervisorState, read_supervisor
+from airflow_ckpt_provider.core.snapshots.catalog import list_snapshots
+from airflow_ckpt_provider.core.snapshots.manifest import Kind
 from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.launcher.handover import hand_over
 from tests.support.runtimejob import (
@@ -75,7 +77,9 @@ def test_a_handed_job_outlives_its_owning_instance_its_lost_supervisors_driver_i
         started = read_launch(store)
         assert started is not None and started.launch_id == first_launch.launch_id and started.pid is not None
 
-        # 1. The owning instance killed with kill -9: the other takes the job over and finds the supervisor running.
+        # 1. The owning instance killed with kill -9 while a savepoint is asked: the other takes the job over and
+        # finds the supervisor running; the savepoint completes once (the driver acts on it, not the service).
+        asked = submit_request(store, RequestAction.SAVEPOINT, running.epoch, requested_by="test")
         os.kill(instances[owner.instance].proc.pid, signal.SIGKILL)
         killed = time.monotonic()
         instances[owner.instance].proc.wait(10)
@@ -84,6 +88,10 @@ def test_a_handed_job_outlives_its_owning_instance_its_lost_supervisors_driver_i
             (o := read_owner(store)) is not None and o.instance == other and o), 60.0, *logs)
         assert taken.epoch == 2
         times = {"takeover after the owner's kill -9, s": round(time.monotonic() - killed, 1)}
+        saved = wait_ack(store, asked.id, 60.0, poll=0.2)
+        assert saved is not None and saved.outcome is Outcome.COMPLETED and saved.snapshot_id, saved
+        savepoints = [m.snapshot_id for m in list_snapshots(store) if m.kind is Kind.SAVEPOINT]
+        assert savepoints == [saved.snapshot_id]  # exactly once
         supervisor = read_supervisor(store, first_launch.launch_id)
         assert supervisor is not None and supervisor.state is not SupervisorState.ENDED
         os.kill(supervisor.pid, 0)  # still runs: it did not die with the instance that started it
