@@ -15,6 +15,7 @@ from airflow_ckpt_provider import __version__
 from airflow_ckpt_provider.cli.common import EXIT_ERROR, EXIT_VERIFY_FAILED
 from airflow_ckpt_provider.cli.job import add_job_commands
 from airflow_ckpt_provider.cli.kafka import add_kafka_commands
+from airflow_ckpt_provider.cli.metrics import add_metrics_commands
 from airflow_ckpt_provider.cli.recipe import add_recipe_command
 from airflow_ckpt_provider.cli.run import add_run_command
 from airflow_ckpt_provider.cli.service import add_service_commands
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_command(groups)
     add_service_commands(groups)
     add_recipe_command(groups)
+    add_metrics_commands(groups)
     return parser
 
 

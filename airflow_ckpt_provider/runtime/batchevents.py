@@ -8,6 +8,7 @@ trigger found no new data. pyspark is imported when the listener is built, not a
 from __future__ import annotations
 
 import json
+import math
 import queue
 import re
 from dataclasses import dataclass
@@ -25,7 +26,10 @@ class BatchEvent:
     data_waiting: bool
     rows: int
     lag: int | None = None  # Kafka records between the batch's end offsets and the latest ones Spark saw
-
+    seconds: float | None = None  # the batch's duration (Spark's triggerExecution)
+    rows_per_second: float | None = None  # Spark's processedRowsPerSecond
+    state_rows: int | None = None  # rows in the query's state stores (None: a stateless query)
+    state_bytes: int | None = None  # memory the state stores used
 
     @property
     def idle(self) -> bool:
@@ -57,7 +61,7 @@ class BatchListener:
                     waiting = waiting or (latest is not None and latest != end)
                     lags.append(records_behind(s.endOffset, s.latestOffset))
                 lag = None if not lags or None in lags else sum(x for x in lags if x is not None)
-                events.put(BatchEvent(int(p.batchId), offsets, waiting, int(p.numInputRows), lag))
+                events.put(BatchEvent(int(p.batchId), offsets, waiting, int(p.numInputRows), lag, **_measures(p)))
 
             def onQueryIdle(self, event: Any) -> None:  # posted at most every noDataProgressEventInterval
                 events.put(BatchEvent(-1, {}, False, 0))
@@ -66,6 +70,17 @@ class BatchListener:
                 pass
 
         return Listener()
+
+
+def _measures(progress: Any) -> dict[str, Any]:
+    """The batch's duration, rate and state size from its progress (runtime/metrics.py)."""
+    took = (progress.durationMs or {}).get("triggerExecution")
+    rate = progress.processedRowsPerSecond
+    operators = progress.stateOperators or []
+    return {"seconds": None if took is None else took / 1000.0,
+            "rows_per_second": None if rate is None or math.isnan(rate) else float(rate),  # NaN: an empty batch
+            "state_rows": sum(int(op.numRowsTotal) for op in operators) if operators else None,
+            "state_bytes": sum(int(op.memoryUsedBytes) for op in operators) if operators else None}
 
 
 def records_behind(end: str | None, latest: str | None) -> int | None:

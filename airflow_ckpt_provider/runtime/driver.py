@@ -54,6 +54,7 @@ from airflow_ckpt_provider.runtime.failures import Recovery, classify
 from airflow_ckpt_provider.runtime.leasewatch import LeaseWatch
 from airflow_ckpt_provider.runtime.lineage import LineageEmitter, start_emitter
 from airflow_ckpt_provider.runtime.lostapp import release_lost_application
+from airflow_ckpt_provider.runtime.metrics import DriverMetrics
 from airflow_ckpt_provider.runtime.plangate import PlanGate
 from airflow_ckpt_provider.runtime.queryrestart import QueryRestarter
 from airflow_ckpt_provider.runtime.reporting import DriverReporter, snapshot_info
@@ -139,6 +140,10 @@ class JobDriver:
         self.watch: LeaseWatch | None = None  # stops the query once the lease is unconfirmed (runtime/leasewatch.py)
         self.plans: PlanGate | None = None  # stores each planned batch before the sink may commit it (plangate.py)
         self.door: ControlDoor | None = None  # where askers knock after a control request (runtime/controldoor.py)
+        self.metrics = DriverMetrics(config.job, config.code_version, epoch=lambda: self.lease.epoch,
+                                     status=lambda: self.reporter.status,
+                                     settings={"checkpoint_interval": config.checkpoint_interval,
+                                               "heartbeat_interval": config.heartbeat_interval})
         self._writer: DataStreamWriter | None = None
         self._signal: str | None = None
         self._new_batches = 0
@@ -201,6 +206,11 @@ class JobDriver:
         if waited is not None:
             self._close()  # the door
             return waited
+        lacking = self._open_metrics()  # after a standby's go: a fixed port is the active driver's until then
+        if lacking:  # refused before the lease, as the door
+            log.error("job %s: cannot start: %s", self.config.job, lacking)
+            self._close()
+            return EXIT_CONFIG
         listener = BatchListener(self.events).as_spark_listener()
         spark.streams.addListener(listener)
         try:
@@ -235,10 +245,25 @@ class JobDriver:
         self.reporter.answered = self.door.answered if self.door is not None else None
         return ""
 
+    def _open_metrics(self) -> str:
+        """Serve and export the driver's metrics where its settings say (runtime/metrics.py); why not if this host
+        cannot bind the address (refused before the lease, as the door)."""
+        try:
+            if self.config.metrics_address is not None:
+                self.metrics.serve(self.config.metrics_address)
+            if self.config.metrics_otlp is not None:
+                self.metrics.export(self.config.metrics_otlp, self.config.metrics_interval)
+        except ConfigError as err:
+            self.metrics.close()
+            return str(err)
+        return ""
+
     def _close(self) -> None:
-        """Stop what the start opened: the door, the lease watch, the plan gate, lineage, the snapshot thread."""
+        """Stop what the start opened: the door, the metrics, the lease watch, the plan gate, lineage, the snapshot
+        thread."""
         if self.door is not None:
             self.door.close()
+        self.metrics.close()
         if self.watch is not None:
             self.watch.close()
         if self.plans is not None:
@@ -273,12 +298,14 @@ class JobDriver:
         try:
             self.lease.acquire()
             self.reporter.report(JobState.STARTING, "lease taken", app_id=spark.sparkContext.applicationId,
-                                 ui_url=spark.sparkContext.uiWebUrl)
+                                 ui_url=spark.sparkContext.uiWebUrl, metrics_url=self.metrics.url)
             self._wait_for_grace(self.lease.grace(self.config.fence_grace))
             plan = prepare_checkpoint(self.store, self.live, spec, epoch=self.lease.epoch,
                                       policy=self.config.time_travel, code_version=self.config.code_version)
             self.reporter.report(JobState.STARTING, plan.reason,
                                  restored_from=plan.snapshot.snapshot_id if plan.snapshot else None)
+            if plan.snapshot is not None:
+                self.metrics.restored(plan.snapshot.kind.value, plan.snapshot.created.timestamp())
             self.lease.check()
             self.snapshotter = self._snapshotter(spark)
             self.plans = self._plan_gate(self.snapshotter)  # started: _start_query resets it before each start
@@ -425,6 +452,7 @@ class JobDriver:
             return self.reporter.end_failed(failure)
         if self.watch is not None:
             self.watch.take_lapsed()  # the restart confirms the lease before the query starts again
+        self.metrics.query_restart(failure.what)
         return self.restarter.restart(f"{failure.what}: {failure.message}")
 
     def _lease_unconfirmed(self) -> int | None:
@@ -435,6 +463,7 @@ class JobDriver:
         self._drain_events()
         if self.watch is not None:
             self.watch.take_lapsed()  # a stop of the watch meanwhile is this one: handled by the restart below
+        self.metrics.query_restart("the job store unreachable")
         return self.restarter.restart(f"the job store is unreachable for {self.store_outage.seconds():.0f} s: "
                                       "the lease cannot be confirmed")
 
@@ -470,6 +499,7 @@ class JobDriver:
                     self.reporter.update(idle=True, data_waiting=False, lag=0 if status.lag is not None else None)
                 continue
             self._new_batches += 1
+            self.metrics.batch(event)
             log.info("job %s epoch %d batch %d: completed, %d rows", self.config.job, self.lease.epoch,
                      event.batch_id, event.rows)
             resumed = self.restarter.batch_completed(event.batch_id)
@@ -488,6 +518,7 @@ class JobDriver:
                 outcome = self.outcomes.get_nowait()
             except queue.Empty:
                 return
+            self._measure(outcome)
             if outcome.result is not None:
                 info = snapshot_info(outcome.result)
                 if outcome.job.kind is Kind.CHECKPOINT and outcome.job.request_id is None:
@@ -496,6 +527,15 @@ class JobDriver:
                     self.reporter.update(last_snapshot=info)
             if outcome.job.request_id is not None:
                 self.reporter.ack(outcome.job.request_id, RequestAction.SAVEPOINT, outcome.result, outcome.error)
+
+    def _measure(self, outcome: SnapshotOutcome) -> None:
+        kind = outcome.job.kind.value
+        if outcome.result is None:
+            self.metrics.snapshot_failed(kind)
+            return
+        m = outcome.result.manifest
+        self.metrics.snapshot(kind, seconds=outcome.result.seconds, size=m.total_bytes,
+                              uploaded=outcome.result.stats.bytes, created_at=m.created.timestamp())
 
     def _requests(self) -> list[Request]:
         try:

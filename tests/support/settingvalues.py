@@ -26,6 +26,8 @@ def non_defaults(cls: type[Settings]) -> dict[str, Any]:
             members = list(type(default)) if isinstance(default, Mode) else []
             assert members, f"no generated value for setting {f.name}: teach non_defaults its kind"
             values[f.name] = members[-1]
+    valid = {"metrics_address": "127.0.0.1:9464", "metrics_otlp": "http://127.0.0.1:4318/v1/metrics"}  # checked forms
+    values.update({name: value for name, value in valid.items() if name in values})
     if "fence_grace" in values:  # a rule across two settings: the grace at least twice the lease interval + 1 s
         values["fence_grace"] = 2 * values["lease_interval"] + 1
     return values

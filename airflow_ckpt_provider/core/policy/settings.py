@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import MISSING, Field, dataclass, field, fields
 from enum import Enum
@@ -27,6 +28,26 @@ INLINE_TOTAL_MAX = 128 * 1024
 #: between two healthy reads.
 LEASE_INTERVAL = 5.0
 LEASE_MARGIN = 2.0
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """HOST or HOST:PORT (``[v6]:PORT``) -> (host, port); port 0 when not given (a free one)."""
+    text = address.strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    else:
+        host, port_text = text, ""
+    try:
+        port = int(port_text) if port_text else 0
+    except ValueError:
+        port = -1
+    if not re.fullmatch(r"[\w.:-]+", host) or not 0 <= port <= 65535:
+        raise ConfigError(f"metrics_address: expected HOST or HOST:PORT (a port from 0 to 65535; none or 0: a free "
+                          f"one), found {address!r}")
+    return host, port
 
 
 @dataclass(frozen=True)
@@ -266,6 +287,16 @@ class RuntimeSettings(Settings):
         300.0, kind=SECONDS, metavar="S",
         help="seconds between the driver's OpenLineage RUNNING events, sent only when its environment configures "
         "OpenLineage (default 300; 0 for none)")
+    metrics_address: str | None = setting(
+        None, kind=TEXT, none="none", metavar="ADDRESS",
+        help="serve the driver's metrics for Prometheus at http://ADDRESS/metrics: HOST:PORT, or HOST for a free port "
+        "(its URL in the job's status; `ckpt metrics targets` lists them for Prometheus); default none: not served")
+    metrics_otlp: str | None = setting(
+        None, kind=TEXT, none="none", metavar="URL",
+        help="export the driver's metrics over OTLP/HTTP to URL (http://HOST:4318/v1/metrics) every "
+        "metrics_interval; default none")
+    metrics_interval: float = setting(
+        15.0, kind=SECONDS, metavar="S", help="seconds between OTLP exports of the driver's metrics (default 15)")
     snapshot_nice: int = setting(
         10, kind=COUNT, metavar="N",
         help="how much lower the CPU priority of the driver's snapshot thread is (a nice value added, Linux; 0: the "
@@ -279,6 +310,15 @@ class RuntimeSettings(Settings):
         TimeTravel.FORK, kind=mode(TimeTravel), metavar="{fork,refuse}",
         help="a restore of a snapshot older than the job's latest batch: fork (default: restore, the exactly-once "
         "sinks follow the restored timeline) or refuse (before the lease is taken)")
+
+    def _check_metrics(self) -> None:
+        if self.metrics_interval <= 0:
+            raise ConfigError(f"metrics_interval must be > 0 seconds, found {self.metrics_interval}")
+        if self.metrics_otlp is not None and not self.metrics_otlp.startswith(("http://", "https://")):
+            raise ConfigError(f"metrics_otlp: expected an OTLP/HTTP URL (http://HOST:4318/v1/metrics), found "
+                              f"{self.metrics_otlp!r}")
+        if self.metrics_address is not None:
+            parse_address(self.metrics_address)  # raises ConfigError on a bad one
 
     @property
     def lease_seconds(self) -> float:
@@ -294,6 +334,7 @@ class RuntimeSettings(Settings):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"{name} must be >= 0 seconds or unset, found {value}")
+        self._check_metrics()
         if not 0 <= self.snapshot_nice <= 19:
             raise ConfigError(f"snapshot_nice must be a nice value from 0 (the driver's priority) to 19 (the lowest), "
                               f"found {self.snapshot_nice}")

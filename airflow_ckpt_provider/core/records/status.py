@@ -96,6 +96,7 @@ class JobStatus(Record, frozen=True):
     host: str | None = None
     app_id: str | None = None
     ui_url: str | None = None
+    metrics_url: str | None = None  # where the driver serves its metrics for Prometheus (metrics_address), if it does
     code_version: str | None = None
     heartbeat_interval: float = 5.0
     restart: dict[str, Any] | None = None  # the restart in progress (state RESTARTING): Restart.to_dict()

@@ -1,0 +1,294 @@
+"""The driver's metrics: one table of what is measured, read at each Prometheus scrape and each OTLP export.
+
+Runs in the Spark driver's Python process. The driver's loop counts batches, snapshots and restarts here; the rest
+is read from its last status (runtime/reporting.py) when asked. Off unless ``metrics_address`` or ``metrics_otlp``
+is set. Design notes: docs/metrics.md#design-notes-runtimemetricspy."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.policy.settings import parse_address
+from airflow_ckpt_provider.core.records.status import JobState, JobStatus
+from airflow_ckpt_provider.core.store import requestcount
+from airflow_ckpt_provider.runtime.batchevents import BatchEvent
+
+log = logging.getLogger(__name__)
+
+#: The labels of every series: the job (``ckpt_job``: Prometheus keeps ``job`` for its scrape job), the driver's
+#: lease epoch and the code version it runs.
+LABELS = ("ckpt_job", "epoch", "code_version")
+
+Value = float | None | Mapping[str, float]
+
+
+@dataclass
+class Counts:
+    """What the driver's loop counts (one thread writes; a scrape reads whole numbers, never a torn record)."""
+
+    batches: int = 0
+    input_rows: int = 0
+    batch_seconds: float = 0.0
+    last_batch_seconds: float | None = None
+    rows_per_second: float | None = None
+    state_rows: int | None = None
+    state_bytes: int | None = None
+    snapshots: Counter[str] = field(default_factory=Counter)
+    snapshot_seconds: dict[str, float] = field(default_factory=dict)
+    snapshot_failures: Counter[str] = field(default_factory=Counter)
+    uploaded_bytes: Counter[str] = field(default_factory=Counter)
+    last_snapshot_seconds: dict[str, float] = field(default_factory=dict)
+    last_snapshot_bytes: dict[str, float] = field(default_factory=dict)
+    last_snapshot_at: dict[str, float] = field(default_factory=dict)  # by kind, created_at (the restored one first)
+    query_restarts: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What one read sees: the counts and the driver's last status."""
+
+    counts: Counts
+    status: JobStatus | None
+    settings: Mapping[str, float | None]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric: its name (Prometheus' form; a counter's without ``_total``), kind, help, unit, the label of its
+    values when it has several (``by``), and how it is read."""
+
+    name: str
+    kind: str  # "counter" or "gauge"
+    help: str
+    read: Callable[[Seen], Value]
+    by: str | None = None
+    unit: str = ""
+
+
+def _status(attr: str) -> Callable[[Seen], Value]:
+    return lambda s: (None if s.status is None or getattr(s.status, attr) is None
+                      else float(getattr(s.status, attr)))
+
+
+def _last_batch_at(s: Seen) -> Value:
+    return None if s.status is None or s.status.batch_at is None else s.status.batch_at
+
+
+def _states(s: Seen) -> Value:
+    now = s.status.state if s.status is not None else None
+    return {state.value: float(state is now) for state in JobState}
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("ckpt_batches", "counter", "batches this driver completed", lambda s: s.counts.batches),
+    Metric("ckpt_input_rows", "counter", "rows the completed batches read", lambda s: s.counts.input_rows),
+    Metric("ckpt_batch_seconds", "counter", "seconds the completed batches took (with ckpt_batches: the mean)",
+           lambda s: s.counts.batch_seconds, unit="seconds"),
+    Metric("ckpt_last_batch_duration_seconds", "gauge", "the last completed batch's duration (Spark's "
+           "triggerExecution)", lambda s: s.counts.last_batch_seconds, unit="seconds"),
+    Metric("ckpt_last_batch_id", "gauge", "the last completed batch's id", _status("batch_id")),
+    Metric("ckpt_last_batch_timestamp_seconds", "gauge", "when the last batch completed (unix time)",
+           _last_batch_at, unit="seconds"),
+    Metric("ckpt_processed_rows_per_second", "gauge", "the last batch's rows per second (Spark's "
+           "processedRowsPerSecond)", lambda s: s.counts.rows_per_second),
+    Metric("ckpt_lag_records", "gauge", "Kafka records behind the latest offsets the last batch saw (0 once idle)",
+           _status("lag")),
+    Metric("ckpt_state_rows", "gauge", "rows in the query's state stores after the last batch",
+           lambda s: s.counts.state_rows),
+    Metric("ckpt_state_bytes", "gauge", "memory the query's state stores used after the last batch",
+           lambda s: s.counts.state_bytes, unit="bytes"),
+    Metric("ckpt_snapshots", "counter", "snapshots this driver completed", lambda s: s.counts.snapshots, by="kind"),
+    Metric("ckpt_snapshot_seconds", "counter", "seconds the completed snapshots took",
+           lambda s: s.counts.snapshot_seconds, by="kind", unit="seconds"),
+    Metric("ckpt_snapshot_failures", "counter", "snapshots that failed", lambda s: s.counts.snapshot_failures,
+           by="kind"),
+    Metric("ckpt_snapshot_uploaded_bytes", "counter", "bytes the snapshots uploaded (new files only)",
+           lambda s: s.counts.uploaded_bytes, by="kind", unit="bytes"),
+    Metric("ckpt_last_snapshot_duration_seconds", "gauge", "the last snapshot's duration",
+           lambda s: s.counts.last_snapshot_seconds, by="kind", unit="seconds"),
+    Metric("ckpt_last_snapshot_size_bytes", "gauge", "the last snapshot's size (all its files)",
+           lambda s: s.counts.last_snapshot_bytes, by="kind", unit="bytes"),
+    Metric("ckpt_last_snapshot_timestamp_seconds", "gauge", "when the newest completed snapshot was taken (unix "
+           "time; at start, the one restored)", lambda s: s.counts.last_snapshot_at, by="kind", unit="seconds"),
+    Metric("ckpt_checkpoint_interval_seconds", "gauge", "the job's checkpoint_interval (snapshots while batches "
+           "complete; absent: never)", lambda s: s.settings.get("checkpoint_interval"), unit="seconds"),
+    Metric("ckpt_heartbeat_interval_seconds", "gauge", "the job's heartbeat_interval (a driver silent for three "
+           "and 5 s counts as lost)", lambda s: s.settings.get("heartbeat_interval"), unit="seconds"),
+    Metric("ckpt_query_restarts", "counter", "restarts of the query inside this driver, by cause",
+           lambda s: s.counts.query_restarts, by="cause"),
+    Metric("ckpt_lease_epoch", "gauge", "the driver's lease epoch (one more at every new driver)", _status("epoch")),
+    Metric("ckpt_job_state", "gauge", "1 for the driver's state as reported, 0 for the others", _states, by="state"),
+    Metric("ckpt_heartbeat_timestamp_seconds", "gauge", "when the driver last wrote its status (unix time)",
+           _status("updated_at"), unit="seconds"),
+    Metric("ckpt_driver_start_timestamp_seconds", "gauge", "when this driver started (unix time)",
+           _status("started_at"), unit="seconds"),
+    Metric("ckpt_store_requests", "counter", "the driver process's requests to the job store, by S3 operation",
+           lambda s: {op: float(n) for op, n in requestcount.counts().items()}, by="operation"),
+)
+
+
+def samples(metric: Metric, seen: Seen) -> Iterator[tuple[str | None, float]]:
+    """(the ``by`` label's value or None, value) of one metric; nothing where it has no value yet."""
+    value = metric.read(seen)
+    if value is None:
+        return
+    if isinstance(value, Mapping):
+        yield from ((k, float(v)) for k, v in sorted(value.items()))
+    else:
+        yield None, float(value)
+
+
+class DriverMetrics:
+    """One driver's metrics: counted by its loop (``batch``, ``snapshot``, ``snapshot_failed``, ``query_restart``),
+    served to Prometheus (``serve``) and exported over OTLP (``export``) from the same table."""
+
+    def __init__(self, job: str, code_version: str | None, *, epoch: Callable[[], int],
+                 status: Callable[[], JobStatus | None], settings: Mapping[str, float | None] | None = None) -> None:
+        self.job, self.code_version, self._epoch = job, code_version or "unknown", epoch
+        self.counts = Counts()
+        self._status = status
+        self._settings = dict(settings or {})
+        self._lock = threading.Lock()
+        self._closers: list[Callable[[], None]] = []
+        self.url: str | None = None
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """The labels of every series (``LABELS``): the epoch is the lease's (known once the driver took it)."""
+        return {"ckpt_job": self.job, "epoch": str(self._epoch()), "code_version": self.code_version}
+
+    def seen(self) -> Seen:
+        with self._lock:
+            counts = copy.deepcopy(self.counts)
+        return Seen(counts, self._status(), self._settings)
+
+    # -- what the driver's loop tells --------------------------------------------------------------------------
+
+    def batch(self, event: BatchEvent) -> None:
+        with self._lock:
+            c = self.counts
+            c.batches += 1
+            c.input_rows += event.rows
+            if event.seconds is not None:
+                c.batch_seconds += event.seconds
+                c.last_batch_seconds = event.seconds
+            c.rows_per_second = event.rows_per_second
+            c.state_rows, c.state_bytes = event.state_rows, event.state_bytes
+
+    def snapshot(self, kind: str, *, seconds: float, size: int, uploaded: int, created_at: float) -> None:
+        with self._lock:
+            c = self.counts
+            c.snapshots[kind] += 1
+            c.snapshot_seconds[kind] = c.snapshot_seconds.get(kind, 0.0) + seconds
+            c.uploaded_bytes[kind] += uploaded
+            c.last_snapshot_seconds[kind] = seconds
+            c.last_snapshot_bytes[kind] = float(size)
+            c.last_snapshot_at[kind] = max(created_at, c.last_snapshot_at.get(kind, 0.0))
+
+    def restored(self, kind: str, created_at: float) -> None:
+        """The snapshot this driver started from: the newest completed one until it takes its own."""
+        with self._lock:
+            self.counts.last_snapshot_at.setdefault(kind, created_at)
+
+    def snapshot_failed(self, kind: str) -> None:
+        with self._lock:
+            self.counts.snapshot_failures[kind] += 1
+
+    def query_restart(self, cause: str) -> None:
+        with self._lock:
+            self.counts.query_restarts[cause] += 1
+
+    # -- how they are read ---------------------------------------------------------------------------------------
+
+    def serve(self, address: str) -> str:
+        """Serve ``/metrics`` on ``address`` (HOST or HOST:PORT; no port: a free one); its URL. ConfigError if this
+        host cannot bind it."""
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        host, port = parse_address(address)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_PrometheusCollector(self))
+        try:
+            server, thread = start_http_server(port, addr=host, registry=registry)
+        except OSError as err:
+            raise ConfigError(f"metrics_address: expected an address of this host to serve the driver's metrics "
+                              f"on, found {address!r} that cannot be bound ({err}); give one of this host's "
+                              "addresses (127.0.0.1, 0.0.0.0) or none") from None
+
+        def close() -> None:
+            server.shutdown()
+            server.server_close()
+            thread.join(5)
+
+        self._closers.append(close)
+        bound = server.server_address[1]
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{bound}/metrics"
+        log.info("job %s: metrics served at %s", self.job, self.url)
+        return self.url
+
+    def export(self, endpoint: str, interval: float) -> None:
+        """Export to an OTLP/HTTP endpoint (``http://HOST:4318/v1/metrics``) every ``interval`` seconds."""
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+        from opentelemetry.sdk.resources import Resource
+
+        reader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=endpoint),
+                                               export_interval_millis=interval * 1000)
+        provider = MeterProvider(metric_readers=[reader], resource=Resource.create(
+            {"service.name": "ckpt-driver", "ckpt.job": self.job}))
+        _register_otel(self, provider.get_meter("airflow_ckpt_provider"))
+        self._closers.append(lambda: provider.shutdown(timeout_millis=5000))
+        log.info("job %s: metrics exported over OTLP to %s every %g s", self.job, endpoint, interval)
+
+    def close(self) -> None:
+        """Stop serving and flush the last export (the driver ends)."""
+        for close in reversed(self._closers):
+            try:
+                close()
+            except Exception as err:  # a metrics backend's error must not change the driver's exit
+                log.warning("job %s: closing its metrics: %s", self.job, err)
+        self._closers.clear()
+
+
+class _PrometheusCollector:
+    """The table as Prometheus metric families, read at each scrape."""
+
+    def __init__(self, metrics: DriverMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        seen, base = self.metrics.seen(), self.metrics.labels
+        for metric in METRICS:
+            labels = [*LABELS, metric.by] if metric.by else list(LABELS)
+            family = (CounterMetricFamily if metric.kind == "counter" else GaugeMetricFamily)(
+                metric.name, metric.help, labels=labels, unit="")
+            for by, value in samples(metric, seen):
+                family.add_metric([base[k] for k in LABELS] + ([by] if by is not None else []), value)
+            yield family
+
+
+def _register_otel(metrics: DriverMetrics, meter: Any) -> None:
+    """Each metric of the table as an observable instrument of ``meter`` (counters cumulative)."""
+    from opentelemetry.metrics import CallbackOptions, Observation
+
+    def callback(metric: Metric) -> Callable[[CallbackOptions], list[Observation]]:
+        def observe(_: CallbackOptions) -> list[Observation]:
+            base = dict(metrics.labels)
+            return [Observation(value, {**base, metric.by: by} if metric.by and by is not None else base)
+                    for by, value in samples(metric, metrics.seen())]
+        return observe
+
+    for metric in METRICS:
+        make = meter.create_observable_counter if metric.kind == "counter" else meter.create_observable_gauge
+        make(metric.name, callbacks=[callback(metric)], unit=metric.unit or "1", description=metric.help)
