@@ -42,6 +42,7 @@ def get_provider_info() -> dict[str, Any]:
                 ],
             }
         ],
+        "notifications": ["airflow_ckpt_provider.notifications.job.StreamingJobNotifier"],
         "extra-links": ["airflow_ckpt_provider.links.SparkUILink", "airflow_ckpt_provider.links.SnapshotLink"],
         "sensors": [
             {

@@ -189,7 +189,8 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
                                   f"{str(value)[:80]!r}; a templated {name} needs the DAG's "
                                   "render_template_as_native_obj=True")
         spark = self.spark_hook.settings
-        return settings_of(Deployment, self, skip=NOT_ARGUMENTS, job_file=self.job_file,
+        otlp = {} if getattr(self, "metrics_otlp", None) is not None else airflow_otlp()  # a setting: set in init
+        return settings_of(Deployment, self, skip=NOT_ARGUMENTS, **otlp, job_file=self.job_file,
                            code_version=self.code_version, master=spark["master"], deploy_mode=spark["deploy_mode"],
                            spark_submit=spark["spark_submit"], conf={**spark["conf"], **(self.conf or {})},
                            python_env=spark["python_env"], env=dict(self.env or {}),
@@ -304,3 +305,20 @@ def __getattr__(name: str) -> Any:
 
         return RestartStreamingJobOperator
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def airflow_otlp() -> dict[str, Any]:
+    """Where Airflow sends its own metrics over OpenTelemetry (``[metrics] otel_on``, ``otel_host``, ``otel_port``,
+    ``otel_ssl_active``, ``otel_interval_milliseconds``), as the drivers' ``metrics_otlp`` and ``metrics_interval``
+    for a task that sets no ``metrics_otlp`` of its own; {} when Airflow exports none (docs/metrics.md)."""
+    from airflow.sdk.configuration import conf  # the module's __getattr__ makes it: typed Any
+
+    if not conf.getboolean("metrics", "otel_on", fallback=False) or not conf.get("metrics", "otel_host", fallback=""):
+        return {}
+    scheme = "https" if conf.getboolean("metrics", "otel_ssl_active", fallback=False) else "http"
+    port = conf.getint("metrics", "otel_port", fallback=4318)
+    found: dict[str, Any] = {"metrics_otlp": f"{scheme}://{conf.get('metrics', 'otel_host')}:{port}/v1/metrics"}
+    interval_ms = conf.getint("metrics", "otel_interval_milliseconds", fallback=0)
+    if interval_ms > 0:
+        found["metrics_interval"] = interval_ms / 1000
+    return found

@@ -133,17 +133,19 @@ class JobDriver:
         self.events: queue.Queue[BatchEvent] = queue.Queue()
         self.outcomes: queue.Queue[SnapshotOutcome] = queue.Queue()
         self.store_outage = Outage(config.job, "the job store")
-        self.reporter = DriverReporter(config, self.store, self.lease, outage=self.store_outage)
+        # What the driver measures (runtime/metrics.py): served and exported only where its settings say.
+        self.metrics = DriverMetrics(config.job, config.code_version, epoch=lambda: self.lease.epoch,
+                                     status=lambda: self.reporter.status,
+                                     settings={"checkpoint_interval": config.checkpoint_interval,
+                                               "heartbeat_interval": config.heartbeat_interval})
+        self.reporter = DriverReporter(config, self.store, self.lease, outage=self.store_outage,
+                                       sampler=self.metrics.take_sample)
         self.query: StreamingQuery | None = None
         self.snapshotter: Snapshotter | None = None
         self.lineage: LineageEmitter | None = None  # OpenLineage RUNNING events (runtime/lineage.py), if configured
         self.watch: LeaseWatch | None = None  # stops the query once the lease is unconfirmed (runtime/leasewatch.py)
         self.plans: PlanGate | None = None  # stores each planned batch before the sink may commit it (plangate.py)
         self.door: ControlDoor | None = None  # where askers knock after a control request (runtime/controldoor.py)
-        self.metrics = DriverMetrics(config.job, config.code_version, epoch=lambda: self.lease.epoch,
-                                     status=lambda: self.reporter.status,
-                                     settings={"checkpoint_interval": config.checkpoint_interval,
-                                               "heartbeat_interval": config.heartbeat_interval})
         self._writer: DataStreamWriter | None = None
         self._signal: str | None = None
         self._new_batches = 0

@@ -157,6 +157,7 @@ class DriverMetrics:
         self._settings = dict(settings or {})
         self._lock = threading.Lock()
         self._closers: list[Callable[[], None]] = []
+        self._sampled = (0, 0, 0.0)  # batches, rows, seconds at the last take_sample
         self.url: str | None = None
 
     @property
@@ -204,6 +205,16 @@ class DriverMetrics:
     def query_restart(self, cause: str) -> None:
         with self._lock:
             self.counts.query_restarts[cause] += 1
+
+    def take_sample(self) -> tuple[int, int, float] | None:
+        """The batches, rows and batch seconds since the last call (a status write's sample), None if no batch."""
+        with self._lock:
+            c = self.counts
+            now = (c.batches, c.input_rows, c.batch_seconds)
+            before, self._sampled = self._sampled, now
+        if now[0] == before[0]:
+            return None
+        return now[0] - before[0], now[1] - before[1], now[2] - before[2]
 
     # -- how they are read ---------------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.policy.outage import Outage
 from airflow_ckpt_provider.core.records.control import Ack, Outcome, RequestAction, write_ack
 from airflow_ckpt_provider.core.records.lease import Lease
-from airflow_ckpt_provider.core.records.status import JobState, JobStatus, StatusWriter
+from airflow_ckpt_provider.core.records.status import SAMPLES_KEPT, JobState, JobStatus, Sample, StatusWriter
 from airflow_ckpt_provider.core.snapshots.catalog import SnapshotResult
 from airflow_ckpt_provider.core.store import requestcount
 from airflow_ckpt_provider.core.store.jobstore import JobStore
@@ -37,7 +37,8 @@ RATE_WINDOW = 600.0
 class DriverReporter:
     """The status and the acks of one driver (``lease`` gives its epoch); ``status`` is the last one written."""
 
-    def __init__(self, config: RuntimeConfig, store: JobStore, lease: Lease, *, outage: Outage | None = None) -> None:
+    def __init__(self, config: RuntimeConfig, store: JobStore, lease: Lease, *, outage: Outage | None = None,
+                 sampler: Callable[[], tuple[int, int, float] | None] | None = None) -> None:
         self.config = config
         self.store = store
         self.lease = lease
@@ -50,6 +51,7 @@ class DriverReporter:
         self.reported_at = self.clock()  # the last report's time (written or not: a failed write retries at the pace)
         self.noted = False  # changes kept by note() and not written yet
         self.answered: Callable[[str], None] | None = None  # told each request id once its ack is written (the door)
+        self.sampler = sampler  # the batches, rows and seconds since the last write (runtime/metrics.py)
 
     def state(self) -> JobState:
         """The state last reported (RUNNING before the first report)."""
@@ -89,8 +91,14 @@ class DriverReporter:
             pid=os.getpid(), host=socket.gethostname(), code_version=self.config.code_version,
             heartbeat_interval=self.config.heartbeat_interval,
         )
-        self.status = replace(base, state=state, reason=reason, updated_at=time.time(), **self.rates.sample(),
-                              **changes)
+        now = time.time()
+        self.status = replace(base, state=state, reason=reason, updated_at=now, **self.rates.sample(), **changes)
+        taken = self.sampler() if self.sampler is not None else None
+        if taken is not None:
+            batches, rows, seconds = taken
+            sample = Sample(round(now, 3), self.status.batch_id, batches, rows,
+                            round(seconds / batches, 4) if seconds else None, self.status.lag)
+            self.status = replace(self.status, samples=[*self.status.samples[-(SAMPLES_KEPT - 1):], sample])
         self.reported_at, self.noted = self.clock(), False
         try:
             self.writer.write(self.status)

@@ -32,6 +32,7 @@ from airflow_ckpt_provider.core.store.jobstore import JobStore, check_job_name
 from airflow_ckpt_provider.core.views.jobreport import JobReport, job_report, job_summary, summary_dict
 from airflow_ckpt_provider.core.views.jobview import check_can_request, observe
 from airflow_ckpt_provider.launcher.upgrade import handed
+from airflow_ckpt_provider.ui.charts import job_charts
 from airflow_ckpt_provider.ui.stores import list_jobs, open_store, store_conn_ids
 
 log = logging.getLogger(__name__)
@@ -223,7 +224,8 @@ def create_app() -> FastAPI:
         return HTMLResponse(_templates.get_template("job.html").render(
             r=report, s=report.summary, conn_id=conn_id, can_act=_can_act(user),
             spark_ui=report.spark_ui if reachable else None, spark_ui_down=bool(report.spark_ui) and not reachable,
-            upgrade_dag=_upgrade_dag(), handed=report.service is not None))  # its Restart: the service's
+            upgrade_dag=_upgrade_dag(), handed=report.service is not None,  # its Restart: the service's
+            charts=job_charts(report.status, report.snapshots)))
 
     @app.get("/api/jobs", dependencies=READ)
     def api_jobs() -> list[dict[str, Any]]:

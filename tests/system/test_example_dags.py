@@ -358,9 +358,9 @@ def trigger_form_screenshots(airflow: object, dag_id: str) -> None:
 def test_streaming_jobs_page_shows_the_running_job_and_takes_a_savepoint_for_a_user_who_may_act(
         world: World, airflow: AirflowServer) -> None:
     """The plugin's page in headless Chromium against the real API server, while the job runs: the list and
-    the job page (screenshots kept in build/test-artifacts), a savepoint from the page's button that completes
-    in the job store and is audit-logged with the user; a viewer sees read-only pages and is refused (403)
-    with nothing written."""
+    the job page with its charts (screenshots kept in build/test-artifacts), a savepoint from the page's button
+    that completes in the job store and is audit-logged with the user; a viewer sees read-only pages and is
+    refused (403) with nothing written."""
     from playwright.sync_api import expect
 
     from tests.system.airflow_server import chromium_browser
@@ -369,7 +369,8 @@ def test_streaming_jobs_page_shows_the_running_job_and_takes_a_savepoint_for_a_u
     artifacts = Path(__file__).resolve().parents[2] / "build" / "test-artifacts"
     artifacts.mkdir(parents=True, exist_ok=True)
     shots = {name: artifacts / f"streaming-jobs-{name}.png" for name in ("nav", "list", "job", "savepoint", "viewer")}
-    for png in shots.values():
+    charts_png = artifacts / "streaming-jobs-charts.png"
+    for png in [*shots.values(), charts_png]:
         png.unlink(missing_ok=True)
     before = {m.snapshot_id for m in list_snapshots(world.store)}
     job_url = f"{airflow.base_url}/ckpt-jobs/jobs/ckpt_store_default/{world.job}"
@@ -396,6 +397,12 @@ def test_streaming_jobs_page_shows_the_running_job_and_takes_a_savepoint_for_a_u
         expect(page.get_by_test_id("state")).to_have_text("RUNNING")
         expect(page.get_by_test_id("lineage").locator("tr").nth(1)).to_contain_text(str(status.epoch))
         page.screenshot(path=str(shots["job"]), full_page=True)
+        # The charts from the job store: the driver's batch samples and the retained snapshots, drawn as SVG.
+        for chart in ("batch-seconds", "lag", "snapshot-size", "snapshot-new-bytes"):
+            figure = page.get_by_test_id(f"chart-{chart}")
+            assert int(figure.get_attribute("data-points") or 0) >= 1, chart
+            expect(figure.locator("svg polyline")).to_have_count(1)
+        page.locator(".charts").screenshot(path=str(charts_png))
         page.get_by_role("button", name="Trigger savepoint").click()
         answer = page.get_by_test_id("answer")
         expect(answer).to_have_attribute("data-outcome", "completed", timeout=120_000)
@@ -425,7 +432,8 @@ def test_streaming_jobs_page_shows_the_running_job_and_takes_a_savepoint_for_a_u
     for png in shots.values():
         data = png.read_bytes()
         assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 20_000, f"{png}: {len(data)} bytes"
-    print("screenshots:", *shots.values())
+    assert charts_png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n") and len(charts_png.read_bytes()) > 5_000
+    print("screenshots:", *shots.values(), charts_png)
     # Caught up with the topic: the page's lag is 0 records (the driver reports it from Spark's progress).
     world.wait("idle", lambda s: s.idle)
     summary = airflow.client.get(f"/ckpt-jobs/api/jobs/ckpt_store_default/{world.job}",

@@ -34,6 +34,21 @@ FAILURE_STATES = frozenset({JobState.FAILED})
 BUSY_ALLOWANCE = 300.0
 #: Restarts of one driver kept in ``JobStatus.restarts`` (the newest; ``restart_count`` counts them all).
 RESTARTS_KEPT = 20
+#: Samples of a driver's batches kept in ``JobStatus.samples`` (one per status write with batches: 240 are about an
+#: hour at the default heartbeat while batches complete), for the Streaming Jobs page's charts.
+SAMPLES_KEPT = 240
+
+
+class Sample(msgspec.Struct, frozen=True, array_like=True):
+    """The batches a driver completed between two status writes: when written (``at``), the last batch id, how
+    many, their rows, their mean duration (s) and the Kafka lag after the last. Written as a JSON array (compact)."""
+
+    at: float
+    batch_id: int | None
+    batches: int
+    rows: int
+    seconds: float | None
+    lag: int | None
 
 
 class RestartOwner(StrEnum):
@@ -106,6 +121,7 @@ class JobStatus(Record, frozen=True):
     #: (core/store/requestcount.py); empty on a store that is no S3 (a directory) and before the first window.
     store_rates: dict[str, float] = msgspec.field(default_factory=dict)
     store_window: float = 0.0
+    samples: list[Sample] = msgspec.field(default_factory=list)  # this driver's newest SAMPLES_KEPT, oldest first
 
     def query_restarts(self) -> list[Restart]:
         """This driver's restarts of its query (the newest ``RESTARTS_KEPT``), oldest first; an entry that does

@@ -498,3 +498,15 @@ def test_submit_with_supervision_service_hands_the_job_over_and_defers_starting_
 def test_an_unknown_supervision_is_refused_when_the_task_is_made() -> None:
     with pytest.raises(ConfigError, match="invalid supervision: expected one of auto, launcher, service, found 'k8s'"):
         submit_op(supervision="k8s")
+
+
+def test_the_drivers_export_their_metrics_where_airflow_exports_its_own_over_opentelemetry(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert submit_op().deployment().metrics_otlp is None  # Airflow exports nothing: neither do the drivers
+    for name, value in {"OTEL_ON": "True", "OTEL_HOST": "otel-collector", "OTEL_PORT": "4318",
+                        "OTEL_INTERVAL_MILLISECONDS": "30000"}.items():
+        monkeypatch.setenv(f"AIRFLOW__METRICS__{name}", value)
+    deployment = submit_op().deployment()
+    assert (deployment.metrics_otlp, deployment.metrics_interval) == ("http://otel-collector:4318/v1/metrics", 30.0)
+    own = submit_op(metrics_otlp="https://collector.example:4318/v1/metrics").deployment()
+    assert (own.metrics_otlp, own.metrics_interval) == ("https://collector.example:4318/v1/metrics", 15.0)

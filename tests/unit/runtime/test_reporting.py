@@ -62,3 +62,31 @@ def test_a_report_is_due_a_heartbeat_after_the_last_or_half_of_it_after_a_noted_
     assert status is not None and status.batch_id == 7
     now[0] = 1074.9
     assert not reporter.due()  # nothing noted since: the next is a heartbeat
+
+
+def test_each_write_after_batches_adds_one_sample_and_the_newest_240_are_kept(tmp_path: Path) -> None:
+    from airflow_ckpt_provider.core.records.status import SAMPLES_KEPT
+    from airflow_ckpt_provider.runtime.batchevents import BatchEvent
+    from airflow_ckpt_provider.runtime.metrics import DriverMetrics
+
+    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
+    lease = Lease(store)
+    lease.acquire()
+    config = RuntimeConfig(job="orders", store=str(tmp_path / "store"))
+    reporter: DriverReporter
+    metrics = DriverMetrics("orders", None, epoch=lambda: lease.epoch, status=lambda: reporter.status)
+    reporter = DriverReporter(config, store, lease, sampler=metrics.take_sample)
+    reporter.update()  # no batch yet: no sample
+    metrics.batch(BatchEvent(0, {}, False, 10, seconds=1.0))
+    metrics.batch(BatchEvent(1, {}, False, 30, seconds=2.0))
+    reporter.update(batch_id=1, lag=5)
+    reporter.update()  # a heartbeat without batches: no sample
+    status = read_status(store)
+    assert status is not None
+    assert [(s.batch_id, s.batches, s.rows, s.seconds, s.lag) for s in status.samples] == [(1, 2, 40, 1.5, 5)]
+    for batch in range(2, 2 + SAMPLES_KEPT + 5):
+        metrics.batch(BatchEvent(batch, {}, False, 1, seconds=0.5))
+        reporter.update(batch_id=batch)
+    status = read_status(store)
+    assert status is not None and len(status.samples) == SAMPLES_KEPT
+    assert status.samples[-1].batch_id == SAMPLES_KEPT + 6 and status.samples[0].batch_id == 7

@@ -1,0 +1,1 @@
+"""Airflow notifiers for streaming jobs (notifications/job.py)."""
