@@ -15,8 +15,6 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from airflow.sdk import DAG
-from airflow.sdk.definitions.callback import AsyncCallback
-from airflow.sdk.definitions.deadline import DeadlineAlert, DeadlineReference
 
 from airflow_ckpt_provider import examples
 from airflow_ckpt_provider.notifications.job import StreamingJobNotifier
@@ -43,14 +41,6 @@ with DAG(
     # A failed task (the submit, the restart) says which job, its state, its latest completed snapshot and what to
     # run; give `then=` any notifier (Slack's, SMTP's) whose text uses {{ ckpt_alert }} to send it there.
     default_args={"on_failure_callback": StreamingJobNotifier(job=JOB)},
-    # A run still going 15 minutes after its watch should have ended (a restart or the retention hanging): the
-    # triggerer sends the same alert.
-    deadline=DeadlineAlert(
-        reference=DeadlineReference.DAGRUN_QUEUED_AT,
-        interval=WATCH + timedelta(minutes=15),
-        callback=AsyncCallback(StreamingJobNotifier, kwargs={
-            "job": JOB, "what": "the keep-alive run is still going 15 minutes after its watch ended"}),
-    ),
 ) as dag:
     submit = SubmitStreamingJobOperator(
         task_id="submit",
