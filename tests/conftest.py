@@ -62,6 +62,9 @@ LONGEST_FIRST = ("tests/system/test_example_dags.py", "tests/system/", "tests/in
 _SET_OPTS = pytest.StashKey[bool]()
 #: This session set CKPT_HOME (it was unset) to a directory of its own, removed at the end.
 _SET_HOME = pytest.StashKey[Path]()
+#: This session set SPARK_LOCAL_DIRS (it was unset) to a directory of its own, removed at the end: a driver killed
+#: with kill -9 leaves its spark-*/userFiles (a shipped environment: 324 MB) there; under /tmp they filled the disk.
+_SET_SPARK_DIRS = pytest.StashKey[Path]()
 
 
 def _xdist_controller(config: pytest.Config) -> bool:
@@ -89,6 +92,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if SUBMIT_OPTS not in os.environ:
         config.stash[_SET_OPTS] = True
         os.environ[SUBMIT_OPTS] = TEST_DRIVER_JVM
+    if "SPARK_LOCAL_DIRS" not in os.environ:
+        spark_dirs = Path(tempfile.mkdtemp(prefix="ckpt-tests-spark-"))
+        os.environ["SPARK_LOCAL_DIRS"] = str(spark_dirs)
+        config.stash[_SET_SPARK_DIRS] = spark_dirs
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -98,6 +105,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if home is not None:
         os.environ.pop("CKPT_HOME", None)
         shutil.rmtree(home, ignore_errors=True)
+    spark_dirs = config.stash.get(_SET_SPARK_DIRS, None)
+    if spark_dirs is not None:
+        os.environ.pop("SPARK_LOCAL_DIRS", None)
+        shutil.rmtree(spark_dirs, ignore_errors=True)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
