@@ -4,12 +4,11 @@ then the run); no job store server, no Spark."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.dagstest import dags_test
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 
@@ -31,19 +30,8 @@ with DAG("ckpt_links", schedule=None, start_date=datetime(2026, 1, 1)) as dag:
                             "test_example_dags.py::test_keep_alive_dag_restarts_a_killed_driver_with_exact_counts "
                             "(no [error] line in its dags test logs)")
 def test_operators_ending_without_a_link_log_no_missing_xcom(tmp_path: Path) -> None:
-    dags = tmp_path / "dags"
-    dags.mkdir()
-    (dags / "ckpt_links.py").write_text(f"STORE = {str(tmp_path / 'store')!r}\n{DAG}")
-    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path / "home"), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-           "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO"}
-
-    def airflow(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "airflow", *args], env=env, capture_output=True, text=True,
-                              timeout=240, check=False)
-
-    migrated = airflow("db", "migrate")
-    assert migrated.returncode == 0, migrated.stdout[-3000:] + migrated.stderr[-3000:]
-    run = airflow("dags", "test", "ckpt_links")
+    run = dags_test(tmp_path, "ckpt_links.py", f"STORE = {str(tmp_path / 'store')!r}\n{DAG}", "ckpt_links",
+                    env={"AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO"})
     log = run.stdout + run.stderr
     assert run.returncode != 0  # the savepoint task failed, as it must with no driver
     assert "nothing to stop" in log and "savepoint" in log

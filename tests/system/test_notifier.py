@@ -5,9 +5,6 @@ latest completed snapshot and what to run. A local job store with a status and a
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,6 +14,7 @@ from airflow_ckpt_provider.core.records.status import JobState, JobStatus, write
 from airflow_ckpt_provider.core.snapshots.manifest import Kind
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.store.storage import LocalStorage
+from tests.support.dagstest import dags_test
 from tests.support.operatorfakes import make_snapshots
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
@@ -59,21 +57,10 @@ def test_a_failed_tasks_callback_sends_the_jobs_alert_through_the_next_notifier(
     write_status(store, JobStatus(job="orders", state=JobState.FAILED, epoch=4, updated_at=now - 5,
                                   started_at=now - 600, batch_id=120))
     [savepoint] = make_snapshots(store, tmp_path, [Kind.SAVEPOINT])
-    dags, sent = tmp_path / "dags", tmp_path / "sent.txt"
-    dags.mkdir()
-    (dags / "ckpt_alerting.py").write_text(f"SENT = {str(sent)!r}\n{DAG}")
-    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path / "home"), "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-           "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-           "AIRFLOW_CONN_CKPT_STORE_DEFAULT": json.dumps({"conn_type": "ckpt_store",
-                                                         "extra": {"store_url": str(tmp_path / "store")}})}
-
-    def airflow(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "airflow", *args], env=env, capture_output=True, text=True,
-                              timeout=240, check=False)
-
-    migrated = airflow("db", "migrate")
-    assert migrated.returncode == 0, migrated.stdout[-3000:] + migrated.stderr[-3000:]
-    run = airflow("dags", "test", "ckpt_alerting")
+    sent = tmp_path / "sent.txt"
+    store_conn = json.dumps({"conn_type": "ckpt_store", "extra": {"store_url": str(tmp_path / "store")}})
+    run = dags_test(tmp_path, "ckpt_alerting.py", f"SENT = {str(sent)!r}\n{DAG}", "ckpt_alerting",
+                    env={"AIRFLOW_CONN_CKPT_STORE_DEFAULT": store_conn})
     assert run.returncode != 0, run.stdout[-3000:]  # the task failed
     lines = sent.read_text().splitlines() if sent.exists() else []
     assert len(lines) == 1, (lines, run.stdout[-3000:] + run.stderr[-3000:])
