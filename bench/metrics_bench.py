@@ -1,6 +1,6 @@
 """Benchmark: what the driver's metrics cost (issue 46; target: at most 2% of the runtime bench's throughput).
 
-    .venv/bin/python bench/metrics_bench.py [--records 4000000] [--warmup 45] [--turns 6] [--turn-window 12]
+    .venv/bin/python bench/metrics_bench.py [--records 7000000] [--warmup 30] [--turns 6] [--turn-window 12]
                                             [--scrape-every 0.2]
 
 1. In this process, no Spark: the cost of what the driver's loop always does (``DriverMetrics.batch`` and
@@ -108,6 +108,12 @@ class Scraper:
 
 def turns(watch: LogWatch, scraper: Scraper, opts: argparse.Namespace) -> list[tuple[bool, float, int]]:
     """(scraped, records/s, scrapes) per turn, pairs in alternating order."""
+    read = batches(watch.events, 1)
+    rate = sum(e.int(2) for e in read) / max(read[-1].t - read[0].t, 1.0) if read else 0.0
+    needed = int(1.2 * rate * opts.turns * (opts.turn_window + SETTLE_S + 2))
+    left = opts.records - sum(e.int(2) for e in read)
+    if left < needed:  # an idle job logs no batches: the turns would wait for ever
+        raise SystemExit(f"{left:,} records left in the backlog, the turns need about {needed:,}: raise --records")
     done = []
     for index in range(opts.turns):
         pair, second = divmod(index, 2)
@@ -132,10 +138,10 @@ def turns(watch: LogWatch, scraper: Scraper, opts: argparse.Namespace) -> list[t
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", type=int, default=4_000_000, help="backlog records (default 4,000,000)")
+    parser.add_argument("--records", type=int, default=7_000_000, help="backlog records (default 7,000,000)")
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--max-offsets", type=int, default=20_000, help="maxOffsetsPerTrigger (default 20000)")
-    parser.add_argument("--warmup", type=float, default=45.0, help="seconds before the turns (default 45)")
+    parser.add_argument("--warmup", type=float, default=30.0, help="seconds before the turns (default 30)")
     parser.add_argument("--turns", type=int, default=6, help="turns, an even number (default 6)")
     parser.add_argument("--turn-window", type=float, default=12.0, help="seconds of batches per turn (default 12)")
     parser.add_argument("--scrape-every", type=float, default=0.2, help="seconds between scrapes (default 0.2)")
