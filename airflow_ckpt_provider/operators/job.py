@@ -190,6 +190,8 @@ class SubmitStreamingJobOperator(ResumableJobMixin, _LaunchMixin):
                                   "render_template_as_native_obj=True")
         spark = self.spark_hook.settings
         otlp = {} if getattr(self, "metrics_otlp", None) is not None else airflow_otlp()  # a setting: set in init
+        if getattr(self, "metrics_interval", None) != Deployment.__dataclass_fields__["metrics_interval"].default:
+            otlp.pop("metrics_interval", None)  # the task's own interval stands
         return settings_of(Deployment, self, skip=NOT_ARGUMENTS, **otlp, job_file=self.job_file,
                            code_version=self.code_version, master=spark["master"], deploy_mode=spark["deploy_mode"],
                            spark_submit=spark["spark_submit"], conf={**spark["conf"], **(self.conf or {})},

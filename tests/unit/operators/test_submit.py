@@ -510,3 +510,5 @@ def test_the_drivers_export_their_metrics_where_airflow_exports_its_own_over_ope
     assert (deployment.metrics_otlp, deployment.metrics_interval) == ("http://otel-collector:4318/v1/metrics", 30.0)
     own = submit_op(metrics_otlp="https://collector.example:4318/v1/metrics").deployment()
     assert (own.metrics_otlp, own.metrics_interval) == ("https://collector.example:4318/v1/metrics", 15.0)
+    interval = submit_op(metrics_interval=5).deployment()  # Airflow's endpoint, the task's own interval
+    assert (interval.metrics_otlp, interval.metrics_interval) == ("http://otel-collector:4318/v1/metrics", 5.0)
