@@ -32,7 +32,7 @@ from airflow_ckpt_provider.core.store.jobstore import JobStore, check_job_name
 from airflow_ckpt_provider.core.views.jobreport import JobReport, job_report, job_summary, summary_dict
 from airflow_ckpt_provider.core.views.jobview import check_can_request, observe
 from airflow_ckpt_provider.launcher.upgrade import handed
-from airflow_ckpt_provider.ui.charts import job_charts
+from airflow_ckpt_provider.ui.charts import job_charts, size_text
 from airflow_ckpt_provider.ui.stores import list_jobs, open_store, store_conn_ids
 
 log = logging.getLogger(__name__)
@@ -89,22 +89,11 @@ def _age(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
-
-
 def _when(ts: float | None) -> str:
     return "-" if not ts else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
-_templates.filters.update(age=_age, size=_size, when=_when)
+_templates.filters.update(age=_age, size=size_text, when=_when)
 
 
 def _reachable(url: str | None) -> bool:

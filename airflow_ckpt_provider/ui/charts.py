@@ -53,12 +53,16 @@ def _count(v: float) -> str:
     return f"{v:,.0f}"
 
 
-def _bytes(v: float) -> str:
+def size_text(n: float | None) -> str:
+    """Bytes as the page writes them: ``512 B``, ``7.3 KiB``, ``1.2 GiB`` (also the template's ``size`` filter)."""
+    if n is None:
+        return "-"
+    size = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if v < 1024 or unit == "GiB":
-            return f"{v:,.0f} {unit}" if unit == "B" else f"{v:,.1f} {unit}"
-        v /= 1024
-    return f"{v:,.1f} GiB"
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
 
 
 def _unix(created_at: str) -> float | None:
@@ -77,7 +81,7 @@ def job_charts(status: dict[str, Any] | None, snapshots: Sequence[Any]) -> list[
         line("batch-seconds", "Batch duration (mean between status writes)",
              [(float(s[0]), float(s[4])) for s in samples if s[4] is not None], _seconds),
         line("lag", "Kafka lag (records)", [(float(s[0]), float(s[5])) for s in samples if s[5] is not None], _count),
-        line("snapshot-size", "Snapshot size", [(t, float(sn.size)) for t, sn in kept], _bytes),
+        line("snapshot-size", "Snapshot size", [(t, float(sn.size)) for t, sn in kept], size_text),
         line("snapshot-new-bytes", "Snapshot new bytes (uploaded)", [(t, float(sn.new_bytes)) for t, sn in kept],
-             _bytes),
+             size_text),
     ]

@@ -8,16 +8,11 @@ from __future__ import annotations
 import time
 
 from airflow_ckpt_provider.core.errors import CkptError
+from airflow_ckpt_provider.core.records.pending import human_age
 from airflow_ckpt_provider.core.records.status import read_status
 from airflow_ckpt_provider.core.snapshots.catalog import latest_completed, list_snapshots
 from airflow_ckpt_provider.core.snapshots.manifest import Kind
 from airflow_ckpt_provider.core.store.jobstore import JobStore
-
-
-def _ago(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def alert_text(store: JobStore, what: str, *, now: float | None = None) -> str:
@@ -35,11 +30,12 @@ def alert_text(store: JobStore, what: str, *, now: float | None = None) -> str:
         if status is None:
             parts.append("no driver has reported yet")
         else:
-            parts.append(f"{status.state.value} at epoch {status.epoch}, heartbeat {_ago(at - status.updated_at)} ago"
+            beat = human_age(at - status.updated_at)
+            parts.append(f"{status.state.value} at epoch {status.epoch}, heartbeat {beat} ago"
                          + (f", batch {status.batch_id}" if status.batch_id is not None else ""))
         for label, kinds in (("latest completed snapshot", tuple(Kind)), ("latest savepoint", (Kind.SAVEPOINT,))):
             m = latest_completed(manifests, kinds)
-            parts.append(f"{label} {m.snapshot_id} (batch {m.batch_id}, {_ago(at - m.created.timestamp())} old)"
+            parts.append(f"{label} {m.snapshot_id} (batch {m.batch_id}, {human_age(at - m.created.timestamp())} old)"
                          if m else f"no {label.removeprefix('latest ')}")
     where = f"--job {job} --store {url.rstrip('/')}"
     parts.append(f"run `ckpt job status {where}`; to restart it from its latest state: `ckpt job restart {where}` "
