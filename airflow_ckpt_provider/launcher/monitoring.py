@@ -16,9 +16,8 @@ import yaml
 
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.records.status import ACTIVE_STATES, read_status
-from airflow_ckpt_provider.core.store.jobstore import JobStore
+from airflow_ckpt_provider.core.store.jobstore import JobStore, is_job_name
 from airflow_ckpt_provider.core.store.storage import Storage
-from airflow_ckpt_provider.core.views.jobview import job_names
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +107,7 @@ def scrape_targets(root: Storage) -> list[dict[str, Any]]:
     """Prometheus file_sd entries for the active drivers of every job under ``root`` that serve metrics (their
     status names ``metrics_url``); a job whose status cannot be read is logged and left out."""
     entries = []
-    for job in job_names(root):
+    for job in (name for name in root.folders() if is_job_name(name)):  # one GET each: no job_names' HEADs first
         try:
             status = read_status(JobStore(root, job))
         except CkptError as err:
