@@ -24,8 +24,10 @@ from airflow_ckpt_provider.core.policy.faults import crash_point
 from airflow_ckpt_provider.core.policy.streambatch import (
     BATCH_ID_PROPERTY,
     QUERY_ID_PROPERTY,
+    SinkOutcome,
     before_query_start,
     commit_after_snapshot,
+    sink_outcome,
     worker_logging,
 )
 from airflow_ckpt_provider.core.snapshots.coverage import checkpoint_storage, read_coverage
@@ -498,6 +500,9 @@ class CkptKafkaStreamWriter(DataSourceStreamArrowWriter):
                  batchId, self.options.job, ",".join(queries) or "-", written, skipped,
                  sum(m.empty for m in done), sum(m.records for m in done),
                  f"; partitions {rewritten} written again after a restore to an older snapshot" if rewritten else "")
+        replayed = bool(done) and all(m.skipped for m in done)  # every partition's marker was there already
+        sink_outcome("ckpt-kafka", SinkOutcome.SKIPPED if replayed else SinkOutcome.COMMITTED, batchId,
+                     sum(m.records for m in done if not m.skipped), path=self.options.outcomes)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         done = [m for m in messages if isinstance(m, KafkaSinkCommit)]
@@ -506,6 +511,7 @@ class CkptKafkaStreamWriter(DataSourceStreamArrowWriter):
         log.warning("batch %d of job %s aborted: %d of %d tasks had committed (%d records); the batch is "
                     "replayed and those partitions skipped", batchId, self.options.job,
                     sum(not m.skipped and not m.empty for m in done), len(messages), sum(m.records for m in done))
+        sink_outcome("ckpt-kafka", SinkOutcome.ABORTED, batchId, path=self.options.outcomes)
 
 
 def kafka_sink(df: DataFrame, *, job: str, **options: str) -> DataStreamWriter:

@@ -17,7 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.policy.streambatch import EPOCH_OPTION
+from airflow_ckpt_provider.core.policy.streambatch import EPOCH_OPTION, OUTCOMES_OPTION, outcomes_option
 
 #: Options of the sink itself (lower case; Spark passes option names case-insensitively).
 KNOWN_OPTIONS: dict[str, str] = {
@@ -48,7 +48,8 @@ _PRODUCER_ONLY = (
     "partitioner", "sticky.", "max.in.flight", "message.timeout.ms", "enable.gapless.guarantee",
 )
 #: Options Spark's DataStreamWriter passes along to every sink.
-_SPARK = ("checkpointlocation", "path", "queryname", EPOCH_OPTION)  # Spark's, and the runtime's epoch
+#: Spark's, and the runtime's epoch and outcomes file.
+_SPARK = ("checkpointlocation", "path", "queryname", EPOCH_OPTION, OUTCOMES_OPTION)
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 #: librdkafka's "no committed offset" (OFFSET_INVALID).
 NO_OFFSET = -1001
@@ -70,6 +71,7 @@ class SinkOptions:
     checkpoint: str = ""  # the query's checkpointLocation, whose offsets log says what a batch covered
     serialize_txn_ends: bool | None = None  # None: auto, until the driver asked the broker (kafka/txnlock.py)
     commit_after_snapshot: bool | None = None  # None: auto (core/snapshots/durableplan.py); the runtime decides
+    outcomes: str | None = None  # the runtime's outcomes file (core/policy/streambatch.py OUTCOMES_OPTION)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -151,7 +153,8 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
                                                     "per host on tansu only"),
                        commit_after_snapshot=_tristate(own, "commitAfterSnapshot", "auto commits a batch only once "
                                                        "the job store can replay it where the live checkpoint is on "
-                                                       "the driver host's disk"))
+                                                       "the driver host's disk"),
+                       outcomes=outcomes_option(own))
 
 
 def _tristate(own: Mapping[str, str], name: str, what: str) -> bool | None:

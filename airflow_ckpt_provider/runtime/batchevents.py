@@ -11,6 +11,9 @@ import json
 import math
 import queue
 import re
+import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +29,7 @@ class BatchEvent:
     data_waiting: bool
     rows: int
     lag: int | None = None  # Kafka records between the batch's end offsets and the latest ones Spark saw
+    lag_seconds: float | None = None  # how long ago the oldest record of those arrived (``LagClock``)
     seconds: float | None = None  # the batch's duration (Spark's triggerExecution)
     rows_per_second: float | None = None  # Spark's processedRowsPerSecond
     state_rows: int | None = None  # rows in the query's state stores (None: a stateless query)
@@ -39,13 +43,15 @@ class BatchEvent:
 class BatchListener:
     """Forwards batch progress to the driver loop (listener calls must return quickly)."""
 
-    def __init__(self, events: queue.Queue[BatchEvent]) -> None:
+    def __init__(self, events: queue.Queue[BatchEvent], clock: Callable[[], float] = time.time) -> None:
         self.events = events
+        self.lag_clock = LagClock()
+        self.clock = clock
 
     def as_spark_listener(self) -> Any:
         from airflow_ckpt_provider.kafka.listening import ProgressListener  # imports pyspark
 
-        events = self.events
+        events, lag_clock, clock = self.events, self.lag_clock, self.clock
 
         class Listener(ProgressListener):  # each progress event crosses py4j once, as JSON
             def onQueryStarted(self, event: Any) -> None:
@@ -61,7 +67,9 @@ class BatchListener:
                     waiting = waiting or (latest is not None and latest != end)
                     lags.append(records_behind(s.endOffset, s.latestOffset))
                 lag = None if not lags or None in lags else sum(x for x in lags if x is not None)
-                events.put(BatchEvent(int(p.batchId), offsets, waiting, int(p.numInputRows), lag, **_measures(p)))
+                seconds = lag_clock.observe(clock(), [(s.endOffset, s.latestOffset) for s in p.sources])
+                events.put(BatchEvent(int(p.batchId), offsets, waiting, int(p.numInputRows), lag,
+                                      lag_seconds=seconds, **_measures(p)))
 
             def onQueryIdle(self, event: Any) -> None:  # posted at most every noDataProgressEventInterval
                 events.put(BatchEvent(-1, {}, False, 0))
@@ -92,6 +100,56 @@ def records_behind(end: str | None, latest: str | None) -> int | None:
         return None
     return sum(max(0, high - done.get(topic, {}).get(p, 0)) for topic, parts in topics.items()
                for p, high in parts.items())
+
+
+Partition = tuple[str, int]
+
+
+class LagClock:
+    """How many seconds a query is behind its Kafka sources: for each partition, how long ago the first record after
+    the batch's end offset arrived, i.e. when the latest offset Spark saw first passed that end offset. The time is
+    interpolated between the latest offsets seen at successive batches, as kafka-lag-exporter estimates a consumer
+    group's time lag; the precision is the time between batches. A lag older than every observation kept (the
+    driver started behind) is a lower bound: the age of the oldest observation. None where a source is not Kafka.
+    """
+
+    KEPT = 4096  # observations at most (the oldest that still anchors the lag is always kept)
+
+    def __init__(self) -> None:
+        self._seen: deque[tuple[float, dict[Partition, int]]] = deque()
+
+    def observe(self, at: float, sources: list[tuple[str | None, str | None]]) -> float | None:
+        """The lag after a batch whose sources ended at, and saw as latest, these offsets (query progress' JSON)."""
+        end: dict[Partition, int] = {}
+        latest: dict[Partition, int] = {}
+        for done_text, latest_text in sources:
+            done, top = kafka_offsets_or_none(done_text), kafka_offsets_or_none(latest_text)
+            if done is None or top is None:
+                return None
+            latest.update(((t, p), o) for t, parts in top.items() for p, o in parts.items())
+            end.update(((t, p), o) for t, parts in done.items() for p, o in parts.items())
+        self._seen.append((at, latest))
+        # The observations before the newest one at or below every end offset anchor nothing any more.
+        while len(self._seen) > 1 and all(o <= end.get(k, 0) for k, o in self._seen[1][1].items()):
+            self._seen.popleft()
+        while len(self._seen) > self.KEPT:
+            self._seen.popleft()
+        return max((at - self._arrived(k, end.get(k, 0)) for k, high in latest.items() if high > end.get(k, 0)),
+                   default=0.0)
+
+    def _arrived(self, key: Partition, offset: int) -> float:
+        """When the record at ``offset`` of ``key`` arrived: between the last observation whose latest offset was at
+        or below it and the first beyond it (the oldest observation if none was at or below it)."""
+        before: tuple[float, int] | None = None
+        for at, latest in self._seen:
+            high = latest.get(key, 0)
+            if high > offset:
+                if before is None:
+                    return at
+                t0, o0 = before
+                return t0 + (at - t0) * (offset + 1 - o0) / (high - o0)  # it exists once latest > offset
+            before = (at, high)
+        return self._seen[-1][0]  # not reached: caught up (not called then)
 
 
 def _source_name(index: int, description: str) -> str:

@@ -19,8 +19,11 @@ from airflow_ckpt_provider.core.policy.modes import RestoreSpec
 from airflow_ckpt_provider.core.policy.outage import Outage
 from airflow_ckpt_provider.core.policy.streambatch import (
     EPOCH_OPTION,
+    OUTCOMES_OPTION,
+    SinkOutcome,
     forget_before_query_start,
     run_before_query_start,
+    sink_outcome,
     wants_durable_plans,
 )
 from airflow_ckpt_provider.core.records.control import (
@@ -102,12 +105,21 @@ class JobContext:
                                    "may commit until the job store confirms it")
 
     def fenced(self, fn: Callable[[DataFrame, int], None]) -> Callable[[DataFrame, int], None]:
-        """A foreachBatch function that refuses to write, and to let Spark commit, once fenced."""
+        """A foreachBatch function that refuses to write, and to let Spark commit, once fenced; what it did with each
+        batch is counted as sink ``foreachBatch`` (its rows are the function's own business: not counted)."""
 
         def run(df: DataFrame, batch_id: int) -> None:
-            self._lease.confirm()
-            fn(df, batch_id)
-            self._lease.confirm()  # the last look before Spark writes commits/<batch_id>
+            try:
+                self._lease.confirm()
+                fn(df, batch_id)
+                self._lease.confirm()  # the last look before Spark writes commits/<batch_id>
+            except FencedError:
+                sink_outcome("foreachBatch", SinkOutcome.FENCED, batch_id)
+                raise
+            except BaseException:
+                sink_outcome("foreachBatch", SinkOutcome.ABORTED, batch_id)
+                raise
+            sink_outcome("foreachBatch", SinkOutcome.COMMITTED, batch_id)
 
         return run
 
@@ -339,6 +351,8 @@ class JobDriver:
             self.plans.reset()
         writer = writer.option("checkpointLocation", self.config.live_checkpoint)
         self.lease.read_before_next_commit()  # the query's first commit reads the lease (core/records/lease.py)
+        if self.metrics.outcomes is not None:  # the sinks count what they did with each batch (runtime/metrics.py)
+            writer = writer.option(OUTCOMES_OPTION, self.metrics.outcomes)
         self.query = writer.option(EPOCH_OPTION, str(self.lease.epoch)).queryName(job).start()
         self._query_started = self.clock()
         log.info("job %s epoch %d: query %s started (run %s), checkpoint %s, idle sources polled every %s", job,
@@ -498,7 +512,8 @@ class JobDriver:
                 status = self.reporter.status
                 if status is not None and not status.idle:  # caught up: one line, one write
                     log.info("job %s epoch %d: caught up, no new data", self.config.job, self.lease.epoch)
-                    self.reporter.update(idle=True, data_waiting=False, lag=0 if status.lag is not None else None)
+                    self.reporter.update(idle=True, data_waiting=False, lag=0 if status.lag is not None else None,
+                                         lag_seconds=0.0 if status.lag_seconds is not None else None)
                 continue
             self._new_batches += 1
             self.metrics.batch(event)
@@ -512,6 +527,7 @@ class JobDriver:
             self._batch_reported = True
             (self.reporter.update if prompt else self.reporter.note)(
                 batch_id=event.batch_id, batch_at=time.time(), offsets=event.offsets, lag=event.lag,
+                lag_seconds=event.lag_seconds,
                 data_waiting=event.data_waiting, idle=False, **resumed)
 
     def _drain_outcomes(self) -> None:

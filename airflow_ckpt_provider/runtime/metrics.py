@@ -7,15 +7,20 @@ is set. Design notes: docs/metrics.md#design-notes-runtimemetricspy."""
 from __future__ import annotations
 
 import copy
+import json
 import logging
+import os
+import tempfile
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.policy.settings import parse_address
+from airflow_ckpt_provider.core.policy.streambatch import tell_outcomes_to
 from airflow_ckpt_provider.core.records.status import JobState, JobStatus
 from airflow_ckpt_provider.core.store import requestcount
 from airflow_ckpt_provider.runtime.batchevents import BatchEvent
@@ -26,7 +31,7 @@ log = logging.getLogger(__name__)
 #: lease epoch and the code version it runs.
 LABELS = ("ckpt_job", "epoch", "code_version")
 
-Value = float | None | Mapping[str, float]
+Value = float | None | Mapping[str, float] | Mapping[tuple[str, ...], float]
 
 
 @dataclass
@@ -48,6 +53,8 @@ class Counts:
     last_snapshot_bytes: dict[str, float] = field(default_factory=dict)
     last_snapshot_at: dict[str, float] = field(default_factory=dict)  # by kind, created_at (the restored one first)
     query_restarts: Counter[str] = field(default_factory=Counter)
+    sink_batches: Counter[tuple[str, ...]] = field(default_factory=Counter)  # (sink, outcome)
+    sink_rows: Counter[str] = field(default_factory=Counter)  # rows the sinks committed, by sink
 
 
 @dataclass(frozen=True)
@@ -61,15 +68,20 @@ class Seen:
 
 @dataclass(frozen=True)
 class Metric:
-    """One metric: its name (Prometheus' form; a counter's without ``_total``), kind, help, unit, the label of its
-    values when it has several (``by``), and how it is read."""
+    """One metric: its name (Prometheus' form; a counter's without ``_total``), kind, help, unit, the labels of its
+    values when it has several (``by``: one label, or several whose values are tuples), and how it is read."""
 
     name: str
     kind: str  # "counter" or "gauge"
     help: str
     read: Callable[[Seen], Value]
-    by: str | None = None
+    by: str | tuple[str, ...] = ()
     unit: str = ""
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """The labels of its values (after ``LABELS``)."""
+        return (self.by,) if isinstance(self.by, str) else self.by
 
 
 def _status(attr: str) -> Callable[[Seen], Value]:
@@ -100,6 +112,8 @@ METRICS: tuple[Metric, ...] = (
            "processedRowsPerSecond)", lambda s: s.counts.rows_per_second),
     Metric("ckpt_lag_records", "gauge", "Kafka records behind the latest offsets the last batch saw (0 once idle)",
            _status("lag")),
+    Metric("ckpt_lag_seconds", "gauge", "how long ago the oldest Kafka record the last batch left behind arrived "
+           "(interpolated between batches; 0 once idle)", _status("lag_seconds"), unit="seconds"),
     Metric("ckpt_state_rows", "gauge", "rows in the query's state stores after the last batch",
            lambda s: s.counts.state_rows),
     Metric("ckpt_state_bytes", "gauge", "memory the query's state stores used after the last batch",
@@ -131,18 +145,55 @@ METRICS: tuple[Metric, ...] = (
            _status("started_at"), unit="seconds"),
     Metric("ckpt_store_requests", "counter", "the driver process's requests to the job store, by S3 operation",
            lambda s: {op: float(n) for op, n in requestcount.counts().items()}, by="operation"),
+    Metric("ckpt_sink_batches", "counter", "batches the job's sinks committed, skipped as replays, aborted or "
+           "refused as fenced, by sink and outcome", lambda s: s.counts.sink_batches, by=("sink", "outcome")),
+    Metric("ckpt_sink_rows", "counter", "rows the job's sinks committed (where the sink counts them)",
+           lambda s: s.counts.sink_rows, by="sink"),
 )
 
 
-def samples(metric: Metric, seen: Seen) -> Iterator[tuple[str | None, float]]:
-    """(the ``by`` label's value or None, value) of one metric; nothing where it has no value yet."""
+def samples(metric: Metric, seen: Seen) -> Iterator[tuple[tuple[str, ...], float]]:
+    """(the ``by`` labels' values, value) of one metric; nothing where it has no value yet."""
     value = metric.read(seen)
     if value is None:
         return
     if isinstance(value, Mapping):
-        yield from ((k, float(v)) for k, v in sorted(value.items()))
+        for key, v in sorted(value.items()):
+            yield (key if isinstance(key, tuple) else (key,)), float(v)
     else:
-        yield None, float(value)
+        yield (), float(value)
+
+
+class OutcomeTail:
+    """The sinks' outcomes file (core/policy/streambatch.py ``sink_outcome``), read on from where the last read
+    stopped: only whole lines are counted."""
+
+    def __init__(self, job: str) -> None:
+        fd, self.path = tempfile.mkstemp(prefix=f"ckpt-sink-outcomes-{job}-", suffix=".jsonl")
+        os.close(fd)
+        self._offset = 0
+
+    def read_into(self, counts: Counts) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except OSError as err:
+            log.warning("cannot read the sinks' outcomes in %s: %s", self.path, err)
+            return
+        whole = data[:data.rfind(b"\n") + 1]
+        self._offset += len(whole)
+        for line in whole.splitlines():
+            try:
+                seen = json.loads(line)
+                counts.sink_batches[(str(seen["sink"]), str(seen["outcome"]))] += 1
+                if seen["outcome"] == "committed" and isinstance(seen.get("rows"), int):
+                    counts.sink_rows[str(seen["sink"])] += seen["rows"]
+            except (ValueError, KeyError, TypeError) as err:
+                log.warning("a line of the sinks' outcomes in %s is not one: %r (%s)", self.path, line[:200], err)
+
+    def remove(self) -> None:
+        Path(self.path).unlink(missing_ok=True)
 
 
 class DriverMetrics:
@@ -158,7 +209,26 @@ class DriverMetrics:
         self._lock = threading.Lock()
         self._closers: list[Callable[[], None]] = []
         self._sampled = (0, 0, 0.0)  # batches, rows, seconds at the last take_sample
+        self._tail: OutcomeTail | None = None
         self.url: str | None = None
+
+    @property
+    def outcomes(self) -> str | None:
+        """The file the sinks count their outcomes in (the writer option ``ckpt.outcomes``), once metrics are on."""
+        return self._tail.path if self._tail is not None else None
+
+    def _count_sinks(self) -> None:
+        """Start counting what the sinks do with each batch: a file they append to (``OutcomeTail``)."""
+        if self._tail is None:
+            self._tail = OutcomeTail(self.job)
+            tell_outcomes_to(self._tail.path)
+            self._closers.append(self._stop_counting_sinks)
+
+    def _stop_counting_sinks(self) -> None:
+        tell_outcomes_to(None)
+        if self._tail is not None:
+            self._tail.remove()
+            self._tail = None
 
     @property
     def labels(self) -> dict[str, str]:
@@ -167,6 +237,8 @@ class DriverMetrics:
 
     def seen(self) -> Seen:
         with self._lock:
+            if self._tail is not None:
+                self._tail.read_into(self.counts)
             counts = copy.deepcopy(self.counts)
         return Seen(counts, self._status(), self._settings)
 
@@ -224,6 +296,7 @@ class DriverMetrics:
         from prometheus_client import CollectorRegistry, start_http_server
 
         host, port = parse_address(address)
+        self._count_sinks()
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_PrometheusCollector(self))
         try:
@@ -252,6 +325,7 @@ class DriverMetrics:
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
         from opentelemetry.sdk.resources import Resource
 
+        self._count_sinks()
         reader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=endpoint),
                                                export_interval_millis=interval * 1000)
         provider = MeterProvider(metric_readers=[reader], resource=Resource.create(
@@ -281,11 +355,10 @@ class _PrometheusCollector:
 
         seen, base = self.metrics.seen(), self.metrics.labels
         for metric in METRICS:
-            labels = [*LABELS, metric.by] if metric.by else list(LABELS)
             family = (CounterMetricFamily if metric.kind == "counter" else GaugeMetricFamily)(
-                metric.name, metric.help, labels=labels, unit="")
+                metric.name, metric.help, labels=[*LABELS, *metric.labels], unit="")
             for by, value in samples(metric, seen):
-                family.add_metric([base[k] for k in LABELS] + ([by] if by is not None else []), value)
+                family.add_metric([*(base[k] for k in LABELS), *by], value)
             yield family
 
 
@@ -296,7 +369,7 @@ def _register_otel(metrics: DriverMetrics, meter: Any) -> None:
     def callback(metric: Metric) -> Callable[[CallbackOptions], list[Observation]]:
         def observe(_: CallbackOptions) -> list[Observation]:
             base = dict(metrics.labels)
-            return [Observation(value, {**base, metric.by: by} if metric.by and by is not None else base)
+            return [Observation(value, {**base, **dict(zip(metric.labels, by, strict=True))})
                     for by, value in samples(metric, metrics.seen())]
         return observe
 

@@ -16,6 +16,7 @@ import msgspec
 
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
 from airflow_ckpt_provider.core.records.base import Record, Upgrade
+from airflow_ckpt_provider.core.records.lease import FencedError
 from airflow_ckpt_provider.core.snapshots.coverage import Coverage
 from airflow_ckpt_provider.core.store.storage import S3Options, Storage, open_storage
 from airflow_ckpt_provider.sinks.timelines import TimelineRecord, Timelines, effective, split
@@ -132,9 +133,9 @@ def raise_fence(storage: Storage, job: str, epoch: int) -> FenceRecord:
                         "more than one driver of the job is starting: check the job's lease")
 
 
-def fenced_error(storage: Storage, what: str, epoch: int, fence: FenceRecord) -> ConflictError:
+def fenced_error(storage: Storage, what: str, epoch: int, fence: FenceRecord) -> FencedError:
     """The error of a commit (or a query start) of a driver that a newer one replaced."""
-    return ConflictError(
+    return FencedError(
         f"ckpt-files {what}: expected this driver (epoch {epoch}) to hold the job, found the sink fenced at epoch "
         f"{fence.epoch} since {fence.raised_at} ({storage.uri(FENCE)}): a newer driver runs the job, this one is "
         "fenced and commits nothing. If the job's store was recreated (its epochs started again at 1), stop every "

@@ -22,10 +22,15 @@ from airflow_ckpt_provider.core.policy.faults import crash_point
 from airflow_ckpt_provider.core.policy.streambatch import (
     BATCH_ID_PROPERTY,
     EPOCH_OPTION,
+    OUTCOMES_OPTION,
     QUERY_ID_PROPERTY,
+    SinkOutcome,
     epoch_option,
+    outcomes_option,
+    sink_outcome,
     worker_logging,
 )
+from airflow_ckpt_provider.core.records.lease import FencedError
 from airflow_ckpt_provider.core.snapshots.coverage import checkpoint_storage, read_coverage
 from airflow_ckpt_provider.core.store.storage import S3Options, Storage, open_storage, sha256_file
 from airflow_ckpt_provider.sinks.filecommit import commit_batch, delete_files
@@ -49,7 +54,8 @@ log = logging.getLogger(__name__)
 NAME = "ckpt-files"
 COMPRESSIONS = ("snappy", "zstd", "gzip", "lz4", "brotli", "none")
 #: Options Spark itself passes to every sink (lower case: Spark's option map is case-insensitive).
-_SPARK_OPTIONS = {"checkpointlocation", "path", "queryname", EPOCH_OPTION}  # Spark's, and the runtime's epoch
+#: Spark's, and the runtime's epoch and outcomes file.
+_SPARK_OPTIONS = {"checkpointlocation", "path", "queryname", EPOCH_OPTION, OUTCOMES_OPTION}
 _OPTIONS = {"job", "compression", "s3.endpoint", "s3.region", "maxrecordsperfile"}
 #: Rows buffered before a Parquet row group is written (Spark hands over ~10k-row Arrow batches).
 ROW_GROUP_ROWS = 128 * 1024
@@ -67,6 +73,7 @@ class SinkOptions:
     max_records_per_file: int = 0
     checkpoint: str = ""
     epoch: int | None = None  # the driver's lease epoch (the runtime's option), recorded with each commit
+    outcomes: str | None = None  # the runtime's outcomes file (core/policy/streambatch.py OUTCOMES_OPTION)
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> SinkOptions:
@@ -92,7 +99,8 @@ class SinkOptions:
             raise ConfigError(f"ckpt-files: maxRecordsPerFile must be an integer >= 0 (0: no limit), found "
                               f"{opts.get('maxrecordsperfile')!r}")
         return cls(path, job, compression, opts.get("s3.endpoint") or None, opts.get("s3.region") or None,
-                   max_records, opts.get("checkpointlocation", "").strip(), epoch_option(opts))
+                   max_records, opts.get("checkpointlocation", "").strip(), epoch_option(opts),
+                   outcomes_option(opts))
 
     def storage(self) -> Storage:
         """The sink's storage; S3 credentials from this process's environment (never pickled to tasks)."""
@@ -175,7 +183,13 @@ class CkptFilesWriter(DataSourceStreamArrowWriter):
             files=tuple(sorted((f for m in mine for f in m.files), key=lambda f: f.key)),
             spark_schema=self.schema.jsonValue(), arrow_schema=_arrow_schema_hex(self.schema), epoch=self.options.epoch,
         ).covering(coverage)
-        commit_batch(self.options.storage(), manifest, lambda point: crash_point(point, batchId))
+        try:
+            done = commit_batch(self.options.storage(), manifest, lambda point: crash_point(point, batchId))
+        except FencedError:
+            sink_outcome(NAME, SinkOutcome.FENCED, batchId, path=self.options.outcomes)
+            raise
+        sink_outcome(NAME, SinkOutcome.COMMITTED if done.committed else SinkOutcome.SKIPPED, batchId,
+                     done.manifest.rows if done.committed else 0, path=self.options.outcomes)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         mine = [m for m in messages if isinstance(m, FilesCommitMessage)]
@@ -190,6 +204,7 @@ class CkptFilesWriter(DataSourceStreamArrowWriter):
         log.warning("ckpt-files job %s batch %d aborted: deleting %d files of finished tasks, keeping %d committed "
                     "(failed tasks' files stay as orphans for gc)", self.options.job, batchId, len(keys), len(keep))
         delete_files(storage, keys)
+        sink_outcome(NAME, SinkOutcome.ABORTED, batchId, path=self.options.outcomes)
 
 
 def _arrow_schema_hex(schema: StructType) -> str | None:

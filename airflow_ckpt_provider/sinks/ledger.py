@@ -11,7 +11,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_ckpt_provider.core.errors import ConfigError, ConflictError
 from airflow_ckpt_provider.core.policy.faults import crash_point
-from airflow_ckpt_provider.core.policy.streambatch import QUERY_ID_PROPERTY, before_query_start
+from airflow_ckpt_provider.core.policy.streambatch import (
+    QUERY_ID_PROPERTY,
+    SinkOutcome,
+    before_query_start,
+    sink_outcome,
+)
 from airflow_ckpt_provider.core.records.lease import FencedError
 from airflow_ckpt_provider.core.snapshots.checkpoint import id_ranges
 from airflow_ckpt_provider.core.snapshots.coverage import Coverage, checkpoint_storage, read_coverage
@@ -293,6 +298,7 @@ class Ledger:
                 log.info("job %s query %s: batch %d already committed at %s (%s rows, timeline %s, offsets %s): "
                          "skipped", self.job, query_id, batch_id, found[0] if found else "?",
                          found[1] if found else "?", current, coverage.short())
+                sink_outcome("ledger", SinkOutcome.SKIPPED, batch_id, 0)
                 return False
             if decision.action is Action.REFUSE:
                 raise ConflictError(f"{REFUSED} ledger {self.table} of job {self.job} query {query_id}: batch "
@@ -317,11 +323,13 @@ class Ledger:
             self._hold_fence(cur, style, f"query {query_id} batch {batch_id}")  # and the database's own fence
             crash_point("ledger.before-commit", batch_id)
             conn.commit()
-        except BaseException:
+        except BaseException as failed:
             try:
                 conn.rollback()
             except Exception as err:  # the original error matters more
                 log.warning("job %s: rollback of batch %d failed: %s", self.job, batch_id, redact(str(err)))
+            sink_outcome("ledger", SinkOutcome.FENCED if isinstance(failed, FencedError) else SinkOutcome.ABORTED,
+                         batch_id)
             raise
         finally:
             conn.close()
@@ -331,6 +339,7 @@ class Ledger:
                         timeline, batch_id, decision.reason, id_ranges(forked), self.tables.abandoned)
         log.info("job %s query %s: batch %d committed, %s rows, epoch %s, timeline %d, offsets %s", self.job,
                  query_id, batch_id, rows if rows is not None else "?", self.epoch, timeline, coverage.short())
+        sink_outcome("ledger", SinkOutcome.COMMITTED, batch_id, rows)
         crash_point("ledger.after-commit", batch_id)
         return True
 

@@ -7,6 +7,9 @@ The counts are exact (rows read, batches, the lease epoch) in the driver's own e
 checkpoint snapshots keep up, the snapshot-age alert never was pending; the test then pauses the driver's snapshots
 (the bench's pause file) while batches go on: the alert fires for this job and epoch; resumed, it clears. Once the
 job stopped, its driver is no target any more.
+
+A job writing to the ckpt-kafka sink counts what the sink's commit worker (a Python worker of Spark's, another
+process) did with each batch: every batch committed once, every row.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from airflow_ckpt_provider.core.policy.faults import PAUSE_ENV
 from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
 from airflow_ckpt_provider.core.records.status import JobState
+from tests.support.exactlyonce import EO_JOB, KafkaSink, job_of_its_own, new_sink_topic
 from tests.support.prometheus import OtlpReceiver, Prometheus
 from tests.support.runtimejob import JobEnv, produce, wait_logged
 
@@ -93,6 +97,10 @@ def test_prometheus_scrapes_exact_counts_and_fires_the_snapshot_age_alert_once_s
         assert seen[("ckpt_job_state", (("state", "RUNNING"),))] == 1
         assert seen[("ckpt_job_state", (("state", "FAILED"),))] == 0
         assert seen[("ckpt_checkpoint_interval_seconds", ())] == 2
+        assert seen[("ckpt_lag_seconds", ())] == 0  # every record was there before the start, and all are read
+        # The job's foreachBatch (JobContext.fenced) committed every batch once, in the driver's own process.
+        assert seen[("ckpt_sink_batches_total", (("outcome", "committed"), ("sink", "foreachBatch")))] == \
+            status.batch_id + 1
         # The same table over OTLP/HTTP (OpenTelemetry's SDK and exporter), with the job, epoch and version.
         exported = wait_logged("an OTLP export with every row read", lambda: otlp.values.get(
             ("ckpt_input_rows", ())) == FIRST, 30.0, run.log)
@@ -167,3 +175,25 @@ def test_prometheus_scrapes_exact_counts_and_fires_the_snapshot_age_alert_once_s
         otlp.stop()
         if pause.exists():
             os.unlink(pause)
+
+
+def test_the_kafka_sinks_commit_worker_counts_every_batch_and_row_it_committed(env: JobEnv) -> None:
+    job = job_of_its_own(env, "sink-metrics")
+    sink = KafkaSink(env.kafka.bootstrap_servers, new_sink_topic(env.kafka))
+    produce(env.kafka.bootstrap_servers, job.topic, 0, FIRST)
+    run = job.run("driver", job.work / "checkpoint", "--metrics-address", "127.0.0.1", max_offsets=40,
+                  job_file=EO_JOB, conf=sink.conf(), extra_env=sink.env())
+    try:
+        status = job.wait_status(f"RUNNING with {FIRST} records read", lambda s: (
+            s.state is JobState.RUNNING and job.consumed(s) == FIRST and s.metrics_url is not None), TIMEOUT, run)
+        assert status.metrics_url is not None
+        seen = scrape(status.metrics_url)
+        outcomes = {dict(labels)["outcome"]: value for (name, labels), value in seen.items()
+                    if name == "ckpt_sink_batches_total" and dict(labels)["sink"] == "ckpt-kafka"}
+        assert outcomes == {"committed": seen[("ckpt_batches_total", ())]}  # no replay, no abort, none fenced
+        assert seen[("ckpt_sink_rows_total", (("sink", "ckpt-kafka"),))] == FIRST  # each id once
+        assert sorted(row[0] for row in sink.committed()) == list(range(FIRST))
+        assert job.request(RequestAction.STOP, status.epoch).outcome is Outcome.COMPLETED
+        assert run.wait(120) == 0
+    finally:
+        run.stop()

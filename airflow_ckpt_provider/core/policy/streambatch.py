@@ -1,4 +1,5 @@
-"""What code in a streaming batch can learn about it, and how it logs from Spark's Python workers.
+"""What code in a streaming batch can learn about it, how it logs from Spark's Python workers, and where the sinks
+tell what they did with each batch.
 
 Spark sets these local properties in every task of a micro-batch and in the foreachBatch thread;
 the exactly-once sinks key their commits by them. No pyspark import.
@@ -6,9 +7,12 @@ the exactly-once sinks key their commits by them. No pyspark import.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from enum import StrEnum
 
 #: Spark's local properties of a streaming batch: set in every task and in the foreachBatch thread.
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
@@ -23,6 +27,58 @@ def epoch_option(options: dict[str, str]) -> int | None:
     without it."""
     text = options.get(EPOCH_OPTION, "").strip()
     return int(text) if text.isdigit() else None
+
+
+#: The writer option the runtime sets on the job's query when its metrics are on: a file of the driver's host the
+#: sinks append one line to per batch they commit, skip, abort or refuse (Spark runs a Python sink's commit and
+#: abort in a Python worker of the driver, not in the driver's own process; runtime/metrics.py reads the file).
+OUTCOMES_OPTION = "ckpt.outcomes"
+
+log = logging.getLogger(__name__)
+
+
+class SinkOutcome(StrEnum):
+    """What a sink did with one batch."""
+
+    COMMITTED = "committed"  # its output became visible
+    SKIPPED = "skipped"  # a replay of a batch already committed: nothing written again
+    ABORTED = "aborted"  # Spark aborted the batch's write (a task or the commit failed): it is replayed
+    FENCED = "fenced"  # the commit was refused: a newer driver holds the job (Spark then aborts the batch)
+
+
+#: Where sinks in the driver's own process (foreachBatch: the ledger, ``JobContext.fenced``) tell their outcomes;
+#: set by the runtime with its metrics (``tell_outcomes_to``).
+_OUTCOMES: list[str] = []
+
+
+def tell_outcomes_to(path: str | None) -> None:
+    """Where ``sink_outcome`` appends when it is given no path (None: nowhere)."""
+    _OUTCOMES[:] = [path] if path else []
+
+
+def outcomes_option(options: Mapping[str, str]) -> str | None:
+    """The outcomes file the runtime passed in the writer options (names lower-cased, as Spark passes them)."""
+    return options.get(OUTCOMES_OPTION) or None
+
+
+def sink_outcome(sink: str, outcome: SinkOutcome, batch_id: int, rows: int | None = None, *,
+                 path: str | None = None) -> None:
+    """Append what ``sink`` did with ``batch_id`` to the outcomes file (``path``, else the one the runtime set);
+    nothing without one. One short line per write with O_APPEND: lines of several workers never interleave. A
+    write that fails is logged, never raised: counting must not fail a batch."""
+    where = path or (_OUTCOMES[0] if _OUTCOMES else None)
+    if where is None:
+        return
+    line = json.dumps({"sink": sink, "outcome": outcome.value, "batch": batch_id, "rows": rows}) + "\n"
+    try:
+        fd = os.open(where, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+    except OSError as err:
+        log.warning("sink %s batch %d: could not count its outcome (%s) in %s: %s", sink, batch_id, outcome.value,
+                    where, err)
 
 
 #: The loggers whose commit and replay lines must reach the worker's stderr.

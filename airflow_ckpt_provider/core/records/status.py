@@ -103,6 +103,7 @@ class JobStatus(Record, frozen=True):
     batch_at: float | None = None  # when batch_id completed
     offsets: dict[str, Any] = msgspec.field(default_factory=dict)
     lag: int | None = None  # Kafka records behind the latest offsets Spark saw for batch_id (0 once idle)
+    lag_seconds: float | None = None  # how long ago the oldest of those records arrived (runtime/batchevents.py)
     data_waiting: bool = False
     idle: bool = False  # the query's last trigger found no new data (caught up with its sources)
     last_snapshot: dict[str, Any] | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import urllib.request
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -12,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.policy.settings import parse_address
+from airflow_ckpt_provider.core.policy.streambatch import SinkOutcome, sink_outcome
 from airflow_ckpt_provider.core.records.status import JobState, JobStatus
 from airflow_ckpt_provider.runtime.batchevents import BatchEvent, _measures
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
@@ -84,10 +86,10 @@ def test_batches_snapshots_and_restarts_are_counted_and_served_with_the_jobs_lab
 def test_before_the_first_status_and_batch_only_what_is_known_is_served() -> None:
     metrics = driver_metrics(None)
     seen = {m.name: list(samples(m, metrics.seen())) for m in METRICS}
-    assert seen["ckpt_batches"] == [(None, 0.0)]
+    assert seen["ckpt_batches"] == [((), 0.0)]
     assert seen["ckpt_last_batch_id"] == [] and seen["ckpt_lag_records"] == [] and seen["ckpt_state_rows"] == []
     assert seen["ckpt_last_snapshot_timestamp_seconds"] == []
-    assert seen["ckpt_job_state"] == [(s.value, 0.0) for s in sorted(JobState, key=lambda s: s.value)]
+    assert seen["ckpt_job_state"] == [((s.value,), 0.0) for s in sorted(JobState, key=lambda s: s.value)]
 
 
 def test_a_restored_snapshot_never_hides_a_newer_one_taken_since() -> None:
@@ -146,3 +148,39 @@ def test_a_batchs_measures_come_from_its_progress() -> None:
     assert _measures(progress) == {"seconds": 1.5, "rows_per_second": 25.0, "state_rows": 15, "state_bytes": 150}
     empty = SimpleNamespace(durationMs={}, processedRowsPerSecond=float("nan"), stateOperators=[])
     assert _measures(empty) == {"seconds": None, "rows_per_second": None, "state_rows": None, "state_bytes": None}
+
+
+def test_what_the_sinks_did_with_each_batch_is_counted_by_sink_and_outcome_from_their_file() -> None:
+    metrics = driver_metrics(status())
+    assert metrics.outcomes is None  # metrics off: no file, the sinks count nothing
+    sink_outcome("ledger", SinkOutcome.COMMITTED, 0, 5)  # nowhere to count: dropped
+    metrics.serve("127.0.0.1")
+    try:
+        path = metrics.outcomes
+        assert path is not None and Path(path).exists()
+        # A sink's commit worker (another process) is given the file in its writer options ...
+        sink_outcome("ckpt-kafka", SinkOutcome.COMMITTED, 0, 40, path=path)
+        sink_outcome("ckpt-kafka", SinkOutcome.SKIPPED, 0, 0, path=path)
+        sink_outcome("ckpt-kafka", SinkOutcome.ABORTED, 1, path=path)
+        sink_outcome("ckpt-kafka", SinkOutcome.COMMITTED, 1, 60, path=path)
+        # ... a foreachBatch sink in the driver's own process finds it where the metrics told it.
+        sink_outcome("ledger", SinkOutcome.FENCED, 2)
+        with open(path, "ab") as f:
+            f.write(b'{"sink": "ledger", "outcome": "comm')  # a line still being written is not counted yet
+        first = read(metrics)
+        with open(path, "ab") as f:
+            f.write(b'itted", "batch": 3, "rows": 7}\n')
+        second = read(metrics)
+    finally:
+        metrics.close()
+
+    def batches(seen: dict[tuple[str, tuple[tuple[str, str], ...]], float], sink: str, outcome: str) -> float:
+        return seen.get(("ckpt_sink_batches_total", tuple(sorted((*LABELS, ("outcome", outcome), ("sink", sink))))),
+                        0.0)
+
+    assert [batches(first, "ckpt-kafka", o) for o in ("committed", "skipped", "aborted", "fenced")] == [2, 1, 1, 0]
+    assert (batches(first, "ledger", "fenced"), batches(first, "ledger", "committed")) == (1, 0)
+    assert first[("ckpt_sink_rows_total", tuple(sorted((*LABELS, ("sink", "ckpt-kafka")))))] == 100
+    assert batches(second, "ledger", "committed") == 1
+    assert second[("ckpt_sink_rows_total", tuple(sorted((*LABELS, ("sink", "ledger")))))] == 7
+    assert metrics.outcomes is None and not Path(path).exists()  # closed: the file is gone, nothing counts there

@@ -205,7 +205,8 @@ def test_a_status_is_written_with_its_schema_and_reads_back_equal(tmp_path: Path
     assert write_status(store, status)
     written = json.loads(store.storage.read(STATUS))
     assert written["schema"] == JobStatus.SCHEMA
-    added_since = {"store_rates": {}, "store_window": 0.0, "metrics_url": None, "samples": []}  # optional, later
+    added_since = {"store_rates": {}, "store_window": 0.0, "metrics_url": None, "samples": [],  # optional, later
+                   "lag_seconds": None}
     assert {k: v for k, v in written.items() if k != "schema"} == _raw(_release(), STATUS) | added_since
     assert read_status(store) == status
 
