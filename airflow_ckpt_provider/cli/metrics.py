@@ -2,7 +2,8 @@
 
 A driver serves its metrics when its job sets `--metrics-address` (HOST:PORT, or HOST for a free port). `targets`
 writes Prometheus' file_sd JSON of the drivers the job store lists as active (with `--every S`, again every S
-seconds); `rules` prints the alert rules (`promtool check rules` takes them); `dashboard` the Grafana dashboard.
+seconds; `--service`: the supervision service's instances instead); `rules` prints the alert rules (`promtool check
+rules` takes them); `dashboard` the Grafana dashboard.
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ from pathlib import Path
 from airflow_ckpt_provider.cli.common import add_store_args, emit, s3_options
 from airflow_ckpt_provider.core.errors import ConfigError, StorageError
 from airflow_ckpt_provider.core.store.storage import open_storage
-from airflow_ckpt_provider.launcher.monitoring import AlertSettings, dashboard_json, rules_yaml, scrape_targets
+from airflow_ckpt_provider.launcher.monitoring import (
+    AlertSettings,
+    dashboard_json,
+    rules_yaml,
+    scrape_targets,
+    service_targets,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +52,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
             signal.signal(sig, lambda *_: stop.set())
     while True:
         try:
-            entries = scrape_targets(root)
+            entries = service_targets(root) if args.service else scrape_targets(root)
         except StorageError as err:
             if args.every is None:
                 raise
@@ -62,8 +69,9 @@ def cmd_targets(args: argparse.Namespace) -> int:
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
-    settings = AlertSettings(scrape_job=args.scrape_job, hold=args.hold, snapshot_age_floor=args.snapshot_age_floor,
-                             lag_rising=args.lag_rising, restarts=args.restarts, restart_window=args.restart_window)
+    settings = AlertSettings(scrape_job=args.scrape_job, service_scrape_job=args.service_scrape_job,
+                             hold=args.hold, snapshot_age_floor=args.snapshot_age_floor, lag_rising=args.lag_rising,
+                             restarts=args.restarts, restart_window=args.restart_window)
     return _emit_file(args, rules_yaml(settings))
 
 
@@ -90,11 +98,16 @@ def add_metrics_commands(groups: argparse._SubParsersAction[argparse.ArgumentPar
     t.add_argument("--out", metavar="FILE", help="write the file_sd JSON there (replaced at once)")
     t.add_argument("--every", type=float, metavar="S", help="with --out: write it again every S seconds until "
                                                              "stopped")
+    t.add_argument("--service", action="store_true", help="the supervision service's instances serving metrics "
+                   "(`ckpt service run --metrics-address`) instead of the drivers: a second scrape job")
     t.set_defaults(fn=cmd_targets)
     defaults = AlertSettings()
     r = sub.add_parser("rules", help="the alert rules as a Prometheus rules file")
     r.add_argument("--scrape-job", default=defaults.scrape_job,
                    help=f"Prometheus' scrape job of the drivers' targets (default {defaults.scrape_job})")
+    r.add_argument("--service-scrape-job", default=defaults.service_scrape_job,
+                   help="Prometheus' scrape job of the supervision service's targets (default "
+                        f"{defaults.service_scrape_job})")
     r.add_argument("--hold", default=defaults.hold, help=f"how long a condition holds before it fires (default "
                                                          f"{defaults.hold})")
     r.add_argument("--snapshot-age-floor", type=float, default=defaults.snapshot_age_floor, metavar="S",

@@ -15,6 +15,7 @@ from typing import Any
 
 from airflow_ckpt_provider.cli.common import add_store_args, emit, s3_options, table
 from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.policy.settings import check_metrics
 from airflow_ckpt_provider.core.records.deployments import read_launch
 from airflow_ckpt_provider.core.records.ownership import INSTANCES, InstanceRecord, Timings, read_owner
 from airflow_ckpt_provider.core.store.jobstore import JobStore
@@ -44,7 +45,15 @@ def cmd_service_run(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    service.run(stop)  # a store it cannot write: StorageError, exit 1 with the error's message
+    check_metrics(args.metrics_address, args.metrics_otlp, args.metrics_interval)
+    try:  # an address this host cannot bind: ConfigError, exit 2, before anything is claimed
+        if args.metrics_address is not None:
+            service.metrics.serve(args.metrics_address)
+        if args.metrics_otlp is not None:
+            service.metrics.export(args.metrics_otlp, args.metrics_interval)
+        service.run(stop)  # a store it cannot write: StorageError, exit 1 with the error's message
+    finally:
+        service.metrics.close()
     return 0
 
 
@@ -107,4 +116,12 @@ def add_service_commands(groups: argparse._SubParsersAction[argparse.ArgumentPar
                            f"a GET of its supervisor's record, all of it every {FULL_LOOK_EVERY:g} s); a hand-over "
                            "or an operation asked for rings the service's bell, a silent owner is noticed at each "
                            "renewal: both bring a full look at once")
+            p.add_argument("--metrics-address", metavar="ADDRESS",
+                           help="serve this instance's metrics for Prometheus at http://ADDRESS/metrics: HOST:PORT, or "
+                           "HOST for a free port (its URL in its lease record; `ckpt metrics targets --service` "
+                           "lists them); default none: not served")
+            p.add_argument("--metrics-otlp", metavar="URL",
+                           help="export this instance's metrics over OTLP/HTTP to URL (http://HOST:4318/v1/metrics)")
+            p.add_argument("--metrics-interval", type=float, default=15.0, metavar="S",
+                           help="seconds between OTLP exports (default 15)")
 

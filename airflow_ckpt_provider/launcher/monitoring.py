@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -15,6 +16,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
+from airflow_ckpt_provider.core.records.ownership import INSTANCES, InstanceRecord
 from airflow_ckpt_provider.core.records.status import ACTIVE_STATES, read_status
 from airflow_ckpt_provider.core.store.jobstore import JobStore, is_job_name
 from airflow_ckpt_provider.core.store.storage import Storage
@@ -29,6 +31,7 @@ class AlertSettings:
     """The thresholds of the rules; the defaults are the shipped file's (``ckpt metrics rules``)."""
 
     scrape_job: str = "ckpt-drivers"  # the Prometheus scrape job of the drivers' targets (for ``up``)
+    service_scrape_job: str = "ckpt-service"  # the scrape job of the supervision service's instances
     hold: str = "2m"  # how long a condition holds before its alert fires
     snapshot_age_floor: float = 60.0  # seconds: the snapshot age alert never fires below this, whatever the interval
     lag_rising: str = "15m"
@@ -49,6 +52,13 @@ def _rule(name: str, expr: str, hold: str, severity: str, summary: str,  # noqa:
           description: str) -> dict[str, Any]:
     return {"alert": name, "expr": expr, "for": hold, "labels": {"severity": severity},
             "annotations": {"summary": summary, "description": description}}
+
+
+def _grown(series: str, window: str) -> str:
+    """How much ``series`` (counters) grew over ``window``, counting a series that appeared within it from 0: the
+    clients export a labelled counter from its first increment, which ``increase()`` cannot see (it needs two
+    samples). Counters here restart only with a new process, whose series carry a new epoch or instance."""
+    return f"({series} - ({series} offset {window} or {series} * 0))"
 
 
 def alert_rules(s: AlertSettings) -> dict[str, Any]:
@@ -76,7 +86,7 @@ def alert_rules(s: AlertSettings) -> dict[str, Any]:
               "(`ckpt job rescale`) or give it more executors."),
         _rule("CkptCrashLoop",
               f"(count by (ckpt_job) (max_over_time(ckpt_lease_epoch[{s.restart_window}])) > {s.restarts}) or "
-              f"(sum by (ckpt_job) (increase(ckpt_query_restarts_total[{s.restart_window}])) >= {s.restarts})",
+              f"(sum by (ckpt_job) {_grown('ckpt_query_restarts_total', s.restart_window)} >= {s.restarts})",
               "0s", "critical",
               "job {{ $labels.ckpt_job }}: " + f"{s.restarts} or more restarts within {s.restart_window}",
               "Drivers or queries of the job keep restarting. Run `ckpt job status --job {{ $labels.ckpt_job }}` "
@@ -95,12 +105,59 @@ def alert_rules(s: AlertSettings) -> dict[str, Any]:
               "a ckpt driver's metrics endpoint {{ $labels.instance }} does not answer",
               "The job store still lists this driver as active, but it does not answer scrapes: it died or its "
               "host is cut off. Its supervisor restarts it; `ckpt metrics targets` drops it once it is ended."),
+        _rule("CkptServiceGaveUp",
+              _grown('ckpt_service_actions_total{action=~"gave-up|refused"}', "10m") + " > 0", "0s", "critical",
+              "job {{ $labels.ckpt_job }}: the supervision service {{ $labels.action }} it",
+              "Service instance {{ $labels.ckpt_instance }} no longer supervises the job: its supervisor kept dying "
+              "(gave-up) or its deployment cannot start (refused). Run `ckpt service status` and `ckpt job status "
+              "--job {{ $labels.ckpt_job }}`, fix the cause, then hand the job over again."),
+        _rule("CkptServiceLeaseFailing",
+              "increase(ckpt_service_lease_renewals_total{outcome=\"failed\"}[5m]) > 0", s.hold, "warning",
+              "supervision service instance {{ $labels.ckpt_instance }} cannot renew its lease",
+              "The job store refuses or does not answer its renewals: once its last renewal is older than its "
+              "renew deadline it takes no step, and other instances take its jobs over. Check its host's way to the "
+              "store."),
+        _rule("CkptServiceDown", f"up{{job=\"{s.service_scrape_job}\"}} == 0", s.hold, "warning",
+              "a supervision service instance's metrics endpoint {{ $labels.instance }} does not answer",
+              "The instance died or its host is cut off: the other instances take its jobs over after its lease "
+              "duration. Run `ckpt service status`."),
     ]}]}
 
 
 def rules_yaml(s: AlertSettings) -> str:
     return ("# Alert rules for the drivers' metrics of airflow-ckpt-provider (docs/metrics.md), rendered by "
             "`ckpt metrics rules`.\n" + yaml.safe_dump(alert_rules(s), sort_keys=False, width=120))
+
+
+#: How long an instance that went silent without stopping stays a target: CkptServiceDown fires for it meanwhile,
+#: then it drops out (its jobs were taken over long before).
+SILENT_TARGET = 900.0
+
+
+def service_targets(root: Storage) -> list[dict[str, Any]]:
+    """Prometheus file_sd entries for the supervision service's instances that serve metrics (their lease records
+    name ``metrics_url``): those that did not stop, until SILENT_TARGET s after their last renewal."""
+    entries = []
+    for info in root.list(INSTANCES):
+        if not info.key.endswith(".json"):
+            continue
+        try:
+            found = root.read_versioned(info.key)
+            if found is None:
+                continue
+            record = InstanceRecord.from_bytes(found.data, root.uri(info.key))
+        except CkptError as err:
+            log.warning("service instance record %s unreadable, left out of the targets: %s", info.key, err)
+            continue
+        age = found.age if found.age is not None else time.time() - record.renewed_at
+        if record.stopped or record.metrics_url is None or age > record.lease_duration + SILENT_TARGET:
+            continue
+        url = urlsplit(record.metrics_url)
+        labels = {"ckpt_service_instance": record.instance, "ckpt_service_host": record.host}
+        if url.path and url.path != "/metrics":
+            labels["__metrics_path__"] = url.path
+        entries.append({"targets": [url.netloc], "labels": labels})
+    return entries
 
 
 def scrape_targets(root: Storage) -> list[dict[str, Any]]:
@@ -131,6 +188,7 @@ def dashboard() -> dict[str, Any]:
         ("Rows per second", "sum by (ckpt_job) (rate(ckpt_input_rows_total{ckpt_job=~\"$job\"}[5m]))", "rowsps"),
         ("Batch duration", "ckpt_last_batch_duration_seconds{ckpt_job=~\"$job\"}", "s"),
         ("Kafka lag (records)", "ckpt_lag_records{ckpt_job=~\"$job\"}", "short"),
+        ("Kafka lag (seconds)", "ckpt_lag_seconds{ckpt_job=~\"$job\"}", "s"),
         ("State rows", "ckpt_state_rows{ckpt_job=~\"$job\"}", "short"),
         ("State memory", "ckpt_state_bytes{ckpt_job=~\"$job\"}", "bytes"),
         ("Time since the last snapshot",
@@ -144,6 +202,13 @@ def dashboard() -> dict[str, Any]:
         ("Lease epoch", "max by (ckpt_job) (ckpt_lease_epoch{ckpt_job=~\"$job\"})", "short"),
         ("Store requests per second",
          "sum by (ckpt_job, operation) (rate(ckpt_store_requests_total{ckpt_job=~\"$job\"}[5m]))", "reqps"),
+        ("Sink batches (15 min)",
+         "sum by (ckpt_job, sink, outcome) (increase(ckpt_sink_batches_total{ckpt_job=~\"$job\"}[15m]))", "short"),
+        ("Sink rows per second", "sum by (ckpt_job, sink) (rate(ckpt_sink_rows_total{ckpt_job=~\"$job\"}[5m]))",
+         "rowsps"),
+        ("Service: takeovers and relaunches (1 h)",
+         "sum by (ckpt_job, action) (increase(ckpt_service_actions_total{ckpt_job=~\"$job\"}[1h])) or "
+         "sum by (ckpt_job) (increase(ckpt_service_takeovers_total{ckpt_job=~\"$job\"}[1h]))", "short"),
     ]
     for i, (title, expr, unit) in enumerate(charts):
         panels.append({"id": i + 1, "type": "timeseries", "title": title,
@@ -151,7 +216,7 @@ def dashboard() -> dict[str, Any]:
                        "gridPos": {"h": 8, "w": 8, "x": (i % 3) * 8, "y": (i // 3) * 8},
                        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
                        "targets": [{"refId": "A", "expr": expr, "legendFormat": "{{ckpt_job}} {{kind}}{{cause}}"
-                                    "{{operation}}"}]})
+                                    "{{operation}}{{sink}} {{outcome}}{{action}}"}]})
     return {"title": "ckpt: streaming jobs", "uid": "ckpt-streaming-jobs", "schemaVersion": 39, "version": 1,
             "tags": ["ckpt", "spark", "streaming"], "time": {"from": "now-6h", "to": "now"}, "refresh": "30s",
             "templating": {"list": [

@@ -46,6 +46,7 @@ from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.store.storage import S3Options, Storage
 from airflow_ckpt_provider.launcher.deploy import check_deployment, launch, start_launch
 from airflow_ckpt_provider.launcher.handover import handed_jobs
+from airflow_ckpt_provider.launcher.servicemetrics import ServiceMetrics
 from airflow_ckpt_provider.launcher.upgrade import JobUpgrade
 
 log = logging.getLogger(__name__)
@@ -215,6 +216,8 @@ class SupervisionService:
         self._renewed = 0.0  # when the lease was last renewed (self.monotonic)
         self._operating: dict[str, threading.Thread] = {}  # job -> the thread acting on its operation
         self._operation_seen: dict[str, tuple[str, float]] = {}  # job -> (its operation record's tag, first seen)
+        # What it owns and did (launcher/servicemetrics.py): served and exported only where `service run` says.
+        self.metrics = ServiceMetrics(self.instance, owned=lambda: len(self.owned), handed=lambda: len(self._jobs))
 
     @property
     def instance(self) -> str:
@@ -223,6 +226,7 @@ class SupervisionService:
     def run(self, stop: threading.Event) -> None:
         """Until ``stop`` is set. The first renewal must succeed: a store this instance cannot write is refused
         (StorageError, nothing claimed)."""
+        self.me.metrics_url = self.metrics.url  # served before the run (`ckpt service run --metrics-address`)
         try:
             self.me.renew()
         except (StorageError, OSError) as err:  # OSError: a store on a directory
@@ -314,10 +318,12 @@ class SupervisionService:
         self._renewed = self.monotonic()
         try:
             self.me.renew()
+            self.metrics.renewed(True)
             if self._store_down:
                 log.info("supervision service instance %s: the job store answers again", self.instance)
             self._store_down = False
         except (StorageError, OSError) as err:
+            self.metrics.renewed(False)
             if not self._store_down:
                 log.warning("supervision service instance %s: cannot renew its lease (%s); it takes no step once its "
                             "last renewal is %g s old", self.instance, err, self.timings.renew_deadline)
@@ -344,6 +350,8 @@ class SupervisionService:
             took = f" from {got.took_from.instance} (epoch {got.took_from.epoch})" if got.took_from else ""
             log.info("job %s: supervised by service instance %s at epoch %d%s", job, self.instance, got.owner.epoch,
                      took)
+            if got.took_from is not None:
+                self.metrics.took_over(job)
         self.owned[job] = got.owner
         self._operate(store)
         last = read_launch(store)
@@ -373,32 +381,38 @@ class SupervisionService:
                 started = start_launch(store, action.launch, store_url=self.store_url, s3=self.s3)
                 log.info("job %s: service instance %s started launch %s (supervisor pid %s, restore %s)", job,
                          self.instance, started.launch_id, started.pid, started.restore)
+                self.metrics.acted(job, "started")
             elif isinstance(action, Adopt):
                 given_up = self._relaunch_budget(job)  # a supervisor that keeps dying is given up on either way
                 if given_up:
                     log.error("job %s: %s", job, given_up)
                     record_end(store, last.launch_id, ending="gave-up", exit_code=1, reason=given_up)
+                    self.metrics.acted(job, "gave-up")
                     return Keep(given_up)
                 started = start_launch(store, action.launch, store_url=self.store_url, s3=self.s3,
                                        adopt_epoch=action.epoch)
                 log.warning("job %s: service instance %s adopted the running driver of epoch %d with a new supervisor "
                             "of launch %s (pid %s): %s", job, self.instance, action.epoch, started.launch_id,
                             started.pid, action.why)
+                self.metrics.acted(job, "adopted")
             else:
                 given_up = self._relaunch_budget(job)
                 if given_up:
                     log.error("job %s: %s", job, given_up)
                     record_end(store, last.launch_id, ending="gave-up", exit_code=1, reason=given_up)
+                    self.metrics.acted(job, "gave-up")
                     return Keep(given_up)
                 started = launch(store, last.deployment, restore=LATEST_STATE, store_url=self.store_url, s3=self.s3,
                                  launched_by=f"supervision service {self.instance}: {action.why}")
                 log.warning("job %s: service instance %s relaunched it from the latest state as launch %s "
                             "(supervisor pid %s): %s", job, self.instance, started.launch_id, started.pid,
                             action.why)
+                self.metrics.acted(job, "relaunched")
         except ConfigError as err:  # bad input (a restart cannot fix it): ended, not retried every tick
             reason = f"supervision service instance {self.instance} could not start it: {err}"
             log.error("job %s: %s", job, reason)
             record_end(store, last.launch_id, ending="refused", exit_code=2, reason=reason)
+            self.metrics.acted(job, "refused")
             return action
         pid = started.pid
         self._started[job] = (started.launch_id, lambda: pid is not None and pid_alive(pid))
@@ -442,6 +456,7 @@ class SupervisionService:
 
         log.info("job %s: service instance %s %s %s", job, self.instance,
                  "resumes" if op.plan is not None else "acts on", op.describe())
+        self.metrics.operated(job, op.kind)
         thread = self._operating[job] = threading.Thread(target=act, name=f"ckpt-operation-{job}", daemon=True)
         thread.start()
 

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.policy.settings import parse_address
@@ -47,7 +47,8 @@ class Counts:
     state_bytes: int | None = None
     snapshots: Counter[str] = field(default_factory=Counter)
     snapshot_seconds: dict[str, float] = field(default_factory=dict)
-    snapshot_failures: Counter[str] = field(default_factory=Counter)
+    # Every kind from 0: a failure must be an increase Prometheus sees (a series' first sample is not one).
+    snapshot_failures: Counter[str] = field(default_factory=lambda: Counter({"checkpoint": 0, "savepoint": 0}))
     uploaded_bytes: Counter[str] = field(default_factory=Counter)
     last_snapshot_seconds: dict[str, float] = field(default_factory=dict)
     last_snapshot_bytes: dict[str, float] = field(default_factory=dict)
@@ -66,15 +67,18 @@ class Seen:
     settings: Mapping[str, float | None]
 
 
+S = TypeVar("S")
+
+
 @dataclass(frozen=True)
-class Metric:
+class Metric(Generic[S]):
     """One metric: its name (Prometheus' form; a counter's without ``_total``), kind, help, unit, the labels of its
     values when it has several (``by``: one label, or several whose values are tuples), and how it is read."""
 
     name: str
     kind: str  # "counter" or "gauge"
     help: str
-    read: Callable[[Seen], Value]
+    read: Callable[[S], Value]
     by: str | tuple[str, ...] = ()
     unit: str = ""
 
@@ -98,7 +102,7 @@ def _states(s: Seen) -> Value:
     return {state.value: float(state is now) for state in JobState}
 
 
-METRICS: tuple[Metric, ...] = (
+METRICS: tuple[Metric[Seen], ...] = (
     Metric("ckpt_batches", "counter", "batches this driver completed", lambda s: s.counts.batches),
     Metric("ckpt_input_rows", "counter", "rows the completed batches read", lambda s: s.counts.input_rows),
     Metric("ckpt_batch_seconds", "counter", "seconds the completed batches took (with ckpt_batches: the mean)",
@@ -152,7 +156,7 @@ METRICS: tuple[Metric, ...] = (
 )
 
 
-def samples(metric: Metric, seen: Seen) -> Iterator[tuple[tuple[str, ...], float]]:
+def samples(metric: Metric[S], seen: S) -> Iterator[tuple[tuple[str, ...], float]]:
     """(the ``by`` labels' values, value) of one metric; nothing where it has no value yet."""
     value = metric.read(seen)
     if value is None:
@@ -196,28 +200,111 @@ class OutcomeTail:
         Path(self.path).unlink(missing_ok=True)
 
 
-class DriverMetrics:
+class Exposed(Generic[S]):
+    """A table of metrics read from one place (``seen``) with the same labels on every series (``labels``): served
+    to Prometheus (``serve``) and exported over OTLP (``export``). The driver's (``DriverMetrics``) and the
+    supervision service's (launcher/servicemetrics.py)."""
+
+    table: tuple[Metric[S], ...]
+    label_names: tuple[str, ...]
+    service_name: str  # OTLP's service.name
+    what: str  # whose metrics, in log lines
+
+    def __init__(self) -> None:
+        self._closers: list[Callable[[], None]] = []
+        self.url: str | None = None
+
+    @property
+    def labels(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def seen(self) -> S:
+        raise NotImplementedError
+
+    def _opening(self) -> None:
+        """Before the first ``serve`` or ``export``."""
+
+    def serve(self, address: str) -> str:
+        """Serve ``/metrics`` on ``address`` (HOST or HOST:PORT; no port: a free one); its URL. ConfigError if this
+        host cannot bind it."""
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        host, port = parse_address(address)
+        self._opening()
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_PrometheusCollector(self))
+        try:
+            server, thread = start_http_server(port, addr=host, registry=registry)
+        except OSError as err:
+            raise ConfigError(f"metrics_address: expected an address of this host to serve the metrics of {self.what} "
+                              f"on, found {address!r} that cannot be bound ({err}); give one of this host's "
+                              "addresses (127.0.0.1, 0.0.0.0) or none") from None
+
+        def close() -> None:
+            server.shutdown()
+            server.server_close()
+            thread.join(5)
+
+        self._closers.append(close)
+        bound = server.server_address[1]
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{bound}/metrics"
+        log.info("%s: metrics served at %s", self.what, self.url)
+        return self.url
+
+    def export(self, endpoint: str, interval: float) -> None:
+        """Export to an OTLP/HTTP endpoint (``http://HOST:4318/v1/metrics``) every ``interval`` seconds."""
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+        from opentelemetry.sdk.resources import Resource
+
+        self._opening()
+        reader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=endpoint),
+                                               export_interval_millis=interval * 1000)
+        resource = {"service.name": self.service_name, **{k.replace("_", "."): v for k, v in self.labels.items()
+                                                           if k != "epoch"}}
+        provider = MeterProvider(metric_readers=[reader], resource=Resource.create(resource))
+        _register_otel(self, provider.get_meter("airflow_ckpt_provider"))
+        self._closers.append(lambda: provider.shutdown(timeout_millis=5000))
+        log.info("%s: metrics exported over OTLP to %s every %g s", self.what, endpoint, interval)
+
+    def close(self) -> None:
+        """Stop serving and flush the last export."""
+        for close in reversed(self._closers):
+            try:
+                close()
+            except Exception as err:  # a metrics backend's error must not change how the process ends
+                log.warning("%s: closing its metrics: %s", self.what, err)
+        self._closers.clear()
+
+
+class DriverMetrics(Exposed[Seen]):
     """One driver's metrics: counted by its loop (``batch``, ``snapshot``, ``snapshot_failed``, ``query_restart``),
     served to Prometheus (``serve``) and exported over OTLP (``export``) from the same table."""
 
+    table = METRICS
+    label_names = LABELS
+    service_name = "ckpt-driver"
+
     def __init__(self, job: str, code_version: str | None, *, epoch: Callable[[], int],
                  status: Callable[[], JobStatus | None], settings: Mapping[str, float | None] | None = None) -> None:
+        super().__init__()
         self.job, self.code_version, self._epoch = job, code_version or "unknown", epoch
+        self.what = f"the driver of job {job}"
         self.counts = Counts()
         self._status = status
         self._settings = dict(settings or {})
         self._lock = threading.Lock()
-        self._closers: list[Callable[[], None]] = []
         self._sampled = (0, 0, 0.0)  # batches, rows, seconds at the last take_sample
         self._tail: OutcomeTail | None = None
-        self.url: str | None = None
 
     @property
     def outcomes(self) -> str | None:
         """The file the sinks count their outcomes in (the writer option ``ckpt.outcomes``), once metrics are on."""
         return self._tail.path if self._tail is not None else None
 
-    def _count_sinks(self) -> None:
+    def _opening(self) -> None:
         """Start counting what the sinks do with each batch: a file they append to (``OutcomeTail``)."""
         if self._tail is None:
             self._tail = OutcomeTail(self.job)
@@ -288,91 +375,36 @@ class DriverMetrics:
             return None
         return now[0] - before[0], now[1] - before[1], now[2] - before[2]
 
-    # -- how they are read ---------------------------------------------------------------------------------------
 
-    def serve(self, address: str) -> str:
-        """Serve ``/metrics`` on ``address`` (HOST or HOST:PORT; no port: a free one); its URL. ConfigError if this
-        host cannot bind it."""
-        from prometheus_client import CollectorRegistry, start_http_server
-
-        host, port = parse_address(address)
-        self._count_sinks()
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(_PrometheusCollector(self))
-        try:
-            server, thread = start_http_server(port, addr=host, registry=registry)
-        except OSError as err:
-            raise ConfigError(f"metrics_address: expected an address of this host to serve the driver's metrics "
-                              f"on, found {address!r} that cannot be bound ({err}); give one of this host's "
-                              "addresses (127.0.0.1, 0.0.0.0) or none") from None
-
-        def close() -> None:
-            server.shutdown()
-            server.server_close()
-            thread.join(5)
-
-        self._closers.append(close)
-        bound = server.server_address[1]
-        shown = f"[{host}]" if ":" in host else host
-        self.url = f"http://{shown}:{bound}/metrics"
-        log.info("job %s: metrics served at %s", self.job, self.url)
-        return self.url
-
-    def export(self, endpoint: str, interval: float) -> None:
-        """Export to an OTLP/HTTP endpoint (``http://HOST:4318/v1/metrics``) every ``interval`` seconds."""
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        from opentelemetry.sdk.metrics import MeterProvider
-        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-        from opentelemetry.sdk.resources import Resource
-
-        self._count_sinks()
-        reader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=endpoint),
-                                               export_interval_millis=interval * 1000)
-        provider = MeterProvider(metric_readers=[reader], resource=Resource.create(
-            {"service.name": "ckpt-driver", "ckpt.job": self.job}))
-        _register_otel(self, provider.get_meter("airflow_ckpt_provider"))
-        self._closers.append(lambda: provider.shutdown(timeout_millis=5000))
-        log.info("job %s: metrics exported over OTLP to %s every %g s", self.job, endpoint, interval)
-
-    def close(self) -> None:
-        """Stop serving and flush the last export (the driver ends)."""
-        for close in reversed(self._closers):
-            try:
-                close()
-            except Exception as err:  # a metrics backend's error must not change the driver's exit
-                log.warning("job %s: closing its metrics: %s", self.job, err)
-        self._closers.clear()
-
-
-class _PrometheusCollector:
+class _PrometheusCollector(Generic[S]):
     """The table as Prometheus metric families, read at each scrape."""
 
-    def __init__(self, metrics: DriverMetrics) -> None:
+    def __init__(self, metrics: Exposed[S]) -> None:
         self.metrics = metrics
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        seen, base = self.metrics.seen(), self.metrics.labels
-        for metric in METRICS:
+        seen, base, names = self.metrics.seen(), self.metrics.labels, self.metrics.label_names
+        for metric in self.metrics.table:
             family = (CounterMetricFamily if metric.kind == "counter" else GaugeMetricFamily)(
-                metric.name, metric.help, labels=[*LABELS, *metric.labels], unit="")
+                metric.name, metric.help, labels=[*names, *metric.labels], unit="")
             for by, value in samples(metric, seen):
-                family.add_metric([*(base[k] for k in LABELS), *by], value)
+                family.add_metric([*(base[k] for k in names), *by], value)
             yield family
 
 
-def _register_otel(metrics: DriverMetrics, meter: Any) -> None:
+def _register_otel(metrics: Exposed[S], meter: Any) -> None:
     """Each metric of the table as an observable instrument of ``meter`` (counters cumulative)."""
     from opentelemetry.metrics import CallbackOptions, Observation
 
-    def callback(metric: Metric) -> Callable[[CallbackOptions], list[Observation]]:
+    def callback(metric: Metric[S]) -> Callable[[CallbackOptions], list[Observation]]:
         def observe(_: CallbackOptions) -> list[Observation]:
             base = dict(metrics.labels)
             return [Observation(value, {**base, **dict(zip(metric.labels, by, strict=True))})
                     for by, value in samples(metric, metrics.seen())]
         return observe
 
-    for metric in METRICS:
+    for metric in metrics.table:
         make = meter.create_observable_counter if metric.kind == "counter" else meter.create_observable_gauge
         make(metric.name, callbacks=[callback(metric)], unit=metric.unit or "1", description=metric.help)

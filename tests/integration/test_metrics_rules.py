@@ -26,6 +26,14 @@ def promtool() -> str:
 DRIVER = {"ckpt_job": "orders", "epoch": "4", "code_version": "v2", "instance": "10.0.0.5:9464", "job": "ckpt-drivers"}
 
 
+SERVICE = {"ckpt_instance": "svc-a", "instance": "10.0.0.6:9465", "job": "ckpt-service"}
+
+
+def service_series(name: str, **labels: str) -> str:
+    inner = ",".join(f'{k}="{v}"' for k, v in {**SERVICE, **labels}.items())
+    return f"{name}{{{inner}}}"
+
+
 def series(name: str, values: str, **labels: str) -> dict[str, str]:
     all_labels = {**DRIVER, **labels}
     inner = ",".join(f'{k}="{v}"' for k, v in all_labels.items())
@@ -57,7 +65,7 @@ def test_promtool_checks_the_shipped_rules_file(tmp_path: Path) -> None:
     rules.write_text(rules_yaml(AlertSettings()))
     done = subprocess.run([promtool(), "check", "rules", str(rules)], capture_output=True, text=True, timeout=60,
                           check=False)
-    assert done.returncode == 0 and "SUCCESS: 7 rules found" in done.stdout, done.stdout + done.stderr
+    assert done.returncode == 0 and "SUCCESS: 10 rules found" in done.stdout, done.stdout + done.stderr
 
 
 def test_each_alert_fires_on_a_sick_jobs_series_and_stays_quiet_on_a_healthy_one(tmp_path: Path) -> None:
@@ -110,9 +118,9 @@ def test_each_alert_fires_on_a_sick_jobs_series_and_stays_quiet_on_a_healthy_one
                  "exp_alerts": [expected(rules, "CkptCrashLoop", **job_only)]},
             ],
         },
-        {   # Three query restarts inside one driver within 15 minutes.
+        {   # Three query restarts inside one driver within 15 minutes (the series appears at the first: from 0).
             "interval": "1m",
-            "input_series": [series("ckpt_query_restarts_total", "0 0 1 1 2 2 3 3 3 3", cause="the query failed")],
+            "input_series": [series("ckpt_query_restarts_total", "_ _ 1 1 2 2 3 3 3 3", cause="the query failed")],
             "alert_rule_test": [
                 {"eval_time": "4m", "alertname": "CkptCrashLoop", "exp_alerts": []},
                 {"eval_time": "8m", "alertname": "CkptCrashLoop",
@@ -171,6 +179,36 @@ def test_each_alert_fires_on_a_sick_jobs_series_and_stays_quiet_on_a_healthy_one
                 {"eval_time": "2m", "alertname": "CkptDriverDown", "exp_alerts": []},
                 {"eval_time": "5m", "alertname": "CkptDriverDown", "exp_alerts": [
                     expected(rules, "CkptDriverDown", instance="10.0.0.5:9464", job="ckpt-drivers")]},
+            ],
+        },
+        {   # A service instance relaunches the job's lost supervisor three times, then gives up at minute 6.
+            "interval": "1m",
+            "input_series": [
+                {"series": service_series("ckpt_service_actions_total", ckpt_job="orders", action="relaunched"),
+                 "values": "0 1 2 3 3 3 3 3 3 3"},
+                {"series": service_series("ckpt_service_actions_total", ckpt_job="orders", action="gave-up"),
+                 "values": "_ _ _ _ _ _ 1 1 1 1"},
+            ],
+            "alert_rule_test": [
+                {"eval_time": "5m", "alertname": "CkptServiceGaveUp", "exp_alerts": []},
+                {"eval_time": "7m", "alertname": "CkptServiceGaveUp", "exp_alerts": [
+                    expected(rules, "CkptServiceGaveUp", **SERVICE, ckpt_job="orders", action="gave-up")]},
+            ],
+        },
+        {   # Its renewals fail from minute 3 on (the store is cut off), and it stops answering scrapes at minute 6.
+            "interval": "1m",
+            "input_series": [
+                {"series": service_series("ckpt_service_lease_renewals_total", outcome="failed"),
+                 "values": "0 0 0 30 60 90 120 150 180 210"},
+                {"series": 'up{instance="10.0.0.6:9465",job="ckpt-service"}', "values": "1 1 1 1 1 1 0 0 0 0 0"},
+            ],
+            "alert_rule_test": [
+                {"eval_time": "3m", "alertname": "CkptServiceLeaseFailing", "exp_alerts": []},
+                {"eval_time": "6m", "alertname": "CkptServiceLeaseFailing", "exp_alerts": [
+                    expected(rules, "CkptServiceLeaseFailing", **SERVICE, outcome="failed")]},
+                {"eval_time": "7m", "alertname": "CkptServiceDown", "exp_alerts": []},
+                {"eval_time": "9m", "alertname": "CkptServiceDown", "exp_alerts": [
+                    expected(rules, "CkptServiceDown", instance="10.0.0.6:9465", job="ckpt-service")]},
             ],
         },
     ]

@@ -5,14 +5,18 @@ The instance that owns the job is killed with kill -9 while a savepoint is asked
 next epoch and finds its supervisor running (the job goes on, no relaunch), and the savepoint completes once. Then
 the supervisor alone is killed: the owner adopts its running driver with a new supervisor of the same launch (the
 same driver and epoch go on, nothing restarts). Then that supervisor and the driver are killed together, as when the
-host they ran on is lost: the owner relaunches the job from its latest state, once. The counts are exact.
+host they ran on is lost: the owner relaunches the job from its latest state, once. The counts are exact. The
+instances serve their metrics (`--metrics-address`): the survivor counts the takeover, the adoption and the relaunch
+of the job, once each.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,6 +34,7 @@ from airflow_ckpt_provider.core.snapshots.catalog import list_snapshots
 from airflow_ckpt_provider.core.snapshots.manifest import Kind
 from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.launcher.handover import hand_over
+from tests.support.prometheus import read_endpoint
 from tests.support.runtimejob import (
     JOB_FILE,
     SPARK_CONF,
@@ -63,7 +68,8 @@ def test_a_handed_job_outlives_its_owning_instance_its_lost_supervisors_driver_i
         conf=dict(c.split("=", 1) for c in SPARK_CONF),
         env={"CKPT_TEST_TOPIC": env.topic, "CKPT_TEST_BOOTSTRAP": env.kafka.bootstrap_servers,
              "CKPT_TEST_OUT": str(env.out), "CKPT_TEST_MAX_OFFSETS": "200"})
-    instances = {name: Instance(name, env, tmp_path, environ) for name in ("svc-a", "svc-b")}
+    instances = {name: Instance(name, env, tmp_path, environ, "--metrics-address", "127.0.0.1")
+                 for name in ("svc-a", "svc-b")}
     logs = [i.log for i in instances.values()]
     first_launch = hand_over(store, deployment, restore=LATEST_STATE, store_url=env.store_url, s3=s3,
                              handed_by="test")
@@ -148,6 +154,20 @@ def test_a_handed_job_outlives_its_owning_instance_its_lost_supervisors_driver_i
         time.sleep(3 * 0.5)  # three more looks: a stopped job stays stopped
         final = read_launch(store)
         assert final is not None and final.launch_id == last.launch_id and final.ending == "stopped"
+
+        # What the surviving instance counted, scraped where `ckpt metrics targets --service` finds it.
+        targets = subprocess.run([sys.executable, "-m", "airflow_ckpt_provider.cli", "metrics", "targets",
+                                  "--service", "--store", env.store_url, "--endpoint-url", env.s3.endpoint_url,
+                                  "--json"], env=environ, capture_output=True, text=True, timeout=60, check=False)
+        assert targets.returncode == 0, targets.stderr
+        found = {t["labels"]["ckpt_service_instance"]: t["targets"][0] for t in json.loads(targets.stdout)}
+        assert set(found) == set(instances)  # the killed one too: silent for minutes, CkptServiceDown fires for it
+        seen = read_endpoint(f"http://{found[other]}/metrics")
+        mine = {(name, dict(labels).get("action", "")): value for (name, labels), value in seen.items()
+                if dict(labels).get("ckpt_instance") == other and dict(labels).get("ckpt_job") == env.job}
+        assert mine == {("ckpt_service_takeovers_total", ""): 1, ("ckpt_service_actions_total", "adopted"): 1,
+                        ("ckpt_service_actions_total", "relaunched"): 1}, mine
+        assert seen[("ckpt_service_jobs_owned", (("ckpt_instance", other),))] == 1
     finally:
         for instance in instances.values():
             instance.stop()

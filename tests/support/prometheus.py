@@ -15,8 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from airflow_ckpt_provider.embedded.process import free_port
+
+
+def read_endpoint(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """A metrics endpoint's samples as {(sample name, its labels sorted): value} (prometheus_client's parser)."""
+    with urllib.request.urlopen(url, timeout=5) as r:  # an endpoint of the test's, on 127.0.0.1
+        text = r.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
 
 BINARY = shutil.which("prometheus")
 

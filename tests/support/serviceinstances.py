@@ -16,12 +16,12 @@ FAST = ("--renew-every", "0.5", "--renew-deadline", "2", "--lease-duration", "3.
 class Instance:
     """One `ckpt service run` process, its output in a file."""
 
-    def __init__(self, name: str, env: JobEnv, work: Path, environ: dict[str, str]) -> None:
+    def __init__(self, name: str, env: JobEnv, work: Path, environ: dict[str, str], *extra: str) -> None:
         self.name, self.log = name, work / f"{name}.log"
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "airflow_ckpt_provider.cli", "service", "run", "--store", env.store_url,
-                 "--instance", name, "--endpoint-url", env.s3.endpoint_url, "--region", env.s3.region, *FAST],
+                 "--instance", name, "--endpoint-url", env.s3.endpoint_url, "--region", env.s3.region, *FAST, *extra],
                 env=environ, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def stop(self) -> None:

@@ -50,6 +50,16 @@ def parse_address(address: str) -> tuple[str, int]:
     return host, port
 
 
+def check_metrics(address: str | None, otlp: str | None, interval: float) -> None:
+    """ConfigError unless the metrics settings (a driver's, the supervision service's) are well formed."""
+    if interval <= 0:
+        raise ConfigError(f"metrics_interval must be > 0 seconds, found {interval}")
+    if otlp is not None and not otlp.startswith(("http://", "https://")):
+        raise ConfigError(f"metrics_otlp: expected an OTLP/HTTP URL (http://HOST:4318/v1/metrics), found {otlp!r}")
+    if address is not None:
+        parse_address(address)  # raises ConfigError on a bad one
+
+
 @dataclass(frozen=True)
 class Kind:
     """How a setting's values are read (from text, JSON or Python) and written as a flag's text."""
@@ -312,13 +322,7 @@ class RuntimeSettings(Settings):
         "sinks follow the restored timeline) or refuse (before the lease is taken)")
 
     def _check_metrics(self) -> None:
-        if self.metrics_interval <= 0:
-            raise ConfigError(f"metrics_interval must be > 0 seconds, found {self.metrics_interval}")
-        if self.metrics_otlp is not None and not self.metrics_otlp.startswith(("http://", "https://")):
-            raise ConfigError(f"metrics_otlp: expected an OTLP/HTTP URL (http://HOST:4318/v1/metrics), found "
-                              f"{self.metrics_otlp!r}")
-        if self.metrics_address is not None:
-            parse_address(self.metrics_address)  # raises ConfigError on a bad one
+        check_metrics(self.metrics_address, self.metrics_otlp, self.metrics_interval)
 
     @property
     def lease_seconds(self) -> float:

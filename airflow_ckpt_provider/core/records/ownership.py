@@ -88,6 +88,7 @@ class InstanceRecord(Record, frozen=True, kw_only=True):
     renew_every: float
     lease_duration: float
     stopped: bool = False
+    metrics_url: str | None = None  # where it serves its metrics (`ckpt service run --metrics-address`)
 
 
 class OwnerRecord(Record, frozen=True, kw_only=True):
@@ -185,6 +186,7 @@ class Membership:
         self.key = instance_key(self.instance)
         self.started_at = clock()
         self.sequence = 0
+        self.metrics_url: str | None = None  # written with each renewal
         self.confirmed_at: float | None = None  # monotonic send time of the last renewal the store took
 
     def renew(self, *, stopped: bool = False) -> InstanceRecord:
@@ -193,7 +195,7 @@ class Membership:
         record = InstanceRecord(instance=self.instance, host=socket.gethostname(), pid=os.getpid(),
                                 started_at=self.started_at, renewed_at=self.clock(), sequence=self.sequence + 1,
                                 renew_every=self.timings.renew_every, lease_duration=self.timings.lease_duration,
-                                stopped=stopped)
+                                stopped=stopped, metrics_url=self.metrics_url)
         self.root.write(self.key, record.to_bytes())
         self.sequence = record.sequence
         self.confirmed_at = None if stopped else sent
