@@ -8,8 +8,9 @@ Design notes: docs/metrics.md#design-notes-coreviewsalertingpy."""
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.bases.notifier import BaseNotifier
@@ -27,14 +28,17 @@ class StreamingJobNotifier(BaseNotifier):
     """Say what happened to ``job`` (``what``; default: the failed task and its error) with what the job store
     says about it; ``then`` sends it (its templated fields see ``{{ ckpt_alert }}``), else it is logged at ERROR.
 
-    As a Deadline Alert's callback: ``AsyncCallback(StreamingJobNotifier, kwargs={"job": ..., "what": ...})``."""
+    As a Deadline Alert's callback: ``AsyncCallback(StreamingJobNotifier, kwargs={"job": ..., "what": ...})``; its
+    kwargs are stored as JSON, so there ``then`` is ``{"classpath": "...SlackWebhookNotifier", "kwargs": {...}}``
+    (the next notifier's class and arguments), made in the triggerer."""
 
     template_fields: Sequence[str] = ("job", "what", "ckpt_store_conn_id")
 
     def __init__(self, *, job: str, what: str | None = None, ckpt_store_conn_id: str = "ckpt_store_default",
-                 then: BaseNotifier | None = None, context: Context | None = None) -> None:
+                 then: BaseNotifier | Mapping[str, Any] | None = None, context: Context | None = None) -> None:
         super().__init__(context=context)
-        self.job, self.what, self.ckpt_store_conn_id, self.then = job, what, ckpt_store_conn_id, then
+        self.job, self.what, self.ckpt_store_conn_id = job, what, ckpt_store_conn_id
+        self.then = _notifier(then) if isinstance(then, Mapping) else then
         self.message: str | None = None  # the last text sent
 
     def text(self, context: Context | dict[str, Any]) -> str:
@@ -50,6 +54,7 @@ class StreamingJobNotifier(BaseNotifier):
         self.message = await asyncio.to_thread(self.text, context)  # the store's reads block
         if self.then is not None:
             context["ckpt_alert"] = self.message  # type: ignore[typeddict-unknown-key]  # for the next's templates
+            self.then.render_template_fields(context)  # as awaiting it would (BaseNotifier.__await__)
             await self.then.async_notify(context)
         else:
             log.error("%s", self.message)
@@ -60,6 +65,21 @@ class StreamingJobNotifier(BaseNotifier):
             return
         context["ckpt_alert"] = self.message  # type: ignore[typeddict-unknown-key]  # for the next's templates
         self.then(context)  # renders its templated fields with ckpt_alert, then sends
+
+
+def _notifier(given: Mapping[str, Any]) -> BaseNotifier:
+    """The next notifier from ``{"classpath": ..., "kwargs": {...}}`` (a deadline's JSON kwargs)."""
+    path = given.get("classpath")
+    unknown = sorted(set(given) - {"classpath", "kwargs"})
+    if not isinstance(path, str) or unknown or not isinstance(given.get("kwargs", {}), Mapping):
+        raise ValueError(f"then: expected a notifier or {{'classpath': 'package.module.Notifier', 'kwargs': {{...}}}}, "
+                         f"found {dict(given)!r}: give the next notifier's class path and its arguments")
+    module, _, name = path.rpartition(".")
+    made = getattr(importlib.import_module(module), name)(**given.get("kwargs", {}))
+    if not isinstance(made, BaseNotifier):
+        raise ValueError(f"then: expected the class path of an Airflow notifier (a BaseNotifier), found {path} "
+                         f"that made a {type(made).__name__}")
+    return made
 
 
 def _failure(context: Context | dict[str, Any]) -> str:

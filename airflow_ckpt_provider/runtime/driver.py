@@ -311,6 +311,7 @@ class JobDriver:
             return EXIT_FENCED
         try:
             self.lease.acquire()
+            self.reporter.carry_samples()  # before the first report replaces the previous driver's status
             self.reporter.report(JobState.STARTING, "lease taken", app_id=spark.sparkContext.applicationId,
                                  ui_url=spark.sparkContext.uiWebUrl, metrics_url=self.metrics.url)
             self._wait_for_grace(self.lease.grace(self.config.fence_grace))

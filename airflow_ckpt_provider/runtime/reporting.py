@@ -21,7 +21,14 @@ from airflow_ckpt_provider.core.errors import StorageError
 from airflow_ckpt_provider.core.policy.outage import Outage
 from airflow_ckpt_provider.core.records.control import Ack, Outcome, RequestAction, write_ack
 from airflow_ckpt_provider.core.records.lease import Lease
-from airflow_ckpt_provider.core.records.status import SAMPLES_KEPT, JobState, JobStatus, Sample, StatusWriter
+from airflow_ckpt_provider.core.records.status import (
+    SAMPLES_KEPT,
+    JobState,
+    JobStatus,
+    Sample,
+    StatusWriter,
+    read_status,
+)
 from airflow_ckpt_provider.core.snapshots.catalog import SnapshotResult
 from airflow_ckpt_provider.core.store import requestcount
 from airflow_ckpt_provider.core.store.jobstore import JobStore
@@ -52,6 +59,19 @@ class DriverReporter:
         self.noted = False  # changes kept by note() and not written yet
         self.answered: Callable[[str], None] | None = None  # told each request id once its ack is written (the door)
         self.sampler = sampler  # the batches, rows and seconds since the last write (runtime/metrics.py)
+        self.carried: list[Sample] = []  # the previous drivers' samples, kept in this one's status
+
+    def carry_samples(self) -> None:
+        """Keep the samples of the job's status before this driver's first report (one GET), so that the page's
+        charts span drivers; an unreadable status is logged and leaves them out."""
+        try:
+            before = read_status(self.store)
+        except StorageError as err:
+            log.warning("job %s: the previous status is unreadable, its samples are left out of the charts: %s",
+                        self.config.job, err)
+            return
+        if before is not None and before.job == self.config.job:
+            self.carried = list(before.samples[-SAMPLES_KEPT:])
 
     def state(self) -> JobState:
         """The state last reported (RUNNING before the first report)."""
@@ -89,7 +109,7 @@ class DriverReporter:
         base = self.status or JobStatus(
             job=self.config.job, state=state, epoch=self.lease.epoch, updated_at=0.0, started_at=self.started_at,
             pid=os.getpid(), host=socket.gethostname(), code_version=self.config.code_version,
-            heartbeat_interval=self.config.heartbeat_interval,
+            heartbeat_interval=self.config.heartbeat_interval, samples=self.carried,
         )
         now = time.time()
         self.status = replace(base, state=state, reason=reason, updated_at=now, **self.rates.sample(), **changes)

@@ -73,8 +73,8 @@ def _unix(created_at: str) -> float | None:
 
 
 def job_charts(status: dict[str, Any] | None, snapshots: Sequence[Any]) -> list[Chart]:
-    """The page's four charts: batch duration and Kafka lag from the driver's samples (status.json), snapshot size
-    and new bytes from the retained snapshots."""
+    """The page's five charts: batch duration and Kafka lag from the driver's samples (status.json), snapshot size,
+    new bytes and duration from the retained snapshots' manifests."""
     samples = [s for s in (status or {}).get("samples", []) if isinstance(s, list | tuple) and len(s) >= 6]
     kept = [(t, sn) for sn in snapshots if getattr(sn, "retained", False) and (t := _unix(sn.created_at)) is not None]
     return [
@@ -84,4 +84,6 @@ def job_charts(status: dict[str, Any] | None, snapshots: Sequence[Any]) -> list[
         line("snapshot-size", "Snapshot size", [(t, float(sn.size)) for t, sn in kept], size_text),
         line("snapshot-new-bytes", "Snapshot new bytes (uploaded)", [(t, float(sn.new_bytes)) for t, sn in kept],
              size_text),
+        line("snapshot-seconds", "Snapshot duration", [(t, float(sn.seconds)) for t, sn in kept
+                                                        if getattr(sn, "seconds", None) is not None], _seconds),
     ]

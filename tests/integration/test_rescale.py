@@ -28,7 +28,14 @@ from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
 from airflow_ckpt_provider.core.records.deployments import Launch
 from airflow_ckpt_provider.core.snapshots.catalog import list_snapshots, load_manifest
-from airflow_ckpt_provider.core.snapshots.manifest import PARTITIONS_BEFORE, RESCALED_FROM, Kind, Manifest, Trigger
+from airflow_ckpt_provider.core.snapshots.manifest import (
+    PARTITIONS_BEFORE,
+    RESCALED_FROM,
+    TOOK_SECONDS,
+    Kind,
+    Manifest,
+    Trigger,
+)
 from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
 from airflow_ckpt_provider.examples._orders import read_totals
@@ -122,7 +129,9 @@ def test_state_rescaled_2_to_5_to_3_through_savepoints_keeps_the_totals_exact(en
         rescaled = load_manifest(env.store(), verdict.rescaled_snapshot_id)
         assert (rescaled.kind, rescaled.trigger, rescaled.batch_id, rescaled.state_partitions) == (
             Kind.SAVEPOINT, Trigger.RESCALE, source.batch_id + 1, partitions)
-        assert rescaled.labels == {RESCALED_FROM: source.snapshot_id, PARTITIONS_BEFORE: str(source.state_partitions)}
+        assert {k: v for k, v in rescaled.labels.items() if k != TOOK_SECONDS} == \
+            {RESCALED_FROM: source.snapshot_id, PARTITIONS_BEFORE: str(source.state_partitions)}
+        assert float(rescaled.labels[TOOK_SECONDS]) > 0  # how long the snapshot took
         assert rescaled.offsets == source.offsets  # the repartition batch reads no input
         produce_orders(env.kafka.bootstrap_servers, env.topic, total, 200)
         total += 200

@@ -34,7 +34,14 @@ import pytest
 from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
 from airflow_ckpt_provider.core.records.status import JobStatus
 from airflow_ckpt_provider.core.snapshots.catalog import load_manifest
-from airflow_ckpt_provider.core.snapshots.manifest import PARTITIONS_BEFORE, RESCALED_FROM, Kind, Manifest, Trigger
+from airflow_ckpt_provider.core.snapshots.manifest import (
+    PARTITIONS_BEFORE,
+    RESCALED_FROM,
+    TOOK_SECONDS,
+    Kind,
+    Manifest,
+    Trigger,
+)
 from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_STOPPED
 from airflow_ckpt_provider.runtime.restore_check_verdict import CheckOutcome, RestoreCheck
@@ -265,7 +272,9 @@ def test_dedup_agg_join_and_tws_state_rescaled_2_to_5_to_3_gives_exactly_the_uni
         rescaled = load_manifest(env.store(), verdict.rescaled_snapshot_id)
         assert (rescaled.kind, rescaled.trigger, rescaled.batch_id, rescaled.state_partitions) == (
             Kind.SAVEPOINT, Trigger.RESCALE, source.batch_id + 1, partitions)
-        assert rescaled.labels == {RESCALED_FROM: source.snapshot_id, PARTITIONS_BEFORE: str(source.state_partitions)}
+        assert {k: v for k, v in rescaled.labels.items() if k != TOOK_SECONDS} == \
+            {RESCALED_FROM: source.snapshot_id, PARTITIONS_BEFORE: str(source.state_partitions)}
+        assert float(rescaled.labels[TOOK_SECONDS]) > 0  # how long the snapshot took
         assert rescaled.offsets == source.offsets  # the repartition batch reads no input
         repartition_batches.append(rescaled.batch_id)
         job.produce(third)

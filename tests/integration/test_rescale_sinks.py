@@ -22,7 +22,7 @@ from functools import partial
 import pytest
 
 from airflow_ckpt_provider.core.snapshots.catalog import load_manifest
-from airflow_ckpt_provider.core.snapshots.manifest import PARTITIONS_BEFORE, RESCALED_FROM, Kind, Trigger
+from airflow_ckpt_provider.core.snapshots.manifest import PARTITIONS_BEFORE, RESCALED_FROM, TOOK_SECONDS, Kind, Trigger
 from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.runtime.restore_check_verdict import CheckOutcome
 from airflow_ckpt_provider.sinks.filelayout import committed_batches
@@ -72,7 +72,9 @@ def rescale_twice(chaos: Chaos, files_sink: FilesSink | None) -> str:
         rescaled = load_manifest(env.store(), verdict.rescaled_snapshot_id)
         assert (rescaled.kind, rescaled.trigger, rescaled.batch_id, rescaled.state_partitions) == (
             Kind.SAVEPOINT, Trigger.RESCALE, source.batch_id + 1, partitions), rescaled
-        assert rescaled.labels == {RESCALED_FROM: source.snapshot_id, PARTITIONS_BEFORE: str(source.state_partitions)}
+        assert {k: v for k, v in rescaled.labels.items() if k != TOOK_SECONDS} == \
+            {RESCALED_FROM: source.snapshot_id, PARTITIONS_BEFORE: str(source.state_partitions)}
+        assert float(rescaled.labels[TOOK_SECONDS]) > 0  # how long the snapshot took
         repartitions.append(rescaled.batch_id)
         chaos.feeder.feed()  # arrived while the job was stopped
         checkpoint = env.work / f"checkpoint-{partitions}"  # another machine: a fresh location

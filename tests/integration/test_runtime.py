@@ -27,7 +27,7 @@ from airflow_ckpt_provider.core.records.status import JobState
 from airflow_ckpt_provider.core.records.supervision import DRIVER_RUN_ENV, take_driver_end
 from airflow_ckpt_provider.core.snapshots.catalog import list_snapshots, load_manifest
 from airflow_ckpt_provider.core.snapshots.checkpoint import SparkCheckpoint
-from airflow_ckpt_provider.core.snapshots.manifest import Kind, Trigger
+from airflow_ckpt_provider.core.snapshots.manifest import TOOK_SECONDS, Kind, Trigger
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.store.storage import LocalStorage
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_CONFIG, EXIT_FENCED, EXIT_STOPPED
@@ -129,7 +129,8 @@ def test_savepoint_and_cancel_requests_and_a_request_for_another_epoch(env: JobE
     manifest = load_manifest(env.store(), str(ack.snapshot_id))
     assert (manifest.kind, manifest.trigger) == (Kind.SAVEPOINT, Trigger.MANUAL)
     assert manifest.batch_id >= 1
-    assert manifest.labels == {"epoch": str(status.epoch)}
+    assert {k: v for k, v in manifest.labels.items() if k != TOOK_SECONDS} == {"epoch": str(status.epoch)}
+    assert float(manifest.labels[TOOK_SECONDS]) > 0  # how long the snapshot took
 
     stale = env.request(RequestAction.CANCEL, status.epoch + 7)
     assert stale.outcome is Outcome.REJECTED

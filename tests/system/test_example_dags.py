@@ -398,7 +398,7 @@ def test_streaming_jobs_page_shows_the_running_job_and_takes_a_savepoint_for_a_u
         expect(page.get_by_test_id("lineage").locator("tr").nth(1)).to_contain_text(str(status.epoch))
         page.screenshot(path=str(shots["job"]), full_page=True)
         # The charts from the job store: the driver's batch samples and the retained snapshots, drawn as SVG.
-        for chart in ("batch-seconds", "lag", "snapshot-size", "snapshot-new-bytes"):
+        for chart in ("batch-seconds", "lag", "snapshot-size", "snapshot-new-bytes", "snapshot-seconds"):
             figure = page.get_by_test_id(f"chart-{chart}")
             assert int(figure.get_attribute("data-points") or 0) >= 1, chart
             expect(figure.locator("svg polyline")).to_have_count(1)

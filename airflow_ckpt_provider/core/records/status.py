@@ -122,7 +122,8 @@ class JobStatus(Record, frozen=True):
     #: (core/store/requestcount.py); empty on a store that is no S3 (a directory) and before the first window.
     store_rates: dict[str, float] = msgspec.field(default_factory=dict)
     store_window: float = 0.0
-    samples: list[Sample] = msgspec.field(default_factory=list)  # this driver's newest SAMPLES_KEPT, oldest first
+    # The newest SAMPLES_KEPT, oldest first: this driver's, and its predecessors' carried at its start.
+    samples: list[Sample] = msgspec.field(default_factory=list)
 
     def query_restarts(self) -> list[Restart]:
         """This driver's restarts of its query (the newest ``RESTARTS_KEPT``), oldest first; an entry that does

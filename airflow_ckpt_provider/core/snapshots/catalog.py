@@ -108,7 +108,7 @@ def create_snapshot(
     manifest, stats, stored = write_snapshot(
         store, checkpoint, view, snapshot_id=snapshot_id, kind=kind, trigger=trigger, now=now, step=step,
         concurrency=concurrency, report=report, meta=(code_version, spark_version), labels=labels or {},
-        epoch=epoch, keep_marker=keep_marker, inline_max=inline_max,
+        epoch=epoch, keep_marker=keep_marker, inline_max=inline_max, started=started,
     )
     _remember(store, stored, manifest)
     uri = store.snapshot_uri(snapshot_id)

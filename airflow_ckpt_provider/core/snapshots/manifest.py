@@ -26,6 +26,9 @@ READ_FORMATS = (1, 2)
 #: Labels of a rescale's savepoint: the savepoint it was repartitioned from, and that one's partitions.
 RESCALED_FROM = "rescaled_from"
 PARTITIONS_BEFORE = "partitions_before"
+#: The label of how long the snapshot took until its manifest was written (seconds, as text): labels are the
+#: manifest's open metadata, which readers of every format version check and keep.
+TOOK_SECONDS = "took_seconds"
 
 
 class NewerFormatError(SnapshotError):

@@ -21,7 +21,7 @@ from airflow_ckpt_provider.core.records.generation import read_generation
 from airflow_ckpt_provider.core.records.pending import PendingMarker
 from airflow_ckpt_provider.core.snapshots.checkpoint import BatchView, CheckpointFile
 from airflow_ckpt_provider.core.snapshots.ckptfiles import verify_file
-from airflow_ckpt_provider.core.snapshots.manifest import Kind, Manifest, ManifestFile, Trigger
+from airflow_ckpt_provider.core.snapshots.manifest import TOOK_SECONDS, Kind, Manifest, ManifestFile, Trigger
 from airflow_ckpt_provider.core.store.jobstore import GC_LOCK, OBJECTS, JobStore
 from airflow_ckpt_provider.core.store.progress import Progress, TransferStats
 from airflow_ckpt_provider.core.store.storage import LARGE_FILE, ObjectInfo, Storage, sha256_file
@@ -318,12 +318,15 @@ def write_snapshot(
     epoch: int | None,
     keep_marker: bool,
     inline_max: int = INLINE_MAX,
+    started: float | None = None,
 ) -> tuple[Manifest, TransferStats, ObjectInfo]:
     """Upload the objects the job store lacks beside the gc handshake, then create the manifest: the commit point.
     Returns the manifest, what the uploads did, and the manifest's object as a listing would show it.
 
     The pending marker is deleted at the end, unless the snapshot committed and ``keep_marker`` leaves it for the
-    caller to delete with others (gc takes a marker whose manifest exists for finished).
+    caller to delete with others (gc takes a marker whose manifest exists for finished). ``started`` (the caller's
+    time.monotonic() when it began): the manifest's label TOOK_SECONDS says how long the snapshot took until its
+    manifest was written.
     """
     what = f"job {store.job} snapshot {snapshot_id} (batch {view.batch_id})"
     codec = view.conf.get(_CODEC, "lz4")
@@ -367,7 +370,7 @@ def write_snapshot(
             conf=dict(view.conf),
             code_version=meta[0],
             spark_version=meta[1],
-            labels=labels,
+            labels=labels if started is None else {**labels, TOOK_SECONDS: f"{time.monotonic() - started:.3f}"},
         )
         step("manifest")
         body, key = manifest.to_bytes(), store.manifest_key(snapshot_id)

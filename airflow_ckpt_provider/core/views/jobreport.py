@@ -28,7 +28,7 @@ from airflow_ckpt_provider.core.records.start import StartRecord, read_starts
 from airflow_ckpt_provider.core.records.status import ACTIVE_STATES, JobStatus
 from airflow_ckpt_provider.core.records.supervision import observe_supervision
 from airflow_ckpt_provider.core.snapshots.catalog import latest_completed, load_manifest
-from airflow_ckpt_provider.core.snapshots.manifest import RESCALED_FROM, Kind, Manifest, snapshot_order
+from airflow_ckpt_provider.core.snapshots.manifest import RESCALED_FROM, TOOK_SECONDS, Kind, Manifest, snapshot_order
 from airflow_ckpt_provider.core.store.jobstore import SNAPSHOTS, SPEC_STABLE, JobStore
 from airflow_ckpt_provider.core.views.jobview import JobView, observe, state_text
 
@@ -58,6 +58,7 @@ class SnapshotRow:
     restored_by: tuple[int, ...] = ()
     state_partitions: int | None = None  # None: stateless, or unknown (disposed)
     rescaled_from: str | None = None  # a rescale's savepoint: the savepoint it was repartitioned from
+    seconds: float | None = None  # how long it took (its manifest's TOOK_SECONDS; None: written before they said)
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,13 @@ def start_rows(records: Sequence[StartRecord], retained: set[str]) -> list[Start
         reason=r.reason) for r in records]
 
 
+def _took(m: Manifest) -> float | None:
+    try:
+        return float(m.labels[TOOK_SECONDS])
+    except (KeyError, ValueError):
+        return None
+
+
 def snapshot_rows(manifests: Sequence[Manifest], starts: Iterable[StartRow], uri_of: Any) -> list[SnapshotRow]:
     """Every snapshot, oldest first, with the bytes it added over all earlier ones, then the snapshots driver
     starts restored from that no longer exist (``retained`` False; size unknown: 0)."""
@@ -201,7 +209,7 @@ def snapshot_rows(manifests: Sequence[Manifest], starts: Iterable[StartRow], uri
             new_bytes=sum(new.values()) + m.inline_bytes,  # inline files: in this snapshot's manifest only
             code_version=m.code_version, uri=uri_of(m.snapshot_id),
             restored_by=tuple(restored.get(m.snapshot_id, ())), state_partitions=m.state_partitions,
-            rescaled_from=m.labels.get(RESCALED_FROM)))
+            rescaled_from=m.labels.get(RESCALED_FROM), seconds=_took(m)))
     present = {m.snapshot_id for m in manifests}
     for snapshot_id, epochs in restored.items():
         if snapshot_id not in present:

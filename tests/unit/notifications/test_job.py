@@ -36,7 +36,7 @@ class Collect(BaseNotifier):
         SENT.append(self.text)
 
     async def async_notify(self, context: Any) -> None:
-        SENT.append(self.text.replace("{{ ckpt_alert }}", context["ckpt_alert"]))
+        SENT.append(self.text)  # rendered with ckpt_alert before it is awaited
 
 
 def running(store: JobStore) -> None:
@@ -78,3 +78,29 @@ def test_without_a_next_notifier_the_text_is_logged(store: JobStore, caplog: pyt
     StreamingJobNotifier(job="orders", what="watch failed")({})
     logged = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert [m for m in logged if m.startswith("job orders: watch failed; ")], logged
+
+
+def test_as_a_deadline_callback_the_next_notifier_is_made_from_its_class_path_and_renders_the_alert(
+        store: JobStore) -> None:
+    SENT.clear()
+
+    async def as_the_triggerer_does() -> None:
+        await StreamingJobNotifier(job="orders", what="missed", context={}, then={
+            "classpath": "tests.unit.notifications.test_job.Collect", "kwargs": {"text": "ckpt: {{ ckpt_alert }}"}})
+
+    asyncio.run(as_the_triggerer_does())
+    assert len(SENT) == 1 and SENT[0].startswith("ckpt: job orders: missed; "), SENT
+
+
+@pytest.mark.parametrize("then", [{"kwargs": {}}, {"classpath": "tests.unit.notifications.test_job.Collect",
+                                                   "kwargs": [1]}, {"classpath": "x.Y", "args": []}])
+def test_a_next_notifier_that_is_no_class_path_and_arguments_is_refused_saying_what_to_give(
+        then: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match=r"then: expected a notifier or \{'classpath': .* found .* give the next "):
+        StreamingJobNotifier(job="orders", then=then)
+
+
+def test_a_class_path_that_makes_no_notifier_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"expected the class path of an Airflow notifier .* found "
+                                         r"types.SimpleNamespace that made a SimpleNamespace"):
+        StreamingJobNotifier(job="orders", then={"classpath": "types.SimpleNamespace", "kwargs": {}})

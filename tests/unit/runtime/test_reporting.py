@@ -90,3 +90,32 @@ def test_each_write_after_batches_adds_one_sample_and_the_newest_240_are_kept(tm
     status = read_status(store)
     assert status is not None and len(status.samples) == SAMPLES_KEPT
     assert status.samples[-1].batch_id == SAMPLES_KEPT + 6 and status.samples[0].batch_id == 7
+
+
+def test_a_new_driver_keeps_its_predecessors_samples_so_the_charts_span_drivers(tmp_path: Path) -> None:
+    from airflow_ckpt_provider.runtime.batchevents import BatchEvent
+    from airflow_ckpt_provider.runtime.metrics import DriverMetrics
+
+    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
+    config = RuntimeConfig(job="orders", store=str(tmp_path / "store"))
+
+    def driver() -> tuple[DriverReporter, DriverMetrics]:
+        lease = Lease(store)
+        lease.acquire()
+        reporter: DriverReporter
+        metrics = DriverMetrics("orders", None, epoch=lambda: lease.epoch, status=lambda: reporter.status)
+        reporter = DriverReporter(config, store, lease, sampler=metrics.take_sample)
+        return reporter, metrics
+
+    first, counted = driver()
+    first.carry_samples()  # no status yet: nothing to carry
+    counted.batch(BatchEvent(0, {}, False, 10, seconds=1.0))
+    first.update(batch_id=0)
+    second, counted = driver()
+    second.carry_samples()
+    second.update()  # its first report: the predecessor's sample stays
+    counted.batch(BatchEvent(1, {}, False, 20, seconds=3.0))
+    second.update(batch_id=1)
+    status = read_status(store)
+    assert status is not None and status.epoch == 2
+    assert [(s.batch_id, s.rows, s.seconds) for s in status.samples] == [(0, 10, 1.0), (1, 20, 3.0)]
