@@ -149,7 +149,8 @@ class JobDriver:
         self.metrics = DriverMetrics(config.job, config.code_version, epoch=lambda: self.lease.epoch,
                                      status=lambda: self.reporter.status,
                                      settings={"checkpoint_interval": config.checkpoint_interval,
-                                               "heartbeat_interval": config.heartbeat_interval})
+                                               "heartbeat_interval": config.heartbeat_interval},
+                                     restarted_for=lambda: self.reporter.restarted_for)
         self.reporter = DriverReporter(config, self.store, self.lease, outage=self.store_outage,
                                        sampler=self.metrics.take_sample)
         self.query: StreamingQuery | None = None
@@ -311,7 +312,7 @@ class JobDriver:
             return EXIT_FENCED
         try:
             self.lease.acquire()
-            self.reporter.carry_samples()  # before the first report replaces the previous driver's status
+            self.reporter.carry_over()  # before the first report replaces the previous driver's status
             self.reporter.report(JobState.STARTING, "lease taken", app_id=spark.sparkContext.applicationId,
                                  ui_url=spark.sparkContext.uiWebUrl, metrics_url=self.metrics.url)
             self._wait_for_grace(self.lease.grace(self.config.fence_grace))

@@ -65,6 +65,7 @@ class Seen:
     counts: Counts
     status: JobStatus | None
     settings: Mapping[str, float | None]
+    restarted_for: str | None = None  # this driver is its supervisor's restart after that cause
 
 
 S = TypeVar("S")
@@ -141,6 +142,9 @@ METRICS: tuple[Metric[Seen], ...] = (
            "and 5 s counts as lost)", lambda s: s.settings.get("heartbeat_interval"), unit="seconds"),
     Metric("ckpt_query_restarts", "counter", "restarts of the query inside this driver, by cause",
            lambda s: s.counts.query_restarts, by="cause"),
+    Metric("ckpt_process_restart", "gauge", "1 when this driver is its supervisor's restart of the job's process, by "
+           "the cause (the previous driver's exit); absent for any other start", lambda s: (
+               None if s.restarted_for is None else {s.restarted_for: 1.0}), by="cause"),
     Metric("ckpt_lease_epoch", "gauge", "the driver's lease epoch (one more at every new driver)", _status("epoch")),
     Metric("ckpt_job_state", "gauge", "1 for the driver's state as reported, 0 for the others", _states, by="state"),
     Metric("ckpt_heartbeat_timestamp_seconds", "gauge", "when the driver last wrote its status (unix time)",
@@ -288,12 +292,13 @@ class DriverMetrics(Exposed[Seen]):
     service_name = "ckpt-driver"
 
     def __init__(self, job: str, code_version: str | None, *, epoch: Callable[[], int],
-                 status: Callable[[], JobStatus | None], settings: Mapping[str, float | None] | None = None) -> None:
+                 status: Callable[[], JobStatus | None], settings: Mapping[str, float | None] | None = None,
+                 restarted_for: Callable[[], str | None] = lambda: None) -> None:
         super().__init__()
         self.job, self.code_version, self._epoch = job, code_version or "unknown", epoch
         self.what = f"the driver of job {job}"
         self.counts = Counts()
-        self._status = status
+        self._status, self._restarted_for = status, restarted_for
         self._settings = dict(settings or {})
         self._lock = threading.Lock()
         self._sampled = (0, 0, 0.0)  # batches, rows, seconds at the last take_sample
@@ -327,7 +332,7 @@ class DriverMetrics(Exposed[Seen]):
             if self._tail is not None:
                 self._tail.read_into(self.counts)
             counts = copy.deepcopy(self.counts)
-        return Seen(counts, self._status(), self._settings)
+        return Seen(counts, self._status(), self._settings, self._restarted_for())
 
     # -- what the driver's loop tells --------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from airflow_ckpt_provider.core.records.status import (
     SAMPLES_KEPT,
     JobState,
     JobStatus,
+    RestartOwner,
     Sample,
     StatusWriter,
     read_status,
@@ -60,18 +61,24 @@ class DriverReporter:
         self.answered: Callable[[str], None] | None = None  # told each request id once its ack is written (the door)
         self.sampler = sampler  # the batches, rows and seconds since the last write (runtime/metrics.py)
         self.carried: list[Sample] = []  # the previous drivers' samples, kept in this one's status
+        self.restarted_for: str | None = None  # this driver is its supervisor's restart after that cause
 
-    def carry_samples(self) -> None:
-        """Keep the samples of the job's status before this driver's first report (one GET), so that the page's
-        charts span drivers; an unreadable status is logged and leaves them out."""
+    def carry_over(self) -> None:
+        """Read the job's status before this driver's first report replaces it (one GET): keep its samples, so that
+        the page's charts span drivers, and note the cause when it says the supervisor restarts the job (this
+        driver is that restart; runtime/metrics.py). An unreadable status is logged and leaves both out."""
         try:
             before = read_status(self.store)
         except StorageError as err:
             log.warning("job %s: the previous status is unreadable, its samples are left out of the charts: %s",
                         self.config.job, err)
             return
-        if before is not None and before.job == self.config.job:
-            self.carried = list(before.samples[-SAMPLES_KEPT:])
+        if before is None or before.job != self.config.job:
+            return
+        self.carried = list(before.samples[-SAMPLES_KEPT:])
+        restart = before.restart or {}
+        if before.state is JobState.RESTARTING and restart.get("by") == RestartOwner.SUPERVISOR.value:
+            self.restarted_for = str(restart.get("cause") or "unknown")
 
     def state(self) -> JobState:
         """The state last reported (RUNNING before the first report)."""

@@ -108,14 +108,39 @@ def test_a_new_driver_keeps_its_predecessors_samples_so_the_charts_span_drivers(
         return reporter, metrics
 
     first, counted = driver()
-    first.carry_samples()  # no status yet: nothing to carry
+    first.carry_over()  # no status yet: nothing to carry
     counted.batch(BatchEvent(0, {}, False, 10, seconds=1.0))
     first.update(batch_id=0)
     second, counted = driver()
-    second.carry_samples()
+    second.carry_over()
     second.update()  # its first report: the predecessor's sample stays
     counted.batch(BatchEvent(1, {}, False, 20, seconds=3.0))
     second.update(batch_id=1)
     status = read_status(store)
     assert status is not None and status.epoch == 2
     assert [(s.batch_id, s.rows, s.seconds) for s in status.samples] == [(0, 10, 1.0), (1, 20, 3.0)]
+
+
+def test_a_driver_started_after_its_supervisor_announced_a_restart_knows_the_cause(tmp_path: Path) -> None:
+    from airflow_ckpt_provider.core.records.status import JobStatus, Restart, RestartOwner, write_status
+    from airflow_ckpt_provider.runtime.metrics import METRICS, DriverMetrics, samples
+
+    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
+    config = RuntimeConfig(job="orders", store=str(tmp_path / "store"))
+    cause = "exit code 137: killed (SIGKILL: out of memory, or kill -9)"
+    write_status(store, JobStatus(job="orders", state=JobState.RESTARTING, epoch=3, updated_at=1.0, started_at=0.0,
+                                  restart=Restart(RestartOwner.SUPERVISOR, 1, cause, 1.0, 1.0, 60.0).to_dict()))
+    lease = Lease(store)
+    lease.acquire()
+    reporter = DriverReporter(config, store, lease)
+    reporter.carry_over()
+    assert reporter.restarted_for == cause
+    metrics = DriverMetrics("orders", None, epoch=lambda: 4, status=lambda: None,
+                            restarted_for=lambda: reporter.restarted_for)
+    [metric] = [m for m in METRICS if m.name == "ckpt_process_restart"]
+    assert list(samples(metric, metrics.seen())) == [((cause,), 1.0)]
+    # The restarted driver runs, then stops; the next driver is a start, not a restart.
+    write_status(store, JobStatus(job="orders", state=JobState.STOPPED, epoch=4, updated_at=2.0, started_at=1.5))
+    after = DriverReporter(config, store, lease)
+    after.carry_over()
+    assert after.restarted_for is None
