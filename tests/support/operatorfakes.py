@@ -292,3 +292,14 @@ def start_new_code(store: JobStore, op: UpgradeStreamingJobOperator) -> TaskDefe
 
 #: What the fake subprocess.Popen of deploy.launch saw: argv, env, and spec/last.json at the call.
 PopenCall = tuple[list[str], dict[str, str], Launch | None]
+
+
+def alerting_store(tmp_path: Path, state: JobState) -> tuple[JobStore, str, str]:
+    """A local job store of job ``orders`` for the alert tests: its driver in ``state`` at epoch 4 (heartbeat 5 s ago,
+    batch 120) and one savepoint; the store, the savepoint's id and the ``ckpt_store_default`` connection (JSON)."""
+    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
+    now = time.time()
+    write_status(store, JobStatus(job="orders", state=state, epoch=4, updated_at=now - 5, started_at=now - 600,
+                                  batch_id=120))
+    [savepoint] = make_snapshots(store, tmp_path, [Kind.SAVEPOINT])
+    return store, savepoint, json.dumps({"conn_type": "ckpt_store", "extra": {"store_url": str(tmp_path / "store")}})

@@ -7,7 +7,6 @@ deadline alerts, it does not fail the run). A local job store; no Spark. About 6
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from datetime import datetime
@@ -15,11 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_ckpt_provider.core.records.status import JobState, JobStatus, write_status
-from airflow_ckpt_provider.core.snapshots.manifest import Kind
-from airflow_ckpt_provider.core.store.jobstore import JobStore
-from airflow_ckpt_provider.core.store.storage import LocalStorage
-from tests.support.operatorfakes import make_snapshots
+from airflow_ckpt_provider.core.records.status import JobState
+from tests.support.operatorfakes import alerting_store
 from tests.system.airflow_server import AirflowServer
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]
@@ -52,15 +48,10 @@ with DAG("ckpt_deadline", schedule=None, start_date=datetime(2026, 1, 1), deadli
 
 
 def test_a_missed_deadline_sends_the_jobs_alert_from_the_triggerer_while_the_run_goes_on(tmp_path: Path) -> None:
-    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
-    now = time.time()
-    write_status(store, JobStatus(job="orders", state=JobState.RUNNING, epoch=4, updated_at=now - 5,
-                                  started_at=now - 600, batch_id=120))
-    [savepoint] = make_snapshots(store, tmp_path, [Kind.SAVEPOINT])
+    store, savepoint, store_conn = alerting_store(tmp_path, JobState.RUNNING)
     dags, sent = tmp_path / "dags", tmp_path / "sent.txt"
     dags.mkdir()
     (dags / "ckpt_deadline.py").write_text(f"WATCH_SECONDS = 30\nSENT = {str(sent)!r}\n{DAG}")
-    store_conn = json.dumps({"conn_type": "ckpt_store", "extra": {"store_url": str(tmp_path / "store")}})
     env = {"AIRFLOW_CONN_CKPT_STORE_DEFAULT": store_conn, "PYTHONPATH": str(REPO)}  # the triggerer imports tests.
     with AirflowServer(dags, env=env) as airflow:
         airflow.wait_dag_parsed("ckpt_deadline")

@@ -4,18 +4,13 @@ latest completed snapshot and what to run. A local job store with a status and a
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 
 import pytest
 
-from airflow_ckpt_provider.core.records.status import JobState, JobStatus, write_status
-from airflow_ckpt_provider.core.snapshots.manifest import Kind
-from airflow_ckpt_provider.core.store.jobstore import JobStore
-from airflow_ckpt_provider.core.store.storage import LocalStorage
+from airflow_ckpt_provider.core.records.status import JobState
 from tests.support.dagstest import dags_test
-from tests.support.operatorfakes import make_snapshots
+from tests.support.operatorfakes import alerting_store
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 
@@ -52,13 +47,8 @@ with DAG("ckpt_alerting", schedule=None, start_date=datetime(2026, 1, 1)) as dag
 
 
 def test_a_failed_tasks_callback_sends_the_jobs_alert_through_the_next_notifier(tmp_path: Path) -> None:
-    store = JobStore(LocalStorage(tmp_path / "store"), "orders")
-    now = time.time()
-    write_status(store, JobStatus(job="orders", state=JobState.FAILED, epoch=4, updated_at=now - 5,
-                                  started_at=now - 600, batch_id=120))
-    [savepoint] = make_snapshots(store, tmp_path, [Kind.SAVEPOINT])
+    store, savepoint, store_conn = alerting_store(tmp_path, JobState.FAILED)
     sent = tmp_path / "sent.txt"
-    store_conn = json.dumps({"conn_type": "ckpt_store", "extra": {"store_url": str(tmp_path / "store")}})
     run = dags_test(tmp_path, "ckpt_alerting.py", f"SENT = {str(sent)!r}\n{DAG}", "ckpt_alerting",
                     env={"AIRFLOW_CONN_CKPT_STORE_DEFAULT": store_conn})
     assert run.returncode != 0, run.stdout[-3000:]  # the task failed
