@@ -76,6 +76,10 @@ class ServiceMetrics(Exposed[ServiceCounts]):
     def labels(self) -> dict[str, str]:
         return {"ckpt_instance": self.instance}
 
+    @property
+    def resource(self) -> dict[str, str]:
+        return {"ckpt.instance": self.instance}
+
     def seen(self) -> ServiceCounts:
         with self._lock:
             c = self.counts

@@ -222,6 +222,11 @@ class Exposed(Generic[S]):
     def labels(self) -> dict[str, str]:
         raise NotImplementedError
 
+    @property
+    def resource(self) -> dict[str, str]:
+        """The OTLP resource's attributes besides ``service.name`` (known before the driver takes its lease)."""
+        raise NotImplementedError
+
     def seen(self) -> S:
         raise NotImplementedError
 
@@ -266,9 +271,8 @@ class Exposed(Generic[S]):
         self._opening()
         reader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=endpoint),
                                                export_interval_millis=interval * 1000)
-        resource = {"service.name": self.service_name, **{k.replace("_", "."): v for k, v in self.labels.items()
-                                                           if k != "epoch"}}
-        provider = MeterProvider(metric_readers=[reader], resource=Resource.create(resource))
+        provider = MeterProvider(metric_readers=[reader], resource=Resource.create(
+            {"service.name": self.service_name, **self.resource}))
         _register_otel(self, provider.get_meter("airflow_ckpt_provider"))
         self._closers.append(lambda: provider.shutdown(timeout_millis=5000))
         log.info("%s: metrics exported over OTLP to %s every %g s", self.what, endpoint, interval)
@@ -321,6 +325,10 @@ class DriverMetrics(Exposed[Seen]):
         if self._tail is not None:
             self._tail.remove()
             self._tail = None
+
+    @property
+    def resource(self) -> dict[str, str]:
+        return {"ckpt.job": self.job}
 
     @property
     def labels(self) -> dict[str, str]:

@@ -184,3 +184,25 @@ def test_what_the_sinks_did_with_each_batch_is_counted_by_sink_and_outcome_from_
     assert batches(second, "ledger", "committed") == 1
     assert second[("ckpt_sink_rows_total", tuple(sorted((*LABELS, ("sink", "ledger")))))] == 7
     assert metrics.outcomes is None and not Path(path).exists()  # closed: the file is gone, nothing counts there
+
+
+def test_the_otlp_export_is_set_up_before_the_lease_is_taken_and_labels_each_export_with_its_epoch() -> None:
+    from tests.support.prometheus import OtlpReceiver
+
+    taken: list[int] = []
+
+    def epoch() -> int:  # as the driver's lease: no epoch before it is acquired
+        if not taken:
+            raise AssertionError("lease not acquired")
+        return taken[0]
+
+    receiver = OtlpReceiver()
+    metrics = DriverMetrics("orders", "v2", epoch=epoch, status=status)
+    try:
+        metrics.export(receiver.url, 3600)  # the driver opens its metrics before it takes the lease
+        taken.append(3)
+    finally:
+        metrics.close()  # the last export, with the lease's epoch
+        receiver.stop()
+    assert receiver.values[("ckpt_lease_epoch", ())] == 3
+    assert {"ckpt_job": "orders", "epoch": "3", "code_version": "v2"}.items() <= receiver.attributes[-1].items()
