@@ -105,6 +105,98 @@ def lz4_stream_problem(data: bytes) -> str | None:
     return problem
 
 
+def lz4_stream_head(data: bytes, want: int) -> bytes:
+    """The first ``want`` bytes (or all, if fewer) an lz4-java LZ4BlockOutputStream holds, decoded block by block.
+
+    Spark's ``lz4`` codec (LZ4CompressionCodec) writes these streams: blocks of at most
+    ``spark.io.compression.lz4.blockSize`` bytes, each stored raw (method 0x10) or LZ4-compressed (0x20). Only what
+    is asked for is decoded: a changelog's header (its lineage) is in its first block. ValueError on a stream that
+    is no LZ4 block stream."""
+    pos, out = 0, bytearray()
+    while len(out) < want and pos + _LZ4_HEADER <= len(data):
+        if data[pos : pos + 8] != _LZ4_MAGIC:
+            raise ValueError(f"no LZ4Block header at byte {pos}")
+        method = data[pos + 8] & 0xF0
+        compressed, original, _checksum = struct.unpack_from("<iii", data, pos + 9)
+        if compressed == 0 and original == 0:
+            break  # the end mark
+        body = data[pos + _LZ4_HEADER : pos + _LZ4_HEADER + compressed]
+        if len(body) < compressed or method not in (0x10, 0x20):
+            raise ValueError(f"the LZ4 block at byte {pos} is cut short or of an unknown method {method:#x}")
+        out += body if method == 0x10 else _lz4_block(body, original)
+        pos += _LZ4_HEADER + compressed
+    return bytes(out[:want])
+
+
+def _lz4_block(src: bytes, size: int) -> bytes:
+    """One LZ4 block (the format lz4-java's compressors write) decoded: literals, then matches into the output."""
+    out, i, n = bytearray(), 0, len(src)
+    while i < n:
+        token = src[i]
+        i += 1
+        literals = token >> 4
+        if literals == 15:
+            while True:
+                more = src[i]
+                i += 1
+                literals += more
+                if more != 255:
+                    break
+        out += src[i : i + literals]
+        i += literals
+        if i >= n:
+            break  # the last sequence has literals only
+        offset = src[i] | src[i + 1] << 8
+        i += 2
+        length = token & 15
+        if length == 15:
+            while True:
+                more = src[i]
+                i += 1
+                length += more
+                if more != 255:
+                    break
+        length += 4
+        start = len(out) - offset
+        if offset == 0 or start < 0:
+            raise ValueError(f"an LZ4 match reaches {offset} bytes back from byte {len(out)}")
+        for k in range(length):  # byte by byte: a match may overlap what it writes
+            out.append(out[start + k])
+    if len(out) != size:
+        raise ValueError(f"an LZ4 block decoded to {len(out)} bytes, its header says {size}")
+    return bytes(out)
+
+
+#: How much of a changelog the lineage may take: its header is two writeUTF strings (at most 64 KiB each).
+_LINEAGE_HEAD = 2 * (2 + 65535)
+
+
+def changelog_lineage(data: bytes) -> list[tuple[int, str]] | None:
+    """The lineage a state checkpoint format v2 changelog starts with (Spark's StateStoreChangelogWriterV3/V4:
+    ``writeUTF("v3" | "v4")`` then ``writeUTF(json)`` of ``[{"version", "checkpointUniqueId"}]``, inside the lz4
+    stream): the (version, unique id) of the versions before it back to the snapshot it builds on, oldest first.
+    None for a changelog without one (format v1). ValueError on a stream or header that cannot be read."""
+    head = lz4_stream_head(data, _LINEAGE_HEAD)
+    if head[:4] not in (b"\x00\x02v3", b"\x00\x02v4"):  # writeUTF("v3"): a v1 changelog starts with a record
+        return None
+    tag = head[2:4].decode()
+    text, _ = _utf(head, 4)
+    try:
+        return [(int(e["version"]), str(e["checkpointUniqueId"])) for e in json.loads(text)]
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"a {tag} changelog's lineage is not a list of versions and unique ids: {err}") from None
+
+
+def _utf(data: bytes, pos: int) -> tuple[str, int]:
+    """A Java DataOutputStream.writeUTF string at ``pos`` (a big-endian length, then the bytes) and where it ends."""
+    if pos + 2 > len(data):
+        raise ValueError(f"no string at byte {pos} of the changelog's header")
+    (length,) = struct.unpack_from(">H", data, pos)
+    if pos + 2 + length > len(data):
+        raise ValueError(f"the changelog's header string at byte {pos} is cut short")
+    return data[pos + 2 : pos + 2 + length].decode("utf-8", errors="replace"), pos + 2 + length
+
+
 def zip_problem(data: bytes, *, deep: bool = False) -> str | None:
     """Why ``data`` is not a complete RocksDB checkpoint zip (central directory, ``metadata``)."""
     try:
