@@ -185,3 +185,40 @@ def test_views_of_a_running_query_are_consistent(spark: Any, tmp_path: Path) -> 
         assert copy.latest_completed_batch() == batch
         assert copy.validate() == [], batch
         assert copy.view().files == view.files
+
+
+FORMAT_V2 = "spark.sql.streaming.stateStore.checkpointFormatVersion"
+
+
+@pytest.mark.parametrize(("workload", "provider"), [
+    ("aggregation", "rocksdb"), ("aggregation", "rocksdb-changelog"), ("tws", "rocksdb-changelog")])
+def test_a_format_v2_view_holds_the_committed_unique_ids_files_and_restores_exactly(
+        spark: Any, tmp_path: Path, workload: str, provider: str) -> None:
+    """State checkpoint format v2 (issue 45): commits/N names the unique id of each store's version N+1; the view
+    holds that version's files by their ids (a zip, or the changelog and the lineage it starts with back to a zip or
+    version 1) with their .crc companions, and a copy resumes exactly, still in format v2."""
+    wl = WORKLOADS[workload]
+    try:
+        ckpt = run_batches(spark, wl, tmp_path, provider, range(3), **{FORMAT_V2: "2"})
+    finally:
+        spark.conf.unset(FORMAT_V2)  # the module's session: later tests run format v1
+    assert (ckpt / "commits/2").read_text().startswith("v2\n")
+    committed = {b: json.loads((ckpt / f"commits/{b}").read_text().split("\n", 1)[1])["stateUniqueIds"]["0"]
+                 for b in range(3)}
+    view = SparkCheckpoint(LocalStorage(ckpt)).view()
+    assert view.batch_id == 2
+    files = {f.path for f in view.files}
+    for p in (0, 1):
+        names = [f.rsplit("/", 1)[1] for f in files if f.startswith(f"state/0/{p}/") and f.count("/") == 3]
+        main = sorted(n for n in names if not n.endswith(".crc"))
+        assert sorted(n for n in names if n.endswith(".crc")) == sorted(f"{n}.crc" for n in main)
+        chosen = {(int(n.split("_", 1)[0]), n.split("_", 1)[1].rsplit(".", 1)[0]) for n in main}
+        # Each chosen version's id is the one the commit before it names: version v by commits/v-1.
+        assert chosen == {(v, committed[v - 1][p][0]) for v, _ in chosen}
+        assert (3, committed[2][p][0]) in chosen
+        if provider == "rocksdb":  # a zip per version: version 3's alone
+            assert main == [f"3_{committed[2][p][0]}.zip"]
+    moved = restore_and_resume(spark, wl, tmp_path, provider, view, files=5)
+    assert SparkCheckpoint(LocalStorage(moved)).latest_completed_batch() == 4
+    assert wl.read_result(tmp_path / "out") == wl.expected(5)
+    assert (moved / "commits/4").read_text().startswith("v2\n")  # the restored checkpoint stays in format v2

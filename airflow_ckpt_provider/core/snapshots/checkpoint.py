@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from airflow_ckpt_provider.core.errors import CheckpointError
 from airflow_ckpt_provider.core.snapshots.ckptfiles import LogEntry, json_object, parse_log_entry
 from airflow_ckpt_provider.core.snapshots.statestore import StateOperator, state_operators, state_partitions
-from airflow_ckpt_provider.core.snapshots.viewplan import FORMAT_V2, ViewPlan, numbered
+from airflow_ckpt_provider.core.snapshots.viewplan import ViewPlan, numbered
 from airflow_ckpt_provider.core.store.storage import Storage
 
 _MAX_PROBLEMS_SHOWN = 8
@@ -281,8 +281,17 @@ def _read_log(plan: ViewPlan, key: str, kind: str, why: str) -> LogEntry | None:
 
 
 def _check_commit(plan: ViewPlan, batch: int, commit: LogEntry) -> None:
-    if commit.metadata.get("stateUniqueIds"):
-        plan.add(f"commits/{batch}: {FORMAT_V2}")
+    """Keep the unique ids of state checkpoint format v2 (``stateUniqueIds``: the files of state version N+1)."""
+    ids = commit.metadata.get("stateUniqueIds")
+    if ids is None:
+        return
+    if not (isinstance(ids, dict) and all(
+            isinstance(parts, list) and all(isinstance(p, list) and all(isinstance(u, str) for u in p) for p in parts)
+            for parts in ids.values())):
+        plan.add(f"commits/{batch} is corrupt: expected stateUniqueIds as operator id -> [partition] -> [store] -> "
+                 f"unique id, found {str(ids)[:200]}")
+        return
+    plan.state_ids = ids
 
 
 def _check_source_count(plan: ViewPlan, batch: int, current: LogEntry, following: LogEntry | None) -> None:

@@ -3,7 +3,8 @@
 Pure Python over a listing (no pyspark). For every operator under ``state/``, core/snapshots/checkpoint.py
 asks :func:`state_operators` for its metadata and schema files and, for every store, the files that
 load version N+1: HDFS-backed (the newest readable snapshot and the deltas after it) or RocksDB (the
-newest usable zip, the SST/log files it lists, the changelogs after it). Each rule, where it comes
+newest usable zip, the SST/log files it lists, the changelogs after it; in state checkpoint format v2, the
+files commits/N's unique ids name and the lineage in their changelog). Each rule, where it comes
 from in Spark 4.3 and how it was confirmed: docs/spark-checkpoint-internals.md.
 """
 
@@ -18,6 +19,7 @@ from urllib.parse import urlparse
 
 from airflow_ckpt_provider.core.snapshots.ckptfiles import (
     STATE_FILE,
+    changelog_lineage,
     json_object,
     lz4_stream_problem,
     schema_key,
@@ -37,8 +39,8 @@ _PROVIDERS = {
     "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider": HDFS,
     "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider": ROCKSDB,
 }
-# checkpointFormatVersion 2 names files "<version>_<uniqueId>.<kind>" (CommitMetadataV2 docs).
-_STATE_FILE_V2 = re.compile(r"^(\d+)_[0-9a-fA-F-]{8,}\.(delta|snapshot|zip|changelog)$")
+# checkpointFormatVersion 2 names files "<version>_<uniqueId>.<kind>" (RocksDBFileManager).
+_STATE_FILE_V2 = re.compile(r"^(\d+)_([0-9a-fA-F-]{8,})\.(delta|snapshot|zip|changelog)$")
 _STORE_SUBDIRS = ("_metadata", "SSTs", "logs")
 
 
@@ -98,11 +100,15 @@ def _operator(plan: ViewPlan, op: int, batch: int, conf: dict[str, str]) -> Stat
     parts = sorted({int(k.split("/")[2]) for k in keys if k.split("/")[2].isdigit()})
     partitions = state_partitions(conf) or info.partitions or len(parts)
     stores = info.stores or _stores_from_listing(keys, op)
-    provider = _provider(plan, op, conf, keys)
+    ids = None if plan.state_ids is None else plan.state_ids.get(str(op))
+    provider = _provider(plan, op, conf, keys, ids is not None)
     if provider is None:
         return None
     plan.chosen.update(k for k in keys if k.endswith("/_metadata/schema"))
     for partition in range(partitions):
+        if ids is not None:
+            _v2_partition(plan, op, partition, stores, ids=ids, batch=batch, conf=conf)
+            continue
         for store in stores:
             _store_files(plan, _store_dir(op, partition, store), provider, batch + 1, conf)
     changelog = provider == ROCKSDB and any(k.endswith(".changelog") for k in keys)
@@ -203,13 +209,16 @@ def _stores_from_listing(keys: list[str], op: int) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
-def _provider(plan: ViewPlan, op: int, conf: dict[str, str], keys: list[str]) -> str | None:
-    """HDFS or ROCKSDB from the conf the offsets log recorded, checked against the file names."""
-    if any(_STATE_FILE_V2.match(k.rsplit("/", 1)[-1]) for k in keys):
+def _provider(plan: ViewPlan, op: int, conf: dict[str, str], keys: list[str], v2: bool) -> str | None:
+    """HDFS or ROCKSDB from the conf the offsets log recorded, checked against the file names; format v2 (``v2``:
+    the commit names the operator's unique ids) only with RocksDB, whose v2 files only with unique ids."""
+    names = [k.rsplit("/", 1)[-1] for k in keys]
+    if not v2 and any(_STATE_FILE_V2.match(n) for n in names) and not any(STATE_FILE.match(n) for n in names):
         if not any(FORMAT_V2 in p for p in plan.problems):
             plan.add(f"state/{op}/: {FORMAT_V2}")
         return None
-    kinds = {m.group(2) for k in keys if (m := STATE_FILE.match(k.rsplit("/", 1)[-1]))}
+    kinds = {m.group(2) for n in names if (m := STATE_FILE.match(n))}
+    kinds |= {m.group(3) for n in names if (m := _STATE_FILE_V2.match(n))}
     by_files = ROCKSDB if kinds & {"zip", "changelog"} else HDFS if kinds else None
     cls = conf.get(_PROVIDER_CONF)
     by_conf = _PROVIDERS.get(cls) if cls else None
@@ -222,6 +231,10 @@ def _provider(plan: ViewPlan, op: int, conf: dict[str, str], keys: list[str]) ->
     provider = by_conf or by_files or HDFS  # HDFS-backed is Spark's default provider
     if by_files is not None and by_files != provider:
         plan.problems.append(f"state/{op}/ holds {sorted(kinds)} files but the offsets log records provider {cls}")
+    if v2 and provider != ROCKSDB:
+        plan.problems.append(f"state/{op}/: the commit names state checkpoint format v2 unique ids, which only "
+                             f"RocksDBStateStoreProvider writes, but the offsets log records {cls or 'HDFS-backed'}")
+        return None
     return provider
 
 
@@ -374,3 +387,108 @@ def _zip_metadata(data: bytes) -> tuple[list[tuple[str, int]], str | None]:
     except (ValueError, KeyError, TypeError) as err:
         return [], f"its metadata is corrupt ({err!r})"
     return out, None
+
+
+# --------------------------------------------------------------------------------------------
+# State checkpoint format v2 (docs/spark-checkpoint-internals.md, section 9): files by unique id.
+# --------------------------------------------------------------------------------------------
+
+
+def _v2_partition(plan: ViewPlan, op: int, partition: int, stores: tuple[str, ...] | list[str], *,
+                  ids: list[list[str]], batch: int, conf: dict[str, str]) -> None:
+    """Choose one partition's stores of a format v2 operator: commits/N names each store's unique id of version
+    N+1, by the stores' position (CommitMetadataV2)."""
+    named = ids[partition] if partition < len(ids) else []
+    if len(named) != len(stores):
+        plan.add(f"commits/{batch} names {len(named)} state unique ids for operator {op} partition {partition}, "
+                 f"which has {len(stores)} stores ({', '.join(stores)}): the commit and the operator's metadata "
+                 "disagree, restore another batch")
+        return
+    for store, unique_id in zip(stores, named, strict=True):
+        _rocksdb_v2_files(plan, _store_dir(op, partition, store), batch + 1, unique_id,
+                          conf.get(_CODEC_CONF, "lz4"))
+
+
+def _rocksdb_v2_files(plan: ViewPlan, store: str, version: int, unique_id: str, codec: str) -> None:
+    # RocksDB.loadWithCheckpointId: <version>_<id>.zip when it exists; else the lineage inside
+    # <version>_<id>.changelog names the versions before it back to a snapshot: the newest
+    # <v>_<id>.zip of it, then each later <v>_<id>.changelog (none: from empty when it starts at 1).
+    zips: dict[tuple[int, str], str] = {}
+    logs: dict[tuple[int, str], str] = {}
+    for key in plan.sizes:
+        if key.startswith(store + "/") and "/" not in key[len(store) + 1 :]:
+            match = _STATE_FILE_V2.match(key[len(store) + 1 :])
+            if match and match.group(3) in ("zip", "changelog"):
+                (zips if match.group(3) == "zip" else logs)[(int(match.group(1)), match.group(2))] = key
+    rejected: list[str] = []
+    if (version, unique_id) in zips and _v2_zip(plan, store, zips[(version, unique_id)], rejected):
+        return
+    own = logs.get((version, unique_id))
+    if own is None:
+        plan.add(f"{store}/{version}_{unique_id}.zip and .changelog are missing: the commit names state version "
+                 f"{version} by that unique id (found: {_v2_found(zips, logs, version)}); the files were purged "
+                 "or never copied, restore another batch")
+        return
+    lineage = _v2_lineage(plan, own)
+    if lineage is None:
+        return
+    chain = [*lineage, (version, unique_id)]
+    start = next((i for i in range(len(chain) - 2, -1, -1)
+                  if chain[i] in zips and _v2_zip(plan, store, zips[chain[i]], rejected)), None)
+    if start is None and chain[0][0] != 1:
+        plan.add(f"{own}'s lineage starts at version {chain[0][0]} and no snapshot zip of it is usable "
+                 f"({'; '.join(rejected) or 'none found'}): Spark cannot load version {version} "
+                 "(CANNOT_FIND_BASE_SNAPSHOT_CHECKPOINT); restore another batch")
+        return
+    plan.warnings.extend(f"{r}; an older snapshot is used instead" for r in rejected)
+    needed = chain[(start + 1 if start is not None else 0):]
+    if [v for v, _ in needed] != list(range(needed[0][0], version + 1)):
+        plan.add(f"{own}'s lineage skips versions ({[v for v, _ in needed]}): expected every version from its "
+                 f"snapshot to {version}; restore another batch")
+        return
+    missing = [f"{v}_{u}.changelog" for v, u in needed if (v, u) not in logs]
+    if missing:
+        plan.add(f"{store}/{missing[0]} is missing: state version {version} replays the changelogs of its lineage "
+                 f"{', '.join(missing[:4])}; restore another batch")
+        return
+    _choose_stream_files(plan, [], {v: logs[(v, u)] for v, u in needed}, start=needed[0][0] - 1, version=version,
+                         codec=codec)
+    _companions(plan, [logs[(v, u)] for v, u in needed])
+
+
+def _v2_lineage(plan: ViewPlan, key: str) -> list[tuple[int, str]] | None:
+    """The lineage a v2 changelog starts with; None (a problem recorded) if it cannot be read."""
+    data = plan.load(key)
+    if data is None:
+        return None
+    try:
+        lineage = changelog_lineage(data)
+    except ValueError as err:
+        plan.add(f"{key} is truncated or corrupt: its lineage cannot be read ({err}); restore another batch")
+        return None
+    if lineage is None:
+        plan.add(f"{key} has no lineage: expected a format v2 changelog (v3 or v4 header); restore another batch")
+    return lineage
+
+
+def _v2_zip(plan: ViewPlan, store: str, key: str, rejected: list[str]) -> bool:
+    """Choose a v2 snapshot zip with its SST/log files and checksum companions; False if it is unusable."""
+    immutable = _zip_files(plan, store, key, rejected)
+    if immutable is None:
+        return False
+    plan.chosen.add(key)
+    plan.chosen.update(immutable)
+    _companions(plan, [key])
+    return True
+
+
+def _companions(plan: ViewPlan, keys: list[str]) -> None:
+    """The ``<file>.crc`` checksum files Spark writes beside format v2 zips and changelogs (it checks them when
+    present, and only warns when one is missing)."""
+    plan.chosen.update(k + ".crc" for k in keys if k + ".crc" in plan.sizes)
+
+
+def _v2_found(zips: dict[tuple[int, str], str], logs: dict[tuple[int, str], str], version: int) -> str:
+    near = sorted({*zips, *logs}, key=lambda vu: -vu[0])
+    shown = [f"{v}_{u}" for v, u in near if v <= version][:4]
+    return ", ".join(shown) or "none"

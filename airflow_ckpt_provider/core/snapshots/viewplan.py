@@ -12,10 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 FORMAT_V2 = (
-    "the query uses state store checkpoint format version 2 "
-    "(spark.sql.streaming.stateStore.checkpointFormatVersion=2: commits/N lists stateUniqueIds and "
-    "state files are named <version>_<uniqueId>), which this provider does not support; run the "
-    "query on a new checkpoint with format version 1 (the default)"
+    "the query uses state store checkpoint format version 2 (state files named <version>_<uniqueId>) but the "
+    "commit of this batch lists no stateUniqueIds to choose them by (a v1 commit): the commit log and the state "
+    "disagree; restore another batch, or check that nothing rewrote commits/"
 )
 
 
@@ -42,6 +41,9 @@ class ViewPlan:
     problems: list[str] = field(default_factory=list)  # a restore from the view would fail
     warnings: list[str] = field(default_factory=list)  # the live checkpoint has broken files
     batch: int | None = None
+    #: State checkpoint format v2: commits/N's ``stateUniqueIds`` (operator id -> [partition] -> [store] -> the
+    #: unique id of state version N+1); None for format v1.
+    state_ids: dict[str, list[list[str]]] | None = None
 
     def add(self, problem: str) -> None:
         """Record a problem once."""

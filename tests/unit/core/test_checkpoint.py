@@ -88,8 +88,10 @@ class Ckpt:
                 self.put(f"state/{op}/{p}/{v}.snapshot", lz4_stream())
         return self
 
-    def rocksdb_zip(self, version: int, *, op: int = 0, partition: int = 0, ssts: int = 2) -> list[str]:
-        """``<version>.zip`` and the SST files its metadata lists; returns the SST keys."""
+    def rocksdb_zip(self, version: int, *, op: int = 0, partition: int = 0, ssts: int = 2,
+                    unique_id: str | None = None) -> list[str]:
+        """``<version>.zip`` (format v2: ``<version>_<unique_id>.zip``) and the SST files its metadata lists; returns
+        the SST keys."""
         names = [f"{version:06d}{i}-uuid{version}x{i}.sst" for i in range(ssts)]
         meta = {
             "sstFiles": [{"localFileName": f"{n[:7]}.sst", "dfsSstFileName": n, "sizeBytes": 64} for n in names],
@@ -100,7 +102,7 @@ class Ckpt:
             zf.writestr("CURRENT", "MANIFEST-000005\n")
             zf.writestr("metadata", "v1\n" + json.dumps(meta))
         base = f"state/{op}/{partition}"
-        self.put(f"{base}/{version}.zip", buf.getvalue())
+        self.put(f"{base}/{version}{'_' + unique_id if unique_id else ''}.zip", buf.getvalue())
         for n in names:
             self.put(f"{base}/SSTs/{n}", sst())
         return [f"{base}/SSTs/{n}" for n in names]
@@ -495,13 +497,55 @@ def test_rocksdb_truncated_sst_is_found_when_verifying(rocks: Ckpt) -> None:
     assert "is truncated or corrupt: the SST footer magic number is missing" in error_of(rocks, verify=True)
 
 
-def test_checkpoint_format_v2_is_rejected(rocks: Ckpt) -> None:
-    rocks.batches(2).commit(1, stateUniqueIds={"0": [["8e5dd7bb-7c64-4ff2"]]}).operator_v1(partitions=1)
+def test_format_v2_files_without_the_commits_unique_ids_are_refused(rocks: Ckpt) -> None:
+    rocks.batches(2).operator_v1(partitions=1)  # a v1 commit: no stateUniqueIds
     rocks.put("state/0/0/2_8e5dd7bb-7c64-4ff2.zip", b"")
     message = error_of(rocks)
-    assert "commits/1: the query uses state store checkpoint format version 2" in message
+    assert "state/0/: the query uses state store checkpoint format version 2" in message
     assert message.count("format version 2") == 1
-    assert "run the query on a new checkpoint with format version 1 (the default)" in message
+
+
+def test_format_v2_chooses_the_zip_the_commit_names_not_another_attempts(rocks: Ckpt) -> None:
+    rocks.batches(2).commit(1, stateUniqueIds={"0": [["aaaaaaaa-1111"]]}).operator_v1(partitions=1)
+    ssts = rocks.rocksdb_zip(2, unique_id="aaaaaaaa-1111", ssts=1)
+    rocks.put("state/0/0/2_aaaaaaaa-1111.zip.crc", "{}")
+    rocks.put("state/0/0/2_bbbbbbbb-2222.changelog", lz4_stream())  # a failed attempt of version 2
+    files = rocks.files()
+    assert {f for f in files if f.startswith("state/0/0/") and "/_metadata/" not in f} == {
+        "state/0/0/2_aaaaaaaa-1111.zip", "state/0/0/2_aaaaaaaa-1111.zip.crc", *ssts}
+
+
+def test_format_v2_follows_the_lineage_in_the_changelog_back_to_version_1(rocks: Ckpt) -> None:
+    from airflow_ckpt_provider.core.snapshots.ckptfiles import changelog_lineage
+    from tests.unit.core.test_state_format_v2 import CHANGELOG  # version 6 of a real job, lineage 1-5
+
+    lineage = changelog_lineage(CHANGELOG.read_bytes())
+    assert lineage is not None
+    own = CHANGELOG.name.split("_", 1)[1].removesuffix(".changelog")
+    rocks.batches(6).commit(5, stateUniqueIds={"0": [[own]]}).operator_v1(partitions=1)
+    rocks.put(f"state/0/0/{CHANGELOG.name}", CHANGELOG.read_bytes())
+    for version, unique_id in lineage:
+        rocks.put(f"state/0/0/{version}_{unique_id}.changelog", lz4_stream())
+    rocks.put("state/0/0/3_dddddddd-4444.changelog", lz4_stream())  # another attempt's version 3: not in it
+    state = {f.rsplit("/", 1)[1] for f in rocks.files() if f.startswith("state/0/0/") and "/_metadata/" not in f}
+    assert state == {CHANGELOG.name, *(f"{v}_{u}.changelog" for v, u in lineage)}
+    (rocks.root / f"state/0/0/3_{lineage[2][1]}.changelog").unlink()
+    assert (f"state/0/0/3_{lineage[2][1]}.changelog is missing: state version 6 replays the changelogs of its "
+            "lineage") in error_of(rocks)
+
+
+def test_format_v2_with_the_hdfs_backed_provider_is_refused(ckpt: Ckpt) -> None:
+    ckpt.batches(2).commit(1, stateUniqueIds={"0": [["aaaaaaaa-1111"], ["cccccccc-3333"]]}).operator_v1()
+    ckpt.hdfs(range(1, 3))
+    assert "the commit names state checkpoint format v2 unique ids, which only RocksDBStateStoreProvider writes" \
+        in error_of(ckpt)
+
+
+def test_format_v2_without_the_named_version_says_what_it_found(rocks: Ckpt) -> None:
+    rocks.batches(2).commit(1, stateUniqueIds={"0": [["aaaaaaaa-1111"]]}).operator_v1(partitions=1)
+    rocks.rocksdb_zip(2, unique_id="bbbbbbbb-2222", ssts=1)
+    assert ("state/0/0/2_aaaaaaaa-1111.zip and .changelog are missing: the commit names state version 2 by that "
+            "unique id (found: 2_bbbbbbbb-2222)") in error_of(rocks)
 
 
 def test_unsupported_provider(tmp_path: Path) -> None:
