@@ -134,28 +134,14 @@ def _lz4_block(src: bytes, size: int) -> bytes:
     while i < n:
         token = src[i]
         i += 1
-        literals = token >> 4
-        if literals == 15:
-            while True:
-                more = src[i]
-                i += 1
-                literals += more
-                if more != 255:
-                    break
+        literals, i = _length(src, i, token >> 4)
         out += src[i : i + literals]
         i += literals
         if i >= n:
             break  # the last sequence has literals only
         offset = src[i] | src[i + 1] << 8
         i += 2
-        length = token & 15
-        if length == 15:
-            while True:
-                more = src[i]
-                i += 1
-                length += more
-                if more != 255:
-                    break
+        length, i = _length(src, i, token & 15)
         length += 4
         start = len(out) - offset
         if offset == 0 or start < 0:
@@ -165,6 +151,20 @@ def _lz4_block(src: bytes, size: int) -> bytes:
     if len(out) != size:
         raise ValueError(f"an LZ4 block decoded to {len(out)} bytes, its header says {size}")
     return bytes(out)
+
+
+def _length(src: bytes, i: int, nibble: int) -> tuple[int, int]:
+    """An LZ4 sequence's literal or match length: the token's nibble, and while it is 15 the bytes after it (each
+    255 says one more follows); with where they end."""
+    length = nibble
+    if nibble == 15:
+        while True:
+            more = src[i]
+            i += 1
+            length += more
+            if more != 255:
+                break
+    return length, i
 
 
 #: How much of a changelog the lineage may take: its header is two writeUTF strings (at most 64 KiB each).

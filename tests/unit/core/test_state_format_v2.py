@@ -43,6 +43,9 @@ def test_lz4_blocks_raw_and_compressed_decode_with_overlapping_matches() -> None
     stream = block(0x20, b"\x22ab\x02\x00", 8) + block(0x10, b"xyz", 3) + END
     assert lz4_stream_head(stream, 100) == b"abababab" + b"xyz"
     assert lz4_stream_head(stream, 5) == b"ababa"
+    # Lengths of 15 and more go on in the bytes after the token: 20 literals, then a match of 4 + 15 + 1 = 20.
+    long = block(0x20, b"\xff\x05" + bytes(range(20)) + b"\x14\x00\x01", 40)
+    assert lz4_stream_head(long + END, 100) == bytes(range(20)) * 2
 
 
 def test_a_changelog_without_a_lineage_is_format_v1() -> None:
