@@ -10,14 +10,13 @@ import argparse
 import logging
 import signal
 import threading
-import time
 from typing import Any
 
 from airflow_ckpt_provider.cli.common import add_store_args, emit, s3_options, table
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.policy.settings import check_metrics
 from airflow_ckpt_provider.core.records.deployments import read_launch
-from airflow_ckpt_provider.core.records.ownership import INSTANCES, InstanceRecord, Timings, read_owner
+from airflow_ckpt_provider.core.records.ownership import Timings, read_instances, read_owner
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.store.storage import Storage, open_storage
 from airflow_ckpt_provider.launcher.handover import handed_jobs
@@ -60,12 +59,7 @@ def cmd_service_run(args: argparse.Namespace) -> int:
 def cmd_service_status(args: argparse.Namespace) -> int:
     root = _root(args)
     instances: list[dict[str, Any]] = []
-    for info in root.list(INSTANCES):
-        found = root.read_versioned(info.key)
-        if found is None or not info.key.endswith(".json"):
-            continue
-        record = InstanceRecord.from_bytes(found.data, root.uri(info.key))
-        age = found.age if found.age is not None else time.time() - record.renewed_at
+    for record, age in read_instances(root):
         state = "stopped" if record.stopped else ("live" if age <= record.lease_duration else "silent")
         instances.append({"instance": record.instance, "host": record.host, "pid": record.pid, "state": state,
                           "renewed_s_ago": round(age, 1), "lease_duration": record.lease_duration})

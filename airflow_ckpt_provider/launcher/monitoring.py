@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -16,7 +15,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from airflow_ckpt_provider.core.errors import CkptError, ConfigError
-from airflow_ckpt_provider.core.records.ownership import INSTANCES, InstanceRecord
+from airflow_ckpt_provider.core.records.ownership import read_instances
 from airflow_ckpt_provider.core.records.status import ACTIVE_STATES, read_status
 from airflow_ckpt_provider.core.store.jobstore import JobStore, is_job_name
 from airflow_ckpt_provider.core.store.storage import Storage
@@ -137,27 +136,20 @@ SILENT_TARGET = 900.0
 def service_targets(root: Storage) -> list[dict[str, Any]]:
     """Prometheus file_sd entries for the supervision service's instances that serve metrics (their lease records
     name ``metrics_url``): those that did not stop, until SILENT_TARGET s after their last renewal."""
-    entries = []
-    for info in root.list(INSTANCES):
-        if not info.key.endswith(".json"):
-            continue
-        try:
-            found = root.read_versioned(info.key)
-            if found is None:
-                continue
-            record = InstanceRecord.from_bytes(found.data, root.uri(info.key))
-        except CkptError as err:
-            log.warning("service instance record %s unreadable, left out of the targets: %s", info.key, err)
-            continue
-        age = found.age if found.age is not None else time.time() - record.renewed_at
-        if record.stopped or record.metrics_url is None or age > record.lease_duration + SILENT_TARGET:
-            continue
-        url = urlsplit(record.metrics_url)
-        labels = {"ckpt_service_instance": record.instance, "ckpt_service_host": record.host}
-        if url.path and url.path != "/metrics":
-            labels["__metrics_path__"] = url.path
-        entries.append({"targets": [url.netloc], "labels": labels})
-    return entries
+    def unreadable(key: str, err: CkptError) -> None:
+        log.warning("service instance record %s unreadable, left out of the targets: %s", key, err)
+
+    return [_target(record.metrics_url, ckpt_service_instance=record.instance, ckpt_service_host=record.host)
+            for record, age in read_instances(root, unreadable=unreadable)
+            if record.metrics_url is not None and not record.stopped and age <= record.lease_duration + SILENT_TARGET]
+
+
+def _target(url: str, **labels: str) -> dict[str, Any]:
+    """One file_sd entry: the endpoint's host:port, its labels, and its path where it is not /metrics."""
+    parts = urlsplit(url)
+    if parts.path and parts.path != "/metrics":
+        labels["__metrics_path__"] = parts.path
+    return {"targets": [parts.netloc], "labels": labels}
 
 
 def scrape_targets(root: Storage) -> list[dict[str, Any]]:
@@ -172,11 +164,7 @@ def scrape_targets(root: Storage) -> list[dict[str, Any]]:
             continue
         if status is None or status.metrics_url is None or status.state not in ACTIVE_STATES:
             continue
-        url = urlsplit(status.metrics_url)
-        labels = {"ckpt_driver_host": status.host or ""}
-        if url.path and url.path != "/metrics":
-            labels["__metrics_path__"] = url.path
-        entries.append({"targets": [url.netloc], "labels": labels})
+        entries.append(_target(status.metrics_url, ckpt_driver_host=status.host or ""))
     return entries
 
 

@@ -29,9 +29,7 @@ from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
 from airflow_ckpt_provider.core.records.deployments import Launch
 from airflow_ckpt_provider.core.snapshots.catalog import list_snapshots, load_manifest
 from airflow_ckpt_provider.core.snapshots.manifest import (
-    PARTITIONS_BEFORE,
     RESCALED_FROM,
-    TOOK_SECONDS,
     Kind,
     Manifest,
     Trigger,
@@ -43,6 +41,7 @@ from airflow_ckpt_provider.launcher.submit import parse_conf
 from airflow_ckpt_provider.runtime.exitcodes import EXIT_STOPPED
 from airflow_ckpt_provider.runtime.restore_check_verdict import CheckOutcome, RestoreCheck
 from tests.integration.test_restore_check import OrdersEnv, expected_totals, produce_orders
+from tests.support.manifests import labels_timed, rescaled_from
 from tests.support.runtimejob import ROCKSDB, SPARK_CONF, Run
 
 pytestmark = pytest.mark.integration
@@ -129,9 +128,7 @@ def test_state_rescaled_2_to_5_to_3_through_savepoints_keeps_the_totals_exact(en
         rescaled = load_manifest(env.store(), verdict.rescaled_snapshot_id)
         assert (rescaled.kind, rescaled.trigger, rescaled.batch_id, rescaled.state_partitions) == (
             Kind.SAVEPOINT, Trigger.RESCALE, source.batch_id + 1, partitions)
-        assert {k: v for k, v in rescaled.labels.items() if k != TOOK_SECONDS} == \
-            {RESCALED_FROM: source.snapshot_id, PARTITIONS_BEFORE: str(source.state_partitions)}
-        assert float(rescaled.labels[TOOK_SECONDS]) > 0  # how long the snapshot took
+        assert labels_timed(rescaled) == rescaled_from(source)
         assert rescaled.offsets == source.offsets  # the repartition batch reads no input
         produce_orders(env.kafka.bootstrap_servers, env.topic, total, 200)
         total += 200

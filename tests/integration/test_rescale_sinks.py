@@ -22,7 +22,7 @@ from functools import partial
 import pytest
 
 from airflow_ckpt_provider.core.snapshots.catalog import load_manifest
-from airflow_ckpt_provider.core.snapshots.manifest import PARTITIONS_BEFORE, RESCALED_FROM, TOOK_SECONDS, Kind, Trigger
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.store.storage import S3Options
 from airflow_ckpt_provider.runtime.restore_check_verdict import CheckOutcome
 from airflow_ckpt_provider.sinks.filelayout import committed_batches
@@ -39,6 +39,7 @@ from tests.support.exactlyonce import (
     job_of_its_own,
     new_sink_topic,
 )
+from tests.support.manifests import labels_timed, rescaled_from
 from tests.support.runtimejob import ROCKSDB, JobEnv, Run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800), pytest.mark.usefixtures("launcher_env"),
@@ -72,9 +73,7 @@ def rescale_twice(chaos: Chaos, files_sink: FilesSink | None) -> str:
         rescaled = load_manifest(env.store(), verdict.rescaled_snapshot_id)
         assert (rescaled.kind, rescaled.trigger, rescaled.batch_id, rescaled.state_partitions) == (
             Kind.SAVEPOINT, Trigger.RESCALE, source.batch_id + 1, partitions), rescaled
-        assert {k: v for k, v in rescaled.labels.items() if k != TOOK_SECONDS} == \
-            {RESCALED_FROM: source.snapshot_id, PARTITIONS_BEFORE: str(source.state_partitions)}
-        assert float(rescaled.labels[TOOK_SECONDS]) > 0  # how long the snapshot took
+        assert labels_timed(rescaled) == rescaled_from(source)
         repartitions.append(rescaled.batch_id)
         chaos.feeder.feed()  # arrived while the job was stopped
         checkpoint = env.work / f"checkpoint-{partitions}"  # another machine: a fresh location

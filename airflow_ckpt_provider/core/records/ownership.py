@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from airflow_ckpt_provider.core.errors import ConfigError, ConflictError, StorageError
+from airflow_ckpt_provider.core.errors import CkptError, ConfigError, ConflictError, StorageError
 from airflow_ckpt_provider.core.records.base import Record
 from airflow_ckpt_provider.core.store.jobstore import JobStore, check_job_name
 from airflow_ckpt_provider.core.store.storage import Storage
@@ -249,6 +249,29 @@ class Observer:
             self._seen[instance] = (record.sequence, now)
             return False
         return now - seen[1] >= record.lease_duration
+
+
+def read_instances(root: Storage, *, unreadable: Callable[[str, CkptError], None] | None = None,
+                   ) -> list[tuple[InstanceRecord, float]]:
+    """Every instance's lease record with its age in seconds (the store's clock where it tells one, else the
+    record's own ``renewed_at``). A record that cannot be read raises, or with ``unreadable`` is passed to it and
+    left out."""
+    found_records = []
+    for info in root.list(INSTANCES):
+        if not info.key.endswith(".json"):
+            continue
+        try:
+            found = root.read_versioned(info.key)
+            if found is None:
+                continue
+            record = InstanceRecord.from_bytes(found.data, root.uri(info.key))
+        except CkptError as err:
+            if unreadable is None:
+                raise
+            unreadable(info.key, err)
+            continue
+        found_records.append((record, found.age if found.age is not None else time.time() - record.renewed_at))
+    return found_records
 
 
 def read_owner(store: JobStore) -> OwnerRecord | None:
