@@ -28,7 +28,7 @@ from pyspark.sql.types import (
 )
 
 from airflow_ckpt_provider.core.errors import ConfigError
-from airflow_ckpt_provider.core.policy.gate import gate_closed
+from airflow_ckpt_provider.core.policy.gate import hold_at_gate
 from airflow_ckpt_provider.kafka.metadata import BrokerMetadata
 from airflow_ckpt_provider.kafka.offsets import COMMIT_KEY, Offsets, parse_offsets, to_json_dict
 from airflow_ckpt_provider.kafka.options import SourceOptions, check_client_config, parse_options
@@ -119,8 +119,8 @@ class CkptKafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return dict(INITIAL_OFFSET)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        if start is not None and gate_closed():
-            # A stop-with-savepoint is in progress: plan no new batch (equal offsets mean no new data).
+        if start is not None and not hold_at_gate():
+            # The gate is closed (a stop with savepoint, a restore check): no new data (equal offsets).
             return start
         end: dict[str, Any] = to_json_dict(self.planner.latest(_decode(start), self._limits(limit)))
         if self.options.commit_group_id:

@@ -89,7 +89,7 @@ class ControlHandler:
         """Finish the batch in flight, plan no new one, take a final savepoint, exit 0."""
         job, epoch = self.config.job, self.lease.epoch
         self.reporter.report(JobState.STOPPING, f"stop with savepoint ({request.id})")
-        if not gate.close_gate():
+        if not gate.close_gate(park=True):
             log.warning("job %s: no admission gate (CKPT_GATE_FILE unset): stopping at the next batch boundary "
                         "as seen from the driver; a batch planned in that instant is replayed after restore", job)
         try:
@@ -135,15 +135,16 @@ class ControlHandler:
         return EXIT_STOPPED
 
     def _wait_for_boundary(self, timeout: float) -> bool:
-        """True once no trigger runs and every offsets entry has its commit (heartbeats go on)."""
+        """True once no trigger runs, or the one that runs is held at the gate before it planned a batch, and every
+        offsets entry has its commit (heartbeats go on). A query Spark plans a batch for at every trigger (a
+        processing-time transformWithState, whose timers and TTL may fire) has no instant without a trigger."""
         deadline = self.clock() + timeout
         next_beat = self.clock() + self.config.heartbeat_interval
         while self.clock() < deadline:
             if not self.query.isActive:
                 return True
-            if not self.query.status["isTriggerActive"] and _last_entry(self.live, "offsets/") == _last_entry(
-                self.live, "commits/"
-            ):
+            idle = not self.query.status["isTriggerActive"] or gate.parked()
+            if idle and _last_entry(self.live, "offsets/") == _last_entry(self.live, "commits/"):
                 return True
             self._drain_events()
             if self.clock() >= next_beat:

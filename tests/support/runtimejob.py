@@ -151,10 +151,18 @@ class JobEnv:
         return Run(name, proc, log)
 
     def rescale_step(self, job_file: Path, checkpoint: Path, savepoint: str, partitions: int, *,
-                     env: dict[str, str], timeout: float) -> RestoreCheck:
+                     env: dict[str, str], timeout: float, conf: tuple[str, ...] = (ROCKSDB,)) -> RestoreCheck:
         """The rescale step as a rescale runs it (``ckpt run --check-restore --restore SAVEPOINT --rescale-to N
         --save-rescaled``, RocksDB state): restore the savepoint on a copy, repartition, the job's empty batch,
         saved as a savepoint of its own. ``env``: the job's environment (its settings)."""
+        return self.check_step(job_file, checkpoint, savepoint, env=env, timeout=timeout, conf=conf,
+                               partitions=partitions)
+
+    def check_step(self, job_file: Path, checkpoint: Path, savepoint: str, *, env: dict[str, str], timeout: float,
+                   conf: tuple[str, ...], partitions: int | None = None) -> RestoreCheck:
+        """The restore check of an upgrade (``ckpt run --check-restore --restore SAVEPOINT``: the job file's query
+        restored on a copy of the savepoint, one batch), or with ``partitions`` the rescale step; ``conf``: the
+        job's Spark settings beyond SPARK_CONF."""
         from airflow_ckpt_provider.core.policy.modes import RestoreSpec
         from airflow_ckpt_provider.launcher.restore_check import check_restore
         from airflow_ckpt_provider.launcher.submit import SubmitSpec, parse_conf
@@ -162,10 +170,10 @@ class JobEnv:
 
         config = RuntimeConfig(job=self.job, store=self.store_url, checkpoint=str(checkpoint),
                                endpoint_url=self.s3.endpoint_url, region=self.s3.region,
-                               restore=RestoreSpec.parse(savepoint), rescale_to=partitions, save_rescaled=True,
-                               check_restore=True)
-        spec = SubmitSpec(job_file=str(job_file), config=config, conf=parse_conf([*SPARK_CONF, ROCKSDB]))
-        log = self.work / f"rescale-{savepoint}-{partitions}.log"
+                               restore=RestoreSpec.parse(savepoint), rescale_to=partitions,
+                               save_rescaled=partitions is not None, check_restore=True)
+        spec = SubmitSpec(job_file=str(job_file), config=config, conf=parse_conf([*SPARK_CONF, *conf]))
+        log = self.work / f"check-{savepoint}-{partitions or 'same'}-{job_file.stem}.log"
         return check_restore(spec, timeout, log_file=str(log), env=env)
 
     def status(self) -> JobStatus | None:

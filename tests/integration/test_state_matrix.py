@@ -1,0 +1,204 @@
+"""Every stateful operator through every lifecycle step, on state checkpoint format v1 and v2.
+
+One job (tests/jobs/state_matrix.py) holds them all in one query: dropDuplicates, dropDuplicatesWithinWatermark,
+a windowed aggregation, session windows, a stream-stream join, applyInPandasWithState (event-time timeout),
+transformWithStateInPandas (ValueState, event-time timers) and transformWithState (ListState, MapState with
+TTL); eight operators, RocksDB state, over ckpt-kafka (tansu) into the exactly-once ``ckpt-files`` sink on
+SeaweedFS. Format v1 without changelog checkpointing; format v2 with it (Spark 4.3's recommended pairing). The
+records (tests/support/statematrix.py) arrive in five parts, and the job lives through, in order:
+
+1. a supervised run of the first part whose driver is killed with kill -9 (its supervisor restarts it from the
+   live checkpoint), the second part read by the restarted driver, then stop with savepoint;
+2. an incompatible upgrade (dedup keyed on (id, k)) refused by the restore check, a compatible one (a stateless
+   filter) accepted, and the upgraded code restored from the savepoint for the third part; stop with savepoint;
+3. a rescale from 2 to 3 state partitions (Spark's offline repartition on a copy, saved as a savepoint), the
+   fourth part on 3 partitions; stop with savepoint;
+4. time travel: the savepoint before the rescale restored, the fourth part read again from there, then the fifth.
+
+The sink's rows are then exactly those of one uninterrupted run (each operator's, computed from the records),
+its timeline shows the one fork, the snapshots of format v2 hold Spark's unique-id files (v1's none), and after
+the abandoned timeline's snapshots are disposed and gc'd every kept snapshot verifies byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from airflow_ckpt_provider.core.policy.outcomes import CheckOutcome
+from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
+from airflow_ckpt_provider.core.records.status import JobStatus
+from airflow_ckpt_provider.core.snapshots.catalog import dispose_snapshot, load_manifest, verify_snapshot
+from airflow_ckpt_provider.core.snapshots.gc import collect_garbage
+from airflow_ckpt_provider.core.snapshots.manifest import Kind, Manifest, Trigger
+from airflow_ckpt_provider.core.store.storage import S3Options
+from airflow_ckpt_provider.runtime.exitcodes import EXIT_STOPPED
+from airflow_ckpt_provider.runtime.restore_check_verdict import RestoreCheck
+from airflow_ckpt_provider.sinks.filelayout import read_committed
+from airflow_ckpt_provider.sinks.filemaintenance import verify_sink
+from tests.support import statematrix
+from tests.support.runtimejob import ROCKSDB, JobEnv, Run, kill_driver
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("launcher_env")]
+
+JOB = Path(__file__).parent.parent / "jobs" / "state_matrix.py"
+TIMEOUT = 180.0
+CHECK_TIMEOUT = 240.0
+COUNT = 240  # records before the copies and the flush record
+MAX_OFFSETS = 40  # records per batch
+FORMATS = {
+    "v1": (ROCKSDB,),
+    "v2": (ROCKSDB, "spark.sql.streaming.stateStore.checkpointFormatVersion=2",
+           "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled=true"),
+}
+FAST_RESTARTS = ("--restart-strategy", "fixed-delay", "--restart-attempts", "3", "--restart-delay", "0.5")
+OPERATORS = 8
+#: A format v2 state file: ``<version>_<unique id>.zip`` or ``.changelog`` (RocksDBFileManager).
+UNIQUE_ID_FILE = re.compile(r"^state/\d+/\d+/(?:[^/]+/)?\d+_[0-9a-f-]{36}\.(?:zip|changelog)$")
+
+
+class MatrixJob:
+    """The matrix job of one format: its records (produced a part at a time), runs, checks and sink."""
+
+    def __init__(self, env: JobEnv, fmt: str, runs: list[Run]) -> None:
+        self.env, self.runs, self.conf = env, runs, FORMATS[fmt]
+        self.checkpoint = env.work / "checkpoint"
+        self.sink = f"s3://{env.bucket}/out"
+        self.s3 = S3Options(endpoint_url=env.s3.endpoint_url, region=env.s3.region,
+                            access_key_id=env.s3.access_key, secret_access_key=env.s3.secret_key)
+        self.records = statematrix.records(COUNT)
+        size = -(-len(self.records) // 5)
+        self.parts = [self.records[i:i + size] for i in range(0, len(self.records), size)]
+        self.produced = 0
+
+    def settings(self, variant: str) -> dict[str, str]:
+        return {"CKPT_MATRIX_SINK": self.sink, "CKPT_MATRIX_VARIANT": variant}
+
+    def produce(self, part: int) -> None:
+        """Part ``part`` of the records, record i of the whole into partition i % 3, in order."""
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": self.env.kafka.bootstrap_servers, "acks": "all",
+                             "enable.idempotence": True, "batch.num.messages": 1, "linger.ms": 0})
+        try:
+            for record in self.parts[part]:
+                producer.produce(self.env.topic, key=str(record["id"]).encode(), value=json.dumps(record).encode(),
+                                 partition=self.produced % 3)
+                self.produced += 1
+            assert producer.flush(30) == 0, "records still queued after 30 s"
+        finally:
+            del producer
+
+    def read_all(self, status: JobStatus) -> bool:
+        """The status' last completed batch read every record produced (each of the query's sources)."""
+        ends = [sum(int(o) for o in (offsets or {}).get(self.env.topic, {}).values())
+                for offsets in status.offsets.values() if isinstance(offsets, dict)]
+        return bool(ends) and all(e == self.produced for e in ends)
+
+    def start(self, name: str, restore: str, variant: str, *args: str) -> Run:
+        conf = [arg for setting in self.conf for arg in ("--conf", setting)]
+        run = self.env.run(name, self.checkpoint, *conf, "--checkpoint-interval", "none", "--restore", restore,
+                           *args, max_offsets=MAX_OFFSETS, job_file=JOB, extra_env=self.settings(variant))
+        self.runs.append(run)
+        return run
+
+    def stop(self, name: str, run: Run, done: Callable[[], bool] | None = None) -> Manifest:
+        """Once the run read every record produced (and ``done``): stop with savepoint, its manifest."""
+        status = self.env.wait_status(f"{name}: all {self.produced} records read", self.read_all, TIMEOUT, run)
+        deadline = time.monotonic() + TIMEOUT
+        while done is not None and not done():
+            assert run.proc.poll() is None, run.tail()
+            assert time.monotonic() < deadline, f"{name}: the output is not complete after {TIMEOUT:.0f} s"
+            time.sleep(1.0)
+        ack = self.env.request(RequestAction.STOP, status.epoch)
+        assert ack.outcome is Outcome.COMPLETED and ack.snapshot_id is not None, ack
+        assert run.wait(90) == EXIT_STOPPED, run.tail()
+        return load_manifest(self.env.store(), ack.snapshot_id)
+
+    def check(self, savepoint: str, variant: str, partitions: int | None = None) -> RestoreCheck:
+        return self.env.check_step(JOB, self.checkpoint, savepoint, conf=self.conf, partitions=partitions,
+                                   env=self.env.env(MAX_OFFSETS, self.settings(variant)), timeout=CHECK_TIMEOUT)
+
+    def rows(self) -> Counter[statematrix.Row]:
+        found = read_committed(self.sink, self.s3).to_pylist()
+        return Counter((r["op"], r["key"], r["value"]) for r in found)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_stateful_operator_through_kill_upgrades_rescale_and_time_travel_gives_the_uninterrupted_output(
+        env: JobEnv, runs: list[Run], fmt: str) -> None:
+    job = MatrixJob(env, fmt, runs)
+    seconds: dict[str, float] = {}
+    started = time.monotonic()
+
+    # 1. kill -9 of the driver once it read the first part; its supervisor restarts it from the live checkpoint,
+    # and the restarted driver reads the second part.
+    job.produce(0)
+    run = job.start("first", "latest-state", "v1", "--supervise", "--poll", "1", *FAST_RESTARTS)
+    first = env.wait_status("the first part read", job.read_all, TIMEOUT, run)
+    kill_driver(first)
+    env.wait_status("the driver restarted", lambda s: s.epoch > first.epoch, TIMEOUT, run)
+    job.produce(1)
+    sp1 = job.stop("first", run)
+    assert len(sp1.operators) == OPERATORS, sp1.operators
+    v2_files = [f.path for f in sp1.files if UNIQUE_ID_FILE.match(f.path)]
+    assert bool(v2_files) == (fmt == "v2"), f"format {fmt}: unique-id state files {v2_files[:5]}"
+    seconds["kill, stop"] = time.monotonic() - started
+
+    # 2. Upgrades: the incompatible one refused before anything runs, the compatible one restored.
+    step = time.monotonic()
+    refused = job.check(sp1.snapshot_id, "incompatible")
+    assert refused.outcome is CheckOutcome.INCOMPATIBLE, refused
+    accepted = job.check(sp1.snapshot_id, "v2")
+    assert accepted.outcome is CheckOutcome.COMPATIBLE, accepted
+    job.produce(2)
+    sp2 = job.stop("upgraded", job.start("upgraded", sp1.snapshot_id, "v2"))
+    assert sp2.batch_id > sp1.batch_id and sp2.state_partitions == 2, sp2
+    seconds["upgrades"] = time.monotonic() - step
+
+    # 3. Rescale 2 -> 3 through Spark's repartition on a copy; the fourth part on 3 partitions.
+    step = time.monotonic()
+    verdict = job.check(sp2.snapshot_id, "v2", partitions=3)
+    assert verdict.outcome is CheckOutcome.COMPATIBLE and verdict.rescaled_snapshot_id is not None, verdict
+    rescaled = load_manifest(env.store(), verdict.rescaled_snapshot_id)
+    assert (rescaled.trigger, rescaled.state_partitions, rescaled.batch_id) == (Trigger.RESCALE, 3, sp2.batch_id + 1)
+    job.produce(3)
+    sp3 = job.stop("rescaled", job.start("rescaled", rescaled.snapshot_id, "v2"))
+    assert sp3.state_partitions == 3 and len(sp3.operators) == OPERATORS, sp3
+    seconds["rescale"] = time.monotonic() - step
+
+    # 4. Time travel: back to the savepoint before the rescale; the fourth part again, then the fifth.
+    step = time.monotonic()
+    job.produce(4)
+    want = statematrix.expected(job.records)
+    final = job.stop("travelled", job.start("travelled", sp2.snapshot_id, "v2"),
+                     done=lambda: sum(job.rows().values()) >= sum(want.values()))
+    seconds["time travel"] = time.monotonic() - step
+
+    got = job.rows()
+    missing, extra = want - got, got - want
+    assert not missing and not extra, (f"{sum(got.values())} rows, expected {sum(want.values())}: missing "
+                                       f"{sorted(missing)[:5]}, unexpected {sorted(extra)[:5]}")
+    assert {op for op, _, _ in got} == {"dedup", "dedup_ww", "window", "session", "join", "pandas_state",
+                                        "tws_pandas", "tws_rows"}
+    report = verify_sink(job.sink, job.s3)
+    assert report.ok and sum(len(f) for f in report.forks.values()) == 1, (report.problems, report.forks)
+
+    # The abandoned timeline's snapshots disposed and collected; every kept snapshot verifies byte for byte.
+    store = env.store()
+    for snapshot in (rescaled, sp3):
+        dispose_snapshot(store, snapshot.snapshot_id, force=True)
+    collected = collect_garbage(store, min_age_s=0)
+    assert collected.deferred is None and collected.deleted_objects > 0, collected
+    for kept in (sp1, sp2, final):
+        checked = verify_snapshot(store, kept.snapshot_id)
+        assert checked.ok, checked.problems
+    assert final.kind is Kind.SAVEPOINT and final.state_partitions == 2
+    print(f"format {fmt}: " + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items())
+          + f", total {time.monotonic() - started:.0f} s")
