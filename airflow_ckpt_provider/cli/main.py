@@ -21,6 +21,7 @@ from airflow_ckpt_provider.cli.run import add_run_command
 from airflow_ckpt_provider.cli.service import add_service_commands
 from airflow_ckpt_provider.cli.sink import add_sink_commands
 from airflow_ckpt_provider.cli.snapshot import add_snapshot_commands
+from airflow_ckpt_provider.cli.state import add_state_commands
 from airflow_ckpt_provider.core.errors import CkptError
 
 __all__ = ["EXIT_ERROR", "EXIT_VERIFY_FAILED", "build_parser", "main"]
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_VersionAction, help="print the versions of ckpt, pyspark and Airflow")
     groups = parser.add_subparsers(dest="group", required=True)
     add_snapshot_commands(groups)
+    add_state_commands(groups)
     add_job_commands(groups)
     add_kafka_commands(groups)
     add_sink_commands(groups)

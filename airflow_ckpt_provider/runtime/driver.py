@@ -37,8 +37,10 @@ from airflow_ckpt_provider.core.records.control import (
 from airflow_ckpt_provider.core.records.deployments import LAUNCH_ENV, read_launch
 from airflow_ckpt_provider.core.records.lease import FencedError, Lease
 from airflow_ckpt_provider.core.records.status import JobState
+from airflow_ckpt_provider.core.snapshots.checkpoint import SparkCheckpoint
 from airflow_ckpt_provider.core.snapshots.manifest import Kind, Trigger
 from airflow_ckpt_provider.core.snapshots.retention import RetentionPolicy
+from airflow_ckpt_provider.core.snapshots.statestore import STATE_FORMAT_CONF, state_format_note
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.store.storage import S3Options, Storage, open_storage
 from airflow_ckpt_provider.runtime.batchevents import BatchEvent, BatchListener
@@ -322,6 +324,9 @@ class JobDriver:
                                  restored_from=plan.snapshot.snapshot_id if plan.snapshot else None)
             if plan.snapshot is not None:
                 self.metrics.restored(plan.snapshot.kind.value, plan.snapshot.created.timestamp())
+            if note := state_format_note(spark.conf.get(STATE_FORMAT_CONF, None), *SparkCheckpoint(
+                    self.live).state_format()):
+                log.warning("job %s: %s", job, note)
             self.lease.check()
             self.snapshotter = self._snapshotter(spark)
             self.plans = self._plan_gate(self.snapshotter)  # started: _start_query resets it before each start

@@ -26,6 +26,7 @@ from airflow_ckpt_provider.core.snapshots.manifest import PARTITIONS_BEFORE, RES
 from airflow_ckpt_provider.core.snapshots.rescaling import current_partitions, repartition_problem
 from airflow_ckpt_provider.core.snapshots.restore import restore_snapshot
 from airflow_ckpt_provider.core.snapshots.scratch import make_scratch, sweep_scratch
+from airflow_ckpt_provider.core.snapshots.statestore import STATE_FORMAT_CONF
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.store.storage import LocalStorage, S3Options, Storage, open_storage
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
@@ -161,6 +162,10 @@ class RestoreChecker:
         if problem:
             return RestoreCheck(CheckOutcome.BAD_INPUT, f"{what} to {partitions} partitions refused: {problem}"), None
         before = current_partitions(view)
+        # Spark refuses a session asking for another state checkpoint format than the checkpoint's, after it logged
+        # the repartition batch (STATE_REWRITER_INVALID_CHECKPOINT.STATE_CHECKPOINT_FORMAT_VERSION_MISMATCH); the
+        # checkpoint's own format is the one every later run keeps anyway.
+        spark.conf.set(STATE_FORMAT_CONF, str(view.state_format))
         log.info("job %s: repartitioning the state of %s from %s to %d partitions on a copy at %s", self.config.job,
                  manifest.snapshot_id, before, partitions, scratch.url)
         started = time.monotonic()

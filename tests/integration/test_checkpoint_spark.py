@@ -9,6 +9,8 @@ import dataclasses
 import io
 import json
 import shutil
+import subprocess
+import sys
 import time
 import zipfile
 from collections.abc import Iterator
@@ -222,3 +224,58 @@ def test_a_format_v2_view_holds_the_committed_unique_ids_files_and_restores_exac
     assert SparkCheckpoint(LocalStorage(moved)).latest_completed_batch() == 4
     assert wl.read_result(tmp_path / "out") == wl.expected(5)
     assert (moved / "commits/4").read_text().startswith("v2\n")  # the restored checkpoint stays in format v2
+
+
+@pytest.mark.parametrize("fmt", ["1", "2"])
+def test_the_state_processor_reads_every_key_of_a_snapshot_exactly_in_format_v1_and_v2(
+        spark: Any, tmp_path: Path, fmt: str) -> None:
+    """The State Processor's reading side (issue 45): a savepoint of an aggregation (RocksDB with changelog
+    checkpointing) read after its checkpoint is gone: one table, every key with its count and sum as columns, the
+    same rows exported as JSON; the copy it read is removed after."""
+    from airflow_ckpt_provider.core.snapshots.catalog import create_snapshot
+    from airflow_ckpt_provider.core.store.jobstore import JobStore
+    from airflow_ckpt_provider.runtime.stateprocessor import (
+        SCRATCH_PREFIX,
+        export_state,
+        read_state,
+        snapshot_copy,
+        state_tables,
+    )
+
+    wl = WORKLOADS["aggregation"]
+    try:
+        ckpt = run_batches(spark, wl, tmp_path, "rocksdb-changelog", range(3), **{FORMAT_V2: fmt})
+        store = JobStore.open(str(tmp_path / "store"), "agg")
+        snapshot_id = create_snapshot(store, LocalStorage(ckpt)).manifest.snapshot_id
+        shutil.rmtree(ckpt)
+        with snapshot_copy(store, snapshot_id) as (manifest, copy):
+            tables = state_tables(spark, copy)
+            assert [(t.name, t.operator, t.partitions) for t in tables] == [("0/default", "stateStoreSave", 2)]
+            frame = read_state(spark, copy, manifest.batch_id, tables[0])
+            rows = frame.collect()
+            exported = export_state(frame, "json", str(tmp_path / "state-json"))
+        assert not Path(copy).exists() and SCRATCH_PREFIX in copy
+    finally:
+        spark.conf.unset(FORMAT_V2)  # the module's session: later tests run format v1
+    assert frame.columns == ["operator_id", "table", "key_k", "value_count", "value_sum", "partition_id"]
+    assert {r.key_k: (r.value_count, r.value_sum) for r in rows} == wl.expected(3)
+    assert exported == len(rows) == len(wl.expected(3))
+    written = [json.loads(line) for f in sorted((tmp_path / "state-json").glob("part-*.json"))
+               for line in f.read_text().splitlines()]
+    assert {r["key_k"]: (r["value_count"], r["value_sum"]) for r in written} == wl.expected(3)
+    if fmt == "2":  # the CLI once, in its own process and Spark session: a table to CSV, an unknown table refused
+        ckpt_state = [sys.executable, "-m", "airflow_ckpt_provider.cli", "state", "read", snapshot_id,
+                      "--store", str(tmp_path / "store"), "--job", "agg"]
+        done = subprocess.run([*ckpt_state, "--table", "0/default", "--format", "csv", "--output",
+                               str(tmp_path / "state-csv")], check=False, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        wrote = f"wrote {len(rows)} rows of state table 0/default (stateStoreSave) of snapshot {snapshot_id}"
+        assert wrote in done.stdout, done.stdout
+        lines = [ln for f in sorted((tmp_path / "state-csv").glob("part-*.csv")) for ln in f.read_text().splitlines()]
+        header = "operator_id,table,key_k,value_count,value_sum,partition_id"
+        assert {ln for ln in lines if ln != header} == {
+            f"0,0/default,{r.key_k},{r.value_count},{r.value_sum},{r.partition_id}" for r in rows}
+        refused = subprocess.run([*ckpt_state, "--table", "3/default"], check=False, capture_output=True, text=True,
+                                 timeout=300)
+        assert refused.returncode == 1
+        assert "no state table '3/default' in the snapshot; expected one of: 0/default" in refused.stderr

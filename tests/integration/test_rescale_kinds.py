@@ -31,7 +31,6 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
 from airflow_ckpt_provider.core.records.status import JobStatus
 from airflow_ckpt_provider.core.snapshots.catalog import load_manifest
 from airflow_ckpt_provider.core.snapshots.manifest import (
@@ -40,7 +39,6 @@ from airflow_ckpt_provider.core.snapshots.manifest import (
     Trigger,
 )
 from airflow_ckpt_provider.core.store.storage import S3Options
-from airflow_ckpt_provider.runtime.exitcodes import EXIT_STOPPED
 from airflow_ckpt_provider.runtime.restore_check_verdict import CheckOutcome, RestoreCheck
 from airflow_ckpt_provider.sinks.filelayout import BatchManifest, committed_batches, read_committed
 from airflow_ckpt_provider.sinks.filemaintenance import verify_sink
@@ -225,16 +223,7 @@ class KindsEnv:
         run = self.env.run(name, self.checkpoint, "--conf", ROCKSDB, "--checkpoint-interval", "none",
                            "--restore", restore, max_offsets=MAX_OFFSETS, job_file=JOB, extra_env=self.settings)
         self.runs.append(run)
-        status = self.env.wait_status(f"{name}: all {self.produced} records read", self.read_all, TIMEOUT, run)
-        deadline = time.monotonic() + TIMEOUT
-        while done is not None and not done():
-            assert run.proc.poll() is None, run.tail()
-            assert time.monotonic() < deadline, f"{name}: the output is not complete after {TIMEOUT:.0f} s"
-            time.sleep(1.0)
-        ack = self.env.request(RequestAction.STOP, status.epoch)
-        assert ack.outcome is Outcome.COMPLETED and ack.snapshot_id is not None, ack
-        assert run.wait(60) == EXIT_STOPPED, run.tail()
-        return load_manifest(self.env.store(), ack.snapshot_id)
+        return self.env.stop_when(name, run, self.read_all, done, TIMEOUT)
 
     def rescale(self, savepoint: str, partitions: int) -> RestoreCheck:
         return self.env.rescale_step(JOB, self.checkpoint, savepoint, partitions,

@@ -27,18 +27,17 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from airflow_ckpt_provider.core.policy.outcomes import CheckOutcome
-from airflow_ckpt_provider.core.records.control import Outcome, RequestAction
 from airflow_ckpt_provider.core.records.status import JobStatus
 from airflow_ckpt_provider.core.snapshots.catalog import dispose_snapshot, load_manifest, verify_snapshot
 from airflow_ckpt_provider.core.snapshots.gc import collect_garbage
 from airflow_ckpt_provider.core.snapshots.manifest import Kind, Manifest, Trigger
 from airflow_ckpt_provider.core.store.storage import S3Options
-from airflow_ckpt_provider.runtime.exitcodes import EXIT_STOPPED
 from airflow_ckpt_provider.runtime.restore_check_verdict import RestoreCheck
 from airflow_ckpt_provider.sinks.filelayout import read_committed
 from airflow_ckpt_provider.sinks.filemaintenance import verify_sink
@@ -50,7 +49,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("launcher_env")]
 JOB = Path(__file__).parent.parent / "jobs" / "state_matrix.py"
 TIMEOUT = 180.0
 CHECK_TIMEOUT = 240.0
-COUNT = 240  # records before the copies and the flush record
+COUNT = 160  # records before the copies and the flush record
 MAX_OFFSETS = 40  # records per batch
 FORMATS = {
     "v1": (ROCKSDB,),
@@ -110,16 +109,7 @@ class MatrixJob:
 
     def stop(self, name: str, run: Run, done: Callable[[], bool] | None = None) -> Manifest:
         """Once the run read every record produced (and ``done``): stop with savepoint, its manifest."""
-        status = self.env.wait_status(f"{name}: all {self.produced} records read", self.read_all, TIMEOUT, run)
-        deadline = time.monotonic() + TIMEOUT
-        while done is not None and not done():
-            assert run.proc.poll() is None, run.tail()
-            assert time.monotonic() < deadline, f"{name}: the output is not complete after {TIMEOUT:.0f} s"
-            time.sleep(1.0)
-        ack = self.env.request(RequestAction.STOP, status.epoch)
-        assert ack.outcome is Outcome.COMPLETED and ack.snapshot_id is not None, ack
-        assert run.wait(90) == EXIT_STOPPED, run.tail()
-        return load_manifest(self.env.store(), ack.snapshot_id)
+        return self.env.stop_when(name, run, self.read_all, done, TIMEOUT)
 
     def check(self, savepoint: str, variant: str, partitions: int | None = None) -> RestoreCheck:
         return self.env.check_step(JOB, self.checkpoint, savepoint, conf=self.conf, partitions=partitions,
@@ -128,6 +118,39 @@ class MatrixJob:
     def rows(self) -> Counter[statematrix.Row]:
         found = read_committed(self.sink, self.s3).to_pylist()
         return Counter((r["op"], r["key"], r["value"]) for r in found)
+
+
+def assert_state_read(env: JobEnv, savepoint: Manifest, read: list[statematrix.Record]) -> None:
+    """The State Processor reads every operator's state of the savepoint, and what it holds is what the records
+    read so far leave: every id in both dedup stores, each k's count and id sum in applyInPandasWithState, each k's
+    count in transformWithStateInPandas with one timer, and each k's ids and sk counts in transformWithState."""
+    from pyspark.sql import SparkSession
+
+    from airflow_ckpt_provider.runtime.stateprocessor import read_state, snapshot_copy, state_tables
+
+    keyed = [r for r in read if not r["dup"] and r["k"] != "flush"]
+    spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+    try:
+        with snapshot_copy(env.store(), savepoint.snapshot_id) as (manifest, copy):
+            tables = {t.name: t for t in state_tables(spark, copy)}
+            rows = {name: [r.asDict() for r in read_state(spark, copy, manifest.batch_id, t).collect()]
+                    for name, t in tables.items()}
+    finally:
+        spark.stop()
+    assert sorted(tables) == ["0/default", "1/default", "2/default", "3/default", "4/left", "4/right", "5/default",
+                              "6/default/count", "6/default/timers", "7/default/ids", "7/default/sessions",
+                              "7/default/timers"], sorted(tables)
+    assert sorted(r["key_id"] for r in rows["0/default"]) == sorted({r["id"] for r in read})
+    by_k: dict[str, list[statematrix.Record]] = {}
+    for r in keyed:
+        by_k.setdefault(r["k"], []).append(r)
+    assert {r["key_k"]: (r["value_groupState_count"], r["value_groupState_total"]) for r in rows["5/default"]} == {
+        k: (len(mine), sum(r["id"] for r in mine)) for k, mine in by_k.items()}
+    assert {r["key_k"]: r["value_n"] for r in rows["6/default/count"]} == {k: len(m) for k, m in by_k.items()}
+    assert sorted(r["key_k"] for r in rows["6/default/timers"]) == sorted(by_k)
+    assert sorted(r["list_element_id"] for r in rows["7/default/ids"]) == sorted(r["id"] for r in keyed)
+    assert Counter({(r["key_k"], r["user_map_key_sk"]): r["user_map_value_value_n"] for r in rows["7/default/sessions"]}
+                   ) == Counter((r["k"], r["sk"]) for r in keyed)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -149,13 +172,16 @@ def test_every_stateful_operator_through_kill_upgrades_rescale_and_time_travel_g
     assert len(sp1.operators) == OPERATORS, sp1.operators
     v2_files = [f.path for f in sp1.files if UNIQUE_ID_FILE.match(f.path)]
     assert bool(v2_files) == (fmt == "v2"), f"format {fmt}: unique-id state files {v2_files[:5]}"
+    assert_state_read(env, sp1, job.records[:job.produced])
     seconds["kill, stop"] = time.monotonic() - started
 
     # 2. Upgrades: the incompatible one refused before anything runs, the compatible one restored.
     step = time.monotonic()
-    refused = job.check(sp1.snapshot_id, "incompatible")
+    with ThreadPoolExecutor(2) as pool:  # two upgrades checked side by side, as two DAGs may
+        checks = [pool.submit(job.check, sp1.snapshot_id, variant) for variant in ("incompatible", "v2")]
+        refused, accepted = (c.result() for c in checks)
     assert refused.outcome is CheckOutcome.INCOMPATIBLE, refused
-    accepted = job.check(sp1.snapshot_id, "v2")
+    assert refused.error_class == "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE", refused  # the dedup's key (id, k)
     assert accepted.outcome is CheckOutcome.COMPATIBLE, accepted
     job.produce(2)
     sp2 = job.stop("upgraded", job.start("upgraded", sp1.snapshot_id, "v2"))

@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_ckpt_provider.core.records.control import Ack, RequestAction, submit_request, wait_ack
+from airflow_ckpt_provider.core.records.control import Ack, Outcome, RequestAction, submit_request, wait_ack
 from airflow_ckpt_provider.core.records.status import JobStatus, read_status
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.embedded import EmbeddedKafka, EmbeddedS3
 
 if TYPE_CHECKING:
+    from airflow_ckpt_provider.core.snapshots.manifest import Manifest
     from airflow_ckpt_provider.runtime.restore_check_verdict import RestoreCheck
 
 JOB_FILE = Path(__file__).parent.parent / "jobs" / "kafka_count.py"
@@ -200,6 +201,24 @@ class JobEnv:
         ack = wait_ack(store, request.id, timeout, poll=0.2)
         assert ack is not None, f"no ack to {action.value} within {timeout} s"
         return ack
+
+    def stop_when(self, name: str, run: Run, ready: Callable[[JobStatus], bool], done: Callable[[], bool] | None = None,
+                  timeout: float = 180.0) -> Manifest:
+        """Once the job's status is ``ready`` (and ``done()``, looked at every second): stop with savepoint, wait for
+        ``run`` to exit stopped; the savepoint's manifest."""
+        from airflow_ckpt_provider.core.snapshots.catalog import load_manifest
+        from airflow_ckpt_provider.runtime.exitcodes import EXIT_STOPPED
+
+        status = self.wait_status(f"{name}: ready to stop", ready, timeout, run)
+        deadline = time.monotonic() + timeout
+        while done is not None and not done():
+            assert run.proc.poll() is None, run.tail()
+            assert time.monotonic() < deadline, f"{name}: the output is not complete after {timeout:.0f} s"
+            time.sleep(1.0)
+        ack = self.request(RequestAction.STOP, status.epoch)
+        assert ack.outcome is Outcome.COMPLETED and ack.snapshot_id is not None, ack
+        assert run.wait(90) == EXIT_STOPPED, run.tail()
+        return load_manifest(self.store(), ack.snapshot_id)
 
     def consumed(self, status: JobStatus) -> int:
         """Records the driver's last completed batch has read, from its reported end offsets."""

@@ -45,6 +45,7 @@ class BatchView:
     conf: dict[str, str]
     batch_watermark_ms: int = 0
     batch_timestamp_ms: int = 0
+    state_format: int = 1  # 2: the commit names the unique ids of state checkpoint format v2
     # Broken files of the live checkpoint the view works around (e.g. a truncated snapshot
     # replaced by an older one and more deltas), and stale absolute paths: worth a log line.
     warnings: tuple[str, ...] = ()
@@ -80,6 +81,18 @@ class SparkCheckpoint:
         """The newest completed batch; None when no batch completed yet. The one definition."""
         batches = self.completed_batches()
         return batches[-1] if batches else None
+
+    def state_format(self) -> tuple[int | None, int | None]:
+        """(state checkpoint format, batch) of the newest completed batch: 2 if its commit names unique ids
+        (``stateUniqueIds``), else 1; (None, None) for a checkpoint without a completed batch. One read."""
+        batch = self.latest_completed_batch()
+        if batch is None:
+            return None, None
+        try:
+            entry = parse_log_entry(self.storage.read(f"commits/{batch}"), kind="commits")
+        except (ValueError, UnicodeDecodeError) as err:
+            raise CheckpointError(f"commits/{batch} of {self.storage.url} is truncated or corrupt: {err}") from err
+        return (1 if entry.metadata.get("stateUniqueIds") is None else 2), batch
 
     def view(self, batch_id: int | None = None, *, write_ahead: bool = True, verify: bool = False) -> BatchView:
         """The files and facts a snapshot at ``batch_id`` (default: latest completed) must hold.
@@ -202,6 +215,7 @@ def _build_view(plan: ViewPlan, batch: int, *, write_ahead: bool) -> BatchView |
         conf=conf,
         batch_watermark_ms=int(current.metadata.get("batchWatermarkMs", 0)),
         batch_timestamp_ms=int(current.metadata.get("batchTimestampMs", 0)),
+        state_format=1 if plan.state_ids is None else 2,
         warnings=tuple(plan.warnings),
     )
 

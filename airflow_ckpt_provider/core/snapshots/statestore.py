@@ -34,6 +34,8 @@ DEFAULT_STORE = "default"
 
 _PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
 SHUFFLE_PARTITIONS_CONF = "spark.sql.shuffle.partitions"
+#: The state checkpoint format a session writes for a NEW checkpoint (Spark 4.3: an existing one keeps its own).
+STATE_FORMAT_CONF = "spark.sql.streaming.stateStore.checkpointFormatVersion"
 _CODEC_CONF = "spark.sql.streaming.stateStore.compression.codec"
 _PROVIDERS = {
     "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider": HDFS,
@@ -113,6 +115,20 @@ def _operator(plan: ViewPlan, op: int, batch: int, conf: dict[str, str]) -> Stat
             _store_files(plan, _store_dir(op, partition, store), provider, batch + 1, conf)
     changelog = provider == ROCKSDB and any(k.endswith(".changelog") for k in keys)
     return StateOperator(op, info.name, partitions, tuple(stores), provider, changelog)
+
+
+def state_format_note(asked: str | None, found: int | None, batch: int | None) -> str | None:
+    """What to tell a job whose session asks for a newer state checkpoint format (``asked``: the session's
+    STATE_FORMAT_CONF, None: Spark's default 1) than its checkpoint holds (``found`` at completed ``batch``; None:
+    a new checkpoint, which takes the asked one). None otherwise: an older one asked changes nothing either."""
+    wanted = int(asked) if asked and asked.strip().isdigit() else 1
+    if found is None or found >= wanted:
+        return None
+    return (f"the job asks for state checkpoint format v{wanted} ({STATE_FORMAT_CONF}={asked}), but its checkpoint "
+            f"is format v{found} at batch {batch}: Spark 4.3 keeps an existing checkpoint's format, so it runs on "
+            f"v{found}. Spark cannot convert state between formats (its offline repartition refuses a session of "
+            "another format); to move, start the job on a new checkpoint (`ckpt run --restore none` with "
+            "another --checkpoint), which rebuilds its state from the sources")
 
 
 def state_partitions(conf: dict[str, str]) -> int | None:

@@ -515,6 +515,26 @@ def test_format_v2_chooses_the_zip_the_commit_names_not_another_attempts(rocks: 
         "state/0/0/2_aaaaaaaa-1111.zip", "state/0/0/2_aaaaaaaa-1111.zip.crc", *ssts}
 
 
+def test_the_state_format_is_read_from_the_newest_commit_and_a_newer_one_asked_is_explained(rocks: Ckpt) -> None:
+    from airflow_ckpt_provider.core.snapshots.statestore import state_format_note
+
+    assert SparkCheckpoint(LocalStorage(rocks.root)).state_format() == (None, None)
+    rocks.batches(2).operator_v1(partitions=1)
+    rocks.rocksdb_zip(2, ssts=1)
+    assert SparkCheckpoint(LocalStorage(rocks.root)).state_format() == (1, 1)
+    assert rocks.view().state_format == 1
+    note = state_format_note("2", 1, 1)
+    assert note is not None and "checkpoint is format v1 at batch 1" in note and "--restore none" in note
+    assert state_format_note(None, 1, 1) is None and state_format_note("1", 2, 7) is None  # v2 stays v2
+    assert state_format_note("2", None, None) is None  # a new checkpoint takes the asked format
+
+    rocks.commit(1, stateUniqueIds={"0": [["aaaaaaaa-1111"]]})
+    rocks.rocksdb_zip(2, unique_id="aaaaaaaa-1111", ssts=1)
+    assert SparkCheckpoint(LocalStorage(rocks.root)).state_format() == (2, 1)
+    assert rocks.view().state_format == 2
+    assert state_format_note("2", 2, 1) is None
+
+
 def test_format_v2_follows_the_lineage_in_the_changelog_back_to_version_1(rocks: Ckpt) -> None:
     from airflow_ckpt_provider.core.snapshots.ckptfiles import changelog_lineage
     from tests.unit.core.test_state_format_v2 import CHANGELOG  # version 6 of a real job, lineage 1-5
