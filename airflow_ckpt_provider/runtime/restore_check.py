@@ -22,10 +22,19 @@ from airflow_ckpt_provider.core.policy.faults import crash_point
 from airflow_ckpt_provider.core.policy.modes import RestoreMode
 from airflow_ckpt_provider.core.records.lease import Lease, LeaseRecord
 from airflow_ckpt_provider.core.snapshots.checkpoint import SparkCheckpoint
+from airflow_ckpt_provider.core.snapshots.ckptfiles import parse_log_entry
 from airflow_ckpt_provider.core.snapshots.manifest import PARTITIONS_BEFORE, RESCALED_FROM, Kind, Manifest, Trigger
 from airflow_ckpt_provider.core.snapshots.rescaling import current_partitions, repartition_problem
 from airflow_ckpt_provider.core.snapshots.restore import restore_snapshot
 from airflow_ckpt_provider.core.snapshots.scratch import make_scratch, sweep_scratch
+from airflow_ckpt_provider.core.snapshots.stateschema import (
+    ENCODING_CONF,
+    Schemas,
+    evolution_hint,
+    newest_schema_files,
+    parse_schema_file,
+    schema_changes,
+)
 from airflow_ckpt_provider.core.snapshots.statestore import STATE_FORMAT_CONF
 from airflow_ckpt_provider.core.store.jobstore import JobStore
 from airflow_ckpt_provider.core.store.storage import LocalStorage, S3Options, Storage, open_storage
@@ -122,6 +131,7 @@ class RestoreChecker:
             last += 1  # the repartition's batch
         batch = plan_empty_batch(scratch, last)
         before = state_files(o.key for o in scratch.list("state/"))
+        schemas = _schemas(scratch)
         log.info("job %s: restore check: %s%s; running batch %d of %s on a copy at %s with no data",
                  self.config.job, manifest.snapshot_id, f" ({note})" if note else "", batch, self.job_file,
                  scratch.url)
@@ -129,7 +139,10 @@ class RestoreChecker:
         found: dict[str, Any] = {"snapshot_id": manifest.snapshot_id, "batch_id": manifest.batch_id,
                                  "state_partitions": partitions}
         if failure is not None:
-            return replace(failure, **found, snapshot_operators=tuple(snapshot_operators(manifest)))
+            hint = evolution_hint(schemas, _encoding(scratch, last)) if failure.error_class in SCHEMA_REFUSALS \
+                else None
+            return replace(failure, **found, snapshot_operators=tuple(snapshot_operators(manifest)),
+                           reason=f"{failure.reason}; {hint}" if hint else failure.reason)
         if not scratch.exists(f"commits/{batch}"):
             report = RestoreCheck(
                 CheckOutcome.INCONCLUSIVE, **found,
@@ -139,6 +152,10 @@ class RestoreChecker:
         else:
             report = judge(manifest, self.name, operators_run(before, (o.key for o in scratch.list("state/"))),
                            allow_non_restored=self.config.allow_non_restored_state)
+            changes = tuple(schema_changes(schemas, _schemas(scratch)))
+            if changes:
+                report = replace(report, state_schema_changes=changes, reason=(
+                    f"{report.reason}; transformWithState state schemas evolve: {'; '.join(changes)}"))
             report = replace(report, state_partitions=partitions)
         if rescale is not None and report.compatible:
             report = self._rescaled(report, scratch, manifest, last)
@@ -367,6 +384,32 @@ def _noop(writer: DataStreamWriter, location: str, job: str) -> DataStreamWriter
     """
     return (writer.format("noop").option("checkpointLocation", location).queryName(f"{job}-restore-check")
             .trigger(once=True))
+
+
+#: Spark's refusals of a state schema the new query declares.
+SCHEMA_REFUSALS = ("STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE", "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE")
+
+
+def _schemas(scratch: Storage) -> Schemas:
+    """The newest state schema file of each transformWithState operator of the copy, parsed (an unreadable one is
+    left out: Spark's own check still runs)."""
+    found: Schemas = {}
+    for op, key in newest_schema_files(o.key for o in scratch.list("state/")).items():
+        try:
+            found[op] = (key, parse_schema_file(scratch.read(key)))
+        except ValueError as err:
+            log.warning("restore check: cannot read the state schema file %s (%s); comparing without it", key, err)
+    return found
+
+
+def _encoding(scratch: Storage, batch: int) -> str | None:
+    """The state encoding (unsaferow, avro) the copy's offsets log fixed for the query."""
+    try:
+        conf = parse_log_entry(scratch.read(f"offsets/{batch}"), kind="offsets").metadata.get("conf") or {}
+    except (StorageError, ValueError, UnicodeDecodeError):
+        return None
+    value = conf.get(ENCODING_CONF)
+    return None if value is None else str(value)
 
 
 def _check_lease(store: JobStore) -> Lease:

@@ -279,3 +279,52 @@ def test_the_state_processor_reads_every_key_of_a_snapshot_exactly_in_format_v1_
                                  timeout=300)
         assert refused.returncode == 1
         assert "no state table '3/default' in the snapshot; expected one of: 0/default" in refused.stderr
+
+
+@pytest.mark.parametrize("encoding", ["avro", "unsaferow"])
+def test_the_restore_check_names_what_an_upgrade_changes_in_transformwithstate_state_schemas(
+        spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, encoding: str) -> None:
+    """A ValueState ``count`` of ``n BIGINT`` gains a field ``m STRING`` in the new code: with Avro encoding Spark
+    evolves it and the check says what changed; with unsaferow Spark refuses, and the check says why and what to do.
+    The check runs in this process (RestoreChecker with the module's session) on a savepoint in a local job store."""
+    from airflow_ckpt_provider.core.policy.modes import RestoreSpec
+    from airflow_ckpt_provider.core.policy.outcomes import CheckOutcome
+    from airflow_ckpt_provider.core.snapshots.catalog import create_snapshot
+    from airflow_ckpt_provider.core.store.jobstore import JobStore
+    from airflow_ckpt_provider.runtime.config import RuntimeConfig
+    from airflow_ckpt_provider.runtime.restore_check import RestoreChecker
+    from tests.jobs import tws_evolve
+
+    job_file = Path(tws_evolve.__file__)
+    monkeypatch.setenv("CKPT_EVOLVE_INPUT", str(tmp_path / "in"))
+    write_input(tmp_path / "in", 0)
+    conf = {**sparkjobs.PROVIDERS["rocksdb"], "spark.sql.streaming.stateStore.encodingFormat": encoding}
+    try:
+        for key, value in conf.items():
+            spark.conf.set(key, value)
+        tws_evolve.query(spark, "n BIGINT").option("checkpointLocation", str(tmp_path / "ckpt")).trigger(
+            availableNow=True).start().awaitTermination()
+        store = JobStore.open(str(tmp_path / "store"), "evolve")
+        snapshot_id = create_snapshot(store, LocalStorage(tmp_path / "ckpt")).manifest.snapshot_id
+        write_input(tmp_path / "in", 1)
+        monkeypatch.setenv("CKPT_EVOLVE_SCHEMA", "n BIGINT, m STRING")
+        config = RuntimeConfig(job="evolve", store=str(tmp_path / "store"), checkpoint=str(tmp_path / "live"),
+                               restore=RestoreSpec.parse(snapshot_id), check_restore=True)
+        checker = RestoreChecker(config, str(job_file), out=io.StringIO())
+        checker.run(spark_factory=lambda: spark)
+    finally:
+        for key in conf:
+            spark.conf.unset(key)
+    report = checker.report
+    assert report is not None
+    if encoding == "avro":
+        assert report.outcome is CheckOutcome.COMPATIBLE, report
+        assert report.state_schema_changes == (
+            "operator 0: state variable 'count' value schema 0 -> 1: added field m (string)",)
+        assert "transformWithState state schemas evolve: operator 0: state variable 'count'" in report.reason
+    else:
+        assert (report.outcome, report.error_class) == (
+            CheckOutcome.INCOMPATIBLE, "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE"), report
+        assert "evolve (fields added, removed, widened) only with Avro encoding, and this state is encoded as " \
+               "unsaferow" in report.reason
+        assert report.state_schema_changes == ()

@@ -8,9 +8,11 @@ SeaweedFS. Format v1 without changelog checkpointing; format v2 with it (Spark 4
 records (tests/support/statematrix.py) arrive in five parts, and the job lives through, in order:
 
 1. a supervised run of the first part whose driver is killed with kill -9 (its supervisor restarts it from the
-   live checkpoint), the second part read by the restarted driver, then stop with savepoint;
+   live checkpoint), the second part read by the restarted driver, then stop with savepoint, whose state the State
+   Processor reads (every operator's, exact);
 2. an incompatible upgrade (dedup keyed on (id, k)) refused by the restore check, a compatible one (a stateless
-   filter) accepted, and the upgraded code restored from the savepoint for the third part; stop with savepoint;
+   filter) accepted, and the upgraded code started with ``--restore latest-state`` on a live checkpoint whose
+   newest state file is truncated: it falls back to the savepoint and reads the third part; stop with savepoint;
 3. a rescale from 2 to 3 state partitions (Spark's offline repartition on a copy, saved as a savepoint), the
    fourth part on 3 partitions; stop with savepoint;
 4. time travel: the savepoint before the rescale restored, the fourth part read again from there, then the fifth.
@@ -120,6 +122,12 @@ class MatrixJob:
         return Counter((r["op"], r["key"], r["value"]) for r in found)
 
 
+def newest_state_file(savepoint: Manifest) -> str:
+    """The file of the newest state version of operator 0, partition 0 in the savepoint (a zip or a changelog)."""
+    files = [f.path for f in savepoint.files if re.fullmatch(r"state/0/0/\d+(_[0-9a-f-]+)?\.(zip|changelog)", f.path)]
+    return max(files, key=lambda path: int(path.rsplit("/", 1)[1].split(".")[0].split("_")[0]))
+
+
 def assert_state_read(env: JobEnv, savepoint: Manifest, read: list[statematrix.Record]) -> None:
     """The State Processor reads every operator's state of the savepoint, and what it holds is what the records
     read so far leave: every id in both dedup stores, each k's count and id sum in applyInPandasWithState, each k's
@@ -183,9 +191,16 @@ def test_every_stateful_operator_through_kill_upgrades_rescale_and_time_travel_g
     assert refused.outcome is CheckOutcome.INCOMPATIBLE, refused
     assert refused.error_class == "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE", refused  # the dedup's key (id, k)
     assert accepted.outcome is CheckOutcome.COMPATIBLE, accepted
+    # The upgraded code starts with --restore latest-state on a live checkpoint whose newest state file is
+    # truncated: the start finds it broken and falls back to the newest snapshot, the savepoint it stopped with.
+    broken = newest_state_file(sp1)
+    (job.checkpoint / broken).write_bytes((job.checkpoint / broken).read_bytes()[:10])
     job.produce(2)
-    sp2 = job.stop("upgraded", job.start("upgraded", sp1.snapshot_id, "v2"))
+    upgraded = job.start("upgraded", "latest-state", "v2")
+    sp2 = job.stop("upgraded", upgraded)
     assert sp2.batch_id > sp1.batch_id and sp2.state_partitions == 2, sp2
+    fallback = [ln for ln in upgraded.ckpt_lines() if "FALLBACK: the live checkpoint" in ln]
+    assert len(fallback) == 1 and broken in fallback[0] and sp1.snapshot_id in fallback[0], upgraded.tail()
     seconds["upgrades"] = time.monotonic() - step
 
     # 3. Rescale 2 -> 3 through Spark's repartition on a copy; the fourth part on 3 partitions.
