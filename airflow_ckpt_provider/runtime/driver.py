@@ -324,9 +324,7 @@ class JobDriver:
                                  restored_from=plan.snapshot.snapshot_id if plan.snapshot else None)
             if plan.snapshot is not None:
                 self.metrics.restored(plan.snapshot.kind.value, plan.snapshot.created.timestamp())
-            if note := state_format_note(spark.conf.get(STATE_FORMAT_CONF, None), *SparkCheckpoint(
-                    self.live).state_format()):
-                log.warning("job %s: %s", job, note)
+            self._tell_state_format(spark)
             self.lease.check()
             self.snapshotter = self._snapshotter(spark)
             self.plans = self._plan_gate(self.snapshotter)  # started: _start_query resets it before each start
@@ -378,6 +376,16 @@ class JobDriver:
             reporter=self.reporter, drain_events=self._drain_events, drain_outcomes=self._drain_outcomes,
             clock=self.clock, tick=TICK,
         )
+
+    def _tell_state_format(self, spark: SparkSession) -> None:
+        """One warning when the job asks for a newer state checkpoint format than its checkpoint holds (Spark keeps
+        the checkpoint's): why, and how to move. Only a log line: a commit it cannot read is the query's to refuse."""
+        try:
+            found, batch = SparkCheckpoint(self.live).state_format()
+        except CkptError:
+            return
+        if note := state_format_note(spark.conf.get(STATE_FORMAT_CONF, None), found, batch):
+            log.warning("job %s: %s", self.config.job, note)
 
     def _snapshotter(self, spark: SparkSession) -> Snapshotter:
         retention = RetentionPolicy(checkpoints_keep=self.config.keep_checkpoints,

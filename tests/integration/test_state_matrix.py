@@ -8,8 +8,8 @@ SeaweedFS. Format v1 without changelog checkpointing; format v2 with it (Spark 4
 records (tests/support/statematrix.py) arrive in five parts, and the job lives through, in order:
 
 1. a supervised run of the first part whose driver is killed with kill -9 (its supervisor restarts it from the
-   live checkpoint), the second part read by the restarted driver, then stop with savepoint, whose state the State
-   Processor reads (every operator's, exact);
+   live checkpoint), the second part read by the restarted driver (--full: killed twice more while it reads it),
+   then stop with savepoint, whose state the State Processor reads (every operator's, exact);
 2. an incompatible upgrade (dedup keyed on (id, k)) refused by the restore check, a compatible one (a stateless
    filter) accepted, and the upgraded code started with ``--restore latest-state`` on a live checkpoint whose
    newest state file is truncated: it falls back to the savepoint and reads the third part; stop with savepoint;
@@ -163,8 +163,9 @@ def assert_state_read(env: JobEnv, savepoint: Manifest, read: list[statematrix.R
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_stateful_operator_through_kill_upgrades_rescale_and_time_travel_gives_the_uninterrupted_output(
-        env: JobEnv, runs: list[Run], fmt: str) -> None:
+        env: JobEnv, runs: list[Run], fmt: str, pytestconfig: pytest.Config) -> None:
     job = MatrixJob(env, fmt, runs)
+    kills = 3 if pytestconfig.getoption("--full", default=False) else 1  # --full: also mid-part, then idle
     seconds: dict[str, float] = {}
     started = time.monotonic()
 
@@ -174,8 +175,13 @@ def test_every_stateful_operator_through_kill_upgrades_rescale_and_time_travel_g
     run = job.start("first", "latest-state", "v1", "--supervise", "--poll", "1", *FAST_RESTARTS)
     first = env.wait_status("the first part read", job.read_all, TIMEOUT, run)
     kill_driver(first)
-    env.wait_status("the driver restarted", lambda s: s.epoch > first.epoch, TIMEOUT, run)
+    status = env.wait_status("the driver restarted", lambda s: s.epoch > first.epoch, TIMEOUT, run)
     job.produce(1)
+    for _ in range(kills - 1):  # a batch of the second part committed (or all of it), then the next kill
+        status = env.wait_status("a batch after the restart", lambda s, e=status.epoch: s.epoch == e and (
+            s.batch_id or 0) > first.batch_id, TIMEOUT, run)
+        kill_driver(status)
+        status = env.wait_status("the driver restarted", lambda s, e=status.epoch: s.epoch > e, TIMEOUT, run)
     sp1 = job.stop("first", run)
     assert len(sp1.operators) == OPERATORS, sp1.operators
     v2_files = [f.path for f in sp1.files if UNIQUE_ID_FILE.match(f.path)]
