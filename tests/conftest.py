@@ -55,8 +55,10 @@ SPARK_TIERS = ("tests/integration/", "tests/system/")
 #: the tiers whose modules take minutes first, so that the unit tests' many short modules fill the end and both
 #: workers finish together; the example DAGs' module (the longest: 8-10 min on the slower VM; its tests share one
 #: job) before the others. (Putting the two multi-JVM proofs one after the other on the other worker was tried:
-#: they then slowed the example DAGs' tests instead, 32 min against 27 and 30.)
-LONGEST_FIRST = ("tests/system/test_example_dags.py", "tests/system/", "tests/integration/")
+#: they then slowed the example DAGs' tests instead, 32 min against 27 and 30.) The state matrix's two modules (about
+#: 4 min each) next: one module went to one worker, which then finished 3 min after the other.
+LONGEST_FIRST = ("tests/system/test_example_dags.py", "tests/integration/test_state_matrix_v1.py",
+                 "tests/integration/test_state_matrix_v2.py", "tests/system/", "tests/integration/")
 
 #: This session set SPARK_SUBMIT_OPTS (it was unset) and removes it at the end.
 _SET_OPTS = pytest.StashKey[bool]()

@@ -1,4 +1,4 @@
-"""One query holding every stateful operator, for the state matrix (tests/integration/test_state_matrix.py).
+"""One query holding every stateful operator, for the state matrix (tests/support/statematrixrun.py).
 
 Every record of the ckpt-kafka topic is a JSON object ``{"id", "k", "sk", "ref", "dup", "t"}`` (t: event time in
 epoch seconds; no processing time reaches the output, so it does not depend on where batches end). The query is

@@ -1,4 +1,5 @@
-"""Every stateful operator through every lifecycle step, on state checkpoint format v1 and v2.
+"""The state matrix: every stateful operator through every lifecycle step, in one state checkpoint format
+(tests/integration/test_state_matrix_v1.py and _v2.py, one module each so that xdist runs them side by side).
 
 One job (tests/jobs/state_matrix.py) holds them all in one query: dropDuplicates, dropDuplicatesWithinWatermark,
 a windowed aggregation, session windows, a stream-stream join, applyInPandasWithState (event-time timeout),
@@ -32,8 +33,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import pytest
-
 from airflow_ckpt_provider.core.policy.outcomes import CheckOutcome
 from airflow_ckpt_provider.core.records.status import JobStatus
 from airflow_ckpt_provider.core.snapshots.catalog import dispose_snapshot, load_manifest, verify_snapshot
@@ -45,8 +44,6 @@ from airflow_ckpt_provider.sinks.filelayout import read_committed
 from airflow_ckpt_provider.sinks.filemaintenance import verify_sink
 from tests.support import statematrix
 from tests.support.runtimejob import ROCKSDB, JobEnv, Run, kill_driver
-
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("launcher_env")]
 
 JOB = Path(__file__).parent.parent / "jobs" / "state_matrix.py"
 TIMEOUT = 180.0
@@ -161,11 +158,10 @@ def assert_state_read(env: JobEnv, savepoint: Manifest, read: list[statematrix.R
                    ) == Counter((r["k"], r["sk"]) for r in keyed)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_every_stateful_operator_through_kill_upgrades_rescale_and_time_travel_gives_the_uninterrupted_output(
-        env: JobEnv, runs: list[Run], fmt: str, pytestconfig: pytest.Config) -> None:
+def run_matrix(env: JobEnv, runs: list[Run], fmt: str, *, kills: int) -> None:
+    """The whole lifecycle of the matrix job in state checkpoint format ``fmt`` (v1 or v2), ``kills`` kill -9s of
+    the first run's driver; asserts every outcome."""
     job = MatrixJob(env, fmt, runs)
-    kills = 3 if pytestconfig.getoption("--full", default=False) else 1  # --full: also mid-part, then idle
     seconds: dict[str, float] = {}
     started = time.monotonic()
 
