@@ -16,11 +16,15 @@ if TYPE_CHECKING:
 
 
 @contextmanager
-def _session(master: str) -> Iterator[SparkSession]:
+def _session(master: str | None) -> Iterator[SparkSession]:
+    """Local Spark on 127.0.0.1 only (the embedded default's), or the given master's."""
     from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master(master).appName("ckpt-state").config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    from airflow_ckpt_provider.embedded import local_spark
+
+    spark = local_spark("ckpt-state") if master is None else (
+        SparkSession.builder.master(master).appName("ckpt-state").config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     try:
         yield spark
     finally:
@@ -77,7 +81,7 @@ def add_state_commands(groups: argparse._SubParsersAction[argparse.ArgumentParse
         p = sub.add_parser(name, help=help_)
         add_store_args(p)
         p.add_argument("snapshot", help="a snapshot id (or the URI `ckpt snapshot create` printed)")
-        p.add_argument("--master", default="local[2]", help="the Spark master reading the state (default local[2])")
+        p.add_argument("--master", help="the Spark master reading the state (default: local[2] on 127.0.0.1)")
         p.set_defaults(fn=fn)
         return p
 

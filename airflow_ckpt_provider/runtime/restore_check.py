@@ -130,8 +130,8 @@ class RestoreChecker:
                                state_partitions=manifest.state_partitions)
             last += 1  # the repartition's batch
         batch = plan_empty_batch(scratch, last)
-        before = state_files(o.key for o in scratch.list("state/"))
-        schemas = _schemas(scratch)
+        listed = [o.key for o in scratch.list("state/")]
+        before, schemas = state_files(listed), _schemas(scratch, listed)
         log.info("job %s: restore check: %s%s; running batch %d of %s on a copy at %s with no data",
                  self.config.job, manifest.snapshot_id, f" ({note})" if note else "", batch, self.job_file,
                  scratch.url)
@@ -150,9 +150,10 @@ class RestoreChecker:
                 "no verdict. Run the check again and look at the driver's output",
             )
         else:
-            report = judge(manifest, self.name, operators_run(before, (o.key for o in scratch.list("state/"))),
+            listed = [o.key for o in scratch.list("state/")]
+            report = judge(manifest, self.name, operators_run(before, listed),
                            allow_non_restored=self.config.allow_non_restored_state)
-            changes = tuple(schema_changes(schemas, _schemas(scratch)))
+            changes = tuple(schema_changes(schemas, _schemas(scratch, listed)))
             if changes:
                 report = replace(report, state_schema_changes=changes, reason=(
                     f"{report.reason}; transformWithState state schemas evolve: {'; '.join(changes)}"))
@@ -390,11 +391,11 @@ def _noop(writer: DataStreamWriter, location: str, job: str) -> DataStreamWriter
 SCHEMA_REFUSALS = ("STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE", "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE")
 
 
-def _schemas(scratch: Storage) -> Schemas:
-    """The newest state schema file of each transformWithState operator of the copy, parsed (an unreadable one is
-    left out: Spark's own check still runs)."""
+def _schemas(scratch: Storage, keys: list[str]) -> Schemas:
+    """The newest state schema file of each transformWithState operator among the copy's ``keys``, parsed (an
+    unreadable one is left out: Spark's own check still runs)."""
     found: Schemas = {}
-    for op, key in newest_schema_files(o.key for o in scratch.list("state/")).items():
+    for op, key in newest_schema_files(keys).items():
         try:
             found[op] = (key, parse_schema_file(scratch.read(key)))
         except ValueError as err:

@@ -129,12 +129,11 @@ def assert_state_read(env: JobEnv, savepoint: Manifest, read: list[statematrix.R
     """The State Processor reads every operator's state of the savepoint, and what it holds is what the records
     read so far leave: every id in both dedup stores, each k's count and id sum in applyInPandasWithState, each k's
     count in transformWithStateInPandas with one timer, and each k's ids and sk counts in transformWithState."""
-    from pyspark.sql import SparkSession
-
+    from airflow_ckpt_provider.embedded import local_spark
     from airflow_ckpt_provider.runtime.stateprocessor import read_state, snapshot_copy, state_tables
 
     keyed = [r for r in read if not r["dup"] and r["k"] != "flush"]
-    spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+    spark = local_spark("ckpt-state-matrix")
     try:
         with snapshot_copy(env.store(), savepoint.snapshot_id) as (manifest, copy):
             tables = {t.name: t for t in state_tables(spark, copy)}
