@@ -1,6 +1,7 @@
-"""``ckpt state``: the State Processor's reading side (runtime/stateprocessor.py): the tables of a snapshot's state,
-and one table's rows into Parquet, CSV or JSON, or a sample on the terminal. A local Spark session reads a copy of
-the snapshot restored on this host; the snapshot is never touched."""
+"""``ckpt state``: the State Processor (runtime/stateprocessor.py): the tables of a snapshot's state, one table's rows
+into Parquet, CSV or JSON or a sample on the terminal, and keys deleted into a new savepoint the restore check
+proves. A local Spark session works on a copy of the snapshot restored on this host; the snapshot is never
+touched."""
 
 from __future__ import annotations
 
@@ -73,8 +74,37 @@ def cmd_read(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_delete(args: argparse.Namespace) -> int:
+    import io
+
+    from airflow_ckpt_provider.core.policy.modes import RestoreSpec
+    from airflow_ckpt_provider.runtime.config import RuntimeConfig
+    from airflow_ckpt_provider.runtime.restore_check import RestoreChecker
+
+    store, snapshot_id = store_and_snapshot(args)
+    config = RuntimeConfig(job=store.job, store=store.root.url, restore=RestoreSpec.parse(snapshot_id),
+                           check_restore=True, delete_keys=f"{args.operator}:{args.where}",
+                           check_timeout=args.check_timeout, endpoint_url=args.endpoint_url, region=args.region,
+                           code_version=args.code_version)
+    config.check()
+    with _session(args.master) as spark:
+        checker = RestoreChecker(config, args.job_file, out=io.StringIO())
+        code = checker.run(spark_factory=lambda: spark)
+    report = checker.report
+    assert report is not None  # run() gave its verdict
+    data = {**report.to_dict(), "rows_removed": checker.rewrite.rows_removed if checker.rewrite else 0}
+    if report.rewritten_snapshot_id is None:
+        emit(args, data, lambda: f"no savepoint written: {report.outcome.value}: {report.reason}")
+        return code or 1
+    emit(args, data, lambda: f"savepoint {report.rewritten_snapshot_id}: snapshot {snapshot_id} without the keys "
+         f"{args.where!r} of operator {args.operator} ({data['rows_removed']} state rows removed); the restore check "
+         f"of {args.job_file} passed on it. Start the job from it with --restore {report.rewritten_snapshot_id}")
+    return 0
+
+
 def add_state_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    state = groups.add_parser("state", help="read the keyed state of a snapshot (the State Processor)")
+    state = groups.add_parser("state", help="read a snapshot's keyed state, delete keys into a new savepoint (the "
+                              "State Processor)")
     sub = state.add_subparsers(dest="command", required=True)
 
     def add(name: str, fn: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:
@@ -91,3 +121,13 @@ def add_state_commands(groups: argparse._SubParsersAction[argparse.ArgumentParse
     p.add_argument("--output", help="write every row here (a new directory); without it, print a sample")
     p.add_argument("--format", default="parquet", choices=("parquet", "csv", "json"), help="with --output")
     p.add_argument("--sample", type=int, default=20, help="rows printed without --output (default 20)")
+    p = add("delete", cmd_delete, "delete keys from a snapshot's state into a NEW savepoint, which the restore "
+            "check of the job file proves before it is written; the snapshot is never touched")
+    p.add_argument("--operator", type=int, required=True, help="the operator id (`ckpt state list`)")
+    p.add_argument("--where", required=True,
+                   help="a Spark SQL predicate over the operator's key columns selecting the keys to delete, e.g. "
+                   "\"key_user = 'u-17'\" (`ckpt state read` shows the key columns)")
+    p.add_argument("--job-file", required=True,
+                   help="the job's file: its query runs a batch on the rewritten state before the savepoint is saved")
+    p.add_argument("--code-version", help="the code version recorded in the new savepoint (default: the snapshot's)")
+    p.add_argument("--check-timeout", type=float, default=300.0, help="seconds the check's batch may take")

@@ -56,6 +56,11 @@ class RuntimeConfig(JobSettings):
     save_rescaled: bool = setting(
         False, kind=SWITCH, help="with --rescale-to: once the check passed, save the repartitioned state as a "
         "savepoint (trigger rescale)")
+    delete_keys: str | None = setting(
+        None, kind=TEXT, none="none", metavar="OP:PREDICATE",
+        help="with --check-restore: delete from operator OP's state the keys a Spark SQL predicate over its key "
+        "columns selects (`ckpt state read` names them) on the restored copy, check the job on it and, once the "
+        "check passed, save it as a new savepoint; the snapshot restored is never touched")
 
     def check(self) -> None:
         check_job_name(self.job)
@@ -69,6 +74,16 @@ class RuntimeConfig(JobSettings):
         if (self.rescale_to is not None or self.save_rescaled) and not self.check_restore:
             raise ConfigError("--rescale-to and --save-rescaled go with --check-restore (a rescale runs on a copy of "
                               "the state, never on the live checkpoint); `ckpt job rescale` runs the whole rescale")
+        if self.delete_keys is not None:
+            if not self.check_restore:
+                raise ConfigError("--delete-keys goes with --check-restore (keys are deleted on a copy of a snapshot, "
+                                  "never on the live checkpoint); `ckpt state delete` runs the whole deletion")
+            if self.rescale_to is not None:
+                raise ConfigError("--delete-keys and --rescale-to are separate steps: delete the keys first, then "
+                                  "rescale the savepoint the deletion saved")
+            from airflow_ckpt_provider.runtime.stateprocessor import KeyDeletion
+
+            KeyDeletion.parse(self.delete_keys)
         if self.save_rescaled and self.rescale_to is None:
             raise ConfigError("--save-rescaled needs --rescale-to N: the partitions to save the state with")
         if self.rescale_to is not None:

@@ -23,7 +23,16 @@ from airflow_ckpt_provider.core.policy.modes import RestoreMode
 from airflow_ckpt_provider.core.records.lease import Lease, LeaseRecord
 from airflow_ckpt_provider.core.snapshots.checkpoint import SparkCheckpoint
 from airflow_ckpt_provider.core.snapshots.ckptfiles import parse_log_entry
-from airflow_ckpt_provider.core.snapshots.manifest import PARTITIONS_BEFORE, RESCALED_FROM, Kind, Manifest, Trigger
+from airflow_ckpt_provider.core.snapshots.manifest import (
+    KEYS_DELETED,
+    PARTITIONS_BEFORE,
+    RESCALED_FROM,
+    REWRITTEN_FROM,
+    ROWS_REMOVED,
+    Kind,
+    Manifest,
+    Trigger,
+)
 from airflow_ckpt_provider.core.snapshots.rescaling import current_partitions, repartition_problem
 from airflow_ckpt_provider.core.snapshots.restore import restore_snapshot
 from airflow_ckpt_provider.core.snapshots.scratch import make_scratch, sweep_scratch
@@ -54,6 +63,7 @@ from airflow_ckpt_provider.runtime.restore_check_verdict import (
 )
 from airflow_ckpt_provider.runtime.sparkchecks import check_executors, check_spark_python, job_session
 from airflow_ckpt_provider.runtime.startup import StartAction, plan_start
+from airflow_ckpt_provider.runtime.stateprocessor import KeyDeletion, Rewrite, rewrite_state
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -82,6 +92,7 @@ class RestoreChecker:
         self.out = out or sys.stdout
         self.started = time.monotonic()
         self.report: RestoreCheck | None = None  # the verdict, once run() gave it
+        self.rewrite: Rewrite | None = None  # --delete-keys: what the rewrite of the copy did
         s3 = S3Options.from_env(config.endpoint_url, config.region)
         self.s3 = s3
         self.store = JobStore.open(config.store, config.job, s3)
@@ -111,24 +122,23 @@ class RestoreChecker:
         build = self._load()
         manifest, note = self._choose(scratch)
         rescale = self.config.rescale_to
-        if manifest is None:  # no state: compatible with any code, and nothing to rescale
-            if rescale is None:
+        deletion = KeyDeletion.parse(self.config.delete_keys) if self.config.delete_keys else None
+        if manifest is None:  # no state: compatible with any code, and nothing to rescale or delete
+            if rescale is None and deletion is None:
                 return RestoreCheck(CheckOutcome.COMPATIBLE, note)
-            return RestoreCheck(CheckOutcome.BAD_INPUT, f"rescale to {rescale} partitions: {note}")
+            what = f"rescale to {rescale} partitions" if deletion is None else f"delete keys {deletion}"
+            return RestoreCheck(CheckOutcome.BAD_INPUT, f"{what}: {note}")
         with _quiet("airflow_ckpt_provider.core.snapshots.restore"):  # its time-travel warning is about real restores
             restore_snapshot(self.store, manifest.snapshot_id, scratch)
         spark = spark_factory() if spark_factory else job_session(self.config)
         lacking = check_spark_python(spark) or check_executors(spark, self.config.executor_timeout)
         if lacking:  # the same the job's driver refuses: no verdict about the state
             return RestoreCheck(CheckOutcome.INCONCLUSIVE, reason=lacking)
-        last = manifest.batch_id
-        partitions = manifest.state_partitions
-        if rescale is not None:
-            failure, partitions = self._repartition(spark, scratch, manifest, rescale)
-            if failure is not None:
-                return replace(failure, snapshot_id=manifest.snapshot_id, batch_id=manifest.batch_id,
-                               state_partitions=manifest.state_partitions)
-            last += 1  # the repartition's batch
+        failure, partitions = self._transform(spark, scratch, manifest, rescale, deletion)
+        if failure is not None:
+            return replace(failure, snapshot_id=manifest.snapshot_id, batch_id=manifest.batch_id,
+                           state_partitions=manifest.state_partitions)
+        last = manifest.batch_id + (rescale is not None or deletion is not None)  # the repartition's or rewrite's
         batch = plan_empty_batch(scratch, last)
         listed = [o.key for o in scratch.list("state/")]
         before, schemas = state_files(listed), _schemas(scratch, listed)
@@ -160,7 +170,19 @@ class RestoreChecker:
             report = replace(report, state_partitions=partitions)
         if rescale is not None and report.compatible:
             report = self._rescaled(report, scratch, manifest, last)
+        if deletion is not None and report.compatible:
+            report = self._rewritten(report, scratch, manifest, last, deletion)
         return replace(report, reason=f"{report.reason}; {note}") if note else report
+
+    def _transform(self, spark: SparkSession, scratch: Storage, manifest: Manifest, rescale: int | None,
+                   deletion: KeyDeletion | None) -> tuple[RestoreCheck | None, int | None]:
+        """The copy's state repartitioned into ``rescale`` partitions, or ``deletion``'s keys deleted, into its
+        next batch (config.check refuses both at once): a refusal's verdict, and the state's partitions."""
+        if rescale is not None:
+            return self._repartition(spark, scratch, manifest, rescale)
+        if deletion is not None:
+            return self._delete_keys(spark, scratch, manifest, deletion), manifest.state_partitions
+        return None, manifest.state_partitions
 
     def _repartition(self, spark: SparkSession, scratch: Storage, manifest: Manifest,
                      partitions: int) -> tuple[RestoreCheck | None, int | None]:
@@ -229,6 +251,51 @@ class RestoreChecker:
         return replace(report, rescaled_snapshot_id=saved.snapshot_id, reason=(
             f"{report.reason}; saved as savepoint {saved.snapshot_id} (batch {saved.batch_id}, "
             f"{saved.state_partitions} partitions)"))
+
+    def _delete_keys(self, spark: SparkSession, scratch: Storage, manifest: Manifest,
+                     deletion: KeyDeletion) -> RestoreCheck | None:
+        """Delete ``deletion``'s keys from the restored copy into its next batch (runtime/stateprocessor.py); a
+        refusal's verdict, or None once the copy holds the rewritten batch."""
+        what = f"deleting keys {deletion} from snapshot {manifest.snapshot_id} (batch {manifest.batch_id})"
+        if SparkCheckpoint(scratch).view(manifest.batch_id).next_offsets is not None:
+            return RestoreCheck(CheckOutcome.BAD_INPUT, (
+                f"{what}: the snapshot holds batch {manifest.batch_id + 1} planned but not committed; its data would "
+                "be read again after the rewritten batch. Take a savepoint with stop with savepoint (no planned "
+                "batch) and delete the keys from it"))
+        log.info("job %s: %s on a copy at %s", self.config.job, what, scratch.url)
+        started = time.monotonic()
+        self.rewrite = rewrite_state(spark, scratch, manifest.batch_id, {deletion.operator_id: deletion.transform()})
+        removed = self.rewrite.rows_removed
+        log.info("job %s: rewrote the state of %s in %.1f s: %s (%d rows removed)", self.config.job,
+                 manifest.snapshot_id, time.monotonic() - started, self.rewrite.describe(), removed)
+        if removed == 0:
+            return RestoreCheck(CheckOutcome.BAD_INPUT, (
+                f"{what}: the predicate selects no key of operator {deletion.operator_id}: expected at least one "
+                f"state row to delete, found none ({self.rewrite.describe()}). Look at the keys with `ckpt state "
+                f"read {manifest.snapshot_id} --table {deletion.operator_id}/...`; no savepoint was written"))
+        return None
+
+    def _rewritten(self, report: RestoreCheck, scratch: Storage, manifest: Manifest, batch: int,
+                   deletion: KeyDeletion) -> RestoreCheck:
+        """The rewritten copy at its rewrite batch, as a new savepoint, once the check's batch proved that the job
+        runs on it."""
+        from airflow_ckpt_provider.core.snapshots.catalog import create_snapshot
+
+        assert self.rewrite is not None
+        result = create_snapshot(
+            self.store, scratch, kind=Kind.SAVEPOINT, trigger=Trigger.MANUAL, batch_id=batch, write_ahead=False,
+            code_version=self.config.code_version or manifest.code_version, spark_version=manifest.spark_version,
+            labels={REWRITTEN_FROM: manifest.snapshot_id, KEYS_DELETED: str(deletion),
+                    ROWS_REMOVED: str(self.rewrite.rows_removed)},
+            inline_max=self.config.snapshot_inline_bytes,
+        )
+        saved = result.manifest
+        log.info("job %s: savepoint %s (batch %d) is %s without the keys %s (%d state rows removed)",
+                 self.config.job, saved.snapshot_id, saved.batch_id, manifest.snapshot_id, deletion,
+                 self.rewrite.rows_removed)
+        return replace(report, rewritten_snapshot_id=saved.snapshot_id, reason=(
+            f"{report.reason}; deleted keys {deletion}: {self.rewrite.describe()}; saved as savepoint "
+            f"{saved.snapshot_id} (batch {saved.batch_id})"))
 
     def _choose(self, scratch: Storage) -> tuple[Manifest | None, str]:
         """The snapshot a start with ``config.restore`` would restore, and a note for the reason.

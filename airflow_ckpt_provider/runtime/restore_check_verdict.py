@@ -58,6 +58,7 @@ class RestoreCheck:
     seconds: float | None = None
     state_partitions: int | None = None  # the state's partitions the check ran with (after a rescale: the new)
     rescaled_snapshot_id: str | None = None  # --save-rescaled: the savepoint of the repartitioned state
+    rewritten_snapshot_id: str | None = None  # --delete-keys: the savepoint without the deleted keys
     state_schema_changes: tuple[str, ...] = ()  # what the new code changed in transformWithState state schemas
     extra: Mapping[str, Any] = field(default_factory=dict)  # fields of a newer driver, kept as they are
 
@@ -84,6 +85,7 @@ class RestoreCheck:
             "seconds": self.seconds,
             "state_partitions": self.state_partitions,
             "rescaled_snapshot_id": self.rescaled_snapshot_id,
+            "rewritten_snapshot_id": self.rewritten_snapshot_id,
             "state_schema_changes": list(self.state_schema_changes),
         }
 
@@ -96,7 +98,7 @@ class RestoreCheck:
             )
             known = {"compatible", "outcome", "reason", "snapshot_id", "batch_id", "snapshot_operators",
                      "new_operators", "non_restored_operators", "error_class", "seconds", "state_partitions",
-                     "rescaled_snapshot_id", "state_schema_changes"}
+                     "rescaled_snapshot_id", "rewritten_snapshot_id", "state_schema_changes"}
             return cls(
                 outcome=outcome,
                 reason=str(d["reason"]),
@@ -109,6 +111,8 @@ class RestoreCheck:
                 seconds=None if d.get("seconds") is None else float(d["seconds"]),
                 state_partitions=None if d.get("state_partitions") is None else int(d["state_partitions"]),
                 rescaled_snapshot_id=None if d.get("rescaled_snapshot_id") is None else str(d["rescaled_snapshot_id"]),
+                rewritten_snapshot_id=None if d.get("rewritten_snapshot_id") is None
+                else str(d["rewritten_snapshot_id"]),
                 state_schema_changes=tuple(str(c) for c in d.get("state_schema_changes") or ()),
                 extra={k: v for k, v in d.items() if k not in known},
             )

@@ -283,6 +283,83 @@ def test_the_state_processor_reads_every_key_of_a_snapshot_exactly_in_format_v1_
         assert "no state table '3/default' in the snapshot; expected one of: 0/default" in refused.stderr
 
 
+def test_a_key_deleted_from_a_format_v2_savepoint_is_gone_after_restoring_and_every_other_key_exact(
+        spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The State Processor's rewriting side (issue 45) on a transformWithState job (a ValueState per key in a column
+    family of its own; RocksDB, state format v2): `ckpt state delete`, in its own process, deletes one key into a NEW
+    savepoint once the restore check of the job file passed on it; the source savepoint still holds every key; the
+    job restored from the new savepoint and fed one more file counts the deleted key from zero and every other key
+    on from its count. A transform that changes the schema, or returns rows it was not given, is refused."""
+    from collections import Counter
+
+    from pyspark.sql import functions as F
+
+    from airflow_ckpt_provider.core.errors import ConfigError
+    from airflow_ckpt_provider.core.snapshots.catalog import create_snapshot, load_manifest
+    from airflow_ckpt_provider.core.snapshots.restore import restore_snapshot
+    from airflow_ckpt_provider.core.store.jobstore import JobStore
+    from airflow_ckpt_provider.runtime.stateprocessor import read_state, rewrite_state, snapshot_copy, state_tables
+    from tests.jobs import tws_evolve
+
+    def counts(files: range) -> Counter[str]:
+        return Counter(str(r["k"]) for i in files for r in sparkjobs.input_rows(i))
+
+    def state_of(store: JobStore, snapshot_id: str) -> dict[str, int]:
+        with snapshot_copy(store, snapshot_id) as (manifest, copy):
+            (count,) = [t for t in state_tables(spark, copy) if t.name == "0/default/count"]
+            return {r.key_k: r.value_n for r in read_state(spark, copy, manifest.batch_id, count).collect()}
+
+    monkeypatch.setenv("CKPT_EVOLVE_INPUT", str(tmp_path / "in"))
+    conf = {**sparkjobs.PROVIDERS["rocksdb"], FORMAT_V2: "2"}
+
+    def run(checkpoint: Path) -> None:
+        tws_evolve.query(spark, "n BIGINT").option("checkpointLocation", str(checkpoint)).trigger(
+            availableNow=True).start().awaitTermination()
+
+    try:
+        for key, value in conf.items():
+            spark.conf.set(key, value)
+        for i in range(2):
+            write_input(tmp_path / "in", i)
+        run(tmp_path / "ckpt")
+        store = JobStore.open(str(tmp_path / "store"), "evolve")
+        source = create_snapshot(store, LocalStorage(tmp_path / "ckpt")).manifest.snapshot_id
+        before = counts(range(2))
+        victim = sorted(before)[0]
+        done = subprocess.run(
+            [sys.executable, "-m", "airflow_ckpt_provider.cli", "state", "delete", source, "--store",
+             str(tmp_path / "store"), "--job", "evolve", "--operator", "0", "--where", f"key_k = '{victim}'",
+             "--job-file", tws_evolve.__file__, "--json"], check=False, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        said = json.loads(done.stdout)
+        assert (said["outcome"], said["rows_removed"]) == ("compatible", 1), said
+        rewritten = said["rewritten_snapshot_id"]
+        manifest = load_manifest(store, rewritten)
+        assert (manifest.batch_id, manifest.labels["rewritten_from"], manifest.labels["keys_deleted"]) == (
+            load_manifest(store, source).batch_id + 1, source, f"0:key_k = '{victim}'")
+        assert state_of(store, source) == dict(before)  # the source is never touched
+        assert state_of(store, rewritten) == {k: n for k, n in before.items() if k != victim}
+
+        restore_snapshot(store, rewritten, LocalStorage(tmp_path / "restored"))
+        write_input(tmp_path / "in", 2)
+        run(tmp_path / "restored")
+        resumed = {r.key.k: r.value.n for r in spark.read.format("statestore").option("stateVarName", "count")
+                   .load(str(tmp_path / "restored")).collect()}
+        third = counts(range(2, 3))
+        assert resumed == {k: (0 if k == victim else before[k]) + third[k] for k in before | third}
+
+        with snapshot_copy(store, source) as (m, copy), pytest.raises(ConfigError, match=(
+                r"returned other columns than it was given: expected struct<key_k:string,partition_key:.*found "
+                r".*,x:int>")):
+            rewrite_state(spark, LocalStorage(copy), m.batch_id, {0: lambda rows: rows.withColumn("x", F.lit(1))})
+        with snapshot_copy(store, source) as (m, copy), pytest.raises(ConfigError, match=(
+                rf"returned {len(before)} rows it was not given: expected a subset")):
+            rewrite_state(spark, LocalStorage(copy), m.batch_id, {0: lambda rows: rows.unionAll(rows)})
+    finally:
+        for key in conf:
+            spark.conf.unset(key)
+
+
 @pytest.mark.parametrize("encoding", ["avro", "unsaferow"])
 def test_the_restore_check_names_what_an_upgrade_changes_in_transformwithstate_state_schemas(
         spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, encoding: str) -> None:

@@ -26,6 +26,11 @@ READ_FORMATS = (1, 2)
 #: Labels of a rescale's savepoint: the savepoint it was repartitioned from, and that one's partitions.
 RESCALED_FROM = "rescaled_from"
 PARTITIONS_BEFORE = "partitions_before"
+#: Labels of a savepoint written by the State Processor (trigger manual, which every reader knows): the snapshot
+#: it was rewritten from, the key deletion (``OPERATOR:PREDICATE``) and the state rows it removed.
+REWRITTEN_FROM = "rewritten_from"
+KEYS_DELETED = "keys_deleted"
+ROWS_REMOVED = "rows_removed"
 #: The label of how long the snapshot took until its manifest was written (seconds, as text): labels are the
 #: manifest's open metadata, which readers of every format version check and keep.
 TOOK_SECONDS = "took_seconds"

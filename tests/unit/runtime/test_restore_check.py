@@ -97,12 +97,13 @@ def _report(**changes: object) -> RestoreCheck:
 
 
 def test_report_round_trips_through_its_line() -> None:
-    report = _report(error_class=None, seconds=21.5)
+    report = _report(error_class=None, seconds=21.5, rewritten_snapshot_id="savepoint-7-20261130T091500Z-0a1b2c")
     line = report.to_line()
     assert line.startswith(REPORT_PREFIX) and "\n" not in line
     body = json.loads(line[len(REPORT_PREFIX):])
     assert body["compatible"] is True
     assert body["snapshot_operators"] == [0]
+    assert body["rewritten_snapshot_id"] == "savepoint-7-20261130T091500Z-0a1b2c"
     assert RestoreCheck.from_dict(body) == report
 
 
