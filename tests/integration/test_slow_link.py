@@ -1,6 +1,6 @@
 """Issue 41, scenario 6: 200 ms of delay and 5% loss on the link between the driver host and the store (SeaweedFS: the
-job store, and the files sink's bucket) for two minutes while a supervised job runs: it keeps committing, its lease
-is never given up (no false fencing), and the counts are exact.
+job store, and the files sink's bucket) for a minute (--full: two) while a supervised job runs: it keeps committing,
+its lease is never given up (no false fencing), and the counts are exact.
 
 Topology and job as scenario 2 (tests/integration/test_partitions.py, tests/support/hostjobs.py): ``store``,
 ``kafka`` (tansu, memory storage), ``driver`` (``ckpt run --supervise`` with the product's lease settings: poll 1 s,
@@ -8,7 +8,7 @@ fence grace 10 s, so an outage tolerance of 9 s; with 3 s, the default before, f
 records/s, and the readers). The fault
 (``Topology.netem``: each direction's packets held 200 ms, so a round trip takes 400 ms more, and 5% of them dropped;
 tests/support/nfqdelay.py) starts once the driver has completed three batches and stored a snapshot, and ends by
-itself after ``SLOW`` seconds.
+itself after ``SLOW`` seconds (--full: ``SLOW_FULL``).
 
 The claims: (a) the same driver throughout (pid, epoch; no query restart; one driver started by the supervisor; its
 lease watch never stopped the query and it was never fenced); (b) it kept committing: batches completed in each third
@@ -44,7 +44,8 @@ pytestmark = [
     pytest.mark.skipif(hosts.available() is not None, reason=str(hosts.available())),
 ]
 
-SLOW = 120.0  # seconds of delay and loss (bounded: the fault ends by itself)
+SLOW = 60.0  # seconds of delay and loss (bounded: the fault ends by itself); --full: twice as long
+SLOW_FULL = 120.0
 DELAY_MS = 200.0
 LOSS_PCT = 5.0
 
@@ -64,11 +65,12 @@ SAME_LINK = pytest.mark.full(
     pytest.param("files", "standalone", id="files-standalone", marks=SAME_LINK),
 ])
 def test_a_slow_lossy_link_to_the_store_is_ridden_out_without_false_fencing_and_counts_exactly(
-        sink_name: str, spark: str, tmp_path: Path) -> None:
-    run_scenario("scenario 6", sink_name, tmp_path, "p6", _run, spark=spark)
+        sink_name: str, spark: str, tmp_path: Path, pytestconfig: pytest.Config) -> None:
+    slow = SLOW_FULL if pytestconfig.getoption("--full", default=False) else SLOW
+    run_scenario("scenario 6", sink_name, tmp_path, "p6", lambda sc, feed: _run(sc, feed, slow), spark=spark)
 
 
-def _run(sc: Scenario, feed: Feed) -> None:
+def _run(sc: Scenario, feed: Feed, slow_s: float) -> None:
     topo, times = sc.topo, sc.times
     driver = sc.start_driver("driver", topo["driver"], "--supervise", lease_defaults=True)
     started = time.time()
@@ -78,16 +80,16 @@ def _run(sc: Scenario, feed: Feed) -> None:
     completed = driver.matching(COMPLETED)
     times["first batch after start, s"] = round((completed[0][0] if completed else time.time()) - started, 1)
 
-    slow = topo.netem("driver", "store", delay_ms=DELAY_MS, loss_pct=LOSS_PCT, seconds=SLOW)
+    slow = topo.netem("driver", "store", delay_ms=DELAY_MS, loss_pct=LOSS_PCT, seconds=slow_s)
     t_slow = time.time()
-    seen = watch_status(sc, driver, lambda: not slow.active, SLOW + 30)
-    t_heal = t_slow + (slow.healed_after or SLOW)
+    seen = watch_status(sc, driver, lambda: not slow.active, slow_s + 30)
+    t_heal = t_slow + (slow.healed_after or slow_s)
     times["fault"] = f"{DELAY_MS:g} ms each way, {LOSS_PCT:g}% loss, driver <-> store"
     times["fault lasted, s"] = round(slow.healed_after or 0.0, 1)
     batches = [(t, int(m[2])) for t, m in driver.matching(COMPLETED)]
     during = [(round(t - t_slow, 1), b) for t, b in batches if t_slow < t <= t_heal]
     times["batches completed during the fault"] = len(during)
-    thirds = [len([1 for dt, _ in during if i * SLOW / 3 < dt <= (i + 1) * SLOW / 3]) for i in range(3)]
+    thirds = [len([1 for dt, _ in during if i * slow_s / 3 < dt <= (i + 1) * slow_s / 3]) for i in range(3)]
     times["batches completed in each third of the fault"] = thirds
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(during)]
     times["longest time between two batches during the fault, s"] = round(max(gaps), 1) if gaps else None
