@@ -74,7 +74,10 @@ def cmd_read(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_delete(args: argparse.Namespace) -> int:
+def _edit(args: argparse.Namespace, what: str, *, delete_keys: str | None = None,
+          update_values: str | None = None) -> int:
+    """Run the restore check of ``args.job_file`` on a copy of the snapshot with ``edit`` (``delete_keys`` or
+    ``update_values``), which saves the copy as a new savepoint once the check passed; print what happened."""
     import io
 
     from airflow_ckpt_provider.core.policy.modes import RestoreSpec
@@ -83,28 +86,50 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
     store, snapshot_id = store_and_snapshot(args)
     config = RuntimeConfig(job=store.job, store=store.root.url, restore=RestoreSpec.parse(snapshot_id),
-                           check_restore=True, delete_keys=f"{args.operator}:{args.where}",
-                           check_timeout=args.check_timeout, endpoint_url=args.endpoint_url, region=args.region,
-                           code_version=args.code_version)
+                           check_restore=True, check_timeout=args.check_timeout, endpoint_url=args.endpoint_url,
+                           region=args.region, code_version=args.code_version, delete_keys=delete_keys,
+                           update_values=update_values)
     config.check()
     with _session(args.master) as spark:
         checker = RestoreChecker(config, args.job_file, out=io.StringIO())
         code = checker.run(spark_factory=lambda: spark)
     report = checker.report
     assert report is not None  # run() gave its verdict
-    data = {**report.to_dict(), "rows_removed": checker.rewrite.rows_removed if checker.rewrite else 0}
+    done = checker.rewrite
+    data = {**report.to_dict(), "rows_removed": done.rows_removed if done else 0,
+            "rows_changed": done.rows_changed if done else 0}
     if report.rewritten_snapshot_id is None:
         emit(args, data, lambda: f"no savepoint written: {report.outcome.value}: {report.reason}")
         return code or 1
-    emit(args, data, lambda: f"savepoint {report.rewritten_snapshot_id}: snapshot {snapshot_id} without the keys "
-         f"{args.where!r} of operator {args.operator} ({data['rows_removed']} state rows removed); the restore check "
-         f"of {args.job_file} passed on it. Start the job from it with --restore {report.rewritten_snapshot_id}")
+    emit(args, data, lambda: f"savepoint {report.rewritten_snapshot_id}: snapshot {snapshot_id} {what} "
+         f"({data['rows_removed']} state rows removed, {data['rows_changed']} values changed); the restore check of "
+         f"{args.job_file} passed on it. Start the job from it with --restore {report.rewritten_snapshot_id}")
     return 0
 
 
+def cmd_delete(args: argparse.Namespace) -> int:
+    return _edit(args, f"without the keys {args.where!r} of operator {args.operator}",
+                 delete_keys=f"{args.operator}:{args.where}")
+
+
+def cmd_update(args: argparse.Namespace) -> int:
+    from airflow_ckpt_provider.core.errors import ConfigError
+    from airflow_ckpt_provider.runtime.staterewrite import ValueUpdate
+
+    values: dict[str, str] = {}
+    for item in args.set:
+        column, sep, expression = item.partition("=")
+        if not sep or not column.strip() or not expression.strip():
+            raise ConfigError(f"invalid --set {item!r}: expected COLUMN=EXPRESSION, e.g. --set 'value_count=0'")
+        values[column.strip()] = expression.strip()
+    update = ValueUpdate(args.table, args.where, values)
+    return _edit(args, f"with {', '.join(f'{c} = {e}' for c, e in values.items())} in table {args.table} where "
+                 f"{args.where}", update_values=str(ValueUpdate.parse(str(update))))
+
+
 def add_state_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    state = groups.add_parser("state", help="read a snapshot's keyed state, delete keys into a new savepoint (the "
-                              "State Processor)")
+    state = groups.add_parser("state", help="read a snapshot's keyed state, delete keys or change values into a new "
+                              "savepoint (the State Processor)")
     sub = state.add_subparsers(dest="command", required=True)
 
     def add(name: str, fn: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:
@@ -121,13 +146,26 @@ def add_state_commands(groups: argparse._SubParsersAction[argparse.ArgumentParse
     p.add_argument("--output", help="write every row here (a new directory); without it, print a sample")
     p.add_argument("--format", default="parquet", choices=("parquet", "csv", "json"), help="with --output")
     p.add_argument("--sample", type=int, default=20, help="rows printed without --output (default 20)")
-    p = add("delete", cmd_delete, "delete keys from a snapshot's state into a NEW savepoint, which the restore "
-            "check of the job file proves before it is written; the snapshot is never touched")
+
+    def add_edit(name: str, fn: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:
+        p = add(name, fn, help_ + " into a NEW savepoint, which the restore check of the job file proves before it is "
+                "written; the snapshot is never touched")
+        p.add_argument("--job-file", required=True,
+                       help="the job's file: its query runs a batch on the edited state before the savepoint is saved")
+        p.add_argument("--code-version", help="the code version recorded in the new savepoint (default: the "
+                       "snapshot's)")
+        p.add_argument("--check-timeout", type=float, default=300.0, help="seconds the check's batch may take")
+        return p
+
+    p = add_edit("delete", cmd_delete, "delete keys from a snapshot's state (every store and variable of an operator)")
     p.add_argument("--operator", type=int, required=True, help="the operator id (`ckpt state list`)")
     p.add_argument("--where", required=True,
                    help="a Spark SQL predicate over the operator's key columns selecting the keys to delete, e.g. "
                    "\"key_user = 'u-17'\" (`ckpt state read` shows the key columns)")
-    p.add_argument("--job-file", required=True,
-                   help="the job's file: its query runs a batch on the rewritten state before the savepoint is saved")
-    p.add_argument("--code-version", help="the code version recorded in the new savepoint (default: the snapshot's)")
-    p.add_argument("--check-timeout", type=float, default=300.0, help="seconds the check's batch may take")
+    p = add_edit("update", cmd_update, "set value columns of one state table in the rows a predicate selects")
+    p.add_argument("--table", required=True, help="the table as `ckpt state list` names it (an operator's store or a "
+                   "ValueState)")
+    p.add_argument("--where", required=True, help="a Spark SQL predicate over the table's key and value columns")
+    p.add_argument("--set", action="append", required=True, metavar="COLUMN=EXPRESSION",
+                   help="a value column and its new value, a Spark SQL expression over the table's columns (repeat "
+                   "for more), e.g. --set 'value_count=0'")

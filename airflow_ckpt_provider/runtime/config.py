@@ -7,12 +7,16 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.policy.modes import LATEST_STATE, RestoreMode, RestoreSpec, TimeTravel
 from airflow_ckpt_provider.core.policy.settings import COUNT, RESTORE, SECONDS, SWITCH, TEXT, JobSettings, setting
 from airflow_ckpt_provider.core.policy.stepsettings import parse_partitions
 from airflow_ckpt_provider.core.store.jobstore import check_job_name
+
+if TYPE_CHECKING:
+    from airflow_ckpt_provider.runtime.staterewrite import KeyDeletion, ValueUpdate
 
 __all__ = ["RestoreMode", "RestoreSpec", "RuntimeConfig", "TimeTravel", "default_checkpoint"]
 
@@ -61,6 +65,10 @@ class RuntimeConfig(JobSettings):
         help="with --check-restore: delete from operator OP's state the keys a Spark SQL predicate over its key "
         "columns selects (`ckpt state read` names them) on the restored copy, check the job on it and, once the "
         "check passed, save it as a new savepoint; the snapshot restored is never touched")
+    update_values: str | None = setting(
+        None, kind=TEXT, none="none", metavar="JSON",
+        help="with --check-restore: as --delete-keys, but set value columns of one table in the rows a predicate "
+        "selects: {\"table\": \"0/default\", \"where\": PREDICATE, \"set\": {\"value_<column>\": EXPRESSION}}")
 
     def check(self) -> None:
         check_job_name(self.job)
@@ -74,16 +82,17 @@ class RuntimeConfig(JobSettings):
         if (self.rescale_to is not None or self.save_rescaled) and not self.check_restore:
             raise ConfigError("--rescale-to and --save-rescaled go with --check-restore (a rescale runs on a copy of "
                               "the state, never on the live checkpoint); `ckpt job rescale` runs the whole rescale")
-        if self.delete_keys is not None:
+        if self.delete_keys is not None or self.update_values is not None:
             if not self.check_restore:
-                raise ConfigError("--delete-keys goes with --check-restore (keys are deleted on a copy of a snapshot, "
-                                  "never on the live checkpoint); `ckpt state delete` runs the whole deletion")
+                raise ConfigError("--delete-keys and --update-values go with --check-restore (state is edited on a "
+                                  "copy of a snapshot, never on the live checkpoint); `ckpt state delete|update` runs "
+                                  "the whole edit")
             if self.rescale_to is not None:
-                raise ConfigError("--delete-keys and --rescale-to are separate steps: delete the keys first, then "
-                                  "rescale the savepoint the deletion saved")
-            from airflow_ckpt_provider.runtime.stateprocessor import KeyDeletion
-
-            KeyDeletion.parse(self.delete_keys)
+                raise ConfigError("an edit of the state (--delete-keys, --update-values) and --rescale-to are separate "
+                                  "steps: edit first, then rescale the savepoint the edit saved")
+            if self.delete_keys is not None and self.update_values is not None:
+                raise ConfigError("--delete-keys and --update-values are separate edits: expected one, found both")
+            self.state_edit()
         if self.save_rescaled and self.rescale_to is None:
             raise ConfigError("--save-rescaled needs --rescale-to N: the partitions to save the state with")
         if self.rescale_to is not None:
@@ -91,6 +100,14 @@ class RuntimeConfig(JobSettings):
                 parse_partitions(self.rescale_to)
             except ValueError as err:
                 raise ConfigError(str(err)) from None
+
+    def state_edit(self) -> KeyDeletion | ValueUpdate | None:
+        """The edit of the checked copy's state (--delete-keys, --update-values), None without one."""
+        from airflow_ckpt_provider.runtime.staterewrite import KeyDeletion, ValueUpdate
+
+        if self.delete_keys is not None:
+            return KeyDeletion.parse(self.delete_keys)
+        return None if self.update_values is None else ValueUpdate.parse(self.update_values)
 
     @property
     def live_checkpoint(self) -> str:

@@ -28,7 +28,9 @@ from airflow_ckpt_provider.core.snapshots.manifest import (
     PARTITIONS_BEFORE,
     RESCALED_FROM,
     REWRITTEN_FROM,
+    ROWS_CHANGED,
     ROWS_REMOVED,
+    VALUES_SET,
     Kind,
     Manifest,
     Trigger,
@@ -63,7 +65,7 @@ from airflow_ckpt_provider.runtime.restore_check_verdict import (
 )
 from airflow_ckpt_provider.runtime.sparkchecks import check_executors, check_spark_python, job_session
 from airflow_ckpt_provider.runtime.startup import StartAction, plan_start
-from airflow_ckpt_provider.runtime.stateprocessor import KeyDeletion, Rewrite, rewrite_state
+from airflow_ckpt_provider.runtime.staterewrite import KeyDeletion, Rewrite, ValueUpdate, rewrite_state
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -92,7 +94,7 @@ class RestoreChecker:
         self.out = out or sys.stdout
         self.started = time.monotonic()
         self.report: RestoreCheck | None = None  # the verdict, once run() gave it
-        self.rewrite: Rewrite | None = None  # --delete-keys: what the rewrite of the copy did
+        self.rewrite: Rewrite | None = None  # --delete-keys, --update-values: what the rewrite of the copy did
         s3 = S3Options.from_env(config.endpoint_url, config.region)
         self.s3 = s3
         self.store = JobStore.open(config.store, config.job, s3)
@@ -122,11 +124,11 @@ class RestoreChecker:
         build = self._load()
         manifest, note = self._choose(scratch)
         rescale = self.config.rescale_to
-        deletion = KeyDeletion.parse(self.config.delete_keys) if self.config.delete_keys else None
+        deletion = self.config.state_edit()
         if manifest is None:  # no state: compatible with any code, and nothing to rescale or delete
             if rescale is None and deletion is None:
                 return RestoreCheck(CheckOutcome.COMPATIBLE, note)
-            what = f"rescale to {rescale} partitions" if deletion is None else f"delete keys {deletion}"
+            what = f"rescale to {rescale} partitions" if deletion is None else _describe(deletion)
             return RestoreCheck(CheckOutcome.BAD_INPUT, f"{what}: {note}")
         with _quiet("airflow_ckpt_provider.core.snapshots.restore"):  # its time-travel warning is about real restores
             restore_snapshot(self.store, manifest.snapshot_id, scratch)
@@ -175,13 +177,13 @@ class RestoreChecker:
         return replace(report, reason=f"{report.reason}; {note}") if note else report
 
     def _transform(self, spark: SparkSession, scratch: Storage, manifest: Manifest, rescale: int | None,
-                   deletion: KeyDeletion | None) -> tuple[RestoreCheck | None, int | None]:
-        """The copy's state repartitioned into ``rescale`` partitions, or ``deletion``'s keys deleted, into its
-        next batch (config.check refuses both at once): a refusal's verdict, and the state's partitions."""
+                   deletion: KeyDeletion | ValueUpdate | None) -> tuple[RestoreCheck | None, int | None]:
+        """The copy's state repartitioned into ``rescale`` partitions, or edited (keys deleted, values changed),
+        into its next batch (config.check refuses both at once): a refusal's verdict, and the state's partitions."""
         if rescale is not None:
             return self._repartition(spark, scratch, manifest, rescale)
         if deletion is not None:
-            return self._delete_keys(spark, scratch, manifest, deletion), manifest.state_partitions
+            return self._edit(spark, scratch, manifest, deletion), manifest.state_partitions
         return None, manifest.state_partitions
 
     def _repartition(self, spark: SparkSession, scratch: Storage, manifest: Manifest,
@@ -252,49 +254,55 @@ class RestoreChecker:
             f"{report.reason}; saved as savepoint {saved.snapshot_id} (batch {saved.batch_id}, "
             f"{saved.state_partitions} partitions)"))
 
-    def _delete_keys(self, spark: SparkSession, scratch: Storage, manifest: Manifest,
-                     deletion: KeyDeletion) -> RestoreCheck | None:
-        """Delete ``deletion``'s keys from the restored copy into its next batch (runtime/stateprocessor.py); a
-        refusal's verdict, or None once the copy holds the rewritten batch."""
-        what = f"deleting keys {deletion} from snapshot {manifest.snapshot_id} (batch {manifest.batch_id})"
+    def _edit(self, spark: SparkSession, scratch: Storage, manifest: Manifest,
+              edit: KeyDeletion | ValueUpdate) -> RestoreCheck | None:
+        """``edit`` of the restored copy's state into its next batch (runtime/staterewrite.py); a refusal's verdict,
+        or None once the copy holds the rewritten batch."""
+        what = f"{_describe(edit)} in snapshot {manifest.snapshot_id} (batch {manifest.batch_id})"
         if SparkCheckpoint(scratch).view(manifest.batch_id).next_offsets is not None:
             return RestoreCheck(CheckOutcome.BAD_INPUT, (
                 f"{what}: the snapshot holds batch {manifest.batch_id + 1} planned but not committed; its data would "
                 "be read again after the rewritten batch. Take a savepoint with stop with savepoint (no planned "
-                "batch) and delete the keys from it"))
+                "batch) and edit that one"))
         log.info("job %s: %s on a copy at %s", self.config.job, what, scratch.url)
         started = time.monotonic()
-        self.rewrite = rewrite_state(spark, scratch, manifest.batch_id, {deletion.operator_id: deletion.transform()})
-        removed = self.rewrite.rows_removed
-        log.info("job %s: rewrote the state of %s in %.1f s: %s (%d rows removed)", self.config.job,
-                 manifest.snapshot_id, time.monotonic() - started, self.rewrite.describe(), removed)
-        if removed == 0:
+        if isinstance(edit, KeyDeletion):
+            self.rewrite = rewrite_state(spark, scratch, manifest.batch_id, {edit.operator_id: edit.transform()})
+            touched, verb = self.rewrite.rows_removed, "delete"
+        else:
+            self.rewrite = rewrite_state(spark, scratch, manifest.batch_id, changes={edit.table: edit.transform()})
+            touched, verb = self.rewrite.rows_changed, "change"
+        log.info("job %s: rewrote the state of %s in %.1f s: %s", self.config.job, manifest.snapshot_id,
+                 time.monotonic() - started, self.rewrite.describe())
+        if touched == 0:
             return RestoreCheck(CheckOutcome.BAD_INPUT, (
-                f"{what}: the predicate selects no key of operator {deletion.operator_id}: expected at least one "
-                f"state row to delete, found none ({self.rewrite.describe()}). Look at the keys with `ckpt state "
-                f"read {manifest.snapshot_id} --table {deletion.operator_id}/...`; no savepoint was written"))
+                f"{what}: expected at least one state row to {verb}, found none ({self.rewrite.describe()}): the "
+                f"predicate selects no row, or the values are already so. Look at the rows with `ckpt state read "
+                f"{manifest.snapshot_id} --table ...`; no savepoint was written"))
         return None
 
     def _rewritten(self, report: RestoreCheck, scratch: Storage, manifest: Manifest, batch: int,
-                   deletion: KeyDeletion) -> RestoreCheck:
-        """The rewritten copy at its rewrite batch, as a new savepoint, once the check's batch proved that the job
+                   edit: KeyDeletion | ValueUpdate) -> RestoreCheck:
+        """The edited copy at its rewrite batch, as a new savepoint, once the check's batch proved that the job
         runs on it."""
         from airflow_ckpt_provider.core.snapshots.catalog import create_snapshot
 
         assert self.rewrite is not None
+        labels = {REWRITTEN_FROM: manifest.snapshot_id}
+        if isinstance(edit, KeyDeletion):
+            labels |= {KEYS_DELETED: str(edit), ROWS_REMOVED: str(self.rewrite.rows_removed)}
+        else:
+            labels |= {VALUES_SET: str(edit), ROWS_CHANGED: str(self.rewrite.rows_changed)}
         result = create_snapshot(
             self.store, scratch, kind=Kind.SAVEPOINT, trigger=Trigger.MANUAL, batch_id=batch, write_ahead=False,
             code_version=self.config.code_version or manifest.code_version, spark_version=manifest.spark_version,
-            labels={REWRITTEN_FROM: manifest.snapshot_id, KEYS_DELETED: str(deletion),
-                    ROWS_REMOVED: str(self.rewrite.rows_removed)},
-            inline_max=self.config.snapshot_inline_bytes,
+            labels=labels, inline_max=self.config.snapshot_inline_bytes,
         )
         saved = result.manifest
-        log.info("job %s: savepoint %s (batch %d) is %s without the keys %s (%d state rows removed)",
-                 self.config.job, saved.snapshot_id, saved.batch_id, manifest.snapshot_id, deletion,
-                 self.rewrite.rows_removed)
+        log.info("job %s: savepoint %s (batch %d) is %s after %s: %s", self.config.job, saved.snapshot_id,
+                 saved.batch_id, manifest.snapshot_id, _describe(edit), self.rewrite.describe())
         return replace(report, rewritten_snapshot_id=saved.snapshot_id, reason=(
-            f"{report.reason}; deleted keys {deletion}: {self.rewrite.describe()}; saved as savepoint "
+            f"{report.reason}; {_describe(edit)}: {self.rewrite.describe()}; saved as savepoint "
             f"{saved.snapshot_id} (batch {saved.batch_id})"))
 
     def _choose(self, scratch: Storage) -> tuple[Manifest | None, str]:
@@ -498,3 +506,9 @@ def _quiet(logger: str) -> Iterator[None]:
         yield
     finally:
         target.setLevel(level)
+
+
+def _describe(edit: KeyDeletion | ValueUpdate) -> str:
+    if isinstance(edit, KeyDeletion):
+        return f"deleting the keys of operator {edit.operator_id} where {edit.where}"
+    return f"setting {', '.join(f'{c} = {e}' for c, e in edit.values.items())} in table {edit.table} where {edit.where}"

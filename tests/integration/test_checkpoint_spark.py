@@ -283,22 +283,28 @@ def test_the_state_processor_reads_every_key_of_a_snapshot_exactly_in_format_v1_
         assert "no state table '3/default' in the snapshot; expected one of: 0/default" in refused.stderr
 
 
-def test_a_key_deleted_from_a_format_v2_savepoint_is_gone_after_restoring_and_every_other_key_exact(
+def test_a_key_deleted_and_a_value_changed_in_format_v2_savepoints_restore_exactly_the_source_untouched(
         spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The State Processor's rewriting side (issue 45) on a transformWithState job (a ValueState per key in a column
     family of its own; RocksDB, state format v2): `ckpt state delete`, in its own process, deletes one key into a NEW
-    savepoint once the restore check of the job file passed on it; the source savepoint still holds every key; the
-    job restored from the new savepoint and fed one more file counts the deleted key from zero and every other key
-    on from its count. A transform that changes the schema, or returns rows it was not given, is refused."""
+    savepoint once the restore check of the job file passed on it; the source savepoint still holds every key; a
+    value change of another key (the check in this process) makes a third savepoint; the job restored from it and
+    fed one more file counts the deleted key from zero, the changed key on from its new count and every other key on
+    from its count. A transform that changes the schema, or returns rows it was not given, is refused."""
     from collections import Counter
 
     from pyspark.sql import functions as F
 
     from airflow_ckpt_provider.core.errors import ConfigError
+    from airflow_ckpt_provider.core.policy.modes import RestoreSpec
+    from airflow_ckpt_provider.core.policy.outcomes import CheckOutcome
     from airflow_ckpt_provider.core.snapshots.catalog import create_snapshot, load_manifest
     from airflow_ckpt_provider.core.snapshots.restore import restore_snapshot
     from airflow_ckpt_provider.core.store.jobstore import JobStore
-    from airflow_ckpt_provider.runtime.stateprocessor import read_state, rewrite_state, snapshot_copy, state_tables
+    from airflow_ckpt_provider.runtime.config import RuntimeConfig
+    from airflow_ckpt_provider.runtime.restore_check import RestoreChecker
+    from airflow_ckpt_provider.runtime.stateprocessor import read_state, snapshot_copy, state_tables
+    from airflow_ckpt_provider.runtime.staterewrite import ValueUpdate, rewrite_state
     from tests.jobs import tws_evolve
 
     def counts(files: range) -> Counter[str]:
@@ -340,13 +346,27 @@ def test_a_key_deleted_from_a_format_v2_savepoint_is_gone_after_restoring_and_ev
         assert state_of(store, source) == dict(before)  # the source is never touched
         assert state_of(store, rewritten) == {k: n for k, n in before.items() if k != victim}
 
-        restore_snapshot(store, rewritten, LocalStorage(tmp_path / "restored"))
+        changed = sorted(before)[1]
+        update = ValueUpdate("0/default/count", f"key_k = '{changed}'", {"value_n": "value_n + 1000"})
+        checker = RestoreChecker(RuntimeConfig(
+            job="evolve", store=str(tmp_path / "store"), checkpoint=str(tmp_path / "live"),
+            restore=RestoreSpec.parse(rewritten), check_restore=True, update_values=str(update)),
+            tws_evolve.__file__, out=io.StringIO())
+        checker.run(spark_factory=lambda: spark)
+        assert checker.report is not None and checker.report.outcome is CheckOutcome.COMPATIBLE, checker.report
+        assert checker.rewrite is not None and (checker.rewrite.rows_changed, checker.rewrite.rows_removed) == (1, 0)
+        updated = checker.report.rewritten_snapshot_id
+        assert updated is not None and load_manifest(store, updated).labels["rows_changed"] == "1"
+        now = {k: n + (1000 if k == changed else 0) for k, n in before.items() if k != victim}
+        assert state_of(store, updated) == now
+
+        restore_snapshot(store, updated, LocalStorage(tmp_path / "restored"))
         write_input(tmp_path / "in", 2)
         run(tmp_path / "restored")
         resumed = {r.key.k: r.value.n for r in spark.read.format("statestore").option("stateVarName", "count")
                    .load(str(tmp_path / "restored")).collect()}
         third = counts(range(2, 3))
-        assert resumed == {k: (0 if k == victim else before[k]) + third[k] for k in before | third}
+        assert resumed == {k: now.get(k, 0) + third[k] for k in before | third}
 
         with snapshot_copy(store, source) as (m, copy), pytest.raises(ConfigError, match=(
                 r"returned other columns than it was given: expected struct<key_k:string,partition_key:.*found "

@@ -32,6 +32,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from airflow_ckpt_provider.core.policy.outcomes import CheckOutcome
 from airflow_ckpt_provider.core.records.status import JobStatus
@@ -128,7 +129,8 @@ def newest_state_file(savepoint: Manifest) -> str:
 def assert_state_read(env: JobEnv, savepoint: Manifest, read: list[statematrix.Record]) -> None:
     """The State Processor reads every operator's state of the savepoint, and what it holds is what the records
     read so far leave: every id in both dedup stores, each k's count and id sum in applyInPandasWithState, each k's
-    count in transformWithStateInPandas with one timer, and each k's ids and sk counts in transformWithState."""
+    count in transformWithStateInPandas with one timer, and each k's ids and sk counts in transformWithState. Then
+    it edits a copy of it (``assert_state_edit``)."""
     from airflow_ckpt_provider.embedded import local_spark
     from airflow_ckpt_provider.runtime.stateprocessor import read_state, snapshot_copy, state_tables
 
@@ -139,6 +141,7 @@ def assert_state_read(env: JobEnv, savepoint: Manifest, read: list[statematrix.R
             tables = {t.name: t for t in state_tables(spark, copy)}
             rows = {name: [r.asDict() for r in read_state(spark, copy, manifest.batch_id, t).collect()]
                     for name, t in tables.items()}
+        assert_state_edit(spark, env, savepoint, rows)
     finally:
         spark.stop()
     assert sorted(tables) == ["0/default", "1/default", "2/default", "3/default", "4/left", "4/right", "5/default",
@@ -155,6 +158,67 @@ def assert_state_read(env: JobEnv, savepoint: Manifest, read: list[statematrix.R
     assert sorted(r["list_element_id"] for r in rows["7/default/ids"]) == sorted(r["id"] for r in keyed)
     assert Counter({(r["key_k"], r["user_map_key_sk"]): r["user_map_value_value_n"] for r in rows["7/default/sessions"]}
                    ) == Counter((r["k"], r["sk"]) for r in keyed)
+
+
+#: The edit's value changes: a table and its value column that gets 1000 added where the victim key is.
+CHANGED = {"2/default": "value_count", "5/default": "value_groupState_count", "6/default/count": "value_n"}
+
+
+def assert_state_edit(spark: Any, env: JobEnv, savepoint: Manifest, rows: dict[str, list[dict[str, Any]]]) -> None:
+    """Every operator kind through the State Processor's writing side on a copy of the savepoint: one key (the
+    value of the first key column of the operator's first row) deleted from each of the eight operators at once;
+    then, on another copy, 1000 added to a value of an aggregation, applyInPandasWithState's state and a ValueState.
+    Read back, every table holds exactly its rows before without the deleted key, or with the one value changed."""
+    from pyspark.sql import functions as F
+
+    from airflow_ckpt_provider.core.store.storage import LocalStorage
+    from airflow_ckpt_provider.runtime.stateprocessor import read_state, snapshot_copy, state_tables
+    from airflow_ckpt_provider.runtime.staterewrite import rewrite_state
+
+    def first_key(table: str) -> tuple[str, Any]:
+        column = next(c for c in rows[table][0] if c.startswith("key_"))
+        return column, rows[table][0][column]
+
+    victims = {op: first_key(next(t for t in sorted(rows) if t.startswith(f"{op}/"))) for op in range(OPERATORS)}
+
+    def without(column: str, value: Any) -> Callable[[Any], Any]:
+        def keep(frame: Any) -> Any:
+            return frame.filter(~F.coalesce(F.col(column) == F.lit(value), F.lit(False)))
+        return keep
+
+    def read_all(copy: str, batch: int) -> dict[str, list[dict[str, Any]]]:
+        return {t.name: [r.asDict() for r in read_state(spark, copy, batch, t).collect()]
+                for t in state_tables(spark, copy)}
+
+    with snapshot_copy(env.store(), savepoint.snapshot_id) as (manifest, copy):
+        done = rewrite_state(spark, LocalStorage(copy), manifest.batch_id,
+                             {op: without(*victim) for op, victim in victims.items()})
+        after = read_all(copy, done.batch_id)
+    for table, before in rows.items():
+        column, value = victims[int(table.split("/")[0])]
+        kept = [r for r in before if r[column] != value]
+        assert len(kept) < len(before) or table.endswith("timers"), (table, column, value)
+        assert _canon(after[table]) == _canon(kept), (table, column, value)
+    assert done.rows_removed > 0 and done.batch_id == manifest.batch_id + 1, done.describe()
+
+    column, value = victims[5]  # a k: the same in the three tables changed
+    with snapshot_copy(env.store(), savepoint.snapshot_id) as (manifest, copy):
+        done = rewrite_state(spark, LocalStorage(copy), manifest.batch_id, changes={
+            table: (lambda frame, c=changed: frame.withColumn(c, F.when(F.col("key_k") == F.lit(value), F.col(c) + 1000)
+                                                               .otherwise(F.col(c))))
+            for table, changed in CHANGED.items()})
+        after = read_all(copy, done.batch_id)
+    for table, before in rows.items():
+        changed = CHANGED.get(table)
+        want = [{**r, changed: r[changed] + 1000} if changed and r["key_k"] == value else r for r in before]
+        assert _canon(after[table]) == _canon(want), table
+    assert done.rows_changed == sum(1 for t in CHANGED for r in rows[t] if r["key_k"] == value), done.describe()
+
+
+def _canon(rows: list[dict[str, Any]]) -> list[str]:
+    """Rows comparable as a multiset, whatever partition or order they are read in."""
+    return sorted(json.dumps({k: v for k, v in r.items() if k != "partition_id"}, sort_keys=True, default=str)
+                  for r in rows)
 
 
 def run_matrix(env: JobEnv, runs: list[Run], fmt: str, *, kills: int) -> None:

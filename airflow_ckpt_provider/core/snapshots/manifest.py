@@ -27,10 +27,13 @@ READ_FORMATS = (1, 2)
 RESCALED_FROM = "rescaled_from"
 PARTITIONS_BEFORE = "partitions_before"
 #: Labels of a savepoint written by the State Processor (trigger manual, which every reader knows): the snapshot
-#: it was rewritten from, the key deletion (``OPERATOR:PREDICATE``) and the state rows it removed.
+#: it was rewritten from; the key deletion (``OPERATOR:PREDICATE``) and the state rows it removed, or the value
+#: update (JSON: table, where, set) and the rows whose value it changed.
 REWRITTEN_FROM = "rewritten_from"
 KEYS_DELETED = "keys_deleted"
 ROWS_REMOVED = "rows_removed"
+VALUES_SET = "values_set"
+ROWS_CHANGED = "rows_changed"
 #: The label of how long the snapshot took until its manifest was written (seconds, as text): labels are the
 #: manifest's open metadata, which readers of every format version check and keep.
 TOOK_SECONDS = "took_seconds"

@@ -7,14 +7,8 @@ import pytest
 
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
-from airflow_ckpt_provider.runtime.stateprocessor import (
-    KeyDeletion,
-    Rewrite,
-    StateTable,
-    StoreRewrite,
-    check_spark,
-    find_table,
-)
+from airflow_ckpt_provider.runtime.stateprocessor import StateTable, check_spark, find_table
+from airflow_ckpt_provider.runtime.staterewrite import KeyDeletion, Rewrite, StoreRewrite, ValueUpdate
 
 
 def test_only_the_tested_spark_versions_read_state() -> None:
@@ -50,11 +44,14 @@ def test_a_key_deletion_is_an_operator_and_a_predicate_and_refuses_anything_else
             KeyDeletion.parse(bad)
 
 
-def test_delete_keys_runs_only_on_a_checked_copy_and_not_with_a_rescale() -> None:
+def test_a_state_edit_runs_only_on_a_checked_copy_alone_and_not_with_a_rescale() -> None:
     base = {"job": "orders", "store": "/tmp/store", "checkpoint": "/tmp/ck"}
-    with pytest.raises(ConfigError, match=r"--delete-keys goes with --check-restore .* `ckpt state delete`"):
+    with pytest.raises(ConfigError, match=r"--delete-keys and --update-values go with --check-restore .* `ckpt state "
+                                          r"delete\|update`"):
         RuntimeConfig(**base, delete_keys="0:key_k = 1").check()
-    with pytest.raises(ConfigError, match="--delete-keys and --rescale-to are separate steps"):
+    with pytest.raises(ConfigError, match=r"--delete-keys and --update-values are separate edits"):
+        RuntimeConfig(**base, delete_keys="0:key_k = 1", update_values="{}", check_restore=True).check()
+    with pytest.raises(ConfigError, match=r"an edit of the state .* and --rescale-to are separate steps"):
         RuntimeConfig(**base, delete_keys="0:key_k = 1", check_restore=True, rescale_to=4).check()
     with pytest.raises(ConfigError, match="expected OPERATOR:PREDICATE"):
         RuntimeConfig(**base, delete_keys="key_k = 1", check_restore=True).check()
@@ -64,8 +61,19 @@ def test_delete_keys_runs_only_on_a_checked_copy_and_not_with_a_rescale() -> Non
 
 
 def test_a_rewrite_describes_each_changed_store_and_counts_the_rows_removed() -> None:
-    done = Rewrite(8, [StoreRewrite(0, "default", 10, 7), StoreRewrite(0, "left-keyToNumValues", 4, 4)])
-    assert done.rows_removed == 3
+    done = Rewrite(8, [StoreRewrite(0, "default", 10, 7), StoreRewrite(0, "left-keyToNumValues", 4, 4, 2)])
+    assert (done.rows_removed, done.rows_changed) == (3, 2)
     assert done.describe() == ("batch 8: operator 0 store default: 10 -> 7 rows; operator 0 store "
-                               "left-keyToNumValues: 4 -> 4 rows")
+                               "left-keyToNumValues: 4 -> 4 rows, 2 values changed")
     assert Rewrite(8).describe() == "batch 8: no operator's rows changed"
+
+
+def test_a_value_update_is_a_table_a_predicate_and_value_columns_and_refuses_keys() -> None:
+    update = ValueUpdate.parse('{"table": "0/default", "where": "key_k = \'a\'", "set": {"value_count": "0"}}')
+    assert (update.table, update.where, dict(update.values)) == ("0/default", "key_k = 'a'", {"value_count": "0"})
+    assert ValueUpdate.parse(str(update)) == update
+    for bad in ("{}", "not json", '{"table": "0/default", "where": "x", "set": {}}', '["0/default"]'):
+        with pytest.raises(ConfigError, match=r"expected JSON \{\"table\": \"0/default\", \"where\": PREDICATE"):
+            ValueUpdate.parse(bad)
+    with pytest.raises(ConfigError, match=r"expected value columns \(value_\.\.\.\), found key_k; keys are deleted"):
+        ValueUpdate.parse('{"table": "0/default", "where": "true", "set": {"key_k": "\'b\'"}}')
