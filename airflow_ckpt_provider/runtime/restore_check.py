@@ -60,6 +60,7 @@ from airflow_ckpt_provider.runtime.restore_check_verdict import (
     operators_run,
     plan_empty_batch,
     snapshot_operators,
+    source_changes,
     spark_error,
     state_files,
 )
@@ -95,6 +96,7 @@ class RestoreChecker:
         self.started = time.monotonic()
         self.report: RestoreCheck | None = None  # the verdict, once run() gave it
         self.rewrite: Rewrite | None = None  # --delete-keys, --update-values: what the rewrite of the copy did
+        self.new_sources: list[str] | None = None  # the source ids of the new query, once its batch ran
         s3 = S3Options.from_env(config.endpoint_url, config.region)
         self.s3 = s3
         self.store = JobStore.open(config.store, config.job, s3)
@@ -169,6 +171,9 @@ class RestoreChecker:
             if changes:
                 report = replace(report, state_schema_changes=changes, reason=(
                     f"{report.reason}; transformWithState state schemas evolve: {'; '.join(changes)}"))
+            sources = source_changes(_named_sources(scratch, last), self.new_sources)
+            if sources:
+                report = replace(report, source_changes=sources, reason=f"{report.reason}; {'; '.join(sources)}")
             report = replace(report, state_partitions=partitions)
         if rescale is not None and report.compatible:
             report = self._rescaled(report, scratch, manifest, last)
@@ -408,6 +413,7 @@ class RestoreChecker:
             )
         failure = query.exception()
         if failure is None:
+            self.new_sources = _source_ids(query)
             return None
         return self._refused(*spark_error(failure))
 
@@ -512,3 +518,18 @@ def _describe(edit: KeyDeletion | ValueUpdate) -> str:
     if isinstance(edit, KeyDeletion):
         return f"deleting the keys of operator {edit.operator_id} where {edit.where}"
     return f"setting {', '.join(f'{c} = {e}' for c, e in edit.values.items())} in table {edit.table} where {edit.where}"
+
+
+def _named_sources(scratch: Storage, batch: int) -> dict[str, str | None] | None:
+    """The sources of offset log v2 entry ``batch`` by name with their offsets; None for an offset log v1."""
+    entry = parse_log_entry(scratch.read(f"offsets/{batch}"), kind="offsets")
+    return None if entry.source_ids is None else dict(zip(entry.source_ids, entry.offsets, strict=True))
+
+
+def _source_ids(query: Any) -> list[str] | None:
+    """The source ids a micro-batch query ran with (its names, with source evolution), None if Spark does not say."""
+    try:
+        return str(query._jsq.streamingQuery().sourceIdMap().keys().mkString("\n")).split("\n")
+    except Exception as err:  # a continuous query, or a Spark without the map: no comparison, not a failure
+        log.info("the check's query does not name its sources (%s): sources are not compared", err)
+        return None

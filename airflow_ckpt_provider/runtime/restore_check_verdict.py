@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +60,7 @@ class RestoreCheck:
     rescaled_snapshot_id: str | None = None  # --save-rescaled: the savepoint of the repartitioned state
     rewritten_snapshot_id: str | None = None  # --delete-keys: the savepoint without the deleted keys
     state_schema_changes: tuple[str, ...] = ()  # what the new code changed in transformWithState state schemas
+    source_changes: tuple[str, ...] = ()  # named sources (offset log v2) the new code adds or no longer reads
     extra: Mapping[str, Any] = field(default_factory=dict)  # fields of a newer driver, kept as they are
 
     @property
@@ -87,6 +88,7 @@ class RestoreCheck:
             "rescaled_snapshot_id": self.rescaled_snapshot_id,
             "rewritten_snapshot_id": self.rewritten_snapshot_id,
             "state_schema_changes": list(self.state_schema_changes),
+            "source_changes": list(self.source_changes),
         }
 
     @classmethod
@@ -98,7 +100,8 @@ class RestoreCheck:
             )
             known = {"compatible", "outcome", "reason", "snapshot_id", "batch_id", "snapshot_operators",
                      "new_operators", "non_restored_operators", "error_class", "seconds", "state_partitions",
-                     "rescaled_snapshot_id", "rewritten_snapshot_id", "state_schema_changes"}
+                     "rescaled_snapshot_id", "rewritten_snapshot_id", "state_schema_changes",
+                     "source_changes"}
             return cls(
                 outcome=outcome,
                 reason=str(d["reason"]),
@@ -114,6 +117,7 @@ class RestoreCheck:
                 rewritten_snapshot_id=None if d.get("rewritten_snapshot_id") is None
                 else str(d["rewritten_snapshot_id"]),
                 state_schema_changes=tuple(str(c) for c in d.get("state_schema_changes") or ()),
+                source_changes=tuple(str(c) for c in d.get("source_changes") or ()),
                 extra={k: v for k, v in d.items() if k not in known},
             )
         except (KeyError, TypeError, ValueError) as err:
@@ -200,6 +204,19 @@ def snapshot_operators(manifest: Manifest) -> dict[int, str | None]:
     for path in state_files(f.path for f in manifest.files):  # snapshots of checkpoints without metadata
         ops.setdefault(int(path.split("/")[1]), None)
     return dict(sorted(ops.items()))
+
+
+def source_changes(before: Mapping[str, str | None] | None, after: Sequence[str] | None) -> tuple[str, ...]:
+    """What the new query changes in the sources of an offset log v2 (Spark 4.2's source evolution: each source
+    recorded by name): ``before`` the snapshot's sources and their offsets, ``after`` the new query's source names.
+    Nothing when either is unknown (an offset log v1 records sources by position only)."""
+    if before is None or after is None:
+        return ()
+    added = [f"source '{name}' added: Spark reads it from its starting offsets (its own options say where; "
+             "nothing of it is in the state)" for name in after if name not in before]
+    removed = [f"source '{name}' no longer read: its position {before[name] or '(none yet)'} is dropped, and "
+               "reading it again later starts it over" for name in before if name not in after]
+    return tuple(added + removed)
 
 
 def judge(

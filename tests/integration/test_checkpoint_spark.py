@@ -380,6 +380,53 @@ def test_a_key_deleted_and_a_value_changed_in_format_v2_savepoints_restore_exact
             spark.conf.unset(key)
 
 
+def test_the_restore_check_names_the_sources_an_upgrade_adds_and_drops_in_an_offset_log_v2(
+        spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spark 4.2's source evolution (offset log v2, sources recorded by name): a job reading named sources a and b
+    is upgraded to read a and c. Spark accepts it; the restore check says so and names what changes: c is read from
+    its start, b's position is dropped."""
+    from airflow_ckpt_provider.core.policy.modes import RestoreSpec
+    from airflow_ckpt_provider.core.policy.outcomes import CheckOutcome
+    from airflow_ckpt_provider.core.snapshots.catalog import create_snapshot
+    from airflow_ckpt_provider.core.store.jobstore import JobStore
+    from airflow_ckpt_provider.runtime.config import RuntimeConfig
+    from airflow_ckpt_provider.runtime.restore_check import RestoreChecker
+    from tests.jobs import named_sources
+
+    monkeypatch.setenv("CKPT_NAMED_INPUT", str(tmp_path / "in"))
+    for name in "abc":
+        (tmp_path / "in" / name).mkdir(parents=True)
+        (tmp_path / "in" / name / "0.json").write_text(json.dumps({"k": name}) + "\n")
+    conf = {"spark.sql.streaming.offsetLog.formatVersion": "2",
+            "spark.sql.streaming.queryEvolution.enableSourceEvolution": "true"}
+    try:
+        for key, value in conf.items():
+            spark.conf.set(key, value)
+        named_sources.query(spark, "a,b").option("checkpointLocation", str(tmp_path / "ckpt")).trigger(
+            availableNow=True).start().awaitTermination()
+        assert (tmp_path / "ckpt/offsets/0").read_text().splitlines()[2:] == ['a:{"logOffset":0}',
+                                                                              'b:{"logOffset":0}']
+        store = JobStore.open(str(tmp_path / "store"), "named")
+        snapshot_id = create_snapshot(store, LocalStorage(tmp_path / "ckpt")).manifest.snapshot_id
+        monkeypatch.setenv("CKPT_NAMED_SOURCES", "a,c")
+        checker = RestoreChecker(RuntimeConfig(job="named", store=str(tmp_path / "store"),
+                                               checkpoint=str(tmp_path / "live"),
+                                               restore=RestoreSpec.parse(snapshot_id), check_restore=True),
+                                 named_sources.__file__, out=io.StringIO())
+        checker.run(spark_factory=lambda: spark)
+    finally:
+        for key in conf:
+            spark.conf.unset(key)
+    report = checker.report
+    assert report is not None and report.outcome is CheckOutcome.COMPATIBLE, report
+    assert report.source_changes == (
+        "source 'c' added: Spark reads it from its starting offsets (its own options say where; nothing of it is "
+        "in the state)",
+        "source 'b' no longer read: its position {\"logOffset\":0} is dropped, and reading it again later starts "
+        "it over")
+    assert "source 'c' added" in report.reason and "source 'b' no longer read" in report.reason
+
+
 @pytest.mark.parametrize("encoding", ["avro", "unsaferow"])
 def test_the_restore_check_names_what_an_upgrade_changes_in_transformwithstate_state_schemas(
         spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, encoding: str) -> None:

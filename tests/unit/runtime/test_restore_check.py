@@ -32,6 +32,7 @@ from airflow_ckpt_provider.runtime.restore_check_verdict import (
     parse_report,
     plan_empty_batch,
     snapshot_operators,
+    source_changes,
     spark_error,
 )
 
@@ -97,7 +98,8 @@ def _report(**changes: object) -> RestoreCheck:
 
 
 def test_report_round_trips_through_its_line() -> None:
-    report = _report(error_class=None, seconds=21.5, rewritten_snapshot_id="savepoint-7-20261130T091500Z-0a1b2c")
+    report = _report(error_class=None, seconds=21.5, rewritten_snapshot_id="savepoint-7-20261130T091500Z-0a1b2c",
+                     source_changes=("source 'c' added: ...",))
     line = report.to_line()
     assert line.startswith(REPORT_PREFIX) and "\n" not in line
     body = json.loads(line[len(REPORT_PREFIX):])
@@ -311,3 +313,15 @@ def _alive(pid: int) -> bool:
         return False
     status = Path(f"/proc/{pid}/stat")
     return not (status.exists() and status.read_text().split()[2] == "Z")  # a zombie is dead
+
+
+def test_source_changes_name_the_added_and_dropped_sources_of_an_offset_log_v2_only() -> None:
+    before = {"orders": '{"logOffset":4}', "refunds": None}
+    assert source_changes(before, ["orders", "refunds"]) == ()
+    assert source_changes(before, ["orders", "payments"]) == (
+        "source 'payments' added: Spark reads it from its starting offsets (its own options say where; nothing of it "
+        "is in the state)",
+        "source 'refunds' no longer read: its position (none yet) is dropped, and reading it again later starts it "
+        "over")
+    assert source_changes(None, ["0", "1"]) == ()  # offset log v1: sources by position, no names to compare
+    assert source_changes(before, None) == ()  # the new query did not say
