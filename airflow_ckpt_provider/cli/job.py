@@ -181,6 +181,18 @@ def cmd_rescale(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_edit(args: argparse.Namespace) -> int:
+    if args.delete_keys is None and args.update_values is None:
+        raise ConfigError("ckpt job edit: expected --delete-keys OP:PREDICATE or --update-values JSON (the edit of the "
+                          "job's state), found neither")
+    store, result = _run_upgrade(args, "edit")
+    emit(args, result, lambda: (f"edited the state of job {store.job}: savepoint {result['rescaled_snapshot_id']} "
+                                f"(from {result['snapshot_id']}), running at epoch {result['epoch']}, "
+                                + ("no batch since the edit (see the 4/5 line)" if result['batch_id'] is None else
+                                   f"batch {result['batch_id']}")))
+    return 0
+
+
 def cmd_upgrade(args: argparse.Namespace) -> int:
     if args.job_file is None:
         raise ConfigError("ckpt job upgrade: expected --job-file F (the new code), found none; to keep the code and "
@@ -301,6 +313,13 @@ def add_job_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]
     p.set_defaults(fn=cmd_rescale)
     UpgradeSettings.add_flags(p, only=("partitions", "check_timeout", "stop_timeout", "verify_batches",
                                        "verify_timeout"))
+    p = sub.add_parser("edit", help="edit the running job's state through a savepoint (the State Processor): delete "
+                       "keys or set values, checked on a copy of the latest state first, applied to the stop's "
+                       "savepoint, the job started from the edited savepoint and verified, rolled back if it fails")
+    add_store_args(p)
+    p.set_defaults(fn=cmd_edit)
+    UpgradeSettings.add_flags(p, only=("delete_keys", "update_values", "check_timeout", "stop_timeout",
+                                       "verify_batches", "verify_timeout"))
     p = sub.add_parser("upgrade", help="upgrade a recorded deployment to new code keeping its state: the new code "
                        "checked on a copy of the state first, the job verified after, rolled back if it fails; run "
                        "again after an interruption, it resumes")

@@ -288,7 +288,8 @@ def add_run_command(groups: argparse._SubParsersAction[argparse.ArgumentParser])
     RuntimeSettings.add_flags(job)
     check = p.add_argument_group("restore check (before an upgrade)")
     RuntimeConfig.add_flags(check, only=("check_restore", "allow_non_restored_state", "check_timeout", "rescale_to",
-                                         "save_rescaled", "delete_keys", "update_values"))
+                                         "save_rescaled", "delete_keys", "update_values",
+                                         "save_edited"))
     check.add_argument("--check-id", metavar="ID",
                        help="record the verdict in the job store as checks/ID.outcome.json (the record "
                             "checks/ID.json must exist: an upgrade writes it); --check-timeout then bounds the "

@@ -88,7 +88,7 @@ def _edit(args: argparse.Namespace, what: str, *, delete_keys: str | None = None
     config = RuntimeConfig(job=store.job, store=store.root.url, restore=RestoreSpec.parse(snapshot_id),
                            check_restore=True, check_timeout=args.check_timeout, endpoint_url=args.endpoint_url,
                            region=args.region, code_version=args.code_version, delete_keys=delete_keys,
-                           update_values=update_values)
+                           update_values=update_values, save_edited=True)
     config.check()
     with _session(args.master) as spark:
         checker = RestoreChecker(config, args.job_file, out=io.StringIO())
@@ -114,7 +114,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 def cmd_update(args: argparse.Namespace) -> int:
     from airflow_ckpt_provider.core.errors import ConfigError
-    from airflow_ckpt_provider.runtime.staterewrite import ValueUpdate
+    from airflow_ckpt_provider.core.policy.stateedit import ValueUpdate
 
     values: dict[str, str] = {}
     for item in args.set:

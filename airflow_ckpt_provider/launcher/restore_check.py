@@ -174,13 +174,17 @@ def start_check(
     restore: RestoreSpec = LATEST_STATE,
     rescale_to: int | None = None,
     save_rescaled: bool = False,
+    delete_keys: str | None = None,
+    update_values: str | None = None,
+    save_edited: bool = False,
 ) -> CheckStarted:
     """Start the restore check of ``deployment`` (the new code) against the job's state as a process of its own
     (``ckpt run --check-restore --check-id ID``, a session of its own, output to the job's log directory), and
     return its record. Its verdict comes as ``checks/<id>.outcome.json``.
 
     ``rescale_to``: repartition the restored copy's state first (``save_rescaled``: and save it as a savepoint
-    once the check passed: a rescale's step, ``restore`` naming the savepoint it rescales).
+    once the check passed: a rescale's step, ``restore`` naming the savepoint it rescales). ``delete_keys`` or
+    ``update_values``: edit the copy's state first (``save_edited``: and save it, an edit's step).
 
     Bad input (spark-submit would refuse the check) and a check of this job that still runs raise ConfigError,
     before anything is written. The record is written before the process starts (record the target, then act).
@@ -188,7 +192,8 @@ def start_check(
     at = time.time() if now is None else now
     spec = check_spec(submit_spec(deployment, store.job, store_url, restore, s3,
                                   allow_non_restored_state=allow_non_restored_state, check_restore=True,
-                                  rescale_to=rescale_to, save_rescaled=save_rescaled), timeout)
+                                  rescale_to=rescale_to, save_rescaled=save_rescaled, delete_keys=delete_keys,
+                                  update_values=update_values, save_edited=save_edited), timeout)
     build_command(spec)  # bad input: here, before anything is recorded
     busy = running_checks(store, at)
     if busy:
@@ -205,13 +210,20 @@ def start_check(
     started = CheckStarted(store.job, check_id, deployment.job_file, deployment.code_version, at, float(timeout),
                            socket.gethostname(), started_by or f"{os.environ.get('USER', '?')}@{socket.gethostname()}",
                            log_file=str(log_file), restore=str(restore), rescale_to=rescale_to,
-                           save_rescaled=save_rescaled)
+                           save_rescaled=save_rescaled, delete_keys=delete_keys, update_values=update_values,
+                           save_edited=save_edited)
     argv = [*run_argv(deployment, store.job, store_url, restore, s3, supervise=False), "--check-restore",
             "--check-timeout", f"{timeout:g}", "--check-id", check_id]
     if allow_non_restored_state:
         argv.append("--allow-non-restored-state")
     if rescale_to is not None:
         argv += ["--rescale-to", str(rescale_to), *(["--save-rescaled"] if save_rescaled else [])]
+    if delete_keys is not None:
+        argv += ["--delete-keys", delete_keys]
+    if update_values is not None:
+        argv += ["--update-values", update_values]
+    if save_edited:
+        argv.append("--save-edited")
     record_start(store, started)
     # Airflow's own settings (connections, the metadata database) are not the new code's business.
     inherited = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}

@@ -310,7 +310,9 @@ class JobUpgrade:
                                    timeout=settings.check_timeout, s3=self.s3,
                                    allow_non_restored_state=settings.allow_non_restored_state,
                                    started_by=marker, restore=restore, rescale_to=settings.partitions,
-                                   save_rescaled=save).check_id
+                                   save_rescaled=save and settings.partitions is not None,
+                                   delete_keys=settings.delete_keys, update_values=settings.update_values,
+                                   save_edited=save and settings.edit is not None).check_id
         self._record_handle(check_id=check_id)
         return str(check_id)
 
@@ -331,6 +333,9 @@ class JobUpgrade:
         if plan.what == RESCALE:
             self.say(f"{self._at(1)} checking that {new.job_file} runs on its latest state repartitioned into {n} "
                      "partitions (on a copy)")
+        elif plan.edit is not None:
+            self.say(f"{self._at(1)} checking that {new.job_file} runs on its latest state after {plan.edit_text} "
+                     "(on a copy)")
         else:
             self.say(f"{self._at(1)} checking that {new.job_file} (code {new.code_version or '-'}) restores the latest "
                      "state" + (f" repartitioned into {n} partitions" if n else "") + " (on a copy)")
@@ -371,8 +376,9 @@ class JobUpgrade:
     def _rescale(self, plan: steps.UpgradePlan, step: steps.Rescale) -> steps.Rescaled:
         if step.note:
             self.say(step.note)
-        self.say(f"{self._at(3)} repartitioning savepoint {step.snapshot_id} into {step.partitions} partitions on a "
-                 "copy")
+        self.say(f"{self._at(3)} " + (f"{plan.edit_text} in savepoint {step.snapshot_id} on a copy" if plan.edit
+                                      else f"repartitioning savepoint {step.snapshot_id} into {step.partitions} "
+                                      "partitions on a copy"))
         try:
             event = self._wait_check(self._start_check(plan, RestoreSpec(RestoreMode.SNAPSHOT, step.snapshot_id),
                                                        save=True))
@@ -380,10 +386,11 @@ class JobUpgrade:
             return steps.Rescaled(problem=str(err))
         if event["status"] not in VERDICTS:
             return steps.Rescaled(problem=str(event.get("message")))
-        rescaled = event.get("rescaled_snapshot_id")
+        rescaled = event.get("rescaled_snapshot_id") or event.get("rewritten_snapshot_id")
         if event["status"] == CheckOutcome.COMPATIBLE and rescaled:
-            self.say(f"{self._at(3)} saved savepoint {rescaled} ({step.partitions} partitions) in "
-                     f"{event.get('seconds')} s")
+            self.say(f"{self._at(3)} saved savepoint {rescaled} (" + ("edited" if plan.edit else
+                                                                      f"{step.partitions} partitions")
+                     + f") in {event.get('seconds')} s")
             crash_point("rescale.after-save")
         return steps.Rescaled(event["status"], event.get("reason"), rescaled)
 

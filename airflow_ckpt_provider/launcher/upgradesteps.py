@@ -15,7 +15,9 @@ from airflow_ckpt_provider.core.errors import CkptError, ConfigError
 from airflow_ckpt_provider.core.policy.health import HealthCriteria
 from airflow_ckpt_provider.core.policy.modes import LATEST_STATE, RestoreMode, RestoreSpec, UpgradeMode
 from airflow_ckpt_provider.core.policy.outcomes import CheckOutcome
+from airflow_ckpt_provider.core.policy.stateedit import describe_edit, parse_edit
 from airflow_ckpt_provider.core.policy.stepsettings import (
+    EDIT,
     RESCALE,
     RESTART,
     UPGRADE,
@@ -66,12 +68,14 @@ class UpgradePlan:
     restore: str | None = None
     owner: str | None = None
     min_epoch: int | None = None
+    edit: dict[str, str] | None = None  # the state edit (delete_keys or update_values), applied to the stop's savepoint
 
     def to_dict(self) -> dict[str, Any]:
         return {"job": self.job, "old": self.old, "new": self.new, "what": self.what, "mode": self.mode.value,
                 "partitions": self.partitions, "savepoint_first": self.savepoint_first, "stopped": self.stopped,
                 "snapshot_id": self.snapshot_id, "rescaled_snapshot_id": self.rescaled_snapshot_id,
-                "launch": self.launch, "restore": self.restore, "owner": self.owner, "min_epoch": self.min_epoch}
+                "launch": self.launch, "restore": self.restore, "owner": self.owner, "min_epoch": self.min_epoch,
+                "edit": self.edit}
 
     @classmethod
     def from_dict(cls, body: dict[str, Any]) -> UpgradePlan:
@@ -88,7 +92,8 @@ class UpgradePlan:
                    partitions=body.get("partitions"), savepoint_first=bool(body.get("savepoint_first")),
                    stopped=bool(body.get("stopped")), snapshot_id=body.get("snapshot_id"),
                    rescaled_snapshot_id=body.get("rescaled_snapshot_id"), launch=body.get("launch"),
-                   restore=body.get("restore"), owner=body.get("owner"), min_epoch=body.get("min_epoch"))
+                   restore=body.get("restore"), owner=body.get("owner"), min_epoch=body.get("min_epoch"),
+                   edit=body.get("edit"))
 
     @property
     def old_deployment(self) -> Deployment:
@@ -103,9 +108,24 @@ class UpgradePlan:
         """The old code as the messages name it: its version, or its job file."""
         return str(self.old["deployment"].get("code_version") or self.old["deployment"]["job_file"])
 
+    @property
+    def edit_text(self) -> str:
+        """The state edit as the messages say it ('' without one)."""
+        edit = parse_edit(**self.edit) if self.edit else None
+        return describe_edit(edit) if edit is not None else ""
+
+    @property
+    def transforms(self) -> bool:
+        """The stop's savepoint is transformed (repartitioned or edited) into a savepoint R the job starts from."""
+        return self.partitions is not None or self.edit is not None
+
     def target(self, code: str | None = None) -> str:
-        """What the run moves the job to: ``code`` (default the new job file), and/or the partitions."""
+        """What the run moves the job to: ``code`` (default the new job file), and/or the partitions, or its state
+        edited."""
         code = self.new.get("job_file", "") if code is None else code
+        if self.edit is not None:
+            return f"its state edited ({self.edit_text})" if self.what == EDIT else \
+                f"{code} with its state edited ({self.edit_text})"
         if self.partitions is None:
             return str(code)
         return f"{self.partitions} state partitions" if self.what == RESCALE else \
@@ -263,11 +283,11 @@ class Stop:
 
 @dataclass(frozen=True)
 class Rescale:
-    """Repartition savepoint ``snapshot_id`` into ``partitions`` on a copy, saved as a savepoint of its own.
-    ``note``: where a stopped job's rescale starts, for the driver to say first."""
+    """Repartition savepoint ``snapshot_id`` into ``partitions`` (or edit its state: the plan's ``edit``) on a copy,
+    saved as a savepoint of its own. ``note``: where a stopped job's rescale starts, for the driver to say first."""
 
     snapshot_id: str
-    partitions: int
+    partitions: int | None
     note: str | None = None
 
 
@@ -353,7 +373,8 @@ def _saved(plan: UpgradePlan, saved: Saved) -> tuple[UpgradePlan, Step]:
 
 def _started(plan: UpgradePlan, started: Started) -> tuple[UpgradePlan, Step]:
     if started.launch is None:
-        what = "the new code" if plan.what == UPGRADE else f"the job on {plan.partitions} partitions"
+        what = {UPGRADE: "the new code", EDIT: "the job on its edited state"}.get(
+            plan.what, f"the job on {plan.partitions} partitions")
         return plan, _roll_back(plan, f"{what} could not be launched: {started.problem}")
     return replace(plan, launch=started.launch), Verify()
 
@@ -392,11 +413,14 @@ def _began(plan: UpgradePlan, seen: Began) -> tuple[UpgradePlan, Step]:
     problem = snapshot_problem(latest, n) if latest is not None and n is not None else None
     why = running.problem or (NOT_RUNNING if running.epoch is None and plan.mode is UpgradeMode.SAVEPOINT else None) \
         or (f"snapshot {latest.snapshot_id}: {problem}" if latest is not None and problem else None)
+    if why == NOT_RUNNING and plan.edit is not None:
+        why = ("it is not running, so no savepoint can be taken; edit its latest savepoint with `ckpt state "
+               "delete|update` and start it from the savepoint that prints")
     if why:  # the same count, no state, HDFS-backed: no check needed to say so
         return plan, Refuse(plan.refused(why))
     if plan.mode is UpgradeMode.STATELESS:  # nothing to restore, nothing to check
         return plan, _stop(plan, running)
-    if n is not None and latest is None and plan.savepoint_first and running.epoch is not None:
+    if plan.transforms and latest is None and plan.savepoint_first and running.epoch is not None:
         return plan, TakeSavepoint(running.epoch)
     return plan, Check(n)
 
@@ -423,7 +447,8 @@ def _checked(plan: UpgradePlan, verdict: Checked) -> tuple[UpgradePlan, Step]:
     if verdict.status == CheckOutcome.BAD_INPUT:
         return plan, Refuse(plan.refused(verdict.reason))
     if verdict.status != CheckOutcome.COMPATIBLE:
-        how = "with the new code" if plan.what == UPGRADE else f"repartitioned into {plan.partitions} partitions"
+        how = {UPGRADE: "with the new code", EDIT: f"edited ({plan.edit_text})"}.get(
+            plan.what, f"repartitioned into {plan.partitions} partitions")
         return plan, Refuse(plan.refused(f"restore check of snapshot {verdict.snapshot_id or '-'} {how}: "
                                          f"{verdict.status}: {verdict.reason}"))
     running = verdict.running
@@ -442,9 +467,10 @@ def _stopped(plan: UpgradePlan, stopped: Stopped) -> tuple[UpgradePlan, Step]:
     """Cancelled or not running: the rollback goes back to the latest snapshot."""
     snapshot_id = stopped.snapshot_id or stopped.latest
     plan = replace(plan, snapshot_id=snapshot_id)
-    if plan.partitions is not None:
+    if plan.transforms:
         if snapshot_id is None:
-            return plan, _roll_back(plan, "the stop left no savepoint to repartition")
+            return plan, _roll_back(plan, "the stop left no savepoint to " + (
+                "edit" if plan.partitions is None else "repartition"))
         return plan, Rescale(snapshot_id, plan.partitions)
     restore = {UpgradeMode.SAVEPOINT: plan.source, UpgradeMode.LAST_STATE: LATEST_STATE,
                UpgradeMode.STATELESS: RestoreSpec(RestoreMode.NONE)}[plan.mode]
@@ -478,8 +504,9 @@ def _rescaled(plan: UpgradePlan, verdict: Rescaled) -> tuple[UpgradePlan, Step]:
         return plan, _roll_back(plan, verdict.problem)
     rescaled = verdict.rescaled_snapshot_id
     if verdict.status != CheckOutcome.COMPATIBLE or not rescaled:
-        return plan, _roll_back(plan, f"the rescale of savepoint {plan.snapshot_id} to {plan.partitions} "
-                                      f"partitions: {verdict.status}: {verdict.reason}")
+        how = f"the edit of savepoint {plan.snapshot_id} ({plan.edit_text})" if plan.edit is not None else \
+            f"the rescale of savepoint {plan.snapshot_id} to {plan.partitions} partitions"
+        return plan, _roll_back(plan, f"{how}: {verdict.status}: {verdict.reason}")
     plan = replace(plan, rescaled_snapshot_id=rescaled)
     return plan, Start(RestoreSpec(RestoreMode.SNAPSHOT, rescaled))
 
@@ -508,7 +535,8 @@ def _rollback_message(plan: UpgradePlan, rolled: RolledBack) -> str:
                 f"uncertain: check `ckpt job status --job {plan.job}`, and if it is not running restore it from "
                 f"snapshot {plan.snapshot_id or '(its latest state)'}")
     return (f"{head}; rolled back to {plan.old_code} from {plan.snapshot_id or 'its latest state'}"
-            + (" on its old partitions: it runs again" if plan.partitions else ": the old code runs again")
+            + (" on its old partitions: it runs again" if plan.partitions else
+               " on its state as it was before the edit: it runs again" if plan.edit else ": the old code runs again")
             + f" (epoch {rolled.epoch})")
 
 
@@ -632,15 +660,18 @@ def prepare(store: JobStore, settings: UpgradeSettings, *, store_url: str, s3: S
         base = old.deployment.checkpoint or default_checkpoint(job)
         new = replace(new, checkpoint=f"{base.rstrip('/')}-stateless-{int(time.time() if now is None else now)}")
     # A running job without a snapshot gets a savepoint to check against, whoever asked (savepoint_first).
-    plan = UpgradePlan(job, old.to_dict(), new.to_dict(), what, mode, partitions, savepoint_first=True)
+    plan = UpgradePlan(job, old.to_dict(), new.to_dict(), what, mode, partitions, savepoint_first=True,
+                       edit=settings.edit)
     running = observe_running(store)
     if running.problem is None:
         try:  # a deployment spark-submit would refuse fails here, before anything stops
             build_command(submit_spec(new, job, store_url, LATEST_STATE, s3, supervised=True))
         except CkptError as err:
             raise ConfigError(plan.refused(err)) from err
-    if partitions is None:
+    if not plan.transforms:
         return plan, Began(running)
+    if partitions is None:  # an edit: the snapshot it is checked against
+        return plan, Began(running, latest=latest_completed(list_snapshots(store)))
     if running.epoch is None and running.problem is None:
         return plan, Began(running, status=read_status(store), savepoints=list_snapshots(store, Kind.SAVEPOINT))
     return plan, Began(running, latest=latest_completed(list_snapshots(store)))

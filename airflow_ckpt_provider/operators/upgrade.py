@@ -27,7 +27,9 @@ class UpgradeStreamingJobOperator(OperationOperator):  # its lineage facets, as 
 
     ``py_files`` and ``files`` (a list, or one comma-separated string; templated): the new code's own Python
     modules and data files, instead of the last deployment's; None (or a template rendering to '' or 'None')
-    keeps those, ``[]`` ships none. A rollback ships the old deployment's. The options are UpgradeSettings'
+    keeps those, ``[]`` ships none. A rollback ships the old deployment's. ``delete_keys``/``update_values``: edit
+    the state in the same run (the State Processor: keys deleted or values set in the stop's savepoint, checked on a
+    copy first; docs/state-processor.md). The options are UpgradeSettings'
     (core/policy/stepsettings.py), as ``ckpt job upgrade``'s flags and the Dagster op's config are:
     ``verify_batches`` None waits for 2 batches, or none on a job caught up with no new input; a number is required.
 
@@ -38,7 +40,8 @@ class UpgradeStreamingJobOperator(OperationOperator):  # its lineage facets, as 
     """
 
     template_fields = (*OperationOperator.template_fields, "job_file", "code_version", "upgrade_mode",
-                       "allow_non_restored_state", "verify_batches", "partitions", "py_files", "files")
+                       "allow_non_restored_state", "verify_batches", "partitions", "py_files", "files",
+                       "delete_keys", "update_values")
     operator_extra_links = (SparkUILink(), SnapshotLink())
 
     def __init__(
@@ -55,10 +58,14 @@ class UpgradeStreamingJobOperator(OperationOperator):  # its lineage facets, as 
         partitions: int | str | None = None,
         py_files: Sequence[str] | str | None = None,
         files: Sequence[str] | str | None = None,
+        delete_keys: str | None = None,
+        update_values: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.partitions = partitions
+        self.delete_keys = delete_keys
+        self.update_values = update_values
         self.py_files = py_files
         self.files = files
         self.job_file = job_file

@@ -7,16 +7,13 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.policy.modes import LATEST_STATE, RestoreMode, RestoreSpec, TimeTravel
 from airflow_ckpt_provider.core.policy.settings import COUNT, RESTORE, SECONDS, SWITCH, TEXT, JobSettings, setting
+from airflow_ckpt_provider.core.policy.stateedit import StateEdit, parse_edit
 from airflow_ckpt_provider.core.policy.stepsettings import parse_partitions
 from airflow_ckpt_provider.core.store.jobstore import check_job_name
-
-if TYPE_CHECKING:
-    from airflow_ckpt_provider.runtime.staterewrite import KeyDeletion, ValueUpdate
 
 __all__ = ["RestoreMode", "RestoreSpec", "RuntimeConfig", "TimeTravel", "default_checkpoint"]
 
@@ -69,6 +66,9 @@ class RuntimeConfig(JobSettings):
         None, kind=TEXT, none="none", metavar="JSON",
         help="with --check-restore: as --delete-keys, but set value columns of one table in the rows a predicate "
         "selects: {\"table\": \"0/default\", \"where\": PREDICATE, \"set\": {\"value_<column>\": EXPRESSION}}")
+    save_edited: bool = setting(
+        False, kind=SWITCH, help="with --delete-keys or --update-values: once the check passed, save the edited state "
+        "as a new savepoint (without: a dry run)")
 
     def check(self) -> None:
         check_job_name(self.job)
@@ -93,6 +93,8 @@ class RuntimeConfig(JobSettings):
             if self.delete_keys is not None and self.update_values is not None:
                 raise ConfigError("--delete-keys and --update-values are separate edits: expected one, found both")
             self.state_edit()
+        elif self.save_edited:
+            raise ConfigError("--save-edited needs --delete-keys or --update-values: the edit to save")
         if self.save_rescaled and self.rescale_to is None:
             raise ConfigError("--save-rescaled needs --rescale-to N: the partitions to save the state with")
         if self.rescale_to is not None:
@@ -101,13 +103,9 @@ class RuntimeConfig(JobSettings):
             except ValueError as err:
                 raise ConfigError(str(err)) from None
 
-    def state_edit(self) -> KeyDeletion | ValueUpdate | None:
+    def state_edit(self) -> StateEdit | None:
         """The edit of the checked copy's state (--delete-keys, --update-values), None without one."""
-        from airflow_ckpt_provider.runtime.staterewrite import KeyDeletion, ValueUpdate
-
-        if self.delete_keys is not None:
-            return KeyDeletion.parse(self.delete_keys)
-        return None if self.update_values is None else ValueUpdate.parse(self.update_values)
+        return parse_edit(self.delete_keys, self.update_values)
 
     @property
     def live_checkpoint(self) -> str:

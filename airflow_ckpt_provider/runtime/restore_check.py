@@ -20,6 +20,7 @@ from airflow_ckpt_provider.core.errors import CkptError, StorageError
 from airflow_ckpt_provider.core.policy import gate
 from airflow_ckpt_provider.core.policy.faults import crash_point
 from airflow_ckpt_provider.core.policy.modes import RestoreMode
+from airflow_ckpt_provider.core.policy.stateedit import KeyDeletion, StateEdit, describe_edit
 from airflow_ckpt_provider.core.records.lease import Lease, LeaseRecord
 from airflow_ckpt_provider.core.snapshots.checkpoint import SparkCheckpoint
 from airflow_ckpt_provider.core.snapshots.ckptfiles import parse_log_entry
@@ -66,7 +67,7 @@ from airflow_ckpt_provider.runtime.restore_check_verdict import (
 )
 from airflow_ckpt_provider.runtime.sparkchecks import check_executors, check_spark_python, job_session
 from airflow_ckpt_provider.runtime.startup import StartAction, plan_start
-from airflow_ckpt_provider.runtime.staterewrite import KeyDeletion, Rewrite, ValueUpdate, rewrite_state
+from airflow_ckpt_provider.runtime.staterewrite import Rewrite, edit_transform, rewrite_state
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -130,7 +131,7 @@ class RestoreChecker:
         if manifest is None:  # no state: compatible with any code, and nothing to rescale or delete
             if rescale is None and deletion is None:
                 return RestoreCheck(CheckOutcome.COMPATIBLE, note)
-            what = f"rescale to {rescale} partitions" if deletion is None else _describe(deletion)
+            what = f"rescale to {rescale} partitions" if deletion is None else describe_edit(deletion)
             return RestoreCheck(CheckOutcome.BAD_INPUT, f"{what}: {note}")
         with _quiet("airflow_ckpt_provider.core.snapshots.restore"):  # its time-travel warning is about real restores
             restore_snapshot(self.store, manifest.snapshot_id, scratch)
@@ -177,12 +178,12 @@ class RestoreChecker:
             report = replace(report, state_partitions=partitions)
         if rescale is not None and report.compatible:
             report = self._rescaled(report, scratch, manifest, last)
-        if deletion is not None and report.compatible:
+        if deletion is not None and report.compatible and self.config.save_edited:
             report = self._rewritten(report, scratch, manifest, last, deletion)
         return replace(report, reason=f"{report.reason}; {note}") if note else report
 
     def _transform(self, spark: SparkSession, scratch: Storage, manifest: Manifest, rescale: int | None,
-                   deletion: KeyDeletion | ValueUpdate | None) -> tuple[RestoreCheck | None, int | None]:
+                   deletion: StateEdit | None) -> tuple[RestoreCheck | None, int | None]:
         """The copy's state repartitioned into ``rescale`` partitions, or edited (keys deleted, values changed),
         into its next batch (config.check refuses both at once): a refusal's verdict, and the state's partitions."""
         if rescale is not None:
@@ -260,10 +261,10 @@ class RestoreChecker:
             f"{saved.state_partitions} partitions)"))
 
     def _edit(self, spark: SparkSession, scratch: Storage, manifest: Manifest,
-              edit: KeyDeletion | ValueUpdate) -> RestoreCheck | None:
+              edit: StateEdit) -> RestoreCheck | None:
         """``edit`` of the restored copy's state into its next batch (runtime/staterewrite.py); a refusal's verdict,
         or None once the copy holds the rewritten batch."""
-        what = f"{_describe(edit)} in snapshot {manifest.snapshot_id} (batch {manifest.batch_id})"
+        what = f"{describe_edit(edit)} in snapshot {manifest.snapshot_id} (batch {manifest.batch_id})"
         if SparkCheckpoint(scratch).view(manifest.batch_id).next_offsets is not None:
             return RestoreCheck(CheckOutcome.BAD_INPUT, (
                 f"{what}: the snapshot holds batch {manifest.batch_id + 1} planned but not committed; its data would "
@@ -272,10 +273,10 @@ class RestoreChecker:
         log.info("job %s: %s on a copy at %s", self.config.job, what, scratch.url)
         started = time.monotonic()
         if isinstance(edit, KeyDeletion):
-            self.rewrite = rewrite_state(spark, scratch, manifest.batch_id, {edit.operator_id: edit.transform()})
+            self.rewrite = rewrite_state(spark, scratch, manifest.batch_id, {edit.operator_id: edit_transform(edit)})
             touched, verb = self.rewrite.rows_removed, "delete"
         else:
-            self.rewrite = rewrite_state(spark, scratch, manifest.batch_id, changes={edit.table: edit.transform()})
+            self.rewrite = rewrite_state(spark, scratch, manifest.batch_id, changes={edit.table: edit_transform(edit)})
             touched, verb = self.rewrite.rows_changed, "change"
         log.info("job %s: rewrote the state of %s in %.1f s: %s", self.config.job, manifest.snapshot_id,
                  time.monotonic() - started, self.rewrite.describe())
@@ -287,7 +288,7 @@ class RestoreChecker:
         return None
 
     def _rewritten(self, report: RestoreCheck, scratch: Storage, manifest: Manifest, batch: int,
-                   edit: KeyDeletion | ValueUpdate) -> RestoreCheck:
+                   edit: StateEdit) -> RestoreCheck:
         """The edited copy at its rewrite batch, as a new savepoint, once the check's batch proved that the job
         runs on it."""
         from airflow_ckpt_provider.core.snapshots.catalog import create_snapshot
@@ -305,9 +306,9 @@ class RestoreChecker:
         )
         saved = result.manifest
         log.info("job %s: savepoint %s (batch %d) is %s after %s: %s", self.config.job, saved.snapshot_id,
-                 saved.batch_id, manifest.snapshot_id, _describe(edit), self.rewrite.describe())
+                 saved.batch_id, manifest.snapshot_id, describe_edit(edit), self.rewrite.describe())
         return replace(report, rewritten_snapshot_id=saved.snapshot_id, reason=(
-            f"{report.reason}; {_describe(edit)}: {self.rewrite.describe()}; saved as savepoint "
+            f"{report.reason}; {describe_edit(edit)}: {self.rewrite.describe()}; saved as savepoint "
             f"{saved.snapshot_id} (batch {saved.batch_id})"))
 
     def _choose(self, scratch: Storage) -> tuple[Manifest | None, str]:
@@ -513,11 +514,6 @@ def _quiet(logger: str) -> Iterator[None]:
     finally:
         target.setLevel(level)
 
-
-def _describe(edit: KeyDeletion | ValueUpdate) -> str:
-    if isinstance(edit, KeyDeletion):
-        return f"deleting the keys of operator {edit.operator_id} where {edit.where}"
-    return f"setting {', '.join(f'{c} = {e}' for c, e in edit.values.items())} in table {edit.table} where {edit.where}"
 
 
 def _named_sources(scratch: Storage, batch: int) -> dict[str, str | None] | None:

@@ -7,13 +7,13 @@ Design notes: docs/state-processor.md#design-notes-runtimestaterewritepy.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.policy.stateedit import KeyDeletion, ValueUpdate
 from airflow_ckpt_provider.core.store.storage import Storage
 from airflow_ckpt_provider.runtime.stateprocessor import (
     JOIN_SIDES,
@@ -44,70 +44,20 @@ Transform = Callable[["DataFrame"], "DataFrame"]
 CHANGEABLE = (None, "ValueState")
 
 
-@dataclass(frozen=True)
-class KeyDeletion:
-    """Delete from operator ``operator_id``'s state (every store, join side, state variable, timer and TTL entry)
-    the keys ``where`` selects: a Spark SQL predicate over the operator's key columns as ``ckpt state read``
-    names them (``key_<field>``, nested fields ``key_<field>_<field>``)."""
+def edit_transform(edit: KeyDeletion | ValueUpdate) -> Transform:
+    """The function over the rows ``edit`` applies: for a deletion, over an operator's rows (``key_columns``), the
+    rows whose key its predicate does not select; for a value update, over its table's rows, those rows with the
+    columns set where its predicate holds (cast to the columns' types)."""
+    from pyspark.sql import functions as F
 
-    operator_id: int
-    where: str
+    if isinstance(edit, KeyDeletion):
+        return lambda rows: rows.filter(f"NOT coalesce(({edit.where}), false)")
 
-    @classmethod
-    def parse(cls, text: str) -> KeyDeletion:
-        """``OPERATOR:PREDICATE``, e.g. ``0:key_user = 'u-17'``."""
-        op, sep, where = text.partition(":")
-        if not sep or not op.strip().isdigit() or not where.strip():
-            raise ConfigError(f"invalid key deletion {text!r}: expected OPERATOR:PREDICATE, an operator id and a "
-                              "Spark SQL predicate over its key columns, e.g. \"0:key_user = 'u-17'\" (`ckpt state "
-                              "list` shows the operators, `ckpt state read` their key columns)")
-        return cls(int(op), where.strip())
-
-    def __str__(self) -> str:
-        return f"{self.operator_id}:{self.where}"
-
-    def transform(self) -> Transform:
-        """The rows of the operator that are kept: those whose key ``where`` does not select."""
-        return lambda rows: rows.filter(f"NOT coalesce(({self.where}), false)")
-
-
-@dataclass(frozen=True)
-class ValueUpdate:
-    """Set value columns of table ``table`` (``OPERATOR/STORE[/VARIABLE]``) to Spark SQL expressions (``values``:
-    column -> expression, over the table's columns) in the rows ``where`` selects."""
-
-    table: str
-    where: str
-    values: Mapping[str, str]
-
-    @classmethod
-    def parse(cls, text: str) -> ValueUpdate:
-        """The JSON ``{"table": ..., "where": ..., "set": {column: expression}}`` (``str()`` writes it)."""
-        try:
-            body = json.loads(text)
-            update = cls(str(body["table"]), str(body["where"]), {str(k): str(v) for k, v in body["set"].items()})
-        except (ValueError, KeyError, TypeError, AttributeError):
-            update = None
-        if update is None or not update.values or not update.where.strip():
-            raise ConfigError(f"invalid value update {text!r}: expected JSON {{\"table\": \"0/default\", \"where\": "
-                              "PREDICATE, \"set\": {\"value_<column>\": EXPRESSION}} with at least one column")
-        bad = [c for c in update.values if not c.startswith("value_")]
-        if bad:
-            raise ConfigError(f"value update of table {update.table}: expected value columns (value_...), found "
-                              f"{', '.join(bad)}; keys are deleted (`ckpt state delete`), not changed")
-        return update
-
-    def __str__(self) -> str:
-        return json.dumps({"table": self.table, "where": self.where, "set": dict(self.values)}, sort_keys=True)
-
-    def transform(self) -> Transform:
-        from pyspark.sql import functions as F
-
-        def apply(rows: DataFrame) -> DataFrame:
-            chosen = F.coalesce(F.expr(self.where), F.lit(False))
-            return rows.withColumns({c: F.when(chosen, F.expr(e).cast(rows.schema[c].dataType)).otherwise(F.col(c))
-                                     for c, e in self.values.items()})
-        return apply
+    def update(rows: DataFrame) -> DataFrame:
+        chosen = F.coalesce(F.expr(edit.where), F.lit(False))
+        return rows.withColumns({c: F.when(chosen, F.expr(e).cast(rows.schema[c].dataType)).otherwise(F.col(c))
+                                 for c, e in edit.values.items()})
+    return update
 
 
 @dataclass

@@ -298,13 +298,14 @@ def test_a_key_deleted_and_a_value_changed_in_format_v2_savepoints_restore_exact
     from airflow_ckpt_provider.core.errors import ConfigError
     from airflow_ckpt_provider.core.policy.modes import RestoreSpec
     from airflow_ckpt_provider.core.policy.outcomes import CheckOutcome
+    from airflow_ckpt_provider.core.policy.stateedit import ValueUpdate
     from airflow_ckpt_provider.core.snapshots.catalog import create_snapshot, load_manifest
     from airflow_ckpt_provider.core.snapshots.restore import restore_snapshot
     from airflow_ckpt_provider.core.store.jobstore import JobStore
     from airflow_ckpt_provider.runtime.config import RuntimeConfig
     from airflow_ckpt_provider.runtime.restore_check import RestoreChecker
     from airflow_ckpt_provider.runtime.stateprocessor import read_state, snapshot_copy, state_tables
-    from airflow_ckpt_provider.runtime.staterewrite import ValueUpdate, rewrite_state
+    from airflow_ckpt_provider.runtime.staterewrite import rewrite_state
     from tests.jobs import tws_evolve
 
     def counts(files: range) -> Counter[str]:
@@ -350,7 +351,8 @@ def test_a_key_deleted_and_a_value_changed_in_format_v2_savepoints_restore_exact
         update = ValueUpdate("0/default/count", f"key_k = '{changed}'", {"value_n": "value_n + 1000"})
         checker = RestoreChecker(RuntimeConfig(
             job="evolve", store=str(tmp_path / "store"), checkpoint=str(tmp_path / "live"),
-            restore=RestoreSpec.parse(rewritten), check_restore=True, update_values=str(update)),
+            restore=RestoreSpec.parse(rewritten), check_restore=True, update_values=str(update),
+            save_edited=True),
             tws_evolve.__file__, out=io.StringIO())
         checker.run(spark_factory=lambda: spark)
         assert checker.report is not None and checker.report.outcome is CheckOutcome.COMPATIBLE, checker.report

@@ -219,3 +219,59 @@ def _wait_totals(env: RescaleEnv, total: int, log_file: str | None) -> None:
         assert time.monotonic() < deadline, (f"totals short of {total} orders after {TIMEOUT:.0f} s; log "
                                              f"{log_file}:\n" + Path(str(log_file)).read_text()[-3000:])
         time.sleep(0.5)
+
+
+def test_ckpt_job_edit_deletes_a_customers_state_from_the_running_job_through_a_checked_savepoint_exact(
+        env: RescaleEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The State Processor through the upgrade flow (issue 45): ``ckpt job edit --delete-keys`` on the running
+    orders job checks the deletion on a copy of its latest state (a savepoint first: it has none), stops it with a
+    savepoint, deletes customer c001 from that savepoint into a new one, starts the job from it and verifies it.
+    More orders later, c001 counts only the orders after the edit; every other customer is exact."""
+    import json
+    import subprocess
+
+    from airflow_ckpt_provider.core.records.deployments import read_launch
+    from airflow_ckpt_provider.core.records.status import JobState
+    from tests.integration.test_restore_check import CUSTOMERS
+
+    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
+    store = env.store()
+    produce_orders(env.kafka.bootstrap_servers, env.topic, 0, 400)
+    first = env.deploy(checkpoint_interval=None)
+    cli, cli_env = env.rescale_cli(env.work)
+    cli[cli.index("rescale")] = "edit"
+    try:
+        _wait_totals(env, 400, first.log_file)
+        done = subprocess.run([*cli, "--delete-keys", "0:key_customer = 'c001'", "--json"], env=cli_env,
+                              capture_output=True, text=True, timeout=900, check=False)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        result = json.loads(done.stdout)
+        steps = [ln[:3] for ln in done.stderr.splitlines() if ln[:4] in ("1/5 ", "2/5 ", "3/5 ", "4/5 ")]
+        assert steps[:3] == ["1/5"] * 3 and {"2/5", "3/5", "4/5"} <= set(steps), done.stderr[-3000:]
+        assert "deleting the keys of operator 0 where key_customer = 'c001'" in done.stderr
+        source = load_manifest(store, result["snapshot_id"])
+        edited = load_manifest(store, result["rescaled_snapshot_id"])
+        assert source.trigger is Trigger.STOP
+        assert (edited.batch_id, edited.labels["rewritten_from"], edited.labels["keys_deleted"],
+                edited.labels["rows_removed"]) == (source.batch_id + 1, source.snapshot_id, "0:key_customer = 'c001'",
+                                                   "1")
+        last = read_launch(store)
+        assert last is not None and str(last.restore) == edited.snapshot_id
+        produce_orders(env.kafka.bootstrap_servers, env.topic, 400, 200)
+        want = expected_totals(600)
+        after = [i for i in range(400, 600) if i % CUSTOMERS == 1]
+        want["c001"] = (len(after), sum(7 * i % 100 for i in after))
+        _wait_until_totals(env, want, last.log_file)
+    finally:
+        status = env.status()
+        if status is not None and status.state is JobState.RUNNING:
+            env.request(RequestAction.CANCEL, status.epoch)
+
+
+def _wait_until_totals(env: RescaleEnv, want: dict[str, tuple[int, int]], log_file: str | None) -> None:
+    """Until the newest totals are ``want``; the assertion shows both after TIMEOUT."""
+    deadline = time.monotonic() + TIMEOUT
+    while (found := read_totals(env.out)) != want:
+        assert time.monotonic() < deadline, (f"totals {found} are not {want} after {TIMEOUT:.0f} s; log {log_file}:\n"
+                                             + Path(str(log_file)).read_text()[-3000:])
+        time.sleep(0.5)

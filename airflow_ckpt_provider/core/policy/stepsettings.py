@@ -23,6 +23,7 @@ from airflow_ckpt_provider.core.policy.settings import (
     mode,
     setting,
 )
+from airflow_ckpt_provider.core.policy.stateedit import edit_settings, parse_edit
 
 #: More than this many partitions is taken for a typo (Spark would write a RocksDB store for each).
 MAX_PARTITIONS = 10_000
@@ -33,6 +34,7 @@ VERIFY_BATCHES = 2
 
 UPGRADE = "upgrade"
 RESCALE = "rescale"
+EDIT = "edit"  # the running code, its state edited (keys deleted, values set) through a savepoint
 RESTART = "restart"
 #: Seconds a restarted driver gets to run (its launch, spark-submit, a JVM, the restore).
 START_TIMEOUT = 600.0
@@ -82,6 +84,14 @@ class UpgradeSettings(Settings):
         help=f"rescale the state to N partitions (1-{MAX_PARTITIONS}, RocksDB state, upgrade mode savepoint)")
     allow_non_restored_state: bool = setting(
         False, kind=SWITCH, help="let the new code drop state of operators it no longer has")
+    delete_keys: str | None = setting(
+        None, kind=TEXT, none="none", metavar="OP:PREDICATE",
+        help="edit the state in the same run: delete from operator OP the keys a Spark SQL predicate over its key "
+        "columns selects (`ckpt state read` names them); checked on a copy first, applied to the stop's savepoint")
+    update_values: str | None = setting(
+        None, kind=TEXT, none="none", metavar="JSON",
+        help="edit the state in the same run: set value columns of one table where a predicate holds, "
+        "{\"table\": \"0/default\", \"where\": PREDICATE, \"set\": {\"value_<column>\": EXPRESSION}}")
     py_files: tuple[str, ...] | None = setting(
         None, kind=PATHS, none="the recorded deployment's", metavar="A,B",
         help="the new code's own Python modules (spark-submit --py-files; repeatable), instead of the recorded "
@@ -109,9 +119,16 @@ class UpgradeSettings(Settings):
         if self.partitions is not None and self.upgrade_mode is not UpgradeMode.SAVEPOINT:
             raise ConfigError(f"partitions={self.partitions} with upgrade_mode {self.upgrade_mode}: a rescale goes "
                               "through a savepoint; expected upgrade_mode savepoint. Nothing was changed")
-        if self.job_file is None and self.partitions is None:
-            raise ConfigError("expected the new code's job_file (an upgrade) or partitions (a rescale), found "
-                              "neither. Nothing was changed")
+        edit = parse_edit(self.delete_keys, self.update_values)
+        if edit is not None and self.partitions is not None:
+            raise ConfigError("an edit of the state (delete_keys, update_values) and partitions are separate runs: "
+                              "edit first, then rescale. Nothing was changed")
+        if edit is not None and self.upgrade_mode is not UpgradeMode.SAVEPOINT:
+            raise ConfigError(f"an edit of the state with upgrade_mode {self.upgrade_mode}: an edit goes through a "
+                              "savepoint; expected upgrade_mode savepoint. Nothing was changed")
+        if self.job_file is None and self.partitions is None and edit is None:
+            raise ConfigError("expected the new code's job_file (an upgrade), partitions (a rescale) or an edit of "
+                              "the state (delete_keys, update_values), found none. Nothing was changed")
         if self.job_file is None and (self.py_files is not None or self.files is not None):
             raise ConfigError("py_files/files given without job_file, but a rescale keeps the running code and the "
                               "files it ships; expected none: upgrade instead (job_file with py_files/files) to "
@@ -126,8 +143,16 @@ class UpgradeSettings(Settings):
 
     @property
     def what(self) -> str:
-        """upgrade or rescale."""
-        return UPGRADE if self.job_file else RESCALE
+        """upgrade, rescale or edit."""
+        if self.job_file:
+            return UPGRADE
+        return RESCALE if self.partitions is not None else EDIT
+
+    @property
+    def edit(self) -> dict[str, str] | None:
+        """The state edit asked for, as the settings that ask for it (``edit_settings``), None without one."""
+        edit = parse_edit(self.delete_keys, self.update_values)
+        return None if edit is None else edit_settings(edit)
 
     @property
     def wait_timeout(self) -> float:

@@ -65,6 +65,9 @@ class CheckStarted(Record, frozen=True):
     restore: str = "latest-state"  # the state checked: a rescale's names its savepoint
     rescale_to: int | None = None  # repartition the copy's state into this many partitions first
     save_rescaled: bool = False  # and save it as a savepoint once the check passed
+    delete_keys: str | None = None  # an edit of the copy's state first: keys deleted (OPERATOR:PREDICATE)
+    update_values: str | None = None  # or values set (JSON)
+    save_edited: bool = False  # and save it as a savepoint once the check passed
 
     @property
     def deadline(self) -> float:
@@ -82,6 +85,8 @@ class CheckStarted(Record, frozen=True):
     def describe(self) -> str:
         pid = "not spawned yet" if self.pid is None else f"pid {self.pid}"
         what = "restore check" if self.rescale_to is None else f"rescale to {self.rescale_to} partitions"
+        if self.delete_keys is not None or self.update_values is not None:
+            what = "restore check of a state edit"
         return (f"{what} {self.check_id} of {self.job_file} ({pid} on {self.host}, started at "
                 f"{_hms(self.started_at)} by {self.started_by})")
 

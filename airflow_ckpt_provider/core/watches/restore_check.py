@@ -80,4 +80,5 @@ class RestoreCheckWatch:
                 "reason": ended.reason if ended is not None else message,
                 "snapshot_id": report.get("snapshot_id"), "batch_id": report.get("batch_id"),
                 "seconds": report.get("seconds"), "state_partitions": report.get("state_partitions"),
-                "rescaled_snapshot_id": report.get("rescaled_snapshot_id")}
+                "rescaled_snapshot_id": report.get("rescaled_snapshot_id"),
+                "rewritten_snapshot_id": report.get("rewritten_snapshot_id")}

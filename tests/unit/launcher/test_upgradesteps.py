@@ -11,6 +11,7 @@ import pytest
 
 from airflow_ckpt_provider.core.errors import ConfigError
 from airflow_ckpt_provider.core.policy.modes import LATEST_STATE, RestoreMode, RestoreSpec, UpgradeMode
+from airflow_ckpt_provider.core.policy.stepsettings import EDIT, UpgradeSettings
 from airflow_ckpt_provider.core.records.control import RequestAction
 from airflow_ckpt_provider.core.snapshots.manifest import RESCALED_FROM, Trigger
 from airflow_ckpt_provider.launcher.upgradesteps import (
@@ -377,3 +378,53 @@ def test_a_restart_that_cannot_launch_or_does_not_run_fails_without_a_rollback()
                         "driver was stopped before: it does not run now")
     step = decide(replace(stopped_plan, launch=LAUNCH), Verified(False, "job orders: FAILED"))[1]
     assert step == Fail("restart of job orders: job orders: FAILED")
+
+
+# -- an edit of the state: the rescale's path with the plan's edit ------------------------------------------------
+
+EDIT_KEYS = {"delete_keys": "0:key_k = 'a'"}
+
+
+def test_an_edit_is_checked_applied_to_the_stops_savepoint_started_and_rolled_back_to_the_unedited_state() -> None:
+    plan = plan_of(EDIT, edit=EDIT_KEYS, savepoint_first=True)
+    assert plan.target() == "its state edited (deleting the keys of operator 0 where key_k = 'a')"
+    assert decide(plan, Began(Running(3)))[1] == TakeSavepoint(3)  # nothing to check against: a savepoint first
+    assert decide(plan, Began(Running(3), latest=manifest()))[1] == Check(None)
+    assert decide(plan, Checked("compatible", running=Running(3)))[1] == Stop(RequestAction.STOP, 3)
+    refused = refusal(decide(plan, Checked("bad-input", "the predicate selects no row"))[1])
+    assert refused == ("edit of job orders to its state edited (deleting the keys of operator 0 where key_k = 'a') "
+                       "refused before anything was stopped: the predicate selects no row; the job runs as before")
+    plan, step = decide(plan, Stopped(S))
+    assert step == Rescale(S, None) and plan.snapshot_id == S
+    _, failed = decide(plan, Rescaled("incompatible", "no"))
+    assert failed == RollBack(f"the edit of savepoint {S} (deleting the keys of operator 0 where key_k = 'a'): "
+                              "incompatible: no", None, RestoreSpec(RestoreMode.SNAPSHOT, S))
+    plan, step = decide(plan, Rescaled("compatible", rescaled_snapshot_id=R))
+    assert step == Start(RestoreSpec(RestoreMode.SNAPSHOT, R))
+    plan, step = decide(plan, Started(LAUNCH))
+    _, step = decide(plan, Verified(False, "unhealthy"))
+    assert step == RollBack("unhealthy", R, RestoreSpec(RestoreMode.SNAPSHOT, S))  # the edited savepoint goes
+    _, step = decide(plan, RolledBack("unhealthy", healthy=True, epoch=5))
+    assert isinstance(step, Fail) and step.message.endswith(
+        f"rolled back to v1 from {S} on its state as it was before the edit: it runs again (epoch 5)")
+
+
+def test_an_edit_of_a_job_that_does_not_run_is_refused_saying_how_to_edit_its_savepoint() -> None:
+    why = refusal(decide(plan_of(EDIT, edit=EDIT_KEYS), Began(Running(None), latest=manifest()))[1])
+    assert "it is not running, so no savepoint can be taken; edit its latest savepoint with `ckpt state " \
+           "delete|update`" in why
+
+
+def test_edit_settings_refuse_a_rescale_in_the_same_run_and_another_upgrade_mode() -> None:
+    assert UpgradeSettings(delete_keys="0:key_k = 1").what == EDIT
+    assert UpgradeSettings(delete_keys="0:key_k = 1").edit == {"delete_keys": "0:key_k = 1"}
+    assert UpgradeSettings(job_file="v2.py", delete_keys="0:key_k = 1").what == "upgrade"
+    with pytest.raises(ConfigError, match=r"an edit of the state .* and partitions are separate runs"):
+        UpgradeSettings(delete_keys="0:key_k = 1", partitions=4).check()
+    with pytest.raises(ConfigError, match="an edit goes through a savepoint; expected upgrade_mode savepoint"):
+        UpgradeSettings(job_file="v2.py", delete_keys="0:key_k = 1", upgrade_mode=UpgradeMode.LAST_STATE).check()
+    with pytest.raises(ConfigError, match="expected OPERATOR:PREDICATE"):
+        UpgradeSettings(delete_keys="key_k = 1").check()
+    with pytest.raises(ConfigError, match=r"expected the new code's job_file \(an upgrade\), partitions \(a rescale\) "
+                                          r"or an edit of the state"):
+        UpgradeSettings().check()

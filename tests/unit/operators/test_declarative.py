@@ -55,7 +55,7 @@ def test_template_fields_and_extra_links() -> None:
         "checkpoint", "checkpoint_interval", "savepoint_interval")
     assert ops["UpgradeStreamingJobOperator"].template_fields == (
         "job", "store_url", "job_file", "code_version", "upgrade_mode", "allow_non_restored_state", "verify_batches",
-        "partitions", "py_files", "files")
+        "partitions", "py_files", "files", "delete_keys", "update_values")
     assert ops["RescaleStreamingJobOperator"].template_fields == ops["UpgradeStreamingJobOperator"].template_fields
     assert ops["RestartStreamingJobOperator"].template_fields == ("job", "store_url", "restore", "stop_mode",
                                                                   "supervision")

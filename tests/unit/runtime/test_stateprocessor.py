@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.policy.stateedit import KeyDeletion, ValueUpdate
 from airflow_ckpt_provider.runtime.config import RuntimeConfig
 from airflow_ckpt_provider.runtime.stateprocessor import StateTable, check_spark, find_table
-from airflow_ckpt_provider.runtime.staterewrite import KeyDeletion, Rewrite, StoreRewrite, ValueUpdate
+from airflow_ckpt_provider.runtime.staterewrite import Rewrite, StoreRewrite
 
 
 def test_only_the_tested_spark_versions_read_state() -> None:

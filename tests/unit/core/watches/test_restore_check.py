@@ -15,7 +15,7 @@ from tests.support.watchrecords import T0, check_ended, check_started
 
 HERE = "worker-1"
 PAYLOAD_KEYS = {"status", "message", "job", "check_id", "reason", "snapshot_id", "batch_id", "seconds",
-                "state_partitions", "rescaled_snapshot_id"}
+                "state_partitions", "rescaled_snapshot_id", "rewritten_snapshot_id"}
 
 
 def probe(alive: set[int]) -> Callable[[int], bool]:
@@ -36,7 +36,7 @@ def test_the_verdict_of_its_own_check_is_the_event(store: JobStore, outcome: Che
     event = w.poll(T0 + 60)
     assert event == {"status": outcome.value, "job": "orders", "check_id": "C2", "reason": "the verdict of C2",
                      "snapshot_id": "savepoint-7-x", "batch_id": 7, "seconds": 41.5, "state_partitions": None,
-                     "rescaled_snapshot_id": None,
+                     "rescaled_snapshot_id": None, "rewritten_snapshot_id": None,
                      "message": f"job orders: restore check C2 of snapshot savepoint-7-x: {outcome.value}: "
                                 "the verdict of C2"}
     assert event["status"] in CHECK_EVENTS
