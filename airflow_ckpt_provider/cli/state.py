@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from airflow_ckpt_provider.cli.common import add_store_args, emit, store_and_snapshot, table
+from airflow_ckpt_provider.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -127,6 +128,29 @@ def cmd_update(args: argparse.Namespace) -> int:
                  f"{args.where}", update_values=str(ValueUpdate.parse(str(update))))
 
 
+def cmd_sample(args: argparse.Namespace) -> int:
+    import getpass
+    import socket
+    import time
+
+    from airflow_ckpt_provider.core.records.statesample import StateSample, write_sample
+    from airflow_ckpt_provider.runtime.stateprocessor import sample_state, snapshot_copy
+
+    if args.rows < 1:
+        raise ConfigError(f"--rows: expected at least 1 row per table, found {args.rows}")
+    store, snapshot_id = store_and_snapshot(args)
+    with _session(args.master) as spark, snapshot_copy(store, snapshot_id) as (manifest, checkpoint):
+        tables = sample_state(spark, checkpoint, manifest.batch_id, args.rows)
+    sample = StateSample(snapshot_id=manifest.snapshot_id, batch_id=manifest.batch_id, taken_at=time.time(),
+                         taken_by=f"{getpass.getuser()}@{socket.gethostname()} (ckpt state sample)", tables=tables)
+    write_sample(store, sample)
+    emit(args, sample.to_dict(), lambda: f"state sample of snapshot {manifest.snapshot_id} (batch {manifest.batch_id}) "
+         f"written to {store.storage.uri(sample.key)}: " + (", ".join(
+             f"{t.name} {len(t.rows)} of {t.rows_total} rows" for t in tables) or "no state (a stateless query)")
+         + "; the Streaming Jobs page shows it")
+    return 0
+
+
 def add_state_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     state = groups.add_parser("state", help="read a snapshot's keyed state, delete keys or change values into a new "
                               "savepoint (the State Processor)")
@@ -141,6 +165,9 @@ def add_state_commands(groups: argparse._SubParsersAction[argparse.ArgumentParse
         return p
 
     add("list", cmd_list, "list the state tables of a snapshot: each operator's stores and state variables")
+    p = add("sample", cmd_sample, "read the first rows of every state table of a snapshot into the job store, where "
+            "the Streaming Jobs page shows them")
+    p.add_argument("--rows", type=int, default=10, help="rows per table (default 10)")
     p = add("read", cmd_read, "read one state table: a sample, or all of it into Parquet, CSV or JSON")
     p.add_argument("--table", required=True, help="the table as `ckpt state list` names it: OPERATOR/STORE[/VARIABLE]")
     p.add_argument("--output", help="write every row here (a new directory); without it, print a sample")

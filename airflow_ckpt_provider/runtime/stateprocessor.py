@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_ckpt_provider.core.errors import ConfigError
+from airflow_ckpt_provider.core.records.statesample import SampledTable
 from airflow_ckpt_provider.core.snapshots.catalog import load_manifest
 from airflow_ckpt_provider.core.snapshots.checkpoint import SparkCheckpoint
 from airflow_ckpt_provider.core.snapshots.manifest import Manifest
@@ -194,3 +195,16 @@ def export_state(frame: DataFrame, fmt: str, output: str) -> int:
         return rows
     finally:
         frame.unpersist()
+
+
+def sample_state(spark: SparkSession, checkpoint: str, batch_id: int, rows: int) -> list[SampledTable]:
+    """The first ``rows`` rows (values as text) and the row count of every table of the checkpoint at ``batch_id``:
+    what the job page shows of a snapshot's state (``ckpt state sample``)."""
+    sampled: list[SampledTable] = []
+    for table in state_tables(spark, checkpoint):
+        frame = read_state(spark, checkpoint, batch_id, table).drop("operator_id", "table")
+        first = frame.limit(rows).collect()
+        sampled.append(SampledTable(table.name, table.operator, table.partitions, table.variable_type,
+                                    list(frame.columns), [["" if v is None else str(v) for v in r] for r in first],
+                                    frame.count()))
+    return sampled

@@ -233,7 +233,9 @@ def test_the_state_processor_reads_every_key_of_a_snapshot_exactly_in_format_v1_
         spark: Any, tmp_path: Path, fmt: str) -> None:
     """The State Processor's reading side (issue 45): a savepoint of an aggregation (RocksDB with changelog
     checkpointing) read after its checkpoint is gone: one table, every key with its count and sum as columns, the
-    same rows exported as JSON; the copy it read is removed after."""
+    same rows exported as JSON; the copy it read is removed after. The CLI (format v2) writes CSV, refuses an unknown
+    table, and writes the sample the job page shows."""
+    from airflow_ckpt_provider.core.records.statesample import latest_sample
     from airflow_ckpt_provider.core.snapshots.catalog import create_snapshot
     from airflow_ckpt_provider.core.store.jobstore import JobStore
     from airflow_ckpt_provider.runtime.stateprocessor import (
@@ -281,6 +283,17 @@ def test_the_state_processor_reads_every_key_of_a_snapshot_exactly_in_format_v1_
                                  timeout=300)
         assert refused.returncode == 1
         assert "no state table '3/default' in the snapshot; expected one of: 0/default" in refused.stderr
+        # The sample the Streaming Jobs page shows: written to the job store by `ckpt state sample`.
+        sampled = subprocess.run([*ckpt_state[:4], "sample", *ckpt_state[5:], "--rows", "3"], check=False,
+                                 capture_output=True, text=True, timeout=300)
+        assert sampled.returncode == 0, sampled.stderr[-2000:]
+        sample = latest_sample(store)
+        assert sample is not None and (sample.snapshot_id, sample.batch_id) == (snapshot_id, manifest.batch_id)
+        (table,) = sample.tables
+        assert (table.name, table.columns, table.rows_total) == (
+            "0/default", ["key_k", "value_count", "value_sum", "partition_id"], len(rows))
+        assert len(table.rows) == 3 and all(
+            wl.expected(3)[k] == (int(n), int(total)) for k, n, total, _ in table.rows), table.rows
 
 
 def test_a_key_deleted_and_a_value_changed_in_format_v2_savepoints_restore_exactly_the_source_untouched(

@@ -31,7 +31,7 @@ MODULES = ("airflow_ckpt_provider.core.records.status", "airflow_ckpt_provider.c
            "airflow_ckpt_provider.core.records.supervision", "airflow_ckpt_provider.core.records.restore_check",
            "airflow_ckpt_provider.core.snapshots.manifest", "airflow_ckpt_provider.core.records.pending",
            "airflow_ckpt_provider.core.snapshots.gc", "airflow_ckpt_provider.core.records.ownership",
-           "airflow_ckpt_provider.core.records.operations",
+           "airflow_ckpt_provider.core.records.operations", "airflow_ckpt_provider.core.records.statesample",
            # the ckpt-files sink's own records, kept in its output location (keys beginning <sink>/)
            "airflow_ckpt_provider.sinks.filelayout", "airflow_ckpt_provider.sinks.timelines")
 

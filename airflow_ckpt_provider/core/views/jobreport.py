@@ -25,6 +25,7 @@ from airflow_ckpt_provider.core.records.deployments import Launch, read_launch
 from airflow_ckpt_provider.core.records.operations import read_operation
 from airflow_ckpt_provider.core.records.ownership import handed_key, read_owner
 from airflow_ckpt_provider.core.records.start import StartRecord, read_starts
+from airflow_ckpt_provider.core.records.statesample import latest_sample
 from airflow_ckpt_provider.core.records.status import ACTIVE_STATES, JobStatus
 from airflow_ckpt_provider.core.records.supervision import observe_supervision
 from airflow_ckpt_provider.core.snapshots.catalog import latest_completed, load_manifest
@@ -128,6 +129,9 @@ class JobReport:
     #: Who supervises the job when it was handed to the supervision service (the owning instance and the ownership's
     #: epoch), None when it never was (its supervisor runs where it was launched).
     service: str | None = None
+    #: The newest state sample of one of its snapshots (core/records/statesample.py, ``ckpt state sample``), None
+    #: without one.
+    state_sample: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "summary": summary_dict(self.summary)}
@@ -288,7 +292,8 @@ def job_report(store: JobStore, *, now: float | None = None, cache: ManifestCach
         in_driver_restarts=tuple(reversed(s.restarts)) if s else (),
         last_launch=_launch_dict(last), stable_launch=_launch_dict(stable),
         spark_ui=s.ui_url if s and summary.live else None, supervisor=supervisor,
-        history=tuple(reversed(history(starts, s))), operation=_operation(store), service=service_owner(store))
+        history=tuple(reversed(history(starts, s))), operation=_operation(store), service=service_owner(store),
+        state_sample=sample.to_dict() if (sample := latest_sample(store)) is not None else None)
 
 
 def service_owner(store: JobStore) -> str | None:

@@ -244,3 +244,23 @@ def test_the_page_and_ckpt_job_status_show_the_drivers_store_request_rate_and_it
     assert f'<td data-testid="store-cost">{cost}</td>' in page
     assert main(["job", "status", "--store", str(store.root.url), "--job", "orders"]) == 0
     assert f"store requests: by the driver: {cost}" in capsys.readouterr().out
+
+
+def test_the_job_page_shows_the_newest_state_sample_or_how_to_take_one(client: TestClient, store: JobStore) -> None:
+    from airflow_ckpt_provider.core.records.statesample import KEPT, SAMPLES, SampledTable, StateSample, write_sample
+
+    running(store)
+    page = client.get("/jobs/ckpt_store_default/orders", headers={"Accept": "text/html"}).text
+    assert "no state sample yet: <code>ckpt state sample SNAPSHOT --store STORE --job orders</code>" in page
+    table = SampledTable("0/default", "stateStoreSave", 2, None, ["key_k", "value_count", "partition_id"],
+                         [["a", "3", "0"], ["b<script>", "", "1"]], 7)
+    for i in range(KEPT + 2):  # the older ones beyond KEPT go
+        write_sample(store, StateSample(snapshot_id=f"savepoint-{i}-x", batch_id=i, taken_at=1_800_000_000.0 + i,
+                                        taken_by="alice@host (ckpt state sample)", tables=[table]))
+    assert len(list(store.storage.list(SAMPLES))) == KEPT
+    page = client.get("/jobs/ckpt_store_default/orders", headers={"Accept": "text/html"}).text
+    assert f"snapshot <span class=\"mono\">savepoint-{KEPT + 1}-x</span> (batch {KEPT + 1}), sampled" in page
+    assert "stateStoreSave, 2 partitions: 2 of 7 rows" in page
+    assert '<td class="mono">b&lt;script&gt;</td>' in page  # values are escaped
+    sample = client.get("/api/jobs/ckpt_store_default/orders").json()["state_sample"]
+    assert (sample["snapshot_id"], sample["tables"][0]["rows"][0]) == (f"savepoint-{KEPT + 1}-x", ["a", "3", "0"])
