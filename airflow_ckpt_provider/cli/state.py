@@ -6,6 +6,7 @@ touched."""
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -100,7 +101,10 @@ def _edit(args: argparse.Namespace, what: str, *, delete_keys: str | None = None
     data = {**report.to_dict(), "rows_removed": done.rows_removed if done else 0,
             "rows_changed": done.rows_changed if done else 0}
     if report.rewritten_snapshot_id is None:
-        emit(args, data, lambda: f"no savepoint written: {report.outcome.value}: {report.reason}")
+        if args.json:
+            emit(args, data, str)
+        else:
+            print(f"error: no savepoint written: {report.outcome.value}: {report.reason}", file=sys.stderr)
         return code or 1
     emit(args, data, lambda: f"savepoint {report.rewritten_snapshot_id}: snapshot {snapshot_id} {what} "
          f"({data['rows_removed']} state rows removed, {data['rows_changed']} values changed); the restore check of "
@@ -114,7 +118,6 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_update(args: argparse.Namespace) -> int:
-    from airflow_ckpt_provider.core.errors import ConfigError
     from airflow_ckpt_provider.core.policy.stateedit import ValueUpdate
 
     values: dict[str, str] = {}

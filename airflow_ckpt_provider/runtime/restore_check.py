@@ -127,11 +127,11 @@ class RestoreChecker:
         build = self._load()
         manifest, note = self._choose(scratch)
         rescale = self.config.rescale_to
-        deletion = self.config.state_edit()
-        if manifest is None:  # no state: compatible with any code, and nothing to rescale or delete
-            if rescale is None and deletion is None:
+        edit = self.config.state_edit()
+        if manifest is None:  # no state: compatible with any code, and nothing to rescale or edit
+            if rescale is None and edit is None:
                 return RestoreCheck(CheckOutcome.COMPATIBLE, note)
-            what = f"rescale to {rescale} partitions" if deletion is None else describe_edit(deletion)
+            what = f"rescale to {rescale} partitions" if edit is None else describe_edit(edit)
             return RestoreCheck(CheckOutcome.BAD_INPUT, f"{what}: {note}")
         with _quiet("airflow_ckpt_provider.core.snapshots.restore"):  # its time-travel warning is about real restores
             restore_snapshot(self.store, manifest.snapshot_id, scratch)
@@ -139,11 +139,11 @@ class RestoreChecker:
         lacking = check_spark_python(spark) or check_executors(spark, self.config.executor_timeout)
         if lacking:  # the same the job's driver refuses: no verdict about the state
             return RestoreCheck(CheckOutcome.INCONCLUSIVE, reason=lacking)
-        failure, partitions = self._transform(spark, scratch, manifest, rescale, deletion)
+        failure, partitions = self._transform(spark, scratch, manifest, rescale, edit)
         if failure is not None:
             return replace(failure, snapshot_id=manifest.snapshot_id, batch_id=manifest.batch_id,
                            state_partitions=manifest.state_partitions)
-        last = manifest.batch_id + (rescale is not None or deletion is not None)  # the repartition's or rewrite's
+        last = manifest.batch_id + (rescale is not None or edit is not None)  # the repartition's or rewrite's
         batch = plan_empty_batch(scratch, last)
         listed = [o.key for o in scratch.list("state/")]
         before, schemas = state_files(listed), _schemas(scratch, listed)
@@ -178,18 +178,21 @@ class RestoreChecker:
             report = replace(report, state_partitions=partitions)
         if rescale is not None and report.compatible:
             report = self._rescaled(report, scratch, manifest, last)
-        if deletion is not None and report.compatible and self.config.save_edited:
-            report = self._rewritten(report, scratch, manifest, last, deletion)
+        if edit is not None and report.compatible:
+            assert self.rewrite is not None  # _edit rewrote the copy
+            report = self._rewritten(report, scratch, manifest, last, edit) if self.config.save_edited else replace(
+                report, reason=f"{report.reason}; {describe_edit(edit)}: {self.rewrite.describe()} (a check: nothing "
+                "saved)")
         return replace(report, reason=f"{report.reason}; {note}") if note else report
 
     def _transform(self, spark: SparkSession, scratch: Storage, manifest: Manifest, rescale: int | None,
-                   deletion: StateEdit | None) -> tuple[RestoreCheck | None, int | None]:
+                   edit: StateEdit | None) -> tuple[RestoreCheck | None, int | None]:
         """The copy's state repartitioned into ``rescale`` partitions, or edited (keys deleted, values changed),
         into its next batch (config.check refuses both at once): a refusal's verdict, and the state's partitions."""
         if rescale is not None:
             return self._repartition(spark, scratch, manifest, rescale)
-        if deletion is not None:
-            return self._edit(spark, scratch, manifest, deletion), manifest.state_partitions
+        if edit is not None:
+            return self._edit(spark, scratch, manifest, edit), manifest.state_partitions
         return None, manifest.state_partitions
 
     def _repartition(self, spark: SparkSession, scratch: Storage, manifest: Manifest,

@@ -152,6 +152,9 @@ def rewrite_state(spark: SparkSession, checkpoint: Storage, batch_id: int,
         raise
     finally:
         py4j_log.setLevel(level)
+        for edit in (e for found in edits.values() for e in found):
+            for frame in edit.cached:
+                frame.unpersist()
     metadata = jvm.org.apache.spark.sql.execution.streaming.runtime.StreamingQueryCheckpointMetadata(
         session, checkpoint.url, False)
     commits = metadata.commitLog()
@@ -163,25 +166,32 @@ def rewrite_state(spark: SparkSession, checkpoint: Storage, batch_id: int,
 
 class _Edit:
     """One edit of an operator's rows: ``apply`` gets the rewriter's rows of one store and returns the new ones
-    (None: this store is not its business), with the counts for the report."""
+    (None: this store is not its business), with the counts for the report. The frames it caches (counted, then
+    written by the rewriter after ``apply`` returned) are kept in ``cached`` for ``rewrite_state`` to release."""
+
+    cached: list[DataFrame]
 
     def apply(self, rows: DataFrame, store: str) -> tuple[DataFrame, StoreRewrite] | None:
         raise NotImplementedError
+
+    def cache(self, frame: DataFrame) -> DataFrame:
+        self.cached.append(frame.cache())
+        return frame
 
 
 @dataclass
 class _Deletion(_Edit):
     operator_id: int
     keep: Transform
+    cached: list[DataFrame] = field(default_factory=list)
 
     def apply(self, rows: DataFrame, store: str) -> tuple[DataFrame, StoreRewrite] | None:
         given = key_columns(rows)
         kept = self.keep(given)
         _same_columns(f"the state transform of operator {self.operator_id}", given, kept)
-        kept = kept.select(*RAW_COLUMNS).cache()
+        kept = self.cache(kept.select(*RAW_COLUMNS))
         added = kept.exceptAll(rows).count()
         if added:
-            kept.unpersist()
             raise ConfigError(
                 f"the state transform of operator {self.operator_id} returned {added} rows it was not given: "
                 "expected a subset of the rows (a deletion only removes rows)")
@@ -195,6 +205,7 @@ class _ValueChange(_Edit):
     key: StructType
     value: StructType
     change: Transform
+    cached: list[DataFrame] = field(default_factory=list)
 
     @classmethod
     def of(cls, spark: SparkSession, checkpoint: str, batch_id: int, table: StateTable,
@@ -230,8 +241,8 @@ class _ValueChange(_Edit):
             return None
         family = F.col("column_family_name") == self.column_family
         mine, rest = rows.filter(family), rows.filter(~family)
-        decoded = mine.select(_decoder(self.key)("key_bytes").alias("_key"),
-                              _decoder(self.value)("value_bytes").alias("_value"), *RAW_COLUMNS).cache()
+        decoded = self.cache(mine.select(_decoder(self.key)("key_bytes").alias("_key"),
+                                         _decoder(self.value)("value_bytes").alias("_value"), *RAW_COLUMNS))
         what = f"table {self.table.name}"
         # Exact or refused: every row's key and value written back as they were read, bit for bit.
         inexact = decoded.filter((_encoder(self.key)("_key") != F.col("key_bytes"))
@@ -244,8 +255,8 @@ class _ValueChange(_Edit):
                                *flat_columns(self.value, ("_value",), ("value",)), *RAW_COLUMNS)
         changed = self.change(given)
         _same_columns(f"the value change of {what}", given, changed)
-        out = changed.select(_nest(self.key, "key").alias("_key"), _nest(self.value, "value").alias("_value"),
-                             *RAW_COLUMNS).cache()
+        out = self.cache(changed.select(_nest(self.key, "key").alias("_key"),
+                                        _nest(self.value, "value").alias("_value"), *RAW_COLUMNS))
         moved = out.filter(_encoder(self.key)("_key") != F.col("key_bytes")).count()
         strange = out.join(mine.select("key_bytes"), "key_bytes", "left_anti").count()
         twice = out.groupBy("key_bytes").count().filter("count > 1").count()
@@ -253,8 +264,8 @@ class _ValueChange(_Edit):
             raise ConfigError(f"the value change of {what} returned {moved} rows with a changed key, {strange} rows it "
                               f"was not given and {twice} keys more than once: expected each key at most once, as "
                               "given (a value change changes value columns; keys are deleted, not changed)")
-        written = out.select("partition_key", "key_bytes", _encoder(self.value)("_value").alias("value_bytes"),
-                             "column_family_name").cache()
+        written = self.cache(out.select("partition_key", "key_bytes",
+                                        _encoder(self.value)("_value").alias("value_bytes"), "column_family_name"))
         before = mine.select("key_bytes", F.col("value_bytes").alias("_before"))
         differ = written.join(before, "key_bytes").filter(F.col("value_bytes") != F.col("_before")).count()
         report = StoreRewrite(self.table.operator_id, f"{store} ({self.table.name})", decoded.count(),
@@ -318,7 +329,7 @@ class _StoreCallback:
             options = jdf.queryExecution().logical().options()
             operator_id, store = int(options.get("operatorId").get()), str(options.get("storeName").get())
             rows = DataFrame(jdf, self.spark)
-            partitions, touched = rows.rdd.getNumPartitions(), False
+            partitions, touched = jdf.rdd().getNumPartitions(), False
             for edit in self.edits.get(operator_id, []):
                 done = edit.apply(rows, store)
                 if done is not None:

@@ -303,7 +303,8 @@ def test_a_key_deleted_and_a_value_changed_in_format_v2_savepoints_restore_exact
     savepoint once the restore check of the job file passed on it; the source savepoint still holds every key; a
     value change of another key (the check in this process) makes a third savepoint; the job restored from it and
     fed one more file counts the deleted key from zero, the changed key on from its new count and every other key on
-    from its count. A transform that changes the schema, or returns rows it was not given, is refused."""
+    from its count. A predicate that selects no key, a transform that changes the schema or returns rows it was not
+    given, is refused, with no savepoint written."""
     from collections import Counter
 
     from pyspark.sql import functions as F
@@ -312,7 +313,7 @@ def test_a_key_deleted_and_a_value_changed_in_format_v2_savepoints_restore_exact
     from airflow_ckpt_provider.core.policy.modes import RestoreSpec
     from airflow_ckpt_provider.core.policy.outcomes import CheckOutcome
     from airflow_ckpt_provider.core.policy.stateedit import ValueUpdate
-    from airflow_ckpt_provider.core.snapshots.catalog import create_snapshot, load_manifest
+    from airflow_ckpt_provider.core.snapshots.catalog import create_snapshot, list_snapshots, load_manifest
     from airflow_ckpt_provider.core.snapshots.restore import restore_snapshot
     from airflow_ckpt_provider.core.store.jobstore import JobStore
     from airflow_ckpt_provider.runtime.config import RuntimeConfig
@@ -374,6 +375,15 @@ def test_a_key_deleted_and_a_value_changed_in_format_v2_savepoints_restore_exact
         assert updated is not None and load_manifest(store, updated).labels["rows_changed"] == "1"
         now = {k: n + (1000 if k == changed else 0) for k, n in before.items() if k != victim}
         assert state_of(store, updated) == now
+        saved = {m.snapshot_id for m in list_snapshots(store)}
+        nobody = RestoreChecker(RuntimeConfig(
+            job="evolve", store=str(tmp_path / "store"), checkpoint=str(tmp_path / "live"),
+            restore=RestoreSpec.parse(updated), check_restore=True, delete_keys="0:key_k = 'nobody'",
+            save_edited=True), tws_evolve.__file__, out=io.StringIO())
+        nobody.run(spark_factory=lambda: spark)  # a predicate that selects nothing: refused, no savepoint
+        assert nobody.report is not None and nobody.report.outcome is CheckOutcome.BAD_INPUT, nobody.report
+        assert "expected at least one state row to delete, found none" in nobody.report.reason
+        assert {m.snapshot_id for m in list_snapshots(store)} == saved
 
         restore_snapshot(store, updated, LocalStorage(tmp_path / "restored"))
         write_input(tmp_path / "in", 2)
