@@ -228,7 +228,11 @@ def test_a_format_v2_view_holds_the_committed_unique_ids_files_and_restores_exac
     assert (moved / "commits/4").read_text().startswith("v2\n")  # the restored checkpoint stays in format v2
 
 
-@pytest.mark.parametrize("fmt", ["1", "2"])
+@pytest.mark.parametrize("fmt", [
+    pytest.param("1", marks=pytest.mark.full(
+        proven_by="integration/test_state_matrix_v1.py (the State Processor reads every table of a format v1 "
+                  "savepoint of eight operators, each exact)")),
+    "2"])
 def test_the_state_processor_reads_every_key_of_a_snapshot_exactly_in_format_v1_and_v2(
         spark: Any, tmp_path: Path, fmt: str) -> None:
     """The State Processor's reading side (issue 45): a savepoint of an aggregation (RocksDB with changelog

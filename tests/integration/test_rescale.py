@@ -3,8 +3,9 @@
 ``ckpt job rescale`` moves a running deployment of orders_v1 from 2 to 4 state partitions (check on a copy, stop
 with savepoint, repartition and save, start, verify). Its process is killed with kill -9 once the repartitioned
 savepoint is saved; run again, it starts the job from that savepoint. The totals stay exact, and a second rescale
-to the same count is refused with the driver, its lease and the snapshots untouched. With ``--full``, the
-rescale step alone:
+to the same count is refused with the driver, its lease and the snapshots untouched. Then ``ckpt job edit`` deletes a
+customer's state the same way (issue 45's State Processor through the upgrade flow): afterwards that customer counts
+only the orders after the edit, every other one exactly. With ``--full``, the rescale step alone:
 
 orders_v1 (a streaming aggregation per customer) runs with 2 state partitions and stops with a savepoint; the
 rescale step (``ckpt run --check-restore --restore <savepoint> --rescale-to 5 --save-rescaled``, as a rescale
@@ -144,7 +145,7 @@ def test_state_rescaled_2_to_5_to_3_through_savepoints_keeps_the_totals_exact(en
     assert [m.snapshot_id for m in list_snapshots(env.store())] == snapshots
 
 
-def test_ckpt_job_rescale_moves_a_deployment_to_4_partitions_through_a_kill_and_refuses_the_same_count_untouched(
+def test_ckpt_job_rescale_moves_a_deployment_to_4_partitions_through_a_kill_refuses_the_same_count_then_edit_deletes(
         env: RescaleEnv, monkeypatch: pytest.MonkeyPatch) -> None:
     import json
     import subprocess
@@ -152,6 +153,7 @@ def test_ckpt_job_rescale_moves_a_deployment_to_4_partitions_through_a_kill_and_
     from airflow_ckpt_provider.core.records.deployments import read_launch
     from airflow_ckpt_provider.core.records.lease import read_lease
     from airflow_ckpt_provider.core.records.status import JobState
+    from tests.integration.test_restore_check import CUSTOMERS
 
     monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
     store = env.store()
@@ -207,6 +209,31 @@ def test_ckpt_job_rescale_moves_a_deployment_to_4_partitions_through_a_kill_and_
         assert after is not None and after.state is JobState.RUNNING and after.epoch == status.epoch
         assert lease_after is not None and (lease_after.epoch, lease_after.owner) == (lease.epoch, lease.owner)
         assert [m.snapshot_id for m in list_snapshots(store)] == snapshots
+
+        # The State Processor through the same flow (issue 45): `ckpt job edit --delete-keys` checks the deletion on
+        # a copy of the latest state, stops the job with a savepoint, deletes customer c001 from it into a new
+        # savepoint, starts the job from that and verifies it. c001 then counts only the orders after the edit.
+        edit = [*cli[:cli.index("rescale")], "edit", *cli[cli.index("rescale") + 1:]]
+        done = subprocess.run([*edit, "--delete-keys", "0:key_customer = 'c001'", "--json"], env=cli_env,
+                              capture_output=True, text=True, timeout=900, check=False)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        result = json.loads(done.stdout)
+        steps = [ln[:3] for ln in done.stderr.splitlines() if ln[:4] in ("1/5 ", "2/5 ", "3/5 ", "4/5 ")]
+        assert steps[0] == "1/5" and {"2/5", "3/5", "4/5"} <= set(steps), done.stderr[-3000:]
+        assert "deleting the keys of operator 0 where key_customer = 'c001'" in done.stderr
+        source = load_manifest(store, result["snapshot_id"])
+        edited = load_manifest(store, result["rescaled_snapshot_id"])
+        assert (source.trigger, source.state_partitions) == (Trigger.STOP, 4)
+        assert (edited.batch_id, edited.state_partitions, edited.labels["rewritten_from"],
+                edited.labels["keys_deleted"], edited.labels["rows_removed"]) == (
+            source.batch_id + 1, 4, source.snapshot_id, "0:key_customer = 'c001'", "1")
+        last = read_launch(store)
+        assert last is not None and str(last.restore) == edited.snapshot_id
+        produce_orders(env.kafka.bootstrap_servers, env.topic, 600, 200)
+        want = expected_totals(800)
+        after = [i for i in range(600, 800) if i % CUSTOMERS == 1]
+        want["c001"] = (len(after), sum(7 * i % 100 for i in after))
+        _wait_until_totals(env, want, last.log_file)
     finally:
         status = env.status()
         if status is not None and status.state is JobState.RUNNING:
@@ -219,53 +246,6 @@ def _wait_totals(env: RescaleEnv, total: int, log_file: str | None) -> None:
         assert time.monotonic() < deadline, (f"totals short of {total} orders after {TIMEOUT:.0f} s; log "
                                              f"{log_file}:\n" + Path(str(log_file)).read_text()[-3000:])
         time.sleep(0.5)
-
-
-def test_ckpt_job_edit_deletes_a_customers_state_from_the_running_job_through_a_checked_savepoint_exact(
-        env: RescaleEnv, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The State Processor through the upgrade flow (issue 45): ``ckpt job edit --delete-keys`` on the running
-    orders job checks the deletion on a copy of its latest state (a savepoint first: it has none), stops it with a
-    savepoint, deletes customer c001 from that savepoint into a new one, starts the job from it and verifies it.
-    More orders later, c001 counts only the orders after the edit; every other customer is exact."""
-    import json
-    import subprocess
-
-    from airflow_ckpt_provider.core.records.deployments import read_launch
-    from airflow_ckpt_provider.core.records.status import JobState
-    from tests.integration.test_restore_check import CUSTOMERS
-
-    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
-    store = env.store()
-    produce_orders(env.kafka.bootstrap_servers, env.topic, 0, 400)
-    first = env.deploy(checkpoint_interval=None)
-    cli, cli_env = env.rescale_cli(env.work)
-    cli[cli.index("rescale")] = "edit"
-    try:
-        _wait_totals(env, 400, first.log_file)
-        done = subprocess.run([*cli, "--delete-keys", "0:key_customer = 'c001'", "--json"], env=cli_env,
-                              capture_output=True, text=True, timeout=900, check=False)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        result = json.loads(done.stdout)
-        steps = [ln[:3] for ln in done.stderr.splitlines() if ln[:4] in ("1/5 ", "2/5 ", "3/5 ", "4/5 ")]
-        assert steps[:3] == ["1/5"] * 3 and {"2/5", "3/5", "4/5"} <= set(steps), done.stderr[-3000:]
-        assert "deleting the keys of operator 0 where key_customer = 'c001'" in done.stderr
-        source = load_manifest(store, result["snapshot_id"])
-        edited = load_manifest(store, result["rescaled_snapshot_id"])
-        assert source.trigger is Trigger.STOP
-        assert (edited.batch_id, edited.labels["rewritten_from"], edited.labels["keys_deleted"],
-                edited.labels["rows_removed"]) == (source.batch_id + 1, source.snapshot_id, "0:key_customer = 'c001'",
-                                                   "1")
-        last = read_launch(store)
-        assert last is not None and str(last.restore) == edited.snapshot_id
-        produce_orders(env.kafka.bootstrap_servers, env.topic, 400, 200)
-        want = expected_totals(600)
-        after = [i for i in range(400, 600) if i % CUSTOMERS == 1]
-        want["c001"] = (len(after), sum(7 * i % 100 for i in after))
-        _wait_until_totals(env, want, last.log_file)
-    finally:
-        status = env.status()
-        if status is not None and status.state is JobState.RUNNING:
-            env.request(RequestAction.CANCEL, status.epoch)
 
 
 def _wait_until_totals(env: RescaleEnv, want: dict[str, tuple[int, int]], log_file: str | None) -> None:
