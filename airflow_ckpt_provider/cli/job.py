@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -306,26 +307,25 @@ def add_job_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]
         p.add_argument("--key", help="the same for every run of one intent (a script's retry): a run finds the "
                                      "request an earlier run with this key wrote and waits for it, or returns its "
                                      "answer, instead of asking again; after a failure it asks again")
-    p = sub.add_parser("rescale", help="rescale the job's state to N partitions through a savepoint (a recorded "
-                       "deployment, RocksDB state): checked on a copy first, rolled back if it fails; run again after "
-                       "an interruption, it resumes")
-    add_store_args(p)
-    p.set_defaults(fn=cmd_rescale)
-    UpgradeSettings.add_flags(p, only=("partitions", "check_timeout", "stop_timeout", "verify_batches",
-                                       "verify_timeout"))
-    p = sub.add_parser("edit", help="edit the running job's state through a savepoint (the State Processor): delete "
-                       "keys or set values, checked on a copy of the latest state first, applied to the stop's "
-                       "savepoint, the job started from the edited savepoint and verified, rolled back if it fails")
-    add_store_args(p)
-    p.set_defaults(fn=cmd_edit)
-    UpgradeSettings.add_flags(p, only=("delete_keys", "update_values", "check_timeout", "stop_timeout",
-                                       "verify_batches", "verify_timeout"))
-    p = sub.add_parser("upgrade", help="upgrade a recorded deployment to new code keeping its state: the new code "
-                       "checked on a copy of the state first, the job verified after, rolled back if it fails; run "
-                       "again after an interruption, it resumes")
-    add_store_args(p)
-    p.set_defaults(fn=cmd_upgrade)
-    UpgradeSettings.add_flags(p)
+    def operation(name: str, fn: Callable[[argparse.Namespace], int], help_: str,
+                  only: tuple[str, ...] | None = None) -> None:
+        """An upgrade-kind operation's command: the store's flags and UpgradeSettings' (``only`` those)."""
+        p = sub.add_parser(name, help=help_)
+        add_store_args(p)
+        p.set_defaults(fn=fn)
+        UpgradeSettings.add_flags(p, only=only)
+
+    steps = ("check_timeout", "stop_timeout", "verify_batches", "verify_timeout")
+    operation("rescale", cmd_rescale, "rescale the job's state to N partitions through a savepoint (a recorded "
+              "deployment, RocksDB state): checked on a copy first, rolled back if it fails; run again after an "
+              "interruption, it resumes", ("partitions", *steps))
+    operation("edit", cmd_edit, "edit the running job's state through a savepoint (the State Processor): delete keys "
+              "or set values, checked on a copy of the latest state first, applied to the stop's savepoint, the job "
+              "started from the edited savepoint and verified, rolled back if it fails",
+              ("delete_keys", "update_values", *steps))
+    operation("upgrade", cmd_upgrade, "upgrade a recorded deployment to new code keeping its state: the new code "
+              "checked on a copy of the state first, the job verified after, rolled back if it fails; run again "
+              "after an interruption, it resumes")
     p = sub.add_parser("restart", help="restart the job's recorded deployment from its latest state (or --restore "
                        "SPEC), a running driver stopped first; a restart its supervisor makes already is waited for; "
                        "run again after an interruption, it resumes")

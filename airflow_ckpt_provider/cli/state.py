@@ -128,7 +128,7 @@ def cmd_update(args: argparse.Namespace) -> int:
         values[column.strip()] = expression.strip()
     update = ValueUpdate(args.table, args.where, values)
     return _edit(args, f"with {', '.join(f'{c} = {e}' for c, e in values.items())} in table {args.table} where "
-                 f"{args.where}", update_values=str(ValueUpdate.parse(str(update))))
+                 f"{args.where}", update_values=str(update))  # checked with the config
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
